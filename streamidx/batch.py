@@ -1,0 +1,339 @@
+"""Ragged paged batches: everything the kernels take, built in one place.
+
+A batch is a list of sequences, each with a query length `q_len` (tokens
+scored in this step) and a sequence length `seq_len` (tokens in the KV cache,
+the new ones included). Query tokens are concatenated in sequence order:
+sequence b owns token rows `cu_q_lens[b] : cu_q_lens[b + 1]`, and its i-th
+query sits at absolute position `p = seq_len - q_len + i`.
+
+`distribution = (i, j, n)`: sequences [0, i) are decode-only (q_len 1),
+[i, j) chunked-prefill-only, [j, n) mixed; n is the number of sequences.
+The kernel launches one batched decode program per `decode_req_batch_size`
+decode sequences, one single-sequence program for each remaining decode
+sequence, and one program per prefill or mixed sequence.
+
+The cache holds `seq_len // compression_ratio` entries per sequence, in
+pages of `page_size` entries (see `streamidx.cache`). The page table
+`page_indices` is flattened `[max_num_seqs * pages_per_seq]`: entry s of
+sequence b is in physical page `page_indices[b * pages_per_seq + s //
+page_size]`. Unused table slots point at page 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from streamidx import cache as cache_lib
+
+__all__ = [
+    "Allocation",
+    "RaggedBatch",
+    "make_batch",
+    "make_mixed_batch",
+    "IndexerInputs",
+    "make_inputs",
+]
+
+Allocation = Literal["contiguous", "shuffled", "fragmented"]
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RaggedBatch:
+  """A ragged paged batch, as NumPy arrays (int32).
+
+  Attributes:
+    q_lens: [num_seqs] query tokens per sequence.
+    seq_lens: [max_num_seqs] tokens in the cache per sequence (0 = padding).
+    cu_q_lens: [max_num_seqs + 1] cumulative query lengths.
+    distribution: [3] (num decode, decode + prefill-only, num_seqs).
+    page_indices: [max_num_seqs * pages_per_seq] flattened page table.
+    page_size: entries per page.
+    compression_ratio: tokens per compressed entry.
+    num_tokens: rows of q (>= cu_q_lens[num_seqs]; the rest is padding).
+    total_num_pages: physical pages in the cache.
+  """
+
+  q_lens: np.ndarray
+  seq_lens: np.ndarray
+  cu_q_lens: np.ndarray
+  distribution: np.ndarray
+  page_indices: np.ndarray
+  page_size: int
+  compression_ratio: int
+  num_tokens: int
+  total_num_pages: int
+
+  @property
+  def num_seqs(self) -> int:
+    return int(self.distribution[2])
+
+  @property
+  def max_num_seqs(self) -> int:
+    return int(self.seq_lens.shape[0])
+
+  @property
+  def pages_per_seq(self) -> int:
+    return int(self.page_indices.shape[0] // self.max_num_seqs)
+
+  @property
+  def page_table(self) -> np.ndarray:
+    """[max_num_seqs, pages_per_seq] view of `page_indices`."""
+    return self.page_indices.reshape(self.max_num_seqs, self.pages_per_seq)
+
+  @property
+  def num_entries(self) -> np.ndarray:
+    """[max_num_seqs] compressed entries per sequence."""
+    return self.seq_lens // self.compression_ratio
+
+  @property
+  def num_pages_used(self) -> np.ndarray:
+    """[max_num_seqs] pages holding at least one entry, per sequence."""
+    return -(-self.num_entries // self.page_size)
+
+  @property
+  def num_query_tokens(self) -> int:
+    return int(self.cu_q_lens[self.num_seqs])
+
+  def token_seq_ids(self) -> np.ndarray:
+    """[num_tokens] the sequence each query row belongs to (-1: padding)."""
+    ids = np.full(self.num_tokens, -1, np.int32)
+    for b in range(self.num_seqs):
+      ids[self.cu_q_lens[b]:self.cu_q_lens[b + 1]] = b
+    return ids
+
+  def token_positions(self) -> np.ndarray:
+    """[num_tokens] absolute position p of each query row (-1: padding)."""
+    pos = np.full(self.num_tokens, -1, np.int32)
+    for b in range(self.num_seqs):
+      lo, hi = self.cu_q_lens[b], self.cu_q_lens[b + 1]
+      pos[lo:hi] = self.seq_lens[b] - (hi - lo) + np.arange(hi - lo)
+    return pos
+
+  def kernel_arrays(self):
+    """(seq_lens, page_indices, cu_q_lens, distribution) as jnp int32."""
+    return tuple(
+        jnp.asarray(a, jnp.int32) for a in (self.seq_lens, self.page_indices,
+                                            self.cu_q_lens, self.distribution))
+
+  def describe(self) -> str:
+    d = self.distribution
+    return (f"{self.num_seqs} seqs (decode {d[0]}, prefill-only {d[1] - d[0]}, "
+            f"mixed {d[2] - d[1]}), {self.num_query_tokens} query tokens "
+            f"(T={self.num_tokens}), ratio {self.compression_ratio}, page_size "
+            f"{self.page_size}, pages_per_seq {self.pages_per_seq}, "
+            f"{self.total_num_pages} physical pages")
+
+
+def make_batch(
+    pairs: Sequence[tuple[int, int]],
+    *,
+    page_size: int,
+    compression_ratio: int,
+    distribution: Sequence[int] | None = None,
+    allocation: Allocation = "contiguous",
+    pages_per_seq: int | None = None,
+    max_num_seqs: int | None = None,
+    num_tokens: int | None = None,
+    extra_pages: int = 0,
+    seed: int = 0,
+) -> RaggedBatch:
+  """Builds a ragged paged batch from (q_len, seq_len) pairs.
+
+  Args:
+    pairs: one (q_len, seq_len) per sequence, in kernel order.
+    page_size: entries per page.
+    compression_ratio: tokens per compressed entry.
+    distribution: (i, j, n); default: the leading q_len == 1 sequences are
+      decode, the rest mixed (i, i, n).
+    allocation: how physical pages are handed out. "contiguous": sequence
+      after sequence, in order; "shuffled": the same pages in a random order;
+      "fragmented": a random subset of a pool twice as large, so free pages
+      lie between a sequence's pages.
+    pages_per_seq: page-table columns (default: what the longest needs, >= 1).
+    max_num_seqs: rows of the page table (default: len(pairs)); extra rows
+      are padding sequences with seq_len 0.
+    num_tokens: rows of q (default: total query tokens, at least 1).
+    extra_pages: unused physical pages added to the cache.
+    seed: for "shuffled" and "fragmented".
+  """
+  q_lens = np.array([p[0] for p in pairs], np.int64).reshape(-1)
+  seq_lens = np.array([p[1] for p in pairs], np.int64).reshape(-1)
+  n = len(pairs)
+  if np.any(q_lens < 0) or np.any(seq_lens < 0):
+    raise ValueError("q_len and seq_len must be >= 0")
+  if np.any(q_lens > seq_lens):
+    bad = int(np.argmax(q_lens > seq_lens))
+    raise ValueError(f"sequence {bad}: q_len ({q_lens[bad]}) > seq_len "
+                     f"({seq_lens[bad]})")
+  if page_size <= 0 or compression_ratio <= 0:
+    raise ValueError("page_size and compression_ratio must be positive")
+  max_num_seqs = n if max_num_seqs is None else max_num_seqs
+  if max_num_seqs < max(n, 1):
+    raise ValueError(f"max_num_seqs ({max_num_seqs}) < number of sequences "
+                     f"({n}) (and must be >= 1)")
+  if distribution is None:
+    i = 0
+    while i < n and q_lens[i] == 1:
+      i += 1
+    distribution = (i, i, n)
+  distribution = np.asarray(distribution, np.int32)
+  if distribution.shape != (3,) or distribution[2] != n:
+    raise ValueError(f"distribution must be (i, j, {n}), got {distribution}")
+
+  entries = seq_lens // compression_ratio
+  need = -(-entries // page_size)
+  min_cols = max(int(need.max(initial=0)), 1)
+  pages_per_seq = min_cols if pages_per_seq is None else pages_per_seq
+  if pages_per_seq < min_cols:
+    raise ValueError(f"pages_per_seq ({pages_per_seq}) < pages the longest "
+                     f"sequence needs ({min_cols})")
+
+  used = int(need.sum())
+  rng = np.random.default_rng(seed)
+  if allocation == "contiguous":
+    physical = np.arange(used)
+    pool = used
+  elif allocation == "shuffled":
+    physical = rng.permutation(used)
+    pool = used
+  elif allocation == "fragmented":
+    pool = 2 * used
+    physical = np.sort(rng.choice(pool, size=used, replace=False))
+    physical = rng.permutation(physical)
+  else:
+    raise ValueError(f"unknown allocation {allocation!r}")
+  total_num_pages = max(pool + extra_pages, 1)
+
+  table = np.zeros((max_num_seqs, pages_per_seq), np.int32)
+  cursor = 0
+  for b in range(n):
+    table[b, :need[b]] = physical[cursor:cursor + need[b]]
+    cursor += need[b]
+
+  seq_lens_full = np.zeros(max_num_seqs, np.int32)
+  seq_lens_full[:n] = seq_lens
+  cu = np.zeros(max_num_seqs + 1, np.int32)
+  cu[1:n + 1] = np.cumsum(q_lens)
+  cu[n + 1:] = cu[n]
+  total_q = int(cu[n])
+  num_tokens = max(total_q, 1) if num_tokens is None else num_tokens
+  if num_tokens < total_q:
+    raise ValueError(f"num_tokens ({num_tokens}) < query tokens ({total_q})")
+  return RaggedBatch(
+      q_lens=q_lens.astype(np.int32),
+      seq_lens=seq_lens_full,
+      cu_q_lens=cu,
+      distribution=distribution,
+      page_indices=table.reshape(-1),
+      page_size=page_size,
+      compression_ratio=compression_ratio,
+      num_tokens=num_tokens,
+      total_num_pages=total_num_pages,
+  )
+
+
+def make_mixed_batch(
+    *,
+    decode: Sequence[int] = (),
+    prefill: Sequence[tuple[int, int]] = (),
+    mixed: Sequence[tuple[int, int]] = (),
+    **kwargs,
+) -> RaggedBatch:
+  """A batch from its three ranges: decode seq_lens, prefill and mixed pairs.
+
+  Keyword arguments are those of `make_batch` (page_size, ...).
+  """
+  pairs = [(1, s) for s in decode] + list(prefill) + list(mixed)
+  i = len(decode)
+  j = i + len(prefill)
+  return make_batch(pairs, distribution=(i, j, len(pairs)), **kwargs)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class IndexerInputs:
+  """A batch with its queries, weights, keys and packed cache.
+
+  `args` are the kernel's positional arguments for `streamindex_topk`
+  (and `streamindex_topk_ref`); `page_args` those for the page variants.
+  """
+
+  batch: RaggedBatch
+  q: jnp.ndarray  # [num_tokens, num_heads, head_dim] (bf16 by default)
+  weights: jnp.ndarray  # f32[num_tokens, num_heads]
+  keys: jnp.ndarray  # f32[total_num_pages, page_size, head_dim], unquantized
+  cache: jnp.ndarray  # [total_num_pages, page_size / kv_packing, kv_packing, lkv]
+  fmt: str
+
+  @property
+  def args(self):
+    seq_lens, page_indices, cu_q_lens, distribution = self.batch.kernel_arrays()
+    return (self.q, self.weights, self.cache, seq_lens, page_indices,
+            cu_q_lens, distribution)
+
+  @property
+  def page_args(self):
+    seq_lens, page_indices, cu_q_lens, _ = self.batch.kernel_arrays()
+    return (self.q, self.weights, self.cache, seq_lens, page_indices,
+            cu_q_lens, jnp.int32(self.batch.num_seqs))
+
+  @property
+  def head_dim(self) -> int:
+    return int(self.q.shape[-1])
+
+  def with_cache_format(self, fmt: str) -> "IndexerInputs":
+    """The same keys packed in another cache format."""
+    return dataclasses.replace(self, cache=cache_lib.pack_cache(self.keys, fmt),
+                               fmt=fmt)
+
+
+def make_inputs(
+    batch: RaggedBatch,
+    *,
+    num_heads: int = 8,
+    head_dim: int = 128,
+    fmt: str = "fp8",
+    seed: int = 0,
+    q_dtype=jnp.bfloat16,
+    key_distribution: Literal["gaussian", "outliers"] = "gaussian",
+    outlier_channels: int = 4,
+    outlier_scale: float = 20.0,
+) -> IndexerInputs:
+  """Seeded random queries, weights and keys for `batch`, with the cache.
+
+  Queries and keys are standard normal; "outliers" multiplies
+  `outlier_channels` fixed key channels by `outlier_scale` (the activation
+  outliers that make per-record FP8 scaling lossy). Weights are positive,
+  |N(0, 1)| / sqrt(num_heads), as a softmax-free gate would be. Padding rows of
+  q and of the weights are zero.
+  """
+  rng = np.random.default_rng(seed)
+  t = batch.num_tokens
+  q = rng.standard_normal((t, num_heads, head_dim), np.float32)
+  w = np.abs(rng.standard_normal((t, num_heads), np.float32)) / np.sqrt(num_heads)
+  live = batch.token_seq_ids() >= 0
+  q[~live] = 0.0
+  w[~live] = 0.0
+  keys = rng.standard_normal((batch.total_num_pages, batch.page_size, head_dim),
+                             np.float32)
+  if key_distribution == "outliers":
+    channels = rng.choice(head_dim, size=outlier_channels, replace=False)
+    keys[..., channels] *= outlier_scale
+  elif key_distribution != "gaussian":
+    raise ValueError(f"unknown key_distribution {key_distribution!r}")
+  keys = jnp.asarray(keys)
+  return IndexerInputs(
+      batch=batch,
+      q=jnp.asarray(q).astype(q_dtype),
+      weights=jnp.asarray(w),
+      keys=keys,
+      cache=cache_lib.pack_cache(keys, fmt),
+      fmt=fmt,
+  )

@@ -1,0 +1,240 @@
+"""The indexer's paged KV cache: FP8 quantization, packing and unpacking.
+
+Vocabulary (the kernel's own terms, defined once here):
+
+- entry: one compressed KV position (a key vector of `head_dim` values). A
+  sequence of `seq_len` tokens has `seq_len // compression_ratio` entries.
+- page: `page_size` consecutive entries of one sequence, stored together.
+  Physical pages are shared by all sequences; a page table maps each
+  sequence's local page p to a physical page.
+- record: the bytes of one entry in the cache, `lkv_dim` elements wide.
+- kv_packing: how many records share one 32-bit sublane word
+  (`32 // bitwidth(cache dtype)`): 4 for the uint8 FP8 cache, 2 for bf16.
+- page_size_per_kv_packing: `page_size // kv_packing`, the number of packed
+  rows of a page.
+
+Cache array: `[total_num_pages, page_size_per_kv_packing, kv_packing, lkv_dim]`.
+Entry t of physical page P is `cache[P, t // kv_packing, t % kv_packing, :]`,
+which is also the order in which the kernel unpacks a block
+(`bkv.reshape(-1, lkv_dim)`: row r, slot j -> entry r * kv_packing + j).
+
+FP8 record (DeepSeek-V4's packed FP8 format, uint8, `lkv_dim = 256` for
+head_dim 128)::
+
+    byte:  0 1 2 ...              127 | 128        | 129 ...          255
+           e4m3 e4m3 ...         e4m3 | e8m0 scale | zero padding
+           \\_ key / 2**e, head_dim _/  \\_ e + 127 _/ \\_ to a multiple of 128 _/
+
+The key is `e4m3_values * 2**e`: one power-of-two (ue8m0) scale per record,
+the smallest power of two >= amax / 448 (448 is e4m3fn's largest finite
+value), so no value saturates.
+
+bf16 record: `head_dim` bf16 values, no scale (`lkv_dim = head_dim`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "CacheFormat",
+    "FORMATS",
+    "REFERENCE_FORMATS",
+    "E4M3_MAX",
+    "E8M0_BIAS",
+    "cache_dtype",
+    "kv_packing",
+    "lkv_dim",
+    "record_bytes",
+    "ue8m0_exponent",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "pack_fp8_records",
+    "unpack_fp8_records",
+    "pack_cache",
+    "unpack_cache",
+    "unpack_cache_raw",
+    "entry_location",
+]
+
+CacheFormat = Literal["fp8", "bf16", "f32"]
+# Formats the kernel reads. "f32" (unquantized float32 records) is accepted
+# by `pack_cache` and the reference only: the exact baseline of recall studies.
+FORMATS: tuple[str, ...] = ("fp8", "bf16")
+REFERENCE_FORMATS: tuple[str, ...] = ("fp8", "bf16", "f32")
+
+E4M3_MAX = 448.0
+E8M0_BIAS = 127
+_LANES = 128
+
+
+def _check_format(fmt: str):
+  if fmt not in REFERENCE_FORMATS:
+    raise ValueError(f"fmt must be one of {REFERENCE_FORMATS}, got {fmt!r}")
+
+
+def cache_dtype(fmt: CacheFormat):
+  """The cache array's dtype: uint8 for packed FP8, bfloat16 for bf16."""
+  _check_format(fmt)
+  return {"fp8": jnp.uint8, "bf16": jnp.bfloat16, "f32": jnp.float32}[fmt]
+
+
+def kv_packing(fmt: CacheFormat) -> int:
+  """Records per 32-bit word: 4 for FP8 (uint8), 2 for bf16 (1 for f32)."""
+  return 32 // jax.dtypes.itemsize_bits(cache_dtype(fmt))
+
+
+def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
+  """Elements per record: FP8 pads head_dim + 1 scale byte to 128 lanes."""
+  _check_format(fmt)
+  if fmt == "fp8":
+    return -(-(head_dim + 1) // _LANES) * _LANES
+  return head_dim
+
+
+def record_bytes(fmt: CacheFormat, head_dim: int = 128) -> int:
+  """Bytes one entry occupies in the cache (256 for both formats at 128)."""
+  return lkv_dim(fmt, head_dim) * jnp.dtype(cache_dtype(fmt)).itemsize
+
+
+def ue8m0_exponent(amax):
+  """Smallest e with 2**e >= amax / 448, clipped to e8m0's [-127, 127].
+
+  An all-zero record gets e = 0 (any scale would do). Exact: uses frexp, not
+  a floating-point log.
+  """
+  amax = jnp.asarray(amax, jnp.float32)
+  ratio = amax / jnp.float32(E4M3_MAX)
+  mant, exp = jnp.frexp(ratio)  # ratio = mant * 2**exp, mant in [0.5, 1)
+  e = jnp.where(mant == 0.5, exp - 1, exp)
+  e = jnp.where(amax > 0, e, 0)
+  return jnp.clip(e, -E8M0_BIAS, E8M0_BIAS).astype(jnp.int32)
+
+
+def quantize_fp8(keys):
+  """Quantizes keys to e4m3fn values with one power-of-two scale per record.
+
+  Args:
+    keys: f32[..., head_dim].
+
+  Returns:
+    (values f8e4m3fn[..., head_dim], exponents i32[...]) with
+    keys ~= values * 2**exponents.
+  """
+  keys = jnp.asarray(keys, jnp.float32)
+  e = ue8m0_exponent(jnp.max(jnp.abs(keys), axis=-1))
+  scaled = keys * jnp.exp2(-e.astype(jnp.float32))[..., None]
+  return scaled.astype(jnp.float8_e4m3fn), e
+
+
+def dequantize_fp8(values, exponents):
+  """values f8e4m3fn[..., D], exponents i32[...] -> f32[..., D]."""
+  return values.astype(jnp.float32) * jnp.exp2(
+      jnp.asarray(exponents, jnp.float32))[..., None]
+
+
+def pack_fp8_records(values, exponents):
+  """Packs e4m3 values and exponents into uint8 records.
+
+  Args:
+    values: f8e4m3fn[..., head_dim].
+    exponents: i32[...] in [-127, 127].
+
+  Returns:
+    u8[..., lkv_dim("fp8", head_dim)]: value bytes, scale byte, zero padding.
+  """
+  head_dim = values.shape[-1]
+  width = lkv_dim("fp8", head_dim)
+  val_bytes = jax.lax.bitcast_convert_type(values, jnp.uint8)
+  scale_byte = (jnp.asarray(exponents, jnp.int32) + E8M0_BIAS).astype(jnp.uint8)
+  pad = jnp.zeros(values.shape[:-1] + (width - head_dim - 1,), jnp.uint8)
+  return jnp.concatenate([val_bytes, scale_byte[..., None], pad], axis=-1)
+
+
+def unpack_fp8_records(records, head_dim: int = 128):
+  """Inverse of `pack_fp8_records`: u8[..., lkv] -> (f8e4m3fn[..., D], i32[...])."""
+  records = jnp.asarray(records)
+  values = jax.lax.bitcast_convert_type(records[..., :head_dim],
+                                        jnp.float8_e4m3fn)
+  exponents = records[..., head_dim].astype(jnp.int32) - E8M0_BIAS
+  return values, exponents
+
+
+def pack_cache(keys, fmt: CacheFormat):
+  """Builds the kernel's cache array from keys laid out by physical page.
+
+  Args:
+    keys: f32[total_num_pages, page_size, head_dim]; keys[P, t] is entry t
+      of physical page P.
+    fmt: "fp8" (packed uint8 records) or "bf16".
+
+  Returns:
+    [total_num_pages, page_size // kv_packing, kv_packing, lkv_dim] array of
+    `cache_dtype(fmt)`.
+  """
+  _check_format(fmt)
+  keys = jnp.asarray(keys, jnp.float32)
+  if keys.ndim != 3:
+    raise ValueError(
+        "keys must be [total_num_pages, page_size, head_dim], got shape "
+        f"{keys.shape}")
+  total_pages, page_size, head_dim = keys.shape
+  packing = kv_packing(fmt)
+  if page_size % packing:
+    raise ValueError(
+        f"page_size ({page_size}) must be a multiple of kv_packing "
+        f"({packing}) for the {fmt} cache")
+  if fmt == "fp8":
+    records = pack_fp8_records(*quantize_fp8(keys))
+  else:
+    records = keys.astype(cache_dtype(fmt))
+  return records.reshape(total_pages, page_size // packing, packing,
+                         records.shape[-1])
+
+
+def unpack_cache_raw(cache, head_dim: int = 128):
+  """Cache array -> the kernel's own operands, per entry.
+
+  Returns:
+    (values [total_num_pages, page_size, head_dim], scales or None): for FP8
+    the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]);
+    for bf16 the bf16 keys and None.
+  """
+  cache = jnp.asarray(cache)
+  pages, rows, packing, width = cache.shape
+  flat = cache.reshape(pages, rows * packing, width)
+  if cache.dtype == jnp.uint8:
+    values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
+                                          jnp.float8_e4m3fn)
+    # The kernel's own conversion: e8m0 byte -> bf16 -> f32 (exact for
+    # every power of two e8m0 holds; byte 255 is NaN).
+    scales = jax.lax.bitcast_convert_type(
+        flat[..., head_dim], jnp.float8_e8m0fnu).astype(jnp.bfloat16)
+    return values, scales.astype(jnp.float32)
+  return flat[..., :head_dim], None
+
+
+def unpack_cache(cache, head_dim: int = 128):
+  """Cache array -> dequantized keys f32[total_num_pages, page_size, head_dim]."""
+  values, scales = unpack_cache_raw(cache, head_dim)
+  keys = values.astype(jnp.float32)
+  if scales is not None:
+    keys = keys * scales[..., None]
+  return keys
+
+
+def entry_location(entry: int, page_table_row, page_size: int,
+                   fmt: CacheFormat):
+  """Where sequence-local entry `entry` lives: (physical page, row, slot).
+
+  `page_table_row` is the sequence's row of the page table
+  (`page_indices.reshape(max_num_seqs, pages_per_seq)[b]`).
+  """
+  packing = kv_packing(fmt)
+  page = int(np.asarray(page_table_row)[entry // page_size])
+  t = entry % page_size
+  return page, t // packing, t % packing

@@ -1,0 +1,122 @@
+"""How the Pallas kernels execute: compiled on a TPU, interpreted elsewhere.
+
+`streamidx.streamindex_topk` and `streamidx.streamindex_page_topk` need no
+argument to run anywhere. When a call is traced, the mode is resolved as:
+
+1. a mode forced with `interpreter(...)` (a context manager) or
+   `set_interpreter(...)` (process-wide), if any;
+2. otherwise compiled Mosaic when JAX's default backend is a TPU;
+3. otherwise Pallas's TPU interpreter with default `pltpu.InterpretParams()`
+   (DMAs, semaphores, scalar prefetch and VMEM scratch simulated on the CPU).
+
+The forced mode is stored in JAX's own `pallas_tpu_interpret_mode` config
+state, which is part of the jit cache key: a function traced in one mode is
+never reused in another, inside `jax.jit` of the caller's too.
+
+Typical use::
+
+    with streamidx.interpreter(detect_races=True):
+        idx = streamidx.streamindex_topk(...)
+    print(streamidx.races_found())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+from jax._src import config as _jax_config
+from jax.experimental.pallas import tpu as pltpu
+
+__all__ = [
+    "interpreter",
+    "set_interpreter",
+    "resolve_interpret",
+    "kernel_mode",
+    "describe_machine",
+    "races_found",
+    "reset_interpreter_state",
+    "on_tpu",
+]
+
+
+def on_tpu() -> bool:
+  """True when JAX's default backend is a TPU."""
+  return jax.default_backend() == "tpu"
+
+
+def _params(params, **options) -> pltpu.InterpretParams:
+  if params is None:
+    return pltpu.InterpretParams(**options)
+  if options:
+    return dataclasses.replace(params, **options)
+  return params
+
+
+@contextlib.contextmanager
+def interpreter(params: pltpu.InterpretParams | None = None, **options):
+  """Forces Pallas's TPU interpreter for calls traced inside the block.
+
+  Args:
+    params: an `InterpretParams`; default `InterpretParams()`.
+    **options: fields of `InterpretParams` to set, e.g. `detect_races=True`,
+      `uninitialized_memory="nan"`, `dma_execution_mode="eager"`,
+      `grid_point_recorder=fn`.
+
+  Works on a TPU too (the kernel then runs interpreted on the host).
+  """
+  with pltpu.force_tpu_interpret_mode(_params(params, **options)):
+    yield
+
+
+def set_interpreter(params: pltpu.InterpretParams | None = None, **options):
+  """Process-wide version of `interpreter`; `set_interpreter(False)` undoes it."""
+  if params is False:
+    _jax_config.pallas_tpu_interpret_mode_context_manager.set_global(None)
+    return
+  pltpu.set_tpu_interpret_mode(_params(params, **options))
+
+
+def _forced():
+  return _jax_config.pallas_tpu_interpret_mode_context_manager.value
+
+
+def resolve_interpret():
+  """The `interpret=` value a `pallas_call` traced now should get.
+
+  `False` means compiled Mosaic; otherwise an `InterpretParams`.
+  """
+  forced = _forced()
+  if forced is not None:
+    return forced
+  if on_tpu():
+    return False
+  return pltpu.InterpretParams()
+
+
+def kernel_mode() -> str:
+  """"compiled" or "interpreted": what a call traced now would use."""
+  return "compiled" if resolve_interpret() is False else "interpreted"
+
+
+def describe_machine() -> str:
+  """One line naming the device and how the kernel runs on it."""
+  dev = jax.devices()[0]
+  kind = getattr(dev, "device_kind", dev.platform)
+  how = ("compiled Mosaic kernel" if kernel_mode() == "compiled"
+         else "Pallas TPU interpreter (simulated TPU, timings are not TPU timings)")
+  return f"{dev.platform.upper()} ({kind}), jax {jax.__version__}: {how}"
+
+
+def races_found() -> bool:
+  """Whether the last interpreted run with `detect_races=True` saw a race."""
+  # The races object is replaced on every run: read it through its module.
+  from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+  return bool(ipc.races.races_found)
+
+
+def reset_interpreter_state():
+  """Call after an exception inside an interpreted kernel."""
+  pltpu.reset_tpu_interpret_mode_state()

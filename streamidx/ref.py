@@ -1,0 +1,253 @@
+"""Exact pure-JAX reference for the StreamIndex top-k kernels.
+
+Each function takes the same arguments as its kernel, so a caller can swap
+one for the other (block-size and VMEM arguments are accepted and ignored):
+
+- `streamindex_topk_ref`       <-> `streamidx.streamindex_topk`
+- `streamindex_page_topk_ref`  <-> `streamidx.streamindex_page_topk`
+
+Semantics, for the query at absolute position p of sequence b
+(p = seq_len - q_len + i for its i-th query token):
+
+    score[t, s] = sum_h w[t, h] * ReLU(q[t, h] . k[s])      (k dequantized)
+    visible(s)  = s < seq_len // ratio  and  s < bound(p)
+    bound(p)    = (p + 1) // ratio   ("model", default: complete blocks only)
+                  p // ratio + 1     ("seed": the vendored kernel's rule)
+
+Invisible entries score -inf; the top-k (exact, `lax.top_k`) returns -1 in
+their place. Rows that belong to no sequence (padding) are all -1.
+
+Arithmetic follows the kernel's order so that results are bit-identical on
+the same backend: the dot product runs on the stored values (e4m3 or bf16)
+with f32 accumulation, then ReLU, the weighted head sum, and only then the
+FP8 record's power-of-two scale. Multiplying by a power of two is exact and
+commutes with ReLU and the weighted sum, so this equals scoring dequantized
+keys (barring f32 overflow/underflow), which the tests check against an
+independent NumPy oracle.
+
+Memory: the one-shot reference materializes the `[T, entries]` score matrix
+and, per chunk of query tokens, that chunk's gathered keys; the chunk size is
+picked to keep the latter near `chunk_bytes`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from streamidx import cache as cache_lib
+from streamidx.kernel import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
+
+__all__ = [
+    "token_scores",
+    "page_scores",
+    "topk_from_scores",
+    "streamindex_topk_ref",
+    "streamindex_page_topk_ref",
+]
+
+_DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
+
+
+def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
+  """Per query row: (sequence id or -1, absolute position)."""
+  t = jnp.arange(num_tokens, dtype=jnp.int32)
+  if one_token_per_seq:
+    max_num_seqs = seq_lens.shape[0]
+    seq = jnp.where(t < jnp.minimum(num_seqs, max_num_seqs), t, -1)
+    seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
+    pos = seq_lens[seq_c] - 1
+    return seq, pos
+  # Sequence b owns rows [cu_q_lens[b], cu_q_lens[b + 1]); among b < num_seqs.
+  bounds = cu_q_lens[1:]
+  seq = jnp.searchsorted(bounds, t, side="right").astype(jnp.int32)
+  max_num_seqs = seq_lens.shape[0]
+  seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
+  live = (seq < num_seqs) & (t >= cu_q_lens[seq_c]) & (t < cu_q_lens[seq_c + 1])
+  q_len = cu_q_lens[seq_c + 1] - cu_q_lens[seq_c]
+  pos = seq_lens[seq_c] - q_len + (t - cu_q_lens[seq_c])
+  return jnp.where(live, seq, -1), pos
+
+
+def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+            num_seqs, *, compression_ratio, causal_rule, one_token_per_seq,
+            chunk_bytes):
+  num_tokens, num_heads, head_dim = q.shape
+  max_num_seqs = seq_lens.shape[0]
+  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  values, scales = cache_lib.unpack_cache_raw(cache_kv, head_dim)
+  page_size = values.shape[1]
+  num_entries = pages_per_seq * page_size
+  table = page_indices.reshape(max_num_seqs, pages_per_seq)
+  # The kernel clamps page indices to the cache; so does the gather here.
+  table = jnp.clip(table, 0, values.shape[0] - 1)
+  seq_values = values[table].reshape(max_num_seqs, num_entries, head_dim)
+  seq_scales = (None if scales is None else
+                scales[table].reshape(max_num_seqs, num_entries))
+
+  seq_ids, positions = _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens,
+                                   one_token_per_seq)
+  weights = indexer_weights.astype(jnp.float32)
+  entry = jnp.arange(num_entries, dtype=jnp.int32)
+
+  def one_token(args):
+    qt, wt, seq, pos = args
+    seq_c = jnp.maximum(seq, 0)
+    kv = seq_values[seq_c]  # [E, D]
+    s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
+    s = jnp.maximum(s, 0.0)
+    s = s * wt[:, None]
+    s = s.sum(axis=0)
+    if seq_scales is not None:
+      s = s * seq_scales[seq_c]
+    kv_len = seq_lens[seq_c] // compression_ratio
+    bound = causal_visible_bound(pos, compression_ratio, causal_rule)
+    mask = (entry < kv_len) & (entry < bound) & (seq >= 0)
+    return jnp.where(mask, s, -jnp.inf)
+
+  per_token = num_entries * (head_dim * 4 + num_heads * 4)
+  batch_size = int(max(1, min(num_tokens, chunk_bytes // max(per_token, 1))))
+  return jax.lax.map(one_token, (q, weights, seq_ids, positions),
+                     batch_size=batch_size)
+
+
+def _pool_pages(scores, page_size):
+  t, e = scores.shape
+  return scores.reshape(t, e // page_size, page_size).max(axis=-1)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("compression_ratio", "causal_rule", "chunk_bytes"))
+def token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                 cu_q_lens, distribution, *, compression_ratio: int,
+                 causal_rule: str = "model",
+                 chunk_bytes: int = _DEFAULT_CHUNK_BYTES):
+  """Masked scores f32[T, pages_per_seq * page_size]; -inf = not visible.
+
+  Column s is sequence-local compressed entry s (the kernel's index space).
+  """
+  return _scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                 cu_q_lens, distribution[2],
+                 compression_ratio=compression_ratio, causal_rule=causal_rule,
+                 one_token_per_seq=False, chunk_bytes=chunk_bytes)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("compression_ratio", "causal_rule", "one_token_per_seq",
+                     "chunk_bytes"))
+def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                cu_q_lens, num_seqs, *, compression_ratio: int = 1,
+                causal_rule: str = "model", one_token_per_seq: bool = False,
+                chunk_bytes: int = _DEFAULT_CHUNK_BYTES):
+  """Page-pooled scores f32[T, pages_per_seq]: max over each page's entries."""
+  page_size = cache_kv.shape[1] * cache_kv.shape[2]
+  s = _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+              jnp.asarray(num_seqs, jnp.int32),
+              compression_ratio=compression_ratio, causal_rule=causal_rule,
+              one_token_per_seq=one_token_per_seq, chunk_bytes=chunk_bytes)
+  return _pool_pages(s, page_size)
+
+
+def topk_from_scores(scores, k: int):
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf."""
+  if scores.shape[1] < k:
+    scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
+                     constant_values=-jnp.inf)
+  vals, idx = jax.lax.top_k(scores, k)
+  return jnp.where(vals == -jnp.inf, -1, idx).astype(jnp.int32)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
+                     "num_queries_per_block", "vmem_limit_bytes",
+                     "decode_req_batch_size", "causal_rule"))
+def streamindex_topk_ref(
+    q,  # [max_num_tokens, num_q_heads, head_dim]
+    indexer_weights,  # [max_num_tokens, num_q_heads]
+    cache_kv,  # [total_num_pages, page_size_per_kv_packing, kv_packing, lkv_dim]
+    seq_lens,  # i32[max_num_seqs]
+    page_indices,  # i32[max_num_seqs * pages_per_seq]
+    cu_q_lens,  # i32[max_num_seqs + 1]
+    distribution,  # i32[3]
+    *,
+    k: int,
+    compression_ratio: int,
+    num_kv_pages_per_block=None,
+    num_queries_per_block=None,
+    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
+    decode_req_batch_size: int = 4,
+    causal_rule: str = "model",
+):
+  """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
+
+  Block sizes, `vmem_limit_bytes` and `decode_req_batch_size` only shape the
+  kernel's schedule; they are accepted for drop-in use and ignored. A float32
+  cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
+  """
+  del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
+  del decode_req_batch_size
+  s = token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                   cu_q_lens, distribution,
+                   compression_ratio=compression_ratio,
+                   causal_rule=causal_rule)
+  return topk_from_scores(s, k)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("k_pages", "compression_ratio", "num_kv_pages_per_block",
+                     "num_queries_per_block", "vmem_limit_bytes",
+                     "causal_rule", "one_token_per_seq"))
+def streamindex_page_topk_ref(
+    q,  # [max_num_tokens, num_q_heads, head_dim]
+    indexer_weights,  # [max_num_tokens, num_q_heads]
+    cache_kv,  # [total_pages, page_size_per_kv_packing, kv_packing, lkv]
+    seq_lens,  # i32[max_num_seqs]
+    page_indices,  # i32[max_num_seqs * pages_per_seq]
+    cu_q_lens,  # i32[max_num_seqs + 1]
+    num_seqs,  # i32[]
+    *,
+    k_pages: int,
+    compression_ratio: int = 1,
+    num_kv_pages_per_block: int = 128,
+    num_queries_per_block: int = 512,
+    vmem_limit_bytes=64 * 1024 * 1024,
+    causal_rule: str = "model",
+    one_token_per_seq: bool = False,
+):
+  """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
+
+  A page's score is the max of its entries' masked scores; pages with no
+  visible entry are -inf and come back as -1.
+
+  one_token_per_seq=False: the prefill/extend form, rows assigned to
+  sequences by `cu_q_lens` (what the kernel computes). True: the decode form,
+  row i is the single query (at position seq_len - 1) of sequence i, and
+  `cu_q_lens` is ignored. Unlike the kernel, any `compression_ratio` works.
+  """
+  del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
+  s = page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                  cu_q_lens, num_seqs, compression_ratio=compression_ratio,
+                  causal_rule=causal_rule,
+                  one_token_per_seq=one_token_per_seq)
+  return topk_from_scores(s, k_pages)
+
+
+def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,
+                   compression_ratio: int, causal_rule: str = "model"):
+  """NumPy helper: visible entries per query row (0 for padding rows)."""
+  seq_lens = np.asarray(seq_lens)
+  cu = np.asarray(cu_q_lens)
+  out = np.zeros(num_tokens, np.int64)
+  for b in range(int(num_seqs)):
+    lo, hi = int(cu[b]), int(cu[b + 1])
+    pos = seq_lens[b] - (hi - lo) + np.arange(hi - lo)
+    bound = causal_visible_bound(pos, compression_ratio, causal_rule)
+    out[lo:hi] = np.minimum(seq_lens[b] // compression_ratio, bound)
+  return out
