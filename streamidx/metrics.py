@@ -1,0 +1,181 @@
+"""Comparing top-k results: tie-aware parity, recall, score error.
+
+All functions take NumPy-convertible arrays and return NumPy values.
+Index arrays are i32[T, k] with -1 padding (the kernels' output form);
+score arrays are f32[T, entries] masked scores with -inf for invisible
+entries (`streamidx.ref.token_scores` / `page_scores`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = [
+    "TopkComparison",
+    "compare_topk",
+    "assert_topk_match",
+    "recall_at_k",
+    "score_error",
+]
+
+
+@dataclasses.dataclass
+class TopkComparison:
+  """Result of `compare_topk` over T rows.
+
+  Attributes:
+    rows: rows compared.
+    rows_identical: rows whose index sets are equal.
+    rows_tied: rows whose sets differ only at positions of equal score
+      (exact ties at the k-th boundary); still a match.
+    rows_mismatched: rows that differ beyond ties: a real disagreement.
+    differing_positions: indices in one set but not the other, summed.
+    tied_positions: those of them that are ties.
+    max_score_diff: largest |score| difference between the two selections,
+      sorted by score, over all rows (0 when they match).
+    first_bad_row: index of the first mismatched row, or -1.
+    detail: a sentence on the first mismatch ("" if none).
+  """
+
+  rows: int
+  rows_identical: int
+  rows_tied: int
+  rows_mismatched: int
+  differing_positions: int
+  tied_positions: int
+  max_score_diff: float
+  first_bad_row: int
+  detail: str
+
+  @property
+  def ok(self) -> bool:
+    return self.rows_mismatched == 0
+
+
+def _row_scores(scores_row, idx):
+  return np.where(idx >= 0, scores_row[np.maximum(idx, 0)], -np.inf)
+
+
+def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
+  """Tie-aware comparison of two top-k results against one score matrix.
+
+  A row matches when both selections have the same number of valid (>= 0)
+  indices, no index repeats, every selected entry is visible, and the two
+  sets are equal, or every index in their symmetric difference has the same
+  score as the boundary score (the smallest score `want` selected), within
+  `atol` (0: exact ties only).
+
+  Args:
+    got: i32[T, k] indices under test (e.g. the kernel's).
+    want: i32[T, k] reference indices.
+    scores: f32[T, E] masked scores the reference selected from.
+    atol: tolerance on score equality; keep 0 when both sides compute
+      scores with the same arithmetic (kernel vs reference on one backend).
+  """
+  got = np.asarray(got)
+  want = np.asarray(want)
+  scores = np.asarray(scores, np.float64)
+  if got.shape != want.shape:
+    raise ValueError(f"got {got.shape} and want {want.shape} differ in shape")
+  t = got.shape[0]
+  identical = tied = bad = diff_pos = tie_pos = 0
+  max_diff = 0.0
+  first_bad, detail = -1, ""
+  for r in range(t):
+    g = got[r][got[r] >= 0]
+    w = want[r][want[r] >= 0]
+    gs = _row_scores(scores[r], g)
+    ws = _row_scores(scores[r], w)
+    problem = ""
+    if len(g) != len(w):
+      problem = f"{len(g)} valid indices vs {len(w)}"
+    elif len(set(g.tolist())) != len(g):
+      problem = "repeated index"
+    elif np.any(g >= scores.shape[1]) or np.any(np.isneginf(gs)):
+      problem = "selects an invisible entry"
+    sg, sw = set(g.tolist()), set(w.tolist())
+    sym = sorted(sg ^ sw)
+    if not problem and len(g):
+      d = np.abs(np.sort(gs) - np.sort(ws))
+      max_diff = max(max_diff, float(d.max()))
+    if not problem and not sym:
+      identical += 1
+      continue
+    if not problem:
+      boundary = ws.min()
+      sym_scores = scores[r][np.asarray(sym)]
+      ties = np.abs(sym_scores - boundary) <= atol
+      diff_pos += len(sym)
+      tie_pos += int(ties.sum())
+      if ties.all():
+        tied += 1
+        continue
+      problem = (f"entries {[s for s, ok in zip(sym, ties) if not ok][:5]} "
+                 f"differ with scores "
+                 f"{sym_scores[~ties][:5].tolist()} vs boundary {boundary}")
+    else:
+      diff_pos += len(sym)
+    bad += 1
+    if first_bad < 0:
+      first_bad = r
+      detail = f"row {r}: {problem}"
+  return TopkComparison(t, identical, tied, bad, diff_pos, tie_pos, max_diff,
+                        first_bad, detail)
+
+
+def assert_topk_match(got, want, scores, *, atol: float = 0.0, label=""):
+  """Raises AssertionError (with the first bad row) unless `compare_topk` ok."""
+  c = compare_topk(got, want, scores, atol=atol)
+  if not c.ok:
+    raise AssertionError(
+        f"{label + ': ' if label else ''}{c.rows_mismatched}/{c.rows} rows "
+        f"disagree; {c.detail}")
+  return c
+
+
+def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
+  """Mean over rows of |got ∩ want| / |want| (rows with empty `want` skipped).
+
+  With `exact_scores` (the scores `want` was taken from), an entry of `got`
+  whose exact score ties the boundary of `want` counts as a hit, so ties at
+  the k-th position never cost recall.
+  """
+  got = np.asarray(got)
+  want = np.asarray(want)
+  rows = range(got.shape[0]) if live_rows is None else np.flatnonzero(live_rows)
+  vals = []
+  for r in rows:
+    w = want[r][want[r] >= 0]
+    if len(w) == 0:
+      continue
+    g = got[r][got[r] >= 0]
+    hits = len(set(g.tolist()) & set(w.tolist()))
+    if exact_scores is not None:
+      es = np.asarray(exact_scores[r], np.float64)
+      boundary = es[w].min()
+      extra = [x for x in set(g.tolist()) - set(w.tolist())
+               if es[x] >= boundary]
+      hits = min(len(w), hits + len(extra))
+    vals.append(hits / len(w))
+  return float(np.mean(vals)) if vals else float("nan")
+
+
+def score_error(approx, exact) -> dict:
+  """Relative error |approx - exact| / |exact| over visible entries.
+
+  Returns a dict with "median", "p99", "max" relative error and
+  "max_abs" absolute error, over entries where both are finite and
+  `exact` is nonzero.
+  """
+  a = np.asarray(approx, np.float64)
+  e = np.asarray(exact, np.float64)
+  m = np.isfinite(a) & np.isfinite(e) & (e != 0)
+  if not m.any():
+    return {"median": float("nan"), "p99": float("nan"), "max": float("nan"),
+            "max_abs": float("nan"), "count": 0}
+  rel = np.abs(a[m] - e[m]) / np.abs(e[m])
+  return {"median": float(np.median(rel)), "p99": float(np.quantile(rel, .99)),
+          "max": float(rel.max()), "max_abs": float(np.abs(a[m] - e[m]).max()),
+          "count": int(m.sum())}
