@@ -143,6 +143,7 @@ def make_batch(
     max_num_seqs: int | None = None,
     num_tokens: int | None = None,
     extra_pages: int = 0,
+    total_num_pages: int | None = None,
     seed: int = 0,
 ) -> RaggedBatch:
   """Builds a ragged paged batch from (q_len, seq_len) pairs.
@@ -162,6 +163,9 @@ def make_batch(
       are padding sequences with seq_len 0.
     num_tokens: rows of q (default: total query tokens, at least 1).
     extra_pages: unused physical pages added to the cache.
+    total_num_pages: pad the cache to exactly this many physical pages (>=
+      what the allocation needs); fixes the cache shape across batches, so
+      that one compiled kernel serves them all.
     seed: for "shuffled" and "fragmented".
   """
   q_lens = np.array([p[0] for p in pairs], np.int64).reshape(-1)
@@ -210,7 +214,12 @@ def make_batch(
     physical = rng.permutation(physical)
   else:
     raise ValueError(f"unknown allocation {allocation!r}")
-  total_num_pages = max(pool + extra_pages, 1)
+  need_pages = max(pool + extra_pages, 1)
+  if total_num_pages is None:
+    total_num_pages = need_pages
+  elif total_num_pages < need_pages:
+    raise ValueError(f"total_num_pages ({total_num_pages}) < pages the "
+                     f"allocation needs ({need_pages})")
 
   table = np.zeros((max_num_seqs, pages_per_seq), np.int32)
   cursor = 0

@@ -104,13 +104,13 @@ def record_bytes(fmt: CacheFormat, head_dim: int = 128) -> int:
 def ue8m0_exponent(amax):
   """Smallest e with 2**e >= amax / 448, clipped to e8m0's [-127, 127].
 
-  An all-zero record gets e = 0 (any scale would do). Exact: uses frexp, not
-  a floating-point log.
+  Exact (no floating-point log or division): with amax = m * 2**x,
+  m in [0.5, 1), and 448 = 0.875 * 2**9, e = x - 9 + (m > 0.875). An
+  all-zero record gets e = 0 (any scale would do).
   """
   amax = jnp.asarray(amax, jnp.float32)
-  ratio = amax / jnp.float32(E4M3_MAX)
-  mant, exp = jnp.frexp(ratio)  # ratio = mant * 2**exp, mant in [0.5, 1)
-  e = jnp.where(mant == 0.5, exp - 1, exp)
+  mant, exp = jnp.frexp(amax)
+  e = exp - 9 + (mant > 0.875).astype(exp.dtype)
   e = jnp.where(amax > 0, e, 0)
   return jnp.clip(e, -E8M0_BIAS, E8M0_BIAS).astype(jnp.int32)
 

@@ -1,0 +1,104 @@
+"""A tiny NumPy loop oracle, independent of streamidx's kernel and reference.
+
+It decodes the cache bytes itself (e4m3fn and e8m0 from their bit fields,
+not through ml_dtypes or `streamidx.cache`), scores in float64 with plain
+loops over tokens and entries, and selects top-k by sorting. Only for small
+batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def decode_e4m3fn(byte: int) -> float:
+  """e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; 0x7f/0xff NaN."""
+  sign = -1.0 if byte & 0x80 else 1.0
+  exp = (byte >> 3) & 0xF
+  man = byte & 0x7
+  if exp == 0xF and man == 0x7:
+    return float("nan")
+  if exp == 0:
+    return sign * (man / 8.0) * 2.0**-6
+  return sign * (1.0 + man / 8.0) * 2.0**(exp - 7)
+
+
+_E4M3 = np.array([decode_e4m3fn(b) for b in range(256)])
+
+
+def decode_keys(cache: np.ndarray, head_dim: int) -> np.ndarray:
+  """Cache array -> float64 keys [pages, page_size, head_dim]."""
+  cache = np.asarray(cache)
+  pages, rows, packing, width = cache.shape
+  flat = cache.reshape(pages, rows * packing, width)
+  if cache.dtype == np.uint8:
+    vals = _E4M3[flat[..., :head_dim]]
+    scale = 2.0**(flat[..., head_dim].astype(np.float64) - 127.0)
+    return vals * scale[..., None]
+  return flat[..., :head_dim].astype(np.float64)
+
+
+def visible_bound(pos: int, ratio: int, rule: str) -> int:
+  if rule == "model":
+    return (pos + 1) // ratio
+  return pos // ratio + 1
+
+
+def scores(q, w, cache, seq_lens, page_indices, cu_q_lens, num_seqs, *,
+           ratio: int, rule: str = "model"):
+  """float64 [T, pages_per_seq * page_size], -inf where not visible."""
+  q = np.asarray(q, np.float64)
+  w = np.asarray(w, np.float64)
+  seq_lens = np.asarray(seq_lens)
+  cu = np.asarray(cu_q_lens)
+  t_rows, heads, head_dim = q.shape
+  keys = decode_keys(cache, head_dim)
+  page_size = keys.shape[1]
+  max_seqs = seq_lens.shape[0]
+  table = np.asarray(page_indices).reshape(max_seqs, -1)
+  entries = table.shape[1] * page_size
+  out = np.full((t_rows, entries), -np.inf)
+  for b in range(int(num_seqs)):
+    q_len = cu[b + 1] - cu[b]
+    kv_len = seq_lens[b] // ratio
+    for i in range(q_len):
+      t = cu[b] + i
+      pos = seq_lens[b] - q_len + i
+      for s in range(min(kv_len, visible_bound(pos, ratio, rule))):
+        k = keys[table[b, s // page_size], s % page_size]
+        total = 0.0
+        for h in range(heads):
+          total += w[t, h] * max(0.0, float(q[t, h] @ k))
+        out[t, s] = total
+  return out
+
+
+def pool_pages(s: np.ndarray, page_size: int) -> np.ndarray:
+  t, e = s.shape
+  return s.reshape(t, e // page_size, page_size).max(axis=-1)
+
+
+def topk(s: np.ndarray, k: int) -> np.ndarray:
+  """Indices of the k largest scores per row (lower index first on ties)."""
+  out = np.full((s.shape[0], k), -1, np.int64)
+  for r in range(s.shape[0]):
+    order = sorted(range(s.shape[1]), key=lambda j: (-s[r, j], j))
+    chosen = [j for j in order[:k] if s[r, j] > -np.inf]
+    out[r, :len(chosen)] = chosen
+  return out
+
+
+def f32_error_bound(q, w, cache, head_dim: int) -> float:
+  """A bound on |f32 score - exact score| for any entry of this batch.
+
+  Products of bf16/f32 queries with e4m3 or bf16 key values are exact in
+  f32; summing D of them, then H weighted terms, in f32 loses at most
+  (D + H + 2) units of roundoff relative to the sum of magnitudes.
+  """
+  q = np.abs(np.asarray(q, np.float64))
+  keys = np.abs(decode_keys(cache, head_dim))
+  kmax = keys.max(initial=0.0)
+  mag = (np.abs(np.asarray(w, np.float64))[..., None] * q).sum(axis=(1, 2))
+  heads = q.shape[1]
+  return float((head_dim + heads + 2) * 2.0**-24 * mag.max(initial=0.0) *
+               kmax) * 1.01

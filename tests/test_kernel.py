@@ -1,0 +1,262 @@
+"""The kernel (interpreted on CPU) against the reference, case by case.
+
+On one backend the two compute scores with the same arithmetic, so the
+comparison is tie-aware with atol=0: identical index sets, or differences
+only between entries whose scores are exactly equal.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import metrics
+
+from cases import (BLOCKS, CASE_IDS, CASES, K, MAX_NUM_SEQS, NUM_HEADS,
+                   NUM_TOKENS, PAGES_PER_SEQ, TOTAL_NUM_PAGES)
+
+RATIOS = (1, 2, 4)
+FORMATS = ("fp8", "bf16")
+
+
+@functools.lru_cache(maxsize=None)
+def _inputs(case_name: str, ratio: int, fmt: str) -> si.IndexerInputs:
+  case = CASES[CASE_IDS.index(case_name)]
+  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
+                        seed=ratio)
+
+
+def _check_topk(inp, ratio, k, causal_rule="model", label=""):
+  kw = dict(k=k, compression_ratio=ratio, causal_rule=causal_rule, **BLOCKS)
+  got = si.streamindex_topk(*inp.args, **kw)
+  want = si.streamindex_topk_ref(*inp.args, **kw)
+  scores = si.token_scores(*inp.args, compression_ratio=ratio,
+                           causal_rule=causal_rule)
+  assert got.shape == (NUM_TOKENS, k) and got.dtype == jnp.int32
+  metrics.assert_topk_match(got, want, scores, label=label)
+  # Every row returns exactly min(k, visible) entries: the mask is right.
+  b = inp.batch
+  visible = si.ref.visible_counts(b.seq_lens, b.cu_q_lens, b.num_seqs,
+                                  b.num_tokens, compression_ratio=ratio,
+                                  causal_rule=causal_rule)
+  np.testing.assert_array_equal((np.asarray(got) >= 0).sum(axis=1),
+                                np.minimum(visible, k))
+  return got
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ratio", RATIOS)
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_kernel_matches_reference(case, ratio, fmt):
+  inp = _inputs(case, ratio, fmt)
+  _check_topk(inp, ratio, K, label=f"{case} k={K}")
+
+
+def test_the_matrix_covers_rows_above_and_below_k():
+  """k = K ranks (rows seeing more than K) and pads (rows seeing fewer)."""
+  above = below = 0
+  for case in CASE_IDS:
+    for ratio in RATIOS:
+      b = _inputs(case, ratio, "fp8").batch
+      v = si.ref.visible_counts(b.seq_lens, b.cu_q_lens, b.num_seqs,
+                                b.num_tokens, compression_ratio=ratio)
+      live = b.token_seq_ids() >= 0
+      above += int((v[live] > K).sum())
+      below += int((v[live] < K).sum())
+  assert above > 50 and below > 50
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ratio", (2, 4))
+@pytest.mark.parametrize("case", ["prefill_only", "all_three_ranges",
+                                  "prefill_and_decode_in_mixed_range"])
+def test_kernel_matches_reference_under_seed_causal_rule(case, ratio, fmt):
+  inp = _inputs(case, ratio, fmt)
+  _check_topk(inp, ratio, K, causal_rule="seed", label=case)
+  # The rules differ exactly on prefill rows with (p + 1) % ratio != 0 whose
+  # leaked block is within the sequence: there the seed sees one entry more.
+  b = inp.batch
+  pos = b.token_positions()
+  seq = b.token_seq_ids()
+  entries = np.where(seq >= 0, b.seq_lens[np.maximum(seq, 0)] // ratio, 0)
+  leaks = (seq >= 0) & ((pos + 1) % ratio != 0) & (pos // ratio < entries)
+  counts = {rule: si.ref.visible_counts(
+      b.seq_lens, b.cu_q_lens, b.num_seqs, b.num_tokens,
+      compression_ratio=ratio, causal_rule=rule) for rule in ("seed", "model")}
+  np.testing.assert_array_equal(counts["seed"] - counts["model"],
+                                leaks.astype(int))
+  assert leaks.any(), "the case must exercise the difference"
+
+
+def test_seed_rule_leaks_the_query_s_own_block():
+  """A prefill query at p = 4k + 1 (ratio 4) sees block k only under "seed"."""
+  b = si.make_batch([(8, 64)], page_size=16, compression_ratio=4,
+                    distribution=(0, 1, 1), pages_per_seq=PAGES_PER_SEQ,
+                    max_num_seqs=MAX_NUM_SEQS, num_tokens=NUM_TOKENS,
+                    total_num_pages=TOTAL_NUM_PAGES)
+  inp = si.make_inputs(b, num_heads=NUM_HEADS, fmt="bf16")
+  kw = dict(k=K, compression_ratio=4, **BLOCKS)
+  model = np.asarray(si.streamindex_topk(*inp.args, **kw))
+  seed = np.asarray(si.streamindex_topk(*inp.args, causal_rule="seed", **kw))
+  # Query i is at p = 56 + i; entries up to (p + 1) // 4 - 1 are complete.
+  for i in range(8):
+    p = 56 + i
+    assert set(model[i][model[i] >= 0]) == set(range((p + 1) // 4))
+    assert set(seed[i][seed[i] >= 0]) == set(range(p // 4 + 1))
+
+
+K_PAGES = 6  # some rows see more pages than this, some fewer
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", ["prefill_only", "mixed_only",
+                                  "all_three_ranges",
+                                  "empty_and_tiny_sequences"])
+def test_page_kernel_matches_reference(case, fmt):
+  k_pages = K_PAGES
+  inp = _inputs(case, 1, fmt)
+  kw = dict(k_pages=k_pages, num_queries_per_block=8)
+  got = si.streamindex_page_topk(*inp.page_args, **kw)
+  want = si.streamindex_page_topk_ref(*inp.page_args, **kw)
+  scores = si.page_scores(*inp.page_args)
+  assert got.shape == (NUM_TOKENS, k_pages)
+  metrics.assert_topk_match(got, want, scores, label=case)
+
+
+def test_page_mode_equals_pooled_token_scores():
+  """Page scores are the max of the token scores of each page."""
+  inp = _inputs("all_three_ranges", 1, "fp8")
+  tok = np.asarray(si.token_scores(*inp.args, compression_ratio=1))
+  pages = np.asarray(si.page_scores(*inp.page_args))
+  ps = inp.batch.page_size
+  np.testing.assert_array_equal(
+      pages, tok.reshape(tok.shape[0], -1, ps).max(axis=-1))
+
+
+def test_kernel_and_reference_are_bit_identical_on_cpu():
+  """Not just tie-aware: on the interpreter the indices are the same array."""
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  kw = dict(k=K, compression_ratio=4, **BLOCKS)
+  np.testing.assert_array_equal(si.streamindex_topk(*inp.args, **kw),
+                                si.streamindex_topk_ref(*inp.args, **kw))
+
+
+def test_decode_req_batch_size_does_not_change_results():
+  inp = _inputs("decode_only_with_remainder", 4, "fp8")
+  outs = [np.asarray(si.streamindex_topk(
+      *inp.args, k=K, compression_ratio=4, decode_req_batch_size=bs,
+      **BLOCKS)) for bs in (1, 4)]
+  np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_block_sizes_do_not_change_results():
+  inp = _inputs("all_three_ranges", 2, "bf16")
+  base = np.asarray(si.streamindex_topk(*inp.args, k=K,
+                                        compression_ratio=2, **BLOCKS))
+  other = np.asarray(si.streamindex_topk(
+      *inp.args, k=K, compression_ratio=2, num_kv_pages_per_block=24,
+      num_queries_per_block=(1, 3, 16)))
+  np.testing.assert_array_equal(base, other)
+
+
+def test_padding_rows_are_all_minus_one():
+  inp = _inputs("prefill_only", 1, "fp8")
+  got = np.asarray(si.streamindex_topk(*inp.args, k=K,
+                                       compression_ratio=1, **BLOCKS))
+  pad = inp.batch.token_seq_ids() < 0
+  assert pad.any()
+  assert (got[pad] == -1).all()
+
+
+# ---- Drop-in for the seed: jit, eval_shape, shard_map, modes -------------
+
+
+SEED_KWARGS = dict(k=K, compression_ratio=4,
+                   num_kv_pages_per_block=(8, 16, 8),
+                   num_queries_per_block=(1, 8, 8),
+                   vmem_limit_bytes=100 * 1024 * 1024, decode_req_batch_size=4)
+
+
+def test_public_functions_are_jitted_like_the_seed():
+  assert type(si.streamindex_topk) is type(jax.jit(lambda x: x))
+  assert type(si.streamindex_page_topk) is type(jax.jit(lambda x: x))
+
+
+def test_eval_shape_with_seed_keyword_arguments():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inp.args]
+  out = jax.eval_shape(si.streamindex_topk, *abstract, **SEED_KWARGS)
+  assert out.shape == (NUM_TOKENS, K) and out.dtype == jnp.int32
+  out = jax.eval_shape(si.streamindex_page_topk,
+                       *[jax.ShapeDtypeStruct(a.shape, a.dtype)
+                         for a in inp.page_args], k_pages=3)
+  assert out.shape == (NUM_TOKENS, 3)
+
+
+def test_jit_of_a_caller_and_lowering():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+
+  @jax.jit
+  def caller(*args):
+    return si.streamindex_topk(*args, **SEED_KWARGS) + 0
+
+  np.testing.assert_array_equal(
+      caller(*inp.args), si.streamindex_topk(*inp.args, **SEED_KWARGS))
+  lowered = si.streamindex_topk.lower(*inp.args, **SEED_KWARGS)
+  assert lowered.out_info.shape == (NUM_TOKENS, K)
+
+
+def test_shard_map_over_a_mesh():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  mesh = jax.make_mesh((1,), ("x",))
+  spec = jax.sharding.PartitionSpec()
+
+  def body(*args):
+    return si.streamindex_topk(*args, **SEED_KWARGS)
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 7, out_specs=spec,
+                    check_vma=False)
+  np.testing.assert_array_equal(
+      jax.jit(f)(*inp.args), si.streamindex_topk(*inp.args, **SEED_KWARGS))
+
+
+def test_forced_interpreter_retraces_and_never_reuses_the_other_mode():
+  inp = _inputs("decode_only_fewer_than_batch", 2, "fp8")
+  kw = dict(SEED_KWARGS, compression_ratio=2)
+  base = si.streamindex_topk(*inp.args, **kw)  # default (auto) mode
+  points = []
+
+  def record(token, grid_point, core_index):
+    # The interpreter threads an ordering token through the recorder.
+    points.append((grid_point, core_index))
+    return token
+
+  with si.interpreter(grid_point_recorder=record):
+    forced = si.streamindex_topk(*inp.args, **kw)
+  assert points, "the forced-mode call must trace anew with its own params"
+  n = len(points)
+  again = si.streamindex_topk(*inp.args, **kw)
+  assert len(points) == n, "the default mode must not reuse the forced trace"
+  np.testing.assert_array_equal(base, forced)
+  np.testing.assert_array_equal(base, again)
+
+
+def test_mode_resolution(monkeypatch):
+  from streamidx import modes
+  assert modes.kernel_mode() == "interpreted"  # CPU
+  monkeypatch.setattr(modes, "on_tpu", lambda: True)
+  assert modes.resolve_interpret() is False
+  assert modes.kernel_mode() == "compiled"
+  with si.interpreter(detect_races=True):
+    params = modes.resolve_interpret()
+    assert params is not False and params.detect_races
+  assert modes.resolve_interpret() is False
+  si.set_interpreter(dma_execution_mode="eager")
+  try:
+    assert modes.resolve_interpret().dma_execution_mode == "eager"
+  finally:
+    si.set_interpreter(False)
+  assert modes.resolve_interpret() is False

@@ -1,0 +1,133 @@
+"""The reference against the NumPy loop oracle (float64, its own FP8 decode).
+
+The reference scores in float32 like the kernel; the oracle in float64. They
+may differ by f32 roundoff, bounded by `oracle.f32_error_bound`, so index
+sets are compared tie-aware with that bound as the tie tolerance, and scores
+directly against it. The bound is derived, not tuned: products of the stored
+values are exact in f32, only the sums round.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import metrics
+
+import oracle
+from cases import CASE_IDS, CASES, K, NUM_HEADS
+
+
+@functools.lru_cache(maxsize=None)
+def _inputs(case_name, ratio, fmt):
+  case = CASES[CASE_IDS.index(case_name)]
+  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
+                        seed=10 + ratio)
+
+
+def _oracle_scores(inp, ratio, rule):
+  b = inp.batch
+  return oracle.scores(inp.q.astype(np.float32), inp.weights, inp.cache,
+                       b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
+                       ratio=ratio, rule=rule)
+
+
+@pytest.mark.parametrize("fmt", ("fp8", "bf16"))
+@pytest.mark.parametrize("ratio,rule", [(1, "model"), (2, "model"),
+                                        (4, "model"), (4, "seed")])
+@pytest.mark.parametrize("case", ["all_three_ranges",
+                                  "prefill_and_decode_in_mixed_range",
+                                  "empty_and_tiny_sequences"])
+def test_reference_matches_oracle(case, ratio, rule, fmt):
+  inp = _inputs(case, ratio, fmt)
+  want_scores = _oracle_scores(inp, ratio, rule)
+  got_scores = np.asarray(si.token_scores(*inp.args, compression_ratio=ratio,
+                                          causal_rule=rule), np.float64)
+  bound = oracle.f32_error_bound(inp.q.astype(np.float32), inp.weights,
+                                 inp.cache, inp.head_dim)
+  # Same mask, exactly.
+  np.testing.assert_array_equal(np.isneginf(got_scores),
+                                np.isneginf(want_scores))
+  live = ~np.isneginf(want_scores)
+  assert np.abs(got_scores[live] - want_scores[live]).max(initial=0) <= bound
+  for k in (K, 500):
+    got = si.streamindex_topk_ref(*inp.args, k=k, compression_ratio=ratio,
+                                  causal_rule=rule)
+    want = oracle.topk(want_scores, k)
+    metrics.assert_topk_match(got, want, want_scores, atol=2 * bound,
+                              label=f"{case} k={k}")
+
+
+@pytest.mark.parametrize("fmt", ("fp8", "bf16"))
+def test_page_reference_matches_oracle(fmt):
+  inp = _inputs("all_three_ranges", 1, fmt)
+  tok = _oracle_scores(inp, 1, "model")
+  want_scores = oracle.pool_pages(tok, inp.batch.page_size)
+  got_scores = np.asarray(si.page_scores(*inp.page_args), np.float64)
+  bound = oracle.f32_error_bound(inp.q.astype(np.float32), inp.weights,
+                                 inp.cache, inp.head_dim)
+  np.testing.assert_array_equal(np.isneginf(got_scores),
+                                np.isneginf(want_scores))
+  live = ~np.isneginf(want_scores)
+  assert np.abs(got_scores[live] - want_scores[live]).max(initial=0) <= bound
+  got = si.streamindex_page_topk_ref(*inp.page_args, k_pages=5)
+  metrics.assert_topk_match(got, oracle.topk(want_scores, 5), want_scores,
+                            atol=2 * bound)
+
+
+def test_page_reference_decode_form_one_token_per_seq():
+  """Row i is sequence i's single query at p = seq_len - 1."""
+  b = si.make_batch([(1, 40), (1, 200), (1, 7), (1, 129)], page_size=16,
+                    compression_ratio=1, pages_per_seq=16)
+  inp = si.make_inputs(b, num_heads=NUM_HEADS, fmt="fp8", seed=3)
+  got = si.streamindex_page_topk_ref(*inp.page_args, k_pages=4,
+                                     one_token_per_seq=True)
+  # With one query per sequence in order, both forms agree.
+  want = si.streamindex_page_topk_ref(*inp.page_args, k_pages=4)
+  np.testing.assert_array_equal(got, want)
+  # And a decode batch whose cu_q_lens are not given still works: cu_q_lens
+  # is ignored in that form.
+  args = list(inp.page_args)
+  args[5] = jax.numpy.zeros_like(args[5])
+  np.testing.assert_array_equal(
+      si.streamindex_page_topk_ref(*args, k_pages=4, one_token_per_seq=True),
+      got)
+
+
+def test_page_reference_supports_compression():
+  """Unlike the kernel, the page reference works at ratio 4: pooled entries."""
+  b = si.make_batch([(9, 300), (1, 64)], page_size=16, compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=NUM_HEADS, fmt="bf16")
+  tok = np.asarray(si.token_scores(*inp.args, compression_ratio=4))
+  pages = np.asarray(si.page_scores(*inp.page_args, compression_ratio=4))
+  np.testing.assert_array_equal(pages, oracle.pool_pages(tok, 16))
+
+
+def test_reference_is_jittable_and_vectorized():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  jaxpr = jax.make_jaxpr(lambda *a: si.streamindex_topk_ref(
+      *a, k=K, compression_ratio=4))(*inp.args)
+  # One pass, no per-token Python loop: the equation count is independent of
+  # the number of tokens.
+  inp2 = si.make_inputs(CASES[0].batch(4), num_heads=NUM_HEADS, fmt="fp8")
+  jaxpr2 = jax.make_jaxpr(lambda *a: si.streamindex_topk_ref(
+      *a, k=K, compression_ratio=4))(*inp2.args)
+  assert len(jaxpr.eqns) == len(jaxpr2.eqns)
+
+
+def test_f32_reference_cache_is_the_exact_baseline():
+  """An "f32" cache (reference only) scores the unquantized keys."""
+  inp = _inputs("all_three_ranges", 4, "fp8").with_cache_format("f32")
+  s = np.asarray(si.token_scores(*inp.args, compression_ratio=4))
+  b = inp.batch
+  t = 0  # the query of sequence 0 (decode, 20 visible entries)
+  keys = np.asarray(inp.keys)
+  table = b.page_table[0]
+  q = np.asarray(inp.q[t], np.float64)
+  w = np.asarray(inp.weights[t], np.float64)
+  for e in range(3):
+    k = keys[table[e // 16], e % 16].astype(np.float64)
+    want = (w * np.maximum(q @ k, 0)).sum()
+    assert abs(s[t, e] - want) <= 1e-4 * max(1.0, abs(want))
