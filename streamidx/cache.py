@@ -127,14 +127,15 @@ def quantize_fp8(keys):
   """
   keys = jnp.asarray(keys, jnp.float32)
   e = ue8m0_exponent(jnp.max(jnp.abs(keys), axis=-1))
-  scaled = keys * jnp.exp2(-e.astype(jnp.float32))[..., None]
+  # ldexp scales exactly; jnp.exp2 is not an exact power of two on CPU.
+  scaled = jnp.ldexp(keys, -e[..., None])
   return scaled.astype(jnp.float8_e4m3fn), e
 
 
 def dequantize_fp8(values, exponents):
   """values f8e4m3fn[..., D], exponents i32[...] -> f32[..., D]."""
-  return values.astype(jnp.float32) * jnp.exp2(
-      jnp.asarray(exponents, jnp.float32))[..., None]
+  return jnp.ldexp(values.astype(jnp.float32),
+                   jnp.asarray(exponents, jnp.int32)[..., None])
 
 
 def pack_fp8_records(values, exponents):

@@ -87,6 +87,12 @@ def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
   seq_values = values[table].reshape(max_num_seqs, num_entries, head_dim)
   seq_scales = (None if scales is None else
                 scales[table].reshape(max_num_seqs, num_entries))
+  # XLA:CPU (jax 0.10.2) miscompiles the per-token gather + dot below when
+  # max_num_seqs == 1 and there are >= 256 entries (every score of a row
+  # becomes its first column). The barrier keeps the gathered cache an
+  # opaque operand; tests/test_reference.py pins the case.
+  seq_values, seq_scales = jax.lax.optimization_barrier(
+      (seq_values, seq_scales))
 
   seq_ids, positions = _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens,
                                    one_token_per_seq)

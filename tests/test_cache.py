@@ -43,6 +43,21 @@ def test_quantize_never_saturates_and_error_is_bounded(scale):
   assert np.all(err <= np.maximum(np.abs(keys) * 2.0**-4, step * 2.0**-10))
 
 
+def test_quantize_scales_by_exact_powers_of_two():
+  """values == e4m3(keys / 2**e) and dequantize == values * 2**e, exactly."""
+  keys = _keys((512, 128), seed=5, scale=1e-3)
+  vals, e = cache.quantize_fp8(keys)
+  e = np.asarray(e)
+  assert len(np.unique(e)) > 1
+  want = (keys / np.float32(2.0)**e[:, None].astype(np.float32)).astype(
+      ml_dtypes.float8_e4m3fn)
+  np.testing.assert_array_equal(np.asarray(vals).view(np.uint8),
+                                want.view(np.uint8))
+  deq = np.asarray(cache.dequantize_fp8(vals, e), np.float64)
+  np.testing.assert_array_equal(
+      deq, want.astype(np.float64) * 2.0**e[:, None].astype(np.float64))
+
+
 def test_fp8_record_layout_byte_by_byte():
   keys = _keys((3, 128), seed=1)
   vals, e = cache.quantize_fp8(keys)

@@ -131,3 +131,30 @@ def test_f32_reference_cache_is_the_exact_baseline():
     k = keys[table[e // 16], e % 16].astype(np.float64)
     want = (w * np.maximum(q @ k, 0)).sum()
     assert abs(s[t, e] - want) <= 1e-4 * max(1.0, abs(want))
+
+
+@pytest.mark.parametrize("pairs,max_num_seqs", [
+    ([(2, 1024)], None),  # one sequence slot, 256 entries
+    ([(3, 4096)], None),  # one slot, 1024 entries
+    ([(5, 2048)], 3),
+])
+def test_reference_with_a_single_sequence_slot_and_many_entries(
+    pairs, max_num_seqs):
+  """XLA:CPU once miscompiled this shape (every score = the row's first)."""
+  b = si.make_batch(pairs, page_size=64, compression_ratio=4,
+                    max_num_seqs=max_num_seqs)
+  inp = si.make_inputs(b, num_heads=8, fmt="fp8")
+  want = oracle.scores(inp.q.astype(np.float32), inp.weights, inp.cache,
+                       b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
+                       ratio=4)
+  got = np.asarray(si.token_scores(*inp.args, compression_ratio=4),
+                   np.float64)
+  bound = oracle.f32_error_bound(inp.q.astype(np.float32), inp.weights,
+                                 inp.cache, inp.head_dim)
+  np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+  live = ~np.isneginf(want)
+  assert np.abs(got[live] - want[live]).max() <= bound
+  kw = dict(k=8, compression_ratio=4, num_kv_pages_per_block=2,
+            num_queries_per_block=(1, 8, 8))
+  np.testing.assert_array_equal(si.streamindex_topk(*inp.args, **kw),
+                                si.streamindex_topk_ref(*inp.args, **kw))
