@@ -15,9 +15,12 @@ never reused in another, inside `jax.jit` of the caller's too.
 
 Typical use::
 
-    with streamidx.interpreter(detect_races=True):
+    with streamidx.race_check() as report:    # every launch, race detector on
         idx = streamidx.streamindex_topk(...)
-    print(streamidx.races_found())
+    print(report.races_found, report.launches)
+
+    with streamidx.interpreter(uninitialized_memory="nan"):
+        idx = streamidx.streamindex_topk(...)
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ __all__ = [
     "kernel_mode",
     "describe_machine",
     "races_found",
+    "race_check",
+    "RaceReport",
     "reset_interpreter_state",
     "on_tpu",
 ]
@@ -110,11 +115,62 @@ def describe_machine() -> str:
 
 
 def races_found() -> bool:
-  """Whether the last interpreted run with `detect_races=True` saw a race."""
+  """Whether the LAST interpreted `pallas_call` run with `detect_races=True`
+  saw a race.
+
+  `streamindex_topk` makes four launches; this sees only the last one. Use
+  `race_check()` to check every launch of a block of code.
+  """
   # The races object is replaced on every run: read it through its module.
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
   return bool(ipc.races.races_found)
+
+
+class RaceReport:
+  """What `race_check` saw: one detector state per interpreted launch."""
+
+  def __init__(self):
+    self.states = []
+
+  @property
+  def launches(self) -> int:
+    return len(self.states)
+
+  @property
+  def races_found(self) -> bool:
+    return any(bool(s.races_found) for s in self.states)
+
+  def __repr__(self):
+    return (f"RaceReport(launches={self.launches}, "
+            f"races_found={self.races_found})")
+
+
+@contextlib.contextmanager
+def race_check(params: pltpu.InterpretParams | None = None, **options):
+  """Runs the block in the interpreter with the race detector on every launch.
+
+  Yields a `RaceReport`; after the block, `report.races_found` is True if any
+  interpreted launch inside saw a race, and `report.launches` counts them.
+  Options are `InterpretParams` fields, as for `interpreter`.
+  """
+  from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+  report = RaceReport()
+  base = ipc.RaceDetectionState
+
+  class _Recording(base):  # pylint: disable=missing-class-docstring
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      report.states.append(self)
+
+  ipc.RaceDetectionState = _Recording
+  try:
+    with interpreter(params, detect_races=True, **options):
+      yield report
+  finally:
+    ipc.RaceDetectionState = base
 
 
 def reset_interpreter_state():

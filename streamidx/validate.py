@@ -1,22 +1,79 @@
-"""Input checks for the StreamIndex kernels.
+"""Input checks for the StreamIndex kernels: where the kernels' contract ends.
 
-Static checks (shapes, ranks, dtypes, block sizes, static options) run at
-trace time inside `streamidx.streamindex_topk` / `streamindex_page_topk`,
-before any kernel is built, and raise `ValueError` naming the argument and
-the rule it breaks. They read only shapes and dtypes, so they work on
-tracers and `jax.ShapeDtypeStruct`s.
+The kernels trust their inputs: a page table that points past the cache, a
+`cu_q_lens` that goes backwards or a `distribution` that disagrees with the
+query lengths give silently wrong indices (or, on a TPU, reads of unrelated
+memory). The checks here turn each of those into a `ValueError` that names
+the argument and the rule it breaks: "<argument>: <rule> (got <what>)".
+
+Three layers:
+
+1. Static checks, `static_validate_topk` / `static_validate_page_topk`:
+   ranks, shapes and their agreement, dtypes, head_dim and cache width,
+   `k` / `k_pages`, block sizes, `compression_ratio`, `distribution`'s
+   length, options. They read only shapes and dtypes, so they run on tracers:
+   `streamidx.streamindex_topk` / `streamindex_page_topk` call them at trace
+   time, before any kernel is built.
+
+2. Value checks on concrete arrays, `validate_topk_inputs` /
+   `validate_page_topk_inputs`: the same arguments as the kernels; they run
+   the static checks, then the value rules of `VALUE_RULES` (cu_q_lens
+   ordered, q_len <= seq_len, `distribution` ordered and consistent, page
+   indices inside the cache, enough page-table columns, `num_seqs` in range,
+   finite queries and weights) and raise `ValueError` on the first broken
+   rule. `jit` cannot raise on values, so call these outside `jit`, e.g.
+   once per batch while developing, or in a test.
+
+3. Inside `jit`, the same value rules through `jax.experimental.checkify`:
+   `checked_streamindex_topk` / `checked_streamindex_page_topk` take the
+   kernels' arguments and return `(err, indices)`; when a rule fails the
+   kernel is not launched, the indices are all -1 and `err.throw()` raises
+   `checkify.JaxRuntimeError` (a `ValueError`) with the rule's message.
+   They can be called inside a caller's own `jax.jit`; return `err` out of
+   it and call `err.throw()` outside. `check_topk_inputs` /
+   `check_page_topk_inputs` issue the bare `checkify.check`s, for a caller
+   that checkifies a function of its own.
+
+The value rules are written once (`_value_rules`, traceable JAX) and shared
+by layers 2 and 3, so both report the same message for the same input.
+
+Page indices past the cache: the kernel clamps them to the last page
+(`min(page, total_num_pages - 1)`) and so does `streamidx.ref`, so kernel
+and reference agree on such a table and both are wrong. A negative index is
+not clamped by the kernel at all (compiled, it DMAs from before the cache).
+The kernel also prefetches whole blocks of `num_kv_pages_per_block`
+page-table slots, past a sequence's last page, so every slot, used or not,
+must name a page of the cache (`streamidx.batch` fills unused slots with
+page 0); rule `page_index_range` checks every slot.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any, NamedTuple
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import checkify
 
+from streamidx import kernel as kernel_lib
 from streamidx.kernel import CAUSAL_RULES
 
 __all__ = [
     "static_validate_topk",
     "static_validate_page_topk",
+    "validate_topk_inputs",
+    "validate_page_topk_inputs",
+    "check_topk_inputs",
+    "check_page_topk_inputs",
+    "checked_streamindex_topk",
+    "checked_streamindex_page_topk",
+    "ValueRule",
+    "VALUE_RULES",
+    "TOPK_VALUE_RULES",
+    "PAGE_TOPK_VALUE_RULES",
     "KERNEL_QUERY_DTYPES",
     "KERNEL_CACHE_DTYPES",
 ]
@@ -24,6 +81,9 @@ __all__ = [
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
 _INDEX_DTYPE = jnp.int32
+
+# ---------------------------------------------------------------------------
+# Static checks (shapes, dtypes, options): plain Python, tracer-safe.
 
 
 def _fail(name: str, rule: str, got) -> None:
@@ -34,7 +94,14 @@ def _dtype_name(x) -> str:
   return jnp.dtype(x.dtype).name
 
 
+def _check_array(name, x):
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    _fail(name, "must be an array (jax.Array or numpy.ndarray)",
+          type(x).__name__)
+
+
 def _check_rank(name, x, rank, layout):
+  _check_array(name, x)
   if len(x.shape) != rank:
     _fail(name, f"must have rank {rank}, {layout}", f"shape {tuple(x.shape)}")
 
@@ -55,7 +122,12 @@ def _check_positive_int(name, v):
 
 
 def _per_case(name, v):
-  """An int or a (decode, prefill, mixed) triple of positive ints."""
+  """A Python int or a (decode, prefill, mixed) triple of positive ints."""
+  if isinstance(v, np.integer):
+    # The kernel tells an int from a triple with isinstance(v, int).
+    _fail(name, "must be a Python int or a (decode, prefill, mixed) tuple; "
+          "a NumPy integer is not accepted, pass int(...)",
+          f"{type(v).__name__} {v}")
   if _is_int(v):
     _check_positive_int(name, v)
     return [int(v)] * 3
@@ -67,8 +139,14 @@ def _per_case(name, v):
         " three positive ints", repr(v))
 
 
+def _check_vmem(vmem_limit_bytes):
+  if vmem_limit_bytes is not None:
+    _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
+
+
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens, causal_rule):
+  """Rules both kernels share; returns (page_size, pages_per_seq)."""
   _check_rank("q", q, 3, "[max_num_tokens, num_q_heads, head_dim]")
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in KERNEL_QUERY_DTYPES]:
     _fail("q", "dtype must be bfloat16 or float32", _dtype_name(q))
@@ -141,7 +219,10 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes, decode_req_batch_size,
                          causal_rule):
-  """Static rules of `streamindex_topk`; raises ValueError naming the argument."""
+  """Static rules of `streamindex_topk`; raises ValueError naming the argument.
+
+  Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s.
+  """
   page_size, _ = _check_common(q, indexer_weights, cache_kv, seq_lens,
                                page_indices, cu_q_lens, causal_rule)
   _check_index_array("distribution", distribution, "[3] = (i, j, n)")
@@ -151,7 +232,7 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   _check_positive_int("k", k)
   _check_positive_int("compression_ratio", compression_ratio)
   _check_positive_int("decode_req_batch_size", decode_req_batch_size)
-  _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
+  _check_vmem(vmem_limit_bytes)
   kv_blocks = _per_case("num_kv_pages_per_block", num_kv_pages_per_block)
   _per_case("num_queries_per_block", num_queries_per_block)
   for case, bkv_p in zip(("decode", "prefill", "mixed"), kv_blocks):
@@ -167,14 +248,21 @@ def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
                               compression_ratio, num_kv_pages_per_block,
                               num_queries_per_block, vmem_limit_bytes,
                               causal_rule):
-  """Static rules of `streamindex_page_topk`; raises ValueError."""
+  """Static rules of `streamindex_page_topk`; raises ValueError.
+
+  Page mode's own limits: compression_ratio 1, num_kv_pages_per_block 128,
+  k_pages <= pages_per_seq, a single (int) num_queries_per_block.
+  """
   _, pages_per_seq = _check_common(q, indexer_weights, cache_kv, seq_lens,
                                    page_indices, cu_q_lens, causal_rule)
+  if isinstance(num_seqs, bool):
+    _fail("num_seqs", "must be an integer", repr(num_seqs))
   if len(getattr(num_seqs, "shape", ())) != 0:
     _fail("num_seqs", "must be a scalar", f"shape {tuple(num_seqs.shape)}")
-  if not jnp.issubdtype(jnp.asarray(num_seqs).dtype if not hasattr(
-      num_seqs, "dtype") else num_seqs.dtype, jnp.integer):
-    _fail("num_seqs", "must be an integer", repr(num_seqs))
+  dtype = (num_seqs.dtype if hasattr(num_seqs, "dtype")
+           else np.asarray(num_seqs).dtype)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    _fail("num_seqs", "must be an integer", f"dtype {jnp.dtype(dtype).name}")
   _check_positive_int("k_pages", k_pages)
   if k_pages > pages_per_seq:
     _fail("k_pages", f"must be <= pages_per_seq ({pages_per_seq}), the "
@@ -184,9 +272,340 @@ def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
     _fail("compression_ratio", "page mode supports compression_ratio == 1 "
           "only (GLM); use streamindex_page_topk_ref for other ratios",
           compression_ratio)
-  if num_kv_pages_per_block != 128:
+  if num_kv_pages_per_block != 128 or not _is_int(num_kv_pages_per_block):
     _fail("num_kv_pages_per_block", "page mode requires exactly 128 (one "
           "lane row of pooled pages per block)", repr(num_kv_pages_per_block))
   _check_positive_int("num_queries_per_block", num_queries_per_block)
-  if vmem_limit_bytes is not None:
-    _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
+  _check_vmem(vmem_limit_bytes)
+
+
+# ---------------------------------------------------------------------------
+# Value rules: written once in traceable JAX, evaluated eagerly (layer 2) or
+# under checkify (layer 3).
+
+
+class ValueRule(NamedTuple):
+  """One value rule: the argument it is about, the rule, what was found.
+
+  `got` is a `str.format` template filled with the offending values (for
+  element-wise rules, those of the first offending element).
+  """
+
+  argument: str
+  rule: str
+  got: str
+
+  def message(self, **values) -> str:
+    return f"{self.argument}: {self.rule} (got {self.got})".format(**values)
+
+
+VALUE_RULES: dict[str, ValueRule] = {
+    "distribution_order": ValueRule(
+        "distribution",
+        "must be ordered 0 <= i <= j <= n <= max_num_seqs "
+        "({max_num_seqs})",
+        "(i, j, n) = ({i}, {j}, {n})"),
+    "num_seqs_range": ValueRule(
+        "num_seqs", "must be in [0, max_num_seqs] = [0, {max_num_seqs}]",
+        "{n}"),
+    "cu_q_lens_start": ValueRule(
+        "cu_q_lens", "must start at 0", "cu_q_lens[0] = {v}"),
+    "cu_q_lens_order": ValueRule(
+        "cu_q_lens",
+        "must be non-decreasing over its whole length (query lengths are "
+        ">= 0; slots past the n sequences repeat cu_q_lens[n])",
+        "cu_q_lens[{b}] = {lo} > cu_q_lens[{b1}] = {hi}"),
+    "cu_q_lens_fit": ValueRule(
+        "cu_q_lens",
+        "the n sequences' query rows must fit in q's max_num_tokens ({t})",
+        "cu_q_lens[n = {n}] = {v}"),
+    "seq_lens_nonnegative": ValueRule(
+        "seq_lens", "must be >= 0 for each of the n sequences",
+        "seq_lens[{b}] = {s}"),
+    "q_len_le_seq_len": ValueRule(
+        "seq_lens",
+        "each sequence's q_len (cu_q_lens[b + 1] - cu_q_lens[b]) must be <= "
+        "its seq_len: its queries are its last q_len tokens",
+        "sequence {b}: q_len {q} > seq_len {s}"),
+    "decode_q_len": ValueRule(
+        "distribution",
+        "the decode range [0, i) must hold only sequences with q_len == 1",
+        "i = {i}, sequence {b} has q_len {q}"),
+    "page_table_columns": ValueRule(
+        "page_indices",
+        "too few page-table columns: every sequence needs pages_per_seq "
+        "({p}) >= ceil((seq_len // compression_ratio) / page_size)",
+        "sequence {b}: seq_len {s} -> {e} entries -> {need} pages of {ps}"),
+    "page_index_range": ValueRule(
+        "page_indices",
+        "every slot must name a page of cache_kv, in [0, total_num_pages = "
+        "{pages}) (the kernel silently clamps indices past the cache to the "
+        "last page and prefetches unused slots too)",
+        "page_indices[{x}] = {v}"),
+    "q_finite": ValueRule(
+        "q", "must be finite on the query rows of the n sequences",
+        "a NaN or inf in row {t}"),
+    "indexer_weights_finite": ValueRule(
+        "indexer_weights",
+        "must be finite on the query rows of the n sequences",
+        "a NaN or inf in row {t}"),
+}
+
+_COMMON_RULES = ("cu_q_lens_start", "cu_q_lens_order", "cu_q_lens_fit",
+                 "seq_lens_nonnegative", "q_len_le_seq_len")
+_TABLE_RULES = ("page_table_columns", "page_index_range", "q_finite",
+                "indexer_weights_finite")
+# The value rules each kernel's inputs must satisfy, in the order checked.
+TOPK_VALUE_RULES = (("distribution_order",) + _COMMON_RULES
+                    + ("decode_q_len",) + _TABLE_RULES)
+PAGE_TOPK_VALUE_RULES = ("num_seqs_range",) + _COMMON_RULES + _TABLE_RULES
+
+
+def _first(bad):
+  """(any bad, index of the first bad element) of a bool vector."""
+  return jnp.any(bad), jnp.argmax(bad).astype(jnp.int32)
+
+
+def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                 cu_q_lens, count, *, compression_ratio: int, page_mode: bool):
+  """Evaluates the value rules; traceable.
+
+  Args:
+    count: `distribution` (i32[3]) for the token kernel, `num_seqs` (i32[])
+      for the page kernel.
+
+  Returns:
+    {rule id: (ok bool[], {placeholder: i32[]})} for the mode's rules.
+  """
+  i32 = lambda x: jnp.asarray(x, jnp.int32)
+  num_tokens = q.shape[0]
+  max_num_seqs = seq_lens.shape[0]
+  total_num_pages, rows, packing, _ = cache_kv.shape
+  page_size = rows * packing
+  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  seq_lens = i32(seq_lens)
+  cu_q_lens = i32(cu_q_lens)
+  page_indices = i32(page_indices)
+  out: dict[str, Any] = {}
+
+  if page_mode:
+    n_raw = i32(count).reshape(())
+    out["num_seqs_range"] = (
+        (n_raw >= 0) & (n_raw <= max_num_seqs),
+        dict(n=n_raw, max_num_seqs=i32(max_num_seqs)))
+    num_decode = i32(0)
+  else:
+    d = i32(count)
+    i, j, n_raw = d[0], d[1], d[2]
+    out["distribution_order"] = (
+        (0 <= i) & (i <= j) & (j <= n_raw) & (n_raw <= max_num_seqs),
+        dict(i=i, j=j, n=n_raw, max_num_seqs=i32(max_num_seqs)))
+    num_decode = jnp.clip(i, 0, max_num_seqs)
+  n = jnp.clip(n_raw, 0, max_num_seqs)
+  seq_ids = jnp.arange(max_num_seqs, dtype=jnp.int32)
+  live_seq = seq_ids < n
+
+  out["cu_q_lens_start"] = (cu_q_lens[0] == 0, dict(v=cu_q_lens[0]))
+  ok, b = _first(cu_q_lens[1:] < cu_q_lens[:-1])
+  out["cu_q_lens_order"] = (~ok, dict(b=b, b1=b + 1, lo=cu_q_lens[b],
+                                      hi=cu_q_lens[b + 1]))
+  end = cu_q_lens[n]
+  out["cu_q_lens_fit"] = (end <= num_tokens,
+                          dict(n=n, v=end, t=i32(num_tokens)))
+
+  ok, b = _first(live_seq & (seq_lens < 0))
+  out["seq_lens_nonnegative"] = (~ok, dict(b=b, s=seq_lens[b]))
+  q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+  ok, b = _first(live_seq & (q_lens > seq_lens))
+  out["q_len_le_seq_len"] = (~ok, dict(b=b, q=q_lens[b], s=seq_lens[b]))
+  if not page_mode:
+    ok, b = _first((seq_ids < num_decode) & (q_lens != 1))
+    out["decode_q_len"] = (~ok, dict(i=num_decode, b=b, q=q_lens[b]))
+
+  entries = jnp.maximum(seq_lens, 0) // compression_ratio
+  need = (entries + page_size - 1) // page_size
+  ok, b = _first(live_seq & (need > pages_per_seq))
+  out["page_table_columns"] = (
+      ~ok, dict(b=b, s=seq_lens[b], e=entries[b], need=need[b],
+                ps=i32(page_size), p=i32(pages_per_seq)))
+  ok, x = _first((page_indices < 0) | (page_indices >= total_num_pages))
+  out["page_index_range"] = (~ok, dict(x=x, v=page_indices[x],
+                                       pages=i32(total_num_pages)))
+
+  live_row = jnp.arange(num_tokens, dtype=jnp.int32) < end
+  q_bad = ~jnp.all(jnp.isfinite(q), axis=(1, 2))
+  ok, t = _first(live_row & q_bad)
+  out["q_finite"] = (~ok, dict(t=t))
+  w_bad = ~jnp.all(jnp.isfinite(indexer_weights), axis=1)
+  ok, t = _first(live_row & w_bad)
+  out["indexer_weights_finite"] = (~ok, dict(t=t))
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("compression_ratio", "page_mode"))
+def _evaluate_value_rules(*args, compression_ratio, page_mode):
+  return _value_rules(*args, compression_ratio=compression_ratio,
+                      page_mode=page_mode)
+
+
+def _raise_first_broken(results, order):
+  results = jax.device_get(results)
+  for rule_id in order:
+    ok, values = results[rule_id]
+    if not bool(ok):
+      values = {k: int(v) for k, v in values.items()}
+      raise ValueError(VALUE_RULES[rule_id].message(**values))
+
+
+def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                         cu_q_lens, distribution, *, k, compression_ratio,
+                         num_kv_pages_per_block, num_queries_per_block,
+                         vmem_limit_bytes=kernel_lib.DEFAULT_VMEM_LIMIT_BYTES,
+                         decode_req_batch_size=4, causal_rule="model"):
+  """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
+
+  Same arguments as `streamidx.streamindex_topk`, with concrete arrays (not
+  inside `jit`; see `checked_streamindex_topk` there). Runs the static checks,
+  then `TOPK_VALUE_RULES` in order; the first broken rule raises
+  `ValueError("<argument>: <rule> (got <values>)")`. Returns None.
+  """
+  static_validate_topk(
+      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+      distribution, k=k, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes,
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+  results = _evaluate_value_rules(
+      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+      distribution, compression_ratio=int(compression_ratio), page_mode=False)
+  _raise_first_broken(results, TOPK_VALUE_RULES)
+
+
+def validate_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
+                              page_indices, cu_q_lens, num_seqs, *, k_pages,
+                              compression_ratio=1, num_kv_pages_per_block=128,
+                              num_queries_per_block=512,
+                              vmem_limit_bytes=64 * 1024 * 1024,
+                              causal_rule="model"):
+  """Checks `streamindex_page_topk`'s inputs, values included; ValueError.
+
+  Same arguments as `streamidx.streamindex_page_topk`, with concrete arrays.
+  Runs the static checks, then `PAGE_TOPK_VALUE_RULES` in order.
+  """
+  static_validate_page_topk(
+      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+      num_seqs, k_pages=k_pages, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  results = _evaluate_value_rules(
+      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+      jnp.asarray(num_seqs, jnp.int32), compression_ratio=1, page_mode=True)
+  _raise_first_broken(results, PAGE_TOPK_VALUE_RULES)
+
+
+# ---------------------------------------------------------------------------
+# checkify: the value rules inside jit.
+
+
+def _checkify_rules(results, order):
+  for rule_id in order:
+    ok, values = results[rule_id]
+    r = VALUE_RULES[rule_id]
+    checkify.check(ok, f"{r.argument}: {r.rule} (got {r.got})", **values)
+  return jnp.all(jnp.stack([results[rule_id][0] for rule_id in order]))
+
+
+def check_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                      cu_q_lens, distribution, *, compression_ratio: int):
+  """`checkify.check`s of `TOPK_VALUE_RULES`; returns bool[]: all hold.
+
+  For a function the caller wraps in `checkify.checkify(...)` itself; the
+  static rules are not repeated here (the kernel checks them at trace time).
+  """
+  results = _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                         cu_q_lens, distribution,
+                         compression_ratio=compression_ratio, page_mode=False)
+  return _checkify_rules(results, TOPK_VALUE_RULES)
+
+
+def check_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
+                           page_indices, cu_q_lens, num_seqs):
+  """`checkify.check`s of `PAGE_TOPK_VALUE_RULES`; returns bool[]."""
+  results = _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                         cu_q_lens, num_seqs, compression_ratio=1,
+                         page_mode=True)
+  return _checkify_rules(results, PAGE_TOPK_VALUE_RULES)
+
+
+_TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
+                "num_queries_per_block", "vmem_limit_bytes",
+                "decode_req_batch_size", "causal_rule")
+_PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
+                     "num_queries_per_block", "vmem_limit_bytes",
+                     "causal_rule")
+
+
+@functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
+def checked_streamindex_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    distribution, *, k, compression_ratio, num_kv_pages_per_block,
+    num_queries_per_block,
+    vmem_limit_bytes=kernel_lib.DEFAULT_VMEM_LIMIT_BYTES,
+    decode_req_batch_size=4, causal_rule="model"):
+  """`streamindex_topk` behind its value rules, usable inside `jit`.
+
+  Same arguments as `streamidx.streamindex_topk`. Static rules raise
+  `ValueError` at trace time, as the kernel's do.
+
+  Returns:
+    (err, indices): `err` a `checkify.Error`; `err.throw()` raises
+    `checkify.JaxRuntimeError` (a ValueError) with the first broken rule's
+    message, `err.get()` returns it (None when all hold). `indices`
+    i32[max_num_tokens, k] as the kernel's when every rule holds; all -1
+    when one fails (the kernel is not launched then: `lax.cond`).
+  """
+  static = dict(k=k, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes,
+                decode_req_batch_size=decode_req_batch_size,
+                causal_rule=causal_rule)
+  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+          distribution)
+  static_validate_topk(*args, **static)
+  checks = functools.partial(check_topk_inputs,
+                             compression_ratio=compression_ratio)
+  err, ok = checkify.checkify(checks, errors=checkify.user_checks)(*args)
+  indices = lax.cond(
+      ok, lambda a: kernel_lib.streamindex_topk(*a, **static),
+      lambda a: jnp.full((q.shape[0], k), -1, jnp.int32), args)
+  return err, indices
+
+
+@functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
+def checked_streamindex_page_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    num_seqs, *, k_pages, compression_ratio=1, num_kv_pages_per_block=128,
+    num_queries_per_block=512, vmem_limit_bytes=64 * 1024 * 1024,
+    causal_rule="model"):
+  """`streamindex_page_topk` behind its value rules, usable inside `jit`.
+
+  Returns (err, indices) as `checked_streamindex_topk` does; indices
+  i32[max_num_tokens, k_pages].
+  """
+  static = dict(k_pages=k_pages, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  num_seqs = jnp.asarray(num_seqs)
+  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+          num_seqs)
+  static_validate_page_topk(*args, **static)
+  err, ok = checkify.checkify(check_page_topk_inputs,
+                              errors=checkify.user_checks)(*args)
+  indices = lax.cond(
+      ok, lambda a: kernel_lib.streamindex_page_topk(*a, **static),
+      lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
+  return err, indices

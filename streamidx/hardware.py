@@ -1,0 +1,261 @@
+"""The hardware model: what each TPU generation offers, with its sources.
+
+Numbers live in `data/tpu_specs.json`, each with the public page it came
+from (`TpuSpec.sources`); a number no public page gave is `None`, never a
+guess. Terms used here and in `streamidx.roofline`:
+
+- chip: what Google Cloud's spec tables describe (peak compute, HBM capacity
+  and bandwidth are per chip).
+- TensorCore: the unit a Pallas kernel runs on. A chip holds
+  `tensorcores_per_chip` of them; VMEM is per TensorCore.
+- device: what `jax.devices()` lists. v4 and v5p are "megacore" chips (both
+  TensorCores form one device); TPU7x shows each TensorCore as a device.
+- kernel rates (`kernel_*`): one TensorCore's share of the chip. The
+  StreamIndex kernel's grid is "arbitrary", so one launch runs on one
+  TensorCore; the chip's rates are split evenly between its TensorCores (the
+  same split JAX's `tpu_info` uses; a model assumption, not a published number).
+- device rates (`device_*`): one JAX device's share, for XLA ops (the score
+  buffer fill and the top-k), which use every TensorCore of their device.
+
+    specs = streamidx.hardware.load_specs()       # {"v4": TpuSpec, ...}
+    gen = streamidx.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = [
+    "GENERATIONS",
+    "SPECS_PATH",
+    "TpuSpec",
+    "load_specs",
+    "spec",
+    "generation_from_device_kind",
+    "detect_generation",
+    "current_spec",
+    "specs_table",
+]
+
+GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
+SPECS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu_specs.json"
+
+_FIELDS = (
+    "tensorcores_per_chip",
+    "jax_devices_per_chip",
+    "hbm_capacity_bytes",
+    "hbm_bandwidth_bytes_per_s",
+    "vmem_bytes_per_tensorcore",
+    "peak_bf16_flops",
+    "peak_int8_ops",
+    "peak_fp8_flops",
+)
+_REQUIRED = _FIELDS[:6]  # int8 and fp8 peaks may be unpublished
+_PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
+               "fp8": "peak_fp8_flops"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuSpec:
+  """One TPU generation. Rates per second; bytes; None = not published.
+
+  `sources[field]` is the full citation of `field`'s value (or, for a None
+  value, why it is missing); `as_published[field]` the value as the source
+  wrote it.
+  """
+
+  generation: str
+  name: str
+  device_kinds: tuple[str, ...]
+  tensorcores_per_chip: int
+  jax_devices_per_chip: int
+  hbm_capacity_bytes: int
+  hbm_bandwidth_bytes_per_s: float
+  vmem_bytes_per_tensorcore: int
+  peak_bf16_flops: float
+  peak_int8_ops: float | None
+  peak_fp8_flops: float | None
+  sources: Mapping[str, str]
+  as_published: Mapping[str, str]
+
+  def peak(self, dtype: str = "bf16") -> float | None:
+    """Chip peak for matmuls in `dtype` ("bf16", "int8" or "fp8"); None if unpublished."""
+    if dtype not in _PEAK_FIELD:
+      raise ValueError(f"dtype must be one of {tuple(_PEAK_FIELD)}, got {dtype!r}")
+    return getattr(self, _PEAK_FIELD[dtype])
+
+  @property
+  def tensorcores_per_device(self) -> int:
+    return self.tensorcores_per_chip // self.jax_devices_per_chip
+
+  # One TensorCore: what a single Pallas kernel launch with an "arbitrary"
+  # grid gets (model assumption: the chip's rates split evenly per core).
+  def kernel_peak(self, dtype: str = "bf16") -> float | None:
+    p = self.peak(dtype)
+    return None if p is None else p / self.tensorcores_per_chip
+
+  @property
+  def kernel_bandwidth(self) -> float:
+    return self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip
+
+  # One JAX device: what an XLA op (fill, top-k) gets.
+  def device_peak(self, dtype: str = "bf16") -> float | None:
+    p = self.peak(dtype)
+    return None if p is None else p / self.jax_devices_per_chip
+
+  @property
+  def device_bandwidth(self) -> float:
+    return self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip
+
+  @property
+  def device_hbm_bytes(self) -> int:
+    return self.hbm_capacity_bytes // self.jax_devices_per_chip
+
+  def ridge_point(self, dtype: str = "bf16") -> float | None:
+    """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
+    p = self.peak(dtype)
+    return None if p is None else p / self.hbm_bandwidth_bytes_per_s
+
+  def short_cite(self, field: str) -> str:
+    """'value as published (first URL of its source)', or the unsourced note."""
+    import re  # pylint: disable=g-import-not-at-top
+    cite = self.cite(field)
+    if self.as_published.get(field):
+      url = re.search(r"https?://[^\s,;)]+", self.sources[field])
+      return f"{self.as_published[field]} ({url.group(0) if url else self.sources[field][:60]})"
+    return cite
+
+  def cite(self, field: str) -> str:
+    """'value as published [source]' for one field."""
+    if field not in self.sources:
+      raise KeyError(f"{field!r} is not a sourced field; one of {_FIELDS}")
+    pub = self.as_published.get(field)
+    return f"{pub} [{self.sources[field]}]" if pub else self.sources[field]
+
+
+def _fail(path, where, rule):
+  raise ValueError(f"{path}: {where}: {rule}")
+
+
+def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
+  sources = doc.get("sources")
+  gens = doc.get("generations")
+  if not isinstance(sources, dict) or not isinstance(gens, dict):
+    _fail(path, "top level", "needs 'sources' and 'generations' objects")
+  out = {}
+  for gen, entry in gens.items():
+    values, cites, pubs = {}, {}, {}
+    for field in _FIELDS:
+      item = entry.get(field)
+      where = f"generations.{gen}.{field}"
+      if not isinstance(item, dict) or "value" not in item:
+        _fail(path, where, "missing (an object with 'value')")
+      value = item["value"]
+      if value is None:
+        if field in _REQUIRED:
+          _fail(path, where, "is required and may not be null")
+        if not item.get("unsourced"):
+          _fail(path, where, "a null value needs an 'unsourced' note")
+        cites[field] = "unsourced: " + item["unsourced"]
+      else:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+          _fail(path, where, f"value must be a positive number, got {value!r}")
+        key = item.get("source")
+        if key not in sources:
+          _fail(path, where, f"source {key!r} is not in 'sources'")
+        cites[field] = sources[key]
+        pubs[field] = item.get("as_published", "")
+      values[field] = value
+    for field in ("tensorcores_per_chip", "jax_devices_per_chip",
+                  "hbm_capacity_bytes", "vmem_bytes_per_tensorcore"):
+      values[field] = int(values[field])
+    if values["tensorcores_per_chip"] % values["jax_devices_per_chip"]:
+      _fail(path, f"generations.{gen}", "tensorcores_per_chip must be a "
+            "multiple of jax_devices_per_chip")
+    out[gen] = TpuSpec(generation=gen, name=entry.get("name", gen),
+                       device_kinds=tuple(entry.get("device_kinds", ())),
+                       sources=cites, as_published=pubs, **values)
+  missing = [g for g in GENERATIONS if g not in out]
+  if missing:
+    _fail(path, "generations", f"missing {missing}")
+  return out
+
+
+def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
+  """Reads `data/tpu_specs.json` (or `path`): {generation: TpuSpec}.
+
+  Raises FileNotFoundError naming the path when the data folder is absent
+  (an installed wheel does not ship it: use a checkout), ValueError naming
+  the field for a malformed entry (a number without a source, ...).
+  """
+  path = Path(path) if path is not None else SPECS_PATH
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"TPU spec table not found at {path}; streamidx reads it from the "
+        "repository's data/ folder (install with `pip install -e .` from a "
+        "checkout, or pass path=)")
+  return _parse(json.loads(path.read_text(encoding="utf-8")), path)
+
+
+def spec(generation: str, specs: Mapping[str, TpuSpec] | None = None) -> TpuSpec:
+  """The TpuSpec of one generation ("v4", "v5e", "v5p", "v6e", "v7x")."""
+  specs = load_specs() if specs is None else specs
+  if generation not in specs:
+    raise ValueError(f"generation must be one of {tuple(specs)}, got {generation!r}")
+  return specs[generation]
+
+
+def generation_from_device_kind(device_kind: str,
+                                specs: Mapping[str, TpuSpec] | None = None
+                                ) -> str | None:
+  """'TPU v5 lite' -> 'v5e'; None for a kind not in the table (CPU, GPU, v3...)."""
+  specs = load_specs() if specs is None else specs
+  kind = device_kind.strip().lower()
+  for gen, s in specs.items():
+    if any(kind == k.lower() for k in s.device_kinds):
+      return gen
+  return None
+
+
+def detect_generation(device=None) -> str | None:
+  """The generation of `device` (default `jax.devices()[0]`), or None off-TPU."""
+  if device is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    device = jax.devices()[0]
+  if getattr(device, "platform", None) != "tpu":
+    return None
+  return generation_from_device_kind(getattr(device, "device_kind", ""))
+
+
+def current_spec(device=None) -> TpuSpec | None:
+  """TpuSpec of the TPU this process runs on; None on CPU/GPU or an unknown TPU."""
+  gen = detect_generation(device)
+  return None if gen is None else spec(gen)
+
+
+def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
+  """One row per generation, in human units, for printing or a DataFrame."""
+  specs = load_specs() if specs is None else specs
+
+  def t(x):
+    return None if x is None else round(x / 1e12, 1)
+
+  rows = []
+  for gen in GENERATIONS:
+    s = specs[gen]
+    rows.append({
+        "generation": gen,
+        "TensorCores/chip": s.tensorcores_per_chip,
+        "JAX devices/chip": s.jax_devices_per_chip,
+        "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
+        "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
+        "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
+        "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
+        "int8 TOP/s/chip": t(s.peak_int8_ops),
+        "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
+        "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
+    })
+  return rows

@@ -1,0 +1,349 @@
+"""FP8 for the indexer, looked at closely: the e4m3 grid, power-of-two
+(ue8m0) scales against exact float scales, FP8 queries, Hadamard rotation,
+and the kernel's in-register unpack.
+
+Terms:
+- e4m3 (`float8_e4m3fn`): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+  infinities, one NaN pattern per sign (S.1111.111); largest finite 448.
+- ue8m0 (`float8_e8m0fnu`): an unsigned 8-bit exponent, value 2**(byte - 127);
+  the seed's per-record scale (`streamidx.cache`).
+- exact float scale: amax / 448 as a float32, the scale that maps a record's
+  largest magnitude exactly onto 448 (what a float32-scale layout can store).
+- key/query variant: how a score is computed in a recall study, see
+  `VARIANTS` and `variant_inputs`.
+
+Packing, unpacking and the ue8m0 exponent itself come from `streamidx.cache`;
+this module only adds what the studies need around them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+import jax.numpy as jnp
+import numpy as np
+
+from streamidx import cache as cache_lib
+
+__all__ = [
+    "E4M3_MAX",
+    "e4m3_table",
+    "e4m3_fields",
+    "e4m3_from_fields",
+    "e4m3_finite_values",
+    "relative_spacing",
+    "pow2",
+    "quantize_float_scale",
+    "quantize_ue8m0",
+    "record_error",
+    "scores_scale_after",
+    "scores_scale_before",
+    "quantize_queries_fp8",
+    "hadamard",
+    "rotate",
+    "VARIANTS",
+    "variant_inputs",
+    "unpack_block_in_kernel",
+]
+
+E4M3_MAX = cache_lib.E4M3_MAX
+
+
+def e4m3_table():
+  """All 256 e4m3fn bit patterns and their values.
+
+  Returns:
+    (bytes u8[256], values f32[256]) with values[b] the value of pattern b
+    (NaN for the two NaN patterns, -0.0 for 0x80).
+  """
+  b = np.arange(256, dtype=np.uint8)
+  v = np.asarray(jax.lax.bitcast_convert_type(jnp.asarray(b),
+                                              jnp.float8_e4m3fn)
+                 .astype(jnp.float32))
+  return b, v
+
+
+def e4m3_fields(byte):
+  """Bit fields of e4m3fn patterns: (sign, exponent, mantissa) int arrays.
+
+  byte = sign << 7 | exponent << 3 | mantissa (4 exponent bits, bias 7;
+  3 mantissa bits).
+  """
+  b = np.asarray(byte, np.int64)
+  return b >> 7, (b >> 3) & 0xF, b & 0x7
+
+
+def e4m3_from_fields(sign, exponent, mantissa) -> np.ndarray:
+  """The value the e4m3fn format defines for its bit fields, f64.
+
+  exponent 0: subnormal, (-1)**sign * 2**-6 * mantissa / 8;
+  exponent 15 with mantissa 7: NaN (no infinities in the "fn" variant);
+  otherwise (-1)**sign * 2**(exponent - 7) * (1 + mantissa / 8).
+  Written from the format's definition, to check `e4m3_table` against.
+  """
+  s, e, m = (np.asarray(a, np.float64) for a in (sign, exponent, mantissa))
+  sign_f = np.where(s > 0, -1.0, 1.0)
+  normal = np.exp2(e - 7) * (1 + m / 8)
+  sub = np.exp2(-6.0) * m / 8
+  v = sign_f * np.where(e == 0, sub, normal)
+  return np.where((e == 15) & (m == 7), np.nan, v)
+
+
+def e4m3_finite_values(nonnegative: bool = True) -> np.ndarray:
+  """Sorted distinct finite e4m3fn values, f32 (0 counted once).
+
+  nonnegative=True: 0 and the 126 positive values (127 in all);
+  False: all 253 distinct finite values.
+  """
+  _, v = e4m3_table()
+  v = v[np.isfinite(v)]
+  if nonnegative:
+    v = v[v >= 0]
+  return np.unique(v)
+
+
+def relative_spacing(grid) -> np.ndarray:
+  """(next - x) / x for each positive x of a sorted grid but the last."""
+  g = np.asarray(grid, np.float64)
+  g = g[g > 0]
+  return (g[1:] - g[:-1]) / g[:-1]
+
+
+def quantize_float_scale(x):
+  """e4m3 values with an exact float32 scale per record (last axis).
+
+  scale = amax / 448 (1 for an all-zero record), values = x / scale.
+
+  Args:
+    x: f32[..., D].
+  Returns:
+    (values f8e4m3fn[..., D], scales f32[...]).
+  """
+  x = jnp.asarray(x, jnp.float32)
+  amax = jnp.max(jnp.abs(x), axis=-1)
+  scale = jnp.where(amax > 0, amax / jnp.float32(E4M3_MAX), 1.0)
+  return (x / scale[..., None]).astype(jnp.float8_e4m3fn), scale
+
+
+def pow2(e):
+  """2.0**e as f32, exactly, for int e in [-126, 127].
+
+  (`jnp.exp2` is not exact on every backend: on CPU with jax 0.10.2,
+  `jnp.exp2(-18.0) != 2**-18`.) e = -127, e8m0's smallest, is a float32
+  subnormal, which XLA on CPU flushes to 0.
+  """
+  e = jnp.asarray(e, jnp.int32)
+  return jnp.ldexp(jnp.ones(e.shape, jnp.float32), e)
+
+
+def quantize_ue8m0(x):
+  """`streamidx.cache.quantize_fp8` with the scale as a float: (values, 2**e)."""
+  values, e = cache_lib.quantize_fp8(x)
+  return values, pow2(e)
+
+
+def record_error(x, scale: str = "ue8m0") -> np.ndarray:
+  """Relative L2 error per record, ||x - deq(q(x))|| / ||x||, f64[...].
+
+  scale: "ue8m0" (the seed's power-of-two scale) or "float" (amax / 448).
+  Records that are all zero get error 0.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  if scale == "ue8m0":
+    v, s = quantize_ue8m0(x)
+  elif scale == "float":
+    v, s = quantize_float_scale(x)
+  else:
+    raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
+  deq = np.asarray(v.astype(jnp.float32), np.float64) * np.asarray(
+      s, np.float64)[..., None]
+  xn = np.asarray(x, np.float64)
+  num = np.linalg.norm(xn - deq, axis=-1)
+  den = np.linalg.norm(xn, axis=-1)
+  return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+
+def scores_scale_after(q, w, values, scales) -> np.ndarray:
+  """The kernel's order: f32 scores [T, E] = scale[e] * sum_h w ReLU(q . v).
+
+  Args:
+    q: f32[T, H, D]; w: f32[T, H]; values: f32[E, D] (e4m3 values as f32);
+    scales: f32[E]. All float32 NumPy arithmetic, in a fixed order.
+  """
+  q, w, values, scales = (np.asarray(a, np.float32) for a in
+                          (q, w, values, scales))
+  s = np.einsum("thd,ed->the", q, values)
+  s = np.maximum(s, np.float32(0)) * w[:, :, None]
+  return s.sum(axis=1, dtype=np.float32) * scales[None, :]
+
+
+def scores_scale_before(q, w, values, scales) -> np.ndarray:
+  """The same scores with each key dequantized first (value * scale)."""
+  keys = np.asarray(values, np.float32) * np.asarray(scales,
+                                                     np.float32)[:, None]
+  return scores_scale_after(q, w, keys, np.ones(keys.shape[0], np.float32))
+
+
+def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
+                         granularity: str = "head"):
+  """FP8 queries with their scale folded into the indexer weights.
+
+  score = sum_h w[t,h] * ReLU(q[t,h] . k) = sum_h (w[t,h] * s) * ReLU(q8 . k)
+  for q = q8 * s with s > 0, so the kernel keeps its arithmetic and only the
+  weights change. DeepSeek-V3.2's reference indexer does the same: one scale
+  per 128 values (here: per token and head), multiplied into the weights.
+
+  Args:
+    q: [T, H, D] queries (any float dtype).
+    weights: f32[T, H].
+    scale: "ue8m0" (power of two, `streamidx.cache.ue8m0_exponent`) or
+      "float" (amax / 448).
+    granularity: "head" (one scale per token and head) or "token" (one per
+      token, shared by its heads).
+
+  Returns:
+    (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
+    `q8.astype(bf16)` is exact (every e4m3 value is a bf16 value), so the
+    bf16 kernel input `q8.astype(bf16)` with the folded weights computes the
+    scores of the FP8 queries.
+  """
+  q = jnp.asarray(q, jnp.float32)
+  t, h, d = q.shape
+  if granularity == "head":
+    x = q
+  elif granularity == "token":
+    x = q.reshape(t, h * d)
+  else:
+    raise ValueError(f"granularity must be 'head' or 'token', got "
+                     f"{granularity!r}")
+  if scale == "ue8m0":
+    v, s = quantize_ue8m0(x)
+  elif scale == "float":
+    v, s = quantize_float_scale(x)
+  else:
+    raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
+  v = v.reshape(t, h, d)
+  s = jnp.broadcast_to(s.reshape(t, -1), (t, h))
+  w = jnp.asarray(weights, jnp.float32) * s
+  return v, w, s
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_np(n: int) -> np.ndarray:
+  h = np.ones((1, 1), np.float64)
+  while h.shape[0] < n:
+    h = np.block([[h, h], [h, -h]])
+  return h / np.sqrt(n)
+
+
+def hadamard(n: int) -> np.ndarray:
+  """The normalized Sylvester Hadamard matrix, f32[n, n] (n a power of 2).
+
+  H_1 = [1], H_2m = [[H_m, H_m], [H_m, -H_m]], divided by sqrt(n): symmetric
+  and orthonormal, so (q H) . (k H) = q . k in exact arithmetic.
+  """
+  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 \
+      or n & (n - 1):
+    raise ValueError(f"n must be a power of two >= 1, got {n!r}")
+  return _hadamard_np(int(n)).astype(np.float32)
+
+
+def rotate(x, h=None):
+  """x @ H over the last axis (f32), H = hadamard(x.shape[-1]) by default."""
+  x = jnp.asarray(x, jnp.float32)
+  if h is None:
+    h = hadamard(x.shape[-1])
+  return jnp.einsum("...d,de->...e", x, jnp.asarray(h, jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+# Key/query variants of a recall study: (cache format, query form).
+VARIANTS: dict[str, tuple[str, str]] = {
+    "exact": ("f32", "f32"),       # float32 keys and queries: the baseline
+    "bf16": ("bf16", "bf16"),      # bf16 cache, bf16 queries
+    "fp8": ("fp8", "bf16"),        # the seed: packed FP8 cache, bf16 queries
+    "fp8_q8": ("fp8", "fp8"),      # FP8 cache, FP8 queries (scale in weights)
+}
+
+
+def variant_inputs(inp, variant: str, *, rotated: bool = False,
+                   query_scale: str = "ue8m0"):
+  """The kernel inputs of one key/query variant, from float32 inputs.
+
+  Args:
+    inp: `IndexerInputs` with float32 queries (`make_inputs(...,
+      q_dtype=jnp.float32)`); its `keys` are the float32 truth.
+    variant: a key of `VARIANTS`.
+    rotated: Hadamard-rotate queries and keys (in f32) first.
+    query_scale: for "fp8_q8", the query scale ("ue8m0" or "float").
+
+  Returns:
+    `IndexerInputs` whose `args` feed `streamidx.ref` (every variant) and
+    the kernel ("bf16", "fp8", "fp8_q8"): the cache packed by
+    `streamidx.cache.pack_cache`, queries as bf16 (FP8 queries as their exact
+    bf16 values, with the scale folded into the weights).
+  """
+  if variant not in VARIANTS:
+    raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
+                     f"{variant!r}")
+  if inp.q.dtype != jnp.float32:
+    raise ValueError(f"inp.q must be float32 (make_inputs(..., q_dtype="
+                     f"jnp.float32)), got {inp.q.dtype}")
+  fmt, q_form = VARIANTS[variant]
+  q, keys, w = inp.q, inp.keys, inp.weights
+  if rotated:
+    q, keys = rotate(q), rotate(keys)
+  if q_form == "bf16":
+    q = q.astype(jnp.bfloat16)
+  elif q_form == "fp8":
+    q8, w, _ = quantize_queries_fp8(q, w, scale=query_scale)
+    q = q8.astype(jnp.bfloat16)
+  return dataclasses.replace(inp, q=q, weights=w, keys=keys,
+                             cache=cache_lib.pack_cache(keys, fmt), fmt=fmt)
+
+
+def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
+  # The FP8 branch of the kernel's `load_bkv`, op for op.
+  bkv = block_ref[...]
+  flat_bkv = bkv.reshape(-1, bkv.shape[-1])
+  fp8_val = pltpu.bitcast(flat_bkv[:, :head_dim], jnp.float8_e4m3fn)
+  scale_val = pltpu.bitcast(flat_bkv[:, head_dim:head_dim + 1].T,
+                            jnp.float8_e8m0fnu).astype(jnp.bfloat16)
+  values_ref[...] = fp8_val.astype(jnp.float32)
+  scales_ref[...] = scale_val.astype(jnp.float32)
+
+
+def unpack_block_in_kernel(block, head_dim: int = 128):
+  """Runs the kernel's FP8 unpack (`load_bkv`) on one block, in Pallas.
+
+  The ops are those of `streamidx/kernel.py`'s `load_bkv`: reshape the
+  [rows, kv_packing, lkv_dim] uint8 block to [entries, lkv_dim], bitcast the
+  first head_dim bytes to e4m3, and the scale byte column, transposed, to
+  e8m0, converted to bf16. It always runs in Pallas's TPU interpreter (on a
+  TPU too), so the demonstration does not depend on the chip.
+
+  Args:
+    block: u8[rows, kv_packing, lkv_dim], e.g. one page `cache[page]`.
+
+  Returns:
+    (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
+    kv_packing]): entry r * kv_packing + j is row r, slot j.
+  """
+  block = jnp.asarray(block)
+  if block.dtype != jnp.uint8 or block.ndim != 3:
+    raise ValueError(f"block must be u8[rows, kv_packing, lkv_dim], got "
+                     f"{block.dtype}{list(block.shape)}")
+  entries = block.shape[0] * block.shape[1]
+  call = pl.pallas_call(
+      functools.partial(_unpack_kernel, head_dim=head_dim),
+      out_shape=(jax.ShapeDtypeStruct((entries, head_dim), jnp.float32),
+                 jax.ShapeDtypeStruct((1, entries), jnp.float32)),
+      in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
+      out_specs=(pl.BlockSpec(memory_space=pltpu.VMEM),) * 2,
+      interpret=pltpu.InterpretParams(),
+  )
+  return call(block)

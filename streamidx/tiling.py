@@ -1,0 +1,671 @@
+"""How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
+
+A model of `streamidx/kernel.py`, written from its code and checked against
+it (tests/test_tiling.py): the VMEM scratch shapes against the shapes the
+kernel's own `pallas_call`s declare, and the DMA sequence against the DMAs
+the Pallas TPU interpreter executes (`streamidx.timeline`).
+
+Vocabulary (the kernel's):
+
+- launch: one `pallas_call`. `streamindex_topk` makes four, one per range of
+  `distribution = (i, j, n)`: "decode" (sequences [0, i // B * B), B =
+  `decode_req_batch_size` sequences per program), "decode_rest" ([i // B * B,
+  i), one per program), "prefill" ([i, j)) and "mixed" ([j, n)).
+  `streamindex_page_topk` makes one, "page".
+- program: one grid step; it owns `seq_batch_size` consecutive sequences.
+- bq: query rows per block (`num_queries_per_block[case]`, or 1 in decode,
+  where `bq_sz = min(num_queries_per_block, 1)`). A program loops over
+  `num_bq = max(1, cdiv(q_len, bq))` query blocks.
+- bkv_p: pages per KV block (`num_kv_pages_per_block[case]`; 128 in page
+  mode); bkv_sz = bkv_p * page_size entries. For each query block a program
+  loops over `num_bkv = max(1, cdiv(max kv_len of its sequences, bkv_sz))`
+  KV blocks: the longest sequence of a decode batch sets it for all.
+- step: one (program, bq block, bkv block): one KV block scored against one
+  query block, for every sequence of the program.
+- DMAs: each step fetches its KV block one page per DMA (bkv_p DMAs per
+  sequence), double-buffered (slot 0/1, prefetched one step ahead, across
+  query blocks and programs); each query block fetches q and the weights
+  (one DMA each per sequence); token mode writes each step's f32 scores to
+  HBM (one DMA per step), page mode each query block's pooled page scores.
+
+Units: entries (compressed KV positions) unless a name says tokens or bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterator, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from streamidx import cache as cache_lib
+
+__all__ = [
+    "TOKEN_CASES",
+    "Geometry",
+    "geometry",
+    "Program",
+    "Launch",
+    "Plan",
+    "plan",
+    "Event",
+    "expected_dma_events",
+    "steps",
+    "scratch_bytes",
+    "kernel_scratch",
+    "vmem_budget",
+    "block_waste",
+    "SORTS",
+    "batching_order",
+    "decode_batch_waste",
+]
+
+TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
+_SYMBOL = {"d": "decode", "p": "prefill", "m": "mixed"}
+_LANES = 128
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _align(x: int, a: int) -> int:
+  return _cdiv(x, a) * a
+
+
+def _dtype(name):
+  return np.dtype(jnp.dtype(name))  # jnp: NumPy alone has no bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """The static shapes the kernel derives from its inputs.
+
+  num_q_heads and head_dim are after the kernel's padding
+  (`prepare_q_inputs`: heads to a multiple of the query dtype's packing,
+  head_dim to 128).
+  """
+
+  fmt: str  # cache format: "fp8" or "bf16"
+  page_size: int  # entries per page
+  pages_per_seq: int
+  max_num_seqs: int
+  num_tokens: int  # rows of q
+  total_num_pages: int
+  num_q_heads: int
+  head_dim: int
+  q_dtype: str  # "bfloat16" or "float32"
+
+  @property
+  def kv_packing(self) -> int:
+    return cache_lib.kv_packing(self.fmt)
+
+  @property
+  def lkv_dim(self) -> int:
+    return cache_lib.lkv_dim(self.fmt, self.head_dim)
+
+  @property
+  def page_size_per_kv_packing(self) -> int:
+    return self.page_size // self.kv_packing
+
+  @property
+  def cache_dtype(self) -> np.dtype:
+    return np.dtype(cache_lib.cache_dtype(self.fmt))
+
+  @property
+  def record_bytes(self) -> int:
+    """Bytes of one entry as stored (FP8: values, scale and padding)."""
+    return cache_lib.record_bytes(self.fmt, self.head_dim)
+
+  @property
+  def page_bytes(self) -> int:
+    """Bytes of one page, i.e. of one KV DMA."""
+    return self.page_size * self.record_bytes
+
+  @property
+  def q_itemsize(self) -> int:
+    return _dtype(self.q_dtype).itemsize
+
+
+def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
+             q_dtype: str = "bfloat16") -> Geometry:
+  """The kernel's static shapes for `batch` (a `RaggedBatch`) and these inputs."""
+  if fmt not in cache_lib.FORMATS:
+    raise ValueError(f"fmt must be one of {cache_lib.FORMATS}, got {fmt!r}")
+  if q_dtype not in ("bfloat16", "float32"):
+    raise ValueError(f"q_dtype must be 'bfloat16' or 'float32', got {q_dtype!r}")
+  q_packing = 32 // (_dtype(q_dtype).itemsize * 8)
+  return Geometry(fmt=fmt, page_size=int(batch.page_size),
+                  pages_per_seq=batch.pages_per_seq,
+                  max_num_seqs=batch.max_num_seqs, num_tokens=int(batch.num_tokens),
+                  total_num_pages=int(batch.total_num_pages),
+                  num_q_heads=_align(num_heads, q_packing),
+                  head_dim=_align(head_dim, 128), q_dtype=q_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One grid step of a launch: `seqs` scored together."""
+
+  index: int  # pl.program_id(0)
+  seqs: tuple[int, ...]  # sequence ids, seq_batch_size of them
+  q_lens: tuple[int, ...]  # query rows per sequence
+  kv_lens: tuple[int, ...]  # entries per sequence (seq_len // ratio)
+  num_bq: int
+  num_bkv: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One `pallas_call` of the kernel."""
+
+  case: str  # "decode", "decode_rest", "prefill", "mixed" or "page"
+  start_seq: int
+  end_seq: int
+  seq_batch_size: int
+  bq_sz: int
+  bkv_p: int
+  bkv_sz: int  # entries per KV block = bkv_p * page_size
+  num_score_sublanes: int  # page mode: 128-lane rows of the pooled output
+  programs: tuple[Program, ...]
+  scratch: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype)
+
+  @property
+  def grid(self) -> int:
+    return len(self.programs)
+
+  @property
+  def num_steps(self) -> int:
+    return sum(p.num_bq * p.num_bkv for p in self.programs)
+
+  @property
+  def vmem_bytes(self) -> int:
+    """Bytes of the VMEM scratch buffers (logical shapes, no tile padding)."""
+    return sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in self.scratch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Every launch of one kernel call, with the batch they run on."""
+
+  mode: str  # "token" or "page"
+  geometry: Geometry
+  launches: tuple[Launch, ...]
+  seq_lens: tuple[int, ...]
+  q_lens: tuple[int, ...]
+  cu_q_lens: tuple[int, ...]
+  page_indices: np.ndarray  # [max_num_seqs * pages_per_seq]
+  compression_ratio: int
+  num_score_cols: int  # columns of the [T, cols] f32 score buffer in HBM
+
+  def counts(self) -> dict:
+    """DMA starts ("dma_kv", "dma_q", "dma_w", "dma_out") and their bytes,
+    grid steps and steps, summed over the launches.
+
+    Computed from the loop trip counts in closed form; equal to counting
+    `expected_dma_events` (tests/test_tiling.py), which walks every DMA.
+    """
+    g = self.geometry
+    cu = self.cu_q_lens
+    q_row = g.num_q_heads * g.head_dim * g.q_itemsize
+    c = dict(grid_steps=0, steps=0, dma_kv=0, bytes_kv=0, dma_q=0, bytes_q=0,
+             dma_w=0, bytes_w=0, dma_out=0, bytes_out=0)
+    for launch in self.launches:
+      b, bq = launch.seq_batch_size, launch.bq_sz
+      if launch.case == "page":
+        out_row = launch.num_score_sublanes * _LANES * 4
+      else:
+        out_row = launch.bkv_sz * 4
+      c["grid_steps"] += launch.grid
+      for pr in launch.programs:
+        steps = pr.num_bq * pr.num_bkv
+        c["steps"] += steps
+        c["dma_kv"] += steps * b * launch.bkv_p
+        c["dma_q"] += pr.num_bq * b
+        c["dma_w"] += pr.num_bq * b
+        # Rows fetched over the query blocks: min(q_len, num_bq * bq) each.
+        rows = sum(min(cu[s + 1] - cu[s], pr.num_bq * bq) for s in pr.seqs)
+        c["bytes_q"] += rows * q_row
+        c["bytes_w"] += rows * g.num_q_heads * 4
+        first = min(cu[pr.seqs[0] + 1] - cu[pr.seqs[0]], pr.num_bq * bq)
+        if launch.case == "page":
+          c["dma_out"] += pr.num_bq
+          c["bytes_out"] += first * out_row
+        else:
+          c["dma_out"] += steps
+          c["bytes_out"] += pr.num_bkv * b * first * out_row
+    c["bytes_kv"] = c["dma_kv"] * g.page_bytes
+    c["dma_total"] = c["dma_kv"] + c["dma_q"] + c["dma_w"] + c["dma_out"]
+    return c
+
+  @property
+  def vmem_bytes(self) -> int:
+    """The largest VMEM scratch of any launch (launches run one at a time)."""
+    return max((l.vmem_bytes for l in self.launches if l.grid), default=0)
+
+
+def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
+  """The kernel's scratch_shapes (VMEM buffers), in its order and dtypes."""
+  b = seq_batch_size
+  kv = ("bkv_x2", (2, b, bkv_p * g.page_size_per_kv_packing, g.kv_packing,
+                   g.lkv_dim), g.cache_dtype.name)
+  q = ("bq_x2", (2, b, bq_sz, g.num_q_heads, g.head_dim), g.q_dtype)
+  w = ("bq_weights_x2", (2, b, bq_sz, g.num_q_heads), "float32")
+  if case == "page":
+    o = ("scores_block_x2", (2, bq_sz, num_score_sublanes, _LANES), "float32")
+  else:
+    num_sublanes_bkv = bkv_p * g.page_size // _LANES
+    o = ("scores_block_x2", (2, b * bq_sz, num_sublanes_bkv, _LANES), "float32")
+  return (kv, q, w, o)
+
+
+def _per_case(name, v):
+  if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+    return [int(v)] * 3
+  v = list(v)
+  if len(v) != 3:
+    raise ValueError(f"{name} must be an int or a (decode, prefill, mixed) triple, got {v!r}")
+  return [int(x) for x in v]
+
+
+def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
+         q_dtype: str = "bfloat16", mode: str = "token",
+         num_kv_pages_per_block=(3, 2, 2), num_queries_per_block=(1, 128, 128),
+         decode_req_batch_size: int = 4) -> Plan:
+  """The launches, programs and loop trip counts of one kernel call.
+
+  Args:
+    batch: a `streamidx.RaggedBatch`.
+    fmt, num_heads, head_dim, q_dtype: the inputs the call would get
+      (`make_inputs(batch, num_heads=, head_dim=, fmt=, q_dtype=)`).
+    mode: "token" (`streamindex_topk`) or "page" (`streamindex_page_topk`).
+    num_kv_pages_per_block, num_queries_per_block: as the kernel takes them
+      (page mode: two ints, the kernel requires num_kv_pages_per_block=128).
+    decode_req_batch_size: decode sequences per program (token mode).
+  """
+  g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
+               q_dtype=q_dtype)
+  ratio = int(batch.compression_ratio)
+  seq_lens = [int(x) for x in batch.seq_lens]
+  cu = [int(x) for x in batch.cu_q_lens]
+  q_lens = [cu[i + 1] - cu[i] for i in range(len(seq_lens))]
+  kv_lens = [s // ratio for s in seq_lens]
+  d0, d1, d2 = (int(x) for x in batch.distribution)
+
+  def programs(start, end, b, bq_sz, bkv_sz, static_q_len):
+    out = []
+    for p, s0 in enumerate(range(start, end, b)):
+      seqs = tuple(range(s0, s0 + b))
+      kv = tuple(kv_lens[s] for s in seqs)
+      num_bkv = max(1, _cdiv(max(kv), bkv_sz))
+      if static_q_len is None:
+        num_bq = max(1, _cdiv(q_lens[s0], bq_sz))
+      else:
+        num_bq = max(1, _cdiv(static_q_len, bq_sz))
+      out.append(Program(p, seqs, tuple(q_lens[s] for s in seqs), kv, num_bq,
+                         num_bkv))
+    return tuple(out)
+
+  launches = []
+  if mode == "token":
+    nkv = _per_case("num_kv_pages_per_block", num_kv_pages_per_block)
+    nq = _per_case("num_queries_per_block", num_queries_per_block)
+    for bkv_p in nkv:
+      if (g.page_size * bkv_p) % _LANES:
+        raise ValueError(f"num_kv_pages_per_block: page_size * bkv_p = "
+                         f"{g.page_size} * {bkv_p} must be a multiple of 128")
+    b = int(decode_req_batch_size)
+    decode_end = d0 // b * b
+    specs = [("decode", 0, decode_end, b, min(nq[0], 1), nkv[0], 1),
+             ("decode_rest", decode_end, d0, 1, min(nq[0], 1), nkv[0], 1),
+             ("prefill", d0, d1, 1, nq[1], nkv[1], None),
+             ("mixed", d1, d2, 1, nq[2], nkv[2], None)]
+    for case, start, end, sb, bq_sz, bkv_p, static_q_len in specs:
+      bkv_sz = bkv_p * g.page_size
+      launches.append(Launch(
+          case, start, end, sb, bq_sz, bkv_p, bkv_sz, 0,
+          programs(start, end, sb, bq_sz, bkv_sz, static_q_len),
+          _scratch(case, g, sb, bq_sz, bkv_p, 0)))
+    num_cols = max(_align(g.pages_per_seq, p) * g.page_size for p in nkv)
+  elif mode == "page":
+    bkv_p = int(num_kv_pages_per_block)
+    bq_sz = int(num_queries_per_block)
+    if bkv_p != 128:
+      raise ValueError("page mode requires num_kv_pages_per_block == 128")
+    if ratio != 1:
+      raise ValueError("page mode supports compression_ratio 1 only")
+    num_bkv_max = _cdiv(g.pages_per_seq, bkv_p)
+    num_cols = _align(num_bkv_max * bkv_p, _LANES)
+    bkv_sz = bkv_p * g.page_size
+    launches.append(Launch(
+        "page", 0, d2, 1, bq_sz, bkv_p, bkv_sz, num_cols // _LANES,
+        programs(0, d2, 1, bq_sz, bkv_sz, None),
+        _scratch("page", g, 1, bq_sz, bkv_p, num_cols // _LANES)))
+  else:
+    raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
+  return Plan(mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
+              tuple(cu), np.asarray(batch.page_indices), ratio, num_cols)
+
+
+# ---------------------------------------------------------------------------
+# The DMA sequence, step by step.
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """One DMA start or wait, as the kernel issues it.
+
+  kind: "kv" (one cache page), "q", "w" (indexer weights) or "out" (scores
+  to HBM). slot: the double-buffer slot (0/1). batch_idx: position of the
+  sequence in its program. For "kv" starts, `page` is the physical page
+  read (after the kernel's clamps); for "out" starts, `row` and `col` are
+  the first HBM row and the first 128-lane column group written.
+  """
+
+  launch: int
+  op: str  # "start" or "wait"
+  kind: str
+  slot: int
+  batch_idx: int
+  nbytes: int
+  page: int = -1
+  row: int = -1
+  col: int = -1
+
+  def key(self) -> tuple:
+    return (self.launch, self.op, self.kind, self.slot, self.batch_idx,
+            self.nbytes, self.page, self.row, self.col)
+
+
+def expected_dma_events(p: Plan) -> list[Event]:
+  """Every DMA start and wait of the call, in the order the kernel issues them."""
+  g = p.geometry
+  cu = p.cu_q_lens
+  table = p.page_indices
+  n_idx = table.shape[0]
+  q_row_bytes = g.num_q_heads * g.head_dim * g.q_itemsize
+  w_row_bytes = g.num_q_heads * 4
+  out = []
+  for li, launch in enumerate(p.launches):
+    b = launch.seq_batch_size
+    bq, bkv_p = launch.bq_sz, launch.bkv_p
+    if launch.case == "page":
+      out_row_bytes = launch.num_score_sublanes * _LANES * 4
+    else:
+      out_row_bytes = launch.bkv_sz * 4
+    sem = [0, 0, 0]  # bq, bkv, bo slots (sem_ids_ref)
+    bo_rows = [-1, -1]  # bo_sz_ref: rows of each output slot's DMA in flight
+
+    def q_sz(seq, bq_idx):
+      start = cu[seq] + bq_idx * bq
+      return max(0, min(bq, cu[seq + 1] - start))
+
+    def fetch_bq(seq0, bq_idx, slot, wait):
+      for i in range(b):
+        sz = q_sz(seq0 + i, bq_idx)
+        op = "wait" if wait else "start"
+        out.append(Event(li, op, "q", slot, i, sz * q_row_bytes))
+        out.append(Event(li, op, "w", slot, i, sz * w_row_bytes))
+
+    def fetch_bkv(seq0, bkv_idx, slot, wait):
+      for i in range(b):
+        if wait:
+          out.append(Event(li, "wait", "kv", slot, i, bkv_p * g.page_bytes))
+          continue
+        off = (seq0 + i) * g.pages_per_seq + bkv_idx * bkv_p
+        for j in range(bkv_p):
+          page = min(int(table[min(off + j, n_idx - 1)]), g.total_num_pages - 1)
+          out.append(Event(li, "start", "kv", slot, i, g.page_bytes, page=page))
+
+    def wait_out(slot):
+      if bo_rows[slot] >= 0:
+        out.append(Event(li, "wait", "out", slot, 0, bo_rows[slot] * out_row_bytes))
+
+    def start_out(slot, rows, row, col):
+      bo_rows[slot] = rows
+      out.append(Event(li, "start", "out", slot, 0, rows * out_row_bytes,
+                       row=row, col=col))
+
+    for pr in launch.programs:
+      seq0 = pr.seqs[0]
+      if pr.index == 0:  # prologue
+        fetch_bq(seq0, 0, 0, False)
+        fetch_bkv(seq0, 0, 0, False)
+      for bq_idx in range(pr.num_bq):
+        slot = sem[0]
+        nxt_bq = bq_idx + 1
+        nxt_seq = seq0 + b if nxt_bq == pr.num_bq else seq0
+        nxt_bq = 0 if nxt_bq == pr.num_bq else nxt_bq
+        if nxt_seq < launch.end_seq:
+          sem[0] = 1 - slot
+          fetch_bq(nxt_seq, nxt_bq, sem[0], False)
+        fetch_bq(seq0, bq_idx, slot, True)
+        sz = q_sz(seq0, bq_idx)
+        token_start = cu[seq0] + bq_idx * bq
+        if launch.case == "page":
+          bo = sem[2]
+          wait_out(bo)
+        for bkv_idx in range(pr.num_bkv):
+          kslot = sem[1]
+          nxt_bkv = bkv_idx + 1
+          nbq = bq_idx + 1 if nxt_bkv == pr.num_bkv else bq_idx
+          nxt_bkv = 0 if nxt_bkv == pr.num_bkv else nxt_bkv
+          nseq = seq0 + b if nbq == pr.num_bq else seq0
+          if nseq < launch.end_seq:
+            sem[1] = 1 - kslot
+            fetch_bkv(nseq, nxt_bkv, sem[1], False)
+          fetch_bkv(seq0, bkv_idx, kslot, True)
+          if launch.case != "page":
+            bo = sem[2]
+            wait_out(bo)
+            start_out(bo, b * sz, token_start,
+                      bkv_idx * launch.bkv_sz // _LANES)
+            sem[2] = 1 - bo
+        if launch.case == "page":
+          start_out(bo, sz, token_start, 0)
+          sem[2] = 1 - bo
+      if pr.index == launch.grid - 1:  # epilogue
+        for s in range(2):
+          wait_out(s)
+  return out
+
+
+def steps(p: Plan) -> Iterator[dict]:
+  """Every step in execution order: launch, program, sequences, bq and bkv block."""
+  for li, launch in enumerate(p.launches):
+    for pr in launch.programs:
+      for bq_idx in range(pr.num_bq):
+        for bkv_idx in range(pr.num_bkv):
+          yield dict(launch=li, case=launch.case, program=pr.index,
+                     seqs=pr.seqs, bq=bq_idx, bkv=bkv_idx,
+                     kv_lens=pr.kv_lens, bkv_sz=launch.bkv_sz)
+
+
+# ---------------------------------------------------------------------------
+# VMEM.
+
+
+def scratch_bytes(scratch) -> dict[str, int]:
+  """{name: bytes} of a launch's scratch list."""
+  return {n: math.prod(s) * np.dtype(d).itemsize for n, s, d in scratch}
+
+
+def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
+  """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
+
+  Traces `streamindex_topk` (or `streamindex_page_topk`) with `jax.make_jaxpr`
+  and reads each `pallas_call`'s declared scratch operands: nothing runs and
+  no array is allocated, so `args` may be `jax.ShapeDtypeStruct`s of
+  production size. Returns one dict per launch, in launch order:
+  {"case", "name", "scratch": [(shape, dtype name)], "vmem_limit_bytes"}.
+  """
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import core  # pylint: disable=g-import-not-at-top
+  from streamidx import kernel  # pylint: disable=g-import-not-at-top
+
+  fn = kernel.streamindex_topk if mode == "token" else kernel.streamindex_page_topk
+  jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
+
+  def walk(j):
+    for eqn in j.eqns:
+      if eqn.primitive.name == "pallas_call":
+        yield eqn
+        continue
+      for v in eqn.params.values():
+        if isinstance(v, core.ClosedJaxpr):
+          yield from walk(v.jaxpr)
+        elif isinstance(v, core.Jaxpr):
+          yield from walk(v)
+
+  out = []
+  for eqn in walk(jaxpr.jaxpr):
+    n = eqn.params["grid_mapping"].num_scratch_operands
+    name = eqn.params.get("name") or ""
+    scratch = []
+    for v in eqn.params["jaxpr"].invars[len(eqn.params["jaxpr"].invars) - n:]:
+      space = str(getattr(v.aval, "memory_space", ""))
+      if "SEMAPHORE" in space.upper():
+        continue
+      scratch.append((tuple(v.aval.shape), np.dtype(v.aval.dtype).name))
+    symbol = name.split("-")[1] if name.startswith("StreamIdxTC-") else None
+    out.append({"case": _SYMBOL.get(symbol, "page"), "name": name,
+                "scratch": scratch,
+                "vmem_limit_bytes": eqn.params["compiler_params"].vmem_limit_bytes})
+  return out
+
+
+def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
+                case: str = "prefill", num_score_sublanes: int = 0) -> dict:
+  """VMEM of one launch configuration: scratch buffers and the largest intermediate.
+
+  Returns bytes per scratch buffer, their total (`scratch`, exact: the
+  kernel's scratch_shapes), `logits`: the f32 [bq_sz * num_q_heads, bkv_sz]
+  product of one sequence's query block with one KV block, the largest
+  value the kernel body computes (an estimate of Mosaic's internal scratch,
+  which the compiler sizes itself), and `total` = scratch + logits.
+  """
+  s = scratch_bytes(_scratch(case, g, seq_batch_size, bq_sz, bkv_p,
+                             num_score_sublanes))
+  logits = bq_sz * g.num_q_heads * bkv_p * g.page_size * 4
+  out = dict(s)
+  out["scratch"] = sum(s.values())
+  out["logits"] = logits
+  out["total"] = out["scratch"] + logits
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Decode batching: blocks computed for nothing.
+
+
+def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> dict:
+  """KV blocks computed vs needed, over the launches of `cases`.
+
+  A program computes `num_bkv` blocks (set by its longest sequence) for each
+  of its sequences; a sequence needs `max(1, cdiv(kv_len, bkv_sz))`. The
+  difference is fetched from HBM and multiplied on the MXU, then masked.
+  Returns blocks computed, needed, wasted, the wasted fraction, and the same
+  in entries (needed entries = kv_len, the rest of each block is masked).
+  """
+  computed = needed = entries_computed = entries_needed = 0
+  for launch in p.launches:
+    if launch.case not in cases:
+      continue
+    for pr in launch.programs:
+      for kv in pr.kv_lens:
+        computed += pr.num_bkv
+        needed += max(1, _cdiv(kv, launch.bkv_sz))
+        entries_computed += pr.num_bkv * launch.bkv_sz
+        entries_needed += kv
+  return {
+      "blocks_computed": computed,
+      "blocks_needed": needed,
+      "blocks_wasted": computed - needed,
+      "waste_fraction": (computed - needed) / computed if computed else 0.0,
+      "entries_computed": entries_computed,
+      "entries_needed": entries_needed,
+      "entry_efficiency": entries_needed / entries_computed if entries_computed else 1.0,
+  }
+
+
+SORTS = ("none", "ascending", "descending", "optimal")
+
+
+def batching_order(blocks: Sequence[int], decode_req_batch_size: int,
+                   sort: str = "optimal") -> list[int]:
+  """An order of decode sequences for the kernel's consecutive grouping.
+
+  `blocks[i]`: KV blocks sequence i needs (`max(1, cdiv(kv_len, bkv_sz))`).
+  The kernel batches sequences [0, n // B * B) in consecutive groups of B,
+  each computing B x (its largest blocks), and runs the last n % B alone.
+
+  sort: "none" (as given), "ascending", "descending" (by blocks), or
+  "optimal": fewest computed blocks. "ascending" (the seed's TODO, read
+  literally) leaves the LONGEST sequences to run alone and can compute more
+  than no sorting at all; "optimal" picks, by dynamic programming over the
+  lengths in descending order, which n % B sequences run alone and groups
+  the rest consecutively (checked against brute force over all orders in
+  tests/test_tiling.py).
+  """
+  if sort not in SORTS:
+    raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
+  n, b = len(blocks), int(decode_req_batch_size)
+  if b < 1:
+    raise ValueError(f"decode_req_batch_size must be >= 1, got {b}")
+  if sort == "none":
+    return list(range(n))
+  if sort in ("ascending", "descending"):
+    return sorted(range(n), key=lambda i: blocks[i], reverse=sort == "descending")
+  desc = sorted(range(n), key=lambda i: -blocks[i])
+  r = n % b
+  inf = float("inf")
+  # best[i][s]: fewest blocks for desc[i:] with s of the r singles used.
+  best = [[inf] * (r + 1) for _ in range(n + 1)]
+  choice = [[None] * (r + 1) for _ in range(n + 1)]
+  best[n][r] = 0
+  for i in range(n - 1, -1, -1):
+    f = blocks[desc[i]]
+    for s in range(r + 1):
+      if s < r and f + best[i + 1][s + 1] < best[i][s]:
+        best[i][s], choice[i][s] = f + best[i + 1][s + 1], "single"
+      if i + b <= n and b * f + best[i + b][s] < best[i][s]:
+        best[i][s], choice[i][s] = b * f + best[i + b][s], "group"
+  groups, singles, i, s = [], [], 0, 0
+  while i < n:
+    if choice[i][s] == "group":
+      groups.extend(desc[i:i + b])
+      i += b
+    else:
+      singles.append(desc[i])
+      i, s = i + 1, s + 1
+  return groups + singles
+
+
+def decode_batch_waste(seq_lens: Sequence[int], *, page_size: int,
+                       compression_ratio: int, num_kv_pages_per_block: int,
+                       decode_req_batch_size: int, sort: str = "none",
+                       fmt: str = "fp8", num_heads: int = 8) -> dict:
+  """`block_waste` of a decode-only batch of `seq_lens` (tokens), reordered by `sort`.
+
+  The kernel never reorders: a caller that sorts permutes the sequences (and
+  their page-table rows and query rows) before the call and un-permutes the
+  output rows after it. The result gains "order" (the permutation used).
+  """
+  from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
+
+  lens = [int(s) for s in seq_lens]
+  bkv_sz = num_kv_pages_per_block * page_size
+  blocks = [max(1, _cdiv(s // compression_ratio, bkv_sz)) for s in lens]
+  order = batching_order(blocks, decode_req_batch_size, sort)
+  b = batch_lib.make_mixed_batch(decode=[lens[i] for i in order],
+                                 page_size=page_size,
+                                 compression_ratio=compression_ratio)
+  p = plan(b, fmt=fmt, num_heads=num_heads,
+           num_kv_pages_per_block=num_kv_pages_per_block,
+           num_queries_per_block=1, decode_req_batch_size=decode_req_batch_size)
+  out = block_waste(p)
+  out["order"] = order
+  return out

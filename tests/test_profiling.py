@@ -1,0 +1,137 @@
+"""Trace capture and parsing, and run files.
+
+The capture test runs a tiny interpreted kernel call under `jax.profiler` on
+this CPU and parses the trace it writes. The device-line parser is checked on
+a synthetic trace laid out as JAX's profiler lays out a TPU trace (a
+"/device:TPU:0" process with an "XLA Ops" thread): no TPU was available to
+record a real one.
+"""
+
+import gzip
+import json
+
+import pytest
+
+import streamidx as si
+from streamidx import profiling
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+  b = si.make_mixed_batch(decode=[64, 100], page_size=16, compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8")
+  kw = dict(k=8, compression_ratio=4, num_kv_pages_per_block=8,
+            num_queries_per_block=(1, 8, 8), decode_req_batch_size=2)
+  d = tmp_path_factory.mktemp("trace")
+  return profiling.capture(lambda: si.streamindex_topk(*inp.args, **kw),
+                           log_dir=d, iterations=2)
+
+
+def test_capture_writes_a_perfetto_trace_and_an_xplane(captured):
+  assert captured.perfetto_path.endswith("perfetto_trace.json.gz")
+  assert captured.xplane_paths and captured.iterations == 2
+  assert len(captured.host_wall_s) == 2 and min(captured.host_wall_s) > 0
+
+
+def test_trace_of_cpu_run_has_no_device_lines_and_says_so(captured):
+  trace = profiling.load_trace(captured.perfetto_path)
+  assert trace.events and trace.device_pids() == []
+  t = profiling.stage_times(trace, iterations=captured.iterations)
+  assert t["device"] is False and t["kernel_s"] is None
+  assert "not a TPU run" in t["source"]
+  # One annotation per iteration; their mean is the host-side call time.
+  assert t["host_call_events"] == 2
+  assert 0 < t["host_call_s"] <= max(captured.host_wall_s) * 1.5
+
+
+def test_hlo_stats_reads_the_xplane(captured):
+  rows = profiling.hlo_stats(captured)
+  assert rows is not None  # xprof installed; on a CPU the table is empty
+  assert isinstance(rows, list)
+
+
+def _synthetic_tpu_trace(path, iterations=2):
+  ev = [
+      {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:TPU:0"}},
+      {"ph": "M", "pid": 1, "tid": 2, "name": "thread_name", "args": {"name": "XLA Ops"}},
+      {"ph": "M", "pid": 1, "tid": 3, "name": "thread_name", "args": {"name": "XLA Modules"}},
+      {"ph": "M", "pid": 9, "name": "process_name", "args": {"name": "/host:CPU"}},
+  ]
+  for i in range(iterations):
+    t0 = 1000.0 * i
+    ev += [
+        {"ph": "X", "pid": 1, "tid": 3, "ts": t0, "dur": 500.0,
+         "name": "jit_streamindex_topk(123)"},  # module line: not counted
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0, "dur": 10.0, "name": "broadcast.1"},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 10, "dur": 300.0,
+         "name": "custom-call.3",
+         "args": {"long_name": "jit(streamindex_topk)/StreamIdxTC-d-bq_1-bkvp_3/pallas_call"}},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 310, "dur": 40.0,
+         "name": "approx-top-k.2"},
+        {"ph": "X", "pid": 9, "tid": 7, "ts": t0, "dur": 900.0,
+         "name": profiling.ITERATION_ANNOTATION},
+    ]
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": ev}, f)
+  return path
+
+
+def test_stage_times_sums_device_ops_by_stage(tmp_path):
+  trace = profiling.load_trace(_synthetic_tpu_trace(tmp_path / "t.json.gz"))
+  t = profiling.stage_times(trace, iterations=2)
+  assert t["device"] is True and t["source"] == "device 'XLA Ops' lines"
+  assert t["kernel_s"] == pytest.approx(300e-6)
+  assert t["topk_s"] == pytest.approx(40e-6)
+  assert t["other_s"] == pytest.approx(10e-6)
+  assert t["total_s"] == pytest.approx(350e-6)
+  assert t["host_call_s"] == pytest.approx(900e-6)
+  assert [r["stage"] for r in t["ops"]] == ["kernel", "topk", "other"]
+
+
+def test_write_and_load_run_round_trip(tmp_path):
+  records = [{"mode": "token", "batch_size": 2, "context_tokens": 400,
+              "kernel_us": None, "host_call_us": 1234.5,
+              "predicted_us": {"v5e": {"kernel": 1.5, "total": 2.0}}}]
+  path = profiling.write_run(tmp_path, parameters={"batch_sizes": (1, 2)},
+                             records=records, notes="unit test")
+  assert path.name.startswith("run-cpu-") and path.suffix == ".json"
+  (run,) = profiling.load_runs(tmp_path)
+  assert run["schema"] == profiling.RUN_SCHEMA
+  assert run["records"] == records
+  assert run["parameters"] == {"batch_sizes": [1, 2]}
+  assert run["machine"]["platform"] == "cpu"
+  assert run["machine"]["kernel_mode"] == "interpreted"
+  assert run["versions"]["jax"]
+  assert profiling.load_runs(str(tmp_path / "run-*.json"))[0]["records"] == records
+  rows = profiling.runs_table([run])
+  assert rows[0]["host_call_us"] == 1234.5 and rows[0]["bound_kernel_us"] is None
+
+
+def test_load_runs_rejects_other_json(tmp_path):
+  (tmp_path / "run-x.json").write_text(json.dumps({"schema": "other"}))
+  with pytest.raises(ValueError, match="run-x.json: not a streamidx.profile_run"):
+    profiling.load_runs(tmp_path)
+
+
+def test_plot_runs_draws_cpu_and_tpu_runs_side_by_side(tmp_path):
+  import matplotlib
+  matplotlib.use("Agg")
+  cpu = profiling.write_run(tmp_path, parameters={}, name="run-cpu.json", records=[
+      {"mode": "token", "batch_size": 1, "context_tokens": 100, "host_call_us": 5e4}])
+  runs = profiling.load_runs([cpu])
+  tpu = dict(runs[0], path=str(tmp_path / "run-v5e.json"),
+             machine=dict(runs[0]["machine"], device_kind="TPU v5 lite",
+                          generation="v5e"),
+             records=[{"mode": "token", "batch_size": 1, "context_tokens": 100,
+                       "kernel_us": 12.0,
+                       "predicted_us": {"v5e": {"kernel": 10.0, "total": 11.0}}}])
+  ax = profiling.plot_runs([runs[0], tpu])
+  assert len(ax.patches) == 2  # one bar per run at the one point
+
+
+def test_load_runs_can_skip_other_json(tmp_path):
+  (tmp_path / "run-x.json").write_text(json.dumps({"schema": "other"}))
+  (tmp_path / "run-y.json").write_text("not json")
+  good = profiling.write_run(tmp_path, parameters={}, records=[], name="run-z.json")
+  runs = profiling.load_runs(str(tmp_path / "run-*.json"), skip_invalid=True)
+  assert [r["path"] for r in runs] == [str(good)]

@@ -1,0 +1,259 @@
+"""streamidx.quant: the e4m3 grid, scales, FP8 queries, Hadamard, unpack."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import cache, quant, ref
+
+
+# --------------------------------------------------------------------------
+# The e4m3fn grid.
+
+
+def test_e4m3_table_is_the_formats_definition_for_all_256_patterns():
+  patterns, values = quant.e4m3_table()
+  want = quant.e4m3_from_fields(*quant.e4m3_fields(patterns))
+  np.testing.assert_array_equal(values, want)  # NaNs compare equal here
+  assert np.flatnonzero(np.isnan(values)).tolist() == [0x7F, 0xFF]
+
+
+def test_e4m3_grid_has_127_nonnegative_and_253_distinct_finite_values():
+  grid = quant.e4m3_finite_values()
+  positive = grid[grid > 0]
+  assert len(grid) == 127 and grid[0] == 0
+  assert len(positive[positive < 2.0**-6]) == 7      # subnormals
+  assert len(positive[positive >= 2.0**-6]) == 119   # normals
+  assert len(quant.e4m3_finite_values(nonnegative=False)) == 253
+  assert grid.max() == 448 == cache.E4M3_MAX
+  assert positive.min() == 2.0**-9
+
+
+def test_pow2_is_exact_over_the_normal_float32_exponents():
+  e = np.arange(-126, 128)
+  np.testing.assert_array_equal(np.asarray(quant.pow2(e), np.float64),
+                                np.ldexp(1.0, e))
+
+
+def test_relative_spacing_of_normals_is_between_1_15_and_1_8():
+  grid = quant.e4m3_finite_values()
+  spacing = quant.relative_spacing(grid)
+  normals = spacing[grid[grid > 0][:-1] >= 2.0**-6]
+  assert np.isclose(normals.min(), 1 / 15) and normals.max() == 1 / 8
+  assert spacing.max() == 1.0  # 2**-9 -> 2**-8
+
+
+# --------------------------------------------------------------------------
+# Scales.
+
+AMAX_CASES = [2.0**-100, 1e-3, 0.5, 1.0, 3.7, 224.0, 447.9, 448.0, 448.1,
+              896.0, 1e5, 2.0**100]
+
+
+@pytest.mark.parametrize("amax", AMAX_CASES)
+def test_ue8m0_scale_never_saturates_and_is_the_smallest_power_of_two(amax):
+  rng = np.random.default_rng(0)
+  x = rng.uniform(-1, 1, (8, 128)).astype(np.float32) * np.float32(amax)
+  x[:, 5] = np.float32(amax) * np.array([1, -1] * 4, np.float32)
+  values, scales = quant.quantize_ue8m0(x)
+  stored = np.asarray(values.astype(jnp.float32))
+  assert np.isfinite(stored).all() and np.abs(stored).max() <= 448
+  s = np.asarray(scales, np.float64)
+  assert (np.log2(s) == np.round(np.log2(s))).all()     # powers of two
+  ratio = np.float64(np.float32(amax)) / s
+  assert (ratio <= 448).all() and (ratio > 224).all()   # the smallest one
+
+
+@pytest.mark.parametrize("amax", AMAX_CASES)
+def test_float_scale_puts_amax_exactly_on_448(amax):
+  rng = np.random.default_rng(1)
+  x = rng.uniform(-1, 1, (4, 128)).astype(np.float32) * np.float32(amax)
+  values, _ = quant.quantize_float_scale(x)
+  stored = np.abs(np.asarray(values.astype(jnp.float32)))
+  np.testing.assert_array_equal(stored.max(axis=1), 448.0)
+
+
+def test_record_error_is_zero_for_records_e4m3_holds_exactly():
+  grid = quant.e4m3_finite_values()
+  exact = np.resize(grid[grid > 2.0**-6], (3, 128)).astype(np.float32)
+  exact[:, 0] = 448.0  # amax 448: scale exactly 1 either way
+  exact = exact * np.float32([[2.0**-5], [1.0], [2.0**7]])
+  for scale in ("ue8m0", "float"):
+    np.testing.assert_array_equal(quant.record_error(exact, scale), 0.0)
+  assert quant.record_error(np.zeros((2, 128), np.float32)).tolist() == [0, 0]
+
+
+def test_record_error_rejects_unknown_scales():
+  with pytest.raises(ValueError, match="scale must be"):
+    quant.record_error(np.ones((1, 128), np.float32), "int8")
+
+
+def _scoring_operands(seed=0, t=3, h=4, e=32, d=128):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((t, h, d)).astype(np.float32)
+  w = np.abs(rng.standard_normal((t, h))).astype(np.float32)
+  values, _ = cache.quantize_fp8(rng.standard_normal((e, d)).astype(np.float32))
+  return q, w, np.asarray(values.astype(jnp.float32))
+
+
+@pytest.mark.parametrize("exponent", [-20, -7, -1, 0, 3, 30])
+def test_a_power_of_two_scale_commutes_with_relu_and_the_head_sum(exponent):
+  q, w, values = _scoring_operands(seed=exponent + 50)
+  scales = np.full(values.shape[0], 2.0**exponent, np.float32)
+  scales[::3] *= 2  # mixed exponents across entries
+  after = quant.scores_scale_after(q, w, values, scales)
+  before = quant.scores_scale_before(q, w, values, scales)
+  np.testing.assert_array_equal(after, before)
+
+
+def test_a_non_power_of_two_scale_does_not_commute_bit_for_bit():
+  # The same check fails for an ordinary float scale: the test above can fail.
+  q, w, values = _scoring_operands(seed=7)
+  scales = np.full(values.shape[0], 0.3, np.float32)
+  after = quant.scores_scale_after(q, w, values, scales)
+  before = quant.scores_scale_before(q, w, values, scales)
+  assert (after != before).any()
+  np.testing.assert_allclose(after, before, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# FP8 queries.
+
+
+@pytest.mark.parametrize("granularity", ["head", "token"])
+def test_fp8_query_scale_folds_into_weights_exactly(granularity):
+  rng = np.random.default_rng(2)
+  q = (rng.standard_normal((5, 4, 128)) * 3).astype(np.float32)
+  w = np.abs(rng.standard_normal((5, 4))).astype(np.float32)
+  q8, w_folded, s = quant.quantize_queries_fp8(q, w, granularity=granularity)
+  q8 = np.asarray(q8.astype(jnp.float32))
+  s = np.asarray(s)
+  assert np.abs(q8).max() <= 448
+  if granularity == "token":
+    assert (s == s[:, :1]).all()
+  np.testing.assert_array_equal(np.asarray(w_folded), w * s)
+  _, _, values = _scoring_operands(seed=3)
+  ones = np.ones(values.shape[0], np.float32)
+  folded = quant.scores_scale_after(q8, np.asarray(w_folded), values, ones)
+  dequantized = quant.scores_scale_after(q8 * s[:, :, None], w, values, ones)
+  np.testing.assert_array_equal(folded, dequantized)
+
+
+def test_fp8_queries_through_the_reference_score_exactly_like_dequantized_ones():
+  batch = si.make_mixed_batch(decode=[70, 33], prefill=[(6, 50)],
+                              mixed=[(4, 64)], page_size=8,
+                              compression_ratio=4)
+  inp = si.make_inputs(batch, num_heads=4, fmt="fp8", q_dtype=jnp.float32)
+  q8, w_folded, s = quant.quantize_queries_fp8(inp.q, inp.weights)
+  # e4m3 values, and e4m3 values times powers of two, are exact in bf16.
+  q8_bf16 = q8.astype(jnp.bfloat16)
+  assert (q8_bf16.astype(jnp.float8_e4m3fn) == q8).all()
+  deq_bf16 = (q8.astype(jnp.float32) * s[..., None]).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(
+      np.asarray(deq_bf16, np.float32),
+      np.asarray(q8.astype(jnp.float32) * s[..., None]))
+  args = list(inp.args)
+  kw = dict(compression_ratio=4, chunk_bytes=1)
+  args[0], args[1] = q8_bf16, w_folded
+  folded = np.asarray(ref.token_scores(*args, **kw))
+  args[0], args[1] = deq_bf16, inp.weights
+  dequantized = np.asarray(ref.token_scores(*args, **kw))
+  np.testing.assert_array_equal(folded, dequantized)
+
+
+def test_quantize_queries_rejects_unknown_options():
+  q = np.ones((1, 2, 128), np.float32)
+  w = np.ones((1, 2), np.float32)
+  with pytest.raises(ValueError, match="granularity"):
+    quant.quantize_queries_fp8(q, w, granularity="page")
+  with pytest.raises(ValueError, match="scale"):
+    quant.quantize_queries_fp8(q, w, scale="e5m2")
+
+
+# --------------------------------------------------------------------------
+# Hadamard rotation.
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 64, 128, 256])
+def test_hadamard_is_symmetric_orthonormal_with_entries_1_over_sqrt_n(n):
+  h = quant.hadamard(n).astype(np.float64)
+  np.testing.assert_allclose(h @ h.T, np.eye(n), atol=1e-6)
+  np.testing.assert_array_equal(h, h.T)
+  np.testing.assert_allclose(np.abs(h), 1 / np.sqrt(n), rtol=1e-6)
+  assert (h[0] > 0).all() and (h[:, 0] > 0).all()  # Sylvester's sign pattern
+
+
+@pytest.mark.parametrize("bad", [0, 3, 6, 100, -4, 2.0, True])
+def test_hadamard_rejects_sizes_that_are_not_powers_of_two(bad):
+  with pytest.raises(ValueError, match="power of two"):
+    quant.hadamard(bad)
+
+
+def test_rotation_preserves_dot_products_and_spreads_outlier_channels():
+  rng = np.random.default_rng(4)
+  q = rng.standard_normal((6, 128)).astype(np.float32)
+  k = rng.standard_normal((9, 128)).astype(np.float32)
+  k[:, 3] *= 50  # one outlier channel
+  qr, kr = np.asarray(quant.rotate(q)), np.asarray(quant.rotate(k))
+  np.testing.assert_allclose(qr @ kr.T, q @ k.T, rtol=1e-4, atol=1e-3)
+  assert np.abs(kr).max() < 0.5 * np.abs(k).max()
+
+
+# --------------------------------------------------------------------------
+# Variants of a recall study.
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+@pytest.mark.parametrize("variant", sorted(quant.VARIANTS))
+def test_variant_inputs_pack_the_cache_and_cast_the_queries(variant, rotated):
+  batch = si.make_batch([(2, 64)], page_size=8, compression_ratio=4)
+  inp = si.make_inputs(batch, num_heads=2, fmt="f32", q_dtype=jnp.float32)
+  got = quant.variant_inputs(inp, variant, rotated=rotated)
+  fmt, q_form = quant.VARIANTS[variant]
+  keys = quant.rotate(inp.keys) if rotated else inp.keys
+  np.testing.assert_array_equal(np.asarray(got.cache),
+                                np.asarray(cache.pack_cache(keys, fmt)))
+  assert got.q.dtype == {"f32": jnp.float32, "bf16": jnp.bfloat16,
+                         "fp8": jnp.bfloat16}[q_form]
+  if q_form == "fp8":
+    assert (got.q.astype(jnp.float8_e4m3fn).astype(jnp.bfloat16) == got.q).all()
+    assert not np.array_equal(np.asarray(got.weights), np.asarray(inp.weights))
+  else:
+    np.testing.assert_array_equal(np.asarray(got.weights),
+                                  np.asarray(inp.weights))
+
+
+def test_variant_inputs_need_float32_queries_and_a_known_variant():
+  batch = si.make_batch([(1, 32)], page_size=8, compression_ratio=4)
+  inp = si.make_inputs(batch, num_heads=2, fmt="f32")  # bf16 queries
+  with pytest.raises(ValueError, match="float32"):
+    quant.variant_inputs(inp, "fp8")
+  with pytest.raises(ValueError, match="variant must be one of"):
+    quant.variant_inputs(inp, "int4")
+
+
+# --------------------------------------------------------------------------
+# The kernel's unpack.
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_unpack_block_in_kernel_reads_what_cache_unpacks(page_size):
+  keys = jax.random.normal(jax.random.key(page_size), (2, page_size, 128)) * 5
+  keys = keys.at[1].multiply(2.0**-20)  # other scale exponents
+  packed = cache.pack_cache(keys, "fp8")
+  values, scales = cache.unpack_cache_raw(packed)
+  for page in range(2):
+    got_v, got_s = quant.unpack_block_in_kernel(packed[page])
+    np.testing.assert_array_equal(np.asarray(got_v),
+                                  np.asarray(values[page].astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(got_s)[0], np.asarray(scales[page]))
+
+
+def test_unpack_block_in_kernel_rejects_non_uint8_blocks():
+  block = cache.pack_cache(jnp.ones((1, 4, 128)), "bf16")[0]
+  with pytest.raises(ValueError, match="block must be u8"):
+    quant.unpack_block_in_kernel(block)

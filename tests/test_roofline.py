@@ -1,0 +1,113 @@
+"""The roofline model: bytes, FLOPs and bounds, checked against hand counts."""
+
+import pytest
+
+import streamidx as si
+from streamidx import hardware, roofline, tiling
+
+SPECS = hardware.load_specs()
+PRODUCTION = dict(num_kv_pages_per_block=(3, 2, 2),
+                  num_queries_per_block=(1, 128, 128))
+
+
+def _small_decode():
+  # 2 decode sequences of 2048 tokens at ratio 4: 512 entries = 4 pages of
+  # 128; bkv_p 2 -> bkv_sz 256 entries -> 2 KV blocks each; one program of 2.
+  b = si.make_mixed_batch(decode=[2048, 2048], page_size=128, compression_ratio=4)
+  return tiling.plan(b, fmt="fp8", num_heads=8, num_kv_pages_per_block=2,
+                     num_queries_per_block=1, decode_req_batch_size=2)
+
+
+def test_small_decode_costs_by_hand():
+  fill, kernel, topk = roofline.costs(_small_decode(), k=16)
+  # KV: 2 seqs x 2 blocks x 2 pages x 128 entries x 256 B per FP8 record.
+  assert kernel.bytes_read["kv_cache"] == 2 * 2 * 2 * 128 * 256
+  assert kernel.bytes_read["q"] == 2 * 8 * 128 * 2  # one bf16 row per seq
+  assert kernel.bytes_read["weights"] == 2 * 8 * 4
+  # Scores: 2 steps, each one DMA of 2 rows x 256 f32.
+  assert kernel.bytes_written == {"scores": 2 * 2 * 256 * 4}
+  # MXU: per seq and step, [8 heads, 128] x [128, 256 entries].
+  assert kernel.flops == 2 * 2 * (2 * 8 * 128 * 256)
+  assert kernel.useful_flops == kernel.flops  # lengths fill the blocks
+  assert kernel.useful_bytes == kernel.bytes_read["kv_cache"]
+  # Score buffer: T = 2 rows x (4 pages aligned to bkv_p 2) x 128 entries.
+  assert fill.bytes_written == {"scores": 2 * 512 * 4}
+  assert topk.bytes_read["scores"] == 2 * 512 * 4
+  assert topk.bytes_written["indices"] == 2 * 16 * 4
+
+
+@pytest.mark.parametrize("gen", hardware.GENERATIONS)
+def test_bound_is_max_of_memory_and_math_time(gen):
+  p = _small_decode()
+  s = SPECS[gen]
+  stage_costs = roofline.costs(p, k=16)
+  for c, b in zip(stage_costs, roofline.bounds(stage_costs, s)):
+    bw = s.kernel_bandwidth if c.name == "kernel" else s.device_bandwidth
+    assert b.t_mem == pytest.approx(c.bytes / bw, rel=1e-12)
+    if c.name == "kernel":
+      assert b.t_math == pytest.approx(c.flops / s.kernel_peak("bf16"), rel=1e-12)
+    else:
+      assert b.t_math == 0.0
+    assert b.bound == max(b.t_mem, b.t_math)
+  pred = roofline.predict(p, k=16, generations=[gen])[gen]
+  assert pred["total"] == pytest.approx(pred["fill"] + pred["kernel"] + pred["topk"])
+
+
+def test_wasted_decode_blocks_are_counted_as_executed_not_useful():
+  b = si.make_mixed_batch(decode=[4 * 384 * 5, 40], page_size=128,
+                          compression_ratio=4)
+  p = tiling.plan(b, num_heads=8, decode_req_batch_size=2, **PRODUCTION)
+  kernel = roofline.costs(p, k=8)[1]
+  # Both sequences are run for 5 blocks of 3 pages.
+  assert kernel.bytes_read["kv_cache"] == 2 * 5 * 3 * 128 * 256
+  assert kernel.useful_bytes == (384 * 5 + 10) * 256
+  assert kernel.useful_flops < kernel.flops
+
+
+def test_kernel_bytes_equal_the_dma_model():
+  b = si.make_mixed_batch(decode=[900, 5000, 77], prefill=[(300, 4000)],
+                          mixed=[(5, 1200)], page_size=128, compression_ratio=4)
+  p = tiling.plan(b, num_heads=16, **PRODUCTION)
+  c = p.counts()
+  kernel = roofline.costs(p, k=64)[1]
+  assert kernel.bytes_read["kv_cache"] == c["bytes_kv"] == c["dma_kv"] * 128 * 256
+  assert kernel.bytes_written["scores"] == c["bytes_out"]
+
+
+def test_dsv4_decode_step_is_memory_bound_everywhere():
+  b = si.make_mixed_batch(decode=[131072] * 64, page_size=128, compression_ratio=4)
+  p = tiling.plan(b, fmt="fp8", num_heads=64, **PRODUCTION)
+  kernel = roofline.costs(p, k=512)[1]
+  # 64 seqs x ceil(32768 / 384) = 86 blocks x 3 pages x 32 KiB.
+  assert kernel.bytes_read["kv_cache"] == 64 * 86 * 3 * 128 * 256
+  for gen, row in roofline.predict(p, k=512).items():
+    kb = next(x for x in row["bounds"] if x.stage == "kernel")
+    assert kb.limiter == "memory", gen
+  # Arithmetic intensity ~ 2 * 64 heads * 128 / 256 B = 64 FLOP/B, below
+  # every generation's ridge point.
+  assert 60 < kernel.intensity < 64
+  assert all(kernel.intensity < s.ridge_point("bf16") for s in SPECS.values())
+
+
+def test_unpublished_peak_is_an_error_not_a_guess():
+  with pytest.raises(ValueError, match="v5e: no published fp8 peak"):
+    roofline.predict(_small_decode(), k=16, generations=["v5e"],
+                     matmul_dtype="fp8")
+  # Where FP8 is published (v7x), the bound uses it.
+  out = roofline.predict(_small_decode(), k=16, generations=["v7x"],
+                         matmul_dtype="fp8")
+  kb = next(x for x in out["v7x"]["bounds"] if x.stage == "kernel")
+  assert kb.peak == SPECS["v7x"].peak_fp8_flops / 2
+
+
+def test_page_mode_writes_pooled_pages_not_token_scores():
+  b = si.make_mixed_batch(prefill=[(512, 20000)], page_size=16,
+                          compression_ratio=1)
+  p = tiling.plan(b, mode="page", num_kv_pages_per_block=128,
+                  num_queries_per_block=256, num_heads=8)
+  fill, kernel, topk = roofline.costs(p, k=32)
+  # 1250 pages -> 10 blocks of 128 -> 1280 page columns; one DMA per bq block.
+  assert p.num_score_cols == 1280
+  assert kernel.bytes_written["scores"] == 512 * 1280 * 4
+  assert topk.bytes_read["scores"] == 512 * 1250 * 4
+  assert fill.bytes_written["scores"] == 512 * 1280 * 4

@@ -1,0 +1,670 @@
+"""Where the kernels' contract ends: every bad input gets a clear error.
+
+Static rules (shapes, dtypes, block sizes, options) are tried through the
+public kernels, `streamidx.streamindex_topk` / `streamindex_page_topk`, on
+`jax.ShapeDtypeStruct`s under `jax.eval_shape`: the `ValueError` must come at
+trace time, before any `pallas_call` is built. Value rules are tried through
+`validate.validate_topk_inputs` / `validate_page_topk_inputs` on concrete
+arrays, and through the checkify entry points inside `jit`. Every case asserts
+the whole message ("<argument>: <rule> (got <what>)") and that the valid
+neighbour of the bad input (the smallest change that fixes it) is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+from jax.experimental import pallas as pl
+
+import streamidx as si
+from streamidx import validate
+
+# --- the valid inputs every case starts from --------------------------------
+
+# Token kernel: 3 decode (seq_lens 37, 64, 20), 1 prefill-only (7, 50), 1 mixed
+# (20, 90) and one padding sequence slot; ratio 4, pages of 16 entries, 3
+# page-table columns (48 entries, seq_len <= 195); 6 physical pages; 32 rows.
+TOKEN_BATCH = si.make_mixed_batch(
+    decode=[37, 64, 20], prefill=[(7, 50)], mixed=[(20, 90)], page_size=16,
+    compression_ratio=4, allocation="shuffled", max_num_seqs=6,
+    pages_per_seq=3, num_tokens=32, seed=1)
+TOKEN = si.make_inputs(TOKEN_BATCH, num_heads=4, fmt="fp8", seed=2)
+TOKEN_KW = dict(k=8, compression_ratio=4, num_kv_pages_per_block=8,
+                num_queries_per_block=(1, 8, 8), decode_req_batch_size=2)
+# Page kernel: 4 sequences (3, 40), (1, 17), (12, 30), (0, 3) and a padding
+# slot; pages of 16, 4 columns; 8 physical pages; 20 rows.
+PAGE_BATCH = si.make_batch(
+    [(3, 40), (1, 17), (12, 30), (0, 3)], page_size=16, compression_ratio=1,
+    allocation="shuffled", max_num_seqs=5, num_tokens=20, pages_per_seq=4,
+    seed=1)
+PAGE = si.make_inputs(PAGE_BATCH, num_heads=4, fmt="bf16", seed=2)
+PAGE_KW = dict(k_pages=3, num_queries_per_block=8)
+
+NAMES = ("q", "indexer_weights", "cache_kv", "seq_lens", "page_indices",
+         "cu_q_lens")
+TOKEN_NAMES = NAMES + ("distribution",)
+PAGE_NAMES = NAMES + ("num_seqs",)
+
+
+def test_base_inputs_are_what_the_cases_assume():
+  np.testing.assert_array_equal(TOKEN_BATCH.cu_q_lens, [0, 1, 2, 3, 10, 30, 30])
+  np.testing.assert_array_equal(TOKEN_BATCH.seq_lens, [37, 64, 20, 50, 90, 0])
+  np.testing.assert_array_equal(TOKEN_BATCH.distribution, [3, 4, 5])
+  assert TOKEN_BATCH.total_num_pages == 6
+  np.testing.assert_array_equal(PAGE_BATCH.cu_q_lens, [0, 3, 4, 16, 16, 16])
+  assert PAGE_BATCH.total_num_pages == 8
+  validate.validate_topk_inputs(*TOKEN.args, **TOKEN_KW)
+  validate.validate_page_topk_inputs(*PAGE.page_args, **PAGE_KW)
+
+
+# --- static rules -----------------------------------------------------------
+
+
+def spec(x, shape=None, dtype=None):
+  return jax.ShapeDtypeStruct(x.shape if shape is None else shape,
+                              x.dtype if dtype is None else dtype)
+
+
+def token_specs():
+  return dict(zip(TOKEN_NAMES, (spec(a) for a in TOKEN.args)))
+
+
+def page_specs():
+  return dict(zip(PAGE_NAMES, (spec(a) for a in PAGE.page_args)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticCase:
+  """A bad input (`bad` edits the specs and keyword arguments) with the
+  message it must raise, and its valid neighbour (`good`)."""
+
+  id: str
+  bad: Callable[[dict, dict], None]
+  message: str
+  good: Callable[[dict, dict], None]
+
+
+def edit(**changes):
+  """An editor that sets specs (ShapeDtypeStruct or (shape, dtype)) and
+  keyword arguments."""
+
+  def apply(specs, kw):
+    for name, value in changes.items():
+      if name in specs:
+        specs[name] = (jax.ShapeDtypeStruct(*value)
+                       if isinstance(value, tuple) else value)
+      else:
+        kw[name] = value
+
+  return apply
+
+
+NOTHING = edit()
+T, H, D = TOKEN.q.shape  # 32, 4, 128
+S, CACHE = 6, TOKEN.cache.shape  # (6, 4, 4, 256)
+BF16, F32, U8, I32 = jnp.bfloat16, jnp.float32, jnp.uint8, jnp.int32
+
+# Rules both kernels share, tried through the token kernel.
+COMMON_STATIC = [
+    StaticCase("q_not_an_array", edit(q=[[1.0]]),
+               "q: must be an array (jax.Array or numpy.ndarray) (got list)",
+               NOTHING),
+    StaticCase("q_rank", edit(q=((T, H, 1, D), BF16)),
+               "q: must have rank 3, [max_num_tokens, num_q_heads, head_dim] "
+               "(got shape (32, 4, 1, 128))", NOTHING),
+    StaticCase("q_dtype", edit(q=((T, H, D), jnp.float16)),
+               "q: dtype must be bfloat16 or float32 (got float16)",
+               edit(q=((T, H, D), F32))),
+    StaticCase("q_no_rows",
+               edit(q=((0, H, D), BF16), indexer_weights=((0, H), F32)),
+               "q: needs at least one token row and one head (got shape "
+               "(0, 4, 128))",
+               edit(q=((1, H, D), BF16), indexer_weights=((1, H), F32))),
+    StaticCase("q_head_dim", edit(q=((T, H, 64), BF16)),
+               "q: head_dim (last axis) must be a positive multiple of 128 "
+               "(got 64)",
+               edit(q=((T, H, 256), BF16), cache_kv=((6, 4, 4, 384), U8))),
+    StaticCase("indexer_weights_rank", edit(indexer_weights=((T,), F32)),
+               "indexer_weights: must have rank 2, [max_num_tokens, "
+               "num_q_heads] (got shape (32,))", NOTHING),
+    StaticCase("indexer_weights_dtype", edit(indexer_weights=((T, H), I32)),
+               "indexer_weights: must be floating point (got int32)",
+               edit(indexer_weights=((T, H), BF16))),
+    StaticCase("indexer_weights_shape_vs_q",
+               edit(indexer_weights=((T, H + 1), F32)),
+               "indexer_weights: shape must be q's [max_num_tokens, "
+               "num_q_heads] = (32, 4) (got (32, 5))", NOTHING),
+    StaticCase("cache_rank", edit(cache_kv=((6, 16, 256), U8)),
+               "cache_kv: must have rank 4, [total_num_pages, "
+               "page_size_per_kv_packing, kv_packing, lkv_dim] (got shape "
+               "(6, 16, 256))", NOTHING),
+    StaticCase("cache_dtype", edit(cache_kv=((6, 16, 1, 128), F32)),
+               "cache_kv: dtype must be uint8 (packed FP8) or bfloat16 (got "
+               "float32)", edit(cache_kv=((6, 8, 2, 128), BF16))),
+    StaticCase("cache_kv_packing", edit(cache_kv=((6, 8, 2, 256), U8)),
+               "cache_kv: axis 2 (kv_packing) must be 4 for a uint8 cache "
+               "(got 2)", NOTHING),
+    StaticCase("cache_no_pages", edit(cache_kv=((0, 4, 4, 256), U8)),
+               "cache_kv: needs at least one page of at least one row (got "
+               "shape (0, 4, 4, 256))", edit(cache_kv=((1, 4, 4, 256), U8))),
+    StaticCase("cache_lkv_multiple_of_128", edit(cache_kv=((6, 4, 4, 200), U8)),
+               "cache_kv: lkv_dim (last axis) must be a multiple of 128 (got "
+               "200)", edit(cache_kv=((6, 4, 4, 384), U8))),
+    StaticCase("cache_fp8_record_width", edit(cache_kv=((6, 4, 4, 128), U8)),
+               "cache_kv: an FP8 record needs head_dim + 1 = 129 bytes (values "
+               "and the e8m0 scale) (got lkv_dim 128)", NOTHING),
+    StaticCase("cache_bf16_record_width",
+               edit(q=((T, H, 256), BF16), cache_kv=((6, 8, 2, 128), BF16)),
+               "cache_kv: a bf16 record needs head_dim = 256 values (got "
+               "lkv_dim 128)",
+               edit(q=((T, H, 256), BF16), cache_kv=((6, 8, 2, 256), BF16))),
+    StaticCase("seq_lens_dtype", edit(seq_lens=((S,), F32)),
+               "seq_lens: must be int32 (got float32)", NOTHING),
+    StaticCase("seq_lens_rank", edit(seq_lens=((S, 1), I32)),
+               "seq_lens: must have rank 1, [max_num_seqs] (got shape (6, 1))",
+               NOTHING),
+    StaticCase("seq_lens_empty",
+               edit(seq_lens=((0,), I32), cu_q_lens=((1,), I32)),
+               "seq_lens: needs at least one sequence slot (got shape (0,))",
+               edit(seq_lens=((1,), I32), cu_q_lens=((2,), I32),
+                    page_indices=((3,), I32))),
+    StaticCase("page_indices_dtype", edit(page_indices=((18,), jnp.int16)),
+               "page_indices: must be int32 (got int16)", NOTHING),
+    StaticCase("page_indices_vs_seq_lens", edit(page_indices=((19,), I32)),
+               "page_indices: length must be a positive multiple of "
+               "max_num_seqs (6), one row of pages per sequence (got 19)",
+               edit(page_indices=((24,), I32))),
+    StaticCase("cu_q_lens_vs_seq_lens", edit(cu_q_lens=((6,), I32)),
+               "cu_q_lens: length must be len(seq_lens) + 1 = 7 (got 6)",
+               NOTHING),
+    StaticCase("cu_q_lens_dtype", edit(cu_q_lens=((7,), jnp.uint32)),
+               "cu_q_lens: must be int32 (got uint32)", NOTHING),
+    StaticCase("causal_rule", edit(causal_rule="exact"),
+               "causal_rule: must be one of ('model', 'seed') (got 'exact')",
+               edit(causal_rule="seed")),
+]
+
+TOKEN_STATIC = COMMON_STATIC + [
+    StaticCase("distribution_length", edit(distribution=((2,), I32)),
+               "distribution: must have length 3: (i, j, n) (got length 2)",
+               NOTHING),
+    StaticCase("distribution_dtype", edit(distribution=((3,), F32)),
+               "distribution: must be int32 (got float32)", NOTHING),
+    StaticCase("k_zero", edit(k=0), "k: must be a positive int (got 0)",
+               edit(k=1)),
+    StaticCase("k_float", edit(k=8.0), "k: must be a positive int (got 8.0)",
+               edit(k=8)),
+    StaticCase("k_bool", edit(k=True), "k: must be a positive int (got True)",
+               edit(k=1)),
+    StaticCase("compression_ratio_zero", edit(compression_ratio=0),
+               "compression_ratio: must be a positive int (got 0)",
+               edit(compression_ratio=1)),
+    StaticCase("decode_req_batch_size_zero", edit(decode_req_batch_size=0),
+               "decode_req_batch_size: must be a positive int (got 0)",
+               edit(decode_req_batch_size=1)),
+    StaticCase("vmem_limit_bytes_zero", edit(vmem_limit_bytes=0),
+               "vmem_limit_bytes: must be a positive int (got 0)",
+               edit(vmem_limit_bytes=None)),
+    StaticCase("kv_block_not_multiple_of_128", edit(num_kv_pages_per_block=4),
+               "num_kv_pages_per_block: page_size * num_kv_pages_per_block "
+               "must be a multiple of 128 (TPU DMA tiles) for the decode case "
+               "(got 16 * 4 = 64)", edit(num_kv_pages_per_block=16)),
+    StaticCase("kv_block_prefill_case",
+               edit(num_kv_pages_per_block=(8, 12, 8)),
+               "num_kv_pages_per_block: page_size * num_kv_pages_per_block "
+               "must be a multiple of 128 (TPU DMA tiles) for the prefill "
+               "case (got 16 * 12 = 192)",
+               edit(num_kv_pages_per_block=(8, 16, 8))),
+    StaticCase("kv_block_pair", edit(num_kv_pages_per_block=(8, 8)),
+               "num_kv_pages_per_block: must be a positive int or a (decode, "
+               "prefill, mixed) tuple of three positive ints (got (8, 8))",
+               edit(num_kv_pages_per_block=(8, 8, 8))),
+    StaticCase("kv_block_numpy_int",
+               edit(num_kv_pages_per_block=np.int64(8)),
+               "num_kv_pages_per_block: must be a Python int or a (decode, "
+               "prefill, mixed) tuple; a NumPy integer is not accepted, pass "
+               "int(...) (got int64 8)", edit(num_kv_pages_per_block=8)),
+    StaticCase("q_block_zero", edit(num_queries_per_block=(1, 0, 8)),
+               "num_queries_per_block[1]: must be a positive int (got 0)",
+               edit(num_queries_per_block=(1, 1, 8))),
+]
+
+PAGE_STATIC = [
+    StaticCase("q_dtype", edit(q=((20, 4, 128), jnp.float16)),
+               "q: dtype must be bfloat16 or float32 (got float16)", NOTHING),
+    StaticCase("num_seqs_not_scalar", edit(num_seqs=((1,), I32)),
+               "num_seqs: must be a scalar (got shape (1,))", NOTHING),
+    StaticCase("num_seqs_float", edit(num_seqs=((), F32)),
+               "num_seqs: must be an integer (got dtype float32)", NOTHING),
+    StaticCase("k_pages_zero", edit(k_pages=0),
+               "k_pages: must be a positive int (got 0)", edit(k_pages=1)),
+    StaticCase("k_pages_past_columns", edit(k_pages=5),
+               "k_pages: must be <= pages_per_seq (4), the page-table columns "
+               "per sequence (got 5)", edit(k_pages=4)),
+    StaticCase("compression_ratio_not_1", edit(compression_ratio=2),
+               "compression_ratio: page mode supports compression_ratio == 1 "
+               "only (GLM); use streamindex_page_topk_ref for other ratios "
+               "(got 2)", edit(compression_ratio=1)),
+    StaticCase("compression_ratio_zero", edit(compression_ratio=0),
+               "compression_ratio: must be a positive int (got 0)",
+               edit(compression_ratio=1)),
+    StaticCase("kv_block_not_128", edit(num_kv_pages_per_block=64),
+               "num_kv_pages_per_block: page mode requires exactly 128 (one "
+               "lane row of pooled pages per block) (got 64)",
+               edit(num_kv_pages_per_block=128)),
+    StaticCase("q_block_tuple", edit(num_queries_per_block=(8, 8, 8)),
+               "num_queries_per_block: must be a positive int (got (8, 8, 8))",
+               edit(num_queries_per_block=16)),
+    StaticCase("vmem_limit_bytes_negative", edit(vmem_limit_bytes=-1),
+               "vmem_limit_bytes: must be a positive int (got -1)",
+               edit(vmem_limit_bytes=None)),
+]
+
+
+def exactly(message):
+  """`pytest.raises(match=...)` for the whole message (jax may append a note
+  about its filtered traceback on a line of its own)."""
+  return f"^{re.escape(message)}(\n|$)"
+
+
+def _applied(case_edit, specs, kw):
+  specs, kw = dict(specs), dict(kw)
+  case_edit(specs, kw)
+  return specs, kw
+
+
+@pytest.fixture
+def no_kernel_built(monkeypatch):
+  """Fails the test if a `pallas_call` is built."""
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("a pallas_call was built before the input check")
+
+  monkeypatch.setattr(pl, "pallas_call", refuse)
+
+
+@pytest.mark.parametrize("case", TOKEN_STATIC, ids=lambda c: c.id)
+def test_token_kernel_static_rule(case, no_kernel_built):
+  specs, kw = _applied(case.bad, token_specs(), TOKEN_KW)
+  with pytest.raises(ValueError, match=exactly(case.message)):
+    jax.eval_shape(functools.partial(si.streamindex_topk, **kw),
+                   *specs.values())
+  specs, kw = _applied(case.good, token_specs(), TOKEN_KW)
+  validate.static_validate_topk(
+      *specs.values(), **{**dict(vmem_limit_bytes=1, causal_rule="model",
+                                 decode_req_batch_size=4), **kw})
+
+
+@pytest.mark.parametrize("case", PAGE_STATIC, ids=lambda c: c.id)
+def test_page_kernel_static_rule(case, no_kernel_built):
+  specs, kw = _applied(case.bad, page_specs(), PAGE_KW)
+  with pytest.raises(ValueError, match=exactly(case.message)):
+    jax.eval_shape(functools.partial(si.streamindex_page_topk, **kw),
+                   *specs.values())
+  specs, kw = _applied(case.good, page_specs(), PAGE_KW)
+  validate.static_validate_page_topk(
+      *specs.values(), **{**dict(compression_ratio=1,
+                                 num_kv_pages_per_block=128,
+                                 vmem_limit_bytes=1, causal_rule="model"),
+                          **kw})
+
+
+def test_kernel_names_missing_block_sizes(no_kernel_built):
+  with pytest.raises(ValueError, match="^num_kv_pages_per_block and "
+                     "num_queries_per_block must be specified"):
+    jax.eval_shape(functools.partial(si.streamindex_topk, k=8,
+                                     compression_ratio=4),
+                   *token_specs().values())
+
+
+@pytest.mark.parametrize("mode", ["token", "page"])
+def test_kernels_trace_the_valid_neighbours(mode):
+  # The neighbours above pass the validator; here the whole kernel traces
+  # (every pallas_call built) on two of them and on the base inputs.
+  if mode == "token":
+    fn = si.streamindex_topk
+    base, kw = token_specs(), TOKEN_KW
+    neighbours = [NOTHING, edit(num_kv_pages_per_block=(8, 16, 8)),
+                  edit(q=((T, H, D), F32), vmem_limit_bytes=None)]
+    want = (T, TOKEN_KW["k"])
+  else:
+    fn = si.streamindex_page_topk
+    base, kw = page_specs(), PAGE_KW
+    neighbours = [NOTHING, edit(k_pages=4), edit(vmem_limit_bytes=None)]
+    want = (20, None)
+  for good in neighbours:
+    specs, kw2 = _applied(good, base, kw)
+    out = jax.eval_shape(functools.partial(fn, **kw2), *specs.values())
+    assert out.dtype == jnp.int32
+    assert out.shape[0] == want[0]
+    assert out.shape[1] == kw2.get("k", kw2.get("k_pages"))
+
+
+# --- value rules ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueCase:
+  """A bad value (`bad` edits the NumPy arrays) with the rule it breaks and
+  the message, and its valid neighbour."""
+
+  id: str
+  rule: str
+  bad: Callable[[dict], None]
+  message: str
+  good: Callable[[dict], None]
+
+
+def at(name, index, value):
+  def apply(arrays):
+    arrays[name][index] = value
+
+  return apply
+
+
+def put(name, value):
+  def apply(arrays):
+    arrays[name] = np.asarray(value, arrays[name].dtype)
+
+  return apply
+
+
+def arrays_of(names, args):
+  arrays = {}
+  for name, a in zip(names, args):
+    a = np.array(a) if a.dtype != jnp.bfloat16 else np.array(
+        a.astype(jnp.float32))
+    arrays[name] = a
+  return arrays
+
+
+def to_args(arrays, inputs):
+  out = []
+  for name, a in arrays.items():
+    dtype = inputs[name].dtype
+    out.append(jnp.asarray(a).astype(dtype))
+  return out
+
+
+NAN, INF = float("nan"), float("inf")
+D_MSG = "distribution: must be ordered 0 <= i <= j <= n <= max_num_seqs (6)"
+PAGE_IDX_RULE = ("page_indices: every slot must name a page of cache_kv, in "
+                 "[0, total_num_pages = {}) (the kernel silently clamps "
+                 "indices past the cache to the last page and prefetches "
+                 "unused slots too)")
+ORDER_RULE = ("cu_q_lens: must be non-decreasing over its whole length (query"
+              " lengths are >= 0; slots past the n sequences repeat "
+              "cu_q_lens[n])")
+Q_LEN_RULE = ("seq_lens: each sequence's q_len (cu_q_lens[b + 1] - "
+              "cu_q_lens[b]) must be <= its seq_len: its queries are its last "
+              "q_len tokens")
+COLUMNS_RULE = ("page_indices: too few page-table columns: every sequence "
+                "needs pages_per_seq ({}) >= ceil((seq_len // "
+                "compression_ratio) / page_size)")
+
+TOKEN_VALUE = [
+    ValueCase("i_after_j", "distribution_order", put("distribution", [4, 3, 5]),
+              f"{D_MSG} (got (i, j, n) = (4, 3, 5))",
+              put("distribution", [3, 3, 5])),
+    ValueCase("n_past_max_num_seqs", "distribution_order",
+              put("distribution", [3, 4, 7]),
+              f"{D_MSG} (got (i, j, n) = (3, 4, 7))",
+              # the padding slot (q_len 0, seq_len 0) as a mixed sequence
+              put("distribution", [3, 4, 6])),
+    ValueCase("negative_i", "distribution_order",
+              put("distribution", [-1, 4, 5]),
+              f"{D_MSG} (got (i, j, n) = (-1, 4, 5))",
+              # decode sequences may run in the prefill path
+              put("distribution", [0, 4, 5])),
+    ValueCase("prefill_sequence_in_decode_range", "decode_q_len",
+              put("distribution", [4, 4, 5]),
+              "distribution: the decode range [0, i) must hold only sequences "
+              "with q_len == 1 (got i = 4, sequence 3 has q_len 7)",
+              put("distribution", [3, 3, 5])),
+    ValueCase("cu_q_lens_not_from_0", "cu_q_lens_start",
+              put("cu_q_lens", [1, 2, 3, 4, 11, 31, 31]),
+              "cu_q_lens: must start at 0 (got cu_q_lens[0] = 1)",
+              put("cu_q_lens", [0, 1, 2, 3, 11, 31, 31])),
+    ValueCase("cu_q_lens_decreasing", "cu_q_lens_order",
+              at("cu_q_lens", 4, 31),
+              f"{ORDER_RULE} (got cu_q_lens[4] = 31 > cu_q_lens[5] = 30)",
+              at("cu_q_lens", 4, 30)),
+    ValueCase("cu_q_lens_decreasing_in_padding", "cu_q_lens_order",
+              at("cu_q_lens", 6, 29),
+              f"{ORDER_RULE} (got cu_q_lens[5] = 30 > cu_q_lens[6] = 29)",
+              at("cu_q_lens", 6, 31)),
+    ValueCase("query_rows_past_q", "cu_q_lens_fit",
+              put("cu_q_lens", [0, 1, 2, 3, 10, 33, 33]),
+              "cu_q_lens: the n sequences' query rows must fit in q's "
+              "max_num_tokens (32) (got cu_q_lens[n = 5] = 33)",
+              put("cu_q_lens", [0, 1, 2, 3, 10, 32, 32])),
+    ValueCase("negative_seq_len", "seq_lens_nonnegative",
+              at("seq_lens", 4, -1),
+              "seq_lens: must be >= 0 for each of the n sequences (got "
+              "seq_lens[4] = -1)",
+              # a padding slot is never read
+              at("seq_lens", 5, -1)),
+    ValueCase("q_len_past_seq_len", "q_len_le_seq_len",
+              at("seq_lens", 4, 19),
+              f"{Q_LEN_RULE} (got sequence 4: q_len 20 > seq_len 19)",
+              at("seq_lens", 4, 20)),
+    ValueCase("too_few_page_columns", "page_table_columns",
+              at("seq_lens", 4, 196),
+              COLUMNS_RULE.format(3) + " (got sequence 4: seq_len 196 -> 49 "
+              "entries -> 4 pages of 16)",
+              at("seq_lens", 4, 195)),
+    ValueCase("page_past_the_cache", "page_index_range",
+              at("page_indices", 12, 6),
+              PAGE_IDX_RULE.format(6) + " (got page_indices[12] = 6)",
+              at("page_indices", 12, 5)),
+    ValueCase("negative_page", "page_index_range",
+              at("page_indices", 0, -1),
+              PAGE_IDX_RULE.format(6) + " (got page_indices[0] = -1)",
+              at("page_indices", 0, 0)),
+    ValueCase("unused_slot_past_the_cache", "page_index_range",
+              at("page_indices", 15, 100),
+              PAGE_IDX_RULE.format(6) + " (got page_indices[15] = 100)",
+              at("page_indices", 15, 0)),
+    ValueCase("nan_query", "q_finite", at("q", (11, 2, 5), NAN),
+              "q: must be finite on the query rows of the n sequences (got a "
+              "NaN or inf in row 11)",
+              # padding rows are never read
+              at("q", (31, 2, 5), NAN)),
+    ValueCase("inf_weight", "indexer_weights_finite",
+              at("indexer_weights", (0, 1), INF),
+              "indexer_weights: must be finite on the query rows of the n "
+              "sequences (got a NaN or inf in row 0)",
+              at("indexer_weights", (30, 1), INF)),
+]
+
+PAGE_VALUE = [
+    ValueCase("num_seqs_past_max", "num_seqs_range", put("num_seqs", 6),
+              "num_seqs: must be in [0, max_num_seqs] = [0, 5] (got 6)",
+              put("num_seqs", 5)),
+    ValueCase("negative_num_seqs", "num_seqs_range", put("num_seqs", -1),
+              "num_seqs: must be in [0, max_num_seqs] = [0, 5] (got -1)",
+              put("num_seqs", 0)),
+    ValueCase("cu_q_lens_not_from_0", "cu_q_lens_start",
+              at("cu_q_lens", 0, -1),
+              "cu_q_lens: must start at 0 (got cu_q_lens[0] = -1)",
+              at("cu_q_lens", 0, 0)),
+    ValueCase("cu_q_lens_decreasing", "cu_q_lens_order",
+              at("cu_q_lens", 2, 17),
+              f"{ORDER_RULE} (got cu_q_lens[2] = 17 > cu_q_lens[3] = 16)",
+              at("cu_q_lens", 2, 16)),
+    ValueCase("query_rows_past_q", "cu_q_lens_fit",
+              put("cu_q_lens", [0, 3, 4, 21, 21, 21]),
+              "cu_q_lens: the n sequences' query rows must fit in q's "
+              "max_num_tokens (20) (got cu_q_lens[n = 4] = 21)",
+              put("cu_q_lens", [0, 3, 4, 20, 20, 20])),
+    ValueCase("negative_seq_len", "seq_lens_nonnegative",
+              at("seq_lens", 3, -1),
+              "seq_lens: must be >= 0 for each of the n sequences (got "
+              "seq_lens[3] = -1)", at("seq_lens", 4, -1)),
+    ValueCase("q_len_past_seq_len", "q_len_le_seq_len",
+              at("seq_lens", 2, 11),
+              f"{Q_LEN_RULE} (got sequence 2: q_len 12 > seq_len 11)",
+              at("seq_lens", 2, 12)),
+    ValueCase("too_few_page_columns", "page_table_columns",
+              at("seq_lens", 0, 65),
+              COLUMNS_RULE.format(4) + " (got sequence 0: seq_len 65 -> 65 "
+              "entries -> 5 pages of 16)", at("seq_lens", 0, 64)),
+    ValueCase("page_past_the_cache", "page_index_range",
+              at("page_indices", 0, 8),
+              PAGE_IDX_RULE.format(8) + " (got page_indices[0] = 8)",
+              at("page_indices", 0, 7)),
+    ValueCase("unused_slot_past_the_cache", "page_index_range",
+              at("page_indices", 16, 8),
+              PAGE_IDX_RULE.format(8) + " (got page_indices[16] = 8)",
+              at("page_indices", 16, 0)),
+    ValueCase("nan_query", "q_finite", at("q", (2, 0, 0), NAN),
+              "q: must be finite on the query rows of the n sequences (got a "
+              "NaN or inf in row 2)", at("q", (19, 0, 0), NAN)),
+    ValueCase("nan_weight", "indexer_weights_finite",
+              at("indexer_weights", (15, 3), NAN),
+              "indexer_weights: must be finite on the query rows of the n "
+              "sequences (got a NaN or inf in row 15)",
+              at("indexer_weights", (16, 3), NAN)),
+]
+
+
+def token_arrays(edit_fn):
+  arrays = arrays_of(TOKEN_NAMES, TOKEN.args)
+  edit_fn(arrays)
+  return to_args(arrays, dict(zip(TOKEN_NAMES, TOKEN.args)))
+
+
+def page_arrays(edit_fn):
+  arrays = arrays_of(PAGE_NAMES, PAGE.page_args)
+  edit_fn(arrays)
+  return to_args(arrays, dict(zip(PAGE_NAMES, PAGE.page_args)))
+
+
+@pytest.mark.parametrize("case", TOKEN_VALUE, ids=lambda c: c.id)
+def test_token_value_rule(case):
+  assert VALUE_RULE_IDS[case.rule] in case.message
+  with pytest.raises(ValueError, match=exactly(case.message)):
+    validate.validate_topk_inputs(*token_arrays(case.bad), **TOKEN_KW)
+  validate.validate_topk_inputs(*token_arrays(case.good), **TOKEN_KW)
+
+
+@pytest.mark.parametrize("case", PAGE_VALUE, ids=lambda c: c.id)
+def test_page_value_rule(case):
+  assert VALUE_RULE_IDS[case.rule] in case.message
+  with pytest.raises(ValueError, match=exactly(case.message)):
+    validate.validate_page_topk_inputs(*page_arrays(case.bad), **PAGE_KW)
+  validate.validate_page_topk_inputs(*page_arrays(case.good), **PAGE_KW)
+
+
+# Each rule's "<argument>: <rule>" head, with its static numbers left out.
+VALUE_RULE_IDS = {
+    rule_id: f"{r.argument}: {r.rule.split('{')[0]}"
+    for rule_id, r in validate.VALUE_RULES.items()
+}
+
+
+def test_every_value_rule_has_a_case_in_each_mode():
+  assert {c.rule for c in TOKEN_VALUE} == set(validate.TOPK_VALUE_RULES)
+  assert {c.rule for c in PAGE_VALUE} == set(validate.PAGE_TOPK_VALUE_RULES)
+
+
+def test_value_validators_run_the_static_checks_first():
+  with pytest.raises(ValueError,
+                     match=exactly("k: must be a positive int (got 0)")):
+    validate.validate_topk_inputs(*TOKEN.args, **{**TOKEN_KW, "k": 0})
+  with pytest.raises(ValueError, match=r"^k_pages: must be a positive int"):
+    validate.validate_page_topk_inputs(*PAGE.page_args, k_pages=0)
+
+
+# --- inside jit: checkify ---------------------------------------------------
+
+
+def test_checked_token_kernel_runs_the_kernel_on_valid_input():
+  err, idx = validate.checked_streamindex_topk(*TOKEN.args, **TOKEN_KW)
+  assert err.get() is None
+  err.throw()  # no-op
+  np.testing.assert_array_equal(idx, si.streamindex_topk(*TOKEN.args,
+                                                         **TOKEN_KW))
+
+
+@pytest.mark.parametrize("case", TOKEN_VALUE, ids=lambda c: c.id)
+def test_checked_token_kernel_reports_the_rule_and_skips_the_kernel(case):
+  err, idx = validate.checked_streamindex_topk(*token_arrays(case.bad),
+                                               **TOKEN_KW)
+  assert err.get() == f"{case.message} (`check` failed)"
+  with pytest.raises(checkify.JaxRuntimeError, match=re.escape(case.message)):
+    err.throw()
+  assert issubclass(checkify.JaxRuntimeError, ValueError)
+  np.testing.assert_array_equal(idx, np.full((T, TOKEN_KW["k"]), -1))
+
+
+def test_checked_page_kernel_runs_the_kernel_on_valid_input():
+  err, idx = validate.checked_streamindex_page_topk(*PAGE.page_args,
+                                                    **PAGE_KW)
+  assert err.get() is None
+  np.testing.assert_array_equal(
+      idx, si.streamindex_page_topk(*PAGE.page_args, **PAGE_KW))
+
+
+@pytest.mark.parametrize("case", PAGE_VALUE, ids=lambda c: c.id)
+def test_checked_page_kernel_reports_the_rule_and_skips_the_kernel(case):
+  err, idx = validate.checked_streamindex_page_topk(*page_arrays(case.bad),
+                                                    **PAGE_KW)
+  assert err.get() == f"{case.message} (`check` failed)"
+  np.testing.assert_array_equal(idx, np.full((20, PAGE_KW["k_pages"]), -1))
+
+
+def test_checked_kernel_inside_a_callers_jit():
+  bad = token_arrays(at("page_indices", 12, 6))
+
+  @jax.jit
+  def serve_step(*args):
+    err, idx = validate.checked_streamindex_topk(*args, **TOKEN_KW)
+    return err, idx
+
+  err, _ = serve_step(*bad)
+  assert err.get() == (PAGE_IDX_RULE.format(6) + " (got page_indices[12] = 6)"
+                       " (`check` failed)")
+  err, _ = serve_step(*TOKEN.args)
+  assert err.get() is None
+
+
+def test_check_inputs_inside_a_callers_checkify():
+  def f(*args):
+    ok = validate.check_topk_inputs(*args, compression_ratio=4)
+    return ok
+
+  checked = jax.jit(checkify.checkify(f, errors=checkify.user_checks))
+  err, ok = checked(*token_arrays(put("distribution", [4, 3, 5])))
+  assert not ok
+  assert err.get().startswith(f"{D_MSG} (got (i, j, n) = (4, 3, 5))")
+  err, ok = checked(*TOKEN.args)
+  assert ok and err.get() is None
+
+
+def test_checked_kernel_raises_static_rules_at_trace_time():
+  with pytest.raises(ValueError,
+                     match=exactly("k: must be a positive int (got 0)")):
+    validate.checked_streamindex_topk(*TOKEN.args, **{**TOKEN_KW, "k": 0})
+
+
+# --- the clamp the validators exist for -------------------------------------
+
+
+def test_kernel_silently_clamps_a_page_past_the_cache():
+  # What `page_past_the_cache` protects against: the kernel reads the last
+  # page instead and raises nothing; the validator refuses the table.
+  past = token_arrays(at("page_indices", 12, 6 + 40))
+  last = token_arrays(at("page_indices", 12, 5))
+  np.testing.assert_array_equal(si.streamindex_topk(*past, **TOKEN_KW),
+                                si.streamindex_topk(*last, **TOKEN_KW))
+  with pytest.raises(ValueError, match=r"got page_indices\[12\] = 46\)$"):
+    validate.validate_topk_inputs(*past, **TOKEN_KW)
