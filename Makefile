@@ -1,0 +1,70 @@
+# streamidx: build, test and workbook targets. `make help` lists them.
+#
+# The venv (.venv) holds exactly requirements.lock plus this package, editable.
+# Override the interpreter with `make PYTHON=/path/to/python3.11 ...`; a venv
+# already made with another one stays until `make distclean`.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+LOCK := requirements.lock
+STAMP := $(VENV)/.installed
+PIP := $(VPY) -m pip --disable-pip-version-check
+PYTEST_ARGS ?=
+WORKBOOK_ARGS ?=
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+.PHONY: help venv test workbook lab bench strip lock clean distclean
+
+help:
+	@echo "make venv      .venv from $(LOCK) + editable streamidx (re-runs when $(LOCK) or pyproject.toml change)"
+	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/)"
+	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
+	@echo "make lab       JupyterLab on notebooks/"
+	@echo "make bench     python -m streamidx.bench"
+	@echo "make strip     clear outputs and Colab metadata from notebooks/*.ipynb (keeps tags)"
+	@echo "make lock      re-resolve $(LOCK) with $(PYTHON) (newest versions)"
+	@echo "make clean     remove build outputs and caches; distclean also removes .venv"
+
+venv: $(STAMP)
+
+$(STAMP): $(LOCK) pyproject.toml
+	@test -n "$(PYTHON)" || { echo "make: no python3.11 or python3 on PATH; set PYTHON=" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "make: $(PYTHON) is $$($(PYTHON) --version 2>&1); $(LOCK) needs Python 3.11+" >&2; exit 1; }
+	@test -x $(VPY) || { echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing $(LOCK) into $(VENV)"
+	@$(PIP) install -qq --no-deps -r $(LOCK)
+	@out=$$($(PIP) check 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
+	@$(PIP) install -qq --no-deps --no-build-isolation -e .
+	@touch $@
+
+test: venv
+	$(VPY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS)
+
+workbook: venv
+	$(VPY) -m streamidx.workbook --profile default --html --out build/workbook $(WORKBOOK_ARGS)
+
+lab: venv
+	cd notebooks && ../$(VENV)/bin/jupyter lab
+
+bench: venv
+	$(VPY) -m streamidx.bench
+
+strip: venv
+	$(VPY) tools/strip_notebooks.py notebooks
+
+lock:
+	$(PYTHON) tools/update_lock.py
+
+clean:
+	rm -rf build .pytest_cache .hypothesis *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

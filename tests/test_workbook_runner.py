@@ -1,0 +1,161 @@
+"""Tests of the notebook runner (streamidx.workbook) on throwaway notebooks.
+
+Each papermill run starts a kernel (a couple of seconds), so the runs are few:
+a passing and a failing notebook through the command line, one with an
+injected CI parameter, one that times out. Configuration errors need no kernel.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from streamidx import workbook
+
+
+def make_notebook(folder: Path, name: str, params: str, *code: str) -> Path:
+  """Writes notebooks/NAME: a markdown cell, the parameters cell, then code."""
+  nb = nbformat.v4.new_notebook()
+  nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                               "language": "python"}
+  nb.cells.append(nbformat.v4.new_markdown_cell(f"# {name}"))
+  cell = nbformat.v4.new_code_cell(params)
+  cell.metadata["tags"] = ["parameters"]
+  nb.cells.append(cell)
+  nb.cells += [nbformat.v4.new_code_cell(src) for src in code]
+  path = folder / name
+  nbformat.write(nb, str(path))
+  return path
+
+
+def write_ci_parameters(folder: Path, table: dict) -> None:
+  (folder / workbook.CI_PARAMETERS_FILE).write_text(json.dumps(table))
+
+
+@pytest.fixture
+def nbdir(tmp_path):
+  folder = tmp_path / "notebooks"
+  folder.mkdir()
+  return folder
+
+
+OK_CODE = ("from pathlib import Path\n"
+           "Path(output_dir, 'result.txt').write_text('ok')\n"
+           "print('done')")
+
+
+def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
+  ok = make_notebook(nbdir, "01_ok.ipynb", "output_dir = 'out'", OK_CODE)
+  make_notebook(nbdir, "02_fail.ipynb", "output_dir = 'out'",
+                "raise ValueError('deliberate failure in code cell 2')",
+                "print('never runs')")
+  write_ci_parameters(nbdir, {"01_ok.ipynb": {}, "02_fail.ipynb": {}})
+  source_before = ok.read_text()
+  out = tmp_path / "build" / "ci"
+
+  code = workbook.main(["--profile", "ci", "--notebooks", str(nbdir),
+                        "--out", str(out), "--html", "--timeout", "60"])
+  printed = capsys.readouterr().out
+
+  assert code == 1
+  assert "01_ok.ipynb" in printed and "02_fail.ipynb" in printed
+  assert "02_fail.ipynb FAILED at code cell 2 (cells[2]" in printed
+  assert "ValueError: deliberate failure in code cell 2" in printed
+  assert printed.rstrip().endswith("1 passed, 1 failed")
+  # Executed copies and HTML in the build folder; the source is untouched.
+  assert ok.read_text() == source_before
+  executed = nbformat.read(str(out / "01_ok.ipynb"), as_version=4)
+  assert any("done" in o.get("text", "") for c in executed.cells
+             if c.cell_type == "code" for o in c.outputs)
+  assert (out / "01_ok.html").read_text().lstrip().startswith("<!DOCTYPE html>")
+  assert (out / "02_fail.html").exists()
+  assert (out / "01_ok" / "result.txt").read_text() == "ok"
+
+
+def test_run_notebook_injects_ci_parameters(nbdir, tmp_path):
+  path = make_notebook(nbdir, "01_params.ipynb",
+                       "output_dir = 'out'\nnum_tokens = 65536\ninterpret = False",
+                       "print(f'num_tokens={num_tokens} interpret={interpret}')")
+  write_ci_parameters(nbdir, {"01_params.ipynb": {"num_tokens": 128,
+                                                  "interpret": True}})
+  out = tmp_path / "build" / "ci"
+
+  result = workbook.run_notebook(path, profile="ci", out_dir=out, timeout=60)
+
+  assert result.ok, result.describe()
+  assert result.executed == out / "01_params.ipynb"
+  assert result.parameters == {"num_tokens": 128, "interpret": True,
+                               "output_dir": str(out.resolve() / "01_params")}
+  executed = nbformat.read(str(result.executed), as_version=4)
+  injected = [c for c in executed.cells
+              if "injected-parameters" in c.metadata.get("tags", [])]
+  assert len(injected) == 1
+  assert "num_tokens = 128" in injected[0].source
+  assert "num_tokens=128 interpret=True" in executed.cells[-1].outputs[0]["text"]
+
+
+def test_cell_timeout_names_the_cell(nbdir, tmp_path):
+  path = make_notebook(nbdir, "01_slow.ipynb", "output_dir = 'out'",
+                       "x = 1", "import time\ntime.sleep(60)")
+  write_ci_parameters(nbdir, {"01_slow.ipynb": {}})
+
+  result = workbook.run_notebook(path, profile="ci", out_dir=tmp_path / "out",
+                                 timeout=2)
+
+  assert not result.ok
+  assert result.failure.code_cell == 3
+  assert result.failure.cell_index == 3
+  assert "time.sleep(60)" in result.failure.source
+  assert "01_slow.ipynb FAILED at code cell 3" in result.describe()
+
+
+def test_parameters_for_profiles(nbdir, tmp_path):
+  path = make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'\nseed: int = 0")
+  write_ci_parameters(nbdir, {"01_a.ipynb": {"seed": 3}})
+  out_dir = str(tmp_path.resolve() / "01_a")
+  assert workbook.parameters_for(path, "default", tmp_path) == {"output_dir": out_dir}
+  assert workbook.parameters_for(path, "ci", tmp_path) == {"seed": 3,
+                                                           "output_dir": out_dir}
+
+
+def test_notebook_missing_from_ci_parameters_is_an_error(nbdir, tmp_path, capsys):
+  path = make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  make_notebook(nbdir, "02_b.ipynb", "output_dir = 'x'")
+  write_ci_parameters(nbdir, {"01_a.ipynb": {}})
+
+  with pytest.raises(workbook.WorkbookError, match="no entry for: 02_b.ipynb"):
+    workbook.run_notebook(path, profile="ci", out_dir=tmp_path / "out")
+  assert workbook.main(["--profile", "ci", "--notebooks", str(nbdir)]) == 2
+  assert "02_b.ipynb" in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"01_a.ipynb": {}, "09_gone.ipynb": {}}, "names no notebook .*09_gone.ipynb"),
+    ({"01_a.ipynb": {"bogus": 1}}, "not in its parameters cell: bogus"),
+    ({"01_a.ipynb": {"output_dir": "/tmp"}}, "sets 'output_dir'"),
+    ({"01_a.ipynb": 3}, "must be an object"),
+], ids=["unknown-notebook", "undeclared-parameter", "sets-output-dir", "not-an-object"])
+def test_bad_ci_parameters_are_errors(nbdir, table, message):
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  write_ci_parameters(nbdir, table)
+  with pytest.raises(workbook.WorkbookError, match=message):
+    workbook.load_ci_parameters(nbdir)
+
+
+def test_notebook_without_output_dir_parameter_is_an_error(nbdir, tmp_path):
+  path = make_notebook(nbdir, "01_a.ipynb", "n = 1")
+  with pytest.raises(workbook.WorkbookError, match="must declare 'output_dir'"):
+    workbook.parameters_for(path, "default", tmp_path)
+
+
+def test_only_selects_by_name_stem_or_number(nbdir):
+  paths = [make_notebook(nbdir, n, "output_dir = 'x'")
+           for n in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb")]
+  assert workbook.discover(nbdir) == paths
+  assert workbook._select(paths, ["03", "01_a", "02_b.ipynb"]) == paths
+  with pytest.raises(workbook.WorkbookError, match="no such notebook"):
+    workbook._select(paths, ["04"])

@@ -1,0 +1,77 @@
+"""Strips notebooks for review: outputs, execution counts, Colab metadata.
+
+    python tools/strip_notebooks.py [--check] [PATH ...]   (default: notebooks/)
+
+PATH is a notebook or a folder of them. Keeps cell tags, cell ids and the
+notebook's kernelspec. Removes:
+  - outputs and execution counts of code cells;
+  - Colab metadata: `colab`, `executionInfo`, `outputId` (notebook and cells);
+  - run-time metadata: `papermill`, `execution` (JupyterLab cell timing),
+    `widgets` (saved widget state, e.g. tqdm bars);
+  - cells papermill adds to executed copies (`injected-parameters`, error
+    markers), so an executed copy strips back to its source.
+With --check, writes nothing and exits 1 if any notebook would change
+(`tests/test_notebooks.py` checks the same things).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_KEYS = ("colab", "executionInfo", "papermill", "widgets")
+CELL_KEYS = ("colab", "executionInfo", "outputId", "papermill", "execution")
+PAPERMILL_TAGS = {"injected-parameters", "papermill-error-cell-tag"}
+
+
+def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+  """Strips `nb` in place and returns it."""
+  for key in NOTEBOOK_KEYS:
+    nb.metadata.pop(key, None)
+  nb.cells = [c for c in nb.cells
+              if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
+  for cell in nb.cells:
+    for key in CELL_KEYS:
+      cell.metadata.pop(key, None)
+    if cell.metadata.get("tags") == []:
+      del cell.metadata["tags"]
+    if cell.cell_type == "code":
+      cell.outputs = []
+      cell.execution_count = None
+  return nb
+
+
+def notebooks(paths: list[str]) -> list[Path]:
+  found = []
+  for p in map(Path, paths):
+    found += sorted(p.glob("*.ipynb")) if p.is_dir() else [p]
+  return found
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("paths", nargs="*", default=[str(ROOT / "notebooks")])
+  ap.add_argument("--check", action="store_true",
+                  help="change nothing; exit 1 if a notebook is not stripped")
+  args = ap.parse_args(argv)
+  dirty = []
+  for path in notebooks(args.paths):
+    original = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
+    stripped = strip(copy.deepcopy(original))
+    if stripped != original:  # content, not JSON formatting
+      dirty.append(path)
+      if not args.check:
+        nbformat.write(stripped, str(path))
+  verb = "not stripped" if args.check else "stripped"
+  for path in dirty:
+    print(f"{verb}: {path}")
+  return 1 if (args.check and dirty) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
