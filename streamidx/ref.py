@@ -102,13 +102,16 @@ def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
   def one_token(args):
     qt, wt, seq, pos = args
     seq_c = jnp.maximum(seq, 0)
-    kv = seq_values[seq_c]  # [E, D]
+    # `take`, not `seq_values[seq_c]`: with max_num_seqs == 1, XLA:CPU
+    # (jax 0.10.2) also miscompiles the indexing gather in lax.map's
+    # remainder batch (num_tokens % batch_size != 0), barrier or not.
+    kv = jnp.take(seq_values, seq_c, axis=0)  # [E, D]
     s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
     s = jnp.maximum(s, 0.0)
     s = s * wt[:, None]
     s = s.sum(axis=0)
     if seq_scales is not None:
-      s = s * seq_scales[seq_c]
+      s = s * jnp.take(seq_scales, seq_c, axis=0)
     kv_len = seq_lens[seq_c] // compression_ratio
     bound = causal_visible_bound(pos, compression_ratio, causal_rule)
     mask = (entry < kv_len) & (entry < bound) & (seq >= 0)

@@ -158,3 +158,24 @@ def test_reference_with_a_single_sequence_slot_and_many_entries(
             num_queries_per_block=(1, 8, 8))
   np.testing.assert_array_equal(si.streamindex_topk(*inp.args, **kw),
                                 si.streamindex_topk_ref(*inp.args, **kw))
+
+
+@pytest.mark.parametrize("heads,entries,rows,batch", [(4, 1024, 3, 2),
+                                                     (64, 256, 12, 5)])
+def test_reference_remainder_batch_with_a_single_sequence_slot(
+    heads, entries, rows, batch):
+  """lax.map's last, smaller batch of rows; XLA:CPU once miscompiled it."""
+  b = si.make_mixed_batch(prefill=[(rows, entries * 4)], page_size=16,
+                          compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=heads, fmt="fp8", seed=0)
+  got = np.asarray(si.token_scores(
+      *inp.args, compression_ratio=4,
+      chunk_bytes=batch * entries * (128 * 4 + 4 * heads)), np.float64)
+  want = oracle.scores(inp.q.astype(np.float32), inp.weights, inp.cache,
+                       b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
+                       ratio=4)
+  bound = oracle.f32_error_bound(inp.q.astype(np.float32), inp.weights,
+                                 inp.cache, inp.head_dim)
+  np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+  live = ~np.isneginf(want)
+  assert np.abs(got[live] - want[live]).max() <= bound

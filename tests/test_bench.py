@@ -1,0 +1,147 @@
+"""`python -m streamidx.bench --quick` runs end to end; its outputs hold.
+
+Timings are never asserted (this machine is shared): only that the run
+finished, that every implementation produced a result with the fields the
+README and notebooks read, and that every result agrees with the NumPy
+oracle (the bench's own exit status).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench")
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run(
+      [sys.executable, "-m", "streamidx.bench", "--quick", "--out", str(out),
+       "--no-progress"], capture_output=True, text=True, env=env,
+      timeout=600, check=False)
+  return proc, out
+
+
+def test_quick_run_exits_cleanly_and_prints_the_table(quick_run):
+  proc, out = quick_run
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "median ms" in proc.stdout
+  assert "geometric mean over shapes" in proc.stdout
+  assert (out / "bench.png").stat().st_size > 10_000
+
+
+def test_quick_json_has_every_implementation_on_every_shape(quick_run):
+  _, out = quick_run
+  doc = json.loads((out / "bench.json").read_text())
+  assert doc["schema"] == bench.SCHEMA
+  assert doc["settings"]["quick"] is True
+  assert doc["machine"]["kernel_mode"] in ("interpreted", "compiled")
+  shapes = [s["name"] for s in doc["shapes"]]
+  assert shapes == [s.name for s in bench.QUICK]
+  for s in doc["shapes"]:
+    assert s["visible_pairs"] > 0 and s["f32_score_bound"] > 0
+  got = {(r["shape"], r["impl"]) for r in doc["results"]}
+  assert got == {(s, i) for s in shapes for i in bench.IMPLEMENTATIONS}
+  for r in doc["results"]:
+    assert r["status"] == "ok", r
+    w = r["wall_s"]
+    assert len(w["runs"]) == doc["settings"]["repeats"] == 3
+    assert all(math.isfinite(x) and x > 0 for x in w["runs"])
+    assert w["min"] <= w["median"] <= w["max"]
+    assert r["entries_per_s"] > 0
+    m = r["memory"]
+    assert m["peak_rss_bytes"] >= m["rss_before_bytes"] > 0
+    if r["impl"] == "oracle":
+      assert m["xla"] is None
+    else:
+      assert m["xla"]["temp_bytes"] >= 0 and r["compile_s"] > 0
+    assert r["device"] is None  # no TPU here
+    a = r["agreement"]
+    assert a["vs_oracle"]["ok"], (r["shape"], r["impl"], a)
+    if r["impl"] != "reference":
+      assert a["vs_reference"]["ok_exact_ties"], (r["shape"], r["impl"], a)
+  ratios = doc["ratios"]["time_over_reference"]
+  for s in shapes:
+    assert ratios[s]["reference"] == 1.0
+    assert set(ratios[s]) == set(bench.IMPLEMENTATIONS)
+
+
+def test_kernel_and_streaming_are_identical_to_the_reference(quick_run):
+  """On CPU the interpreted kernel and both references agree bit for bit."""
+  _, out = quick_run
+  doc = json.loads((out / "bench.json").read_text())
+  for r in doc["results"]:
+    if r["impl"] in ("kernel", "streaming"):
+      assert r["agreement"]["vs_reference"]["identical"], r
+
+
+@pytest.mark.parametrize("text,kind,num_seqs,q_len,seq_len,k", [
+    ("decode:8x16384:512", "decode", 8, 1, 16384, 512),
+    ("prefill:128x16384:2048", "prefill", 1, 128, 16384, 2048),
+    ("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
+])
+def test_parse_shape(text, kind, num_seqs, q_len, seq_len, k):
+  s = bench.parse_shape(text)
+  assert (s.kind, s.num_seqs, s.q_len, s.seq_len, s.k) == (
+      kind, num_seqs, q_len, seq_len, k)
+  assert (s.num_heads, s.head_dim, s.compression_ratio) == (64, 128, 4)
+
+
+@pytest.mark.parametrize("text", ["decode:8:512", "sparse:8x16:4",
+                                  "decode:axb:1", "nosuchshape"])
+def test_parse_shape_rejects_bad_text_naming_the_flag(text):
+  with pytest.raises(ValueError, match="--shapes"):
+    bench.parse_shape(text)
+
+
+def test_bad_arguments_stop_before_anything_runs(tmp_path):
+  with pytest.raises(ValueError, match="implementations: 'gpu'"):
+    bench.run_sweep(bench.QUICK, implementations=("gpu",), out_dir=tmp_path)
+  with pytest.raises(ValueError, match="repeats: must be a positive int"):
+    bench.run_sweep(bench.QUICK, repeats=0, out_dir=tmp_path)
+  with pytest.raises(ValueError, match="one_shot: must be"):
+    bench.run_long_context(one_shot="maybe", out_dir=tmp_path)
+  assert not list(tmp_path.iterdir())
+
+
+def test_visible_pairs_match_the_reference_count():
+  for s in bench.QUICK + bench.SWEEP:
+    b = s.batch()
+    want = si.ref.visible_counts(b.seq_lens, b.cu_q_lens, b.num_seqs,
+                                 b.num_tokens,
+                                 compression_ratio=s.compression_ratio).sum()
+    assert s.visible_pairs() == want, s.name
+
+
+def test_random_cache_is_seeded_and_tiles_the_pages():
+  a = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  b = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  c = bench.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
+  assert a.shape == (12, 4, 4, 256) and a.dtype == np.uint8
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  keys = np.asarray(si.cache.unpack_cache(a))
+  # Standard normal keys: every page drawn (gcd(12, 8) = 4 pages a step).
+  assert np.all(keys.std(axis=(1, 2)) > 0.8)
+  assert abs(keys.mean()) < 0.05
+
+
+def test_device_times_off_tpu_report_no_device_lines():
+  """The TPU path's plumbing runs on CPU and says there is no device."""
+  import jax.numpy as jnp
+  shape = bench.QUICK[0]
+  out = bench._device_times(shape, "reference",  # pylint: disable=protected-access
+                            lambda: jnp.ones(4) + 1)
+  assert out["device_s"] is None and "not a TPU run" in out["source"]
+  assert "generation" not in out
