@@ -72,6 +72,35 @@ def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
   return jnp.where(live, seq, -1), pos
 
 
+def score_entries(qt, wt, kv, scale):
+  """One query row against a run of entries: the kernel's arithmetic order.
+
+  Args:
+    qt: [H, D] the row's queries (q's dtype).
+    wt: f32[H] its indexer weights.
+    kv: [E, D] stored key values (e4m3fn, bf16 or f32).
+    scale: f32[E] the FP8 records' power-of-two scales, or None.
+
+  Returns:
+    f32[E] unmasked scores: dot in f32, ReLU, weighted head sum, then scale.
+  """
+  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
+  s = jnp.maximum(s, 0.0)
+  s = s * wt[:, None]
+  s = s.sum(axis=0)
+  if scale is not None:
+    s = s * scale
+  return s
+
+
+def rows_per_batch(num_tokens: int, num_entries: int, num_heads: int,
+                   head_dim: int,
+                   chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> int:
+  """Query rows the one-shot reference scores per `lax.map` batch."""
+  per_token = num_entries * (head_dim * 4 + num_heads * 4)
+  return int(max(1, min(num_tokens, chunk_bytes // max(per_token, 1))))
+
+
 def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
             num_seqs, *, compression_ratio, causal_rule, one_token_per_seq,
             chunk_bytes):
@@ -106,19 +135,16 @@ def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     # (jax 0.10.2) also miscompiles the indexing gather in lax.map's
     # remainder batch (num_tokens % batch_size != 0), barrier or not.
     kv = jnp.take(seq_values, seq_c, axis=0)  # [E, D]
-    s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
-    s = jnp.maximum(s, 0.0)
-    s = s * wt[:, None]
-    s = s.sum(axis=0)
-    if seq_scales is not None:
-      s = s * jnp.take(seq_scales, seq_c, axis=0)
+    scale = (None if seq_scales is None else
+             jnp.take(seq_scales, seq_c, axis=0))
+    s = score_entries(qt, wt, kv, scale)
     kv_len = seq_lens[seq_c] // compression_ratio
     bound = causal_visible_bound(pos, compression_ratio, causal_rule)
     mask = (entry < kv_len) & (entry < bound) & (seq >= 0)
     return jnp.where(mask, s, -jnp.inf)
 
-  per_token = num_entries * (head_dim * 4 + num_heads * 4)
-  batch_size = int(max(1, min(num_tokens, chunk_bytes // max(per_token, 1))))
+  batch_size = rows_per_batch(num_tokens, num_entries, num_heads, head_dim,
+                              chunk_bytes)
   return jax.lax.map(one_token, (q, weights, seq_ids, positions),
                      batch_size=batch_size)
 

@@ -73,28 +73,7 @@ def _cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def _score_entries(qt, wt, kv, scale):
-  """One query row against a run of entries, as `ref._scores` computes it.
-
-  Args:
-    qt: [H, D] the row's queries (q's dtype).
-    wt: f32[H] its indexer weights.
-    kv: [E, D] stored key values (e4m3fn, bf16 or f32).
-    scale: f32[E] the FP8 records' power-of-two scales, or None.
-
-  Returns:
-    f32[E] unmasked scores.
-  """
-  # The one-shot reference's per-token body, operation for operation (see
-  # `ref._scores.one_token`); a change there must be mirrored here.
-  # tests/test_streaming.py checks that the two return identical indices.
-  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
-  s = jnp.maximum(s, 0.0)
-  s = s * wt[:, None]
-  s = s.sum(axis=0)
-  if scale is not None:
-    s = s * scale
-  return s
+_score_entries = ref_lib.score_entries  # one scorer for both references
 
 
 def _step_bytes_per_token(chunk_entries, num_heads, head_dim, lkv, k):
@@ -182,13 +161,8 @@ def _check_rule(causal_rule):
 
 def _one_shot_batch(num_tokens: int, num_entries: int, num_heads: int,
                     head_dim: int) -> int:
-  """Query rows the one-shot reference scores per `lax.map` batch.
-
-  `ref._scores`' own formula (with its default `chunk_bytes`).
-  """
-  per_token = num_entries * (head_dim * 4 + num_heads * 4)
-  chunk_bytes = ref_lib._DEFAULT_CHUNK_BYTES  # pylint: disable=protected-access
-  return int(max(1, min(num_tokens, chunk_bytes // max(per_token, 1))))
+  """Query rows the one-shot reference scores per `lax.map` batch."""
+  return ref_lib.rows_per_batch(num_tokens, num_entries, num_heads, head_dim)
 
 
 def _token_plan(num_tokens, num_entries, num_heads, head_dim, lkv, k, chunk,
