@@ -1,0 +1,140 @@
+"""Test helper: run a kernel and see the score matrix it ranked.
+
+The kernels return indices only; their score matrix (the operand of the
+final `jax.lax.approx_max_k` in `streamindex_topk`, of `jax.lax.top_k` in
+`streamindex_page_topk`) never leaves them. `KernelWithScores` re-jits the
+kernel's own Python function (`__wrapped__`: the very code of
+`streamidx.kernel`, unmodified) while that `jax.lax` function is replaced by
+one that also sends its operand to the host (`jax.debug.callback`). The
+callback is compiled into this private jit only; `streamidx`'s own jitted
+kernels are never traced with it.
+
+`assert_kernel_matches_reference` is the parity check the race, property and
+kernel tests share. Kernel and reference compute the same f32 sums in
+different XLA programs, which may order or fuse them differently, so their
+scores need not be bit-identical. Each is within `score_bound[t]` =
+`metrics.summation_error_bound(inputs, ...)[t]` of the exact score (a bound
+derived from the arithmetic, not from observed differences), so the check is:
+- no NaN, nothing but -inf past the reference's columns, and the same -inf
+  pattern as the reference (masking exact);
+- on every visible entry of row t, |kernel - reference| <= 2 * score_bound[t];
+- the kernel's indices are an exact (atol=0) top-k of the kernel's own
+  scores;
+- they match the reference's tie-aware (`metrics.assert_topk_match`), with
+  tie tolerance 4 * max_t score_bound[t] (`metrics.summation_atol`): an entry
+  one side selects and the other does not scores within that of the
+  reference's k-th score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import numpy as np
+
+from streamidx import kernel, metrics
+
+TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
+                "num_queries_per_block", "vmem_limit_bytes",
+                "decode_req_batch_size", "causal_rule")
+PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
+               "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
+
+
+@contextlib.contextmanager
+def _tap(name, sink):
+  original = getattr(jax.lax, name)
+
+  def tapped(operand, k, **kwargs):
+    jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
+    return original(operand, k, **kwargs)
+
+  setattr(jax.lax, name, tapped)
+  try:
+    yield
+  finally:
+    setattr(jax.lax, name, original)
+
+
+class KernelWithScores:
+  """`streamindex_topk` ("token") or `streamindex_page_topk` ("page") that
+  returns (indices, scores) as NumPy arrays.
+
+  scores: f32[T, columns] for "token" (the kernel's padded columns; the
+  first pages_per_seq * page_size are the reference's), f32[T,
+  pages_per_seq] for "page".
+  """
+
+  def __init__(self, mode: str):
+    if mode == "token":
+      fn, static, self._op = (kernel.streamindex_topk.__wrapped__,
+                              TOKEN_STATIC, "approx_max_k")
+    elif mode == "page":
+      fn, static, self._op = (kernel.streamindex_page_topk.__wrapped__,
+                              PAGE_STATIC, "top_k")
+    else:
+      raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
+    self._jit = jax.jit(fn, static_argnames=static)
+    self._sink: list[np.ndarray] = []
+
+  def __call__(self, *args, **kwargs):
+    self._sink.clear()
+    with _tap(self._op, self._sink):
+      idx = np.asarray(self._jit(*args, **kwargs))
+    jax.effects_barrier()
+    assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
+    return idx, self._sink[0]
+
+
+def assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores, *,
+                                    score_bound, label=""):
+  """Parity of a kernel run (indices, scores) with the reference's.
+
+  Args:
+    idx: i32[T, k] the kernel's indices; scores: f32[T, columns] the score
+      matrix it ranked (`KernelWithScores`).
+    ref_idx: i32[T, k] the reference's indices; ref_scores: f32[T, E] its
+      masked scores (E <= columns).
+    score_bound: f64[T] `metrics.summation_error_bound` of the inputs (same
+      compression_ratio, causal_rule and page_mode as the call).
+    label: prefixes failure messages.
+
+  Returns the largest |kernel - reference| score difference over visible
+  entries (0.0 when the scores are bit-identical).
+  """
+  idx, scores = np.asarray(idx), np.asarray(scores)
+  ref_idx, ref_scores = np.asarray(ref_idx), np.asarray(ref_scores)
+  score_bound = np.asarray(score_bound, np.float64)
+  where = f"{label}: " if label else ""
+  assert score_bound.shape == (ref_scores.shape[0],), score_bound.shape
+  assert not np.isnan(scores).any(), f"{where}NaN in the kernel's scores"
+  entries = ref_scores.shape[1]
+  assert scores.shape[1] >= entries
+  tail = scores[:, entries:]
+  assert np.all(tail == -np.inf), f"{where}score past the table columns"
+  got = scores[:, :entries]
+  visible = np.isfinite(ref_scores)
+  bad_mask = np.argwhere(np.isfinite(got) != visible)
+  assert not len(bad_mask), (
+      f"{where}masking differs at (row, entry) {bad_mask[:5].tolist()}")
+  diff = np.abs(np.where(visible, got, 0.0).astype(np.float64)
+                - np.where(visible, ref_scores, 0.0).astype(np.float64))
+  # Both sides are within score_bound of the exact score.
+  excess = diff > 2.0 * score_bound[:, None]
+  assert not excess.any(), (
+      f"{where}scores differ beyond twice the summation bound at (row, "
+      f"entry) {np.argwhere(excess)[:5].tolist()}")
+  # The kernel's own top-k is exact for its own scores ...
+  own = metrics.compare_topk(idx, _topk(got, idx.shape[1]), got)
+  assert own.ok, f"{where}not a top-k of the kernel's own scores: {own.detail}"
+  # ... and matches the reference's, ties within the summation atol.
+  atol = 4.0 * float(score_bound.max(initial=0.0))
+  metrics.assert_topk_match(idx, ref_idx, ref_scores, atol=atol, label=label)
+  return float(diff.max(initial=0.0))
+
+
+def _topk(scores, k):
+  from streamidx import ref  # pylint: disable=g-import-not-at-top
+
+  return np.asarray(ref.topk_from_scores(scores, k))
