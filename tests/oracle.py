@@ -91,9 +91,11 @@ def topk(s: np.ndarray, k: int) -> np.ndarray:
 def f32_error_bound(q, w, cache, head_dim: int) -> float:
   """A bound on |f32 score - exact score| for any entry of this batch.
 
-  Products of bf16/f32 queries with e4m3 or bf16 key values are exact in
-  f32; summing D of them, then H weighted terms, in f32 loses at most
-  (D + H + 2) units of roundoff relative to the sum of magnitudes.
+  For queries with bf16 values (the tests' case: bf16, or bf16 cast to f32)
+  the products with e4m3 or bf16 key values are exact in f32; summing D of
+  them, then H weighted terms, in f32 loses at most (D + H + 2) units of
+  roundoff relative to the sum of magnitudes. Not valid for queries with
+  full f32 mantissas.
   """
   q = np.abs(np.asarray(q, np.float64))
   keys = np.abs(decode_keys(cache, head_dim))
