@@ -146,6 +146,15 @@ def quantize_ue8m0(x):
   return values, pow2(e)
 
 
+def _quantize(x, scale: str):
+  """(values, per-record scale) with the "ue8m0" or the "float" scale."""
+  if scale == "ue8m0":
+    return quantize_ue8m0(x)
+  if scale == "float":
+    return quantize_float_scale(x)
+  raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
+
+
 def record_error(x, scale: str = "ue8m0") -> np.ndarray:
   """Relative L2 error per record, ||x - deq(q(x))|| / ||x||, f64[...].
 
@@ -153,12 +162,7 @@ def record_error(x, scale: str = "ue8m0") -> np.ndarray:
   Records that are all zero get error 0.
   """
   x = jnp.asarray(x, jnp.float32)
-  if scale == "ue8m0":
-    v, s = quantize_ue8m0(x)
-  elif scale == "float":
-    v, s = quantize_float_scale(x)
-  else:
-    raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
+  v, s = _quantize(x, scale)
   deq = np.asarray(v.astype(jnp.float32), np.float64) * np.asarray(
       s, np.float64)[..., None]
   xn = np.asarray(x, np.float64)
@@ -220,12 +224,7 @@ def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
   else:
     raise ValueError(f"granularity must be 'head' or 'token', got "
                      f"{granularity!r}")
-  if scale == "ue8m0":
-    v, s = quantize_ue8m0(x)
-  elif scale == "float":
-    v, s = quantize_float_scale(x)
-  else:
-    raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
+  v, s = _quantize(x, scale)
   v = v.reshape(t, h, d)
   s = jnp.broadcast_to(s.reshape(t, -1), (t, h))
   w = jnp.asarray(weights, jnp.float32) * s
