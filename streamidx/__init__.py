@@ -5,6 +5,8 @@ engineer imports; it loads no plotting or notebook code.
     streamindex_topk / streamindex_page_topk          the vendored kernels
                                                       (Pallas TPU; interpreted
                                                       off-TPU)
+    streamindex_topk_dense / _page_topk_dense         the same over the dense
+    pack_dense_fp8_cache                              FP8 cache (129 B/entry)
     streamindex_topk_ref / streamindex_page_topk_ref  pure-JAX twins
     VARIANTS, block_sizes                             the kernel variants by
                                                       name; the block-size table
@@ -25,16 +27,26 @@ from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
 from streamidx import streaming, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
+from streamidx.cache import pack_dense_fp8_cache
 from streamidx.checked import (checked_streamindex_page_topk,
-                               checked_streamindex_topk)
+                               checked_streamindex_page_topk_dense,
+                               checked_streamindex_topk,
+                               checked_streamindex_topk_dense)
+from streamidx.kernels.dense import (streamindex_page_topk_dense,
+                                     streamindex_topk_dense)
 from streamidx.kernels.vendored import streamindex_page_topk, streamindex_topk
 from streamidx.modes import (describe_machine, interpreter, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
-from streamidx.ref import (page_scores, streamindex_page_topk_ref,
-                           streamindex_topk_ref, token_scores)
+from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
+                           streamindex_page_topk_ref,
+                           streamindex_topk_dense_ref, streamindex_topk_ref,
+                           token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
-from streamidx.validate import validate_page_topk_inputs, validate_topk_inputs
+from streamidx.validate import (validate_page_topk_dense_inputs,
+                                validate_page_topk_inputs,
+                                validate_topk_dense_inputs,
+                                validate_topk_inputs)
 from streamidx.variants import VARIANTS, Variant, block_sizes
 
 __version__ = "0.1.0"
@@ -42,12 +54,17 @@ __version__ = "0.1.0"
 __all__ = [
     "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "RaggedBatch",
     "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
-    "checked_streamindex_page_topk", "checked_streamindex_topk",
+    "checked_streamindex_page_topk", "checked_streamindex_page_topk_dense",
+    "checked_streamindex_topk", "checked_streamindex_topk_dense",
     "describe_machine", "interpreter", "kernel_mode", "make_batch",
-    "make_inputs", "make_mixed_batch", "metrics", "modes", "page_scores",
+    "make_inputs", "make_mixed_batch", "metrics", "modes",
+    "pack_dense_fp8_cache", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
     "semantics", "set_interpreter", "streaming", "validate",
-    "validate_page_topk_inputs", "validate_topk_inputs", "variants",
-    "streamindex_page_topk", "streamindex_page_topk_ref", "streamindex_topk",
+    "validate_page_topk_dense_inputs", "validate_page_topk_inputs",
+    "validate_topk_dense_inputs", "validate_topk_inputs", "variants",
+    "streamindex_page_topk", "streamindex_page_topk_dense",
+    "streamindex_page_topk_dense_ref", "streamindex_page_topk_ref",
+    "streamindex_topk", "streamindex_topk_dense", "streamindex_topk_dense_ref",
     "streamindex_topk_ref", "token_scores",
 ]

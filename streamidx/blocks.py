@@ -74,6 +74,12 @@ _TPU_INFERENCE = (
     "(generation not stated); page size 128 entries there")
 _PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
                  "(num_kv_pages_per_block must be 128 there)")
+_DENSE = ("the vendored rows (tpu-inference's production sizes), kept for "
+          "the dense FP8 kernel: same launches and grid, so the same KV "
+          "blocks in entries; its per-block VMEM is smaller (129 instead of "
+          "256 B per entry); not tuned on a TPU")
+_DENSE_PAGE = ("the vendored page-mode defaults, kept for the dense FP8 page "
+               "kernel (num_kv_pages_per_block must be 128 there too)")
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
@@ -83,6 +89,13 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored_page", WILDCARD, None, None,
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_PAGE_DEFAULT),
+    BlockSizes(WILDCARD, "dense", "dense_fp8", None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_DENSE),
+    BlockSizes(WILDCARD, "dense_page", "dense_fp8", None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_DENSE_PAGE),
 )
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):

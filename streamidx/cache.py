@@ -30,6 +30,33 @@ the smallest power of two >= amax / 448 (448 is e4m3fn's largest finite
 value), so no value saturates.
 
 bf16 record: `head_dim` bf16 values, no scale (`lkv_dim = head_dim`).
+
+Dense FP8 cache ("dense_fp8", `pack_dense_fp8_cache`): the same e4m3 values
+and e8m0 exponents as the FP8 record (`quantize_fp8`), without the padding,
+in two arrays (129 B per entry at head_dim 128 instead of 256)::
+
+    cache_values  u8[total_num_pages, page_size // 4, 4, head_dim]
+                  reshapes to [total_num_pages, page_size, head_dim]: entry t
+                  of page P at [P, t // 4, t % 4, :] (the FP8 record's
+                  packing, lkv_dim = head_dim)
+    cache_scales  u8[total_num_pages, page_size // L, L], L = 128 when
+                  page_size is a multiple of 128, else page_size; reshapes to
+                  [total_num_pages, page_size]: entry t's e + 127 at t
+
+Why these shapes (checked with libtpu's compiler for v6e, see
+`dense_tpu_bytes_per_entry`): XLA tiles the two minor dimensions of a uint8
+array passed to a Pallas kernel as (4, 128) rows of 32-bit words,
+`T(4,128)(4,1)`. The values' minor dimensions (4, head_dim) are exactly one
+such row per 4 entries, so they carry no padding and a page is a slice of
+the leading (untiled) dimension: one DMA per page, at any page index, as for
+the FP8 record. A page's scales are its own leading-dimension slice too
+(`[page_size // L, L]`): a flat `[pages, page_size]` array is tiled
+`T(32, 128)` and a one-page DMA there is a sub-tile offset Mosaic rejects
+("Offsets along tiled dimensions must be aligned to tiles"). Each page's
+scale rows are padded to a multiple of 4 rows of 128 lanes in HBM: at page
+size 128 a page's 128 scale bytes occupy 512, so an entry costs 128 + 4 =
+132 B on the TPU (129 B of data), 128 + 2 at page size 256 and 129 from
+page size 512 up.
 """
 
 from __future__ import annotations
@@ -60,6 +87,12 @@ __all__ = [
     "unpack_cache",
     "unpack_cache_raw",
     "entry_location",
+    "e8m0_scales",
+    "dense_scale_lanes",
+    "pack_dense_fp8_cache",
+    "unpack_dense_fp8_cache",
+    "dense_tpu_bytes_per_entry",
+    "cache_pages",
     "CacheLayout",
     "CACHE_FORMATS",
 ]
@@ -203,23 +236,43 @@ def pack_cache(keys, fmt: CacheFormat):
 def unpack_cache_raw(cache, head_dim: int = 128):
   """Cache array -> the kernel's own operands, per entry.
 
+  `cache` is one array (the packed formats) or the dense FP8 pair
+  `(cache_values, cache_scales)`.
+
   Returns:
     (values [total_num_pages, page_size, head_dim], scales or None): for FP8
     the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]);
     for bf16 the bf16 keys and None.
   """
+  if isinstance(cache, (tuple, list)):
+    return unpack_dense_fp8_cache(*cache)
   cache = jnp.asarray(cache)
   pages, rows, packing, width = cache.shape
   flat = cache.reshape(pages, rows * packing, width)
   if cache.dtype == jnp.uint8:
     values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
                                           jnp.float8_e4m3fn)
-    # The kernel's own conversion: e8m0 byte -> bf16 -> f32 (exact for
-    # every power of two e8m0 holds; byte 255 is NaN).
-    scales = jax.lax.bitcast_convert_type(
-        flat[..., head_dim], jnp.float8_e8m0fnu).astype(jnp.bfloat16)
-    return values, scales.astype(jnp.float32)
+    return values, e8m0_scales(flat[..., head_dim])
   return flat[..., :head_dim], None
+
+
+def e8m0_scales(scale_bytes):
+  """u8 e8m0 bytes -> f32 scales 2**(byte - 127), the kernels' conversion.
+
+  e8m0 byte -> bf16 -> f32, exact for every power of two e8m0 holds (byte
+  255 is NaN).
+  """
+  scales = jax.lax.bitcast_convert_type(
+      jnp.asarray(scale_bytes, jnp.uint8), jnp.float8_e8m0fnu)
+  return scales.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+def cache_pages(cache) -> tuple[int, int]:
+  """(total_num_pages, page_size) of a cache array or a dense FP8 pair."""
+  if isinstance(cache, (tuple, list)):
+    values = cache[0]
+    return int(values.shape[0]), int(values.shape[1] * values.shape[2])
+  return int(cache.shape[0]), int(cache.shape[1] * cache.shape[2])
 
 
 def unpack_cache(cache, head_dim: int = 128):
@@ -229,6 +282,76 @@ def unpack_cache(cache, head_dim: int = 128):
   if scales is not None:
     keys = keys * scales[..., None]
   return keys
+
+
+# ---------------------------------------------------------------------------
+# The dense FP8 cache: values and scales in two arrays (see the module
+# docstring).
+
+DENSE_KV_PACKING = 4  # e4m3 bytes per 32-bit word, as for the FP8 record
+
+
+def dense_scale_lanes(page_size: int) -> int:
+  """L, the minor dimension of `cache_scales`: 128 or the whole page."""
+  return _LANES if page_size % _LANES == 0 else page_size
+
+
+def pack_dense_fp8_cache(keys):
+  """Builds the dense FP8 cache from keys laid out by physical page.
+
+  The values and exponents are `quantize_fp8(keys)`'s, those of the packed
+  "fp8" format, so both formats decode to identical keys.
+
+  Args:
+    keys: f32[total_num_pages, page_size, head_dim]; page_size a multiple of
+      4.
+
+  Returns:
+    (cache_values u8[total_num_pages, page_size // 4, 4, head_dim] (bytes of
+    float8_e4m3fn), cache_scales u8[total_num_pages, page_size // L, L] (e8m0
+    exponent bytes e + 127, L = `dense_scale_lanes(page_size)`)).
+  """
+  keys = jnp.asarray(keys, jnp.float32)
+  if keys.ndim != 3:
+    raise ValueError(
+        "keys must be [total_num_pages, page_size, head_dim], got shape "
+        f"{keys.shape}")
+  total_pages, page_size, head_dim = keys.shape
+  if page_size % DENSE_KV_PACKING:
+    raise ValueError(f"page_size ({page_size}) must be a multiple of "
+                     f"{DENSE_KV_PACKING} for the dense_fp8 cache")
+  values, exponents = quantize_fp8(keys)
+  value_bytes = jax.lax.bitcast_convert_type(values, jnp.uint8)
+  scale_bytes = (exponents + E8M0_BIAS).astype(jnp.uint8)
+  lanes = dense_scale_lanes(page_size)
+  return (value_bytes.reshape(total_pages, page_size // DENSE_KV_PACKING,
+                              DENSE_KV_PACKING, head_dim),
+          scale_bytes.reshape(total_pages, page_size // lanes, lanes))
+
+
+def unpack_dense_fp8_cache(cache_values, cache_scales):
+  """Dense FP8 pair -> (e4m3 values [pages, page_size, head_dim], f32 scales
+  [pages, page_size]), as `unpack_cache_raw` gives them for "fp8"."""
+  cache_values = jnp.asarray(cache_values)
+  pages, rows, packing, head_dim = cache_values.shape
+  values = jax.lax.bitcast_convert_type(
+      cache_values.reshape(pages, rows * packing, head_dim),
+      jnp.float8_e4m3fn)
+  scales = e8m0_scales(jnp.asarray(cache_scales).reshape(pages, -1))
+  return values, scales
+
+
+def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
+  """HBM bytes per entry of the dense FP8 cache as a TPU stores it.
+
+  The values carry no padding (head_dim B); a page's scale rows (page_size
+  // L of L lanes) are padded to whole (4, 128) tiles of `T(4,128)(4,1)`:
+  132 B at head_dim 128 and page size 128, 129 B from page size 512 up.
+  """
+  lanes = dense_scale_lanes(page_size)
+  rows = page_size // lanes
+  scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * _LANES
+  return head_dim + scale_bytes // page_size
 
 
 def entry_location(entry: int, page_table_row, page_size: int,
@@ -257,13 +380,18 @@ class CacheLayout:
     description: one line.
     pack: f32 keys [total_num_pages, page_size, head_dim] -> the tuple of
       cache arrays a kernel takes (one array for the packed formats).
-    bytes_per_entry: head_dim -> HBM bytes one entry occupies.
+    bytes_per_entry: head_dim -> bytes of one entry's data (what a DMA of
+      it moves; `dense_tpu_bytes_per_entry` adds the TPU tile padding of
+      the dense format's scales).
+    decodes_as: the format whose decoded keys (and so scores and summation
+      bound) this one's equal.
   """
 
   name: str
   description: str
   pack: Callable[..., tuple]
   bytes_per_entry: Callable[[int], int]
+  decodes_as: str = ""
 
 
 CACHE_FORMATS: dict[str, CacheLayout] = {
@@ -271,9 +399,14 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
         "fp8", "packed uint8 records: e4m3 values + one e8m0 scale byte, "
         "padded to whole 128-lane rows, kv_packing 4",
         lambda keys: (pack_cache(keys, "fp8"),),
-        lambda head_dim: record_bytes("fp8", head_dim)),
+        lambda head_dim: record_bytes("fp8", head_dim), "fp8"),
     "bf16": CacheLayout(
         "bf16", "bf16 keys, no scale, kv_packing 2",
         lambda keys: (pack_cache(keys, "bf16"),),
-        lambda head_dim: record_bytes("bf16", head_dim)),
+        lambda head_dim: record_bytes("bf16", head_dim), "bf16"),
+    "dense_fp8": CacheLayout(
+        "dense_fp8", "dense FP8: e4m3 values u8[pages, page_size/4, 4, "
+        "head_dim] and e8m0 scale bytes u8[pages, page_size/L, L] in two "
+        "arrays, 129 B/entry (132 B with the TPU's tile padding at page 128)",
+        pack_dense_fp8_cache, lambda head_dim: head_dim + 1, "fp8"),
 }

@@ -17,17 +17,20 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx.kernels import dense as dense_lib
 from streamidx.kernels import vendored as kernel_lib
 from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.validate import (check_page_topk_inputs, check_topk_inputs,
                                 static_validate_page_topk,
                                 static_validate_topk)
 
-__all__ = ["checked_streamindex_topk", "checked_streamindex_page_topk"]
+__all__ = ["checked_streamindex_topk", "checked_streamindex_page_topk",
+           "checked_streamindex_topk_dense",
+           "checked_streamindex_page_topk_dense"]
 
 _TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule")
+                "decode_req_batch_size", "causal_rule", "sort_decode")
 _PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
                      "causal_rule")
@@ -39,7 +42,7 @@ def checked_streamindex_topk(
     distribution, *, k, compression_ratio, num_kv_pages_per_block,
     num_queries_per_block,
     vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model"):
+    decode_req_batch_size=4, causal_rule="model", sort_decode=True):
   """`streamindex_topk` behind its value rules, usable inside `jit`.
 
   Same arguments as `streamidx.streamindex_topk`. Static rules raise
@@ -57,7 +60,7 @@ def checked_streamindex_topk(
                 num_queries_per_block=num_queries_per_block,
                 vmem_limit_bytes=vmem_limit_bytes,
                 decode_req_batch_size=decode_req_batch_size,
-                causal_rule=causal_rule)
+                causal_rule=causal_rule, sort_decode=sort_decode)
   args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
           distribution)
   static_validate_topk(*args, **static)
@@ -93,5 +96,60 @@ def checked_streamindex_page_topk(
                               errors=checkify.user_checks)(*args)
   indices = lax.cond(
       ok, lambda a: kernel_lib.streamindex_page_topk(*a, **static),
+      lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
+  return err, indices
+
+
+@functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
+def checked_streamindex_topk_dense(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, distribution, *, k, compression_ratio, num_kv_pages_per_block,
+    num_queries_per_block, vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
+    decode_req_batch_size=4, causal_rule="model", sort_decode=True):
+  """`streamindex_topk_dense` behind its value rules, usable inside `jit`.
+
+  Same arguments as `streamidx.streamindex_topk_dense`; returns (err,
+  indices) as `checked_streamindex_topk` does.
+  """
+  static = dict(k=k, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes,
+                decode_req_batch_size=decode_req_batch_size,
+                causal_rule=causal_rule, sort_decode=sort_decode)
+  cache = (cache_values, cache_scales)
+  rest = (seq_lens, page_indices, cu_q_lens, distribution)
+  static_validate_topk(q, indexer_weights, cache, *rest, **static)
+  checks = functools.partial(check_topk_inputs,
+                             compression_ratio=compression_ratio)
+  err, ok = checkify.checkify(checks, errors=checkify.user_checks)(
+      q, indexer_weights, cache, *rest)
+  args = (q, indexer_weights, cache_values, cache_scales) + rest
+  indices = lax.cond(
+      ok, lambda a: dense_lib.streamindex_topk_dense(*a, **static),
+      lambda a: jnp.full((q.shape[0], k), -1, jnp.int32), args)
+  return err, indices
+
+
+@functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
+def checked_streamindex_page_topk_dense(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, num_seqs, *, k_pages, compression_ratio=1,
+    num_kv_pages_per_block=128, num_queries_per_block=512,
+    vmem_limit_bytes=64 * 1024 * 1024, causal_rule="model"):
+  """`streamindex_page_topk_dense` behind its value rules (err, indices)."""
+  static = dict(k_pages=k_pages, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  cache = (cache_values, cache_scales)
+  rest = (seq_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs))
+  static_validate_page_topk(q, indexer_weights, cache, *rest, **static)
+  err, ok = checkify.checkify(check_page_topk_inputs,
+                              errors=checkify.user_checks)(
+                                  q, indexer_weights, cache, *rest)
+  args = (q, indexer_weights, cache_values, cache_scales) + rest
+  indices = lax.cond(
+      ok, lambda a: dense_lib.streamindex_page_topk_dense(*a, **static),
       lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
   return err, indices

@@ -5,6 +5,12 @@ one for the other (block-size and VMEM arguments are accepted and ignored):
 
 - `streamindex_topk_ref`       <-> `streamidx.streamindex_topk`
 - `streamindex_page_topk_ref`  <-> `streamidx.streamindex_page_topk`
+- `streamindex_topk_dense_ref` <-> `streamidx.streamindex_topk_dense`
+- `streamindex_page_topk_dense_ref` <-> `streamidx.streamindex_page_topk_dense`
+
+`cache_kv` may also be the dense FP8 pair `(cache_values, cache_scales)`
+(`streamidx.cache.pack_dense_fp8_cache`): it decodes to the same e4m3 values
+and scales as the packed "fp8" record of the same keys, and is scored alike.
 
 Semantics, for the query at absolute position p of sequence b
 (p = seq_len - q_len + i for its i-th query token):
@@ -49,6 +55,8 @@ __all__ = [
     "topk_from_scores",
     "streamindex_topk_ref",
     "streamindex_page_topk_ref",
+    "streamindex_topk_dense_ref",
+    "streamindex_page_topk_dense_ref",
 ]
 
 _DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
@@ -182,7 +190,7 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                 causal_rule: str = "model", one_token_per_seq: bool = False,
                 chunk_bytes: int = _DEFAULT_CHUNK_BYTES):
   """Page-pooled scores f32[T, pages_per_seq]: max over each page's entries."""
-  page_size = cache_kv.shape[1] * cache_kv.shape[2]
+  _, page_size = cache_lib.cache_pages(cache_kv)
   s = _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
               jnp.asarray(num_seqs, jnp.int32),
               compression_ratio=compression_ratio, causal_rule=causal_rule,
@@ -203,7 +211,7 @@ def topk_from_scores(scores, k: int):
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule"))
+                     "decode_req_batch_size", "causal_rule", "sort_decode"))
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -220,15 +228,17 @@ def streamindex_topk_ref(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    sort_decode: bool = True,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
-  Block sizes, `vmem_limit_bytes` and `decode_req_batch_size` only shape the
-  kernel's schedule; they are accepted for drop-in use and ignored. A float32
-  cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
+  Block sizes, `vmem_limit_bytes`, `decode_req_batch_size` and `sort_decode`
+  only shape the kernel's schedule; they are accepted for drop-in use and
+  ignored. A float32 cache (`cache.pack_cache(keys, "f32")`) is accepted too:
+  the exact baseline.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
-  del decode_req_batch_size
+  del decode_req_batch_size, sort_decode
   s = token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                    cu_q_lens, distribution,
                    compression_ratio=compression_ratio,
@@ -274,6 +284,26 @@ def streamindex_page_topk_ref(
                   causal_rule=causal_rule,
                   one_token_per_seq=one_token_per_seq)
   return topk_from_scores(s, k_pages)
+
+
+def streamindex_topk_dense_ref(q, indexer_weights, cache_values, cache_scales,
+                               seq_lens, page_indices, cu_q_lens, distribution,
+                               **static):
+  """Reference twin of `streamindex_topk_dense`: the dense FP8 pair scored
+  as `streamindex_topk_ref` scores the packed FP8 record (same keywords)."""
+  return streamindex_topk_ref(q, indexer_weights, (cache_values, cache_scales),
+                              seq_lens, page_indices, cu_q_lens, distribution,
+                              **static)
+
+
+def streamindex_page_topk_dense_ref(q, indexer_weights, cache_values,
+                                    cache_scales, seq_lens, page_indices,
+                                    cu_q_lens, num_seqs, **static):
+  """Reference twin of `streamindex_page_topk_dense` (keywords as
+  `streamindex_page_topk_ref`)."""
+  return streamindex_page_topk_ref(q, indexer_weights,
+                                   (cache_values, cache_scales), seq_lens,
+                                   page_indices, cu_q_lens, num_seqs, **static)
 
 
 def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,

@@ -9,6 +9,9 @@ import these definitions; none of them restates one.
                                          mixed), checked
     TokenLaunch, token_launches          the launches `streamindex_topk` makes
                                          for a distribution (i, j, n)
+    decode_blocks, decode_order          length-sorted decode batching (the
+    apply_decode_order,                  kernels' `sort_decode`): the order of
+    restore_decode_rows                  the decode range, and its undoing
     cdiv, align_to, LANES                the integer helpers
 
 Vocabulary (the vendored kernel's own):
@@ -163,3 +166,129 @@ def token_launches(distribution, decode_req_batch_size: int
       TokenLaunch("prefill", i, j, 1, None, 1),
       TokenLaunch("mixed", j, n, 1, None, 2),
   )
+
+
+# ---------------------------------------------------------------------------
+# Length-sorted decode batching (`sort_decode`).
+#
+# The batched decode launch groups the decode range [0, i) into consecutive
+# programs of d = decode_req_batch_size sequences and runs each program for
+# the KV blocks of its longest sequence; the last i % d sequences run alone
+# (`token_launches`). Reordering the range before grouping changes only how
+# many blocks are computed for nothing. The kernels permute the sequence
+# metadata (`apply_decode_order`), score in that order, and put the caller's
+# row order back on the top-k indices (`restore_decode_rows`).
+
+
+def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
+                  bkv_sz: int):
+  """i32[max_num_seqs]: KV blocks each decode sequence needs; 0 past i.
+
+  A sequence of seq_len tokens has seq_len // ratio entries and needs
+  max(1, cdiv(entries, bkv_sz)) blocks of bkv_sz entries (a program always
+  computes at least one). Traceable (JAX); NumPy inputs are accepted.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  seq_lens = jnp.asarray(seq_lens, jnp.int32)
+  live = jnp.arange(seq_lens.shape[0], dtype=jnp.int32) < num_decode
+  blocks = jnp.maximum(1, cdiv(jnp.maximum(seq_lens, 0) // compression_ratio,
+                               bkv_sz))
+  return jnp.where(live, blocks, 0)
+
+
+def _batched_cost(blocks_in_order, num_decode, d: int):
+  """Blocks computed by the decode launches for sequences in this order."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  s = blocks_in_order.shape[0]
+  grouped = num_decode // d * d
+  slot = jnp.arange(s, dtype=jnp.int32)
+  padded = jnp.pad(blocks_in_order, (0, (-s) % d)).reshape(-1, d)
+  group = jnp.arange(padded.shape[0], dtype=jnp.int32)
+  heads = jnp.where(group * d < grouped, padded.max(axis=1), 0)
+  alone = jnp.where((slot >= grouped) & (slot < num_decode), blocks_in_order,
+                    0)
+  return d * jnp.sum(heads) + jnp.sum(alone)
+
+
+def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
+                 decode_req_batch_size: int):
+  """The order `sort_decode` scores the decode range [0, i) in.
+
+  Returns (order i32[max_num_seqs], blocks_given i32[], blocks_sorted i32[]):
+  slot j of the decode launches scores sequence order[j] (order[j] = j for
+  j >= i, and when nothing is gained), and the KV blocks the decode launches
+  compute in the given order and in `order`.
+
+  Candidates, all in O(max_num_seqs * d) vector work (no sequential loop):
+  with the i sequences sorted by blocks, longest first (stable), and r = i %
+  d of them to run alone, candidate c (0 <= c <= r) lets the c longest and
+  the r - c shortest run alone and groups the rest consecutively (c = r is
+  "ascending" with the longest alone, c = 0 "descending"). The cheapest
+  candidate by the blocks computed wins; the given order wins ties, so the
+  sorted order never computes more blocks than the given one.
+
+  Args:
+    seq_lens: i32[max_num_seqs] tokens per sequence (traced or concrete).
+    num_decode: i, the length of the decode range (traced or concrete).
+    compression_ratio, bkv_sz: the decode launch's ratio and entries per KV
+      block (`num_kv_pages_per_block[0] * page_size`).
+    decode_req_batch_size: d.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  d = int(decode_req_batch_size)
+  seq_lens = jnp.asarray(seq_lens, jnp.int32)
+  s = seq_lens.shape[0]
+  n = jnp.clip(jnp.asarray(num_decode, jnp.int32), 0, s)
+  blocks = decode_blocks(seq_lens, n, compression_ratio=compression_ratio,
+                         bkv_sz=bkv_sz)
+  slot = jnp.arange(s, dtype=jnp.int32)
+  # Longest first; slots past i keep their place at the end (key 1 > -blocks).
+  desc = jnp.argsort(jnp.where(slot < n, -blocks, 1), stable=True).astype(
+      jnp.int32)
+  r = n % d
+  grouped = n - r
+  best = slot
+  best_cost = _batched_cost(blocks, n, d)
+  given_cost = best_cost
+  for c in range(d):
+    pos = jnp.where(slot < grouped, slot + c,
+                    jnp.where(slot < grouped + c, slot - grouped, slot))
+    order = desc[jnp.clip(pos, 0, s - 1)]
+    cost = _batched_cost(blocks[order], n, d)
+    take = (c <= r) & (cost < best_cost)
+    best = jnp.where(take, order, best)
+    best_cost = jnp.where(take, cost, best_cost)
+  return best, given_cost, best_cost
+
+
+def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
+  """The kernel's metadata in slot order.
+
+  Returns (seq_lens i32[S], page_indices i32[S * pages_per_seq], q_rows
+  i32[S]): slot j gets sequence order[j]'s length and page-table row, and
+  q_rows[j] = cu_q_lens[order[j]], the first query row it reads. cu_q_lens
+  itself is not permuted: it still gives each slot's query count (1 in the
+  decode range) and the row its scores are written to (slot j's own row),
+  so the decode launches' score rows are in slot order.
+  """
+  max_num_seqs = seq_lens.shape[0]
+  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  table = page_indices.reshape(max_num_seqs, pages_per_seq)
+  return (seq_lens[order], table[order].reshape(-1), cu_q_lens[:-1][order])
+
+
+def restore_decode_rows(rows, order):
+  """`rows` (top-k indices i32[T, k], slot order) back in the caller's order.
+
+  Decode sequence b owns token row b (q_len 1 from row 0), so slot j's row
+  j holds sequence order[j]'s result; row order[j] gets it back. Rows past
+  the decode range are unchanged (order is the identity there).
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  m = min(rows.shape[0], order.shape[0])
+  inverse = jnp.argsort(order)[:m]
+  return rows.at[:m].set(rows[inverse])

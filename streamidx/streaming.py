@@ -294,8 +294,8 @@ def _streaming_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule", "chunk_entries",
-                     "chunk_tokens"))
+                     "decode_req_batch_size", "causal_rule", "sort_decode",
+                     "chunk_entries", "chunk_tokens"))
 def streamindex_topk_streaming(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -312,13 +312,14 @@ def streamindex_topk_streaming(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    sort_decode: bool = True,
     chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
 ):
   """Streaming twin of `streamindex_topk_ref`: the same i32[T, k] indices.
 
-  Args: those of `streamindex_topk_ref` (block sizes, VMEM and decode batch
-  arguments are accepted and ignored), plus
+  Args: those of `streamindex_topk_ref` (block sizes, VMEM, decode batch and
+  decode order arguments are accepted and ignored), plus
     chunk_entries: sequence entries scored per scan step (static). Any
       positive int; it need not divide pages_per_seq * page_size, and is
       capped at it.
@@ -327,7 +328,7 @@ def streamindex_topk_streaming(
       batches its rows (`_token_plan`), for bit-identical scores.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
-  del decode_req_batch_size
+  del decode_req_batch_size, sort_decode
   _check_chunks(chunk_entries, chunk_tokens)
   _check_rule(causal_rule)
   return _streaming_topk(

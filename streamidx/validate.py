@@ -67,6 +67,8 @@ __all__ = [
     "static_validate_page_topk",
     "validate_topk_inputs",
     "validate_page_topk_inputs",
+    "validate_topk_dense_inputs",
+    "validate_page_topk_dense_inputs",
     "check_topk_inputs",
     "check_page_topk_inputs",
     "ValueRule",
@@ -125,9 +127,49 @@ def _check_vmem(vmem_limit_bytes):
     _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
 
 
+def _check_dense_cache(cache, head_dim):
+  """The dense FP8 pair (cache_values, cache_scales); returns page_size."""
+  if len(cache) != 2:
+    _fail("cache", "a dense FP8 cache is the pair (cache_values, "
+          "cache_scales)", f"{len(cache)} arrays")
+  values, scales = cache
+  _check_rank("cache_values", values, 4,
+              "[total_num_pages, page_size // 4, 4, head_dim]")
+  if jnp.dtype(values.dtype) != jnp.dtype(jnp.uint8):
+    _fail("cache_values", "must be uint8 (bytes of float8_e4m3fn)",
+          _dtype_name(values))
+  pages, rows, packing, width = values.shape
+  if packing != 4:
+    _fail("cache_values", "axis 2 (kv_packing) must be 4", packing)
+  if pages < 1 or rows < 1:
+    _fail("cache_values", "needs at least one page of at least one row",
+          f"shape {tuple(values.shape)}")
+  if width != head_dim:
+    _fail("cache_values", f"last axis must be q's head_dim ({head_dim})",
+          width)
+  page_size = rows * packing
+  lanes = 128 if page_size % 128 == 0 else page_size
+  want = (pages, page_size // lanes, lanes)
+  _check_rank("cache_scales", scales, 3,
+              "[total_num_pages, page_size // L, L], L = 128 when page_size "
+              "is a multiple of 128, else page_size")
+  if jnp.dtype(scales.dtype) != jnp.dtype(jnp.uint8):
+    _fail("cache_scales", "must be uint8 (e8m0 exponent bytes)",
+          _dtype_name(scales))
+  if tuple(scales.shape) != want:
+    _fail("cache_scales", f"shape must be {want} for cache_values of page "
+          f"size {page_size} (streamidx.pack_dense_fp8_cache)",
+          f"shape {tuple(scales.shape)}")
+  return page_size
+
+
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens, causal_rule):
-  """Rules both kernels share; returns (page_size, pages_per_seq)."""
+  """Rules both kernels share; returns (page_size, pages_per_seq).
+
+  `cache_kv` is one array (packed FP8 or bf16) or the dense FP8 pair
+  `(cache_values, cache_scales)`.
+  """
   _check_rank("q", q, 3, "[max_num_tokens, num_q_heads, head_dim]")
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in KERNEL_QUERY_DTYPES]:
     _fail("q", "dtype must be bfloat16 or float32", _dtype_name(q))
@@ -149,6 +191,17 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"shape must be q's [max_num_tokens, num_q_heads] = "
           f"{(num_tokens, num_heads)}", tuple(indexer_weights.shape))
 
+  if isinstance(cache_kv, (tuple, list)):
+    page_size = _check_dense_cache(cache_kv, head_dim)
+  else:
+    page_size = _check_packed_cache(cache_kv, head_dim)
+  _check_metadata(seq_lens, page_indices, cu_q_lens, causal_rule)
+  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
+  return page_size, pages_per_seq
+
+
+def _check_packed_cache(cache_kv, head_dim):
+  """The packed FP8 or bf16 cache array; returns page_size."""
   _check_rank("cache_kv", cache_kv, 4,
               "[total_num_pages, page_size_per_kv_packing, kv_packing, "
               "lkv_dim]")
@@ -172,7 +225,10 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
   if cdt == jnp.dtype(jnp.bfloat16) and lkv < head_dim:
     _fail("cache_kv", f"a bf16 record needs head_dim = {head_dim} values",
           f"lkv_dim {lkv}")
+  return rows * packing
 
+
+def _check_metadata(seq_lens, page_indices, cu_q_lens, causal_rule):
   _check_index_array("seq_lens", seq_lens, "[max_num_seqs]")
   max_num_seqs = seq_lens.shape[0]
   if max_num_seqs < 1:
@@ -190,19 +246,17 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"{max_num_seqs + 1}", cu_q_lens.shape[0])
   if causal_rule not in CAUSAL_RULES:
     _fail("causal_rule", f"must be one of {CAUSAL_RULES}", repr(causal_rule))
-  page_size = rows * packing
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
-  return page_size, pages_per_seq
 
 
 def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes, decode_req_batch_size,
-                         causal_rule):
+                         causal_rule, sort_decode=True):
   """Static rules of `streamindex_topk`; raises ValueError naming the argument.
 
-  Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s.
+  Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s; `cache_kv` one
+  array or the dense FP8 pair (`streamindex_topk_dense`).
   """
   page_size, _ = _check_common(q, indexer_weights, cache_kv, seq_lens,
                                page_indices, cu_q_lens, causal_rule)
@@ -213,6 +267,8 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   _check_positive_int("k", k)
   _check_positive_int("compression_ratio", compression_ratio)
   _check_positive_int("decode_req_batch_size", decode_req_batch_size)
+  if not isinstance(sort_decode, bool):
+    _fail("sort_decode", "must be True or False", repr(sort_decode))
   _check_vmem(vmem_limit_bytes)
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                           "num_kv_pages_per_block")
@@ -362,7 +418,10 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   i32 = lambda x: jnp.asarray(x, jnp.int32)
   num_tokens = q.shape[0]
   max_num_seqs = seq_lens.shape[0]
-  total_num_pages, rows, packing, _ = cache_kv.shape
+  if isinstance(cache_kv, (tuple, list)):  # the dense FP8 pair
+    total_num_pages, rows, packing, _ = cache_kv[0].shape
+  else:
+    total_num_pages, rows, packing, _ = cache_kv.shape
   page_size = rows * packing
   pages_per_seq = page_indices.shape[0] // max_num_seqs
   seq_lens = i32(seq_lens)
@@ -443,7 +502,8 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-                         decode_req_batch_size=4, causal_rule="model"):
+                         decode_req_batch_size=4, causal_rule="model",
+                         sort_decode=True):
   """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
 
   Same arguments as `streamidx.streamindex_topk`, with concrete arrays (not
@@ -457,7 +517,8 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      sort_decode=sort_decode)
   results = _evaluate_value_rules(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution, compression_ratio=int(compression_ratio), page_mode=False)
@@ -485,6 +546,26 @@ def validate_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       jnp.asarray(num_seqs, jnp.int32), compression_ratio=1, page_mode=True)
   _raise_first_broken(results, PAGE_TOPK_VALUE_RULES)
+
+
+def validate_topk_dense_inputs(q, indexer_weights, cache_values, cache_scales,
+                               seq_lens, page_indices, cu_q_lens, distribution,
+                               **static):
+  """Checks `streamindex_topk_dense`'s inputs (keywords as
+  `validate_topk_inputs`); raises ValueError."""
+  validate_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
+                       seq_lens, page_indices, cu_q_lens, distribution,
+                       **static)
+
+
+def validate_page_topk_dense_inputs(q, indexer_weights, cache_values,
+                                    cache_scales, seq_lens, page_indices,
+                                    cu_q_lens, num_seqs, **static):
+  """Checks `streamindex_page_topk_dense`'s inputs (keywords as
+  `validate_page_topk_inputs`); raises ValueError."""
+  validate_page_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
+                            seq_lens, page_indices, cu_q_lens, num_seqs,
+                            **static)
 
 
 # ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from streamidx import checked as checked_lib
 from streamidx import ref as ref_lib
 from streamidx import streaming as streaming_lib
 from streamidx import validate as validate_lib
-from streamidx.kernels import vendored
+from streamidx.kernels import dense, vendored
 
 MODES = ("token", "page")
 
@@ -141,7 +141,11 @@ class Variant:
   def scores(self, inputs, *, compression_ratio: int, fmt: str | None = None,
              causal_rule: str = "model"):
     """Exact masked scores the results are compared on: f32[T, entries or pages]."""
-    args = self.args(inputs, fmt)
+    cache = self.cache_arrays(inputs, fmt)
+    q, w, *rest = self.args(inputs, fmt)
+    # The references take a multi-array cache (dense FP8) as one tuple.
+    args = (q, w, cache[0] if len(cache) == 1 else tuple(cache),
+            *rest[len(cache):])
     if self.mode == "token":
       return ref_lib.token_scores(*args, compression_ratio=compression_ratio,
                                   causal_rule=causal_rule)
@@ -175,6 +179,33 @@ _REGISTRY = (
         checked=checked_lib.checked_streamindex_page_topk,
         cache_formats=("fp8", "bf16"),
         module=vendored.__name__,
+    ),
+    Variant(
+        name="dense",
+        description=("streamindex_topk_dense: token top-k over the dense "
+                     "FP8 cache (e4m3 values + separate e8m0 scales, 129 "
+                     "B/entry)"),
+        mode="token",
+        kernel=dense.streamindex_topk_dense,
+        reference=ref_lib.streamindex_topk_dense_ref,
+        streaming=None,
+        validate=validate_lib.validate_topk_dense_inputs,
+        checked=checked_lib.checked_streamindex_topk_dense,
+        cache_formats=("dense_fp8",),
+        module=dense.__name__,
+    ),
+    Variant(
+        name="dense_page",
+        description=("streamindex_page_topk_dense: page top-k over the "
+                     "dense FP8 cache, ratio 1 (GLM)"),
+        mode="page",
+        kernel=dense.streamindex_page_topk_dense,
+        reference=ref_lib.streamindex_page_topk_dense_ref,
+        streaming=None,
+        validate=validate_lib.validate_page_topk_dense_inputs,
+        checked=checked_lib.checked_streamindex_page_topk_dense,
+        cache_formats=("dense_fp8",),
+        module=dense.__name__,
     ),
 )
 

@@ -33,12 +33,13 @@ import contextlib
 import jax
 import numpy as np
 
+from streamidx.kernels import dense as dense_kernel
 from streamidx.kernels import vendored as kernel
-from streamidx import metrics
+from streamidx import metrics, semantics
 
 TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule")
+                "decode_req_batch_size", "causal_rule", "sort_decode")
 PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
 
@@ -64,16 +65,24 @@ class KernelWithScores:
 
   scores: f32[T, columns] for "token" (the kernel's padded columns; the
   first pages_per_seq * page_size are the reference's), f32[T,
-  pages_per_seq] for "page".
+  pages_per_seq] for "page". With `sort_decode` (the default) the kernel
+  ranks the decode rows in its slot order; they are put back in the
+  caller's order here (`semantics.decode_order`, as the kernel computes it),
+  so that row t is token t's scores, as in the reference.
   """
 
-  def __init__(self, mode: str):
+  def __init__(self, mode: str, *, dense: bool = False):
+    # dense: the dense FP8 kernels (`streamidx.kernels.dense`), whose cache
+    # is two arguments (cache_values, cache_scales).
+    token = dense_kernel.streamindex_topk_dense if dense else (
+        kernel.streamindex_topk)
+    page = dense_kernel.streamindex_page_topk_dense if dense else (
+        kernel.streamindex_page_topk)
+    self._cache_args = 2 if dense else 1
     if mode == "token":
-      fn, static, self._op = (kernel.streamindex_topk.__wrapped__,
-                              TOKEN_STATIC, "approx_max_k")
+      fn, static, self._op = (token.__wrapped__, TOKEN_STATIC, "approx_max_k")
     elif mode == "page":
-      fn, static, self._op = (kernel.streamindex_page_topk.__wrapped__,
-                              PAGE_STATIC, "top_k")
+      fn, static, self._op = (page.__wrapped__, PAGE_STATIC, "top_k")
     else:
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
     self._jit = jax.jit(fn, static_argnames=static)
@@ -85,7 +94,31 @@ class KernelWithScores:
       idx = np.asarray(self._jit(*args, **kwargs))
     jax.effects_barrier()
     assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
-    return idx, self._sink[0]
+    scores = self._sink[0]
+    if self._op == "approx_max_k":
+      scores = _caller_row_order(scores, args, kwargs, self._cache_args)
+    return idx, scores
+
+
+def _caller_row_order(scores, args, kwargs, cache_args):
+  """The token kernel's score rows (slot order) in the caller's order."""
+  d = kwargs.get("decode_req_batch_size", 4)
+  if not kwargs.get("sort_decode", True) or d == 1:
+    return scores
+  cache = args[2]
+  seq_lens, distribution = args[2 + cache_args], args[5 + cache_args]
+  page_size = cache.shape[1] * cache.shape[2]
+  bkv_p = semantics.normalize_per_case(kwargs["num_kv_pages_per_block"],
+                                       "num_kv_pages_per_block")[0]
+  order, _, _ = semantics.decode_order(
+      np.asarray(seq_lens), int(np.asarray(distribution)[0]),
+      compression_ratio=kwargs["compression_ratio"], bkv_sz=bkv_p * page_size,
+      decode_req_batch_size=d)
+  order = np.asarray(order)
+  m = min(scores.shape[0], order.shape[0])
+  out = scores.copy()
+  out[order[:m]] = scores[:m]  # slot j holds sequence order[j]'s row
+  return out
 
 
 def assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores, *,

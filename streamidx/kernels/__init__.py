@@ -3,6 +3,9 @@
     vendored   the vendored StreamIndex top-k kernel (tpu-inference, Apache-2.0)
                with its local modifications (ledger M1-Mn in its header):
                `streamindex_topk` (token mode) and `streamindex_page_topk`
+    dense      the same pipeline over the dense FP8 cache (values and e8m0
+               scales in two arrays, 129 B/entry):
+               `streamindex_topk_dense`, `streamindex_page_topk_dense`
 
 A kernel module imports `streamidx.semantics` (shared rules),
 `streamidx.validate` (static checks) and `streamidx.modes` (compiled or

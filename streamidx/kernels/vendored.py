@@ -72,6 +72,27 @@
 #     sizes), and the list of launches (`token_launches`: the wrapper loops
 #     over it instead of spelling out the four `run_topk_kernel` calls; same
 #     launches, same order, same arguments).
+# M-sort  Length-sorted decode batching (the seed's TODO above the launches).
+#     New static argument `sort_decode` (default True) of `streamindex_topk`:
+#     the decode range [0, i) is scored in the order
+#     `semantics.decode_order` picks (the cheapest, by KV blocks computed, of
+#     the given order and the length-sorted ones; never more blocks than the
+#     given order). The wrapper permutes the sequence metadata
+#     (`semantics.apply_decode_order`: seq_lens, page-table rows) and passes
+#     a new scalar prefetch `q_rows` (the first query row of each slot's
+#     sequence), from which `_fetch_bq` reads the queries and weights; each
+#     slot's query count and score rows still come from `cu_q_lens`, so the
+#     decode launches write their scores in slot order, and
+#     `semantics.restore_decode_rows` puts the caller's row order back on
+#     the top-k indices (a gather of [i, k] int32s, not of the score
+#     matrix). `sort_decode=False`, or `decode_req_batch_size=1`, keeps the
+#     given order (q_rows = cu_q_lens[:-1]: the same DMAs as before). Page
+#     mode gets q_rows = cu_q_lens[:-1].
+# M-empty  No empty launches. Each `pallas_call` runs under `lax.cond` on its
+#     range being non-empty (token mode: end > start per launch of
+#     `token_launches`; page mode: num_seqs > 0). An empty range's grid had
+#     no programs, but the launch itself (scalar prefetch copies, the
+#     aliased score buffer, the kernel launch) still ran.
 """TPU-Friendly StreamIndex Top-K kernel."""
 
 import enum
@@ -137,6 +158,7 @@ def _scores_kernel(
     seq_lens_ref,  # [max_num_seqs]
     page_indices_ref,  # [max_num_seqs * pages_per_seq]
     cu_q_lens_ref,  # [max_num_seqs + 1]
+    q_rows_ref,  # [max_num_seqs] streamidx (M-sort): first q row of each slot
     start_end_seq_idx_ref,  # [2] (start_seq_idx, end_seq_idx)
     sem_ids_ref,  # [3] (bq_sem_idx, bkv_sem_idx, bo_sem_idx)
     bo_sz_ref,  # [2] row count of each output buffer's in-flight DMA (-1 = none)
@@ -317,16 +339,19 @@ def _scores_kernel(
       q_len_start = cu_q_lens_ref[seq_idx + batch_idx] + bq_idx * bq_sz
       curr_q_end = cu_q_lens_ref[seq_idx + batch_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - q_len_start))
+      # streamidx (M-sort): the slot's sequence's rows (q_rows_ref is
+      # cu_q_lens[:-1] unless the decode range is reordered).
+      q_src_start = q_rows_ref[seq_idx + batch_idx] + bq_idx * bq_sz
 
       if not wait:
         _async_copy(
-            q_hbm_ref.at[pl.ds(q_len_start, sz)],
+            q_hbm_ref.at[pl.ds(q_src_start, sz)],
             bq_vmem_ref.at[pl.ds(0, sz)],
             sem,
             wait=False,
         )
         _async_copy(
-            indexer_weights_hbm_ref.at[pl.ds(q_len_start, sz)],
+            indexer_weights_hbm_ref.at[pl.ds(q_src_start, sz)],
             bq_weights_vmem_ref.at[pl.ds(0, sz)],
             weights_sem,
             wait=False,
@@ -687,6 +712,7 @@ def prepare_outputs(out):
         "vmem_limit_bytes",
         "decode_req_batch_size",
         "causal_rule",
+        "sort_decode",
     ),
 )
 def streamindex_topk(
@@ -705,6 +731,7 @@ def streamindex_topk(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    sort_decode: bool = True,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
 
@@ -731,6 +758,10 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): compressed entry s is
       visible to the query at absolute position p iff s < (p + 1) // ratio,
       as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
+    sort_decode: streamidx (M-sort). True (default): score the decode range
+      in the order `streamidx.semantics.decode_order` picks (never more KV
+      blocks than the given order); the result rows are in the caller's
+      order either way. False: the given order.
 
   Returns:
     Top-K indices (in compressed space).
@@ -746,7 +777,8 @@ def streamindex_topk(
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      sort_decode=sort_decode)
   num_kv_pages_per_blocks = semantics.normalize_per_case(
       num_kv_pages_per_block, "num_kv_pages_per_block")
   num_queries_per_blocks = semantics.normalize_per_case(
@@ -785,6 +817,7 @@ def streamindex_topk(
       seq_lens,
       page_indices,
       cu_q_lens,
+      q_rows,
       start_seq_idx,
       end_seq_idx,
       static_q_len,
@@ -871,6 +904,7 @@ def streamindex_topk(
         seq_lens,
         page_indices,
         cu_q_lens,
+        q_rows,  # streamidx (M-sort)
         jnp.array([start_seq_idx, end_seq_idx], jnp.int32),
         jnp.zeros((3,), jnp.int32),  # (bq, bkv, bo) sem indices
         jnp.full((2,), -1, jnp.int32),  # in-flight out DMA row counts
@@ -935,17 +969,30 @@ def streamindex_topk(
   # chunked-prefill range [i, j) with the prefill block sizes and each
   # sequence's own (dynamic) q_len (the seed ran [i, j) as decode, scoring
   # only the first query of each sequence), and the mixed range [j, n).
+  # streamidx (M-sort): the decode range in the order it is scored in.
+  order = None
+  kernel_seq_lens, kernel_page_indices = seq_lens, page_indices
+  q_rows = cu_q_lens[:-1]
+  if sort_decode and decode_req_batch_size > 1:
+    order, _, _ = semantics.decode_order(
+        seq_lens, distribution[0], compression_ratio=compression_ratio,
+        bkv_sz=num_kv_pages_per_blocks[0] * page_size,
+        decode_req_batch_size=decode_req_batch_size)
+    kernel_seq_lens, kernel_page_indices, q_rows = (
+        semantics.apply_decode_order(order, seq_lens, page_indices,
+                                     cu_q_lens))
   scores = scores_init
   for launch in semantics.token_launches(distribution, decode_req_batch_size):
     c = launch.block_case
-    scores = run_topk_kernel(
+    run = functools.partial(
+        run_topk_kernel,
         q,
         prepared_indexer_weights,
         cache_kv,
-        scores,
-        seq_lens,
-        page_indices,
-        cu_q_lens,
+        seq_lens=kernel_seq_lens,
+        page_indices=kernel_page_indices,
+        cu_q_lens=cu_q_lens,
+        q_rows=q_rows,
         num_kv_pages_per_block=num_kv_pages_per_blocks[c],
         num_queries_per_block=num_queries_per_blocks[c],
         start_seq_idx=launch.start,
@@ -954,6 +1001,9 @@ def streamindex_topk(
         seq_batch_size=launch.seq_batch_size,
         case=_MLA_CASE[launch.case],
     )
+    # streamidx (M-empty): an empty range launches nothing.
+    scores = lax.cond(launch.end > launch.start,
+                      lambda s, run=run: run(scores=s), lambda s: s, scores)
 
   scores = scores.reshape(q.shape[0], -1)
   if scores.shape[1] < k:
@@ -971,7 +1021,10 @@ def streamindex_topk(
   # but faster.
   top_vals, top_idxs = jax.lax.approx_max_k(scores, k, reduction_dimension=-1, recall_target=1.0)
   topk_idxs = jnp.where(top_vals == -jnp.inf, -1, top_idxs)
-  return topk_idxs[: q.shape[0], :k]
+  topk_idxs = topk_idxs[: q.shape[0], :k]
+  if order is not None:  # streamidx (M-sort): the caller's row order
+    topk_idxs = semantics.restore_decode_rows(topk_idxs, order)
+  return topk_idxs
 
 
 @functools.partial(
@@ -1072,6 +1125,7 @@ def streamindex_page_topk(
       seq_lens,
       page_indices,
       cu_q_lens,
+      cu_q_lens[:-1],  # streamidx (M-sort): q_rows, in the given order
       jnp.stack([jnp.int32(0), num_seqs.astype(jnp.int32)]),
       jnp.zeros((3,), jnp.int32),
       jnp.full((2,), -1, jnp.int32),
@@ -1109,7 +1163,12 @@ def streamindex_page_topk(
           interpret=interpret,
       )
   )
-  page_scores = kernel(*scalar_prefetches, q, prepared_indexer_weights, cache_kv, scores_init)
+  # streamidx (M-empty): no sequence, no launch.
+  page_scores = lax.cond(
+      num_seqs > 0,
+      lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,
+                       cache_kv, s),
+      lambda s: s, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
   top_vals, top_idxs = jax.lax.top_k(page_scores, k_pages)
   return jnp.where(top_vals > -jnp.inf, top_idxs, -1)

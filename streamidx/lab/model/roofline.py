@@ -97,10 +97,10 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
   cols = p.num_score_cols
   moved = {kind: n for kind, n in ((k_, p.counts()[f"bytes_{k_}"])
                                     for k_ in ("kv", "q", "w", "out"))}
-  # Scalar prefetch: every launch copies seq_lens, the page table, cu_q_lens
-  # (and three small arrays) into SMEM.
+  # Scalar prefetch: every launch copies seq_lens, the page table, cu_q_lens,
+  # q_rows (M-sort) and three small arrays into SMEM.
   per_launch = 4 * (g.max_num_seqs + g.max_num_seqs * g.pages_per_seq
-                    + g.max_num_seqs + 1 + 2 + 3 + 2)
+                    + g.max_num_seqs + 1 + g.max_num_seqs + 2 + 3 + 2)
   flops = vpu = 0
   for launch in p.launches:
     for pr in launch.programs:

@@ -60,6 +60,7 @@ __all__ = [
     "vmem_budget",
     "block_waste",
     "SORTS",
+    "KERNEL_SORT",
     "batching_order",
     "decode_batch_waste",
 ]
@@ -194,6 +195,16 @@ class Plan:
   page_indices: np.ndarray  # [max_num_seqs * pages_per_seq]
   compression_ratio: int
   num_score_cols: int  # columns of the [T, cols] f32 score buffer in HBM
+  # Slot j of the launches scores sequence order[j] (`sort_decode`);
+  # seq_lens and page_indices above are in slot order, q_lens and cu_q_lens
+  # are each slot's own (equal in the decode range, all q_len 1).
+  order: tuple[int, ...] = ()
+
+  @property
+  def executed(self) -> tuple["Launch", ...]:
+    """The launches that run: those with programs (an empty range launches
+    nothing, local modification M-empty)."""
+    return tuple(l for l in self.launches if l.grid)
 
   def counts(self) -> dict:
     """DMA starts ("dma_kv", "dma_q", "dma_w", "dma_out") and their bytes,
@@ -259,7 +270,7 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
 def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
          q_dtype: str = "bfloat16", mode: str = "token",
          num_kv_pages_per_block=(3, 2, 2), num_queries_per_block=(1, 128, 128),
-         decode_req_batch_size: int = 4) -> Plan:
+         decode_req_batch_size: int = 4, sort_decode: bool = True) -> Plan:
   """The launches, programs and loop trip counts of one kernel call.
 
   Args:
@@ -270,11 +281,26 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
     num_kv_pages_per_block, num_queries_per_block: as the kernel takes them
       (page mode: two ints, the kernel requires num_kv_pages_per_block=128).
     decode_req_batch_size: decode sequences per program (token mode).
+    sort_decode: the kernel's option (token mode, default True): the decode
+      range in `semantics.decode_order`'s order; the plan's programs and
+      DMAs are then those of the sorted slots (`Plan.order`).
   """
   g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
                q_dtype=q_dtype)
   ratio = int(batch.compression_ratio)
   seq_lens = [int(x) for x in batch.seq_lens]
+  page_indices = np.asarray(batch.page_indices)
+  order = tuple(range(len(seq_lens)))
+  if (mode == "token" and sort_decode and int(decode_req_batch_size) > 1):
+    nkv0 = semantics.normalize_per_case(num_kv_pages_per_block,
+                                        "num_kv_pages_per_block")[0]
+    perm, _, _ = semantics.decode_order(
+        np.asarray(batch.seq_lens), int(batch.distribution[0]),
+        compression_ratio=ratio, bkv_sz=nkv0 * g.page_size,
+        decode_req_batch_size=int(decode_req_batch_size))
+    order = tuple(int(x) for x in np.asarray(perm))
+    seq_lens = [seq_lens[o] for o in order]
+    page_indices = page_indices.reshape(len(order), -1)[list(order)].reshape(-1)
   cu = [int(x) for x in batch.cu_q_lens]
   q_lens = [cu[i + 1] - cu[i] for i in range(len(seq_lens))]
   kv_lens = [s // ratio for s in seq_lens]
@@ -332,7 +358,7 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
   else:
     raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
   return Plan(mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
-              tuple(cu), np.asarray(batch.page_indices), ratio, num_cols)
+              tuple(cu), page_indices, ratio, num_cols, order)
 
 
 # ---------------------------------------------------------------------------
@@ -374,7 +400,8 @@ def expected_dma_events(p: Plan) -> list[Event]:
   q_row_bytes = g.num_q_heads * g.head_dim * g.q_itemsize
   w_row_bytes = g.num_q_heads * 4
   out = []
-  for li, launch in enumerate(p.launches):
+  # Launch numbers as the interpreter counts them: empty launches don't run.
+  for li, launch in enumerate(p.executed):
     b = launch.seq_batch_size
     bq, bkv_p = launch.bq_sz, launch.bkv_p
     if launch.case == "page":
@@ -501,10 +528,12 @@ def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
         yield eqn
         continue
       for v in eqn.params.values():
-        if isinstance(v, core.ClosedJaxpr):
-          yield from walk(v.jaxpr)
-        elif isinstance(v, core.Jaxpr):
-          yield from walk(v)
+        # A launch under `lax.cond` (M-empty) sits in its `branches` tuple.
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+          if isinstance(sub, core.ClosedJaxpr):
+            yield from walk(sub.jaxpr)
+          elif isinstance(sub, core.Jaxpr):
+            yield from walk(sub)
 
   out = []
   for eqn in walk(jaxpr.jaxpr):
@@ -578,6 +607,9 @@ def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> di
 
 
 SORTS = ("none", "ascending", "descending", "optimal")
+# The order the kernels' `sort_decode` uses (`semantics.decode_order`), also
+# accepted by `batching_order` and `decode_batch_waste`.
+KERNEL_SORT = "kernel"
 
 
 def batching_order(blocks: Sequence[int], decode_req_batch_size: int,
@@ -588,21 +620,30 @@ def batching_order(blocks: Sequence[int], decode_req_batch_size: int,
   The kernel batches sequences [0, n // B * B) in consecutive groups of B,
   each computing B x (its largest blocks), and runs the last n % B alone.
 
-  sort: "none" (as given), "ascending", "descending" (by blocks), or
-  "optimal": fewest computed blocks. "ascending" (the seed's TODO, read
+  sort: "none" (as given), "ascending", "descending" (by blocks),
+  "optimal": fewest computed blocks, or "kernel" (`KERNEL_SORT`): the order
+  the kernels' `sort_decode` picks (`semantics.decode_order`, the cheapest
+  of the given order and a few sorted ones). "ascending" (the seed's TODO, read
   literally) leaves the LONGEST sequences to run alone and can compute more
   than no sorting at all; "optimal" picks, by dynamic programming over the
   lengths in descending order, which n % B sequences run alone and groups
   the rest consecutively (checked against brute force over all orders in
   tests/test_tiling.py).
   """
-  if sort not in SORTS:
-    raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
+  if sort not in SORTS + (KERNEL_SORT,):
+    raise ValueError(f"sort must be one of {SORTS + (KERNEL_SORT,)}, got "
+                     f"{sort!r}")
   n, b = len(blocks), int(decode_req_batch_size)
   if b < 1:
     raise ValueError(f"decode_req_batch_size must be >= 1, got {b}")
-  if sort == "none":
+  if sort == "none" or n == 0:
     return list(range(n))
+  if sort == KERNEL_SORT:
+    # decode_order on block counts: ratio 1, one entry per block.
+    order, _, _ = semantics.decode_order(
+        np.asarray(blocks, np.int32), n, compression_ratio=1, bkv_sz=1,
+        decode_req_batch_size=b)
+    return [int(x) for x in np.asarray(order)]
   if sort in ("ascending", "descending"):
     return sorted(range(n), key=lambda i: blocks[i], reverse=sort == "descending")
   desc = sorted(range(n), key=lambda i: -blocks[i])
@@ -651,7 +692,8 @@ def decode_batch_waste(seq_lens: Sequence[int], *, page_size: int,
                                  compression_ratio=compression_ratio)
   p = plan(b, fmt=fmt, num_heads=num_heads,
            num_kv_pages_per_block=num_kv_pages_per_block,
-           num_queries_per_block=1, decode_req_batch_size=decode_req_batch_size)
+           num_queries_per_block=1, decode_req_batch_size=decode_req_batch_size,
+           sort_decode=False)
   out = block_waste(p)
   out["order"] = order
   return out

@@ -47,8 +47,10 @@ from streamidx.lab.model import tiling
 
 __all__ = ["Op", "Recorder", "record", "SEMAPHORE_KINDS", "plot_timeline"]
 
-# First axis of the kernel's `sems` scratch: what each semaphore row guards.
-SEMAPHORE_KINDS = ("kv", "q", "out", "w")
+# First axis of the kernel's `sems` scratch: what each semaphore row guards
+# (the dense FP8 kernel has a fifth row, its scale DMAs:
+# `streamidx.kernels.dense.SEMAPHORE_ROWS`).
+SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale")
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}
@@ -265,7 +267,7 @@ class Recorder:
 
 def _lane(sem, slot):
   name = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
-          "out": "scores -> HBM"}.get(sem, sem)
+          "out": "scores -> HBM", "kv_scale": "KV scales"}.get(sem, sem)
   return f"{name} (slot {slot})"
 
 

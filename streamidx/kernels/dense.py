@@ -1,0 +1,541 @@
+"""StreamIndex top-k over the dense FP8 cache (129 B per entry, not 256).
+
+The vendored kernel (`streamidx/kernels/vendored.py`) reads the packed FP8
+record: 128 e4m3 bytes, one e8m0 scale byte and 127 bytes of padding per
+entry, because its cache has one array whose rows are whole 128-lane
+records. This kernel reads the same values and scales from two arrays
+(`streamidx.cache.pack_dense_fp8_cache`)::
+
+    cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
+    cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
+
+so a KV block costs two DMAs per page (values, scales) and moves head_dim + 1
+bytes per entry. Everything else is the vendored kernel's: the same launches
+(`semantics.token_launches`), double-buffered query, KV and score blocks
+carried across the programs of a launch, the same arithmetic order (the dot
+on the stored e4m3 values in f32, ReLU, the weighted head sum, then the
+entry's power-of-two scale, exact), the same masks and causal rules, the
+same final top-k, and the vendored wrapper's clamps (page-table slots past
+the table to its last slot, pages past the cache to the last page). It also
+has the streamidx options of the vendored kernel: `causal_rule`,
+`sort_decode` (length-sorted decode batching) and no launch for an empty
+range.
+
+Differences from the vendored body, all from the layout:
+- the KV block of each sequence is two VMEM buffers, values
+  `[bkv_p * page_size // 4, 4, head_dim]` and scales `[bkv_p, page_size //
+  L, L]`, each page DMA'd by indexing the leading (untiled) dimension of the
+  HBM array, compiled and interpreted alike (no `ref.reshape`);
+- the scales come as lanes (entry order) already: no transpose of a record
+  column, one bitcast + convert of bkv_sz bytes per block;
+- the semaphore array has a fifth row for the scale DMAs
+  (`sems[(kv, q, out, w, kv_scale), slot, batch_idx]`).
+
+Entry points: `streamindex_topk_dense` (token mode) and
+`streamindex_page_topk_dense` (page mode, ratio 1), with the arguments of
+`streamindex_topk` / `streamindex_page_topk` and the pair (cache_values,
+cache_scales) in place of `cache_kv`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from streamidx import modes
+from streamidx import semantics
+from streamidx import validate
+from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
+from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, LANES, align_to,
+                                 causal_visible_bound, cdiv)
+
+__all__ = ["streamindex_topk_dense", "streamindex_page_topk_dense",
+           "SEMAPHORE_ROWS"]
+
+KV_PACKING = 4  # e4m3 bytes per 32-bit word
+# First axis of the semaphore scratch: what each row guards.
+SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale")
+_KV, _Q, _OUT, _W, _SCALE = range(len(SEMAPHORE_ROWS))
+
+
+def _dense_kernel(
+    # Scalar prefetch
+    seq_lens_ref,  # i32[max_num_seqs] (slot order)
+    page_indices_ref,  # i32[max_num_seqs * pages_per_seq] (slot order)
+    cu_q_lens_ref,  # i32[max_num_seqs + 1]
+    q_rows_ref,  # i32[max_num_seqs]: first query row of each slot's sequence
+    range_ref,  # i32[2]: (start_seq_idx, end_seq_idx) of the launch
+    sem_ids_ref,  # i32[3]: current (bq, bkv, bo) double-buffer slots
+    bo_sz_ref,  # i32[2]: rows of each output slot's DMA in flight (-1: none)
+    # Inputs (HBM)
+    q_hbm_ref,  # [max_num_tokens, num_q_heads, head_dim]
+    weights_hbm_ref,  # f32[max_num_tokens, num_q_heads]
+    values_hbm_ref,  # u8[total_pages, page_size // 4, 4, head_dim]
+    scales_hbm_ref,  # u8[total_pages, page_size // L, L]
+    scores_in_hbm_ref,  # aliased to the output
+    # Output (HBM)
+    scores_hbm_ref,  # f32[max_num_tokens, num_score_sublanes, 128]
+    # Scratch
+    bkv_x2_ref,  # u8[2, B, bkv_p * page_size // 4, 4, head_dim]
+    bscale_x2_ref,  # u8[2, B, bkv_p, page_size // L, L]
+    bq_x2_ref,  # [2, B, bq_sz, num_q_heads, head_dim]
+    bw_x2_ref,  # f32[2, B, bq_sz, num_q_heads]
+    bo_x2_ref,  # f32[2, B * bq_sz, num_sublanes_bkv, 128] (page: [2, bq_sz, S, 128])
+    sems,  # DMA[5, 2, B]
+    *,
+    compression_ratio: int,
+    static_q_len: int | None,
+    bkv_p: int,
+    bq_sz: int,
+    seq_batch_size: int,
+    causal_rule: str,
+    page_pool: bool,
+):
+  """One program: `seq_batch_size` consecutive slots of the launch's range.
+
+  Loops over the query blocks of its slots and, for each, the KV blocks of
+  its longest sequence; prefetches the next (query block, KV block), also
+  across programs, so program 0 starts the first fetches (prologue) and the
+  last drains the score DMAs (epilogue).
+  """
+  del scores_in_hbm_ref  # aliased: scores_hbm_ref is the same buffer
+  b_sz = seq_batch_size
+  _, num_q_heads, head_dim = q_hbm_ref.shape
+  total_pages, rows_per_page, _, _ = values_hbm_ref.shape
+  page_size = rows_per_page * KV_PACKING
+  num_page_indices = page_indices_ref.shape[0]
+  pages_per_seq = num_page_indices // seq_lens_ref.shape[0]
+  bkv_sz = bkv_p * page_size
+  bkv_rows = bkv_p * rows_per_page
+  num_sublanes_bkv = bkv_sz // LANES
+
+  start_seq_idx = range_ref[0]
+  end_seq_idx = range_ref[1]
+  batch_start = start_seq_idx + pl.program_id(0) * b_sz
+
+  q_lens, seq_lens, kv_lens = [], [], []
+  for b in range(b_sz):
+    q_lens.append(cu_q_lens_ref[batch_start + b + 1]
+                  - cu_q_lens_ref[batch_start + b])
+    seq_lens.append(seq_lens_ref[batch_start + b])
+    kv_lens.append(seq_lens[-1] // compression_ratio)
+
+  def copy(src, dst, sem, *, wait):
+    cp = pltpu.make_async_copy(src, dst, sem)
+    if wait:
+      cp.wait()
+    else:
+      cp.start()
+
+  # -- query blocks -----------------------------------------------------------
+
+  def fetch_bq(seq_idx, bq_idx, slot, *, wait):
+    for b in range(b_sz):
+      start = cu_q_lens_ref[seq_idx + b] + bq_idx * bq_sz
+      sz = jnp.maximum(0, jnp.minimum(bq_sz, cu_q_lens_ref[seq_idx + b + 1]
+                                      - start))
+      src_row = q_rows_ref[seq_idx + b] + bq_idx * bq_sz
+      q_dst = bq_x2_ref.at[slot, b, pl.ds(0, sz)]
+      w_dst = bw_x2_ref.at[slot, b, pl.ds(0, sz)]
+      if wait:
+        copy(q_dst, q_dst, sems.at[_Q, slot, b], wait=True)
+        copy(w_dst, w_dst, sems.at[_W, slot, b], wait=True)
+      else:
+        copy(q_hbm_ref.at[pl.ds(src_row, sz)], q_dst, sems.at[_Q, slot, b],
+             wait=False)
+        copy(weights_hbm_ref.at[pl.ds(src_row, sz)], w_dst,
+             sems.at[_W, slot, b], wait=False)
+
+  # -- KV blocks: one values DMA and one scales DMA per page ------------------
+
+  def fetch_bkv(seq_idx, bkv_idx, slot, *, wait):
+    for b in range(b_sz):
+      values_vmem = bkv_x2_ref.at[slot, b]
+      scales_vmem = bscale_x2_ref.at[slot, b]
+      value_sem = sems.at[_KV, slot, b]
+      scale_sem = sems.at[_SCALE, slot, b]
+      if wait:
+        copy(values_vmem, values_vmem, value_sem, wait=True)
+        copy(scales_vmem, scales_vmem, scale_sem, wait=True)
+        continue
+      offset = (seq_idx + b) * pages_per_seq + bkv_idx * bkv_p
+
+      def start_page(i, carry, offset=offset, values_vmem=values_vmem,
+                     scales_vmem=scales_vmem, value_sem=value_sem,
+                     scale_sem=scale_sem):
+        # The vendored clamps: table slot, then physical page.
+        slot_idx = jnp.minimum(offset + i, num_page_indices - 1)
+        page = jnp.minimum(page_indices_ref[slot_idx], total_pages - 1)
+        copy(values_hbm_ref.at[page],
+             values_vmem.at[pl.ds(i * rows_per_page, rows_per_page)],
+             value_sem, wait=False)
+        copy(scales_hbm_ref.at[page], scales_vmem.at[i], scale_sem,
+             wait=False)
+        return carry
+
+      if bkv_p > 64:  # page mode's 128-page blocks: a loop, not 128 copies
+        lax.fori_loop(0, bkv_p, start_page, None, unroll=False)
+      else:
+        for i in range(bkv_p):
+          start_page(i, None)
+
+  def load_bkv(slot, b):
+    """(e4m3 values [bkv_sz, head_dim], f32 scales [1, bkv_sz]) of slot b."""
+    raw = bkv_x2_ref[slot, b].reshape(bkv_sz, head_dim)
+    values = pltpu.bitcast(raw, jnp.float8_e4m3fn)
+    scale_bytes = bscale_x2_ref[slot, b].reshape(1, bkv_sz)
+    scales = pltpu.bitcast(scale_bytes, jnp.float8_e8m0fnu)
+    return values, scales.astype(jnp.bfloat16).astype(jnp.float32)
+
+  # -- scores ------------------------------------------------------------------
+
+  def visible_ends(bq_idx):
+    ends = []
+    for b in range(b_sz):
+      q_pos = (seq_lens[b] - q_lens[b] + bq_idx * bq_sz
+               + jnp.arange(bq_sz, dtype=jnp.int32))
+      ends.append(causal_visible_bound(q_pos, compression_ratio, causal_rule))
+    return ends
+
+  def block_scores(bq, weights, values, scales, visible_end, kv_len, bkv_idx):
+    """Masked f32 scores [bq_sz, bkv_sz] of one query block x one KV block."""
+    s = jnp.einsum("nd,md->nm", bq.reshape(-1, head_dim), values,
+                   preferred_element_type=jnp.float32)
+    s = jnp.maximum(s.reshape(bq_sz, num_q_heads, bkv_sz), 0.0)
+    s = (s * weights.astype(jnp.float32)[:, :, None]).sum(axis=1)
+    s = s * scales
+    k_span = bkv_idx * bkv_sz + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    mask = (k_span < kv_len) & (k_span < visible_end[:, None])
+    return jnp.where(mask, s, -jnp.inf)
+
+  def wait_send(slot):
+    old = bo_sz_ref[slot]
+
+    @pl.when(old >= 0)
+    def _():
+      dst = bo_x2_ref.at[slot, pl.ds(0, b_sz * old)]
+      copy(dst, dst, sems.at[_OUT, slot, 0], wait=True)
+
+  def start_send(slot, sz, token_start, col):
+    bo_sz_ref[slot] = sz
+    num_cols = bo_x2_ref.shape[2]
+    copy(bo_x2_ref.at[slot, pl.ds(0, b_sz * sz)],
+         scores_hbm_ref.at[pl.ds(token_start, b_sz * sz),
+                           pl.ds(col, num_cols)],
+         sems.at[_OUT, slot, 0], wait=False)
+
+  # -- the loops ---------------------------------------------------------------
+
+  kv_len_max = kv_lens[0]
+  for kv in kv_lens[1:]:
+    kv_len_max = jnp.maximum(kv_len_max, kv)
+  num_bkv = jnp.maximum(1, cdiv(kv_len_max, bkv_sz))
+  if static_q_len is None:
+    num_bq = jnp.maximum(1, cdiv(q_lens[0], bq_sz))
+  else:
+    num_bq = max(1, cdiv(static_q_len, bq_sz))
+
+  def next_ids(bq_idx, bkv_idx):
+    """(seq, bq, bkv) after this step; seq moves to the next program."""
+    last_bkv = bkv_idx + 1 == num_bkv
+    nbkv = lax.select(last_bkv, 0, bkv_idx + 1)
+    nbq = lax.select(last_bkv, bq_idx + 1, bq_idx)
+    last_bq = nbq == num_bq
+    nseq = lax.select(last_bq, batch_start + b_sz, batch_start)
+    return nseq, lax.select(last_bq, 0, nbq), nbkv
+
+  def with_bq(bq_idx, _):
+    bq_slot = sem_ids_ref[0]
+    nseq, nbq, _ = next_ids(bq_idx, num_bkv - 1)
+
+    @pl.when(nseq < end_seq_idx)
+    def _():
+      sem_ids_ref[0] = 1 - bq_slot
+      fetch_bq(nseq, nbq, 1 - bq_slot, wait=False)
+
+    ends = visible_ends(bq_idx)
+    fetch_bq(batch_start, bq_idx, bq_slot, wait=True)
+    bqs = [bq_x2_ref[bq_slot, b] for b in range(b_sz)]
+    weights = [bw_x2_ref[bq_slot, b] for b in range(b_sz)]
+    token_start = cu_q_lens_ref[batch_start] + bq_idx * bq_sz
+    sz = jnp.maximum(0, jnp.minimum(bq_sz, cu_q_lens_ref[batch_start + 1]
+                                    - token_start))
+    if page_pool:
+      # Page mode: the pooled row of every KV block goes into one output
+      # buffer, sent once per query block; acquire it before filling it.
+      bo_slot = sem_ids_ref[2]
+      wait_send(bo_slot)
+      bo_x2_ref[bo_slot, ...] = jnp.full(bo_x2_ref.shape[1:], -jnp.inf,
+                                         jnp.float32)
+
+    def with_bkv(bkv_idx, _):
+      bkv_slot = sem_ids_ref[1]
+      nseq, _, nbkv = next_ids(bq_idx, bkv_idx)
+
+      @pl.when(nseq < end_seq_idx)
+      def _():
+        sem_ids_ref[1] = 1 - bkv_slot
+        fetch_bkv(nseq, nbkv, 1 - bkv_slot, wait=False)
+
+      fetch_bkv(batch_start, bkv_idx, bkv_slot, wait=True)
+      out = []
+      for b in range(b_sz):
+        values, scales = load_bkv(bkv_slot, b)
+        s = block_scores(bqs[b], weights[b], values, scales, ends[b],
+                         kv_lens[b], bkv_idx)
+        if page_pool:
+          # Max-pool each page (ratio 1: a page is page_size columns).
+          out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
+        else:
+          out.append(s.reshape(bq_sz, num_sublanes_bkv, LANES))
+      if page_pool:
+        bo_x2_ref[bo_slot, :, bkv_idx, :] = out[0]
+      else:
+        out_slot = sem_ids_ref[2]
+        wait_send(out_slot)
+        bo_x2_ref[out_slot, ...] = jnp.concatenate(out, axis=0)
+        start_send(out_slot, sz, token_start, bkv_idx * num_sublanes_bkv)
+        sem_ids_ref[2] = 1 - out_slot
+
+    lax.fori_loop(0, num_bkv, with_bkv, None, unroll=False)
+    if page_pool:
+      start_send(bo_slot, sz, token_start, 0)
+      sem_ids_ref[2] = 1 - bo_slot
+
+  @pl.when(batch_start == start_seq_idx)
+  def _prologue():
+    fetch_bq(start_seq_idx, 0, 0, wait=False)
+    fetch_bkv(start_seq_idx, 0, 0, wait=False)
+
+  lax.fori_loop(0, num_bq, with_bq, None, unroll=False)
+
+  @pl.when(batch_start + b_sz == end_seq_idx)
+  def _epilogue():
+    for slot in range(2):
+      wait_send(slot)
+
+
+def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
+            start, end, seq_batch_size, static_q_len, bq_sz, bkv_p,
+            num_out_sublanes, compression_ratio, causal_rule, page_pool,
+            vmem_limit_bytes, name, interpret):
+  """One `pallas_call` over slots [start, end), `seq_batch_size` per program."""
+  _, num_q_heads, head_dim = q.shape
+  _, rows_per_page, _, _ = cache_values.shape
+  _, scale_rows, scale_lanes = cache_scales.shape
+  page_size = rows_per_page * KV_PACKING
+  b = seq_batch_size
+  if page_pool:
+    out_block = (2, bq_sz, num_out_sublanes, LANES)
+  else:
+    out_block = (2, b * bq_sz, bkv_p * page_size // LANES, LANES)
+  scratch = [
+      pltpu.VMEM((2, b, bkv_p * rows_per_page, KV_PACKING, head_dim),
+                 jnp.uint8),
+      pltpu.VMEM((2, b, bkv_p, scale_rows, scale_lanes), jnp.uint8),
+      pltpu.VMEM((2, b, bq_sz, num_q_heads, head_dim), q.dtype),
+      pltpu.VMEM((2, b, bq_sz, num_q_heads), weights.dtype),
+      pltpu.VMEM(out_block, jnp.float32),
+      pltpu.SemaphoreType.DMA((len(SEMAPHORE_ROWS), 2, b)),
+  ]
+  seq_lens, page_indices, cu_q_lens, q_rows = prefetch
+  scalars = (seq_lens, page_indices, cu_q_lens, q_rows,
+             jnp.stack([jnp.asarray(start, jnp.int32),
+                        jnp.asarray(end, jnp.int32)]),
+             jnp.zeros((3,), jnp.int32), jnp.full((2,), -1, jnp.int32))
+  hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+  kernel = pl.pallas_call(
+      functools.partial(
+          _dense_kernel, compression_ratio=compression_ratio,
+          static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
+          seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=len(scalars),
+          in_specs=[hbm] * 5,
+          out_specs=hbm,
+          grid=((jnp.asarray(end, jnp.int32) - start) // b,),
+          scratch_shapes=scratch),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("arbitrary",),
+          vmem_limit_bytes=vmem_limit_bytes,
+          disable_bounds_checks=True),
+      out_shape=jax.ShapeDtypeStruct(scores.shape, jnp.float32),
+      input_output_aliases={len(scalars) + 4: 0},
+      name=name,
+      interpret=interpret,
+  )
+  return jax.named_scope(name)(kernel)(*scalars, q, weights, cache_values,
+                                       cache_scales, scores)
+
+
+_TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
+                 "num_queries_per_block", "vmem_limit_bytes",
+                 "decode_req_batch_size", "causal_rule", "sort_decode")
+_PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
+                "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
+
+
+@functools.partial(jax.jit, static_argnames=_TOKEN_STATIC)
+def streamindex_topk_dense(
+    q: jax.Array,  # [max_num_tokens, num_q_heads, head_dim]
+    indexer_weights: jax.Array,  # [max_num_tokens, num_q_heads]
+    cache_values: jax.Array,  # u8[total_pages, page_size // 4, 4, head_dim]
+    cache_scales: jax.Array,  # u8[total_pages, page_size // L, L]
+    seq_lens: jax.Array,  # i32[max_num_seqs]
+    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
+    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
+    distribution: jax.Array,  # i32[3]
+    *,
+    k: int,
+    compression_ratio: int,
+    num_kv_pages_per_block: tuple[int, int, int] | int | None = None,
+    num_queries_per_block: tuple[int, int, int] | int | None = None,
+    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
+    decode_req_batch_size: int = 4,
+    causal_rule: str = "model",
+    sort_decode: bool = True,
+) -> jax.Array:
+  """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
+
+  Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
+  pair (`streamidx.pack_dense_fp8_cache(keys)`) in place of `cache_kv`:
+
+    cache_values: u8[total_pages, page_size // 4, 4, head_dim], the e4m3
+      bytes; entry t of page P at [P, t // 4, t % 4].
+    cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
+      is a multiple of 128, else page_size), the e8m0 bytes e + 127.
+
+  The same keys packed as "fp8" give the same indices (`streamindex_topk`).
+  Static checks raise `ValueError` before any kernel is built; page indices
+  past the cache are clamped to the last page, as the vendored kernel does
+  (`streamidx.validate_topk_dense_inputs` rejects such tables).
+  """
+  if num_kv_pages_per_block is None or num_queries_per_block is None:
+    raise ValueError(
+        "num_kv_pages_per_block and num_queries_per_block must be specified.")
+  cache = (cache_values, cache_scales)
+  validate.static_validate_topk(
+      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
+      distribution, k=k, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes,
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      sort_decode=sort_decode)
+  kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
+                                           "num_kv_pages_per_block")
+  q_blocks = semantics.normalize_per_case(num_queries_per_block,
+                                          "num_queries_per_block")
+  interpret = modes.resolve_interpret()
+  num_tokens = q.shape[0]
+  weights = prepare_index_weights(indexer_weights, q.dtype)
+  q = prepare_q_inputs(q)
+  max_num_seqs = seq_lens.shape[0]
+  page_size = cache_values.shape[1] * KV_PACKING
+  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  num_sublanes = max(align_to(pages_per_seq, p) * page_size // LANES
+                     for p in kv_blocks)
+
+  order = None
+  prefetch = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1])
+  if sort_decode and decode_req_batch_size > 1:
+    order, _, _ = semantics.decode_order(
+        seq_lens, distribution[0], compression_ratio=compression_ratio,
+        bkv_sz=kv_blocks[0] * page_size,
+        decode_req_batch_size=decode_req_batch_size)
+    sorted_lens, sorted_pages, q_rows = semantics.apply_decode_order(
+        order, seq_lens, page_indices, cu_q_lens)
+    prefetch = (sorted_lens, sorted_pages, cu_q_lens, q_rows)
+
+  scores = jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32)
+  for launch in semantics.token_launches(distribution, decode_req_batch_size):
+    c = launch.block_case
+    bq_sz = launch.bq_sz(q_blocks[c])
+    run = functools.partial(
+        _pallas, q, weights, cache_values, cache_scales, prefetch=prefetch,
+        start=launch.start, end=launch.end,
+        seq_batch_size=launch.seq_batch_size,
+        static_q_len=launch.static_q_len, bq_sz=bq_sz, bkv_p=kv_blocks[c],
+        num_out_sublanes=0, compression_ratio=compression_ratio,
+        causal_rule=causal_rule, page_pool=False,
+        vmem_limit_bytes=vmem_limit_bytes,
+        name=(f"StreamIdxDenseTC-{launch.case}-bq_{bq_sz}-bkvp_"
+              f"{kv_blocks[c]}"),
+        interpret=interpret)
+    # An empty range launches nothing.
+    scores = lax.cond(launch.end > launch.start,
+                      lambda s, run=run: run(scores=s), lambda s: s, scores)
+
+  scores = scores.reshape(num_tokens, -1)
+  if scores.shape[1] < k:
+    scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
+                     constant_values=-jnp.inf)
+  top_vals, top_idxs = lax.approx_max_k(scores, k, reduction_dimension=-1,
+                                        recall_target=1.0)
+  idx = jnp.where(top_vals == -jnp.inf, -1, top_idxs)[:, :k]
+  if order is not None:
+    idx = semantics.restore_decode_rows(idx, order)
+  return idx
+
+
+@functools.partial(jax.jit, static_argnames=_PAGE_STATIC)
+def streamindex_page_topk_dense(
+    q: jax.Array,  # [max_num_tokens, num_q_heads, head_dim]
+    indexer_weights: jax.Array,  # [max_num_tokens, num_q_heads]
+    cache_values: jax.Array,  # u8[total_pages, page_size // 4, 4, head_dim]
+    cache_scales: jax.Array,  # u8[total_pages, page_size // L, L]
+    seq_lens: jax.Array,  # i32[max_num_seqs]
+    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
+    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
+    num_seqs: jax.Array,  # i32[]
+    *,
+    k_pages: int,
+    compression_ratio: int = 1,
+    num_kv_pages_per_block: int = 128,
+    num_queries_per_block: int = 512,
+    vmem_limit_bytes: int | None = 64 * 1024 * 1024,
+    causal_rule: str = "model",
+) -> jax.Array:
+  """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
+
+  Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128
+  pages per KV block, one launch over the num_seqs sequences), with the
+  dense FP8 pair in place of `cache_kv`.
+  """
+  cache = (cache_values, cache_scales)
+  validate.static_validate_page_topk(
+      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, num_seqs,
+      k_pages=k_pages, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  interpret = modes.resolve_interpret()
+  num_tokens = q.shape[0]
+  weights = prepare_index_weights(indexer_weights, q.dtype)
+  q = prepare_q_inputs(q)
+  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
+  bkv_p = num_kv_pages_per_block
+  num_page_cols = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES)
+  num_seqs = jnp.asarray(num_seqs, jnp.int32)
+  scores = jnp.full((num_tokens, num_page_cols // LANES, LANES), -jnp.inf,
+                    jnp.float32)
+  run = functools.partial(
+      _pallas, q, weights, cache_values, cache_scales,
+      prefetch=(seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1]),
+      start=0, end=num_seqs, seq_batch_size=1, static_q_len=None,
+      bq_sz=num_queries_per_block, bkv_p=bkv_p,
+      num_out_sublanes=num_page_cols // LANES,
+      compression_ratio=compression_ratio, causal_rule=causal_rule,
+      page_pool=True, vmem_limit_bytes=vmem_limit_bytes,
+      name=f"StreamIdxDensePageTC-bq_{num_queries_per_block}-bkvp_{bkv_p}",
+      interpret=interpret)
+  scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
+                    scores)
+  page_scores = scores.reshape(num_tokens, num_page_cols)[:, :pages_per_seq]
+  top_vals, top_idxs = lax.top_k(page_scores, k_pages)
+  return jnp.where(top_vals > -jnp.inf, top_idxs, -1)
