@@ -100,12 +100,13 @@ def checked_streamindex_page_topk(
   return err, indices
 
 
-@functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
+@functools.partial(jax.jit, static_argnames=_TOPK_STATIC + ("num_cores",))
 def checked_streamindex_topk_dense(
     q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
     cu_q_lens, distribution, *, k, compression_ratio, num_kv_pages_per_block,
     num_queries_per_block, vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model", sort_decode=True):
+    decode_req_batch_size=4, causal_rule="model", sort_decode=True,
+    num_cores=1):
   """`streamindex_topk_dense` behind its value rules, usable inside `jit`.
 
   Same arguments as `streamidx.streamindex_topk_dense`; returns (err,
@@ -126,17 +127,19 @@ def checked_streamindex_topk_dense(
       q, indexer_weights, cache, *rest)
   args = (q, indexer_weights, cache_values, cache_scales) + rest
   indices = lax.cond(
-      ok, lambda a: dense_lib.streamindex_topk_dense(*a, **static),
+      ok, lambda a: dense_lib.streamindex_topk_dense(
+          *a, num_cores=num_cores, **static),
       lambda a: jnp.full((q.shape[0], k), -1, jnp.int32), args)
   return err, indices
 
 
-@functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
+@functools.partial(jax.jit,
+                   static_argnames=_PAGE_TOPK_STATIC + ("num_cores",))
 def checked_streamindex_page_topk_dense(
     q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
     cu_q_lens, num_seqs, *, k_pages, compression_ratio=1,
     num_kv_pages_per_block=128, num_queries_per_block=512,
-    vmem_limit_bytes=64 * 1024 * 1024, causal_rule="model"):
+    vmem_limit_bytes=64 * 1024 * 1024, causal_rule="model", num_cores=1):
   """`streamindex_page_topk_dense` behind its value rules (err, indices)."""
   static = dict(k_pages=k_pages, compression_ratio=compression_ratio,
                 num_kv_pages_per_block=num_kv_pages_per_block,
@@ -150,6 +153,7 @@ def checked_streamindex_page_topk_dense(
                                   q, indexer_weights, cache, *rest)
   args = (q, indexer_weights, cache_values, cache_scales) + rest
   indices = lax.cond(
-      ok, lambda a: dense_lib.streamindex_page_topk_dense(*a, **static),
+      ok, lambda a: dense_lib.streamindex_page_topk_dense(
+          *a, num_cores=num_cores, **static),
       lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
   return err, indices

@@ -290,7 +290,9 @@ def streamindex_topk_dense_ref(q, indexer_weights, cache_values, cache_scales,
                                seq_lens, page_indices, cu_q_lens, distribution,
                                **static):
   """Reference twin of `streamindex_topk_dense`: the dense FP8 pair scored
-  as `streamindex_topk_ref` scores the packed FP8 record (same keywords)."""
+  as `streamindex_topk_ref` scores the packed FP8 record (same keywords;
+  `num_cores` shapes the kernel's grid only and is ignored)."""
+  static.pop("num_cores", None)
   return streamindex_topk_ref(q, indexer_weights, (cache_values, cache_scales),
                               seq_lens, page_indices, cu_q_lens, distribution,
                               **static)
@@ -300,7 +302,8 @@ def streamindex_page_topk_dense_ref(q, indexer_weights, cache_values,
                                     cache_scales, seq_lens, page_indices,
                                     cu_q_lens, num_seqs, **static):
   """Reference twin of `streamindex_page_topk_dense` (keywords as
-  `streamindex_page_topk_ref`)."""
+  `streamindex_page_topk_ref`; `num_cores` is ignored)."""
+  static.pop("num_cores", None)
   return streamindex_page_topk_ref(q, indexer_weights,
                                    (cache_values, cache_scales), seq_lens,
                                    page_indices, cu_q_lens, num_seqs, **static)

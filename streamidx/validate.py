@@ -552,7 +552,8 @@ def validate_topk_dense_inputs(q, indexer_weights, cache_values, cache_scales,
                                seq_lens, page_indices, cu_q_lens, distribution,
                                **static):
   """Checks `streamindex_topk_dense`'s inputs (keywords as
-  `validate_topk_inputs`); raises ValueError."""
+  `validate_topk_inputs`, and `num_cores`); raises ValueError."""
+  _check_positive_int("num_cores", static.pop("num_cores", 1))
   validate_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
                        seq_lens, page_indices, cu_q_lens, distribution,
                        **static)
@@ -562,7 +563,8 @@ def validate_page_topk_dense_inputs(q, indexer_weights, cache_values,
                                     cache_scales, seq_lens, page_indices,
                                     cu_q_lens, num_seqs, **static):
   """Checks `streamindex_page_topk_dense`'s inputs (keywords as
-  `validate_page_topk_inputs`); raises ValueError."""
+  `validate_page_topk_inputs`, and `num_cores`); raises ValueError."""
+  _check_positive_int("num_cores", static.pop("num_cores", 1))
   validate_page_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
                             seq_lens, page_indices, cu_q_lens, num_seqs,
                             **static)

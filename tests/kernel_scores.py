@@ -79,10 +79,12 @@ class KernelWithScores:
     page = dense_kernel.streamindex_page_topk_dense if dense else (
         kernel.streamindex_page_topk)
     self._cache_args = 2 if dense else 1
+    extra = ("num_cores",) if dense else ()
     if mode == "token":
-      fn, static, self._op = (token.__wrapped__, TOKEN_STATIC, "approx_max_k")
+      fn, static, self._op = (token.__wrapped__, TOKEN_STATIC + extra,
+                              "approx_max_k")
     elif mode == "page":
-      fn, static, self._op = (page.__wrapped__, PAGE_STATIC, "top_k")
+      fn, static, self._op = (page.__wrapped__, PAGE_STATIC + extra, "top_k")
     else:
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
     self._jit = jax.jit(fn, static_argnames=static)

@@ -367,3 +367,55 @@ def test_dense_kernel_reads_head_dim_plus_one_bytes_per_entry():
   assert dense_pages == vendored_pages == 4
   assert dense_bytes == dense_pages * 128 * 129
   assert vendored_bytes == vendored_pages * 128 * 256
+
+
+# ---------------------------------------------------------------------------
+# num_cores: a leading "parallel" grid axis (both TensorCores of a v5p).
+
+
+@pytest.mark.parametrize("simulated_cores", [1, 2])
+def test_dense_kernel_on_two_cores_is_race_free_and_unchanged(
+    simulated_cores, capsys):
+  # Two cores of a v5p, or one chip running both cores' programs in turn
+  # (then each core's prologue resets the pipeline state it inherits).
+  b = si.make_mixed_batch(decode=[37, 900, 64, 100, 300, 500, 20],
+                          prefill=[(20, 300)], mixed=[(1, 90), (9, 333),
+                                                      (3, 50)],
+                          page_size=16, compression_ratio=4,
+                          allocation="fragmented", max_num_seqs=12,
+                          num_tokens=48, seed=3)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=1)
+  kw = dict(k=8, compression_ratio=4, num_kv_pages_per_block=8,
+            num_queries_per_block=(1, 8, 8), decode_req_batch_size=2)
+  args = _dense_args(inp)
+  one = np.asarray(si.streamindex_topk_dense(*args, **kw))
+  with si.race_check(num_cores_or_threads=simulated_cores) as report:
+    idx, scores = KernelWithScores("token", dense=True)(*args, num_cores=2,
+                                                         **kw)
+  assert report.launches == 4 and not report.races_found, report
+  assert "RACE DETECTED" not in capsys.readouterr().out
+  np.testing.assert_array_equal(idx, one)
+  assert_kernel_matches_reference(
+      idx, scores, si.streamindex_topk_dense_ref(*args, **kw),
+      ref.token_scores(*inp.args, compression_ratio=4),
+      score_bound=metrics.summation_error_bound(inp, compression_ratio=4))
+  si.reset_interpreter_state()
+
+
+def test_dense_page_kernel_on_two_cores_is_unchanged():
+  inp = _page_inputs("mixed")
+  kw = dict(k_pages=K_PAGES, num_queries_per_block=8)
+  args = _dense_page_args(inp)
+  with si.interpreter(num_cores_or_threads=2):
+    got = si.streamindex_page_topk_dense(*args, num_cores=2, **kw)
+  np.testing.assert_array_equal(got,
+                                si.streamindex_page_topk_dense(*args, **kw))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.0, True])
+def test_dense_kernel_rejects_a_bad_num_cores(bad):
+  args, kw = _valid()
+  with pytest.raises(ValueError, match=r"num_cores: must be a positive int"):
+    si.streamindex_topk_dense(*args, num_cores=bad, **kw)
+  with pytest.raises(ValueError, match=r"num_cores: must be a positive int"):
+    si.validate_topk_dense_inputs(*args, num_cores=bad, **kw)

@@ -95,13 +95,22 @@ def _dense_kernel(
     seq_batch_size: int,
     causal_rule: str,
     page_pool: bool,
+    num_cores: int,
+    bf16_dot: bool,
 ):
   """One program: `seq_batch_size` consecutive slots of the launch's range.
 
   Loops over the query blocks of its slots and, for each, the KV blocks of
   its longest sequence; prefetches the next (query block, KV block), also
-  across programs, so program 0 starts the first fetches (prologue) and the
-  last drains the score DMAs (epilogue).
+  across programs, so a core's first program starts the first fetches
+  (prologue) and its last drains the score DMAs (epilogue).
+
+  num_cores > 1: the grid is (num_cores, programs per core), the first axis
+  "parallel"; core c runs programs c, c + num_cores, ... of the launch (a
+  sorted decode range interleaves long and short programs over the cores),
+  each core its own pipeline over its own scratch and prefetch state, which
+  its prologue resets (a chip with one TensorCore runs the cores' programs
+  one after another). num_cores == 1 is the vendored one-axis grid.
   """
   del scores_in_hbm_ref  # aliased: scores_hbm_ref is the same buffer
   b_sz = seq_batch_size
@@ -116,7 +125,18 @@ def _dense_kernel(
 
   start_seq_idx = range_ref[0]
   end_seq_idx = range_ref[1]
-  batch_start = start_seq_idx + pl.program_id(0) * b_sz
+  num_programs = (end_seq_idx - start_seq_idx) // b_sz
+  if num_cores == 1:
+    program = pl.program_id(0)
+    first = program == 0
+  else:
+    program = pl.program_id(1) * num_cores + pl.program_id(0)
+    first = pl.program_id(1) == 0
+  # A core's grid row may end past the launch's programs: such a step does
+  # nothing (its metadata reads stay inside the arrays).
+  active = program < num_programs
+  batch_start = start_seq_idx + jnp.minimum(program, num_programs - 1) * b_sz
+  stride = num_cores * b_sz  # slots from this program to the core's next
 
   q_lens, seq_lens, kv_lens = [], [], []
   for b in range(b_sz):
@@ -188,6 +208,8 @@ def _dense_kernel(
     """(e4m3 values [bkv_sz, head_dim], f32 scales [1, bkv_sz]) of slot b."""
     raw = bkv_x2_ref[slot, b].reshape(bkv_sz, head_dim)
     values = pltpu.bitcast(raw, jnp.float8_e4m3fn)
+    if bf16_dot:  # exact: every e4m3 value is a bf16 value
+      values = values.astype(jnp.bfloat16)
     scale_bytes = bscale_x2_ref[slot, b].reshape(1, bkv_sz)
     scales = pltpu.bitcast(scale_bytes, jnp.float8_e8m0fnu)
     return values, scales.astype(jnp.bfloat16).astype(jnp.float32)
@@ -246,7 +268,7 @@ def _dense_kernel(
     nbkv = lax.select(last_bkv, 0, bkv_idx + 1)
     nbq = lax.select(last_bkv, bq_idx + 1, bq_idx)
     last_bq = nbq == num_bq
-    nseq = lax.select(last_bq, batch_start + b_sz, batch_start)
+    nseq = lax.select(last_bq, batch_start + stride, batch_start)
     return nseq, lax.select(last_bq, 0, nbq), nbkv
 
   def with_bq(bq_idx, _):
@@ -307,14 +329,21 @@ def _dense_kernel(
       start_send(bo_slot, sz, token_start, 0)
       sem_ids_ref[2] = 1 - bo_slot
 
-  @pl.when(batch_start == start_seq_idx)
+  @pl.when(active & first)
   def _prologue():
-    fetch_bq(start_seq_idx, 0, 0, wait=False)
-    fetch_bkv(start_seq_idx, 0, 0, wait=False)
+    if num_cores > 1:  # the previous core's state, on a one-core chip
+      for i in range(3):
+        sem_ids_ref[i] = 0
+      for i in range(2):
+        bo_sz_ref[i] = -1
+    fetch_bq(batch_start, 0, 0, wait=False)
+    fetch_bkv(batch_start, 0, 0, wait=False)
 
-  lax.fori_loop(0, num_bq, with_bq, None, unroll=False)
+  @pl.when(active)
+  def _program():
+    lax.fori_loop(0, num_bq, with_bq, None, unroll=False)
 
-  @pl.when(batch_start + b_sz == end_seq_idx)
+  @pl.when(active & (batch_start + stride >= end_seq_idx))
   def _epilogue():
     for slot in range(2):
       wait_send(slot)
@@ -323,7 +352,7 @@ def _dense_kernel(
 def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
             start, end, seq_batch_size, static_q_len, bq_sz, bkv_p,
             num_out_sublanes, compression_ratio, causal_rule, page_pool,
-            vmem_limit_bytes, name, interpret):
+            vmem_limit_bytes, num_cores, name, interpret):
   """One `pallas_call` over slots [start, end), `seq_batch_size` per program."""
   _, num_q_heads, head_dim = q.shape
   _, rows_per_page, _, _ = cache_values.shape
@@ -349,19 +378,27 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
                         jnp.asarray(end, jnp.int32)]),
              jnp.zeros((3,), jnp.int32), jnp.full((2,), -1, jnp.int32))
   hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+  num_programs = (jnp.asarray(end, jnp.int32) - start) // b
+  if num_cores == 1:
+    grid, semantics_ = (num_programs,), ("arbitrary",)
+  else:
+    grid = (num_cores, cdiv(num_programs, num_cores))
+    semantics_ = ("parallel", "arbitrary")
   kernel = pl.pallas_call(
       functools.partial(
           _dense_kernel, compression_ratio=compression_ratio,
           static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-          seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool),
+          seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool,
+          num_cores=num_cores,
+          bf16_dot=interpret is False and _no_fp8_matmul()),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(scalars),
           in_specs=[hbm] * 5,
           out_specs=hbm,
-          grid=((jnp.asarray(end, jnp.int32) - start) // b,),
+          grid=grid,
           scratch_shapes=scratch),
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("arbitrary",),
+          dimension_semantics=semantics_,
           vmem_limit_bytes=vmem_limit_bytes,
           disable_bounds_checks=True),
       out_shape=jax.ShapeDtypeStruct(scores.shape, jnp.float32),
@@ -373,11 +410,34 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
                                        cache_scales, scores)
 
 
+def _no_fp8_matmul() -> bool:
+  """Whether the chip being compiled for lacks Mosaic's e4m3 matmul operand.
+
+  Mosaic rejects an f8e4m3fn matmul operand on TPU v4 ("E2001: Unsupported
+  matmul RHS type", libtpu 0.0.42); there the values are converted to bf16
+  first, which is exact. The chip is the default device's (a TPU backend,
+  or a topology device under `jax.default_device` when compiling ahead).
+  """
+  try:
+    info = pltpu.get_tpu_info()
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return info.chip_version == pltpu.ChipVersion.TPU_V4
+
+
+def _check_num_cores(num_cores):
+  if (not isinstance(num_cores, int) or isinstance(num_cores, bool)
+      or num_cores < 1):
+    raise ValueError(f"num_cores: must be a positive int (got {num_cores!r})")
+
+
 _TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                  "num_queries_per_block", "vmem_limit_bytes",
-                 "decode_req_batch_size", "causal_rule", "sort_decode")
+                 "decode_req_batch_size", "causal_rule", "sort_decode",
+                 "num_cores")
 _PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
-                "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
+                "num_queries_per_block", "vmem_limit_bytes", "causal_rule",
+                "num_cores")
 
 
 @functools.partial(jax.jit, static_argnames=_TOKEN_STATIC)
@@ -399,6 +459,7 @@ def streamindex_topk_dense(
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
     sort_decode: bool = True,
+    num_cores: int = 1,
 ) -> jax.Array:
   """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
 
@@ -409,6 +470,11 @@ def streamindex_topk_dense(
       bytes; entry t of page P at [P, t // 4, t % 4].
     cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
       is a multiple of 128, else page_size), the e8m0 bytes e + 127.
+
+  num_cores: split each launch's programs over this many TensorCores (a
+    leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
+    1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
+    same indices.
 
   The same keys packed as "fp8" give the same indices (`streamindex_topk`).
   Static checks raise `ValueError` before any kernel is built; page indices
@@ -427,6 +493,7 @@ def streamindex_topk_dense(
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
       sort_decode=sort_decode)
+  _check_num_cores(num_cores)
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                            "num_kv_pages_per_block")
   q_blocks = semantics.normalize_per_case(num_queries_per_block,
@@ -463,7 +530,7 @@ def streamindex_topk_dense(
         static_q_len=launch.static_q_len, bq_sz=bq_sz, bkv_p=kv_blocks[c],
         num_out_sublanes=0, compression_ratio=compression_ratio,
         causal_rule=causal_rule, page_pool=False,
-        vmem_limit_bytes=vmem_limit_bytes,
+        vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
         name=(f"StreamIdxDenseTC-{launch.case}-bq_{bq_sz}-bkvp_"
               f"{kv_blocks[c]}"),
         interpret=interpret)
@@ -500,12 +567,14 @@ def streamindex_page_topk_dense(
     num_queries_per_block: int = 512,
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
+    num_cores: int = 1,
 ) -> jax.Array:
   """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
 
   Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128
   pages per KV block, one launch over the num_seqs sequences), with the
-  dense FP8 pair in place of `cache_kv`.
+  dense FP8 pair in place of `cache_kv`; `num_cores` as for
+  `streamindex_topk_dense`.
   """
   cache = (cache_values, cache_scales)
   validate.static_validate_page_topk(
@@ -514,6 +583,7 @@ def streamindex_page_topk_dense(
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  _check_num_cores(num_cores)
   interpret = modes.resolve_interpret()
   num_tokens = q.shape[0]
   weights = prepare_index_weights(indexer_weights, q.dtype)
@@ -531,7 +601,7 @@ def streamindex_page_topk_dense(
       bq_sz=num_queries_per_block, bkv_p=bkv_p,
       num_out_sublanes=num_page_cols // LANES,
       compression_ratio=compression_ratio, causal_rule=causal_rule,
-      page_pool=True, vmem_limit_bytes=vmem_limit_bytes,
+      page_pool=True, vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
       name=f"StreamIdxDensePageTC-bq_{num_queries_per_block}-bkvp_{bkv_p}",
       interpret=interpret)
   scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,

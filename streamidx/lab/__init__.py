@@ -6,7 +6,9 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
               recorded from the interpreter), profiling (jax.profiler)
     studies/  layout (cache bytes, HBM per step, addresses, masks), quant
-              (FP8 analysis), parity (the case matrix and notebook 04's studies)
+              (FP8 analysis), parity (the case matrix and notebook 04's studies),
+              costs (bytes, wasted blocks and launches counted from the
+              interpreter's DMAs)
     bench/    the benchmark (`python -m streamidx.bench`)
     plots, params (notebook parameter checks), workbook (the papermill runner)
 
@@ -25,6 +27,7 @@ _MODULES = {
     "layout": "streamidx.lab.studies.layout",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
+    "costs": "streamidx.lab.studies.costs",
     "plots": "streamidx.lab.plots",
     "params": "streamidx.lab.params",
     "workbook": "streamidx.lab.workbook",
