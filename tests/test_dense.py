@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import cache, metrics, ref, semantics
-from streamidx.lab.model import timeline
+from streamidx.lab.model import tiling, timeline
 
 from cases import BLOCKS, CASE_IDS, CASES, K, NUM_HEADS, NUM_TOKENS
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
@@ -419,3 +419,62 @@ def test_dense_kernel_rejects_a_bad_num_cores(bad):
     si.streamindex_topk_dense(*args, num_cores=bad, **kw)
   with pytest.raises(ValueError, match=r"num_cores: must be a positive int"):
     si.validate_topk_dense_inputs(*args, num_cores=bad, **kw)
+
+
+# ---------------------------------------------------------------------------
+# The tiling model of the dense kernel (fmt="dense_fp8"): scratch and DMAs.
+
+
+def test_tiling_model_equals_dense_kernel_scratch_at_production_size():
+  b = si.make_mixed_batch(decode=[131072] * 8, prefill=[(300, 5000)],
+                          mixed=[(1, 700), (40, 2048)], page_size=128,
+                          compression_ratio=4)
+  blocks = dict(num_kv_pages_per_block=(3, 2, 2),
+                num_queries_per_block=(1, 128, 128))
+  seq_lens, page_indices, cu_q_lens, distribution = b.kernel_arrays()
+  sds = jax.ShapeDtypeStruct
+  args = (sds((b.num_tokens, 64, 128), jnp.bfloat16),
+          sds((b.num_tokens, 64), jnp.float32),
+          sds((b.total_num_pages, 32, 4, 128), jnp.uint8),
+          sds((b.total_num_pages, 1, 128), jnp.uint8),
+          seq_lens, page_indices, cu_q_lens, distribution)
+  declared = tiling.kernel_scratch(args, kernel="dense", k=512,
+                                   compression_ratio=4, **blocks)
+  p = tiling.plan(b, fmt="dense_fp8", num_heads=64, **blocks)
+  assert [d["case"] for d in declared] == ["decode", "decode", "prefill",
+                                           "mixed"]
+  for d, launch in zip(declared, p.launches):
+    assert d["scratch"] == [(s, dt) for _, s, dt in launch.scratch]
+  # Half the KV buffer of the vendored kernel's (129 vs 256 B per entry).
+  vendored = tiling.plan(b, fmt="fp8", num_heads=64, **blocks)
+  dense_kv = tiling.scratch_bytes(p.launches[0].scratch)
+  vendored_kv = tiling.scratch_bytes(vendored.launches[0].scratch)
+  assert (dense_kv["bkv_x2"] + dense_kv["bscale_x2"]) * 256 == (
+      vendored_kv["bkv_x2"] * 129)
+
+
+def test_tiling_model_equals_the_dense_kernel_s_dmas_event_by_event():
+  b = si.make_mixed_batch(decode=[37, 900, 64, 100, 300],
+                          prefill=[(40, 800)], mixed=[(1, 90), (20, 333)],
+                          page_size=16, compression_ratio=4,
+                          allocation="fragmented", seed=3)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=1)
+  kw = dict(num_kv_pages_per_block=(8, 8, 16),
+            num_queries_per_block=(1, 8, 16), decode_req_batch_size=2)
+  with timeline.record() as rec:
+    jax.block_until_ready(si.streamindex_topk_dense(
+        *_dense_args(inp), k=8, compression_ratio=4, **kw))
+  assert not rec.errors()
+  p = tiling.plan(b, fmt="dense_fp8", num_heads=4, **kw)
+  want = [e.key() for e in tiling.expected_dma_events(p)]
+  assert [e.key() for e in rec.dma_events()] == want
+  assert rec.allocations("vmem") == [[(s, d) for _, s, d in l.scratch]
+                                     for l in p.executed]
+  c = p.counts()
+  starts = [e for e in tiling.expected_dma_events(p) if e.op == "start"]
+  assert c["dma_kv"] == c["dma_kv_scale"] == sum(e.kind == "kv" for e in starts)
+  assert c["dma_total"] == len(starts)
+  assert c["bytes_kv"] == sum(e.nbytes for e in starts
+                              if e.kind in ("kv", "kv_scale"))
+  computes = [l for l in rec.lanes() if l["lane"] == "compute"]
+  assert len(computes) == sum(l.num_steps for l in p.launches)

@@ -120,7 +120,6 @@ def _dense_kernel(
   num_page_indices = page_indices_ref.shape[0]
   pages_per_seq = num_page_indices // seq_lens_ref.shape[0]
   bkv_sz = bkv_p * page_size
-  bkv_rows = bkv_p * rows_per_page
   num_sublanes_bkv = bkv_sz // LANES
 
   start_seq_idx = range_ref[0]
@@ -135,7 +134,8 @@ def _dense_kernel(
   # A core's grid row may end past the launch's programs: such a step does
   # nothing (its metadata reads stay inside the arrays).
   active = program < num_programs
-  batch_start = start_seq_idx + jnp.minimum(program, num_programs - 1) * b_sz
+  batch_start = start_seq_idx + jnp.maximum(
+      0, jnp.minimum(program, num_programs - 1)) * b_sz
   stride = num_cores * b_sz  # slots from this program to the core's next
 
   q_lens, seq_lens, kv_lens = [], [], []

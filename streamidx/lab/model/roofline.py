@@ -95,8 +95,10 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
   g = p.geometry
   t = g.num_tokens
   cols = p.num_score_cols
-  moved = {kind: n for kind, n in ((k_, p.counts()[f"bytes_{k_}"])
-                                    for k_ in ("kv", "q", "w", "out"))}
+  counts = p.counts()
+  moved = {kind: counts[f"bytes_{kind}"] for kind in ("q", "w", "out")}
+  # The cache as a TPU stores it: the dense format's scale tiles included.
+  moved["kv"] = counts["hbm_bytes_kv"]
   # Scalar prefetch: every launch copies seq_lens, the page table, cu_q_lens,
   # q_rows (M-sort) and three small arrays into SMEM.
   per_launch = 4 * (g.max_num_seqs + g.max_num_seqs * g.pages_per_seq

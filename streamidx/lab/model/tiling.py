@@ -1,6 +1,7 @@
 """How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
 
-A model of `streamidx/kernels/vendored.py`, written from its code and checked against
+A model of `streamidx/kernels/vendored.py` (and of `kernels/dense.py`, the same
+pipeline over the dense FP8 cache: fmt="dense_fp8"), written from its code and checked against
 it (tests/test_tiling.py): the VMEM scratch shapes against the shapes the
 kernel's own `pallas_call`s declare, and the DMA sequence against the DMAs
 the Pallas TPU interpreter executes (`streamidx.lab.model.timeline`).
@@ -23,7 +24,8 @@ Vocabulary (the kernel's):
 - step: one (program, bq block, bkv block): one KV block scored against one
   query block, for every sequence of the program.
 - DMAs: each step fetches its KV block one page per DMA (bkv_p DMAs per
-  sequence), double-buffered (slot 0/1, prefetched one step ahead, across
+  sequence; the dense FP8 kernel, fmt "dense_fp8", two per page: values
+  and scales), double-buffered (slot 0/1, prefetched one step ahead, across
   query blocks and programs); each query block fetches q and the weights
   (one DMA each per sequence); token mode writes each step's f32 scores to
   HBM (one DMA per step), page mode each query block's pooled page scores.
@@ -84,7 +86,7 @@ class Geometry:
   head_dim to 128).
   """
 
-  fmt: str  # cache format: "fp8" or "bf16"
+  fmt: str  # cache format: "fp8", "bf16" or "dense_fp8"
   page_size: int  # entries per page
   pages_per_seq: int
   max_num_seqs: int
@@ -95,12 +97,19 @@ class Geometry:
   q_dtype: str  # "bfloat16" or "float32"
 
   @property
+  def dense(self) -> bool:
+    """The dense FP8 cache: values and scales in two arrays."""
+    return self.fmt == "dense_fp8"
+
+  @property
   def kv_packing(self) -> int:
-    return cache_lib.kv_packing(self.fmt)
+    return 4 if self.dense else cache_lib.kv_packing(self.fmt)
 
   @property
   def lkv_dim(self) -> int:
-    return cache_lib.lkv_dim(self.fmt, self.head_dim)
+    """Elements per row of the values or records array."""
+    return self.head_dim if self.dense else cache_lib.lkv_dim(self.fmt,
+                                                              self.head_dim)
 
   @property
   def page_size_per_kv_packing(self) -> int:
@@ -108,17 +117,37 @@ class Geometry:
 
   @property
   def cache_dtype(self) -> np.dtype:
-    return np.dtype(cache_lib.cache_dtype(self.fmt))
+    return (np.dtype(np.uint8) if self.dense
+            else np.dtype(cache_lib.cache_dtype(self.fmt)))
 
   @property
   def record_bytes(self) -> int:
-    """Bytes of one entry as stored (FP8: values, scale and padding)."""
+    """Bytes of one entry's data (FP8 record: values, scale and padding;
+    dense FP8: head_dim + 1)."""
+    if self.dense:
+      return cache_lib.CACHE_FORMATS["dense_fp8"].bytes_per_entry(
+          self.head_dim)
     return cache_lib.record_bytes(self.fmt, self.head_dim)
 
   @property
   def page_bytes(self) -> int:
-    """Bytes of one page, i.e. of one KV DMA."""
+    """Bytes the KV DMAs of one page move (the interpreter's count)."""
     return self.page_size * self.record_bytes
+
+  @property
+  def hbm_page_bytes(self) -> int:
+    """Bytes one page occupies in a TPU's HBM, tile padding included (the
+    dense format's scale rows pad to (4, 128) tiles: 132 B per entry at
+    page size 128); equal to `page_bytes` for the packed formats."""
+    if self.dense:
+      return self.page_size * cache_lib.dense_tpu_bytes_per_entry(
+          self.head_dim, self.page_size)
+    return self.page_bytes
+
+  @property
+  def scale_lanes(self) -> int:
+    """Dense FP8: the minor dimension of a page's scale rows."""
+    return cache_lib.dense_scale_lanes(self.page_size)
 
   @property
   def q_itemsize(self) -> int:
@@ -128,8 +157,9 @@ class Geometry:
 def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
              q_dtype: str = "bfloat16") -> Geometry:
   """The kernel's static shapes for `batch` (a `RaggedBatch`) and these inputs."""
-  if fmt not in cache_lib.FORMATS:
-    raise ValueError(f"fmt must be one of {cache_lib.FORMATS}, got {fmt!r}")
+  if fmt not in cache_lib.FORMATS + ("dense_fp8",):
+    raise ValueError(f"fmt must be one of {cache_lib.FORMATS + ('dense_fp8',)}"
+                     f", got {fmt!r}")
   if q_dtype not in ("bfloat16", "float32"):
     raise ValueError(f"q_dtype must be 'bfloat16' or 'float32', got {q_dtype!r}")
   q_packing = 32 // (_dtype(q_dtype).itemsize * 8)
@@ -207,8 +237,10 @@ class Plan:
     return tuple(l for l in self.launches if l.grid)
 
   def counts(self) -> dict:
-    """DMA starts ("dma_kv", "dma_q", "dma_w", "dma_out") and their bytes,
-    grid steps and steps, summed over the launches.
+    """DMA starts ("dma_kv", "dma_kv_scale" (dense FP8), "dma_q", "dma_w",
+    "dma_out") and their bytes ("bytes_kv": values and scales as the DMAs
+    count them; "hbm_bytes_kv": with the TPU's tile padding), grid steps and
+    steps, summed over the launches.
 
     Computed from the loop trip counts in closed form; equal to counting
     `expected_dma_events` (tests/test_tiling.py), which walks every DMA.
@@ -216,8 +248,8 @@ class Plan:
     g = self.geometry
     cu = self.cu_q_lens
     q_row = g.num_q_heads * g.head_dim * g.q_itemsize
-    c = dict(grid_steps=0, steps=0, dma_kv=0, bytes_kv=0, dma_q=0, bytes_q=0,
-             dma_w=0, bytes_w=0, dma_out=0, bytes_out=0)
+    c = dict(grid_steps=0, steps=0, dma_kv=0, bytes_kv=0, dma_kv_scale=0,
+             dma_q=0, bytes_q=0, dma_w=0, bytes_w=0, dma_out=0, bytes_out=0)
     for launch in self.launches:
       b, bq = launch.seq_batch_size, launch.bq_sz
       if launch.case == "page":
@@ -242,8 +274,12 @@ class Plan:
         else:
           c["dma_out"] += steps
           c["bytes_out"] += pr.num_bkv * b * first * out_row
+    if g.dense:  # one scale DMA per values DMA
+      c["dma_kv_scale"] = c["dma_kv"]
     c["bytes_kv"] = c["dma_kv"] * g.page_bytes
-    c["dma_total"] = c["dma_kv"] + c["dma_q"] + c["dma_w"] + c["dma_out"]
+    c["hbm_bytes_kv"] = c["dma_kv"] * g.hbm_page_bytes
+    c["dma_total"] = (c["dma_kv"] + c["dma_kv_scale"] + c["dma_q"] + c["dma_w"]
+                      + c["dma_out"])
     return c
 
   @property
@@ -264,6 +300,10 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
   else:
     num_sublanes_bkv = bkv_p * g.page_size // _LANES
     o = ("scores_block_x2", (2, b * bq_sz, num_sublanes_bkv, _LANES), "float32")
+  if g.dense:
+    lanes = g.scale_lanes
+    scale = ("bscale_x2", (2, b, bkv_p, g.page_size // lanes, lanes), "uint8")
+    return (kv, scale, q, w, o)
   return (kv, q, w, o)
 
 
@@ -422,15 +462,24 @@ def expected_dma_events(p: Plan) -> list[Event]:
         out.append(Event(li, op, "q", slot, i, sz * q_row_bytes))
         out.append(Event(li, op, "w", slot, i, sz * w_row_bytes))
 
+    # Dense FP8: a values and a scales DMA per page, two waits per block.
+    value_bytes = g.page_size * g.head_dim if g.dense else g.page_bytes
+
     def fetch_bkv(seq0, bkv_idx, slot, wait):
       for i in range(b):
         if wait:
-          out.append(Event(li, "wait", "kv", slot, i, bkv_p * g.page_bytes))
+          out.append(Event(li, "wait", "kv", slot, i, bkv_p * value_bytes))
+          if g.dense:
+            out.append(Event(li, "wait", "kv_scale", slot, i,
+                             bkv_p * g.page_size))
           continue
         off = (seq0 + i) * g.pages_per_seq + bkv_idx * bkv_p
         for j in range(bkv_p):
           page = min(int(table[min(off + j, n_idx - 1)]), g.total_num_pages - 1)
-          out.append(Event(li, "start", "kv", slot, i, g.page_bytes, page=page))
+          out.append(Event(li, "start", "kv", slot, i, value_bytes, page=page))
+          if g.dense:
+            out.append(Event(li, "start", "kv_scale", slot, i, g.page_size,
+                             page=page))
 
     def wait_out(slot):
       if bo_rows[slot] >= 0:
@@ -505,10 +554,13 @@ def scratch_bytes(scratch) -> dict[str, int]:
   return {n: math.prod(s) * np.dtype(d).itemsize for n, s, d in scratch}
 
 
-def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
+def kernel_scratch(args, *, mode: str = "token", kernel: str = "vendored",
+                   **kwargs) -> list[dict]:
   """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
 
-  Traces `streamindex_topk` (or `streamindex_page_topk`) with `jax.make_jaxpr`
+  Traces `streamindex_topk` (or `streamindex_page_topk`; kernel="dense":
+  `streamindex_topk_dense` / `streamindex_page_topk_dense`, whose `args`
+  hold the two cache arrays) with `jax.make_jaxpr`
   and reads each `pallas_call`'s declared scratch operands: nothing runs and
   no array is allocated, so `args` may be `jax.ShapeDtypeStruct`s of
   production size. Returns one dict per launch, in launch order:
@@ -517,9 +569,14 @@ def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import core  # pylint: disable=g-import-not-at-top
-  from streamidx.kernels import vendored as kernel  # pylint: disable=g-import-not-at-top
+  from streamidx.kernels import dense, vendored  # pylint: disable=g-import-not-at-top
 
-  fn = kernel.streamindex_topk if mode == "token" else kernel.streamindex_page_topk
+  if kernel == "dense":
+    fn = (dense.streamindex_topk_dense if mode == "token"
+          else dense.streamindex_page_topk_dense)
+  else:
+    fn = (vendored.streamindex_topk if mode == "token"
+          else vendored.streamindex_page_topk)
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
 
   def walk(j):
@@ -546,6 +603,8 @@ def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
         continue
       scratch.append((tuple(v.aval.shape), np.dtype(v.aval.dtype).name))
     symbol = name.split("-")[1] if name.startswith("StreamIdxTC-") else None
+    if name.startswith("StreamIdxDenseTC-"):  # named by its launch's case
+      symbol = name.split("-")[1][0]
     out.append({"case": _SYMBOL.get(symbol, "page"), "name": name,
                 "scratch": scratch,
                 "vmem_limit_bytes": eqn.params["compiler_params"].vmem_limit_bytes})

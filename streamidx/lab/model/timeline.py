@@ -213,7 +213,7 @@ class Recorder:
         continue
       i = op.info
       page = row = col = -1
-      if op.kind == "dma_start" and i["sem"] == "kv":
+      if op.kind == "dma_start" and i["sem"] in ("kv", "kv_scale"):
         page = _first(i["src"][2])
       if op.kind == "dma_start" and i["sem"] == "out":
         row, col = _first(i["dst"][2]), i["dst"][2][1].start
@@ -254,7 +254,9 @@ class Recorder:
           compute_start = op.seq  # first read of the KV block buffer
       elif op.kind == "store":
         bufs = vmem.get(op.launch, [])
-        if len(bufs) >= 4 and i["buffer"] == bufs[3] and compute_start is not None:
+        # The score block is the last scratch buffer (4th of the vendored
+        # kernel's, 5th of the dense kernel's).
+        if len(bufs) >= 4 and i["buffer"] == bufs[-1] and compute_start is not None:
           out.append(dict(lane="compute", start=compute_start, end=op.seq,
                           launch=op.launch, count=1, batch_idx=0,
                           sem="compute"))
