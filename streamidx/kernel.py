@@ -817,6 +817,7 @@ def streamindex_topk(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+  distribution = validate.distribution_array(distribution)  # a tuple too
   num_kv_pages_per_blocks = _normalize_per_case(num_kv_pages_per_block)
   num_queries_per_blocks = _normalize_per_case(num_queries_per_block)
 
