@@ -17,8 +17,8 @@ streaming, bench (the benchmark), workbook (the notebook runner).
 from streamidx import batch, cache, metrics, modes, params, ref, validate
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
-from streamidx.kernel import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
-                              streamindex_page_topk, streamindex_topk)
+from streamidx import kernel as _kernel
+from streamidx.kernel import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.modes import (describe_machine, interpreter, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
@@ -28,6 +28,13 @@ from streamidx.validate import (checked_streamindex_page_topk,
                                 checked_streamindex_topk,
                                 validate_page_topk_inputs,
                                 validate_topk_inputs)
+
+# The vendored jitted kernels, returning finished results when they run
+# interpreted (see `streamidx.modes.blocking_when_interpreted`);
+# `streamidx.kernel.*` are the bare jitted functions.
+streamindex_topk = modes.blocking_when_interpreted(_kernel.streamindex_topk)
+streamindex_page_topk = modes.blocking_when_interpreted(
+    _kernel.streamindex_page_topk)
 
 __version__ = "0.1.0"
 

@@ -60,6 +60,7 @@ from jax.experimental import checkify
 
 from streamidx import cache as cache_lib
 from streamidx import kernel as kernel_lib
+from streamidx import modes
 from streamidx.kernel import CAUSAL_RULES
 
 __all__ = [
@@ -754,6 +755,7 @@ _PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "causal_rule")
 
 
+@modes.blocking_when_interpreted
 @functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
 def checked_streamindex_topk(
     q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
@@ -792,6 +794,7 @@ def checked_streamindex_topk(
   return err, indices
 
 
+@modes.blocking_when_interpreted
 @functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
 def checked_streamindex_page_topk(
     q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
