@@ -8,7 +8,8 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
     studies/  layout (cache bytes, HBM per step, addresses, masks), quant
               (FP8 analysis), parity (the case matrix and notebook 04's studies)
     bench/    the benchmark (`python -m streamidx.bench`)
-    plots, params (notebook parameter checks), workbook (the papermill runner)
+    plots, tables (text tables), params (notebook parameter checks),
+    workbook (the papermill runner)
 
 The modules are importable by their short names too:
 `from streamidx.lab import tiling, plots`.
@@ -26,6 +27,7 @@ _MODULES = {
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
     "plots": "streamidx.lab.plots",
+    "tables": "streamidx.lab.tables",
     "params": "streamidx.lab.params",
     "workbook": "streamidx.lab.workbook",
     "bench": "streamidx.lab.bench",
