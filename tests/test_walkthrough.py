@@ -174,14 +174,6 @@ def test_score_checks_add_prints_and_raises(capsys):
 # --- tables ------------------------------------------------------------------
 
 
-def test_markdown_table():
-  table = walkthrough.markdown_table([dict(a=1, b=0.123456), dict(a="x|y")])
-  assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |",
-                                "| x\\|y |  |"]
-  with pytest.raises(ValueError, match="rows"):
-    walkthrough.markdown_table([])
-
-
 def small_batch():
   return si.make_mixed_batch(decode=[700, 1500, 333, 64, 900],
                              prefill=[(12, 300)], mixed=[(5, 260)],

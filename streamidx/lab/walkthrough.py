@@ -16,7 +16,6 @@ teaches). What is not teaching material lives here, tested
     check_scores(got, want, bound)   two score matrices agree: the same -inf
                                      pattern, finite values within 2 * bound
     ScoreChecks                      named checks that print and assert
-    markdown_table(rows)             a list of dicts as a Markdown table
     notebook_line_counts(path)       non-blank Markdown and code lines
     capture_races(fn)                runs fn under `streamidx.race_check()`,
                                      keeping the detector's printed reports
@@ -49,7 +48,6 @@ __all__ = [
     "ScoreCheck",
     "check_scores",
     "ScoreChecks",
-    "markdown_table",
     "notebook_line_counts",
     "RaceRun",
     "capture_races",
@@ -286,28 +284,6 @@ class ScoreChecks(dict):
     print(f"{name}: {c.summary()}")
     if not c.ok:
       raise AssertionError(f"{name}: {c.summary()}")
-
-
-def _cell(value) -> str:
-  if isinstance(value, float):
-    text = f"{value:.4g}"
-  else:
-    text = str(value)
-  return text.replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None
-                   ) -> str:
-  """Rows of dicts as a GitHub-flavoured Markdown table (floats to 4 digits)."""
-  if not rows:
-    raise ValueError("rows: must not be empty")
-  columns = list(columns or rows[0])
-  out = ["| " + " | ".join(columns) + " |",
-         "|" + "|".join("---" for _ in columns) + "|"]
-  for row in rows:
-    out.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns)
-               + " |")
-  return "\n".join(out)
 
 
 def notebook_line_counts(path) -> dict[str, int]:
