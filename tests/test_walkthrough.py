@@ -259,3 +259,18 @@ def test_walkthrough_notebook_opens_with_its_question_and_keeps_tpu_metadata():
   hidden = [c for c in nb["cells"]
             if c["metadata"].get("jupyter", {}).get("source_hidden")]
   assert len(hidden) >= 2, "exercise answers are collapsed cells"
+
+
+def test_every_source_excerpt_the_notebook_prints_resolves():
+  # The notebook names functions of the vendored kernel and the strings that
+  # cut them; an edit to the kernel that breaks one fails here, fast.
+  from streamidx import ref  # pylint: disable=g-import-not-at-top
+  nb = json.loads(WALKTHROUGH.read_text())
+  code = "\n".join("".join(c["source"]) for c in nb["cells"]
+                   if c["cell_type"] == "code")
+  calls = re.findall(r"walkthrough\.excerpt\((.*?)\)\)$", code, flags=re.M)
+  assert len(calls) >= 7, calls
+  for call in calls:
+    ex = eval(f"walkthrough.excerpt({call})",  # pylint: disable=eval-used
+              {"walkthrough": walkthrough, "vendored": vendored, "ref": ref})
+    assert ex.lines, call
