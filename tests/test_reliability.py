@@ -159,7 +159,7 @@ def test_page_table_rule_does_not_overflow_near_int32_max():
   # four-column table for a 2**31 - 8 entry sequence was accepted.
   with pytest.raises(ValueError, match=f"^{re.escape(HUGE_MESSAGE)}$"):
     validate.validate_topk_inputs(*_huge_sequence_args(), **TOKEN_KW)
-  err, idx = validate.checked_streamindex_topk(*_huge_sequence_args(),
+  err, idx = si.checked_streamindex_topk(*_huge_sequence_args(),
                                                **TOKEN_KW)
   assert err.get() == f"{HUGE_MESSAGE} (`check` failed)"
   np.testing.assert_array_equal(idx, -1)
@@ -271,7 +271,7 @@ def test_page_validator_rejects_a_subnormal_scale():
   with pytest.raises(ValueError, match=rf"got sequence 1, entry 1 \(physical "
                      rf"page {page}, slot 1\): scale byte 0\)$"):
     validate.validate_page_topk_inputs(*page_args, k_pages=1)
-  err, _ = validate.checked_streamindex_page_topk(*page_args, k_pages=1)
+  err, _ = si.checked_streamindex_page_topk(*page_args, k_pages=1)
   assert "scale byte 0" in err.get()
 
 
@@ -299,7 +299,7 @@ def test_finite_query_whose_dot_overflows_is_rejected():
                      r"key it sees must stay below 2\*\*127 .*\(got row 0 "
                      r"\(sequence 0\): bound up to 2\*\*1[3-4][0-9]\)$"):
     validate.validate_topk_inputs(*args, **TOKEN_KW)
-  err, idx = validate.checked_streamindex_topk(*args, **TOKEN_KW)
+  err, idx = si.checked_streamindex_topk(*args, **TOKEN_KW)
   assert err.get().startswith("q: each head's dot product")
   np.testing.assert_array_equal(idx, -1)
 
@@ -327,7 +327,7 @@ DEADLOCK_REPRODUCER = textwrap.dedent("""
 
 
 def test_queuing_work_behind_an_interpreted_call_does_not_hang():
-  # With the bare jitted kernel (`streamidx.kernel.streamindex_page_topk`)
+  # With the bare jitted kernel (`streamidx.kernels.vendored.streamindex_page_topk`)
   # this script hung (XLA:CPU, jax 0.10.2) within 2-4 iterations in every
   # run seen: the interpreter's callback dispatches XLA work that waits on
   # XLA:CPU's in-flight bound, held by the work queued behind the kernel.
@@ -352,6 +352,6 @@ def test_blocking_wrapper_keeps_jit_eval_shape_and_lower():
   np.testing.assert_array_equal(inside, call(*inp.args))
   assert si.streamindex_topk.lower(*inp.args, **TOKEN_KW) is not None
   # the checkify entry point returns (err, idx) ready, the pytree intact
-  err, idx = validate.checked_streamindex_topk(*inp.args, **TOKEN_KW)
+  err, idx = si.checked_streamindex_topk(*inp.args, **TOKEN_KW)
   assert err.get() is None
   np.testing.assert_array_equal(idx, call(*inp.args))

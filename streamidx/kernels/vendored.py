@@ -64,6 +64,14 @@
 #     the cache are silently clamped to the last page by the kernel;
 #     `streamidx.validate_topk_inputs` / `validate_page_topk_inputs` reject
 #     such tables.
+# M6  Shared semantics. The rules the references, validation and the lab's
+#     models share live in `streamidx/semantics.py`, and this file imports
+#     them instead of defining its own: `cdiv`/`align_to` (upstream's, moved),
+#     the causal rule of M3 (`causal_visible_bound`), the per-case block-size
+#     normalisation (`normalize_per_case`, which also rejects malformed
+#     sizes), and the list of launches (`token_launches`: the wrapper loops
+#     over it instead of spelling out the four `run_topk_kernel` calls; same
+#     launches, same order, same arguments).
 # M7  Empty sequences cost no DMA. A sequence with q_len 0 (allowed anywhere
 #     in a batch) made the seed start and wait on zero-row DMAs (its query
 #     block, its weights, its output block), which the TPU interpreter's race
@@ -89,22 +97,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
+from streamidx import semantics
+from streamidx import validate
+# streamidx (M6): the shared rules come from streamidx.semantics.
+from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
+                                 align_to, causal_visible_bound, cdiv)
 
 Enum = enum.Enum
-
-DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024
-
-# streamidx (M3): the two causal rules.
-CAUSAL_RULES = ("model", "seed")
-
-
-def cdiv(a, b):
-  assert b != 0
-  return (a + b - 1) // b
-
-
-def align_to(x, a):
-  return cdiv(x, a) * a
 
 
 def get_dtype_bitwidth(dtype):
@@ -137,21 +136,13 @@ class MlaCase(Enum):
     }[self]
 
 
-def causal_visible_bound(q_pos, compression_ratio, causal_rule):
-  """Exclusive upper bound on visible compressed entries for query positions.
-
-  streamidx (M3). Entry s is causally visible to the query at absolute
-  position `q_pos` iff `s < causal_visible_bound(q_pos, ...)`:
-    "model": (q_pos + 1) // ratio  (only blocks complete at q_pos)
-    "seed":  q_pos // ratio + 1    (the vendored `s <= q_pos // ratio`)
-  Works on Python ints, NumPy and JAX arrays alike.
-  """
-  if causal_rule == "model":
-    return (q_pos + 1) // compression_ratio
-  if causal_rule == "seed":
-    return q_pos // compression_ratio + 1
-  raise ValueError(
-      f"causal_rule must be one of {CAUSAL_RULES}, got {causal_rule!r}")
+# streamidx (M6): the MlaCase of each launch of `semantics.token_launches`.
+_MLA_CASE = {
+    "decode": MlaCase.DECODE,
+    "decode_rest": MlaCase.DECODE,
+    "prefill": MlaCase.PREFILL,
+    "mixed": MlaCase.MIXED,
+}
 
 
 def _scores_kernel(
@@ -738,13 +729,6 @@ def prepare_outputs(out):
   return out
 
 
-def _normalize_per_case(value):
-  """An int or a (decode, prefill, mixed) tuple -> a list of three ints."""
-  if isinstance(value, int):
-    return [value for _ in range(3)]
-  return list(value)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -807,9 +791,7 @@ def streamindex_topk(
   # `cache_kv` along the width dimension, keeping HBM transactions fused.
   if num_kv_pages_per_block is None or num_queries_per_block is None:
     raise ValueError("num_kv_pages_per_block and num_queries_per_block must be specified.")
-  # streamidx (issue 3): every static rule is checked before a kernel is built.
-  from streamidx import validate  # pylint: disable=g-import-not-at-top
-
+  # streamidx (M5): every static rule is checked before a kernel is built.
   validate.static_validate_topk(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution, k=k, compression_ratio=compression_ratio,
@@ -818,8 +800,10 @@ def streamindex_topk(
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
   distribution = validate.distribution_array(distribution)  # a tuple too
-  num_kv_pages_per_blocks = _normalize_per_case(num_kv_pages_per_block)
-  num_queries_per_blocks = _normalize_per_case(num_queries_per_block)
+  num_kv_pages_per_blocks = semantics.normalize_per_case(
+      num_kv_pages_per_block, "num_kv_pages_per_block")
+  num_queries_per_blocks = semantics.normalize_per_case(
+      num_queries_per_block, "num_queries_per_block")
 
   interpret = modes.resolve_interpret()  # streamidx (M1)
 
@@ -999,79 +983,30 @@ def streamindex_topk(
   # sequences in one batch have similar lengths to reduce waste of compute.
   # With the same batch size, the longest sequence will determine number of
   # blocks to run computation for.
-  decode_batch_end = distribution[0] // decode_req_batch_size * decode_req_batch_size
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores_init,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[0],
-      num_queries_per_block=num_queries_per_blocks[0],
-      start_seq_idx=jnp.array(0),
-      end_seq_idx=decode_batch_end,
-      static_q_len=1,
-      seq_batch_size=decode_req_batch_size,
-      case=MlaCase.DECODE,
-  )
-
-  # Handle num_decode_seqs % decode_req_batch_size != 0 case.
-  # streamidx (M4): ends at distribution[0]; the seed ran on to
-  # distribution[1], treating chunked-prefill sequences as decode.
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[0],
-      num_queries_per_block=num_queries_per_blocks[0],
-      start_seq_idx=decode_batch_end,
-      end_seq_idx=distribution[0],
-      static_q_len=1,
-      seq_batch_size=1,
-      case=MlaCase.DECODE,
-  )
-
-  # streamidx (M4): chunked-prefill-only sequences, with the prefill block
-  # sizes and each sequence's own (dynamic) q_len.
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[1],
-      num_queries_per_block=num_queries_per_blocks[1],
-      start_seq_idx=distribution[0],
-      end_seq_idx=distribution[1],
-      static_q_len=None,
-      seq_batch_size=1,
-      case=MlaCase.PREFILL,
-  )
-
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[2],
-      num_queries_per_block=num_queries_per_blocks[2],
-      start_seq_idx=distribution[1],
-      end_seq_idx=distribution[2],
-      static_q_len=None,
-      seq_batch_size=1,
-      case=MlaCase.MIXED,
-  )
+  # streamidx (M4, M6): the launches come from `semantics.token_launches`:
+  # batched decode [0, i // d * d), the decode remainder [i // d * d, i), the
+  # chunked-prefill range [i, j) with the prefill block sizes and each
+  # sequence's own (dynamic) q_len (the seed ran [i, j) as decode, scoring
+  # only the first query of each sequence), and the mixed range [j, n).
+  scores = scores_init
+  for launch in semantics.token_launches(distribution, decode_req_batch_size):
+    c = launch.block_case
+    scores = run_topk_kernel(
+        q,
+        prepared_indexer_weights,
+        cache_kv,
+        scores,
+        seq_lens,
+        page_indices,
+        cu_q_lens,
+        num_kv_pages_per_block=num_kv_pages_per_blocks[c],
+        num_queries_per_block=num_queries_per_blocks[c],
+        start_seq_idx=launch.start,
+        end_seq_idx=launch.end,
+        static_q_len=launch.static_q_len,
+        seq_batch_size=launch.seq_batch_size,
+        case=_MLA_CASE[launch.case],
+    )
 
   scores = scores.reshape(q.shape[0], -1)
   if scores.shape[1] < k:
@@ -1134,8 +1069,6 @@ def streamindex_page_topk(
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
   """
-  from streamidx import validate  # pylint: disable=g-import-not-at-top
-
   validate.static_validate_page_topk(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       num_seqs, k_pages=k_pages, compression_ratio=compression_ratio,
