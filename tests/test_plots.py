@@ -12,8 +12,9 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import layout  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import addressing  # pylint: disable=g-import-not-at-top
 
 
 def _batch(allocation):
@@ -40,13 +41,12 @@ def test_page_table_figure_colours_each_physical_page_by_its_owner(allocation):
 
 def test_batch_launch_figure_draws_one_box_per_program(tmp_path):
   batch = _batch("contiguous")
-  plan = layout.launch_plan(batch.distribution, num_kv_pages_per_block=16,
-                            num_queries_per_block=(1, 4, 4),
-                            decode_req_batch_size=2)
-  work = layout.program_work(batch, plan)
-  fig = plots.batch_launch_figure(batch, plan, work)
+  plan = tiling.plan(batch, num_kv_pages_per_block=16,
+                     num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
+  fig = plots.batch_launch_figure(batch, plan)
   outlines = [p for p in fig.axes[0].patches if not p.get_fill()]
-  assert len(outlines) == len(work) == sum(l.grid for l in plan)
+  assert len(outlines) == len(plan.grid_points()) == sum(
+      l.grid for l in plan.launches)
   path = plots.save(fig, tmp_path / "out", "launches")
   assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   plt.close(fig)
@@ -54,8 +54,8 @@ def test_batch_launch_figure_draws_one_box_per_program(tmp_path):
 
 def test_visibility_axes_outlines_exactly_the_difference_cells():
   positions = np.arange(20, 28)
-  mask = layout.visibility_mask(positions, 8, 4, "seed", seq_len=28)
-  diff = layout.causal_rule_difference(positions, 8, 4, seq_len=28)
+  mask = addressing.visibility_mask(positions, 8, 4, "seed", seq_len=28)
+  diff = addressing.causal_rule_difference(positions, 8, 4, seq_len=28)
   fig, ax = plt.subplots()
   plots.visibility_axes(ax, mask, positions, diff=diff, title="t")
   cells = sorted((int(p.get_y()), int(p.get_x())) for p in ax.patches)
