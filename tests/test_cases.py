@@ -327,8 +327,8 @@ def test_summation_error_bound_bounds_the_f32_reference_error(fmt, q_dtype):
   # Row by row, the f32 reference is within `summation_error_bound` of a
   # float64 evaluation (tests/oracle.py) of the same (quantized) keys, on
   # every visible entry: the bound the tie tolerance (4x its max) rests on.
-  case = dataclasses.replace(cases.case_by_name("vendored/all_at_once_r2_bf16_k8"),
-                             fmt=fmt)
+  case = dataclasses.replace(
+      cases.case_by_name("vendored/all_at_once_r2_bf16_k8"), fmt=fmt)
   inp = case.inputs() if q_dtype == "bf16" else _f32_query_inputs(case)
   bound = metrics.summation_error_bound(
       inp, compression_ratio=case.compression_ratio)

@@ -1,4 +1,4 @@
-"""Every kernel variant (interpreted on CPU) against its reference, case by case.
+"""Every kernel variant (interpreted on CPU) against its reference, by case.
 
 The cases are the "tests" scope of the case matrix
 (`streamidx.lab.studies.cases`): named batches x ratios x cache formats for
@@ -24,7 +24,7 @@ from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 
-BLOCKS = cases.test_blocks("vendored")
+BLOCKS = cases.blocks_for("vendored")
 K = cases.K_TESTS
 NUM_TOKENS = cases.NUM_TOKENS
 TEST_CASES = cases.case_matrix("tests")

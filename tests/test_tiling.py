@@ -31,7 +31,7 @@ from streamidx.lab.studies import cases
 # ---------------------------------------------------------------------------
 # VMEM scratch: model vs the kernel's declared scratch_shapes.
 
-SMALL = cases.test_blocks("vendored")
+SMALL = cases.blocks_for("vendored")
 
 
 def _blocks(b, fmt="fp8", num_heads=8):

@@ -46,7 +46,7 @@ def test_registry_lists_the_token_and_page_variants():
 def test_variant_matches_its_reference(name, fmt):
   v = si.VARIANTS[name]
   inp, ratio = _inputs(v, fmt)
-  static = cases.test_blocks(v)
+  static = cases.blocks_for(v)
   k = 24 if v.mode == "token" else 5
   got = jax.block_until_ready(
       v.run(inp, k=k, compression_ratio=ratio, fmt=fmt, **static))

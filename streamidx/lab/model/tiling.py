@@ -199,7 +199,8 @@ class Launch:
     """The kernel's `named_scope` / pallas_call name (profiles show it)."""
     if self.case == "page":
       return f"StreamIdxPageTC-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
-    return f"StreamIdxTC-{_CASE_SYMBOL[self.case]}-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
+    symbol = _CASE_SYMBOL[self.case]
+    return f"StreamIdxTC-{symbol}-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
 
   @property
   def label(self) -> str:
@@ -328,7 +329,8 @@ def resolve_variant(variant: str | None = None, mode: str | None = None
   (default "token"); a mode that disagrees with the variant's is refused.
   """
   if mode not in (None, *variants_lib.MODES):
-    raise ValueError(f"mode: must be one of {variants_lib.MODES} (got {mode!r})")
+    raise ValueError(f"mode: must be one of {variants_lib.MODES} "
+                     f"(got {mode!r})")
   if variant is None:
     variant = next(name for name in MODELLED_VARIANTS
                    if variants_lib.get(name).mode == (mode or "token"))

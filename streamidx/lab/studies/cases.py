@@ -6,7 +6,8 @@ test_streaming.py, test_variants.py) and notebook 04's parity table. It holds:
   BATCHES       the named ragged batches, lengths in compressed entries
   the shape     NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE, PAGES_PER_SEQ,
                 TOTAL_NUM_PAGES, NUM_HEADS: one static shape for every case
-  TEST_BLOCKS   the small test block sizes, per mode (or per variant)
+  TEST_BLOCKS   the small test block sizes, per mode (or per variant):
+                `blocks_for(variant)`
   Case          one (variant, batch, cache format, ratio, k, causal rule)
   case_matrix   the cases of a scope ("ci", "pairwise", "full", "tests")
   run_case      runs a case's kernel and reference and compares them
@@ -56,11 +57,12 @@ from streamidx import batch as batch_lib
 from streamidx import metrics
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
+from streamidx.lab.model import tiling
 from streamidx.semantics import cdiv
 
 __all__ = [
     "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
-    "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "test_blocks",
+    "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
     "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "compile_keys",
     "SCOPES", "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs",
     "case_outputs", "compare_case", "run_case", "comparison_atol",
@@ -88,7 +90,7 @@ TEST_BLOCKS = {
 }
 
 
-def test_blocks(variant: variants_lib.Variant | str) -> dict:
+def blocks_for(variant: variants_lib.Variant | str) -> dict:
   """`TEST_BLOCKS` for a variant: its own entry, else its mode's."""
   v = variants_lib.get(variant) if isinstance(variant, str) else variant
   return dict(TEST_BLOCKS.get(v.name, TEST_BLOCKS[v.mode]))
@@ -154,11 +156,14 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     Batch("decode_only", decode=(37, (64, 3), 100, 250, 5),
           note="5 decode sequences: one batched decode program (4) and one "
                "remainder"),
-    Batch("prefill_only_from_scratch", prefill=((7, 50, 1), (20, 90), (13, 3, 2)),
-          note="chunked prefill, one from scratch (q_len == seq_len at ratio 1)"),
+    Batch("prefill_only_from_scratch",
+          prefill=((7, 50, 1), (20, 90), (13, 3, 2)),
+          note="chunked prefill, one from scratch (q_len == seq_len at "
+               "ratio 1)"),
     Batch("mixed_single_and_multi_token",
           mixed=((1, 77), (20, 90, 3), (9, 33), (1, 250)),
-          note="mixed range: single-token and multi-token queries in one launch"),
+          note="mixed range: single-token and multi-token queries in one "
+               "launch"),
     Batch("all_at_once", decode=(37, 64, 100, 250, 45),
           prefill=((7, 50, 1), (12, 3)), mixed=((1, 77), (12, 60, 2)),
           note="all three ranges in one call, padding rows and sequence slots"),
@@ -170,7 +175,8 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     Batch("ties_at_zero_all_launches", decode=(37, 64, 100, 250, 45),
           prefill=((30, 30), (6, 20)), mixed=((1, 77), (6, 12))),
     # Kernel-vs-reference coverage (the tests).
-    Batch("decode_only_full_batches", decode=(384, 5, 130, 300, 1, 64, 200, 383)),
+    Batch("decode_only_full_batches",
+          decode=(384, 5, 130, 300, 1, 64, 200, 383)),
     Batch("decode_only_with_remainder", decode=(50, 384, 7, 129, 256, 90),
           allocation="contiguous"),
     Batch("decode_only_fewer_than_batch", decode=(100, 3, 300),
@@ -179,7 +185,8 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     Batch("mixed_only", mixed=((1, 100), (12, 300, 2), (0, 0), (2, 0, 1),
                                (9, 129)), allocation="contiguous"),
     Batch("all_three_ranges", decode=(20, 384, 150, 2, 77),
-          prefill=((7, 64, 1), (9, 260)), mixed=((1, 33), (12, 190, 3), (0, 0))),
+          prefill=((7, 64, 1), (9, 260)),
+          mixed=((1, 33), (12, 190, 3), (0, 0))),
     Batch("prefill_and_decode_in_mixed_range",
           mixed=((1, 384), (16, 180, 1), (1, 5), (8, 8), (1, 0, 1)),
           allocation="shuffled"),
@@ -211,7 +218,7 @@ class Case:
 
   variant: a name of `streamidx.VARIANTS`; batch_name: a name of `BATCHES`.
   k: the variant's result count (`k`, or `k_pages` in page mode).
-  num_kv_pages_per_block, num_queries_per_block: None: `test_blocks(variant)`.
+  num_kv_pages_per_block, num_queries_per_block: None: `blocks_for(variant)`.
   """
 
   name: str
@@ -243,7 +250,7 @@ class Case:
             self.causal_rule, self.num_heads, self.head_dim)
 
   def blocks(self) -> dict:
-    out = test_blocks(self.v)
+    out = blocks_for(self.v)
     if self.num_kv_pages_per_block is not None:
       out["num_kv_pages_per_block"] = self.num_kv_pages_per_block
     if self.num_queries_per_block is not None:
@@ -266,8 +273,9 @@ class Case:
         fmt=self.fmt, seed=self.seed, key_distribution=self.key_distribution)
 
   def run_kernel(self, inputs):
-    return self.v.run(inputs, k=self.k, compression_ratio=self.compression_ratio,
-                      fmt=self.fmt, **self.static())
+    return self.v.run(inputs, k=self.k,
+                      compression_ratio=self.compression_ratio, fmt=self.fmt,
+                      **self.static())
 
   def run_reference(self, inputs):
     return self.v.run_reference(
@@ -286,7 +294,6 @@ class Case:
 
   def plan(self, b: batch_lib.RaggedBatch | None = None):
     """The tiling model's `Plan` of this case's kernel call."""
-    from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
     b = self.batch() if b is None else b
     return tiling.plan(b, variant=self.variant, fmt=self.fmt,
                        num_heads=self.num_heads, head_dim=self.head_dim,
@@ -295,7 +302,6 @@ class Case:
   def launches(self, b: batch_lib.RaggedBatch | None = None) -> str:
     """The kernel launches that do work, with their program counts
     (`tiling.Plan.summary`), e.g. "decode[4] x1, decode[1] x1, prefill x2"."""
-    from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
     if self.variant not in tiling.MODELLED_VARIANTS:
       return f"(no tiling model of {self.variant})"
     return self.plan(b).summary()
@@ -508,7 +514,8 @@ def case_outputs(case: Case, *,
   # Wait for the interpreted kernel before dispatching more work: with it in
   # flight, the reference's and summation_atol's computations can deadlock
   # XLA:CPU.
-  got = np.asarray(jax.block_until_ready((kernel_fn or case.run_kernel)(inputs)))
+  got = jax.block_until_ready((kernel_fn or case.run_kernel)(inputs))
+  got = np.asarray(got)
   want = np.asarray(case.run_reference(inputs))
   seconds = time.perf_counter() - t0
   return CaseOutputs(inputs, got, want, np.asarray(case.scores(inputs)),
