@@ -28,8 +28,6 @@ import numpy as np
 from streamidx import batch as batch_lib
 from streamidx import ref as ref_lib
 from streamidx.semantics import CAUSAL_RULES
-# The case matrix's scopes, named here too for notebook 04's parameter check.
-from streamidx.lab.studies.cases import SCOPES  # pylint: disable=unused-import
 
 __all__ = [
     "PageCoverage",
