@@ -61,7 +61,7 @@ def _assert_matches_reference(inp, got, mode):
   else:
     want = si.streamindex_page_topk_ref(*inp.page_args, **PAGE_KW)
     scores = si.page_scores(*inp.page_args)
-    atol = metrics.summation_atol(inp, compression_ratio=1, page_mode=True)
+    atol = metrics.summation_atol(inp, compression_ratio=1, mode="page")
   metrics.assert_topk_match(got, want, scores, atol=atol)
 
 
@@ -307,20 +307,19 @@ def test_finite_query_whose_dot_overflows_is_rejected():
 # --- 5. the interpreter deadlock --------------------------------------------
 
 DEADLOCK_REPRODUCER = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
     import streamidx as si
     from streamidx import metrics
-    from cases import CASES, NUM_HEADS
+    from streamidx.lab.studies import cases
     kw = dict(k_pages=6, num_queries_per_block=8)
+    batch = cases.BATCHES["prefill_only"].build(1, seed=len("prefill_only"))
     for it in range(4):
-      inp = si.make_inputs(CASES[3].batch(1), num_heads=NUM_HEADS,
+      inp = si.make_inputs(batch, num_heads=cases.NUM_HEADS,
                            fmt=("fp8", "bf16")[it % 2], seed=1)
       # Nothing waits for the interpreted kernel before more work is queued.
       got = si.streamindex_page_topk(*inp.page_args, **kw)
       want = si.streamindex_page_topk_ref(*inp.page_args, **kw)
       scores = si.page_scores(*inp.page_args)
-      atol = metrics.summation_atol(inp, compression_ratio=1, page_mode=True)
+      atol = metrics.summation_atol(inp, compression_ratio=1, mode="page")
       metrics.assert_topk_match(got, want, scores, atol=atol)
       print("iteration", it, flush=True)
 """)
@@ -331,7 +330,7 @@ def test_queuing_work_behind_an_interpreted_call_does_not_hang():
   # this script hung (XLA:CPU, jax 0.10.2) within 2-4 iterations in every
   # run seen: the interpreter's callback dispatches XLA work that waits on
   # XLA:CPU's in-flight bound, held by the work queued behind the kernel.
-  script = DEADLOCK_REPRODUCER.format(tests=os.path.dirname(__file__))
+  script = DEADLOCK_REPRODUCER
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   try:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True,
