@@ -32,9 +32,6 @@ from streamidx.checked import (checked_streamindex_page_topk,
                                checked_streamindex_page_topk_dense,
                                checked_streamindex_topk,
                                checked_streamindex_topk_dense)
-from streamidx.kernels.dense import (streamindex_page_topk_dense,
-                                     streamindex_topk_dense)
-from streamidx.kernels.vendored import streamindex_page_topk, streamindex_topk
 from streamidx.modes import (describe_machine, interpreter, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
@@ -48,6 +45,15 @@ from streamidx.validate import (validate_page_topk_dense_inputs,
                                 validate_topk_dense_inputs,
                                 validate_topk_inputs)
 from streamidx.variants import VARIANTS, Variant, block_sizes
+
+# The jitted kernels as registered: they return finished results
+# when they run interpreted (see `streamidx.modes.blocking_when_interpreted`);
+# `streamidx.kernels.vendored.*` / `streamidx.kernels.dense.*` are the bare
+# jitted functions.
+streamindex_topk = VARIANTS["vendored"].kernel
+streamindex_page_topk = VARIANTS["vendored_page"].kernel
+streamindex_topk_dense = VARIANTS["dense"].kernel
+streamindex_page_topk_dense = VARIANTS["dense_page"].kernel
 
 __version__ = "0.1.0"
 

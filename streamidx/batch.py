@@ -276,7 +276,9 @@ class IndexerInputs:
   q: jnp.ndarray  # [num_tokens, num_heads, head_dim] (bf16 by default)
   weights: jnp.ndarray  # f32[num_tokens, num_heads]
   keys: jnp.ndarray  # f32[total_num_pages, page_size, head_dim], unquantized
-  cache: jnp.ndarray  # [total_num_pages, page_size / kv_packing, kv_packing, lkv]
+  # [total_num_pages, page_size / kv_packing, kv_packing, lkv], or for
+  # "dense_fp8" the pair (cache_values, cache_scales)
+  cache: jnp.ndarray | tuple
   fmt: str
 
   @property
@@ -297,8 +299,17 @@ class IndexerInputs:
 
   def with_cache_format(self, fmt: str) -> "IndexerInputs":
     """The same keys packed in another cache format."""
-    return dataclasses.replace(self, cache=cache_lib.pack_cache(self.keys, fmt),
-                               fmt=fmt)
+    return dataclasses.replace(self, cache=_pack(self.keys, fmt), fmt=fmt)
+
+
+def _pack(keys, fmt: str):
+  """The cache of `keys` in `fmt`: one array, or the tuple of a multi-array
+  format of `cache.CACHE_FORMATS` ("dense_fp8": (cache_values,
+  cache_scales)); the references take either as `cache_kv`."""
+  if fmt in cache_lib.CACHE_FORMATS:
+    arrays = cache_lib.CACHE_FORMATS[fmt].pack(keys)
+    return arrays[0] if len(arrays) == 1 else tuple(arrays)
+  return cache_lib.pack_cache(keys, fmt)  # "f32", the reference's baseline
 
 
 def make_inputs(
@@ -341,6 +352,6 @@ def make_inputs(
       q=jnp.asarray(q).astype(q_dtype),
       weights=jnp.asarray(w),
       keys=keys,
-      cache=cache_lib.pack_cache(keys, fmt),
+      cache=_pack(keys, fmt),
       fmt=fmt,
   )

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import checked as checked_lib
+from streamidx import modes
 from streamidx import ref as ref_lib
 from streamidx import streaming as streaming_lib
 from streamidx import validate as validate_lib
@@ -82,7 +83,8 @@ class Variant:
       raise ValueError(f"fmt: variant {self.name!r} reads "
                        f"{self.cache_formats} (got {fmt!r})")
     if fmt == inputs.fmt:
-      return (inputs.cache,)
+      cache = inputs.cache
+      return tuple(cache) if isinstance(cache, (tuple, list)) else (cache,)
     return cache_lib.CACHE_FORMATS[fmt].pack(inputs.keys)
 
   def args(self, inputs, fmt: str | None = None) -> tuple:
@@ -209,7 +211,14 @@ _REGISTRY = (
     ),
 )
 
-VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}
+# Every registered kernel returns finished results when it runs interpreted
+# (`modes.blocking_when_interpreted`: queuing more work behind a running
+# interpreted kernel can hang XLA:CPU); compiled and traced calls are as the
+# jitted function's.
+VARIANTS: Mapping[str, Variant] = {
+    v.name: dataclasses.replace(
+        v, kernel=modes.blocking_when_interpreted(v.kernel))
+    for v in _REGISTRY}
 
 for _v in _REGISTRY:
   assert _v.mode in MODES, _v

@@ -2,9 +2,10 @@
 
 - The format: the same e4m3 values and e8m0 exponents as the packed FP8
   record, in two arrays that reshape to entry order; 129 B per entry.
-- The kernel against the reference over the whole case matrix (every case
-  at ratios 1, 2 and 4, both causal rules), sorted and given decode order,
-  page mode, and random batches (the hypothesis profiles of
+- The kernel against the reference: the case matrix runs every registered
+  variant (tests/test_kernel.py, `streamidx.lab.studies.cases`), the dense
+  ones included; here, besides, the seed causal rule, sorted and given
+  decode order, page mode, and random batches (the hypothesis profiles of
   tests/test_properties.py), tie-aware within the derived summation bound.
 - Race-free under the interpreter's detector with poisoned scratch, scores
   within twice the summation bound of the reference's.
@@ -28,11 +29,15 @@ import streamidx as si
 from streamidx import cache, metrics, ref, semantics
 from streamidx.lab.model import tiling, timeline
 
-from cases import BLOCKS, CASE_IDS, CASES, K, NUM_HEADS, NUM_TOKENS
+from streamidx.lab.studies import cases
+
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import test_properties as props
 
-RATIOS = (1, 2, 4)
+BLOCKS = cases.blocks_for("dense")
+K = cases.K_TESTS
+NUM_HEADS = cases.NUM_HEADS
+NUM_TOKENS = cases.NUM_TOKENS
 
 
 def _dense_args(inp):
@@ -98,10 +103,9 @@ def test_dense_cache_rejects_pages_not_a_multiple_of_four():
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(case_name: str, ratio: int) -> si.IndexerInputs:
-  case = CASES[CASE_IDS.index(case_name)]
-  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt="fp8",
-                        seed=ratio)
+def _inputs(batch_name: str, ratio: int) -> si.IndexerInputs:
+  return si.make_inputs(cases.BATCHES[batch_name].build(ratio),
+                        num_heads=NUM_HEADS, fmt="fp8", seed=ratio)
 
 
 def _check(inp, ratio, *, causal_rule="model", label="", **extra):
@@ -127,10 +131,11 @@ def _check(inp, ratio, *, causal_rule="model", label="", **extra):
                                 np.minimum(visible, K))
 
 
-@pytest.mark.parametrize("ratio", RATIOS)
-@pytest.mark.parametrize("case", CASE_IDS)
-def test_dense_kernel_matches_reference(case, ratio):
-  _check(_inputs(case, ratio), ratio, label=f"{case} r={ratio}")
+def test_the_case_matrix_runs_the_dense_variants():
+  seen = {(c.variant, c.fmt, c.compression_ratio)
+          for c in cases.case_matrix("tests")}
+  assert {("dense", "dense_fp8", r) for r in cases.RATIOS} <= seen
+  assert ("dense_page", "dense_fp8", 1) in seen
 
 
 @pytest.mark.parametrize("case", ["prefill_only", "all_three_ranges"])
@@ -178,7 +183,7 @@ def test_dense_page_kernel_matches_reference(name):
       want, si.streamindex_page_topk_ref(*inp.page_args, **kw))
   metrics.assert_topk_match(
       got, want, si.page_scores(*inp.page_args),
-      atol=metrics.summation_atol(inp, compression_ratio=1, page_mode=True))
+      atol=metrics.summation_atol(inp, compression_ratio=1, mode="page"))
 
 
 # ---------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def _check_random(p, batch_kw, input_kw, ties):
     ref_scores = ref.page_scores(*inp.page_args, causal_rule=p.causal_rule)
     bound = metrics.summation_error_bound(inp, compression_ratio=1,
                                           causal_rule=p.causal_rule,
-                                          page_mode=True)
+                                          mode="page")
   assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores,
                                   score_bound=bound, label=b.describe())
 
@@ -239,7 +244,7 @@ def test_dense_random_batches_match_reference(name):
 
 def test_dense_token_kernel_is_race_free(capsys):
   b = si.make_mixed_batch(decode=[37, 64, 100, 20, 9], prefill=[(13, 50)],
-                          mixed=[(20, 90), (3, 600)], page_size=16,
+                          mixed=[(20, 90), (3, 600), (0, 40)], page_size=16,
                           compression_ratio=4, allocation="fragmented",
                           max_num_seqs=9, num_tokens=48, seed=3)
   inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=5)
@@ -269,7 +274,7 @@ def test_dense_page_kernel_is_race_free(capsys):
       idx, scores, si.streamindex_page_topk_dense_ref(*args, **kw),
       ref.page_scores(*inp.page_args),
       score_bound=metrics.summation_error_bound(inp, compression_ratio=1,
-                                                page_mode=True))
+                                                mode="page"))
   si.reset_interpreter_state()
 
 
@@ -438,7 +443,7 @@ def test_tiling_model_equals_dense_kernel_scratch_at_production_size():
           sds((b.total_num_pages, 32, 4, 128), jnp.uint8),
           sds((b.total_num_pages, 1, 128), jnp.uint8),
           seq_lens, page_indices, cu_q_lens, distribution)
-  declared = tiling.kernel_scratch(args, kernel="dense", k=512,
+  declared = tiling.kernel_scratch(args, variant="dense", k=512,
                                    compression_ratio=4, **blocks)
   p = tiling.plan(b, fmt="dense_fp8", num_heads=64, **blocks)
   assert [d["case"] for d in declared] == ["decode", "decode", "prefill",

@@ -10,7 +10,9 @@ records. This kernel reads the same values and scales from two arrays
     cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
 
 so a KV block costs two DMAs per page (values, scales) and moves head_dim + 1
-bytes per entry. Everything else is the vendored kernel's: the same launches
+bytes per entry. Everything else is the vendored kernel's (its local modifications included:
+M3 causal rules, M4 the chunked-prefill launch, M7 no DMA for a sequence
+without queries, M-sort, M-empty): the same launches
 (`semantics.token_launches`), double-buffered query, KV and score blocks
 carried across the programs of a launch, the same arithmetic order (the dot
 on the stored e4m3 values in f32, ReLU, the weighted head sum, then the
@@ -160,16 +162,21 @@ def _dense_kernel(
       sz = jnp.maximum(0, jnp.minimum(bq_sz, cu_q_lens_ref[seq_idx + b + 1]
                                       - start))
       src_row = q_rows_ref[seq_idx + b] + bq_idx * bq_sz
-      q_dst = bq_x2_ref.at[slot, b, pl.ds(0, sz)]
-      w_dst = bw_x2_ref.at[slot, b, pl.ds(0, sz)]
-      if wait:
-        copy(q_dst, q_dst, sems.at[_Q, slot, b], wait=True)
-        copy(w_dst, w_dst, sems.at[_W, slot, b], wait=True)
-      else:
-        copy(q_hbm_ref.at[pl.ds(src_row, sz)], q_dst, sems.at[_Q, slot, b],
-             wait=False)
-        copy(weights_hbm_ref.at[pl.ds(src_row, sz)], w_dst,
-             sems.at[_W, slot, b], wait=False)
+
+      # No zero-row DMA (a sequence without queries), as the vendored
+      # kernel's M7: start and wait test the same predicate.
+      @pl.when(sz > 0)
+      def _(b=b, sz=sz, src_row=src_row):
+        q_dst = bq_x2_ref.at[slot, b, pl.ds(0, sz)]
+        w_dst = bw_x2_ref.at[slot, b, pl.ds(0, sz)]
+        if wait:
+          copy(q_dst, q_dst, sems.at[_Q, slot, b], wait=True)
+          copy(w_dst, w_dst, sems.at[_W, slot, b], wait=True)
+        else:
+          copy(q_hbm_ref.at[pl.ds(src_row, sz)], q_dst,
+               sems.at[_Q, slot, b], wait=False)
+          copy(weights_hbm_ref.at[pl.ds(src_row, sz)], w_dst,
+               sems.at[_W, slot, b], wait=False)
 
   # -- KV blocks: one values DMA and one scales DMA per page ------------------
 
@@ -179,9 +186,18 @@ def _dense_kernel(
       scales_vmem = bscale_x2_ref.at[slot, b]
       value_sem = sems.at[_KV, slot, b]
       scale_sem = sems.at[_SCALE, slot, b]
+      # A sequence without queries fetches no KV (M7): start and wait test
+      # the same predicate.
+      has_queries = (cu_q_lens_ref[seq_idx + b + 1]
+                     > cu_q_lens_ref[seq_idx + b])
       if wait:
-        copy(values_vmem, values_vmem, value_sem, wait=True)
-        copy(scales_vmem, scales_vmem, scale_sem, wait=True)
+
+        @pl.when(has_queries)
+        def _(values_vmem=values_vmem, scales_vmem=scales_vmem,
+              value_sem=value_sem, scale_sem=scale_sem):
+          copy(values_vmem, values_vmem, value_sem, wait=True)
+          copy(scales_vmem, scales_vmem, scale_sem, wait=True)
+
         continue
       offset = (seq_idx + b) * pages_per_seq + bkv_idx * bkv_p
 
@@ -198,11 +214,13 @@ def _dense_kernel(
              wait=False)
         return carry
 
-      if bkv_p > 64:  # page mode's 128-page blocks: a loop, not 128 copies
-        lax.fori_loop(0, bkv_p, start_page, None, unroll=False)
-      else:
-        for i in range(bkv_p):
-          start_page(i, None)
+      @pl.when(has_queries)
+      def _(start_page=start_page):
+        if bkv_p > 64:  # page mode's 128-page blocks: a loop, not 128 copies
+          lax.fori_loop(0, bkv_p, start_page, None, unroll=False)
+        else:
+          for i in range(bkv_p):
+            start_page(i, None)
 
   def load_bkv(slot, b):
     """(e4m3 values [bkv_sz, head_dim], f32 scales [1, bkv_sz]) of slot b."""
@@ -238,7 +256,7 @@ def _dense_kernel(
   def wait_send(slot):
     old = bo_sz_ref[slot]
 
-    @pl.when(old >= 0)
+    @pl.when(old > 0)  # no DMA was started for zero rows
     def _():
       dst = bo_x2_ref.at[slot, pl.ds(0, b_sz * old)]
       copy(dst, dst, sems.at[_OUT, slot, 0], wait=True)
@@ -257,6 +275,12 @@ def _dense_kernel(
   for kv in kv_lens[1:]:
     kv_len_max = jnp.maximum(kv_len_max, kv)
   num_bkv = jnp.maximum(1, cdiv(kv_len_max, bkv_sz))
+  # A program whose sequences have no queries runs one (empty) KV step: it
+  # only prefetches the next program's blocks (M7).
+  has_queries = q_lens[0] > 0
+  for q_len in q_lens[1:]:
+    has_queries = has_queries | (q_len > 0)
+  num_bkv = jnp.where(has_queries, num_bkv, 1)
   if static_q_len is None:
     num_bq = jnp.maximum(1, cdiv(q_lens[0], bq_sz))
   else:
@@ -289,11 +313,15 @@ def _dense_kernel(
                                     - token_start))
     if page_pool:
       # Page mode: the pooled row of every KV block goes into one output
-      # buffer, sent once per query block; acquire it before filling it.
+      # buffer, sent once per query block; acquire it before filling it
+      # (a query block without rows acquires, computes and sends nothing).
       bo_slot = sem_ids_ref[2]
-      wait_send(bo_slot)
-      bo_x2_ref[bo_slot, ...] = jnp.full(bo_x2_ref.shape[1:], -jnp.inf,
-                                         jnp.float32)
+
+      @pl.when(sz > 0)
+      def _():
+        wait_send(bo_slot)
+        bo_x2_ref[bo_slot, ...] = jnp.full(bo_x2_ref.shape[1:], -jnp.inf,
+                                           jnp.float32)
 
     def with_bkv(bkv_idx, _):
       bkv_slot = sem_ids_ref[1]
@@ -305,28 +333,36 @@ def _dense_kernel(
         fetch_bkv(nseq, nbkv, 1 - bkv_slot, wait=False)
 
       fetch_bkv(batch_start, bkv_idx, bkv_slot, wait=True)
-      out = []
-      for b in range(b_sz):
-        values, scales = load_bkv(bkv_slot, b)
-        s = block_scores(bqs[b], weights[b], values, scales, ends[b],
-                         kv_lens[b], bkv_idx)
+
+      # A query block without rows computes and sends nothing (M7).
+      @pl.when(sz > 0)
+      def _():
+        out = []
+        for b in range(b_sz):
+          values, scales = load_bkv(bkv_slot, b)
+          s = block_scores(bqs[b], weights[b], values, scales, ends[b],
+                           kv_lens[b], bkv_idx)
+          if page_pool:
+            # Max-pool each page (ratio 1: a page is page_size columns).
+            out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
+          else:
+            out.append(s.reshape(bq_sz, num_sublanes_bkv, LANES))
         if page_pool:
-          # Max-pool each page (ratio 1: a page is page_size columns).
-          out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
+          bo_x2_ref[bo_slot, :, bkv_idx, :] = out[0]
         else:
-          out.append(s.reshape(bq_sz, num_sublanes_bkv, LANES))
-      if page_pool:
-        bo_x2_ref[bo_slot, :, bkv_idx, :] = out[0]
-      else:
-        out_slot = sem_ids_ref[2]
-        wait_send(out_slot)
-        bo_x2_ref[out_slot, ...] = jnp.concatenate(out, axis=0)
-        start_send(out_slot, sz, token_start, bkv_idx * num_sublanes_bkv)
-        sem_ids_ref[2] = 1 - out_slot
+          out_slot = sem_ids_ref[2]
+          wait_send(out_slot)
+          bo_x2_ref[out_slot, ...] = jnp.concatenate(out, axis=0)
+          start_send(out_slot, sz, token_start, bkv_idx * num_sublanes_bkv)
+          sem_ids_ref[2] = 1 - out_slot
 
     lax.fori_loop(0, num_bkv, with_bkv, None, unroll=False)
     if page_pool:
-      start_send(bo_slot, sz, token_start, 0)
+
+      @pl.when(sz > 0)
+      def _():
+        start_send(bo_slot, sz, token_start, 0)
+
       sem_ids_ref[2] = 1 - bo_slot
 
   @pl.when(active & first)

@@ -5,12 +5,15 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
     model/    hardware (TPU specs), roofline, tiling (the one model of the
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
               recorded from the interpreter), profiling (jax.profiler)
-    studies/  layout (cache bytes, HBM per step, addresses, masks), quant
-              (FP8 analysis), parity (the case matrix and notebook 04's studies),
-              costs (bytes, wasted blocks and launches counted from the
-              interpreter's DMAs)
+    studies/  cases (the case matrix: named batches x variants, run and
+              compared), formats (bytes per entry), hbm (HBM per decode step),
+              addressing (where an entry lives, causal masks), quant (FP8
+              analysis), parity (notebook 04's studies), costs (bytes, wasted
+              blocks and launches counted from the interpreter's DMAs)
     bench/    the benchmark (`python -m streamidx.bench`)
-    plots, params (notebook parameter checks), workbook (the papermill runner)
+    plots, tables (text and Markdown tables), params (notebook parameter
+    checks), workbook (the papermill runner), walkthrough (source excerpts,
+    the change ledger and score checks of the kernel walkthrough notebook)
 
 The modules are importable by their short names too:
 `from streamidx.lab import tiling, plots`.
@@ -24,13 +27,18 @@ _MODULES = {
     "tiling": "streamidx.lab.model.tiling",
     "timeline": "streamidx.lab.model.timeline",
     "profiling": "streamidx.lab.model.profiling",
-    "layout": "streamidx.lab.studies.layout",
+    "cases": "streamidx.lab.studies.cases",
+    "formats": "streamidx.lab.studies.formats",
+    "hbm": "streamidx.lab.studies.hbm",
+    "addressing": "streamidx.lab.studies.addressing",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
     "costs": "streamidx.lab.studies.costs",
     "plots": "streamidx.lab.plots",
+    "tables": "streamidx.lab.tables",
     "params": "streamidx.lab.params",
     "workbook": "streamidx.lab.workbook",
+    "walkthrough": "streamidx.lab.walkthrough",
     "bench": "streamidx.lab.bench",
 }
 
