@@ -442,8 +442,11 @@ def test_programs_count_query_and_kv_blocks_like_the_kernel():
   batch = si.make_mixed_batch(decode=[4 * 300, 4 * 100, 4 * 129],
                               prefill=[(9, 4 * 128)], mixed=[(1, 40)],
                               page_size=16, compression_ratio=4)
+  # The given order (sort_decode=False): sorted, the 129-entry sequence
+  # would share a program with the 300-entry one (7 blocks instead of 8).
   p = tiling.plan(batch, num_kv_pages_per_block=8,
-                  num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
+                  num_queries_per_block=(1, 4, 4), decode_req_batch_size=2,
+                  sort_decode=False)
   got = [(li, pr.seqs, pr.num_bq, pr.num_bkv, pr.q_rows)
          for li, pr in p.programs()]
   assert got == [
