@@ -395,6 +395,9 @@ def case_matrix(scope: str = "pairwise") -> list[Case]:
       kps = (K_PAGES_BELOW, K_PAGES_ABOVE)
       if scope == "full":
         groups = list(itertools.product(formats, kps))
+      elif scope == "pairwise" and len(formats) < 2:
+        # One format (dense_page): each k_pages still appears.
+        groups = [(formats[0], kp) for kp in kps]
       elif scope == "pairwise":
         groups = [(f, kps[j % 2]) for j, f in enumerate(formats)]
       else:
