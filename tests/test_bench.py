@@ -162,6 +162,8 @@ def test_every_token_variant_gets_a_kernel_column(monkeypatch):
   assert harness.variant_format("vendored", "fp8") == "fp8"
   assert harness.variant_format("fp8_twin", "fp8") == "fp8_twin"
   assert harness.variant_format("fp8_twin", "bf16") is None
+  assert harness.variant_format("dense", "fp8") == "dense_fp8"  # decodes_as
+  assert harness.variant_format("dense", "bf16") is None
   assert bench.IMPLEMENTATIONS == (*[c for c in cols if c != "kernel:fp8_twin"],
                                    "reference", "streaming", "oracle")
 

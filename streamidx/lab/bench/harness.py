@@ -43,6 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
+from streamidx import cache as cache_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, report
 from streamidx.lab.bench.shapes import Shape
@@ -84,13 +85,21 @@ def variant_format(variant: str, fmt: str) -> str | None:
   """The cache format `variant` reads for a shape stored as `fmt`.
 
   `fmt` itself when the variant reads it, else the variant's first format
-  named `fmt_*` (another layout of the same quantization, e.g. a dense FP8
-  layout for "fp8"); None when it reads neither.
+  that decodes to `fmt`'s keys (`CacheLayout.decodes_as`: another layout of
+  the same quantization, e.g. "dense_fp8" for "fp8") or is named `fmt_*`;
+  None when it reads neither.
   """
   formats = variants_lib.get(variant).cache_formats
   if fmt in formats:
     return fmt
-  return next((f for f in formats if f.startswith(fmt + "_")), None)
+  # Another layout of the same quantization: it decodes to `fmt`'s keys,
+  # or it is named `fmt_*`.
+  def same_quantization(f):
+    layout = cache_lib.CACHE_FORMATS.get(f)
+    return (layout is not None and layout.decodes_as == fmt) or (
+        f.startswith(fmt + "_"))
+
+  return next((f for f in formats if same_quantization(f)), None)
 
 
 def kernel_blocks(shape: Shape, variant: str, fmt: str,
