@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx import topk as topk_lib
 from streamidx.kernels import vendored as kernel_lib
 from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.validate import (check_page_topk_inputs, check_topk_inputs,
@@ -27,7 +28,7 @@ __all__ = ["checked_streamindex_topk", "checked_streamindex_page_topk"]
 
 _TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule")
+                "decode_req_batch_size", "causal_rule", "topk_method")
 _PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
                      "causal_rule")
@@ -39,7 +40,8 @@ def checked_streamindex_topk(
     distribution, *, k, compression_ratio, num_kv_pages_per_block,
     num_queries_per_block,
     vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model"):
+    decode_req_batch_size=4, causal_rule="model",
+    topk_method=topk_lib.DEFAULT_TOPK_METHOD):
   """`streamindex_topk` behind its value rules, usable inside `jit`.
 
   Same arguments as `streamidx.streamindex_topk`. Static rules raise
@@ -57,7 +59,7 @@ def checked_streamindex_topk(
                 num_queries_per_block=num_queries_per_block,
                 vmem_limit_bytes=vmem_limit_bytes,
                 decode_req_batch_size=decode_req_batch_size,
-                causal_rule=causal_rule)
+                causal_rule=causal_rule, topk_method=topk_method)
   args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
           distribution)
   static_validate_topk(*args, **static)

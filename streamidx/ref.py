@@ -14,8 +14,8 @@ Semantics, for the query at absolute position p of sequence b
     bound(p)    = (p + 1) // ratio   ("model", default: complete blocks only)
                   p // ratio + 1     ("seed": the vendored kernel's rule)
 
-Invisible entries score -inf; the top-k (exact, `lax.top_k`) returns -1 in
-their place. Rows that belong to no sequence (padding) are all -1.
+Invisible entries score -inf; the top-k (exact: `topk_from_scores`, ties to
+the lowest index, see `streamidx.topk`) returns -1 in their place. Rows that belong to no sequence (padding) are all -1.
 
 Arithmetic follows the kernel's order: the dot product runs on the stored
 values (e4m3 or bf16) with f32 accumulation, then ReLU, the weighted head
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx import topk as topk_lib
 from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
 
 __all__ = [
@@ -191,19 +192,20 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
 
 
 def topk_from_scores(scores, k: int):
-  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf."""
-  if scores.shape[1] < k:
-    scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
-                     constant_values=-jnp.inf)
-  vals, idx = jax.lax.top_k(scores, k)
-  return jnp.where(vals == -jnp.inf, -1, idx).astype(jnp.int32)
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf.
+
+  `streamidx.topk.select_topk(scores, k, "top_k")`: by score descending
+  (-0.0 equals +0.0), equal scores by index ascending, -1 past the visible
+  entries; every exact `topk_method` of the kernels returns the same.
+  """
+  return topk_lib.select_topk(scores, k, "top_k")
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule"))
+                     "decode_req_batch_size", "causal_rule", "topk_method"))
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -220,15 +222,20 @@ def streamindex_topk_ref(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   Block sizes, `vmem_limit_bytes` and `decode_req_batch_size` only shape the
-  kernel's schedule; they are accepted for drop-in use and ignored. A float32
+  kernel's schedule; they are accepted for drop-in use and ignored. So is
+  `topk_method` (checked against `streamidx.topk.TOPK_METHODS`): the
+  reference always selects exactly (`topk_from_scores`), which is what every
+  exact method returns and what "approx" is measured against. A float32
   cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size
+  topk_lib.check_topk_method(topk_method)
   s = token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                    cu_q_lens, distribution,
                    compression_ratio=compression_ratio,

@@ -11,7 +11,7 @@ Three layers:
 1. Static checks, `static_validate_topk` / `static_validate_page_topk`:
    ranks, shapes and their agreement, dtypes, head_dim and cache width,
    `k` / `k_pages`, block sizes, `compression_ratio`, `distribution`'s
-   length, options. They read only shapes and dtypes, so they run on tracers:
+   length, options (`topk_method`). They read only shapes and dtypes, so they run on tracers:
    `streamidx.streamindex_topk` / `streamindex_page_topk` call them at trace
    time, before any kernel is built.
 
@@ -60,6 +60,7 @@ from jax import lax
 from jax.experimental import checkify
 
 from streamidx import semantics
+from streamidx import topk
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 
 __all__ = [
@@ -199,7 +200,7 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes, decode_req_batch_size,
-                         causal_rule):
+                         causal_rule, topk_method=topk.DEFAULT_TOPK_METHOD):
   """Static rules of `streamindex_topk`; raises ValueError naming the argument.
 
   Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s.
@@ -214,6 +215,7 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   _check_positive_int("compression_ratio", compression_ratio)
   _check_positive_int("decode_req_batch_size", decode_req_batch_size)
   _check_vmem(vmem_limit_bytes)
+  topk.check_topk_method(topk_method)
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                           "num_kv_pages_per_block")
   semantics.normalize_per_case(num_queries_per_block, "num_queries_per_block")
@@ -443,7 +445,8 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-                         decode_req_batch_size=4, causal_rule="model"):
+                         decode_req_batch_size=4, causal_rule="model",
+                         topk_method=topk.DEFAULT_TOPK_METHOD):
   """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
 
   Same arguments as `streamidx.streamindex_topk`, with concrete arrays (not
@@ -457,7 +460,8 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      topk_method=topk_method)
   results = _evaluate_value_rules(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution, compression_ratio=int(compression_ratio), page_mode=False)

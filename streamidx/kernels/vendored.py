@@ -72,6 +72,18 @@
 #     sizes), and the list of launches (`token_launches`: the wrapper loops
 #     over it instead of spelling out the four `run_topk_kernel` calls; same
 #     launches, same order, same arguments).
+# M-topk  The selection stage. `streamindex_topk` gains a static argument
+#     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
+#     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
+#     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
+#     "sort" is that same call, followed by one counting pass that puts ties
+#     at the k-th score in the project's tie rule (lowest index first;
+#     `approx_max_k`'s comparator leaves ties unordered); the other methods
+#     are exact alternatives ("top_k", "chunked", "blockmax", "radix") or
+#     approximate ("approx"). Every exact method returns the reference's
+#     indices, ties included. `streamindex_page_topk` selects pages with
+#     `select_topk(..., "top_k")` (it called `jax.lax.top_k`): the same
+#     rule, -0.0 and +0.0 compared as equal on every backend.
 """TPU-Friendly StreamIndex Top-K kernel."""
 
 import enum
@@ -85,6 +97,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
 from streamidx import semantics
+from streamidx import topk
 from streamidx import validate
 # streamidx (M6): the shared rules come from streamidx.semantics.
 from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
@@ -687,6 +700,7 @@ def prepare_outputs(out):
         "vmem_limit_bytes",
         "decode_req_batch_size",
         "causal_rule",
+        "topk_method",
     ),
 )
 def streamindex_topk(
@@ -705,6 +719,7 @@ def streamindex_topk(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    topk_method: str = topk.DEFAULT_TOPK_METHOD,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
 
@@ -731,9 +746,14 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): compressed entry s is
       visible to the query at absolute position p iff s < (p + 1) // ratio,
       as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
+    topk_method: streamidx (M-topk). How the top-k of the f32 score buffer
+      is selected: one of `streamidx.topk.TOPK_METHODS` (default "sort", the
+      vendored `approx_max_k(recall_target=1.0)`); every exact method
+      returns the same indices. See `streamidx.topk`.
 
   Returns:
-    Top-K indices (in compressed space).
+    Top-K indices (in compressed space): i32[T, k], by score descending,
+    equal scores by index ascending, -1 past the visible entries.
   """
   # Scale factors for the FP8 index cache format are packed directly inside
   # `cache_kv` along the width dimension, keeping HBM transactions fused.
@@ -746,7 +766,8 @@ def streamindex_topk(
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      topk_method=topk_method)
   num_kv_pages_per_blocks = semantics.normalize_per_case(
       num_kv_pages_per_block, "num_kv_pages_per_block")
   num_queries_per_blocks = semantics.normalize_per_case(
@@ -956,12 +977,6 @@ def streamindex_topk(
     )
 
   scores = scores.reshape(q.shape[0], -1)
-  if scores.shape[1] < k:
-    scores = jnp.pad(
-        scores,
-        ((0, 0), (0, k - scores.shape[1])),
-        constant_values=-jnp.inf,
-    )
 
   # TODO: Re-evaluate replacing this with the sparsecore_topk kernel
   # once SparseCore supports direct VMEM access (e.g., on TPU v8).
@@ -969,8 +984,10 @@ def streamindex_topk(
   # direct VMEM streaming will allow SC to beat TensorCore performance.
   # jax.lax.approx_max_k(recall_target=1.0) is equivalent to jax.lax.top_k
   # but faster.
-  top_vals, top_idxs = jax.lax.approx_max_k(scores, k, reduction_dimension=-1, recall_target=1.0)
-  topk_idxs = jnp.where(top_vals == -jnp.inf, -1, top_idxs)
+  # streamidx (M-topk): the selection (and the -inf padding to k columns,
+  # and -1 for -inf) is `streamidx.topk.select_topk`; "sort" is the
+  # approx_max_k(recall_target=1.0) above plus the tie rule.
+  topk_idxs = topk.select_topk(scores, k, topk_method)
   return topk_idxs[: q.shape[0], :k]
 
 
@@ -1111,5 +1128,5 @@ def streamindex_page_topk(
   )
   page_scores = kernel(*scalar_prefetches, q, prepared_indexer_weights, cache_kv, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
-  top_vals, top_idxs = jax.lax.top_k(page_scores, k_pages)
-  return jnp.where(top_vals > -jnp.inf, top_idxs, -1)
+  # streamidx (M-topk): the project's selection (lax.top_k, -1 for -inf).
+  return topk.select_topk(page_scores, k_pages, "top_k")
