@@ -12,6 +12,8 @@ engineer imports; it loads no plotting or notebook code.
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
+    select_topk, TOPK_METHODS                         the top-k stage and its
+                                                      methods (`topk_method`)
     semantics                                         causal rules, launches,
                                                       block normalisation
 
@@ -22,7 +24,7 @@ timeline, profiling, studies, plots, benchmark, workbook runner) lives in
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
-from streamidx import streaming, validate, variants
+from streamidx import streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.checked import (checked_streamindex_page_topk,
@@ -34,6 +36,7 @@ from streamidx.modes import (describe_machine, interpreter, kernel_mode,
 from streamidx.ref import (page_scores, streamindex_page_topk_ref,
                            streamindex_topk_ref, token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
+from streamidx.topk import TOPK_METHODS, select_topk
 from streamidx.validate import validate_page_topk_inputs, validate_topk_inputs
 from streamidx.variants import VARIANTS, Variant, block_sizes
 
@@ -49,5 +52,6 @@ __all__ = [
     "semantics", "set_interpreter", "streaming", "validate",
     "validate_page_topk_inputs", "validate_topk_inputs", "variants",
     "streamindex_page_topk", "streamindex_page_topk_ref", "streamindex_topk",
-    "streamindex_topk_ref", "token_scores",
+    "streamindex_topk_ref", "token_scores", "TOPK_METHODS", "select_topk",
+    "topk",
 ]

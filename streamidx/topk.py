@@ -34,7 +34,10 @@ Output contract, the same for every exact method (and the reference,
 i32[T, k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
 largest scores, ties at the k-th score going to the lowest indices; columns
 are ordered by score descending, equal scores by index ascending; the rest of
-the row is -1. Scores compare as floats (-0.0 equals +0.0, a tie). When
+the row is -1. Scores compare as XLA compares floats on CPU and TPU: -0.0
+equals +0.0, and subnormals equal zero (flushed); `canonical_zero` maps all
+of them to +0.0 before any method ranks, so no backend's treatment of them
+(lax.top_k on CPU orders -0.0 below +0.0) can split a tie. When
 N < k the row is padded with -inf columns (as the vendored kernel does), so
 columns past the visible entries are -1. The exact methods return
 bit-identical indices (tests/test_topk.py, including integer scores with
@@ -96,7 +99,9 @@ def check_topk_method(method) -> str:
 
 
 def canonical_zero(scores):
-  """-0.0 -> +0.0: scores compare as floats, so the two zeros tie."""
+  """Every score that compares equal to 0 (-0.0, and subnormals, which XLA
+  flushes on CPU and TPU) becomes +0.0, so ranking by bits agrees with
+  ranking by float comparison."""
   return jnp.where(scores == 0, jnp.zeros_like(scores), scores)
 
 
