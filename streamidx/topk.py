@@ -295,10 +295,11 @@ def _radix(scores, k, radix_bits):
 
 
 def _sort(scores, k):
-  x = canonical_zero(scores)
-  vals, idx = lax.approx_max_k(x, k, recall_target=1.0)
-  keys = order_key(x)
-  win = order_key(vals)
+  # The sort reads the scores as they are: its comparator (a > b, float
+  # comparison) already ties -0.0, +0.0 and subnormals.
+  vals, idx = lax.approx_max_k(scores, k, recall_target=1.0)
+  keys = order_key(canonical_zero(scores))
+  win = order_key(canonical_zero(vals))
   kth = jnp.min(win, axis=1)
   # The sort found the right scores; at the k-th score its comparator
   # (a > b) leaves ties unordered, so it may hold other tied entries than
@@ -312,9 +313,8 @@ def _sort(scores, k):
 
 
 def _approx(scores, k, recall_target):
-  vals, idx = lax.approx_max_k(canonical_zero(scores), k,
-                               recall_target=recall_target)
-  return _order(order_key(vals), idx)
+  vals, idx = lax.approx_max_k(scores, k, recall_target=recall_target)
+  return _order(order_key(canonical_zero(vals)), idx)
 
 
 @functools.partial(jax.jit, static_argnames=(

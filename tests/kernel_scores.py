@@ -75,7 +75,13 @@ class KernelWithScores:
       fn, static = kernel.streamindex_page_topk.__wrapped__, PAGE_STATIC
     else:
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
-    self._jit = jax.jit(fn, static_argnames=static)
+    # A function of this instance's own: jax shares traces between jit
+    # objects of one function, so jitting `fn` itself could reuse a trace
+    # made without the tap (or with another instance's sink).
+    def traced(*args, **kwargs):
+      return fn(*args, **kwargs)
+
+    self._jit = jax.jit(traced, static_argnames=static)
     self._sink: list[np.ndarray] = []
 
   def __call__(self, *args, **kwargs):
