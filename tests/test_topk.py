@@ -147,8 +147,8 @@ def test_model_sizes_pick_a_real_split():
   assert topk.chunk_size_for(262144, 512) >= 512
   assert 262144 // topk.chunk_size_for(262144, 512) > 1
   b = topk.block_size_for(262144, 512)
-  assert 262144 // b > 512 and b > 1
-  assert topk.block_size_for(600, 512) == 1  # too few entries for blocks
+  assert 262144 // b > 512 and b % 128 == 0
+  assert topk.block_size_for(32768, 2048) == 1  # too few blocks: one top_k
 
 
 # ---------------------------------------------------------------------------
@@ -250,3 +250,78 @@ def test_topk_methods_are_exported():
   assert si.TOPK_METHODS == topk.TOPK_METHODS
   assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax", "radix"}
   assert topk.DEFAULT_TOPK_METHOD == "sort"
+
+
+# ---------------------------------------------------------------------------
+# The benchmark and the compile check.
+
+
+def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
+  from streamidx.lab.bench import topk as topk_bench
+  rc = topk_bench.main(["--shapes", "4x1000:100", "--repeats", "1",
+                        "--out", str(tmp_path)])
+  assert rc == 0
+  import json
+  doc = json.loads((tmp_path / "topk.json").read_text())
+  impls = [r["impl"] for r in doc["results"]]
+  assert impls == ["reference", *topk.TOPK_METHODS]
+  assert all(r["identical_to_reference"] for r in doc["results"]
+             if r["impl"] in EXACT)
+  approx = doc["results"][-1]
+  assert 0.0 < approx["tpu_recall_model"]["emulated_recall"] <= 1.0
+  if jax.default_backend() != "tpu":
+    assert doc["timings_are"].startswith("CPU timings")
+  assert "CPU timings" in capsys.readouterr().out or (
+      jax.default_backend() == "tpu")
+  with pytest.raises(SystemExit):
+    topk_bench.main(["--shapes", "4x0:1"])
+
+
+def test_every_method_compiles_for_a_tpu_generation(monkeypatch):
+  pytest.importorskip("libtpu")
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  for m in topk.TOPK_METHODS:
+    r = topk_model.compile_estimate(m, 8, 2048, 64, "v5e")
+    assert r["ok"], r["error"]
+    assert r["bytes_accessed"] and r["bytes_accessed"] > 0
+
+
+# ---------------------------------------------------------------------------
+# The model.
+
+
+def test_model_counts_reads_passes_and_work():
+  t, n, k = 64, 262144, 512
+  buf = t * n * 4
+  top = topk_model.cost("top_k", t, n, k)
+  assert top.bytes_read == buf and top.passes == 1
+  assert top.sort_work == t * (n / 2) * 18 * 19 / 2  # bitonic, n = 2^18
+  assert topk_model.cost("sort", t, n, k).bytes_read == 2 * buf
+  radix = topk_model.cost("radix", t, n, k, radix_bits=4)
+  assert radix.passes == 8 + 3 and radix.sort_work < top.sort_work
+  chunked = topk_model.cost("chunked", t, n, k)
+  assert chunked.sort_work < top.sort_work and chunked.passes == 1
+  fused = topk_model.cost("blockmax", t, n, k, fused_block_max=True)
+  assert fused.bytes_read < topk_model.cost("blockmax", t, n, k).bytes_read
+  # Too few entries to split: the method is one top_k.
+  assert topk_model.cost("chunked", 4, 300, 512).detail == top.detail
+  spec = topk_model.hardware.spec("v7x")
+  assert topk_model.hbm_bound(top, spec) == top.bytes / spec.device_bandwidth
+
+
+def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
+  shape = topk_model.SHAPES[0]
+  fake = [{"rows": shape.rows, "entries": shape.entries, "k": shape.k,
+           "generation": "v6e", "method": m, "ok": True,
+           "optimal_seconds": sec, "bytes_accessed": 1e9}
+          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4, None))]
+  r = topk_model.recommend(shape, "v6e", {"results": fake})
+  assert r["basis"] == "compiler optimal" and r["method"] == "chunked"
+  assert r["rankings"]["compiler optimal"][-1] == "radix"  # no estimate
+  assert not r["unambiguous"]  # the sort-work model ranks radix first
+  plain = topk_model.recommend(shape, "v6e")
+  assert plain["basis"] == "sort work"
+  rows = topk_model.model_table(shapes=[shape], generations=["v6e"],
+                                with_scoring=False, estimates=fake)
+  chunked = [x for x in rows if x["method"] == "chunked"][0]
+  assert chunked["compiler optimal us"] == 300

@@ -242,13 +242,28 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   return row[generation]["kernel"]
 
 
+def _estimate_index(estimates):
+  out = {}
+  for r in (estimates or {}).get("results", estimates or []):
+    out[(r["rows"], r["entries"], r["k"], r["generation"], r["method"])] = r
+  return out
+
+
 def model_table(shapes: Sequence[SelectShape] = SHAPES,
                 generations: Sequence[str] = ("v5e", "v6e", "v7x"),
                 methods: Sequence[str] = topk_lib.TOPK_METHODS,
                 specs: Mapping[str, hardware.TpuSpec] | None = None,
-                with_scoring: bool = True) -> list[dict]:
-  """One row per (shape, generation, method): MB moved, passes, work, bound."""
+                with_scoring: bool = True, estimates=None) -> list[dict]:
+  """One row per (shape, generation, method): MB moved, passes, work, bound.
+
+  estimates: a `compile_matrix` document (`python -m streamidx.bench --topk
+  --compile`'s topk_compile.json) or its result list; where it has the
+  (shape, generation, method), the row gains the compiler's figures:
+  "compiler optimal us" (XLA's optimal_seconds; None where it gives none)
+  and "compiler MB accessed" with its time at the device bandwidth.
+  """
   specs = hardware.load_specs() if specs is None else specs
+  index = _estimate_index(estimates)
   rows = []
   for shape in shapes:
     cs = costs(shape, methods) + [
@@ -269,32 +284,63 @@ def model_table(shapes: Sequence[SelectShape] = SHAPES,
                                  else round(score_s * 1e6, 1)),
             "detail": c.detail,
         })
+        est = index.get((shape.rows, shape.entries, shape.k, gen, c.method))
+        if est is not None:
+          opt = est.get("optimal_seconds")
+          acc = est.get("bytes_accessed")
+          rows[-1].update({
+              "compiled": est.get("ok"),
+              "compiler optimal us": None if opt is None else round(opt * 1e6),
+              "compiler MB accessed": None if acc is None else round(acc / 1e6),
+              "compiler accessed at HBM bw us": (
+                  None if acc is None
+                  else round(acc / specs[gen].device_bandwidth * 1e6, 1)),
+          })
   return rows
 
 
-def recommend(shape: SelectShape, generation: str,
-              estimates: Mapping[str, Mapping] | None = None,
+def recommend(shape: SelectShape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
   """The exact method the model ranks first on `generation` for `shape`.
 
-  Ranking: the compiler's `optimal_seconds` where `estimates` (method ->
-  `compile_estimate` result) has one for every exact method; otherwise
-  the sort work (the sorts dominate on a TPU, public TPU7x data), ties
-  broken by the HBM bound. Returns {"method", "basis", "ranking"}.
+  Criteria, each ranking the exact methods (lower first):
+  "compiler optimal" (XLA's optimal_seconds, where `estimates` gives one;
+  methods without one rank last), "compiler bytes" (bytes the compiled
+  program accesses), "sort work" (this model's compare-exchanges) and "HBM
+  bound" (this model's bytes). `estimates`: method -> `compile_estimate`
+  result, or a compile-matrix document / result list.
+
+  Returns {"method": the first by the first criterion available (compiler
+  optimal, else compiler bytes, else sort work), "basis", "rankings" (every
+  criterion's order), "unambiguous": whether every criterion puts the same
+  method first}.
   """
   specs = hardware.load_specs() if specs is None else specs
   exact = topk_lib.EXACT_TOPK_METHODS
+  if estimates is not None and not (
+      isinstance(estimates, Mapping) and "results" not in estimates):
+    estimates = {k_[4]: v for k_, v in _estimate_index(estimates).items()
+                 if k_[:4] == (shape.rows, shape.entries, shape.k, generation)}
+  estimates = estimates or {}
   cs = {c.method: c for c in costs(shape, exact)}
-  if estimates and all((estimates.get(m) or {}).get("optimal_seconds")
-                       for m in exact):
-    key = {m: estimates[m]["optimal_seconds"] for m in exact}
-    basis = "XLA TPU cost analysis: optimal_seconds (compiler estimate)"
-  else:
-    key = {m: (cs[m].sort_work, hbm_bound(cs[m], specs[generation]))
-           for m in exact}
-    basis = "modelled sort work, then HBM bound"
-  ranking = sorted(exact, key=lambda m: key[m])
-  return {"method": ranking[0], "basis": basis, "ranking": ranking}
+  inf = float("inf")
+  rankings = {}
+
+  def order(key):
+    return sorted(exact, key=lambda m: (key(m), exact.index(m)))
+
+  if any((estimates.get(m) or {}).get("optimal_seconds") for m in exact):
+    rankings["compiler optimal"] = order(
+        lambda m: (estimates.get(m) or {}).get("optimal_seconds") or inf)
+  if any((estimates.get(m) or {}).get("bytes_accessed") for m in exact):
+    rankings["compiler bytes"] = order(
+        lambda m: (estimates.get(m) or {}).get("bytes_accessed") or inf)
+  rankings["sort work"] = order(lambda m: cs[m].sort_work)
+  rankings["HBM bound"] = order(lambda m: hbm_bound(cs[m], specs[generation]))
+  basis = next(iter(rankings))
+  firsts = {r[0] for r in rankings.values()}
+  return {"method": rankings[basis][0], "basis": basis, "rankings": rankings,
+          "unambiguous": len(firsts) == 1}
 
 
 # ---------------------------------------------------------------------------
@@ -358,6 +404,9 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
   the compiler gives none), "bytes_accessed", "flops", "temp_bytes",
   "error"}: XLA's cost analysis of the compiled program, a static estimate.
   """
+  import os  # pylint: disable=g-import-not-at-top
+  # Other processes (a parallel test, another compile) may hold libtpu.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
