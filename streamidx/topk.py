@@ -360,7 +360,15 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
   for name, v in (("chunk_size", chunk_size), ("block_size", block_size)):
     if v is not None and (not isinstance(v, int) or v < 1):
       raise ValueError(f"{name}: must be a positive int (got {v!r})")
-  scores = _pad_to(scores.astype(jnp.float32), k)
+  # The scope names the stage's ops in profiles (op metadata), whatever
+  # XLA fuses them into.
+  with jax.named_scope(f"select_topk_{method}"):
+    return _select(_pad_to(scores.astype(jnp.float32), k), k, method,
+                   chunk_size, block_size, radix_bits, recall_target)
+
+
+def _select(scores, k, method, chunk_size, block_size, radix_bits,
+            recall_target):
   n = scores.shape[1]
   if method == "sort":
     return _sort(scores, k)

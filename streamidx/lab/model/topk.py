@@ -244,7 +244,9 @@ def scoring_bound(shape: SelectShape, generation: str, *,
 
 def _estimate_index(estimates):
   out = {}
-  for r in (estimates or {}).get("results", estimates or []):
+  if isinstance(estimates, Mapping):
+    estimates = estimates.get("results", [])
+  for r in estimates or []:
     out[(r["rows"], r["entries"], r["k"], r["generation"], r["method"])] = r
   return out
 
