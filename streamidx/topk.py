@@ -49,10 +49,11 @@ scores unless the f32 sums overflow (inf, and NaN for inf * 0). Rows holding
 a NaN score get unspecified indices (each method orders NaN differently);
 `select_topk` does not check for NaN.
 
-Default: "sort", the vendored kernel's stage; `streamidx.lab.model.topk`
-models every method per TPU generation, and no TPU measurement of these
-methods exists in this project yet, so the default is unchanged (see
-`DEFAULT_TOPK_METHOD`).
+Default: "sort", the vendored kernel's stage, on every generation.
+`streamidx.lab.model.topk` models every method per TPU generation; its
+criteria disagree (the compiler's estimates favour "chunked" on v5e, v6e
+and v7x) and no TPU measurement of these methods exists in this project
+yet, so the default is unchanged (see `DEFAULT_TOPK_METHOD`).
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ __all__ = [
 
 TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "radix", "approx")
 EXACT_TOPK_METHODS = tuple(m for m in TOPK_METHODS if not m.startswith("approx"))
-# The vendored kernel's stage. The model (streamidx.lab.model.topk) bounds
-# every method by its HBM traffic and counts its comparisons, but the sorts'
-# time on a TPU is compute, for which no public rate exists; until a TPU
-# measures these methods, the default stays what the kernel shipped with.
+# The vendored kernel's stage. The model (streamidx.lab.model.topk) is not
+# unambiguous: at DeepSeek-V4 decode the TPU compiler's estimates (libtpu,
+# v5e/v6e/v7x) rank "chunked" first, the model's HBM bound "top_k", its
+# sort-work count "radix"; the sorts are compute-bound on a TPU (public
+# TPU7x measurements), for which no public rate exists. Until a TPU measures
+# these methods, the default stays what the kernel shipped with.
 DEFAULT_TOPK_METHOD = "sort"
 APPROX_RECALL_TARGET = 0.95
 RADIX_BITS = (1, 2, 4, 8)
