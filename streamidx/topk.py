@@ -179,8 +179,8 @@ def block_size_for(n: int, k: int) -> int:
   """The "blockmax" method's block: a power of two in [128, 1024] (whole
   128-lane rows: a narrower block pads each to 128 lanes in a TPU's layout)
   minimizing a sort of the n / b block maxima plus one of the k * b
-  candidates; 1 when no such block leaves more than k blocks (the method is
-  then one `top_k`)."""
+  candidates; n (one block) when no such block leaves more than k blocks:
+  the method is then one `top_k`."""
   best = None
   for p in range(7, 11):
     b = 1 << p
@@ -190,7 +190,7 @@ def block_size_for(n: int, k: int) -> int:
     work = _sort_work(blocks) + _sort_work(k * b)
     if best is None or work < best[0]:
       best = (work, b)
-  return 1 if best is None else best[1]
+  return max(1, n) if best is None else best[1]
 
 
 # -- the methods ------------------------------------------------------------

@@ -148,7 +148,9 @@ def test_model_sizes_pick_a_real_split():
   assert 262144 // topk.chunk_size_for(262144, 512) > 1
   b = topk.block_size_for(262144, 512)
   assert 262144 // b > 512 and b % 128 == 0
-  assert topk.block_size_for(32768, 2048) == 1  # too few blocks: one top_k
+  assert topk.block_size_for(32768, 2048) == 32768  # one block: one top_k
+  assert topk_model.cost("blockmax", 64, 32768, 2048).detail == (
+      topk_model.cost("top_k", 64, 32768, 2048).detail)
 
 
 # ---------------------------------------------------------------------------
