@@ -23,7 +23,7 @@ import streamidx as si
 from streamidx import metrics, topk
 from streamidx.lab.model import topk as topk_model
 
-from cases import BLOCKS, CASE_IDS, CASES, K, NUM_HEADS
+from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores
 
 EXACT = topk.EXACT_TOPK_METHODS
@@ -182,30 +182,36 @@ def test_approx_returns_a_valid_selection_and_reports_recall():
 # ---------------------------------------------------------------------------
 # Through the kernel: `topk_method` on the whole case matrix.
 
-# Each case runs the (interpreted) kernel once, with one method, cycling
-# through the exact methods, and its score matrix is captured; every exact
-# method is then also applied to that matrix.
-KERNEL_RUNS = [(case, EXACT[i % len(EXACT)]) for i, case in enumerate(CASE_IDS)]
+# Each test batch of the case matrix (`streamidx.lab.studies.cases`) runs
+# the (interpreted) kernel once, with one method, cycling through the exact
+# methods, and its score matrix is captured; every exact method is then also
+# applied to that matrix. "ties_at_zero_all_launches" with one head puts
+# the k-th score of many rows inside a group of exact zeros.
+BLOCKS = cases.blocks_for("vendored")
+K = cases.K_TESTS
+KERNEL_RUNS = [(b, EXACT[i % len(EXACT)], 4, cases.NUM_HEADS)
+               for i, b in enumerate(cases.TEST_BATCHES)] + [
+                   ("ties_at_zero_all_launches", "radix", 1, 1),
+                   ("ties_at_zero_all_launches", "sort", 4, 1)]
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(case_name, ratio=4, fmt="fp8"):
-  case = CASES[CASE_IDS.index(case_name)]
-  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
-                        seed=ratio)
+def _inputs(batch_name, ratio=4, num_heads=cases.NUM_HEADS, fmt="fp8"):
+  b = cases.BATCHES[batch_name].build(ratio)
+  return si.make_inputs(b, num_heads=num_heads, fmt=fmt, seed=ratio)
 
 
-@pytest.mark.parametrize("case,method", KERNEL_RUNS)
-def test_kernel_topk_method_matches_reference(case, method):
-  inp = _inputs(case)
-  kw = dict(k=K, compression_ratio=4, **BLOCKS)
+@pytest.mark.parametrize("case,method,ratio,heads", KERNEL_RUNS)
+def test_kernel_topk_method_matches_reference(case, method, ratio, heads):
+  inp = _inputs(case, ratio, heads)
+  kw = dict(k=K, compression_ratio=ratio, **BLOCKS)
   idx, kernel_scores = KernelWithScores("token")(*inp.args, topk_method=method,
                                                  **kw)
   want = si.streamindex_topk_ref(*inp.args, topk_method=method, **kw)
-  scores = si.token_scores(*inp.args, compression_ratio=4)
+  scores = si.token_scores(*inp.args, compression_ratio=ratio)
   metrics.assert_topk_match(
       idx, want, scores, label=f"{case}/{method}",
-      atol=metrics.summation_atol(inp, compression_ratio=4))
+      atol=metrics.summation_atol(inp, compression_ratio=ratio))
   # On the kernel's own scores every exact method returns its indices.
   np.testing.assert_array_equal(idx, _rule_topk(kernel_scores, K))
   for m in EXACT:
