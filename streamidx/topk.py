@@ -4,9 +4,10 @@ Every token kernel (and its reference) ends with `select_topk(scores, k,
 method)` over its f32[T, N] score buffer. The methods, `TOPK_METHODS`:
 
     "sort"      `jax.lax.approx_max_k(recall_target=1.0)` (a full sort of each
-                row on a TPU: the vendored kernel's stage), then one pass that
-                puts ties at the k-th score in the order below (the sort's
-                comparator does not order ties).
+                row on a TPU: the vendored kernel's stage), then one pass
+                counting the ties at the k-th score: the sort's comparator
+                does not order ties, so where they straddle the k-th place
+                the batch is selected again with `lax.top_k`.
     "top_k"     `jax.lax.top_k` over the whole row.
     "chunked"   two stages: each chunk of `chunk_size` entries keeps its own
                 top-k (`lax.top_k`), then one `lax.top_k` over the candidates.
@@ -310,12 +311,14 @@ def _sort(scores, k):
   # The sort found the right scores; at the k-th score its comparator
   # (a > b) leaves ties unordered, so it may hold other tied entries than
   # the lowest-index ones. One pass counts the ties: where it took them
-  # all, its set is the canonical one; otherwise take it again.
+  # all, its set is the canonical one (ordered here); otherwise (ties
+  # straddle the k-th place in some row) the batch is selected again by
+  # `lax.top_k`, whose tie rule is the canonical one.
   ties_taken = jnp.sum(win == kth[:, None], axis=1, dtype=jnp.int32)
   ties_all = jnp.sum(keys == kth[:, None], axis=1, dtype=jnp.int32)
   return lax.cond(jnp.all(ties_taken == ties_all),
                   lambda: _order(win, idx),
-                  lambda: _take_at_threshold(keys, kth, k))
+                  lambda: _top_k(scores, k))
 
 
 def _approx(scores, k, recall_target):

@@ -116,6 +116,26 @@ def test_exact_methods_on_edge_rows(name, scores, k):
     assert (_rule_topk(scores, k)[:, 6:] == -1).all()
 
 
+def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
+    monkeypatch):
+  """approx_max_k's comparator leaves ties unordered; XLA:CPU happens to
+  return the lowest indices, so a sort that returns the highest ones stands
+  in for a TPU's here: "sort" must still give the rule's indices."""
+  def highest_index_ties(operand, k, **kwargs):
+    del kwargs
+    vals, idx = jax.lax.top_k(operand[:, ::-1], k)
+    return vals, operand.shape[1] - 1 - idx
+
+  rng = np.random.default_rng(7)
+  x = rng.integers(-2, 3, size=(4, 120)).astype(np.float32)
+  x[0] = 1.0  # one row of a single value
+  x[1, 60:] = -np.inf
+  monkeypatch.setattr(jax.lax, "approx_max_k", highest_index_ties)
+  for k in (5, 40, 119):
+    got = np.asarray(topk._sort(jnp.asarray(x), k))  # pylint: disable=protected-access
+    np.testing.assert_array_equal(got, _rule_topk(x, k), err_msg=str(k))
+
+
 def test_order_key_preserves_the_float_order():
   vals = np.array([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1.0,
                    3e38, np.inf], np.float32)

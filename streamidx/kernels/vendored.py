@@ -89,9 +89,10 @@
 #     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
 #     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
 #     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
-#     "sort" is that same call, followed by one counting pass that puts ties
-#     at the k-th score in the project's tie rule (lowest index first;
-#     `approx_max_k`'s comparator leaves ties unordered); the other methods
+#     "sort" is that same call, followed by one pass counting the ties at
+#     the k-th score (`approx_max_k`'s comparator leaves ties unordered;
+#     where they straddle the k-th place, `lax.top_k` selects again, lowest
+#     index first: the project's tie rule); the other methods
 #     are exact alternatives ("top_k", "chunked", "blockmax", "radix") or
 #     approximate ("approx"). Every exact method returns the reference's
 #     indices, ties included. `streamindex_page_topk` selects pages with

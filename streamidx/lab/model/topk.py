@@ -161,7 +161,9 @@ def cost(method: str, rows: int, entries: int, k: int, *,
         method, buf + extra, pairs + out, 1 + (method == "sort"),
         t * _w(n), t * n * (method == "sort"),
         "full sort of each row" + (" + one pass counting ties at the k-th "
-                                   "score" if method == "sort" else ""))
+                                   "score (a lax.top_k again where they "
+                                   "straddle it)" if method == "sort"
+                                   else ""))
   if method == "chunked":
     c = chunk_size or topk_lib.chunk_size_for(n, k)
     chunks = -(-n // c)
