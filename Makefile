@@ -26,7 +26,7 @@ help:
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make bench     python -m streamidx.bench"
-	@echo "make strip     clear outputs and Colab metadata from notebooks/*.ipynb (keeps tags)"
+	@echo "make strip     clear outputs and Colab run metadata from notebooks/*.ipynb (keeps tags, TPU runtime)"
 	@echo "make lock      re-resolve $(LOCK) with $(PYTHON) (newest versions)"
 	@echo "make clean     remove build outputs and caches; distclean also removes .venv"
 
