@@ -31,7 +31,8 @@ Context parallel (the "context" axis, C devices): every sequence's
   global indices (s' + lo); one collective over the context axis merges them:
 
     merge="all_gather"  `lax.all_gather` of the k (score, index) pairs per row
-                        from every device, then the top k of the C * k;
+                        (one i32[T, k, 2] array: the score's bits and the
+                        index) from every device, then the top k of the C * k;
                         (C - 1) * k pairs per row arrive at each device.
     merge="tree"        recursive doubling: log2(C) rounds of `lax.ppermute`,
                         each exchanging k pairs with the partner c ^ 2**r and
@@ -345,16 +346,26 @@ def merge_topk(scores, indices, k: int):
   return top, jnp.where(top == -jnp.inf, -1, idx[:, :k])
 
 
+def _pack(scores, indices):
+  """(f32[T, n], i32[T, n]) -> i32[T, n, 2]: one array, one collective."""
+  return jnp.stack([lax.bitcast_convert_type(scores, jnp.int32), indices],
+                   axis=-1)
+
+
+def _unpack(pairs):
+  return lax.bitcast_convert_type(pairs[..., 0], jnp.float32), pairs[..., 1]
+
+
 def _merge_all_gather(scores, indices, k, axis):
-  s = lax.all_gather(scores, axis, axis=1, tiled=True)
-  i = lax.all_gather(indices, axis, axis=1, tiled=True)
-  return merge_topk(s, i, k)
+  pairs = lax.all_gather(_pack(scores, indices), axis, axis=1, tiled=True)
+  return merge_topk(*_unpack(pairs), k)
 
 
 def _merge_tree(scores, indices, k, axis, size):
   for r in range(int(math.log2(size))):
     perm = [(c, c ^ (1 << r)) for c in range(size)]
-    other_s, other_i = lax.ppermute((scores, indices), axis, perm)
+    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis,
+                                            perm))
     scores, indices = merge_topk(jnp.concatenate([scores, other_s], axis=1),
                                  jnp.concatenate([indices, other_i], axis=1),
                                  k)
