@@ -4,10 +4,12 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
 
     model/    hardware (TPU specs), roofline, tiling (the one model of the
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
-              recorded from the interpreter), profiling (jax.profiler)
+              recorded from the interpreter), profiling (jax.profiler),
+              scaling (the decode step on many chips; context parallelism)
     studies/  layout (cache bytes, HBM per step, addresses, masks), quant
               (FP8 analysis), parity (the case matrix and notebook 04's studies)
     bench/    the benchmark (`python -m streamidx.bench`)
+    sharding  the sharded layouts compiled for TPU slices, their collectives
     plots, tables (text and Markdown tables), params (notebook parameter
     checks), workbook (the papermill runner), walkthrough (source excerpts,
     the change ledger and score checks of the kernel walkthrough notebook)
@@ -24,6 +26,8 @@ _MODULES = {
     "tiling": "streamidx.lab.model.tiling",
     "timeline": "streamidx.lab.model.timeline",
     "profiling": "streamidx.lab.model.profiling",
+    "scaling": "streamidx.lab.model.scaling",
+    "sharding": "streamidx.lab.sharding",
     "layout": "streamidx.lab.studies.layout",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
