@@ -128,7 +128,7 @@ def run_case(name, variant, fmt, nd, nc, merge, k, devices):
     want = np.asarray(v.run_reference(x, k=k, compression_ratio=ratio,
                                       fmt=fmt, **static))
     scores = v.scores(x, compression_ratio=ratio, fmt=fmt)
-    atol = metrics.summation_atol(x, compression_ratio=ratio, page_mode=page)
+    atol = metrics.summation_atol(x, compression_ratio=ratio, mode=v.mode)
     c = metrics.compare_topk(got, want, scores, atol=atol)
     live = int((want >= 0).sum())
     if not c.ok:

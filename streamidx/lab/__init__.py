@@ -6,8 +6,10 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
               recorded from the interpreter), profiling (jax.profiler),
               scaling (the decode step on many chips; context parallelism)
-    studies/  layout (cache bytes, HBM per step, addresses, masks), quant
-              (FP8 analysis), parity (the case matrix and notebook 04's studies)
+    studies/  cases (the case matrix: named batches x variants, run and
+              compared), formats (bytes per entry), hbm (HBM per decode step),
+              addressing (where an entry lives, causal masks), quant (FP8
+              analysis), parity (notebook 04's studies)
     bench/    the benchmark (`python -m streamidx.bench`)
     sharding  the sharded layouts compiled for TPU slices, their collectives
     plots, tables (text and Markdown tables), params (notebook parameter
@@ -28,7 +30,10 @@ _MODULES = {
     "profiling": "streamidx.lab.model.profiling",
     "scaling": "streamidx.lab.model.scaling",
     "sharding": "streamidx.lab.sharding",
-    "layout": "streamidx.lab.studies.layout",
+    "cases": "streamidx.lab.studies.cases",
+    "formats": "streamidx.lab.studies.formats",
+    "hbm": "streamidx.lab.studies.hbm",
+    "addressing": "streamidx.lab.studies.addressing",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
     "plots": "streamidx.lab.plots",

@@ -144,12 +144,10 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
                         page_size=w.page_size,
                         compression_ratio=w.compression_ratio,
                         pages_per_seq=share_pages)
-  blocks = si.block_sizes("vendored", cache_format=w.fmt,
-                          num_heads=w.num_heads, page_size=w.page_size,
-                          generation=generation).kwargs()
-  blocks.pop("vmem_limit_bytes", None)
+  # Block sizes: the table's row for this generation (`streamidx.blocks`).
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
-                  head_dim=w.head_dim, **blocks)
+                  head_dim=w.head_dim, variant="vendored",
+                  generation=generation)
   return roofline.predict(p, k=w.k, generations=[generation])[generation][
       "total"]
 
