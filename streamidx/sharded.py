@@ -41,8 +41,10 @@ Context parallel (the "context" axis, C devices): every sequence's
 
   Candidates are ordered by (score descending, global index ascending), a
   total order, so both merges are exact, give the same array on every device
-  and resolve ties to the lowest global index, as the reference's top-k does
-  (a +-0.0 score counts as 0).
+  and resolve ties among the candidates to the lowest global index, as the
+  reference's top-k does (a +-0.0 score counts as 0). Which of several
+  entries tied at a device's own k-th place reaches the merge is that
+  device's kernel's choice, as on one device.
 
 Both (a 2-D mesh): device (d, c) holds share c of the sequences of data
   shard d; the merge runs over the context axis within each data shard.
@@ -512,7 +514,7 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
                        f"{what} (got shape {tuple(x.shape)})")
     return x.shape[0] // parts
 
-  t = need("q", q, nd, "data shards")
+  need("q", q, nd, "data shards")
   if weights.shape[0] != q.shape[0]:
     raise ValueError(f"weights: must have q's rows ({q.shape[0]}) (got shape "
                      f"{tuple(weights.shape)})")
@@ -535,7 +537,6 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
   if got != per:
     raise ValueError(f"{'distribution' if per == 3 else 'num_seqs'}: needs "
                      f"{per} value(s) per data shard (got {got})")
-  del t
 
 
 def sequence_parallel(variant, mesh: Mesh, *, axis: str = "data", k: int,
