@@ -191,21 +191,25 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
   return _pool_pages(s, page_size)
 
 
-def topk_from_scores(scores, k: int):
+def topk_from_scores(scores, k: int, *, return_scores: bool = False):
   """Exact top-k indices i32[T, k] of masked scores, -1 where -inf.
 
   `streamidx.topk.select_topk(scores, k, "top_k")`: by score descending
   (-0.0 equals +0.0), equal scores by index ascending, -1 past the visible
   entries; every exact `topk_method` of the kernels returns the same.
+  With `return_scores`, returns (indices, f32[T, k] their scores, -inf
+  where the index is -1; `streamidx.topk.scores_at`).
   """
-  return topk_lib.select_topk(scores, k, "top_k")
+  idx = topk_lib.select_topk(scores, k, "top_k")
+  return (idx, topk_lib.scores_at(scores, idx)) if return_scores else idx
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule", "topk_method"))
+                     "decode_req_batch_size", "causal_rule", "topk_method",
+                     "return_scores"))
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -223,6 +227,7 @@ def streamindex_topk_ref(
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
     topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
+    return_scores: bool = False,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
@@ -232,6 +237,7 @@ def streamindex_topk_ref(
   reference always selects exactly (`topk_from_scores`), which is what every
   exact method returns and what "approx" is measured against. A float32
   cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
+  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size
@@ -240,14 +246,14 @@ def streamindex_topk_ref(
                    cu_q_lens, distribution,
                    compression_ratio=compression_ratio,
                    causal_rule=causal_rule)
-  return topk_from_scores(s, k)
+  return topk_from_scores(s, k, return_scores=return_scores)
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "causal_rule", "one_token_per_seq"))
+                     "causal_rule", "one_token_per_seq", "return_scores"))
 def streamindex_page_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -264,6 +270,7 @@ def streamindex_page_topk_ref(
     vmem_limit_bytes=64 * 1024 * 1024,
     causal_rule: str = "model",
     one_token_per_seq: bool = False,
+    return_scores: bool = False,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
@@ -274,13 +281,14 @@ def streamindex_page_topk_ref(
   sequences by `cu_q_lens` (what the kernel computes). True: the decode form,
   row i is the single query (at position seq_len - 1) of sequence i, and
   `cu_q_lens` is ignored. Unlike the kernel, any `compression_ratio` works.
+  `return_scores=True` returns (page ids, f32[T, k_pages] page scores).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   s = page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens, num_seqs, compression_ratio=compression_ratio,
                   causal_rule=causal_rule,
                   one_token_per_seq=one_token_per_seq)
-  return topk_from_scores(s, k_pages)
+  return topk_from_scores(s, k_pages, return_scores=return_scores)
 
 
 def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,

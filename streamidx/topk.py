@@ -75,6 +75,7 @@ __all__ = [
     "canonical_zero",
     "order_key",
     "select_topk",
+    "scores_at",
     "chunk_size_for",
     "block_size_for",
 ]
@@ -142,6 +143,14 @@ def _order(keys, idx):
   neg, idx = lax.sort((~keys, idx.astype(jnp.int32)), dimension=1,
                       num_keys=2)
   return jnp.where(~neg == _NEG_INF_KEY, -1, idx).astype(jnp.int32)
+
+
+def scores_at(scores, idx):
+  """f32[T, k]: each selected entry's score as the selection compared it
+  (-0.0 and subnormals as +0.0), -inf where the index is -1."""
+  got = jnp.take_along_axis(scores.astype(jnp.float32), jnp.maximum(idx, 0),
+                            axis=1)
+  return jnp.where(idx >= 0, canonical_zero(got), _NEG_INF)
 
 
 # -- sizes the model picks (streamidx.lab.model.topk explains them) --------

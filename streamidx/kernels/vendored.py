@@ -85,6 +85,20 @@
 #     single bkv step (it still prefetches the next sequence's blocks, so the
 #     pipeline across sequences is unchanged). Non-empty sequences issue the
 #     same DMAs as before.
+# M8  Entries past the page table are invisible. Each sequence's kv_len is
+#     `min(seq_len // ratio, pages_per_seq * page_size)`: the entries its page
+#     table can address, as in `streamidx.ref` (whose score columns end at
+#     the table). The seed read past the table (the next sequence's slots)
+#     and wrote score blocks past the score buffer (bounds checks are off).
+#     Valid inputs (rule `page_table_columns`) are unchanged. The context-
+#     parallel path (`streamidx.sharded`) relies on it: a device's page table
+#     holds its share of a sequence's pages, its shifted seq_len gives the
+#     global causal and length masks restricted to that share, and the clamp
+#     ends the share.
+# M9  `return_scores`. Both entry points take a static `return_scores=False`;
+#     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
+#     (or pages') scores, -inf where the index is -1, so that top-k lists from
+#     several devices can be merged exactly (`streamidx.sharded`).
 # M-topk  The selection stage. `streamindex_topk` gains a static argument
 #     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
 #     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
@@ -223,7 +237,9 @@ def _scores_kernel(
     q_lens.append(q_len)
     seq_len = seq_lens_ref[batch_start_seq_idx + batch_idx]
     seq_lens.append(seq_len)
-    kv_len = seq_len // compression_ratio
+    # streamidx (M8): entries past the page table are invisible.
+    kv_len = jnp.minimum(seq_len // compression_ratio,
+                         pages_per_seq * page_size_per_kv_packing * kv_packing)
     kv_lens.append(kv_len)
 
   def wait_send_scores(bo_sem_idx):
@@ -754,6 +770,7 @@ def prepare_outputs(out):
         "decode_req_batch_size",
         "causal_rule",
         "topk_method",
+        "return_scores",
     ),
 )
 def streamindex_topk(
@@ -773,6 +790,7 @@ def streamindex_topk(
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
     topk_method: str = topk.DEFAULT_TOPK_METHOD,
+    return_scores: bool = False,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
 
@@ -803,6 +821,9 @@ def streamindex_topk(
       is selected: one of `streamidx.topk.TOPK_METHODS` (default "sort", the
       vendored `approx_max_k(recall_target=1.0)`); every exact method
       returns the same indices. See `streamidx.topk`.
+    return_scores: streamidx (M9). False (default): return the indices.
+      True: return (indices, scores), scores f32[T, k] the selected entries'
+      scores, -inf where the index is -1.
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
@@ -1041,7 +1062,10 @@ def streamindex_topk(
   # streamidx (M-topk): the selection (and the -inf padding to k columns,
   # and -1 for -inf) is `streamidx.topk.select_topk`; "sort" is the
   # approx_max_k(recall_target=1.0) above plus the tie rule.
-  topk_idxs = topk.select_topk(scores, k, topk_method)
+  topk_idxs = topk.select_topk(scores, k, topk_method)[: q.shape[0], :k]
+  if return_scores:  # streamidx (M9)
+    return topk_idxs, topk.scores_at(scores, topk_idxs)
+  return topk_idxs
   return topk_idxs[: q.shape[0], :k]
 
 
@@ -1054,6 +1078,7 @@ def streamindex_topk(
         "num_queries_per_block",
         "vmem_limit_bytes",
         "causal_rule",
+        "return_scores",
     ),
 )
 def streamindex_page_topk(
@@ -1071,6 +1096,7 @@ def streamindex_page_topk(
     num_queries_per_block: int = 512,
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
+    return_scores: bool = False,
 ) -> jax.Array:
   """Page-level lightning-indexer top-k (prefill/extend form).
 
@@ -1083,6 +1109,8 @@ def streamindex_page_topk(
   page mode supports compression_ratio=1 only, where both rules coincide.
   Page indices past the cache are silently clamped to the last page by the
   kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
+  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
+  page scores, -inf where the id is -1).
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
@@ -1183,4 +1211,7 @@ def streamindex_page_topk(
   page_scores = kernel(*scalar_prefetches, q, prepared_indexer_weights, cache_kv, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
   # streamidx (M-topk): the project's selection (lax.top_k, -1 for -inf).
-  return topk.select_topk(page_scores, k_pages, "top_k")
+  top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
+  if return_scores:  # streamidx (M9)
+    return top_idxs, topk.scores_at(page_scores, top_idxs)
+  return top_idxs
