@@ -1,44 +1,53 @@
 """streamidx: the StreamIndex top-k Pallas kernel, its exact reference, and
-the cache formats and batches they read.
+the cache formats and batches they read. This is the core, what a serving
+engineer imports; it loads no plotting or notebook code.
 
-    streamindex_topk / streamindex_page_topk          the kernels (Pallas TPU;
-                                                      interpreted off-TPU)
+    streamindex_topk / streamindex_page_topk          the vendored kernels
+                                                      (Pallas TPU; interpreted
+                                                      off-TPU)
     streamindex_topk_ref / streamindex_page_topk_ref  pure-JAX twins
+    VARIANTS, block_sizes                             the kernel variants by
+                                                      name; the block-size table
     interpreter(...), race_check()                    force the TPU interpreter
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
+    semantics                                         causal rules, launches,
+                                                      block normalisation
 
-Further modules, imported on demand: layout, quant, plots (notebooks 01-02),
-hardware, roofline, tiling, timeline, profiling (03, 05), parity (04),
-streaming, bench (the benchmark), workbook (the notebook runner).
+`streamidx.streaming` holds the bounded-memory exact references.
+Everything the notebooks use (hardware and roofline models, tiling,
+timeline, profiling, studies, plots, benchmark, workbook runner) lives in
+`streamidx.lab`, imported on demand. ARCHITECTURE.md draws the layers.
 """
 
-from streamidx import batch, cache, metrics, modes, params, ref, validate
+from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
+from streamidx import streaming, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
-from streamidx.kernel import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
-                              streamindex_page_topk, streamindex_topk)
+from streamidx.checked import (checked_streamindex_page_topk,
+                               checked_streamindex_topk)
+from streamidx.kernels.vendored import streamindex_page_topk, streamindex_topk
 from streamidx.modes import (describe_machine, interpreter, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
 from streamidx.ref import (page_scores, streamindex_page_topk_ref,
                            streamindex_topk_ref, token_scores)
-from streamidx.validate import (checked_streamindex_page_topk,
-                                checked_streamindex_topk,
-                                validate_page_topk_inputs,
-                                validate_topk_inputs)
+from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
+from streamidx.validate import validate_page_topk_inputs, validate_topk_inputs
+from streamidx.variants import VARIANTS, Variant, block_sizes
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "RaggedBatch",
-    "batch", "cache", "checked_streamindex_page_topk",
-    "checked_streamindex_topk", "describe_machine", "interpreter",
-    "kernel_mode", "make_batch", "make_inputs", "make_mixed_batch", "metrics",
-    "modes", "page_scores", "params", "race_check", "races_found", "ref",
-    "reset_interpreter_state", "set_interpreter",
-    "validate_page_topk_inputs", "validate_topk_inputs",
+    "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
+    "checked_streamindex_page_topk", "checked_streamindex_topk",
+    "describe_machine", "interpreter", "kernel_mode", "make_batch",
+    "make_inputs", "make_mixed_batch", "metrics", "modes", "page_scores",
+    "race_check", "races_found", "ref", "reset_interpreter_state",
+    "semantics", "set_interpreter", "streaming", "validate",
+    "validate_page_topk_inputs", "validate_topk_inputs", "variants",
     "streamindex_page_topk", "streamindex_page_topk_ref", "streamindex_topk",
-    "streamindex_topk_ref", "token_scores", "validate",
+    "streamindex_topk_ref", "token_scores",
 ]

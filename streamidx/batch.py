@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx.semantics import cdiv
 
 __all__ = [
     "Allocation",
@@ -40,9 +41,6 @@ __all__ = [
 
 Allocation = Literal["contiguous", "shuffled", "fragmented"]
 
-
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -34,7 +34,8 @@ bf16 record: `head_dim` bf16 values, no scale (`lkv_dim = head_dim`).
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,8 @@ __all__ = [
     "unpack_cache",
     "unpack_cache_raw",
     "entry_location",
+    "CacheLayout",
+    "CACHE_FORMATS",
 ]
 
 CacheFormat = Literal["fp8", "bf16", "f32"]
@@ -239,3 +242,38 @@ def entry_location(entry: int, page_table_row, page_size: int,
   page = int(np.asarray(page_table_row)[entry // page_size])
   t = entry % page_size
   return page, t // packing, t % packing
+
+
+# ---------------------------------------------------------------------------
+# The cache formats the kernel variants read, by name.
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+  """A cache format: how its arrays are built from the logical keys.
+
+  Attributes:
+    name: its key in `CACHE_FORMATS` (a variant lists the names it reads).
+    description: one line.
+    pack: f32 keys [total_num_pages, page_size, head_dim] -> the tuple of
+      cache arrays a kernel takes (one array for the packed formats).
+    bytes_per_entry: head_dim -> HBM bytes one entry occupies.
+  """
+
+  name: str
+  description: str
+  pack: Callable[..., tuple]
+  bytes_per_entry: Callable[[int], int]
+
+
+CACHE_FORMATS: dict[str, CacheLayout] = {
+    "fp8": CacheLayout(
+        "fp8", "packed uint8 records: e4m3 values + one e8m0 scale byte, "
+        "padded to whole 128-lane rows, kv_packing 4",
+        lambda keys: (pack_cache(keys, "fp8"),),
+        lambda head_dim: record_bytes("fp8", head_dim)),
+    "bf16": CacheLayout(
+        "bf16", "bf16 keys, no scale, kv_packing 2",
+        lambda keys: (pack_cache(keys, "bf16"),),
+        lambda head_dim: record_bytes("bf16", head_dim)),
+}

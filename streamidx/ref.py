@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx.kernel import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
+from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
 
 __all__ = [
     "token_scores",

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx.kernel import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
+from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES, cdiv,
                               causal_visible_bound)
 
 __all__ = [
@@ -68,9 +68,6 @@ DEFAULT_CHUNK_ENTRIES = 4096
 # Budget for one scan step's temporaries (sets `chunk_tokens` when None).
 DEFAULT_STEP_BYTES = 64 * 1024 * 1024
 
-
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
 
 
 _score_entries = ref_lib.score_entries  # one scorer for both references
@@ -179,8 +176,8 @@ def _token_plan(num_tokens, num_entries, num_heads, head_dim, lkv, k, chunk,
   Block sizes are evened out so the last block pads as few rows as possible.
   """
   def blocks(rows, most):
-    n = _cdiv(rows, min(most, rows))
-    return rows, _cdiv(rows, n)
+    n = cdiv(rows, min(most, rows))
+    return rows, cdiv(rows, n)
 
   if chunk_tokens is not None:
     return [blocks(num_tokens, chunk_tokens)]
@@ -217,7 +214,7 @@ def _streaming_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
 
   # A chunk longer than the sequence would only score padding.
   chunk = min(chunk_entries, num_entries)
-  num_chunks = _cdiv(num_entries, chunk)
+  num_chunks = cdiv(num_entries, chunk)
   if pool_pages:
     out_ids_per_chunk = chunk // page_size
   else:
@@ -276,7 +273,7 @@ def _streaming_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   start = 0
   for rows, tc in plan:
     # Query rows [start, start + rows) in blocks of tc (the last block padded).
-    num_blocks = _cdiv(rows, tc)
+    num_blocks = cdiv(rows, tc)
     pad = num_blocks * tc - rows
 
     def block(x, value, start=start, rows=rows, num_blocks=num_blocks,

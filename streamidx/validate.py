@@ -25,7 +25,8 @@ Three layers:
    once per batch while developing, or in a test.
 
 3. Inside `jit`, the same value rules through `jax.experimental.checkify`:
-   `checked_streamindex_topk` / `checked_streamindex_page_topk` take the
+   `streamidx.checked`'s `checked_streamindex_topk` /
+   `checked_streamindex_page_topk` (exported by `streamidx`) take the
    kernels' arguments and return `(err, indices)`; when a rule fails the
    kernel is not launched, the indices are all -1 and `err.throw()` raises
    `checkify.JaxRuntimeError` (a `ValueError`) with the rule's message.
@@ -58,8 +59,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
-from streamidx import kernel as kernel_lib
-from streamidx.kernel import CAUSAL_RULES
+from streamidx import semantics
+from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 
 __all__ = [
     "static_validate_topk",
@@ -68,8 +69,6 @@ __all__ = [
     "validate_page_topk_inputs",
     "check_topk_inputs",
     "check_page_topk_inputs",
-    "checked_streamindex_topk",
-    "checked_streamindex_page_topk",
     "ValueRule",
     "VALUE_RULES",
     "TOPK_VALUE_RULES",
@@ -119,24 +118,6 @@ def _is_int(v) -> bool:
 def _check_positive_int(name, v):
   if not _is_int(v) or v <= 0:
     _fail(name, "must be a positive int", repr(v))
-
-
-def _per_case(name, v):
-  """A Python int or a (decode, prefill, mixed) triple of positive ints."""
-  if isinstance(v, np.integer):
-    # The kernel tells an int from a triple with isinstance(v, int).
-    _fail(name, "must be a Python int or a (decode, prefill, mixed) tuple; "
-          "a NumPy integer is not accepted, pass int(...)",
-          f"{type(v).__name__} {v}")
-  if _is_int(v):
-    _check_positive_int(name, v)
-    return [int(v)] * 3
-  if isinstance(v, (tuple, list)) and len(v) == 3:
-    for i, x in enumerate(v):
-      _check_positive_int(f"{name}[{i}]", x)
-    return [int(x) for x in v]
-  _fail(name, "must be a positive int or a (decode, prefill, mixed) tuple of"
-        " three positive ints", repr(v))
 
 
 def _check_vmem(vmem_limit_bytes):
@@ -233,8 +214,9 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   _check_positive_int("compression_ratio", compression_ratio)
   _check_positive_int("decode_req_batch_size", decode_req_batch_size)
   _check_vmem(vmem_limit_bytes)
-  kv_blocks = _per_case("num_kv_pages_per_block", num_kv_pages_per_block)
-  _per_case("num_queries_per_block", num_queries_per_block)
+  kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
+                                          "num_kv_pages_per_block")
+  semantics.normalize_per_case(num_queries_per_block, "num_queries_per_block")
   for case, bkv_p in zip(("decode", "prefill", "mixed"), kv_blocks):
     if (page_size * bkv_p) % 128:
       _fail("num_kv_pages_per_block",
@@ -460,7 +442,7 @@ def _raise_first_broken(results, order):
 def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
-                         vmem_limit_bytes=kernel_lib.DEFAULT_VMEM_LIMIT_BYTES,
+                         vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
                          decode_req_batch_size=4, causal_rule="model"):
   """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
 
@@ -537,75 +519,3 @@ def check_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
                          cu_q_lens, num_seqs, compression_ratio=1,
                          page_mode=True)
   return _checkify_rules(results, PAGE_TOPK_VALUE_RULES)
-
-
-_TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
-                "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule")
-_PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
-                     "num_queries_per_block", "vmem_limit_bytes",
-                     "causal_rule")
-
-
-@functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
-def checked_streamindex_topk(
-    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-    distribution, *, k, compression_ratio, num_kv_pages_per_block,
-    num_queries_per_block,
-    vmem_limit_bytes=kernel_lib.DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model"):
-  """`streamindex_topk` behind its value rules, usable inside `jit`.
-
-  Same arguments as `streamidx.streamindex_topk`. Static rules raise
-  `ValueError` at trace time, as the kernel's do.
-
-  Returns:
-    (err, indices): `err` a `checkify.Error`; `err.throw()` raises
-    `checkify.JaxRuntimeError` (a ValueError) with the first broken rule's
-    message, `err.get()` returns it (None when all hold). `indices`
-    i32[max_num_tokens, k] as the kernel's when every rule holds; all -1
-    when one fails (the kernel is not launched then: `lax.cond`).
-  """
-  static = dict(k=k, compression_ratio=compression_ratio,
-                num_kv_pages_per_block=num_kv_pages_per_block,
-                num_queries_per_block=num_queries_per_block,
-                vmem_limit_bytes=vmem_limit_bytes,
-                decode_req_batch_size=decode_req_batch_size,
-                causal_rule=causal_rule)
-  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-          distribution)
-  static_validate_topk(*args, **static)
-  checks = functools.partial(check_topk_inputs,
-                             compression_ratio=compression_ratio)
-  err, ok = checkify.checkify(checks, errors=checkify.user_checks)(*args)
-  indices = lax.cond(
-      ok, lambda a: kernel_lib.streamindex_topk(*a, **static),
-      lambda a: jnp.full((q.shape[0], k), -1, jnp.int32), args)
-  return err, indices
-
-
-@functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
-def checked_streamindex_page_topk(
-    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-    num_seqs, *, k_pages, compression_ratio=1, num_kv_pages_per_block=128,
-    num_queries_per_block=512, vmem_limit_bytes=64 * 1024 * 1024,
-    causal_rule="model"):
-  """`streamindex_page_topk` behind its value rules, usable inside `jit`.
-
-  Returns (err, indices) as `checked_streamindex_topk` does; indices
-  i32[max_num_tokens, k_pages].
-  """
-  static = dict(k_pages=k_pages, compression_ratio=compression_ratio,
-                num_kv_pages_per_block=num_kv_pages_per_block,
-                num_queries_per_block=num_queries_per_block,
-                vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
-  num_seqs = jnp.asarray(num_seqs)
-  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-          num_seqs)
-  static_validate_page_topk(*args, **static)
-  err, ok = checkify.checkify(check_page_topk_inputs,
-                              errors=checkify.user_checks)(*args)
-  indices = lax.cond(
-      ok, lambda a: kernel_lib.streamindex_page_topk(*a, **static),
-      lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
-  return err, indices

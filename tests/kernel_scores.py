@@ -4,7 +4,7 @@ The kernels return indices only; their score matrix (the operand of the
 final `jax.lax.approx_max_k` in `streamindex_topk`, of `jax.lax.top_k` in
 `streamindex_page_topk`) never leaves them. `KernelWithScores` re-jits the
 kernel's own Python function (`__wrapped__`: the very code of
-`streamidx.kernel`, unmodified) while that `jax.lax` function is replaced by
+`streamidx.kernels.vendored`, unmodified) while that `jax.lax` function is replaced by
 one that also sends its operand to the host (`jax.debug.callback`). The
 callback is compiled into this private jit only; `streamidx`'s own jitted
 kernels are never traced with it.
@@ -33,7 +33,8 @@ import contextlib
 import jax
 import numpy as np
 
-from streamidx import kernel, metrics
+from streamidx.kernels import vendored as kernel
+from streamidx import metrics
 
 TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import bench
+from streamidx.lab.bench import cli as bench
 
 ROOT = Path(__file__).resolve().parents[1]
 

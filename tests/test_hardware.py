@@ -13,7 +13,7 @@ import json
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from streamidx import hardware
+from streamidx.lab.model import hardware
 
 SPECS = hardware.load_specs()
 CHIP = {"v4": pltpu.ChipVersion.TPU_V4, "v5e": pltpu.ChipVersion.TPU_V5E,

@@ -1,4 +1,4 @@
-"""streamidx.layout: byte counts, entry addresses, causal masks, launch plan."""
+"""streamidx.lab.studies.layout: byte counts, entry addresses, causal masks, launch plan."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, layout, ref
+from streamidx import cache, ref
+from streamidx.lab.studies import layout
 
 
 # --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ bad value, and run through the workbook's command line
 (`python -m streamidx.workbook --profile ci --only 00_quickstart`, in
 process). The run must fail loudly: exit code 1, the notebook named, the
 cell named (the first code cell after `parameters`, the one calling
-`streamidx.params.check`), the parameter and its rule in the message, and no
+`streamidx.lab.params.check`), the parameter and its rule in the message, and no
 cell after the check executed.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from streamidx import workbook
+from streamidx.lab import workbook
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"

@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from streamidx import workbook
+from streamidx.lab import workbook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"

@@ -1,4 +1,4 @@
-"""streamidx.parity: the case matrix, the parity check (and that it can fail),
+"""streamidx.lab.studies.parity: the case matrix, the parity check (and that it can fail),
 page coverage, the causal-rule diff, boundary ties and the tie tolerance
 (`comparison_atol`, the derived summation bound).
 
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import metrics, parity, ref
+from streamidx import metrics, ref
+from streamidx.lab.studies import parity
 
 import oracle
 

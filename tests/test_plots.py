@@ -1,4 +1,4 @@
-"""streamidx.plots: the figures draw what the arrays say (Agg backend)."""
+"""streamidx.lab.plots: the figures draw what the arrays say (Agg backend)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
-from streamidx import layout, plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import layout  # pylint: disable=g-import-not-at-top
+from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 
 
 def _batch(allocation):

@@ -13,7 +13,7 @@ import json
 import pytest
 
 import streamidx as si
-from streamidx import profiling
+from streamidx.lab.model import profiling
 
 
 @pytest.fixture(scope="module")

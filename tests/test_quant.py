@@ -1,4 +1,4 @@
-"""streamidx.quant: the e4m3 grid, scales, FP8 queries, Hadamard, unpack."""
+"""streamidx.lab.studies.quant: the e4m3 grid, scales, FP8 queries, Hadamard, unpack."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, quant, ref
+from streamidx import cache, ref
+from streamidx.lab.studies import quant
 
 
 # --------------------------------------------------------------------------

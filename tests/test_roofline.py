@@ -3,7 +3,7 @@
 import pytest
 
 import streamidx as si
-from streamidx import hardware, roofline, tiling
+from streamidx.lab.model import hardware, roofline, tiling
 
 SPECS = hardware.load_specs()
 PRODUCTION = dict(num_kv_pages_per_block=(3, 2, 2),

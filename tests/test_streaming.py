@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import bench_oracle, metrics, streaming
+from streamidx.lab.bench import oracle as bench_oracle
+from streamidx import metrics, streaming
 
 from cases import (CASE_IDS, CASES, K, K_SMALL, NUM_ENTRIES, NUM_HEADS,
                    NUM_TOKENS, PAGE_SIZE)
@@ -200,7 +201,7 @@ def test_streaming_temporaries_do_not_grow_with_the_sequence():
                                   "prefill_512q_32K_k2048"])
 def test_one_shot_memory_formula_brackets_xla(name):
   """The formula the README quotes, against XLA's buffer assignment."""
-  from streamidx import bench
+  from streamidx.lab.bench import cli as bench
   shape = {s.name: s for s in bench.LONG_CONTEXT + bench.SWEEP}[name]
   b = shape.batch()
   xla = _temp_bytes(si.streamindex_topk_ref, bench._abstract_args(shape),  # pylint: disable=protected-access

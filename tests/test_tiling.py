@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import metrics, tiling, timeline
+from streamidx import metrics
+from streamidx.lab.model import tiling, timeline
 
 # ---------------------------------------------------------------------------
 # VMEM scratch: model vs the kernel's declared scratch_shapes.
@@ -321,9 +322,9 @@ def test_closed_form_counts_equal_walking_every_dma_page_mode():
 
 
 def test_programs_agree_with_layout_launch_plan():
-  # streamidx.layout (notebook 01) models the same launches for drawing;
+  # streamidx.lab.studies.layout (notebook 01) models the same launches for drawing;
   # the two models must not drift apart.
-  from streamidx import layout
+  from streamidx.lab.studies import layout
   for name in ("all_three_ranges", "small_pages"):
     b = _batches()[name]
     blocks = SMALL if b.page_size == 16 else PRODUCTION

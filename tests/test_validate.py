@@ -588,7 +588,7 @@ def test_value_validators_run_the_static_checks_first():
 
 
 def test_checked_token_kernel_runs_the_kernel_on_valid_input():
-  err, idx = validate.checked_streamindex_topk(*TOKEN.args, **TOKEN_KW)
+  err, idx = si.checked_streamindex_topk(*TOKEN.args, **TOKEN_KW)
   assert err.get() is None
   err.throw()  # no-op
   np.testing.assert_array_equal(idx, si.streamindex_topk(*TOKEN.args,
@@ -597,7 +597,7 @@ def test_checked_token_kernel_runs_the_kernel_on_valid_input():
 
 @pytest.mark.parametrize("case", TOKEN_VALUE, ids=lambda c: c.id)
 def test_checked_token_kernel_reports_the_rule_and_skips_the_kernel(case):
-  err, idx = validate.checked_streamindex_topk(*token_arrays(case.bad),
+  err, idx = si.checked_streamindex_topk(*token_arrays(case.bad),
                                                **TOKEN_KW)
   assert err.get() == f"{case.message} (`check` failed)"
   with pytest.raises(checkify.JaxRuntimeError, match=re.escape(case.message)):
@@ -607,7 +607,7 @@ def test_checked_token_kernel_reports_the_rule_and_skips_the_kernel(case):
 
 
 def test_checked_page_kernel_runs_the_kernel_on_valid_input():
-  err, idx = validate.checked_streamindex_page_topk(*PAGE.page_args,
+  err, idx = si.checked_streamindex_page_topk(*PAGE.page_args,
                                                     **PAGE_KW)
   assert err.get() is None
   np.testing.assert_array_equal(
@@ -616,7 +616,7 @@ def test_checked_page_kernel_runs_the_kernel_on_valid_input():
 
 @pytest.mark.parametrize("case", PAGE_VALUE, ids=lambda c: c.id)
 def test_checked_page_kernel_reports_the_rule_and_skips_the_kernel(case):
-  err, idx = validate.checked_streamindex_page_topk(*page_arrays(case.bad),
+  err, idx = si.checked_streamindex_page_topk(*page_arrays(case.bad),
                                                     **PAGE_KW)
   assert err.get() == f"{case.message} (`check` failed)"
   np.testing.assert_array_equal(idx, np.full((20, PAGE_KW["k_pages"]), -1))
@@ -627,7 +627,7 @@ def test_checked_kernel_inside_a_callers_jit():
 
   @jax.jit
   def serve_step(*args):
-    err, idx = validate.checked_streamindex_topk(*args, **TOKEN_KW)
+    err, idx = si.checked_streamindex_topk(*args, **TOKEN_KW)
     return err, idx
 
   err, _ = serve_step(*bad)
@@ -653,7 +653,7 @@ def test_check_inputs_inside_a_callers_checkify():
 def test_checked_kernel_raises_static_rules_at_trace_time():
   with pytest.raises(ValueError,
                      match=exactly("k: must be a positive int (got 0)")):
-    validate.checked_streamindex_topk(*TOKEN.args, **{**TOKEN_KW, "k": 0})
+    si.checked_streamindex_topk(*TOKEN.args, **{**TOKEN_KW, "k": 0})
 
 
 # --- the clamp the validators exist for -------------------------------------

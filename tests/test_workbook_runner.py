@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from streamidx import workbook
+from streamidx.lab import workbook
 
 
 def make_notebook(folder: Path, name: str, params: str, *code: str) -> Path:

@@ -26,7 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx.kernel import CAUSAL_RULES, MlaCase, causal_visible_bound
+from streamidx.kernels.vendored import MlaCase
+from streamidx.semantics import (CAUSAL_RULES, causal_visible_bound, cdiv,
+                                 normalize_per_case)
 
 __all__ = [
     "EntryLayout",
@@ -61,9 +63,6 @@ ENTRY_LAYOUTS: tuple[str, ...] = ("fp8_packed", "bf16", "fp8_f32_scale_apart",
 # The layouts `streamindex_topk` reads (cache formats "fp8" and "bf16").
 KERNEL_LAYOUTS: tuple[str, ...] = ("fp8_packed", "bf16")
 
-
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +105,7 @@ def entry_layout(name: str, head_dim: int = 128) -> EntryLayout:
   if head_dim <= 0 or head_dim % QUANT_BLOCK:
     raise ValueError(f"head_dim must be a positive multiple of {QUANT_BLOCK}, "
                      f"got {head_dim}")
-  blocks = _cdiv(head_dim, QUANT_BLOCK)
+  blocks = cdiv(head_dim, QUANT_BLOCK)
   if name == "fp8_packed":
     total = cache_lib.record_bytes("fp8", head_dim)
     return EntryLayout(
@@ -255,7 +254,7 @@ def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
     num_entries: columns (sequence-local compressed entries 0..E-1).
     compression_ratio: tokens per entry.
     causal_rule: "model" (entries complete at p: s < (p + 1) // ratio) or
-      "seed" (s <= p // ratio), as `streamidx.kernel.causal_visible_bound`.
+      "seed" (s <= p // ratio), as `streamidx.semantics.causal_visible_bound`.
     seq_len: if given, also hide entries at or past seq_len // ratio (the
       kernel's length mask).
   """
@@ -283,20 +282,6 @@ def causal_rule_difference(q_positions, num_entries: int,
   model = visibility_mask(q_positions, num_entries, compression_ratio, "model",
                           seq_len)
   return seed & ~model
-
-
-def _normalize_per_case(value, name: str) -> list[int]:
-  # Mirrors kernel._normalize_per_case, with a clear error.
-  if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-    return [int(value)] * 3
-  try:
-    values = [int(v) for v in value]
-  except TypeError:
-    values = []
-  if len(values) != 3:
-    raise ValueError(f"{name} must be an int or a (decode, prefill, mixed) "
-                     f"triple, got {value!r}")
-  return values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,7 +326,7 @@ def launch_plan(distribution, *, num_kv_pages_per_block,
                 ) -> list[Launch]:
   """The four launches `streamindex_topk` makes, in its order.
 
-  Mirrors the wrapper in `streamidx/kernel.py`, local modification M4
+  Mirrors the wrapper in `streamidx/kernels/vendored.py`, local modification M4
   included. With distribution (i, j, n) and d = decode_req_batch_size:
 
     1. decode, batched:  [0, i // d * d), d sequences per program, q_len 1;
@@ -363,8 +348,8 @@ def launch_plan(distribution, *, num_kv_pages_per_block,
   if isinstance(decode_req_batch_size, bool) or decode_req_batch_size < 1:
     raise ValueError(f"decode_req_batch_size must be >= 1, got "
                      f"{decode_req_batch_size!r}")
-  bkv = _normalize_per_case(num_kv_pages_per_block, "num_kv_pages_per_block")
-  nq = _normalize_per_case(num_queries_per_block, "num_queries_per_block")
+  bkv = normalize_per_case(num_kv_pages_per_block, "num_kv_pages_per_block")
+  nq = normalize_per_case(num_queries_per_block, "num_queries_per_block")
   decode_batch_end = i // decode_req_batch_size * decode_req_batch_size
 
   def launch(case, c, start, end, batch, static_q_len):
@@ -429,13 +414,13 @@ def program_work(batch, plan: Sequence[Launch]) -> list[ProgramWork]:
     bkv_sz = launch.bkv_p * batch.page_size
     for p, seqs in enumerate(program_sequences(launch)):
       kv_len_max = int(max(kv_lens[s] for s in seqs))
-      num_bkv = max(1, _cdiv(kv_len_max, bkv_sz))
+      num_bkv = max(1, cdiv(kv_len_max, bkv_sz))
       if launch.static_q_len is None:
         q_len = int(cu[seqs[0] + 1] - cu[seqs[0]])
-        num_bq = max(1, _cdiv(q_len, launch.bq_sz))
+        num_bq = max(1, cdiv(q_len, launch.bq_sz))
         rows = ((int(cu[seqs[0]]), int(cu[seqs[0] + 1])),)
       else:
-        num_bq = max(1, _cdiv(launch.static_q_len, launch.bq_sz))
+        num_bq = max(1, cdiv(launch.static_q_len, launch.bq_sz))
         rows = tuple((int(cu[s]), int(min(cu[s] + launch.static_q_len,
                                           cu[s + 1]))) for s in seqs)
       out.append(ProgramWork(li, p, seqs, rows, num_bq, num_bkv))

@@ -3,7 +3,7 @@
 Each notebook's first cell after its `parameters` cell calls these, so that a
 papermill run with a bad `-p` value stops there, naming the parameter::
 
-    from streamidx.params import check
+    from streamidx.lab.params import check
     check.integer("num_seqs", num_seqs, min=1)
     check.choice("fmt", fmt, ("fp8", "bf16"))
 """

@@ -1,9 +1,9 @@
 """How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
 
-A model of `streamidx/kernel.py`, written from its code and checked against
+A model of `streamidx/kernels/vendored.py`, written from its code and checked against
 it (tests/test_tiling.py): the VMEM scratch shapes against the shapes the
 kernel's own `pallas_call`s declare, and the DMA sequence against the DMAs
-the Pallas TPU interpreter executes (`streamidx.timeline`).
+the Pallas TPU interpreter executes (`streamidx.lab.model.timeline`).
 
 Vocabulary (the kernel's):
 
@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx import semantics
+from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = [
     "TOKEN_CASES",
@@ -64,15 +66,8 @@ __all__ = [
 
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 _SYMBOL = {"d": "decode", "p": "prefill", "m": "mixed"}
-_LANES = 128
 
 
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
-
-
-def _align(x: int, a: int) -> int:
-  return _cdiv(x, a) * a
 
 
 def _dtype(name):
@@ -141,8 +136,8 @@ def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128
                   pages_per_seq=batch.pages_per_seq,
                   max_num_seqs=batch.max_num_seqs, num_tokens=int(batch.num_tokens),
                   total_num_pages=int(batch.total_num_pages),
-                  num_q_heads=_align(num_heads, q_packing),
-                  head_dim=_align(head_dim, 128), q_dtype=q_dtype)
+                  num_q_heads=align_to(num_heads, q_packing),
+                  head_dim=align_to(head_dim, 128), q_dtype=q_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,15 +256,6 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
   return (kv, q, w, o)
 
 
-def _per_case(name, v):
-  if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-    return [int(v)] * 3
-  v = list(v)
-  if len(v) != 3:
-    raise ValueError(f"{name} must be an int or a (decode, prefill, mixed) triple, got {v!r}")
-  return [int(x) for x in v]
-
-
 def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
          q_dtype: str = "bfloat16", mode: str = "token",
          num_kv_pages_per_block=(3, 2, 2), num_queries_per_block=(1, 128, 128),
@@ -299,36 +285,36 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
     for p, s0 in enumerate(range(start, end, b)):
       seqs = tuple(range(s0, s0 + b))
       kv = tuple(kv_lens[s] for s in seqs)
-      num_bkv = max(1, _cdiv(max(kv), bkv_sz))
+      num_bkv = max(1, cdiv(max(kv), bkv_sz))
       if static_q_len is None:
-        num_bq = max(1, _cdiv(q_lens[s0], bq_sz))
+        num_bq = max(1, cdiv(q_lens[s0], bq_sz))
       else:
-        num_bq = max(1, _cdiv(static_q_len, bq_sz))
+        num_bq = max(1, cdiv(static_q_len, bq_sz))
       out.append(Program(p, seqs, tuple(q_lens[s] for s in seqs), kv, num_bq,
                          num_bkv))
     return tuple(out)
 
   launches = []
   if mode == "token":
-    nkv = _per_case("num_kv_pages_per_block", num_kv_pages_per_block)
-    nq = _per_case("num_queries_per_block", num_queries_per_block)
+    nkv = semantics.normalize_per_case(num_kv_pages_per_block,
+                                       "num_kv_pages_per_block")
+    nq = semantics.normalize_per_case(num_queries_per_block,
+                                      "num_queries_per_block")
     for bkv_p in nkv:
       if (g.page_size * bkv_p) % _LANES:
         raise ValueError(f"num_kv_pages_per_block: page_size * bkv_p = "
                          f"{g.page_size} * {bkv_p} must be a multiple of 128")
-    b = int(decode_req_batch_size)
-    decode_end = d0 // b * b
-    specs = [("decode", 0, decode_end, b, min(nq[0], 1), nkv[0], 1),
-             ("decode_rest", decode_end, d0, 1, min(nq[0], 1), nkv[0], 1),
-             ("prefill", d0, d1, 1, nq[1], nkv[1], None),
-             ("mixed", d1, d2, 1, nq[2], nkv[2], None)]
-    for case, start, end, sb, bq_sz, bkv_p, static_q_len in specs:
+    for tl in semantics.token_launches((d0, d1, d2),
+                                       int(decode_req_batch_size)):
+      bkv_p = nkv[tl.block_case]
+      bq_sz = tl.bq_sz(nq[tl.block_case])
       bkv_sz = bkv_p * g.page_size
       launches.append(Launch(
-          case, start, end, sb, bq_sz, bkv_p, bkv_sz, 0,
-          programs(start, end, sb, bq_sz, bkv_sz, static_q_len),
-          _scratch(case, g, sb, bq_sz, bkv_p, 0)))
-    num_cols = max(_align(g.pages_per_seq, p) * g.page_size for p in nkv)
+          tl.case, tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_p, bkv_sz,
+          0, programs(tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_sz,
+                      tl.static_q_len),
+          _scratch(tl.case, g, tl.seq_batch_size, bq_sz, bkv_p, 0)))
+    num_cols = max(align_to(g.pages_per_seq, p) * g.page_size for p in nkv)
   elif mode == "page":
     bkv_p = int(num_kv_pages_per_block)
     bq_sz = int(num_queries_per_block)
@@ -336,8 +322,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       raise ValueError("page mode requires num_kv_pages_per_block == 128")
     if ratio != 1:
       raise ValueError("page mode supports compression_ratio 1 only")
-    num_bkv_max = _cdiv(g.pages_per_seq, bkv_p)
-    num_cols = _align(num_bkv_max * bkv_p, _LANES)
+    num_bkv_max = cdiv(g.pages_per_seq, bkv_p)
+    num_cols = align_to(num_bkv_max * bkv_p, _LANES)
     bkv_sz = bkv_p * g.page_size
     launches.append(Launch(
         "page", 0, d2, 1, bq_sz, bkv_p, bkv_sz, num_cols // _LANES,
@@ -504,7 +490,7 @@ def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import core  # pylint: disable=g-import-not-at-top
-  from streamidx import kernel  # pylint: disable=g-import-not-at-top
+  from streamidx.kernels import vendored as kernel  # pylint: disable=g-import-not-at-top
 
   fn = kernel.streamindex_topk if mode == "token" else kernel.streamindex_page_topk
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
@@ -577,7 +563,7 @@ def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> di
     for pr in launch.programs:
       for kv in pr.kv_lens:
         computed += pr.num_bkv
-        needed += max(1, _cdiv(kv, launch.bkv_sz))
+        needed += max(1, cdiv(kv, launch.bkv_sz))
         entries_computed += pr.num_bkv * launch.bkv_sz
         entries_needed += kv
   return {
@@ -658,7 +644,7 @@ def decode_batch_waste(seq_lens: Sequence[int], *, page_size: int,
 
   lens = [int(s) for s in seq_lens]
   bkv_sz = num_kv_pages_per_block * page_size
-  blocks = [max(1, _cdiv(s // compression_ratio, bkv_sz)) for s in lens]
+  blocks = [max(1, cdiv(s // compression_ratio, bkv_sz)) for s in lens]
   order = batching_order(blocks, decode_req_batch_size, sort)
   b = batch_lib.make_mixed_batch(decode=[lens[i] for i in order],
                                  page_size=page_size,

@@ -64,6 +64,14 @@
 #     the cache are silently clamped to the last page by the kernel;
 #     `streamidx.validate_topk_inputs` / `validate_page_topk_inputs` reject
 #     such tables.
+# M6  Shared semantics. The rules the references, validation and the lab's
+#     models share live in `streamidx/semantics.py`, and this file imports
+#     them instead of defining its own: `cdiv`/`align_to` (upstream's, moved),
+#     the causal rule of M3 (`causal_visible_bound`), the per-case block-size
+#     normalisation (`normalize_per_case`, which also rejects malformed
+#     sizes), and the list of launches (`token_launches`: the wrapper loops
+#     over it instead of spelling out the four `run_topk_kernel` calls; same
+#     launches, same order, same arguments).
 # M-fp8-widen  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
 #     rejects the e4m3 KV tile as a matmul operand on TPU v4
 #     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
@@ -75,12 +83,14 @@
 #     Interpreted and on v5e and newer the tile goes to the matmul as e4m3,
 #     as in the seed.
 # M-vmem-check  VMEM scratch checked before compiling. The four scratch
-#     buffers of a launch are declared once (`launch_scratch`); compiled,
-#     both entry points first check that their bytes as Mosaic lays them out
-#     (`scratch_vmem_bytes`: (8, 128) tiles, as the compiler's own scoped-VMEM
-#     count, equal to it on the grid of tests/test_aot.py) fit the chip's VMEM
-#     and `vmem_limit_bytes`, and raise a `ValueError` naming the block sizes
-#     otherwise, instead of Mosaic's E1001 after a long compile.
+#     buffers of a launch are declared once (`semantics.launch_scratch`,
+#     which the lab's tiling model reads too); compiled, both entry points
+#     first check (`check_launch_vmem`) that their bytes as Mosaic lays them
+#     out (`semantics.scratch_vmem_bytes`, tiled as Mosaic tiles VMEM; the
+#     compiler's own count on the grid of tests/test_aot.py) fit the chip's
+#     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
+#     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
+#     memory in memory space vmem") after compiling.
 """TPU-Friendly StreamIndex Top-K kernel."""
 
 import enum
@@ -93,22 +103,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
+from streamidx import semantics
+from streamidx import validate
+# streamidx (M6): the shared rules come from streamidx.semantics.
+from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
+                                 align_to, causal_visible_bound, cdiv)
 
 Enum = enum.Enum
-
-DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024
-
-# streamidx (M3): the two causal rules.
-CAUSAL_RULES = ("model", "seed")
-
-
-def cdiv(a, b):
-  assert b != 0
-  return (a + b - 1) // b
-
-
-def align_to(x, a):
-  return cdiv(x, a) * a
 
 
 def get_dtype_bitwidth(dtype):
@@ -141,90 +142,16 @@ class MlaCase(Enum):
     }[self]
 
 
-def causal_visible_bound(q_pos, compression_ratio, causal_rule):
-  """Exclusive upper bound on visible compressed entries for query positions.
-
-  streamidx (M3). Entry s is causally visible to the query at absolute
-  position `q_pos` iff `s < causal_visible_bound(q_pos, ...)`:
-    "model": (q_pos + 1) // ratio  (only blocks complete at q_pos)
-    "seed":  q_pos // ratio + 1    (the vendored `s <= q_pos // ratio`)
-  Works on Python ints, NumPy and JAX arrays alike.
-  """
-  if causal_rule == "model":
-    return (q_pos + 1) // compression_ratio
-  if causal_rule == "seed":
-    return q_pos // compression_ratio + 1
-  raise ValueError(
-      f"causal_rule must be one of {CAUSAL_RULES}, got {causal_rule!r}")
+# streamidx (M6): the MlaCase of each launch of `semantics.token_launches`.
+_MLA_CASE = {
+    "decode": MlaCase.DECODE,
+    "decode_rest": MlaCase.DECODE,
+    "prefill": MlaCase.PREFILL,
+    "mixed": MlaCase.MIXED,
+}
 
 
-# streamidx (M-vmem-check): the scratch buffers of one launch, declared once.
-LANES = 128
-
-
-def launch_scratch(
-    *,
-    seq_batch_size: int,
-    bq_sz: int,
-    bkv_p: int,
-    page_size_per_kv_packing: int,
-    kv_packing: int,
-    lkv_dim: int,
-    cache_dtype,
-    num_q_heads: int,
-    head_dim: int,
-    q_dtype,
-    weights_dtype,
-    num_out_sublanes: int,
-):
-  """The VMEM scratch buffers of one launch, in `_scores_kernel`'s order.
-
-  Returns ((name, shape, dtype), ...) for bkv_x2 (the KV block double
-  buffer), bq_x2 (query block), bq_weights_x2 (indexer weights) and
-  scores_block_x2 (f32 scores on their way to HBM; `num_out_sublanes`
-  128-lane rows per query row: bkv_sz // 128 in token mode, the pooled page
-  columns // 128 in page mode). The DMA semaphores are not VMEM.
-  """
-  b = seq_batch_size
-  return (
-      ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
-       jnp.dtype(cache_dtype)),
-      ("bq_x2", (2, b, bq_sz, num_q_heads, head_dim), jnp.dtype(q_dtype)),
-      ("bq_weights_x2", (2, b, bq_sz, num_q_heads), jnp.dtype(weights_dtype)),
-      ("scores_block_x2", (2, b * bq_sz, num_out_sublanes, LANES),
-       jnp.dtype(jnp.float32)),
-  )
-
-
-def tiled_vmem_bytes(shape, dtype, tpu_generation: int = 5) -> int:
-  """Bytes of a VMEM buffer as Mosaic lays it out: the last two dims in tiles.
-
-  The minor dim pads to 128 lanes; the second-minor to the sublane tiling
-  Mosaic infers for the dtype (`pltpu`'s `infer_tiling`: the dtype's packing
-  per 32-bit word, doubled up to 8 rows while the dim is larger; twice that
-  before TPU v4). Leading dims are not padded.
-  """
-  shape = tuple(int(d) for d in shape)
-  itemsize = jnp.dtype(dtype).itemsize
-  if len(shape) < 2:
-    n = shape[0] if shape else 1
-    return align_to(n * itemsize, 4 * LANES)
-  packing = max(1, 4 // itemsize)
-  tiling = (1 + int(tpu_generation < 4)) * packing
-  while tiling < min(shape[-2], 8):
-    tiling *= 2
-  lead = 1
-  for d in shape[:-2]:
-    lead *= d
-  return lead * align_to(shape[-2], tiling) * align_to(shape[-1], LANES) * itemsize
-
-
-def scratch_vmem_bytes(scratch, tpu_generation: int = 5) -> int:
-  """Total tiled VMEM bytes of a `launch_scratch` list."""
-  return sum(tiled_vmem_bytes(shape, dtype, tpu_generation)
-             for _, shape, dtype in scratch)
-
-
+# streamidx (M-vmem-check): scratch shapes and bytes from streamidx.semantics.
 def _mib(n: int) -> str:
   return f"{n / 2**20:.2f} MiB"
 
@@ -240,15 +167,16 @@ def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
   compiler sizes, so a launch that passes can still be rejected by it.
   """
   info = pltpu.get_tpu_info()
-  need = scratch_vmem_bytes(scratch, info.generation)
+  need = semantics.scratch_vmem_bytes(scratch, info.generation)
   capacity = int(info.vmem_capacity_bytes)
   limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
                                                         capacity)
   if need <= limit:
     return
   name, shape, dtype = max(
-      scratch, key=lambda s: tiled_vmem_bytes(s[1], s[2], info.generation))
-  largest = tiled_vmem_bytes(shape, dtype, info.generation)
+      scratch,
+      key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
+  largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
   limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
                 f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
   raise ValueError(
@@ -820,13 +748,6 @@ def prepare_outputs(out):
   return out
 
 
-def _normalize_per_case(value):
-  """An int or a (decode, prefill, mixed) tuple -> a list of three ints."""
-  if isinstance(value, int):
-    return [value for _ in range(3)]
-  return list(value)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -889,9 +810,7 @@ def streamindex_topk(
   # `cache_kv` along the width dimension, keeping HBM transactions fused.
   if num_kv_pages_per_block is None or num_queries_per_block is None:
     raise ValueError("num_kv_pages_per_block and num_queries_per_block must be specified.")
-  # streamidx (issue 3): every static rule is checked before a kernel is built.
-  from streamidx import validate  # pylint: disable=g-import-not-at-top
-
+  # streamidx (M5): every static rule is checked before a kernel is built.
   validate.static_validate_topk(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution, k=k, compression_ratio=compression_ratio,
@@ -899,8 +818,10 @@ def streamindex_topk(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
-  num_kv_pages_per_blocks = _normalize_per_case(num_kv_pages_per_block)
-  num_queries_per_blocks = _normalize_per_case(num_queries_per_block)
+  num_kv_pages_per_blocks = semantics.normalize_per_case(
+      num_kv_pages_per_block, "num_kv_pages_per_block")
+  num_queries_per_blocks = semantics.normalize_per_case(
+      num_queries_per_block, "num_queries_per_block")
 
   interpret = modes.resolve_interpret()  # streamidx (M1)
   widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M-fp8-widen)
@@ -975,7 +896,7 @@ def streamindex_topk(
     out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
 
     # streamidx (M-vmem-check): the scratch, declared once and checked.
-    scratch = launch_scratch(
+    scratch = semantics.launch_scratch(
         seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
         page_size_per_kv_packing=page_size_per_kv_packing,
         kv_packing=kv_packing, lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype,
@@ -1055,79 +976,30 @@ def streamindex_topk(
   # sequences in one batch have similar lengths to reduce waste of compute.
   # With the same batch size, the longest sequence will determine number of
   # blocks to run computation for.
-  decode_batch_end = distribution[0] // decode_req_batch_size * decode_req_batch_size
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores_init,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[0],
-      num_queries_per_block=num_queries_per_blocks[0],
-      start_seq_idx=jnp.array(0),
-      end_seq_idx=decode_batch_end,
-      static_q_len=1,
-      seq_batch_size=decode_req_batch_size,
-      case=MlaCase.DECODE,
-  )
-
-  # Handle num_decode_seqs % decode_req_batch_size != 0 case.
-  # streamidx (M4): ends at distribution[0]; the seed ran on to
-  # distribution[1], treating chunked-prefill sequences as decode.
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[0],
-      num_queries_per_block=num_queries_per_blocks[0],
-      start_seq_idx=decode_batch_end,
-      end_seq_idx=distribution[0],
-      static_q_len=1,
-      seq_batch_size=1,
-      case=MlaCase.DECODE,
-  )
-
-  # streamidx (M4): chunked-prefill-only sequences, with the prefill block
-  # sizes and each sequence's own (dynamic) q_len.
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[1],
-      num_queries_per_block=num_queries_per_blocks[1],
-      start_seq_idx=distribution[0],
-      end_seq_idx=distribution[1],
-      static_q_len=None,
-      seq_batch_size=1,
-      case=MlaCase.PREFILL,
-  )
-
-  scores = run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      num_kv_pages_per_block=num_kv_pages_per_blocks[2],
-      num_queries_per_block=num_queries_per_blocks[2],
-      start_seq_idx=distribution[1],
-      end_seq_idx=distribution[2],
-      static_q_len=None,
-      seq_batch_size=1,
-      case=MlaCase.MIXED,
-  )
+  # streamidx (M4, M6): the launches come from `semantics.token_launches`:
+  # batched decode [0, i // d * d), the decode remainder [i // d * d, i), the
+  # chunked-prefill range [i, j) with the prefill block sizes and each
+  # sequence's own (dynamic) q_len (the seed ran [i, j) as decode, scoring
+  # only the first query of each sequence), and the mixed range [j, n).
+  scores = scores_init
+  for launch in semantics.token_launches(distribution, decode_req_batch_size):
+    c = launch.block_case
+    scores = run_topk_kernel(
+        q,
+        prepared_indexer_weights,
+        cache_kv,
+        scores,
+        seq_lens,
+        page_indices,
+        cu_q_lens,
+        num_kv_pages_per_block=num_kv_pages_per_blocks[c],
+        num_queries_per_block=num_queries_per_blocks[c],
+        start_seq_idx=launch.start,
+        end_seq_idx=launch.end,
+        static_q_len=launch.static_q_len,
+        seq_batch_size=launch.seq_batch_size,
+        case=_MLA_CASE[launch.case],
+    )
 
   scores = scores.reshape(q.shape[0], -1)
   if scores.shape[1] < k:
@@ -1190,8 +1062,6 @@ def streamindex_page_topk(
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
   """
-  from streamidx import validate  # pylint: disable=g-import-not-at-top
-
   validate.static_validate_page_topk(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       num_seqs, k_pages=k_pages, compression_ratio=compression_ratio,
@@ -1238,7 +1108,7 @@ def streamindex_page_topk(
   ]
   out_specs = pl.BlockSpec(memory_space=pltpu.HBM)
   # streamidx (M-vmem-check): the scratch, declared once and checked.
-  scratch = launch_scratch(
+  scratch = semantics.launch_scratch(
       seq_batch_size=1, bq_sz=bq_sz, bkv_p=bkv_p,
       page_size_per_kv_packing=page_size_per_kv_packing, kv_packing=kv_packing,
       lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype, num_q_heads=num_q_heads,

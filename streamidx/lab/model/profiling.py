@@ -270,7 +270,8 @@ def hlo_stats(cap: Capture) -> list[dict] | None:
 def machine_info() -> dict:
   """The machine a run is on: platform, device kind, generation, kernel mode."""
   import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import hardware, modes  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  from streamidx import modes  # pylint: disable=g-import-not-at-top
 
   dev = jax.devices()[0]
   return {

@@ -2,7 +2,7 @@
 batches with their launches. Matplotlib only; safe under the Agg backend.
 
 Every function draws arrays it is given (from `streamidx.batch`,
-`streamidx.cache`, `streamidx.layout`); none computes a layout of its own.
+`streamidx.cache`, `streamidx.lab.studies.layout`); none computes a layout of its own.
 Each returns the `Figure` (or draws on the `Axes` passed in); `save` writes
 it as a PNG under a notebook's `output_dir`.
 """

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import batch as batch_lib
-from streamidx import kernel as kernel_lib
+from streamidx.kernels import vendored as kernel_lib
 from streamidx import metrics
 from streamidx import ref as ref_lib
 

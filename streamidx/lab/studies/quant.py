@@ -319,7 +319,7 @@ def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
 def unpack_block_in_kernel(block, head_dim: int = 128):
   """Runs the kernel's FP8 unpack (`load_bkv`) on one block, in Pallas.
 
-  The ops are those of `streamidx/kernel.py`'s `load_bkv`: reshape the
+  The ops are those of `streamidx/kernels/vendored.py`'s `load_bkv`: reshape the
   [rows, kv_packing, lkv_dim] uint8 block to [entries, lkv_dim], bitcast the
   first head_dim bytes to e4m3, and the scale byte column, transposed, to
   e8m0, converted to bf16. It always runs in Pallas's TPU interpreter (on a

@@ -2,7 +2,7 @@
 
 Numbers live in `data/tpu_specs.json`, each with the public page it came
 from (`TpuSpec.sources`); a number no public page gave is `None`, never a
-guess. Terms used here and in `streamidx.roofline`:
+guess. Terms used here and in `streamidx.lab.model.roofline`:
 
 - chip: what Google Cloud's spec tables describe (peak compute, HBM capacity
   and bandwidth are per chip).
@@ -17,13 +17,14 @@ guess. Terms used here and in `streamidx.roofline`:
 - device rates (`device_*`): one JAX device's share, for XLA ops (the score
   buffer fill and the top-k), which use every TensorCore of their device.
 
-    specs = streamidx.hardware.load_specs()       # {"v4": TpuSpec, ...}
-    gen = streamidx.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
+    specs = streamidx.lab.model.hardware.load_specs()       # {"v4": TpuSpec, ...}
+    gen = streamidx.lab.model.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -41,7 +42,9 @@ __all__ = [
 ]
 
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
-SPECS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu_specs.json"
+# Shipped in the wheel: the checkout's data/ folder is the package
+# `streamidx.data` (pyproject.toml), so an installed wheel finds it too.
+SPECS_PATH = importlib.resources.files("streamidx.data") / "tpu_specs.json"
 
 _FIELDS = (
     "tensorcores_per_chip",
@@ -185,18 +188,16 @@ def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
 
 
 def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
-  """Reads `data/tpu_specs.json` (or `path`): {generation: TpuSpec}.
+  """Reads the packaged `tpu_specs.json` (or `path`): {generation: TpuSpec}.
 
-  Raises FileNotFoundError naming the path when the data folder is absent
-  (an installed wheel does not ship it: use a checkout), ValueError naming
-  the field for a malformed entry (a number without a source, ...).
+  The table ships in the wheel (package `streamidx.data`, the checkout's
+  data/ folder). Raises FileNotFoundError naming `path` when given one that
+  does not exist, ValueError naming the field for a malformed entry (a
+  number without a source, ...).
   """
   path = Path(path) if path is not None else SPECS_PATH
   if not path.is_file():
-    raise FileNotFoundError(
-        f"TPU spec table not found at {path}; streamidx reads it from the "
-        "repository's data/ folder (install with `pip install -e .` from a "
-        "checkout, or pass path=)")
+    raise FileNotFoundError(f"TPU spec table not found at {path}")
   return _parse(json.loads(path.read_text(encoding="utf-8")), path)
 
 

@@ -5,7 +5,7 @@ one after another:
 
   "fill"    XLA: the f32 score buffer `[T, cols]` is set to -inf (it is then
             aliased into the kernel, so unwritten columns stay -inf).
-  "kernel"  Pallas: scores every KV block the launches of `streamidx.tiling`
+  "kernel"  Pallas: scores every KV block the launches of `streamidx.lab.model.tiling`
             visit; writes f32 scores per block (token mode) or pooled page
             scores per query block (page mode).
   "topk"    XLA: top-k over the score buffer, then -1 where the score is -inf.
@@ -18,7 +18,7 @@ its time as in the scaling book's roofline:
   T_mem  = bytes / HBM bandwidth        T_math = FLOPs / peak
   bound  = max(T_mem, T_math)           intensity = FLOPs / bytes
 
-with the rates of `streamidx.hardware`: one TensorCore's share for the kernel
+with the rates of `streamidx.lab.model.hardware`: one TensorCore's share for the kernel
 (its grid is "arbitrary": a launch runs on one TensorCore), one JAX device's
 for the XLA stages. The bound of a call is the sum of its stages' bounds.
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from streamidx import hardware
-from streamidx import tiling
+from streamidx.lab.model import hardware
+from streamidx.lab.model import tiling
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table"]
 

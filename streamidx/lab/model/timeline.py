@@ -18,7 +18,7 @@ The x axis of a timeline is this sequence number (the order in which the
 kernel issued the operations), not time: the interpreter executes a DMA
 when it is waited for, and its clock measures Python, not a TPU.
 
-    with streamidx.timeline.record() as rec:
+    with streamidx.lab.model.timeline.record() as rec:
       idx = streamidx.streamindex_topk(*inp.args, **kw)
     events = rec.dma_events()    # comparable to tiling.expected_dma_events
     rec.plot(ax)
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from streamidx import modes
-from streamidx import tiling
+from streamidx.lab.model import tiling
 
 __all__ = ["Op", "Recorder", "record", "SEMAPHORE_KINDS", "plot_timeline"]
 
@@ -332,7 +332,7 @@ def record(**interpret_options: Any):
   if missing:
     import jax  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
-        f"streamidx.timeline.record: jax {jax.__version__}'s TPU interpreter "
+        f"streamidx.lab.model.timeline.record: jax {jax.__version__}'s TPU interpreter "
         f"has no {missing}; the recorder was written for jax 0.10.2")
   rec = Recorder()
   saved = {n: getattr(ipc, n) for n in _WRAPPED}

@@ -1,0 +1,162 @@
+"""Block sizes as data: one table, keyed by what they depend on, with sources.
+
+Every caller that needs block sizes (the benchmark, the compile matrix, the
+notebooks, a serving engineer) asks `streamidx.block_sizes(...)`; nobody writes
+`(3, 2, 2)` again. A row matches a call when each of its keys equals the
+call's or is a wildcard (`"*"` / `None`); the most specific matching row
+wins (most non-wildcard keys), and among equally specific rows the later
+one. Rows are only taken when their sizes are legal for the page size
+(`page_size * num_kv_pages_per_block` a multiple of 128 in token mode); when
+none is, the `heuristic` row for that page size is built (and says so).
+
+Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"), variant (a name
+       of `streamidx.VARIANTS` or "*"), cache_format ("fp8", "bf16", ...
+       or "*"), num_heads and page_size (ints or None for any).
+Sizes: num_kv_pages_per_block, num_queries_per_block (an int or a
+       (decode, prefill, mixed) triple, as the kernels take them),
+       decode_req_batch_size (token mode) and vmem_limit_bytes (None: the
+       kernel's default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from streamidx.semantics import LANES, normalize_per_case
+
+WILDCARD = "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """One row of the table: where it applies, the sizes, and their source."""
+
+  generation: str
+  variant: str
+  cache_format: str
+  num_heads: int | None
+  page_size: int | None
+  num_kv_pages_per_block: Any
+  num_queries_per_block: Any
+  decode_req_batch_size: int | None = None
+  vmem_limit_bytes: int | None = None
+  source: str = ""
+
+  @property
+  def specificity(self) -> int:
+    keys = (self.generation, self.variant, self.cache_format)
+    return (sum(k != WILDCARD for k in keys)
+            + (self.num_heads is not None) + (self.page_size is not None))
+
+  def matches(self, *, generation, variant, cache_format, num_heads,
+              page_size) -> bool:
+    return ((self.generation in (WILDCARD, generation))
+            and self.variant in (WILDCARD, variant)
+            and self.cache_format in (WILDCARD, cache_format)
+            and self.num_heads in (None, num_heads)
+            and self.page_size in (None, page_size))
+
+  def kwargs(self) -> dict:
+    """The kernel keyword arguments this row sets."""
+    out = dict(num_kv_pages_per_block=self.num_kv_pages_per_block,
+               num_queries_per_block=self.num_queries_per_block)
+    if self.decode_req_batch_size is not None:
+      out["decode_req_batch_size"] = self.decode_req_batch_size
+    if self.vmem_limit_bytes is not None:
+      out["vmem_limit_bytes"] = self.vmem_limit_bytes
+    return out
+
+
+_TPU_INFERENCE = (
+    "tpu-inference's DeepSeek-V4 indexer call site passes these to "
+    "streamindex_topk, commented 'tuned based on microbenchmark results' "
+    "(generation not stated); page size 128 entries there")
+_PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
+                 "(num_kv_pages_per_block must be 128 there)")
+
+TABLE: tuple[BlockSizes, ...] = (
+    BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_TPU_INFERENCE),
+    BlockSizes(WILDCARD, "vendored_page", WILDCARD, None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_PAGE_DEFAULT),
+)
+
+# Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
+# the heuristic keeps them for other page sizes.
+_HEURISTIC_ENTRIES = (384, 256, 256)
+
+
+def _legal(row: BlockSizes, page_size: int | None, mode: str) -> bool:
+  if page_size is None or mode == "page":
+    return True
+  return all((page_size * p) % LANES == 0 for p in
+             normalize_per_case(row.num_kv_pages_per_block,
+                                "num_kv_pages_per_block"))
+
+
+def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
+  """`base` with KV blocks of about the vendored number of entries.
+
+  Per case, the smallest number of pages holding at least 384 / 256 / 256
+  entries whose block is a whole number of 128-entry lane rows.
+  """
+  pages = []
+  for entries in _HEURISTIC_ENTRIES:
+    p = max(1, -(-entries // page_size))
+    while (page_size * p) % LANES:
+      p += 1
+    pages.append(p)
+  return dataclasses.replace(
+      base, variant=variant, page_size=page_size,
+      num_kv_pages_per_block=tuple(pages),
+      source=(f"heuristic: {base.source.split(';')[0]}, re-cut to page_size "
+              f"{page_size} ({'/'.join(map(str, _HEURISTIC_ENTRIES))} "
+              f"entries per block, whole lane rows)"))
+
+
+def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
+           page_size: int, generation: str | None = None) -> BlockSizes:
+  """The table's block sizes for one kernel call; see the module docstring.
+
+  Callers normally go through `streamidx.block_sizes(variant, ...)` (or
+  `VARIANTS[name].block_sizes(...)`), which fills in `mode`.
+
+  Args:
+    variant: a name of `streamidx.VARIANTS`.
+    mode: its mode, "token" or "page" (token-mode KV blocks must be whole
+      128-entry lane rows).
+    cache_format, num_heads, page_size: of the call's inputs.
+    generation: the TPU generation ("v5e", ...); None matches only rows that
+      hold for any generation.
+
+  Returns:
+    The matching `BlockSizes`; `.kwargs()` gives the kernel arguments and
+    `.source` where the numbers come from.
+  """
+  gen = WILDCARD if generation is None else generation
+  found = [r for r in TABLE if r.matches(
+      generation=gen, variant=variant, cache_format=cache_format,
+      num_heads=num_heads, page_size=page_size)]
+  if not found:
+    raise ValueError(f"variant: no block-size row for {variant!r} "
+                     f"(cache_format={cache_format!r}, generation={generation!r})")
+
+  def most_specific(rs):
+    return max(enumerate(rs), key=lambda ir: (ir[1].specificity, ir[0]))[1]
+
+  legal = [r for r in found if _legal(r, page_size, mode)]
+  if legal:
+    return most_specific(legal)
+  return heuristic(variant, page_size, most_specific(found))
+
+
+def rows(variant: str | None = None) -> list[BlockSizes]:
+  """The table's rows (of one variant, wildcard rows included)."""
+  return [r for r in TABLE if variant is None or r.variant in (WILDCARD, variant)]
+
+
+__all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD"]

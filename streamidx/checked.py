@@ -1,0 +1,97 @@
+"""The kernels behind their value rules, usable inside `jit` (checkify).
+
+`checked_streamindex_topk` / `checked_streamindex_page_topk` take the kernels'
+arguments and return `(err, indices)`: the value rules of
+`streamidx.validate.VALUE_RULES` run first (as `checkify.check`s), and when
+one fails the kernel is not launched (`lax.cond`), the indices are all -1 and
+`err.throw()` raises the rule's message. The static rules raise `ValueError`
+at trace time, as the kernels' own do.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import checkify
+
+from streamidx.kernels import vendored as kernel_lib
+from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES
+from streamidx.validate import (check_page_topk_inputs, check_topk_inputs,
+                                static_validate_page_topk,
+                                static_validate_topk)
+
+__all__ = ["checked_streamindex_topk", "checked_streamindex_page_topk"]
+
+_TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
+                "num_queries_per_block", "vmem_limit_bytes",
+                "decode_req_batch_size", "causal_rule")
+_PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
+                     "num_queries_per_block", "vmem_limit_bytes",
+                     "causal_rule")
+
+
+@functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
+def checked_streamindex_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    distribution, *, k, compression_ratio, num_kv_pages_per_block,
+    num_queries_per_block,
+    vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
+    decode_req_batch_size=4, causal_rule="model"):
+  """`streamindex_topk` behind its value rules, usable inside `jit`.
+
+  Same arguments as `streamidx.streamindex_topk`. Static rules raise
+  `ValueError` at trace time, as the kernel's do.
+
+  Returns:
+    (err, indices): `err` a `checkify.Error`; `err.throw()` raises
+    `checkify.JaxRuntimeError` (a ValueError) with the first broken rule's
+    message, `err.get()` returns it (None when all hold). `indices`
+    i32[max_num_tokens, k] as the kernel's when every rule holds; all -1
+    when one fails (the kernel is not launched then: `lax.cond`).
+  """
+  static = dict(k=k, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes,
+                decode_req_batch_size=decode_req_batch_size,
+                causal_rule=causal_rule)
+  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+          distribution)
+  static_validate_topk(*args, **static)
+  checks = functools.partial(check_topk_inputs,
+                             compression_ratio=compression_ratio)
+  err, ok = checkify.checkify(checks, errors=checkify.user_checks)(*args)
+  indices = lax.cond(
+      ok, lambda a: kernel_lib.streamindex_topk(*a, **static),
+      lambda a: jnp.full((q.shape[0], k), -1, jnp.int32), args)
+  return err, indices
+
+
+@functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
+def checked_streamindex_page_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    num_seqs, *, k_pages, compression_ratio=1, num_kv_pages_per_block=128,
+    num_queries_per_block=512, vmem_limit_bytes=64 * 1024 * 1024,
+    causal_rule="model"):
+  """`streamindex_page_topk` behind its value rules, usable inside `jit`.
+
+  Returns (err, indices) as `checked_streamindex_topk` does; indices
+  i32[max_num_tokens, k_pages].
+  """
+  static = dict(k_pages=k_pages, compression_ratio=compression_ratio,
+                num_kv_pages_per_block=num_kv_pages_per_block,
+                num_queries_per_block=num_queries_per_block,
+                vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
+  num_seqs = jnp.asarray(num_seqs)
+  args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+          num_seqs)
+  static_validate_page_topk(*args, **static)
+  err, ok = checkify.checkify(check_page_topk_inputs,
+                              errors=checkify.user_checks)(*args)
+  indices = lax.cond(
+      ok, lambda a: kernel_lib.streamindex_page_topk(*a, **static),
+      lambda a: jnp.full((q.shape[0], k_pages), -1, jnp.int32), args)
+  return err, indices

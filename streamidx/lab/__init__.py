@@ -1,0 +1,42 @@
+"""streamidx.lab: what the notebooks, the benchmark and the studies use.
+
+Not imported by `import streamidx`; it may load matplotlib and papermill.
+
+    model/    hardware (TPU specs), roofline, tiling (the one model of the
+              kernel's launches, loops, VMEM and DMAs), timeline (DMAs
+              recorded from the interpreter), profiling (jax.profiler)
+    studies/  layout (cache bytes, HBM per step, addresses, masks), quant
+              (FP8 analysis), parity (the case matrix and notebook 04's studies)
+    bench/    the benchmark (`python -m streamidx.bench`)
+    plots, params (notebook parameter checks), workbook (the papermill runner)
+
+The modules are importable by their short names too:
+`from streamidx.lab import tiling, plots`.
+"""
+
+import importlib
+
+_MODULES = {
+    "hardware": "streamidx.lab.model.hardware",
+    "roofline": "streamidx.lab.model.roofline",
+    "tiling": "streamidx.lab.model.tiling",
+    "timeline": "streamidx.lab.model.timeline",
+    "profiling": "streamidx.lab.model.profiling",
+    "layout": "streamidx.lab.studies.layout",
+    "quant": "streamidx.lab.studies.quant",
+    "parity": "streamidx.lab.studies.parity",
+    "plots": "streamidx.lab.plots",
+    "params": "streamidx.lab.params",
+    "workbook": "streamidx.lab.workbook",
+    "bench": "streamidx.lab.bench",
+}
+
+
+def __getattr__(name):
+  if name in _MODULES:
+    return importlib.import_module(_MODULES[name])
+  raise AttributeError(f"module 'streamidx.lab' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_MODULES))

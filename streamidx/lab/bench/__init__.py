@@ -1,0 +1,1 @@
+"""The benchmark: `python -m streamidx.bench` (see `streamidx.lab.bench.cli`)."""

@@ -1,0 +1,1 @@
+"""Models of the kernel on TPU hardware: specs, roofline, tiling, timeline, profiling."""

@@ -1,0 +1,1 @@
+"""The notebooks' studies: cache layout, FP8 quantization, parity and recall."""

@@ -1,0 +1,151 @@
+"""The variant registry: every variant, driven from one logical batch.
+
+One test body runs each registered variant (and each cache format it reads)
+through `Variant.run` against `Variant.run_reference` on the same inputs,
+tie-aware within the derived summation tolerance. A new variant is tested
+here by registering it.
+"""
+
+import subprocess
+import sys
+import zipfile
+
+import jax
+import pytest
+
+import streamidx as si
+from streamidx import blocks, metrics, semantics
+
+from cases import BLOCKS, CASE_IDS, CASES, NUM_HEADS
+
+# Token variants see every launch and a ratio that compresses; page variants
+# are defined at ratio 1 (GLM). Small query blocks keep the interpreter fast.
+CASE = "all_three_ranges"
+TOKEN_STATIC = dict(BLOCKS)
+PAGE_STATIC = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
+VARIANT_FORMATS = [(name, fmt) for name, v in sorted(si.VARIANTS.items())
+                   for fmt in v.cache_formats]
+
+
+def _inputs(variant, fmt):
+  ratio = 4 if variant.mode == "token" else 1
+  case = CASES[CASE_IDS.index(CASE)]
+  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
+                        seed=3), ratio
+
+
+def test_registry_lists_the_token_and_page_variants():
+  assert sorted(si.VARIANTS) == ["vendored", "vendored_page"]
+  assert {v.mode for v in si.VARIANTS.values()} == {"token", "page"}
+  for name, v in si.VARIANTS.items():
+    assert v.name == name
+    assert v.cache_formats and all(f in si.cache.CACHE_FORMATS
+                                   for f in v.cache_formats)
+
+
+@pytest.mark.parametrize("name,fmt", VARIANT_FORMATS)
+def test_variant_matches_its_reference(name, fmt):
+  v = si.VARIANTS[name]
+  inp, ratio = _inputs(v, fmt)
+  static = TOKEN_STATIC if v.mode == "token" else PAGE_STATIC
+  k = 24 if v.mode == "token" else 5
+  got = jax.block_until_ready(
+      v.run(inp, k=k, compression_ratio=ratio, fmt=fmt, **static))
+  want = v.run_reference(inp, k=k, compression_ratio=ratio, fmt=fmt, **static)
+  assert got.shape == (inp.batch.num_tokens, k)
+  scores = v.scores(inp, compression_ratio=ratio, fmt=fmt)
+  atol = metrics.summation_atol(inp.with_cache_format(fmt),
+                                compression_ratio=ratio)
+  metrics.assert_topk_match(got, want, scores, atol=atol, label=f"{name}/{fmt}")
+  # The value validator accepts the same call.
+  v.validate(*v.args(inp, fmt), **v.static(inp, k=k, compression_ratio=ratio,
+                                           fmt=fmt, **static))
+
+
+def test_variant_rejects_a_format_it_does_not_read():
+  v = si.VARIANTS["vendored"]
+  inp, _ = _inputs(v, "fp8")
+  with pytest.raises(ValueError, match=r"fmt: variant 'vendored' reads"):
+    v.args(inp, "f32")
+  with pytest.raises(ValueError, match=r"variant: must be one of"):
+    si.variants.get("nope")
+
+
+def test_block_table_gives_the_vendored_production_sizes():
+  row = si.block_sizes("vendored", cache_format="fp8", num_heads=64,
+                       page_size=128, generation="v6e")
+  assert row.kwargs() == dict(num_kv_pages_per_block=(3, 2, 2),
+                              num_queries_per_block=(1, 128, 128),
+                              decode_req_batch_size=4)
+  assert "tpu-inference" in row.source
+  page = si.block_sizes("vendored_page", cache_format="bf16", num_heads=32,
+                        page_size=64)
+  assert page.kwargs() == dict(num_kv_pages_per_block=128,
+                               num_queries_per_block=512)
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256])
+def test_block_table_sizes_are_legal_for_every_page_size(page_size):
+  row = si.block_sizes("vendored", cache_format="fp8", num_heads=8,
+                       page_size=page_size)
+  for bkv_p in semantics.normalize_per_case(row.num_kv_pages_per_block, "b"):
+    assert (page_size * bkv_p) % semantics.LANES == 0
+  if page_size % semantics.LANES:
+    assert row.source.startswith("heuristic")
+
+
+def test_most_specific_row_wins(monkeypatch):
+  generic = blocks.TABLE[0]
+  tuned = blocks.BlockSizes("v6e", "vendored", "fp8", 64, 128,
+                            num_kv_pages_per_block=(4, 2, 2),
+                            num_queries_per_block=(1, 64, 64),
+                            source="test row")
+  monkeypatch.setattr(blocks, "TABLE", (generic, tuned))
+  pick = lambda gen: si.block_sizes("vendored", cache_format="fp8",  # noqa: E731
+                                    num_heads=64, page_size=128,
+                                    generation=gen)
+  assert pick("v6e") is tuned
+  assert pick("v5e") is generic
+  assert pick(None) is generic
+
+
+def test_variant_static_takes_block_sizes_from_the_table():
+  v = si.VARIANTS["vendored"]
+  inp, _ = _inputs(v, "fp8")
+  kw = v.static(inp, k=8, compression_ratio=4)
+  row = v.block_sizes(cache_format="fp8", num_heads=NUM_HEADS,
+                      page_size=inp.batch.page_size)
+  assert kw == {"k": 8, "compression_ratio": 4, **row.kwargs()}
+  assert v.static(inp, k=8, compression_ratio=4,
+                  num_queries_per_block=2)["num_queries_per_block"] == 2
+
+
+def test_import_streamidx_loads_no_notebook_code():
+  code = ("import streamidx, sys; "
+          "bad = [m for m in ('matplotlib', 'papermill', 'nbformat', "
+          "'streamidx.lab') if m in sys.modules]; "
+          "assert not bad, bad")
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_wheel_ships_the_hardware_table(tmp_path):
+  root = si.__file__.rsplit("/streamidx/", 1)[0]
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                  "--no-build-isolation", "-q", "-w", str(tmp_path), root],
+                 check=True, capture_output=True)
+  (wheel,) = tmp_path.glob("streamidx-*.whl")
+  names = zipfile.ZipFile(wheel).namelist()
+  assert "streamidx/data/tpu_specs.json" in names
+  assert "streamidx/lab/model/hardware.py" in names
+  assert not [n for n in names if n.startswith(("tests/", "notebooks/"))]
+  # Installed outside the checkout, the hardware model still finds it.
+  site = tmp_path / "site"
+  zipfile.ZipFile(wheel).extractall(site)
+  code = ("import streamidx.lab.model.hardware as h; "
+          "assert h.__file__.startswith(%r), h.__file__; "
+          "print(sorted(h.load_specs()))" % str(site))
+  out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path,
+                       capture_output=True, text=True,
+                       env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
+                            "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.strip() == str(["v4", "v5e", "v5p", "v6e", "v7x"])
