@@ -279,3 +279,95 @@ def test_quick_compile_matrix_command_compiles_every_row():
   assert len(rows) == 4, out.stdout
   assert all(" compiled " in l for l in rows), out.stdout
   assert "WARNING" not in out.stderr and "libtpu" not in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------------
+# The static schedule.
+
+_SCHEDULE = """\
+= control target key start
+LB: loop body
+= control target key end
+
+     0   :  { %s1 = smov 0 }
+   0x1 LB: > { %v2 = vmatmul %v1 /* loc("/x/vendored.py":513:9) */ } /* Start region 7 */
+   0x2   : > { %v3 = vmax %v2 /* loc("/x/vendored.py":520:8) */ }
+   0x3   : > { %4 = sbr.rel (%p1) target = $region7 }
+   0x4   : > {}
+   0x5   : > { %v5 = vadd %v3 /* loc("/x/vendored.py":520:8) */ }
+   0x6   : > {}
+   0x7   : > {}
+   0x8   :  { %s9 = sret }
+"""
+_UTIL = """\
+== CAPACTIY:
+MXU, XLU, VALU, VPOP, EUP, VLOAD, VLOAD:FILL, VSTORE, VSTORE:SPILL, SALU
+    2     2     4     2     1     3     3     2     2     2
+== UTILIZATION:
+0 0 0 0 0 0 0 0 0 1
+1 0 0 0 0 0 0 0 0 0
+0 0 2 0 0 0 0 0 0 0
+0 0 0 0 0 0 0 0 0 1
+0 0 0 0 0 0 0 0 0 0
+0 0 4 0 0 0 0 1 1 0
+0 0 0 0 0 0 0 0 0 0
+0 0 0 0 0 0 0 0 0 0
+0 0 0 0 0 0 0 0 0 1
+"""
+
+
+def test_schedule_parser_counts_a_loop_from_its_body_to_the_delay_slots():
+  from streamidx.lab import schedule
+
+  bundles = schedule.parse_bundles(_SCHEDULE)
+  assert [b.addr for b in bundles] == list(range(9))
+  assert schedule.find_loops(bundles) == [schedule.Loop(1, 7, 7)]
+  kv = schedule.kv_loop(bundles, schedule.parse_utilization(_UTIL),
+                        pages_per_iteration=2, kernel_file="vendored.py")
+  assert kv.bundles == 7 and kv.bundles_per_page == 3.5
+  assert kv.slot_use["VALU"] == 6 and kv.spill_ops == 1
+  assert kv.binding_slot == ("VALU", 6 / (4 * 7))
+  assert kv.top_lines == ((520, 2), (513, 1))
+
+
+def test_page_bound_verdicts():
+  from streamidx.lab.model import roofline
+
+  # v5e: 32 KiB page over 819 GB/s = 40 ns; 120 bundles at 1.503 GHz = 80 ns.
+  b = roofline.page_bound("v5e", bundles_per_page=120, page_bytes=32768,
+                          binding_slot="VSTORE")
+  assert b.t_hbm == pytest.approx(32768 / 8.19e11)
+  assert b.t_compute == pytest.approx(120 / 1.503e9)
+  assert b.verdict.startswith("vector-bound (VSTORE), 2.0x")
+  assert roofline.page_bound("v5e", bundles_per_page=30, page_bytes=32768
+                             ).verdict.startswith("memory-bound")
+  v6e = roofline.page_bound("v6e", bundles_per_page=60, page_bytes=32768,
+                            binding_slot="VALU")
+  assert v6e.t_compute is None
+  assert v6e.break_even_clock_hz == pytest.approx(60 / (32768 / 1.638e12))
+  assert "no public clock" in v6e.verdict
+
+
+@needs_libtpu
+def test_static_schedule_of_the_decode_launch():
+  """The decode launch's KV loop in the compiler's schedule on v6e: it holds
+  the MXU ops and the einsum's source line, and 4 pages per block take more
+  bundles per iteration but fewer per page than 2."""
+  from streamidx.lab import schedule
+  from streamidx.lab.model import roofline
+
+  sets = [dict(SEED_BLOCKS, num_kv_pages_per_block=(p, 2, 2)) for p in (2, 4)]
+  two, four = schedule.launch_schedules("vendored", "v6e", "fp8",
+                                        DECODE.name, sets, launches=("decode",))
+  einsum = 1 + next(i for i, l in enumerate(
+      open(vendored.__file__).read().splitlines()) if "jnp.einsum(" in l)
+  for s, pages in ((two, 8), (four, 16)):
+    assert s.case == "decode" and s.seq_batch_size == 4 and s.error == ""
+    assert s.kv.pages_per_iteration == pages
+    assert s.kv.slot_use["MXU"] > 0
+    assert einsum in {l for l, _ in s.kv.top_lines}, s.kv.top_lines
+    assert 0 < s.kv.bundles < s.total_bundles
+  assert four.kv.bundles > two.kv.bundles
+  assert four.kv.bundles_per_page < two.kv.bundles_per_page
+  (b,) = roofline.page_bounds([four])
+  assert b.page_bytes == 128 * 256 and b.clock_hz is None

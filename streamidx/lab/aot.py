@@ -57,6 +57,8 @@ __all__ = [
     "launch_calls",
     "compile_launch",
     "scoped_vmem_probe",
+    "launch_scratch_bytes",
+    "vmem_grid",
     "summarize_error",
     "format_table",
     "main",
@@ -305,6 +307,7 @@ def compile_launch(eqn, target, *, vmem_limit_bytes: Any = "keep",
 
 
 _SIZE = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit")
+_USED = re.compile(r"Used ([\d.]+)([KMG]?) of [\d.]+[KMG]? vmem")
 
 
 def _parse_size(num: str, unit: str) -> float:
@@ -313,16 +316,92 @@ def _parse_size(num: str, unit: str) -> float:
 
 def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
   """Compiles a launch under `vmem_limit_bytes`: None if it fits, else the
-  scoped VMEM bytes the compiler says it needed (E1001's "size", rounded as
-  the compiler prints it: 3 significant digits)."""
+  scoped VMEM bytes the compiler says it needed, as it prints them (0.1 KiB
+  or 0.01 MiB): E1001's "size", or, for a launch beyond the chip's VMEM,
+  the "Used ... of ... vmem" of its out-of-memory report (which counts its
+  register-allocator spill slots too)."""
   try:
     compile_launch(eqn, target, vmem_limit_bytes=vmem_limit_bytes)
     return None
   except Exception as e:  # pylint: disable=broad-except
-    m = _SIZE.search(str(e))
+    m = _SIZE.search(str(e)) or _USED.search(str(e))
     if not m:
       raise
     return _parse_size(*m.groups())
+
+
+def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
+  """`semantics.scratch_vmem_bytes` of a traced launch's declared scratch."""
+  n = eqn.params["grid_mapping"].num_scratch_operands
+  scratch = [("", v.aval.shape, v.aval.dtype)
+             for v in eqn.params["jaxpr"].invars[-n:]
+             if "SEMAPHORE" not in str(getattr(v.aval, "memory_space", "")).upper()]
+  return semantics.scratch_vmem_bytes(scratch, tpu_generation)
+
+
+def vmem_grid(generation: str, *, fmt: str = "fp8",
+              shape: str = "dsv4-decode-4k", decode_kv_pages=(1, 2, 4, 8),
+              prefill_q_blocks=(64, 128, 256), prefill_kv_pages: int = 2,
+              limits=(None, 100 * 2**20)) -> list[dict]:
+  """Which block sizes the compiler accepts, and the VMEM it counts for them.
+
+  For the decode launch at each `decode_kv_pages` and the prefill launch at
+  each `prefill_q_blocks`: `scratch` (our tiled count), `compiler_scratch`
+  (the compiler's scoped VMEM under a 16 KiB limit: the scratch as it
+  counts it), `compiler_total` (under a limit just above that: scratch plus
+  its internal scratch; None if that fits), and for each of `limits`
+  (None: the compiler's default scoped limit) whether the launch compiles
+  there ("ok" or the error in one line) and whether the kernel's own check
+  (`check_launch_vmem`) refuses it ("check <limit>": "refuses"/"passes").
+  Launches are traced with that check off, so the compiler judges each
+  one, and compiled alone.
+  """
+  import contextlib  # pylint: disable=g-import-not-at-top
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+  from streamidx.kernels import vendored  # pylint: disable=g-import-not-at-top
+
+  shp = _SHAPES[shape]
+  cases = [("decode", dict(num_kv_pages_per_block=(p, 1, 1),
+                           num_queries_per_block=(1, 8, 8)), p, 1)
+           for p in decode_kv_pages]
+  cases += [("prefill", dict(num_kv_pages_per_block=(1, prefill_kv_pages, 1),
+                             num_queries_per_block=(1, q, 8)),
+             prefill_kv_pages, q) for q in prefill_q_blocks]
+  out = []
+  unchecked = mock.patch.object(vendored, "check_launch_vmem",
+                                lambda *a, **k: None)
+  with modes.compile_for(generation) as target, contextlib.ExitStack() as st:
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+
+    capacity = int(pltpu.get_tpu_info().vmem_capacity_bytes)
+    st.enter_context(unchecked)
+    for case, blocks, bkv_p, bq in cases:
+      jax.clear_caches()
+      calls = launch_calls("vendored", shp, fmt,
+                           dict(blocks, vmem_limit_bytes=None), target)
+      _, eqn = calls[0 if case == "decode" else 2]
+      ours = launch_scratch_bytes(eqn, target.tpu_generation)
+      first = scoped_vmem_probe(eqn, target, 16 * 1024)
+      rounding = 0.005 * 2**20 if first >= 2**20 else 0.05 * 1024
+      total = scoped_vmem_probe(eqn, target, int(first + rounding) + 1)
+      row = dict(generation=generation, launch=case, bkv_p=bkv_p, bq=bq,
+                 scratch=ours, compiler_scratch=first, compiler_total=total)
+      for limit in limits:
+        bound = capacity if limit is None else min(limit, capacity)
+        row[f"check {_limit_name(limit)}"] = ("refuses" if ours > bound
+                                              else "passes")
+        try:
+          compile_launch(eqn, target, vmem_limit_bytes=limit)
+          row[f"limit {_limit_name(limit)}"] = "ok"
+        except Exception as e:  # pylint: disable=broad-except
+          row[f"limit {_limit_name(limit)}"] = summarize_error(e)
+      out.append(row)
+    jax.clear_caches()
+  return out
+
+
+def _limit_name(limit) -> str:
+  return "default" if limit is None else f"{limit / 2**20:g} MiB"
 
 
 def _memory(compiled) -> dict:

@@ -55,8 +55,9 @@ _FIELDS = (
     "peak_bf16_flops",
     "peak_int8_ops",
     "peak_fp8_flops",
+    "clock_hz",
 )
-_REQUIRED = _FIELDS[:6]  # int8 and fp8 peaks may be unpublished
+_REQUIRED = _FIELDS[:6]  # int8 and fp8 peaks and the clock may be unpublished
 _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
 
@@ -81,6 +82,7 @@ class TpuSpec:
   peak_bf16_flops: float
   peak_int8_ops: float | None
   peak_fp8_flops: float | None
+  clock_hz: float | None  # TensorCore clock: bundles -> seconds (static schedule)
   sources: Mapping[str, str]
   as_published: Mapping[str, str]
 
