@@ -303,10 +303,8 @@ def compile_for(generation: str):
   """
   topo = _topology(generation)
   devices = tuple(topo.devices)
-  from jax.experimental.pallas import tpu as _pltpu  # pylint: disable=g-import-not-at-top,reimported
-
   with jax.default_device(devices[0]):
-    info_generation = _pltpu.get_tpu_info().generation
+    info_generation = pltpu.get_tpu_info().generation
   target = CompileTarget(generation, TOPOLOGIES[generation], devices,
                          int(info_generation))
   prev_interp = _jax_config.pallas_tpu_interpret_mode_context_manager.swap_local(

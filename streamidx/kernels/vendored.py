@@ -166,7 +166,9 @@ def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
   is then the bound); it needs some internal scratch on top, which only the
   compiler sizes, so a launch that passes can still be rejected by it.
   """
-  info = pltpu.get_tpu_info()
+  info = _target_tpu_info()
+  if info is None:  # a chip JAX's table does not know: the compiler judges
+    return
   need = semantics.scratch_vmem_bytes(scratch, info.generation)
   capacity = int(info.vmem_capacity_bytes)
   limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
@@ -182,9 +184,17 @@ def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
   raise ValueError(
       f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
       f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
-      f"{info.chip_version} and {limit_text} (got {blocks}: "
+      f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
       f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
       f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
+
+
+def _target_tpu_info():
+  """`pltpu.get_tpu_info()` of the chip traced for, None if JAX lacks it."""
+  try:
+    return pltpu.get_tpu_info()
+  except ValueError:
+    return None
 
 
 def _widen_fp8_for_mxu(interpret) -> bool:
@@ -196,7 +206,8 @@ def _widen_fp8_for_mxu(interpret) -> bool:
   """
   if interpret is not False:
     return False
-  return pltpu.get_tpu_info().generation < 5
+  info = _target_tpu_info()
+  return info is not None and info.generation < 5
 
 
 def _scores_kernel(

@@ -308,6 +308,7 @@ def compile_launch(eqn, target, *, vmem_limit_bytes: Any = "keep",
 
 _SIZE = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit")
 _USED = re.compile(r"Used ([\d.]+)([KMG]?) of [\d.]+[KMG]? vmem")
+_ALLOC = re.compile(r"Allocation \(size=(\d+)\) would exceed memory")
 
 
 def _parse_size(num: str, unit: str) -> float:
@@ -325,9 +326,12 @@ def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
     return None
   except Exception as e:  # pylint: disable=broad-except
     m = _SIZE.search(str(e)) or _USED.search(str(e))
-    if not m:
-      raise
-    return _parse_size(*m.groups())
+    if m:
+      return _parse_size(*m.groups())
+    m = _ALLOC.search(str(e))
+    if m:  # one buffer alone exceeds the chip: its size
+      return float(m.group(1))
+    raise
 
 
 def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
@@ -381,11 +385,18 @@ def vmem_grid(generation: str, *, fmt: str = "fp8",
                            dict(blocks, vmem_limit_bytes=None), target)
       _, eqn = calls[0 if case == "decode" else 2]
       ours = launch_scratch_bytes(eqn, target.tpu_generation)
-      first = scoped_vmem_probe(eqn, target, 16 * 1024)
-      rounding = 0.005 * 2**20 if first >= 2**20 else 0.05 * 1024
-      total = scoped_vmem_probe(eqn, target, int(first + rounding) + 1)
+      try:
+        first = scoped_vmem_probe(eqn, target, 16 * 1024)
+        rounding = 0.005 * 2**20 if first >= 2**20 else 0.05 * 1024
+        total = scoped_vmem_probe(eqn, target, int(first + rounding) + 1)
+      except Exception as e:  # pylint: disable=broad-except
+        first = total = None
+        note = summarize_error(e)
+      else:
+        note = ""
       row = dict(generation=generation, launch=case, bkv_p=bkv_p, bq=bq,
-                 scratch=ours, compiler_scratch=first, compiler_total=total)
+                 scratch=ours, compiler_scratch=first, compiler_total=total,
+                 probe_error=note)
       for limit in limits:
         bound = capacity if limit is None else min(limit, capacity)
         row[f"check {_limit_name(limit)}"] = ("refuses" if ours > bound
@@ -424,13 +435,7 @@ def compile_row(row: Row) -> Result:
       static = _static(row.variant, shape, row.static)
       for _, eqn in launch_calls(row.variant, shape, row.fmt, row.static,
                                  target):
-        n = eqn.params["grid_mapping"].num_scratch_operands
-        scratch = [("", v_.aval.shape, v_.aval.dtype)
-                   for v_ in eqn.params["jaxpr"].invars[-n:]
-                   if "SEMAPHORE" not in str(
-                       getattr(v_.aval, "memory_space", "")).upper()]
-        vmem = max(vmem, semantics.scratch_vmem_bytes(
-            scratch, target.tpu_generation))
+        vmem = max(vmem, launch_scratch_bytes(eqn, target.tpu_generation))
       t0 = time.perf_counter()
       compiled = v.kernel.lower(*args, **static).compile()
       return Result(row, True, compile_s=time.perf_counter() - t0,
@@ -455,7 +460,7 @@ def _fmt_blocks(blocks: tuple) -> str:
 
 
 def _mib(n) -> str:
-  return f"{n / 2**20:.2f}" if n else "-"
+  return "-" if n is None else f"{n / 2**20:.2f}"
 
 
 def format_table(results: Sequence[Result]) -> str:

@@ -390,8 +390,10 @@ def main(argv=None) -> int:
         sets = [dict(base, num_queries_per_block=q) for q in a.queries]
       scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
                                 launches=a.launches)
-      for row, b in zip(schedule_table(scheds), page_bounds(scheds)):
-        row["verdict"] = b.verdict
+      for s_ in scheds:
+        (row,) = schedule_table([s_])
+        bound = page_bounds([s_])
+        row["verdict"] = bound[0].verdict if bound else ""
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
   return 0
 
