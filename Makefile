@@ -32,7 +32,7 @@ help:
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make bench     python -m streamidx.bench"
 	@echo "make aot       python -m streamidx.aot: compile every variant for TPU v4-v7x (no TPU needed)"
-	@echo "make strip     clear outputs and Colab metadata from notebooks/*.ipynb (keeps tags)"
+	@echo "make strip     clear outputs and Colab run metadata from notebooks/*.ipynb (keeps tags, TPU runtime)"
 	@echo "make lock      re-resolve $(LOCK) with $(PYTHON) (newest versions)"
 	@echo "make clean     remove build outputs and caches; distclean also removes .venv"
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx.lab.bench import cli as bench
+from streamidx.lab import bench
+from streamidx.lab.bench import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,7 +142,63 @@ def test_device_times_off_tpu_report_no_device_lines():
   """The TPU path's plumbing runs on CPU and says there is no device."""
   import jax.numpy as jnp
   shape = bench.QUICK[0]
-  out = bench._device_times(shape, "reference",  # pylint: disable=protected-access
-                            lambda: jnp.ones(4) + 1)
+  out = harness.device_times(shape, "reference", lambda: jnp.ones(4) + 1)
   assert out["device_s"] is None and "not a TPU run" in out["source"]
   assert "generation" not in out
+
+
+def test_every_token_variant_gets_a_kernel_column(monkeypatch):
+  """A variant registered in streamidx.VARIANTS shows up with no bench edit."""
+  import dataclasses
+  base = si.VARIANTS["vendored"]
+  extra = dataclasses.replace(base, name="fp8_twin",
+                              cache_formats=("fp8_twin",))
+  monkeypatch.setitem(si.variants.VARIANTS, "fp8_twin", extra)
+  cols = harness.kernel_columns()
+  assert list(cols)[0] == "kernel" and cols["kernel"] == "vendored"
+  assert cols["kernel:fp8_twin"] == "fp8_twin"
+  assert "vendored_page" not in cols.values()  # page mode: not a bench column
+  # A variant reads the shape's format, or its own layout of that quantization.
+  assert harness.variant_format("vendored", "fp8") == "fp8"
+  assert harness.variant_format("fp8_twin", "fp8") == "fp8_twin"
+  assert harness.variant_format("fp8_twin", "bf16") is None
+  assert bench.IMPLEMENTATIONS == (*[c for c in cols if c != "kernel:fp8_twin"],
+                                   "reference", "streaming", "oracle")
+
+
+def test_kernel_blocks_come_from_the_block_size_table():
+  shape = bench.SWEEP[0]
+  got = harness.kernel_blocks(shape, "vendored", "fp8", None)
+  row = si.block_sizes("vendored", cache_format="fp8",
+                       num_heads=shape.num_heads, page_size=shape.page_size)
+  want = {k: list(v) if isinstance(v, tuple) else v
+          for k, v in row.kwargs().items()}
+  assert got["kwargs"] == want and got["source"] == row.source
+  assert want["num_kv_pages_per_block"] == [3, 2, 2]
+
+
+def test_memory_probes_read_proc():
+  from streamidx.lab.bench import memory
+  if not Path("/proc/self/status").exists():
+    pytest.skip("no /proc on this system")
+  rss = memory.proc_bytes("VmRSS")
+  assert rss > 2**20
+  assert memory.proc_bytes("NoSuchField") is None
+  assert 0 < memory.mem_available() <= memory.mem_total()
+  peak = memory.PeakMemory()
+  peak.start()
+  assert peak.method.startswith("VmHWM") or peak.method.startswith("ru_")
+  assert peak.over_start(peak.peak()) >= 0
+
+
+def test_oracle_decodes_like_the_cache_module():
+  from streamidx.lab.bench import oracle
+  b = si.make_batch([(2, 64)], page_size=16, compression_ratio=4)
+  for fmt in ("fp8", "bf16"):
+    inp = si.make_inputs(b, num_heads=2, fmt=fmt, seed=1)
+    keys = oracle.dequantize_cache(inp.cache, inp.head_dim)
+    assert keys.dtype == np.float32
+    np.testing.assert_array_equal(keys, np.asarray(si.cache.unpack_cache(inp.cache)))
+    # Within FP8's (or bf16's) rounding of the logical keys.
+    rel = 2.0**-3 if fmt == "fp8" else 2.0**-8
+    np.testing.assert_allclose(keys, np.asarray(inp.keys), rtol=rel, atol=2.0**-9)

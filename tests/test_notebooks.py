@@ -1,10 +1,13 @@
 """The workbook's notebooks: review hygiene, and each one executes (CI profile).
 
 Hygiene (fast, no kernel): every `notebooks/*.ipynb` is valid nbformat, is
-named `NN_*.ipynb`, carries no outputs, execution counts or Colab metadata,
-has exactly one cell tagged `parameters` declaring `output_dir`, and has an
-entry in `notebooks/ci_parameters.json` (and that file names only notebooks
-that exist). `make strip` fixes outputs and metadata.
+named `NN_*.ipynb`, carries no outputs, execution counts or Colab run
+metadata, asks Colab for a TPU runtime (notebook metadata `accelerator`,
+which `make strip` keeps), has exactly one cell tagged `parameters`
+declaring `output_dir`, and has an entry in `notebooks/ci_parameters.json`
+(and that file names only notebooks that exist). `make strip` fixes outputs
+and metadata (`tools/strip_notebooks.py`, tested here on a Colab-saved
+notebook).
 
 Execution (`-m notebook`, slow): each notebook runs through
 `streamidx.workbook.run_notebook(..., profile="ci")` into `build/ci/`; a
@@ -13,6 +16,8 @@ failure names the notebook and the cell.
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -27,6 +32,17 @@ ALL_NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 WORKBOOK = workbook.discover(NOTEBOOKS_DIR)
 CI_OUT = ROOT / "build" / "ci"
 COLAB_KEYS = {"colab", "executionInfo", "outputId"}
+
+
+def _strip_tool():
+  spec = importlib.util.spec_from_file_location(
+      "strip_notebooks", ROOT / "tools" / "strip_notebooks.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+STRIP = _strip_tool()
 
 by_name = pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: p.name)
 
@@ -53,12 +69,50 @@ def test_has_no_outputs_or_execution_counts(path):
 
 
 @by_name
-def test_has_no_colab_metadata(path):
+def test_has_no_colab_run_metadata(path):
   nb = nbformat.read(str(path), as_version=4)
-  found = [f"notebook metadata: {k}" for k in COLAB_KEYS & set(nb.metadata)]
+  found = [f"notebook metadata: colab.{k}" for k in nb.metadata.get("colab", {})
+           if k not in STRIP.COLAB_RUNTIME_KEYS]
+  found += [f"notebook metadata: {k}" for k in (COLAB_KEYS - {"colab"})
+            & set(nb.metadata)]
   for i, cell in enumerate(nb.cells):
     found += [f"cells[{i}] metadata: {k}" for k in COLAB_KEYS & set(cell.metadata)]
   assert not found, f"{path.name}: {found}; run `make strip`"
+
+
+@by_name
+def test_asks_colab_for_a_tpu_runtime(path):
+  nb = nbformat.read(str(path), as_version=4)
+  assert nb.metadata.get("accelerator") == "TPU", path.name
+  assert nb.metadata.get("colab", {}).get("gpuType"), path.name
+
+
+@by_name
+def test_is_stripped(path):
+  nb = nbformat.read(str(path), as_version=nbformat.NO_CONVERT)
+  assert STRIP.strip(copy.deepcopy(nb)) == nb, f"{path.name}: run `make strip`"
+
+
+def test_strip_keeps_the_tpu_runtime_and_drops_colab_run_metadata():
+  """A notebook as Colab saves it after a run on a TPU runtime."""
+  nb = nbformat.read(str(ALL_NOTEBOOKS[0]), as_version=4)
+  nb.metadata["accelerator"] = "TPU"
+  nb.metadata["colab"] = {"gpuType": "V6E1", "provenance": [],
+                          "authorship_tag": "ABX9TyExample", "name": "x.ipynb",
+                          "include_colab_link": True}
+  code = next(c for c in nb.cells if c.cell_type == "code")
+  code.metadata.update(colab={"base_uri": "https://localhost:8080/"},
+                       executionInfo={"elapsed": 1234, "user": {"displayName": "x"}},
+                       outputId="0f1e2d3c")
+  code.outputs = [nbformat.v4.new_output("stream", text="hello\n")]
+  code.execution_count = 3
+  out = STRIP.strip(nb)
+  assert out.metadata["accelerator"] == "TPU"
+  assert out.metadata["colab"] == {"gpuType": "V6E1"}
+  assert not COLAB_KEYS & set(code.metadata)
+  assert code.outputs == [] and code.execution_count is None
+  nb.metadata["colab"] = {"provenance": []}  # nothing that selects a runtime
+  assert "colab" not in STRIP.strip(nb).metadata
 
 
 @by_name

@@ -12,7 +12,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import layout  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import layout, quant  # pylint: disable=g-import-not-at-top
+from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 
 
@@ -60,4 +61,226 @@ def test_visibility_axes_outlines_exactly_the_difference_cells():
   plots.visibility_axes(ax, mask, positions, diff=diff, title="t")
   cells = sorted((int(p.get_y()), int(p.get_x())) for p in ax.patches)
   assert cells == sorted(zip(*np.nonzero(diff)))
+  plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# Notebook figures: each draws the numbers it is given.
+
+
+def _bar_heights(ax):
+  return [p.get_height() for p in ax.patches]
+
+
+def test_entry_bytes_figure_stacks_each_layouts_bytes_and_draws_its_hbm_line():
+  layouts = layout.entry_layouts(128)
+  contexts = [8192, 65536]
+  rows = layout.decode_step_table(contexts, num_heads=64, head_dim=128,
+                                  compression_ratio=4)
+  cache_mib = {n: [r.cache_bytes / 2**20 for r in rows if r.layout == n]
+               for n in layouts}
+  score_mib = [r.score_bytes / 2**20 for r in rows if r.layout == "fp8_packed"]
+  fig = plots.entry_bytes_figure(layouts, contexts, cache_mib, score_mib,
+                                 head_dim=128, compression_ratio=4)
+  bars, hbm = fig.axes
+  # One bar segment per (part, layout); each layout's segments sum to its total.
+  widths = np.array([p.get_width() for p in bars.patches]).reshape(3, -1)
+  np.testing.assert_array_equal(widths.sum(0),
+                                [l.total_bytes for l in layouts.values()])
+  lines = hbm.get_lines()
+  assert len(lines) == len(layouts) + 1
+  for line, name in zip(lines, layouts):
+    np.testing.assert_allclose(line.get_ydata(), cache_mib[name])
+  np.testing.assert_allclose(lines[-1].get_ydata(), score_mib)
+  plt.close(fig)
+
+
+def test_e4m3_grid_figure_draws_the_spacing_it_is_given():
+  grid = quant.e4m3_finite_values()
+  positive = grid[grid > 0]
+  spacing = quant.relative_spacing(grid)
+  fig = plots.e4m3_grid_figure(positive, spacing)
+  (line,) = fig.axes[1].get_lines()
+  np.testing.assert_array_equal(line.get_xdata(), positive[:-1])
+  np.testing.assert_array_equal(line.get_ydata(), spacing)
+  normal = spacing[positive[:-1] >= 2.0**-6]
+  assert f"{normal.min():.4f} .. {normal.max():.3f}" in fig.axes[1].get_title()
+  plt.close(fig)
+
+
+def test_scale_error_figure_histograms_every_record():
+  rng = np.random.default_rng(0)
+  study = {d: dict(err_pow2=rng.random(50) * .05, err_float=rng.random(50) * .04,
+                   mean_err_ue8m0=.025, mean_err_float=.02,
+                   amax_over_scale=rng.uniform(224, 448, 50))
+           for d in ("gaussian", "outliers")}
+  fig = plots.scale_error_figure(study)
+  for ax in fig.axes[:2]:  # two histograms of 50 records each, 59 bins
+    heights = _bar_heights(ax)
+    assert len(heights) == 2 * 59 and sum(heights) == 100
+  assert sum(_bar_heights(fig.axes[2])) == 50
+  plt.close(fig)
+
+
+def test_recall_grid_figure_plots_the_recall_function_per_panel():
+  def recall(dist, entries, variant, k):
+    return 1 - k / entries / (2 if variant == "bf16" else 1)
+  fig = plots.recall_grid_figure(recall, dists=("gaussian", "outliers"),
+                                 contexts=[256, 1024], ks=[64, 128, 512],
+                                 variants=["bf16", "fp8"], title="t")
+  assert len(fig.axes) == 4
+  ax = fig.axes[1]  # gaussian, 1024 entries
+  fp8 = ax.get_lines()[1]
+  np.testing.assert_array_equal(fp8.get_xdata(), [64, 128, 512])
+  np.testing.assert_allclose(fp8.get_ydata(), [1 - k / 1024 for k in (64, 128, 512)])
+  assert list(fig.axes[0].get_lines()[0].get_xdata()) == [64, 128]  # k <= 256
+  plt.close(fig)
+
+
+def test_hadamard_figure_draws_both_keys_and_the_recall_bars():
+  key = np.zeros(128)
+  key[:4] = 20.0
+  rotated = np.asarray(quant.rotate(key))
+  bars = [("gaussian\nfp8", .95, .96), ("outliers\nfp8", .80, .93)]
+  fig = plots.hadamard_figure(key, rotated, bars, outlier_channels=4, title="t")
+  np.testing.assert_allclose(_bar_heights(fig.axes[0]), np.abs(key))
+  np.testing.assert_allclose(_bar_heights(fig.axes[1]), np.abs(rotated))
+  np.testing.assert_allclose(_bar_heights(fig.axes[2]), [.95, .80, .96, .93])
+  assert fig.axes[2].get_ylim() == pytest.approx((.75, 1))
+  plt.close(fig)
+
+
+def test_iteration_order_figure_draws_one_cell_per_step_and_sequence():
+  batch = _batch("contiguous")
+  plan = tiling.plan(batch, num_heads=2, num_kv_pages_per_block=(16, 16, 16),
+                     num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
+  steps = list(tiling.steps(plan))
+  fig = plots.iteration_order_figure(steps, batch.num_seqs, title="t")
+  ax = fig.axes[0]
+  cells = [p for p in ax.patches if p.get_width() > 0]
+  assert len(cells) == sum(len(st["seqs"]) for st in steps)
+  past_end = sum(st["bkv"] * st["bkv_sz"] >= max(kv, 1)
+                 for st in steps for kv in st["kv_lens"])
+  assert sum(1 for p in cells if p.get_hatch()) == past_end
+  plt.close(fig)
+
+
+def test_vmem_budget_figure_shows_the_budget_and_outlines_cells_over_the_limit():
+  mib = 2**20
+  budget = np.array([[1, 2], [4, 32]]) * mib
+  fig = plots.vmem_budget_figure(budget, [64, 128], [1, 2], {"v5e": 16 * mib},
+                                 production=(128, 1), title="t")
+  ax = fig.axes[0]
+  np.testing.assert_allclose(ax.get_images()[0].get_array(), budget / mib)
+  # Only the (128, 2) cell is over 16 MiB: its bottom and left edges.
+  red = [l for l in ax.get_lines() if len(l.get_xdata()) == 2]
+  assert len(red) == 2
+  assert [p for p in ax.patches if not p.get_fill()][0].get_xy() == (-0.45, 0.55)
+  plt.close(fig)
+
+
+def test_causal_leak_figure_bars_only_rows_that_selected_the_leaked_entry():
+  live = np.array([1, 1, 1, 1, 1, 0], bool)
+  selected = np.array([0, 1, 0, 1, 0, 0], bool)
+  mass = np.array([.5, .2, .5, .1, .5, .5])
+  bound = np.array([1, 1, 1, 1, 0, 0], bool)
+  fig = plots.causal_leak_figure(live, selected, mass, bound, [3], title="t")
+  ax = fig.axes[0]
+  np.testing.assert_allclose(_bar_heights(ax), [0, .2, 0, .1, 0])
+  crosses, start = ax.get_lines()
+  assert list(crosses.get_xdata()) == [0, 2]
+  assert list(start.get_xdata()) == [2.5, 2.5]
+  plt.close(fig)
+
+
+def test_recall_curves_figure_draws_each_format_over_k_and_context():
+  recall = {"fp8": np.array([[.9, .95], [.8, .9]]),
+            "bf16": np.array([[.99, .995], [.98, .99]])}
+  fig = plots.recall_curves_figure(recall, [1024, 4096], [64, 512], quote_k=512,
+                                   title="t")
+  over_k, over_context = fig.axes
+  np.testing.assert_allclose(over_k.get_lines()[2].get_ydata(), [.8, .9])
+  np.testing.assert_allclose(over_context.get_lines()[0].get_ydata(), [.9, .8])
+  assert len(over_context.get_lines()) == 4  # k = 64 and 512, two formats
+  plt.close(fig)
+
+
+def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
+  coverage = {f: {m: np.array([[.5, .4, .3]]) * (2 if f == "f32" else 1)
+                  for m in ("count", "mass")} for f in ("fp8", "f32")}
+  fig = plots.page_coverage_figure(coverage, [16, 32, 64], [512],
+                                   page_entries=4096, title="t")
+  fp8, f32, random_pages = fig.axes[1].get_lines()
+  np.testing.assert_allclose(fp8.get_ydata(), [.5, .4, .3])
+  np.testing.assert_allclose(f32.get_ydata(), [1., .8, .6])
+  assert list(random_pages.get_ydata()) == [512 / 4096] * 2
+  plt.close(fig)
+
+
+def _prediction(kernel, topk, fill):
+  return {"kernel": kernel, "topk": topk, "fill": fill,
+          "total": kernel + topk + fill}
+
+
+def test_roofline_figure_off_tpu_draws_the_predicted_bounds():
+  gens = ("v5e", "v6e")
+  preds = {("token", 8, 16384): {g: _prediction(1e-5 * (i + 1), 2e-6, 1e-6)
+                                 for i, g in enumerate(gens)}}
+  fig = plots.roofline_figure([], preds, measured=False, generation=None,
+                              generations=gens)
+  left, right = fig.axes
+  np.testing.assert_allclose(_bar_heights(left), [13., 23.])  # microseconds
+  assert "need a TPU" in left.texts[0].get_text()
+  np.testing.assert_allclose([p.get_width() for p in right.patches],
+                             [1000 / 13, 200 / 13, 100 / 13])  # % of v5e's bound
+  plt.close(fig)
+
+
+def test_roofline_figure_on_tpu_stacks_the_measured_stages():
+  rec = dict(mode="token", batch_size=8, context_tokens=16384, kernel_us=30.,
+             topk_us=10., other_us=10.,
+             predicted_us={"v5e": dict(kernel=20., total=25.)})
+  fig = plots.roofline_figure([rec], {}, measured=True, generation="v5e",
+                              generations=("v5e",), device_kind="TPU v5 lite")
+  left, right = fig.axes
+  np.testing.assert_allclose(_bar_heights(left), [30., 10., 10.])
+  assert [c.get_offsets()[0][1] for c in left.collections] == [25., 20.]
+  np.testing.assert_allclose([p.get_width() for p in right.patches], [60, 20, 20])
+  assert "TPU v5 lite" in left.get_title()
+  plt.close(fig)
+
+
+def test_tables_align_columns_and_format_floats_and_missing_cells():
+  from streamidx.lab import tables
+  text = tables.format_rows([dict(gen="v5e", us=12.345678, note=None),
+                             dict(gen="v6e", us=3)], cols=["gen", "us", "note"])
+  assert text.splitlines() == ["gen     us  note",
+                               "v5e  12.35     -",
+                               "v6e      3     -"]
+  assert tables.format_rows([]) == "(no rows)"
+
+
+def test_tables_markdown_escapes_pipes_and_marks_missing_cells():
+  from streamidx.lab import tables
+  text = tables.markdown([dict(a=1, b=0.123456), dict(a="x|y")])
+  assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |",
+                               "| x\\|y | - |"]
+  with pytest.raises(ValueError, match="rows"):
+    tables.markdown([])
+
+
+def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exists():
+  from streamidx.lab.model import roofline
+
+  rows = [dict(generation=g, bkv_p=c, bundles_per_page=n)
+          for g, c, n in (("v5e", 2, 120.0), ("v5e", 4, 115.0), ("v6e", 2, 65.0),
+                          ("v6e", 4, 53.5))]
+  bounds = [roofline.page_bound(r["generation"], bundles_per_page=r["bundles_per_page"],
+                                page_bytes=32768) for r in rows]
+  fig = plots.static_schedule_figure(rows, bounds, title="t")
+  v5e, v6e = fig.axes
+  np.testing.assert_allclose(v5e.get_lines()[0].get_ydata(), [120.0, 115.0])
+  hbm = v5e.get_lines()[1].get_ydata()[0]
+  assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
+  assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
   plt.close(fig)

@@ -258,3 +258,27 @@ def test_unpack_block_in_kernel_rejects_non_uint8_blocks():
   block = cache.pack_cache(jnp.ones((1, 4, 128)), "bf16")[0]
   with pytest.raises(ValueError, match="block must be u8"):
     quant.unpack_block_in_kernel(block)
+
+
+def test_float64_scores_match_the_reference_and_mask_like_it():
+  b = si.make_batch([(3, 40), (5, 37)], page_size=8, compression_ratio=4,
+                    allocation="fragmented", seed=2)
+  inp = si.make_inputs(b, num_heads=4, fmt="f32", q_dtype=jnp.float32, seed=5)
+  want = np.asarray(ref.token_scores(*inp.args, compression_ratio=4))
+  for seq in range(b.num_seqs):
+    lo, hi = b.cu_q_lens[seq], b.cu_q_lens[seq + 1]
+    got = quant.float64_scores(inp, compression_ratio=4, seq=seq)
+    assert got.dtype == np.float64 and got.shape == (hi - lo, want.shape[1])
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want[lo:hi]))
+    # float32 (the reference) vs float64: within the float32 summation bound,
+    # (head_dim + num_heads + 2) roundings of the sum of magnitudes.
+    keys = np.abs(np.asarray(inp.keys, np.float64)[b.page_table[seq]]).reshape(-1, 128)
+    mag = np.einsum("th,thd,sd->ts", np.abs(np.asarray(inp.weights, np.float64)[lo:hi]),
+                    np.abs(np.asarray(inp.q, np.float64)[lo:hi]), keys)
+    finite = np.isfinite(got)
+    bound = (128 + 4 + 2) * 2.0**-24 * mag
+    assert np.all(np.abs(want[lo:hi][finite] - got[finite]) <= bound[finite])
+  seed_rule = quant.float64_scores(inp, compression_ratio=4, seq=1,
+                                   causal_rule="seed")
+  model = quant.float64_scores(inp, compression_ratio=4, seq=1)
+  assert np.isfinite(seed_rule).sum() > np.isfinite(model).sum()

@@ -201,10 +201,11 @@ def test_streaming_temporaries_do_not_grow_with_the_sequence():
                                   "prefill_512q_32K_k2048"])
 def test_one_shot_memory_formula_brackets_xla(name):
   """The formula the README quotes, against XLA's buffer assignment."""
-  from streamidx.lab.bench import cli as bench
+  from streamidx.lab import bench
+  from streamidx.lab.bench import long_context
   shape = {s.name: s for s in bench.LONG_CONTEXT + bench.SWEEP}[name]
   b = shape.batch()
-  xla = _temp_bytes(si.streamindex_topk_ref, bench._abstract_args(shape),  # pylint: disable=protected-access
+  xla = _temp_bytes(si.streamindex_topk_ref, long_context.abstract_args(shape),
                     **shape.kernel_kwargs())
   low, high = streaming.one_shot_temp_bytes(
       num_tokens=b.num_tokens, head_dim=shape.head_dim,

@@ -1,11 +1,15 @@
-"""Strips notebooks for review: outputs, execution counts, Colab metadata.
+"""Strips notebooks for review: outputs, execution counts, Colab run metadata.
 
     python tools/strip_notebooks.py [--check] [PATH ...]   (default: notebooks/)
 
-PATH is a notebook or a folder of them. Keeps cell tags, cell ids and the
-notebook's kernelspec. Removes:
+PATH is a notebook or a folder of them. Keeps cell tags, cell ids, the
+notebook's kernelspec and its Colab runtime choice: the notebook-level
+`accelerator` ("TPU") and the `colab` keys that select the runtime
+(`COLAB_RUNTIME_KEYS`: `gpuType`, e.g. "V5E1", and `machine_shape`). Removes:
   - outputs and execution counts of code cells;
-  - Colab metadata: `colab`, `executionInfo`, `outputId` (notebook and cells);
+  - Colab's per-user and per-run metadata: every other `colab` key
+    (`provenance`, `authorship_tag`, `name`, ...), and per cell `colab`,
+    `executionInfo`, `outputId`;
   - run-time metadata: `papermill`, `execution` (JupyterLab cell timing),
     `widgets` (saved widget state, e.g. tqdm bars);
   - cells papermill adds to executed copies (`injected-parameters`, error
@@ -24,7 +28,8 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK_KEYS = ("colab", "executionInfo", "papermill", "widgets")
+NOTEBOOK_KEYS = ("executionInfo", "papermill", "widgets")
+COLAB_RUNTIME_KEYS = ("gpuType", "machine_shape")
 CELL_KEYS = ("colab", "executionInfo", "outputId", "papermill", "execution")
 PAPERMILL_TAGS = {"injected-parameters", "papermill-error-cell-tag"}
 
@@ -33,6 +38,10 @@ def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
   """Strips `nb` in place and returns it."""
   for key in NOTEBOOK_KEYS:
     nb.metadata.pop(key, None)
+  colab = {k: v for k, v in nb.metadata.pop("colab", {}).items()
+           if k in COLAB_RUNTIME_KEYS}
+  if colab:
+    nb.metadata["colab"] = colab
   nb.cells = [c for c in nb.cells
               if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
   for cell in nb.cells:

@@ -8,7 +8,9 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
     studies/  layout (cache bytes, HBM per step, addresses, masks), quant
               (FP8 analysis), parity (the case matrix and notebook 04's studies)
     bench/    the benchmark (`python -m streamidx.bench`)
-    plots, params (notebook parameter checks), workbook (the papermill runner)
+    plots, tables (text and Markdown tables), params (notebook parameter
+    checks), workbook (the papermill runner), walkthrough (source excerpts,
+    the change ledger and score checks of the kernel walkthrough notebook)
 
 The modules are importable by their short names too:
 `from streamidx.lab import tiling, plots`.
@@ -26,8 +28,10 @@ _MODULES = {
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
     "plots": "streamidx.lab.plots",
+    "tables": "streamidx.lab.tables",
     "params": "streamidx.lab.params",
     "workbook": "streamidx.lab.workbook",
+    "walkthrough": "streamidx.lab.walkthrough",
     "bench": "streamidx.lab.bench",
 }
 

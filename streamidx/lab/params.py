@@ -1,19 +1,33 @@
 """Checking a notebook's parameters before anything runs.
 
-Each notebook's first cell after its `parameters` cell calls these, so that a
-papermill run with a bad `-p` value stops there, naming the parameter::
+Each notebook's first cell after its `parameters` cell is one call::
 
-    from streamidx.lab.params import check
+    from streamidx.lab.params import check_notebook
+    check_notebook("02_fp8_packing", globals())
+
+so that a papermill run with a bad `-p` value stops there, naming the
+parameter and its rule (`ParameterError`). The rules of every notebook are
+written below, one function per notebook in `NOTEBOOKS`, each a list of
+checks on a `Parameters` view of the notebook's globals; every parameter the
+notebook's `parameters` cell declares has a rule (tests/test_notebook_params.py
+checks that, and that the default and CI parameters pass).
+
+`check` holds the single-value checks the rules are made of::
+
     check.integer("num_seqs", num_seqs, min=1)
     check.choice("fmt", fmt, ("fp8", "bf16"))
 """
 
 from __future__ import annotations
 
+import math
 import numbers
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
 
-__all__ = ["ParameterError", "check"]
+__all__ = ["ParameterError", "check", "Parameters", "NOTEBOOKS",
+           "check_notebook", "rules"]
+
+LANES = 128  # a token-mode KV block is a whole number of 128-entry lane rows
 
 
 class ParameterError(ValueError):
@@ -78,3 +92,342 @@ class check:  # pylint: disable=invalid-name
     if not isinstance(value, str) or not value:
       _fail(name, "must be a non-empty string", value)
     return value
+
+
+class Parameters:
+  """A notebook's parameters (its globals()), checked by name.
+
+  Each method checks one parameter (the `check` rule of the same name, or a
+  compound rule below), records it in `checked` and returns its value;
+  `p[name]` reads a value for a rule that depends on it.
+  """
+
+  def __init__(self, namespace: Mapping, notebook: str):
+    self.namespace = namespace
+    self.notebook = notebook
+    self.checked: list[str] = []
+
+  def __getitem__(self, name):
+    if name not in self.namespace:
+      raise ParameterError(
+          f"notebook parameter {name!r}: missing (the parameters cell of "
+          f"{self.notebook} must assign it)")
+    return self.namespace[name]
+
+  def _mark(self, name):
+    if name not in self.checked:
+      self.checked.append(name)
+
+  def _rule(self, fn, name, *args, **kw):
+    value = fn(name, self[name], *args, **kw)
+    self._mark(name)
+    return value
+
+  def integer(self, name, **kw):
+    return self._rule(check.integer, name, **kw)
+
+  def number(self, name, **kw):
+    return self._rule(check.number, name, **kw)
+
+  def choice(self, name, options):
+    return self._rule(check.choice, name, options)
+
+  def boolean(self, name):
+    return self._rule(check.boolean, name)
+
+  def integers(self, name, **kw):
+    return self._rule(check.integers, name, **kw)
+
+  def string(self, name):
+    return self._rule(check.string, name)
+
+  def choices(self, name, options):
+    """A non-empty list, each item one of `options`."""
+    values = self[name]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+      _fail(name, f"must be a list of items of {tuple(options)}", values)
+    values = list(values)
+    if not values:
+      _fail(name, "must not be empty", values)
+    for i, v in enumerate(values):
+      check.choice(f"{name}[{i}]", v, options)
+    self._mark(name)
+    return values
+
+  def page_size(self, name="page_size"):
+    """Entries per page: a multiple of 4 (FP8 packs 4 records per word)."""
+    return self.integer(name, min=4, multiple_of=4)
+
+  def pairs(self, name, *, min_q_len=0, nonempty=False):
+    """A list of [q_len, seq_len] with min_q_len <= q_len <= seq_len."""
+    pairs = self[name]
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+      _fail(name, "must be a list of [q_len, seq_len] pairs", pairs)
+    pairs = list(pairs)
+    if nonempty and not pairs:
+      _fail(name, "must hold at least one [q_len, seq_len] pair", pairs)
+    for i, pair in enumerate(pairs):
+      values = check.integers(f"{name}[{i}]", pair, min=0)
+      if len(values) != 2:
+        _fail(f"{name}[{i}]", "must be [q_len, seq_len]", pair)
+      q_len, seq_len = values
+      check.integer(f"{name}[{i}] q_len", q_len, min=min_q_len, max=seq_len)
+    self._mark(name)
+    return [tuple(p) for p in pairs]
+
+  def per_case(self, name, *, min=1):  # pylint: disable=redefined-builtin
+    """Three ints, (decode, prefill, mixed), as the kernel takes block sizes."""
+    values = check.integers(name, self[name], min=min)
+    if len(values) != 3:
+      check.integer(f"len({name})", len(values), min=3, max=3)
+    self._mark(name)
+    return values
+
+  def lane_blocks(self, name, page_size: str = "page_size"):
+    """KV block sizes in pages (an int or a list) that make whole lane rows.
+
+    A token-mode KV block of `bkv_p` pages holds page_size * bkv_p entries,
+    which must be a multiple of 128 (checked after `page_size` itself).
+    """
+    ps = self[page_size]
+    value = self[name]
+    many = isinstance(value, (list, tuple))
+    values = value if many else [value]
+    step = LANES // math.gcd(ps, LANES)
+    for i, v in enumerate(values):
+      label = f"{name}[{i}]" if many else name
+      check.integer(label, v, min=1)
+      if (ps * v) % LANES:
+        _fail(label, f"{page_size} * {name} must be a multiple of {LANES}, so "
+              f"a multiple of {step} at {page_size} {ps}", v)
+    self._mark(name)
+    return value
+
+
+# --------------------------------------------------------------------------
+# The rules of each notebook
+# --------------------------------------------------------------------------
+
+NOTEBOOKS: dict[str, Callable[[Parameters], None]] = {}
+
+
+def _rules(notebook: str):
+  def register(fn):
+    NOTEBOOKS[notebook] = fn
+    return fn
+  return register
+
+
+@_rules("00_quickstart")
+def _quickstart(p: Parameters):
+  p.string("output_dir")
+  p.choice("fmt", ("fp8", "bf16"))
+  p.integer("compression_ratio", min=1)
+  p.integer("num_heads", min=1)
+  p.integer("k", min=1)
+  p.page_size()
+  p.integers("decode_seq_lens", min=1, nonempty=False)
+  p.pairs("prefill")
+  p.pairs("mixed")
+  p.lane_blocks("num_kv_pages_per_block")
+  p.integer("num_queries_per_block", min=1)
+  p.integer("plot_row", min=-1)
+  p.integer("seed")
+
+
+@_rules("01_cache_layout")
+def _cache_layout(p: Parameters):
+  p.string("output_dir")
+  p.page_size()
+  ratio = p.integer("compression_ratio", min=1)
+  p.integer("num_heads", min=1)
+  decode = p.integers("decode_seq_lens", min=1, nonempty=False)
+  prefill = p.pairs("prefill", nonempty=True)  # section 5 draws its first chunk
+  mixed = p.pairs("mixed")
+  p.integer("decode_req_batch_size", min=1)
+  p.lane_blocks("num_kv_pages_per_block")
+  p.integer("num_queries_per_block", min=1)
+  seq_lens = decode + [s for _, s in prefill] + [s for _, s in mixed]
+  b = p.integer("probe_seq", min=0, max=len(seq_lens) - 1)
+  p.integer("probe_entry", min=0, max=seq_lens[b] // ratio - 1)
+  p.integer("mask_window", min=1)
+  p.integer("hbm_num_heads", min=1)
+  p.integer("hbm_head_dim", min=128, multiple_of=128)
+  p.integers("hbm_contexts", min=1)
+  p.integer("seed")
+
+
+@_rules("02_fp8_packing")
+def _fp8_packing(p: Parameters):
+  p.string("output_dir")
+  p.integer("num_heads", min=1)
+  p.integer("compression_ratio", min=1)
+  page_size = p.page_size()
+  p.integer("query_tokens", min=1)
+  contexts = p.integers("contexts", min=page_size)
+  ks = p.integers("ks", min=1)
+  entries = p.choice("headline_entries", contexts)
+  p.integer("headline_k", min=1, max=entries)
+  p.choice("headline_k", ks)
+  p.integer("outlier_channels", min=1, max=128)
+  p.number("outlier_scale", min=1)
+  p.integer("num_records", min=16)
+  p.integer("seed")
+
+
+@_rules("03_kernel_tiling")
+def _kernel_tiling(p: Parameters):
+  p.string("output_dir")
+  p.choice("fmt", ("fp8", "bf16"))
+  p.integer("num_heads", min=1)
+  p.integer("head_dim", min=128, multiple_of=128)
+  p.integer("compression_ratio", min=1)
+  p.page_size()
+  p.integer("k", min=1)
+  p.per_case("num_kv_pages_per_block")
+  p.lane_blocks("num_kv_pages_per_block")
+  p.per_case("num_queries_per_block")
+  p.integer("decode_req_batch_size", min=1)
+  p.integer("vmem_limit_bytes", min=1)
+  p.integer("dsv4_batch", min=1)
+  p.integer("dsv4_context_tokens", min=1)
+  p.integers("decode_kv_block_choices", min=1)
+  p.lane_blocks("decode_kv_block_choices")
+  q_len = p.integer("prefill_q_len", min=1)
+  p.integer("prefill_context_tokens", min=q_len)
+  p.integers("prefill_q_block_choices", min=1)
+  p.integers("prefill_kv_block_choices", min=1)
+  p.lane_blocks("prefill_kv_block_choices")
+  p.integer("mix_num_seqs", min=1)
+  p.integer("mix_median_tokens", min=1)
+  p.number("mix_sigma", min=0)
+  low = p.integer("mix_min_tokens", min=1)
+  p.integer("mix_max_tokens", min=low)
+  p.integer("mix_trials", min=1)
+  p.integers("mix_batch_sizes", min=1)
+  p.integers("run_decode", min=1, nonempty=False)
+  p.pairs("run_prefill")
+  p.pairs("run_mixed")
+  p.page_size("run_page_size")
+  p.integer("run_num_heads", min=1)
+  p.per_case("run_kv_blocks")
+  p.lane_blocks("run_kv_blocks", page_size="run_page_size")
+  p.per_case("run_q_blocks")
+  p.integer("run_decode_batch", min=1)
+  p.integer("seed")
+  # Section 7: compiled for each generation (libtpu, no TPU).
+  from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
+  gens = ("v4", "v5e", "v5p", "v6e", "v7x")
+  p.choices("aot_variants", tuple(variants_lib.VARIANTS))
+  p.choices("aot_generations", gens)
+  p.choices("aot_formats", ("fp8", "bf16"))
+  p.integer("aot_jobs", min=1)
+  p.choices("vmem_generations", gens)
+  p.integers("vmem_decode_kv_pages", min=1)
+  p.lane_blocks("vmem_decode_kv_pages")
+  p.integers("vmem_prefill_q_blocks", min=1)
+  p.choices("schedule_generations", gens)
+  p.integers("schedule_kv_pages", min=1)
+  p.lane_blocks("schedule_kv_pages")
+
+
+@_rules("04_recall_parity")
+def _recall_parity(p: Parameters):
+  from streamidx.lab.studies import parity  # pylint: disable=g-import-not-at-top
+  p.string("output_dir")
+  p.integer("seed")
+  p.choice("parity_scope", parity.SCOPES)
+  p.integer("causal_ratio", min=2)  # at ratio 1 the two rules agree
+  p.pairs("causal_prefill", min_q_len=2)  # prefill chunks
+  p.integer("causal_k", min=1)
+  p.integer("causal_num_heads", min=1)
+  entries = p.integers("recall_entries", min=1)
+  rows = p.integer("recall_rows", min=1)
+  ratio = p.integer("recall_ratio", min=1)
+  p.integer("recall_num_heads", min=1)
+  p.page_size("recall_page_size")
+  # Every row must see more than k entries: the last `recall_rows` tokens of
+  # the shortest sequence see at least entries - ceil(recall_rows / ratio).
+  ks = p.integers("recall_ks", min=1,
+                  max=min(entries) - -(-rows // ratio) - 1)
+  p.boolean("recall_kernel_check")
+  p.choice("quote_k", ks)
+  p.choice("quote_entries", entries)
+  page_entries = p.integer("page_entries", min=1)
+  page_rows = p.integer("page_rows", min=1)
+  sizes = p.integers("page_sizes", min=4)
+  for i, ps in enumerate(sizes):
+    check.integer(f"page_sizes[{i}]", ps, multiple_of=4)  # FP8 kv_packing
+    check.integer(f"page_entries (page_sizes[{i}] = {ps})", page_entries,
+                  multiple_of=ps)
+  budgets = p.integers("page_budgets", min=1, max=page_entries - page_rows)
+  for i, budget in enumerate(budgets):
+    for ps in sizes:
+      check.integer(f"page_budgets[{i}] (page size {ps})", budget,
+                    multiple_of=ps)
+  p.choice("quote_page_budget", budgets)
+  p.choice("quote_page_size", sizes)
+
+
+@_rules("05_tpu_profiling")
+def _tpu_profiling(p: Parameters):
+  p.string("output_dir")
+  p.string("runs_glob")
+  p.choices("modes", ("token", "page"))
+  p.choice("fmt", ("fp8", "bf16"))
+  ratio = p.integer("compression_ratio", min=1)
+  p.integer("decode_req_batch_size", min=1)
+  for prefix in ("tpu", "cpu"):
+    p.integers(f"{prefix}_batch_sizes", min=1)
+    p.integers(f"{prefix}_context_tokens", min=ratio)
+    p.integer(f"{prefix}_num_heads", min=1)
+    p.page_size(f"{prefix}_page_size")
+    p.integer(f"{prefix}_k", min=1)
+    p.per_case(f"{prefix}_kv_blocks")
+    p.lane_blocks(f"{prefix}_kv_blocks", page_size=f"{prefix}_page_size")
+    p.per_case(f"{prefix}_q_blocks")
+    p.integer(f"{prefix}_page_q_block", min=1)
+    p.integer(f"{prefix}_iterations", min=1)
+  p.integer("warmup", min=1)
+  p.boolean("check_results")
+  p.integer("max_host_key_bytes", min=1)
+  p.integer("seed")
+
+
+@_rules("01_kernel_walkthrough")
+def _kernel_walkthrough(p: Parameters):
+  p.string("output_dir")
+  p.integer("seed")
+  p.choice("fmt", ("fp8", "bf16"))
+  p.integer("compression_ratio", min=1)
+  p.integer("num_heads", min=1)
+  p.integer("k", min=1)
+  p.page_size()
+  p.lane_blocks("num_kv_pages_per_block")
+  p.integer("num_queries_per_block", min=1)
+  p.integer("decode_req_batch_size", min=1)
+  p.integers("decode_seq_lens", min=1)  # steps 2-4 score the decode rows
+  p.pairs("prefill", min_q_len=1)
+  p.pairs("mixed", min_q_len=1)
+  p.integer("exercise_batch", min=1)
+  p.integer("exercise_context_tokens", min=4)
+
+
+def check_notebook(notebook: str, namespace: Mapping) -> None:
+  """Checks the parameters of `notebook` ("02_fp8_packing" or its file name)
+  in `namespace` (the notebook's `globals()`) against its rules.
+
+  Raises:
+    ParameterError: naming the first parameter that breaks its rule.
+  """
+  rules(notebook)(Parameters(namespace, notebook))
+
+
+def rules(notebook: str) -> Callable[[Parameters], None]:
+  """The rule function of `notebook` ("02_fp8_packing" or its file name)."""
+  name = notebook[:-len(".ipynb")] if notebook.endswith(".ipynb") else notebook
+  if name not in NOTEBOOKS:
+    raise ValueError(f"notebook: no parameter rules for {notebook!r} (rules "
+                     f"exist for {sorted(NOTEBOOKS)}; add them to "
+                     "streamidx/lab/params.py)")
+  return NOTEBOOKS[name]

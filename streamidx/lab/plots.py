@@ -1,10 +1,14 @@
-"""Figures the notebooks share: page tables, packed pages, records, masks,
-batches with their launches. Matplotlib only; safe under the Agg backend.
+"""The notebooks' figures: page tables, packed pages, records, masks,
+batches with their launches, and one function per figure a notebook draws
+(entry bytes, the e4m3 grid, scale errors, recall, the Hadamard rotation,
+iteration order, VMEM budgets, the causal leak, page coverage, the
+roofline). Matplotlib only; safe under the Agg backend.
 
 Every function draws arrays it is given (from `streamidx.batch`,
-`streamidx.cache`, `streamidx.lab.studies.layout`); none computes a layout of its own.
-Each returns the `Figure` (or draws on the `Axes` passed in); `save` writes
-it as a PNG under a notebook's `output_dir`.
+`streamidx.cache`, `streamidx.lab.studies`, `streamidx.lab.model`); none
+computes a layout or a study of its own. Each returns the `Figure` (or draws
+on the `Axes` passed in); `save` writes it as a PNG under a notebook's
+`output_dir`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,18 @@ __all__ = [
     "record_bytes_axes",
     "visibility_axes",
     "batch_launch_figure",
+    "entry_bytes_figure",
+    "e4m3_grid_figure",
+    "scale_error_figure",
+    "recall_grid_figure",
+    "hadamard_figure",
+    "iteration_order_figure",
+    "vmem_budget_figure",
+    "causal_leak_figure",
+    "recall_curves_figure",
+    "page_coverage_figure",
+    "roofline_figure",
+    "static_schedule_figure",
 ]
 
 FREE = "#eeeeee"
@@ -266,4 +282,483 @@ def batch_launch_figure(batch, plan, work, *, filled_rows=None):
                "num_bq query blocks x num_bkv KV blocks it loops over)",
                fontsize=8)
   fig.tight_layout()
+  return fig
+
+
+# ---------------------------------------------------------------------------
+# Notebook figures: each draws the numbers a notebook computed, nothing else.
+
+
+def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
+                       head_dim: int, compression_ratio: int):
+  """Notebook 01: one entry's bytes per layout, and HBM per decode step.
+
+  Args:
+    layouts: name -> `layout.EntryLayout` (label, value/scale/pad/total
+      bytes), in drawing order.
+    contexts: context lengths in tokens.
+    cache_mib: name -> MiB of index cache read per decode token per layer,
+      one value per context.
+    score_mib: MiB of the f32 score round trip, one value per context.
+  """
+  fig, (ax0, ax) = plt.subplots(1, 2, figsize=(13, 4.4),
+                                gridspec_kw={"width_ratios": [1, 1.5]})
+  names = list(layouts)
+  labels = [layouts[n].label for n in names]
+  parts = [("values", [layouts[n].value_bytes for n in names], "#4c72b0"),
+           ("scales", [layouts[n].scale_bytes for n in names], "#dd8452"),
+           ("padding", [layouts[n].pad_bytes for n in names], "#cccccc")]
+  bottom = np.zeros(len(names))
+  for part, vals, color in parts:
+    ax0.barh(labels, vals, left=bottom, color=color, label=part)
+    bottom += vals
+  for y, n in enumerate(names):
+    ax0.text(layouts[n].total_bytes + 3, y, f"{layouts[n].total_bytes} B",
+             va="center", fontsize=8)
+  ax0.invert_yaxis()
+  ax0.set_xlim(0, 300)
+  ax0.set_xlabel(f"bytes per entry (head_dim {head_dim})")
+  ax0.legend(fontsize=8, loc="lower right")
+  ax0.set_title("one entry's bytes", fontsize=10)
+  styles = {"fp8_packed": ("o-", 7), "bf16": ("s--", 4),
+            "fp8_f32_scale_apart": ("o-", 7), "fp8_e8m0_scale_apart": ("s--", 4)}
+  for name in names:
+    marker, size = styles.get(name, ("o-", 5))
+    ax.plot(contexts, cache_mib[name], marker, ms=size,
+            label=f"{layouts[name].label} ({layouts[name].total_bytes} B)")
+  ax.plot(contexts, score_mib, "k:", label="f32 score round trip (12 B)")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log", base=2)
+  ax.set_xlabel("context (tokens)")
+  ax.set_ylabel("MiB per decode token per layer")
+  ax.set_title(f"index cache read per decode step and layer (ratio "
+               f"{compression_ratio}; the two 256 B and the 132/129 B lines "
+               "overlap)", fontsize=9)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=.3, which="both")
+  return fig
+
+
+def e4m3_grid_figure(positive, spacing, *, min_normal: float = 2.0 ** -6):
+  """Notebook 02: the positive e4m3fn values and their relative spacing.
+
+  Args:
+    positive: f[N] the positive finite values, sorted.
+    spacing: f[N - 1] (next value - x) / x for each but the last.
+    min_normal: the smallest normal value (subnormals are shaded).
+  """
+  positive = np.asarray(positive)
+  spacing = np.asarray(spacing)
+  normal_spacing = spacing[positive[:-1] >= min_normal]
+  fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8))
+  ax0.vlines(positive, 0, 1, lw=.7)
+  ax0.set_xscale("log", base=2)
+  ax0.set_yticks([])
+  ax0.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15,
+              label="subnormals")
+  ax0.set_title(f"the {len(positive)} positive e4m3fn values (log scale)",
+                fontsize=10)
+  ax0.set_xlabel("value")
+  ax0.legend(fontsize=8)
+  ax1.plot(positive[:-1], spacing, ".-", ms=3)
+  ax1.set_xscale("log", base=2)
+  ax1.set_yscale("log", base=2)
+  ax1.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15)
+  ax1.set_xlabel("value x")
+  ax1.set_ylabel("(next value - x) / x")
+  ax1.set_title(f"relative spacing: {normal_spacing.min():.4f} .. "
+                f"{normal_spacing.max():.3f} for normals (3 mantissa bits), up "
+                f"to {spacing.max():g} in the subnormals", fontsize=10)
+  ax1.grid(alpha=.3, which="both")
+  return fig
+
+
+def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
+  """Notebook 02: record error with ue8m0 vs exact float scales; amax / scale.
+
+  Args:
+    scale_study: distribution -> {"err_pow2", "err_float" (f[records]
+      relative L2 errors), "mean_err_ue8m0", "mean_err_float",
+      "amax_over_scale" (f[records])}; the first two distributions are drawn.
+    amax_of: the distribution whose amax / 2**e histogram is drawn.
+  """
+  fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+  for ax, dist in zip(axes[:2], scale_study):
+    st = scale_study[dist]
+    bins = np.linspace(0, max(st["err_pow2"].max(), st["err_float"].max()), 60)
+    ax.hist(st["err_float"], bins, alpha=.6,
+            label=f"exact float scale (mean {st['mean_err_float']:.4f})")
+    ax.hist(st["err_pow2"], bins, alpha=.6,
+            label=f"ue8m0 scale (mean {st['mean_err_ue8m0']:.4f})")
+    ax.set_title(f"{dist} keys: relative L2 error per record", fontsize=10)
+    ax.set_xlabel("||k - deq(q(k))|| / ||k||")
+    ax.legend(fontsize=8)
+  axes[2].hist(scale_study[amax_of]["amax_over_scale"], 60, color="tab:green")
+  axes[2].axvline(448, color="k", ls="--", lw=1)
+  axes[2].set_title(f"where amax lands with a ue8m0 scale ({amax_of})",
+                    fontsize=10)
+  axes[2].set_xlabel("amax / 2**e (448 = e4m3 max)")
+  return fig
+
+
+def recall_grid_figure(recall, *, dists, contexts, ks, variants, title: str):
+  """Notebook 02: recall@k over k, one panel per (distribution, context).
+
+  Args:
+    recall: recall(dist, entries, variant, k) -> float.
+    dists, contexts: the rows and columns of panels.
+    ks: the k values (each panel draws those <= its entries).
+    variants: variant names, one line each.
+  """
+  fig, axes = plt.subplots(len(dists), len(contexts),
+                           figsize=(4.2 * len(contexts), 3.5 * len(dists)),
+                           sharey=True, squeeze=False)
+  for i, dist in enumerate(dists):
+    for j, entries in enumerate(contexts):
+      ax = axes[i, j]
+      kk = [k for k in ks if k <= entries]
+      for name in variants:
+        ax.plot(kk, [recall(dist, entries, name, k) for k in kk], "o-", ms=4,
+                label=name)
+      ax.set_xscale("log", base=2)
+      ax.set_title(f"{dist} keys, {entries} entries", fontsize=10)
+      ax.grid(alpha=.3)
+      if i == len(dists) - 1:
+        ax.set_xlabel("k")
+      if j == 0:
+        ax.set_ylabel("recall@k vs exact top-k")
+  axes[0, 0].legend(fontsize=8)
+  fig.suptitle(title, fontsize=11)
+  fig.tight_layout()
+  return fig
+
+
+def hadamard_figure(key, rotated_key, bars, *, outlier_channels: int,
+                    title: str):
+  """Notebook 02: a key with outliers, the same key rotated, recall bars.
+
+  Args:
+    key, rotated_key: f[head_dim], before and after the rotation.
+    bars: [(label, recall without rotation, recall rotated)].
+  """
+  key = np.asarray(key)
+  rotated_key = np.asarray(rotated_key)
+  fig, axes = plt.subplots(1, 3, figsize=(15, 3.6),
+                           gridspec_kw={"width_ratios": [1.3, 1.3, 1]})
+  channels = np.arange(key.size)
+  axes[0].bar(channels, np.abs(key), width=1)
+  axes[0].set_title(f"|k| per channel: a key with {outlier_channels} outlier "
+                    "channels", fontsize=10)
+  axes[1].bar(channels, np.abs(rotated_key), width=1, color="tab:green")
+  axes[1].set_title("|k H| per channel: the same key rotated", fontsize=10)
+  for ax in axes[:2]:
+    ax.set_xlabel("channel")
+  x = np.arange(len(bars))
+  axes[2].bar(x - .2, [b[1] for b in bars], .4, label="no rotation")
+  axes[2].bar(x + .2, [b[2] for b in bars], .4, label="Hadamard-rotated")
+  axes[2].set_xticks(x, [b[0] for b in bars], fontsize=8)
+  lo = min(min(b[1], b[2]) for b in bars)
+  axes[2].set_ylim(max(0, lo - .05), 1)
+  axes[2].set_title(title, fontsize=10)
+  axes[2].legend(fontsize=8)
+  return fig
+
+
+CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan",
+               "prefill": "tab:green", "mixed": "tab:orange"}
+
+
+def iteration_order_figure(steps, num_seqs: int, *, title: str):
+  """Notebook 03: the kernel's steps in execution order, one row per sequence.
+
+  Args:
+    steps: `tiling.steps(plan)` dicts (case, seqs, kv_lens, bq, bkv, bkv_sz);
+      a step covers every sequence of its program. A block past a
+      sequence's entries (computed, masked) is hatched.
+    num_seqs: sequences of the batch (rows).
+  """
+  steps = list(steps)
+  fig, ax = plt.subplots(figsize=(min(18, 3 + 0.28 * len(steps)),
+                                  0.5 * num_seqs + 1.6))
+  for x, st in enumerate(steps):
+    for s, kv in zip(st["seqs"], st["kv_lens"]):
+      past_end = st["bkv"] * st["bkv_sz"] >= max(kv, 1)
+      ax.add_patch(patches.Rectangle(
+          (x, s), 0.9, 0.8, fc=CASE_COLORS[st["case"]],
+          alpha=0.25 if past_end else 0.9, ec="black", lw=0.4,
+          hatch="//" if past_end else None))
+      if len(steps) <= 80:
+        ax.text(x + 0.45, s + 0.4, f"{st['bq']},{st['bkv']}", ha="center",
+                va="center", fontsize=6)
+  for case, c in CASE_COLORS.items():
+    ax.add_patch(patches.Rectangle((0, 0), 0, 0, fc=c, label=case))
+  ax.add_patch(patches.Rectangle(
+      (0, 0), 0, 0, fc="white", ec="black", hatch="//",
+      label="block past the sequence's end (computed, masked)"))
+  ax.set_xlim(0, len(steps))
+  ax.set_ylim(num_seqs, 0)
+  ax.set_yticks(np.arange(num_seqs) + 0.4, [f"seq {s}" for s in range(num_seqs)])
+  ax.set_xlabel("step in execution order (label: bq block, bkv block)")
+  ax.set_title(title)
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8)
+  return fig
+
+
+def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *,
+                       production=None, title: str):
+  """Notebook 03: VMEM of a launch per (bq, bkv_p), the limits outlined.
+
+  Args:
+    budget: bytes[len(bq_choices), len(bkv_choices)].
+    limits: generation -> bytes; the cells over each distinct limit are
+      outlined in red (one line style per limit, up to three).
+    production: (bq, bkv_p) to mark with a white square, or None.
+  """
+  mib = 2.0 ** 20
+  budget = np.asarray(budget, float)
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  im = ax.imshow(budget / mib, cmap="viridis", norm=mcolors.LogNorm(),
+                 origin="lower", aspect="auto")
+  for i in range(len(bq_choices)):
+    for j in range(len(bkv_choices)):
+      ax.text(j, i, f"{budget[i, j] / mib:.1f}", ha="center", va="center",
+              fontsize=7,
+              color="white" if budget[i, j] < np.median(budget) else "black")
+  # Outline, for each limit, the cells that exceed it (cell edges).
+  for lvl, style in zip(sorted(set(limits.values())), ("-", "--", ":")):
+    over = budget > lvl
+    for i in range(len(bq_choices)):
+      for j in range(len(bkv_choices)):
+        if over[i, j] and (i == 0 or not over[i - 1, j]):
+          ax.plot([j - 0.5, j + 0.5], [i - 0.5, i - 0.5], "r", ls=style, lw=1.5)
+        if over[i, j] and (j == 0 or not over[i, j - 1]):
+          ax.plot([j - 0.5, j - 0.5], [i - 0.5, i + 0.5], "r", ls=style, lw=1.5)
+    ax.plot([], [], "r", ls=style, label=f"> {lvl / mib:.0f} MiB")
+  if (production is not None and production[0] in bq_choices
+      and production[1] in bkv_choices):
+    i, j = bq_choices.index(production[0]), bkv_choices.index(production[1])
+    ax.add_patch(patches.Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False,
+                                   ec="white", lw=2))
+    ax.plot([], [], "s", mfc="none", mec="gray", label="production (bq, bkv_p)")
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, fontsize=7)
+  ax.set_xticks(range(len(bkv_choices)), bkv_choices)
+  ax.set_yticks(range(len(bq_choices)), bq_choices)
+  ax.set_xlabel("num_kv_pages_per_block (bkv_p)")
+  ax.set_ylabel("num_queries_per_block (bq)")
+  ax.set_title(title)
+  fig.colorbar(im, ax=ax, label="MiB")
+  return fig
+
+
+def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs,
+                       seq_starts, *, title: str):
+  """Notebook 04: per query row, the leaked entry's share of the top-k mass.
+
+  Args:
+    live, leaked_selected, bound_differs: bool[T]; leaked_mass: f[T].
+    seq_starts: query rows where a sequence starts (dotted lines).
+  """
+  live = np.asarray(live, bool)
+  sel = np.asarray(leaked_selected, bool)
+  bound = np.asarray(bound_differs, bool)
+  rows = np.flatnonzero(live)
+  fig, ax = plt.subplots(figsize=(10, 4))
+  ax.bar(rows, np.where(sel, np.asarray(leaked_mass), 0)[rows], color="tab:red",
+         label="leaked entry's share of the seed top-k score mass")
+  only = rows[bound[rows] & ~sel[rows]]
+  ax.plot(only, np.zeros(len(only)), "x", color="0.4",
+          label="bound differs, leaked entry not selected")
+  for start in seq_starts:
+    ax.axvline(start - 0.5, color="k", lw=0.8, ls=":")
+  ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+  ax.set_xlabel("query row (sequences separated by dotted lines)")
+  ax.set_ylabel("share of top-k score")
+  ax.set_title(title)
+  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+            frameon=False)
+  fig.tight_layout()
+  return fig
+
+
+def recall_curves_figure(recall, entries, ks, *, quote_k: int, title: str):
+  """Notebook 04: FP8 and bf16 recall@k over k and over context length.
+
+  Args:
+    recall: "fp8" / "bf16" -> f[len(entries), len(ks)].
+    entries: compressed entries per context; ks: the k values.
+    quote_k: drawn over context length next to the smallest and largest k.
+  """
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  colors = plt.cm.viridis(np.linspace(0, 0.85, len(entries)))
+  for i, n in enumerate(entries):
+    ax1.plot(ks, recall["fp8"][i], "o-", color=colors[i],
+             label=f"FP8, {n // 1024}K entries")
+    ax1.plot(ks, recall["bf16"][i], "s--", color=colors[i], mfc="none",
+             label=f"bf16, {n // 1024}K")
+  ax1.set_xscale("log", base=2)
+  ax1.set_xlabel("k")
+  ax1.set_ylabel("recall@k vs exact float32")
+  ax1.set_title("recall over k")
+  ax1.legend(fontsize=7, ncol=2)
+  for j, k in enumerate(ks):
+    if k in (min(ks), quote_k, max(ks)):
+      c = plt.cm.plasma(j / max(1, len(ks)))
+      ax2.plot(entries, np.asarray(recall["fp8"])[:, j], "o-", color=c,
+               label=f"FP8, k = {k}")
+      ax2.plot(entries, np.asarray(recall["bf16"])[:, j], "s--", color=c,
+               mfc="none", label=f"bf16, k = {k}")
+  ax2.set_xscale("log", base=2)
+  ax2.set_xlabel("compressed entries in the context")
+  ax2.set_title("recall over context length")
+  ax2.legend(fontsize=7)
+  for ax in (ax1, ax2):
+    ax.grid(alpha=0.3)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
+def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int,
+                         title: str):
+  """Notebook 04: how much of the exact token top-k the top pages hold.
+
+  Args:
+    coverage: "fp8" / "f32" -> {"count", "mass"} -> f[len(budgets),
+      len(page_sizes)].
+    page_entries: entries per sequence (random pages cover budget / it).
+  """
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  for ax, m in zip(axes, ("count", "mass")):
+    for i, budget in enumerate(budgets):
+      c = plt.cm.viridis(i / max(1, len(budgets)))
+      ax.plot(page_sizes, coverage["fp8"][m][i], "o-", color=c,
+              label=f"FP8 pages, k = {budget}")
+      ax.plot(page_sizes, coverage["f32"][m][i], "s--", color=c, mfc="none",
+              label=f"f32 pages, k = {budget}")
+      ax.axhline(budget / page_entries, color=c, lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(page_sizes)
+    ax.set_xticklabels(page_sizes)
+    ax.set_xlabel("page size (k_pages = k / page size)")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"coverage of the exact token top-k, by {m}")
+  axes[0].set_ylabel("share inside the top-k_pages pages")
+  axes[0].legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
+STAGE_COLORS = (("kernel", "tab:blue"), ("topk", "tab:orange"),
+                ("other", "tab:gray"))
+
+
+def roofline_figure(records, predictions, *, measured: bool,
+                    generation: str | None, generations, device_kind: str = "",
+                    split_generation: str = "v5e"):
+  """Notebook 05: device time against the roofline, and its split by stage.
+
+  measured (a TPU run with device times): left, stacked measured kernel /
+  top-k / other microseconds per record with the bounds of `generation`
+  marked; right, the measured split. Otherwise: left, the predicted bound
+  of every generation at the TPU sweep sizes; right, the predicted split on
+  `split_generation`; the figure says that device timings need a TPU.
+
+  Args:
+    records: run-file records (mode, batch_size, context_tokens, kernel_us,
+      topk_us, other_us, predicted_us).
+    predictions: (mode, B, L) -> generation -> roofline prediction (seconds
+      per stage: fill, kernel, topk, total).
+    generations: the generations drawn in the model panel.
+  """
+  fig, axes = plt.subplots(1, 2, figsize=(14, 4.6))
+  ax = axes[0]
+  if measured:
+    labels = [f"{r['mode']}\nB={r['batch_size']}\nL={r['context_tokens']}"
+              for r in records]
+    x = np.arange(len(records))
+    bottom = np.zeros(len(records))
+    for stage, c in STAGE_COLORS:
+      v = np.array([r[f"{stage}_us"] for r in records])
+      ax.bar(x, v, bottom=bottom, color=c, label=f"measured {stage}")
+      bottom += v
+    if generation:
+      ax.scatter(x, [r["predicted_us"][generation]["total"] for r in records],
+                 marker="_", s=500, color="black", zorder=3,
+                 label=f"roofline bound, {generation} (whole call)")
+      ax.scatter(x, [r["predicted_us"][generation]["kernel"] for r in records],
+                 marker="_", s=500, color="tab:blue", zorder=3,
+                 label="roofline bound, kernel")
+    ax.set_title(f"Measured on {device_kind} vs roofline")
+    ax.set_xticks(x, labels, fontsize=8)
+  else:
+    keys = list(predictions)
+    x = np.arange(len(keys))
+    w = 0.8 / len(generations)
+    for i, gen in enumerate(generations):
+      ax.bar(x + i * w, [predictions[kk][gen]["total"] * 1e6 for kk in keys], w,
+             label=gen)
+    ax.set_xticks(x + 0.4 - w / 2, [f"{m}\nB={b}\nL={l}" for m, b, l in keys],
+                  fontsize=8)
+    ax.set_title("No TPU here: predicted bounds (model) at the TPU sweep sizes")
+    ax.text(0.01, 0.97, "device timings need a TPU", transform=ax.transAxes,
+            va="top", fontsize=9, color="darkred")
+  ax.set_yscale("log")
+  ax.set_ylabel("microseconds per call")
+  ax.legend(fontsize=7)
+
+  ax = axes[1]
+  if measured:
+    split = [(f"{r['mode']} B={r['batch_size']} L={r['context_tokens']}",
+              r["kernel_us"], r["topk_us"], r["other_us"]) for r in records]
+    ax.set_title("Measured split of the device time")
+  else:
+    g = split_generation
+    split = [(f"{m} B={b} L={l}", pr[g]["kernel"], pr[g]["topk"], pr[g]["fill"])
+             for (m, b, l), pr in predictions.items()]
+    ax.set_title(f"Predicted split of the bound ({g}, model)")
+  names = [s[0] for s in split]
+  tot = np.array([sum(s[1:]) for s in split])
+  left = np.zeros(len(split))
+  for j, (lab, c) in enumerate((("scoring (kernel)", "tab:blue"),
+                                ("top-k", "tab:orange"),
+                                ("other (fill, pad)", "tab:gray"))):
+    v = np.array([s[1 + j] for s in split]) / tot * 100
+    ax.barh(names, v, left=left, color=c, label=lab)
+    left += v
+  ax.set_xlabel("% of the step")
+  ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+  fig.tight_layout()
+  return fig
+
+
+def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *,
+                           title: str = ""):
+  """Scheduled bundles per KV page against num_kv_pages_per_block, one panel
+  per generation (`rows`: `lab.schedule.schedule_table` rows; `bounds`: the
+  matching `roofline.PageBound`s). With a clock, the page's HBM time in
+  cycles is a dashed line; without one, the break-even clock is written."""
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2),
+                           sharey=True, squeeze=False)
+  for ax, gen in zip(axes[0], gens):
+    pairs = [(r, b) for r, b in zip(rows, bounds) if r["generation"] == gen]
+    ax.plot([r["bkv_p"] for r, _ in pairs],
+            [r["bundles_per_page"] for r, _ in pairs], "o-",
+            label="scheduled bundles per page")
+    clock = pairs[0][1].clock_hz
+    if clock:
+      ax.axhline(pairs[0][1].t_hbm * clock, color="k", ls="--",
+                 label=f"a page's HBM time, cycles at {clock / 1e9:.2f} GHz")
+    else:
+      low = min(b.break_even_clock_hz for _, b in pairs)
+      ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n"
+              f"{low / 1e9:.2f} GHz", transform=ax.transAxes, fontsize=8)
+    ax.set_title(gen)
+    ax.set_xlabel("num_kv_pages_per_block (decode)")
+    ax.set_ylim(bottom=0)
+  axes[0][0].set_ylabel("bundles per KV page")
+  axes[0][0].legend(fontsize=7, loc="upper right")
+  if title:
+    fig.suptitle(title, fontsize=10)
   return fig

@@ -2,46 +2,55 @@
 
 What a reader would write first: decode the cache to float32 keys, then for
 each query row score its visible entries with one matrix product and pick
-the top k by sorting. No JAX, no chunking, float32 throughout. It is only
-for shapes small enough to loop over in Python (`streamidx.bench` skips it
-above a work limit).
+the top k by sorting. No JAX arithmetic, no chunking, float32 throughout. It
+is only for shapes small enough to loop over in Python (`streamidx.bench`
+skips it above a work limit).
 
-It is not the tests' oracle (`tests/oracle.py` decodes FP8 from its bit
-fields and scores in float64, independently of this package); here the FP8
-bytes are read through `ml_dtypes`. Its scores differ from the reference's
-by float32 rounding only (the scale is applied to the keys before the dot,
-and NumPy sums in its own order), so the benchmark compares its indices
-tie-aware with a tolerance it reports.
+The cache is decoded by `streamidx.cache.unpack_cache` (on the host CPU:
+e4m3 values times their power-of-two scale, exact in float32), the causal
+bound is `streamidx.semantics.causal_visible_bound`; the scoring and the
+top-k are NumPy's own. It is not the tests' oracle (`tests/oracle.py`
+decodes FP8 from its bit fields and scores in float64, independently of
+this package). Its scores differ from the reference's by float32 rounding
+only (the scale is applied to the keys before the dot, and NumPy sums in its
+own order), so the benchmark compares its indices tie-aware with a tolerance
+it reports.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
+import contextlib
+
 import numpy as np
 
+from streamidx.semantics import causal_visible_bound
+
 __all__ = ["dequantize_cache", "oracle_topk", "f32_score_bound"]
+
+
+def _on_host():
+  """Eager JAX on the host CPU (the oracle never touches an accelerator)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    return jax.default_device(jax.local_devices(backend="cpu")[0])
+  except RuntimeError:  # no CPU backend in this process (JAX_PLATFORMS)
+    return contextlib.nullcontext()
 
 
 def dequantize_cache(cache, head_dim: int) -> np.ndarray:
   """Cache array -> f32[total_pages, page_size, head_dim] keys, in NumPy.
 
   FP8 (uint8 records): e4m3fn values times 2**(scale byte - 127); bf16:
-  the values widened to float32.
+  the values widened to float32 (`streamidx.cache.unpack_cache`).
   """
-  cache = np.asarray(cache)
-  pages, rows, packing, width = cache.shape
-  flat = cache.reshape(pages, rows * packing, width)
-  if cache.dtype == np.uint8:
-    values = flat[..., :head_dim].view(ml_dtypes.float8_e4m3fn)
-    exps = flat[..., head_dim].astype(np.int32) - 127
-    return np.ldexp(values.astype(np.float32),
-                    exps[..., None]).astype(np.float32)
-  return flat[..., :head_dim].astype(np.float32)
+  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+  with _on_host():
+    return np.asarray(cache_lib.unpack_cache(np.asarray(cache), head_dim),
+                      np.float32)
 
 
 def _visible(seq_len, q_len, i, ratio, causal_rule):
-  pos = seq_len - q_len + i
-  bound = (pos + 1) // ratio if causal_rule == "model" else pos // ratio + 1
+  bound = causal_visible_bound(seq_len - q_len + i, ratio, causal_rule)
   return max(0, min(seq_len // ratio, bound))
 
 

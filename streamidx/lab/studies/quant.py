@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx.semantics import causal_visible_bound
 
 __all__ = [
     "E4M3_MAX",
@@ -47,6 +48,7 @@ __all__ = [
     "rotate",
     "VARIANTS",
     "variant_inputs",
+    "float64_scores",
     "unpack_block_in_kernel",
 ]
 
@@ -303,6 +305,37 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
     q = q8.astype(jnp.bfloat16)
   return dataclasses.replace(inp, q=q, weights=w, keys=keys,
                              cache=cache_lib.pack_cache(keys, fmt), fmt=fmt)
+
+
+def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
+                   causal_rule: str = "model") -> np.ndarray:
+  """The exact scores of one sequence, in float64 NumPy: a recall study's truth.
+
+  Scores sequence `seq`'s query rows against its own entries from the
+  unquantized keys (`inp.keys`, the float32 truth) and `inp.q` /
+  `inp.weights` widened to float64: sum_h w[t, h] * ReLU(q[t, h] . k[s]),
+  one matrix product per row, independent of `streamidx.ref` (float32,
+  JAX). Entries a row may not see (causal rule, sequence length) are -inf.
+
+  Args:
+    inp: `IndexerInputs`.
+    seq: the sequence (its rows `cu_q_lens[seq]:cu_q_lens[seq + 1]`).
+
+  Returns:
+    f64[q_len of seq, pages_per_seq * page_size].
+  """
+  b = inp.batch
+  lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
+  keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]
+  keys = keys.reshape(-1, inp.head_dim)  # [entries, head_dim], sequence order
+  q = np.asarray(inp.q.astype(jnp.float32), np.float64)[lo:hi]
+  w = np.asarray(inp.weights, np.float64)[lo:hi]
+  s = np.stack([w[t] @ np.maximum(q[t] @ keys.T, 0) for t in range(hi - lo)])
+  pos = b.token_positions()[lo:hi].astype(np.int64)
+  bound = np.minimum(causal_visible_bound(pos, compression_ratio, causal_rule),
+                     int(b.seq_lens[seq]) // compression_ratio)
+  visible = np.arange(keys.shape[0])[None, :] < bound[:, None]
+  return np.where(visible, s, -np.inf)
 
 
 def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
