@@ -239,6 +239,28 @@ def _quiet_stderr(sink: list):
       sink.append(tmp.read().decode(errors="replace"))
 
 
+@contextlib.contextmanager
+def _keep_signal_handlers():
+  """Restores SIGTERM's and SIGINT's handlers after the block.
+
+  libtpu installs a failure-signal handler when it loads; on a plain
+  SIGTERM (a notebook kernel shut down, a timeout) it prints a stack trace
+  to stderr, and it would turn Ctrl-C into one. Crash signals keep it.
+  """
+  import signal  # pylint: disable=g-import-not-at-top
+
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for sig, handler in saved.items():
+      if handler is not None:
+        signal.signal(sig, handler)
+
+
 def _topology(generation: str):
   """The topology description of `generation`, loading libtpu on first use."""
   if generation not in TOPOLOGIES:
@@ -262,7 +284,7 @@ def _topology(generation: str):
     noise: list[str] = []
     try:
       os.environ.update(env)
-      with _quiet_stderr(noise):
+      with _quiet_stderr(noise), _keep_signal_handlers():
         topo = topologies.get_topology_desc(
             topology_name=TOPOLOGIES[generation], platform="tpu")
     except Exception as e:

@@ -372,3 +372,16 @@ def test_static_schedule_of_the_decode_launch():
   assert four.kv.bundles_per_page < two.kv.bundles_per_page
   (b,) = roofline.page_bounds([four])
   assert b.page_bytes == 128 * 256 and b.clock_hz is None
+
+
+@needs_libtpu
+def test_a_process_that_loaded_libtpu_stays_quiet_on_sigterm():
+  """libtpu's failure-signal handler would print a stack trace when a
+  notebook kernel is shut down; compile_for restores SIGTERM's handler."""
+  code = ("import os, signal, time, streamidx as si\n"
+          "with si.compile_for('v5e'):\n  pass\n"
+          "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120, check=False)
+  assert out.returncode == -15, (out.returncode, out.stderr)
+  assert out.stderr == "", out.stderr
