@@ -151,7 +151,8 @@ _MLA_CASE = {
 }
 
 
-# streamidx (M-vmem-check): scratch shapes and bytes from streamidx.semantics.
+# streamidx (M-vmem-check): the compiled-mode VMEM check (the scratch comes
+# from streamidx.semantics.launch_scratch).
 def _mib(n: int) -> str:
   return f"{n / 2**20:.2f} MiB"
 
