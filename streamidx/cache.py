@@ -27,9 +27,20 @@ head_dim 128)::
 
 The key is `e4m3_values * 2**e`: one power-of-two (ue8m0) scale per record,
 the smallest power of two >= amax / 448 (448 is e4m3fn's largest finite
-value), so no value saturates.
+value), so no value saturates, with e clamped to [-126, 127] (see
+`ue8m0_exponent`).
 
 bf16 record: `head_dim` bf16 values, no scale (`lkv_dim = head_dim`).
+
+head_dim below a multiple of 128 (e.g. 16, 32, 64): the kernel pads each
+query to `padded_head_dim(head_dim)` lanes with zeros and reads that many
+key values per record, so a record is laid out for the padded width: the
+head_dim values, zeros up to the padded width, then (FP8) the scale byte at
+byte `padded_head_dim(head_dim)`. head_dim 64 gives a 256-byte FP8 record
+(scale at byte 128) and a 128-element bf16 record. The padding lanes meet
+the query's zero padding, so any finite value there scores 0; a NaN there
+(or an inf in a bf16 record) would make the score NaN, which
+`streamidx.validate` rejects.
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ __all__ = [
     "REFERENCE_FORMATS",
     "E4M3_MAX",
     "E8M0_BIAS",
+    "E8M0_MIN_EXPONENT",
+    "padded_head_dim",
     "cache_dtype",
     "kv_packing",
     "lkv_dim",
@@ -72,6 +85,12 @@ REFERENCE_FORMATS: tuple[str, ...] = ("fp8", "bf16", "f32")
 
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
+# The smallest exponent the quantizer emits: 2**-126 is float32's (and
+# bfloat16's) smallest normal number. e8m0 also holds 2**-127 (byte 0), but
+# that is subnormal in float32/bfloat16 and XLA:CPU (and the TPU) flush it to
+# zero where the kernel applies the scale, which zeroes every score.
+E8M0_MIN_EXPONENT = -126
+E8M0_MAX_EXPONENT = 127
 _LANES = 128
 
 
@@ -91,11 +110,23 @@ def kv_packing(fmt: CacheFormat) -> int:
   return 32 // jax.dtypes.itemsize_bits(cache_dtype(fmt))
 
 
+def padded_head_dim(head_dim: int) -> int:
+  """head_dim rounded up to 128 lanes: what the kernel reads per record."""
+  return -(-head_dim // _LANES) * _LANES
+
+
 def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
-  """Elements per record: FP8 pads head_dim + 1 scale byte to 128 lanes."""
+  """Elements per record.
+
+  FP8: padded head_dim value bytes + 1 scale byte, rounded up to 128 lanes
+  (256 for head_dim <= 128, 384 for 256); bf16: the padded head_dim; f32
+  (reference only): head_dim.
+  """
   _check_format(fmt)
   if fmt == "fp8":
-    return -(-(head_dim + 1) // _LANES) * _LANES
+    return -(-(padded_head_dim(head_dim) + 1) // _LANES) * _LANES
+  if fmt == "bf16":
+    return padded_head_dim(head_dim)
   return head_dim
 
 
@@ -105,17 +136,25 @@ def record_bytes(fmt: CacheFormat, head_dim: int = 128) -> int:
 
 
 def ue8m0_exponent(amax):
-  """Smallest e with 2**e >= amax / 448, clipped to e8m0's [-127, 127].
+  """Smallest e with 2**e >= amax / 448, clamped to [-126, 127].
 
   Exact (no floating-point log or division): with amax = m * 2**x,
   m in [0.5, 1), and 448 = 0.875 * 2**9, e = x - 9 + (m > 0.875). An
   all-zero record gets e = 0 (any scale would do).
+
+  The clamp: e8m0 can hold e = -127 (byte 0), but 2**-127 is subnormal in
+  float32 and bfloat16, and the scoring path (XLA:CPU, the TPU) flushes it
+  to zero where the kernel multiplies the head sum by the scale, which would
+  zero every score of the record. So e >= -126 (`E8M0_MIN_EXPONENT`): keys
+  with amax < 448 * 2**-126 (about 5.3e-36) are stored as e4m3 values below
+  448 (e4m3 subnormals, or 0, for the smallest), losing precision but never
+  the scale. The upper end never binds for float32 keys (e <= 120).
   """
   amax = jnp.asarray(amax, jnp.float32)
   mant, exp = jnp.frexp(amax)
   e = exp - 9 + (mant > 0.875).astype(exp.dtype)
   e = jnp.where(amax > 0, e, 0)
-  return jnp.clip(e, -E8M0_BIAS, E8M0_BIAS).astype(jnp.int32)
+  return jnp.clip(e, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT).astype(jnp.int32)
 
 
 def quantize_fp8(keys):
@@ -146,17 +185,22 @@ def pack_fp8_records(values, exponents):
 
   Args:
     values: f8e4m3fn[..., head_dim].
-    exponents: i32[...] in [-127, 127].
+    exponents: i32[...] in [-127, 127] (`quantize_fp8` gives [-126, 127]).
 
   Returns:
-    u8[..., lkv_dim("fp8", head_dim)]: value bytes, scale byte, zero padding.
+    u8[..., lkv_dim("fp8", head_dim)]: value bytes, zeros up to
+    `padded_head_dim(head_dim)`, the scale byte, zero padding.
   """
   head_dim = values.shape[-1]
+  padded = padded_head_dim(head_dim)
   width = lkv_dim("fp8", head_dim)
   val_bytes = jax.lax.bitcast_convert_type(values, jnp.uint8)
   scale_byte = (jnp.asarray(exponents, jnp.int32) + E8M0_BIAS).astype(jnp.uint8)
-  pad = jnp.zeros(values.shape[:-1] + (width - head_dim - 1,), jnp.uint8)
-  return jnp.concatenate([val_bytes, scale_byte[..., None], pad], axis=-1)
+  lead = values.shape[:-1]
+  return jnp.concatenate([
+      val_bytes, jnp.zeros(lead + (padded - head_dim,), jnp.uint8),
+      scale_byte[..., None], jnp.zeros(lead + (width - padded - 1,), jnp.uint8)
+  ], axis=-1)
 
 
 def unpack_fp8_records(records, head_dim: int = 128):
@@ -164,7 +208,8 @@ def unpack_fp8_records(records, head_dim: int = 128):
   records = jnp.asarray(records)
   values = jax.lax.bitcast_convert_type(records[..., :head_dim],
                                         jnp.float8_e4m3fn)
-  exponents = records[..., head_dim].astype(jnp.int32) - E8M0_BIAS
+  scale_at = padded_head_dim(head_dim)
+  exponents = records[..., scale_at].astype(jnp.int32) - E8M0_BIAS
   return values, exponents
 
 
@@ -195,7 +240,9 @@ def pack_cache(keys, fmt: CacheFormat):
   if fmt == "fp8":
     records = pack_fp8_records(*quantize_fp8(keys))
   else:
-    records = keys.astype(cache_dtype(fmt))
+    width = lkv_dim(fmt, head_dim)
+    records = jnp.pad(keys, ((0, 0), (0, 0), (0, width - head_dim)))
+    records = records.astype(cache_dtype(fmt))
   return records.reshape(total_pages, page_size // packing, packing,
                          records.shape[-1])
 
@@ -205,8 +252,9 @@ def unpack_cache_raw(cache, head_dim: int = 128):
 
   Returns:
     (values [total_num_pages, page_size, head_dim], scales or None): for FP8
-    the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]);
-    for bf16 the bf16 keys and None.
+    the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]),
+    read from byte `padded_head_dim(head_dim)` as the kernel does; for bf16
+    the bf16 keys and None.
   """
   cache = jnp.asarray(cache)
   pages, rows, packing, width = cache.shape
@@ -217,7 +265,8 @@ def unpack_cache_raw(cache, head_dim: int = 128):
     # The kernel's own conversion: e8m0 byte -> bf16 -> f32 (exact for
     # every power of two e8m0 holds; byte 255 is NaN).
     scales = jax.lax.bitcast_convert_type(
-        flat[..., head_dim], jnp.float8_e8m0fnu).astype(jnp.bfloat16)
+        flat[..., padded_head_dim(head_dim)],
+        jnp.float8_e8m0fnu).astype(jnp.bfloat16)
     return values, scales.astype(jnp.float32)
   return flat[..., :head_dim], None
 

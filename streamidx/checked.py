@@ -17,9 +17,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx import modes
 from streamidx.kernels import vendored as kernel_lib
 from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.validate import (check_page_topk_inputs, check_topk_inputs,
+                                distribution_array,
                                 static_validate_page_topk,
                                 static_validate_topk)
 
@@ -33,6 +35,7 @@ _PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "causal_rule")
 
 
+@modes.blocking_when_interpreted
 @functools.partial(jax.jit, static_argnames=_TOPK_STATIC)
 def checked_streamindex_topk(
     q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
@@ -58,9 +61,10 @@ def checked_streamindex_topk(
                 vmem_limit_bytes=vmem_limit_bytes,
                 decode_req_batch_size=decode_req_batch_size,
                 causal_rule=causal_rule)
+  static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                       cu_q_lens, distribution, **static)
   args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-          distribution)
-  static_validate_topk(*args, **static)
+          distribution_array(distribution))  # a tuple too
   checks = functools.partial(check_topk_inputs,
                              compression_ratio=compression_ratio)
   err, ok = checkify.checkify(checks, errors=checkify.user_checks)(*args)
@@ -70,6 +74,7 @@ def checked_streamindex_topk(
   return err, indices
 
 
+@modes.blocking_when_interpreted
 @functools.partial(jax.jit, static_argnames=_PAGE_TOPK_STATIC)
 def checked_streamindex_page_topk(
     q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,

@@ -198,7 +198,7 @@ def _gamma(n: int) -> float:
 
 def summation_error_bound(inputs, *, compression_ratio: int,
                           causal_rule: str = "model",
-                          page_mode: bool = False) -> np.ndarray:
+                          mode: str = "token") -> np.ndarray:
   """f64[T]: per query row, a bound on |f32 score - exact score|.
 
   A score is scale * sum_h w_h * ReLU(sum_d q_hd k_d). With bf16 queries the
@@ -212,7 +212,8 @@ def summation_error_bound(inputs, *, compression_ratio: int,
   score, B = scale * sum_h |w_h| sum_d |q_hd k_d| (ReLU and max-pooling are
   1-Lipschitz). Returns gamma_n * max_s B[t, s] per row.
 
-  `inputs` is a `streamidx.batch.IndexerInputs`.
+  `inputs` is a `streamidx.batch.IndexerInputs`; `mode` the variant's
+  (`Variant.mode`): "token" bounds entry scores, "page" pooled page scores.
   """
   import dataclasses as _dc  # pylint: disable=g-import-not-at-top
 
@@ -224,7 +225,9 @@ def summation_error_bound(inputs, *, compression_ratio: int,
                          weights=jnp.abs(inputs.weights),
                          keys=jnp.abs(inputs.keys)).with_cache_format(
                              inputs.fmt)
-  if page_mode:
+  if mode not in ("token", "page"):
+    raise ValueError(f"mode: must be 'token' or 'page' (got {mode!r})")
+  if mode == "page":
     b = ref_lib.page_scores(*absolute.page_args,
                             compression_ratio=compression_ratio,
                             causal_rule=causal_rule)
@@ -242,8 +245,7 @@ def summation_error_bound(inputs, *, compression_ratio: int,
 
 
 def summation_atol(inputs, *, compression_ratio: int,
-                   causal_rule: str = "model",
-                   page_mode: bool = False) -> float:
+                   causal_rule: str = "model", mode: str = "token") -> float:
   """Tie tolerance for comparing two f32 implementations' top-k.
 
   Each side is within e = `summation_error_bound` of the exact score, so the
@@ -253,5 +255,5 @@ def summation_atol(inputs, *, compression_ratio: int,
   128, H = 64 it is about 5e-5 of the largest score magnitude bound B.
   """
   e = summation_error_bound(inputs, compression_ratio=compression_ratio,
-                            causal_rule=causal_rule, page_mode=page_mode)
+                            causal_rule=causal_rule, mode=mode)
   return 4.0 * float(e.max(initial=0.0))

@@ -27,12 +27,25 @@ Typical use::
 
     with streamidx.compile_for("v6e") as target:   # no TPU needed
         compiled = jax.jit(fn).lower(*target.specs(args)).compile()
+
+Interpreted calls return finished results. XLA:CPU runs an interpreted
+kernel asynchronously, and the interpreter's host callbacks dispatch XLA work
+of their own (`io_callback` hands them `jax.Array`s, and the interpreter
+computes with them, e.g. `device_id * num_cores_per_device` at the grid's
+barriers). That dispatch waits for a slot in XLA:CPU's bound on in-flight
+computations; when the caller has queued enough work behind the kernel, the
+slots are held by computations that wait on results that cannot come, and
+the process hangs. So the public entry points (`blocking_when_interpreted`)
+wait for their own result when the call ran interpreted, before returning;
+inside a caller's `jax.jit` (tracers) they return at once, as any traced
+function does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -61,6 +74,7 @@ __all__ = [
     "compile_for",
     "compile_target",
     "libtpu_path",
+    "blocking_when_interpreted",
 ]
 
 
@@ -397,6 +411,36 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
       yield report
   finally:
     ipc.RaceDetectionState = base
+
+
+def _is_traced(tree) -> bool:
+  return any(isinstance(leaf, jax.core.Tracer)
+             for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def blocking_when_interpreted(jitted):
+  """Wraps a jitted entry point so an interpreted call returns a finished
+  result (`jax.block_until_ready`); compiled calls and traced calls (inside
+  `jax.jit`, `jax.eval_shape`, `shard_map`, `vmap`: the results are tracers)
+  return as the jitted function does. `lower`, `trace`, `eval_shape` and
+  `clear_cache` are the jitted function's own.
+
+  Why: see the module docstring (an interpreted kernel left running while
+  more work is queued can hang XLA:CPU).
+  """
+
+  @functools.wraps(jitted)
+  def call(*args, **kwargs):
+    interpreted = kernel_mode() == "interpreted"  # the mode it traces with
+    out = jitted(*args, **kwargs)
+    if interpreted and not _is_traced(out):
+      out = jax.block_until_ready(out)
+    return out
+
+  for name in ("lower", "trace", "eval_shape", "clear_cache"):
+    if hasattr(jitted, name):
+      setattr(call, name, getattr(jitted, name))
+  return call
 
 
 def reset_interpreter_state():

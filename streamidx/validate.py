@@ -59,6 +59,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx import cache as cache_lib
 from streamidx import semantics
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 
@@ -69,6 +70,7 @@ __all__ = [
     "validate_page_topk_inputs",
     "check_topk_inputs",
     "check_page_topk_inputs",
+    "distribution_array",
     "ValueRule",
     "VALUE_RULES",
     "TOPK_VALUE_RULES",
@@ -80,6 +82,13 @@ __all__ = [
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
 _INDEX_DTYPE = jnp.int32
+# The kernel's block arithmetic is int32: ceil(entries / bkv_sz) is
+# (entries + bkv_sz - 1) // bkv_sz, so a sequence's entries (at most
+# pages_per_seq * page_size) must stay <= 2**31 - bkv_sz.
+INT32_LIMIT = 2**31
+# Scores must stay below 2**SCORE_LOG2_LIMIT: half of float32's maximum
+# (~2**128), which leaves room for the rounding of the f32 sums.
+SCORE_LOG2_LIMIT = 127
 
 # ---------------------------------------------------------------------------
 # Static checks (shapes, dtypes, options): plain Python, tracer-safe.
@@ -120,6 +129,55 @@ def _check_positive_int(name, v):
     _fail(name, "must be a positive int", repr(v))
 
 
+def _is_int_scalar(d) -> bool:
+  if isinstance(d, (bool, np.bool_)):
+    return False
+  if _is_int(d):
+    return True
+  return (hasattr(d, "dtype") and len(getattr(d, "shape", ())) == 0
+          and jnp.issubdtype(d.dtype, jnp.integer))
+
+
+def _check_distribution(distribution):
+  if isinstance(distribution, (tuple, list)):
+    # The vendored kernel takes a tuple too (`jax.jit` passes it as three
+    # int32 scalars).
+    if len(distribution) != 3:
+      _fail("distribution", "must have length 3: (i, j, n)",
+            f"length {len(distribution)}")
+    for i, d in enumerate(distribution):
+      if not _is_int_scalar(d):
+        _fail(f"distribution[{i}]", "must be an integer scalar", repr(d))
+    return
+  _check_index_array("distribution", distribution, "[3] = (i, j, n)")
+  if distribution.shape[0] != 3:
+    _fail("distribution", "must have length 3: (i, j, n)",
+          f"length {distribution.shape[0]}")
+
+
+def distribution_array(distribution):
+  """`distribution` as i32[3]: an int32 array, or a tuple/list of three
+  integer scalars (as the vendored kernel accepts), stacked."""
+  _check_distribution(distribution)
+  if isinstance(distribution, (tuple, list)):
+    return jnp.stack([jnp.asarray(d, jnp.int32) for d in distribution])
+  return distribution
+
+
+def _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case=None):
+  """A sequence's entries must fit the kernel's int32 block count."""
+  bkv_sz = page_size * bkv_p
+  limit = INT32_LIMIT - bkv_sz
+  capacity = pages_per_seq * page_size
+  if capacity > limit:
+    where = f" for the {case} case" if case else ""
+    _fail("page_indices", f"pages_per_seq * page_size, the entries a "
+          f"sequence can hold, must be <= 2**31 - page_size * "
+          f"num_kv_pages_per_block = {limit}{where} (the kernel counts KV "
+          f"blocks as (entries + bkv_sz - 1) // bkv_sz in int32)",
+          f"{pages_per_seq} * {page_size} = {capacity}")
+
+
 def _check_vmem(vmem_limit_bytes):
   if vmem_limit_bytes is not None:
     _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
@@ -135,9 +193,11 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
   if num_tokens < 1 or num_heads < 1:
     _fail("q", "needs at least one token row and one head",
           f"shape {tuple(q.shape)}")
-  if head_dim < 1 or head_dim % 128:
-    _fail("q", "head_dim (last axis) must be a positive multiple of 128",
-          head_dim)
+  if head_dim < 1:
+    _fail("q", "head_dim (last axis) must be positive", head_dim)
+  # The kernel pads q to 128 lanes (`prepare_q_inputs`) and reads that many
+  # key values per record; the record is laid out for the padded width.
+  padded = cache_lib.padded_head_dim(head_dim)
 
   _check_rank("indexer_weights", indexer_weights, 2,
               "[max_num_tokens, num_q_heads]")
@@ -166,11 +226,13 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"shape {tuple(cache_kv.shape)}")
   if lkv % 128:
     _fail("cache_kv", "lkv_dim (last axis) must be a multiple of 128", lkv)
-  if cdt == jnp.dtype(jnp.uint8) and lkv < head_dim + 1:
-    _fail("cache_kv", f"an FP8 record needs head_dim + 1 = {head_dim + 1} "
-          "bytes (values and the e8m0 scale)", f"lkv_dim {lkv}")
-  if cdt == jnp.dtype(jnp.bfloat16) and lkv < head_dim:
-    _fail("cache_kv", f"a bf16 record needs head_dim = {head_dim} values",
+  if cdt == jnp.dtype(jnp.uint8) and lkv < padded + 1:
+    _fail("cache_kv", f"an FP8 record needs {padded} value bytes (head_dim "
+          f"{head_dim} padded to 128 lanes, as the kernel pads q) and the "
+          f"e8m0 scale at byte {padded}: {padded + 1} bytes", f"lkv_dim {lkv}")
+  if cdt == jnp.dtype(jnp.bfloat16) and lkv < padded:
+    _fail("cache_kv", f"a bf16 record needs {padded} values (head_dim "
+          f"{head_dim} padded to 128 lanes, as the kernel pads q)",
           f"lkv_dim {lkv}")
 
   _check_index_array("seq_lens", seq_lens, "[max_num_seqs]")
@@ -204,12 +266,10 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
 
   Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s.
   """
-  page_size, _ = _check_common(q, indexer_weights, cache_kv, seq_lens,
-                               page_indices, cu_q_lens, causal_rule)
-  _check_index_array("distribution", distribution, "[3] = (i, j, n)")
-  if distribution.shape[0] != 3:
-    _fail("distribution", "must have length 3: (i, j, n)",
-          f"length {distribution.shape[0]}")
+  page_size, pages_per_seq = _check_common(q, indexer_weights, cache_kv,
+                                           seq_lens, page_indices, cu_q_lens,
+                                           causal_rule)
+  _check_distribution(distribution)
   _check_positive_int("k", k)
   _check_positive_int("compression_ratio", compression_ratio)
   _check_positive_int("decode_req_batch_size", decode_req_batch_size)
@@ -223,6 +283,8 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
             f"page_size * num_kv_pages_per_block must be a multiple of 128 "
             f"(TPU DMA tiles) for the {case} case",
             f"{page_size} * {bkv_p} = {page_size * bkv_p}")
+  for case, bkv_p in zip(("decode", "prefill", "mixed"), kv_blocks):
+    _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case)
 
 
 def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
@@ -235,8 +297,9 @@ def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
   Page mode's own limits: compression_ratio 1, num_kv_pages_per_block 128,
   k_pages <= pages_per_seq, a single (int) num_queries_per_block.
   """
-  _, pages_per_seq = _check_common(q, indexer_weights, cache_kv, seq_lens,
-                                   page_indices, cu_q_lens, causal_rule)
+  page_size, pages_per_seq = _check_common(q, indexer_weights, cache_kv,
+                                           seq_lens, page_indices, cu_q_lens,
+                                           causal_rule)
   if isinstance(num_seqs, bool):
     _fail("num_seqs", "must be an integer", repr(num_seqs))
   if len(getattr(num_seqs, "shape", ())) != 0:
@@ -259,6 +322,7 @@ def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
           "lane row of pooled pages per block)", repr(num_kv_pages_per_block))
   _check_positive_int("num_queries_per_block", num_queries_per_block)
   _check_vmem(vmem_limit_bytes)
+  _check_block_arithmetic(page_size, pages_per_seq, 128)
 
 
 # ---------------------------------------------------------------------------
@@ -331,12 +395,43 @@ VALUE_RULES: dict[str, ValueRule] = {
         "indexer_weights",
         "must be finite on the query rows of the n sequences",
         "a NaN or inf in row {t}"),
+    "cache_values_finite": ValueRule(
+        "cache_kv",
+        "every key value the kernel reads (the first padded_head_dim = "
+        "{padded} of each record) must be finite for the entries a query "
+        "sees (entry < seq_len // compression_ratio of a sequence with "
+        "queries): an e4m3 NaN byte (0x7f, 0xff) or a bf16 NaN/inf makes the "
+        "score NaN, and NaN ranks first",
+        "sequence {b}, entry {s} (physical page {page}, slot {slot})"),
+    "cache_scale_range": ValueRule(
+        "cache_kv",
+        "every FP8 record a query sees needs an e8m0 scale byte in [1, 254] "
+        "(2**-126 .. 2**127): byte 0 (2**-127) is subnormal in float32 and "
+        "is flushed to zero where the kernel applies it, byte 255 is NaN",
+        "sequence {b}, entry {s} (physical page {page}, slot {slot}): scale "
+        "byte {v}"),
+    "dot_range": ValueRule(
+        "q",
+        f"each head's dot product with a key it sees must stay below "
+        f"2**{SCORE_LOG2_LIMIT} (half the float32 maximum): the check bounds "
+        "|q[t, h] . k[s]| by ||q[t, h]||_1 * max_d |k[s, d]| (stored key "
+        "values); past it the dot can overflow to inf, and inf times a "
+        "weight of 0 is NaN",
+        "row {t} (sequence {b}): bound up to 2**{e}"),
+    "score_range": ValueRule(
+        "indexer_weights",
+        f"each score must stay below 2**{SCORE_LOG2_LIMIT} (half the float32 "
+        "maximum), before and after the FP8 scale: the check bounds it by "
+        "sum_h |w[t, h]| * ||q[t, h]||_1 * max_d |k[s, d]| (times the "
+        "record's scale)",
+        "row {t} (sequence {b}): bound up to 2**{e}"),
 }
 
 _COMMON_RULES = ("cu_q_lens_start", "cu_q_lens_order", "cu_q_lens_fit",
                  "seq_lens_nonnegative", "q_len_le_seq_len")
 _TABLE_RULES = ("page_table_columns", "page_index_range", "q_finite",
-                "indexer_weights_finite")
+                "indexer_weights_finite", "cache_values_finite",
+                "cache_scale_range", "dot_range", "score_range")
 # The value rules each kernel's inputs must satisfy, in the order checked.
 TOPK_VALUE_RULES = (("distribution_order",) + _COMMON_RULES
                     + ("decode_q_len",) + _TABLE_RULES)
@@ -346,6 +441,67 @@ PAGE_TOPK_VALUE_RULES = ("num_seqs_range",) + _COMMON_RULES + _TABLE_RULES
 def _first(bad):
   """(any bad, index of the first bad element) of a bool vector."""
   return jnp.any(bad), jnp.argmax(bad).astype(jnp.int32)
+
+
+def _log2_abs(x):
+  """log2 |x| in f32, -inf at 0 (no overflow: it is a logarithm)."""
+  return jnp.log2(jnp.abs(x.astype(jnp.float32)))
+
+
+def _log2_l1(x, axis):
+  """log2 of sum |x| over `axis`, without overflow: max * sum(|x| / max)."""
+  a = jnp.abs(x.astype(jnp.float32))
+  m = jnp.max(a, axis=axis, keepdims=True)
+  safe = jnp.where(m > 0, m, 1.0)
+  l1 = jnp.log2(jnp.squeeze(m, axis)) + jnp.log2(
+      jnp.sum(a / safe, axis=axis))
+  return jnp.where(jnp.squeeze(m, axis) > 0, l1, -jnp.inf)
+
+
+def _log2_sum_exp2(logs, axis):
+  """log2(sum 2**logs) over `axis`, stable; -inf when every term is -inf."""
+  m = jnp.max(logs, axis=axis, keepdims=True)
+  safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  out = jnp.squeeze(safe, axis) + jnp.log2(
+      jnp.sum(jnp.exp2(logs - safe), axis=axis))
+  return jnp.where(jnp.isneginf(jnp.squeeze(m, axis)), -jnp.inf, out)
+
+
+def _entry_stats(cache_kv, head_dim):
+  """Per cache entry: what the kernel reads, reduced to what the numeric
+  rules need.
+
+  Returns (bad_value, scale_byte, log2_max_abs, log2_scale), each
+  [total_num_pages, page_size]: whether a value lane the kernel reads (the
+  first padded_head_dim) is NaN/inf; the FP8 scale byte (127 = 2**0 for
+  bf16); log2 max_d<head_dim |stored value| (-inf when all are 0, NaN lanes
+  ignored); log2 of the scale.
+  """
+  pages, rows, packing, lkv = cache_kv.shape
+  flat = cache_kv.reshape(pages, rows * packing, lkv)
+  padded = cache_lib.padded_head_dim(head_dim)
+  if jnp.dtype(cache_kv.dtype) == jnp.dtype(jnp.uint8):
+    read = flat[..., :padded]
+    bad_value = jnp.any((read & 0x7F) == 0x7F, axis=-1)
+    values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
+                                          jnp.float8_e4m3fn)
+    scale_byte = flat[..., padded].astype(jnp.int32)
+  else:
+    read = flat[..., :padded].astype(jnp.float32)
+    bad_value = ~jnp.all(jnp.isfinite(read), axis=-1)
+    values = flat[..., :head_dim]
+    scale_byte = jnp.full(flat.shape[:2], cache_lib.E8M0_BIAS, jnp.int32)
+  v = jnp.abs(values.astype(jnp.float32))
+  v = jnp.where(jnp.isfinite(v), v, 0.0)
+  log2_max_abs = jnp.log2(jnp.max(v, axis=-1))
+  log2_scale = (scale_byte - cache_lib.E8M0_BIAS).astype(jnp.float32)
+  return bad_value, scale_byte, log2_max_abs, log2_scale
+
+
+def _log2_report(x):
+  """ceil(x) as int32 for a message; NaN/inf become 0 / +-2**30."""
+  x = jnp.nan_to_num(x, nan=0.0, posinf=2.0**30, neginf=-2.0**30)
+  return jnp.ceil(x).astype(jnp.int32)
 
 
 def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
@@ -405,7 +561,9 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
     out["decode_q_len"] = (~ok, dict(i=num_decode, b=b, q=q_lens[b]))
 
   entries = jnp.maximum(seq_lens, 0) // compression_ratio
-  need = (entries + page_size - 1) // page_size
+  # ceil(entries / page_size) without (entries + page_size - 1), which
+  # overflows int32 for entries near 2**31.
+  need = entries // page_size + (entries % page_size > 0).astype(jnp.int32)
   ok, b = _first(live_seq & (need > pages_per_seq))
   out["page_table_columns"] = (
       ~ok, dict(b=b, s=seq_lens[b], e=entries[b], need=need[b],
@@ -421,6 +579,54 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   w_bad = ~jnp.all(jnp.isfinite(indexer_weights), axis=1)
   ok, t = _first(live_row & w_bad)
   out["indexer_weights_finite"] = (~ok, dict(t=t))
+
+  # Numeric range: the keys each sequence's queries see (entries below its
+  # seq_len // compression_ratio, read when it has queries; the last query,
+  # at seq_len - 1, sees all of them), against its query rows.
+  head_dim = q.shape[2]
+  bad_value, scale_byte, log2_v, log2_scale = _entry_stats(cache_kv, head_dim)
+  phys = jnp.clip(page_indices, 0, total_num_pages - 1).reshape(
+      max_num_seqs, pages_per_seq)
+  num_entries = pages_per_seq * page_size
+  col = jnp.arange(num_entries, dtype=jnp.int32)
+  seq_phys = phys[:, col // page_size]  # [S, E]
+  slot = col % page_size
+  seen = (live_seq & (q_lens > 0))[:, None] & (col[None, :] < entries[:, None])
+  at = lambda a: a[seq_phys, slot[None, :]]  # [pages, page_size] -> [S, E]
+
+  def first_entry(bad):
+    ok, x = _first(bad.reshape(-1))
+    b, e = x // num_entries, x % num_entries
+    return ok, dict(b=b, s=e, page=seq_phys[b, e], slot=e % page_size)
+
+  ok, where = first_entry(seen & at(bad_value))
+  out["cache_values_finite"] = (~ok, dict(
+      where, padded=i32(cache_lib.padded_head_dim(head_dim))))
+  byte = at(scale_byte)
+  ok, where = first_entry(seen & ((byte < 1) | (byte > 254)))
+  out["cache_scale_range"] = (~ok, dict(where, v=byte[where["b"],
+                                                       where["s"]]))
+
+  # Per sequence, the largest stored key value and the largest scaled one
+  # (log2); per query row, its heads' L1 norms and the weighted sum of them.
+  log2_v_seq = jnp.max(jnp.where(seen, at(log2_v), -jnp.inf), axis=1)
+  log2_vs_seq = jnp.max(jnp.where(seen, at(log2_v + log2_scale), -jnp.inf),
+                        axis=1)
+  log2_q = _log2_l1(q, axis=2)  # [T, H]
+  log2_dot_row = jnp.max(log2_q, axis=1)
+  log2_sum_row = _log2_sum_exp2(_log2_abs(indexer_weights) + log2_q, axis=1)
+  row_seq = jnp.clip(
+      jnp.searchsorted(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32),
+                       side="right").astype(jnp.int32), 0, max_num_seqs - 1)
+  dot = log2_dot_row + log2_v_seq[row_seq]
+  score = jnp.maximum(log2_sum_row + log2_v_seq[row_seq],
+                      log2_sum_row + log2_vs_seq[row_seq])
+  # `~(x < limit)` would flag NaN; NaN inputs are the finiteness rules' job.
+  ok, t = _first(live_row & (dot >= SCORE_LOG2_LIMIT))
+  out["dot_range"] = (~ok, dict(t=t, b=row_seq[t], e=_log2_report(dot[t])))
+  ok, t = _first(live_row & (score >= SCORE_LOG2_LIMIT))
+  out["score_range"] = (~ok, dict(t=t, b=row_seq[t],
+                                  e=_log2_report(score[t])))
   return out
 
 
@@ -460,7 +666,8 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
   results = _evaluate_value_rules(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      distribution, compression_ratio=int(compression_ratio), page_mode=False)
+      distribution_array(distribution),
+      compression_ratio=int(compression_ratio), page_mode=False)
   _raise_first_broken(results, TOPK_VALUE_RULES)
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import checked as checked_lib
+from streamidx import modes
 from streamidx import ref as ref_lib
 from streamidx import streaming as streaming_lib
 from streamidx import validate as validate_lib
@@ -178,7 +179,14 @@ _REGISTRY = (
     ),
 )
 
-VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}
+# Every registered kernel returns finished results when it runs interpreted
+# (`modes.blocking_when_interpreted`: queuing more work behind a running
+# interpreted kernel can hang XLA:CPU); compiled and traced calls are as the
+# jitted function's.
+VARIANTS: Mapping[str, Variant] = {
+    v.name: dataclasses.replace(
+        v, kernel=modes.blocking_when_interpreted(v.kernel))
+    for v in _REGISTRY}
 
 for _v in _REGISTRY:
   assert _v.mode in MODES, _v

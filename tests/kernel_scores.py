@@ -98,7 +98,7 @@ def assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores, *,
     ref_idx: i32[T, k] the reference's indices; ref_scores: f32[T, E] its
       masked scores (E <= columns).
     score_bound: f64[T] `metrics.summation_error_bound` of the inputs (same
-      compression_ratio, causal_rule and page_mode as the call).
+      compression_ratio, causal_rule and mode ("token" or "page") as the call).
     label: prefixes failure messages.
 
   Returns the largest |kernel - reference| score difference over visible

@@ -1,9 +1,14 @@
-"""The kernel (interpreted on CPU) against the reference, case by case.
+"""Every kernel variant (interpreted on CPU) against its reference, by case.
 
-Kernel and reference compute the same f32 sums, though XLA may order them
-differently for the kernel's block shapes; the comparison is tie-aware with
-`metrics.summation_atol`: identical index sets, or differences only between
-entries whose scores agree within that bound, derived from the arithmetic.
+The cases are the "tests" scope of the case matrix
+(`streamidx.lab.studies.cases`): named batches x ratios x cache formats for
+each token variant of `streamidx.VARIANTS`, page variants at ratio 1, driven
+through `Variant.run` / `run_reference`; registering a variant adds its
+cases here. Kernel and reference compute the same f32 sums, though XLA may
+order them differently for the kernel's block shapes; the comparison is
+tie-aware with `metrics.summation_atol`: identical index sets, or
+differences only between entries whose scores agree within that bound,
+derived from the arithmetic.
 """
 
 import functools
@@ -15,77 +20,64 @@ import pytest
 
 import streamidx as si
 from streamidx import metrics
+from streamidx.lab.studies import cases
 
-from cases import (BLOCKS, CASE_IDS, CASES, K, MAX_NUM_SEQS, NUM_HEADS,
-                   NUM_TOKENS, PAGES_PER_SEQ, TOTAL_NUM_PAGES)
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 
-RATIOS = (1, 2, 4)
-FORMATS = ("fp8", "bf16")
+BLOCKS = cases.blocks_for("vendored")
+K = cases.K_TESTS
+NUM_TOKENS = cases.NUM_TOKENS
+TEST_CASES = cases.case_matrix("tests")
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(case_name: str, ratio: int, fmt: str) -> si.IndexerInputs:
-  case = CASES[CASE_IDS.index(case_name)]
-  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
-                        seed=ratio)
+def _inputs(batch_name: str, ratio: int, fmt: str) -> si.IndexerInputs:
+  b = cases.BATCHES[batch_name].build(ratio)
+  return si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt=fmt, seed=ratio)
 
 
-def _check_topk(inp, ratio, k, causal_rule="model", label=""):
-  kw = dict(k=k, compression_ratio=ratio, causal_rule=causal_rule, **BLOCKS)
-  # Wait for the interpreted kernel before dispatching more work: with it in
-  # flight, summation_atol's computations can deadlock XLA:CPU.
-  got = jax.block_until_ready(si.streamindex_topk(*inp.args, **kw))
-  want = si.streamindex_topk_ref(*inp.args, **kw)
-  scores = si.token_scores(*inp.args, compression_ratio=ratio,
-                           causal_rule=causal_rule)
-  assert got.shape == (NUM_TOKENS, k) and got.dtype == jnp.int32
-  metrics.assert_topk_match(
-      got, want, scores, label=label,
-      atol=metrics.summation_atol(inp, compression_ratio=ratio,
-                                  causal_rule=causal_rule))
-  # Every row returns exactly min(k, visible) entries: the mask is right.
-  b = inp.batch
-  visible = si.ref.visible_counts(b.seq_lens, b.cu_q_lens, b.num_seqs,
-                                  b.num_tokens, compression_ratio=ratio,
-                                  causal_rule=causal_rule)
-  np.testing.assert_array_equal((np.asarray(got) >= 0).sum(axis=1),
-                                np.minimum(visible, k))
-  return got
+@pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.name)
+def test_variant_matches_reference(case):
+  out = cases.case_outputs(case)
+  assert out.got.shape == (NUM_TOKENS, case.k) and out.got.dtype == np.int32
+  metrics.assert_topk_match(out.got, out.want, out.scores, label=case.name,
+                            atol=case.atol(out.inputs))
+  # Every row returns exactly min(k, visible) entries (or pages): the mask
+  # is right.
+  np.testing.assert_array_equal((out.got >= 0).sum(axis=1),
+                                np.minimum(case.visible(out.inputs.batch),
+                                           case.k))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("ratio", RATIOS)
-@pytest.mark.parametrize("case", CASE_IDS)
-def test_kernel_matches_reference(case, ratio, fmt):
-  inp = _inputs(case, ratio, fmt)
-  _check_topk(inp, ratio, K, label=f"{case} k={K}")
+def test_the_test_matrix_runs_every_variant_and_format():
+  seen = {(c.variant, c.fmt, c.compression_ratio) for c in TEST_CASES}
+  for name, v in si.VARIANTS.items():
+    ratios = cases.RATIOS if v.mode == "token" else (1,)
+    assert {(name, f, r) for f in v.cache_formats for r in ratios} <= seen
 
 
 def test_the_matrix_covers_rows_above_and_below_k():
   """k = K ranks (rows seeing more than K) and pads (rows seeing fewer)."""
   above = below = 0
-  for case in CASE_IDS:
-    for ratio in RATIOS:
-      b = _inputs(case, ratio, "fp8").batch
-      v = si.ref.visible_counts(b.seq_lens, b.cu_q_lens, b.num_seqs,
-                                b.num_tokens, compression_ratio=ratio)
-      live = b.token_seq_ids() >= 0
-      above += int((v[live] > K).sum())
-      below += int((v[live] < K).sum())
+  for case in TEST_CASES:
+    if case.mode != "token" or case.causal_rule != "model" or case.fmt != "fp8":
+      continue
+    b = case.batch()
+    v = case.visible(b)
+    live = b.token_seq_ids() >= 0
+    above += int((v[live] > case.k).sum())
+    below += int((v[live] < case.k).sum())
   assert above > 50 and below > 50
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("ratio", (2, 4))
-@pytest.mark.parametrize("case", ["prefill_only", "all_three_ranges",
-                                  "prefill_and_decode_in_mixed_range"])
-def test_kernel_matches_reference_under_seed_causal_rule(case, ratio, fmt):
-  inp = _inputs(case, ratio, fmt)
-  _check_topk(inp, ratio, K, causal_rule="seed", label=case)
+@pytest.mark.parametrize("batch_name", cases.TEST_SEED_RULE_BATCHES)
+def test_seed_rule_cases_exercise_the_rules_difference(batch_name, ratio):
   # The rules differ exactly on prefill rows with (p + 1) % ratio != 0 whose
   # leaked block is within the sequence: there the seed sees one entry more.
-  b = inp.batch
+  # (The kernel runs these batches under the seed's rule in
+  # test_variant_matches_reference.)
+  b = cases.BATCHES[batch_name].build(ratio)
   pos = b.token_positions()
   seq = b.token_seq_ids()
   entries = np.where(seq >= 0, b.seq_lens[np.maximum(seq, 0)] // ratio, 0)
@@ -101,10 +93,10 @@ def test_kernel_matches_reference_under_seed_causal_rule(case, ratio, fmt):
 def test_seed_rule_leaks_the_query_s_own_block():
   """A prefill query at p = 4k + 1 (ratio 4) sees block k only under "seed"."""
   b = si.make_batch([(8, 64)], page_size=16, compression_ratio=4,
-                    distribution=(0, 1, 1), pages_per_seq=PAGES_PER_SEQ,
-                    max_num_seqs=MAX_NUM_SEQS, num_tokens=NUM_TOKENS,
-                    total_num_pages=TOTAL_NUM_PAGES)
-  inp = si.make_inputs(b, num_heads=NUM_HEADS, fmt="bf16")
+                    distribution=(0, 1, 1), pages_per_seq=cases.PAGES_PER_SEQ,
+                    max_num_seqs=cases.MAX_NUM_SEQS, num_tokens=NUM_TOKENS,
+                    total_num_pages=cases.TOTAL_NUM_PAGES)
+  inp = si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt="bf16")
   kw = dict(k=K, compression_ratio=4, **BLOCKS)
   model = np.asarray(si.streamindex_topk(*inp.args, **kw))
   seed = np.asarray(si.streamindex_topk(*inp.args, causal_rule="seed", **kw))
@@ -113,26 +105,6 @@ def test_seed_rule_leaks_the_query_s_own_block():
     p = 56 + i
     assert set(model[i][model[i] >= 0]) == set(range((p + 1) // 4))
     assert set(seed[i][seed[i] >= 0]) == set(range(p // 4 + 1))
-
-
-K_PAGES = 6  # some rows see more pages than this, some fewer
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("case", ["prefill_only", "mixed_only",
-                                  "all_three_ranges",
-                                  "empty_and_tiny_sequences"])
-def test_page_kernel_matches_reference(case, fmt):
-  k_pages = K_PAGES
-  inp = _inputs(case, 1, fmt)
-  kw = dict(k_pages=k_pages, num_queries_per_block=8)
-  got = jax.block_until_ready(si.streamindex_page_topk(*inp.page_args, **kw))
-  want = si.streamindex_page_topk_ref(*inp.page_args, **kw)
-  scores = si.page_scores(*inp.page_args)
-  assert got.shape == (NUM_TOKENS, k_pages)
-  metrics.assert_topk_match(
-      got, want, scores, label=case,
-      atol=metrics.summation_atol(inp, compression_ratio=1, page_mode=True))
 
 
 def test_page_mode_equals_pooled_token_scores():
@@ -192,15 +164,21 @@ def test_padding_rows_are_all_minus_one():
 # ---- Drop-in for the seed: jit, eval_shape, shard_map, modes -------------
 
 
-SEED_KWARGS = dict(k=K, compression_ratio=4,
-                   num_kv_pages_per_block=(8, 16, 8),
-                   num_queries_per_block=(1, 8, 8),
+SEED_KWARGS = dict(k=K, compression_ratio=4, **BLOCKS,
                    vmem_limit_bytes=100 * 1024 * 1024, decode_req_batch_size=4)
 
 
 def test_public_functions_are_jitted_like_the_seed():
-  assert type(si.streamindex_topk) is type(jax.jit(lambda x: x))
-  assert type(si.streamindex_page_topk) is type(jax.jit(lambda x: x))
+  # The vendored functions are jitted as the seed's are; the public ones
+  # wrap them (an interpreted call returns a finished result, see
+  # streamidx.modes.blocking_when_interpreted) and keep their jit methods.
+  from streamidx.kernels import vendored  # pylint: disable=g-import-not-at-top
+  for public, bare in ((si.streamindex_topk, vendored.streamindex_topk),
+                       (si.streamindex_page_topk,
+                        vendored.streamindex_page_topk)):
+    assert type(bare) is type(jax.jit(lambda x: x))
+    assert public.__wrapped__ is bare
+    assert public.lower == bare.lower and public.trace == bare.trace
 
 
 def test_eval_shape_with_seed_keyword_arguments():

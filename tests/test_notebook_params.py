@@ -109,6 +109,18 @@ def test_compound_rules_name_the_item_and_the_rule(rule, value, message):
     getattr(p, rule)(name)
 
 
+def test_block_sizes_may_be_none_for_the_block_size_table_row():
+  p = params.Parameters({"page_size": 16, "num_kv_pages_per_block": None},
+                        "test")
+  assert p.per_case_or_table("num_kv_pages_per_block", lanes=True) is None
+  assert p.checked == ["num_kv_pages_per_block"]
+  p = params.Parameters({"page_size": 16, "num_kv_pages_per_block": [8, 3, 8]},
+                        "test")
+  with pytest.raises(params.ParameterError, match=re.escape(
+      "'num_kv_pages_per_block[1]': page_size * num_kv_pages_per_block")):
+    p.per_case_or_table("num_kv_pages_per_block", lanes=True)
+
+
 # One bad value per notebook, and what the run must print after
 # "ParameterError: notebook parameter ".
 BAD = [
@@ -125,7 +137,8 @@ BAD = [
      "'run_kv_blocks[2]': run_page_size * run_kv_blocks must be a multiple of "
      "128, so a multiple of 8 at run_page_size 16 (got 3)"),
     ("04_recall_parity", "parity_scope", "most",
-     "'parity_scope': must be one of ('ci', 'pairwise', 'full') (got 'most')"),
+     "'parity_scope': must be one of ('ci', 'pairwise', 'full', 'tests') "
+     "(got 'most')"),
     ("05_tpu_profiling", "modes", ["token", "tile"],
      "'modes[1]': must be one of ('token', 'page') (got 'tile')"),
 ]

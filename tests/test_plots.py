@@ -12,9 +12,10 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import layout, quant  # pylint: disable=g-import-not-at-top
-from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import addressing, formats, hbm  # pylint: disable=g-import-not-at-top
 
 
 def _batch(allocation):
@@ -41,13 +42,12 @@ def test_page_table_figure_colours_each_physical_page_by_its_owner(allocation):
 
 def test_batch_launch_figure_draws_one_box_per_program(tmp_path):
   batch = _batch("contiguous")
-  plan = layout.launch_plan(batch.distribution, num_kv_pages_per_block=16,
-                            num_queries_per_block=(1, 4, 4),
-                            decode_req_batch_size=2)
-  work = layout.program_work(batch, plan)
-  fig = plots.batch_launch_figure(batch, plan, work)
+  plan = tiling.plan(batch, num_kv_pages_per_block=16,
+                     num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
+  fig = plots.batch_launch_figure(batch, plan)
   outlines = [p for p in fig.axes[0].patches if not p.get_fill()]
-  assert len(outlines) == len(work) == sum(l.grid for l in plan)
+  assert len(outlines) == len(plan.grid_points()) == sum(
+      l.grid for l in plan.launches)
   path = plots.save(fig, tmp_path / "out", "launches")
   assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   plt.close(fig)
@@ -55,8 +55,8 @@ def test_batch_launch_figure_draws_one_box_per_program(tmp_path):
 
 def test_visibility_axes_outlines_exactly_the_difference_cells():
   positions = np.arange(20, 28)
-  mask = layout.visibility_mask(positions, 8, 4, "seed", seq_len=28)
-  diff = layout.causal_rule_difference(positions, 8, 4, seq_len=28)
+  mask = addressing.visibility_mask(positions, 8, 4, "seed", seq_len=28)
+  diff = addressing.causal_rule_difference(positions, 8, 4, seq_len=28)
   fig, ax = plt.subplots()
   plots.visibility_axes(ax, mask, positions, diff=diff, title="t")
   cells = sorted((int(p.get_y()), int(p.get_x())) for p in ax.patches)
@@ -73,21 +73,21 @@ def _bar_heights(ax):
 
 
 def test_entry_bytes_figure_stacks_each_layouts_bytes_and_draws_its_hbm_line():
-  layouts = layout.entry_layouts(128)
+  layouts = formats.entry_layouts(128)
   contexts = [8192, 65536]
-  rows = layout.decode_step_table(contexts, num_heads=64, head_dim=128,
-                                  compression_ratio=4)
+  rows = hbm.decode_step_table(contexts, num_heads=64, head_dim=128,
+                               compression_ratio=4)
   cache_mib = {n: [r.cache_bytes / 2**20 for r in rows if r.layout == n]
                for n in layouts}
   score_mib = [r.score_bytes / 2**20 for r in rows if r.layout == "fp8_packed"]
   fig = plots.entry_bytes_figure(layouts, contexts, cache_mib, score_mib,
                                  head_dim=128, compression_ratio=4)
-  bars, hbm = fig.axes
+  bars, hbm_axes = fig.axes
   # One bar segment per (part, layout); each layout's segments sum to its total.
   widths = np.array([p.get_width() for p in bars.patches]).reshape(3, -1)
   np.testing.assert_array_equal(widths.sum(0),
                                 [l.total_bytes for l in layouts.values()])
-  lines = hbm.get_lines()
+  lines = hbm_axes.get_lines()
   assert len(lines) == len(layouts) + 1
   for line, name in zip(lines, layouts):
     np.testing.assert_allclose(line.get_ydata(), cache_mib[name])

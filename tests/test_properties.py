@@ -207,7 +207,7 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
     # The page kernel runs at its default compression_ratio, 1.
     bound = metrics.summation_error_bound(inp, compression_ratio=1,
                                           causal_rule=p.causal_rule,
-                                          page_mode=True)
+                                          mode="page")
   assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores,
                                   score_bound=bound)
   # A sanity check that the batch exercised something: live rows have

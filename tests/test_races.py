@@ -143,7 +143,7 @@ def test_page_kernel_has_no_race_and_no_poisoned_score(fmt, race_log, capsys):
       idx, scores, ref.streamindex_page_topk_ref(*inp.page_args, **kw),
       ref.page_scores(*inp.page_args),
       score_bound=metrics.summation_error_bound(inp, compression_ratio=1,
-                                                page_mode=True))
+                                                mode="page"))
 
 
 # --- a double buffer that can be made racy ----------------------------------

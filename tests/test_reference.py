@@ -16,15 +16,18 @@ import pytest
 import streamidx as si
 from streamidx import metrics
 
+from streamidx.lab.studies import cases
+
 import oracle
-from cases import CASE_IDS, CASES, K, NUM_HEADS
+
+K = cases.K_TESTS
+NUM_HEADS = cases.NUM_HEADS
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(case_name, ratio, fmt):
-  case = CASES[CASE_IDS.index(case_name)]
-  return si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS, fmt=fmt,
-                        seed=10 + ratio)
+def _inputs(batch_name, ratio, fmt):
+  return si.make_inputs(cases.BATCHES[batch_name].build(ratio),
+                        num_heads=NUM_HEADS, fmt=fmt, seed=10 + ratio)
 
 
 def _oracle_scores(inp, ratio, rule):
@@ -111,7 +114,8 @@ def test_reference_is_jittable_and_vectorized():
       *a, k=K, compression_ratio=4))(*inp.args)
   # One pass, no per-token Python loop: the equation count is independent of
   # the number of tokens.
-  inp2 = si.make_inputs(CASES[0].batch(4), num_heads=NUM_HEADS, fmt="fp8")
+  inp2 = si.make_inputs(cases.BATCHES["decode_only_full_batches"].build(4),
+                        num_heads=NUM_HEADS, fmt="fp8")
   jaxpr2 = jax.make_jaxpr(lambda *a: si.streamindex_topk_ref(
       *a, k=K, compression_ratio=4))(*inp2.args)
   assert len(jaxpr.eqns) == len(jaxpr2.eqns)

@@ -6,8 +6,16 @@ import streamidx as si
 from streamidx.lab.model import hardware, roofline, tiling
 
 SPECS = hardware.load_specs()
-PRODUCTION = dict(num_kv_pages_per_block=(3, 2, 2),
-                  num_queries_per_block=(1, 128, 128))
+# The hand counts below are for the block-size table's vendored row at page
+# size 128 (`tiling.plan`'s default): 3-page decode KV blocks.
+DECODE_BKV_P = 3
+
+
+def test_the_table_row_is_the_one_the_hand_counts_assume():
+  for num_heads in (8, 16, 64):
+    row = si.block_sizes("vendored", cache_format="fp8", num_heads=num_heads,
+                         page_size=128)
+    assert row.num_kv_pages_per_block[0] == DECODE_BKV_P
 
 
 def _small_decode():
@@ -56,7 +64,7 @@ def test_bound_is_max_of_memory_and_math_time(gen):
 def test_wasted_decode_blocks_are_counted_as_executed_not_useful():
   b = si.make_mixed_batch(decode=[4 * 384 * 5, 40], page_size=128,
                           compression_ratio=4)
-  p = tiling.plan(b, num_heads=8, decode_req_batch_size=2, **PRODUCTION)
+  p = tiling.plan(b, num_heads=8, decode_req_batch_size=2)
   kernel = roofline.costs(p, k=8)[1]
   # Both sequences are run for 5 blocks of 3 pages.
   assert kernel.bytes_read["kv_cache"] == 2 * 5 * 3 * 128 * 256
@@ -67,7 +75,7 @@ def test_wasted_decode_blocks_are_counted_as_executed_not_useful():
 def test_kernel_bytes_equal_the_dma_model():
   b = si.make_mixed_batch(decode=[900, 5000, 77], prefill=[(300, 4000)],
                           mixed=[(5, 1200)], page_size=128, compression_ratio=4)
-  p = tiling.plan(b, num_heads=16, **PRODUCTION)
+  p = tiling.plan(b, num_heads=16)
   c = p.counts()
   kernel = roofline.costs(p, k=64)[1]
   assert kernel.bytes_read["kv_cache"] == c["bytes_kv"] == c["dma_kv"] * 128 * 256
@@ -76,7 +84,7 @@ def test_kernel_bytes_equal_the_dma_model():
 
 def test_dsv4_decode_step_is_memory_bound_everywhere():
   b = si.make_mixed_batch(decode=[131072] * 64, page_size=128, compression_ratio=4)
-  p = tiling.plan(b, fmt="fp8", num_heads=64, **PRODUCTION)
+  p = tiling.plan(b, fmt="fp8", num_heads=64)
   kernel = roofline.costs(p, k=512)[1]
   # 64 seqs x ceil(32768 / 384) = 86 blocks x 3 pages x 32 KiB.
   assert kernel.bytes_read["kv_cache"] == 64 * 86 * 3 * 128 * 256

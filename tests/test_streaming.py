@@ -3,11 +3,12 @@
 Exactly means equal index arrays (set and order), which is stronger than
 the tie-aware parity the kernel is held to; every comparison also runs the
 tie-aware check so a failure says which rows differ and how. The matrix is
-tests/cases.py (every case shares one static shape, so each configuration
-compiles once): chunk sizes that divide the 384 entries per sequence and
-that do not, query blocks that do not divide the 48 rows, k below and above
-every row's visible count, FP8 / bf16 / f32 caches, both causal rules, and
-the page variant in both of its forms.
+the test batches of the case matrix (`streamidx.lab.studies.cases`, every
+batch with one static shape, so each configuration compiles once): chunk
+sizes that divide the 384 entries per sequence and that do not, query blocks
+that do not divide the 48 rows, k below and above every row's visible
+count, FP8 / bf16 / f32 caches, both causal rules, and the page variant in
+both of its forms.
 """
 
 import functools
@@ -21,17 +22,23 @@ import streamidx as si
 from streamidx.lab.bench import oracle as bench_oracle
 from streamidx import metrics, streaming
 
-from cases import (CASE_IDS, CASES, K, K_SMALL, NUM_ENTRIES, NUM_HEADS,
-                   NUM_TOKENS, PAGE_SIZE)
+from streamidx.lab.studies import cases
+
+K = cases.K_TESTS
+K_SMALL = cases.K_BELOW
+NUM_ENTRIES = cases.NUM_ENTRIES
+NUM_HEADS = cases.NUM_HEADS
+NUM_TOKENS = cases.NUM_TOKENS
+PAGE_SIZE = cases.PAGE_SIZE
 
 # More than any row of the matrix can see: the whole ranking, -1s included.
 K_ALL = NUM_ENTRIES + 16
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(case_name, ratio, fmt):
-  case = CASES[CASE_IDS.index(case_name)]
-  inp = si.make_inputs(case.batch(ratio), num_heads=NUM_HEADS,
+def _inputs(batch_name, ratio, fmt):
+  inp = si.make_inputs(cases.BATCHES[batch_name].build(ratio),
+                       num_heads=NUM_HEADS,
                        fmt="fp8" if fmt == "f32" else fmt, seed=20 + ratio)
   return inp.with_cache_format("f32") if fmt == "f32" else inp
 
@@ -65,7 +72,7 @@ CONFIGS = [
          for f, r, rule, k, c, t in CONFIGS])
 def test_streaming_equals_one_shot_on_every_case(fmt, ratio, rule, k,
                                                  chunk_entries, chunk_tokens):
-  for name in CASE_IDS:
+  for name in cases.TEST_BATCHES:
     inp = _inputs(name, ratio, fmt)
     kw = dict(k=k, compression_ratio=ratio, causal_rule=rule)
     want = si.streamindex_topk_ref(*inp.args, **kw)

@@ -9,8 +9,12 @@
   position) equals the sequence recorded from a real interpreted run.
 - Decode batching: the waste counts, and the optimal batching order against
   brute force over every order.
+- Launches (the project's one model of them): every sequence covered once,
+  block sizes from the block-size table by default, launch names equal to
+  the kernel's pallas_call names, grid points equal to an interpreted run's.
 """
 
+import dataclasses
 import functools
 import itertools
 
@@ -22,13 +26,23 @@ import pytest
 import streamidx as si
 from streamidx import metrics
 from streamidx.lab.model import tiling, timeline
+from streamidx.lab.studies import cases
 
 # ---------------------------------------------------------------------------
 # VMEM scratch: model vs the kernel's declared scratch_shapes.
 
-PRODUCTION = dict(num_kv_pages_per_block=(3, 2, 2),
-                  num_queries_per_block=(1, 128, 128))
-SMALL = dict(num_kv_pages_per_block=(8, 16, 8), num_queries_per_block=(1, 8, 8))
+SMALL = cases.blocks_for("vendored")
+
+
+def _blocks(b, fmt="fp8", num_heads=8):
+  """The case matrix's small blocks at page size 16, else the block-size
+  table's row (what `tiling.plan` takes by default)."""
+  if b.page_size == 16:
+    return SMALL
+  row = si.block_sizes("vendored", cache_format=fmt, num_heads=num_heads,
+                       page_size=b.page_size)
+  return dict(num_kv_pages_per_block=row.num_kv_pages_per_block,
+              num_queries_per_block=row.num_queries_per_block)
 
 
 def _shapes(inp_batch, fmt, num_heads, q_dtype):
@@ -68,7 +82,7 @@ def _batches():
 def test_vmem_model_equals_kernel_scratch_shapes(name, decode_req_batch_size,
                                                  num_heads, fmt, q_dtype):
   b = _batches()[name]
-  blocks = SMALL if b.page_size == 16 else PRODUCTION
+  blocks = _blocks(b, fmt, num_heads)
   vmem_limit = 48 * 1024 * 1024
   declared = tiling.kernel_scratch(
       _shapes(b, fmt, num_heads, q_dtype), k=64, compression_ratio=4,
@@ -100,9 +114,11 @@ def test_vmem_model_equals_kernel_scratch_shapes_page_mode(num_heads, fmt):
 
 
 def test_production_decode_scratch_by_hand():
-  """64 heads, FP8, page 128, decode batch 4, bkv_p 3: each buffer by hand."""
+  """64 heads, FP8, page 128, decode batch 4, bkv_p 3 (the block-size
+  table's row, `tiling.plan`'s default): each buffer by hand."""
   b = _batches()["dsv4_decode_64x128k"]
-  p = tiling.plan(b, fmt="fp8", num_heads=64, **PRODUCTION)
+  p = tiling.plan(b, fmt="fp8", num_heads=64)
+  assert (p.launches[0].bkv_p, p.launches[0].seq_batch_size) == (3, 4)
   s = tiling.scratch_bytes(p.launches[0].scratch)
   assert s == {
       "bkv_x2": 2 * 4 * 3 * 128 * 256,      # 2 slots x 4 seqs x 384 records x 256 B
@@ -231,10 +247,12 @@ def test_plan_rejects_blocks_the_kernel_rejects():
 
 
 def test_decode_batch_longest_sequence_sets_the_blocks_of_all():
-  # bkv_sz = 3 x 128 = 384 entries; lengths in tokens at ratio 4.
+  # bkv_sz = 3 x 128 = 384 entries (the table's row); lengths in tokens at
+  # ratio 4.
   b = si.make_mixed_batch(decode=[4 * 384 * 5, 4 * 10, 4 * 400, 4 * 384],
                           page_size=128, compression_ratio=4)
-  p = tiling.plan(b, **PRODUCTION)
+  p = tiling.plan(b)
+  assert p.launches[0].bkv_sz == 384
   (pr,) = p.launches[0].programs
   assert pr.num_bkv == 5
   w = tiling.block_waste(p)
@@ -307,9 +325,8 @@ def _event_counts(p):
 @pytest.mark.parametrize("decode_req_batch_size", [1, 2, 4])
 def test_closed_form_counts_equal_walking_every_dma(name, decode_req_batch_size):
   b = _batches()[name]
-  blocks = SMALL if b.page_size == 16 else PRODUCTION
   p = tiling.plan(b, num_heads=8, decode_req_batch_size=decode_req_batch_size,
-                  **blocks)
+                  **_blocks(b))
   c = p.counts()
   assert {k: c[k] for k in _event_counts(p)} == _event_counts(p)
 
@@ -323,17 +340,147 @@ def test_closed_form_counts_equal_walking_every_dma_page_mode():
   assert {k: c[k] for k in _event_counts(p)} == _event_counts(p)
 
 
-def test_programs_agree_with_layout_launch_plan():
-  # streamidx.lab.studies.layout (notebook 01) models the same launches for drawing;
-  # the two models must not drift apart.
-  from streamidx.lab.studies import layout
-  for name in ("all_three_ranges", "small_pages"):
-    b = _batches()[name]
-    blocks = SMALL if b.page_size == 16 else PRODUCTION
-    p = tiling.plan(b, decode_req_batch_size=2, **blocks)
-    other = layout.program_work(b, layout.launch_plan(
-        b.distribution, decode_req_batch_size=2, **blocks))
-    ours = [(li, pr.index, pr.seqs, pr.num_bq, pr.num_bkv)
-            for li, l in enumerate(p.launches) for pr in l.programs]
-    assert ours == [(w.launch, w.program, w.seqs, w.num_bq, w.num_bkv)
-                    for w in other]
+# ---------------------------------------------------------------------------
+# The launches (the model notebook 01 draws and the case matrix names).
+
+DISTRIBUTION_FORMS = {
+    "empty": (0, 0, 0),
+    "decode_only": (7, 7, 7),
+    "prefill_only": (0, 5, 5),
+    "mixed_only": (0, 0, 6),
+    "decode_prefill": (5, 8, 8),
+    "decode_mixed": (6, 6, 9),
+    "prefill_mixed": (0, 3, 7),
+    "all_three": (9, 11, 14),
+}
+
+
+def _form_batch(i, j, n):
+  return si.make_mixed_batch(decode=[400 + 64 * s for s in range(i)],
+                             prefill=[(5 + s, 900) for s in range(j - i)],
+                             mixed=[(1 + s % 3, 700) for s in range(n - j)],
+                             page_size=128, compression_ratio=4,
+                             max_num_seqs=max(n, 1))
+
+
+@pytest.mark.parametrize("decode_req_batch_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("form", sorted(DISTRIBUTION_FORMS))
+def test_launches_cover_each_sequence_exactly_once(form, decode_req_batch_size):
+  i, j, n = DISTRIBUTION_FORMS[form]
+  p = tiling.plan(_form_batch(i, j, n), num_queries_per_block=(1, 128, 64),
+                  decode_req_batch_size=decode_req_batch_size)
+  assert [l.case for l in p.launches] == list(tiling.TOKEN_CASES)
+  covered = [s for _, pr in p.programs() for s in pr.seqs]
+  assert sorted(covered) == list(range(n)) and len(covered) == n
+  case_of = {s: l.case for l in p.launches for pr in l.programs
+             for s in pr.seqs}
+  assert all(case_of[s] in ("decode", "decode_rest") for s in range(i))
+  assert all(case_of[s] == "prefill" for s in range(i, j))
+  assert all(case_of[s] == "mixed" for s in range(j, n))
+  batched, rest, prefill, mixed = p.launches
+  assert batched.seq_batch_size == decode_req_batch_size
+  assert batched.grid == i // decode_req_batch_size
+  assert rest.grid == i % decode_req_batch_size
+  assert (batched.static_q_len, rest.static_q_len) == (1, 1)
+  assert (prefill.static_q_len, mixed.static_q_len) == (None, None)
+  # The table's row at page size 128: (3, 2, 2) pages.
+  assert (batched.bkv_p, prefill.bkv_p, mixed.bkv_p) == (3, 2, 2)
+  assert (batched.bq_sz, prefill.bq_sz, mixed.bq_sz) == (1, 128, 64)
+
+
+def test_launch_names_are_the_kernels_scope_names():
+  b = _form_batch(2, 3, 4)
+  p = tiling.plan(b, num_kv_pages_per_block=8,
+                  num_queries_per_block=(4, 16, 32))
+  # Decode: bq = min(num_queries_per_block, static q_len 1).
+  assert [l.name for l in p.launches] == [
+      "StreamIdxTC-d-bq_1-bkvp_8", "StreamIdxTC-d-bq_1-bkvp_8",
+      "StreamIdxTC-p-bq_16-bkvp_8", "StreamIdxTC-m-bq_32-bkvp_8"]
+  page = si.make_mixed_batch(prefill=[(9, 300)], page_size=16,
+                             compression_ratio=1)
+  (launch,) = tiling.plan(page, mode="page", num_queries_per_block=8).launches
+  assert launch.name == "StreamIdxPageTC-bq_8-bkvp_128"
+
+
+def test_launch_names_equal_the_kernels_pallas_call_names():
+  b = _batches()["all_three_ranges"]
+  p = tiling.plan(b, fmt="fp8", num_heads=8, decode_req_batch_size=2)
+  declared = tiling.kernel_scratch(_shapes(b, "fp8", 8, "bfloat16"), k=64,
+                                   compression_ratio=4,
+                                   decode_req_batch_size=2, **_blocks(b))
+  assert [d["name"] for d in declared] == [l.name for l in p.launches]
+
+
+def test_plan_rejects_bad_block_sizes_and_batch_size():
+  b = _form_batch(1, 1, 1)
+  with pytest.raises(ValueError, match="num_queries_per_block"):
+    tiling.plan(b, num_kv_pages_per_block=8, num_queries_per_block=(1, 8))
+  with pytest.raises(ValueError, match="decode_req_batch_size"):
+    tiling.plan(b, decode_req_batch_size=0)
+
+
+def test_plan_rejects_a_variant_it_does_not_model_or_a_wrong_mode():
+  b = _form_batch(1, 1, 1)
+  with pytest.raises(ValueError, match="mode: variant 'vendored' runs in"):
+    tiling.plan(b, variant="vendored", mode="page")
+  with pytest.raises(ValueError, match="variant: must be one of"):
+    tiling.plan(b, variant="no_such_kernel")
+
+
+def test_block_sizes_default_to_the_table_row():
+  b = _batches()["small_pages"]  # page size 16: the table's heuristic row
+  row = si.block_sizes("vendored", cache_format="bf16", num_heads=8,
+                       page_size=16)
+  p = tiling.plan(b, fmt="bf16", num_heads=8)
+  q = tiling.plan(b, fmt="bf16", num_heads=8, **row.kwargs())
+  assert ([(l.bkv_p, l.bq_sz, l.seq_batch_size) for l in p.launches]
+          == [(l.bkv_p, l.bq_sz, l.seq_batch_size) for l in q.launches])
+  nkv = row.num_kv_pages_per_block
+  assert [l.bkv_p for l in p.launches] == [nkv[0], nkv[0], nkv[1], nkv[2]]
+
+
+def test_programs_count_query_and_kv_blocks_like_the_kernel():
+  # page_size 16, bkv_p 8: 128 entries per KV block.
+  batch = si.make_mixed_batch(decode=[4 * 300, 4 * 100, 4 * 129],
+                              prefill=[(9, 4 * 128)], mixed=[(1, 40)],
+                              page_size=16, compression_ratio=4)
+  p = tiling.plan(batch, num_kv_pages_per_block=8,
+                  num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
+  got = [(li, pr.seqs, pr.num_bq, pr.num_bkv, pr.q_rows)
+         for li, pr in p.programs()]
+  assert got == [
+      (0, (0, 1), 1, 3, ((0, 1), (1, 2))),  # max(300, 100) entries: 3 blocks
+      (1, (2,), 1, 2, ((2, 3),)),           # 129 entries: 2 blocks
+      (2, (3,), 3, 1, ((3, 12),)),          # 9 rows / bq 4: 3 query blocks
+      (3, (4,), 1, 1, ((12, 13),)),         # 10 entries: still 1 block
+  ]
+  assert p.covered_rows().sum() == 13
+  assert p.summary() == "decode[2] x1, decode[1] x1, prefill x1, mixed x1"
+
+
+def test_grid_points_match_the_interpreted_kernels():
+  recorded = []
+
+  def recorder(token, grid_point, core):
+    recorded.append(tuple(int(g) for g in grid_point))
+    return token
+
+  batch = si.make_mixed_batch(decode=[37, 64, 100, 20, 30], prefill=[(7, 50)],
+                              mixed=[(5, 90)], page_size=16,
+                              compression_ratio=4, allocation="fragmented")
+  inp = si.make_inputs(batch, num_heads=2, fmt="fp8")
+  kw = dict(k=8, compression_ratio=4, num_kv_pages_per_block=8,
+            num_queries_per_block=(1, 8, 8), decode_req_batch_size=2)
+  args = list(inp.args)
+  # Same shapes, other distributions: one compile, several launch plans.
+  for distribution in [(5, 6, 7), (3, 5, 7), (0, 0, 7), (4, 7, 7)]:
+    recorded.clear()
+    args[6] = jnp.asarray(distribution, jnp.int32)
+    with si.interpreter(grid_point_recorder=recorder):
+      si.streamindex_topk(*args, **kw).block_until_ready()
+    p = tiling.plan(dataclasses.replace(
+        batch, distribution=np.asarray(distribution, np.int32)),
+                    fmt="fp8", num_heads=2,
+                    **{k: v for k, v in kw.items()
+                       if k not in ("k", "compression_ratio")})
+    assert recorded == p.grid_points(), distribution

@@ -128,10 +128,10 @@ COMMON_STATIC = [
                "q: needs at least one token row and one head (got shape "
                "(0, 4, 128))",
                edit(q=((1, H, D), BF16), indexer_weights=((1, H), F32))),
-    StaticCase("q_head_dim", edit(q=((T, H, 64), BF16)),
-               "q: head_dim (last axis) must be a positive multiple of 128 "
-               "(got 64)",
-               edit(q=((T, H, 256), BF16), cache_kv=((6, 4, 4, 384), U8))),
+    StaticCase("q_head_dim", edit(q=((T, H, 0), BF16)),
+               "q: head_dim (last axis) must be positive (got 0)",
+               # head_dim below 128 is padded to 128 lanes, as upstream does
+               edit(q=((T, H, 64), BF16))),
     StaticCase("indexer_weights_rank", edit(indexer_weights=((T,), F32)),
                "indexer_weights: must have rank 2, [max_num_tokens, "
                "num_q_heads] (got shape (32,))", NOTHING),
@@ -159,12 +159,19 @@ COMMON_STATIC = [
                "cache_kv: lkv_dim (last axis) must be a multiple of 128 (got "
                "200)", edit(cache_kv=((6, 4, 4, 384), U8))),
     StaticCase("cache_fp8_record_width", edit(cache_kv=((6, 4, 4, 128), U8)),
-               "cache_kv: an FP8 record needs head_dim + 1 = 129 bytes (values "
-               "and the e8m0 scale) (got lkv_dim 128)", NOTHING),
+               "cache_kv: an FP8 record needs 128 value bytes (head_dim 128 "
+               "padded to 128 lanes, as the kernel pads q) and the e8m0 scale "
+               "at byte 128: 129 bytes (got lkv_dim 128)", NOTHING),
+    StaticCase("cache_fp8_record_width_head_dim_64",
+               edit(q=((T, H, 64), BF16), cache_kv=((6, 4, 4, 128), U8)),
+               "cache_kv: an FP8 record needs 128 value bytes (head_dim 64 "
+               "padded to 128 lanes, as the kernel pads q) and the e8m0 scale "
+               "at byte 128: 129 bytes (got lkv_dim 128)",
+               edit(q=((T, H, 64), BF16))),
     StaticCase("cache_bf16_record_width",
                edit(q=((T, H, 256), BF16), cache_kv=((6, 8, 2, 128), BF16)),
-               "cache_kv: a bf16 record needs head_dim = 256 values (got "
-               "lkv_dim 128)",
+               "cache_kv: a bf16 record needs 256 values (head_dim 256 padded "
+               "to 128 lanes, as the kernel pads q) (got lkv_dim 128)",
                edit(q=((T, H, 256), BF16), cache_kv=((6, 8, 2, 256), BF16))),
     StaticCase("seq_lens_dtype", edit(seq_lens=((S,), F32)),
                "seq_lens: must be int32 (got float32)", NOTHING),
@@ -395,6 +402,86 @@ def to_args(arrays, inputs):
 
 
 NAN, INF = float("nan"), float("inf")
+
+
+def _visible_max_abs(inputs, seq, num_entries, scaled=False):
+  """log2 of the largest |stored key value| (times its scale) among the
+  first `num_entries` entries of sequence `seq`: what `dot_range` and
+  `score_range` bound the keys by."""
+  values, scales = si.cache.unpack_cache_raw(inputs.cache, inputs.head_dim)
+  v = np.abs(np.asarray(values, np.float64))
+  if scaled and scales is not None:
+    v = v * np.asarray(scales, np.float64)[..., None]
+  pages = inputs.batch.page_table[seq]
+  per_entry = v[pages].reshape(-1, v.shape[-1])[:num_entries]
+  return float(np.log2(per_entry.max()))
+
+
+def _bound_e(q_row, w_row, log2_v, log2_vs=None, weighted=True):
+  """ceil(log2) of the bound the numeric rules compute for one query row."""
+  l1 = np.abs(np.asarray(q_row, np.float64)).sum(axis=-1)  # [H]
+  if not weighted:
+    return int(np.ceil(np.log2(l1.max()) + log2_v))
+  s = np.log2((np.abs(np.asarray(w_row, np.float64)) * l1).sum())
+  return int(np.ceil(max(s + log2_v, s + (log2_v if log2_vs is None
+                                         else log2_vs))))
+
+
+# Numeric-range cases: row 0 belongs to sequence 0 in both batches (token:
+# 9 entries on physical page 4; page: 40 entries on pages 5, 0, 1).
+_TOKEN_V0 = _visible_max_abs(TOKEN, 0, 9)
+_TOKEN_VS0 = _visible_max_abs(TOKEN, 0, 9, scaled=True)
+_PAGE_V0 = _visible_max_abs(PAGE, 0, 40)
+
+
+def _q_row_with(inputs, row, head, value):
+  q = np.array(np.asarray(inputs.q, np.float32)[row])
+  q[head] = 0.0
+  q[head, 3] = value
+  return q
+
+
+def _w_row_with(inputs, row, head, value):
+  w = np.array(np.asarray(inputs.weights, np.float32)[row])
+  w[head] = value
+  return w
+
+
+def put_row(name, row, value):
+  def apply(arrays):
+    arrays[name][row] = value
+
+  return apply
+
+
+TOKEN_DOT_E = _bound_e(_q_row_with(TOKEN, 0, 1, 2.0**120), None, _TOKEN_V0,
+                       weighted=False)
+TOKEN_SCORE_E = _bound_e(np.asarray(TOKEN.q, np.float32)[0],
+                         _w_row_with(TOKEN, 0, 1, 2.0**120), _TOKEN_V0,
+                         _TOKEN_VS0)
+PAGE_DOT_E = _bound_e(_q_row_with(PAGE, 0, 0, 2.0**126), None, _PAGE_V0,
+                      weighted=False)
+PAGE_SCORE_E = _bound_e(np.asarray(PAGE.q, np.float32)[0],
+                        _w_row_with(PAGE, 0, 0, 2.0**122), _PAGE_V0)
+CACHE_FINITE_RULE = (
+    "cache_kv: every key value the kernel reads (the first padded_head_dim = "
+    "128 of each record) must be finite for the entries a query sees (entry "
+    "< seq_len // compression_ratio of a sequence with queries): an e4m3 NaN "
+    "byte (0x7f, 0xff) or a bf16 NaN/inf makes the score NaN, and NaN ranks "
+    "first")
+SCALE_RULE = (
+    "cache_kv: every FP8 record a query sees needs an e8m0 scale byte in "
+    "[1, 254] (2**-126 .. 2**127): byte 0 (2**-127) is subnormal in float32 "
+    "and is flushed to zero where the kernel applies it, byte 255 is NaN")
+DOT_RULE = (
+    "q: each head's dot product with a key it sees must stay below 2**127 "
+    "(half the float32 maximum): the check bounds |q[t, h] . k[s]| by "
+    "||q[t, h]||_1 * max_d |k[s, d]| (stored key values); past it the dot "
+    "can overflow to inf, and inf times a weight of 0 is NaN")
+SCORE_RULE = (
+    "indexer_weights: each score must stay below 2**127 (half the float32 "
+    "maximum), before and after the FP8 scale: the check bounds it by sum_h "
+    "|w[t, h]| * ||q[t, h]||_1 * max_d |k[s, d]| (times the record's scale)")
 D_MSG = "distribution: must be ordered 0 <= i <= j <= n <= max_num_seqs (6)"
 PAGE_IDX_RULE = ("page_indices: every slot must name a page of cache_kv, in "
                  "[0, total_num_pages = {}) (the kernel silently clamps "
@@ -483,6 +570,27 @@ TOKEN_VALUE = [
               "indexer_weights: must be finite on the query rows of the n "
               "sequences (got a NaN or inf in row 0)",
               at("indexer_weights", (30, 1), INF)),
+    ValueCase("nan_key_byte", "cache_values_finite",
+              at("cache_kv", (4, 0, 0, 5), 0x7F),
+              f"{CACHE_FINITE_RULE} (got sequence 0, entry 0 (physical page "
+              "4, slot 0))",
+              # entry 9 of page 4 is past sequence 0's 9 entries
+              at("cache_kv", (4, 2, 1, 5), 0x7F)),
+    ValueCase("subnormal_scale", "cache_scale_range",
+              at("cache_kv", (4, 0, 0, 128), 0),
+              f"{SCALE_RULE} (got sequence 0, entry 0 (physical page 4, slot "
+              "0): scale byte 0)",
+              at("cache_kv", (4, 0, 0, 128), 1)),
+    ValueCase("dot_overflows", "dot_range",
+              put_row("q", 0, _q_row_with(TOKEN, 0, 1, 2.0**120)),
+              f"{DOT_RULE} (got row 0 (sequence 0): bound up to "
+              f"2**{TOKEN_DOT_E})",
+              put_row("q", 0, _q_row_with(TOKEN, 0, 1, 2.0**110))),
+    ValueCase("weighted_sum_overflows", "score_range",
+              put_row("indexer_weights", 0, _w_row_with(TOKEN, 0, 1, 2.0**120)),
+              f"{SCORE_RULE} (got row 0 (sequence 0): bound up to "
+              f"2**{TOKEN_SCORE_E})",
+              put_row("indexer_weights", 0, _w_row_with(TOKEN, 0, 1, 2.0**100))),
 ]
 
 PAGE_VALUE = [
@@ -533,6 +641,22 @@ PAGE_VALUE = [
               "indexer_weights: must be finite on the query rows of the n "
               "sequences (got a NaN or inf in row 15)",
               at("indexer_weights", (16, 3), NAN)),
+    ValueCase("nan_key", "cache_values_finite",
+              at("cache_kv", (5, 0, 0, 3), NAN),
+              f"{CACHE_FINITE_RULE} (got sequence 0, entry 0 (physical page "
+              "5, slot 0))",
+              # sequence 3 (page 7) has no queries: its keys are never read
+              at("cache_kv", (7, 0, 0, 3), NAN)),
+    ValueCase("dot_overflows", "dot_range",
+              put_row("q", 0, _q_row_with(PAGE, 0, 0, 2.0**126)),
+              f"{DOT_RULE} (got row 0 (sequence 0): bound up to "
+              f"2**{PAGE_DOT_E})",
+              put_row("q", 0, _q_row_with(PAGE, 0, 0, 2.0**115))),
+    ValueCase("weighted_sum_overflows", "score_range",
+              put_row("indexer_weights", 0, _w_row_with(PAGE, 0, 0, 2.0**122)),
+              f"{SCORE_RULE} (got row 0 (sequence 0): bound up to "
+              f"2**{PAGE_SCORE_E})",
+              put_row("indexer_weights", 0, _w_row_with(PAGE, 0, 0, 2.0**100))),
 ]
 
 
@@ -573,7 +697,11 @@ VALUE_RULE_IDS = {
 
 def test_every_value_rule_has_a_case_in_each_mode():
   assert {c.rule for c in TOKEN_VALUE} == set(validate.TOPK_VALUE_RULES)
-  assert {c.rule for c in PAGE_VALUE} == set(validate.PAGE_TOPK_VALUE_RULES)
+  # PAGE's cache is bf16, where the FP8 scale rule cannot fail; page mode's
+  # FP8 scale case is tests/test_reliability.py's
+  # test_page_validator_rejects_a_subnormal_scale.
+  assert ({c.rule for c in PAGE_VALUE} | {"cache_scale_range"}
+          == set(validate.PAGE_TOPK_VALUE_RULES))
 
 
 def test_value_validators_run_the_static_checks_first():

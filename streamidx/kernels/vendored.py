@@ -72,6 +72,19 @@
 #     sizes), and the list of launches (`token_launches`: the wrapper loops
 #     over it instead of spelling out the four `run_topk_kernel` calls; same
 #     launches, same order, same arguments).
+# M7  Empty sequences cost no DMA. A sequence with q_len 0 (allowed anywhere
+#     in a batch) made the seed start and wait on zero-row DMAs (its query
+#     block, its weights, its output block), which the TPU interpreter's race
+#     detector cannot wait on (an assertion in its semaphore wait) and whose
+#     meaning on hardware nothing documents, and fetch KV blocks no query
+#     reads. Now every DMA start and its wait test the same predicate: the
+#     query/weight block only when it has rows (`sz > 0`), a sequence's KV
+#     blocks only when it has queries, an output block only when it has rows
+#     (the wait tests `old_sz > 0`); the compute and output steps of a bq
+#     block without rows are skipped, and a grid step without queries runs a
+#     single bkv step (it still prefetches the next sequence's blocks, so the
+#     pipeline across sequences is unchanged). Non-empty sequences issue the
+#     same DMAs as before.
 # M-fp8-widen  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
 #     rejects the e4m3 KV tile as a matmul operand on TPU v4
 #     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
@@ -283,7 +296,9 @@ def _scores_kernel(
     # Wait for the output buffer's previous DMA (if any) before reusing it.
     old_sz = bo_sz_ref[bo_sem_idx]
 
-    @pl.when(old_sz >= 0)
+    # streamidx (M7): only a DMA that moved rows is waited for (none is
+    # started for zero rows).
+    @pl.when(old_sz > 0)
     def _():
       dst = scores_block_x2_ref.at[bo_sem_idx, pl.ds(0, seq_batch_size * old_sz)]
       _async_copy(dst, dst, sems.at[2, bo_sem_idx, 0], wait=True)
@@ -338,6 +353,10 @@ def _scores_kernel(
       bkv_vmem_ref = bkv_x2_ref.at[bkv_sem_idx, batch_idx]
       kv_p_start = bkv_idx * bkv_p
       page_indices_offset = (seq_idx + batch_idx) * pages_per_seq + kv_p_start
+      # streamidx (M7): a sequence without queries (q_len 0) fetches no KV.
+      # Start and wait test the same predicate.
+      has_queries = (cu_q_lens_ref[seq_idx + batch_idx + 1]
+                     > cu_q_lens_ref[seq_idx + batch_idx])
       if not wait:
 
         def _start_fetch_page(
@@ -372,21 +391,26 @@ def _scores_kernel(
           )
           return carry
 
-        if bkv_p > 64:
-          # Large page blocks (page mode, bkv_p=128): a python-unrolled
-          # per-page DMA loop bloats the Mosaic program and costs ~40s
-          # of compile per kernel instance (measured v7x, T=8192); a
-          # fori_loop compiles in <1s with identical steady-state
-          # performance (DMA issue rate is not the bottleneck).
-          lax.fori_loop(0, bkv_p, _start_fetch_page, None, unroll=False)
-        else:
-          # Keep the merged decode path (bkv_p<=64) byte-identical.
-          for i in range(bkv_p):
-            _start_fetch_page(i, None)
+        @pl.when(has_queries)
+        def _start_fetch_block(_start_fetch_page=_start_fetch_page):
+          if bkv_p > 64:
+            # Large page blocks (page mode, bkv_p=128): a python-unrolled
+            # per-page DMA loop bloats the Mosaic program and costs ~40s
+            # of compile per kernel instance (measured v7x, T=8192); a
+            # fori_loop compiles in <1s with identical steady-state
+            # performance (DMA issue rate is not the bottleneck).
+            lax.fori_loop(0, bkv_p, _start_fetch_page, None, unroll=False)
+          else:
+            # Keep the merged decode path (bkv_p<=64) byte-identical.
+            for i in range(bkv_p):
+              _start_fetch_page(i, None)
       else:
-        dma_bkv_sz = bkv_p * page_size_per_kv_packing
-        dst_kv = bkv_vmem_ref.at[pl.ds(0, dma_bkv_sz)]
-        _async_copy(src=dst_kv, dst=dst_kv, sem=sem, wait=True)
+
+        @pl.when(has_queries)
+        def _wait_fetch_block(bkv_vmem_ref=bkv_vmem_ref, sem=sem):
+          dma_bkv_sz = bkv_p * page_size_per_kv_packing
+          dst_kv = bkv_vmem_ref.at[pl.ds(0, dma_bkv_sz)]
+          _async_copy(src=dst_kv, dst=dst_kv, sem=sem, wait=True)
 
   def _fetch_bq(seq_idx, bq_idx, bq_sem_idx, *, wait=False):
     for batch_idx in range(seq_batch_size):
@@ -398,24 +422,30 @@ def _scores_kernel(
       curr_q_end = cu_q_lens_ref[seq_idx + batch_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - q_len_start))
 
-      if not wait:
-        _async_copy(
-            q_hbm_ref.at[pl.ds(q_len_start, sz)],
-            bq_vmem_ref.at[pl.ds(0, sz)],
-            sem,
-            wait=False,
-        )
-        _async_copy(
-            indexer_weights_hbm_ref.at[pl.ds(q_len_start, sz)],
-            bq_weights_vmem_ref.at[pl.ds(0, sz)],
-            weights_sem,
-            wait=False,
-        )
-      else:
-        dst = bq_vmem_ref.at[pl.ds(0, sz)]
-        _async_copy(dst, dst, sem, wait=True)
-        dst_w = bq_weights_vmem_ref.at[pl.ds(0, sz)]
-        _async_copy(dst_w, dst_w, weights_sem, wait=True)
+      # streamidx (M7): no zero-row DMA (a sequence without queries); start
+      # and wait test the same predicate.
+      @pl.when(sz > 0)
+      def _(sem=sem, weights_sem=weights_sem, bq_vmem_ref=bq_vmem_ref,
+            bq_weights_vmem_ref=bq_weights_vmem_ref, q_len_start=q_len_start,
+            sz=sz):
+        if not wait:
+          _async_copy(
+              q_hbm_ref.at[pl.ds(q_len_start, sz)],
+              bq_vmem_ref.at[pl.ds(0, sz)],
+              sem,
+              wait=False,
+          )
+          _async_copy(
+              indexer_weights_hbm_ref.at[pl.ds(q_len_start, sz)],
+              bq_weights_vmem_ref.at[pl.ds(0, sz)],
+              weights_sem,
+              wait=False,
+          )
+        else:
+          dst = bq_vmem_ref.at[pl.ds(0, sz)]
+          _async_copy(dst, dst, sem, wait=True)
+          dst_w = bq_weights_vmem_ref.at[pl.ds(0, sz)]
+          _async_copy(dst_w, dst_w, weights_sem, wait=True)
 
   def start_fetch_bkv(seq_idx, bkv_idx, bkv_sem_idx):
     _fetch_bkv(seq_idx, bkv_idx, bkv_sem_idx)
@@ -477,6 +507,10 @@ def _scores_kernel(
     # num_bkv is determined by the longest sequence length in the batch.
     kv_len_max = jnp.max(jnp.array(kv_lens))
     num_bkv = jnp.maximum(1, cdiv(kv_len_max, bkv_sz))
+    # streamidx (M7): a grid step whose sequences have no queries runs a
+    # single (empty) bkv step; it only prefetches the next sequence's blocks.
+    has_queries = functools.reduce(jnp.logical_or, [q > 0 for q in q_lens])
+    num_bkv = jnp.where(has_queries, num_bkv, 1)
     if static_q_len is None:
       assert seq_batch_size == 1
       num_bq = jnp.maximum(1, cdiv(q_lens[0], bq_sz))
@@ -606,23 +640,28 @@ def _scores_kernel(
         # Wait for cur bkv
         wait_fetch_bkv(batch_start_seq_idx, bkv_idx, bkv_sem_idx)
 
-        bkv_vec, scale_val_vec = load_bkv(bkv_sem_idx)
-        scores = compute_scores(
-            bq_vec,
-            bkv_vec,
-            scale_val_vec,
-            bq_weights_vec,
-            bq_visible_end_vec,
-            bkv_idx,
-        )
+        # streamidx (M7): a bq block without query rows (a sequence with
+        # q_len 0) computes nothing and sends nothing.
+        @pl.when(sz > 0)
+        def compute_and_send():
+          bkv_vec, scale_val_vec = load_bkv(bkv_sem_idx)
+          scores = compute_scores(
+              bq_vec,
+              bkv_vec,
+              scale_val_vec,
+              bq_weights_vec,
+              bq_visible_end_vec,
+              bkv_idx,
+          )
 
-        # Double-buffered vreg -> VMEM -> HBM: reuse a buffer only after its
-        # previous DMA has drained, so the HBM write overlaps the next compute.
-        bo_sem_idx = sem_ids_ref[2]
-        wait_send_scores(bo_sem_idx)
-        scores_block_x2_ref[bo_sem_idx, ...] = scores
-        start_send_scores(bo_sem_idx, sz, token_start, bkv_idx)
-        sem_ids_ref[2] = lax.select(bo_sem_idx == 0, 1, 0)
+          # Double-buffered vreg -> VMEM -> HBM: reuse a buffer only after its
+          # previous DMA has drained, so the HBM write overlaps the next
+          # compute.
+          bo_sem_idx = sem_ids_ref[2]
+          wait_send_scores(bo_sem_idx)
+          scores_block_x2_ref[bo_sem_idx, ...] = scores
+          start_send_scores(bo_sem_idx, sz, token_start, bkv_idx)
+          sem_ids_ref[2] = lax.select(bo_sem_idx == 0, 1, 0)
 
       lax.fori_loop(0, num_bkv, compute_with_bkv, None, unroll=False)
 
@@ -661,10 +700,15 @@ def _scores_kernel(
       # num_bkv < num_bkv_max, which only sizes the output layout) stay
       # -inf and are masked to -1 after top_k.
       bo_sem_idx = sem_ids_ref[2]
-      wait_send_scores(bo_sem_idx)
-      scores_block_x2_ref[bo_sem_idx, ...] = jnp.full(
-          scores_block_x2_ref.shape[1:], -jnp.inf, dtype=jnp.float32
-      )
+
+      # streamidx (M7): a bq block without query rows (a sequence with
+      # q_len 0) acquires, computes and sends nothing.
+      @pl.when(sz > 0)
+      def acquire_output():
+        wait_send_scores(bo_sem_idx)
+        scores_block_x2_ref[bo_sem_idx, ...] = jnp.full(
+            scores_block_x2_ref.shape[1:], -jnp.inf, dtype=jnp.float32
+        )
 
       def compute_with_bkv_paged(bkv_idx, _):
         bkv_sem_idx = sem_ids_ref[1]
@@ -678,21 +722,29 @@ def _scores_kernel(
           start_fetch_bkv(next_seq_idx, next_bkv_idx, next_bkv_sem_idx)
 
         wait_fetch_bkv(batch_start_seq_idx, bkv_idx, bkv_sem_idx)
-        bkv_vec, scale_val_vec = load_bkv(bkv_sem_idx)
-        page_scores = compute_scores(
-            bq_vec,
-            bkv_vec,
-            scale_val_vec,
-            bq_weights_vec,
-            bq_visible_end_vec,
-            bkv_idx,
-        )
-        # [rows, 128] — one pooled lane row per block
-        scores_block_x2_ref[bo_sem_idx, :, bkv_idx, :] = page_scores
+
+        @pl.when(sz > 0)  # streamidx (M7)
+        def compute_and_store():
+          bkv_vec, scale_val_vec = load_bkv(bkv_sem_idx)
+          page_scores = compute_scores(
+              bq_vec,
+              bkv_vec,
+              scale_val_vec,
+              bq_weights_vec,
+              bq_visible_end_vec,
+              bkv_idx,
+          )
+          # [rows, 128] — one pooled lane row per block
+          scores_block_x2_ref[bo_sem_idx, :, bkv_idx, :] = page_scores
+
         return None
 
       lax.fori_loop(0, num_bkv, compute_with_bkv_paged, None, unroll=False)
-      start_send_page_scores(bo_sem_idx, sz, token_start)
+
+      @pl.when(sz > 0)  # streamidx (M7)
+      def send_output():
+        start_send_page_scores(bo_sem_idx, sz, token_start)
+
       sem_ids_ref[2] = lax.select(bo_sem_idx == 0, 1, 0)
 
     if page_pool_size is None:
@@ -830,6 +882,7 @@ def streamindex_topk(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule)
+  distribution = validate.distribution_array(distribution)  # a tuple too
   num_kv_pages_per_blocks = semantics.normalize_per_case(
       num_kv_pages_per_block, "num_kv_pages_per_block")
   num_queries_per_blocks = semantics.normalize_per_case(

@@ -5,8 +5,10 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
     model/    hardware (TPU specs), roofline, tiling (the one model of the
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
               recorded from the interpreter), profiling (jax.profiler)
-    studies/  layout (cache bytes, HBM per step, addresses, masks), quant
-              (FP8 analysis), parity (the case matrix and notebook 04's studies)
+    studies/  cases (the case matrix: named batches x variants, run and
+              compared), formats (bytes per entry), hbm (HBM per decode step),
+              addressing (where an entry lives, causal masks), quant (FP8
+              analysis), parity (notebook 04's studies)
     bench/    the benchmark (`python -m streamidx.bench`)
     plots, tables (text and Markdown tables), params (notebook parameter
     checks), workbook (the papermill runner), walkthrough (source excerpts,
@@ -24,7 +26,10 @@ _MODULES = {
     "tiling": "streamidx.lab.model.tiling",
     "timeline": "streamidx.lab.model.timeline",
     "profiling": "streamidx.lab.model.profiling",
-    "layout": "streamidx.lab.studies.layout",
+    "cases": "streamidx.lab.studies.cases",
+    "formats": "streamidx.lab.studies.formats",
+    "hbm": "streamidx.lab.studies.hbm",
+    "addressing": "streamidx.lab.studies.addressing",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
     "plots": "streamidx.lab.plots",

@@ -183,6 +183,17 @@ class Parameters:
     self._mark(name)
     return values
 
+  def per_case_or_table(self, name, *, lanes: bool = False):
+    """None (the block-size table's row, `streamidx.block_sizes`, which the
+    notebook looks up) or `per_case` (and `lane_blocks` with `lanes`)."""
+    if self[name] is None:
+      self._mark(name)
+      return None
+    values = self.per_case(name)
+    if lanes:
+      self.lane_blocks(name)
+    return values
+
   def lane_blocks(self, name, page_size: str = "page_size"):
     """KV block sizes in pages (an int or a list) that make whole lane rows.
 
@@ -284,9 +295,8 @@ def _kernel_tiling(p: Parameters):
   p.integer("compression_ratio", min=1)
   p.page_size()
   p.integer("k", min=1)
-  p.per_case("num_kv_pages_per_block")
-  p.lane_blocks("num_kv_pages_per_block")
-  p.per_case("num_queries_per_block")
+  p.per_case_or_table("num_kv_pages_per_block", lanes=True)
+  p.per_case_or_table("num_queries_per_block")
   p.integer("decode_req_batch_size", min=1)
   p.integer("vmem_limit_bytes", min=1)
   p.integer("dsv4_batch", min=1)
@@ -333,10 +343,10 @@ def _kernel_tiling(p: Parameters):
 
 @_rules("04_recall_parity")
 def _recall_parity(p: Parameters):
-  from streamidx.lab.studies import parity  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.studies import cases  # pylint: disable=g-import-not-at-top
   p.string("output_dir")
   p.integer("seed")
-  p.choice("parity_scope", parity.SCOPES)
+  p.choice("parity_scope", cases.SCOPES)
   p.integer("causal_ratio", min=2)  # at ratio 1 the two rules agree
   p.pairs("causal_prefill", min_q_len=2)  # prefill chunks
   p.integer("causal_k", min=1)

@@ -4,11 +4,11 @@ batches with their launches, and one function per figure a notebook draws
 iteration order, VMEM budgets, the causal leak, page coverage, the
 roofline). Matplotlib only; safe under the Agg backend.
 
-Every function draws arrays it is given (from `streamidx.batch`,
-`streamidx.cache`, `streamidx.lab.studies`, `streamidx.lab.model`); none
-computes a layout or a study of its own. Each returns the `Figure` (or draws
-on the `Axes` passed in); `save` writes it as a PNG under a notebook's
-`output_dir`.
+Every function draws what it is given (arrays from `streamidx.batch`,
+`streamidx.cache`, `streamidx.lab.studies`; a launch plan from
+`streamidx.lab.model.tiling`); none computes a layout, a plan or a study of
+its own. Each returns the `Figure` (or draws on the `Axes` passed in); `save`
+writes it as a PNG under a notebook's `output_dir`.
 """
 
 from __future__ import annotations
@@ -218,19 +218,22 @@ def visibility_axes(ax, mask, q_positions, *, title: str, diff=None,
   ax.tick_params(which="minor", length=0)
 
 
-def batch_launch_figure(batch, plan, work, *, filled_rows=None):
+def batch_launch_figure(batch, plan, *, filled_rows=None):
   """The ragged batch as the kernel sees it, and the launches over it.
 
-  Top: one cell per query row (cu_q_lens order), coloured by sequence, with
-  the distribution's ranges. Below: one band per launch; each program is a
-  box over the rows it scores, labelled with its sequences and
-  num_bq x num_bkv blocks. `filled_rows` (bool[T], e.g. rows where the
-  kernel returned an index) is drawn as a last band.
+  `plan` is the tiling model's `Plan` of the call
+  (`streamidx.lab.model.tiling.plan`). Top: one cell per query row
+  (cu_q_lens order), coloured by sequence, with the distribution's ranges.
+  Below: one band per launch; each program is a box over the rows it
+  scores, labelled with its sequences and num_bq x num_bkv blocks.
+  `filled_rows` (bool[T], e.g. rows where the kernel returned an index) is
+  drawn as a last band.
   """
   colors = seq_colors(batch.num_seqs)
   t = batch.num_tokens
   seq_of = batch.token_seq_ids()
-  n_bands = 1 + len(plan) + (filled_rows is not None)
+  launches = plan.launches
+  n_bands = 1 + len(launches) + (filled_rows is not None)
   fig, ax = plt.subplots(figsize=(max(9, t * .42), 1.2 + .62 * n_bands))
   for r in range(t):
     s = seq_of[r]
@@ -250,24 +253,24 @@ def batch_launch_figure(batch, plan, work, *, filled_rows=None):
       ax.text((x0 + x1) / 2, -.3, f"{name}: seqs [{lo}, {hi})",
               ha="center", va="bottom", fontsize=8)
   labels = ["query rows\n(seq id)"]
-  for li, launch in enumerate(plan):
+  for li, launch in enumerate(launches):
     y = 1 + li
     labels.append(f"launch {li}: {launch.name}\n{launch.seq_batch_size} seq(s) "
                   f"per program, grid={launch.grid}")
-    for w in (w for w in work if w.launch == li):
-      for (lo, hi), s in zip(w.q_rows, w.seqs):
+    for pr in launch.programs:
+      for (lo, hi), s in zip(pr.q_rows, pr.seqs):
         if hi > lo:
           ax.add_patch(patches.Rectangle((lo, y + .05), hi - lo, .7,
                                          ec="black", fc=colors[s], alpha=.55))
-      lo = min(q[0] for q in w.q_rows)
-      hi = max(q[1] for q in w.q_rows)
+      lo = min(q[0] for q in pr.q_rows)
+      hi = max(q[1] for q in pr.q_rows)
       ax.add_patch(patches.Rectangle((lo, y + .05), max(hi - lo, .3), .7,
                                      ec="black", fill=False, lw=1.4))
       ax.text((lo + hi) / 2, y + .42,
-              f"p{w.program}\n{w.num_bq}x{w.num_bkv}", ha="center",
+              f"p{pr.index}\n{pr.num_bq}x{pr.num_bkv}", ha="center",
               va="center", fontsize=6.5, linespacing=.9)
   if filled_rows is not None:
-    y = 1 + len(plan)
+    y = 1 + len(launches)
     labels.append("rows the kernel\nreturned indices for")
     for r in np.flatnonzero(np.asarray(filled_rows)):
       ax.add_patch(patches.Rectangle((r, y + .05), 1, .7, ec="white",
@@ -294,7 +297,7 @@ def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
   """Notebook 01: one entry's bytes per layout, and HBM per decode step.
 
   Args:
-    layouts: name -> `layout.EntryLayout` (label, value/scale/pad/total
+    layouts: name -> `formats.EntryLayout` (label, value/scale/pad/total
       bytes), in drawing order.
     contexts: context lengths in tokens.
     cache_mib: name -> MiB of index cache read per decode token per layer,

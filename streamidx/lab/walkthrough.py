@@ -405,7 +405,7 @@ def decode_step_cost(batch_size: int, context_tokens: int, *,
   from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
   from streamidx import variants  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import hardware, roofline, tiling  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.studies import layout  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.studies import formats  # pylint: disable=g-import-not-at-top
 
   b = batch_lib.make_mixed_batch(decode=[context_tokens] * batch_size,
                                  page_size=page_size,
@@ -423,7 +423,7 @@ def decode_step_cost(batch_size: int, context_tokens: int, *,
       kv_bytes_read=kernel.bytes_read["kv_cache"],
       score_bytes=kernel.bytes_written["scores"],
       scale_apart_bytes=batch_size * entries
-      * layout.bytes_per_entry("fp8_e8m0_scale_apart"),
+      * formats.bytes_per_entry("fp8_e8m0_scale_apart"),
       intensity=kernel.intensity,
       ridge=hardware.spec(generation).ridge_point(),
       kernel_s=bound["kernel"], call_s=bound["total"])

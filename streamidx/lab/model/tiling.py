@@ -12,7 +12,9 @@ Vocabulary (the kernel's):
   `decode_req_batch_size` sequences per program), "decode_rest" ([i // B * B,
   i), one per program), "prefill" ([i, j)) and "mixed" ([j, n)).
   `streamindex_page_topk` makes one, "page".
-- program: one grid step; it owns `seq_batch_size` consecutive sequences.
+- program: one grid step; it owns `seq_batch_size` consecutive sequences
+  and scores their query rows `q_rows` (a decode launch, static q_len 1,
+  only the first row of each).
 - bq: query rows per block (`num_queries_per_block[case]`, or 1 in decode,
   where `bq_sz = min(num_queries_per_block, 1)`). A program loops over
   `num_bq = max(1, cdiv(q_len, bq))` query blocks.
@@ -29,12 +31,20 @@ Vocabulary (the kernel's):
   HBM (one DMA per step), page mode each query block's pooled page scores.
 
 Units: entries (compressed KV positions) unless a name says tokens or bytes.
+
+This is the only model of the launches in the project: the list of launches
+comes from `streamidx.semantics.token_launches`, which the kernel's wrapper
+also loops over; notebooks 01 and 03, the roofline, the timeline and the
+case matrix all read a `Plan`. Block sizes not given are the block-size
+table's (`streamidx.block_sizes`) for the batch's page size, the heads and
+the cache format.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Iterator, Sequence
 
 import jax.numpy as jnp
@@ -42,15 +52,19 @@ import numpy as np
 
 from streamidx import cache as cache_lib
 from streamidx import semantics
+from streamidx import variants as variants_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = [
     "TOKEN_CASES",
+    "MODELLED_VARIANTS",
     "Geometry",
     "geometry",
     "Program",
     "Launch",
     "Plan",
+    "resolve_variant",
+    "table_blocks",
     "plan",
     "Event",
     "expected_dma_events",
@@ -65,9 +79,10 @@ __all__ = [
 ]
 
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
+# The kernels whose launches this module models, by `streamidx.VARIANTS` name.
+MODELLED_VARIANTS = ("vendored", "vendored_page")
 _SYMBOL = {"d": "decode", "p": "prefill", "m": "mixed"}
-
-
+_CASE_SYMBOL = {"decode": "d", "decode_rest": "d", "prefill": "p", "mixed": "m"}
 
 
 def _dtype(name):
@@ -150,6 +165,13 @@ class Program:
   kv_lens: tuple[int, ...]  # entries per sequence (seq_len // ratio)
   num_bq: int
   num_bkv: int
+  # Rows of q each sequence's scores are computed for, [start, end): all of
+  # its rows, or only the first where the launch's q_len is static (decode).
+  q_rows: tuple[tuple[int, int], ...] = ()
+
+  @property
+  def steps(self) -> int:
+    return self.num_bq * self.num_bkv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +188,26 @@ class Launch:
   num_score_sublanes: int  # page mode: 128-lane rows of the pooled output
   programs: tuple[Program, ...]
   scratch: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype)
+  static_q_len: int | None = None  # 1 for the decode launches, else None
 
   @property
   def grid(self) -> int:
     return len(self.programs)
+
+  @property
+  def name(self) -> str:
+    """The kernel's `named_scope` / pallas_call name (profiles show it)."""
+    if self.case == "page":
+      return f"StreamIdxPageTC-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
+    symbol = _CASE_SYMBOL[self.case]
+    return f"StreamIdxTC-{symbol}-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
+
+  @property
+  def label(self) -> str:
+    """Short label: "decode[B]" (B sequences per program), "prefill", ..."""
+    if self.case in ("decode", "decode_rest"):
+      return f"decode[{self.seq_batch_size}]"
+    return self.case
 
   @property
   def num_steps(self) -> int:
@@ -240,6 +278,33 @@ class Plan:
     """The largest VMEM scratch of any launch (launches run one at a time)."""
     return max((l.vmem_bytes for l in self.launches if l.grid), default=0)
 
+  def programs(self) -> Iterator[tuple[int, Program]]:
+    """(launch index, program) for every program, in execution order."""
+    for li, launch in enumerate(self.launches):
+      for pr in launch.programs:
+        yield li, pr
+
+  def grid_points(self) -> list[tuple[int]]:
+    """The grid points an interpreted run visits, launch after launch.
+
+    What `InterpretParams(grid_point_recorder=...)` records: (0,), (1,), ...
+    (grid - 1,) per launch; launches with an empty grid record nothing.
+    """
+    return [(pr.index,) for _, pr in self.programs()]
+
+  def covered_rows(self) -> np.ndarray:
+    """bool[num_tokens]: query rows some program computes scores for."""
+    out = np.zeros(self.geometry.num_tokens, bool)
+    for _, pr in self.programs():
+      for lo, hi in pr.q_rows:
+        out[lo:hi] = True
+    return out
+
+  def summary(self) -> str:
+    """The launches that do work, with their program counts, e.g.
+    "decode[4] x1, decode[1] x1, prefill x2, mixed x2"."""
+    return ", ".join(f"{l.label} x{l.grid}" for l in self.launches if l.grid)
+
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
   """The kernel's scratch_shapes (VMEM buffers), in its order and dtypes:
@@ -258,21 +323,83 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
                    weights_dtype="float32", num_out_sublanes=out_sublanes))
 
 
+def resolve_variant(variant: str | None = None, mode: str | None = None
+                    ) -> variants_lib.Variant:
+  """The modelled variant for `variant` and/or `mode` ("token" or "page").
+
+  Either may be None: no variant means the modelled variant of `mode`
+  (default "token"); a mode that disagrees with the variant's is refused.
+  """
+  if mode not in (None, *variants_lib.MODES):
+    raise ValueError(f"mode: must be one of {variants_lib.MODES} "
+                     f"(got {mode!r})")
+  if variant is None:
+    variant = next(name for name in MODELLED_VARIANTS
+                   if variants_lib.get(name).mode == (mode or "token"))
+  v = variants_lib.get(variant)
+  if v.name not in MODELLED_VARIANTS:
+    raise ValueError(f"variant: the tiling model covers {MODELLED_VARIANTS} "
+                     f"(got {v.name!r})")
+  if mode is not None and mode != v.mode:
+    raise ValueError(f"mode: variant {v.name!r} runs in {v.mode!r} mode "
+                     f"(got {mode!r})")
+  return v
+
+
+def table_blocks(*, fmt: str, num_heads: int, page_size: int,
+                 variant: str = "vendored", generation: str | None = None
+                 ) -> dict:
+  """The block-size table's row for a call, in the form notebooks tabulate.
+
+  Token variants: {"num_kv_pages_per_block": [decode, prefill, mixed],
+  "num_queries_per_block": [decode, prefill, mixed], "decode_req_batch_size":
+  B, "source": where the numbers come from}; page variants: the two ints
+  and the source. The row `plan` takes for block sizes left None.
+  """
+  v = resolve_variant(variant)
+  row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
+                      page_size=int(page_size), generation=generation)
+  out = row.kwargs()
+  if v.mode == "token":
+    for name in ("num_kv_pages_per_block", "num_queries_per_block"):
+      out[name] = list(semantics.normalize_per_case(out[name], name))
+  out["source"] = row.source
+  return out
+
+
 def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
-         q_dtype: str = "bfloat16", mode: str = "token",
-         num_kv_pages_per_block=(3, 2, 2), num_queries_per_block=(1, 128, 128),
-         decode_req_batch_size: int = 4) -> Plan:
+         q_dtype: str = "bfloat16", mode: str | None = None,
+         variant: str | None = None, num_kv_pages_per_block=None,
+         num_queries_per_block=None, decode_req_batch_size: int | None = None,
+         generation: str | None = None) -> Plan:
   """The launches, programs and loop trip counts of one kernel call.
 
   Args:
     batch: a `streamidx.RaggedBatch`.
     fmt, num_heads, head_dim, q_dtype: the inputs the call would get
       (`make_inputs(batch, num_heads=, head_dim=, fmt=, q_dtype=)`).
-    mode: "token" (`streamindex_topk`) or "page" (`streamindex_page_topk`).
+    mode, variant: which kernel: a name of `MODELLED_VARIANTS` ("vendored":
+      `streamindex_topk`, "vendored_page": `streamindex_page_topk`), or a
+      mode ("token" or "page"); default "vendored".
     num_kv_pages_per_block, num_queries_per_block: as the kernel takes them
       (page mode: two ints, the kernel requires num_kv_pages_per_block=128).
     decode_req_batch_size: decode sequences per program (token mode).
+      Block sizes left None are the block-size table's row
+      (`streamidx.block_sizes(variant, cache_format=fmt, num_heads=,
+      page_size=batch.page_size, generation=)`), as `Variant.run` takes them.
+    generation: the TPU generation whose table row to take (None: the rows
+      for any generation).
   """
+  v = resolve_variant(variant, mode)
+  row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
+                      page_size=int(batch.page_size),
+                      generation=generation).kwargs()
+  if num_kv_pages_per_block is None:
+    num_kv_pages_per_block = row["num_kv_pages_per_block"]
+  if num_queries_per_block is None:
+    num_queries_per_block = row["num_queries_per_block"]
+  if decode_req_batch_size is None:
+    decode_req_batch_size = row.get("decode_req_batch_size", 1)
   g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
                q_dtype=q_dtype)
   ratio = int(batch.compression_ratio)
@@ -290,14 +417,17 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       num_bkv = max(1, cdiv(max(kv), bkv_sz))
       if static_q_len is None:
         num_bq = max(1, cdiv(q_lens[s0], bq_sz))
+        rows = tuple((cu[s], cu[s + 1]) for s in seqs)
       else:
         num_bq = max(1, cdiv(static_q_len, bq_sz))
+        rows = tuple((cu[s], min(cu[s] + static_q_len, cu[s + 1]))
+                     for s in seqs)
       out.append(Program(p, seqs, tuple(q_lens[s] for s in seqs), kv, num_bq,
-                         num_bkv))
+                         num_bkv, rows))
     return tuple(out)
 
   launches = []
-  if mode == "token":
+  if v.mode == "token":
     nkv = semantics.normalize_per_case(num_kv_pages_per_block,
                                        "num_kv_pages_per_block")
     nq = semantics.normalize_per_case(num_queries_per_block,
@@ -306,6 +436,11 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       if (g.page_size * bkv_p) % _LANES:
         raise ValueError(f"num_kv_pages_per_block: page_size * bkv_p = "
                          f"{g.page_size} * {bkv_p} must be a multiple of 128")
+    if (isinstance(decode_req_batch_size, bool)
+        or not isinstance(decode_req_batch_size, numbers.Integral)
+        or decode_req_batch_size < 1):
+      raise ValueError(f"decode_req_batch_size: must be a positive int "
+                       f"(got {decode_req_batch_size!r})")
     for tl in semantics.token_launches((d0, d1, d2),
                                        int(decode_req_batch_size)):
       bkv_p = nkv[tl.block_case]
@@ -315,9 +450,10 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
           tl.case, tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_p, bkv_sz,
           0, programs(tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_sz,
                       tl.static_q_len),
-          _scratch(tl.case, g, tl.seq_batch_size, bq_sz, bkv_p, 0)))
+          _scratch(tl.case, g, tl.seq_batch_size, bq_sz, bkv_p, 0),
+          tl.static_q_len))
     num_cols = max(align_to(g.pages_per_seq, p) * g.page_size for p in nkv)
-  elif mode == "page":
+  else:
     bkv_p = int(num_kv_pages_per_block)
     bq_sz = int(num_queries_per_block)
     if bkv_p != 128:
@@ -331,9 +467,7 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
         "page", 0, d2, 1, bq_sz, bkv_p, bkv_sz, num_cols // _LANES,
         programs(0, d2, 1, bq_sz, bkv_sz, None),
         _scratch("page", g, 1, bq_sz, bkv_p, num_cols // _LANES)))
-  else:
-    raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
-  return Plan(mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
+  return Plan(v.mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
               tuple(cu), np.asarray(batch.page_indices), ratio, num_cols)
 
 
@@ -480,10 +614,12 @@ def scratch_bytes(scratch) -> dict[str, int]:
   return {n: math.prod(s) * np.dtype(d).itemsize for n, s, d in scratch}
 
 
-def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
+def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
+                   **kwargs) -> list[dict]:
   """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
 
-  Traces `streamindex_topk` (or `streamindex_page_topk`) with `jax.make_jaxpr`
+  Traces the variant's kernel (`resolve_variant(variant, mode)`: default
+  `streamindex_topk`; mode "page": `streamindex_page_topk`) with `jax.make_jaxpr`
   and reads each `pallas_call`'s declared scratch operands: nothing runs and
   no array is allocated, so `args` may be `jax.ShapeDtypeStruct`s of
   production size. Returns one dict per launch, in launch order:
@@ -492,9 +628,8 @@ def kernel_scratch(args, *, mode: str = "token", **kwargs) -> list[dict]:
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import core  # pylint: disable=g-import-not-at-top
-  from streamidx.kernels import vendored as kernel  # pylint: disable=g-import-not-at-top
 
-  fn = kernel.streamindex_topk if mode == "token" else kernel.streamindex_page_topk
+  fn = resolve_variant(variant, mode).kernel
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
 
   def walk(j):

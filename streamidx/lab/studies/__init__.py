@@ -1,1 +1,2 @@
-"""The notebooks' studies: cache layout, FP8 quantization, parity and recall."""
+"""The notebooks' studies: the case matrix, entry formats, HBM bytes,
+addressing and masks, FP8 quantization, parity and recall."""

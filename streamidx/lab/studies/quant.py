@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx.semantics import causal_visible_bound
+from streamidx.lab.studies import addressing
 
 __all__ = [
     "E4M3_MAX",
@@ -331,10 +331,9 @@ def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
   q = np.asarray(inp.q.astype(jnp.float32), np.float64)[lo:hi]
   w = np.asarray(inp.weights, np.float64)[lo:hi]
   s = np.stack([w[t] @ np.maximum(q[t] @ keys.T, 0) for t in range(hi - lo)])
-  pos = b.token_positions()[lo:hi].astype(np.int64)
-  bound = np.minimum(causal_visible_bound(pos, compression_ratio, causal_rule),
-                     int(b.seq_lens[seq]) // compression_ratio)
-  visible = np.arange(keys.shape[0])[None, :] < bound[:, None]
+  visible = addressing.visibility_mask(
+      b.token_positions()[lo:hi], keys.shape[0], compression_ratio,
+      causal_rule, seq_len=int(b.seq_lens[seq]))
   return np.where(visible, s, -np.inf)
 
 

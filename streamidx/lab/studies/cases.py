@@ -1,0 +1,564 @@
+"""The case matrix: named batches run through every registered kernel variant.
+
+One matrix serves the tests (tests/test_kernel.py, test_reference.py,
+test_streaming.py, test_variants.py) and notebook 04's parity table. It holds:
+
+  BATCHES       the named ragged batches, lengths in compressed entries
+  the shape     NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE, PAGES_PER_SEQ,
+                TOTAL_NUM_PAGES, NUM_HEADS: one static shape for every case
+  TEST_BLOCKS   the small test block sizes, per mode (or per variant):
+                `blocks_for(variant)`
+  Case          one (variant, batch, cache format, ratio, k, causal rule)
+  case_matrix   the cases of a scope ("ci", "pairwise", "full", "tests")
+  run_case      runs a case's kernel and reference and compares them
+                (`case_outputs` + `compare_case` -> `ParityRow`)
+
+Variants: every scope iterates over `streamidx.VARIANTS`: a token variant
+over every ratio of `RATIOS` and every cache format it reads, a page
+variant at ratio 1 over its formats; each case drives its variant through
+the uniform `Variant.run` / `run_reference` / `scores`. Registering a
+variant adds its rows to every scope, with no edit here.
+
+Shapes are shared: every case pads its batch to the same query rows,
+sequence slots, page-table columns and physical pages, so the kernel
+compiles once per `Case.compile_key` (variant, cache format, ratio, k,
+causal rule, heads), not once per case. Sequence lengths are given in
+compressed entries and scaled by the ratio, so a batch means the same thing
+at ratios 1, 2 and 4.
+
+Block sizes: `TEST_BLOCKS`, not the block-size table's production sizes
+(`streamidx.blocks`). They are deliberately small (128-, 256- and 128-entry
+KV blocks, 8-row query blocks) so that these tiny batches still run several
+KV and query blocks per sequence, decode batches of 4 with a remainder, and
+every launch; production sizes would put each case in one block.
+
+Comparison tolerance (`comparison_atol`): kernel and reference compute the
+same f32 sums but not always in the same order (on CPU, XLA may sum the
+interpreted kernel's block-shaped dots differently from the reference's; on
+a TPU the compiled kernel sums on the MXU in Mosaic's order), so their
+scores may differ by a few ulps. The tie tolerance is `metrics.summation_atol`
+on every backend: four times the largest per-row bound
+`metrics.summation_error_bound`, derived from the arithmetic, never fitted
+to observed differences; `ParityRow.atol` records it per case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from streamidx import batch as batch_lib
+from streamidx import metrics
+from streamidx import ref as ref_lib
+from streamidx import variants as variants_lib
+from streamidx.lab.model import tiling
+from streamidx.semantics import cdiv
+
+__all__ = [
+    "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
+    "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
+    "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "compile_keys",
+    "SCOPES", "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs",
+    "case_outputs", "compare_case", "run_case", "comparison_atol",
+]
+
+# ---------------------------------------------------------------------------
+# The shared static shape.
+
+NUM_TOKENS = 48  # query rows (the rest of a case's rows are padding)
+MAX_NUM_SEQS = 10  # sequence slots (the rest are padding sequences)
+PAGE_SIZE = 16  # entries per page
+PAGES_PER_SEQ = 24  # page-table columns: 384 entries, 3 decode KV blocks
+NUM_ENTRIES = PAGE_SIZE * PAGES_PER_SEQ
+# The largest pool `make_batch` can need (fragmented: twice the used pages).
+TOTAL_NUM_PAGES = 2 * MAX_NUM_SEQS * PAGES_PER_SEQ
+NUM_HEADS = 4
+RATIOS = (1, 2, 4)  # token variants; page variants run at ratio 1
+
+# The small test block sizes (see the module docstring), by mode; a variant
+# whose kernel needs others adds an entry under its own name.
+TEST_BLOCKS = {
+    "token": dict(num_kv_pages_per_block=(8, 16, 8),
+                  num_queries_per_block=(1, 8, 8)),
+    "page": dict(num_kv_pages_per_block=128, num_queries_per_block=8),
+}
+
+
+def blocks_for(variant: variants_lib.Variant | str) -> dict:
+  """`TEST_BLOCKS` for a variant: its own entry, else its mode's."""
+  v = variants_lib.get(variant) if isinstance(variant, str) else variant
+  return dict(TEST_BLOCKS.get(v.name, TEST_BLOCKS[v.mode]))
+
+
+# k: each scope's values. The notebook scopes take one below most rows'
+# visible counts (the ranking decides) and one above every row's and above
+# the kernel's score columns (512 with TEST_BLOCKS: every visible entry,
+# then -1 padding); the test scope one k that has live rows on both sides.
+K_BELOW = 8
+K_ABOVE = 2 * NUM_ENTRIES + 44
+K_PAGES_BELOW = 3
+K_PAGES_ABOVE = PAGES_PER_SEQ  # every visible page, then -1
+K_TESTS = 40
+K_PAGES_TESTS = 6
+
+# ---------------------------------------------------------------------------
+# The named batches.
+
+
+def _seq_len(spec, ratio: int, q_len: int = 1) -> int:
+  """entries or (entries, extra tokens) -> seq_len in tokens (>= q_len)."""
+  entries, extra = (spec, 0) if isinstance(spec, int) else spec
+  return max(entries * ratio + min(extra, ratio - 1), q_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """A named ragged batch; lengths in compressed entries, scaled by the ratio.
+
+    decode:  one per decode sequence, `entries` or `(entries, extra)`;
+    prefill: chunked-prefill-only sequences, `(q_len, entries[, extra])`;
+    mixed:   mixed-range sequences, `(q_len, entries[, extra])`.
+
+  A sequence gets seq_len = entries * ratio + min(extra, ratio - 1) tokens
+  (at least q_len): `extra` trailing tokens leave an incomplete block.
+  """
+
+  name: str
+  decode: tuple = ()
+  prefill: tuple = ()
+  mixed: tuple = ()
+  allocation: str = "fragmented"
+  note: str = ""
+
+  def build(self, ratio: int, *, seed: int = 0) -> batch_lib.RaggedBatch:
+    """The batch at compression ratio `ratio`, padded to the shared shape."""
+    def pair(p):
+      return (p[0], _seq_len(p[1:] if len(p) > 2 else p[1], ratio, p[0]))
+
+    return batch_lib.make_mixed_batch(
+        decode=[_seq_len(s, ratio) for s in self.decode],
+        prefill=[pair(p) for p in self.prefill],
+        mixed=[pair(p) for p in self.mixed],
+        page_size=PAGE_SIZE, compression_ratio=ratio,
+        allocation=self.allocation, pages_per_seq=PAGES_PER_SEQ,
+        max_num_seqs=MAX_NUM_SEQS, num_tokens=NUM_TOKENS,
+        total_num_pages=TOTAL_NUM_PAGES, seed=seed)
+
+
+BATCHES: dict[str, Batch] = {b.name: b for b in (
+    # The four ways a batch can fill `distribution = (i, j, n)` (notebook 04).
+    Batch("decode_only", decode=(37, (64, 3), 100, 250, 5),
+          note="5 decode sequences: one batched decode program (4) and one "
+               "remainder"),
+    Batch("prefill_only_from_scratch",
+          prefill=((7, 50, 1), (20, 90), (13, 3, 2)),
+          note="chunked prefill, one from scratch (q_len == seq_len at "
+               "ratio 1)"),
+    Batch("mixed_single_and_multi_token",
+          mixed=((1, 77), (20, 90, 3), (9, 33), (1, 250)),
+          note="mixed range: single-token and multi-token queries in one "
+               "launch"),
+    Batch("all_at_once", decode=(37, 64, 100, 250, 45),
+          prefill=((7, 50, 1), (12, 3)), mixed=((1, 77), (12, 60, 2)),
+          note="all three ranges in one call, padding rows and sequence slots"),
+    # Exact ties on purpose (with one head, TIES_CASE): an entry scores
+    # exactly 0 whenever its single dot product is negative (half of them),
+    # so rows that see a few more than k entries have their k-th boundary
+    # inside a group of zeros (the from-scratch prefill's rows see 1..30
+    # entries). All four launches run.
+    Batch("ties_at_zero_all_launches", decode=(37, 64, 100, 250, 45),
+          prefill=((30, 30), (6, 20)), mixed=((1, 77), (6, 12))),
+    # Kernel-vs-reference coverage (the tests).
+    Batch("decode_only_full_batches",
+          decode=(384, 5, 130, 300, 1, 64, 200, 383)),
+    Batch("decode_only_with_remainder", decode=(50, 384, 7, 129, 256, 90),
+          allocation="contiguous"),
+    Batch("decode_only_fewer_than_batch", decode=(100, 3, 300),
+          allocation="shuffled"),
+    Batch("prefill_only", prefill=((5, 40, 1), (13, 200, 3), (20, 384))),
+    Batch("mixed_only", mixed=((1, 100), (12, 300, 2), (0, 0), (2, 0, 1),
+                               (9, 129)), allocation="contiguous"),
+    Batch("all_three_ranges", decode=(20, 384, 150, 2, 77),
+          prefill=((7, 64, 1), (9, 260)),
+          mixed=((1, 33), (12, 190, 3), (0, 0))),
+    Batch("prefill_and_decode_in_mixed_range",
+          mixed=((1, 384), (16, 180, 1), (1, 5), (8, 8), (1, 0, 1)),
+          allocation="shuffled"),
+    Batch("empty_and_tiny_sequences", decode=(0, 1, 0, 2),
+          mixed=((0, 0), (0, 10), (1, 0), (3, 1, 1))),
+)}
+
+# Which batches each scope runs.
+DISTRIBUTIONS = ("decode_only", "prefill_only_from_scratch",
+                 "mixed_single_and_multi_token", "all_at_once")
+PAGE_DISTRIBUTIONS = ("prefill_only_from_scratch", "all_at_once")
+SEED_RULE_DISTRIBUTIONS = ("prefill_only_from_scratch", "all_at_once")
+TEST_BATCHES = ("decode_only_full_batches", "decode_only_with_remainder",
+                "decode_only_fewer_than_batch", "prefill_only", "mixed_only",
+                "all_three_ranges", "prefill_and_decode_in_mixed_range",
+                "empty_and_tiny_sequences")
+TEST_PAGE_BATCHES = ("prefill_only", "mixed_only", "all_three_ranges",
+                     "empty_and_tiny_sequences")
+TEST_SEED_RULE_BATCHES = ("prefill_only", "all_three_ranges",
+                          "prefill_and_decode_in_mixed_range")
+
+# ---------------------------------------------------------------------------
+# Cases.
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One named kernel-vs-reference case: a variant on a batch.
+
+  variant: a name of `streamidx.VARIANTS`; batch_name: a name of `BATCHES`.
+  k: the variant's result count (`k`, or `k_pages` in page mode).
+  num_kv_pages_per_block, num_queries_per_block: None: `blocks_for(variant)`.
+  """
+
+  name: str
+  batch_name: str
+  variant: str = "vendored"
+  compression_ratio: int = 4
+  fmt: str = "fp8"
+  k: int = K_BELOW
+  causal_rule: str = "model"
+  num_heads: int = NUM_HEADS
+  head_dim: int = 128
+  seed: int = 0
+  key_distribution: str = "gaussian"
+  num_kv_pages_per_block: int | tuple | None = None
+  num_queries_per_block: int | tuple | None = None
+
+  @property
+  def v(self) -> variants_lib.Variant:
+    return variants_lib.get(self.variant)
+
+  @property
+  def mode(self) -> str:
+    return self.v.mode
+
+  @property
+  def compile_key(self) -> tuple:
+    """What one kernel compilation is shared by (the shape is shared)."""
+    return (self.variant, self.fmt, self.compression_ratio, self.k,
+            self.causal_rule, self.num_heads, self.head_dim)
+
+  def blocks(self) -> dict:
+    out = blocks_for(self.v)
+    if self.num_kv_pages_per_block is not None:
+      out["num_kv_pages_per_block"] = self.num_kv_pages_per_block
+    if self.num_queries_per_block is not None:
+      out["num_queries_per_block"] = self.num_queries_per_block
+    return out
+
+  def static(self) -> dict:
+    """The keyword arguments `Variant.run` / `run_reference` get besides
+    `k` and `compression_ratio` (the rest comes from the block-size table)."""
+    return dict(causal_rule=self.causal_rule, **self.blocks())
+
+  def batch(self) -> batch_lib.RaggedBatch:
+    """The case's batch (`BATCHES[batch_name]` at its ratio and seed)."""
+    return BATCHES[self.batch_name].build(self.compression_ratio,
+                                          seed=self.seed)
+
+  def inputs(self) -> batch_lib.IndexerInputs:
+    return batch_lib.make_inputs(
+        self.batch(), num_heads=self.num_heads, head_dim=self.head_dim,
+        fmt=self.fmt, seed=self.seed, key_distribution=self.key_distribution)
+
+  def run_kernel(self, inputs):
+    return self.v.run(inputs, k=self.k,
+                      compression_ratio=self.compression_ratio, fmt=self.fmt,
+                      **self.static())
+
+  def run_reference(self, inputs):
+    return self.v.run_reference(
+        inputs, k=self.k, compression_ratio=self.compression_ratio,
+        fmt=self.fmt, **self.static())
+
+  def scores(self, inputs):
+    """The masked scores the reference selects from: f32[T, E or pages]."""
+    return self.v.scores(inputs, compression_ratio=self.compression_ratio,
+                         fmt=self.fmt, causal_rule=self.causal_rule)
+
+  def atol(self, inputs) -> float:
+    """`comparison_atol` for this case (`metrics.summation_atol`): > 0."""
+    return comparison_atol(inputs, compression_ratio=self.compression_ratio,
+                           causal_rule=self.causal_rule, mode=self.mode)
+
+  def plan(self, b: batch_lib.RaggedBatch | None = None):
+    """The tiling model's `Plan` of this case's kernel call."""
+    b = self.batch() if b is None else b
+    return tiling.plan(b, variant=self.variant, fmt=self.fmt,
+                       num_heads=self.num_heads, head_dim=self.head_dim,
+                       **self.blocks())
+
+  def launches(self, b: batch_lib.RaggedBatch | None = None) -> str:
+    """The kernel launches that do work, with their program counts
+    (`tiling.Plan.summary`), e.g. "decode[4] x1, decode[1] x1, prefill x2"."""
+    if self.variant not in tiling.MODELLED_VARIANTS:
+      return f"(no tiling model of {self.variant})"
+    return self.plan(b).summary()
+
+  def visible(self, b: batch_lib.RaggedBatch | None = None) -> np.ndarray:
+    """i64[T] entries (page mode: pages) each query row can see."""
+    b = self.batch() if b is None else b
+    counts = ref_lib.visible_counts(
+        b.seq_lens, b.cu_q_lens, b.num_seqs, b.num_tokens,
+        compression_ratio=self.compression_ratio, causal_rule=self.causal_rule)
+    if self.mode == "page":
+      counts = cdiv(counts, b.page_size)
+    return counts
+
+
+def _case(v, batch, ratio, fmt, k, rule="model", **kw) -> Case:
+  suffix = "" if rule == "model" else f"_{rule}_rule"
+  heads = kw.get("num_heads", NUM_HEADS)
+  suffix += "" if heads == NUM_HEADS else f"_h{heads}"
+  return Case(name=f"{v.name}/{batch}_r{ratio}_{fmt}_k{k}{suffix}",
+              batch_name=batch,
+              variant=v.name, compression_ratio=ratio, fmt=fmt, k=k,
+              causal_rule=rule, **kw)
+
+
+def _ties_case(v) -> Case:
+  return _case(v, "ties_at_zero_all_launches", 1, v.cache_formats[0], K_BELOW,
+               num_heads=1)
+
+
+def _pairwise(formats, ratios, ks):
+  """(fmt, ratio, k) groups in which every pair of axis values appears."""
+  if len(formats) < 2:
+    return [(f, r, k) for f in formats for r in ratios for k in ks]
+  return [(f, r, ks[(i + j) % len(ks)]) for i, r in enumerate(ratios)
+          for j, f in enumerate(formats)]
+
+
+SCOPES = ("ci", "pairwise", "full", "tests")
+
+
+def case_matrix(scope: str = "pairwise") -> list[Case]:
+  """The named cases of `scope`, for every variant of `streamidx.VARIANTS`;
+  cases that share a compilation are adjacent.
+
+  Token variants: the batches of `DISTRIBUTIONS` x ratios `RATIOS` x every
+  cache format the variant reads x k (K_BELOW, K_ABOVE), under the model's
+  causal rule; the seed's rule on the prefill batches (first format, ratio
+  4, K_BELOW); the tie case (ratio 1, one head). Page variants (ratio 1):
+  the batches of `PAGE_DISTRIBUTIONS` x formats x k_pages (K_PAGES_BELOW,
+  K_PAGES_ABOVE).
+
+  scope:
+    "full": every (format, ratio, k) and (format, k_pages): 59 cases and 18
+      compilations with today's two variants.
+    "pairwise" (default): (format, ratio, k) and (format, k_pages) groups in
+      which every pair of axis values appears, each with every batch: 31
+      cases, 10 compilations.
+    "ci": the tie case of each token variant and one page case
+      (`all_at_once`, first format, K_PAGES_BELOW) of each page variant.
+    "tests": the kernel tests' matrix: `TEST_BATCHES` x `RATIOS` x formats
+      at K_TESTS, the seed's rule on `TEST_SEED_RULE_BATCHES` (ratios 2, 4),
+      page variants on `TEST_PAGE_BATCHES` at K_PAGES_TESTS: 68 cases.
+  """
+  if scope not in SCOPES:
+    raise ValueError(f"scope: must be one of {SCOPES} (got {scope!r})")
+  cases = []
+  for v in variants_lib.VARIANTS.values():
+    formats = v.cache_formats
+    if v.mode == "token" and scope == "tests":
+      for fmt, ratio in itertools.product(formats, RATIOS):
+        cases += [_case(v, b, ratio, fmt, K_TESTS) for b in TEST_BATCHES]
+      for fmt, ratio in itertools.product(formats, (2, 4)):
+        cases += [_case(v, b, ratio, fmt, K_TESTS, "seed")
+                  for b in TEST_SEED_RULE_BATCHES]
+    elif v.mode == "token":
+      if scope == "full":
+        groups = list(itertools.product(formats, RATIOS, (K_BELOW, K_ABOVE)))
+      else:
+        groups = _pairwise(formats, RATIOS, (K_BELOW, K_ABOVE))
+      if scope != "ci":
+        for fmt, ratio, k in groups:
+          cases += [_case(v, b, ratio, fmt, k) for b in DISTRIBUTIONS]
+        cases += [_case(v, b, 4, formats[0], K_BELOW, "seed")
+                  for b in SEED_RULE_DISTRIBUTIONS]
+      cases.append(_ties_case(v))
+    elif scope == "tests":
+      for fmt in formats:
+        cases += [_case(v, b, 1, fmt, K_PAGES_TESTS) for b in TEST_PAGE_BATCHES]
+    else:
+      kps = (K_PAGES_BELOW, K_PAGES_ABOVE)
+      if scope == "full":
+        groups = list(itertools.product(formats, kps))
+      elif scope == "pairwise":
+        groups = [(f, kps[j % 2]) for j, f in enumerate(formats)]
+      else:
+        groups = [(formats[0], K_PAGES_BELOW)]
+      batches = ("all_at_once",) if scope == "ci" else PAGE_DISTRIBUTIONS
+      for fmt, kp in groups:
+        cases += [_case(v, b, 1, fmt, kp) for b in batches]
+  return cases
+
+
+def compile_keys(cases) -> set:
+  """The distinct kernel compilations a list of cases needs."""
+  return {c.compile_key for c in cases}
+
+
+def case_by_name(name: str) -> Case:
+  """The case called `name`, from any scope."""
+  for scope in ("full", "tests"):
+    for case in case_matrix(scope):
+      if case.name == name:
+        return case
+  raise KeyError(f"no case named {name!r}")
+
+
+TIES_CASE = _ties_case(variants_lib.get("vendored"))
+CI_CASES = tuple(c.name for c in case_matrix("ci"))
+
+# ---------------------------------------------------------------------------
+# Running and comparing.
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRow:
+  """One row of the parity table.
+
+  case: the case's name.
+  launches: kernel launches that did work (`Case.launches`).
+  rows: query rows compared (padding included: both sides return -1 there).
+  rows_k_over_visible: live rows that see fewer than k entries (their
+    output ends in -1 padding).
+  max_score_diff: largest |kernel score - reference score| over selected
+    positions that differ.
+  sets_agree: every row's index set is identical.
+  differing_positions, tied_positions: selected positions that differ, and
+    those of them within atol of the reference's k-th score (ties).
+  rows_mismatched: rows whose difference is not explained by ties.
+  atol: the tie tolerance used.
+  detail: the first mismatch, or "".
+  seconds: wall time of kernel + reference (compilation included).
+  """
+
+  case: str
+  launches: str
+  rows: int
+  rows_k_over_visible: int
+  max_score_diff: float
+  sets_agree: bool
+  differing_positions: int
+  tied_positions: int
+  rows_mismatched: int
+  atol: float
+  detail: str
+  seconds: float
+
+  @property
+  def ok(self) -> bool:
+    return self.rows_mismatched == 0
+
+  def as_dict(self) -> dict:
+    return dict(dataclasses.asdict(self), ok=self.ok)
+
+
+def compare_case(case: Case, got, want, scores, *, atol: float = 0.0,
+                 b: batch_lib.RaggedBatch | None = None,
+                 seconds: float = float("nan")) -> ParityRow:
+  """Compares kernel output `got` with reference output `want` for `case`."""
+  b = case.batch() if b is None else b
+  c = metrics.compare_topk(got, want, scores, atol=atol)
+  live = b.token_seq_ids() >= 0
+  over = int(np.sum(live & (case.visible(b) < case.k)))
+  return ParityRow(case=case.name, launches=case.launches(b), rows=c.rows,
+                   rows_k_over_visible=over,
+                   max_score_diff=c.max_score_diff,
+                   sets_agree=c.rows_identical == c.rows,
+                   differing_positions=c.differing_positions,
+                   tied_positions=c.tied_positions,
+                   rows_mismatched=c.rows_mismatched, atol=float(atol),
+                   detail=c.detail, seconds=seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseOutputs:
+  """What one run of a case produced.
+
+  inputs: the case's `IndexerInputs`.
+  got: i32[T, k] the kernel's indices; want: i32[T, k] the reference's.
+  scores: f32[T, E] (page mode: [T, pages]) the reference's masked scores.
+  seconds: wall time of kernel + reference (compilation included).
+  """
+
+  inputs: batch_lib.IndexerInputs
+  got: np.ndarray
+  want: np.ndarray
+  scores: np.ndarray
+  seconds: float
+
+
+def case_outputs(case: Case, *,
+                 kernel_fn: Callable | None = None) -> CaseOutputs:
+  """Runs `case`'s kernel and reference on its inputs.
+
+  kernel_fn: replaces `case.run_kernel` (a function of the inputs), e.g. to
+    check that a corrupted kernel is caught.
+  """
+  t0 = time.perf_counter()
+  inputs = case.inputs()
+  # Wait for the interpreted kernel before dispatching more work: with it in
+  # flight, the reference's and summation_atol's computations can deadlock
+  # XLA:CPU.
+  got = jax.block_until_ready((kernel_fn or case.run_kernel)(inputs))
+  got = np.asarray(got)
+  want = np.asarray(case.run_reference(inputs))
+  seconds = time.perf_counter() - t0
+  return CaseOutputs(inputs, got, want, np.asarray(case.scores(inputs)),
+                     seconds)
+
+
+def run_case(case: Case, *, atol: float | None = None,
+             kernel_fn: Callable | None = None) -> ParityRow:
+  """Runs `case`'s kernel and reference and compares them.
+
+  Args:
+    case: the case.
+    atol: tie tolerance; None (default) takes `case.atol(inputs)`
+      (`comparison_atol`, the derived summation bound).
+    kernel_fn: replaces `case.run_kernel` (see `case_outputs`).
+  """
+  out = case_outputs(case, kernel_fn=kernel_fn)
+  if atol is None:
+    atol = case.atol(out.inputs)
+  return compare_case(case, out.got, out.want, out.scores, atol=atol,
+                      b=out.inputs.batch, seconds=out.seconds)
+
+
+def comparison_atol(inputs: batch_lib.IndexerInputs, *,
+                    compression_ratio: int, causal_rule: str = "model",
+                    mode: str = "token") -> float:
+  """The tie tolerance for kernel vs reference: `metrics.summation_atol`.
+
+  The same on every backend. Kernel and reference compute the same f32
+  sums, but not necessarily in the same order: on a TPU the compiled kernel
+  tiles them on the MXU; on the CPU the interpreted kernel's dots have the
+  kernel's block shapes, the reference's its own, and XLA:CPU may pick a
+  different summation for each (seen: 1 ulp, with one head). The tolerance is
+  derived from the arithmetic (see `metrics.summation_error_bound`), printed
+  per case, and never fitted to observed differences. f32 queries are
+  accepted on CPU (their D products round too: the bound counts them) and
+  refused on any other backend: a default-precision TPU matmul rounds them to
+  bf16, which no summation-order bound covers.
+
+  mode: the variant's mode ("token" or "page": `Variant.mode`).
+  """
+  if jax.default_backend() != "cpu" and inputs.q.dtype == jnp.float32:
+    raise ValueError("comparison_atol: on a TPU the kernel's f32 queries are "
+                     "rounded to bf16 by the MXU; use bf16 queries")
+  return metrics.summation_atol(inputs, compression_ratio=compression_ratio,
+                                causal_rule=causal_rule, mode=mode)
