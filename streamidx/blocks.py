@@ -80,15 +80,15 @@ _PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
 # pages, libtpu 0.0.42.1; notebook 03 section 7 recomputes them.
 _SCHEDULE_V5E = (
     "static schedule (no TPU timing; python -m streamidx.lab.schedule): v5e "
-    "decode KV loop 115 bundles per page at 4 pages per block vs 123 at 3 "
-    "(VSTORE-bound, ~2x the page's HBM time at the derived 1.503 GHz); "
-    "prefill (128 query rows) 2205 vs 3240 bundles per page at 4 vs 2 "
-    "pages, the MXU slot 92% busy vs 62%")
+    "decode KV loop 118 bundles per page at 4 pages per block vs 128 at 3 "
+    "(VSTORE-bound, 2.0x the page's HBM time at the derived 1.503 GHz); "
+    "prefill (128 query rows) 2193 vs 3073 bundles per page at 4 vs 2 "
+    "pages, the MXU slot 93% busy vs 62%")
 _SCHEDULE_V6E = (
     "static schedule (no TPU timing; python -m streamidx.lab.schedule): v6e "
-    "decode KV loop 53.5 bundles per page at 4 pages per block vs 63.7 at 3 "
-    "(VALU-bound; no public clock, vector-bound below 2.7 GHz); prefill (128 "
-    "query rows) 1460 vs 1651 bundles per page at 4 vs 2 pages (VALU 94%)")
+    "decode KV loop 57.2 bundles per page at 4 pages per block vs 67.7 at 3 "
+    "(VALU-bound; no public clock, vector-bound below 2.9 GHz); prefill (128 "
+    "query rows) 1446 vs 1610 bundles per page at 4 vs 2 pages (VALU 95%)")
 _SCHEDULE_GLM_PAGE = (
     "compile matrix and static schedule (no TPU timing): at GLM sizes (32 "
     "heads, 64-entry pages, 128-page blocks of 8192 entries) the vendored "

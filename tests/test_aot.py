@@ -21,7 +21,7 @@ from streamidx import metrics, modes, semantics
 from streamidx.kernels import vendored
 from streamidx.lab import aot
 
-from cases import BLOCKS, CASE_IDS, CASES, NUM_HEADS
+from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 
 needs_libtpu = pytest.mark.skipif(
@@ -55,9 +55,9 @@ def test_widened_fp8_kernel_matches_the_reference(monkeypatch):
   reference, a tie-aware match of the indices. XLA:CPU sums the bf16 x bf16
   dot in another order than the bf16 x e4m3 one, so the two kernels' scores
   are not bit-identical (about 1 ulp apart); both are within the bound."""
-  case = CASES[CASE_IDS.index("decode_only_fewer_than_batch")]
-  inp = si.make_inputs(case.batch(4), num_heads=NUM_HEADS, fmt="fp8", seed=5)
-  kw = dict(k=16, compression_ratio=4, **BLOCKS)
+  b = cases.BATCHES["decode_only_fewer_than_batch"].build(4)
+  inp = si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt="fp8", seed=5)
+  kw = dict(k=16, compression_ratio=4, **cases.TEST_BLOCKS["token"])
   idx, scores = KernelWithScores("token")(*inp.args, **kw)
   monkeypatch.setattr(vendored, "_widen_fp8_for_mxu", lambda interpret: True)
   jax.clear_caches()  # trace again: the widening is chosen at trace time
@@ -73,16 +73,17 @@ def test_widened_fp8_kernel_matches_the_reference(monkeypatch):
 
 def test_launch_scratch_is_what_the_kernel_declares():
   """The scratch the VMEM check counts is the scratch the pallas_calls get."""
-  b = CASES[CASE_IDS.index("all_three_ranges")].batch(4)
-  inp = si.make_inputs(b, num_heads=NUM_HEADS, fmt="fp8")
+  b = cases.BATCHES["all_three_ranges"].build(4)
+  inp = si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt="fp8")
+  blocks = cases.TEST_BLOCKS["token"]
   got = [s for s in _declared_scratch(
-      si.streamindex_topk, inp.args, k=16, compression_ratio=4, **BLOCKS)]
+      si.streamindex_topk, inp.args, k=16, compression_ratio=4, **blocks)]
   q, w = inp.args[0], inp.args[1]
   want = []
   for launch in semantics.token_launches((0, 0, 0), 4):
     c = launch.block_case
-    bkv_p = BLOCKS["num_kv_pages_per_block"][c]
-    bq = launch.bq_sz(BLOCKS["num_queries_per_block"][c])
+    bkv_p = blocks["num_kv_pages_per_block"][c]
+    bq = launch.bq_sz(blocks["num_queries_per_block"][c])
     cache = inp.cache
     want.append([(tuple(s), jnp.dtype(d).name) for _, s, d in
                  semantics.launch_scratch(
