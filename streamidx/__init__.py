@@ -14,6 +14,9 @@ engineer imports; it loads no plotting or notebook code.
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
+    sharded                                           any variant under
+                                                      jax.shard_map: sequence-
+                                                      and context-parallel
     semantics                                         causal rules, launches,
                                                       block normalisation
 
@@ -24,7 +27,7 @@ timeline, profiling, studies, plots, benchmark, workbook runner) lives in
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
-from streamidx import streaming, validate, variants
+from streamidx import sharded, streaming, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.checked import (checked_streamindex_page_topk,
@@ -53,7 +56,7 @@ __all__ = [
     "compile_for", "describe_machine", "interpreter", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
-    "semantics", "set_interpreter", "streaming", "validate",
+    "semantics", "set_interpreter", "sharded", "streaming", "validate",
     "validate_page_topk_inputs", "validate_topk_inputs", "variants",
     "streamindex_page_topk", "streamindex_page_topk_ref", "streamindex_topk",
     "streamindex_topk_ref", "token_scores",

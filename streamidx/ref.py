@@ -190,20 +190,26 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
   return _pool_pages(s, page_size)
 
 
-def topk_from_scores(scores, k: int):
-  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf."""
+def topk_from_scores(scores, k: int, *, return_scores: bool = False):
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf.
+
+  With `return_scores`, returns (indices, f32[T, k] their scores, -inf where
+  the index is -1).
+  """
   if scores.shape[1] < k:
     scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
                      constant_values=-jnp.inf)
   vals, idx = jax.lax.top_k(scores, k)
-  return jnp.where(vals == -jnp.inf, -1, idx).astype(jnp.int32)
+  idx = jnp.where(vals == -jnp.inf, -1, idx).astype(jnp.int32)
+  return (idx, vals) if return_scores else idx
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule"))
+                     "decode_req_batch_size", "causal_rule",
+                     "return_scores"))
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -220,12 +226,14 @@ def streamindex_topk_ref(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    return_scores: bool = False,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   Block sizes, `vmem_limit_bytes` and `decode_req_batch_size` only shape the
   kernel's schedule; they are accepted for drop-in use and ignored. A float32
   cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
+  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size
@@ -233,14 +241,14 @@ def streamindex_topk_ref(
                    cu_q_lens, distribution,
                    compression_ratio=compression_ratio,
                    causal_rule=causal_rule)
-  return topk_from_scores(s, k)
+  return topk_from_scores(s, k, return_scores=return_scores)
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "causal_rule", "one_token_per_seq"))
+                     "causal_rule", "one_token_per_seq", "return_scores"))
 def streamindex_page_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -257,6 +265,7 @@ def streamindex_page_topk_ref(
     vmem_limit_bytes=64 * 1024 * 1024,
     causal_rule: str = "model",
     one_token_per_seq: bool = False,
+    return_scores: bool = False,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
@@ -267,13 +276,14 @@ def streamindex_page_topk_ref(
   sequences by `cu_q_lens` (what the kernel computes). True: the decode form,
   row i is the single query (at position seq_len - 1) of sequence i, and
   `cu_q_lens` is ignored. Unlike the kernel, any `compression_ratio` works.
+  `return_scores=True` returns (page ids, f32[T, k_pages] page scores).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   s = page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens, num_seqs, compression_ratio=compression_ratio,
                   causal_rule=causal_rule,
                   one_token_per_seq=one_token_per_seq)
-  return topk_from_scores(s, k_pages)
+  return topk_from_scores(s, k_pages, return_scores=return_scores)
 
 
 def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,

@@ -85,6 +85,20 @@
 #     single bkv step (it still prefetches the next sequence's blocks, so the
 #     pipeline across sequences is unchanged). Non-empty sequences issue the
 #     same DMAs as before.
+# M8  Entries past the page table are invisible. Each sequence's kv_len is
+#     `min(seq_len // ratio, pages_per_seq * page_size)`: the entries its page
+#     table can address, as in `streamidx.ref` (whose score columns end at
+#     the table). The seed read past the table (the next sequence's slots)
+#     and wrote score blocks past the score buffer (bounds checks are off).
+#     Valid inputs (rule `page_table_columns`) are unchanged. The context-
+#     parallel path (`streamidx.sharded`) relies on it: a device's page table
+#     holds its share of a sequence's pages, its shifted seq_len gives the
+#     global causal and length masks restricted to that share, and the clamp
+#     ends the share.
+# M9  `return_scores`. Both entry points take a static `return_scores=False`;
+#     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
+#     (or pages') scores, -inf where the index is -1, so that top-k lists from
+#     several devices can be merged exactly (`streamidx.sharded`).
 # M-fp8-widen  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
 #     rejects the e4m3 KV tile as a matmul operand on TPU v4
 #     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
@@ -289,7 +303,9 @@ def _scores_kernel(
     q_lens.append(q_len)
     seq_len = seq_lens_ref[batch_start_seq_idx + batch_idx]
     seq_lens.append(seq_len)
-    kv_len = seq_len // compression_ratio
+    # streamidx (M8): entries past the page table are invisible.
+    kv_len = jnp.minimum(seq_len // compression_ratio,
+                         pages_per_seq * page_size_per_kv_packing * kv_packing)
     kv_lens.append(kv_len)
 
   def wait_send_scores(bo_sem_idx):
@@ -822,6 +838,7 @@ def prepare_outputs(out):
         "vmem_limit_bytes",
         "decode_req_batch_size",
         "causal_rule",
+        "return_scores",
     ),
 )
 def streamindex_topk(
@@ -840,6 +857,7 @@ def streamindex_topk(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    return_scores: bool = False,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
 
@@ -866,6 +884,9 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): compressed entry s is
       visible to the query at absolute position p iff s < (p + 1) // ratio,
       as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
+    return_scores: streamidx (M9). False (default): return the indices.
+      True: return (indices, scores), scores f32[T, k] the selected entries'
+      scores, -inf where the index is -1.
 
   Returns:
     Top-K indices (in compressed space).
@@ -1082,6 +1103,8 @@ def streamindex_topk(
   # but faster.
   top_vals, top_idxs = jax.lax.approx_max_k(scores, k, reduction_dimension=-1, recall_target=1.0)
   topk_idxs = jnp.where(top_vals == -jnp.inf, -1, top_idxs)
+  if return_scores:  # streamidx (M9)
+    return topk_idxs[: q.shape[0], :k], top_vals[: q.shape[0], :k]
   return topk_idxs[: q.shape[0], :k]
 
 
@@ -1094,6 +1117,7 @@ def streamindex_topk(
         "num_queries_per_block",
         "vmem_limit_bytes",
         "causal_rule",
+        "return_scores",
     ),
 )
 def streamindex_page_topk(
@@ -1111,6 +1135,7 @@ def streamindex_page_topk(
     num_queries_per_block: int = 512,
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
+    return_scores: bool = False,
 ) -> jax.Array:
   """Page-level lightning-indexer top-k (prefill/extend form).
 
@@ -1123,6 +1148,8 @@ def streamindex_page_topk(
   page mode supports compression_ratio=1 only, where both rules coincide.
   Page indices past the cache are silently clamped to the last page by the
   kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
+  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
+  page scores, -inf where the id is -1).
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
@@ -1232,4 +1259,7 @@ def streamindex_page_topk(
   page_scores = kernel(*scalar_prefetches, q, prepared_indexer_weights, cache_kv, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
   top_vals, top_idxs = jax.lax.top_k(page_scores, k_pages)
-  return jnp.where(top_vals > -jnp.inf, top_idxs, -1)
+  top_idxs = jnp.where(top_vals > -jnp.inf, top_idxs, -1)
+  if return_scores:  # streamidx (M9)
+    return top_idxs, top_vals
+  return top_idxs
