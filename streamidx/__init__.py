@@ -9,6 +9,8 @@ engineer imports; it loads no plotting or notebook code.
     VARIANTS, block_sizes                             the kernel variants by
                                                       name; the block-size table
     interpreter(...), race_check()                    force the TPU interpreter
+    compile_for(generation)                           compile for a TPU
+                                                      generation, no TPU needed
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
@@ -32,9 +34,9 @@ from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.checked import (checked_streamindex_page_topk,
                                checked_streamindex_topk)
-from streamidx.modes import (describe_machine, interpreter, kernel_mode,
-                             race_check, races_found, reset_interpreter_state,
-                             set_interpreter)
+from streamidx.modes import (compile_for, describe_machine, interpreter,
+                             kernel_mode, race_check, races_found,
+                             reset_interpreter_state, set_interpreter)
 from streamidx.ref import (page_scores, streamindex_page_topk_ref,
                            streamindex_topk_ref, token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
@@ -54,7 +56,7 @@ __all__ = [
     "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "RaggedBatch",
     "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
     "checked_streamindex_page_topk", "checked_streamindex_topk",
-    "describe_machine", "interpreter", "kernel_mode", "make_batch",
+    "compile_for", "describe_machine", "interpreter", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
     "semantics", "set_interpreter", "sharded", "streaming", "validate",

@@ -22,7 +22,7 @@ CHIP = {"v4": pltpu.ChipVersion.TPU_V4, "v5e": pltpu.ChipVersion.TPU_V5E,
 FIELDS = ("tensorcores_per_chip", "jax_devices_per_chip", "hbm_capacity_bytes",
           "hbm_bandwidth_bytes_per_s", "vmem_bytes_per_tensorcore",
           "peak_bf16_flops", "peak_int8_ops", "peak_fp8_flops",
-          "ici_bandwidth_bytes_per_s")
+          "ici_bandwidth_bytes_per_s", "clock_hz")
 
 
 def test_all_five_generations_are_present():
@@ -143,3 +143,21 @@ def test_malformed_spec_file_is_rejected_naming_the_field(tmp_path, mutate, matc
 def test_missing_spec_file_names_the_path(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere.json"):
     hardware.load_specs(tmp_path / "nowhere.json")
+
+
+@pytest.mark.parametrize("gen", ["v4", "v5e", "v5p"])
+def test_clock_matches_the_mxu_rate_of_jax_tpu_info(gen):
+  """clock = bf16 peak per TensorCore / (MXUs x 128 x 128 x 2): derived so
+  for v5e and v5p, and v4's published 1050 MHz agrees within 0.2 %."""
+  info = pltpu.get_tpu_info_for_chip(CHIP[gen], 1)
+  implied = info.bf16_ops_per_second / (
+      info.num_mxus * info.mxu_column_size**2 * 2)
+  assert abs(SPECS[gen].clock_hz / implied - 1) < 0.002, (gen, implied)
+
+
+@pytest.mark.parametrize("gen", ["v6e", "v7x"])
+def test_no_clock_where_the_mxu_table_implies_an_incredible_one(gen):
+  info = pltpu.get_tpu_info_for_chip(CHIP[gen], 1)
+  implied = info.bf16_ops_per_second / (
+      info.num_mxus * info.mxu_column_size**2 * 2)
+  assert implied > 3e9 and SPECS[gen].clock_hz is None

@@ -99,6 +99,25 @@
 #     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
 #     (or pages') scores, -inf where the index is -1, so that top-k lists from
 #     several devices can be merged exactly (`streamidx.sharded`).
+# M-fp8-widen  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
+#     rejects the e4m3 KV tile as a matmul operand on TPU v4
+#     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
+#     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
+#     with `streamidx.compile_for`). `load_bkv` now widens the e4m3 tile to
+#     bf16 before the matmul when the kernel is compiled for such a chip
+#     (`_widen_fp8_for_mxu`, read at trace time from the target chip:
+#     generation < 5); exact, since every e4m3fn value is a bf16 value.
+#     Interpreted and on v5e and newer the tile goes to the matmul as e4m3,
+#     as in the seed.
+# M-vmem-check  VMEM scratch checked before compiling. The four scratch
+#     buffers of a launch are declared once (`semantics.launch_scratch`,
+#     which the lab's tiling model reads too); compiled, both entry points
+#     first check (`check_launch_vmem`) that their bytes as Mosaic lays them
+#     out (`semantics.scratch_vmem_bytes`, tiled as Mosaic tiles VMEM; the
+#     compiler's own count on the grid of tests/test_aot.py) fit the chip's
+#     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
+#     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
+#     memory in memory space vmem") after compiling.
 # M-topk  The selection stage. `streamindex_topk` gains a static argument
 #     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
 #     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
@@ -173,6 +192,66 @@ _MLA_CASE = {
 }
 
 
+# streamidx (M-vmem-check): the compiled-mode VMEM check (the scratch comes
+# from streamidx.semantics.launch_scratch).
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.2f} MiB"
+
+
+def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
+  """Compiled mode: raises if a launch's scratch cannot fit the target chip.
+
+  streamidx (M-vmem-check). The chip is the one the kernel is traced for
+  (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
+  Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
+  or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
+  is then the bound); it needs some internal scratch on top, which only the
+  compiler sizes, so a launch that passes can still be rejected by it.
+  """
+  info = _target_tpu_info()
+  if info is None:  # a chip JAX's table does not know: the compiler judges
+    return
+  need = semantics.scratch_vmem_bytes(scratch, info.generation)
+  capacity = int(info.vmem_capacity_bytes)
+  limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
+                                                        capacity)
+  if need <= limit:
+    return
+  name, shape, dtype = max(
+      scratch,
+      key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
+  largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
+  limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
+                f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
+  raise ValueError(
+      f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
+      f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
+      f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
+      f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
+      f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
+
+
+def _target_tpu_info():
+  """`pltpu.get_tpu_info()` of the chip traced for, None if JAX lacks it."""
+  try:
+    return pltpu.get_tpu_info()
+  except ValueError:
+    return None
+
+
+def _widen_fp8_for_mxu(interpret) -> bool:
+  """streamidx (M-fp8-widen): widen the e4m3 KV tile to bf16 for the matmul?
+
+  True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
+  RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
+  from the target chip; False when interpreted.
+  """
+  if interpret is not False:
+    return False
+  info = _target_tpu_info()
+  return info is not None and info.generation < 5
+
+
 def _scores_kernel(
     # Prefetch
     seq_lens_ref,  # [max_num_seqs]
@@ -204,6 +283,7 @@ def _scores_kernel(
     num_bkv_max: int | None = None,
     causal_rule: str = "model",  # streamidx (M3)
     interpreted: bool = False,  # streamidx (M2)
+    widen_fp8: bool = False,  # streamidx (M-fp8-widen)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -436,6 +516,9 @@ def _scores_kernel(
         # format.
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
+        if widen_fp8:
+          # streamidx (M-fp8-widen): exact, e4m3fn is a subset of bf16.
+          fp8_val = fp8_val.astype(jnp.bfloat16)
         scale_val = pltpu.bitcast(
             flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
         ).astype(jnp.bfloat16)
@@ -849,6 +932,7 @@ def streamindex_topk(
       num_queries_per_block, "num_queries_per_block")
 
   interpret = modes.resolve_interpret()  # streamidx (M1)
+  widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M-fp8-widen)
 
   max_num_seqs = seq_lens.shape[0]
   original_dtype = q.dtype
@@ -919,49 +1003,22 @@ def streamindex_topk(
 
     out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
 
-    bkv_double_buf = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bkv_buf_sz_per_kv_packing,
-            kv_packing,
-            lkv_dim,
-        ),
-        cache_kv.dtype,
-    )
-
-    bq_double_bufq = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bq_sz,
-            num_q_heads,
-            head_dim,
-        ),
-        q.dtype,
-    )
-
-    bq_weights_double_buf = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bq_sz,
-            num_q_heads,
-        ),
-        prepared_indexer_weights.dtype,
-    )
-
-    bo_scores_double_buf = pltpu.VMEM(
-        (2, seq_batch_size * bq_sz, num_sublanes_bkv, 128), jnp.float32
-    )
-
-    scratch_shapes = [
-        bkv_double_buf,
-        bq_double_bufq,
-        bq_weights_double_buf,
-        bo_scores_double_buf,
-        pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)),
-    ]
+    # streamidx (M-vmem-check): the scratch, declared once and checked.
+    scratch = semantics.launch_scratch(
+        seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+        page_size_per_kv_packing=page_size_per_kv_packing,
+        kv_packing=kv_packing, lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype,
+        num_q_heads=num_q_heads, head_dim=head_dim, q_dtype=q.dtype,
+        weights_dtype=prepared_indexer_weights.dtype,
+        num_out_sublanes=num_sublanes_bkv)
+    if interpret is False:
+      check_launch_vmem(
+          scratch, case=case.name.lower(), vmem_limit_bytes=vmem_limit_bytes,
+          blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
+                  f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
+                  f"sequence(s) per program"))
+    scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+    scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)))
 
     scalar_prefetches = (
         seq_lens,
@@ -984,6 +1041,7 @@ def streamindex_topk(
                 seq_batch_size=seq_batch_size,
                 causal_rule=causal_rule,
                 interpreted=interpret is not False,
+                widen_fp8=widen_fp8,
             ),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=len(scalar_prefetches),
@@ -1160,13 +1218,21 @@ def streamindex_page_topk(
       pl.BlockSpec(memory_space=pltpu.HBM),
   ]
   out_specs = pl.BlockSpec(memory_space=pltpu.HBM)
-  scratch_shapes = [
-      pltpu.VMEM((2, 1, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim), cache_kv.dtype),
-      pltpu.VMEM((2, 1, bq_sz, num_q_heads, head_dim), q.dtype),
-      pltpu.VMEM((2, 1, bq_sz, num_q_heads), prepared_indexer_weights.dtype),
-      pltpu.VMEM((2, bq_sz, num_page_sublanes, 128), jnp.float32),
-      pltpu.SemaphoreType.DMA((4, 2, 1)),
-  ]
+  # streamidx (M-vmem-check): the scratch, declared once and checked.
+  scratch = semantics.launch_scratch(
+      seq_batch_size=1, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=page_size_per_kv_packing, kv_packing=kv_packing,
+      lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype, num_q_heads=num_q_heads,
+      head_dim=head_dim, q_dtype=q.dtype,
+      weights_dtype=prepared_indexer_weights.dtype,
+      num_out_sublanes=num_page_sublanes)
+  if interpret is False:
+    check_launch_vmem(
+        scratch, case="page", vmem_limit_bytes=vmem_limit_bytes,
+        blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
+                f"{bq_sz}, {pages_per_seq} pages per sequence"))
+  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, 1)))
   scalar_prefetches = (
       seq_lens,
       page_indices,
@@ -1189,6 +1255,7 @@ def streamindex_page_topk(
               num_bkv_max=num_bkv_max,
               causal_rule=causal_rule,
               interpreted=interpret is not False,
+              widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M-fp8-widen)
           ),
           grid_spec=pltpu.PrefetchScalarGridSpec(
               num_scalar_prefetch=len(scalar_prefetches),

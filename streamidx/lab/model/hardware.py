@@ -59,8 +59,9 @@ _FIELDS = (
     "peak_int8_ops",
     "peak_fp8_flops",
     "ici_bandwidth_bytes_per_s",
+    "clock_hz",
 )
-_REQUIRED = _FIELDS[:6]  # int8/fp8 peaks and ICI bandwidth may be unpublished
+_REQUIRED = _FIELDS[:6]  # int8/fp8 peaks, ICI bandwidth and the clock may be unpublished
 _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
 
@@ -86,6 +87,7 @@ class TpuSpec:
   peak_int8_ops: float | None
   peak_fp8_flops: float | None
   ici_bandwidth_bytes_per_s: float | None
+  clock_hz: float | None  # TensorCore clock: bundles -> seconds (static schedule)
   sources: Mapping[str, str]
   as_published: Mapping[str, str]
 
