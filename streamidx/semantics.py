@@ -169,7 +169,7 @@ def token_launches(distribution, decode_req_batch_size: int
 
 
 # ---------------------------------------------------------------------------
-# VMEM scratch of one launch (local modification M-vmem-check).
+# VMEM scratch of one launch (local modification M11).
 
 
 def _dtype(dtype):

@@ -99,7 +99,7 @@
 #     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
 #     (or pages') scores, -inf where the index is -1, so that top-k lists from
 #     several devices can be merged exactly (`streamidx.sharded`).
-# M-fp8-widen  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
+# M10  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
 #     rejects the e4m3 KV tile as a matmul operand on TPU v4
 #     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
 #     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
@@ -109,7 +109,7 @@
 #     generation < 5); exact, since every e4m3fn value is a bf16 value.
 #     Interpreted and on v5e and newer the tile goes to the matmul as e4m3,
 #     as in the seed.
-# M-vmem-check  VMEM scratch checked before compiling. The four scratch
+# M11  VMEM scratch checked before compiling. The four scratch
 #     buffers of a launch are declared once (`semantics.launch_scratch`,
 #     which the lab's tiling model reads too); compiled, both entry points
 #     first check (`check_launch_vmem`) that their bytes as Mosaic lays them
@@ -118,7 +118,7 @@
 #     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
 #     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
 #     memory in memory space vmem") after compiling.
-# M-topk  The selection stage. `streamindex_topk` gains a static argument
+# M12  The selection stage. `streamindex_topk` gains a static argument
 #     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
 #     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
 #     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
@@ -192,7 +192,7 @@ _MLA_CASE = {
 }
 
 
-# streamidx (M-vmem-check): the compiled-mode VMEM check (the scratch comes
+# streamidx (M11): the compiled-mode VMEM check (the scratch comes
 # from streamidx.semantics.launch_scratch).
 def _mib(n: int) -> str:
   return f"{n / 2**20:.2f} MiB"
@@ -201,7 +201,7 @@ def _mib(n: int) -> str:
 def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
   """Compiled mode: raises if a launch's scratch cannot fit the target chip.
 
-  streamidx (M-vmem-check). The chip is the one the kernel is traced for
+  streamidx (M11). The chip is the one the kernel is traced for
   (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
   Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
   or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
@@ -240,7 +240,7 @@ def _target_tpu_info():
 
 
 def _widen_fp8_for_mxu(interpret) -> bool:
-  """streamidx (M-fp8-widen): widen the e4m3 KV tile to bf16 for the matmul?
+  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
 
   True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
   RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
@@ -283,7 +283,7 @@ def _scores_kernel(
     num_bkv_max: int | None = None,
     causal_rule: str = "model",  # streamidx (M3)
     interpreted: bool = False,  # streamidx (M2)
-    widen_fp8: bool = False,  # streamidx (M-fp8-widen)
+    widen_fp8: bool = False,  # streamidx (M10)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -517,7 +517,7 @@ def _scores_kernel(
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
         if widen_fp8:
-          # streamidx (M-fp8-widen): exact, e4m3fn is a subset of bf16.
+          # streamidx (M10): exact, e4m3fn is a subset of bf16.
           fp8_val = fp8_val.astype(jnp.bfloat16)
         scale_val = pltpu.bitcast(
             flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
@@ -900,7 +900,7 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): compressed entry s is
       visible to the query at absolute position p iff s < (p + 1) // ratio,
       as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
-    topk_method: streamidx (M-topk). How the top-k of the f32 score buffer
+    topk_method: streamidx (M12). How the top-k of the f32 score buffer
       is selected: one of `streamidx.topk.TOPK_METHODS` (default "sort", the
       vendored `approx_max_k(recall_target=1.0)`); every exact method
       returns the same indices. See `streamidx.topk`.
@@ -932,7 +932,7 @@ def streamindex_topk(
       num_queries_per_block, "num_queries_per_block")
 
   interpret = modes.resolve_interpret()  # streamidx (M1)
-  widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M-fp8-widen)
+  widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M10)
 
   max_num_seqs = seq_lens.shape[0]
   original_dtype = q.dtype
@@ -1003,7 +1003,7 @@ def streamindex_topk(
 
     out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
 
-    # streamidx (M-vmem-check): the scratch, declared once and checked.
+    # streamidx (M11): the scratch, declared once and checked.
     scratch = semantics.launch_scratch(
         seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
         page_size_per_kv_packing=page_size_per_kv_packing,
@@ -1117,7 +1117,7 @@ def streamindex_topk(
   # direct VMEM streaming will allow SC to beat TensorCore performance.
   # jax.lax.approx_max_k(recall_target=1.0) is equivalent to jax.lax.top_k
   # but faster.
-  # streamidx (M-topk): the selection (and the -inf padding to k columns,
+  # streamidx (M12): the selection (and the -inf padding to k columns,
   # and -1 for -inf) is `streamidx.topk.select_topk`; "sort" is the
   # approx_max_k(recall_target=1.0) above plus the tie rule.
   topk_idxs = topk.select_topk(scores, k, topk_method)[: q.shape[0], :k]
@@ -1218,7 +1218,7 @@ def streamindex_page_topk(
       pl.BlockSpec(memory_space=pltpu.HBM),
   ]
   out_specs = pl.BlockSpec(memory_space=pltpu.HBM)
-  # streamidx (M-vmem-check): the scratch, declared once and checked.
+  # streamidx (M11): the scratch, declared once and checked.
   scratch = semantics.launch_scratch(
       seq_batch_size=1, bq_sz=bq_sz, bkv_p=bkv_p,
       page_size_per_kv_packing=page_size_per_kv_packing, kv_packing=kv_packing,
@@ -1255,7 +1255,7 @@ def streamindex_page_topk(
               num_bkv_max=num_bkv_max,
               causal_rule=causal_rule,
               interpreted=interpret is not False,
-              widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M-fp8-widen)
+              widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M10)
           ),
           grid_spec=pltpu.PrefetchScalarGridSpec(
               num_scalar_prefetch=len(scalar_prefetches),
@@ -1277,7 +1277,7 @@ def streamindex_page_topk(
   )
   page_scores = kernel(*scalar_prefetches, q, prepared_indexer_weights, cache_kv, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
-  # streamidx (M-topk): the project's selection (lax.top_k, -1 for -inf).
+  # streamidx (M12): the project's selection (lax.top_k, -1 for -inf).
   top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
   if return_scores:  # streamidx (M9)
     return top_idxs, topk.scores_at(page_scores, top_idxs)

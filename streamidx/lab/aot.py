@@ -542,6 +542,9 @@ def main(argv=None) -> int:
                  help="also one row per streamidx.topk method (all of "
                  "TOPK_METHODS when given no names) at the table's blocks")
   p.add_argument("--list", action="store_true", help="list the shapes")
+  p.add_argument("--no-sharded", action="store_true",
+                 help="skip the sharded rows (sequence- and context-parallel "
+                 "on v6e:2x2 and tpu7x:2x2x1, streamidx.lab.sharding)")
   a = p.parse_args(argv)
   if a.list:
     for s in SHAPES:
@@ -581,7 +584,20 @@ def main(argv=None) -> int:
   print(f"\naot: {sum(r.ok for r in results)}/{len(results)} compiled in "
         f"{time.perf_counter() - t0:.0f} s; rows with the block-size table's "
         f"sizes that failed: {len(bad)}")
-  return 1 if bad else 0
+  sharded_bad = 0
+  if not a.no_sharded:
+    # The sharded functions on TPU slices: the kernel and the collectives in
+    # one compiled program; bytes each device receives, from its HLO.
+    from streamidx.lab import sharding, tables  # pylint: disable=g-import-not-at-top
+    t0 = time.perf_counter()
+    runs = sharding.compile_matrix(quick=a.quick)
+    print("\nsharded (streamidx.lab.sharding; collective bytes read from the "
+          "compiled HLO, no TPU):")
+    print(tables.markdown([r.row() for r in runs]))
+    sharded_bad = sum(not r.ok for r in runs)
+    print(f"\naot: {len(runs) - sharded_bad}/{len(runs)} sharded compiled in "
+          f"{time.perf_counter() - t0:.0f} s")
+  return 1 if (bad or sharded_bad) else 0
 
 
 if __name__ == "__main__":
