@@ -353,3 +353,17 @@ def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
                                 with_scoring=False, estimates=fake)
   chunked = [x for x in rows if x["method"] == "chunked"][0]
   assert chunked["compiler optimal us"] == 300
+
+
+def test_compile_matrix_has_a_row_per_topk_method():
+  from streamidx.lab import aot
+  rows = aot.matrix(quick=True, variants=["vendored"], formats=["fp8"],
+                    generations=["v6e"], topk_methods=topk.TOPK_METHODS)
+  methods = [r.topk_method for r in rows]
+  assert methods == [None, *topk.TOPK_METHODS]
+  assert rows[3].static["topk_method"] == topk.TOPK_METHODS[2]
+  assert all(r.table for r in rows)
+  assert "topk_method" not in rows[0].static
+  page = aot.matrix(quick=True, variants=["vendored_page"], formats=["fp8"],
+                    generations=["v6e"], topk_methods=topk.TOPK_METHODS)
+  assert [r.topk_method for r in page] == [None]  # page mode takes none

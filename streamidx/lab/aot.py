@@ -3,6 +3,7 @@
     python -m streamidx.aot             # the whole matrix (make aot)
     python -m streamidx.aot --quick     # one shape per variant and generation
     python -m streamidx.aot --generations v5e v6e --formats fp8 --jobs 2
+    python -m streamidx.aot --quick --topk-methods   # + every topk_method
 
 Each row is one variant of `streamidx.VARIANTS` x TPU generation (v4, v5e,
 v5p, v6e, v7x) x cache format x block sizes x shape. Its arguments are
@@ -138,10 +139,14 @@ class Row:
   shape: str
   blocks: tuple  # sorted (name, value) pairs of the block-size keywords
   table: bool  # blocks are the block-size table's row
+  topk_method: str | None = None  # None: the kernel's default
 
   @property
   def static(self) -> dict:
-    return dict(self.blocks)
+    out = dict(self.blocks)
+    if self.topk_method is not None:
+      out["topk_method"] = self.topk_method
+    return out
 
 
 @dataclasses.dataclass
@@ -175,8 +180,15 @@ def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
 def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
            generations: Sequence[str] | None = None,
            formats: Sequence[str] | None = None,
-           shapes: Sequence[str] | None = None) -> list[Row]:
-  """The rows to compile. quick: the table's blocks, one shape per variant."""
+           shapes: Sequence[str] | None = None,
+           topk_methods: Sequence[str] | None = None) -> list[Row]:
+  """The rows to compile. quick: the table's blocks, one shape per variant.
+
+  topk_methods: for each token variant that takes them (`Variant.
+  topk_methods`), one more row per method named here (e.g.
+  `streamidx.topk.TOPK_METHODS`) with the table's blocks: the selection
+  stage `streamidx.topk.select_topk` compiled inside the kernel call.
+  """
   out = []
   for name, v in _variants().items():
     if variants and name not in variants:
@@ -198,6 +210,10 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
           for kw, is_table in sets:
             out.append(Row(name, gen, fmt, shape.name, _blocks_key(kw),
                            is_table))
+          for m in topk_methods or ():
+            if m in v.topk_methods:
+              out.append(Row(name, gen, fmt, shape.name,
+                             _blocks_key(sets[0][0]), True, topk_method=m))
   return out
 
 
@@ -471,7 +487,9 @@ def format_table(results: Sequence[Result]) -> str:
   for r in results:
     m = r.memory
     rows.append((r.row.variant, r.row.generation, r.row.fmt, r.row.shape,
-                 _fmt_blocks(r.row.blocks) + ("" if not r.row.table else " (table)"),
+                 _fmt_blocks(r.row.blocks) + ("" if not r.row.table else " (table)")
+                 + ("" if r.row.topk_method is None
+                    else f" topk_method={r.row.topk_method}"),
                  "compiled" if r.ok else r.error, f"{r.compile_s:.1f}",
                  _mib(r.vmem_scratch), _mib(m.get("temp")),
                  _mib(m.get("argument")),
@@ -520,6 +538,9 @@ def main(argv=None) -> int:
   p.add_argument("--shapes", nargs="+", choices=sorted(_SHAPES))
   p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                  help="compiler processes (default: min(4, CPUs))")
+  p.add_argument("--topk-methods", nargs="*", metavar="METHOD",
+                 help="also one row per streamidx.topk method (all of "
+                 "TOPK_METHODS when given no names) at the table's blocks")
   p.add_argument("--list", action="store_true", help="list the shapes")
   p.add_argument("--no-sharded", action="store_true",
                  help="skip the sharded rows (sequence- and context-parallel "
@@ -531,8 +552,15 @@ def main(argv=None) -> int:
             f"pages/seq={s.pages_per_seq} page={s.page_size} H={s.num_heads} "
             f"k={s.k} ratio={s.compression_ratio}  {s.note}")
     return 0
+  if a.topk_methods is not None:
+    from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
+    for m in a.topk_methods:
+      topk_lib.check_topk_method(m)
+    methods = tuple(a.topk_methods) or topk_lib.TOPK_METHODS
+  else:
+    methods = None
   rows = matrix(quick=a.quick, variants=a.variants, generations=a.generations,
-                formats=a.formats, shapes=a.shapes)
+                formats=a.formats, shapes=a.shapes, topk_methods=methods)
   if not rows:
     print("aot: no rows match", file=sys.stderr)
     return 2
@@ -542,9 +570,11 @@ def main(argv=None) -> int:
 
   def progress(r):
     state = "compiled" if r.ok else "FAILED  "
+    method = ("" if r.row.topk_method is None
+              else f" topk_method={r.row.topk_method}")
     print(f"  {state} {r.row.variant} {r.row.generation} {r.row.fmt} "
-          f"{r.row.shape} {_fmt_blocks(r.row.blocks)} ({r.compile_s:.1f} s)",
-          flush=True)
+          f"{r.row.shape} {_fmt_blocks(r.row.blocks)}{method} "
+          f"({r.compile_s:.1f} s)", flush=True)
 
   t0 = time.perf_counter()
   results = run(rows, a.jobs, progress)

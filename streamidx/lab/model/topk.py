@@ -395,26 +395,20 @@ def approx_recall(scores, k: int, *,
 # ---------------------------------------------------------------------------
 # The compiler's view: select_topk compiled for a TPU generation.
 
-TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7x": "tpu7x:2x2x1",
-              "v4": "v4:2x2x1", "v5p": "v5p:2x2x1"}
-
-
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
   """Lowers and compiles `select_topk` for `generation` (libtpu, no TPU).
 
-  Arguments are `jax.ShapeDtypeStruct`s on the topology's first device;
-  nothing runs. Returns {"ok", "compile_s", "optimal_seconds" (None where
-  the compiler gives none), "bytes_accessed", "flops", "temp_bytes",
-  "error"}: XLA's cost analysis of the compiled program, a static estimate.
+  Arguments are `jax.ShapeDtypeStruct`s on `streamidx.compile_for`'s
+  compile-only device of that generation; nothing runs. Returns {"ok",
+  "compile_s", "optimal_seconds" (None where the compiler gives none),
+  "bytes_accessed", "flops", "temp_bytes", "error"}: XLA's cost analysis of
+  the compiled program, a static estimate.
   """
-  import os  # pylint: disable=g-import-not-at-top
-  # Other processes (a parallel test, another compile) may hold libtpu.
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  from jax.sharding import SingleDeviceSharding  # pylint: disable=g-import-not-at-top
+
+  from streamidx import modes  # pylint: disable=g-import-not-at-top
 
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
@@ -422,14 +416,9 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
          "temp_bytes": None, "error": ""}
   start = time.perf_counter()
   try:
-    topo = topologies.get_topology_desc(topology_name=TOPOLOGIES[generation],
-                                        platform="tpu")
-    dev = topo.devices[0]
-    x = jax.ShapeDtypeStruct((rows, entries), jnp.float32,
-                             sharding=SingleDeviceSharding(dev))
     fn = jax.jit(lambda s: topk_lib.select_topk(s, k, method, **options))
-    with jax.default_device(dev):
-      compiled = fn.lower(x).compile()
+    with modes.compile_for(generation) as target:
+      compiled = fn.lower(target.spec((rows, entries), jnp.float32)).compile()
     ca = compiled.cost_analysis() or {}
     if isinstance(ca, (list, tuple)):
       ca = ca[0] if ca else {}
