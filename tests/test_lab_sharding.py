@@ -6,10 +6,10 @@ compiler prints (taken from a v6e:2x2 compile of the context-parallel
 layout).
 """
 
-import importlib.util
 
 import pytest
 
+from streamidx import modes
 from streamidx.lab import sharding
 
 HLO = """
@@ -40,8 +40,8 @@ def test_unknown_layout_and_topology_are_rejected():
 
 
 needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None,
-    reason="libtpu not installed (pip install 'libtpu==0.0.42.*')")
+    modes.libtpu_path() is None,
+    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 
 
 @needs_libtpu

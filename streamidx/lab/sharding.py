@@ -37,6 +37,8 @@ import time
 
 import numpy as np
 
+from streamidx import modes
+
 __all__ = [
     "LAYOUTS",
     "TOPOLOGIES",
@@ -229,7 +231,6 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
   import streamidx as si  # pylint: disable=g-import-not-at-top
@@ -249,8 +250,10 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                           (nd, nc), seqs_per_shard, k, ok=False)
   t0 = time.time()
   try:
-    topo = topologies.get_topology_desc(topology_name=topology,
-                                        platform="tpu")
+    # libtpu loaded (and its start-up noise kept out) as `compile_for` does:
+    # `modes.TOPOLOGIES[generation]` is this very slice.
+    assert modes.TOPOLOGIES[generation] == topology, topology
+    topo = modes._topology(generation)  # pylint: disable=protected-access
     mesh = sharded.make_mesh(nd, nc, devices=topo.devices)
     data_axis = "data" if nd > 1 else None
     context_axis = "context" if nc > 1 else None
