@@ -274,17 +274,9 @@ def summarize_error(e: BaseException) -> str:
 
 
 def _walk_pallas(jaxpr):
-  from jax._src import core  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pallas_call":
-      yield eqn
-      continue
-    for v in eqn.params.values():
-      if isinstance(v, core.ClosedJaxpr):
-        yield from _walk_pallas(v.jaxpr)
-      elif isinstance(v, core.Jaxpr):
-        yield from _walk_pallas(v)
+  return tiling.pallas_calls(jaxpr)
 
 
 def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):

@@ -614,6 +614,22 @@ def scratch_bytes(scratch) -> dict[str, int]:
   return {n: math.prod(s) * np.dtype(d).itemsize for n, s, d in scratch}
 
 
+def pallas_calls(jaxpr):
+  """The `pallas_call` equations of `jaxpr` (a `core.Jaxpr`), in order,
+  nested jaxprs (cond branches, jit bodies) included."""
+  from jax._src import core  # pylint: disable=g-import-not-at-top
+
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn
+      continue
+    for v in eqn.params.values():
+      if isinstance(v, core.ClosedJaxpr):
+        yield from pallas_calls(v.jaxpr)
+      elif isinstance(v, core.Jaxpr):
+        yield from pallas_calls(v)
+
+
 def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
                    **kwargs) -> list[dict]:
   """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
@@ -627,24 +643,11 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
   """
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import core  # pylint: disable=g-import-not-at-top
 
   fn = resolve_variant(variant, mode).kernel
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
-
-  def walk(j):
-    for eqn in j.eqns:
-      if eqn.primitive.name == "pallas_call":
-        yield eqn
-        continue
-      for v in eqn.params.values():
-        if isinstance(v, core.ClosedJaxpr):
-          yield from walk(v.jaxpr)
-        elif isinstance(v, core.Jaxpr):
-          yield from walk(v)
-
   out = []
-  for eqn in walk(jaxpr.jaxpr):
+  for eqn in pallas_calls(jaxpr.jaxpr):
     n = eqn.params["grid_mapping"].num_scratch_operands
     name = eqn.params.get("name") or ""
     scratch = []
