@@ -9,16 +9,21 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 LOCK := requirements.lock
 STAMP := $(VENV)/.installed
+# libtpu (the TPU compiler, for `compile_for` and `make aot`) goes here, off
+# the import path: JAX's ordinary start-up then never tries a TPU (nor warns
+# about the missing one); streamidx.compile_for loads it from there.
+TPU_COMPILE := $(VENV)/tpu-compile
 PIP := $(VPY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 WORKBOOK_ARGS ?=
+AOT_ARGS ?=
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
 
-.PHONY: help venv test workbook lab bench strip lock clean distclean
+.PHONY: help venv test workbook lab bench aot strip lock clean distclean
 
 help:
 	@echo "make venv      .venv from $(LOCK) + editable streamidx (re-runs when $(LOCK) or pyproject.toml change)"
@@ -26,6 +31,7 @@ help:
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make bench     python -m streamidx.bench"
+	@echo "make aot       python -m streamidx.aot: compile every variant for TPU v4-v7x (no TPU needed)"
 	@echo "make strip     clear outputs and Colab run metadata from notebooks/*.ipynb (keeps tags, TPU runtime)"
 	@echo "make lock      re-resolve $(LOCK) with $(PYTHON) (newest versions)"
 	@echo "make clean     remove build outputs and caches; distclean also removes .venv"
@@ -37,8 +43,11 @@ $(STAMP): $(LOCK) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "make: $(PYTHON) is $$($(PYTHON) --version 2>&1); $(LOCK) needs Python 3.11+" >&2; exit 1; }
 	@test -x $(VPY) || { echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
-	@echo "installing $(LOCK) into $(VENV)"
-	@$(PIP) install -qq --no-deps -r $(LOCK)
+	@echo "installing $(LOCK) into $(VENV) (libtpu into $(TPU_COMPILE))"
+	@grep -v '^libtpu==' $(LOCK) > $(VENV)/requirements-core.txt
+	@$(PIP) install -qq --no-deps -r $(VENV)/requirements-core.txt
+	@rm -rf $(TPU_COMPILE)
+	@$(PIP) install -qq --no-deps --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
 	@out=$$($(PIP) check 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
 	@$(PIP) install -qq --no-deps --no-build-isolation -e .
 	@touch $@
@@ -54,6 +63,9 @@ lab: venv
 
 bench: venv
 	$(VPY) -m streamidx.bench
+
+aot: venv
+	$(VPY) -m streamidx.aot $(AOT_ARGS)
 
 strip: venv
 	$(VPY) tools/strip_notebooks.py notebooks

@@ -11,9 +11,16 @@ engineer imports; it loads no plotting or notebook code.
     VARIANTS, block_sizes                             the kernel variants by
                                                       name; the block-size table
     interpreter(...), race_check()                    force the TPU interpreter
+    compile_for(generation)                           compile for a TPU
+                                                      generation, no TPU needed
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
+    select_topk, TOPK_METHODS                         the top-k stage and its
+                                                      methods (`topk_method`)
+    sharded                                           any variant under
+                                                      jax.shard_map: sequence-
+                                                      and context-parallel
     semantics                                         causal rules, launches,
                                                       block normalisation
 
@@ -24,7 +31,7 @@ timeline, profiling, studies, plots, benchmark, workbook runner) lives in
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
-from streamidx import streaming, validate, variants
+from streamidx import sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.cache import pack_dense_fp8_cache
@@ -32,14 +39,15 @@ from streamidx.checked import (checked_streamindex_page_topk,
                                checked_streamindex_page_topk_dense,
                                checked_streamindex_topk,
                                checked_streamindex_topk_dense)
-from streamidx.modes import (describe_machine, interpreter, kernel_mode,
-                             race_check, races_found, reset_interpreter_state,
-                             set_interpreter)
+from streamidx.modes import (compile_for, describe_machine, interpreter,
+                             kernel_mode, race_check, races_found,
+                             reset_interpreter_state, set_interpreter)
 from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
                            streamindex_page_topk_ref,
                            streamindex_topk_dense_ref, streamindex_topk_ref,
                            token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
+from streamidx.topk import TOPK_METHODS, select_topk
 from streamidx.validate import (validate_page_topk_dense_inputs,
                                 validate_page_topk_inputs,
                                 validate_topk_dense_inputs,
@@ -62,15 +70,16 @@ __all__ = [
     "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
     "checked_streamindex_page_topk", "checked_streamindex_page_topk_dense",
     "checked_streamindex_topk", "checked_streamindex_topk_dense",
-    "describe_machine", "interpreter", "kernel_mode", "make_batch",
+    "compile_for", "describe_machine", "interpreter", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes",
     "pack_dense_fp8_cache", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
-    "semantics", "set_interpreter", "streaming", "validate",
+    "semantics", "set_interpreter", "sharded", "streaming", "validate",
     "validate_page_topk_dense_inputs", "validate_page_topk_inputs",
     "validate_topk_dense_inputs", "validate_topk_inputs", "variants",
     "streamindex_page_topk", "streamindex_page_topk_dense",
     "streamindex_page_topk_dense_ref", "streamindex_page_topk_ref",
     "streamindex_topk", "streamindex_topk_dense", "streamindex_topk_dense_ref",
-    "streamindex_topk_ref", "token_scores",
+    "streamindex_topk_ref", "token_scores", "TOPK_METHODS", "select_topk",
+    "topk",
 ]

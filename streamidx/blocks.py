@@ -74,6 +74,28 @@ _TPU_INFERENCE = (
     "(generation not stated); page size 128 entries there")
 _PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
                  "(num_kv_pages_per_block must be 128 there)")
+# Rows chosen from the compiler's static schedule (streamidx.lab.schedule:
+# bundles per KV page of the compiled KV loop, a compute-side lower bound;
+# no TPU timing exists for them). Numbers: FP8 cache, 64 heads, 128-entry
+# pages, libtpu 0.0.42.1; notebook 03 section 7 recomputes them.
+_SCHEDULE_V5E = (
+    "static schedule (no TPU timing; python -m streamidx.lab.schedule): v5e "
+    "decode KV loop 118 bundles per page at 4 pages per block vs 128 at 3 "
+    "(VSTORE-bound, 2.0x the page's HBM time at the derived 1.503 GHz); "
+    "prefill (128 query rows) 2193 vs 3073 bundles per page at 4 vs 2 "
+    "pages, the MXU slot 93% busy vs 62%")
+_SCHEDULE_V6E = (
+    "static schedule (no TPU timing; python -m streamidx.lab.schedule): v6e "
+    "decode KV loop 57.2 bundles per page at 4 pages per block vs 67.7 at 3 "
+    "(VALU-bound; no public clock, vector-bound below 2.9 GHz); prefill (128 "
+    "query rows) 1446 vs 1610 bundles per page at 4 vs 2 pages (VALU 95%)")
+_SCHEDULE_GLM_PAGE = (
+    "compile matrix and static schedule (no TPU timing): at GLM sizes (32 "
+    "heads, 64-entry pages, 128-page blocks of 8192 entries) the vendored "
+    "512 query rows per block take minutes to compile (measured on v6e: 64 "
+    "rows 45 s, 128 rows 139 s, 32 rows 11 s); per page and query row the "
+    "schedule gives 3.9 bundles at 32 rows vs 4.5 at 16 on v6e, 5.2 vs 6.6 on "
+    "v5e")
 _DENSE = ("the vendored rows (tpu-inference's production sizes), kept for "
           "the dense FP8 kernel: same launches and grid, so the same KV "
           "blocks in entries; its per-block VMEM is smaller (129 instead of "
@@ -89,6 +111,17 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored_page", WILDCARD, None, None,
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_PAGE_DEFAULT),
+    BlockSizes("v5e", "vendored", WILDCARD, 64, 128,
+               num_kv_pages_per_block=(4, 4, 4),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_SCHEDULE_V5E),
+    BlockSizes("v6e", "vendored", WILDCARD, 64, 128,
+               num_kv_pages_per_block=(4, 4, 4),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_SCHEDULE_V6E),
+    BlockSizes(WILDCARD, "vendored_page", WILDCARD, 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_SCHEDULE_GLM_PAGE),
     BlockSizes(WILDCARD, "dense", "dense_fp8", None, None,
                num_kv_pages_per_block=(3, 2, 2),
                num_queries_per_block=(1, 128, 128),
@@ -97,6 +130,9 @@ TABLE: tuple[BlockSizes, ...] = (
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_DENSE_PAGE),
 )
+
+# Which rows came from the compiler's static schedule rather than a TPU run.
+STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE)
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
 # the heuristic keeps them for other page sizes.
@@ -172,4 +208,5 @@ def rows(variant: str | None = None) -> list[BlockSizes]:
   return [r for r in TABLE if variant is None or r.variant in (WILDCARD, variant)]
 
 
-__all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD"]
+__all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD",
+           "STATIC_SCHEDULE_SOURCES"]

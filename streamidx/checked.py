@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx import topk as topk_lib
 from streamidx import modes
 from streamidx.kernels import dense as dense_lib
 from streamidx.kernels import vendored as kernel_lib
@@ -32,7 +33,8 @@ __all__ = ["checked_streamindex_topk", "checked_streamindex_page_topk",
 
 _TOPK_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule", "sort_decode")
+                "decode_req_batch_size", "causal_rule", "topk_method",
+                "sort_decode")
 _PAGE_TOPK_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
                      "causal_rule")
@@ -45,7 +47,8 @@ def checked_streamindex_topk(
     distribution, *, k, compression_ratio, num_kv_pages_per_block,
     num_queries_per_block,
     vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model", sort_decode=True):
+    decode_req_batch_size=4, causal_rule="model",
+    topk_method=topk_lib.DEFAULT_TOPK_METHOD, sort_decode=True):
   """`streamindex_topk` behind its value rules, usable inside `jit`.
 
   Same arguments as `streamidx.streamindex_topk`. Static rules raise
@@ -63,7 +66,8 @@ def checked_streamindex_topk(
                 num_queries_per_block=num_queries_per_block,
                 vmem_limit_bytes=vmem_limit_bytes,
                 decode_req_batch_size=decode_req_batch_size,
-                causal_rule=causal_rule, sort_decode=sort_decode)
+                causal_rule=causal_rule, topk_method=topk_method,
+                sort_decode=sort_decode)
   static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                        cu_q_lens, distribution, **static)
   args = (q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
@@ -111,8 +115,8 @@ def checked_streamindex_topk_dense(
     q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
     cu_q_lens, distribution, *, k, compression_ratio, num_kv_pages_per_block,
     num_queries_per_block, vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size=4, causal_rule="model", sort_decode=True,
-    num_cores=1):
+    decode_req_batch_size=4, causal_rule="model",
+    topk_method=topk_lib.DEFAULT_TOPK_METHOD, sort_decode=True, num_cores=1):
   """`streamindex_topk_dense` behind its value rules, usable inside `jit`.
 
   Same arguments as `streamidx.streamindex_topk_dense`; returns (err,
@@ -123,7 +127,8 @@ def checked_streamindex_topk_dense(
                 num_queries_per_block=num_queries_per_block,
                 vmem_limit_bytes=vmem_limit_bytes,
                 decode_req_batch_size=decode_req_batch_size,
-                causal_rule=causal_rule, sort_decode=sort_decode)
+                causal_rule=causal_rule, topk_method=topk_method,
+                sort_decode=sort_decode)
   cache = (cache_values, cache_scales)
   static_validate_topk(q, indexer_weights, cache, seq_lens, page_indices,
                        cu_q_lens, distribution, **static)

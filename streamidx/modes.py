@@ -3,15 +3,18 @@
 `streamidx.streamindex_topk` and `streamidx.streamindex_page_topk` need no
 argument to run anywhere. When a call is traced, the mode is resolved as:
 
-1. a mode forced with `interpreter(...)` (a context manager) or
-   `set_interpreter(...)` (process-wide), if any;
+1. the innermost of `interpreter(...)` (a context manager) and
+   `compile_for(generation)` (compiled Mosaic for that TPU generation, on
+   any host), or `set_interpreter(...)` (process-wide), if any;
 2. otherwise compiled Mosaic when JAX's default backend is a TPU;
 3. otherwise Pallas's TPU interpreter with default `pltpu.InterpretParams()`
    (DMAs, semaphores, scalar prefetch and VMEM scratch simulated on the CPU).
 
-The forced mode is stored in JAX's own `pallas_tpu_interpret_mode` config
-state, which is part of the jit cache key: a function traced in one mode is
-never reused in another, inside `jax.jit` of the caller's too.
+The forced interpreter is stored in JAX's own `pallas_tpu_interpret_mode`
+config state, the compile target in a config state of streamidx's and in
+JAX's default device; all are part of the jit cache key: a function traced
+in one mode (or for one generation) is never reused in another, inside
+`jax.jit` of the caller's too.
 
 Typical use::
 
@@ -21,6 +24,9 @@ Typical use::
 
     with streamidx.interpreter(uninitialized_memory="nan"):
         idx = streamidx.streamindex_topk(...)
+
+    with streamidx.compile_for("v6e") as target:   # no TPU needed
+        compiled = jax.jit(fn).lower(*target.specs(args)).compile()
 
 Interpreted calls return finished results. XLA:CPU runs an interpreted
 kernel asynchronously, and the interpreter's host callbacks dispatch XLA work
@@ -40,6 +46,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
 
 import jax
 from jax._src import config as _jax_config
@@ -56,6 +69,11 @@ __all__ = [
     "RaceReport",
     "reset_interpreter_state",
     "on_tpu",
+    "TOPOLOGIES",
+    "CompileTarget",
+    "compile_for",
+    "compile_target",
+    "libtpu_path",
     "blocking_when_interpreted",
 ]
 
@@ -109,7 +127,7 @@ def resolve_interpret():
   forced = _forced()
   if forced is not None:
     return forced
-  if on_tpu():
+  if compile_target() is not None or on_tpu():
     return False
   return pltpu.InterpretParams()
 
@@ -123,9 +141,217 @@ def describe_machine() -> str:
   """One line naming the device and how the kernel runs on it."""
   dev = jax.devices()[0]
   kind = getattr(dev, "device_kind", dev.platform)
-  how = ("compiled Mosaic kernel" if kernel_mode() == "compiled"
-         else "Pallas TPU interpreter (simulated TPU, timings are not TPU timings)")
+  target = compile_target()
+  if target is not None and _forced() is None:
+    how = (f"compiled Mosaic kernel for {target.generation} "
+           f"({target.device.device_kind}, compile only: nothing runs)")
+  elif kernel_mode() == "compiled":
+    how = "compiled Mosaic kernel"
+  else:
+    how = "Pallas TPU interpreter (simulated TPU, timings are not TPU timings)"
   return f"{dev.platform.upper()} ({kind}), jax {jax.__version__}: {how}"
+
+
+# ---------------------------------------------------------------------------
+# Compiling for a TPU generation without a TPU.
+
+# Generation -> the smallest topology libtpu describes for it (one chip is
+# enough for the kernel, whose grid runs on one TensorCore).
+TOPOLOGIES: dict[str, str] = {
+    "v4": "v4:2x2x1",
+    "v5e": "v5e:2x2",
+    "v5p": "v5p:2x2x1",
+    "v6e": "v6e:2x2",
+    "v7x": "tpu7x:2x2x1",
+}
+
+# The generation `compile_for` traces for (None: not compiling for a target).
+# Part of the jit cache key, like the forced interpreter.
+_COMPILE_TARGET = _jax_config.config_ext.Config(
+    "streamidx_compile_target", None, include_in_jit_key=True,
+    include_in_trace_context=True)
+
+_LIBTPU_DIR = "tpu-compile"  # under sys.prefix: where `make venv` puts libtpu
+_topologies: dict[str, Any] = {}
+_topology_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileTarget:
+  """What `compile_for` yields: the TPU generation and its topology's devices.
+
+  The devices are compile-only (`jax.experimental.topologies`): arguments
+  are `jax.ShapeDtypeStruct`s placed on them (`spec`, `specs`); never
+  `device_put` onto them, nothing can run there.
+  """
+
+  generation: str  # "v4", "v5e", "v5p", "v6e" or "v7x"
+  topology: str  # libtpu's topology name, e.g. "v6e:2x2"
+  devices: tuple  # every device of the topology
+  tpu_generation: int  # the chip's generation number (4, 5, 6, 7)
+
+  @property
+  def device(self):
+    """The device kernels compile for (the topology's first)."""
+    return self.devices[0]
+
+  @property
+  def sharding(self) -> jax.sharding.SingleDeviceSharding:
+    return jax.sharding.SingleDeviceSharding(self.device)
+
+  def spec(self, shape, dtype) -> jax.ShapeDtypeStruct:
+    """A `ShapeDtypeStruct` on the target device."""
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=self.sharding)
+
+  def specs(self, args):
+    """`args` (arrays or `ShapeDtypeStruct`s, any pytree) as specs on the target."""
+    return jax.tree.map(lambda a: self.spec(a.shape, a.dtype), args)
+
+
+def compile_target() -> CompileTarget | None:
+  """The `CompileTarget` of the innermost `compile_for` block, or None."""
+  return _COMPILE_TARGET.value
+
+
+def libtpu_path() -> str | None:
+  """The libtpu shared library `compile_for` loads, or None if none is installed.
+
+  In order: `$TPU_LIBRARY_PATH`; an importable `libtpu` package (`pip install
+  'streamidx[tpu-compile]'`); `<venv>/tpu-compile/libtpu/libtpu.so`, where
+  `make venv` installs it, off the import path so that JAX's ordinary backend
+  start-up never tries (and warns about) a TPU on hosts without one.
+  """
+  env = os.environ.get("TPU_LIBRARY_PATH")
+  if env and os.path.isfile(env):
+    return env
+  if importlib.util.find_spec("libtpu") is not None:
+    import libtpu  # pylint: disable=g-import-not-at-top
+
+    return libtpu.get_library_path()
+  local = Path(sys.prefix) / _LIBTPU_DIR / "libtpu" / "libtpu.so"
+  return str(local) if local.is_file() else None
+
+
+@contextlib.contextmanager
+def _quiet_stderr(sink: list):
+  """Sends the process's file descriptor 2 to a temporary file for the block.
+
+  libtpu's C++ start-up writes warnings there that are noise off-TPU (no TPU
+  accelerator type, no worker hostnames). What it wrote is appended to `sink`.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      sink.append(tmp.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers():
+  """Restores SIGTERM's and SIGINT's handlers after the block.
+
+  libtpu installs a failure-signal handler when it loads; on a plain
+  SIGTERM (a notebook kernel shut down, a timeout) it prints a stack trace
+  to stderr, and it would turn Ctrl-C into one. Crash signals keep it.
+  """
+  import signal  # pylint: disable=g-import-not-at-top
+
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for sig, handler in saved.items():
+      if handler is not None:
+        signal.signal(sig, handler)
+
+
+def _topology(generation: str):
+  """The topology description of `generation`, loading libtpu on first use."""
+  if generation not in TOPOLOGIES:
+    raise ValueError(f"generation: must be one of {tuple(TOPOLOGIES)} "
+                     f"(got {generation!r})")
+  with _topology_lock:
+    if generation in _topologies:
+      return _topologies[generation]
+    path = libtpu_path()
+    if path is None:
+      raise RuntimeError(
+          "compile_for needs libtpu (the TPU compiler): `make venv` installs "
+          "it into .venv/tpu-compile, or `pip install 'streamidx[tpu-compile]'`"
+          " (then set JAX_PLATFORMS=cpu on hosts without a TPU)")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+
+    # Start JAX's own backends first, while no TPU library is visible to them.
+    jax.devices()
+    env = {"TPU_LIBRARY_PATH": path, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    noise: list[str] = []
+    try:
+      os.environ.update(env)
+      with _quiet_stderr(noise), _keep_signal_handlers():
+        topo = topologies.get_topology_desc(
+            topology_name=TOPOLOGIES[generation], platform="tpu")
+    except Exception as e:
+      raise RuntimeError(f"libtpu ({path}) could not describe topology "
+                         f"{TOPOLOGIES[generation]!r}: {e}\n"
+                         f"libtpu said: {''.join(noise)}") from e
+    finally:
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+        else:
+          os.environ[k] = v
+    _topologies[generation] = topo
+    return topo
+
+
+@contextlib.contextmanager
+def compile_for(generation: str):
+  """Traces the kernels compiled (Mosaic) for TPU `generation`, on any host.
+
+  Yields a `CompileTarget`. Inside the block JAX's default device is the
+  target's (compile-only) device, Pallas reads the chip from it, and
+  `resolve_interpret()` is False (a forced interpreter from an outer block or
+  `set_interpreter` does not apply; an `interpreter(...)` block inside this
+  one does). Lower and compile there::
+
+      with streamidx.compile_for("v5e") as target:
+        args = target.specs(inputs.args)      # ShapeDtypeStructs on the chip
+        compiled = jax.jit(fn).lower(*args).compile()
+        compiled.memory_analysis()
+
+  The compiler's errors are the real ones for that chip (e.g. E2001: an op
+  the chip lacks; E1001: scoped VMEM exceeded). Needs libtpu (see
+  `libtpu_path`); no TPU and no `JAX_PLATFORMS` setting.
+
+  Args:
+    generation: "v4", "v5e", "v5p", "v6e" or "v7x" (`TOPOLOGIES`).
+  """
+  topo = _topology(generation)
+  devices = tuple(topo.devices)
+  with jax.default_device(devices[0]):
+    info_generation = pltpu.get_tpu_info().generation
+  target = CompileTarget(generation, TOPOLOGIES[generation], devices,
+                         int(info_generation))
+  prev_interp = _jax_config.pallas_tpu_interpret_mode_context_manager.swap_local(
+      None)
+  prev_target = _COMPILE_TARGET.swap_local(target)
+  try:
+    with jax.default_device(target.device):
+      yield target
+  finally:
+    _COMPILE_TARGET.set_local(prev_target)
+    _jax_config.pallas_tpu_interpret_mode_context_manager.set_local(prev_interp)
 
 
 def races_found() -> bool:

@@ -20,8 +20,8 @@ Semantics, for the query at absolute position p of sequence b
     bound(p)    = (p + 1) // ratio   ("model", default: complete blocks only)
                   p // ratio + 1     ("seed": the vendored kernel's rule)
 
-Invisible entries score -inf; the top-k (exact, `lax.top_k`) returns -1 in
-their place. Rows that belong to no sequence (padding) are all -1.
+Invisible entries score -inf; the top-k (exact: `topk_from_scores`, ties to
+the lowest index, see `streamidx.topk`) returns -1 in their place. Rows that belong to no sequence (padding) are all -1.
 
 Arithmetic follows the kernel's order: the dot product runs on the stored
 values (e4m3 or bf16) with f32 accumulation, then ReLU, the weighted head
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx import topk as topk_lib
 from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
 
 __all__ = [
@@ -198,20 +199,25 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
   return _pool_pages(s, page_size)
 
 
-def topk_from_scores(scores, k: int):
-  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf."""
-  if scores.shape[1] < k:
-    scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
-                     constant_values=-jnp.inf)
-  vals, idx = jax.lax.top_k(scores, k)
-  return jnp.where(vals == -jnp.inf, -1, idx).astype(jnp.int32)
+def topk_from_scores(scores, k: int, *, return_scores: bool = False):
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf.
+
+  `streamidx.topk.select_topk(scores, k, "top_k")`: by score descending
+  (-0.0 equals +0.0), equal scores by index ascending, -1 past the visible
+  entries; every exact `topk_method` of the kernels returns the same.
+  With `return_scores`, returns (indices, f32[T, k] their scores, -inf
+  where the index is -1; `streamidx.topk.scores_at`).
+  """
+  idx = topk_lib.select_topk(scores, k, "top_k")
+  return (idx, topk_lib.scores_at(scores, idx)) if return_scores else idx
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule", "sort_decode"))
+                     "decode_req_batch_size", "causal_rule", "topk_method",
+                     "return_scores", "sort_decode"))
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -228,29 +234,36 @@ def streamindex_topk_ref(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
+    return_scores: bool = False,
     sort_decode: bool = True,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   Block sizes, `vmem_limit_bytes`, `decode_req_batch_size` and `sort_decode`
   only shape the kernel's schedule; they are accepted for drop-in use and
-  ignored. A float32 cache (`cache.pack_cache(keys, "f32")`) is accepted too:
-  the exact baseline.
+  ignored. So is
+  `topk_method` (checked against `streamidx.topk.TOPK_METHODS`): the
+  reference always selects exactly (`topk_from_scores`), which is what every
+  exact method returns and what "approx" is measured against. A float32
+  cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
+  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode
+  topk_lib.check_topk_method(topk_method)
   s = token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                    cu_q_lens, distribution,
                    compression_ratio=compression_ratio,
                    causal_rule=causal_rule)
-  return topk_from_scores(s, k)
+  return topk_from_scores(s, k, return_scores=return_scores)
 
 
 @functools.partial(
     jax.jit,
     static_argnames=("k_pages", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "causal_rule", "one_token_per_seq"))
+                     "causal_rule", "one_token_per_seq", "return_scores"))
 def streamindex_page_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -267,6 +280,7 @@ def streamindex_page_topk_ref(
     vmem_limit_bytes=64 * 1024 * 1024,
     causal_rule: str = "model",
     one_token_per_seq: bool = False,
+    return_scores: bool = False,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
@@ -277,13 +291,14 @@ def streamindex_page_topk_ref(
   sequences by `cu_q_lens` (what the kernel computes). True: the decode form,
   row i is the single query (at position seq_len - 1) of sequence i, and
   `cu_q_lens` is ignored. Unlike the kernel, any `compression_ratio` works.
+  `return_scores=True` returns (page ids, f32[T, k_pages] page scores).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   s = page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens, num_seqs, compression_ratio=compression_ratio,
                   causal_rule=causal_rule,
                   one_token_per_seq=one_token_per_seq)
-  return topk_from_scores(s, k_pages)
+  return topk_from_scores(s, k_pages, return_scores=return_scores)
 
 
 def streamindex_topk_dense_ref(q, indexer_weights, cache_values, cache_scales,

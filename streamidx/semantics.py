@@ -13,6 +13,9 @@ import these definitions; none of them restates one.
     apply_decode_order,                  kernels' `sort_decode`): the order of
     restore_decode_rows                  the decode range, and its undoing
     cdiv, align_to, LANES                the integer helpers
+    launch_scratch, scratch_vmem_bytes   a launch's VMEM scratch buffers (the
+                                         kernel declares them from here) and
+                                         their bytes as Mosaic tiles them
 
 Vocabulary (the vendored kernel's own):
     ratio / compression_ratio  tokens per compressed KV entry; a sequence of
@@ -166,6 +169,79 @@ def token_launches(distribution, decode_req_batch_size: int
       TokenLaunch("prefill", i, j, 1, None, 1),
       TokenLaunch("mixed", j, n, 1, None, 2),
   )
+
+
+# ---------------------------------------------------------------------------
+# VMEM scratch of one launch (local modification M11).
+
+
+def _dtype(dtype):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  return jnp.dtype(dtype)
+
+
+def launch_scratch(
+    *,
+    seq_batch_size: int,
+    bq_sz: int,
+    bkv_p: int,
+    page_size_per_kv_packing: int,
+    kv_packing: int,
+    lkv_dim: int,
+    cache_dtype,
+    num_q_heads: int,
+    head_dim: int,
+    q_dtype,
+    weights_dtype,
+    num_out_sublanes: int,
+):
+  """The VMEM scratch buffers of one launch, in `_scores_kernel`'s order.
+
+  Returns ((name, shape, dtype), ...) for bkv_x2 (the KV block double
+  buffer), bq_x2 (query block), bq_weights_x2 (indexer weights) and
+  scores_block_x2 (f32 scores on their way to HBM; `num_out_sublanes`
+  128-lane rows per query row: bkv_sz // 128 in token mode, the pooled page
+  columns // 128 in page mode). The DMA semaphores are not VMEM.
+  """
+  b = seq_batch_size
+  return (
+      ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
+       _dtype(cache_dtype)),
+      ("bq_x2", (2, b, bq_sz, num_q_heads, head_dim), _dtype(q_dtype)),
+      ("bq_weights_x2", (2, b, bq_sz, num_q_heads), _dtype(weights_dtype)),
+      ("scores_block_x2", (2, b * bq_sz, num_out_sublanes, LANES),
+       _dtype("float32")),
+  )
+
+
+def tiled_vmem_bytes(shape, dtype, tpu_generation: int = 5) -> int:
+  """Bytes of a VMEM buffer as Mosaic lays it out: the last two dims in tiles.
+
+  The minor dim pads to 128 lanes; the second-minor to the sublane tiling
+  Mosaic infers for the dtype (`pltpu`'s `infer_tiling`: the dtype's packing
+  per 32-bit word, doubled up to 8 rows while the dim is larger; twice that
+  before TPU v4). Leading dims are not padded.
+  """
+  shape = tuple(int(d) for d in shape)
+  itemsize = _dtype(dtype).itemsize
+  if len(shape) < 2:
+    n = shape[0] if shape else 1
+    return align_to(n * itemsize, 4 * LANES)
+  packing = max(1, 4 // itemsize)
+  tiling = (1 + int(tpu_generation < 4)) * packing
+  while tiling < min(shape[-2], 8):
+    tiling *= 2
+  lead = 1
+  for d in shape[:-2]:
+    lead *= d
+  return lead * align_to(shape[-2], tiling) * align_to(shape[-1], LANES) * itemsize
+
+
+def scratch_vmem_bytes(scratch, tpu_generation: int = 5) -> int:
+  """Total tiled VMEM bytes of a `launch_scratch` list."""
+  return sum(tiled_vmem_bytes(shape, dtype, tpu_generation)
+             for _, shape, dtype in scratch)
 
 
 # ---------------------------------------------------------------------------

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
+from streamidx import topk as topk_lib
 from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES, cdiv,
                               causal_visible_bound)
 
@@ -250,7 +251,8 @@ def _streaming_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
       mask = ((entry[None, :] < kv_len[:, None])
               & (entry[None, :] < bound[:, None])
               & (seq >= 0)[:, None] & (entry < num_entries)[None, :])
-      s = jnp.where(mask, s, -jnp.inf)
+      # -0.0 -> +0.0: scores tie as floats, as in `streamidx.topk`.
+      s = topk_lib.canonical_zero(jnp.where(mask, s, -jnp.inf))
       if pool_pages:
         s = ref_lib._pool_pages(s, page_size)  # pylint: disable=protected-access
       ids = c * out_ids_per_chunk + jnp.arange(out_ids_per_chunk,
@@ -294,8 +296,8 @@ def _streaming_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
     jax.jit,
     static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
                      "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule", "sort_decode",
-                     "chunk_entries", "chunk_tokens"))
+                     "decode_req_batch_size", "causal_rule", "chunk_entries",
+                     "chunk_tokens", "topk_method", "sort_decode"))
 def streamindex_topk_streaming(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -315,11 +317,13 @@ def streamindex_topk_streaming(
     sort_decode: bool = True,
     chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
+    topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
 ):
   """Streaming twin of `streamindex_topk_ref`: the same i32[T, k] indices.
 
   Args: those of `streamindex_topk_ref` (block sizes, VMEM, decode batch and
-  decode order arguments are accepted and ignored), plus
+  `topk_method` arguments are accepted and ignored: it selects exactly; so is
+  `sort_decode`), plus
     chunk_entries: sequence entries scored per scan step (static). Any
       positive int; it need not divide pages_per_seq * page_size, and is
       capped at it.
@@ -331,6 +335,7 @@ def streamindex_topk_streaming(
   del decode_req_batch_size, sort_decode
   _check_chunks(chunk_entries, chunk_tokens)
   _check_rule(causal_rule)
+  topk_lib.check_topk_method(topk_method)
   return _streaming_topk(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution[2], k=k, compression_ratio=compression_ratio,

@@ -11,7 +11,7 @@ Three layers:
 1. Static checks, `static_validate_topk` / `static_validate_page_topk`:
    ranks, shapes and their agreement, dtypes, head_dim and cache width,
    `k` / `k_pages`, block sizes, `compression_ratio`, `distribution`'s
-   length, options. They read only shapes and dtypes, so they run on tracers:
+   length, options (`topk_method`). They read only shapes and dtypes, so they run on tracers:
    `streamidx.streamindex_topk` / `streamindex_page_topk` call them at trace
    time, before any kernel is built.
 
@@ -61,6 +61,7 @@ from jax.experimental import checkify
 
 from streamidx import cache as cache_lib
 from streamidx import semantics
+from streamidx import topk
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 
 __all__ = [
@@ -314,7 +315,8 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          cu_q_lens, distribution, *, k, compression_ratio,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes, decode_req_batch_size,
-                         causal_rule, sort_decode=True):
+                         causal_rule, topk_method=topk.DEFAULT_TOPK_METHOD,
+                         sort_decode=True):
   """Static rules of `streamindex_topk`; raises ValueError naming the argument.
 
   Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s; `cache_kv` one
@@ -330,6 +332,7 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   if not isinstance(sort_decode, bool):
     _fail("sort_decode", "must be True or False", repr(sort_decode))
   _check_vmem(vmem_limit_bytes)
+  topk.check_topk_method(topk_method)
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                           "num_kv_pages_per_block")
   semantics.normalize_per_case(num_queries_per_block, "num_queries_per_block")
@@ -722,6 +725,7 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
                          decode_req_batch_size=4, causal_rule="model",
+                         topk_method=topk.DEFAULT_TOPK_METHOD,
                          sort_decode=True):
   """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
 
@@ -737,7 +741,7 @@ def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      sort_decode=sort_decode)
+      topk_method=topk_method, sort_decode=sort_decode)
   results = _evaluate_value_rules(
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution_array(distribution),

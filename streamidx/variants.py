@@ -30,6 +30,7 @@ from streamidx import checked as checked_lib
 from streamidx import modes
 from streamidx import ref as ref_lib
 from streamidx import streaming as streaming_lib
+from streamidx import topk as topk_lib
 from streamidx import validate as validate_lib
 from streamidx.kernels import dense, vendored
 
@@ -53,6 +54,9 @@ class Variant:
     checked: the checkify entry point, same arguments, returns (err, idx).
     cache_formats: names of `streamidx.cache.CACHE_FORMATS` it reads.
     module: the module holding the kernel (for docs and schedule dumps).
+    topk_methods: the `topk_method` values its kernel takes
+      (`streamidx.topk.TOPK_METHODS` for the token kernels; empty: the
+      kernel has no such option, e.g. page mode's fixed `top_k` of pages).
   """
 
   name: str
@@ -65,6 +69,7 @@ class Variant:
   checked: Callable
   cache_formats: tuple[str, ...]
   module: str
+  topk_methods: tuple[str, ...] = ()
 
   @property
   def k_name(self) -> str:
@@ -108,9 +113,18 @@ class Variant:
              **overrides) -> dict:
     """The keyword arguments of a call: k, ratio, table block sizes, overrides.
 
+    Overrides pass through (`topk_method=` among them, checked against
+    `topk_methods`).
+
     Block sizes come from `block_sizes(...)` for `inputs` (its format, heads
     and page size) unless `overrides` sets them.
     """
+    if "topk_method" in overrides and (
+        overrides["topk_method"] not in self.topk_methods):
+      raise ValueError(
+          f"topk_method: variant {self.name!r} takes "
+          f"{self.topk_methods or 'no topk_method'} "
+          f"(got {overrides['topk_method']!r})")
     out = {self.k_name: k, "compression_ratio": compression_ratio}
     if inputs is not None:
       row = self.block_sizes(
@@ -168,6 +182,7 @@ _REGISTRY = (
         checked=checked_lib.checked_streamindex_topk,
         cache_formats=("fp8", "bf16"),
         module=vendored.__name__,
+        topk_methods=topk_lib.TOPK_METHODS,
     ),
     Variant(
         name="vendored_page",

@@ -1,10 +1,10 @@
 """Test helper: run a kernel and see the score matrix it ranked.
 
 The kernels return indices only; their score matrix (the operand of the
-final `jax.lax.approx_max_k` in `streamindex_topk`, of `jax.lax.top_k` in
+final `streamidx.topk.select_topk` of `streamindex_topk` and
 `streamindex_page_topk`) never leaves them. `KernelWithScores` re-jits the
 kernel's own Python function (`__wrapped__`: the very code of
-`streamidx.kernels.vendored`, unmodified) while that `jax.lax` function is replaced by
+`streamidx.kernels.vendored`, unmodified) while `select_topk` is replaced by
 one that also sends its operand to the host (`jax.debug.callback`). The
 callback is compiled into this private jit only; `streamidx`'s own jitted
 kernels are never traced with it.
@@ -36,27 +36,29 @@ import numpy as np
 from streamidx.kernels import dense as dense_kernel
 from streamidx.kernels import vendored as kernel
 from streamidx import metrics, semantics
+from streamidx import topk as topk_lib
 
 TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule", "sort_decode")
+                "decode_req_batch_size", "causal_rule", "topk_method",
+                "sort_decode")
 PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
 
 
 @contextlib.contextmanager
-def _tap(name, sink):
-  original = getattr(jax.lax, name)
+def _tap(sink):
+  original = topk_lib.select_topk
 
-  def tapped(operand, k, **kwargs):
+  def tapped(operand, k, *args, **kwargs):
     jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
-    return original(operand, k, **kwargs)
+    return original(operand, k, *args, **kwargs)
 
-  setattr(jax.lax, name, tapped)
+  topk_lib.select_topk = tapped
   try:
     yield
   finally:
-    setattr(jax.lax, name, original)
+    topk_lib.select_topk = original
 
 
 class KernelWithScores:
@@ -79,25 +81,31 @@ class KernelWithScores:
     page = dense_kernel.streamindex_page_topk_dense if dense else (
         kernel.streamindex_page_topk)
     self._cache_args = 2 if dense else 1
+    self._mode = mode
     extra = ("num_cores",) if dense else ()
     if mode == "token":
-      fn, static, self._op = (token.__wrapped__, TOKEN_STATIC + extra,
-                              "approx_max_k")
+      fn, static = token.__wrapped__, TOKEN_STATIC + extra
     elif mode == "page":
-      fn, static, self._op = (page.__wrapped__, PAGE_STATIC + extra, "top_k")
+      fn, static = page.__wrapped__, PAGE_STATIC + extra
     else:
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
-    self._jit = jax.jit(fn, static_argnames=static)
+    # A function of this instance's own: jax shares traces between jit
+    # objects of one function, so jitting `fn` itself could reuse a trace
+    # made without the tap (or with another instance's sink).
+    def traced(*args, **kwargs):
+      return fn(*args, **kwargs)
+
+    self._jit = jax.jit(traced, static_argnames=static)
     self._sink: list[np.ndarray] = []
 
   def __call__(self, *args, **kwargs):
     self._sink.clear()
-    with _tap(self._op, self._sink):
+    with _tap(self._sink):
       idx = np.asarray(self._jit(*args, **kwargs))
     jax.effects_barrier()
     assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
     scores = self._sink[0]
-    if self._op == "approx_max_k":
+    if self._mode == "token":
       scores = _caller_row_order(scores, args, kwargs, self._cache_args)
     return idx, scores
 

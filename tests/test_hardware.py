@@ -21,7 +21,8 @@ CHIP = {"v4": pltpu.ChipVersion.TPU_V4, "v5e": pltpu.ChipVersion.TPU_V5E,
         "v7x": pltpu.ChipVersion.TPU_7X}
 FIELDS = ("tensorcores_per_chip", "jax_devices_per_chip", "hbm_capacity_bytes",
           "hbm_bandwidth_bytes_per_s", "vmem_bytes_per_tensorcore",
-          "peak_bf16_flops", "peak_int8_ops", "peak_fp8_flops")
+          "peak_bf16_flops", "peak_int8_ops", "peak_fp8_flops",
+          "ici_bandwidth_bytes_per_s", "clock_hz")
 
 
 def test_all_five_generations_are_present():
@@ -79,6 +80,23 @@ def test_device_kinds_are_the_ones_jax_recognizes(gen):
         CHIP[gen], pltpu.ChipVersion.TPU_7), kind
 
 
+def test_ici_bandwidth_is_per_chip_bidirectional_and_v4_is_unpublished():
+  assert SPECS["v4"].ici_bandwidth_bytes_per_s is None
+  assert SPECS["v4"].device_ici_bandwidth is None
+  assert SPECS["v4"].sources["ici_bandwidth_bytes_per_s"].startswith(
+      "unsourced: ")
+  got = {g: SPECS[g].ici_bandwidth_bytes_per_s for g in ("v5e", "v5p", "v6e",
+                                                          "v7x")}
+  assert got == {"v5e": 4e11, "v5p": 1.2e12, "v6e": 8e11, "v7x": 1.2e12}
+  for g in got:
+    assert "Bidirectional" in SPECS[g].as_published[
+        "ici_bandwidth_bytes_per_s"] or "Tb/s" in SPECS[g].as_published[
+            "ici_bandwidth_bytes_per_s"], g
+  # TPU7x's two TensorCores (two JAX devices) share the chip's links.
+  assert SPECS["v7x"].device_ici_bandwidth == 6e11
+  assert SPECS["v6e"].device_ici_bandwidth == 8e11
+
+
 def test_detect_generation_is_none_off_tpu():
   assert hardware.detect_generation() is None
   assert hardware.current_spec() is None
@@ -114,6 +132,8 @@ def _write(tmp_path, mutate):
     (lambda d: d["generations"]["v7x"]["vmem_bytes_per_tensorcore"].update(value=-1),
      r"v7x\.vmem_bytes_per_tensorcore: value must be a positive number"),
     (lambda d: d["generations"].pop("v5p"), r"missing \['v5p'\]"),
+    (lambda d: d["generations"]["v4"]["ici_bandwidth_bytes_per_s"].pop(
+        "unsourced"), r"v4\.ici_bandwidth_bytes_per_s: a null value needs"),
 ])
 def test_malformed_spec_file_is_rejected_naming_the_field(tmp_path, mutate, match):
   with pytest.raises(ValueError, match=match):
@@ -123,3 +143,21 @@ def test_malformed_spec_file_is_rejected_naming_the_field(tmp_path, mutate, matc
 def test_missing_spec_file_names_the_path(tmp_path):
   with pytest.raises(FileNotFoundError, match="nowhere.json"):
     hardware.load_specs(tmp_path / "nowhere.json")
+
+
+@pytest.mark.parametrize("gen", ["v4", "v5e", "v5p"])
+def test_clock_matches_the_mxu_rate_of_jax_tpu_info(gen):
+  """clock = bf16 peak per TensorCore / (MXUs x 128 x 128 x 2): derived so
+  for v5e and v5p, and v4's published 1050 MHz agrees within 0.2 %."""
+  info = pltpu.get_tpu_info_for_chip(CHIP[gen], 1)
+  implied = info.bf16_ops_per_second / (
+      info.num_mxus * info.mxu_column_size**2 * 2)
+  assert abs(SPECS[gen].clock_hz / implied - 1) < 0.002, (gen, implied)
+
+
+@pytest.mark.parametrize("gen", ["v6e", "v7x"])
+def test_no_clock_where_the_mxu_table_implies_an_incredible_one(gen):
+  info = pltpu.get_tpu_info_for_chip(CHIP[gen], 1)
+  implied = info.bf16_ops_per_second / (
+      info.num_mxus * info.mxu_column_size**2 * 2)
+  assert implied > 3e9 and SPECS[gen].clock_hz is None

@@ -267,3 +267,20 @@ def test_tables_markdown_escapes_pipes_and_marks_missing_cells():
                                "| x\\|y | - |"]
   with pytest.raises(ValueError, match="rows"):
     tables.markdown([])
+
+
+def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exists():
+  from streamidx.lab.model import roofline
+
+  rows = [dict(generation=g, bkv_p=c, bundles_per_page=n)
+          for g, c, n in (("v5e", 2, 120.0), ("v5e", 4, 115.0), ("v6e", 2, 65.0),
+                          ("v6e", 4, 53.5))]
+  bounds = [roofline.page_bound(r["generation"], bundles_per_page=r["bundles_per_page"],
+                                page_bytes=32768) for r in rows]
+  fig = plots.static_schedule_figure(rows, bounds, title="t")
+  v5e, v6e = fig.axes
+  np.testing.assert_allclose(v5e.get_lines()[0].get_ydata(), [120.0, 115.0])
+  hbm = v5e.get_lines()[1].get_ydata()[0]
+  assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
+  assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
+  plt.close(fig)

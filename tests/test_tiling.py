@@ -307,6 +307,8 @@ def test_vmem_budget_totals():
   assert v["scratch"] == (2 * 2 * 128 * 256 + 2 * 128 * 64 * 128 * 2
                           + 2 * 128 * 64 * 4 + 2 * 128 * 256 * 4)
   assert v["total"] == v["scratch"] + v["logits"]
+  # As Mosaic tiles it: the f32 weights' 64 heads pad to 128 lanes.
+  assert v["scratch_tiled"] == v["scratch"] + 2 * 128 * 64 * 4
 
 
 def _event_counts(p):

@@ -73,15 +73,31 @@ def test_variant_rejects_a_format_it_does_not_read():
 
 def test_block_table_gives_the_vendored_production_sizes():
   row = si.block_sizes("vendored", cache_format="fp8", num_heads=64,
-                       page_size=128, generation="v6e")
+                       page_size=128, generation="v7x")
   assert row.kwargs() == dict(num_kv_pages_per_block=(3, 2, 2),
                               num_queries_per_block=(1, 128, 128),
                               decode_req_batch_size=4)
   assert "tpu-inference" in row.source
-  page = si.block_sizes("vendored_page", cache_format="bf16", num_heads=32,
+  page = si.block_sizes("vendored_page", cache_format="bf16", num_heads=16,
                         page_size=64)
   assert page.kwargs() == dict(num_kv_pages_per_block=128,
                                num_queries_per_block=512)
+
+
+def test_rows_from_the_static_schedule_say_so():
+  """v5e/v6e DeepSeek-V4 rows and the GLM page row were chosen from the
+  compiler's static schedule (streamidx.lab.schedule), not a TPU run."""
+  for gen in ("v5e", "v6e"):
+    row = si.block_sizes("vendored", cache_format="fp8", num_heads=64,
+                         page_size=128, generation=gen)
+    assert row.num_kv_pages_per_block == (4, 4, 4)
+    assert row.source in blocks.STATIC_SCHEDULE_SOURCES
+    assert row.source.startswith("static schedule (no TPU timing")
+  glm = si.block_sizes("vendored_page", cache_format="fp8", num_heads=32,
+                       page_size=64)
+  assert glm.kwargs() == dict(num_kv_pages_per_block=128,
+                              num_queries_per_block=32)
+  assert glm.source in blocks.STATIC_SCHEDULE_SOURCES
 
 
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128, 256])

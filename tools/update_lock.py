@@ -1,7 +1,9 @@
 """Regenerate requirements.lock: exact pins for the development venv.
 
 The lock holds everything `make venv` installs: the package's runtime
-dependencies, its `notebooks`, `test` and `profile` extras, all of their
+dependencies, its `notebooks`, `test`, `profile` and `tpu-compile` extras
+(libtpu, which `make venv` installs into .venv/tpu-compile, off the import
+path), all of their
 transitive dependencies, and the build backend (setuptools, since the package
 is installed with --no-build-isolation). It is resolved by pip itself
 (`pip install --dry-run --report`), for the interpreter that runs this script,
@@ -24,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
-EXTRAS = "notebooks,test,profile"
+EXTRAS = "notebooks,test,profile,tpu-compile"
 BUILD_REQUIREMENTS = ["setuptools"]
 HEADER = """\
 # Exact pins for the development venv (`make venv`, CI, environment.yml).

@@ -12,7 +12,9 @@ records. This kernel reads the same values and scales from two arrays
 so a KV block costs two DMAs per page (values, scales) and moves head_dim + 1
 bytes per entry. Everything else is the vendored kernel's (its local modifications included:
 M3 causal rules, M4 the chunked-prefill launch, M7 no DMA for a sequence
-without queries, M-sort, M-empty): the same launches
+without queries, M8 entries past the page table invisible, M9
+`return_scores`, M10 bf16 widening on v4, M11 the VMEM check, M12
+`topk_method`, M-sort, M-empty): the same launches
 (`semantics.token_launches`), double-buffered query, KV and score blocks
 carried across the programs of a launch, the same arithmetic order (the dot
 on the stored e4m3 values in f32, ReLU, the weighted head sum, then the
@@ -51,8 +53,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
 from streamidx import semantics
+from streamidx import topk
 from streamidx import validate
-from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
+from streamidx.kernels.vendored import (_widen_fp8_for_mxu, check_launch_vmem,
+                                        prepare_index_weights,
+                                        prepare_q_inputs)
 from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, LANES, align_to,
                                  causal_visible_bound, cdiv)
 
@@ -145,7 +150,9 @@ def _dense_kernel(
     q_lens.append(cu_q_lens_ref[batch_start + b + 1]
                   - cu_q_lens_ref[batch_start + b])
     seq_lens.append(seq_lens_ref[batch_start + b])
-    kv_lens.append(seq_lens[-1] // compression_ratio)
+    # Entries past the page table are invisible (the vendored M8).
+    kv_lens.append(jnp.minimum(seq_lens[-1] // compression_ratio,
+                               pages_per_seq * page_size))
 
   def copy(src, dst, sem, *, wait):
     cp = pltpu.make_async_copy(src, dst, sem)
@@ -226,7 +233,7 @@ def _dense_kernel(
     """(e4m3 values [bkv_sz, head_dim], f32 scales [1, bkv_sz]) of slot b."""
     raw = bkv_x2_ref[slot, b].reshape(bkv_sz, head_dim)
     values = pltpu.bitcast(raw, jnp.float8_e4m3fn)
-    if bf16_dot:  # exact: every e4m3 value is a bf16 value
+    if bf16_dot:  # v4 (the vendored M10); exact: e4m3 values are bf16 values
       values = values.astype(jnp.bfloat16)
     scale_bytes = bscale_x2_ref[slot, b].reshape(1, bkv_sz)
     scales = pltpu.bitcast(scale_bytes, jnp.float8_e8m0fnu)
@@ -395,19 +402,24 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
   _, scale_rows, scale_lanes = cache_scales.shape
   page_size = rows_per_page * KV_PACKING
   b = seq_batch_size
-  if page_pool:
-    out_block = (2, bq_sz, num_out_sublanes, LANES)
-  else:
-    out_block = (2, b * bq_sz, bkv_p * page_size // LANES, LANES)
-  scratch = [
-      pltpu.VMEM((2, b, bkv_p * rows_per_page, KV_PACKING, head_dim),
-                 jnp.uint8),
-      pltpu.VMEM((2, b, bkv_p, scale_rows, scale_lanes), jnp.uint8),
-      pltpu.VMEM((2, b, bq_sz, num_q_heads, head_dim), q.dtype),
-      pltpu.VMEM((2, b, bq_sz, num_q_heads), weights.dtype),
-      pltpu.VMEM(out_block, jnp.float32),
-      pltpu.SemaphoreType.DMA((len(SEMAPHORE_ROWS), 2, b)),
-  ]
+  out_sublanes = num_out_sublanes if page_pool else bkv_p * page_size // LANES
+  # The vendored launch's buffers (`semantics.launch_scratch`, lkv_dim =
+  # head_dim) and the scale buffer after the values'.
+  scratch = list(semantics.launch_scratch(
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=rows_per_page, kv_packing=KV_PACKING,
+      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_q_heads,
+      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
+      num_out_sublanes=out_sublanes))
+  scratch.insert(1, ("bscale_x2", (2, b, bkv_p, scale_rows, scale_lanes),
+                     jnp.dtype(jnp.uint8)))
+  if interpret is False:  # the vendored M11 check
+    check_launch_vmem(
+        scratch, case=name, vmem_limit_bytes=vmem_limit_bytes,
+        blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
+                f"{bq_sz}, {b} sequence(s) per program"))
+  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((len(SEMAPHORE_ROWS), 2, b)))
   seq_lens, page_indices, cu_q_lens, q_rows = prefetch
   scalars = (seq_lens, page_indices, cu_q_lens, q_rows,
              jnp.stack([jnp.asarray(start, jnp.int32),
@@ -425,14 +437,13 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
           _dense_kernel, compression_ratio=compression_ratio,
           static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
           seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool,
-          num_cores=num_cores,
-          bf16_dot=interpret is False and _no_fp8_matmul()),
+          num_cores=num_cores, bf16_dot=_widen_fp8_for_mxu(interpret)),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(scalars),
           in_specs=[hbm] * 5,
           out_specs=hbm,
           grid=grid,
-          scratch_shapes=scratch),
+          scratch_shapes=scratch_shapes),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=semantics_,
           vmem_limit_bytes=vmem_limit_bytes,
@@ -446,21 +457,6 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
                                        cache_scales, scores)
 
 
-def _no_fp8_matmul() -> bool:
-  """Whether the chip being compiled for lacks Mosaic's e4m3 matmul operand.
-
-  Mosaic rejects an f8e4m3fn matmul operand on TPU v4 ("E2001: Unsupported
-  matmul RHS type", libtpu 0.0.42); there the values are converted to bf16
-  first, which is exact. The chip is the default device's (a TPU backend,
-  or a topology device under `jax.default_device` when compiling ahead).
-  """
-  try:
-    info = pltpu.get_tpu_info()
-  except Exception:  # pylint: disable=broad-except
-    return False
-  return info.chip_version == pltpu.ChipVersion.TPU_V4
-
-
 def _check_num_cores(num_cores):
   if (not isinstance(num_cores, int) or isinstance(num_cores, bool)
       or num_cores < 1):
@@ -469,11 +465,11 @@ def _check_num_cores(num_cores):
 
 _TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                  "num_queries_per_block", "vmem_limit_bytes",
-                 "decode_req_batch_size", "causal_rule", "sort_decode",
-                 "num_cores")
+                 "decode_req_batch_size", "causal_rule", "topk_method",
+                 "return_scores", "sort_decode", "num_cores")
 _PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes", "causal_rule",
-                "num_cores")
+                "return_scores", "num_cores")
 
 
 @functools.partial(jax.jit, static_argnames=_TOKEN_STATIC)
@@ -494,6 +490,8 @@ def streamindex_topk_dense(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    topk_method: str = topk.DEFAULT_TOPK_METHOD,
+    return_scores: bool = False,
     sort_decode: bool = True,
     num_cores: int = 1,
 ) -> jax.Array:
@@ -507,6 +505,8 @@ def streamindex_topk_dense(
     cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
       is a multiple of 128, else page_size), the e8m0 bytes e + 127.
 
+  topk_method, return_scores: as for `streamindex_topk` (the vendored M12
+    and M9).
   num_cores: split each launch's programs over this many TensorCores (a
     leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
     1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
@@ -528,8 +528,9 @@ def streamindex_topk_dense(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      sort_decode=sort_decode)
+      topk_method=topk_method, sort_decode=sort_decode)
   _check_num_cores(num_cores)
+  distribution = validate.distribution_array(distribution)  # a tuple too
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                            "num_kv_pages_per_block")
   q_blocks = semantics.normalize_per_case(num_queries_per_block,
@@ -575,14 +576,15 @@ def streamindex_topk_dense(
                       lambda s, run=run: run(scores=s), lambda s: s, scores)
 
   scores = scores.reshape(num_tokens, -1)
-  if scores.shape[1] < k:
-    scores = jnp.pad(scores, ((0, 0), (0, k - scores.shape[1])),
-                     constant_values=-jnp.inf)
-  top_vals, top_idxs = lax.approx_max_k(scores, k, reduction_dimension=-1,
-                                        recall_target=1.0)
-  idx = jnp.where(top_vals == -jnp.inf, -1, top_idxs)[:, :k]
-  if order is not None:
+  # The vendored selection stage (M12; M9 for the scores).
+  idx = topk.select_topk(scores, k, topk_method)[:, :k]
+  top_scores = topk.scores_at(scores, idx) if return_scores else None
+  if order is not None:  # the caller's row order
     idx = semantics.restore_decode_rows(idx, order)
+    if return_scores:
+      top_scores = semantics.restore_decode_rows(top_scores, order)
+  if return_scores:
+    return idx, top_scores
   return idx
 
 
@@ -603,6 +605,7 @@ def streamindex_page_topk_dense(
     num_queries_per_block: int = 512,
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
+    return_scores: bool = False,
     num_cores: int = 1,
 ) -> jax.Array:
   """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
@@ -643,5 +646,7 @@ def streamindex_page_topk_dense(
   scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
                     scores)
   page_scores = scores.reshape(num_tokens, num_page_cols)[:, :pages_per_seq]
-  top_vals, top_idxs = lax.top_k(page_scores, k_pages)
-  return jnp.where(top_vals > -jnp.inf, top_idxs, -1)
+  top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
+  if return_scores:
+    return top_idxs, topk.scores_at(page_scores, top_idxs)
+  return top_idxs

@@ -85,6 +85,52 @@
 #     single bkv step (it still prefetches the next sequence's blocks, so the
 #     pipeline across sequences is unchanged). Non-empty sequences issue the
 #     same DMAs as before.
+# M8  Entries past the page table are invisible. Each sequence's kv_len is
+#     `min(seq_len // ratio, pages_per_seq * page_size)`: the entries its page
+#     table can address, as in `streamidx.ref` (whose score columns end at
+#     the table). The seed read past the table (the next sequence's slots)
+#     and wrote score blocks past the score buffer (bounds checks are off).
+#     Valid inputs (rule `page_table_columns`) are unchanged. The context-
+#     parallel path (`streamidx.sharded`) relies on it: a device's page table
+#     holds its share of a sequence's pages, its shifted seq_len gives the
+#     global causal and length masks restricted to that share, and the clamp
+#     ends the share.
+# M9  `return_scores`. Both entry points take a static `return_scores=False`;
+#     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
+#     (or pages') scores, -inf where the index is -1, so that top-k lists from
+#     several devices can be merged exactly (`streamidx.sharded`).
+# M10  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
+#     rejects the e4m3 KV tile as a matmul operand on TPU v4
+#     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
+#     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
+#     with `streamidx.compile_for`). `load_bkv` now widens the e4m3 tile to
+#     bf16 before the matmul when the kernel is compiled for such a chip
+#     (`_widen_fp8_for_mxu`, read at trace time from the target chip:
+#     generation < 5); exact, since every e4m3fn value is a bf16 value.
+#     Interpreted and on v5e and newer the tile goes to the matmul as e4m3,
+#     as in the seed.
+# M11  VMEM scratch checked before compiling. The four scratch
+#     buffers of a launch are declared once (`semantics.launch_scratch`,
+#     which the lab's tiling model reads too); compiled, both entry points
+#     first check (`check_launch_vmem`) that their bytes as Mosaic lays them
+#     out (`semantics.scratch_vmem_bytes`, tiled as Mosaic tiles VMEM; the
+#     compiler's own count on the grid of tests/test_aot.py) fit the chip's
+#     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
+#     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
+#     memory in memory space vmem") after compiling.
+# M12  The selection stage. `streamindex_topk` gains a static argument
+#     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
+#     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
+#     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
+#     "sort" is that same call, followed by one pass counting the ties at
+#     the k-th score (`approx_max_k`'s comparator leaves ties unordered;
+#     where they straddle the k-th place, `lax.top_k` selects again, lowest
+#     index first: the project's tie rule); the other methods
+#     are exact alternatives ("top_k", "chunked", "blockmax", "radix") or
+#     approximate ("approx"). Every exact method returns the reference's
+#     indices, ties included. `streamindex_page_topk` selects pages with
+#     `select_topk(..., "top_k")` (it called `jax.lax.top_k`): the same
+#     rule, -0.0 and +0.0 compared as equal on every backend.
 # M-sort  Length-sorted decode batching (the seed's TODO above the launches).
 #     New static argument `sort_decode` (default True) of `streamindex_topk`:
 #     the decode range [0, i) is scored in the order
@@ -119,6 +165,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
 from streamidx import semantics
+from streamidx import topk
 from streamidx import validate
 # streamidx (M6): the shared rules come from streamidx.semantics.
 from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
@@ -166,6 +213,66 @@ _MLA_CASE = {
 }
 
 
+# streamidx (M11): the compiled-mode VMEM check (the scratch comes
+# from streamidx.semantics.launch_scratch).
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.2f} MiB"
+
+
+def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
+  """Compiled mode: raises if a launch's scratch cannot fit the target chip.
+
+  streamidx (M11). The chip is the one the kernel is traced for
+  (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
+  Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
+  or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
+  is then the bound); it needs some internal scratch on top, which only the
+  compiler sizes, so a launch that passes can still be rejected by it.
+  """
+  info = _target_tpu_info()
+  if info is None:  # a chip JAX's table does not know: the compiler judges
+    return
+  need = semantics.scratch_vmem_bytes(scratch, info.generation)
+  capacity = int(info.vmem_capacity_bytes)
+  limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
+                                                        capacity)
+  if need <= limit:
+    return
+  name, shape, dtype = max(
+      scratch,
+      key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
+  largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
+  limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
+                f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
+  raise ValueError(
+      f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
+      f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
+      f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
+      f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
+      f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
+
+
+def _target_tpu_info():
+  """`pltpu.get_tpu_info()` of the chip traced for, None if JAX lacks it."""
+  try:
+    return pltpu.get_tpu_info()
+  except ValueError:
+    return None
+
+
+def _widen_fp8_for_mxu(interpret) -> bool:
+  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
+
+  True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
+  RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
+  from the target chip; False when interpreted.
+  """
+  if interpret is not False:
+    return False
+  info = _target_tpu_info()
+  return info is not None and info.generation < 5
+
+
 def _scores_kernel(
     # Prefetch
     seq_lens_ref,  # [max_num_seqs]
@@ -198,6 +305,7 @@ def _scores_kernel(
     num_bkv_max: int | None = None,
     causal_rule: str = "model",  # streamidx (M3)
     interpreted: bool = False,  # streamidx (M2)
+    widen_fp8: bool = False,  # streamidx (M10)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -231,7 +339,9 @@ def _scores_kernel(
     q_lens.append(q_len)
     seq_len = seq_lens_ref[batch_start_seq_idx + batch_idx]
     seq_lens.append(seq_len)
-    kv_len = seq_len // compression_ratio
+    # streamidx (M8): entries past the page table are invisible.
+    kv_len = jnp.minimum(seq_len // compression_ratio,
+                         pages_per_seq * page_size_per_kv_packing * kv_packing)
     kv_lens.append(kv_len)
 
   def wait_send_scores(bo_sem_idx):
@@ -431,6 +541,9 @@ def _scores_kernel(
         # format.
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
+        if widen_fp8:
+          # streamidx (M10): exact, e4m3fn is a subset of bf16.
+          fp8_val = fp8_val.astype(jnp.bfloat16)
         scale_val = pltpu.bitcast(
             flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
         ).astype(jnp.bfloat16)
@@ -764,6 +877,8 @@ def prepare_outputs(out):
         "vmem_limit_bytes",
         "decode_req_batch_size",
         "causal_rule",
+        "topk_method",
+        "return_scores",
         "sort_decode",
     ),
 )
@@ -783,6 +898,8 @@ def streamindex_topk(
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
+    topk_method: str = topk.DEFAULT_TOPK_METHOD,
+    return_scores: bool = False,
     sort_decode: bool = True,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
@@ -810,13 +927,21 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): compressed entry s is
       visible to the query at absolute position p iff s < (p + 1) // ratio,
       as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
+    topk_method: streamidx (M12). How the top-k of the f32 score buffer
+      is selected: one of `streamidx.topk.TOPK_METHODS` (default "sort", the
+      vendored `approx_max_k(recall_target=1.0)`); every exact method
+      returns the same indices. See `streamidx.topk`.
+    return_scores: streamidx (M9). False (default): return the indices.
+      True: return (indices, scores), scores f32[T, k] the selected entries'
+      scores, -inf where the index is -1.
     sort_decode: streamidx (M-sort). True (default): score the decode range
       in the order `streamidx.semantics.decode_order` picks (never more KV
       blocks than the given order); the result rows are in the caller's
       order either way. False: the given order.
 
   Returns:
-    Top-K indices (in compressed space).
+    Top-K indices (in compressed space): i32[T, k], by score descending,
+    equal scores by index ascending, -1 past the visible entries.
   """
   # Scale factors for the FP8 index cache format are packed directly inside
   # `cache_kv` along the width dimension, keeping HBM transactions fused.
@@ -830,7 +955,7 @@ def streamindex_topk(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      sort_decode=sort_decode)
+      topk_method=topk_method, sort_decode=sort_decode)
   distribution = validate.distribution_array(distribution)  # a tuple too
   num_kv_pages_per_blocks = semantics.normalize_per_case(
       num_kv_pages_per_block, "num_kv_pages_per_block")
@@ -838,6 +963,7 @@ def streamindex_topk(
       num_queries_per_block, "num_queries_per_block")
 
   interpret = modes.resolve_interpret()  # streamidx (M1)
+  widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M10)
 
   max_num_seqs = seq_lens.shape[0]
   original_dtype = q.dtype
@@ -909,49 +1035,22 @@ def streamindex_topk(
 
     out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
 
-    bkv_double_buf = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bkv_buf_sz_per_kv_packing,
-            kv_packing,
-            lkv_dim,
-        ),
-        cache_kv.dtype,
-    )
-
-    bq_double_bufq = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bq_sz,
-            num_q_heads,
-            head_dim,
-        ),
-        q.dtype,
-    )
-
-    bq_weights_double_buf = pltpu.VMEM(
-        (
-            2,
-            seq_batch_size,
-            bq_sz,
-            num_q_heads,
-        ),
-        prepared_indexer_weights.dtype,
-    )
-
-    bo_scores_double_buf = pltpu.VMEM(
-        (2, seq_batch_size * bq_sz, num_sublanes_bkv, 128), jnp.float32
-    )
-
-    scratch_shapes = [
-        bkv_double_buf,
-        bq_double_bufq,
-        bq_weights_double_buf,
-        bo_scores_double_buf,
-        pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)),
-    ]
+    # streamidx (M11): the scratch, declared once and checked.
+    scratch = semantics.launch_scratch(
+        seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+        page_size_per_kv_packing=page_size_per_kv_packing,
+        kv_packing=kv_packing, lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype,
+        num_q_heads=num_q_heads, head_dim=head_dim, q_dtype=q.dtype,
+        weights_dtype=prepared_indexer_weights.dtype,
+        num_out_sublanes=num_sublanes_bkv)
+    if interpret is False:
+      check_launch_vmem(
+          scratch, case=case.name.lower(), vmem_limit_bytes=vmem_limit_bytes,
+          blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
+                  f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
+                  f"sequence(s) per program"))
+    scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+    scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)))
 
     scalar_prefetches = (
         seq_lens,
@@ -975,6 +1074,7 @@ def streamindex_topk(
                 seq_batch_size=seq_batch_size,
                 causal_rule=causal_rule,
                 interpreted=interpret is not False,
+                widen_fp8=widen_fp8,
             ),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=len(scalar_prefetches),
@@ -1059,12 +1159,6 @@ def streamindex_topk(
                       lambda s, run=run: run(scores=s), lambda s: s, scores)
 
   scores = scores.reshape(q.shape[0], -1)
-  if scores.shape[1] < k:
-    scores = jnp.pad(
-        scores,
-        ((0, 0), (0, k - scores.shape[1])),
-        constant_values=-jnp.inf,
-    )
 
   # TODO: Re-evaluate replacing this with the sparsecore_topk kernel
   # once SparseCore supports direct VMEM access (e.g., on TPU v8).
@@ -1072,11 +1166,17 @@ def streamindex_topk(
   # direct VMEM streaming will allow SC to beat TensorCore performance.
   # jax.lax.approx_max_k(recall_target=1.0) is equivalent to jax.lax.top_k
   # but faster.
-  top_vals, top_idxs = jax.lax.approx_max_k(scores, k, reduction_dimension=-1, recall_target=1.0)
-  topk_idxs = jnp.where(top_vals == -jnp.inf, -1, top_idxs)
-  topk_idxs = topk_idxs[: q.shape[0], :k]
+  # streamidx (M12): the selection (and the -inf padding to k columns,
+  # and -1 for -inf) is `streamidx.topk.select_topk`; "sort" is the
+  # approx_max_k(recall_target=1.0) above plus the tie rule.
+  topk_idxs = topk.select_topk(scores, k, topk_method)[: q.shape[0], :k]
+  top_scores = topk.scores_at(scores, topk_idxs) if return_scores else None
   if order is not None:  # streamidx (M-sort): the caller's row order
     topk_idxs = semantics.restore_decode_rows(topk_idxs, order)
+    if return_scores:
+      top_scores = semantics.restore_decode_rows(top_scores, order)
+  if return_scores:  # streamidx (M9)
+    return topk_idxs, top_scores
   return topk_idxs
 
 
@@ -1089,6 +1189,7 @@ def streamindex_topk(
         "num_queries_per_block",
         "vmem_limit_bytes",
         "causal_rule",
+        "return_scores",
     ),
 )
 def streamindex_page_topk(
@@ -1106,6 +1207,7 @@ def streamindex_page_topk(
     num_queries_per_block: int = 512,
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
+    return_scores: bool = False,
 ) -> jax.Array:
   """Page-level lightning-indexer top-k (prefill/extend form).
 
@@ -1118,6 +1220,8 @@ def streamindex_page_topk(
   page mode supports compression_ratio=1 only, where both rules coincide.
   Page indices past the cache are silently clamped to the last page by the
   kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
+  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
+  page scores, -inf where the id is -1).
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
@@ -1167,13 +1271,21 @@ def streamindex_page_topk(
       pl.BlockSpec(memory_space=pltpu.HBM),
   ]
   out_specs = pl.BlockSpec(memory_space=pltpu.HBM)
-  scratch_shapes = [
-      pltpu.VMEM((2, 1, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim), cache_kv.dtype),
-      pltpu.VMEM((2, 1, bq_sz, num_q_heads, head_dim), q.dtype),
-      pltpu.VMEM((2, 1, bq_sz, num_q_heads), prepared_indexer_weights.dtype),
-      pltpu.VMEM((2, bq_sz, num_page_sublanes, 128), jnp.float32),
-      pltpu.SemaphoreType.DMA((4, 2, 1)),
-  ]
+  # streamidx (M11): the scratch, declared once and checked.
+  scratch = semantics.launch_scratch(
+      seq_batch_size=1, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=page_size_per_kv_packing, kv_packing=kv_packing,
+      lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype, num_q_heads=num_q_heads,
+      head_dim=head_dim, q_dtype=q.dtype,
+      weights_dtype=prepared_indexer_weights.dtype,
+      num_out_sublanes=num_page_sublanes)
+  if interpret is False:
+    check_launch_vmem(
+        scratch, case="page", vmem_limit_bytes=vmem_limit_bytes,
+        blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
+                f"{bq_sz}, {pages_per_seq} pages per sequence"))
+  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, 1)))
   scalar_prefetches = (
       seq_lens,
       page_indices,
@@ -1197,6 +1309,7 @@ def streamindex_page_topk(
               num_bkv_max=num_bkv_max,
               causal_rule=causal_rule,
               interpreted=interpret is not False,
+              widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M10)
           ),
           grid_spec=pltpu.PrefetchScalarGridSpec(
               num_scalar_prefetch=len(scalar_prefetches),
@@ -1223,5 +1336,8 @@ def streamindex_page_topk(
                        cache_kv, s),
       lambda s: s, scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
-  top_vals, top_idxs = jax.lax.top_k(page_scores, k_pages)
-  return jnp.where(top_vals > -jnp.inf, top_idxs, -1)
+  # streamidx (M12): the project's selection (lax.top_k, -1 for -inf).
+  top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
+  if return_scores:  # streamidx (M9)
+    return top_idxs, topk.scores_at(page_scores, top_idxs)
+  return top_idxs

@@ -4,13 +4,15 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
 
     model/    hardware (TPU specs), roofline, tiling (the one model of the
               kernel's launches, loops, VMEM and DMAs), timeline (DMAs
-              recorded from the interpreter), profiling (jax.profiler)
+              recorded from the interpreter), profiling (jax.profiler),
+              scaling (the decode step on many chips; context parallelism)
     studies/  cases (the case matrix: named batches x variants, run and
               compared), formats (bytes per entry), hbm (HBM per decode step),
               addressing (where an entry lives, causal masks), quant (FP8
               analysis), parity (notebook 04's studies), costs (bytes, wasted
               blocks and launches counted from the interpreter's DMAs)
     bench/    the benchmark (`python -m streamidx.bench`)
+    sharding  the sharded layouts compiled for TPU slices, their collectives
     plots, tables (text and Markdown tables), params (notebook parameter
     checks), workbook (the papermill runner), walkthrough (source excerpts,
     the change ledger and score checks of the kernel walkthrough notebook)
@@ -27,6 +29,8 @@ _MODULES = {
     "tiling": "streamidx.lab.model.tiling",
     "timeline": "streamidx.lab.model.timeline",
     "profiling": "streamidx.lab.model.profiling",
+    "scaling": "streamidx.lab.model.scaling",
+    "sharding": "streamidx.lab.sharding",
     "cases": "streamidx.lab.studies.cases",
     "formats": "streamidx.lab.studies.formats",
     "hbm": "streamidx.lab.studies.hbm",

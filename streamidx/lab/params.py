@@ -325,6 +325,20 @@ def _kernel_tiling(p: Parameters):
   p.per_case("run_q_blocks")
   p.integer("run_decode_batch", min=1)
   p.integer("seed")
+  # Section 7: compiled for each generation (libtpu, no TPU).
+  from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
+  gens = ("v4", "v5e", "v5p", "v6e", "v7x")
+  p.choices("aot_variants", tuple(variants_lib.VARIANTS))
+  p.choices("aot_generations", gens)
+  p.choices("aot_formats", ("fp8", "bf16"))
+  p.integer("aot_jobs", min=1)
+  p.choices("vmem_generations", gens)
+  p.integers("vmem_decode_kv_pages", min=1)
+  p.lane_blocks("vmem_decode_kv_pages")
+  p.integers("vmem_prefill_q_blocks", min=1)
+  p.choices("schedule_generations", gens)
+  p.integers("schedule_kv_pages", min=1)
+  p.lane_blocks("schedule_kv_pages")
 
 
 @_rules("04_recall_parity")

@@ -40,6 +40,7 @@ __all__ = [
     "recall_curves_figure",
     "page_coverage_figure",
     "roofline_figure",
+    "static_schedule_figure",
 ]
 
 FREE = "#eeeeee"
@@ -731,4 +732,36 @@ def roofline_figure(records, predictions, *, measured: bool,
   ax.set_xlabel("% of the step")
   ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
   fig.tight_layout()
+  return fig
+
+
+def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *,
+                           title: str = ""):
+  """Scheduled bundles per KV page against num_kv_pages_per_block, one panel
+  per generation (`rows`: `lab.schedule.schedule_table` rows; `bounds`: the
+  matching `roofline.PageBound`s). With a clock, the page's HBM time in
+  cycles is a dashed line; without one, the break-even clock is written."""
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2),
+                           sharey=True, squeeze=False)
+  for ax, gen in zip(axes[0], gens):
+    pairs = [(r, b) for r, b in zip(rows, bounds) if r["generation"] == gen]
+    ax.plot([r["bkv_p"] for r, _ in pairs],
+            [r["bundles_per_page"] for r, _ in pairs], "o-",
+            label="scheduled bundles per page")
+    clock = pairs[0][1].clock_hz
+    if clock:
+      ax.axhline(pairs[0][1].t_hbm * clock, color="k", ls="--",
+                 label=f"a page's HBM time, cycles at {clock / 1e9:.2f} GHz")
+    else:
+      low = min(b.break_even_clock_hz for _, b in pairs)
+      ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n"
+              f"{low / 1e9:.2f} GHz", transform=ax.transAxes, fontsize=8)
+    ax.set_title(gen)
+    ax.set_xlabel("num_kv_pages_per_block (decode)")
+    ax.set_ylim(bottom=0)
+  axes[0][0].set_ylabel("bundles per KV page")
+  axes[0][0].legend(fontsize=7, loc="upper right")
+  if title:
+    fig.suptitle(title, fontsize=10)
   return fig

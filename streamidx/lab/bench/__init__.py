@@ -5,6 +5,7 @@ reference and a NumPy oracle, measured side by side at DeepSeek-V4 sizes.
     python -m streamidx.bench --quick          # small shapes, for CI
     python -m streamidx.bench --long-context   # streaming reference at 1M tokens
     python -m streamidx.bench --list           # the named shapes and columns
+    python -m streamidx.bench --topk           # the top-k stage's methods
 
 Modules:
 
@@ -16,6 +17,9 @@ Modules:
     report        ratios, text tables, bench.png
     long_context  the streaming reference at long context (long_context.json)
     oracle        the NumPy top-k
+    topk          the top-k stage: every streamidx.topk method timed beside
+                  the reference (--topk), compiled per TPU generation
+                  (--topk --compile)
     cli           argparse and main
 
 For each shape, every implementation runs in a fresh subprocess:

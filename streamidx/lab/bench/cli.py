@@ -6,6 +6,7 @@
     python -m streamidx.bench --impls kernel reference
     python -m streamidx.bench --long-context   # streaming reference at 1M tokens
     python -m streamidx.bench --list           # the named shapes and columns
+    python -m streamidx.bench --topk [...]     # streamidx.lab.bench.topk
 
 What is measured and checked: `streamidx.lab.bench` (package docstring).
 """
@@ -65,6 +66,10 @@ def _long_context(a) -> int:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--topk" in argv:  # the top-k stage's own benchmark and flags
+    from streamidx.lab.bench import topk as topk_bench  # pylint: disable=g-import-not-at-top
+    return topk_bench.main([x for x in argv if x != "--topk"])
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench",
       description="Kernel variants, jitted reference, streaming reference and "
@@ -95,6 +100,10 @@ def main(argv=None) -> int:
   p.add_argument("--no-plot", action="store_true")
   p.add_argument("--list", action="store_true",
                  help="list named shapes and implementations")
+  p.add_argument("--topk", action="store_true",
+                 help="instead: every streamidx.topk method timed on this "
+                 "machine (its own flags: --topk --help; "
+                 "streamidx.lab.bench.topk)")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
 

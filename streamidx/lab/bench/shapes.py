@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from streamidx import semantics
+
 __all__ = ["Shape", "SWEEP", "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS",
            "parse_shape", "named_shapes"]
 
@@ -75,7 +77,8 @@ class Shape:
     if self.kind == "decode":
       return self.num_seqs * self.entries_per_seq
     pos = self.seq_len - self.q_len + np.arange(self.q_len)
-    return int(np.minimum((pos + 1) // ratio, self.entries_per_seq).sum())
+    bound = semantics.causal_visible_bound(pos, ratio, "model")
+    return int(np.minimum(bound, self.entries_per_seq).sum())
 
   def flops(self) -> int:
     """q.k dot products of the visible pairs (2 per multiply-add)."""

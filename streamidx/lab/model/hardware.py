@@ -16,6 +16,9 @@ guess. Terms used here and in `streamidx.lab.model.roofline`:
   same split JAX's `tpu_info` uses; a model assumption, not a published number).
 - device rates (`device_*`): one JAX device's share, for XLA ops (the score
   buffer fill and the top-k), which use every TensorCore of their device.
+- ICI bandwidth (`ici_bandwidth_bytes_per_s`): Google's bidirectional
+  inter-chip interconnect bandwidth per chip, all ports summed; None where
+  no public page gives a per-chip figure (v4).
 
     specs = streamidx.lab.model.hardware.load_specs()       # {"v4": TpuSpec, ...}
     gen = streamidx.lab.model.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
@@ -55,8 +58,10 @@ _FIELDS = (
     "peak_bf16_flops",
     "peak_int8_ops",
     "peak_fp8_flops",
+    "ici_bandwidth_bytes_per_s",
+    "clock_hz",
 )
-_REQUIRED = _FIELDS[:6]  # int8 and fp8 peaks may be unpublished
+_REQUIRED = _FIELDS[:6]  # int8/fp8 peaks, ICI bandwidth and the clock may be unpublished
 _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
 
@@ -81,6 +86,8 @@ class TpuSpec:
   peak_bf16_flops: float
   peak_int8_ops: float | None
   peak_fp8_flops: float | None
+  ici_bandwidth_bytes_per_s: float | None
+  clock_hz: float | None  # TensorCore clock: bundles -> seconds (static schedule)
   sources: Mapping[str, str]
   as_published: Mapping[str, str]
 
@@ -116,6 +123,17 @@ class TpuSpec:
   @property
   def device_hbm_bytes(self) -> int:
     return self.hbm_capacity_bytes // self.jax_devices_per_chip
+
+  @property
+  def device_ici_bandwidth(self) -> float | None:
+    """One JAX device's share of the chip's ICI bandwidth (None: unpublished).
+
+    The chip's figure is bidirectional, over all its ports; the devices of a
+    chip (TPU7x's two TensorCores) share it (model assumption).
+    """
+    if self.ici_bandwidth_bytes_per_s is None:
+      return None
+    return self.ici_bandwidth_bytes_per_s / self.jax_devices_per_chip
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:
     """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
@@ -257,6 +275,8 @@ def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
         "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
         "int8 TOP/s/chip": t(s.peak_int8_ops),
         "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
+        "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
+                          else round(s.ici_bandwidth_bytes_per_s / 1e9)),
         "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
     })
   return rows

@@ -42,7 +42,8 @@ from typing import Mapping, Sequence
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 
-__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table"]
+__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table",
+           "PageBound", "page_bound", "page_bounds"]
 
 _LANES = 128
 
@@ -193,3 +194,78 @@ def roofline_table(p: tiling.Plan, *, k: int,
           "limit": b.limiter if c.flops else "memory",
       })
   return rows
+
+
+# ---------------------------------------------------------------------------
+# Per KV page: the HBM bound beside the compiled code's static schedule.
+
+
+@dataclasses.dataclass(frozen=True)
+class PageBound:
+  """One KV page of a launch on one generation: HBM time vs scheduled compute.
+
+  t_hbm: the page's bytes over one TensorCore's HBM bandwidth (the HBM
+  bound). bundles_per_page: the compiler's static schedule of the KV loop
+  (`streamidx.lab.schedule`), one bundle per clock cycle, no stalls, so
+  bundles / clock is a lower bound on the compute side. With no published
+  clock (`clock_hz` None) only the break-even clock is known: the launch is
+  vector-bound (compute-bound on its binding slot) at any clock below it.
+  """
+
+  generation: str
+  launch: str
+  fmt: str
+  bundles_per_page: float
+  binding_slot: str
+  page_bytes: int
+  t_hbm: float
+  clock_hz: float | None
+
+  @property
+  def t_compute(self) -> float | None:
+    return None if self.clock_hz is None else self.bundles_per_page / self.clock_hz
+
+  @property
+  def break_even_clock_hz(self) -> float:
+    """The clock at which the schedule takes exactly the page's HBM time."""
+    return self.bundles_per_page / self.t_hbm
+
+  @property
+  def verdict(self) -> str:
+    if self.clock_hz is None:
+      return (f"vector-bound ({self.binding_slot}) below "
+              f"{self.break_even_clock_hz / 1e9:.2f} GHz (no public clock)")
+    if self.t_compute > self.t_hbm:
+      return (f"vector-bound ({self.binding_slot}), "
+              f"{self.t_compute / self.t_hbm:.1f}x the HBM time")
+    return f"memory-bound, compute {self.t_compute / self.t_hbm:.0%} of HBM time"
+
+
+def page_bound(generation: str, *, bundles_per_page: float, page_bytes: int,
+               binding_slot: str = "", launch: str = "", fmt: str = "",
+               specs: Mapping[str, hardware.TpuSpec] | None = None) -> PageBound:
+  """The HBM and static-schedule bounds of one KV page on `generation`."""
+  spec = hardware.spec(generation, specs)
+  return PageBound(generation, launch, fmt, float(bundles_per_page),
+                   binding_slot, int(page_bytes),
+                   page_bytes / spec.kernel_bandwidth, spec.clock_hz)
+
+
+def page_bounds(schedules, *, head_dim: int = 128,
+                specs: Mapping[str, hardware.TpuSpec] | None = None
+                ) -> list[PageBound]:
+  """`page_bound` of every launch in `schedules` (`schedule.LaunchSchedule`s)
+  that has a KV loop. A page's bytes: page_size entries of the format's
+  record (`streamidx.cache.record_bytes`)."""
+  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+
+  out = []
+  for s in schedules:
+    if s.kv is None:
+      continue
+    slot, _ = s.kv.binding_slot
+    out.append(page_bound(
+        s.generation, bundles_per_page=s.kv.bundles_per_page,
+        page_bytes=s.page_size * cache_lib.record_bytes(s.fmt, head_dim),
+        binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
+  return out

@@ -354,22 +354,26 @@ class Plan:
 
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
-  """The kernel's scratch_shapes (VMEM buffers), in its order and dtypes."""
-  b = seq_batch_size
-  kv = ("bkv_x2", (2, b, bkv_p * g.page_size_per_kv_packing, g.kv_packing,
-                   g.lkv_dim), g.cache_dtype.name)
-  q = ("bq_x2", (2, b, bq_sz, g.num_q_heads, g.head_dim), g.q_dtype)
-  w = ("bq_weights_x2", (2, b, bq_sz, g.num_q_heads), "float32")
+  """The kernel's scratch_shapes (VMEM buffers), in its order and dtypes:
+  `semantics.launch_scratch`, the list the kernel declares its buffers from."""
   if case == "page":
-    o = ("scores_block_x2", (2, bq_sz, num_score_sublanes, _LANES), "float32")
+    out_sublanes = num_score_sublanes
   else:
-    num_sublanes_bkv = bkv_p * g.page_size // _LANES
-    o = ("scores_block_x2", (2, b * bq_sz, num_sublanes_bkv, _LANES), "float32")
-  if g.dense:
+    out_sublanes = bkv_p * g.page_size // _LANES
+  out = tuple((name, shape, np.dtype(dtype).name) for name, shape, dtype in
+              semantics.launch_scratch(
+                   seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+                   page_size_per_kv_packing=g.page_size_per_kv_packing,
+                   kv_packing=g.kv_packing, lkv_dim=g.lkv_dim,
+                   cache_dtype=g.cache_dtype, num_q_heads=g.num_q_heads,
+                   head_dim=g.head_dim, q_dtype=g.q_dtype,
+                   weights_dtype="float32", num_out_sublanes=out_sublanes))
+  if g.dense:  # the dense FP8 kernel: a scale buffer after the values'
     lanes = g.scale_lanes
-    scale = ("bscale_x2", (2, b, bkv_p, g.page_size // lanes, lanes), "uint8")
-    return (kv, scale, q, w, o)
-  return (kv, q, w, o)
+    scale = ("bscale_x2", (2, seq_batch_size, bkv_p, g.page_size // lanes,
+                           lanes), "uint8")
+    out = (out[0], scale) + out[1:]
+  return out
 
 
 def resolve_variant(variant: str | None = None, mode: str | None = None
@@ -689,6 +693,25 @@ def scratch_bytes(scratch) -> dict[str, int]:
   return {n: math.prod(s) * np.dtype(d).itemsize for n, s, d in scratch}
 
 
+def pallas_calls(jaxpr):
+  """The `pallas_call` equations of `jaxpr` (a `core.Jaxpr`), in order,
+  nested jaxprs (cond branches, jit bodies) included."""
+  from jax._src import core  # pylint: disable=g-import-not-at-top
+
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn
+      continue
+    for v in eqn.params.values():
+      # `lax.cond` holds its branches in a tuple (M-empty puts every launch
+      # under one).
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(sub, core.ClosedJaxpr):
+          yield from pallas_calls(sub.jaxpr)
+        elif isinstance(sub, core.Jaxpr):
+          yield from pallas_calls(sub)
+
+
 def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
                    **kwargs) -> list[dict]:
   """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
@@ -704,26 +727,11 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
   """
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import core  # pylint: disable=g-import-not-at-top
 
   fn = resolve_variant(variant, mode).kernel
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
-
-  def walk(j):
-    for eqn in j.eqns:
-      if eqn.primitive.name == "pallas_call":
-        yield eqn
-        continue
-      for v in eqn.params.values():
-        # A launch under `lax.cond` (M-empty) sits in its `branches` tuple.
-        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-          if isinstance(sub, core.ClosedJaxpr):
-            yield from walk(sub.jaxpr)
-          elif isinstance(sub, core.Jaxpr):
-            yield from walk(sub)
-
   out = []
-  for eqn in walk(jaxpr.jaxpr):
+  for eqn in pallas_calls(jaxpr.jaxpr):
     n = eqn.params["grid_mapping"].num_scratch_operands
     name = eqn.params.get("name") or ""
     scratch = []
@@ -742,20 +750,26 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
 
 
 def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
-                case: str = "prefill", num_score_sublanes: int = 0) -> dict:
+                case: str = "prefill", num_score_sublanes: int = 0,
+                tpu_generation: int = 5) -> dict:
   """VMEM of one launch configuration: scratch buffers and the largest intermediate.
 
-  Returns bytes per scratch buffer, their total (`scratch`, exact: the
-  kernel's scratch_shapes), `logits`: the f32 [bq_sz * num_q_heads, bkv_sz]
-  product of one sequence's query block with one KV block, the largest
-  value the kernel body computes (an estimate of Mosaic's internal scratch,
-  which the compiler sizes itself), and `total` = scratch + logits.
+  Returns bytes per scratch buffer, their total (`scratch`: the kernel's
+  scratch_shapes, logical bytes), `scratch_tiled` (the same buffers as
+  Mosaic lays them out, `semantics.scratch_vmem_bytes`: what the kernel's
+  compiled-mode VMEM check counts, and the compiler's own count before its
+  internal scratch; see notebook 03 and tests/test_aot.py), `logits`: the
+  f32 [bq_sz * num_q_heads, bkv_sz] product of one sequence's query block
+  with one KV block, the largest value the kernel body computes (an estimate
+  of Mosaic's internal scratch, which the compiler sizes itself), and
+  `total` = scratch + logits.
   """
-  s = scratch_bytes(_scratch(case, g, seq_batch_size, bq_sz, bkv_p,
-                             num_score_sublanes))
+  scratch = _scratch(case, g, seq_batch_size, bq_sz, bkv_p, num_score_sublanes)
+  s = scratch_bytes(scratch)
   logits = bq_sz * g.num_q_heads * bkv_p * g.page_size * 4
   out = dict(s)
   out["scratch"] = sum(s.values())
+  out["scratch_tiled"] = semantics.scratch_vmem_bytes(scratch, tpu_generation)
   out["logits"] = logits
   out["total"] = out["scratch"] + logits
   return out

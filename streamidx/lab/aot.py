@@ -1,0 +1,596 @@
+"""The compile matrix: every variant compiled for every TPU generation, no TPU.
+
+    python -m streamidx.aot             # the whole matrix (make aot)
+    python -m streamidx.aot --quick     # one shape per variant and generation
+    python -m streamidx.aot --generations v5e v6e --formats fp8 --jobs 2
+    python -m streamidx.aot --quick --topk-methods   # + every topk_method
+
+Each row is one variant of `streamidx.VARIANTS` x TPU generation (v4, v5e,
+v5p, v6e, v7x) x cache format x block sizes x shape. Its arguments are
+`jax.ShapeDtypeStruct`s only (production shapes, `SHAPES`), placed on the
+generation's compile-only device by `streamidx.compile_for`; the variant's
+entry point is lowered and compiled by the real TPU compiler (libtpu). A row
+reports "compiled" or the compiler's error in one line, the compile seconds,
+the VMEM scratch of its largest launch (`semantics.scratch_vmem_bytes`, the
+bytes the kernel declares as Mosaic tiles them) and XLA's memory analysis of
+the compiled program (HBM: arguments, output, temporaries; code size).
+
+What a row proves: the TPU compiler of that generation accepts the kernel
+at that shape (ops, layouts, VMEM); what it cannot show: anything about run
+time (that needs a TPU; the static schedule, `streamidx.lab.schedule`, gives
+a compute-side lower bound).
+
+`launch_calls` and `compile_launch` compile one `pallas_call` of an entry
+point on its own (what the VMEM probe and the schedule dumps use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import functools
+import multiprocessing
+import os
+import re
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from streamidx import modes, semantics
+
+GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
+
+__all__ = [
+    "GENERATIONS",
+    "Shape",
+    "SHAPES",
+    "QUICK_SHAPES",
+    "BLOCK_SETS",
+    "Row",
+    "Result",
+    "matrix",
+    "compile_row",
+    "entry_args",
+    "launch_calls",
+    "compile_launch",
+    "scoped_vmem_probe",
+    "launch_scratch_bytes",
+    "vmem_grid",
+    "summarize_error",
+    "format_table",
+    "main",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """The static shapes of one call: everything a compile depends on.
+
+  The decode/prefill split (`distribution`) and the sequence lengths are
+  runtime values: every launch is compiled whatever they are. What is
+  static: query rows, sequence slots, pages per sequence, cache pages.
+  """
+
+  name: str
+  mode: str  # "token" or "page"
+  num_tokens: int  # rows of q
+  max_num_seqs: int
+  pages_per_seq: int
+  page_size: int  # entries per page
+  num_heads: int
+  head_dim: int
+  k: int  # k (token) or k_pages (page)
+  compression_ratio: int
+  note: str = ""
+
+  @property
+  def total_pages(self) -> int:
+    return self.max_num_seqs * self.pages_per_seq
+
+
+def _decode(name, seqs, tokens, k, note):
+  return Shape(name, "token", seqs, seqs, tokens // 4 // 128, 128, 64, 128, k,
+               4, note)
+
+
+# DeepSeek-V4's indexer: 64 index heads, head_dim 128, ratio 4, 128-entry
+# pages. GLM's page mode: 32 heads, ratio 1, 64-entry pages, a 2048-token
+# budget (32 pages).
+SHAPES: tuple[Shape, ...] = (
+    _decode("dsv4-decode-4k", 64, 4096, 512, "64 decode seqs x 4K tokens"),
+    _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
+    _decode("dsv4-decode-128k", 64, 131072, 2048,
+            "64 decode seqs x 128K tokens, k 2048"),
+    Shape("dsv4-mixed", "token", 32 + 4 * 1024, 36, 32768 // 4 // 128, 128, 64,
+          128, 512, 4, "32 decode seqs + 4 prefill chunks of 1024 tokens, "
+          "32K context"),
+    Shape("glm-page-prefill", "page", 4096, 2, 65536 // 64, 64, 32, 128,
+          2048 // 64, 1, "2 seqs x 64K tokens, 4096 query rows, "
+          "2048-token budget (32 pages)"),
+)
+_SHAPES = {s.name: s for s in SHAPES}
+QUICK_SHAPES = {"token": "dsv4-decode-4k", "page": "glm-page-prefill"}
+
+# Block sizes tried per mode besides the block-size table's row ("table").
+BLOCK_SETS: dict[str, tuple[dict, ...]] = {
+    "token": (
+        dict(num_kv_pages_per_block=(1, 1, 1), num_queries_per_block=(1, 64, 64)),
+        dict(num_kv_pages_per_block=(8, 4, 4),
+             num_queries_per_block=(1, 256, 256)),
+    ),
+    "page": (
+        dict(num_kv_pages_per_block=128, num_queries_per_block=256),
+        dict(num_kv_pages_per_block=128, num_queries_per_block=1024),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One compile: variant x generation x cache format x blocks x shape."""
+
+  variant: str
+  generation: str
+  fmt: str
+  shape: str
+  blocks: tuple  # sorted (name, value) pairs of the block-size keywords
+  table: bool  # blocks are the block-size table's row
+  topk_method: str | None = None  # None: the kernel's default
+
+  @property
+  def static(self) -> dict:
+    out = dict(self.blocks)
+    if self.topk_method is not None:
+      out["topk_method"] = self.topk_method
+    return out
+
+
+@dataclasses.dataclass
+class Result:
+  row: Row
+  ok: bool
+  error: str = ""
+  compile_s: float = 0.0
+  vmem_scratch: int = 0  # bytes, largest launch
+  memory: dict = dataclasses.field(default_factory=dict)
+
+
+def _variants():
+  from streamidx import variants  # pylint: disable=g-import-not-at-top
+
+  return variants.VARIANTS
+
+
+def _blocks_key(kwargs: dict) -> tuple:
+  return tuple(sorted((k, v) for k, v in kwargs.items()))
+
+
+def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
+  """The block-size table's keywords for this call (`streamidx.blocks`)."""
+  v = _variants()[variant]
+  return v.block_sizes(cache_format=fmt, num_heads=shape.num_heads,
+                       page_size=shape.page_size,
+                       generation=generation).kwargs()
+
+
+def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
+           generations: Sequence[str] | None = None,
+           formats: Sequence[str] | None = None,
+           shapes: Sequence[str] | None = None,
+           topk_methods: Sequence[str] | None = None) -> list[Row]:
+  """The rows to compile. quick: the table's blocks, one shape per variant.
+
+  topk_methods: for each token variant that takes them (`Variant.
+  topk_methods`), one more row per method named here (e.g.
+  `streamidx.topk.TOPK_METHODS`) with the table's blocks: the selection
+  stage `streamidx.topk.select_topk` compiled inside the kernel call.
+  """
+  out = []
+  for name, v in _variants().items():
+    if variants and name not in variants:
+      continue
+    for gen in generations or GENERATIONS:
+      for fmt in v.cache_formats:
+        if formats and fmt not in formats:
+          continue
+        for shape in SHAPES:
+          if shape.mode != v.mode:
+            continue
+          if shapes and shape.name not in shapes:
+            continue
+          if quick and not shapes and shape.name != QUICK_SHAPES[v.mode]:
+            continue
+          sets = [(table_blocks(name, shape, fmt, gen), True)]
+          if not quick:
+            sets += [(b, False) for b in BLOCK_SETS[v.mode]]
+          for kw, is_table in sets:
+            out.append(Row(name, gen, fmt, shape.name, _blocks_key(kw),
+                           is_table))
+          for m in topk_methods or ():
+            if m in v.topk_methods:
+              out.append(Row(name, gen, fmt, shape.name,
+                             _blocks_key(sets[0][0]), True, topk_method=m))
+  return out
+
+
+def entry_args(variant: str, shape: Shape, fmt: str, target) -> tuple:
+  """The entry point's positional arguments as specs on `target`'s device."""
+  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+
+  v = _variants()[variant]
+  keys = jax.ShapeDtypeStruct(
+      (shape.total_pages, shape.page_size, shape.head_dim), jnp.float32)
+  cache = jax.eval_shape(cache_lib.CACHE_FORMATS[fmt].pack, keys)
+  t, n = shape.num_tokens, shape.max_num_seqs
+  last = target.spec((3,), jnp.int32) if v.mode == "token" else target.spec(
+      (), jnp.int32)
+  return (target.spec((t, shape.num_heads, shape.head_dim), jnp.bfloat16),
+          target.spec((t, shape.num_heads), jnp.float32),
+          *target.specs(tuple(cache)),
+          target.spec((n,), jnp.int32),
+          target.spec((n * shape.pages_per_seq,), jnp.int32),
+          target.spec((n + 1,), jnp.int32), last)
+
+
+def _static(variant: str, shape: Shape, blocks: dict) -> dict:
+  v = _variants()[variant]
+  return {v.k_name: shape.k, "compression_ratio": shape.compression_ratio,
+          **blocks}
+
+
+_ERROR_CODE = re.compile(r"(E\d{4}: \w+)")
+
+
+def summarize_error(e: BaseException) -> str:
+  """The compiler's (or streamidx's) error in one line."""
+  text = str(e)
+  m = _ERROR_CODE.search(text)
+  if isinstance(e, ValueError) and not m:
+    return f"ValueError: {text.splitlines()[0]}"
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  if m:
+    code = m.group(1)
+    detail = ""
+    for pat in (r"Scoped allocation with size \S+ and limit \S+",
+                r"Unsupported [^:]*: [^ ]+", r"Ran out of memory[^.]*\. Used \S+ of \S+ vmem"):
+      d = re.search(pat, text)
+      if d:
+        detail = d.group(0)
+        break
+    if not detail:
+      after = text[m.end():].strip(" :\n")
+      detail = after.splitlines()[0] if after else ""
+    return f"{code}: {detail}"[:240]
+  for pat in (r"Ran out of memory in memory space vmem\. Used \S+ of \S+ vmem",
+              r"Allocation \(size=\d+\) would exceed memory \(size=\d+\)"):
+    d = re.search(pat, text)
+    if d:
+      return f"{type(e).__name__}: {d.group(0)}"
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"[:240]
+
+
+def _walk_pallas(jaxpr):
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+
+  return tiling.pallas_calls(jaxpr)
+
+
+def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
+  """Every `pallas_call` the entry point makes, traced for `target`.
+
+  Must run inside `compile_for(target.generation)`. Returns [(name, eqn)]:
+  the launch's scope name (e.g. "StreamIdxTC-d-bq_1-bkvp_3") and its jaxpr
+  equation, for `compile_launch`.
+  """
+  v = _variants()[variant]
+  args = entry_args(variant, shape, fmt, target)
+  fn = functools.partial(v.kernel, **_static(variant, shape, blocks))
+  closed = jax.make_jaxpr(fn)(*args)
+  return [(eqn.params.get("name") or "pallas_call", eqn)
+          for eqn in _walk_pallas(closed.jaxpr)]
+
+
+def compile_launch(eqn, target, *, vmem_limit_bytes: Any = "keep",
+                   name: str = "launch"):
+  """Compiles one `pallas_call` equation alone for `target`; returns it compiled.
+
+  vmem_limit_bytes: "keep" (as traced) or a new limit (bytes or None).
+  `name` names the jitted function (and so the compiler's dump files).
+  """
+  params = dict(eqn.params)
+  if vmem_limit_bytes != "keep":
+    params["compiler_params"] = dataclasses.replace(
+        params["compiler_params"], vmem_limit_bytes=vmem_limit_bytes)
+  specs = [target.spec(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+
+  def launch(*a):
+    return eqn.primitive.bind(*a, **params)
+
+  launch.__name__ = re.sub(r"\W", "_", name)
+  return jax.jit(launch).lower(*specs).compile()
+
+
+_SIZE = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit")
+_USED = re.compile(r"Used ([\d.]+)([KMG]?) of [\d.]+[KMG]? vmem")
+_ALLOC = re.compile(r"Allocation \(size=(\d+)\) would exceed memory")
+
+
+def _parse_size(num: str, unit: str) -> float:
+  return float(num) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
+
+
+def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
+  """Compiles a launch under `vmem_limit_bytes`: None if it fits, else the
+  scoped VMEM bytes the compiler says it needed, as it prints them (0.1 KiB
+  or 0.01 MiB): E1001's "size", or, for a launch beyond the chip's VMEM,
+  the "Used ... of ... vmem" of its out-of-memory report (which counts its
+  register-allocator spill slots too)."""
+  try:
+    compile_launch(eqn, target, vmem_limit_bytes=vmem_limit_bytes)
+    return None
+  except Exception as e:  # pylint: disable=broad-except
+    m = _SIZE.search(str(e)) or _USED.search(str(e))
+    if m:
+      return _parse_size(*m.groups())
+    m = _ALLOC.search(str(e))
+    if m:  # one buffer alone exceeds the chip: its size
+      return float(m.group(1))
+    raise
+
+
+def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
+  """`semantics.scratch_vmem_bytes` of a traced launch's declared scratch."""
+  n = eqn.params["grid_mapping"].num_scratch_operands
+  scratch = [("", v.aval.shape, v.aval.dtype)
+             for v in eqn.params["jaxpr"].invars[-n:]
+             if "SEMAPHORE" not in str(getattr(v.aval, "memory_space", "")).upper()]
+  return semantics.scratch_vmem_bytes(scratch, tpu_generation)
+
+
+def vmem_grid(generation: str, *, fmt: str = "fp8",
+              shape: str = "dsv4-decode-4k", decode_kv_pages=(1, 2, 4, 8),
+              prefill_q_blocks=(64, 128, 256), prefill_kv_pages: int = 2,
+              limits=(None, 100 * 2**20)) -> list[dict]:
+  """Which block sizes the compiler accepts, and the VMEM it counts for them.
+
+  For the decode launch at each `decode_kv_pages` and the prefill launch at
+  each `prefill_q_blocks`: `scratch` (our tiled count), `compiler_scratch`
+  (the compiler's scoped VMEM under a 16 KiB limit: the scratch as it
+  counts it), `compiler_total` (under a limit just above that: scratch plus
+  its internal scratch; None if that fits), and for each of `limits`
+  (None: the compiler's default scoped limit) whether the launch compiles
+  there ("ok" or the error in one line) and whether the kernel's own check
+  (`check_launch_vmem`) refuses it ("check <limit>": "refuses"/"passes").
+  Launches are traced with that check off, so the compiler judges each
+  one, and compiled alone.
+  """
+  import contextlib  # pylint: disable=g-import-not-at-top
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+  from streamidx.kernels import vendored  # pylint: disable=g-import-not-at-top
+
+  shp = _SHAPES[shape]
+  cases = [("decode", dict(num_kv_pages_per_block=(p, 1, 1),
+                           num_queries_per_block=(1, 8, 8)), p, 1)
+           for p in decode_kv_pages]
+  cases += [("prefill", dict(num_kv_pages_per_block=(1, prefill_kv_pages, 1),
+                             num_queries_per_block=(1, q, 8)),
+             prefill_kv_pages, q) for q in prefill_q_blocks]
+  out = []
+  unchecked = mock.patch.object(vendored, "check_launch_vmem",
+                                lambda *a, **k: None)
+  with modes.compile_for(generation) as target, contextlib.ExitStack() as st:
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+
+    capacity = int(pltpu.get_tpu_info().vmem_capacity_bytes)
+    st.enter_context(unchecked)
+    for case, blocks, bkv_p, bq in cases:
+      jax.clear_caches()
+      calls = launch_calls("vendored", shp, fmt,
+                           dict(blocks, vmem_limit_bytes=None), target)
+      _, eqn = calls[0 if case == "decode" else 2]
+      ours = launch_scratch_bytes(eqn, target.tpu_generation)
+      try:
+        first = scoped_vmem_probe(eqn, target, 16 * 1024)
+        rounding = 0.005 * 2**20 if first >= 2**20 else 0.05 * 1024
+        total = scoped_vmem_probe(eqn, target, int(first + rounding) + 1)
+      except Exception as e:  # pylint: disable=broad-except
+        first = total = None
+        note = summarize_error(e)
+      else:
+        note = ""
+      row = dict(generation=generation, launch=case, bkv_p=bkv_p, bq=bq,
+                 scratch=ours, compiler_scratch=first, compiler_total=total,
+                 probe_error=note)
+      for limit in limits:
+        bound = capacity if limit is None else min(limit, capacity)
+        row[f"check {_limit_name(limit)}"] = ("refuses" if ours > bound
+                                              else "passes")
+        try:
+          compile_launch(eqn, target, vmem_limit_bytes=limit)
+          row[f"limit {_limit_name(limit)}"] = "ok"
+        except Exception as e:  # pylint: disable=broad-except
+          row[f"limit {_limit_name(limit)}"] = summarize_error(e)
+      out.append(row)
+    jax.clear_caches()
+  return out
+
+
+def _limit_name(limit) -> str:
+  return "default" if limit is None else f"{limit / 2**20:g} MiB"
+
+
+def _memory(compiled) -> dict:
+  m = compiled.memory_analysis()
+  if m is None:
+    return {}
+  return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
+          ("argument", "output", "temp", "generated_code")}
+
+
+def compile_row(row: Row) -> Result:
+  """Compiles one row's entry point for its generation; never raises."""
+  shape = _SHAPES[row.shape]
+  v = _variants()[row.variant]
+  t0 = time.perf_counter()
+  vmem = 0
+  try:
+    with modes.compile_for(row.generation) as target:
+      args = entry_args(row.variant, shape, row.fmt, target)
+      static = _static(row.variant, shape, row.static)
+      for _, eqn in launch_calls(row.variant, shape, row.fmt, row.static,
+                                 target):
+        vmem = max(vmem, launch_scratch_bytes(eqn, target.tpu_generation))
+      t0 = time.perf_counter()
+      compiled = v.kernel.lower(*args, **static).compile()
+      return Result(row, True, compile_s=time.perf_counter() - t0,
+                    vmem_scratch=vmem, memory=_memory(compiled))
+  except Exception as e:  # pylint: disable=broad-except
+    return Result(row, False, summarize_error(e), time.perf_counter() - t0,
+                  vmem)
+
+
+def _fmt_blocks(blocks: tuple) -> str:
+  d = dict(blocks)
+  parts = []
+  for k, short in (("num_kv_pages_per_block", "kv"),
+                   ("num_queries_per_block", "q"),
+                   ("decode_req_batch_size", "B"),
+                   ("vmem_limit_bytes", "vmem")):
+    if k in d:
+      val = d[k]
+      val = "/".join(map(str, val)) if isinstance(val, tuple) else val
+      parts.append(f"{short}={val}")
+  return " ".join(parts)
+
+
+def _mib(n) -> str:
+  return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def format_table(results: Sequence[Result]) -> str:
+  """The results as a fixed-width text table."""
+  head = ("variant", "gen", "fmt", "shape", "blocks", "result", "compile s",
+          "VMEM scratch MiB", "HBM temp MiB", "HBM args MiB", "code KiB")
+  rows = []
+  for r in results:
+    m = r.memory
+    rows.append((r.row.variant, r.row.generation, r.row.fmt, r.row.shape,
+                 _fmt_blocks(r.row.blocks) + ("" if not r.row.table else " (table)")
+                 + ("" if r.row.topk_method is None
+                    else f" topk_method={r.row.topk_method}"),
+                 "compiled" if r.ok else r.error, f"{r.compile_s:.1f}",
+                 _mib(r.vmem_scratch), _mib(m.get("temp")),
+                 _mib(m.get("argument")),
+                 f"{m['generated_code'] / 1024:.0f}" if m else "-"))
+  widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+  widths[5] = min(widths[5], 90)
+  lines = ["  ".join(str(x)[:w].ljust(w) for x, w in zip(head, widths))]
+  lines.append("  ".join("-" * w for w in widths))
+  for row in rows:
+    cells = [str(x).ljust(w) if i != 5 else str(x)[:max(w, 90)].ljust(w)
+             for i, (x, w) in enumerate(zip(row, widths))]
+    lines.append("  ".join(cells).rstrip())
+  return "\n".join(lines)
+
+
+def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:
+  """Compiles `rows` in `jobs` processes (1: in this process)."""
+  if jobs <= 1:
+    out = []
+    for r in rows:
+      out.append(compile_row(r))
+      if progress:
+        progress(out[-1])
+    return out
+  ctx = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+    futures = [pool.submit(compile_row, r) for r in rows]
+    out = []
+    for f in futures:
+      out.append(f.result())
+      if progress:
+        progress(out[-1])
+  return out
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(
+      prog="python -m streamidx.aot",
+      description="Compile every kernel variant for every TPU generation "
+      "(no TPU needed; see streamidx/lab/aot.py).")
+  p.add_argument("--quick", action="store_true",
+                 help="one shape per variant and generation, table blocks")
+  p.add_argument("--variants", nargs="+")
+  p.add_argument("--generations", nargs="+", choices=GENERATIONS)
+  p.add_argument("--formats", nargs="+")
+  p.add_argument("--shapes", nargs="+", choices=sorted(_SHAPES))
+  p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                 help="compiler processes (default: min(4, CPUs))")
+  p.add_argument("--topk-methods", nargs="*", metavar="METHOD",
+                 help="also one row per streamidx.topk method (all of "
+                 "TOPK_METHODS when given no names) at the table's blocks")
+  p.add_argument("--list", action="store_true", help="list the shapes")
+  p.add_argument("--no-sharded", action="store_true",
+                 help="skip the sharded rows (sequence- and context-parallel "
+                 "on v6e:2x2 and tpu7x:2x2x1, streamidx.lab.sharding)")
+  a = p.parse_args(argv)
+  if a.list:
+    for s in SHAPES:
+      print(f"{s.name:18s} {s.mode:5s} T={s.num_tokens} seqs={s.max_num_seqs} "
+            f"pages/seq={s.pages_per_seq} page={s.page_size} H={s.num_heads} "
+            f"k={s.k} ratio={s.compression_ratio}  {s.note}")
+    return 0
+  if a.topk_methods is not None:
+    from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
+    for m in a.topk_methods:
+      topk_lib.check_topk_method(m)
+    methods = tuple(a.topk_methods) or topk_lib.TOPK_METHODS
+  else:
+    methods = None
+  rows = matrix(quick=a.quick, variants=a.variants, generations=a.generations,
+                formats=a.formats, shapes=a.shapes, topk_methods=methods)
+  if not rows:
+    print("aot: no rows match", file=sys.stderr)
+    return 2
+  print(f"aot: {len(rows)} compiles, {a.jobs} process(es), libtpu "
+        f"{modes.libtpu_path()}, jax {jax.__version__}; no TPU is used",
+        flush=True)
+
+  def progress(r):
+    state = "compiled" if r.ok else "FAILED  "
+    method = ("" if r.row.topk_method is None
+              else f" topk_method={r.row.topk_method}")
+    print(f"  {state} {r.row.variant} {r.row.generation} {r.row.fmt} "
+          f"{r.row.shape} {_fmt_blocks(r.row.blocks)}{method} "
+          f"({r.compile_s:.1f} s)", flush=True)
+
+  t0 = time.perf_counter()
+  results = run(rows, a.jobs, progress)
+  print()
+  print(format_table(results))
+  bad = [r for r in results if not r.ok and r.row.table]
+  print(f"\naot: {sum(r.ok for r in results)}/{len(results)} compiled in "
+        f"{time.perf_counter() - t0:.0f} s; rows with the block-size table's "
+        f"sizes that failed: {len(bad)}")
+  sharded_bad = 0
+  if not a.no_sharded:
+    # The sharded functions on TPU slices: the kernel and the collectives in
+    # one compiled program; bytes each device receives, from its HLO.
+    from streamidx.lab import sharding, tables  # pylint: disable=g-import-not-at-top
+    t0 = time.perf_counter()
+    runs = sharding.compile_matrix(quick=a.quick)
+    print("\nsharded (streamidx.lab.sharding; collective bytes read from the "
+          "compiled HLO, no TPU):")
+    print(tables.markdown([r.row() for r in runs]))
+    sharded_bad = sum(not r.ok for r in runs)
+    print(f"\naot: {len(runs) - sharded_bad}/{len(runs)} sharded compiled in "
+          f"{time.perf_counter() - t0:.0f} s")
+  return 1 if (bad or sharded_bad) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,402 @@
+"""The static schedule of the compiled kernel: bundles per KV-loop iteration.
+
+The TPU compiler (libtpu) can dump the final VLIW schedule of every kernel it
+compiles (`LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR --xla_jf_dump_llo_text=true
+--xla_jf_dump_llo_pass_label_regex=final
+--xla_mosaic_enable_llo_source_annotations=true"`). Per compiled program it
+writes, among others:
+
+  <id>-<module>-03-final_bundles.txt   one line per bundle: its address, a
+        label ("LB:" opens a loop body), the ops (`;;`-separated) with their
+        source location `loc("<file>":<line>:...)`; a loop closes with the
+        branch back to its body (`sbr.rel ... target = $region<N>`, where the
+        body's bundle says "Start region <N>"), followed by 4 delay slots.
+  <id>-<module>-01-final_hlo-static-per-bundle-utilization.txt   per bundle,
+        the ops issued in each slot (MXU, XLU, VALU, VPOP, EUP, VLOAD,
+        VLOAD:FILL, VSTORE, VSTORE:SPILL, SALU) and each slot's capacity.
+
+`launch_schedules(...)` compiles every launch of a variant alone (in a child
+process, since libtpu reads its flags when it loads) and parses the dumps;
+`kv_loop(...)` finds the loop that scores KV blocks (the innermost loop with
+MXU ops) and reports its bundles per iteration and per KV page, the slot that
+binds (the highest issue rate against its capacity), spills and the kernel
+source lines it spends its bundles on.
+
+What it is: the compiler's own static schedule, so bundles x clock is a
+lower bound on the compute side of one KV page (no stalls: DMA waits, bank
+conflicts, MXU result latency beyond the schedule). Beside the HBM time of
+the page's bytes (`streamidx.lab.model.roofline.page_bounds`) it says which
+side binds. Not what it is: a run time (that needs a TPU).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Sequence
+
+__all__ = [
+    "DUMP_FLAGS",
+    "Bundle",
+    "Loop",
+    "KvLoop",
+    "LaunchSchedule",
+    "parse_bundles",
+    "parse_utilization",
+    "find_loops",
+    "kv_loop",
+    "launch_schedules",
+    "schedule_table",
+]
+
+DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
+              "--xla_jf_dump_llo_pass_label_regex=final "
+              "--xla_mosaic_enable_llo_source_annotations=true")
+DELAY_SLOTS = 4  # bundles after a taken branch that still issue
+
+_ADDR = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(L[BHE]:|PB:|PF:|CT:)?\s*[>\s]*:?\s*[>]*\s*\{")
+_LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
+_START = re.compile(r"Start region (\d+)")
+_BRANCH = re.compile(r"sbr\.rel[^;]*?target = \$region(\d+)")
+_LOC = re.compile(r'loc\("([^"]+)":(\d+):')
+
+
+@dataclasses.dataclass(frozen=True)
+class Bundle:
+  """One scheduled bundle of the final program."""
+
+  addr: int
+  label: str  # "LB", "LH", "LE", "PB", "PF", "CT" or ""
+  ops: str  # the text between the braces
+  comment: str  # the text after them ("Start region N", ...)
+
+  @property
+  def starts(self) -> tuple[int, ...]:
+    return tuple(int(x) for x in _START.findall(self.comment))
+
+  @property
+  def branch_target(self) -> int | None:
+    m = _BRANCH.search(self.ops)
+    return int(m.group(1)) if m else None
+
+  def source_lines(self, file_suffix: str = "") -> set[tuple[str, int]]:
+    return {(f, int(l)) for f, l in _LOC.findall(self.ops)
+            if f.endswith(file_suffix)}
+
+
+def parse_bundles(text: str) -> list[Bundle]:
+  """The bundles of a `*-final_bundles.txt` dump, in address order."""
+  out = []
+  for line in text.splitlines():
+    m = _LINE.match(line)
+    if not m:
+      continue
+    addr = int(m.group(1), 0)
+    out.append(Bundle(addr, m.group(2) or "", m.group(3), m.group(4)))
+  return out
+
+
+def parse_utilization(text: str) -> tuple[tuple[str, ...], tuple[int, ...],
+                                          list[tuple[int, ...]]]:
+  """(slot names, capacities, one row of per-slot op counts per bundle)."""
+  lines = [l.strip() for l in text.splitlines()]
+  i = lines.index("== CAPACTIY:") if "== CAPACTIY:" in lines else lines.index(
+      "== CAPACITY:")
+  names = tuple(x.strip() for x in lines[i + 1].split(","))
+  capacity = tuple(int(x) for x in lines[i + 2].split())
+  j = lines.index("== UTILIZATION:")
+  rows = [tuple(int(x) for x in l.split()) for l in lines[j + 1:] if l]
+  return names, capacity, rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """A loop of the schedule: bundles [start, end] (end: the last delay slot)."""
+
+  start: int
+  end: int
+  region: int
+
+  @property
+  def bundles(self) -> int:
+    return self.end - self.start + 1
+
+  def contains(self, other: "Loop") -> bool:
+    return self.start <= other.start and other.end <= self.end
+
+
+def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
+  """Every loop: a body ("LB:" bundle starting region N) up to the branch
+  back to region N plus its delay slots."""
+  by_addr = {b.addr: b for b in bundles}
+  last = max(by_addr) if by_addr else -1
+  loops = []
+  for b in bundles:
+    if b.label != "LB":
+      continue
+    for region in b.starts:
+      back = [c.addr for c in bundles
+              if c.addr >= b.addr and c.branch_target == region]
+      if back:
+        loops.append(Loop(b.addr, min(max(back) + DELAY_SLOTS, last), region))
+        break
+  return loops
+
+
+@dataclasses.dataclass(frozen=True)
+class KvLoop:
+  """The KV loop of one launch, as scheduled."""
+
+  bundles: int  # per iteration (one KV block of every sequence of a program)
+  pages_per_iteration: int  # seq_batch_size * bkv_p
+  slot_use: dict  # slot -> ops issued per iteration
+  capacity: dict  # slot -> ops per bundle
+  spill_ops: int  # VSTORE:SPILL + VLOAD:FILL ops per iteration
+  top_lines: tuple  # ((line, bundles), ...) of the kernel file, most first
+
+  @property
+  def bundles_per_page(self) -> float:
+    return self.bundles / self.pages_per_iteration
+
+  @property
+  def binding_slot(self) -> tuple[str, float]:
+    """(slot, its ops / (capacity x bundles)): the busiest slot."""
+    rates = {s: self.slot_use[s] / (self.capacity[s] * self.bundles)
+             for s in self.slot_use if self.capacity.get(s)}
+    s = max(rates, key=rates.get)
+    return s, rates[s]
+
+
+def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
+            kernel_file: str = "vendored.py", top: int = 5) -> KvLoop:
+  """The innermost loop with MXU ops, with its slot use and source lines."""
+  names, capacity, rows = utilization
+  mxu = names.index("MXU")
+  loops = find_loops(bundles)
+  with_mxu = [l for l in loops
+              if any(rows[a][mxu] for a in range(l.start, l.end + 1)
+                     if a < len(rows))]
+  if not with_mxu:
+    raise ValueError("no loop with MXU ops in this schedule")
+  inner = min(with_mxu, key=lambda l: l.bundles)
+  use = collections.Counter()
+  for a in range(inner.start, inner.end + 1):
+    for name, n in zip(names, rows[a]):
+      use[name] += n
+  lines = collections.Counter()
+  by_addr = {b.addr: b for b in bundles}
+  for a in range(inner.start, inner.end + 1):
+    b = by_addr.get(a)
+    if b is None:
+      continue
+    for _, line in b.source_lines(kernel_file):
+      lines[line] += 1
+  spill = use.get("VSTORE:SPILL", 0) + use.get("VLOAD:FILL", 0)
+  return KvLoop(inner.bundles, pages_per_iteration, dict(use),
+                dict(zip(names, capacity)), spill,
+                tuple(lines.most_common(top)))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSchedule:
+  """The static schedule of one launch of a variant on one generation."""
+
+  variant: str
+  generation: str
+  fmt: str
+  shape: str
+  launch: str  # its scope name, e.g. "StreamIdxTC-d-bq_1-bkvp_2"
+  case: str  # "decode", "decode_rest", "prefill", "mixed" or "page"
+  seq_batch_size: int
+  bkv_p: int
+  bq_sz: int
+  page_size: int
+  total_bundles: int
+  kv: KvLoop | None
+  error: str = ""
+
+
+def _worker(spec: dict, out_dir: str) -> list[dict]:
+  """In the child: compile every launch alone; one record per launch."""
+  from streamidx import modes  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+
+  del out_dir  # libtpu writes there (LIBTPU_INIT_ARGS)
+  shape = {s.name: s for s in aot.SHAPES}[spec["shape"]]
+  out = []
+  with modes.compile_for(spec["generation"]) as target:
+    for j, blocks in enumerate(spec["blocks"]):
+      blocks = {k: tuple(v) if isinstance(v, list) else v
+                for k, v in blocks.items()}
+      calls = aot.launch_calls(spec["variant"], shape, spec["fmt"], blocks,
+                               target)
+      for i, (name, eqn) in enumerate(calls):
+        case, _, _ = _case(name)
+        n = eqn.params["grid_mapping"].num_scratch_operands
+        batch = int(eqn.params["jaxpr"].invars[-n].aval.shape[1])  # bkv_x2
+        if case == "decode" and batch == 1:
+          case = "decode_rest"
+        if spec["launches"] and case not in spec["launches"]:
+          continue
+        tag = f"sidx_b{j}_l{i}"
+        rec = dict(blocks=j, index=i, name=name, case=case, tag=tag,
+                   seq_batch_size=batch, error="")
+        try:
+          aot.compile_launch(eqn, target, name=tag)
+        except Exception as e:  # pylint: disable=broad-except
+          rec["error"] = aot.summarize_error(e)
+        out.append(rec)
+  return out
+
+
+def _case(name: str) -> tuple[str, int, int]:
+  """'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", bq 1, bkv_p 3)."""
+  m = re.match(r"StreamIdx(Page)?TC-(?:([dpm])-)?bq_(\d+)-bkvp_(\d+)", name)
+  if not m:
+    return name, 0, 0
+  case = "page" if m.group(1) else {"d": "decode", "p": "prefill",
+                                     "m": "mixed"}[m.group(2)]
+  return case, int(m.group(3)), int(m.group(4))
+
+
+def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
+                     blocks, *, launches: Sequence[str] = (),
+                     dump_dir: str | None = None,
+                     timeout: float = 900.0) -> list[LaunchSchedule]:
+  """Compiles each launch of `variant` alone for `generation` and reads its
+  static schedule.
+
+  Args:
+    shape: a name of `streamidx.lab.aot.SHAPES`.
+    blocks: block-size keywords (a dict), or a list of them (one child
+      process compiles them all).
+    launches: only these launch cases ("decode", "decode_rest", "prefill",
+      "mixed", "page"); empty: all.
+  """
+  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+
+  shp = {s.name: s for s in aot.SHAPES}[shape]
+  block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
+  spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
+              blocks=block_sets, launches=list(launches))
+  with tempfile.TemporaryDirectory(prefix="sidx-sched-") as tmp:
+    out_dir = dump_dir or tmp
+    env = dict(os.environ)
+    env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
+                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS}")
+    res = subprocess.run(
+        [sys.executable, "-m", "streamidx.lab.schedule", "--worker",
+         json.dumps(spec), out_dir], env=env, capture_output=True, text=True,
+        timeout=timeout, check=False)
+    if res.returncode:
+      raise RuntimeError(f"schedule worker failed:\n{res.stderr[-3000:]}")
+    records = json.loads(res.stdout.strip().splitlines()[-1])
+    files = sorted(glob.glob(os.path.join(out_dir, "*")))
+    out = []
+    for rec in records:
+      _, bq, bkv_p = _case(rec["name"])
+      common = dict(variant=variant, generation=generation, fmt=fmt,
+                    shape=shape, launch=rec["name"], case=rec["case"],
+                    seq_batch_size=rec["seq_batch_size"], bkv_p=bkv_p,
+                    bq_sz=bq, page_size=shp.page_size)
+      if rec["error"]:
+        out.append(LaunchSchedule(**common, total_bundles=0, kv=None,
+                                  error=rec["error"]))
+        continue
+      tag = re.escape(rec["tag"])
+      bundles_f = [f for f in files if re.search(
+          rf"-{tag}\.\d+-\d+-final_bundles\.txt$", f)]
+      util_f = [f for f in files if re.search(
+          rf"-{tag}\.\d+-\d+-final_hlo-static-per-bundle-utilization\.txt$",
+          f)]
+      if not bundles_f or not util_f:
+        raise RuntimeError(f"no schedule dump for {rec['name']} in {out_dir}")
+      with open(bundles_f[0]) as fh:
+        bundles = parse_bundles(fh.read())
+      with open(util_f[0]) as fh:
+        util = parse_utilization(fh.read())
+      try:
+        kv = kv_loop(bundles, util,
+                     pages_per_iteration=rec["seq_batch_size"] * bkv_p)
+        err = ""
+      except ValueError as e:
+        kv, err = None, str(e)
+      out.append(LaunchSchedule(**common, total_bundles=len(bundles), kv=kv,
+                                error=err))
+    return out
+
+
+def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
+  """One row per launch: bundles per iteration / per page, binding slot..."""
+  rows = []
+  for s in schedules:
+    row = dict(variant=s.variant, generation=s.generation, fmt=s.fmt,
+               launch=s.case, B=s.seq_batch_size, bq=s.bq_sz, bkv_p=s.bkv_p,
+               total_bundles=s.total_bundles)
+    if s.kv is None:
+      row.update(kv_bundles=None, bundles_per_page=None, binding=s.error)
+    else:
+      slot, rate = s.kv.binding_slot
+      row.update(kv_bundles=s.kv.bundles,
+                 bundles_per_page=round(s.kv.bundles_per_page, 1),
+                 binding=f"{slot} {rate:.0%}", spill_ops=s.kv.spill_ops,
+                 top_lines=", ".join(f"{l}:{n}" for l, n in s.kv.top_lines[:3]))
+    rows.append(row)
+  return rows
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv and argv[0] == "--worker":
+    records = _worker(json.loads(argv[1]), argv[2])
+    print(json.dumps(records))
+    return 0
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  p = argparse.ArgumentParser(
+      prog="python -m streamidx.lab.schedule",
+      description="Static schedule (bundles per KV page) of each launch.")
+  p.add_argument("--variant", default="vendored")
+  p.add_argument("--generations", nargs="+", default=["v5e", "v6e"])
+  p.add_argument("--formats", nargs="+", default=["fp8"])
+  p.add_argument("--shape", default="dsv4-decode-4k")
+  p.add_argument("--kv-pages", nargs="+", type=int, default=None,
+                 help="decode num_kv_pages_per_block values (token mode)")
+  p.add_argument("--queries", nargs="+", type=int, default=None,
+                 help="num_queries_per_block values (page mode)")
+  p.add_argument("--launches", nargs="+", default=(),
+                 help="only these launches (decode, decode_rest, prefill, "
+                 "mixed, page)")
+  a = p.parse_args(argv)
+  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
+
+  shape = {s.name: s for s in aot.SHAPES}[a.shape]
+  for gen in a.generations:
+    for fmt in a.formats:
+      base = aot.table_blocks(a.variant, shape, fmt, gen)
+      sets = [base]
+      if a.kv_pages:
+        sets = [dict(base, num_kv_pages_per_block=(p,) + tuple(
+            base["num_kv_pages_per_block"][1:])) for p in a.kv_pages]
+      if a.queries:
+        sets = [dict(base, num_queries_per_block=q) for q in a.queries]
+      scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
+                                launches=a.launches)
+      for s_ in scheds:
+        (row,) = schedule_table([s_])
+        bound = page_bounds([s_])
+        row["verdict"] = bound[0].verdict if bound else ""
+        print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

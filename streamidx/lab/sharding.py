@@ -1,0 +1,340 @@
+"""The sharded indexer compiled for a TPU slice without a TPU; its collectives.
+
+`streamidx.sharded` runs any variant under `jax.shard_map`. Here it is
+compiled ahead of time for a multi-chip topology (`libtpu`'s compiler via
+`jax.experimental.topologies`, no TPU attached) with a `Mesh` over the
+topology's devices, and the collectives of the compiled program are read
+from its HLO text: which op, over which device groups, how many bytes.
+
+    python -m streamidx.lab.sharding            # the matrix below, a table
+    python -m streamidx.lab.sharding --quick    # v6e:2x2 and tpu7x:2x2x1,
+                                                # token variant only
+
+    r = compile_sharded("v6e:2x2", "context-parallel")
+    r.ok, r.collectives, r.received_bytes, r.model_received_bytes
+
+A layout is "sequence-parallel" (every device a data shard),
+"context-parallel" (every device a context share) or "2d" (a data x context
+mesh, the context axis the topology's second factor). The shapes are a
+DeepSeek-V4 decode step per data shard (64 heads, head_dim 128, the FP8
+cache, k 512, ratio 4) unless given; page variants use ratio 1.
+
+Bytes: `received_bytes` counts, per device, what each collective brings in
+(an all-gather over G devices: its output less the device's own part,
+(G - 1) / G of it; a collective-permute: its output); `model_received_bytes`
+is `streamidx.sharded.merge_bytes_per_row` times the rows, what the merge
+should move. They agree when the compiler added no collective of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import time
+
+import numpy as np
+
+from streamidx import modes
+
+__all__ = [
+    "LAYOUTS",
+    "TOPOLOGIES",
+    "Collective",
+    "collectives",
+    "ShardedCompile",
+    "compile_sharded",
+    "compile_matrix",
+    "compiled_kernels",
+]
+
+LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
+# Slices to compile for: name -> (generation, devices, 2-D mesh shape).
+TOPOLOGIES = {
+    "v6e:2x2": ("v6e", 4, (2, 2)),
+    "tpu7x:2x2x1": ("v7x", 8, (2, 4)),
+}
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2,
+                "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
+                "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+_OPS = ("all-gather", "collective-permute", "all-reduce", "all-to-all",
+        "reduce-scatter")
+_LINE = re.compile(
+    r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>(?:%s)(?:-start)?)\(" % "|".join(_OPS))
+_SHAPE = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+_GROUPS = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{([0-9,{}]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  """One collective of a compiled program.
+
+  Attributes:
+    op: "all-gather", "collective-permute", ... (async "-start" folded in).
+    shapes: its output arrays, e.g. ("s32[8,2048]",).
+    output_bytes: their bytes, per device.
+    group_size: devices in one replica group (all-gather, all-reduce, ...),
+      or 2 for a collective-permute (a source and a target).
+    received_bytes: what one device receives (see the module docstring).
+  """
+
+  op: str
+  shapes: tuple[str, ...]
+  output_bytes: int
+  group_size: int
+  received_bytes: int
+
+
+def _array_shapes(text):
+  out = []
+  for dtype, dims in _SHAPE.findall(text):
+    if dtype not in _DTYPE_BYTES or not dims:
+      continue  # scalars (async contexts) and unknown types
+    shape = tuple(int(d) for d in dims.split(","))
+    out.append((dtype, shape))
+  return out
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+  """The collectives of a compiled program's HLO text (`compiled.as_text()`)."""
+  found = []
+  for line in hlo_text.splitlines():
+    m = _LINE.search(line)
+    if not m:
+      continue
+    op = m.group("op")
+    arrays = _array_shapes(m.group("type"))
+    if op.endswith("-start"):  # (operands..., outputs...)
+      op = op[:-len("-start")]
+      arrays = arrays[len(arrays) // 2:]
+    nbytes = sum(_DTYPE_BYTES[d] * int(np.prod(s)) for d, s in arrays)
+    if op == "collective-permute":
+      group, received = 2, nbytes
+    else:
+      g = _GROUPS.search(line)
+      group = len(g.group(1).split(",")) if g and g.group(1) else 1
+      received = (nbytes * (group - 1) // group if op == "all-gather"
+                  else nbytes)
+    found.append(Collective(op, tuple(f"{d}[{','.join(map(str, s))}]"
+                                      for d, s in arrays), nbytes, group,
+                            received))
+  return found
+
+
+@contextlib.contextmanager
+def compiled_kernels():
+  """Pallas kernels traced inside the block compile (Mosaic), on any backend.
+
+  The kernels resolve their mode at trace time (`streamidx.modes`); forcing
+  "no interpreter" is what compiling for a TPU topology from a CPU host
+  needs.
+  """
+  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
+
+  state = jax_config.pallas_tpu_interpret_mode_context_manager
+  prev = state.swap_local(False)
+  try:
+    yield
+  finally:
+    state.set_local(prev)
+
+
+@dataclasses.dataclass
+class ShardedCompile:
+  """One compile of a sharded layout for a topology."""
+
+  topology: str
+  generation: str
+  layout: str
+  variant: str
+  merge: str
+  mesh_shape: tuple[int, int]
+  rows_per_shard: int
+  k: int
+  ok: bool
+  error: str = ""
+  seconds: float = 0.0
+  has_kernel: bool = False
+  collectives: list[Collective] = dataclasses.field(default_factory=list)
+  cache_bytes_per_device: int = 0
+
+  @property
+  def name(self) -> str:
+    """The row name of the compile matrix, e.g. "context-parallel/v6e:2x2"."""
+    return f"{self.layout}/{self.variant}/{self.merge}/{self.topology}"
+
+  @property
+  def received_bytes(self) -> int:
+    """Bytes one device receives per step, summed over the collectives."""
+    return sum(c.received_bytes for c in self.collectives)
+
+  @property
+  def model_received_bytes(self) -> int:
+    from streamidx import sharded  # pylint: disable=g-import-not-at-top
+    nc = self.mesh_shape[1]
+    return self.rows_per_shard * sharded.merge_bytes_per_row(
+        self.k, nc, self.merge)
+
+  def row(self) -> dict:
+    return {
+        "layout": self.layout, "variant": self.variant, "merge": self.merge,
+        "topology": self.topology, "mesh (data x context)":
+            f"{self.mesh_shape[0]}x{self.mesh_shape[1]}",
+        "compiles": "yes" if self.ok else f"NO: {self.error[:80]}",
+        "kernel": self.has_kernel,
+        "collectives": ", ".join(f"{c.op} {'+'.join(c.shapes)}"
+                                 for c in self.collectives) or "none",
+        "received B/device/step": self.received_bytes,
+        "model B/device/step": self.model_received_bytes,
+        "cache B/device": self.cache_bytes_per_device,
+        "compile s": round(self.seconds, 1),
+    }
+
+
+def _mesh_shape(layout, ndev, shape_2d):
+  if layout == "sequence-parallel":
+    return (ndev, 1)
+  if layout == "context-parallel":
+    return (1, ndev)
+  if layout == "2d":
+    return shape_2d
+  raise ValueError(f"layout: must be one of {LAYOUTS} (got {layout!r})")
+
+
+def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
+                    merge: str = "all_gather", fmt: str = "fp8",
+                    num_heads: int = 64, head_dim: int = 128,
+                    page_size: int = 128, seqs_per_shard: int = 8,
+                    pages_per_share: int = 16, k: int | None = None,
+                    **overrides) -> ShardedCompile:
+  """Compiles `streamidx.sharded.sharded_topk` for a TPU topology, no TPU.
+
+  Args:
+    topology: a `TOPOLOGIES` name ("v6e:2x2", "tpu7x:2x2x1").
+    layout: a `LAYOUTS` name.
+    variant: a `streamidx.VARIANTS` name.
+    merge: "all_gather" or "tree".
+    fmt, num_heads, head_dim, page_size: the cache and queries.
+    seqs_per_shard: decode sequences (one query row each) per data shard.
+    pages_per_share: page-table columns per device (each sequence's share).
+    k: results per row (default 512 in token mode, 8 pages in page mode).
+    **overrides: block sizes replacing the table's (`streamidx.block_sizes`).
+
+  Returns:
+    A `ShardedCompile`; a compiler error is recorded in it (`ok` False),
+    not raised.
+  """
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
+  import streamidx as si  # pylint: disable=g-import-not-at-top
+  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+  from streamidx import sharded  # pylint: disable=g-import-not-at-top
+
+  if topology not in TOPOLOGIES:
+    raise ValueError(f"topology: must be one of {tuple(TOPOLOGIES)} "
+                     f"(got {topology!r})")
+  generation, ndev, shape_2d = TOPOLOGIES[topology]
+  nd, nc = _mesh_shape(layout, ndev, shape_2d)
+  v = si.VARIANTS[variant]
+  page = v.mode == "page"
+  k = (8 if page else 512) if k is None else k
+  ratio = 1 if page else 4
+  result = ShardedCompile(topology, generation, layout, variant, merge,
+                          (nd, nc), seqs_per_shard, k, ok=False)
+  t0 = time.time()
+  try:
+    # libtpu loaded (and its start-up noise kept out) as `compile_for` does:
+    # `modes.TOPOLOGIES[generation]` is this very slice.
+    assert modes.TOPOLOGIES[generation] == topology, topology
+    topo = modes._topology(generation)  # pylint: disable=protected-access
+    mesh = sharded.make_mesh(nd, nc, devices=topo.devices)
+    data_axis = "data" if nd > 1 else None
+    context_axis = "context" if nc > 1 else None
+    both = tuple(a for a in (data_axis, context_axis) if a)
+    pages_spec = P(both if len(both) > 1 else both[0])
+    rows_spec = P(data_axis)
+
+    def sds(shape, dtype, spec):
+      return jax.ShapeDtypeStruct(shape, dtype,
+                                  sharding=NamedSharding(mesh, spec))
+
+    s, t = seqs_per_shard, seqs_per_shard
+    g = s * pages_per_share
+    packing = cache_lib.kv_packing(fmt)
+    cache = sds((nd * nc * g, page_size // packing, packing,
+                 cache_lib.lkv_dim(fmt, head_dim)),
+                cache_lib.cache_dtype(fmt), pages_spec)
+    last = (sds((nd * 3,), jnp.int32, rows_spec) if not page
+            else sds((nd,), jnp.int32, rows_spec))
+    args = (sds((nd * t, num_heads, head_dim), jnp.bfloat16, rows_spec),
+            sds((nd * t, num_heads), jnp.float32, rows_spec), cache,
+            sds((nd * s,), jnp.int32, rows_spec),
+            sds((nd * nc * s * pages_per_share,), jnp.int32, pages_spec),
+            sds((nd * (s + 1),), jnp.int32, rows_spec), last)
+    result.cache_bytes_per_device = (
+        g * page_size * cache_lib.record_bytes(fmt, head_dim))
+    static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
+                           page_size=page_size,
+                           generation=generation).kwargs()
+    static.update(overrides)
+    fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
+                              context_axis=context_axis, k=k,
+                              compression_ratio=ratio, merge=merge, **static)
+    with compiled_kernels(), jax.default_device(topo.devices[0]):
+      compiled = fn.lower(*args).compile()
+    text = compiled.as_text()
+    result.has_kernel = 'custom_call_target="tpu_custom_call"' in text
+    result.collectives = collectives(text)
+    result.ok = True
+  except Exception as e:  # pylint: disable=broad-except
+    result.error = f"{type(e).__name__}: {e}".splitlines()[0]
+  result.seconds = time.time() - t0
+  return result
+
+
+def compile_matrix(topologies=tuple(TOPOLOGIES), *, quick: bool = False
+                   ) -> list[ShardedCompile]:
+  """Every layout (and merge) for every topology; page variants unless quick."""
+  runs = []
+  for topo in topologies:
+    for layout in LAYOUTS:
+      merges = ("all_gather",) if layout == "sequence-parallel" else (
+          "all_gather", "tree")
+      for merge in merges:
+        runs.append(compile_sharded(topo, layout, merge=merge))
+      if not quick and layout != "2d":
+        # Decode rows: one query block of 8 rows (the table's 512 would
+        # exceed VMEM at 64 heads on v6e: E1001).
+        runs.append(compile_sharded(topo, layout, variant="vendored_page",
+                                    page_size=16, pages_per_share=128,
+                                    num_queries_per_block=8))
+  return runs
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m streamidx.lab.sharding",
+      description="Compile the sharded indexer for TPU slices (no TPU "
+                  "needed) and report the collectives per step.")
+  parser.add_argument("--quick", action="store_true",
+                      help="token variant only")
+  parser.add_argument("--topology", action="append",
+                      choices=sorted(TOPOLOGIES))
+  a = parser.parse_args(argv)
+  runs = compile_matrix(tuple(a.topology or TOPOLOGIES), quick=a.quick)
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  print("Compiled with libtpu for TPU topologies on this host (no TPU); "
+        "bytes from the compiled HLO.")
+  print(tables.markdown([r.row() for r in runs]))
+  return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,553 @@
+"""Multi-chip StreamIndex: any registered variant under `jax.shard_map`.
+
+One indexer call spread over the devices of a `jax.sharding.Mesh`, in two
+ways, or both at once on a 2-D mesh. JAX is the distributed engine: the
+kernel runs unchanged inside `jax.shard_map`, the merge is `lax.all_gather`
+(or `lax.ppermute`) and a sort.
+
+Sequence parallel (the "data" axis, D devices): each device holds whole
+  sequences, laid out exactly as a one-device call takes them (upstream
+  tpu-inference's layout: queries and metadata split along the data axis,
+  the cache along the batch). Device d runs the kernel on its own sequences;
+  nothing is communicated. Its result rows are its own query rows.
+
+Context parallel (the "context" axis, C devices): every sequence's
+  compressed entries are cut into C contiguous shares of `pages_per_share`
+  (P) pages: device c holds pages [c * P, (c + 1) * P) of every sequence (its
+  page table and cache pages) and all the query rows. Device c calls the
+  unmodified kernel with its page table and the sequence lengths shifted by
+  the share's first entry `lo = c * P * page_size`:
+
+      seq_len_c = max(seq_len - lo * ratio, 0)
+
+  Then for the query at global position p the kernel's masks are the global
+  ones restricted to the share, in local entry numbers s' = s - lo:
+  `s' < seq_len_c // ratio` is `s < seq_len // ratio`, and the causal bound
+  `(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo` (the "seed" rule
+  shifts the same way); entries past the share are invisible because the
+  kernel ends every sequence at its page table (local modification M7). A
+  sequence shorter than the share start sees nothing on that device.
+  Each device's top-k comes back with its scores (M8) and is shifted to
+  global indices (s' + lo); one collective over the context axis merges them:
+
+    merge="all_gather"  `lax.all_gather` of the k (score, index) pairs per row
+                        (one i32[T, k, 2] array: the score's bits and the
+                        index) from every device, then the top k of the C * k;
+                        (C - 1) * k pairs per row arrive at each device.
+    merge="tree"        recursive doubling: log2(C) rounds of `lax.ppermute`,
+                        each exchanging k pairs with the partner c ^ 2**r and
+                        keeping the top k; log2(C) * k pairs per row arrive
+                        at each device (C a power of two).
+
+  Candidates are ordered by (score descending, global index ascending), a
+  total order, so both merges are exact, give the same array on every device
+  and resolve ties among the candidates to the lowest global index, as the
+  reference's top-k does (a +-0.0 score counts as 0). Which of several
+  entries tied at a device's own k-th place reaches the merge is that
+  device's kernel's choice, as on one device.
+
+Both (a 2-D mesh): device (d, c) holds share c of the sequences of data
+  shard d; the merge runs over the context axis within each data shard.
+
+The input contract: the kernel's positional arguments, each stacked over the
+devices along its first axis (device-major, data before context):
+
+    q             [D * T, H, head_dim]          P(data)
+    weights       [D * T, H]                    P(data)
+    cache arrays  [D * C * G, ...]              P((data, context))
+    seq_lens      [D * S]   global lengths       P(data)
+    page_indices  [D * C * S * P]               P((data, context))
+    cu_q_lens     [D * (S + 1)]                 P(data)
+    distribution  [D * 3]   (token variants)     P(data)
+    num_seqs      [D]       (page variants)      P(data)
+
+S sequence slots, T query rows per data shard; G cache pages, and a page
+table of P columns (its share, indices into its own G pages) per device.
+Without a data axis D = 1, without a context axis C = 1. The result is
+i32[D * T, k] (each data shard's own rows; the same on every device of a
+context group). `shard_inputs` builds this layout from one logical batch
+(`streamidx.batch.IndexerInputs`) and `ShardedInputs.gather_rows` puts the
+result back in the batch's row order, where it equals a one-device call
+(tie-aware: `streamidx.metrics.assert_topk_match`).
+
+    mesh = sharded.make_mesh(num_data=2, num_context=4)
+    s = sharded.shard_inputs(inputs, "vendored", num_data=2, num_context=4)
+    fn = sharded.sharded_topk("vendored", mesh, data_axis="data",
+                              context_axis="context", k=16,
+                              compression_ratio=4, **block_sizes)
+    idx = s.gather_rows(fn(*s.args))       # == VARIANTS["vendored"].run(...)
+
+Not supported (clear errors): context parallelism for a variant whose kernel
+has no `return_scores` option; `merge="tree"` with a context axis that is not
+a power of two; page-mode context parallelism with `k_pages` larger than the
+share (the page kernel needs k_pages <= its page-table columns).
+Load balance: the share size is one static P for all sequences, so a
+sequence much shorter than the longest occupies only the first devices of
+its context group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from streamidx import variants as variants_lib
+from streamidx.semantics import cdiv
+
+__all__ = [
+    "MERGES",
+    "IMPLS",
+    "make_mesh",
+    "ShardedInputs",
+    "shard_inputs",
+    "merge_topk",
+    "sharded_topk",
+    "sequence_parallel",
+    "context_parallel",
+    "merge_bytes_per_row",
+]
+
+MERGES = ("all_gather", "tree")
+IMPLS = ("kernel", "reference")
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
+              axis_names: tuple[str, str] = ("data", "context")) -> Mesh:
+  """A (num_data, num_context) `Mesh` over the first devices of `devices`.
+
+  `devices` defaults to `jax.devices()`; it may be a TPU topology's
+  `topo.devices` for ahead-of-time compilation.
+  """
+  for name, v in (("num_data", num_data), ("num_context", num_context)):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+      raise ValueError(f"{name}: must be a positive int (got {v!r})")
+  devices = list(jax.devices() if devices is None else devices)
+  need = num_data * num_context
+  if len(devices) < need:
+    raise ValueError(f"devices: a {num_data} x {num_context} mesh needs "
+                     f"{need} devices (got {len(devices)})")
+  return Mesh(np.array(devices[:need], dtype=object).reshape(
+      num_data, num_context), axis_names)
+
+
+# ---------------------------------------------------------------------------
+# The sharded layout, built from one logical batch.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardedInputs:
+  """A batch laid out for `sharded_topk` (see the module docstring).
+
+  Attributes:
+    variant: the variant name the arguments are for.
+    args: the kernel's positional arguments, stacked over the devices.
+    num_data, num_context: D and C.
+    pages_per_share: P, page-table columns (pages of each sequence) per
+      context share.
+    page_size: entries per page.
+    rows: i32[T_global]: for each row of the logical batch, its row in the
+      stacked result (-1 for the batch's padding rows).
+    seq_shard: i32[num_seqs]: the data shard of each logical sequence.
+    cache_pages: pages G each device holds.
+    cache_bytes_per_device: bytes of cache arrays each device holds.
+  """
+
+  variant: str
+  args: tuple
+  num_data: int
+  num_context: int
+  pages_per_share: int
+  page_size: int
+  rows: np.ndarray
+  seq_shard: np.ndarray
+  cache_pages: int
+  cache_bytes_per_device: int
+
+  @property
+  def share_entries(self) -> int:
+    """Entries of each sequence per context share (P * page_size)."""
+    return self.pages_per_share * self.page_size
+
+  def gather_rows(self, out) -> np.ndarray:
+    """The stacked result [D * T, k] in the logical batch's row order.
+
+    Padding rows of the batch are all -1, as a one-device call returns them.
+    """
+    out = np.asarray(out)
+    got = np.full((self.rows.shape[0],) + out.shape[1:], -1, out.dtype)
+    live = self.rows >= 0
+    got[live] = out[self.rows[live]]
+    return got
+
+
+def _class_ranges(batch, mode: str):
+  n = batch.num_seqs
+  if mode == "page":
+    return ((0, n),)
+  i, j, _ = (int(x) for x in batch.distribution)
+  return ((0, i), (i, j), (j, n))
+
+
+def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
+                 fmt: str | None = None, pages_per_share: int | None = None,
+                 slots: int | None = None, rows: int | None = None,
+                 cache_pages: int | None = None) -> ShardedInputs:
+  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`.
+
+  Sequence b goes to data shard b % num_data; each shard keeps its
+  sequences in kernel order (decode, chunked prefill, mixed), so
+  every shard's local distribution is (its decode count, + its prefill
+  count, its sequence count). Each sequence's pages are cut into context
+  shares of `pages_per_share` columns (default ceil(pages_per_seq /
+  num_context)); device (d, c) gets the physical pages its share uses,
+  renumbered from 0, as its own cache (padded with zero pages to the
+  largest device's count), and a page table pointing into it (unused slots
+  at page 0). The packed cache bytes are copied, not re-quantized.
+
+  Args:
+    inputs: the logical batch (`streamidx.make_inputs`).
+    variant: a `streamidx.VARIANTS` name or `Variant`.
+    num_data, num_context: D and C.
+    fmt: the cache format (default the variant's first).
+    pages_per_share: P; at least ceil(pages the longest sequence uses / C).
+    slots, rows, cache_pages: pad each device's sequence slots S, query rows
+      T and cache pages G to these (default: what the fullest device needs);
+      fixed sizes let one compiled function serve several batches.
+  """
+  v = variant if isinstance(variant, variants_lib.Variant) else (
+      variants_lib.get(variant))
+  for name, x in (("num_data", num_data), ("num_context", num_context)):
+    if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+      raise ValueError(f"{name}: must be a positive int (got {x!r})")
+  b = inputs.batch
+  need = b.num_pages_used.astype(np.int64)
+  min_share = max(1, cdiv(int(need.max(initial=0)), num_context))
+  if pages_per_share is None:
+    pages_per_share = max(min_share, cdiv(b.pages_per_seq, num_context))
+  if (not isinstance(pages_per_share, int) or isinstance(pages_per_share, bool)
+      or pages_per_share < min_share):
+    raise ValueError(
+        f"pages_per_share: must be an int >= {min_share} (the longest "
+        f"sequence uses {int(need.max(initial=0))} pages over {num_context} "
+        f"shares) (got {pages_per_share!r})")
+  cache = v.cache_arrays(inputs, fmt)
+  n = b.num_seqs
+  q_lens = b.cu_q_lens[1:n + 1] - b.cu_q_lens[:n]
+
+  # Sequences per data shard, in kernel order: decode, prefill, mixed.
+  local = [[[] for _ in _class_ranges(b, v.mode)] for _ in range(num_data)]
+  seq_shard = np.zeros(n, np.int32)
+  for ci, (lo, hi) in enumerate(_class_ranges(b, v.mode)):
+    for s in range(lo, hi):  # one rotation over all classes
+      local[s % num_data][ci].append(s)
+      seq_shard[s] = s % num_data
+  order = [[s for cls in shard for s in cls] for shard in local]
+  slots = _at_least("slots", slots, max(1, max(len(o) for o in order)))
+  t_loc = _at_least("rows", rows, max(
+      1, max(int(sum(q_lens[s] for s in o)) for o in order)))
+
+  row_src = np.full((num_data, t_loc), -1, np.int64)  # global row per slot
+  row_of = np.full(b.num_tokens, -1, np.int32)
+  seq_lens = np.zeros((num_data, slots), np.int32)
+  cu = np.zeros((num_data, slots + 1), np.int32)
+  dist = np.zeros((num_data, 3), np.int32)
+  for d, o in enumerate(order):
+    cursor = 0
+    for j, s in enumerate(o):
+      lo, ql = int(b.cu_q_lens[s]), int(q_lens[s])
+      row_src[d, cursor:cursor + ql] = np.arange(lo, lo + ql)
+      row_of[lo:lo + ql] = d * t_loc + cursor + np.arange(ql)
+      cursor += ql
+      seq_lens[d, j] = b.seq_lens[s]
+      cu[d, j + 1] = cursor
+    cu[d, len(o) + 1:] = cursor
+    counts = [len(c) for c in local[d]]
+    dist[d] = (counts[0], sum(counts[:-1]), len(o)) if len(counts) == 3 else (
+        0, 0, len(o))
+
+  table = b.page_table
+  pages = [[[] for _ in range(num_context)] for _ in range(num_data)]
+  local_table = np.zeros((num_data, num_context, slots, pages_per_share),
+                         np.int32)
+  for d, o in enumerate(order):
+    for c in range(num_context):
+      for j, s in enumerate(o):
+        for col in range(pages_per_share):
+          g = c * pages_per_share + col
+          if g < need[s]:
+            local_table[d, c, j, col] = len(pages[d][c])
+            pages[d][c].append(int(table[s, g]))
+  g_loc = _at_least("cache_pages", cache_pages,
+                    max(1, max(len(p) for shard in pages for p in shard)))
+  page_src = np.full((num_data, num_context, g_loc), -1, np.int64)
+  for d in range(num_data):
+    for c in range(num_context):
+      page_src[d, c, :len(pages[d][c])] = pages[d][c]
+
+  def take(x, src):
+    src = jnp.asarray(src.reshape(-1))
+    got = jnp.take(x, jnp.maximum(src, 0), axis=0)
+    mask = (src >= 0).reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.where(mask, got, jnp.zeros((), x.dtype))
+
+  q = take(inputs.q, row_src)
+  weights = take(inputs.weights, row_src)
+  cache_loc = tuple(take(a, page_src) for a in cache)
+  last = (jnp.asarray(dist.reshape(-1)) if v.mode == "token"
+          else jnp.asarray(dist[:, 2].copy()))
+  args = (q, weights, *cache_loc, jnp.asarray(seq_lens.reshape(-1)),
+          jnp.asarray(local_table.reshape(-1)), jnp.asarray(cu.reshape(-1)),
+          last)
+  per_device = sum(int(a.size) * a.dtype.itemsize for a in cache_loc) // (
+      num_data * num_context)
+  return ShardedInputs(v.name, args, num_data, num_context, pages_per_share,
+                       int(b.page_size), row_of, seq_shard, g_loc, per_device)
+
+
+def _at_least(name, value, need):
+  if value is None:
+    return need
+  if not isinstance(value, int) or isinstance(value, bool) or value < need:
+    raise ValueError(f"{name}: must be an int >= {need}, what the fullest "
+                     f"device needs (got {value!r})")
+  return value
+
+
+# ---------------------------------------------------------------------------
+# The exact merge of per-device top-k lists.
+
+
+def merge_topk(scores, indices, k: int):
+  """The top `k` of candidate lists, by (score desc, index asc); exact.
+
+  Args:
+    scores: f32[T, n] candidate scores (-inf: no candidate).
+    indices: i32[T, n] their global indices (-1: no candidate); no index
+      repeats within a row.
+    k: how many to keep (<= n).
+
+  Returns:
+    (f32[T, k] scores, i32[T, k] indices), -inf / -1 where fewer than k
+    candidates exist. Ties go to the lowest index; -0.0 counts as 0.0.
+  """
+  valid = indices >= 0
+  s = jnp.where(valid, jnp.where(scores == 0, 0.0, scores), -jnp.inf)
+  key = jnp.where(valid, indices, _INT32_MAX)
+  neg, _, idx = lax.sort((-s, key, indices.astype(jnp.int32)), dimension=1,
+                         num_keys=2)
+  top = -neg[:, :k]
+  return top, jnp.where(top == -jnp.inf, -1, idx[:, :k])
+
+
+def _pack(scores, indices):
+  """(f32[T, n], i32[T, n]) -> i32[T, n, 2]: one array, one collective."""
+  return jnp.stack([lax.bitcast_convert_type(scores, jnp.int32), indices],
+                   axis=-1)
+
+
+def _unpack(pairs):
+  return lax.bitcast_convert_type(pairs[..., 0], jnp.float32), pairs[..., 1]
+
+
+def _merge_all_gather(scores, indices, k, axis):
+  pairs = lax.all_gather(_pack(scores, indices), axis, axis=1, tiled=True)
+  return merge_topk(*_unpack(pairs), k)
+
+
+def _merge_tree(scores, indices, k, axis, size):
+  for r in range(int(math.log2(size))):
+    perm = [(c, c ^ (1 << r)) for c in range(size)]
+    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis,
+                                            perm))
+    scores, indices = merge_topk(jnp.concatenate([scores, other_s], axis=1),
+                                 jnp.concatenate([indices, other_i], axis=1),
+                                 k)
+  return scores, indices
+
+
+def merge_bytes_per_row(k: int, num_context: int, merge: str = "all_gather"
+                        ) -> int:
+  """Bytes one device receives per query row in the merge (f32 + i32 pairs)."""
+  if merge == "all_gather":
+    return 8 * k * (num_context - 1)
+  if merge == "tree":
+    return 8 * k * int(math.ceil(math.log2(num_context))) if num_context > 1 else 0
+  raise ValueError(f"merge: must be one of {MERGES} (got {merge!r})")
+
+
+# ---------------------------------------------------------------------------
+# The sharded call.
+
+
+def _accepts(fn, name) -> bool:
+  try:
+    return name in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def _axis_size(mesh, axis):
+  return 1 if axis is None else int(mesh.shape[axis])
+
+
+def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
+                 context_axis: str | None = None, k: int,
+                 compression_ratio: int, merge: str = "all_gather",
+                 impl: str = "kernel", **static) -> Callable:
+  """A jitted function of the stacked arguments: the variant over `mesh`.
+
+  Args:
+    variant: a `streamidx.VARIANTS` name or `Variant` (token or page mode).
+    mesh: the device mesh.
+    data_axis: mesh axis the sequences are split over (None: no sequence
+      parallelism).
+    context_axis: mesh axis each sequence's entries are split over (None:
+      no context parallelism).
+    k: results per row (the variant's `k` or `k_pages`).
+    compression_ratio: as the kernel takes it.
+    merge: "all_gather" or "tree" (context parallelism only).
+    impl: "kernel" (the variant's kernel) or "reference" (its exact twin,
+      same layout and merge: checks the sharding without the interpreter).
+    **static: the kernel's other keyword arguments (block sizes, ...).
+
+  Returns:
+    fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last) ->
+    i32[D * T, k], with the arguments laid out as the module docstring says
+    (`ShardedInputs.args`).
+  """
+  v = variant if isinstance(variant, variants_lib.Variant) else (
+      variants_lib.get(variant))
+  if data_axis is None and context_axis is None:
+    raise ValueError("data_axis, context_axis: at least one must name a mesh "
+                     "axis (got both None)")
+  for name, ax in (("data_axis", data_axis), ("context_axis", context_axis)):
+    if ax is not None and ax not in mesh.axis_names:
+      raise ValueError(f"{name}: must be one of the mesh axes "
+                       f"{tuple(mesh.axis_names)} or None (got {ax!r})")
+  if data_axis is not None and data_axis == context_axis:
+    raise ValueError(f"context_axis: must differ from data_axis (both "
+                     f"{data_axis!r})")
+  if merge not in MERGES:
+    raise ValueError(f"merge: must be one of {MERGES} (got {merge!r})")
+  if impl not in IMPLS:
+    raise ValueError(f"impl: must be one of {IMPLS} (got {impl!r})")
+  for name in (v.k_name, "return_scores"):
+    if name in static:
+      raise ValueError(f"{name}: set by sharded_topk, not in **static")
+  num_context = _axis_size(mesh, context_axis)
+  fn = v.kernel if impl == "kernel" else v.reference
+  if context_axis is not None:
+    if not _accepts(fn, "return_scores"):
+      raise ValueError(
+          f"variant: context parallelism merges per-device scores, and "
+          f"{v.name!r}'s {impl} has no return_scores option")
+    if merge == "tree" and num_context & (num_context - 1):
+      raise ValueError(f"merge: 'tree' needs a power-of-two context axis "
+                       f"(got {context_axis!r} of size {num_context})")
+  call_static = {v.k_name: k, "compression_ratio": compression_ratio,
+                 **static}
+  page_mode = v.mode == "page"
+
+  def body(q, weights, *rest):
+    *cache, seq_lens, page_indices, cu_q_lens, last = rest
+    if page_mode:
+      last = last.reshape(())
+    if context_axis is None:
+      return fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last,
+                **call_static)
+    share_pages = page_indices.shape[0] // seq_lens.shape[0]
+    page_size = cache[0].shape[1] * cache[0].shape[2]
+    if page_mode and k > share_pages:
+      raise ValueError(
+          f"k_pages: page-mode context parallelism needs k_pages <= the "
+          f"pages of one share ({share_pages}) (got {k})")
+    c = lax.axis_index(context_axis)
+    lo_entries = c * share_pages * page_size
+    local_lens = jnp.maximum(seq_lens - lo_entries * compression_ratio, 0)
+    idx, scores = fn(q, weights, *cache, local_lens, page_indices, cu_q_lens,
+                     last, return_scores=True, **call_static)
+    offset = c * share_pages if page_mode else lo_entries
+    gidx = jnp.where(idx >= 0, idx + offset, -1).astype(jnp.int32)
+    scores = scores.astype(jnp.float32)
+    if merge == "all_gather":
+      _, out = _merge_all_gather(scores, gidx, k, context_axis)
+    else:
+      _, out = _merge_tree(scores, gidx, k, context_axis, num_context)
+    return out
+
+  rows_spec = P(data_axis)
+  both = tuple(a for a in (data_axis, context_axis) if a is not None)
+  pages_spec = P(both if len(both) > 1 else both[0])
+
+  @jax.jit
+  def run(q, weights, *rest):
+    *cache, seq_lens, page_indices, cu_q_lens, last = rest
+    _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
+                  seq_lens, page_indices, cu_q_lens, last)
+    in_specs = ((rows_spec, rows_spec) + (pages_spec,) * len(cache)
+                + (rows_spec, pages_spec, rows_spec, rows_spec))
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                           out_specs=rows_spec, check_vma=False)
+    return mapped(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
+
+  return run
+
+
+def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
+                  seq_lens, page_indices, cu_q_lens, last):
+  """Shape rules of the stacked layout; ValueError naming the argument."""
+  nd = _axis_size(mesh, data_axis)
+  nc = _axis_size(mesh, context_axis)
+
+  def need(name, x, parts, what):
+    if x.ndim < 1 or x.shape[0] % parts:
+      raise ValueError(f"{name}: first axis must split into {parts} "
+                       f"{what} (got shape {tuple(x.shape)})")
+    return x.shape[0] // parts
+
+  need("q", q, nd, "data shards")
+  if weights.shape[0] != q.shape[0]:
+    raise ValueError(f"weights: must have q's rows ({q.shape[0]}) (got shape "
+                     f"{tuple(weights.shape)})")
+  if not cache:
+    raise ValueError("cache: the variant takes at least one cache array")
+  for a in cache:
+    need("cache", a, nd * nc, "devices (data x context)")
+  slots = need("seq_lens", seq_lens, nd, "data shards")
+  table = need("page_indices", page_indices, nd * nc, "devices")
+  if table % slots:
+    raise ValueError(f"page_indices: each device's table ({table}) must be "
+                     f"seq_lens' {slots} slots x pages_per_share")
+  cu = need("cu_q_lens", cu_q_lens, nd, "data shards")
+  if cu != slots + 1:
+    raise ValueError(f"cu_q_lens: needs {slots} + 1 entries per data shard "
+                     f"(got {cu})")
+  per = 3 if v.mode == "token" else 1
+  got = need("distribution" if per == 3 else "num_seqs", last, nd,
+             "data shards")
+  if got != per:
+    raise ValueError(f"{'distribution' if per == 3 else 'num_seqs'}: needs "
+                     f"{per} value(s) per data shard (got {got})")
+
+
+def sequence_parallel(variant, mesh: Mesh, *, axis: str = "data", k: int,
+                      compression_ratio: int, **kwargs) -> Callable:
+  """`sharded_topk` with sequences split over `axis` only."""
+  return sharded_topk(variant, mesh, data_axis=axis, context_axis=None, k=k,
+                      compression_ratio=compression_ratio, **kwargs)
+
+
+def context_parallel(variant, mesh: Mesh, *, axis: str = "context", k: int,
+                     compression_ratio: int, **kwargs) -> Callable:
+  """`sharded_topk` with every sequence's entries split over `axis` only."""
+  return sharded_topk(variant, mesh, data_axis=None, context_axis=axis, k=k,
+                      compression_ratio=compression_ratio, **kwargs)

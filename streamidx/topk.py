@@ -1,0 +1,398 @@
+"""The top-k stage: indices of the k largest masked scores of each row.
+
+Every token kernel (and its reference) ends with `select_topk(scores, k,
+method)` over its f32[T, N] score buffer. The methods, `TOPK_METHODS`:
+
+    "sort"      `jax.lax.approx_max_k(recall_target=1.0)` (a full sort of each
+                row on a TPU: the vendored kernel's stage), then one pass
+                counting the ties at the k-th score: the sort's comparator
+                does not order ties, so where they straddle the k-th place
+                the batch is selected again with `lax.top_k`.
+    "top_k"     `jax.lax.top_k` over the whole row.
+    "chunked"   two stages: each chunk of `chunk_size` entries keeps its own
+                top-k (`lax.top_k`), then one `lax.top_k` over the candidates.
+                Exact: a global top-k entry is in its chunk's top-k.
+    "blockmax"  two stages by block maxima: the maximum of every block of
+                `block_size` entries, the k best blocks (`lax.top_k`), then one
+                `lax.top_k` over those k blocks' entries. Exact (see
+                `_blockmax`). The kernel could write the block maxima itself
+                (a selection fused into the scoring); this method reads them
+                from the score buffer.
+    "radix"     radix select on the order-preserving int32 image of the
+                scores (`order_key`): `32 / radix_bits` digit-histogram passes
+                find the k-th largest key of each row, one pass takes the
+                entries above it and the lowest-index ones equal to it, and a
+                sort of the k winners orders them. No sort of the row.
+    "approx"    `jax.lax.approx_max_k` with `recall_target` < 1 (default
+                `APPROX_RECALL_TARGET`): not exact. On a TPU it keeps the
+                maximum of each of a number of bins and sorts those; XLA's CPU
+                and GPU fallback is an exact sort, so off-TPU it returns the
+                exact result. `streamidx.lab.model.topk.approx_recall` models
+                the recall a TPU reaches.
+
+Output contract, the same for every exact method (and the reference,
+`streamidx.ref.topk_from_scores`, which calls `select_topk(..., "top_k")`):
+i32[T, k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
+largest scores, ties at the k-th score going to the lowest indices; columns
+are ordered by score descending, equal scores by index ascending; the rest of
+the row is -1. Scores compare as XLA compares floats on CPU and TPU: -0.0
+equals +0.0, and subnormals equal zero (flushed); `canonical_zero` maps all
+of them to +0.0 before any method ranks, so no backend's treatment of them
+(lax.top_k on CPU orders -0.0 below +0.0) can split a tie. When
+N < k the row is padded with -inf columns (as the vendored kernel does), so
+columns past the visible entries are -1. The exact methods return
+bit-identical indices (tests/test_topk.py, including integer scores with
+massive ties).
+
+NaN: the kernels' value validation (`streamidx.validate_topk_inputs`)
+rejects non-finite queries and weights; finite inputs give finite or -inf
+scores unless the f32 sums overflow (inf, and NaN for inf * 0). Rows holding
+a NaN score get unspecified indices (each method orders NaN differently);
+`select_topk` does not check for NaN.
+
+Default: "sort", the vendored kernel's stage, on every generation.
+`streamidx.lab.model.topk` models every method per TPU generation; its
+criteria disagree (the compiler's estimates favour "chunked" on v5e, v6e
+and v7x) and no TPU measurement of these methods exists in this project
+yet, so the default is unchanged (see `DEFAULT_TOPK_METHOD`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = [
+    "TOPK_METHODS",
+    "EXACT_TOPK_METHODS",
+    "DEFAULT_TOPK_METHOD",
+    "APPROX_RECALL_TARGET",
+    "check_topk_method",
+    "canonical_zero",
+    "order_key",
+    "select_topk",
+    "scores_at",
+    "chunk_size_for",
+    "block_size_for",
+]
+
+TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "radix", "approx")
+EXACT_TOPK_METHODS = tuple(m for m in TOPK_METHODS if not m.startswith("approx"))
+# The vendored kernel's stage. The model (streamidx.lab.model.topk) is not
+# unambiguous: at DeepSeek-V4 decode the TPU compiler's estimates (libtpu,
+# v5e/v6e/v7x) rank "chunked" first, the model's HBM bound "top_k", its
+# sort-work count "radix"; the sorts are compute-bound on a TPU (public
+# TPU7x measurements), for which no public rate exists. Until a TPU measures
+# these methods, the default stays what the kernel shipped with.
+DEFAULT_TOPK_METHOD = "sort"
+APPROX_RECALL_TARGET = 0.95
+RADIX_BITS = (1, 2, 4, 8)
+_DEFAULT_RADIX_BITS = 4
+_NEG_INF = float("-inf")
+
+
+def check_topk_method(method) -> str:
+  """Returns `method`, or raises ValueError naming the allowed ones."""
+  if not isinstance(method, str) or method not in TOPK_METHODS:
+    raise ValueError(f"topk_method: must be one of {TOPK_METHODS} "
+                     f"(got {method!r})")
+  return method
+
+
+def canonical_zero(scores):
+  """Every score that compares equal to 0 (-0.0, and subnormals, which XLA
+  flushes on CPU and TPU) becomes +0.0, so ranking by bits agrees with
+  ranking by float comparison."""
+  return jnp.where(scores == 0, jnp.zeros_like(scores), scores)
+
+
+def order_key(scores):
+  """i32 image of f32 scores with the same order: a < b iff key(a) < key(b).
+
+  Non-negative floats keep their bits; negative ones flip their 31 low bits,
+  so -inf maps to -2**31 + 2**23 - 1 and +inf to 2**31 - 2**23. -0.0 and
+  +0.0 map to -1 and 0 (canonicalize zeros first for float equality).
+  """
+  bits = lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.int32)
+  return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+_NEG_INF_KEY = -(2**31) + 2**23 - 1  # order_key(-inf)
+
+
+def _pad_to(scores, n):
+  if scores.shape[1] >= n:
+    return scores
+  return jnp.pad(scores, ((0, 0), (0, n - scores.shape[1])),
+                 constant_values=_NEG_INF)
+
+
+def _finish(vals, idx):
+  """-1 where the score is -inf (invisible or padding)."""
+  return jnp.where(vals == _NEG_INF, -1, idx).astype(jnp.int32)
+
+
+def _order(keys, idx):
+  """The k winners of each row by key descending, index ascending, with -1
+  where the key is -inf's: i32[T, k]."""
+  # ~key reverses the order of int32 without overflow.
+  neg, idx = lax.sort((~keys, idx.astype(jnp.int32)), dimension=1,
+                      num_keys=2)
+  return jnp.where(~neg == _NEG_INF_KEY, -1, idx).astype(jnp.int32)
+
+
+def scores_at(scores, idx):
+  """f32[T, k]: each selected entry's score as the selection compared it
+  (-0.0 and subnormals as +0.0), -inf where the index is -1."""
+  got = jnp.take_along_axis(scores.astype(jnp.float32), jnp.maximum(idx, 0),
+                            axis=1)
+  return jnp.where(idx >= 0, canonical_zero(got), _NEG_INF)
+
+
+# -- sizes the model picks (streamidx.lab.model.topk explains them) --------
+
+
+def _pow2_at_least(x: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _sort_work(n: int) -> float:
+  """Compare-exchanges of a bitonic sorting network on n (padded to 2^p)."""
+  if n <= 1:
+    return 0.0
+  p = math.ceil(math.log2(n))
+  return (1 << p) / 2 * p * (p + 1) / 2
+
+
+def chunk_size_for(n: int, k: int) -> int:
+  """The "chunked" method's chunk: a power of two >= k minimizing
+  (n / c) sorts of c plus one sort of the (n / c) * k candidates
+  (bitonic compare-exchanges; `streamidx.lab.model.topk`)."""
+  best = None
+  c = _pow2_at_least(k)
+  while True:
+    chunks = -(-n // c)
+    work = chunks * _sort_work(c) + _sort_work(chunks * min(k, c))
+    if best is None or work < best[0]:
+      best = (work, c)
+    if chunks == 1:
+      break
+    c *= 2
+  return best[1]
+
+
+def block_size_for(n: int, k: int) -> int:
+  """The "blockmax" method's block: a power of two in [128, 1024] (whole
+  128-lane rows: a narrower block pads each to 128 lanes in a TPU's layout)
+  minimizing a sort of the n / b block maxima plus one of the k * b
+  candidates; n (one block) when no such block leaves more than k blocks:
+  the method is then one `top_k`."""
+  best = None
+  for p in range(7, 11):
+    b = 1 << p
+    blocks = -(-n // b)
+    if blocks <= k:
+      break
+    work = _sort_work(blocks) + _sort_work(k * b)
+    if best is None or work < best[0]:
+      best = (work, b)
+  return max(1, n) if best is None else best[1]
+
+
+# -- the methods ------------------------------------------------------------
+
+
+def _top_k(scores, k):
+  vals, idx = lax.top_k(canonical_zero(scores), k)
+  return _finish(vals, idx)
+
+
+def _chunked(scores, k, chunk_size):
+  t, n = scores.shape
+  c = int(chunk_size)
+  chunks = -(-n // c)
+  if chunks == 1:
+    return _top_k(scores, k)
+  x = _pad_to(canonical_zero(scores), chunks * c).reshape(t, chunks, c)
+  kc = min(k, c)
+  vals, local = lax.top_k(x, kc)  # [T, chunks, kc], ties: lowest index first
+  glob = local + (jnp.arange(chunks, dtype=jnp.int32) * c)[None, :, None]
+  # Candidates in chunk order, each chunk's in (score desc, index asc) order:
+  # among equal scores, candidate position order is global index order, so
+  # the second top_k's tie rule (lowest position) is the global one.
+  vals, pos = lax.top_k(vals.reshape(t, chunks * kc), k)
+  idx = jnp.take_along_axis(glob.reshape(t, chunks * kc), pos, axis=1)
+  return _finish(vals, idx)
+
+
+def _blockmax(scores, k, block_size):
+  """Exact top-k through the k best blocks.
+
+  Rank blocks by (maximum desc, block index asc) and keep the first k. Every
+  entry e of the top-k is in a kept block: were its block dropped, each of
+  the k kept blocks would hold an entry ranking before e (its maximum, at the
+  lowest index among equal maxima: a larger score, or an equal score at a
+  lower index since blocks are contiguous and the kept block comes first),
+  k entries before e. The kept blocks, in index order, give candidates whose
+  position order among equal scores is global index order, so one `top_k`
+  over them applies the global tie rule.
+  """
+  t, n = scores.shape
+  b = int(block_size)
+  blocks = -(-n // b)
+  if blocks <= k:
+    return _top_k(scores, k)
+  x = _pad_to(canonical_zero(scores), blocks * b).reshape(t, blocks, b)
+  _, best = lax.top_k(x.max(axis=2), k)  # ties: lowest block index first
+  best = jnp.sort(best, axis=1)
+  cand = jnp.take_along_axis(x, best[:, :, None], axis=1)  # [T, k, b]
+  vals, pos = lax.top_k(cand.reshape(t, k * b), k)
+  idx = jnp.take_along_axis(best, pos // b, axis=1) * b + pos % b
+  return _finish(vals, idx)
+
+
+def _kth_largest_key(keys, k, radix_bits):
+  """Per row, the k-th largest key (i32[T]), by digit histograms.
+
+  Works on the unsigned image (key ^ 2**31, same order) from the most
+  significant digit down: each pass counts, among the entries that match the
+  digits found so far, those with each digit value or more, and keeps the
+  largest digit value whose count still reaches the rank sought.
+  """
+  t, _ = keys.shape
+  ukey = lax.bitcast_convert_type(keys ^ jnp.int32(-2**31), jnp.uint32)
+  bins = 1 << radix_bits
+  thresholds = jnp.arange(1, bins, dtype=jnp.uint32)
+  prefix = jnp.zeros((t,), jnp.uint32)
+  need = jnp.full((t,), k, jnp.int32)  # rank sought among matching entries
+  for shift in range(32 - radix_bits, -1, -radix_bits):
+    if shift + radix_bits < 32:
+      match = (ukey >> (shift + radix_bits)) == prefix[:, None]
+    else:
+      match = jnp.ones(ukey.shape, bool)
+    digit = (ukey >> shift) & jnp.uint32(bins - 1)
+    # ge[t, j] = #{matching entries with digit >= j + 1}
+    ge = jnp.sum((digit[:, :, None] >= thresholds) & match[:, :, None],
+                 axis=1, dtype=jnp.int32)
+    chosen = jnp.sum(ge >= need[:, None], axis=1, dtype=jnp.int32)  # digit
+    above = jnp.where(chosen < bins - 1,
+                      jnp.take_along_axis(
+                          jnp.pad(ge, ((0, 0), (0, 1))),
+                          chosen[:, None], axis=1)[:, 0], 0)
+    need = need - above
+    prefix = (prefix << radix_bits) | chosen.astype(jnp.uint32)
+  return lax.bitcast_convert_type(prefix, jnp.int32) ^ jnp.int32(-2**31)
+
+
+def _take_at_threshold(keys, kth, k):
+  """The k entries above `kth` plus the lowest-index ones equal to it,
+  ordered by key descending, index ascending: i32[T, k]."""
+  t, n = keys.shape
+  greater = keys > kth[:, None]
+  equal = keys == kth[:, None]
+  room = k - jnp.sum(greater, axis=1, dtype=jnp.int32)
+  tie_rank = jnp.cumsum(equal, axis=1, dtype=jnp.int32) - 1
+  take = greater | (equal & (tie_rank < room[:, None]))
+  slot = jnp.where(take, jnp.cumsum(take, axis=1, dtype=jnp.int32) - 1, k)
+  rows = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[:, None], (t, n))
+  cols = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None, :], (t, n))
+  idx = jnp.zeros((t, k), jnp.int32).at[rows, slot].set(
+      cols, mode="drop")  # slot k: not taken, dropped
+  return _order(jnp.take_along_axis(keys, idx, axis=1), idx)
+
+
+def _radix(scores, k, radix_bits):
+  keys = order_key(canonical_zero(scores))
+  return _take_at_threshold(keys, _kth_largest_key(keys, k, radix_bits), k)
+
+
+def _sort(scores, k):
+  # The sort reads the scores as they are: its comparator (a > b, float
+  # comparison) already ties -0.0, +0.0 and subnormals.
+  vals, idx = lax.approx_max_k(scores, k, recall_target=1.0)
+  keys = order_key(canonical_zero(scores))
+  win = order_key(canonical_zero(vals))
+  kth = jnp.min(win, axis=1)
+  # The sort found the right scores; at the k-th score its comparator
+  # (a > b) leaves ties unordered, so it may hold other tied entries than
+  # the lowest-index ones. One pass counts the ties: where it took them
+  # all, its set is the canonical one (ordered here); otherwise (ties
+  # straddle the k-th place in some row) the batch is selected again by
+  # `lax.top_k`, whose tie rule is the canonical one.
+  ties_taken = jnp.sum(win == kth[:, None], axis=1, dtype=jnp.int32)
+  ties_all = jnp.sum(keys == kth[:, None], axis=1, dtype=jnp.int32)
+  return lax.cond(jnp.all(ties_taken == ties_all),
+                  lambda: _order(win, idx),
+                  lambda: _top_k(scores, k))
+
+
+def _approx(scores, k, recall_target):
+  vals, idx = lax.approx_max_k(scores, k, recall_target=recall_target)
+  return _order(order_key(canonical_zero(vals)), idx)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "k", "method", "chunk_size", "block_size", "radix_bits", "recall_target"))
+def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
+                chunk_size: int | None = None, block_size: int | None = None,
+                radix_bits: int = _DEFAULT_RADIX_BITS,
+                recall_target: float = APPROX_RECALL_TARGET):
+  """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
+
+  Args:
+    scores: f32[T, N] masked scores (-inf: not visible). Any float dtype is
+      compared as f32.
+    k: entries per row (a positive int; N < k pads with -1).
+    method: one of `TOPK_METHODS` (module docstring).
+    chunk_size: "chunked" only; default `chunk_size_for(N, k)`.
+    block_size: "blockmax" only; default `block_size_for(N, k)`.
+    radix_bits: "radix" only: digit width, one of `RADIX_BITS`
+      (32 / radix_bits histogram passes).
+    recall_target: "approx" only, in (0, 1).
+
+  Returns:
+    i32[T, k]: per row, the top entries by score descending, equal scores
+    by index ascending, then -1 (module docstring). Identical for every
+    exact method.
+  """
+  check_topk_method(method)
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k: must be a positive int (got {k!r})")
+  if getattr(scores, "ndim", None) != 2:
+    raise ValueError(f"scores: must be a 2-D array [T, N] "
+                     f"(got shape {getattr(scores, 'shape', None)})")
+  if not jnp.issubdtype(scores.dtype, jnp.floating):
+    raise ValueError(f"scores: must be floating point (got {scores.dtype})")
+  if radix_bits not in RADIX_BITS:
+    raise ValueError(f"radix_bits: must be one of {RADIX_BITS} "
+                     f"(got {radix_bits!r})")
+  if not 0.0 < recall_target < 1.0 and method == "approx":
+    raise ValueError(f"recall_target: must be in (0, 1) (got {recall_target!r})")
+  for name, v in (("chunk_size", chunk_size), ("block_size", block_size)):
+    if v is not None and (not isinstance(v, int) or v < 1):
+      raise ValueError(f"{name}: must be a positive int (got {v!r})")
+  # The scope names the stage's ops in profiles (op metadata), whatever
+  # XLA fuses them into.
+  with jax.named_scope(f"select_topk_{method}"):
+    return _select(_pad_to(scores.astype(jnp.float32), k), k, method,
+                   chunk_size, block_size, radix_bits, recall_target)
+
+
+def _select(scores, k, method, chunk_size, block_size, radix_bits,
+            recall_target):
+  n = scores.shape[1]
+  if method == "sort":
+    return _sort(scores, k)
+  if method == "top_k":
+    return _top_k(scores, k)
+  if method == "chunked":
+    return _chunked(scores, k, chunk_size or chunk_size_for(n, k))
+  if method == "blockmax":
+    return _blockmax(scores, k, block_size or block_size_for(n, k))
+  if method == "radix":
+    return _radix(scores, k, radix_bits)
+  return _approx(scores, k, recall_target)
