@@ -210,6 +210,7 @@ _REGISTRY = (
         checked=checked_lib.checked_streamindex_topk_dense,
         cache_formats=("dense_fp8",),
         module=dense.__name__,
+        topk_methods=topk_lib.TOPK_METHODS,
     ),
     Variant(
         name="dense_page",

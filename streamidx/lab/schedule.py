@@ -257,8 +257,10 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
 
 
 def _case(name: str) -> tuple[str, int, int]:
-  """'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", bq 1, bkv_p 3)."""
-  m = re.match(r"StreamIdx(Page)?TC-(?:([dpm])-)?bq_(\d+)-bkvp_(\d+)", name)
+  """'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", bq 1, bkv_p 3); the dense
+  kernel's 'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' likewise."""
+  m = re.match(r"StreamIdx(?:Dense)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
+               r"bkvp_(\d+)", name)
   if not m:
     return name, 0, 0
   case = "page" if m.group(1) else {"d": "decode", "p": "prefill",
@@ -280,6 +282,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     launches: only these launch cases ("decode", "decode_rest", "prefill",
       "mixed", "page"); empty: all.
   """
+  from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
 
   shp = {s.name: s for s in aot.SHAPES}[shape]
@@ -323,8 +326,10 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
       with open(util_f[0]) as fh:
         util = parse_utilization(fh.read())
       try:
+        kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1]
         kv = kv_loop(bundles, util,
-                     pages_per_iteration=rec["seq_batch_size"] * bkv_p)
+                     pages_per_iteration=rec["seq_batch_size"] * bkv_p,
+                     kernel_file=kernel_file + ".py")
         err = ""
       except ValueError as e:
         kv, err = None, str(e)

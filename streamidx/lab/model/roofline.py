@@ -256,8 +256,14 @@ def page_bounds(schedules, *, head_dim: int = 128,
                 ) -> list[PageBound]:
   """`page_bound` of every launch in `schedules` (`schedule.LaunchSchedule`s)
   that has a KV loop. A page's bytes: page_size entries of the format's
-  record (`streamidx.cache.record_bytes`)."""
+  record (`streamidx.cache.record_bytes`; the dense FP8 format: values and
+  scales as a TPU stores them, `cache.dense_tpu_bytes_per_entry`)."""
   from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+
+  def entry_bytes(fmt, page_size):
+    if fmt == "dense_fp8":
+      return cache_lib.dense_tpu_bytes_per_entry(head_dim, page_size)
+    return cache_lib.record_bytes(fmt, head_dim)
 
   out = []
   for s in schedules:
@@ -266,6 +272,6 @@ def page_bounds(schedules, *, head_dim: int = 128,
     slot, _ = s.kv.binding_slot
     out.append(page_bound(
         s.generation, bundles_per_page=s.kv.bundles_per_page,
-        page_bytes=s.page_size * cache_lib.record_bytes(s.fmt, head_dim),
+        page_bytes=s.page_size * entry_bytes(s.fmt, s.page_size),
         binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
   return out
