@@ -131,7 +131,7 @@
 #     indices, ties included. `streamindex_page_topk` selects pages with
 #     `select_topk(..., "top_k")` (it called `jax.lax.top_k`): the same
 #     rule, -0.0 and +0.0 compared as equal on every backend.
-# M-sort  Length-sorted decode batching (the seed's TODO above the launches).
+# M13  Length-sorted decode batching (the seed's TODO above the launches).
 #     New static argument `sort_decode` (default True) of `streamindex_topk`:
 #     the decode range [0, i) is scored in the order
 #     `semantics.decode_order` picks (the cheapest, by KV blocks computed, of
@@ -147,7 +147,7 @@
 #     matrix). `sort_decode=False`, or `decode_req_batch_size=1`, keeps the
 #     given order (q_rows = cu_q_lens[:-1]: the same DMAs as before). Page
 #     mode gets q_rows = cu_q_lens[:-1].
-# M-empty  No empty launches. Each `pallas_call` runs under `lax.cond` on its
+# M14  No empty launches. Each `pallas_call` runs under `lax.cond` on its
 #     range being non-empty (token mode: end > start per launch of
 #     `token_launches`; page mode: num_seqs > 0). An empty range's grid had
 #     no programs, but the launch itself (scalar prefetch copies, the
@@ -278,7 +278,7 @@ def _scores_kernel(
     seq_lens_ref,  # [max_num_seqs]
     page_indices_ref,  # [max_num_seqs * pages_per_seq]
     cu_q_lens_ref,  # [max_num_seqs + 1]
-    q_rows_ref,  # [max_num_seqs] streamidx (M-sort): first q row of each slot
+    q_rows_ref,  # [max_num_seqs] streamidx (M13): first q row of each slot
     start_end_seq_idx_ref,  # [2] (start_seq_idx, end_seq_idx)
     sem_ids_ref,  # [3] (bq_sem_idx, bkv_sem_idx, bo_sem_idx)
     bo_sz_ref,  # [2] row count of each output buffer's in-flight DMA (-1 = none)
@@ -473,7 +473,7 @@ def _scores_kernel(
       q_len_start = cu_q_lens_ref[seq_idx + batch_idx] + bq_idx * bq_sz
       curr_q_end = cu_q_lens_ref[seq_idx + batch_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - q_len_start))
-      # streamidx (M-sort): the slot's sequence's rows (q_rows_ref is
+      # streamidx (M13): the slot's sequence's rows (q_rows_ref is
       # cu_q_lens[:-1] unless the decode range is reordered).
       q_src_start = q_rows_ref[seq_idx + batch_idx] + bq_idx * bq_sz
 
@@ -934,7 +934,7 @@ def streamindex_topk(
     return_scores: streamidx (M9). False (default): return the indices.
       True: return (indices, scores), scores f32[T, k] the selected entries'
       scores, -inf where the index is -1.
-    sort_decode: streamidx (M-sort). True (default): score the decode range
+    sort_decode: streamidx (M13). True (default): score the decode range
       in the order `streamidx.semantics.decode_order` picks (never more KV
       blocks than the given order); the result rows are in the caller's
       order either way. False: the given order.
@@ -1056,7 +1056,7 @@ def streamindex_topk(
         seq_lens,
         page_indices,
         cu_q_lens,
-        q_rows,  # streamidx (M-sort)
+        q_rows,  # streamidx (M13)
         jnp.array([start_seq_idx, end_seq_idx], jnp.int32),
         jnp.zeros((3,), jnp.int32),  # (bq, bkv, bo) sem indices
         jnp.full((2,), -1, jnp.int32),  # in-flight out DMA row counts
@@ -1122,7 +1122,7 @@ def streamindex_topk(
   # chunked-prefill range [i, j) with the prefill block sizes and each
   # sequence's own (dynamic) q_len (the seed ran [i, j) as decode, scoring
   # only the first query of each sequence), and the mixed range [j, n).
-  # streamidx (M-sort): the decode range in the order it is scored in.
+  # streamidx (M13): the decode range in the order it is scored in.
   order = None
   kernel_seq_lens, kernel_page_indices = seq_lens, page_indices
   q_rows = cu_q_lens[:-1]
@@ -1154,7 +1154,7 @@ def streamindex_topk(
         seq_batch_size=launch.seq_batch_size,
         case=_MLA_CASE[launch.case],
     )
-    # streamidx (M-empty): an empty range launches nothing.
+    # streamidx (M14): an empty range launches nothing.
     scores = lax.cond(launch.end > launch.start,
                       lambda s, run=run: run(scores=s), lambda s: s, scores)
 
@@ -1171,7 +1171,7 @@ def streamindex_topk(
   # approx_max_k(recall_target=1.0) above plus the tie rule.
   topk_idxs = topk.select_topk(scores, k, topk_method)[: q.shape[0], :k]
   top_scores = topk.scores_at(scores, topk_idxs) if return_scores else None
-  if order is not None:  # streamidx (M-sort): the caller's row order
+  if order is not None:  # streamidx (M13): the caller's row order
     topk_idxs = semantics.restore_decode_rows(topk_idxs, order)
     if return_scores:
       top_scores = semantics.restore_decode_rows(top_scores, order)
@@ -1290,7 +1290,7 @@ def streamindex_page_topk(
       seq_lens,
       page_indices,
       cu_q_lens,
-      cu_q_lens[:-1],  # streamidx (M-sort): q_rows, in the given order
+      cu_q_lens[:-1],  # streamidx (M13): q_rows, in the given order
       jnp.stack([jnp.int32(0), num_seqs.astype(jnp.int32)]),
       jnp.zeros((3,), jnp.int32),
       jnp.full((2,), -1, jnp.int32),
@@ -1329,7 +1329,7 @@ def streamindex_page_topk(
           interpret=interpret,
       )
   )
-  # streamidx (M-empty): no sequence, no launch.
+  # streamidx (M14): no sequence, no launch.
   page_scores = lax.cond(
       num_seqs > 0,
       lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,

@@ -101,7 +101,7 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
   # The cache as a TPU stores it: the dense format's scale tiles included.
   moved["kv"] = counts["hbm_bytes_kv"]
   # Scalar prefetch: every launch copies seq_lens, the page table, cu_q_lens,
-  # q_rows (M-sort) and three small arrays into SMEM.
+  # q_rows (M13) and three small arrays into SMEM.
   per_launch = 4 * (g.max_num_seqs + g.max_num_seqs * g.pages_per_seq
                     + g.max_num_seqs + 1 + g.max_num_seqs + 2 + 3 + 2)
   flops = vpu = 0

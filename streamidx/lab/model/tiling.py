@@ -271,7 +271,7 @@ class Plan:
   @property
   def executed(self) -> tuple["Launch", ...]:
     """The launches that run: those with programs (an empty range launches
-    nothing, local modification M-empty)."""
+    nothing, local modification M14)."""
     return tuple(l for l in self.launches if l.grid)
 
   def counts(self) -> dict:
@@ -703,7 +703,7 @@ def pallas_calls(jaxpr):
       yield eqn
       continue
     for v in eqn.params.values():
-      # `lax.cond` holds its branches in a tuple (M-empty puts every launch
+      # `lax.cond` holds its branches in a tuple (M14 puts every launch
       # under one).
       for sub in (v if isinstance(v, (tuple, list)) else (v,)):
         if isinstance(sub, core.ClosedJaxpr):
