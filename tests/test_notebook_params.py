@@ -127,19 +127,19 @@ BAD = [
     ("00_quickstart", "k", 0, "'k': must be >= 1 (got 0)"),
     ("00_quickstart", "fmt", "fp16",
      "'fmt': must be one of ('fp8', 'bf16') (got 'fp16')"),
-    ("01_cache_layout", "page_size", 6,
+    ("02_cache_layout", "page_size", 6,
      "'page_size': must be a multiple of 4 (got 6)"),
     ("01_kernel_walkthrough", "num_kv_pages_per_block", 4,
      "'num_kv_pages_per_block': page_size * num_kv_pages_per_block must be a "
      "multiple of 128, so a multiple of 8 at page_size 16 (got 4)"),
-    ("02_fp8_packing", "num_records", 8, "'num_records': must be >= 16 (got 8)"),
-    ("03_kernel_tiling", "run_kv_blocks", [8, 8, 3],
+    ("03_fp8_packing", "num_records", 8, "'num_records': must be >= 16 (got 8)"),
+    ("04_kernel_tiling", "run_kv_blocks", [8, 8, 3],
      "'run_kv_blocks[2]': run_page_size * run_kv_blocks must be a multiple of "
      "128, so a multiple of 8 at run_page_size 16 (got 3)"),
-    ("04_recall_parity", "parity_scope", "most",
+    ("05_recall_parity", "parity_scope", "most",
      "'parity_scope': must be one of ('ci', 'pairwise', 'full', 'tests') "
      "(got 'most')"),
-    ("05_tpu_profiling", "modes", ["token", "tile"],
+    ("06_tpu_profiling", "modes", ["token", "tile"],
      "'modes[1]': must be one of ('token', 'page') (got 'tile')"),
 ]
 

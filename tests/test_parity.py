@@ -1,4 +1,4 @@
-"""streamidx.lab.studies.parity: notebook 04's studies: page coverage, the
+"""streamidx.lab.studies.parity: notebook 05's studies: page coverage, the
 causal-rule diff, boundary ties and approx_max_k (references and hand-made
 arrays only; no kernel runs here).
 """

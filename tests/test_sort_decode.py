@@ -68,7 +68,7 @@ def test_decode_order_keeps_the_given_order_when_nothing_is_gained():
 
 
 def _notebook03_mixes():
-  # Notebook 03's default parameters (section 4): 40 log-normal mixes of 62
+  # Notebook 04's default parameters (section 4): 40 log-normal mixes of 62
   # sequences, median 16384 tokens, sigma 1, clipped to [512, 131072].
   rng = np.random.default_rng(0)
   return [np.clip(rng.lognormal(np.log(16384), 1.0, 62), 512,

@@ -14,7 +14,7 @@ bytes per entry. Everything else is the vendored kernel's (its local modificatio
 M3 causal rules, M4 the chunked-prefill launch, M7 no DMA for a sequence
 without queries, M8 entries past the page table invisible, M9
 `return_scores`, M10 bf16 widening on v4, M11 the VMEM check, M12
-`topk_method`, M13, M14): the same launches
+`topk_method`, M13 length-sorted decode, M14 no empty launches): the same launches
 (`semantics.token_launches`), double-buffered query, KV and score blocks
 carried across the programs of a launch, the same arithmetic order (the dot
 on the stored e4m3 values in f32, ReLU, the weighted head sum, then the

@@ -9,7 +9,7 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
     studies/  cases (the case matrix: named batches x variants, run and
               compared), formats (bytes per entry), hbm (HBM per decode step),
               addressing (where an entry lives, causal masks), quant (FP8
-              analysis), parity (notebook 04's studies), costs (bytes, wasted
+              analysis), parity (notebook 05's studies), costs (bytes, wasted
               blocks and launches counted from the interpreter's DMAs)
     bench/    the benchmark (`python -m streamidx.bench`)
     sharding  the sharded layouts compiled for TPU slices, their collectives

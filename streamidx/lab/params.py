@@ -3,7 +3,7 @@
 Each notebook's first cell after its `parameters` cell is one call::
 
     from streamidx.lab.params import check_notebook
-    check_notebook("02_fp8_packing", globals())
+    check_notebook("03_fp8_packing", globals())
 
 so that a papermill run with a bad `-p` value stops there, naming the
 parameter and its rule (`ParameterError`). The rules of every notebook are
@@ -246,7 +246,7 @@ def _quickstart(p: Parameters):
   p.integer("seed")
 
 
-@_rules("01_cache_layout")
+@_rules("02_cache_layout")
 def _cache_layout(p: Parameters):
   p.string("output_dir")
   p.page_size()
@@ -268,7 +268,7 @@ def _cache_layout(p: Parameters):
   p.integer("seed")
 
 
-@_rules("02_fp8_packing")
+@_rules("03_fp8_packing")
 def _fp8_packing(p: Parameters):
   p.string("output_dir")
   p.integer("num_heads", min=1)
@@ -286,7 +286,7 @@ def _fp8_packing(p: Parameters):
   p.integer("seed")
 
 
-@_rules("03_kernel_tiling")
+@_rules("04_kernel_tiling")
 def _kernel_tiling(p: Parameters):
   p.string("output_dir")
   p.choice("fmt", ("fp8", "bf16"))
@@ -341,7 +341,7 @@ def _kernel_tiling(p: Parameters):
   p.lane_blocks("schedule_kv_pages")
 
 
-@_rules("04_recall_parity")
+@_rules("05_recall_parity")
 def _recall_parity(p: Parameters):
   from streamidx.lab.studies import cases  # pylint: disable=g-import-not-at-top
   p.string("output_dir")
@@ -379,7 +379,7 @@ def _recall_parity(p: Parameters):
   p.choice("quote_page_size", sizes)
 
 
-@_rules("05_tpu_profiling")
+@_rules("06_tpu_profiling")
 def _tpu_profiling(p: Parameters):
   p.string("output_dir")
   p.string("runs_glob")
@@ -424,7 +424,7 @@ def _kernel_walkthrough(p: Parameters):
 
 
 def check_notebook(notebook: str, namespace: Mapping) -> None:
-  """Checks the parameters of `notebook` ("02_fp8_packing" or its file name)
+  """Checks the parameters of `notebook` ("03_fp8_packing" or its file name)
   in `namespace` (the notebook's `globals()`) against its rules.
 
   Raises:
@@ -434,7 +434,7 @@ def check_notebook(notebook: str, namespace: Mapping) -> None:
 
 
 def rules(notebook: str) -> Callable[[Parameters], None]:
-  """The rule function of `notebook` ("02_fp8_packing" or its file name)."""
+  """The rule function of `notebook` ("03_fp8_packing" or its file name)."""
   name = notebook[:-len(".ipynb")] if notebook.endswith(".ipynb") else notebook
   if name not in NOTEBOOKS:
     raise ValueError(f"notebook: no parameter rules for {notebook!r} (rules "

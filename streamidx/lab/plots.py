@@ -294,7 +294,7 @@ def batch_launch_figure(batch, plan, *, filled_rows=None):
 
 def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
                        head_dim: int, compression_ratio: int):
-  """Notebook 01: one entry's bytes per layout, and HBM per decode step.
+  """Notebook 02: one entry's bytes per layout, and HBM per decode step.
 
   Args:
     layouts: name -> `formats.EntryLayout` (label, value/scale/pad/total
@@ -343,7 +343,7 @@ def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
 
 
 def e4m3_grid_figure(positive, spacing, *, min_normal: float = 2.0 ** -6):
-  """Notebook 02: the positive e4m3fn values and their relative spacing.
+  """Notebook 03: the positive e4m3fn values and their relative spacing.
 
   Args:
     positive: f[N] the positive finite values, sorted.
@@ -377,7 +377,7 @@ def e4m3_grid_figure(positive, spacing, *, min_normal: float = 2.0 ** -6):
 
 
 def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
-  """Notebook 02: record error with ue8m0 vs exact float scales; amax / scale.
+  """Notebook 03: record error with ue8m0 vs exact float scales; amax / scale.
 
   Args:
     scale_study: distribution -> {"err_pow2", "err_float" (f[records]
@@ -405,7 +405,7 @@ def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
 
 
 def recall_grid_figure(recall, *, dists, contexts, ks, variants, title: str):
-  """Notebook 02: recall@k over k, one panel per (distribution, context).
+  """Notebook 03: recall@k over k, one panel per (distribution, context).
 
   Args:
     recall: recall(dist, entries, variant, k) -> float.
@@ -438,7 +438,7 @@ def recall_grid_figure(recall, *, dists, contexts, ks, variants, title: str):
 
 def hadamard_figure(key, rotated_key, bars, *, outlier_channels: int,
                     title: str):
-  """Notebook 02: a key with outliers, the same key rotated, recall bars.
+  """Notebook 03: a key with outliers, the same key rotated, recall bars.
 
   Args:
     key, rotated_key: f[head_dim], before and after the rotation.
@@ -472,7 +472,7 @@ CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan",
 
 
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
-  """Notebook 03: the kernel's steps in execution order, one row per sequence.
+  """Notebook 04: the kernel's steps in execution order, one row per sequence.
 
   Args:
     steps: `tiling.steps(plan)` dicts (case, seqs, kv_lens, bq, bkv, bkv_sz);
@@ -509,7 +509,7 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
 
 def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *,
                        production=None, title: str):
-  """Notebook 03: VMEM of a launch per (bq, bkv_p), the limits outlined.
+  """Notebook 04: VMEM of a launch per (bq, bkv_p), the limits outlined.
 
   Args:
     budget: bytes[len(bq_choices), len(bkv_choices)].
@@ -555,7 +555,7 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *,
 
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs,
                        seq_starts, *, title: str):
-  """Notebook 04: per query row, the leaked entry's share of the top-k mass.
+  """Notebook 05: per query row, the leaked entry's share of the top-k mass.
 
   Args:
     live, leaked_selected, bound_differs: bool[T]; leaked_mass: f[T].
@@ -584,7 +584,7 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs,
 
 
 def recall_curves_figure(recall, entries, ks, *, quote_k: int, title: str):
-  """Notebook 04: FP8 and bf16 recall@k over k and over context length.
+  """Notebook 05: FP8 and bf16 recall@k over k and over context length.
 
   Args:
     recall: "fp8" / "bf16" -> f[len(entries), len(ks)].
@@ -623,7 +623,7 @@ def recall_curves_figure(recall, entries, ks, *, quote_k: int, title: str):
 
 def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int,
                          title: str):
-  """Notebook 04: how much of the exact token top-k the top pages hold.
+  """Notebook 05: how much of the exact token top-k the top pages hold.
 
   Args:
     coverage: "fp8" / "f32" -> {"count", "mass"} -> f[len(budgets),
@@ -659,7 +659,7 @@ STAGE_COLORS = (("kernel", "tab:blue"), ("topk", "tab:orange"),
 def roofline_figure(records, predictions, *, measured: bool,
                     generation: str | None, generations, device_kind: str = "",
                     split_generation: str = "v5e"):
-  """Notebook 05: device time against the roofline, and its split by stage.
+  """Notebook 06: device time against the roofline, and its split by stage.
 
   measured (a TPU run with device times): left, stacked measured kernel /
   top-k / other microseconds per record with the bounds of `generation`

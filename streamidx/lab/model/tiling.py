@@ -36,7 +36,7 @@ Units: entries (compressed KV positions) unless a name says tokens or bytes.
 
 This is the only model of the launches in the project: the list of launches
 comes from `streamidx.semantics.token_launches`, which the kernel's wrapper
-also loops over; notebooks 01 and 03, the roofline, the timeline and the
+also loops over; notebooks 02 and 04, the roofline, the timeline and the
 case matrix all read a `Plan`. Block sizes not given are the block-size
 table's (`streamidx.block_sizes`) for the batch's page size, the heads and
 the cache format.
@@ -758,7 +758,7 @@ def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
   scratch_shapes, logical bytes), `scratch_tiled` (the same buffers as
   Mosaic lays them out, `semantics.scratch_vmem_bytes`: what the kernel's
   compiled-mode VMEM check counts, and the compiler's own count before its
-  internal scratch; see notebook 03 and tests/test_aot.py), `logits`: the
+  internal scratch; see notebook 04 and tests/test_aot.py), `logits`: the
   f32 [bq_sz * num_q_heads, bkv_sz] product of one sequence's query block
   with one KV block, the largest value the kernel body computes (an estimate
   of Mosaic's internal scratch, which the compiler sizes itself), and

@@ -1,7 +1,7 @@
 """The case matrix: named batches run through every registered kernel variant.
 
 One matrix serves the tests (tests/test_kernel.py, test_reference.py,
-test_streaming.py, test_variants.py) and notebook 04's parity table. It holds:
+test_streaming.py, test_variants.py) and notebook 05's parity table. It holds:
 
   BATCHES       the named ragged batches, lengths in compressed entries
   the shape     NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE, PAGES_PER_SEQ,
@@ -152,7 +152,7 @@ class Batch:
 
 
 BATCHES: dict[str, Batch] = {b.name: b for b in (
-    # The four ways a batch can fill `distribution = (i, j, n)` (notebook 04).
+    # The four ways a batch can fill `distribution = (i, j, n)` (notebook 05).
     Batch("decode_only", decode=(37, (64, 3), 100, 250, 5),
           note="5 decode sequences: one batched decode program (4) and one "
                "remainder"),

@@ -3,7 +3,7 @@
 Holds `decode_step_bytes` / `decode_step_table`: per context length and
 entry layout (`streamidx.lab.studies.formats`), the cache read, the query
 and weight read and the f32 score round trip of `streamindex_topk`.
-A model from byte counts, not a measurement: notebook 01's HBM table.
+A model from byte counts, not a measurement: notebook 02's HBM table.
 
 - decode step: one new token per sequence. The indexer then scores every
   visible entry of its sequence once, in each layer that has an indexer.

@@ -1,4 +1,4 @@
-"""Notebook 04's studies: what the kernel's approximations cost.
+"""Notebook 05's studies: what the kernel's approximations cost.
 
 Each works on arrays the reference (or kernel) produced:
 
