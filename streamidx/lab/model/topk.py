@@ -12,6 +12,10 @@ traffic alone:
     t_hbm = (bytes_read + bytes_written) / device HBM bandwidth
 
 with the rates of `streamidx.lab.model.hardware` (data/tpu_specs.json).
+"fused_blockmax" counts, besides the selection's traffic, the block maxima
+the dense kernel writes for it (entries / 128 floats a row); the scores
+themselves are written once by the kernel for every method and counted for
+none.
 
 What the bound does not see: the sorts are compute-bound on a TPU. Public
 measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
