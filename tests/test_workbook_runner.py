@@ -227,6 +227,7 @@ def test_index_lists_question_answer_machine_and_links(nbdir, tmp_path):
   assert '<span class="failed">failed</span>' in failed and "no Markdown output" in failed
   assert "rendered notebook" not in failed
   assert "not run" in never and "href" not in never and "parameters" not in never
+  assert "Machine" not in never
   assert "No <strong>Question.</strong> paragraph" in silent
   assert "Machine: not printed by this run" in silent
   assert not list(out.glob(".index.html.*"))  # the temporary file was renamed

@@ -556,9 +556,11 @@ def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
       parts.append(f'<div class="answer">{markdown_to_html(s.answer)}</div>')
     elif s.status != "not run":
       parts.append("<p><em>The executed notebook has no Markdown output.</em></p>")
-    parts.append(f'<p class="meta">Machine: {esc(s.machine)}</p>' if s.machine else
-                 '<p class="meta">Machine: not printed by this run '
-                 "(no <code>streamidx.describe_machine()</code> line in its outputs)</p>")
+    if s.machine:
+      parts.append(f'<p class="meta">Machine: {esc(s.machine)}</p>')
+    elif s.status != "not run":
+      parts.append('<p class="meta">Machine: not printed by this run (no '
+                   "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
     parts.append("</section>")
   parts.append("</body></html>")
   return "\n".join(parts) + "\n"
