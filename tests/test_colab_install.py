@@ -87,13 +87,25 @@ def _runtime(tmp: Path) -> Path:
   return python
 
 
+SKIP_DIRS = {".git", ".venv", "build", ".pytest_cache", ".hypothesis", "__pycache__",
+             ".ipynb_checkpoints"}
+
+
 def _repository(tmp: Path) -> Path:
-  """A git repository holding this working tree's files, as GitHub would."""
+  """A git repository holding this working tree's files, as GitHub would:
+  git's own list (tracked and untracked-but-not-ignored) in a checkout, else
+  (an unpacked archive) every file outside build outputs and caches."""
   listed = subprocess.run(
       ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-      cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+      cwd=ROOT, capture_output=True)
+  if listed.returncode == 0:
+    names = [n for n in listed.stdout.decode().split("\0") if n]
+  else:
+    names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
+             and not SKIP_DIRS & set(p.relative_to(ROOT).parts)
+             and not p.parts[-2].endswith(".egg-info")]
   repo = tmp / "github"
-  for name in filter(None, listed):
+  for name in names:
     if (ROOT / name).is_file():
       (repo / name).parent.mkdir(parents=True, exist_ok=True)
       shutil.copy2(ROOT / name, repo / name)
