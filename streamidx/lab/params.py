@@ -595,7 +595,8 @@ def injected_parameters(namespace: Mapping) -> set[str]:
   history = namespace.get("In", namespace.get("_ih", ()))
   names: set[str] = set()
   for source in history if isinstance(history, (list, tuple)) else ():
-    if not isinstance(source, str) or source.split("\n", 1)[0].strip() != PAPERMILL_HEADER:
+    first_line = source.split("\n", 1)[0] if isinstance(source, str) else ""
+    if first_line.strip() != PAPERMILL_HEADER:
       continue
     try:
       tree = ast.parse(source)
@@ -627,11 +628,12 @@ def tpu_scaling(notebook: str, namespace: Mapping, *,
   On only where `jax.default_backend() == "tpu"` (`backend` overrides the
   lookup) or STREAMIDX_TPU_SCALE=1; never with STREAMIDX_TPU_SCALE=0 (None
   then, and off-TPU). A parameter with TPU sizes takes them only if its
-  value is still the notebook's default (as the table records it), papermill
-  did not inject it, and no parameter of its "together" group was set: a value passed with -p, or set by hand in
-  the parameters cell or before the check, is kept, even when it equals the
-  default (papermill) or when the notebook file on disk was saved with it
-  (the recorded default does not move).
+  value is still the notebook's default as the table records it, papermill
+  did not inject it, and no other parameter of its "together" group was
+  set. So a value passed with -p is kept even when it equals the default,
+  and one set by hand (in the parameters cell, or before the check) is kept
+  even when the notebook file was saved with it: the recorded default does
+  not move with the file.
 
   Args:
     notebook: "00_quickstart" (or its file name).
