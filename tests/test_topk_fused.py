@@ -7,9 +7,9 @@ maximum of every 128-entry score row; `streamidx.topk.select_topk(...,
 - the selection alone, given maxima of small blocks (so that short rows have
   many blocks), returns the rule's indices bit for bit on integer scores with
   massive ties and on random scores (`test_topk._rule_topk`);
-- through the kernel (interpreted), on every test batch of the case matrix
-  and on a long decode batch whose maxima straddle two 128-lane rows of
-  maxima: the maxima it writes are the maxima of the scores it writes, its
+- through the kernel (interpreted), on every test batch of the case matrix,
+  a seeded random batch on two simulated cores and a long decode batch whose
+  maxima straddle two 128-lane rows of maxima: the maxima it writes are the maxima of the scores it writes, its
   indices are the rule's on its own scores and match the reference
   tie-aware within the derived tolerance; race-free under the detector;
 - the vendored kernel (no maxima) refuses the method, naming the argument;
@@ -204,6 +204,29 @@ def test_dense_fused_blockmax_is_race_free():
   metrics.assert_topk_match(got, want, scores,
                             atol=metrics.summation_atol(inp,
                                                         compression_ratio=4))
+
+
+def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
+  # A seeded random ragged batch (every range, fragmented pages), its
+  # programs split over two simulated cores: each core's prologue resets the
+  # block-max slots it inherits.
+  rng = np.random.default_rng(11)
+  b = si.make_mixed_batch(
+      decode=rng.integers(1, 2400, size=5).tolist(),
+      prefill=[(int(rng.integers(2, 20)), int(rng.integers(400, 2400)))],
+      mixed=[(int(rng.integers(1, 12)), int(rng.integers(60, 2400)))
+             for _ in range(2)],
+      page_size=16, compression_ratio=4, allocation="fragmented",
+      max_num_seqs=10, num_tokens=48, seed=5)
+  inp = si.make_inputs(b, num_heads=2, fmt="dense_fp8", seed=2)
+  blocks = dict(num_kv_pages_per_block=8, num_queries_per_block=(1, 8, 8),
+                decode_req_batch_size=2)
+  with si.race_check(num_cores_or_threads=2) as report:
+    _, scores, _ = _check_fused_run(inp, k=3, ratio=4, label="random",
+                                    num_cores=2, **blocks)
+  assert report.launches >= 3 and not report.races_found, report
+  assert scores.shape[1] // W > 3  # more blocks than k: both stages ran
+  si.reset_interpreter_state()
 
 
 def test_block_maxima_dmas_are_small():
