@@ -284,6 +284,7 @@ def _fp8_packing(p: Parameters):
   p.number("outlier_scale", min=1)
   p.integer("num_records", min=16)
   p.integer("seed")
+  p.integer("num_seeds", min=2)  # error bars need two seeds at least
 
 
 @_rules("04_kernel_tiling")
@@ -343,26 +344,28 @@ def _kernel_tiling(p: Parameters):
 
 @_rules("05_recall_parity")
 def _recall_parity(p: Parameters):
+  from streamidx import variants  # pylint: disable=g-import-not-at-top
   from streamidx.lab.studies import cases  # pylint: disable=g-import-not-at-top
   p.string("output_dir")
   p.integer("seed")
   p.choice("parity_scope", cases.SCOPES)
+  if isinstance(p["race_variants"], (list, tuple)) and not p["race_variants"]:
+    p._mark("race_variants")  # pylint: disable=protected-access  (none: no race run)
+  else:
+    p.choices("race_variants", tuple(variants.VARIANTS))
   p.integer("causal_ratio", min=2)  # at ratio 1 the two rules agree
-  p.pairs("causal_prefill", min_q_len=2)  # prefill chunks
+  p.pairs("causal_prefill", min_q_len=2, nonempty=True)  # prefill chunks
   p.integer("causal_k", min=1)
   p.integer("causal_num_heads", min=1)
-  entries = p.integers("recall_entries", min=1)
-  rows = p.integer("recall_rows", min=1)
-  ratio = p.integer("recall_ratio", min=1)
-  p.integer("recall_num_heads", min=1)
-  p.page_size("recall_page_size")
-  # Every row must see more than k entries: the last `recall_rows` tokens of
-  # the shortest sequence see at least entries - ceil(recall_rows / ratio).
-  ks = p.integers("recall_ks", min=1,
-                  max=min(entries) - -(-rows // ratio) - 1)
-  p.boolean("recall_kernel_check")
-  p.choice("quote_k", ks)
-  p.choice("quote_entries", entries)
+  entries = p.integers("long_entries", min=1)
+  rows = p.integer("long_rows", min=1)
+  ratio = p.integer("long_ratio", min=1)
+  p.integer("num_heads", min=1)
+  p.page_size("long_page_size")
+  # Every row must see more than k entries: the last `long_rows` tokens of
+  # the shortest sequence see at least entries - ceil(long_rows / ratio).
+  p.integers("long_ks", min=1, max=min(entries) - -(-rows // ratio) - 1)
+  p.boolean("long_kernel_check")
   page_entries = p.integer("page_entries", min=1)
   page_rows = p.integer("page_rows", min=1)
   sizes = p.integers("page_sizes", min=4)
