@@ -172,7 +172,7 @@ def test_rerunning_the_check_leaves_tpu_values_alone(monkeypatch, capsys):
   params.check_notebook("03_fp8_packing", ns)
   params.check_notebook("03_fp8_packing", ns)
   second = capsys.readouterr().out.splitlines()[1]
-  assert "none applied; already at TPU size: num_seeds, contexts, num_records" in second
+  assert "none applied; already at TPU size: query_tokens, num_seeds, contexts, num_records" in second
 
 
 def test_scaled_values_that_break_a_rule_name_the_table(monkeypatch, tmp_path):
