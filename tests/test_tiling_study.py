@@ -110,3 +110,44 @@ def test_topk_rows_put_the_scoring_bound_beside_every_shape():
   # 128K entries at k 512: blockmax has no more blocks than k, so it is top_k.
   assert "blockmax (= top_k)" in {r["method"] for r in rows
                                   if r["shape"] == shapes[1].name}
+
+
+def _answer(measured, run_check):
+  waste = {(4, o): [0.5, 0.4] if o == "none" else [0.1, 0.1]
+           for o in study.ORDERS}
+  b = si.make_mixed_batch(decode=[16384] * 8, page_size=128, compression_ratio=4)
+  plans = study.variant_plans(b, num_heads=8, num_kv_pages_per_block=(3, 2, 2),
+                              num_queries_per_block=(1, 128, 128),
+                              decode_req_batch_size=4)
+  from streamidx.lab.model import topk as topk_model
+  g = tiling.geometry(b, fmt="fp8", num_heads=8)
+  return study.answer_markdown(
+      host="test host", waste=waste, batch_size=4,
+      random_table=[dict(worst_sorted_over_given=0.9)], measured=measured,
+      launches=(4, 1),
+      variant_table=study.variant_step_rows(plans, k=64, generations=["v5p", "v6e"]),
+      megacore=[], sched_rows=[],
+      topk_table=study.topk_rows(topk_model.SHAPES[:1], ["v6e"]),
+      topk_shape=topk_model.SHAPES[0].name,
+      production=study.production_vmem(g, num_kv_pages_per_block=(3, 2, 2),
+                                       num_queries_per_block=(1, 128, 128),
+                                       decode_req_batch_size=4),
+      run_check=run_check, vmem_limit_bytes=100 * 2**20, over=["v4"],
+      step=(8, 16384, 64), trials=2)
+
+
+def test_answer_states_the_sorted_order_saving_computed_from_the_waste():
+  text = _answer(None, None)
+  # 1 - (1 - 0.5) / 0.9 = 44%, 1 - 0.6 / 0.9 = 33%: mean 39%.
+  assert "**39% fewer KV blocks computed and read**" in text
+  assert "makes 1 launch(es) instead of 4 (the recording was skipped here)" in text
+  assert "Double buffering" not in text and "*Measured*" not in text
+
+
+def test_answer_quotes_the_recorded_runs_when_there_are_some():
+  m = dict(launches=1, grid_points=2, empty_launches=0, bytes_per_entry=129.0,
+           blocks_fetched=4, blocks_needed=4)
+  text = _answer({"vendored": dict(m, bytes_per_entry=256.0), "dense": m},
+                 dict(events=99, overlapped=2, computes=6))
+  assert "129 vs 256 B per entry fetched" in text
+  assert "2 of 6 compute steps" in text

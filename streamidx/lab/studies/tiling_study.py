@@ -700,19 +700,22 @@ def variant_page_bounds(generations: Sequence[str], bkv_p: int, *,
 
 
 def answer_markdown(*, host: str, waste: Mapping, batch_size: int,
-                    random_table: Sequence[dict], measured: Mapping[str, dict],
-                    launches_without_m14: int, variant_table: Sequence[dict],
+                    random_table: Sequence[dict],
+                    measured: Mapping[str, dict] | None,
+                    launches: tuple[int, int], variant_table: Sequence[dict],
                     megacore: Sequence[dict], sched_rows: Sequence[dict],
                     topk_table: Sequence[dict], topk_shape: str,
-                    production: Mapping[str, dict], run_check: Mapping,
+                    production: Mapping[str, dict], run_check: Mapping | None,
                     vmem_limit_bytes: int, over: Sequence[str],
                     step: tuple[int, int, int], trials: int,
                     specs: Mapping[str, hardware.TpuSpec] | None = None) -> str:
   """Notebook 04's answer as Markdown, takeaways first, from the values its
   cells computed (each argument is the table or dict of the same name
   there; `step` = (sequences, tokens, k) of the DeepSeek-V4 step,
-  `measured` = {variant: `recorded_costs`}, the dense run's `measured`
-  from a pure decode batch)."""
+  `launches` = (without, with) M14 for the pure decode batch, modelled;
+  `measured` = {variant: `recorded_costs`}, the dense run's from a pure
+  decode batch; `measured` and `run_check` None where this JAX cannot
+  record, `interpreter_internals_missing`)."""
   specs = hardware.load_specs() if specs is None else specs
   b0 = batch_size
   wg, ws, wo = (np.asarray(waste[b0, o]) for o in ("none", "kernel", "optimal"))
@@ -731,7 +734,7 @@ def answer_markdown(*, host: str, waste: Mapping, batch_size: int,
   tg = [c[:-3] for c in topk_table[0] if c.endswith(" us")]
   pub = topk_model.PUBLIC_TPU7X
   sched = "; ".join(f"{r['generation']} bkv_p={r['bkv_p']}: {r['bundles_per_page']:.0f} bundles/page, "
-                    f"{r['verdict']}" for r in sched_rows) or "not run (no libtpu here)"
+                    f"{r['verdict']}" for r in sched_rows)
   pair = "; ".join(
       f"{g}: vendored {vt[('vendored', g)]['bundles/page']} vs dense {vt[('dense', g)]['bundles/page']}"
       for g in gens if vt[("vendored", g)]["bundles/page"] is not None
@@ -745,32 +748,37 @@ def answer_markdown(*, host: str, waste: Mapping, batch_size: int,
       and vt[("dense", g)]["static bound us"] is not None)
   fits = [g for g, s_ in specs.items() if production["prefill"]["total"]
           <= min(s_.vmem_bytes_per_tensorcore, vmem_limit_bytes)]
-  v, d = measured["vendored"], measured["dense"]
+  v, d = (measured or {}).get("vendored"), (measured or {}).get("dense")
   n, tokens, k = step
   bullets = [
       f"**Sort the decode range.** In arrival order the decode programs waste {100 * wg.mean():.1f}% of the KV "
       f"blocks they compute ({trials} log-normal mixes, B={b0}); in the kernel's length-sorted order "
       f"(`sort_decode=True`, M13) {100 * ws.mean():.1f}% (optimal {100 * wo.mean():.1f}%): **{100 * saving:.0f}% "
       f"fewer KV blocks computed and read**. On uniform random batches the sorted order never computes more "
-      f"(worst ratio {max(r['worst_sorted_over_given'] for r in random_table):.2f}). *Measured* from the "
-      f"interpreter's DMAs: {v['blocks_fetched']} blocks fetched for {v['blocks_needed']} needed.",
+      f"(worst ratio {max(r['worst_sorted_over_given'] for r in random_table):.2f})."
+      + (f" *Measured* from the interpreter's DMAs: {v['blocks_fetched']} blocks fetched for "
+         f"{v['blocks_needed']} needed." if v else ""),
       f"**One TensorCore leaves half of {' and '.join(half)} unused**: the vendored \"arbitrary\" grid runs on one "
-      f"of the chip's two TensorCores. The dense kernel's `num_cores=2` (a parallel leading grid axis) is split "
-      f"over both by the compiler on {', '.join(split) or '(not compiled here)'} (*compiled*: the megacore "
-      f"barrier is in the program), cutting the kernel's HBM bound by {gain or '(not computed)'}"
-      + (f"; on {', '.join(one)} the compiler targets one core." if one else "."),
+      f"of the chip's two TensorCores. The dense kernel's `num_cores=2` (a parallel leading grid axis, programs "
+      f"dealt to the cores in turn) cuts the modelled kernel HBM bound by {gain or '(not modelled)'}; "
+      + (f"*compiled* for {', '.join(split)}, the program holds the megacore barrier (the compiler splits it over "
+         f"both cores)" if split else "this run did not compile it (no libtpu), so the split is not shown here")
+      + (f"; for {', '.join(one)} the compiler targets one core, so there it does not split." if one else "."),
       f"**The dense FP8 cache halves the bytes**: {vt[('dense', gens[0])]['B per entry']:.0f} B per entry as a TPU "
-      f"stores it against {vt[('vendored', gens[0])]['B per entry']:.0f} B (*measured* in the interpreter: "
-      f"{d['bytes_per_entry']:.0f} vs {v['bytes_per_entry']:.0f} B per entry fetched). Kernel HBM bound of the "
+      f"stores it against {vt[('vendored', gens[0])]['B per entry']:.0f} B"
+      + (f" (*measured* in the interpreter: {d['bytes_per_entry']:.0f} vs {v['bytes_per_entry']:.0f} B per entry "
+         f"fetched)" if d else "") + ". Kernel HBM bound of the "
       f"DeepSeek-V4 step ({n} x {tokens // 1024}K tokens, k {k}), vendored -> dense: " + "; ".join(
           f"{g} {vt[('vendored', g)]['HBM bound us (1 core)']:.0f} -> {vt[('dense', g)]['HBM bound us (1 core)']:.0f} us"
           for g in gens) + ".",
-      f"**The compiler's static schedule** (*compiled*, vendored decode launch): {sched}. Bundles per KV page at "
-      f"the production decode block, {pair}: where the loop is vector-bound, the dense layout's saving in bytes "
-      f"pays only as far as its bundles per page allow"
-      + (f"; the step's larger bound (HBM or static schedule), vendored -> dense: {timed}." if timed else "."),
-      f"**No empty launches** (M14): a pure decode batch made {d['launches']} launch(es) instead of "
-      f"{launches_without_m14} (*measured*: {d['grid_points']} grid steps, {d['empty_launches']} empty launches).",
+      (f"**The compiler's static schedule** (*compiled*, vendored decode launch): {sched}. Bundles per KV page "
+       f"at the production decode block, {pair}: where the loop is vector-bound, the dense layout's saving in "
+       f"bytes pays only as far as its bundles per page allow"
+       + (f"; the step's larger bound (HBM or static schedule), vendored -> dense: {timed}." if timed else ".")
+       if sched_rows else "**The compiler's static schedule** was not computed in this run (no libtpu)."),
+      f"**No empty launches** (M14): a pure decode batch makes {launches[1]} launch(es) instead of "
+      f"{launches[0]}" + (f" (*measured*: {d['launches']} ran, {d['grid_points']} grid steps, "
+                          f"{d['empty_launches']} empty)." if d else " (the recording was skipped here)."),
       f"**The top-k stage** ({topk_shape}): the model's HBM bound of the default `sort` is " + ", ".join(
           f"{sel['sort'][g + ' us']:.0f} us on {g}" for g in tg) + ", beside the scoring kernel's " + ", ".join(
           f"{sel['(scoring kernel, roofline)'][g + ' us']:.0f} us" for g in tg) + ". The model ranks `top_k` "
@@ -780,8 +788,11 @@ def answer_markdown(*, host: str, waste: Mapping, batch_size: int,
       f"**VMEM**: the production decode launch needs {production['decode']['scratch'] / _MIB:.2f} MiB of scratch, "
       f"the prefill launch {production['prefill']['total'] / _MIB:.2f} MiB with the logits estimate, which fits "
       f"{', '.join(fits) or 'no generation'}; `vmem_limit_bytes` = {vmem_limit_bytes / _MIB:.0f} MiB exceeds the VMEM of {', '.join(over)}.",
-      f"**Double buffering** (*recorded* on {host}): {run_check['events']} DMA starts and waits equal the model's; "
-      f"{run_check['overlapped']} of {run_check['computes']} compute steps ran with the next KV block in flight.",
   ]
+  if run_check:
+    bullets.append(
+        f"**Double buffering** (*recorded* on {host}): {run_check['events']} DMA starts and waits equal the "
+        f"model's; {run_check['overlapped']} of {run_check['computes']} compute steps ran with the next KV "
+        f"block in flight.")
   return (f"**Answer** (computed in this run on {host}; models unless marked *measured*, *recorded* or "
           f"*compiled*):\n\n" + "\n".join(f"- {b}" for b in bullets))
