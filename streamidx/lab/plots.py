@@ -43,6 +43,7 @@ __all__ = [
     "static_schedule_figure",
     "scaling_figure",
     "crossover_figure",
+    "variant_timing_figure",
 ]
 
 FREE = "#eeeeee"
@@ -827,6 +828,53 @@ def crossover_figure(rows: Sequence[dict], *, title: str = ""):
   ax.set_ylabel("shortest context that pays (tokens)")
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def variant_timing_figure(records: Sequence[dict], *, measured: bool,
+                          title: str = ""):
+  """Notebook 06: every kernel configuration, measured against its model.
+
+  `records`: `lab.studies.device_timing.time_configs` rows. One row per
+  configuration: the measured device time (a TPU run: kernel and top-k
+  stacked) beside the roofline bound (fill + kernel + the method's top-k,
+  hollow bar) and the static-schedule bound (a marker, where computed).
+  Without a TPU only the model is drawn, and the axes say so.
+  """
+  labels = [r["label"] for r in records]
+  y = np.arange(len(records))
+  fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
+  h = 0.38
+  if measured:
+    k_ = np.array([r["kernel_us"] or 0.0 for r in records])
+    t_ = np.array([r["topk_us"] or 0.0 for r in records])
+    o_ = np.array([r["other_us"] or 0.0 for r in records])
+    ax.barh(y - h / 2, k_, h, color="tab:blue", label="measured: kernel")
+    ax.barh(y - h / 2, t_, h, left=k_, color="tab:orange",
+            label="measured: top-k")
+    ax.barh(y - h / 2, o_, h, left=k_ + t_, color="tab:gray",
+            label="measured: other")
+  gen = records[0]["generation"] if records else ""
+  ax.barh(y + (h / 2 if measured else 0), [r["roofline us"] for r in records],
+          h, fill=False, edgecolor="black",
+          label=f"model: roofline bound ({gen})")
+  st = [(i, r["static schedule us"]) for i, r in enumerate(records)
+        if r["static schedule us"] is not None]
+  if st:
+    ax.scatter([v for _, v in st], [i + (h / 2 if measured else 0)
+                                    for i, _ in st], marker="D",
+               color="tab:red", zorder=3,
+               label=f"model: static-schedule bound ({gen})")
+  if not measured:
+    ax.text(0.99, 0.02, "no TPU: no device timing exists; model only",
+            transform=ax.transAxes, ha="right", fontsize=8, color="darkred")
+  ax.set_yticks(y, labels, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("microseconds per call")
+  ax.legend(fontsize=7, loc="lower right" if measured else "upper right")
   if title:
     ax.set_title(title, fontsize=10)
   fig.tight_layout()
