@@ -15,7 +15,7 @@ from streamidx.lab.studies import device_timing  # pylint: disable=g-import-not-
 
 SIZES = dict(batch_sizes=[2], context_tokens=[256], num_heads=2, page_size=16,
              k=8, kv_blocks=[8, 8, 8], q_blocks=[1, 16, 16], page_q_block=1,
-             iterations=1)
+             iterations=1, topk_methods=["sort"])
 
 
 def test_configs_cover_both_kernels_sort_decode_and_every_method():

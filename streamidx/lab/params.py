@@ -415,7 +415,8 @@ def _tpu_profiling(p: Parameters):
   p.boolean("check_results")
   p.integer("max_host_key_bytes", min=1)
   from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
-  p.choices("topk_methods", topk_lib.TOPK_METHODS)
+  p.choices("tpu_topk_methods", topk_lib.TOPK_METHODS)
+  p.choices("cpu_topk_methods", topk_lib.TOPK_METHODS)
   p.boolean("compare_sort_decode")
   p.choice("schedule_bound", ("tpu", "always", "never"))
   p.choice("model_generation", ("v4", "v5e", "v5p", "v6e", "v7x"))
