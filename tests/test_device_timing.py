@@ -100,3 +100,19 @@ def test_sweep_rows_report_the_check_with_its_tolerance(tmp_path):
   row = device_timing.sweep_rows(recs, None)[0]
   assert row["reference"].startswith("2/2 rows, atol ")
   assert row["device_kernel_us"] is None
+
+
+def test_static_schedule_bound_is_pages_fetched_times_compute_per_page():
+  from streamidx.lab.model import roofline, tiling  # pylint: disable=g-import-not-at-top
+  b = si.make_mixed_batch(decode=[4096] * 4, page_size=128, compression_ratio=4)
+  p = tiling.plan(b, fmt="fp8", num_heads=8, num_kv_pages_per_block=(2, 2, 2),
+                  num_queries_per_block=(1, 128, 128))
+  bound = roofline.page_bound("v5e", bundles_per_page=120.0,
+                              page_bytes=128 * 256)
+  pages = p.counts()["hbm_bytes_kv"] / (128 * 256)
+  assert pages == 4 * 8  # 1024 entries = 8 pages of 128 per sequence
+  got = device_timing._static_us(p, bound)  # pylint: disable=protected-access
+  assert got == pytest.approx(pages * 120.0 / bound.clock_hz * 1e6)
+  # No public clock (v6e): no static bound in seconds.
+  assert device_timing._static_us(p, roofline.page_bound(  # pylint: disable=protected-access
+      "v6e", bundles_per_page=120.0, page_bytes=128 * 256)) is None

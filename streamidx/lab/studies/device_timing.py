@@ -413,7 +413,9 @@ def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
                        ) -> dict:
   """variant -> the `roofline.PageBound` of its decode launch on
   `generation`, from the compiler's static schedule (`lab.schedule`, libtpu
-  in a child process). `variants`: (variant, fmt) pairs."""
+  in a child process) at `shape` (a `lab.aot.SHAPES` name: DeepSeek-V4's
+  128-entry pages). `variants`: (variant, fmt) pairs; `blocks`: the block
+  sizes, all three keywords."""
   from streamidx.lab import schedule  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
   out = {}
@@ -520,7 +522,9 @@ def variant_study(sweep_sizes: Mapping, cfgs: Sequence[Config], *,
       and hardware.spec(generation).clock_hz):
     bounds = decode_page_bounds(
         generation, [("vendored", "fp8"), ("dense", "dense_fp8")],
-        dict(num_kv_pages_per_block=static["num_kv_pages_per_block"][0]))
+        dict(num_kv_pages_per_block=(static["num_kv_pages_per_block"][0], 2, 2),
+             num_queries_per_block=(1, 128, 128),
+             decode_req_batch_size=decode_req_batch_size))
   batch = variant_batch(sweep_sizes, compression_ratio=compression_ratio)
   recs = time_configs(batch, cfgs, num_heads=sweep_sizes["num_heads"],
                       k=sweep_sizes["k"], compression_ratio=compression_ratio,
