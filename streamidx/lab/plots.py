@@ -42,6 +42,9 @@ __all__ = [
     "page_coverage_figure",
     "roofline_figure",
     "static_schedule_figure",
+    "scaling_figure",
+    "crossover_figure",
+    "variant_timing_figure",
 ]
 
 FREE = "#eeeeee"
@@ -766,6 +769,117 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *,
   axes[0][0].legend(fontsize=7, loc="upper right")
   if title:
     fig.suptitle(title, fontsize=10)
+  return fig
+
+
+def scaling_figure(rows: Sequence[dict], *, title: str = ""):
+  """Notebook 07: the modelled decode step and cache per device over chips.
+
+  `rows`: `lab.model.scaling.scaling_table` rows. Left: step time (us, log)
+  against chips per generation, one chip per sequence (C = 1, solid) and
+  the best context-parallel degree (dashed, where it differs). Right: cache
+  MiB per JAX device for both.
+  """
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+  for i, gen in enumerate(gens):
+    rs = [r for r in rows if r["generation"] == gen]
+    c = f"C{i}"
+    chips = [r["chips"] for r in rs]
+    for ax, one, best in ((axes[0], "step us (C=1)", "step us (best)"),
+                          (axes[1], "cache MiB/device (C=1)",
+                           "cache MiB/device (best)")):
+      ax.plot(chips, [r[one] for r in rs], "o-", color=c,
+              label=f"{gen}, one chip per sequence")
+      if any(r[best] != r[one] for r in rs):
+        ax.plot(chips, [r[best] for r in rs], "s--", color=c,
+                label=f"{gen}, best context-parallel C")
+  for ax, ylabel in ((axes[0], "modelled step (us, one layer)"),
+                     (axes[1], "cache per JAX device (MiB, one layer)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["chips"] for r in rows}),
+                  [str(n) for n in sorted({r["chips"] for r in rows})])
+    ax.set_yscale("log")
+    ax.set_xlabel("chips")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def crossover_figure(rows: Sequence[dict], *, title: str = ""):
+  """Notebook 07: the context length from which context parallelism pays,
+  against the assumed collective latency.
+
+  `rows`: `lab.studies.multichip.crossover_rows` (generation, chips,
+  "latency us", "tokens" or None). One line per (generation, chips); a
+  configuration where it never pays is left out of its line.
+  """
+  fig, ax = plt.subplots(figsize=(7, 4))
+  keys = list(dict.fromkeys((r["generation"], r["chips"]) for r in rows))
+  for gen, chips in keys:
+    rs = [r for r in rows if (r["generation"], r["chips"]) == (gen, chips)
+          and r["tokens"]]
+    ax.plot([r["latency us"] for r in rs], [r["tokens"] for r in rs], "o-",
+            label=f"{gen}, 1 sequence on {chips} chip(s)")
+  ax.set_yscale("log", base=2)
+  ax.set_xlabel("assumed latency per collective round (us)")
+  ax.set_ylabel("shortest context that pays (tokens)")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def variant_timing_figure(records: Sequence[dict], *, measured: bool,
+                          title: str = ""):
+  """Notebook 06: every kernel configuration, measured against its model.
+
+  `records`: `lab.studies.device_timing.time_configs` rows. One row per
+  configuration: the measured device time (a TPU run: kernel and top-k
+  stacked) beside the roofline bound (fill + kernel + the method's top-k,
+  hollow bar) and the static-schedule bound (a marker, where computed).
+  Without a TPU only the model is drawn, and the axes say so.
+  """
+  labels = [r["label"] for r in records]
+  y = np.arange(len(records))
+  fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
+  h = 0.38
+  if measured:
+    k_ = np.array([r["kernel_us"] or 0.0 for r in records])
+    t_ = np.array([r["topk_us"] or 0.0 for r in records])
+    o_ = np.array([r["other_us"] or 0.0 for r in records])
+    ax.barh(y - h / 2, k_, h, color="tab:blue", label="measured: kernel")
+    ax.barh(y - h / 2, t_, h, left=k_, color="tab:orange",
+            label="measured: top-k")
+    ax.barh(y - h / 2, o_, h, left=k_ + t_, color="tab:gray",
+            label="measured: other")
+  gen = records[0]["generation"] if records else ""
+  ax.barh(y + (h / 2 if measured else 0), [r["roofline us"] for r in records],
+          h, fill=False, edgecolor="black",
+          label=f"model: roofline bound ({gen})")
+  st = [(i, r["static schedule us"]) for i, r in enumerate(records)
+        if r["static schedule us"] is not None]
+  if st:
+    ax.scatter([v for _, v in st], [i + (h / 2 if measured else 0)
+                                    for i, _ in st], marker="D",
+               color="tab:red", zorder=3,
+               label=f"model: static-schedule bound ({gen})")
+  if not measured:
+    ax.text(0.99, 0.02, "no TPU: no device timing exists; model only",
+            transform=ax.transAxes, ha="right", fontsize=8, color="darkred")
+  ax.set_yticks(y, labels, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("microseconds per call")
+  ax.legend(fontsize=7, loc="lower right" if measured else "upper right")
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
   return fig
 
 
