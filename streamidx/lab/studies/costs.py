@@ -31,7 +31,7 @@ from streamidx.lab.model import tiling, timeline
 from streamidx.semantics import cdiv
 
 __all__ = ["launch_counts", "totals", "run_recorded", "bytes_moved",
-           "decode_waste"]
+           "recorded_bytes", "decode_waste"]
 
 _KV_KINDS = ("kv", "kv_scale")
 
@@ -96,10 +96,21 @@ def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
   bytes), written (score bytes), and the `totals` of the recording.
   """
   _, rec = run_recorded(variant, inputs, fmt=fmt, **static)
+  return recorded_bytes(rec, page_size=int(inputs.batch.page_size))
+
+
+def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
+  """`bytes_moved`'s counts from a recording of any kernel call(s).
+
+  For a call made under `timeline.record()` by the caller (e.g. a notebook
+  that also wants the call's grid points): kv_bytes, kv_pages,
+  entries_fetched (kv_pages * page_size), bytes_per_entry, read, written,
+  totals, as `bytes_moved` returns them.
+  """
   t = totals(launch_counts(rec))
   kv = sum(t["bytes"].get(k, 0) for k in _KV_KINDS)
   pages = t["dma_starts"].get("kv", 0)
-  entries = pages * int(inputs.batch.page_size)
+  entries = pages * int(page_size)
   read = kv + t["bytes"].get("q", 0) + t["bytes"].get("w", 0)
   return dict(kv_bytes=kv, kv_pages=pages, entries_fetched=entries,
               bytes_per_entry=kv / entries if entries else float("nan"),
