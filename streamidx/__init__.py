@@ -40,8 +40,9 @@ from streamidx.checked import (checked_streamindex_page_topk,
                                checked_streamindex_topk,
                                checked_streamindex_topk_dense)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
-                             kernel_mode, race_check, races_found,
-                             reset_interpreter_state, set_interpreter)
+                             interpreter_internals_missing, kernel_mode,
+                             race_check, races_found, reset_interpreter_state,
+                             set_interpreter)
 from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
                            streamindex_page_topk_ref,
                            streamindex_topk_dense_ref, streamindex_topk_ref,
@@ -70,7 +71,8 @@ __all__ = [
     "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
     "checked_streamindex_page_topk", "checked_streamindex_page_topk_dense",
     "checked_streamindex_topk", "checked_streamindex_topk_dense",
-    "compile_for", "describe_machine", "interpreter", "kernel_mode", "make_batch",
+    "compile_for", "describe_machine", "interpreter",
+    "interpreter_internals_missing", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes",
     "pack_dense_fp8_cache", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",

@@ -68,6 +68,9 @@ __all__ = [
     "race_check",
     "RaceReport",
     "reset_interpreter_state",
+    "INTERPRETER_INTERNALS",
+    "INTERPRETER_INTERNALS_JAX",
+    "interpreter_internals_missing",
     "on_tpu",
     "TOPOLOGIES",
     "CompileTarget",
@@ -354,6 +357,77 @@ def compile_for(generation: str):
     _jax_config.pallas_tpu_interpret_mode_context_manager.set_local(prev_interp)
 
 
+# ---------------------------------------------------------------------------
+# Internals of Pallas's TPU interpreter that streamidx reads.
+
+# The jax version these were written and tested against (requirements.lock).
+INTERPRETER_INTERNALS_JAX = "0.10.2"
+_INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
+# Feature -> what it needs: `<module>.<name>` for a module of
+# `_INTERPRETER_PACKAGE`, or `InterpretParams.<field>`. Public Pallas API
+# (`pltpu.InterpretParams()`, `interpreter(...)`, the kernels themselves)
+# is not listed: it needs none of these.
+_IPC = "interpret_pallas_call."
+INTERPRETER_INTERNALS: dict[str, tuple[str, ...]] = {
+    # race_check(): counts launches by subclassing the detector's state and
+    # reads the module-level `races` object (races_found()).
+    "race_check": (_IPC + "RaceDetectionState", _IPC + "races",
+                   "InterpretParams.detect_races"),
+    # lab.model.timeline.record(): wraps these interpreter functions, names
+    # buffers' memory spaces, reads DMA index ranges, records grid points.
+    "timeline": tuple(_IPC + n for n in (
+        "_initialize_shared_memory", "_allocate_buffer", "_allocate_semaphores",
+        "dma_start", "dma_wait", "get", "swap", "TPU_MEMORY_SPACE_NAMES")) + (
+            "utils.to_range", "InterpretParams.grid_point_recorder"),
+    # interpreter(grid_point_recorder=fn): a callback at each grid point.
+    "grid_point_recorder": ("InterpretParams.grid_point_recorder",),
+}
+
+
+def _has_internal(name: str) -> bool:
+  head, attr = name.split(".", 1)
+  if head == "InterpretParams":
+    return attr in {f.name for f in dataclasses.fields(pltpu.InterpretParams)}
+  try:
+    module = importlib.import_module(f"{_INTERPRETER_PACKAGE}.{head}")
+  except ImportError:
+    return False
+  return hasattr(module, attr)
+
+
+def interpreter_internals_missing(*features: str) -> str | None:
+  """Why this JAX cannot run streamidx's interpreter-internal `features`, or None.
+
+  Args:
+    features: keys of `INTERPRETER_INTERNALS` ("race_check", "timeline",
+      "grid_point_recorder"); none given means all of them.
+
+  Returns None when this JAX's TPU interpreter has every name the features
+  use (jax 0.10.2 has), else one line for a notebook to show instead of
+  failing: the jax version, what it lacks, the version streamidx was
+  written against. Checks the names, not the version string: a newer JAX
+  that keeps them passes.
+  """
+  unknown = sorted(set(features) - set(INTERPRETER_INTERNALS))
+  if unknown:
+    raise ValueError(f"features: must be among {sorted(INTERPRETER_INTERNALS)} "
+                     f"(got {unknown})")
+  features = features or tuple(INTERPRETER_INTERNALS)
+  wanted = dict.fromkeys(n for f in features for n in INTERPRETER_INTERNALS[f])
+  missing = [n for n in wanted if not _has_internal(n)]
+  if not missing:
+    return None
+  return (f"jax {jax.__version__}'s Pallas TPU interpreter lacks {', '.join(missing)} "
+          f"({_INTERPRETER_PACKAGE}), which {', '.join(features)} reads: written "
+          f"against the interpreter of jax {INTERPRETER_INTERNALS_JAX} (requirements.lock)")
+
+
+def _require_internals(feature: str):
+  reason = interpreter_internals_missing(feature)
+  if reason:
+    raise RuntimeError(reason)
+
+
 def races_found() -> bool:
   """Whether the LAST interpreted `pallas_call` run with `detect_races=True`
   saw a race.
@@ -361,6 +435,7 @@ def races_found() -> bool:
   `streamindex_topk` makes four launches; this sees only the last one. Use
   `race_check()` to check every launch of a block of code.
   """
+  _require_internals("race_check")
   # The races object is replaced on every run: read it through its module.
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
@@ -392,8 +467,11 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
 
   Yields a `RaceReport`; after the block, `report.races_found` is True if any
   interpreted launch inside saw a race, and `report.launches` counts them.
-  Options are `InterpretParams` fields, as for `interpreter`.
+  Options are `InterpretParams` fields, as for `interpreter`. Raises
+  RuntimeError (`interpreter_internals_missing("race_check")`) on a JAX whose
+  interpreter lacks the detector state it reads.
   """
+  _require_internals("race_check")
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
   report = RaceReport()

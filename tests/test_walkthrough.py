@@ -3,8 +3,10 @@
 Source excerpts carry the file's own line numbers; the ledger parser finds
 every M<n> entry of the vendored kernel's header and every marker line in its
 body; score checks pass within twice the derived bound and fail beyond it or
-on a different -inf pattern; the tables agree with the tiling model; and the
-walkthrough notebook has more prose than code.
+on a different -inf pattern; the tables agree with the tiling model; the
+walkthrough notebook has more prose than code; and the compile check of its
+section 6 gives the TPU compiler's verdict, under which the notebook's own
+teaching kernels (executed from its cells) compile for v5e and v6e (libtpu).
 """
 
 from __future__ import annotations
@@ -274,3 +276,93 @@ def test_every_source_excerpt_the_notebook_prints_resolves():
     ex = eval(f"walkthrough.excerpt({call})",  # pylint: disable=eval-used
               {"walkthrough": walkthrough, "vendored": vendored, "ref": ref})
     assert ex.lines, call
+
+
+# --- the compile check (section 6) -----------------------------------------
+
+needs_libtpu = pytest.mark.skipif(si.modes.libtpu_path() is None,
+                                  reason="libtpu not installed (make venv installs it)")
+
+
+def _tiny_kernel_call(block_rows: int, interpret):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+  def fn(x):
+    return pl.pallas_call(kernel, grid=(x.shape[0] // block_rows,),
+                          in_specs=[pl.BlockSpec((block_rows, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((block_rows, 128), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=interpret)(x)
+  return fn, (jnp.zeros((200, 128), jnp.float32),)
+
+
+@needs_libtpu
+def test_compile_rows_give_the_compilers_verdict():
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  rows = walkthrough.compile_rows({
+      "legal block": _tiny_kernel_call(8, False),
+      "100-row block": _tiny_kernel_call(100, False),          # breaks the (8, 128) rule
+      "interpreted": _tiny_kernel_call(8, pltpu.InterpretParams())}, ["v5e"])
+  assert [r["kernel"] for r in rows] == ["legal block", "100-row block", "interpreted"]
+  assert rows[0]["v5e"] == "compiles (Mosaic)"
+  assert rows[1]["v5e"].startswith("fails: ValueError: The Pallas TPU lowering currently "
+                                    "requires that the last two dimensions")
+  assert rows[2]["v5e"] == "compiles, but no Mosaic kernel"
+  summary = walkthrough.compile_summary(rows)
+  assert summary.startswith("1 of 3 kernel x generation compiles accepted")
+  assert "100-row block on v5e: fails: ValueError" in summary
+
+
+def test_compile_summary_quotes_skips_and_ignores_cells_not_compiled():
+  rows = [dict(kernel="a", v5e="compiles (Mosaic)", v6e="compiles (Mosaic)"),
+          dict(kernel="b", v5e="- (the compile matrix)", v6e="compiles (Mosaic)")]
+  assert walkthrough.compile_summary(rows) == ("3 of 3 kernel x generation compiles "
+                                               "accepted by the TPU compiler")
+  skipped = [dict(kernel=n, result="skipped: libtpu is not installed") for n in "ab"]
+  assert walkthrough.compile_summary(skipped) == "skipped: libtpu is not installed"
+
+
+def _notebook_namespace():
+  """The walkthrough's teaching kernels (sections 2-4), defined by executing
+  the notebook's own cells that define them, with its default parameters."""
+  nb = json.loads(WALKTHROUGH.read_text())
+  cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+  params = next(s for s in cells if s.startswith("# Parameters"))
+  imports = next(s for s in cells if "from jax.experimental import pallas as pl" in s)
+  defining = [s for s in cells if re.search(r"^def (one_sequence|paged|dma)_(kernel|scores)\(", s, re.M)]
+  assert len(defining) == 4, "cells defining the section 2-4 kernels and their callers"
+  ns = {}
+  exec(params, ns)  # pylint: disable=exec-used
+  exec("\n".join(l for l in imports.splitlines()  # pylint: disable=exec-used
+                 if l.startswith(("import", "from"))), ns)
+  ns["bkv"] = ns["num_kv_pages_per_block"] * ns["page_size"]
+  for src in defining:
+    exec(src, ns)  # pylint: disable=exec-used
+  return ns
+
+
+@needs_libtpu
+def test_the_notebooks_teaching_kernels_compile_for_v5e_and_v6e():
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  ns = _notebook_namespace()
+  H, D, page_size, bkv = ns["num_heads"], 128, ns["page_size"], ns["bkv"]
+  seqs, pages, total_pages = 3, 2 * ns["num_kv_pages_per_block"], 64
+  q, w = jnp.zeros((seqs, H, D), jnp.bfloat16), jnp.zeros((seqs, H), jnp.float32)
+  keys = jnp.zeros((total_pages, page_size, D), jnp.bfloat16)
+  table = jnp.zeros((seqs, pages), jnp.int32)
+  lens = jnp.full((seqs,), pages * page_size * ns["compression_ratio"], jnp.int32)
+  kernels = {
+      "BlockSpec": (functools.partial(ns["one_sequence_scores"], interpret=False),
+                    (q[0], w[0], jnp.zeros((2 * bkv, D), jnp.bfloat16))),
+      "page table": (functools.partial(ns["paged_scores"], interpret=False),
+                     (table, lens, q, w, keys)),
+      "double-buffered DMA": (functools.partial(ns["dma_scores"], interpret=False),
+                              (table, lens, q, w, keys))}
+  rows = walkthrough.compile_rows(kernels, ["v5e", "v6e"])
+  assert all(v == "compiles (Mosaic)" for r in rows for g, v in r.items() if g != "kernel"), rows

@@ -73,6 +73,11 @@ def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
   assert (out / "01_ok.html").read_text().lstrip().startswith("<!DOCTYPE html>")
   assert (out / "02_fail.html").exists()
   assert (out / "01_ok" / "result.txt").read_text() == "ok"
+  # The landing page, rewritten after each run, lists both with their status.
+  index = (out / workbook.INDEX_NAME).read_text()
+  assert '<a href="01_ok.html">rendered notebook</a>' in index
+  assert '<span class="failed">failed</span>' in index.split('id="02_fail"')[1]
+  assert "landing page" in printed
 
 
 def test_run_notebook_injects_ci_parameters(nbdir, tmp_path):
@@ -159,3 +164,79 @@ def test_only_selects_by_name_stem_or_number(nbdir):
   assert workbook._select(paths, ["03", "01_a", "02_b.ipynb"]) == paths
   with pytest.raises(workbook.WorkbookError, match="no such notebook"):
     workbook._select(paths, ["04"])
+
+
+# --------------------------------------------------------------------------
+# The landing page (index.html), from fake executed notebooks: no kernel.
+
+MACHINE = "CPU (cpu), jax 0.10.2: Pallas TPU interpreter (simulated TPU, timings are not TPU timings)"
+
+
+def fake_executed(folder: Path, name: str, *, question: str | None, answer: str | None,
+                  machine: str | None = MACHINE, exception: bool = False,
+                  parameters: dict | None = None) -> Path:
+  """An executed copy as papermill leaves it: outputs and papermill metadata."""
+  nb = nbformat.v4.new_notebook()
+  intro = f"# Title of {name}\n\n" + (f"**Question.** {question}\n\n" if question else "")
+  nb.cells.append(nbformat.v4.new_markdown_cell(intro + "**Answer.** The first output below."))
+  code = nbformat.v4.new_code_cell("...")
+  if answer is not None:  # the placeholder display, updated in place by a late cell
+    code.outputs.append(nbformat.v4.new_output(
+        "display_data", data={"text/markdown": answer, "text/plain": "<Markdown>"}))
+  if machine is not None:
+    code.outputs.append(nbformat.v4.new_output("stream", text=f"{machine}\nkernel mode: x\n"))
+  if answer is not None:
+    code.outputs.append(nbformat.v4.new_output(
+        "display_data", data={"text/markdown": "a later table, not the answer"}))
+  nb.cells.append(code)
+  nb.metadata["papermill"] = {"duration": 12.5, "end_time": "2026-12-01T10:00:00+00:00",
+                              "exception": True if exception else None,
+                              "parameters": {"output_dir": "/x", **(parameters or {})}}
+  nbformat.write(nb, str(folder / name))
+  return folder / name
+
+
+def test_index_lists_question_answer_machine_and_links(nbdir, tmp_path):
+  out = tmp_path / "build" / "workbook"
+  out.mkdir(parents=True)
+  for name in ("01_ok.ipynb", "02_failed.ipynb", "03_never.ipynb", "04_silent.ipynb"):
+    make_notebook(nbdir, name, "output_dir = 'x'")
+  fake_executed(out, "01_ok.ipynb", question="How many bytes does an `entry` cost & why?",
+                answer="**Answer** (computed on x): 256 B <script>alert(1)</script>\n\n"
+                       "| format | bytes |\n|---|---|\n| fp8 | 256 |\n",
+                parameters={"num_heads": 8})
+  (out / "01_ok.html").write_text("<!DOCTYPE html>")
+  fake_executed(out, "02_failed.ipynb", question="Does it fail?", answer=None,
+                exception=True)
+  fake_executed(out, "04_silent.ipynb", question=None, answer=None, machine=None)
+
+  page = workbook.write_index(nbdir, out, heading="Workbook <ci>").read_text()
+
+  assert page.startswith("<!DOCTYPE html>") and "<title>Workbook &lt;ci&gt;</title>" in page
+  ok, failed, never, silent = page.split("<section")[1:]
+  assert "Title of 01_ok.ipynb" in ok
+  assert ("<strong>Question.</strong> How many bytes does an <code>entry</code> "
+          "cost &amp; why?") in ok
+  assert "<strong>Answer</strong> (computed on x): 256 B" in ok
+  assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in ok
+  assert "<td>fp8</td>" in ok and "a later table" not in ok
+  assert f"Machine: {MACHINE}" in ok
+  assert '<a href="01_ok.html">rendered notebook</a>' in ok
+  assert '<a href="01_ok.ipynb">executed .ipynb</a>' in ok
+  assert "ok, 12.5 s" in ok and "parameters: 1 set by the runner (num_heads)" in ok
+  assert '<span class="failed">failed</span>' in failed and "no Markdown output" in failed
+  assert "rendered notebook" not in failed
+  assert "not run" in never and "href" not in never and "parameters" not in never
+  assert "Machine" not in never
+  assert "No <strong>Question.</strong> paragraph" in silent
+  assert "Machine: not printed by this run" in silent
+  assert not list(out.glob(".index.html.*"))  # the temporary file was renamed
+
+
+def test_machine_line_quoted_in_markdown_keeps_its_own_parentheses():
+  nb = {"cells": [{"cell_type": "code", "outputs": [{
+      "output_type": "display_data",
+      "data": {"text/markdown": f"**Answer** (computed in this run on {MACHINE}):\n- x"}}]}]}
+  assert workbook.machine_line(nb) == MACHINE
+  assert workbook.first_markdown_output(nb).startswith("**Answer**")
+  assert workbook.notebook_question({"cells": []}) == ("", None)

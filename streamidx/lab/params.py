@@ -16,16 +16,29 @@ checks that, and that the default and CI parameters pass).
 
     check.integer("num_seqs", num_seqs, min=1)
     check.choice("fmt", fmt, ("fp8", "bf16"))
+
+On a TPU the same call also scales the notebook up (`tpu_scaling`): the
+parameters `notebooks/tpu_parameters.json` gives TPU sizes for take them,
+unless the run set them (papermill's injected values, or a value that is not
+the notebook's default), the rules check the scaled values, and one printed
+line names what was scaled, what was kept and the machine.
+`STREAMIDX_TPU_SCALE=0` turns it off, `=1` turns it on off-TPU (to test it).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import json
 import math
 import numbers
-from typing import Callable, Iterable, Mapping
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, MutableMapping
 
 __all__ = ["ParameterError", "check", "Parameters", "NOTEBOOKS",
-           "check_notebook", "rules"]
+           "check_notebook", "rules", "TpuScaling", "tpu_scaling",
+           "load_tpu_parameters", "TPU_PARAMETERS_FILE", "TPU_SCALE_ENV"]
 
 LANES = 128  # a token-mode KV block is a whole number of 128-entry lane rows
 
@@ -427,21 +440,256 @@ def _kernel_walkthrough(p: Parameters):
   p.integer("exercise_context_tokens", min=4)
 
 
-def check_notebook(notebook: str, namespace: Mapping) -> None:
+def check_notebook(notebook: str, namespace: MutableMapping) -> None:
   """Checks the parameters of `notebook` ("03_fp8_packing" or its file name)
-  in `namespace` (the notebook's `globals()`) against its rules.
+  in `namespace` (the notebook's `globals()`) against its rules, after
+  scaling them up on a TPU.
+
+  Where `tpu_scaling` is on (a TPU, or STREAMIDX_TPU_SCALE=1), the TPU sizes
+  it picks are checked with the rest and, if they pass, written into
+  `namespace`; one line is printed: what was scaled from what to what, what
+  was kept and why, and the machine. Off-TPU nothing changes and nothing is
+  printed. Returns None (a notebook cell ends with this call).
 
   Raises:
-    ParameterError: naming the first parameter that breaks its rule.
+    ParameterError: naming the first parameter that breaks its rule (and,
+      when TPU sizes were applied, which ones and how to turn them off).
   """
-  rules(notebook)(Parameters(namespace, notebook))
+  rule = rules(notebook)
+  scaling = tpu_scaling(_stem(notebook), namespace)
+  if scaling is None or not scaling.values:
+    rule(Parameters(namespace, notebook))
+  else:
+    try:
+      rule(Parameters({**namespace, **scaling.values}, notebook))
+    except ParameterError as e:
+      raise ParameterError(
+          f"{e} [with the TPU sizes of {', '.join(scaling.values)} from "
+          f"{scaling.source}; {TPU_SCALE_ENV}=0 runs without them]") from None
+    namespace.update(scaling.values)
+  if scaling is not None:
+    print(scaling.line())
+
+
+def _stem(notebook: str) -> str:
+  return notebook[:-len(".ipynb")] if notebook.endswith(".ipynb") else notebook
 
 
 def rules(notebook: str) -> Callable[[Parameters], None]:
   """The rule function of `notebook` ("03_fp8_packing" or its file name)."""
-  name = notebook[:-len(".ipynb")] if notebook.endswith(".ipynb") else notebook
+  name = _stem(notebook)
   if name not in NOTEBOOKS:
     raise ValueError(f"notebook: no parameter rules for {notebook!r} (rules "
                      f"exist for {sorted(NOTEBOOKS)}; add them to "
                      "streamidx/lab/params.py)")
   return NOTEBOOKS[name]
+
+
+# --------------------------------------------------------------------------
+# Scaling up on a TPU
+# --------------------------------------------------------------------------
+
+TPU_PARAMETERS_FILE = "tpu_parameters.json"
+TPU_SCALE_ENV = "STREAMIDX_TPU_SCALE"
+# The first line of the cell papermill injects after `parameters`.
+PAPERMILL_HEADER = "# Parameters"
+
+
+@dataclasses.dataclass
+class TpuScaling:
+  """What `tpu_scaling` decided for one notebook run.
+
+  values: name -> TPU value for the parameters to replace; replaced: name ->
+  the value each had; kept: name -> why a parameter with TPU sizes keeps its
+  value ("set by papermill", "set by hand: not the default ..."); at_tpu:
+  parameters already at their TPU value; note: why nothing applies (no
+  table found, no entry, or the entry's `why` when it scales nothing).
+  """
+
+  notebook: str
+  reason: str  # why scaling is on: "the JAX backend is tpu" or the opt-in
+  source: str | None = None  # the tpu_parameters.json read
+  values: dict[str, Any] = dataclasses.field(default_factory=dict)
+  replaced: dict[str, Any] = dataclasses.field(default_factory=dict)
+  kept: dict[str, str] = dataclasses.field(default_factory=dict)
+  at_tpu: list[str] = dataclasses.field(default_factory=list)
+  note: str | None = None
+
+  def line(self, machine: str | None = None) -> str:
+    """The one line `check_notebook` prints (machine: describe_machine())."""
+    if machine is None:
+      from streamidx import modes  # pylint: disable=g-import-not-at-top
+      machine = modes.describe_machine()
+    head = f"TPU sizes for {self.notebook} ({self.reason}"
+    if self.note is not None and not self.values:
+      return f"{head}): none applied: {self.note}. Machine: {machine}"
+    parts = [", ".join(f"{n} {self.replaced[n]!r} -> {v!r}"
+                       for n, v in self.values.items()) or "none applied"]
+    if self.kept:
+      parts.append("kept as set: " + ", ".join(
+          f"{n} ({why})" for n, why in self.kept.items()))
+    if self.at_tpu:
+      parts.append("already at TPU size: " + ", ".join(self.at_tpu))
+    return f"{head}; {self.source}): {'; '.join(parts)}. Machine: {machine}"
+
+
+def _scale_setting(environ: Mapping[str, str]) -> str:
+  """"auto" (scale on a TPU), "on" or "off", from STREAMIDX_TPU_SCALE."""
+  value = environ.get(TPU_SCALE_ENV, "").strip().lower()
+  settings = {"": "auto", "auto": "auto", "1": "on", "0": "off"}
+  if value not in settings:
+    raise ValueError(f"{TPU_SCALE_ENV}: must be 0 (never scale), 1 (scale "
+                     f"off-TPU too) or auto/unset (scale on a TPU) (got "
+                     f"{environ[TPU_SCALE_ENV]!r})")
+  return settings[value]
+
+
+def tpu_parameters_paths() -> list[Path]:
+  """Where `tpu_scaling` looks for tpu_parameters.json, in order: the
+  working folder (a notebook's kernel runs in its folder: papermill, Jupyter,
+  and Colab after the install cell), then this checkout's notebooks/."""
+  here = Path.cwd() / TPU_PARAMETERS_FILE
+  checkout = Path(__file__).resolve().parents[2] / "notebooks" / TPU_PARAMETERS_FILE
+  return [here] if here == checkout else [here, checkout]
+
+
+def load_tpu_parameters(path: str | os.PathLike) -> dict[str, dict]:
+  """Reads tpu_parameters.json: {notebook file name: {"why": str,
+  "parameters": {name: {"default": value, "tpu": value}}, "together":
+  [[name, ...], ...]}} ("together" optional).
+
+  "default" is the value the notebook's parameters cell assigns (a run whose
+  value differs set it, and keeps it), "tpu" the value a TPU run takes;
+  the names of a "together" group scale only all at once (one rule ties
+  them, e.g. page_size and num_kv_pages_per_block): if the run set one, the
+  others keep their values too.
+
+  Raises:
+    ValueError: naming the file and the entry that breaks this shape.
+  """
+  table = json.loads(Path(path).read_text(encoding="utf-8"))
+  def bad(where, rule):
+    raise ValueError(f"{path}: {where}: {rule}")
+  if not isinstance(table, dict):
+    bad("top level", "must be an object {notebook file name: entry}")
+  for name, entry in table.items():
+    if not name.endswith(".ipynb"):
+      bad(name, "must be a notebook file name (NN_name.ipynb)")
+    if (not isinstance(entry, dict)
+        or not {"why", "parameters"} <= set(entry) <= {"why", "parameters", "together"}
+        or not isinstance(entry["why"], str) or not entry["why"]
+        or not isinstance(entry["parameters"], dict)):
+      bad(name, 'must be {"why": "<why these sizes>", "parameters": {...}} '
+          '(and optionally "together": [[names], ...])')
+    for pname, spec in entry["parameters"].items():
+      if not isinstance(spec, dict) or set(spec) != {"default", "tpu"}:
+        bad(f"{name} {pname}", 'must be {"default": value, "tpu": value}')
+    for group in entry.get("together", []):
+      if (not isinstance(group, list) or len(group) < 2
+          or not set(group) <= set(entry["parameters"])):
+        bad(f"{name} together", "must be lists of two or more of its parameters "
+            f"(got {group!r})")
+  return table
+
+
+def injected_parameters(namespace: Mapping) -> set[str]:
+  """Names papermill injected into this kernel: assigned in an executed cell
+  whose first line is papermill's "# Parameters" (IPython keeps every
+  executed cell's source in the namespace's `In`); empty outside IPython."""
+  history = namespace.get("In", namespace.get("_ih", ()))
+  names: set[str] = set()
+  for source in history if isinstance(history, (list, tuple)) else ():
+    first_line = source.split("\n", 1)[0] if isinstance(source, str) else ""
+    if first_line.strip() != PAPERMILL_HEADER:
+      continue
+    try:
+      tree = ast.parse(source)
+    except SyntaxError:
+      continue
+    for node in tree.body:
+      if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+  return names
+
+
+def _same(a, b) -> bool:
+  """Equal as JSON values (tuples as lists; True is not 1, 20 is not 20.0)."""
+  def plain(v):
+    return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+  try:
+    return json.dumps(plain(a), sort_keys=True) == json.dumps(plain(b), sort_keys=True)
+  except (TypeError, ValueError):
+    return False
+
+
+def tpu_scaling(notebook: str, namespace: Mapping, *,
+                table: Mapping[str, dict] | None = None,
+                environ: Mapping[str, str] | None = None,
+                backend: str | None = None) -> TpuScaling | None:
+  """The TPU sizes of `notebook` for the run whose globals are `namespace`.
+
+  On only where `jax.default_backend() == "tpu"` (`backend` overrides the
+  lookup) or STREAMIDX_TPU_SCALE=1; never with STREAMIDX_TPU_SCALE=0 (None
+  then, and off-TPU). A parameter with TPU sizes takes them only if its
+  value is still the notebook's default as the table records it, papermill
+  did not inject it, and no other parameter of its "together" group was
+  set. So a value passed with -p is kept even when it equals the default,
+  and one set by hand (in the parameters cell, or before the check) is kept
+  even when the notebook file was saved with it: the recorded default does
+  not move with the file.
+
+  Args:
+    notebook: "00_quickstart" (or its file name).
+    namespace: the notebook's globals() (read only here).
+    table: a loaded tpu_parameters.json; None: the first file of
+      `tpu_parameters_paths()`.
+    environ: for STREAMIDX_TPU_SCALE (default os.environ).
+  """
+  name = _stem(notebook)
+  setting = _scale_setting(os.environ if environ is None else environ)
+  if setting == "off":
+    return None
+  if backend is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    backend = jax.default_backend()
+  if setting == "auto" and backend != "tpu":
+    return None
+  reason = ("the JAX backend is tpu" if setting == "auto" else
+            f"{TPU_SCALE_ENV}=1, JAX backend {backend}")
+  source = "the given table"
+  if table is None:
+    found = [p for p in tpu_parameters_paths() if p.is_file()]
+    if not found:
+      return TpuScaling(name, reason, note=f"no {TPU_PARAMETERS_FILE} in "
+                        + " or ".join(str(p.parent) for p in tpu_parameters_paths()))
+    source, table = str(found[0]), load_tpu_parameters(found[0])
+  entry = table.get(name + ".ipynb")
+  if entry is None:
+    return TpuScaling(name, reason, source,
+                      note=f"{source} has no entry for {name}.ipynb")
+  result = TpuScaling(name, reason, source)
+  injected = injected_parameters(namespace)
+  for pname, spec in entry["parameters"].items():
+    if pname not in namespace:
+      continue  # the rules name it as missing
+    value = namespace[pname]
+    if pname in injected:
+      result.kept[pname] = "set by papermill"
+    elif _same(value, spec["tpu"]):
+      result.at_tpu.append(pname)
+    elif not _same(value, spec["default"]):
+      result.kept[pname] = f"set by hand: not the default {spec['default']!r}"
+    else:
+      result.values[pname] = json.loads(json.dumps(spec["tpu"]))  # a fresh copy
+      result.replaced[pname] = value
+  for group in entry.get("together", []):
+    held = [n for n in group if n in result.kept]
+    for pname in group:
+      if held and pname in result.values:
+        del result.values[pname]
+        result.replaced.pop(pname)
+        result.kept[pname] = f"with {held[0]}"
+  if not entry["parameters"]:
+    result.note = entry["why"]
+  return result

@@ -19,6 +19,9 @@ teaches). What is not teaching material lives here, tested
     notebook_line_counts(path)       non-blank Markdown and code lines
     capture_races(fn)                runs fn under `streamidx.race_check()`,
                                      keeping the detector's printed reports
+    compile_rows(kernels, gens)      compiles kernels for TPU generations
+                                     (libtpu, no TPU): the compiler's verdict
+    compile_summary(rows)            those verdicts in one sentence
     launch_rows, kv_page_dmas        the tiling model's launches as table rows
     block_size_rows                  decode launches at several bkv_p
     decode_step_cost                 bytes and bound of one decode step
@@ -51,6 +54,8 @@ __all__ = [
     "notebook_line_counts",
     "RaceRun",
     "capture_races",
+    "compile_rows",
+    "compile_summary",
     "kv_page_dmas",
     "launch_rows",
     "block_size_rows",
@@ -330,6 +335,71 @@ def capture_races(fn: Callable[[], Any], **options) -> RaceRun:
   blocks = [b.strip() for b in re.split(r"(?=RACE DETECTED)", text)
             if b.strip().startswith("RACE DETECTED")]
   return RaceRun(result, report, blocks)
+
+
+def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
+                 generations: Sequence[str]) -> list[dict]:
+  """Compiles each kernel for each TPU generation; one table row per kernel.
+
+  Args:
+    kernels: name -> (fn, args). `fn(*args)` must trace its `pallas_call`s
+      compiled (`interpret=False`, or left to `streamidx.resolve_interpret`);
+      `args` are arrays (or `ShapeDtypeStruct`s) made before the call: inside
+      `compile_for` nothing can be computed on the compile-only device.
+    generations: "v4" .. "v7x" (`streamidx.modes.TOPOLOGIES`), compiled
+      without a TPU through `streamidx.compile_for` (needs libtpu), or
+      "local": the default device, a TPU.
+
+  Returns rows `{"kernel": name, <generation>: verdict, ...}`, the verdict
+  "compiles (Mosaic)" when the compiled program holds the Mosaic kernel (a
+  `tpu_custom_call`), "compiles, but no Mosaic kernel" when it does not (the
+  kernel was traced interpreted), else "fails: " and the compiler's error in
+  one line (`streamidx.lab.aot.summarize_error`). A failure does not raise.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from streamidx import modes  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+
+  def verdict(fn, args, generation):
+    try:
+      if generation == "local":
+        compiled = jax.jit(fn).lower(*args).compile()
+      else:
+        with modes.compile_for(generation) as target:
+          compiled = jax.jit(fn).lower(*target.specs(args)).compile()
+    except Exception as e:  # noqa: BLE001 - the compiler's error is the result
+      return f"fails: {aot.summarize_error(e)}"
+    if "tpu_custom_call" in compiled.as_text():
+      return "compiles (Mosaic)"
+    return "compiles, but no Mosaic kernel"
+
+  return [{"kernel": name, **{g: verdict(fn, args, g) for g in generations}}
+          for name, (fn, args) in kernels.items()]
+
+
+def compile_summary(rows: Sequence[dict]) -> str:
+  """One sentence over `compile_rows`-style rows: how many kernel x
+  generation compiles the compiler accepted, and each rejection with its
+  error. "skipped: ..." cells are quoted once; other cells (a generation a
+  kernel was not compiled for) are not counted."""
+  accepted, rejected, other = [], [], []
+  for row in rows:
+    for gen, v in row.items():
+      if gen == "kernel":
+        continue
+      kind = (accepted if v.startswith("compiles (Mosaic)") else
+              rejected if v.startswith(("fails", "compiles, but")) else
+              other if v.startswith("skipped") else None)
+      if kind is not None:
+        kind.append((row["kernel"], gen, v))
+  parts = []
+  if accepted or rejected:
+    parts.append(f"{len(accepted)} of {len(accepted) + len(rejected)} kernel x "
+                 "generation compiles accepted by the TPU compiler")
+  parts += [f"{k} on {g}: {v}" for k, g, v in rejected]
+  parts += sorted({v for _, _, v in other})
+  return "; ".join(parts) if parts else "nothing compiled"
 
 
 # ---------------------------------------------------------------------------

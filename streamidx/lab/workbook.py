@@ -16,6 +16,14 @@ Terms used here:
   executed copy `<out>/<notebook name>`: the notebook with its outputs. The
                 source notebook is never written. `--html` also renders
                 `<out>/<notebook stem>.html`.
+  landing page  `<out>/index.html`, rewritten after every run: for each
+                notebook of the workbook its title and question (the
+                `**Question.**` paragraph of its first Markdown cell), its
+                answer as computed (the first `text/markdown` output of the
+                executed copy, which is where every notebook states it), the
+                machine (the first `streamidx.describe_machine()` line it
+                printed), status, duration and links to the rendered HTML
+                and the executed copy (`write_index`).
 
 `notebooks/ci_parameters.json` maps every notebook's file name to a
 `{parameter: value}` object (`{}` for none). A notebook missing from it, a
@@ -36,9 +44,11 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import html as html_lib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -53,6 +63,7 @@ PROFILES = ("ci", "default")
 PROFILE_OUT = {"ci": Path("build") / "ci", "default": Path("build") / "workbook"}
 DEFAULT_TIMEOUT_S = 600
 INJECTED_TAG = "injected-parameters"
+INDEX_NAME = "index.html"
 
 
 class WorkbookError(Exception):
@@ -311,6 +322,12 @@ def render_html(executed: Path) -> Path:
   return html
 
 
+def _index_heading(profile: str, out_dir: Path) -> str:
+  what = {"ci": "CI-sized parameters (notebooks/ci_parameters.json)",
+          "default": "the notebooks' default parameters"}.get(profile, profile)
+  return f"streamidx workbook ({what}): {Path(out_dir).name}/"
+
+
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  out_dir: str | os.PathLike | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, *, html: bool = False,
@@ -329,7 +346,8 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
 
   Returns a NotebookResult; a notebook that fails gives `ok == False` and
   `failure` naming the cell. Raises WorkbookError for configuration errors
-  (before running anything).
+  (before running anything). Rewrites the landing page `<out_dir>/index.html`
+  (`write_index`) after the run, failed or not.
   """
   path = Path(path).resolve()
   if not path.is_file():
@@ -368,9 +386,200 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     failure = _failure_from_exception(e, executed, source_nb)
   seconds = time.perf_counter() - start
   html_path = render_html(executed) if html and executed.exists() else None
+  write_index(path.parent, out_dir, heading=_index_heading(profile, out_dir))
   return NotebookResult(path.name, path, executed, html_path,
                         Path(params[OUTPUT_DIR_PARAMETER]), params, seconds,
                         failure)
+
+
+
+# --------------------------------------------------------------------------
+# The landing page: each notebook's question, its computed answer, the machine.
+
+# What `streamidx.describe_machine()` prints: "CPU (cpu), jax 0.10.2: <mode>".
+MACHINE_PATTERN = re.compile(r"\b(?:CPU|TPU|GPU|CUDA|ROCM|METAL) \([^()\n]*\), "
+                             r"jax \d[\w.+-]*: [^\n]+")
+_QUESTION = re.compile(r"\*\*Question\.?\*\*:?\s*(.*?)(?=\n\s*\n|\*\*Answer|\Z)", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class NotebookSummary:
+  """One row of the landing page, read from a notebook and its executed copy.
+
+  status: "ok", "failed" (papermill recorded an exception) or "not run"
+    (no executed copy in the folder). question and answer are Markdown;
+    answer is None when the executed copy has no `text/markdown` output.
+  html, executed: paths of the rendered notebook and the executed copy
+    relative to the landing page, None when absent.
+  """
+
+  name: str
+  title: str
+  question: str | None
+  answer: str | None
+  machine: str | None
+  status: str
+  seconds: float | None
+  finished: str | None
+  parameters: str  # "" when not run
+  html: str | None
+  executed: str | None
+
+
+def _text(value) -> str:
+  return "".join(value) if isinstance(value, list) else (value or "")
+
+
+def notebook_question(nb: dict) -> tuple[str, str | None]:
+  """(title, question) from the first Markdown cell: its first `#` heading
+  (the file's first line if none) and the paragraph after `**Question.**`."""
+  first = next((_text(c.get("source")) for c in nb.get("cells", [])
+                if c.get("cell_type") == "markdown"), "")
+  title = next((line.lstrip("#").strip() for line in first.splitlines()
+                if line.startswith("#")), "")
+  found = _QUESTION.search(first)
+  question = " ".join(found.group(1).split()) if found else None
+  return title, question or None
+
+
+def first_markdown_output(nb: dict) -> str | None:
+  """The first `text/markdown` output of an executed notebook (display data
+  or a cell's result; a display updated later holds its final text)."""
+  for cell in nb.get("cells", []):
+    for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+      text = out.get("data", {}).get("text/markdown")
+      if text is not None:
+        return _text(text)
+  return None
+
+
+def _balanced(line: str) -> str:
+  """`line` up to the first parenthesis it did not open (a machine line
+  quoted inside a sentence: "... on CPU (cpu), jax 0.10.2: ... (...)):")."""
+  depth = 0
+  for i, ch in enumerate(line):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if depth < 0:
+      line = line[:i]
+      break
+  return line.rstrip(" :;,.*_`|")
+
+
+def machine_line(nb: dict) -> str | None:
+  """The first `describe_machine()` line the notebook printed (stream
+  outputs), else the first one quoted in a text or Markdown output."""
+  outputs = [o for c in nb.get("cells", []) if c.get("cell_type") == "code"
+             for o in c.get("outputs", [])]
+  printed = [_text(o.get("text")) for o in outputs if o.get("output_type") == "stream"]
+  shown = [_text(o.get("data", {}).get(m)) for o in outputs
+           for m in ("text/plain", "text/markdown")]
+  for text in printed + shown:
+    found = MACHINE_PATTERN.search(text)
+    if found:
+      return _balanced(found.group(0).strip())
+  return None
+
+
+def summarize(source: Path, out_dir: Path) -> NotebookSummary:
+  """The landing-page row of notebook `source`, run into `out_dir`."""
+  source, out_dir = Path(source), Path(out_dir)
+  executed = out_dir / source.name
+  rendered = executed.with_suffix(".html")
+  nb = None
+  if executed.is_file():
+    try:
+      nb = json.loads(executed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+      nb = None
+  title, question = notebook_question(nb or _read_json_notebook(source))
+  meta = (nb or {}).get("metadata", {}).get("papermill", {})
+  overridden = sorted(set(meta.get("parameters", {})) - {OUTPUT_DIR_PARAMETER})
+  return NotebookSummary(
+      name=source.name, title=title or source.stem, question=question,
+      answer=first_markdown_output(nb) if nb else None,
+      machine=machine_line(nb) if nb else None,
+      status=("not run" if nb is None else
+              "failed" if meta.get("exception") else "ok"),
+      seconds=meta.get("duration"), finished=meta.get("end_time"),
+      parameters=("" if nb is None else
+                  f"{len(overridden)} set by the runner ({', '.join(overridden)})"
+                  if overridden else "the notebook's defaults"),
+      html=rendered.name if rendered.is_file() else None,
+      executed=executed.name if nb is not None else None)
+
+
+def markdown_to_html(text: str) -> str:
+  """Markdown -> HTML with raw HTML escaped: mistune (nbconvert renders the
+  notebooks with it) when installed, else the escaped text in a <pre>."""
+  try:
+    import mistune
+  except ImportError:
+    return f"<pre>{html_lib.escape(text)}</pre>"
+  return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+line-height:1.45;color:#222}section{border-top:1px solid #ccc;padding:.5rem 0 1rem}
+h2{font-size:1.25rem;margin-bottom:.25rem}.meta{color:#555;font-size:.9rem}
+.failed{color:#b00020;font-weight:bold}.answer{background:#f6f8fa;padding:.25rem 1rem;
+border-left:3px solid #4a7}table{border-collapse:collapse}td,th{border:1px solid #ccc;
+padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
+
+
+def _meta(s: NotebookSummary, status: str, links: list[str]) -> str:
+  items = [status] + ([f"parameters: {html_lib.escape(s.parameters)}"] if s.parameters
+                      else []) + ([" · ".join(links)] if links else [])
+  return "; ".join(items)
+
+
+def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
+  """The landing page for `summaries`, a complete HTML document."""
+  esc = html_lib.escape
+  parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
+           f"<h1>{esc(heading)}</h1>",
+           "<p>Each notebook's question, and its answer as that run computed it "
+           "(the notebook's first rendered Markdown output), with the machine it ran on.</p>"]
+  for s in summaries:
+    links = [f'<a href="{esc(link, quote=True)}">{label}</a>' for link, label in
+             ((s.html, "rendered notebook"), (s.executed, "executed .ipynb")) if link]
+    status = (f'<span class="failed">{esc(s.status)}</span>' if s.status == "failed"
+              else esc(s.status))
+    timing = f", {s.seconds:.1f} s" if s.seconds is not None else ""
+    finished = f", finished {esc(s.finished)}" if s.finished else ""
+    parts += [f'<section id="{esc(Path(s.name).stem, quote=True)}">',
+              f"<h2>{esc(s.title)} <small>({esc(s.name)})</small></h2>",
+              f'<p class="meta">{_meta(s, status + timing + finished, links)}</p>',
+              markdown_to_html(f"**Question.** {s.question}") if s.question
+              else "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
+    if s.answer is not None:
+      parts.append(f'<div class="answer">{markdown_to_html(s.answer)}</div>')
+    elif s.status != "not run":
+      parts.append("<p><em>The executed notebook has no Markdown output.</em></p>")
+    if s.machine:
+      parts.append(f'<p class="meta">Machine: {esc(s.machine)}</p>')
+    elif s.status != "not run":
+      parts.append('<p class="meta">Machine: not printed by this run (no '
+                   "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
+    parts.append("</section>")
+  parts.append("</body></html>")
+  return "\n".join(parts) + "\n"
+
+
+def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                *, heading: str | None = None) -> Path:
+  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
+  (those without an executed copy in `out_dir` are listed as not run);
+  returns its path. Written whole to a temporary file, then renamed."""
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  summaries = [summarize(p, out_dir) for p in discover(Path(notebooks_dir))]
+  page = index_html(summaries, heading=heading or f"streamidx workbook: {out_dir.name}")
+  path = out_dir / INDEX_NAME
+  tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
+  tmp.write_text(page, encoding="utf-8")
+  os.replace(tmp, path)
+  return path
 
 
 # --------------------------------------------------------------------------
@@ -454,7 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   failed = [r for r in results if not r.ok]
   for r in failed:
     print(f"\n{r.describe()}")
-  print(f"\nworkbook: {time.perf_counter() - start:.1f}s, executed copies in {out_dir}")
+  print(f"\nworkbook: {time.perf_counter() - start:.1f}s, executed copies in {out_dir}"
+        f"; landing page {out_dir / INDEX_NAME}")
   print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
   return 1 if failed else 0
 

@@ -26,7 +26,8 @@ when it is waited for, and its clock measures Python, not a TPU.
 Written against the interpreter of jax 0.10.2
 (`jax._src.pallas.mosaic.interpret.interpret_pallas_call`); on a JAX whose
 interpreter lacks these functions `record()` raises a RuntimeError naming
-them. Every call traced inside the block is traced afresh (the recorder's
+them (`streamidx.modes.interpreter_internals_missing("timeline")`, which a
+notebook can ask first). Every call traced inside the block is traced afresh (the recorder's
 `InterpretParams` are new, and they are part of the jit cache key), so the
 first call inside costs a compile.
 """
@@ -330,14 +331,10 @@ def record(**interpret_options: Any):
   `interpret_options` are further `InterpretParams` fields (e.g.
   `dma_execution_mode="eager"`). Yields a `Recorder`.
   """
+  reason = modes.interpreter_internals_missing("timeline")
+  if reason:
+    raise RuntimeError(f"streamidx.lab.model.timeline.record: {reason}")
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc  # pylint: disable=g-import-not-at-top
-
-  missing = [n for n in _WRAPPED if not callable(getattr(ipc, n, None))]
-  if missing:
-    import jax  # pylint: disable=g-import-not-at-top
-    raise RuntimeError(
-        f"streamidx.lab.model.timeline.record: jax {jax.__version__}'s TPU interpreter "
-        f"has no {missing}; the recorder was written for jax 0.10.2")
   rec = Recorder()
   saved = {n: getattr(ipc, n) for n in _WRAPPED}
   try:
