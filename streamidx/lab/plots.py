@@ -892,12 +892,15 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str,
 
   `rows`: `lab.studies.hbm.decode_step_by_format` (fmt, generation,
   step_us, stored_bytes). One group of bars per generation, one bar per
-  format, each labelled with its microseconds; `labels`: fmt -> legend text.
+  format, each labelled with its microseconds; `labels`: fmt -> legend text
+  (default: the layout's name and its stored bytes per entry).
   """
   fmts = list(dict.fromkeys(r["fmt"] for r in rows))
   gens = list(dict.fromkeys(r["generation"] for r in rows))
   by = {(r["fmt"], r["generation"]): r for r in rows}
   colors = {"fp8": "#4c72b0", "dense_fp8": "#55a868", "bf16": "#c44e52"}
+  names = {"fp8": "vendored packed FP8", "dense_fp8": "dense FP8",
+           "bf16": "bf16"}
   labels = labels or {}
   width = .8 / len(fmts)
   fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -906,7 +909,8 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str,
     us = [by[fmt, g]["step_us"] for g in gens]
     stored = by[fmt, gens[0]]["stored_bytes"]
     bars = ax.bar(xs, us, width, color=colors.get(fmt),
-                  label=labels.get(fmt, f"{fmt} ({stored} B/entry)"))
+                  label=labels.get(fmt, f"{names.get(fmt, fmt)} ({stored} "
+                                        "B/entry stored)"))
     for bar, v in zip(bars, us):
       ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}",
               ha="center", va="bottom", fontsize=7)
