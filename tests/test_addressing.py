@@ -202,3 +202,19 @@ def test_prefill_chunk_masks_leak_one_cell_per_row_with_an_incomplete_block():
   assert chunk.leak_rows == chunk.leak_cells
   np.testing.assert_array_equal(chunk.leak,
                                 chunk.masks["seed"] & ~chunk.masks["model"])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("fmt", ["fp8", "bf16", "dense_fp8"])
+def test_stored_keys_are_what_unpack_cache_raw_reads(fmt, head_dim):
+  batch = _batch("fragmented")
+  inp = si.make_inputs(batch, num_heads=2, head_dim=head_dim,
+                       fmt="fp8").with_cache_format(fmt)
+  values, scales = addressing._stored_keys(inp.cache, head_dim,  # pylint: disable=protected-access
+                                           batch.page_size)
+  want_v, want_s = cache.unpack_cache_raw(inp.cache, head_dim)
+  np.testing.assert_array_equal(values, np.asarray(want_v.astype(jnp.float32)))
+  if want_s is None:
+    assert scales is None
+  else:
+    np.testing.assert_array_equal(scales, np.asarray(want_s))

@@ -118,22 +118,46 @@ def locate_dense_entry(batch, seq: int, entry: int) -> DenseEntryAddress:
                            a.offset_in_page // lanes, a.offset_in_page % lanes)
 
 
+def _stored_keys(cache, head_dim: int, page_size: int):
+  """NumPy: (values f32[pages, page_size, head_dim], scales f32[pages,
+  page_size] or None) as the kernel reads them from any cache format."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+
+  def e4m3(u8):
+    return u8.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+  def e8m0(u8):
+    return np.ldexp(np.float32(1), u8.astype(np.int32) - cache_lib.E8M0_BIAS)
+
+  if isinstance(cache, (tuple, list)):  # the dense FP8 pair
+    values, scales = (np.asarray(a) for a in cache)
+    pages = values.shape[0]
+    return (e4m3(values.reshape(pages, page_size, -1)[..., :head_dim]),
+            e8m0(scales.reshape(pages, page_size)))
+  flat = np.asarray(cache)
+  flat = flat.reshape(flat.shape[0], page_size, flat.shape[-1])
+  if flat.dtype == np.uint8:  # the packed FP8 record
+    return (e4m3(flat[..., :head_dim]),
+            e8m0(flat[..., cache_lib.padded_head_dim(head_dim)]))
+  return flat[..., :head_dim].astype(np.float32), None
+
+
 def unmasked_row_scores(inputs, row: int) -> np.ndarray:
   """f32[seq_len // ratio]: query row `row` against every entry of its
   sequence, the causal and length masks left out.
 
-  Entry s of the row's sequence is scored with `streamidx.ref.score_entries`
-  (the reference's arithmetic) from the cache's stored values and scales
-  (`cache.unpack_cache_raw`), whether or not the row may see it. On the
-  entries the row sees this is `streamidx.token_scores`' row (within
-  `metrics.summation_atol`); on the others it is the score the mask hides.
+  Entry s of the row's sequence is scored with the reference's formula
+  (`streamidx.ref.score_entries`: f32 dot, ReLU, weighted head sum, then the
+  FP8 scale) from the cache's stored values and scales, whether or not the
+  row may see it; in NumPy float32, so the sums may round in another order:
+  on the entries the row sees it equals `streamidx.token_scores`' row within
+  `metrics.summation_atol`. On the others it is the score the mask hides.
 
   Args:
     inputs: `streamidx.IndexerInputs` (any cache format).
     row: a query row of a sequence (not a padding row).
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import ref  # pylint: disable=g-import-not-at-top
 
   b = inputs.batch
   seq = int(b.token_seq_ids()[row])
@@ -141,13 +165,16 @@ def unmasked_row_scores(inputs, row: int) -> np.ndarray:
     raise ValueError(f"row: must be a query row of a sequence (got {row}, "
                      "a padding row)")
   entries = int(b.num_entries[seq])
-  values, scales = cache_lib.unpack_cache_raw(inputs.cache, inputs.head_dim)
+  values, scales = _stored_keys(inputs.cache, inputs.head_dim,
+                                int(b.page_size))
   pages = np.asarray(b.page_table[seq, :int(b.num_pages_used[seq])])
   kv = values[pages].reshape(-1, values.shape[-1])[:entries]
-  scale = None if scales is None else scales[pages].reshape(-1)[:entries]
-  return np.asarray(ref.score_entries(inputs.q[row],
-                                      jnp.asarray(inputs.weights[row]),
-                                      kv, scale))
+  q = np.asarray(inputs.q[row].astype(jnp.float32))
+  w = np.asarray(inputs.weights[row], np.float32)
+  s = (np.maximum(q @ kv.T, 0) * w[:, None]).sum(axis=0)
+  if scales is not None:
+    s = s * scales[pages].reshape(-1)[:entries]
+  return s.astype(np.float32)
 
 
 def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
