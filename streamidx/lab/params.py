@@ -332,6 +332,7 @@ def _kernel_tiling(p: Parameters):
   p.integer("mix_max_tokens", min=low)
   p.integer("mix_trials", min=1)
   p.integers("mix_batch_sizes", min=1)
+  p.integer("random_trials", min=1)
   p.integers("run_decode", min=1, nonempty=False)
   p.pairs("run_prefill")
   p.pairs("run_mixed")
@@ -347,7 +348,7 @@ def _kernel_tiling(p: Parameters):
   gens = ("v4", "v5e", "v5p", "v6e", "v7x")
   p.choices("aot_variants", tuple(variants_lib.VARIANTS))
   p.choices("aot_generations", gens)
-  p.choices("aot_formats", ("fp8", "bf16"))
+  p.choices("aot_formats", ("fp8", "bf16", "dense_fp8"))
   p.integer("aot_jobs", min=1)
   p.choices("vmem_generations", gens)
   p.integers("vmem_decode_kv_pages", min=1)
@@ -356,6 +357,11 @@ def _kernel_tiling(p: Parameters):
   p.choices("schedule_generations", gens)
   p.integers("schedule_kv_pages", min=1)
   p.lane_blocks("schedule_kv_pages")
+  # Section 8: the variants' static schedules and the dense kernel's cores.
+  p.choices("variant_generations", gens)
+  p.choices("megacore_generations", gens)
+  # Section 9: the top-k model.
+  p.choices("topk_generations", gens)
 
 
 @_rules("05_recall_parity")

@@ -22,6 +22,8 @@ from matplotlib import patches
 import numpy as np
 
 __all__ = [
+    "decode_waste_figure",
+    "decode_step_figure",
     "save",
     "seq_colors",
     "page_table_figure",
@@ -947,4 +949,46 @@ def causal_masks_figure(chunk, *, compression_ratio: int):
                f"{chunk.seq_len}, ratio {compression_ratio}; last "
                f"{chunk.n_entries - chunk.first_entry} entries shown)",
                fontsize=10)
+  return fig
+
+
+def decode_waste_figure(waste, batch_sizes: Sequence[int],
+                        orders: Sequence[str], *, title: str):
+  """Notebook 04: wasted share of computed KV blocks per decode order.
+
+  Args:
+    waste: {(B, order): [fraction per batch]} (`tiling_study.batching_waste`);
+      bars are means, error bars one standard deviation.
+  """
+  fig, ax = plt.subplots(figsize=(8, 3.6))
+  width = 0.8 / len(orders)
+  x = np.arange(len(batch_sizes))
+  for i, o in enumerate(orders):
+    ax.bar(x + i * width, [100 * np.mean(waste[b, o]) for b in batch_sizes],
+           width, yerr=[100 * np.std(waste[b, o]) for b in batch_sizes],
+           label=o, capsize=2)
+  ax.set_xticks(x + width * (len(orders) - 1) / 2,
+                [f"B = {b}" for b in batch_sizes])
+  ax.set_xlabel("decode sequences per program (decode_req_batch_size)")
+  ax.set_ylabel("% of computed KV blocks wasted")
+  ax.set_title(title)
+  ax.legend(title="order", fontsize=8)
+  return fig
+
+
+def decode_step_figure(rows: Sequence[dict], *, title: str):
+  """Notebook 04: stacked roofline bounds (us) of one decode step per
+  generation (`tiling_study.step_rows`: fill_us, kernel_us, topk_us)."""
+  fig, ax = plt.subplots(figsize=(7, 3.2))
+  gens = [r["generation"] for r in rows]
+  bottom = np.zeros(len(rows))
+  for stage, c in (("fill", "tab:gray"), ("kernel", "tab:blue"),
+                   ("topk", "tab:orange")):
+    v = np.array([r[f"{stage}_us"] for r in rows])
+    ax.bar(gens, v, bottom=bottom, label=stage, color=c)
+    bottom += v
+  ax.set_xlabel("TPU generation")
+  ax.set_ylabel("roofline lower bound, microseconds")
+  ax.set_title(title)
+  ax.legend()
   return fig
