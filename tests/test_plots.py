@@ -377,3 +377,12 @@ def test_tables_format_rows_side_by_side_one_row_per_format():
   assert rows[1]["call KiB: counted"] == 129
   want = next(r["step_us"] for r in step if r["fmt"] == "dense_fp8" and r["generation"] == "v7x")
   assert rows[1]["v7x us/step (model)"] == want
+
+
+def test_tables_format_rows_side_by_side_without_a_recording_leaves_counts_blank():
+  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
+  rows = plots_tables.format_rows_side_by_side(
+      step, None, {f: 1024 for f, _ in hbm.FORMAT_VARIANTS})
+  assert all(r["counted B/entry (DMAs)"] is None and r["call KiB: counted"] is None
+             for r in rows)
+  assert "| - |" in plots_tables.markdown(rows)

@@ -98,7 +98,8 @@ def format_rows_side_by_side(step: Sequence[Mapping], recorded: Mapping,
 
   Args:
     step: `lab.studies.hbm.decode_step_by_format` rows.
-    recorded: fmt -> `lab.studies.costs.recorded_bytes` of a call.
+    recorded: fmt -> `lab.studies.costs.recorded_bytes` of a call, or None
+      (no recording: those columns show "-").
     modelled: fmt -> the cache bytes `tiling.plan(...).counts()["bytes_kv"]`
       gives for the same call.
     generations: whose predicted step time (us) gets a column.
@@ -112,9 +113,11 @@ def format_rows_side_by_side(step: Sequence[Mapping], recorded: Mapping,
         "layout": f"{fmt} ({r['variant']})",
         "data B/entry": r["data_bytes"],
         "stored B/entry (TPU)": r["stored_bytes"],
-        "counted B/entry (DMAs)": recorded[fmt]["bytes_per_entry"],
+        "counted B/entry (DMAs)": (recorded[fmt]["bytes_per_entry"]
+                                   if recorded else None),
         "call KiB: model": modelled[fmt] / 1024,
-        "call KiB: counted": recorded[fmt]["kv_bytes"] / 1024,
+        "call KiB: counted": (recorded[fmt]["kv_bytes"] / 1024
+                              if recorded else None),
         "step KV MiB (model)": r["kv_bytes"] / 2**20,
         **{f"{g} us/step (model)": by[fmt, g]["step_us"] for g in generations},
     })

@@ -26,12 +26,13 @@ import collections
 import jax
 import numpy as np
 
+from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling, timeline
 from streamidx.semantics import cdiv
 
-__all__ = ["launch_counts", "totals", "run_recorded", "bytes_moved",
-           "recorded_bytes", "decode_waste"]
+__all__ = ["launch_counts", "totals", "run_recorded", "recorded_call",
+           "bytes_moved", "recorded_bytes", "decode_waste"]
 
 _KV_KINDS = ("kv", "kv_scale")
 
@@ -84,6 +85,25 @@ def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
   if rec.errors():
     raise RuntimeError(f"the recorder failed: {rec.errors()[:3]}")
   return idx, rec
+
+
+def recorded_call(fn):
+  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter.
+
+  Under `timeline.record()` where this JAX's interpreter has the internals
+  the recorder reads (`streamidx.interpreter_internals_missing("timeline")`
+  is None: jax 0.10.2); elsewhere (e.g. a Colab runtime's own JAX) under
+  `streamidx.interpreter()` with nothing recorded, so the result still
+  comes back and the caller skips what needs the recording.
+  """
+  if modes.interpreter_internals_missing("timeline") is None:
+    with timeline.record() as rec:
+      out = jax.block_until_ready(fn())
+    if rec.errors():
+      raise RuntimeError(f"the recorder failed: {rec.errors()[:3]}")
+    return out, rec
+  with modes.interpreter():
+    return jax.block_until_ready(fn()), None
 
 
 def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
