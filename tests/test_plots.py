@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import colors as mcolors  # pylint: disable=g-import-not-at-top
+from matplotlib.container import BarContainer  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
@@ -96,18 +97,6 @@ def test_entry_bytes_figure_stacks_each_layouts_bytes_and_draws_its_hbm_line():
   plt.close(fig)
 
 
-def test_e4m3_grid_figure_draws_the_spacing_it_is_given():
-  grid = quant.e4m3_finite_values()
-  positive = grid[grid > 0]
-  spacing = quant.relative_spacing(grid)
-  fig = plots.e4m3_grid_figure(positive, spacing)
-  (line,) = fig.axes[1].get_lines()
-  np.testing.assert_array_equal(line.get_xdata(), positive[:-1])
-  np.testing.assert_array_equal(line.get_ydata(), spacing)
-  normal = spacing[positive[:-1] >= 2.0**-6]
-  assert f"{normal.min():.4f} .. {normal.max():.3f}" in fig.axes[1].get_title()
-  plt.close(fig)
-
 
 def test_scale_error_figure_histograms_every_record():
   rng = np.random.default_rng(0)
@@ -123,31 +112,57 @@ def test_scale_error_figure_histograms_every_record():
   plt.close(fig)
 
 
-def test_recall_grid_figure_plots_the_recall_function_per_panel():
-  def recall(dist, entries, variant, k):
-    return 1 - k / entries / (2 if variant == "bf16" else 1)
-  fig = plots.recall_grid_figure(recall, dists=("gaussian", "outliers"),
-                                 contexts=[256, 1024], ks=[64, 128, 512],
-                                 variants=["bf16", "fp8"], title="t")
-  assert len(fig.axes) == 4
-  ax = fig.axes[1]  # gaussian, 1024 entries
-  fp8 = ax.get_lines()[1]
-  np.testing.assert_array_equal(fp8.get_xdata(), [64, 128, 512])
-  np.testing.assert_allclose(fp8.get_ydata(), [1 - k / 1024 for k in (64, 128, 512)])
-  assert list(fig.axes[0].get_lines()[0].get_xdata()) == [64, 128]  # k <= 256
+
+
+def test_e4m3_use_figure_shares_stored_values_by_binade_and_draws_the_spacing():
+  grid = quant.e4m3_finite_values()
+  positive = grid[grid > 0]
+  spacing = quant.relative_spacing(grid)
+  stored = np.array([0.0, 2.0**-8, 1.5, 1.75, 300.0])  # the zero is left out
+  fig = plots.e4m3_use_figure(positive, spacing, stored, title="finding")
+  (bars,) = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)]
+  heights = [p.get_height() for p in bars]
+  assert sum(heights) == pytest.approx(1) and max(heights) == pytest.approx(.5)
+  (line,) = fig.axes[1].get_lines()
+  np.testing.assert_array_equal(line.get_ydata(), spacing)
+  assert fig._suptitle.get_text() == "finding"
+  assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
   plt.close(fig)
 
 
-def test_hadamard_figure_draws_both_keys_and_the_recall_bars():
-  key = np.zeros(128)
+def test_recall_ci_figure_draws_the_mean_and_clips_the_interval_to_one():
+  recall = {("gaussian", 256, v, k): np.array([[1.0, 1.0], [.9, 1.0], [1.0, 1.0]])
+            for v in ("bf16", "fp8") for k in (64, 128)}
+  study = quant.RecallStudy(
+      seeds=(0, 1, 2), query_tokens=2, num_heads=1, compression_ratio=1,
+      dists=("gaussian",), contexts=(256,), ks=(64, 128, 512),
+      variants=("bf16", "fp8"), recall=recall, score_error={},
+      float64_rel_diff=0.0, seconds=0.0)
+  fig = plots.recall_ci_figure(study, dists=("gaussian",), contexts=[256],
+                               variants=["bf16", "fp8"], title="t")
+  ax = fig.axes[0]
+  line = ax.get_lines()[0]
+  np.testing.assert_array_equal(line.get_xdata(), [64, 128])  # k <= 256
+  np.testing.assert_allclose(line.get_ydata(), [59 / 60, 59 / 60])  # seeds 1, .95, 1
+  tops = [seg[1][1] for c in ax.collections for seg in c.get_segments()]
+  assert max(tops) == pytest.approx(1.0)  # the interval stops at recall 1
+  plt.close(fig)
+
+
+def test_rotation_figure_draws_both_keys_and_differences_around_zero():
+  key = np.ones(128)
   key[:4] = 20.0
   rotated = np.asarray(quant.rotate(key))
-  bars = [("gaussian\nfp8", .95, .96), ("outliers\nfp8", .80, .93)]
-  fig = plots.hadamard_figure(key, rotated, bars, outlier_channels=4, title="t")
-  np.testing.assert_allclose(_bar_heights(fig.axes[0]), np.abs(key))
-  np.testing.assert_allclose(_bar_heights(fig.axes[1]), np.abs(rotated))
-  np.testing.assert_allclose(_bar_heights(fig.axes[2]), [.95, .80, .96, .93])
-  assert fig.axes[2].get_ylim() == pytest.approx((.75, 1))
+  diffs = [("gaussian, fp8", quant.mean_ci([-.01, .0, .01])),
+           ("outliers, fp8", quant.mean_ci([.02, .03, .04]))]
+  fig = plots.rotation_figure(key, rotated, diffs, outlier_channels=4, title="t")
+  before, after = fig.axes[0].get_lines()
+  np.testing.assert_allclose(before.get_ydata(), np.abs(key))
+  np.testing.assert_allclose(after.get_ydata(), np.abs(rotated), rtol=1e-6)
+  (bars,) = [c for c in fig.axes[1].containers if isinstance(c, BarContainer)]
+  widths = [p.get_width() for p in bars]
+  np.testing.assert_allclose(widths, [0.0, .03], atol=1e-12)
+  assert [l.get_xdata()[0] for l in fig.axes[1].get_lines()][-1] == 0  # the zero line
   plt.close(fig)
 
 
@@ -193,17 +208,6 @@ def test_causal_leak_figure_bars_only_rows_that_selected_the_leaked_entry():
   assert list(start.get_xdata()) == [2.5, 2.5]
   plt.close(fig)
 
-
-def test_recall_curves_figure_draws_each_format_over_k_and_context():
-  recall = {"fp8": np.array([[.9, .95], [.8, .9]]),
-            "bf16": np.array([[.99, .995], [.98, .99]])}
-  fig = plots.recall_curves_figure(recall, [1024, 4096], [64, 512], quote_k=512,
-                                   title="t")
-  over_k, over_context = fig.axes
-  np.testing.assert_allclose(over_k.get_lines()[2].get_ydata(), [.8, .9])
-  np.testing.assert_allclose(over_context.get_lines()[0].get_ydata(), [.9, .8])
-  assert len(over_context.get_lines()) == 4  # k = 64 and 512, two formats
-  plt.close(fig)
 
 
 def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
