@@ -15,6 +15,7 @@ import pytest  # pylint: disable=g-import-not-at-top
 import streamidx as si  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import addressing, formats, hbm  # pylint: disable=g-import-not-at-top
 
@@ -288,3 +289,104 @@ def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exi
   assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
   assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
   plt.close(fig)
+
+
+def test_query_scores_figure_marks_selected_masked_entries_and_the_kth_score():
+  rng = np.random.default_rng(0)
+  unmasked = rng.random(20).astype(np.float32)
+  scores = np.full(24, -np.inf, np.float32)
+  scores[:15] = unmasked[:15]
+  chosen = np.argsort(-scores[:15], kind="stable")[:4]
+  fig = plots.query_scores_figure(scores, unmasked, chosen, k=4, n_visible=15,
+                                  compression_ratio=4, title="t")
+  ax = fig.axes[0]
+  lines = {l.get_label().split(" (")[0]: l for l in ax.get_lines()}
+  np.testing.assert_array_equal(lines["returned by the kernel"].get_xdata(), chosen)
+  masked = lines["masked by causality"]
+  np.testing.assert_array_equal(masked.get_xdata(), np.arange(15, 20))
+  np.testing.assert_allclose(masked.get_ydata(), unmasked[15:])
+  kth = np.sort(scores[:15])[::-1][3]
+  np.testing.assert_allclose(lines["k-th best visible score"].get_ydata(), [kth, kth])
+  plt.close(fig)
+
+
+def test_query_scores_figure_draws_no_kth_line_when_the_row_sees_fewer_than_k():
+  scores = np.array([1.0, 2.0, -np.inf, -np.inf], np.float32)
+  fig = plots.query_scores_figure(scores, np.array([1.0, 2.0, 3.0]), [1, 0],
+                                  k=4, n_visible=2, compression_ratio=4,
+                                  title="t")
+  labels = [l.get_label() for l in fig.axes[0].get_lines()]
+  assert not any(l.startswith("k-th") for l in labels)
+  plt.close(fig)
+
+
+@pytest.mark.parametrize("fmt,packing", [("fp8", 4), ("bf16", 2)])
+def test_sublane_words_axes_draws_one_word_per_row_and_lane_split_by_entry(fmt, packing):
+  keys = np.random.default_rng(1).standard_normal((1, 8, 128)).astype(np.float32)
+  page = np.asarray(si.cache.pack_cache(keys, fmt)[0])
+  lanes = [0, 1, 127]
+  fig, ax = plt.subplots()
+  plots.sublane_words_axes(ax, page, kv_packing=packing, lanes=lanes,
+                           highlight=5, title="t")
+  rows = 8 // packing
+  words = [p for p in ax.patches if not p.get_fill() and p.get_edgecolor()[:3] == (0, 0, 0)]
+  parts = [p for p in ax.patches if p.get_fill()]
+  red = [p for p in ax.patches if not p.get_fill() and mcolors.same_color(p.get_edgecolor(), "red")]
+  assert len(words) == rows * len(lanes) and len(parts) == rows * len(lanes) * packing
+  assert len(red) == len(lanes)  # entry 5 once per drawn lane
+  assert {(p.get_y(), p.get_x() % 1) for p in red} == {(5 // packing, (5 % packing) / packing)}
+  texts = [t.get_text() for t in ax.texts]
+  if fmt == "fp8":
+    assert f"e0\n{page[0, 0, 0]:02x}" in texts
+  assert "..." in texts  # the gap between lanes 1 and 127
+  plt.close(fig)
+
+
+def test_decode_step_time_figure_draws_one_bar_per_format_and_generation():
+  rows = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e"])
+  fig = plots.decode_step_time_figure(rows, title="t")
+  ax = fig.axes[0]
+  np.testing.assert_allclose(_bar_heights(ax), [r["step_us"] for r in rows])
+  assert "model" in ax.get_ylabel()
+  plt.close(fig)
+
+
+def test_causal_masks_figure_outlines_the_chunks_leak_cells():
+  batch = _batch("contiguous")
+  chunk = addressing.prefill_chunk_masks(batch, int(batch.distribution[0]), window=6)
+  fig = plots.causal_masks_figure(chunk, compression_ratio=4)
+  assert len(fig.axes[1].patches) == chunk.leak_cells and not fig.axes[0].patches
+  plt.close(fig)
+
+
+def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
+  batch = _batch("fragmented")
+  rows = plots_tables.batch_rows(batch, max_pages=2)
+  assert [r["range"] for r in rows] == ["decode"] * 3 + ["prefill-only", "mixed"]
+  assert [r["q_len"] for r in rows] == [int(x) for x in batch.q_lens[:5]]
+  assert rows[3]["query rows"] == f"{batch.cu_q_lens[3]}..{batch.cu_q_lens[4] - 1}"
+  assert [r["entries"] for r in rows] == [int(x) for x in batch.num_entries[:5]]
+  assert rows[0]["physical pages"].endswith(", ...")  # 90 tokens: 3 pages of 8 entries
+
+
+def test_tables_format_rows_side_by_side_one_row_per_format():
+  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
+  recorded = {f: dict(bytes_per_entry=float(b), kv_bytes=1024 * b)
+              for f, b in (("fp8", 256), ("dense_fp8", 129), ("bf16", 256))}
+  modelled = {f: r["kv_bytes"] for f, r in recorded.items()}
+  rows = plots_tables.format_rows_side_by_side(step, recorded, modelled)
+  assert [r["layout"] for r in rows] == ["fp8 (vendored)", "dense_fp8 (dense)",
+                                         "bf16 (vendored)"]
+  assert [r["stored B/entry (TPU)"] for r in rows] == [256, 132, 256]
+  assert rows[1]["call KiB: counted"] == 129
+  want = next(r["step_us"] for r in step if r["fmt"] == "dense_fp8" and r["generation"] == "v7x")
+  assert rows[1]["v7x us/step (model)"] == want
+
+
+def test_tables_format_rows_side_by_side_without_a_recording_leaves_counts_blank():
+  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
+  rows = plots_tables.format_rows_side_by_side(
+      step, None, {f: 1024 for f, _ in hbm.FORMAT_VARIANTS})
+  assert all(r["counted B/entry (DMAs)"] is None and r["call KiB: counted"] is None
+             for r in rows)
+  assert "| - |" in plots_tables.markdown(rows)

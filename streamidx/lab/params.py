@@ -278,6 +278,10 @@ def _cache_layout(p: Parameters):
   p.integer("hbm_num_heads", min=1)
   p.integer("hbm_head_dim", min=128, multiple_of=128)
   p.integers("hbm_contexts", min=1)
+  dsv4_page_size = p.integer("dsv4_page_size", min=4, multiple_of=4)
+  p.integer("dsv4_batch", min=1)
+  tokens = p.integer("dsv4_context_tokens", min=ratio * dsv4_page_size)
+  p.integer("dsv4_k", min=1, max=tokens // ratio)
   p.integer("seed")
 
 

@@ -45,6 +45,10 @@ __all__ = [
     "scaling_figure",
     "crossover_figure",
     "variant_timing_figure",
+    "query_scores_figure",
+    "sublane_words_axes",
+    "decode_step_time_figure",
+    "causal_masks_figure",
 ]
 
 FREE = "#eeeeee"
@@ -922,4 +926,183 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
   ax.set_ylabel("roofline lower bound, microseconds")
   ax.set_title(title)
   ax.legend()
+  return fig
+
+
+def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
+                        compression_ratio: int, title: str):
+  """Notebook 00: one query row's scores, the selected entries, the k-th
+  score, and the entries the causal mask hides.
+
+  Args:
+    scores: f32[E] the row's scores as the reference returns them (-inf
+      where the row may not look), E >= the sequence's entries.
+    unmasked: f32[entries] the same row against every entry of its sequence,
+      the masks left out (`lab.studies.addressing.unmasked_row_scores`).
+    chosen: the entries the kernel returned (-1 padding removed).
+    k: the call's k; n_visible: entries the row sees (0 .. n_visible - 1).
+  """
+  s = np.asarray(scores, np.float64)
+  u = np.asarray(unmasked, np.float64)
+  chosen = np.asarray(chosen, int)
+  n_entries = len(u)
+  visible = np.arange(n_visible)
+  fig, ax = plt.subplots(figsize=(10, 4))
+  ax.plot(visible, s[visible], ".", ms=4, color="0.45",
+          label=f"visible entries ({n_visible})")
+  ax.plot(chosen, s[chosen], "o", ms=6, mfc="none", mew=1.3,
+          color="tab:red", label=f"returned by the kernel ({len(chosen)})")
+  if n_entries > n_visible:
+    hidden = np.arange(n_visible, n_entries)
+    ax.axvspan(n_visible - .5, n_entries - .5, color="0.85", zorder=0)
+    ax.plot(hidden, u[hidden], "x", ms=7, mew=1.6, color="0.3",
+            label=f"masked by causality ({len(hidden)}): drawn at the score "
+                  "they would have")
+  if n_visible >= k:
+    kth = float(np.sort(s[visible])[::-1][k - 1])
+    ax.axhline(kth, color="tab:red", ls="--", lw=1,
+               label=f"k-th best visible score ({kth:.3g}): the cut")
+  ax.axvline(n_visible - .5, color="k", lw=1, ls="-",
+             label=f"causal bound (p + 1) // {compression_ratio} = "
+                   f"{n_visible}")
+  ax.axvline(n_entries - .5, color="tab:blue", lw=1.5, ls=":",
+             label=f"sequence end seq_len // {compression_ratio} = "
+                   f"{n_entries}")
+  ax.set_xlim(-1, n_entries + 1)
+  ax.set_xlabel("compressed entry s (sequence-local index)")
+  ax.set_ylabel("index score sum_h w[h] ReLU(q[h] . k[s])")
+  ax.set_title(title, fontsize=10)
+  ax.legend(loc="upper center", bbox_to_anchor=(.5, -.16), ncol=2, fontsize=8,
+            frameon=False)
+  ax.grid(alpha=.3)
+  fig.tight_layout()
+  return fig
+
+
+def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int],
+                       title: str, highlight: int | None = None,
+                       lane_names: dict | None = None):
+  """A cache page as 32-bit words: sublane rows x lanes, each word split
+  into the `kv_packing` entries it packs.
+
+  `page` is one physical page of the cache, `[page_size / kv_packing,
+  kv_packing, lkv]` (uint8 FP8 bytes or bf16 values). The word at (row r,
+  lane l) holds `page[r, j, l]` for j = 0 .. kv_packing - 1: the l-th byte
+  (FP8) or value (bf16) of entries r * kv_packing + j, which is how the
+  TPU tiles the two minor dimensions of the array (`T(4,128)(4,1)` for
+  uint8, see `streamidx.cache`). Only `lanes` are drawn (a gap column marks
+  skipped lanes); each part is labelled with its entry and, for uint8, its
+  byte in hex. `highlight`: an entry to outline in red; `lane_names`: lane
+  -> a name for its column header (e.g. the scale lane).
+  """
+  page = np.asarray(page)
+  rows = page.shape[0]
+  lanes = list(lanes)
+  cols = []  # lane or None (a gap)
+  for i, lane in enumerate(lanes):
+    if i and lane != lanes[i - 1] + 1:
+      cols.append(None)
+    cols.append(lane)
+  cmap = plt.get_cmap("tab20" if rows * kv_packing <= 20 else "viridis")
+  n_entries = rows * kv_packing
+
+  def color(t):
+    return cmap(t % 20) if n_entries <= 20 else cmap(t / max(1, n_entries - 1))
+
+  for x, lane in enumerate(cols):
+    if lane is None:
+      ax.text(x + .5, rows / 2, "...", ha="center", va="center", fontsize=12)
+      continue
+    for r in range(rows):
+      for j in range(kv_packing):
+        t = r * kv_packing + j
+        x0 = x + j / kv_packing
+        ax.add_patch(patches.Rectangle((x0, r), 1 / kv_packing, 1, ec="white",
+                                       lw=.5, fc=color(t)))
+        label = f"e{t}"
+        if page.dtype == np.uint8:
+          label += f"\n{int(page[r, j, lane]):02x}"
+        ax.text(x0 + .5 / kv_packing, r + .5, label, ha="center",
+                va="center", fontsize=5.5, linespacing=.9)
+        if t == highlight:
+          ax.add_patch(patches.Rectangle((x0, r), 1 / kv_packing, 1,
+                                         fill=False, ec="red", lw=3,
+                                         zorder=3))
+      ax.add_patch(patches.Rectangle((x, r), 1, 1, fill=False, ec="black",
+                                     lw=1.2))
+  names = lane_names or {}
+  ax.set_xlim(0, len(cols))
+  ax.set_ylim(rows, 0)
+  ax.set_xticks([x + .5 for x, l in enumerate(cols) if l is not None],
+                [f"lane {l}" + (f"\n{names[l]}" if l in names else "")
+                 for l in cols if l is not None], fontsize=7, rotation=0)
+  ax.set_yticks(np.arange(rows) + .5,
+                [f"row {r}\n(entries {r * kv_packing}..{r * kv_packing + kv_packing - 1})"
+                 for r in range(rows)], fontsize=7)
+  ax.set_xlabel("lane (the record's minor axis); each black box is one "
+                "32-bit word", fontsize=8)
+  ax.set_title(title, fontsize=9)
+
+
+def decode_step_time_figure(rows: Sequence[dict], *, title: str,
+                            labels: dict | None = None):
+  """Predicted microseconds per decode step, per TPU generation and format.
+
+  `rows`: `lab.studies.hbm.decode_step_by_format` (fmt, generation,
+  step_us, stored_bytes). One group of bars per generation, one bar per
+  format, each labelled with its microseconds; `labels`: fmt -> legend text
+  (default: the layout's name and its stored bytes per entry).
+  """
+  fmts = list(dict.fromkeys(r["fmt"] for r in rows))
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  by = {(r["fmt"], r["generation"]): r for r in rows}
+  colors = {"fp8": "#4c72b0", "dense_fp8": "#55a868", "bf16": "#c44e52"}
+  names = {"fp8": "vendored packed FP8", "dense_fp8": "dense FP8",
+           "bf16": "bf16"}
+  labels = labels or {}
+  width = .8 / len(fmts)
+  fig, ax = plt.subplots(figsize=(10, 4.2))
+  for i, fmt in enumerate(fmts):
+    xs = np.arange(len(gens)) + (i - (len(fmts) - 1) / 2) * width
+    us = [by[fmt, g]["step_us"] for g in gens]
+    stored = by[fmt, gens[0]]["stored_bytes"]
+    bars = ax.bar(xs, us, width, color=colors.get(fmt),
+                  label=labels.get(fmt, f"{names.get(fmt, fmt)} ({stored} "
+                                        "B/entry stored)"))
+    for bar, v in zip(bars, us):
+      ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}",
+              ha="center", va="bottom", fontsize=7)
+  ax.set_xticks(np.arange(len(gens)), gens)
+  ax.set_xlabel("TPU generation (HBM bandwidth of one TensorCore: "
+                "lab.model.hardware, data/tpu_specs.json)")
+  ax.set_ylabel("predicted us per decode step (model)")
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=8)
+  ax.grid(axis="y", alpha=.3)
+  fig.tight_layout()
+  return fig
+
+
+def causal_masks_figure(chunk, *, compression_ratio: int):
+  """Notebook 02: a prefill chunk's visibility under the model's rule (left)
+  and the vendored rule (right, the cells only it shows outlined red).
+
+  `chunk`: `lab.studies.addressing.prefill_chunk_masks`.
+  """
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+  visibility_axes(axes[0], chunk.masks["model"], chunk.positions,
+                  compression_ratio=compression_ratio,
+                  first_entry=chunk.first_entry,
+                  title="model rule: s < (p + 1) // ratio")
+  visibility_axes(axes[1], chunk.masks["seed"], chunk.positions,
+                  diff=chunk.leak, compression_ratio=compression_ratio,
+                  first_entry=chunk.first_entry,
+                  title="vendored rule: s <= p // ratio  (red: the query's "
+                        "own future block)")
+  fig.suptitle(f"the vendored rule leaks one future block on "
+               f"{chunk.leak_rows} of the {len(chunk.positions)} rows of "
+               f"sequence {chunk.seq}'s prefill chunk (seq_len "
+               f"{chunk.seq_len}, ratio {compression_ratio}; last "
+               f"{chunk.n_entries - chunk.first_entry} entries shown)",
+               fontsize=10)
   return fig
