@@ -102,6 +102,12 @@ _DENSE = ("the vendored rows (tpu-inference's production sizes), kept for "
           "256 B per entry); not tuned on a TPU")
 _DENSE_PAGE = ("the vendored page-mode defaults, kept for the dense FP8 page "
                "kernel (num_kv_pages_per_block must be 128 there too)")
+_DENSE_PAGE_GLM = (
+    "the vendored page variant's GLM row (32 query rows per block; its "
+    "source: the compile matrix and static schedule), kept for the dense FP8 "
+    "page kernel: at the default 512 rows it does not fit TPU v4's VMEM "
+    "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
+    "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
@@ -129,6 +135,9 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "dense_page", "dense_fp8", None, None,
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_DENSE_PAGE),
+    BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_DENSE_PAGE_GLM),
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.

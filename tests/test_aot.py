@@ -197,6 +197,36 @@ def test_without_widening_v4_rejects_the_fp8_matmul(monkeypatch):
       aot.compile_launch(eqn, target, name=name)
 
 
+GLM_PAGE = aot._SHAPES["glm-page-prefill"]  # 64-entry pages, 32 heads
+PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("variant,fmt", [("vendored_page", "fp8"),
+                                         ("vendored_page", "bf16"),
+                                         ("dense_page", "dense_fp8")])
+def test_page_launch_compiles_on_v4(variant, fmt):
+  """M15 (and M10 for FP8): GLM's 64-entry pages pooled on v4."""
+  with si.compile_for("v4") as target:
+    calls = aot.launch_calls(variant, GLM_PAGE, fmt, PAGE_BLOCKS, target)
+    assert len(calls) == 1
+    aot.compile_launch(calls[0][1], target, name=calls[0][0])
+
+
+@needs_libtpu
+def test_without_lane_segment_pooling_v4_rejects_the_page_max_pool(
+    monkeypatch):
+  """The error M15 exists for, still raised by the compiler."""
+  monkeypatch.setattr(vendored, "_pool_by_lane_segments_for",
+                      lambda cols_per_page, interpret: False)
+  jax.clear_caches()
+  with si.compile_for("v4") as target:
+    (name, eqn), = aot.launch_calls("vendored_page", GLM_PAGE, "bf16",
+                                    PAGE_BLOCKS, target)
+    with pytest.raises(Exception, match="unsupported shape cast"):
+      aot.compile_launch(eqn, target, name=name)
+
+
 @needs_libtpu
 def test_block_size_over_the_vmem_limit_is_refused_before_compiling():
   """The decode launch at 3 pages per block needs 916 KiB of scratch: with

@@ -141,6 +141,9 @@ BAD = [
      "(got 'most')"),
     ("06_tpu_profiling", "modes", ["token", "tile"],
      "'modes[1]': must be one of ('token', 'page') (got 'tile')"),
+    ("07_multichip", "num_context", 3,
+     "'num_context': must be a power of two (the 2-D layout's tree merge) "
+     "(got 3)"),
 ]
 
 

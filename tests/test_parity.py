@@ -169,3 +169,76 @@ def test_reference_scores_one_sequence_slot_with_several_rows():
                        ratio=4)
   fin = np.isfinite(want)
   np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------
+# Notebook 05's tables: the parity run, the causal summary, coverage, ties.
+
+
+def _fake_run():
+  from streamidx.lab.studies import cases
+  names = ["vendored/decode_only_r1_fp8_k8", "vendored/decode_only_r1_bf16_k8",
+           "dense/decode_only_r1_dense_fp8_k8", "dense/all_at_once_r2_dense_fp8_k8"]
+  matrix = [cases.case_by_name(n) for n in names]
+
+  def row(case, ties, ok=True):
+    return cases.ParityRow(
+        case=case.name, launches="", rows=48, rows_k_over_visible=0,
+        max_score_diff=0.0, sets_agree=ties == 0, differing_positions=ties,
+        tied_positions=ties, rows_mismatched=0 if ok else 1, atol=1e-3,
+        detail="", seconds=1.0)
+  rows = [row(matrix[0], 0), row(matrix[1], 2), row(matrix[2], 0),
+          row(matrix[3], 0, ok=False)]
+  return parity.ParityRun(tuple(matrix), tuple(rows), {}, 4.0)
+
+
+def test_parity_run_summarizes_per_variant_and_side_by_side():
+  run = _fake_run()
+  assert [r.case for r in run.failures] == ["dense/all_at_once_r2_dense_fp8_k8"]
+  s = run.summary()
+  assert (s["cases"], s["failures"], s["tied_positions"]) == (4, 1, 2)
+  by = {(r["variant"], r["format"]): r for r in run.by_variant()}
+  assert by[("dense", "dense_fp8")]["cases"] == 2
+  assert by[("dense", "dense_fp8")]["mismatched_rows"] == 1
+  assert by[("vendored", "bf16")]["ties"] == 2
+  table = run.side_by_side()
+  assert len(table) == 2  # decode_only at ratio 1; all_at_once at ratio 2
+  decode = next(r for r in table if r["batch"] == "decode_only")
+  assert (decode["vendored fp8"], decode["vendored bf16"],
+          decode["dense dense_fp8"]) == ("=", "= (2 ties)", "=")
+  other = next(r for r in table if r["batch"] == "all_at_once")
+  assert other["dense dense_fp8"] == "MISMATCH" and other["vendored fp8"] == ""
+
+
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_causal_summary_counts_what_the_diff_found(ratio):
+  inp = _causal_inputs(ratio)
+  d = parity.causal_rule_diff(inp, k=2, compression_ratio=ratio)
+  s = parity.causal_summary(d, inp.batch, compression_ratio=ratio)
+  assert s["rows_bound_differs"] == int(d.bound_differs.sum())
+  assert s["rows_bound_differs"] <= s["rows_incomplete_block"] <= s["live_rows"]
+  assert s["rows_changed"] == d.rows_changed
+  assert len(s["leaked_ranks"]) == s["leaked_selected_rows"]
+  assert sum(p["rows_bound_differs"] for p in s["per_sequence"]) == s["rows_bound_differs"]
+  assert [p["q_len"] for p in s["per_sequence"]] == list(inp.batch.q_lens[:2])
+
+
+def test_page_coverage_study_is_complete_when_the_budget_holds_every_entry():
+  cov = parity.page_coverage_study(page_entries=64, page_rows=2, page_sizes=[16],
+                                   budgets=[16, 62], num_heads=2)
+  assert cov["fp8"]["count"].shape == (2, 1)
+  # At a budget of 62 of 64 entries the top 3 of 4 pages hold most of it.
+  assert cov["f32"]["count"][1, 0] >= cov["f32"]["count"][0, 0]
+  assert np.all((cov["fp8"]["mass"] >= 0) & (cov["fp8"]["mass"] <= 1))
+
+
+def test_approx_and_tie_rows_name_each_k_and_format():
+  scores = np.array([[3.0, 1.0, 1.0, 0.0], [2.0, 2.0, 1.0, 0.5]], np.float32)
+  rows = parity.approx_rows(np.array([[3.0, 1.0, 2.0, 0.0]], np.float32), [1, 2])
+  assert [(r["recall_target"], r["k"]) for r in rows] == [(1.0, 1), (1.0, 2), (0.95, 1), (0.95, 2)]
+  assert all(r["sets_equal"] for r in rows)
+  ties = parity.tie_rate_rows({"a": scores}, [1, 2])
+  # k=1: row 1 ties (2 == 2); k=2: row 0 ties (1 == 1).
+  assert ties == [dict(format="a", tied=2, of_row_k_pairs=4)]
+  sizing = parity.tpu_sizing_rows([1024], [16])
+  assert sizing[0]["n"] == 1024 and set(sizing[0]) == {"n", "k", "kept_at_1.0", "kept_at_0.95"}

@@ -8,12 +8,14 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import colors as mcolors  # pylint: disable=g-import-not-at-top
+from matplotlib.container import BarContainer  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import addressing, formats, hbm  # pylint: disable=g-import-not-at-top
 
@@ -95,18 +97,6 @@ def test_entry_bytes_figure_stacks_each_layouts_bytes_and_draws_its_hbm_line():
   plt.close(fig)
 
 
-def test_e4m3_grid_figure_draws_the_spacing_it_is_given():
-  grid = quant.e4m3_finite_values()
-  positive = grid[grid > 0]
-  spacing = quant.relative_spacing(grid)
-  fig = plots.e4m3_grid_figure(positive, spacing)
-  (line,) = fig.axes[1].get_lines()
-  np.testing.assert_array_equal(line.get_xdata(), positive[:-1])
-  np.testing.assert_array_equal(line.get_ydata(), spacing)
-  normal = spacing[positive[:-1] >= 2.0**-6]
-  assert f"{normal.min():.4f} .. {normal.max():.3f}" in fig.axes[1].get_title()
-  plt.close(fig)
-
 
 def test_scale_error_figure_histograms_every_record():
   rng = np.random.default_rng(0)
@@ -122,31 +112,57 @@ def test_scale_error_figure_histograms_every_record():
   plt.close(fig)
 
 
-def test_recall_grid_figure_plots_the_recall_function_per_panel():
-  def recall(dist, entries, variant, k):
-    return 1 - k / entries / (2 if variant == "bf16" else 1)
-  fig = plots.recall_grid_figure(recall, dists=("gaussian", "outliers"),
-                                 contexts=[256, 1024], ks=[64, 128, 512],
-                                 variants=["bf16", "fp8"], title="t")
-  assert len(fig.axes) == 4
-  ax = fig.axes[1]  # gaussian, 1024 entries
-  fp8 = ax.get_lines()[1]
-  np.testing.assert_array_equal(fp8.get_xdata(), [64, 128, 512])
-  np.testing.assert_allclose(fp8.get_ydata(), [1 - k / 1024 for k in (64, 128, 512)])
-  assert list(fig.axes[0].get_lines()[0].get_xdata()) == [64, 128]  # k <= 256
+
+
+def test_e4m3_use_figure_shares_stored_values_by_binade_and_draws_the_spacing():
+  grid = quant.e4m3_finite_values()
+  positive = grid[grid > 0]
+  spacing = quant.relative_spacing(grid)
+  stored = np.array([0.0, 2.0**-8, 1.5, 1.75, 300.0])  # the zero is left out
+  fig = plots.e4m3_use_figure(positive, spacing, stored, title="finding")
+  (bars,) = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)]
+  heights = [p.get_height() for p in bars]
+  assert sum(heights) == pytest.approx(1) and max(heights) == pytest.approx(.5)
+  (line,) = fig.axes[1].get_lines()
+  np.testing.assert_array_equal(line.get_ydata(), spacing)
+  assert fig._suptitle.get_text() == "finding"
+  assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
   plt.close(fig)
 
 
-def test_hadamard_figure_draws_both_keys_and_the_recall_bars():
-  key = np.zeros(128)
+def test_recall_ci_figure_draws_the_mean_and_clips_the_interval_to_one():
+  recall = {("gaussian", 256, v, k): np.array([[1.0, 1.0], [.9, 1.0], [1.0, 1.0]])
+            for v in ("bf16", "fp8") for k in (64, 128)}
+  study = quant.RecallStudy(
+      seeds=(0, 1, 2), query_tokens=2, num_heads=1, compression_ratio=1,
+      dists=("gaussian",), contexts=(256,), ks=(64, 128, 512),
+      variants=("bf16", "fp8"), recall=recall, score_error={},
+      float64_rel_diff=0.0, seconds=0.0)
+  fig = plots.recall_ci_figure(study, dists=("gaussian",), contexts=[256],
+                               variants=["bf16", "fp8"], title="t")
+  ax = fig.axes[0]
+  line = ax.get_lines()[0]
+  np.testing.assert_array_equal(line.get_xdata(), [64, 128])  # k <= 256
+  np.testing.assert_allclose(line.get_ydata(), [59 / 60, 59 / 60])  # seeds 1, .95, 1
+  tops = [seg[1][1] for c in ax.collections for seg in c.get_segments()]
+  assert max(tops) == pytest.approx(1.0)  # the interval stops at recall 1
+  plt.close(fig)
+
+
+def test_rotation_figure_draws_both_keys_and_differences_around_zero():
+  key = np.ones(128)
   key[:4] = 20.0
   rotated = np.asarray(quant.rotate(key))
-  bars = [("gaussian\nfp8", .95, .96), ("outliers\nfp8", .80, .93)]
-  fig = plots.hadamard_figure(key, rotated, bars, outlier_channels=4, title="t")
-  np.testing.assert_allclose(_bar_heights(fig.axes[0]), np.abs(key))
-  np.testing.assert_allclose(_bar_heights(fig.axes[1]), np.abs(rotated))
-  np.testing.assert_allclose(_bar_heights(fig.axes[2]), [.95, .80, .96, .93])
-  assert fig.axes[2].get_ylim() == pytest.approx((.75, 1))
+  diffs = [("gaussian, fp8", quant.mean_ci([-.01, .0, .01])),
+           ("outliers, fp8", quant.mean_ci([.02, .03, .04]))]
+  fig = plots.rotation_figure(key, rotated, diffs, outlier_channels=4, title="t")
+  before, after = fig.axes[0].get_lines()
+  np.testing.assert_allclose(before.get_ydata(), np.abs(key))
+  np.testing.assert_allclose(after.get_ydata(), np.abs(rotated), rtol=1e-6)
+  (bars,) = [c for c in fig.axes[1].containers if isinstance(c, BarContainer)]
+  widths = [p.get_width() for p in bars]
+  np.testing.assert_allclose(widths, [0.0, .03], atol=1e-12)
+  assert [l.get_xdata()[0] for l in fig.axes[1].get_lines()][-1] == 0  # the zero line
   plt.close(fig)
 
 
@@ -192,17 +208,6 @@ def test_causal_leak_figure_bars_only_rows_that_selected_the_leaked_entry():
   assert list(start.get_xdata()) == [2.5, 2.5]
   plt.close(fig)
 
-
-def test_recall_curves_figure_draws_each_format_over_k_and_context():
-  recall = {"fp8": np.array([[.9, .95], [.8, .9]]),
-            "bf16": np.array([[.99, .995], [.98, .99]])}
-  fig = plots.recall_curves_figure(recall, [1024, 4096], [64, 512], quote_k=512,
-                                   title="t")
-  over_k, over_context = fig.axes
-  np.testing.assert_allclose(over_k.get_lines()[2].get_ydata(), [.8, .9])
-  np.testing.assert_allclose(over_context.get_lines()[0].get_ydata(), [.9, .8])
-  assert len(over_context.get_lines()) == 4  # k = 64 and 512, two formats
-  plt.close(fig)
 
 
 def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
@@ -284,3 +289,104 @@ def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exi
   assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
   assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
   plt.close(fig)
+
+
+def test_query_scores_figure_marks_selected_masked_entries_and_the_kth_score():
+  rng = np.random.default_rng(0)
+  unmasked = rng.random(20).astype(np.float32)
+  scores = np.full(24, -np.inf, np.float32)
+  scores[:15] = unmasked[:15]
+  chosen = np.argsort(-scores[:15], kind="stable")[:4]
+  fig = plots.query_scores_figure(scores, unmasked, chosen, k=4, n_visible=15,
+                                  compression_ratio=4, title="t")
+  ax = fig.axes[0]
+  lines = {l.get_label().split(" (")[0]: l for l in ax.get_lines()}
+  np.testing.assert_array_equal(lines["returned by the kernel"].get_xdata(), chosen)
+  masked = lines["masked by causality"]
+  np.testing.assert_array_equal(masked.get_xdata(), np.arange(15, 20))
+  np.testing.assert_allclose(masked.get_ydata(), unmasked[15:])
+  kth = np.sort(scores[:15])[::-1][3]
+  np.testing.assert_allclose(lines["k-th best visible score"].get_ydata(), [kth, kth])
+  plt.close(fig)
+
+
+def test_query_scores_figure_draws_no_kth_line_when_the_row_sees_fewer_than_k():
+  scores = np.array([1.0, 2.0, -np.inf, -np.inf], np.float32)
+  fig = plots.query_scores_figure(scores, np.array([1.0, 2.0, 3.0]), [1, 0],
+                                  k=4, n_visible=2, compression_ratio=4,
+                                  title="t")
+  labels = [l.get_label() for l in fig.axes[0].get_lines()]
+  assert not any(l.startswith("k-th") for l in labels)
+  plt.close(fig)
+
+
+@pytest.mark.parametrize("fmt,packing", [("fp8", 4), ("bf16", 2)])
+def test_sublane_words_axes_draws_one_word_per_row_and_lane_split_by_entry(fmt, packing):
+  keys = np.random.default_rng(1).standard_normal((1, 8, 128)).astype(np.float32)
+  page = np.asarray(si.cache.pack_cache(keys, fmt)[0])
+  lanes = [0, 1, 127]
+  fig, ax = plt.subplots()
+  plots.sublane_words_axes(ax, page, kv_packing=packing, lanes=lanes,
+                           highlight=5, title="t")
+  rows = 8 // packing
+  words = [p for p in ax.patches if not p.get_fill() and p.get_edgecolor()[:3] == (0, 0, 0)]
+  parts = [p for p in ax.patches if p.get_fill()]
+  red = [p for p in ax.patches if not p.get_fill() and mcolors.same_color(p.get_edgecolor(), "red")]
+  assert len(words) == rows * len(lanes) and len(parts) == rows * len(lanes) * packing
+  assert len(red) == len(lanes)  # entry 5 once per drawn lane
+  assert {(p.get_y(), p.get_x() % 1) for p in red} == {(5 // packing, (5 % packing) / packing)}
+  texts = [t.get_text() for t in ax.texts]
+  if fmt == "fp8":
+    assert f"e0\n{page[0, 0, 0]:02x}" in texts
+  assert "..." in texts  # the gap between lanes 1 and 127
+  plt.close(fig)
+
+
+def test_decode_step_time_figure_draws_one_bar_per_format_and_generation():
+  rows = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e"])
+  fig = plots.decode_step_time_figure(rows, title="t")
+  ax = fig.axes[0]
+  np.testing.assert_allclose(_bar_heights(ax), [r["step_us"] for r in rows])
+  assert "model" in ax.get_ylabel()
+  plt.close(fig)
+
+
+def test_causal_masks_figure_outlines_the_chunks_leak_cells():
+  batch = _batch("contiguous")
+  chunk = addressing.prefill_chunk_masks(batch, int(batch.distribution[0]), window=6)
+  fig = plots.causal_masks_figure(chunk, compression_ratio=4)
+  assert len(fig.axes[1].patches) == chunk.leak_cells and not fig.axes[0].patches
+  plt.close(fig)
+
+
+def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
+  batch = _batch("fragmented")
+  rows = plots_tables.batch_rows(batch, max_pages=2)
+  assert [r["range"] for r in rows] == ["decode"] * 3 + ["prefill-only", "mixed"]
+  assert [r["q_len"] for r in rows] == [int(x) for x in batch.q_lens[:5]]
+  assert rows[3]["query rows"] == f"{batch.cu_q_lens[3]}..{batch.cu_q_lens[4] - 1}"
+  assert [r["entries"] for r in rows] == [int(x) for x in batch.num_entries[:5]]
+  assert rows[0]["physical pages"].endswith(", ...")  # 90 tokens: 3 pages of 8 entries
+
+
+def test_tables_format_rows_side_by_side_one_row_per_format():
+  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
+  recorded = {f: dict(bytes_per_entry=float(b), kv_bytes=1024 * b)
+              for f, b in (("fp8", 256), ("dense_fp8", 129), ("bf16", 256))}
+  modelled = {f: r["kv_bytes"] for f, r in recorded.items()}
+  rows = plots_tables.format_rows_side_by_side(step, recorded, modelled)
+  assert [r["layout"] for r in rows] == ["fp8 (vendored)", "dense_fp8 (dense)",
+                                         "bf16 (vendored)"]
+  assert [r["stored B/entry (TPU)"] for r in rows] == [256, 132, 256]
+  assert rows[1]["call KiB: counted"] == 129
+  want = next(r["step_us"] for r in step if r["fmt"] == "dense_fp8" and r["generation"] == "v7x")
+  assert rows[1]["v7x us/step (model)"] == want
+
+
+def test_tables_format_rows_side_by_side_without_a_recording_leaves_counts_blank():
+  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
+  rows = plots_tables.format_rows_side_by_side(
+      step, None, {f: 1024 for f, _ in hbm.FORMAT_VARIANTS})
+  assert all(r["counted B/entry (DMAs)"] is None and r["call KiB: counted"] is None
+             for r in rows)
+  assert "| - |" in plots_tables.markdown(rows)

@@ -135,3 +135,20 @@ def test_load_runs_can_skip_other_json(tmp_path):
   good = profiling.write_run(tmp_path, parameters={}, records=[], name="run-z.json")
   runs = profiling.load_runs(str(tmp_path / "run-*.json"), skip_invalid=True)
   assert [r["path"] for r in runs] == [str(good)]
+
+
+def test_compile_only_tpu_devices_are_not_device_lines(tmp_path):
+  """After `compile_for` the process has libtpu's compile-only TPU devices;
+  their empty planes in a CPU run's trace are no device run."""
+  if si.modes.libtpu_path() is None:
+    pytest.skip("libtpu is not installed (make venv puts it in .venv/tpu-compile)")
+  import jax
+  import jax.numpy as jnp
+  with si.compile_for("v5e"):
+    pass
+  cap = profiling.capture(lambda: jnp.ones(8) + 1, log_dir=tmp_path,
+                          iterations=1)
+  trace = profiling.load_trace(cap.perfetto_path)
+  assert trace.device_pids() == []
+  assert profiling.stage_times(trace, iterations=1)["device"] is False
+

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, ref
+from streamidx import cache, metrics, ref
 from streamidx.lab.studies import quant
 
 
@@ -282,3 +282,85 @@ def test_float64_scores_match_the_reference_and_mask_like_it():
                                    causal_rule="seed")
   model = quant.float64_scores(inp, compression_ratio=4, seq=1)
   assert np.isfinite(seed_rule).sum() > np.isfinite(model).sum()
+
+
+# --------------------------------------------------------------------------
+# Notebook 03's studies.
+
+
+def test_e4m3_summary_counts_the_grid():
+  s = quant.e4m3_summary()
+  assert s["definition_matches"]
+  assert (s["finite_patterns"], s["nan_patterns"], s["distinct_finite"]) == (254, 2, 253)
+  assert (s["subnormals"], s["normals"], s["max"]) == (7, 119, 448.0)
+  assert s["min_subnormal"] == 2.0**-9 and len(s["positive"]) == 126
+
+
+def test_key_records_are_make_inputs_keys_with_outlier_channels():
+  g = quant.key_records(300, dist="gaussian", seed=1)
+  o = quant.key_records(300, dist="outliers", seed=1, outlier_channels=3,
+                        outlier_scale=50.0)
+  assert g.shape == o.shape == (300, 128) and g.dtype == np.float32
+  assert np.sum(np.abs(o).mean(axis=0) > 10) == 3
+  np.testing.assert_array_equal(g, quant.key_records(300, dist="gaussian", seed=1))
+
+
+def test_scale_study_reports_errors_headroom_and_stored_values():
+  keys = {"k": np.array([[3.0] + [1.0] * 127, [448.0] * 128], np.float32)}
+  st = quant.scale_study(keys)["k"]
+  # Record 1: amax 3 -> scale 2**-7, amax lands on 384; record 2 is exact.
+  np.testing.assert_allclose(st["amax_over_scale"], [384.0, 448.0])
+  assert st["err_pow2"][1] == 0 and st["max_stored"] == 448.0 and st["finite"]
+  assert st["stored"].shape == (256,)
+
+
+def test_scale_commutes_for_the_ue8m0_scale_only():
+  b = si.make_batch([(4, 4 * 16)], page_size=16, compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=0)
+  c = quant.scale_commutes(inp, int(b.page_table[0, 0]), 4)
+  assert c["pow2_mismatch"] == 0 and c["size"] == 4 * 16
+  assert c["float_mismatch"] > 0 and 0 < c["float_max_rel"] < 1e-5
+
+
+def test_mean_ci_is_the_student_t_interval_of_the_mean():
+  s = quant.mean_ci([1.0, 2.0, 3.0, 4.0])
+  assert s.mean == 2.5 and s.n == 4
+  assert s.std == pytest.approx(np.std([1, 2, 3, 4], ddof=1))
+  # t(0.975, 3 dof) = 3.1824
+  assert s.half_width == pytest.approx(3.1824 * s.std / 2, rel=1e-4)
+  assert (s.lo, s.hi) == (s.mean - s.half_width, s.mean + s.half_width)
+  one = quant.mean_ci([0.5])
+  assert one.mean == 0.5 and np.isnan(one.half_width)
+  with pytest.raises(ValueError, match="samples"):
+    quant.mean_ci([])
+
+
+def test_recall_study_measures_each_row_of_each_seed_and_pairs_seeds():
+  st = quant.recall_study(seeds=[0, 1], num_heads=2, compression_ratio=1,
+                          page_size=16, query_tokens=2, contexts=[64],
+                          ks=[4, 16, 128], dists=("gaussian",),
+                          variants=("bf16", "fp8"))
+  assert st.n_rows == 4 and st.float64_rel_diff < 1e-5
+  assert set(st.recall) == {("gaussian", 64, v, k) for v in ("bf16", "fp8")
+                            for k in (4, 16)}  # k = 128 > 64 entries: left out
+  r = st.recall[("gaussian", 64, "fp8", 16)]
+  assert r.shape == (2, 2) and np.all((r >= 0) & (r <= 1))
+  np.testing.assert_allclose(st.per_seed("gaussian", 64, "fp8", 16), r.mean(axis=1))
+  # Seed 1, row 1, recomputed by hand.
+  b = si.make_batch([(2, 64)], page_size=16, compression_ratio=1)
+  inp = si.make_inputs(b, num_heads=2, fmt="f32", q_dtype=jnp.float32, seed=1)
+  exact = np.asarray(ref.token_scores(*quant.variant_inputs(inp, "exact").args,
+                                      compression_ratio=1))
+  fp8 = np.asarray(ref.token_scores(*quant.variant_inputs(inp, "fp8").args,
+                                    compression_ratio=1))
+  want = metrics.recall_at_k(np.asarray(ref.topk_from_scores(fp8, 16))[1:2],
+                             np.asarray(ref.topk_from_scores(exact, 16))[1:2],
+                             exact[1:2])
+  assert r[1, 1] == want
+  d = st.difference("gaussian", 64, "fp8", "bf16", 16)
+  assert d.mean == pytest.approx(np.mean(r.mean(axis=1) - st.recall[
+      ("gaussian", 64, "bf16", 16)].mean(axis=1)))
+  assert {row["variant"] for row in st.records()} == {"bf16", "fp8"}
+  with pytest.raises(ValueError, match="variant"):
+    quant.recall_study(seeds=[0], num_heads=1, compression_ratio=1, page_size=16,
+                       query_tokens=1, contexts=[64], ks=[4], variants=("exact",))

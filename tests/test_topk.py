@@ -360,6 +360,15 @@ def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
   assert chunked["compiler optimal us"] == 300
 
 
+def test_recommend_covers_shapes_where_a_method_falls_back_to_top_k():
+  # GLM's k = 2048: blockmax keeps as many blocks as k, so it is one top_k.
+  for shape in topk_model.SHAPES:
+    assert topk_model.cost("blockmax", shape.rows, shape.entries,
+                           shape.k).method in ("blockmax", "top_k")
+    r = topk_model.recommend(shape, "v6e")
+    assert sorted(r["rankings"]["sort work"]) == sorted(EXACT)
+
+
 def test_compile_matrix_has_a_row_per_topk_method():
   from streamidx.lab import aot
   rows = aot.matrix(quick=True, variants=["vendored"], formats=["fp8"],

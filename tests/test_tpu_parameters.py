@@ -91,13 +91,13 @@ def test_tpu_batches_of_the_token_kernel_fit_vmem():
   bq = p["num_queries_per_block"]
   quick = _token_plan(batch, p["num_heads"], p["num_kv_pages_per_block"], (1, bq, bq))
   assert 0 < quick.vmem_bytes <= VMEM_BYTES, quick.vmem_bytes
-  # 05's kernel check on the recall batch (its cell's block sizes: 8 pages, bq 8).
+  # 05's kernel check on the long-context batch (its cell's block sizes: 8 pages, bq 8).
   r = {**default_parameters(NOTEBOOKS_DIR / "05_recall_parity.ipynb"),
        **tpu_values(NOTEBOOKS_DIR / "05_recall_parity.ipynb")}
-  recall = si.make_batch([(r["recall_rows"], n * r["recall_ratio"]) for n in r["recall_entries"]],
-                         page_size=r["recall_page_size"], compression_ratio=r["recall_ratio"],
-                         max_num_seqs=max(2, len(r["recall_entries"])))
-  plan = _token_plan(recall, r["recall_num_heads"], 8, (1, 8, 8))
+  long = si.make_batch([(r["long_rows"], n * r["long_ratio"]) for n in r["long_entries"]],
+                       page_size=r["long_page_size"], compression_ratio=r["long_ratio"],
+                       max_num_seqs=max(2, len(r["long_entries"])))
+  plan = _token_plan(long, r["num_heads"], 8, (1, 8, 8))
   assert 0 < plan.vmem_bytes <= VMEM_BYTES, plan.vmem_bytes
 
 
@@ -172,7 +172,7 @@ def test_rerunning_the_check_leaves_tpu_values_alone(monkeypatch, capsys):
   params.check_notebook("03_fp8_packing", ns)
   params.check_notebook("03_fp8_packing", ns)
   second = capsys.readouterr().out.splitlines()[1]
-  assert "none applied; already at TPU size: query_tokens, contexts, num_records" in second
+  assert "none applied; already at TPU size: query_tokens, num_seeds, contexts, num_records" in second
 
 
 def test_scaled_values_that_break_a_rule_name_the_table(monkeypatch, tmp_path):

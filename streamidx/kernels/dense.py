@@ -67,9 +67,12 @@ from streamidx import modes
 from streamidx import semantics
 from streamidx import topk
 from streamidx import validate
-from streamidx.kernels.vendored import (_widen_fp8_for_mxu, check_launch_vmem,
+from streamidx.kernels.vendored import (_pool_by_lane_segments_for,
+                                        _pool_pages_by_lane_segments,
+                                        _widen_fp8_for_mxu, check_launch_vmem,
                                         prepare_index_weights,
-                                        prepare_q_inputs)
+                                        prepare_q_inputs,
+                                        unpermute_lane_segment_pages)
 from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, LANES, align_to,
                                  causal_visible_bound, cdiv)
 
@@ -129,7 +132,8 @@ def _dense_kernel(
     page_pool: bool,
     num_cores: int,
     bf16_dot: bool,
-    block_max: bool,
+    block_max: bool = False,
+    segment_pool: bool = False,
 ):
   """One program: `seq_batch_size` consecutive slots of the launch's range.
 
@@ -448,8 +452,12 @@ def _dense_kernel(
           s = block_scores(bqs[b], weights[b], values, scales, ends[b],
                            kv_lens[b], bkv_idx)
           if page_pool:
-            # Max-pool each page (ratio 1: a page is page_size columns).
-            out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
+            # Max-pool each page (ratio 1: a page is page_size columns);
+            # by lane segments where the chip cannot split lanes (M15).
+            if segment_pool:
+              out.append(_pool_pages_by_lane_segments(s, page_size))
+            else:
+              out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
           else:
             out.append(s.reshape(bq_sz, num_sublanes_bkv, LANES))
             if block_max:
@@ -503,7 +511,8 @@ def _dense_kernel(
 def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
             start, end, seq_batch_size, static_q_len, bq_sz, bkv_p,
             num_out_sublanes, compression_ratio, causal_rule, page_pool,
-            vmem_limit_bytes, num_cores, name, interpret, bmax=None):
+            vmem_limit_bytes, num_cores, name, interpret, bmax=None,
+            segment_pool=False):
   """One `pallas_call` over slots [start, end), `seq_batch_size` per program.
 
   bmax: None, or the block-max buffer f32[max_num_tokens, G, 128] (token
@@ -556,7 +565,7 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
           static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
           seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool,
           num_cores=num_cores, bf16_dot=_widen_fp8_for_mxu(interpret),
-          block_max=block_max),
+          block_max=block_max, segment_pool=segment_pool),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(scalars),
           in_specs=[hbm] * (6 if block_max else 5),
@@ -781,6 +790,9 @@ def streamindex_page_topk_dense(
   num_seqs = jnp.asarray(num_seqs, jnp.int32)
   scores = jnp.full((num_tokens, num_page_cols // LANES, LANES), -jnp.inf,
                     jnp.float32)
+  page_size = cache_values.shape[1] * KV_PACKING
+  # v4 pools by lane segments, columns segment-major (vendored M15).
+  segment_pool = _pool_by_lane_segments_for(page_size, interpret)
   run = functools.partial(
       _pallas, q, weights, cache_values, cache_scales,
       prefetch=(seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1]),
@@ -788,12 +800,16 @@ def streamindex_page_topk_dense(
       bq_sz=num_queries_per_block, bkv_p=bkv_p,
       num_out_sublanes=num_page_cols // LANES,
       compression_ratio=compression_ratio, causal_rule=causal_rule,
-      page_pool=True, vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
+      page_pool=True, segment_pool=segment_pool,
+      vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
       name=f"StreamIdxDensePageTC-bq_{num_queries_per_block}-bkvp_{bkv_p}",
       interpret=interpret)
   scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
                     scores)
-  page_scores = scores.reshape(num_tokens, num_page_cols)[:, :pages_per_seq]
+  page_scores = scores.reshape(num_tokens, num_page_cols)
+  if segment_pool:
+    page_scores = unpermute_lane_segment_pages(page_scores, page_size)
+  page_scores = page_scores[:, :pages_per_seq]
   top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
   if return_scores:
     return top_idxs, topk.scores_at(page_scores, top_idxs)

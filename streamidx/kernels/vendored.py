@@ -103,12 +103,13 @@
 #     rejects the e4m3 KV tile as a matmul operand on TPU v4
 #     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
 #     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
-#     with `streamidx.compile_for`). `load_bkv` now widens the e4m3 tile to
-#     bf16 before the matmul when the kernel is compiled for such a chip
-#     (`_widen_fp8_for_mxu`, read at trace time from the target chip:
-#     generation < 5); exact, since every e4m3fn value is a bf16 value.
-#     Interpreted and on v5e and newer the tile goes to the matmul as e4m3,
-#     as in the seed.
+#     with `streamidx.compile_for`). `compute_scores` now widens the e4m3
+#     tile to bf16 before the matmul when the kernel is compiled for such a
+#     chip (`_widen_fp8_for_mxu`, read at trace time from the target chip:
+#     generation < 5), `WIDEN_CHUNK` entries at a time (a page-mode block of
+#     8192 entries widened at once needs 17.5 MiB of v4's 16 MiB VMEM);
+#     exact, since every e4m3fn value is a bf16 value. Interpreted and on
+#     v5e and newer the tile goes to the matmul as e4m3, as in the seed.
 # M11  VMEM scratch checked before compiling. The four scratch
 #     buffers of a launch are declared once (`semantics.launch_scratch`,
 #     which the lab's tiling model reads too); compiled, both entry points
@@ -152,6 +153,19 @@
 #     `token_launches`; page mode: num_seqs > 0). An empty range's grid had
 #     no programs, but the launch itself (scalar prefetch copies, the
 #     aliased score buffer, the kernel launch) still ran.
+# M15  Page pooling on TPU v4. Mosaic cannot lower the page max-pool
+#     `s.reshape(rows, 128, cols_per_page).max(-1)` for pages narrower than
+#     a lane row on v4 (GLM's 64-entry pages: "infer-vector-layout:
+#     unsupported shape cast vector<8x8192xf32> -> vector<8x128x64xf32>";
+#     pooling by lane reductions needs a sublane gather v4 lacks). Compiled
+#     for v4 (`_pool_by_lane_segments_for`, trace time), the page kernel
+#     pools by lane segments and a transpose
+#     (`_pool_pages_by_lane_segments`), writing each block's 128 page
+#     maxima segment-major; the wrapper restores page order
+#     (`unpermute_lane_segment_pages`) before the selection. A max in
+#     another order is the same max: identical scores and indices.
+#     `force_v4_paths()` runs this code (and M10's widening) in the
+#     interpreter, where tests check its parity.
 """TPU-Friendly StreamIndex Top-K kernel."""
 
 import enum
@@ -260,6 +274,35 @@ def _target_tpu_info():
     return None
 
 
+_FORCE_V4_PATHS = False
+
+
+class force_v4_paths:
+  """streamidx (M10, M15): trace the kernels with v4's code on any target.
+
+  A context manager for tests and the walkthrough: the CPU interpreter then
+  runs what TPU v4 compiles (the FP8 tile widened to bf16 in chunks, M10;
+  pages pooled by lane segments, M15), so its parity is checked here.
+  Read at trace time; entering and leaving it clears JAX's caches.
+  """
+
+  def __enter__(self):
+    global _FORCE_V4_PATHS
+    self._prev, _FORCE_V4_PATHS = _FORCE_V4_PATHS, True
+    jax.clear_caches()  # jitted entry points traced without it retrace
+    return self
+
+  def __exit__(self, *exc):
+    global _FORCE_V4_PATHS
+    _FORCE_V4_PATHS = self._prev
+    jax.clear_caches()
+    return False
+
+
+# streamidx (M10): KV entries widened to bf16 and scored at a time on v4.
+WIDEN_CHUNK = 1024
+
+
 def _widen_fp8_for_mxu(interpret) -> bool:
   """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
 
@@ -267,10 +310,79 @@ def _widen_fp8_for_mxu(interpret) -> bool:
   RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
   from the target chip; False when interpreted.
   """
+  if _FORCE_V4_PATHS:
+    return True
   if interpret is not False:
     return False
   info = _target_tpu_info()
   return info is not None and info.generation < 5
+
+
+def _pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
+  """streamidx (M15): pool pages by lane segments (`_pool_pages_by_lane_segments`)?
+
+  True when compiled for a chip before TPU v5 and a page is narrower than a
+  128-lane row: Mosaic cannot lower the seed's `reshape(rows, pages,
+  cols_per_page)` there ("infer-vector-layout: unsupported shape cast
+  vector<8x8192xf32> -> vector<8x128x64xf32>" on v4). Read at trace time
+  from the target chip; False when interpreted (tests force it there through
+  `force_v4_paths`).
+  """
+  if _FORCE_V4_PATHS:
+    return cols_per_page < 128
+  if interpret is not False or cols_per_page >= 128:
+    return False
+  info = _target_tpu_info()
+  return info is not None and info.generation < 5
+
+
+def _pool_pages_by_lane_segments(s_summed, cols_per_page: int):
+  """streamidx (M15): the page max-pool of one KV block without a lane split.
+
+  s_summed: f32[rows, bkv] token scores, bkv = 128 pages x `cols_per_page`
+  (a divisor of 128). The block is viewed as [rows, cols_per_page, 128]
+  (whole lane rows: a reshape every TPU generation lowers), so lane segment j
+  of lane row r holds page g*r + j (g = 128 // cols_per_page pages per lane
+  row). Stacking the g segment-masked copies along the second-minor axis
+  gives [rows, 128, 128] whose row i = j * cols_per_page + r holds page
+  g*r + j (other lanes -inf); a transpose of the last two axes and a
+  max over the second-minor axis (a sublane reduction, which lands in lanes)
+  pool each page. Lane reductions would put the result in sublanes, and
+  moving it to lanes is the sublane gather v4 lacks.
+
+  Returns f32[rows, 128] in *segment-major* order: column j * cols_per_page
+  + r holds page g*r + j; `unpermute_lane_segment_pages` restores page order
+  outside the kernel (an XLA transpose of the small [T, pages] buffer). A
+  max is exact in any order, so the values equal the seed's pooling.
+  """
+  rows, bkv = s_summed.shape
+  assert 128 % cols_per_page == 0 and bkv == 128 * cols_per_page
+  g = 128 // cols_per_page
+
+  def pool(x):  # [r, bkv] -> [r, 128]
+    x = x.reshape(x.shape[0], cols_per_page, 128)
+    segment = lax.broadcasted_iota(jnp.int32, x.shape, 2) // cols_per_page
+    stacked = jnp.concatenate(
+        [jnp.where(segment == j, x, -jnp.inf) for j in range(g)], axis=1)
+    return jnp.swapaxes(stacked, 1, 2).max(axis=1)
+
+  # Eight query rows (one sublane tile) at a time: the stacked copy is then
+  # 8 x 128 x 128 f32 (512 KiB) of VMEM, not rows / 8 times that.
+  return jnp.concatenate(
+      [pool(s_summed[r:r + 8]) for r in range(0, rows, 8)], axis=0)
+
+
+def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
+  """streamidx (M15): segment-major page columns back to page order.
+
+  page_scores: f32[T, n * 128], each 128-column block as
+  `_pool_pages_by_lane_segments` wrote it. Returns the same values with
+  column p = page p of the block.
+  """
+  t, n = page_scores.shape
+  g = 128 // cols_per_page
+  x = page_scores.reshape(t, n // 128, g, cols_per_page)
+  return jnp.swapaxes(x, -1, -2).reshape(t, n)
 
 
 def _scores_kernel(
@@ -306,6 +418,7 @@ def _scores_kernel(
     causal_rule: str = "model",  # streamidx (M3)
     interpreted: bool = False,  # streamidx (M2)
     widen_fp8: bool = False,  # streamidx (M10)
+    pool_by_lane_segments: bool = False,  # streamidx (M15)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -541,9 +654,7 @@ def _scores_kernel(
         # format.
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
-        if widen_fp8:
-          # streamidx (M10): exact, e4m3fn is a subset of bf16.
-          fp8_val = fp8_val.astype(jnp.bfloat16)
+        # streamidx (M10): widened to bf16 in `compute_scores`, per chunk.
         scale_val = pltpu.bitcast(
             flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
         ).astype(jnp.bfloat16)
@@ -611,16 +722,27 @@ def _scores_kernel(
         scale_val = scale_val_vec[batch_idx]
         bq_weights = bq_weights_vec[batch_idx]
         bq_visible_end = bq_visible_end_vec[batch_idx]
-        s = jnp.einsum(
-            "nd,md->nm",
-            bq,
-            bkv,
-            preferred_element_type=jnp.float32,
-        )
-        s = s.reshape(-1, num_q_heads, s.shape[-1])
-        s = jnp.maximum(s, 0.0)
-        s = s * bq_weights.astype(jnp.float32)[:, :, None]
-        s_summed = s.sum(axis=1)
+        def head_sum(bkv):
+          s = jnp.einsum(
+              "nd,md->nm",
+              bq,
+              bkv,
+              preferred_element_type=jnp.float32,
+          )
+          s = s.reshape(-1, num_q_heads, s.shape[-1])
+          s = jnp.maximum(s, 0.0)
+          s = s * bq_weights.astype(jnp.float32)[:, :, None]
+          return s.sum(axis=1)
+
+        if widen_fp8 and bkv.dtype == jnp.float8_e4m3fn:
+          # streamidx (M10): exact, e4m3fn is a subset of bf16. Widened
+          # and scored WIDEN_CHUNK entries at a time, so that v4's 16 MiB
+          # of VMEM holds a page-mode block (8192 entries) of FP8 keys.
+          s_summed = jnp.concatenate([
+              head_sum(bkv[c:c + WIDEN_CHUNK].astype(jnp.bfloat16))
+              for c in range(0, bkv.shape[0], WIDEN_CHUNK)], axis=-1)
+        else:
+          s_summed = head_sum(bkv)
         if scale_val is not None:
           s_summed = s_summed * scale_val
         k_span = bkv_idx * bkv_sz + lax.broadcasted_iota(jnp.int32, s_summed.shape, 1)
@@ -636,7 +758,10 @@ def _scores_kernel(
           # are linear (compressed) kv positions, and bkv_sz is a whole
           # number of pages, so pooling groups are exact pages.
           cols_per_page = page_pool_size // compression_ratio
-          ret.append(s_summed.reshape(-1, bkv_p, cols_per_page).max(axis=-1))
+          if pool_by_lane_segments:
+            ret.append(_pool_pages_by_lane_segments(s_summed, cols_per_page))
+          else:
+            ret.append(s_summed.reshape(-1, bkv_p, cols_per_page).max(axis=-1))
         else:
           ret.append(s_summed.reshape(-1, num_sublanes_bkv, 128))
       return jnp.concatenate(ret, axis=0)
@@ -1295,6 +1420,9 @@ def streamindex_page_topk(
       jnp.zeros((3,), jnp.int32),
       jnp.full((2,), -1, jnp.int32),
   )
+  # streamidx (M15): v4 pools pages by lane segments, columns segment-major.
+  cols_per_page = page_size // compression_ratio
+  segment_pool = _pool_by_lane_segments_for(cols_per_page, interpret)
   scope_name = f"StreamIdxPageTC-bq_{bq_sz}-bkvp_{bkv_p}"
   kernel = jax.named_scope(scope_name)(
       pl.pallas_call(
@@ -1310,6 +1438,7 @@ def streamindex_page_topk(
               causal_rule=causal_rule,
               interpreted=interpret is not False,
               widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M10)
+              pool_by_lane_segments=segment_pool,  # streamidx (M15)
           ),
           grid_spec=pltpu.PrefetchScalarGridSpec(
               num_scalar_prefetch=len(scalar_prefetches),
@@ -1335,7 +1464,10 @@ def streamindex_page_topk(
       lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,
                        cache_kv, s),
       lambda s: s, scores_init)
-  page_scores = page_scores.reshape(T, num_page_cols)[:, :pages_per_seq]
+  page_scores = page_scores.reshape(T, num_page_cols)
+  if segment_pool:  # streamidx (M15)
+    page_scores = unpermute_lane_segment_pages(page_scores, cols_per_page)
+  page_scores = page_scores[:, :pages_per_seq]
   # streamidx (M12): the project's selection (lax.top_k, -1 for -inf).
   top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
   if return_scores:  # streamidx (M9)

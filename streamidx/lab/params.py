@@ -278,6 +278,10 @@ def _cache_layout(p: Parameters):
   p.integer("hbm_num_heads", min=1)
   p.integer("hbm_head_dim", min=128, multiple_of=128)
   p.integers("hbm_contexts", min=1)
+  dsv4_page_size = p.integer("dsv4_page_size", min=4, multiple_of=4)
+  p.integer("dsv4_batch", min=1)
+  tokens = p.integer("dsv4_context_tokens", min=ratio * dsv4_page_size)
+  p.integer("dsv4_k", min=1, max=tokens // ratio)
   p.integer("seed")
 
 
@@ -297,6 +301,7 @@ def _fp8_packing(p: Parameters):
   p.number("outlier_scale", min=1)
   p.integer("num_records", min=16)
   p.integer("seed")
+  p.integer("num_seeds", min=2)  # error bars need two seeds at least
 
 
 @_rules("04_kernel_tiling")
@@ -328,6 +333,7 @@ def _kernel_tiling(p: Parameters):
   p.integer("mix_max_tokens", min=low)
   p.integer("mix_trials", min=1)
   p.integers("mix_batch_sizes", min=1)
+  p.integer("random_trials", min=1)
   p.integers("run_decode", min=1, nonempty=False)
   p.pairs("run_prefill")
   p.pairs("run_mixed")
@@ -343,7 +349,7 @@ def _kernel_tiling(p: Parameters):
   gens = ("v4", "v5e", "v5p", "v6e", "v7x")
   p.choices("aot_variants", tuple(variants_lib.VARIANTS))
   p.choices("aot_generations", gens)
-  p.choices("aot_formats", ("fp8", "bf16"))
+  p.choices("aot_formats", ("fp8", "bf16", "dense_fp8"))
   p.integer("aot_jobs", min=1)
   p.choices("vmem_generations", gens)
   p.integers("vmem_decode_kv_pages", min=1)
@@ -352,30 +358,37 @@ def _kernel_tiling(p: Parameters):
   p.choices("schedule_generations", gens)
   p.integers("schedule_kv_pages", min=1)
   p.lane_blocks("schedule_kv_pages")
+  # Section 8: the variants' static schedules and the dense kernel's cores.
+  p.choices("variant_generations", gens)
+  p.choices("megacore_generations", gens)
+  # Section 9: the top-k model.
+  p.choices("topk_generations", gens)
 
 
 @_rules("05_recall_parity")
 def _recall_parity(p: Parameters):
+  from streamidx import variants  # pylint: disable=g-import-not-at-top
   from streamidx.lab.studies import cases  # pylint: disable=g-import-not-at-top
   p.string("output_dir")
   p.integer("seed")
   p.choice("parity_scope", cases.SCOPES)
+  if isinstance(p["race_variants"], (list, tuple)) and not p["race_variants"]:
+    p._mark("race_variants")  # pylint: disable=protected-access  (none: no race run)
+  else:
+    p.choices("race_variants", tuple(variants.VARIANTS))
   p.integer("causal_ratio", min=2)  # at ratio 1 the two rules agree
-  p.pairs("causal_prefill", min_q_len=2)  # prefill chunks
+  p.pairs("causal_prefill", min_q_len=2, nonempty=True)  # prefill chunks
   p.integer("causal_k", min=1)
   p.integer("causal_num_heads", min=1)
-  entries = p.integers("recall_entries", min=1)
-  rows = p.integer("recall_rows", min=1)
-  ratio = p.integer("recall_ratio", min=1)
-  p.integer("recall_num_heads", min=1)
-  p.page_size("recall_page_size")
-  # Every row must see more than k entries: the last `recall_rows` tokens of
-  # the shortest sequence see at least entries - ceil(recall_rows / ratio).
-  ks = p.integers("recall_ks", min=1,
-                  max=min(entries) - -(-rows // ratio) - 1)
-  p.boolean("recall_kernel_check")
-  p.choice("quote_k", ks)
-  p.choice("quote_entries", entries)
+  entries = p.integers("long_entries", min=1)
+  rows = p.integer("long_rows", min=1)
+  ratio = p.integer("long_ratio", min=1)
+  p.integer("num_heads", min=1)
+  p.page_size("long_page_size")
+  # Every row must see more than k entries: the last `long_rows` tokens of
+  # the shortest sequence see at least entries - ceil(long_rows / ratio).
+  p.integers("long_ks", min=1, max=min(entries) - -(-rows // ratio) - 1)
+  p.boolean("long_kernel_check")
   page_entries = p.integer("page_entries", min=1)
   page_rows = p.integer("page_rows", min=1)
   sizes = p.integers("page_sizes", min=4)
@@ -414,6 +427,12 @@ def _tpu_profiling(p: Parameters):
   p.integer("warmup", min=1)
   p.boolean("check_results")
   p.integer("max_host_key_bytes", min=1)
+  from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
+  p.choices("tpu_topk_methods", topk_lib.TOPK_METHODS)
+  p.choices("cpu_topk_methods", topk_lib.TOPK_METHODS)
+  p.boolean("compare_sort_decode")
+  p.choice("schedule_bound", ("tpu", "always", "never"))
+  p.choice("model_generation", ("v4", "v5e", "v5p", "v6e", "v7x"))
   p.integer("seed")
 
 
@@ -436,6 +455,79 @@ def _kernel_walkthrough(p: Parameters):
   p.integer("exercise_context_tokens", min=4)
 
 
+@_rules("07_multichip")
+def _multichip(p: Parameters):
+  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import sharding  # pylint: disable=g-import-not-at-top
+  p.string("output_dir")
+  p.choice("fmt", ("fp8", "bf16"))
+  p.integer("compression_ratio", min=1)
+  p.integer("num_heads", min=1)
+  p.integer("k", min=1)
+  p.page_size()
+  p.integer("pages_per_seq", min=1)
+  decode = p.integers("decode_seq_lens", min=1, nonempty=False)
+  prefill = p.pairs("prefill", min_q_len=1)
+  mixed = p.pairs("mixed", min_q_len=1)
+  ratio, ps, pps = (p["compression_ratio"], p["page_size"], p["pages_per_seq"])
+  longest = max(decode + [s for _, s in prefill] + [s for _, s in mixed],
+                default=0)
+  if longest == 0:
+    _fail("decode_seq_lens", "the batch needs at least one sequence",
+          decode)
+  if -(-(longest // ratio) // ps) > pps:
+    _fail("pages_per_seq", f"must hold the longest sequence ({longest} "
+          f"tokens = {-(-(longest // ratio) // ps)} pages of {ps})", pps)
+  nd = p.integer("num_data", min=1)
+  nc = p.integer("num_context", min=1)
+  if nc & (nc - 1):
+    _fail("num_context", "must be a power of two (the 2-D layout's tree "
+          "merge)", nc)
+  p.choices("run_layouts", ("sequence-parallel", "context-parallel", "2d"))
+  p.choices("model_generations", hardware.GENERATIONS)
+  p.integer("model_num_seqs", min=1)
+  p.integer("model_context_tokens", min=4)
+  p.integers("crossover_chips", min=1)
+  lat = p["latencies_us"]
+  if isinstance(lat, (str, bytes)) or not isinstance(lat, Iterable) or not (
+      list(lat)):
+    _fail("latencies_us", "must be a non-empty list of numbers", lat)
+  for i, x in enumerate(lat):
+    check.number(f"latencies_us[{i}]", x, min=0)
+  p._mark("latencies_us")  # pylint: disable=protected-access
+  runs = p["compile_runs"]
+  if isinstance(runs, (str, bytes)) or not isinstance(runs, Iterable):
+    _fail("compile_runs", "must be a list of [topology, layout]", runs)
+  for i, run in enumerate(runs):
+    if (isinstance(run, (str, bytes)) or not isinstance(run, Iterable)
+        or len(list(run)) != 2):
+      _fail(f"compile_runs[{i}]", "must be [topology, layout]", run)
+    topo, layout = run
+    check.choice(f"compile_runs[{i}] topology", topo,
+                 tuple(sharding.TOPOLOGIES))
+    check.choice(f"compile_runs[{i}] layout", layout, sharding.LAYOUTS)
+  p._mark("compile_runs")  # pylint: disable=protected-access
+  p.integer("seed")
+  del nd
+
+
+def _multichip_devices(namespace: Mapping) -> None:
+  """07_multichip: virtual CPU devices for its meshes, asked for before the
+  TPU scaling below starts JAX's backends (the count is fixed then)."""
+  from streamidx.lab.studies import multichip  # pylint: disable=g-import-not-at-top
+  nd, nc = namespace.get("num_data"), namespace.get("num_context")
+  if all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+         for x in (nd, nc)):
+    multichip.reserve_cpu_devices(nd * nc)
+
+
+# What a notebook needs done before JAX starts a backend (the first thing
+# `check_notebook` may do is ask JAX for it): notebook -> fn(namespace).
+BEFORE_BACKEND: dict[str, Callable[[Mapping], None]] = {
+    "07_multichip": _multichip_devices,
+}
+
+
 def check_notebook(notebook: str, namespace: MutableMapping) -> None:
   """Checks the parameters of `notebook` ("03_fp8_packing" or its file name)
   in `namespace` (the notebook's `globals()`) against its rules, after
@@ -452,6 +544,8 @@ def check_notebook(notebook: str, namespace: MutableMapping) -> None:
       when TPU sizes were applied, which ones and how to turn them off).
   """
   rule = rules(notebook)
+  if _stem(notebook) in BEFORE_BACKEND:
+    BEFORE_BACKEND[_stem(notebook)](namespace)
   scaling = tpu_scaling(_stem(notebook), namespace)
   if scaling is None or not scaling.values:
     rule(Parameters(namespace, notebook))

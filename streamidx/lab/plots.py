@@ -22,6 +22,8 @@ from matplotlib import patches
 import numpy as np
 
 __all__ = [
+    "decode_waste_figure",
+    "decode_step_figure",
     "save",
     "seq_colors",
     "page_table_figure",
@@ -30,17 +32,23 @@ __all__ = [
     "visibility_axes",
     "batch_launch_figure",
     "entry_bytes_figure",
-    "e4m3_grid_figure",
     "scale_error_figure",
-    "recall_grid_figure",
-    "hadamard_figure",
+    "e4m3_use_figure",
+    "recall_ci_figure",
+    "rotation_figure",
     "iteration_order_figure",
     "vmem_budget_figure",
     "causal_leak_figure",
-    "recall_curves_figure",
     "page_coverage_figure",
     "roofline_figure",
     "static_schedule_figure",
+    "scaling_figure",
+    "crossover_figure",
+    "variant_timing_figure",
+    "query_scores_figure",
+    "sublane_words_axes",
+    "decode_step_time_figure",
+    "causal_masks_figure",
 ]
 
 FREE = "#eeeeee"
@@ -342,41 +350,9 @@ def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
   return fig
 
 
-def e4m3_grid_figure(positive, spacing, *, min_normal: float = 2.0 ** -6):
-  """Notebook 03: the positive e4m3fn values and their relative spacing.
 
-  Args:
-    positive: f[N] the positive finite values, sorted.
-    spacing: f[N - 1] (next value - x) / x for each but the last.
-    min_normal: the smallest normal value (subnormals are shaded).
-  """
-  positive = np.asarray(positive)
-  spacing = np.asarray(spacing)
-  normal_spacing = spacing[positive[:-1] >= min_normal]
-  fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8))
-  ax0.vlines(positive, 0, 1, lw=.7)
-  ax0.set_xscale("log", base=2)
-  ax0.set_yticks([])
-  ax0.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15,
-              label="subnormals")
-  ax0.set_title(f"the {len(positive)} positive e4m3fn values (log scale)",
-                fontsize=10)
-  ax0.set_xlabel("value")
-  ax0.legend(fontsize=8)
-  ax1.plot(positive[:-1], spacing, ".-", ms=3)
-  ax1.set_xscale("log", base=2)
-  ax1.set_yscale("log", base=2)
-  ax1.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15)
-  ax1.set_xlabel("value x")
-  ax1.set_ylabel("(next value - x) / x")
-  ax1.set_title(f"relative spacing: {normal_spacing.min():.4f} .. "
-                f"{normal_spacing.max():.3f} for normals (3 mantissa bits), up "
-                f"to {spacing.max():g} in the subnormals", fontsize=10)
-  ax1.grid(alpha=.3, which="both")
-  return fig
-
-
-def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
+def scale_error_figure(scale_study, *, amax_of: str = "gaussian",
+                       title: str | None = None):
   """Notebook 03: record error with ue8m0 vs exact float scales; amax / scale.
 
   Args:
@@ -384,6 +360,7 @@ def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
       relative L2 errors), "mean_err_ue8m0", "mean_err_float",
       "amax_over_scale" (f[records])}; the first two distributions are drawn.
     amax_of: the distribution whose amax / 2**e histogram is drawn.
+    title: the figure's title (its finding), if any.
   """
   fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
   for ax, dist in zip(axes[:2], scale_study):
@@ -394,24 +371,76 @@ def scale_error_figure(scale_study, *, amax_of: str = "gaussian"):
     ax.hist(st["err_pow2"], bins, alpha=.6,
             label=f"ue8m0 scale (mean {st['mean_err_ue8m0']:.4f})")
     ax.set_title(f"{dist} keys: relative L2 error per record", fontsize=10)
-    ax.set_xlabel("||k - deq(q(k))|| / ||k||")
+    ax.set_xlabel("||k - deq(q(k))|| / ||k|| (relative L2 error, no unit)")
+    ax.set_ylabel("records")
     ax.legend(fontsize=8)
   axes[2].hist(scale_study[amax_of]["amax_over_scale"], 60, color="tab:green")
   axes[2].axvline(448, color="k", ls="--", lw=1)
   axes[2].set_title(f"where amax lands with a ue8m0 scale ({amax_of})",
                     fontsize=10)
   axes[2].set_xlabel("amax / 2**e (448 = e4m3 max)")
+  axes[2].set_ylabel("records")
+  if title:
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
   return fig
 
 
-def recall_grid_figure(recall, *, dists, contexts, ks, variants, title: str):
-  """Notebook 03: recall@k over k, one panel per (distribution, context).
+
+
+def e4m3_use_figure(positive, spacing, stored, *, title: str,
+                    min_normal: float = 2.0 ** -6):
+  """Notebook 03: where scaled records land on the e4m3 grid, and its spacing.
+
+  Left: the share of stored |values| (ue8m0-scaled records, zeros left out)
+  in each binade [2**e, 2**(e+1)), subnormals shaded. Right: the relative
+  spacing (next - x) / x of the grid, i.e. twice the worst rounding error.
 
   Args:
-    recall: recall(dist, entries, variant, k) -> float.
+    positive: f[N] the positive finite e4m3 values, sorted.
+    spacing: f[N - 1] (next value - x) / x for each but the last.
+    stored: f[M] stored |values| of quantized records.
+    title: the figure's title (its finding).
+  """
+  positive = np.asarray(positive, np.float64)
+  spacing = np.asarray(spacing, np.float64)
+  stored = np.asarray(stored, np.float64)
+  stored = stored[stored > 0]
+  lo, hi = np.log2(positive.min()), np.log2(positive.max())
+  edges = np.exp2(np.arange(np.floor(lo), np.ceil(hi) + 1))
+  counts, _ = np.histogram(stored, edges)
+  fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8))
+  ax0.bar(edges[:-1], counts / max(1, stored.size), width=np.diff(edges),
+          align="edge", edgecolor="white")
+  ax0.set_xscale("log", base=2)
+  ax0.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15,
+              label="subnormals (fewer mantissa bits)")
+  ax0.set_xlabel("stored |value| (binades of the e4m3 grid, log2 axis)")
+  ax0.set_ylabel("share of stored nonzero values")
+  ax0.set_title("where ue8m0-scaled records land", fontsize=10)
+  ax0.legend(fontsize=8)
+  ax1.plot(positive[:-1], spacing, ".-", ms=3)
+  ax1.set_xscale("log", base=2)
+  ax1.set_yscale("log", base=2)
+  ax1.axvspan(positive.min(), min_normal, color="tab:orange", alpha=.15)
+  ax1.set_xlabel("e4m3 value x (log2 axis)")
+  ax1.set_ylabel("(next value - x) / x (relative spacing)")
+  ax1.set_title("relative spacing of the grid", fontsize=10)
+  ax1.grid(alpha=.3, which="both")
+  fig.suptitle(title, fontsize=11)
+  fig.tight_layout()
+  return fig
+
+
+def recall_ci_figure(study, *, dists, contexts, variants, title: str):
+  """Notebook 03: mean recall@k over seeds with its 95% interval (clipped to
+  [0, 1]), per panel.
+
+  Args:
+    study: a `streamidx.lab.studies.quant.RecallStudy` (its `summary`).
     dists, contexts: the rows and columns of panels.
-    ks: the k values (each panel draws those <= its entries).
     variants: variant names, one line each.
+    title: the figure's title (its finding).
   """
   fig, axes = plt.subplots(len(dists), len(contexts),
                            figsize=(4.2 * len(contexts), 3.5 * len(dists)),
@@ -419,51 +448,68 @@ def recall_grid_figure(recall, *, dists, contexts, ks, variants, title: str):
   for i, dist in enumerate(dists):
     for j, entries in enumerate(contexts):
       ax = axes[i, j]
-      kk = [k for k in ks if k <= entries]
+      kk = [k for k in study.ks if k <= entries]
       for name in variants:
-        ax.plot(kk, [recall(dist, entries, name, k) for k in kk], "o-", ms=4,
-                label=name)
+        s = [study.summary(dist, entries, name, k) for k in kk]
+        mean = np.array([x.mean for x in s])
+        half = np.nan_to_num([x.half_width for x in s])
+        # The interval, clipped to the possible range [0, 1] of a recall.
+        err = [mean - np.maximum(mean - half, 0), np.minimum(mean + half, 1) - mean]
+        ax.errorbar(kk, mean, yerr=err, fmt="o-", ms=4, capsize=3, label=name)
       ax.set_xscale("log", base=2)
+      ax.set_xticks(kk, [str(k) for k in kk])
+      ax.minorticks_off()
       ax.set_title(f"{dist} keys, {entries} entries", fontsize=10)
       ax.grid(alpha=.3)
       if i == len(dists) - 1:
-        ax.set_xlabel("k")
+        ax.set_xlabel("k (entries selected, log2 axis)")
       if j == 0:
-        ax.set_ylabel("recall@k vs exact top-k")
+        ax.set_ylabel("recall@k vs exact f32 top-k")
   axes[0, 0].legend(fontsize=8)
   fig.suptitle(title, fontsize=11)
   fig.tight_layout()
   return fig
 
 
-def hadamard_figure(key, rotated_key, bars, *, outlier_channels: int,
+def rotation_figure(key, rotated_key, diffs, *, outlier_channels: int,
                     title: str):
-  """Notebook 03: a key with outliers, the same key rotated, recall bars.
+  """Notebook 03: a key before and after the Hadamard rotation; the recall
+  the rotation changes, with 95% intervals, on an axis through 0.
 
   Args:
     key, rotated_key: f[head_dim], before and after the rotation.
-    bars: [(label, recall without rotation, recall rotated)].
+    diffs: [(label, MeanCI of recall(rotated) - recall(plain))].
+    title: the figure's title (its finding).
   """
-  key = np.asarray(key)
-  rotated_key = np.asarray(rotated_key)
-  fig, axes = plt.subplots(1, 3, figsize=(15, 3.6),
-                           gridspec_kw={"width_ratios": [1.3, 1.3, 1]})
+  key = np.abs(np.asarray(key))
+  rotated_key = np.abs(np.asarray(rotated_key))
+  fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8),
+                                 gridspec_kw={"width_ratios": [1.4, 1]})
   channels = np.arange(key.size)
-  axes[0].bar(channels, np.abs(key), width=1)
-  axes[0].set_title(f"|k| per channel: a key with {outlier_channels} outlier "
-                    "channels", fontsize=10)
-  axes[1].bar(channels, np.abs(rotated_key), width=1, color="tab:green")
-  axes[1].set_title("|k H| per channel: the same key rotated", fontsize=10)
-  for ax in axes[:2]:
-    ax.set_xlabel("channel")
-  x = np.arange(len(bars))
-  axes[2].bar(x - .2, [b[1] for b in bars], .4, label="no rotation")
-  axes[2].bar(x + .2, [b[2] for b in bars], .4, label="Hadamard-rotated")
-  axes[2].set_xticks(x, [b[0] for b in bars], fontsize=8)
-  lo = min(min(b[1], b[2]) for b in bars)
-  axes[2].set_ylim(max(0, lo - .05), 1)
-  axes[2].set_title(title, fontsize=10)
-  axes[2].legend(fontsize=8)
+  ax0.plot(channels, key, ".", ms=4,
+           label=f"|k| (max / rms {key.max() / np.sqrt(np.mean(key**2)):.1f})")
+  ax0.plot(channels, rotated_key, ".", ms=4, color="tab:green",
+           label=f"|k H| (max / rms "
+                 f"{rotated_key.max() / np.sqrt(np.mean(rotated_key**2)):.1f})")
+  ax0.set_yscale("log")
+  ax0.set_xlabel("channel")
+  ax0.set_ylabel("|value| (key units, log axis)")
+  ax0.set_title(f"one key with {outlier_channels} outlier channels, and "
+                "rotated", fontsize=10)
+  ax0.legend(fontsize=8)
+  y = np.arange(len(diffs))
+  means = [x[1].mean for x in diffs]
+  err = np.nan_to_num([x[1].half_width for x in diffs])
+  ax1.barh(y, means, xerr=err, capsize=4,
+           color=["tab:green" if m > 0 else "tab:red" for m in means])
+  ax1.axvline(0, color="k", lw=1)
+  ax1.set_yticks(y, [x[0] for x in diffs], fontsize=8)
+  ax1.set_xlabel("recall change from rotating (rotated - plain), "
+                 "95% interval over seeds")
+  ax1.set_title("what the rotation buys", fontsize=10)
+  ax1.grid(alpha=.3, axis="x")
+  fig.suptitle(title, fontsize=11)
+  fig.tight_layout()
   return fig
 
 
@@ -567,7 +613,7 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs,
   rows = np.flatnonzero(live)
   fig, ax = plt.subplots(figsize=(10, 4))
   ax.bar(rows, np.where(sel, np.asarray(leaked_mass), 0)[rows], color="tab:red",
-         label="leaked entry's share of the seed top-k score mass")
+         label="leaked entry's share of the vendored-rule top-k score mass")
   only = rows[bound[rows] & ~sel[rows]]
   ax.plot(only, np.zeros(len(only)), "x", color="0.4",
           label="bound differs, leaked entry not selected")
@@ -582,43 +628,6 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs,
   fig.tight_layout()
   return fig
 
-
-def recall_curves_figure(recall, entries, ks, *, quote_k: int, title: str):
-  """Notebook 05: FP8 and bf16 recall@k over k and over context length.
-
-  Args:
-    recall: "fp8" / "bf16" -> f[len(entries), len(ks)].
-    entries: compressed entries per context; ks: the k values.
-    quote_k: drawn over context length next to the smallest and largest k.
-  """
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-  colors = plt.cm.viridis(np.linspace(0, 0.85, len(entries)))
-  for i, n in enumerate(entries):
-    ax1.plot(ks, recall["fp8"][i], "o-", color=colors[i],
-             label=f"FP8, {n // 1024}K entries")
-    ax1.plot(ks, recall["bf16"][i], "s--", color=colors[i], mfc="none",
-             label=f"bf16, {n // 1024}K")
-  ax1.set_xscale("log", base=2)
-  ax1.set_xlabel("k")
-  ax1.set_ylabel("recall@k vs exact float32")
-  ax1.set_title("recall over k")
-  ax1.legend(fontsize=7, ncol=2)
-  for j, k in enumerate(ks):
-    if k in (min(ks), quote_k, max(ks)):
-      c = plt.cm.plasma(j / max(1, len(ks)))
-      ax2.plot(entries, np.asarray(recall["fp8"])[:, j], "o-", color=c,
-               label=f"FP8, k = {k}")
-      ax2.plot(entries, np.asarray(recall["bf16"])[:, j], "s--", color=c,
-               mfc="none", label=f"bf16, k = {k}")
-  ax2.set_xscale("log", base=2)
-  ax2.set_xlabel("compressed entries in the context")
-  ax2.set_title("recall over context length")
-  ax2.legend(fontsize=7)
-  for ax in (ax1, ax2):
-    ax.grid(alpha=0.3)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  return fig
 
 
 def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int,
@@ -642,7 +651,7 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int,
     ax.set_xscale("log", base=2)
     ax.set_xticks(page_sizes)
     ax.set_xticklabels(page_sizes)
-    ax.set_xlabel("page size (k_pages = k / page size)")
+    ax.set_xlabel("page size (entries per page; k_pages = k / page size)")
     ax.grid(alpha=0.3)
     ax.set_title(f"coverage of the exact token top-k, by {m}")
   axes[0].set_ylabel("share inside the top-k_pages pages")
@@ -764,4 +773,336 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *,
   axes[0][0].legend(fontsize=7, loc="upper right")
   if title:
     fig.suptitle(title, fontsize=10)
+  return fig
+
+
+def scaling_figure(rows: Sequence[dict], *, title: str = ""):
+  """Notebook 07: the modelled decode step and cache per device over chips.
+
+  `rows`: `lab.model.scaling.scaling_table` rows. Left: step time (us, log)
+  against chips per generation, one chip per sequence (C = 1, solid) and
+  the best context-parallel degree (dashed, where it differs). Right: cache
+  MiB per JAX device for both.
+  """
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+  for i, gen in enumerate(gens):
+    rs = [r for r in rows if r["generation"] == gen]
+    c = f"C{i}"
+    chips = [r["chips"] for r in rs]
+    for ax, one, best in ((axes[0], "step us (C=1)", "step us (best)"),
+                          (axes[1], "cache MiB/device (C=1)",
+                           "cache MiB/device (best)")):
+      ax.plot(chips, [r[one] for r in rs], "o-", color=c,
+              label=f"{gen}, one chip per sequence")
+      if any(r[best] != r[one] for r in rs):
+        ax.plot(chips, [r[best] for r in rs], "s--", color=c,
+                label=f"{gen}, best context-parallel C")
+  for ax, ylabel in ((axes[0], "modelled step (us, one layer)"),
+                     (axes[1], "cache per JAX device (MiB, one layer)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["chips"] for r in rows}),
+                  [str(n) for n in sorted({r["chips"] for r in rows})])
+    ax.set_yscale("log")
+    ax.set_xlabel("chips")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def crossover_figure(rows: Sequence[dict], *, title: str = ""):
+  """Notebook 07: the context length from which context parallelism pays,
+  against the assumed collective latency.
+
+  `rows`: `lab.studies.multichip.crossover_rows` (generation, chips,
+  "latency us", "tokens" or None). One line per (generation, chips); a
+  configuration where it never pays is left out of its line.
+  """
+  fig, ax = plt.subplots(figsize=(7, 4))
+  keys = list(dict.fromkeys((r["generation"], r["chips"]) for r in rows))
+  for gen, chips in keys:
+    rs = [r for r in rows if (r["generation"], r["chips"]) == (gen, chips)
+          and r["tokens"]]
+    ax.plot([r["latency us"] for r in rs], [r["tokens"] for r in rs], "o-",
+            label=f"{gen}, 1 sequence on {chips} chip(s)")
+  ax.set_yscale("log", base=2)
+  ax.set_xlabel("assumed latency per collective round (us)")
+  ax.set_ylabel("shortest context that pays (tokens)")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def variant_timing_figure(records: Sequence[dict], *, measured: bool,
+                          title: str = ""):
+  """Notebook 06: every kernel configuration, measured against its model.
+
+  `records`: `lab.studies.device_timing.time_configs` rows. One row per
+  configuration: the measured device time (a TPU run: kernel and top-k
+  stacked) beside the roofline bound (fill + kernel + the method's top-k,
+  hollow bar) and the static-schedule bound (a marker, where computed).
+  Without a TPU only the model is drawn, and the axes say so.
+  """
+  labels = [r["label"] for r in records]
+  y = np.arange(len(records))
+  fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
+  h = 0.38
+  if measured:
+    k_ = np.array([r["kernel_us"] or 0.0 for r in records])
+    t_ = np.array([r["topk_us"] or 0.0 for r in records])
+    o_ = np.array([r["other_us"] or 0.0 for r in records])
+    ax.barh(y - h / 2, k_, h, color="tab:blue", label="measured: kernel")
+    ax.barh(y - h / 2, t_, h, left=k_, color="tab:orange",
+            label="measured: top-k")
+    ax.barh(y - h / 2, o_, h, left=k_ + t_, color="tab:gray",
+            label="measured: other")
+  gen = records[0]["generation"] if records else ""
+  ax.barh(y + (h / 2 if measured else 0), [r["roofline us"] for r in records],
+          h, fill=False, edgecolor="black",
+          label=f"model: roofline bound ({gen})")
+  st = [(i, r["static schedule us"]) for i, r in enumerate(records)
+        if r["static schedule us"] is not None]
+  if st:
+    ax.scatter([v for _, v in st], [i + (h / 2 if measured else 0)
+                                    for i, _ in st], marker="D",
+               color="tab:red", zorder=3,
+               label=f"model: static-schedule bound ({gen})")
+  if not measured:
+    ax.text(0.99, 0.02, "no TPU: no device timing exists; model only",
+            transform=ax.transAxes, ha="right", fontsize=8, color="darkred")
+  ax.set_yticks(y, labels, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("microseconds per call")
+  ax.legend(fontsize=7, loc="lower right" if measured else "upper right")
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def decode_waste_figure(waste, batch_sizes: Sequence[int],
+                        orders: Sequence[str], *, title: str):
+  """Notebook 04: wasted share of computed KV blocks per decode order.
+
+  Args:
+    waste: {(B, order): [fraction per batch]} (`tiling_study.batching_waste`);
+      bars are means, error bars one standard deviation.
+  """
+  fig, ax = plt.subplots(figsize=(8, 3.6))
+  width = 0.8 / len(orders)
+  x = np.arange(len(batch_sizes))
+  for i, o in enumerate(orders):
+    ax.bar(x + i * width, [100 * np.mean(waste[b, o]) for b in batch_sizes],
+           width, yerr=[100 * np.std(waste[b, o]) for b in batch_sizes],
+           label=o, capsize=2)
+  ax.set_xticks(x + width * (len(orders) - 1) / 2,
+                [f"B = {b}" for b in batch_sizes])
+  ax.set_xlabel("decode sequences per program (decode_req_batch_size)")
+  ax.set_ylabel("% of computed KV blocks wasted")
+  ax.set_title(title)
+  ax.legend(title="order", fontsize=8)
+  return fig
+
+
+def decode_step_figure(rows: Sequence[dict], *, title: str):
+  """Notebook 04: stacked roofline bounds (us) of one decode step per
+  generation (`tiling_study.step_rows`: fill_us, kernel_us, topk_us)."""
+  fig, ax = plt.subplots(figsize=(7, 3.2))
+  gens = [r["generation"] for r in rows]
+  bottom = np.zeros(len(rows))
+  for stage, c in (("fill", "tab:gray"), ("kernel", "tab:blue"),
+                   ("topk", "tab:orange")):
+    v = np.array([r[f"{stage}_us"] for r in rows])
+    ax.bar(gens, v, bottom=bottom, label=stage, color=c)
+    bottom += v
+  ax.set_xlabel("TPU generation")
+  ax.set_ylabel("roofline lower bound, microseconds")
+  ax.set_title(title)
+  ax.legend()
+  return fig
+
+
+def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
+                        compression_ratio: int, title: str):
+  """Notebook 00: one query row's scores, the selected entries, the k-th
+  score, and the entries the causal mask hides.
+
+  Args:
+    scores: f32[E] the row's scores as the reference returns them (-inf
+      where the row may not look), E >= the sequence's entries.
+    unmasked: f32[entries] the same row against every entry of its sequence,
+      the masks left out (`lab.studies.addressing.unmasked_row_scores`).
+    chosen: the entries the kernel returned (-1 padding removed).
+    k: the call's k; n_visible: entries the row sees (0 .. n_visible - 1).
+  """
+  s = np.asarray(scores, np.float64)
+  u = np.asarray(unmasked, np.float64)
+  chosen = np.asarray(chosen, int)
+  n_entries = len(u)
+  visible = np.arange(n_visible)
+  fig, ax = plt.subplots(figsize=(10, 4))
+  ax.plot(visible, s[visible], ".", ms=4, color="0.45",
+          label=f"visible entries ({n_visible})")
+  ax.plot(chosen, s[chosen], "o", ms=6, mfc="none", mew=1.3,
+          color="tab:red", label=f"returned by the kernel ({len(chosen)})")
+  if n_entries > n_visible:
+    hidden = np.arange(n_visible, n_entries)
+    ax.axvspan(n_visible - .5, n_entries - .5, color="0.85", zorder=0)
+    ax.plot(hidden, u[hidden], "x", ms=7, mew=1.6, color="0.3",
+            label=f"masked by causality ({len(hidden)}): drawn at the score "
+                  "they would have")
+  if n_visible >= k:
+    kth = float(np.sort(s[visible])[::-1][k - 1])
+    ax.axhline(kth, color="tab:red", ls="--", lw=1,
+               label=f"k-th best visible score ({kth:.3g}): the cut")
+  ax.axvline(n_visible - .5, color="k", lw=1, ls="-",
+             label=f"causal bound (p + 1) // {compression_ratio} = "
+                   f"{n_visible}")
+  ax.axvline(n_entries - .5, color="tab:blue", lw=1.5, ls=":",
+             label=f"sequence end seq_len // {compression_ratio} = "
+                   f"{n_entries}")
+  ax.set_xlim(-1, n_entries + 1)
+  ax.set_xlabel("compressed entry s (sequence-local index)")
+  ax.set_ylabel("index score sum_h w[h] ReLU(q[h] . k[s])")
+  ax.set_title(title, fontsize=10)
+  ax.legend(loc="upper center", bbox_to_anchor=(.5, -.16), ncol=2, fontsize=8,
+            frameon=False)
+  ax.grid(alpha=.3)
+  fig.tight_layout()
+  return fig
+
+
+def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int],
+                       title: str, highlight: int | None = None,
+                       lane_names: dict | None = None):
+  """A cache page as 32-bit words: sublane rows x lanes, each word split
+  into the `kv_packing` entries it packs.
+
+  `page` is one physical page of the cache, `[page_size / kv_packing,
+  kv_packing, lkv]` (uint8 FP8 bytes or bf16 values). The word at (row r,
+  lane l) holds `page[r, j, l]` for j = 0 .. kv_packing - 1: the l-th byte
+  (FP8) or value (bf16) of entries r * kv_packing + j, which is how the
+  TPU tiles the two minor dimensions of the array (`T(4,128)(4,1)` for
+  uint8, see `streamidx.cache`). Only `lanes` are drawn (a gap column marks
+  skipped lanes); each part is labelled with its entry and, for uint8, its
+  byte in hex. `highlight`: an entry to outline in red; `lane_names`: lane
+  -> a name for its column header (e.g. the scale lane).
+  """
+  page = np.asarray(page)
+  rows = page.shape[0]
+  lanes = list(lanes)
+  cols = []  # lane or None (a gap)
+  for i, lane in enumerate(lanes):
+    if i and lane != lanes[i - 1] + 1:
+      cols.append(None)
+    cols.append(lane)
+  cmap = plt.get_cmap("tab20" if rows * kv_packing <= 20 else "viridis")
+  n_entries = rows * kv_packing
+
+  def color(t):
+    return cmap(t % 20) if n_entries <= 20 else cmap(t / max(1, n_entries - 1))
+
+  for x, lane in enumerate(cols):
+    if lane is None:
+      ax.text(x + .5, rows / 2, "...", ha="center", va="center", fontsize=12)
+      continue
+    for r in range(rows):
+      for j in range(kv_packing):
+        t = r * kv_packing + j
+        x0 = x + j / kv_packing
+        ax.add_patch(patches.Rectangle((x0, r), 1 / kv_packing, 1, ec="white",
+                                       lw=.5, fc=color(t)))
+        label = f"e{t}"
+        if page.dtype == np.uint8:
+          label += f"\n{int(page[r, j, lane]):02x}"
+        ax.text(x0 + .5 / kv_packing, r + .5, label, ha="center",
+                va="center", fontsize=5.5, linespacing=.9)
+        if t == highlight:
+          ax.add_patch(patches.Rectangle((x0, r), 1 / kv_packing, 1,
+                                         fill=False, ec="red", lw=3,
+                                         zorder=3))
+      ax.add_patch(patches.Rectangle((x, r), 1, 1, fill=False, ec="black",
+                                     lw=1.2))
+  names = lane_names or {}
+  ax.set_xlim(0, len(cols))
+  ax.set_ylim(rows, 0)
+  ax.set_xticks([x + .5 for x, l in enumerate(cols) if l is not None],
+                [f"lane {l}" + (f"\n{names[l]}" if l in names else "")
+                 for l in cols if l is not None], fontsize=7, rotation=0)
+  ax.set_yticks(np.arange(rows) + .5,
+                [f"row {r}\n(entries {r * kv_packing}..{r * kv_packing + kv_packing - 1})"
+                 for r in range(rows)], fontsize=7)
+  ax.set_xlabel("lane (the record's minor axis); each black box is one "
+                "32-bit word", fontsize=8)
+  ax.set_title(title, fontsize=9)
+
+
+def decode_step_time_figure(rows: Sequence[dict], *, title: str,
+                            labels: dict | None = None):
+  """Predicted microseconds per decode step, per TPU generation and format.
+
+  `rows`: `lab.studies.hbm.decode_step_by_format` (fmt, generation,
+  step_us, stored_bytes). One group of bars per generation, one bar per
+  format, each labelled with its microseconds; `labels`: fmt -> legend text
+  (default: the layout's name and its stored bytes per entry).
+  """
+  fmts = list(dict.fromkeys(r["fmt"] for r in rows))
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  by = {(r["fmt"], r["generation"]): r for r in rows}
+  colors = {"fp8": "#4c72b0", "dense_fp8": "#55a868", "bf16": "#c44e52"}
+  names = {"fp8": "vendored packed FP8", "dense_fp8": "dense FP8",
+           "bf16": "bf16"}
+  labels = labels or {}
+  width = .8 / len(fmts)
+  fig, ax = plt.subplots(figsize=(10, 4.2))
+  for i, fmt in enumerate(fmts):
+    xs = np.arange(len(gens)) + (i - (len(fmts) - 1) / 2) * width
+    us = [by[fmt, g]["step_us"] for g in gens]
+    stored = by[fmt, gens[0]]["stored_bytes"]
+    bars = ax.bar(xs, us, width, color=colors.get(fmt),
+                  label=labels.get(fmt, f"{names.get(fmt, fmt)} ({stored} "
+                                        "B/entry stored)"))
+    for bar, v in zip(bars, us):
+      ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.0f}",
+              ha="center", va="bottom", fontsize=7)
+  ax.set_xticks(np.arange(len(gens)), gens)
+  ax.set_xlabel("TPU generation (HBM bandwidth of one TensorCore: "
+                "lab.model.hardware, data/tpu_specs.json)")
+  ax.set_ylabel("predicted us per decode step (model)")
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=8)
+  ax.grid(axis="y", alpha=.3)
+  fig.tight_layout()
+  return fig
+
+
+def causal_masks_figure(chunk, *, compression_ratio: int):
+  """Notebook 02: a prefill chunk's visibility under the model's rule (left)
+  and the vendored rule (right, the cells only it shows outlined red).
+
+  `chunk`: `lab.studies.addressing.prefill_chunk_masks`.
+  """
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+  visibility_axes(axes[0], chunk.masks["model"], chunk.positions,
+                  compression_ratio=compression_ratio,
+                  first_entry=chunk.first_entry,
+                  title="model rule: s < (p + 1) // ratio")
+  visibility_axes(axes[1], chunk.masks["seed"], chunk.positions,
+                  diff=chunk.leak, compression_ratio=compression_ratio,
+                  first_entry=chunk.first_entry,
+                  title="vendored rule: s <= p // ratio  (red: the query's "
+                        "own future block)")
+  fig.suptitle(f"the vendored rule leaks one future block on "
+               f"{chunk.leak_rows} of the {len(chunk.positions)} rows of "
+               f"sequence {chunk.seq}'s prefill chunk (seq_len "
+               f"{chunk.seq_len}, ratio {compression_ratio}; last "
+               f"{chunk.n_entries - chunk.first_entry} entries shown)",
+               fontsize=10)
   return fig

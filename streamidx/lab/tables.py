@@ -4,7 +4,8 @@
     show([dict(gen="v5e", kernel_us=12.5), dict(gen="v6e", kernel_us=None)])
     display(Markdown(markdown(rows)))     # a rendered table (IPython.display)
 
-Floats print with 4 significant digits, None as "-", everything else with
+`batch_rows(batch)` is a ragged batch as the kernel sees it, one row per
+sequence. Floats print with 4 significant digits, None as "-", everything else with
 `str`; every text column is right-aligned to its widest cell or header.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-__all__ = ["format_rows", "show", "markdown"]
+__all__ = ["format_rows", "show", "markdown", "batch_rows", "format_rows_side_by_side"]
 
 
 def _cell(value) -> str:
@@ -59,3 +60,65 @@ def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
   lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |"
             for r in rows]
   return "\n".join(lines)
+
+
+def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
+  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown`.
+
+  Columns: seq, range (which range of `distribution` holds it: "decode",
+  "prefill-only" or "mixed"), q_len, query rows (its rows of q:
+  `cu_q_lens[b] .. cu_q_lens[b+1] - 1`), seq_len, entries (seq_len //
+  compression_ratio), physical pages (its page-table row, the first
+  `max_pages` pages, then "...").
+  """
+  i, j, _ = (int(x) for x in batch.distribution)
+  cu = [int(x) for x in batch.cu_q_lens]
+  rows = []
+  for b in range(batch.num_seqs):
+    pages = [int(x) for x in batch.page_table[b, :int(batch.num_pages_used[b])]]
+    shown = ", ".join(map(str, pages[:max_pages]))
+    rows.append({
+        "seq": b,
+        "range": "decode" if b < i else "prefill-only" if b < j else "mixed",
+        "q_len": cu[b + 1] - cu[b],
+        "query rows": (f"{cu[b]}" if cu[b + 1] - cu[b] == 1
+                       else f"{cu[b]}..{cu[b + 1] - 1}"),
+        "seq_len": int(batch.seq_lens[b]),
+        "entries": int(batch.num_entries[b]),
+        "physical pages": shown + (", ..." if len(pages) > max_pages else ""),
+    })
+  return rows
+
+
+def format_rows_side_by_side(step: Sequence[Mapping], recorded: Mapping,
+                             modelled: Mapping, *,
+                             generations: Sequence[str] = ("v5e", "v6e", "v7x"),
+                             bytes_generation: str = "v6e") -> list[dict]:
+  """Notebook 02's table: one row per cache format.
+
+  Args:
+    step: `lab.studies.hbm.decode_step_by_format` rows.
+    recorded: fmt -> `lab.studies.costs.recorded_bytes` of a call, or None
+      (no recording: those columns show "-").
+    modelled: fmt -> the cache bytes `tiling.plan(...).counts()["bytes_kv"]`
+      gives for the same call.
+    generations: whose predicted step time (us) gets a column.
+    bytes_generation: whose block sizes the step's KV MiB column uses.
+  """
+  by = {(r["fmt"], r["generation"]): r for r in step}
+  out = []
+  for fmt in dict.fromkeys(r["fmt"] for r in step):
+    r = by[fmt, bytes_generation]
+    out.append({
+        "layout": f"{fmt} ({r['variant']})",
+        "data B/entry": r["data_bytes"],
+        "stored B/entry (TPU)": r["stored_bytes"],
+        "counted B/entry (DMAs)": (recorded[fmt]["bytes_per_entry"]
+                                   if recorded else None),
+        "call KiB: model": modelled[fmt] / 1024,
+        "call KiB: counted": (recorded[fmt]["kv_bytes"] / 1024
+                              if recorded else None),
+        "step KV MiB (model)": r["kv_bytes"] / 2**20,
+        **{f"{g} us/step (model)": by[fmt, g]["step_us"] for g in generations},
+    })
+  return out

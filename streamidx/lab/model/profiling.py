@@ -138,9 +138,14 @@ class Trace:
   threads: dict[tuple[int, int], str]
 
   def device_pids(self) -> list[int]:
-    """Processes of accelerator devices ("/device:TPU:0", ...), host excluded."""
+    """Processes of accelerator devices ("/device:TPU:0", ...) that recorded
+    events; the host excluded. A device plane without events is no device
+    run: libtpu's compile-only TPU devices (`streamidx.compile_for` earlier
+    in the process) appear in a CPU run's trace that way."""
+    busy = {e["pid"] for e in self.events}
     return sorted(p for p, n in self.processes.items()
-                  if n.startswith("/device:") and "CPU" not in n.upper())
+                  if n.startswith("/device:") and "CPU" not in n.upper()
+                  and p in busy)
 
   def device_op_events(self) -> tuple[list[dict], str]:
     """Events on the devices' op lines, and which lines they came from.

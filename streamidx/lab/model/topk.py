@@ -346,7 +346,9 @@ def recommend(shape: SelectShape, generation: str, estimates=None,
     estimates = {k_[4]: v for k_, v in _estimate_index(estimates).items()
                  if k_[:4] == (shape.rows, shape.entries, shape.k, generation)}
   estimates = estimates or {}
-  cs = {c.method: c for c in costs(shape, exact)}
+  # Keyed by the method asked for: a method that falls back to another at
+  # this shape (e.g. chunked with one chunk) reports the other's name.
+  cs = dict(zip(exact, costs(shape, exact)))
   inf = float("inf")
   rankings = {}
 

@@ -26,12 +26,13 @@ import collections
 import jax
 import numpy as np
 
+from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling, timeline
 from streamidx.semantics import cdiv
 
-__all__ = ["launch_counts", "totals", "run_recorded", "bytes_moved",
-           "decode_waste"]
+__all__ = ["launch_counts", "totals", "run_recorded", "recorded_call",
+           "bytes_moved", "recorded_bytes", "decode_waste"]
 
 _KV_KINDS = ("kv", "kv_scale")
 
@@ -86,6 +87,25 @@ def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
   return idx, rec
 
 
+def recorded_call(fn):
+  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter.
+
+  Under `timeline.record()` where this JAX's interpreter has the internals
+  the recorder reads (`streamidx.interpreter_internals_missing("timeline")`
+  is None: jax 0.10.2); elsewhere (e.g. a Colab runtime's own JAX) under
+  `streamidx.interpreter()` with nothing recorded, so the result still
+  comes back and the caller skips what needs the recording.
+  """
+  if modes.interpreter_internals_missing("timeline") is None:
+    with timeline.record() as rec:
+      out = jax.block_until_ready(fn())
+    if rec.errors():
+      raise RuntimeError(f"the recorder failed: {rec.errors()[:3]}")
+    return out, rec
+  with modes.interpreter():
+    return jax.block_until_ready(fn()), None
+
+
 def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
                 **static) -> dict:
   """HBM bytes the call's DMAs move, per cache entry fetched and in total.
@@ -96,10 +116,21 @@ def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
   bytes), written (score bytes), and the `totals` of the recording.
   """
   _, rec = run_recorded(variant, inputs, fmt=fmt, **static)
+  return recorded_bytes(rec, page_size=int(inputs.batch.page_size))
+
+
+def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
+  """`bytes_moved`'s counts from a recording of any kernel call(s).
+
+  For a call made under `timeline.record()` by the caller (e.g. a notebook
+  that also wants the call's grid points): kv_bytes, kv_pages,
+  entries_fetched (kv_pages * page_size), bytes_per_entry, read, written,
+  totals, as `bytes_moved` returns them.
+  """
   t = totals(launch_counts(rec))
   kv = sum(t["bytes"].get(k, 0) for k in _KV_KINDS)
   pages = t["dma_starts"].get("kv", 0)
-  entries = pages * int(inputs.batch.page_size)
+  entries = pages * int(page_size)
   read = kv + t["bytes"].get("q", 0) + t["bytes"].get("w", 0)
   return dict(kv_bytes=kv, kv_pages=pages, entries_fetched=entries,
               bytes_per_entry=kv / entries if entries else float("nan"),

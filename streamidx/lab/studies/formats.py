@@ -91,7 +91,7 @@ def entry_layout(name: str, head_dim: int = 128) -> EntryLayout:
     total = cache_lib.record_bytes("fp8", head_dim)
     return EntryLayout(
         name, head_dim, 1, total - head_dim - 1, True, "fp8",
-        "FP8 packed (seed)",
+        "FP8 packed (vendored)",
         "uint8 record: head_dim e4m3 bytes, one e8m0 scale byte, zero padding "
         "to a multiple of 128 lanes (streamidx.cache 'fp8')")
   if name == "bf16":
@@ -106,9 +106,11 @@ def entry_layout(name: str, head_dim: int = 128) -> EntryLayout:
         "DeepGEMM's paged indexer kernels and vLLM's indexer cache)")
   if name == "fp8_e8m0_scale_apart":
     return EntryLayout(
-        name, head_dim, blocks, 0, False, None, "FP8 + e8m0 scale apart",
+        name, head_dim, blocks, 0, False, None, "FP8 + e8m0 scale apart (dense)",
         "head_dim e4m3 bytes plus one e8m0 byte per 128 values, the scales "
-        "kept apart: the densest layout with the seed's scales")
+        "kept apart: the densest layout with the vendored record's scales, the "
+        "data of the dense_fp8 cache format (streamidx.cache; a TPU pads its "
+        "scale rows, cache.dense_tpu_bytes_per_entry)")
   raise ValueError(f"layout must be one of {ENTRY_LAYOUTS}, got {name!r}")
 
 

@@ -4,14 +4,17 @@ Each works on arrays the reference (or kernel) produced:
 
   page_coverage          how much of the exact token top-k lies in the
                          top-k pages (page mode's approximation)
-  causal_rule_diff       the seed's causal rule against the model's, row by
-                         row (`streamidx.semantics.CAUSAL_RULES`)
+  causal_rule_diff       the vendored kernel's causal rule ("seed") against
+                         the model's, row by row
+                         (`streamidx.semantics.CAUSAL_RULES`)
   boundary_ties          exact ties between the k-th and (k+1)-th scores
   tie_breaks             which of the tied entries a top-k kept
   approx_topk_agreement  `lax.approx_max_k(recall_target=1.0)` vs `lax.top_k`
 
 The kernel-vs-reference parity check itself (the case matrix, `run_case`,
-the tie tolerance) is `streamidx.lab.studies.cases`.
+the tie tolerance) is `streamidx.lab.studies.cases`; `run_parity` runs a
+matrix of it for the notebook (`ParityRun`: totals, a row per variant, the
+variants side by side), `race_rows` its kernels under the race detector.
 
 Index arrays are i32[T, k] with -1 padding; score arrays are f32[T, E] masked
 scores with -inf for invisible entries (`ref.token_scores`, `ref.page_scores`).
@@ -20,13 +23,16 @@ scores with -inf for invisible entries (`ref.token_scores`, `ref.page_scores`).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from streamidx import batch as batch_lib
+from streamidx import modes
 from streamidx import ref as ref_lib
+from streamidx.lab.studies import cases as cases_lib
 from streamidx.semantics import CAUSAL_RULES
 
 __all__ = [
@@ -39,6 +45,9 @@ __all__ = [
     "tie_breaks",
     "approx_topk_agreement",
     "approx_topk_reduction_size",
+    "ParityRun",
+    "run_parity",
+    "race_rows",
 ]
 
 
@@ -309,3 +318,217 @@ def approx_topk_reduction_size(n: int, k: int, recall_target: float,
   except (ImportError, AttributeError):
     return None
   return int(fn(n, rank, k, recall_target, False, -1)[0])
+
+
+# ---------------------------------------------------------------------------
+# The parity table of notebook 05: the case matrix, every variant.
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRun:
+  """The case matrix run through every variant's kernel and reference.
+
+  cases: the `cases.Case`s, in matrix order; rows: their `cases.ParityRow`s;
+  kept: case name -> `cases.CaseOutputs` for the names asked to keep;
+  seconds: wall time.
+  """
+
+  cases: tuple
+  rows: tuple
+  kept: dict
+  seconds: float
+
+  @property
+  def failures(self) -> list:
+    return [r for r in self.rows if not r.ok]
+
+  def summary(self) -> dict:
+    """Totals over every case (JSON-ready)."""
+    rows = self.rows
+    return dict(cases=len(rows), compilations=len(
+        {c.compile_key for c in self.cases}),
+                rows=sum(r.rows for r in rows),
+                identical_cases=sum(r.sets_agree for r in rows),
+                differing_positions=sum(r.differing_positions for r in rows),
+                tied_positions=sum(r.tied_positions for r in rows),
+                max_score_diff=max(r.max_score_diff for r in rows),
+                max_atol=max(r.atol for r in rows),
+                failures=len(self.failures), seconds=self.seconds)
+
+  def by_variant(self) -> list[dict]:
+    """One row per (variant, cache format): cases, rows, ties, failures."""
+    out = {}
+    for c, r in zip(self.cases, self.rows):
+      d = out.setdefault((c.variant, c.fmt), dict(
+          variant=c.variant, format=c.fmt, cases=0, query_rows=0,
+          identical_cases=0, differing=0, ties=0, max_atol=0.0,
+          mismatched_rows=0, seconds=0.0))
+      d["cases"] += 1
+      d["query_rows"] += r.rows
+      d["identical_cases"] += int(r.sets_agree)
+      d["differing"] += r.differing_positions
+      d["ties"] += r.tied_positions
+      d["max_atol"] = max(d["max_atol"], r.atol)
+      d["mismatched_rows"] += r.rows_mismatched
+      d["seconds"] += r.seconds
+    return list(out.values())
+
+  def side_by_side(self) -> list[dict]:
+    """The matrix with the variants side by side.
+
+    One row per (mode, batch, ratio, k, causal rule, heads); one column per
+    (variant, cache format), holding "=" (identical index sets), "= (n
+    ties)" (they differ only by n tied positions), "MISMATCH" or "" (the
+    case is not in this scope).
+    """
+    columns = list(dict.fromkeys(f"{c.variant} {c.fmt}" for c in self.cases))
+    table = {}
+    for c, r in zip(self.cases, self.rows):
+      key = (c.mode, c.batch_name, c.compression_ratio, c.k, c.causal_rule,
+             c.num_heads)
+      row = table.setdefault(key, dict(
+          mode=c.mode, batch=c.batch_name, ratio=c.compression_ratio, k=c.k,
+          rule=c.causal_rule, heads=c.num_heads, **{col: "" for col in columns}))
+      row[f"{c.variant} {c.fmt}"] = (
+          "MISMATCH" if not r.ok else "=" if r.sets_agree
+          else f"= ({r.tied_positions} ties)")
+    return list(table.values())
+
+
+def run_parity(matrix, *, keep=()) -> ParityRun:
+  """Runs every case of `matrix` (`cases.case_outputs`) and compares it at
+  its derived tolerance (`Case.atol`, `metrics.summation_atol`).
+
+  keep: names of cases whose outputs to keep (`ParityRun.kept`).
+  """
+  t0 = time.perf_counter()
+  rows, kept = [], {}
+  for case in matrix:
+    out = cases_lib.case_outputs(case)
+    rows.append(cases_lib.compare_case(case, out.got, out.want, out.scores,
+                                       atol=case.atol(out.inputs),
+                                       b=out.inputs.batch,
+                                       seconds=out.seconds))
+    if case.name in keep:
+      kept[case.name] = out
+  return ParityRun(tuple(matrix), tuple(rows), kept, time.perf_counter() - t0)
+
+
+def race_rows(matrix) -> list[dict]:
+  """Runs each case's kernel under the interpreter's race detector
+  (`streamidx.race_check`) and reports it.
+
+  Returns:
+    [dict(case, launches (interpreted launches seen), races_found, seconds)].
+  """
+  out = []
+  for case in matrix:
+    inputs = case.inputs()
+    t0 = time.perf_counter()
+    with modes.race_check() as report:
+      jax.block_until_ready(case.run_kernel(inputs))
+    out.append(dict(case=case.name, launches=report.launches,
+                    races_found=bool(report.races_found),
+                    seconds=time.perf_counter() - t0))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Notebook 05's sections as tables.
+
+
+def causal_summary(cd: CausalDiff, b: batch_lib.RaggedBatch, *,
+                   compression_ratio: int) -> dict:
+  """`causal_rule_diff`'s result in numbers (JSON-ready).
+
+  live_rows; rows_incomplete_block (live rows with (p + 1) % ratio != 0);
+  rows_bound_differs (of those, rows whose block p // ratio is in the
+  cache: the vendored rule shows them one more entry); rows_changed and
+  entries_changed (top-k sets that change, entries that do);
+  leaked_selected_rows; leaked_mass_mean / _max (the leaked entry's share
+  of the top-k score where it is selected); leaked_ranks (its ranks, 0 =
+  best); per_sequence (one dict per sequence).
+  """
+  live = b.token_seq_ids() >= 0
+  incomplete = live & ((cd.positions + 1) % compression_ratio != 0)
+  sel = cd.leaked_selected
+  mass = cd.leaked_mass[sel]
+  seq_ids = b.token_seq_ids()
+  per_seq = []
+  for s in range(b.num_seqs):
+    rows = np.flatnonzero(seq_ids == s)
+    vis = cd.visible_model[rows]
+    per_seq.append(dict(
+        sequence=s, q_len=int(b.q_lens[s]), seq_len=int(b.seq_lens[s]),
+        visible_entries=f"{vis.min()}..{vis.max()}",
+        rows_bound_differs=int(cd.bound_differs[rows].sum()),
+        rows_topk_changes=int(cd.selection_differs[rows].sum())))
+  return dict(live_rows=int(live.sum()),
+              rows_incomplete_block=int(incomplete.sum()),
+              rows_bound_differs=int(cd.bound_differs.sum()),
+              rows_changed=cd.rows_changed,
+              entries_changed=int(cd.entries_changed.sum()),
+              leaked_selected_rows=int(sel.sum()),
+              leaked_mass_mean=float(mass.mean()) if sel.any() else 0.0,
+              leaked_mass_max=float(mass.max()) if sel.any() else 0.0,
+              leaked_ranks=sorted(cd.leaked_rank[sel].tolist()),
+              per_sequence=per_seq)
+
+
+def page_coverage_study(*, page_entries: int, page_rows: int, page_sizes,
+                        budgets, num_heads: int, seed: int = 0) -> dict:
+  """Page mode's coverage of the exact token top-k, over page sizes at equal
+  token budgets `k = k_pages * page_size` (notebook 05, section 4).
+
+  Two sequences of `page_entries` entries (ratio 1), `page_rows` query rows
+  each; pages selected by the reference's page scores from the FP8 cache
+  and from the float32 keys; coverage by `page_coverage`.
+
+  Returns:
+    "fp8" / "f32" -> {"count", "mass"} -> f64[len(budgets), len(page_sizes)].
+  """
+  coverage = {fmt: {m: np.zeros((len(budgets), len(page_sizes)))
+                    for m in ("count", "mass")} for fmt in ("fp8", "f32")}
+  for j, ps in enumerate(page_sizes):
+    pb = batch_lib.make_batch([(page_rows, page_entries)] * 2, page_size=ps,
+                              compression_ratio=1, allocation="fragmented",
+                              seed=seed)
+    exact = batch_lib.make_inputs(pb, num_heads=num_heads, fmt="f32",
+                                  seed=seed)
+    exact_scores = ref_lib.token_scores(*exact.args, compression_ratio=1)
+    exact_top = np.asarray(ref_lib.topk_from_scores(exact_scores,
+                                                    max(budgets)))
+    exact_scores = np.asarray(exact_scores)
+    for fmt in coverage:
+      x = exact if fmt == "f32" else exact.with_cache_format(fmt)
+      pscores = ref_lib.page_scores(*x.page_args, compression_ratio=1)
+      for i, budget in enumerate(budgets):
+        pages = ref_lib.topk_from_scores(pscores, budget // ps)
+        cov = page_coverage(exact_top[:, :budget], pages, ps, exact_scores)
+        coverage[fmt]["count"][i, j] = cov.count
+        coverage[fmt]["mass"][i, j] = cov.mass
+  return coverage
+
+
+def approx_rows(scores, ks, targets=(1.0, 0.95)) -> list[dict]:
+  """`approx_topk_agreement` for each recall target and k, as table rows."""
+  return [dict(recall_target=t, k=k, **approx_topk_agreement(scores, k, t))
+          for t in targets for k in ks]
+
+
+def tpu_sizing_rows(ns, ks, targets=(1.0, 0.95)) -> list[dict]:
+  """Candidates a TPU's ApproxTopK keeps (XLA's sizing,
+  `approx_topk_reduction_size`) per (n, k), one column per recall target."""
+  return [dict(n=n, k=k, **{f"kept_at_{t}": approx_topk_reduction_size(n, k, t)
+                            for t in targets})
+          for n in sorted(set(ns)) for k in ks]
+
+
+def tie_rate_rows(scores_by_format, ks) -> list[dict]:
+  """Boundary ties of each score matrix over k: (row, k) pairs with a tie."""
+  out = []
+  for fmt, scores in scores_by_format.items():
+    ties = [boundary_ties(scores, k) for k in ks]
+    out.append(dict(format=fmt, tied=sum(len(t.tied_rows) for t in ties),
+                    of_row_k_pairs=sum(t.rows for t in ties)))
+  return out

@@ -6,11 +6,17 @@ Terms:
 - e4m3 (`float8_e4m3fn`): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
   infinities, one NaN pattern per sign (S.1111.111); largest finite 448.
 - ue8m0 (`float8_e8m0fnu`): an unsigned 8-bit exponent, value 2**(byte - 127);
-  the seed's per-record scale (`streamidx.cache`).
+  the vendored kernel's per-record scale (`streamidx.cache`).
 - exact float scale: amax / 448 as a float32, the scale that maps a record's
   largest magnitude exactly onto 448 (what a float32-scale layout can store).
 - key/query variant: how a score is computed in a recall study, see
-  `VARIANTS` and `variant_inputs`.
+  `VARIANTS` and `variant_inputs`; `STUDY_VARIANTS` adds the Hadamard-rotated
+  ones ("+H").
+
+The recall study (`recall_study`, notebook 03, the workbook's one FP8 recall
+study): recall@k of each variant against the exact float32 top-k, per query
+row, over several seeds (each an independent draw of queries, weights and
+keys), summarized over seeds with a t-interval (`mean_ci`).
 
 Packing, unpacking and the ue8m0 exponent itself come from `streamidx.cache`;
 this module only adds what the studies need around them.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import jax
 from jax.experimental import pallas as pl
@@ -27,7 +34,10 @@ from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 import numpy as np
 
+from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
+from streamidx import metrics
+from streamidx import ref
 from streamidx.lab.studies import addressing
 
 __all__ = [
@@ -50,6 +60,15 @@ __all__ = [
     "variant_inputs",
     "float64_scores",
     "unpack_block_in_kernel",
+    "e4m3_summary",
+    "key_records",
+    "STUDY_VARIANTS",
+    "MeanCI",
+    "mean_ci",
+    "RecallStudy",
+    "recall_study",
+    "scale_study",
+    "scale_commutes",
 ]
 
 E4M3_MAX = cache_lib.E4M3_MAX
@@ -160,7 +179,7 @@ def _quantize(x, scale: str):
 def record_error(x, scale: str = "ue8m0") -> np.ndarray:
   """Relative L2 error per record, ||x - deq(q(x))|| / ||x||, f64[...].
 
-  scale: "ue8m0" (the seed's power-of-two scale) or "float" (amax / 448).
+  scale: "ue8m0" (the vendored kernel's power-of-two scale) or "float" (amax / 448).
   Records that are all zero get error 0.
   """
   x = jnp.asarray(x, jnp.float32)
@@ -266,7 +285,7 @@ def rotate(x, h=None):
 VARIANTS: dict[str, tuple[str, str]] = {
     "exact": ("f32", "f32"),       # float32 keys and queries: the baseline
     "bf16": ("bf16", "bf16"),      # bf16 cache, bf16 queries
-    "fp8": ("fp8", "bf16"),        # the seed: packed FP8 cache, bf16 queries
+    "fp8": ("fp8", "bf16"),        # vendored: packed FP8 cache, bf16 queries
     "fp8_q8": ("fp8", "fp8"),      # FP8 cache, FP8 queries (scale in weights)
 }
 
@@ -378,3 +397,331 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
       interpret=pltpu.InterpretParams(),
   )
   return call(block)
+
+
+# ---------------------------------------------------------------------------
+# The studies of notebook 03.
+
+
+def e4m3_summary() -> dict:
+  """The e4m3fn grid in numbers, checked against the format's definition.
+
+  Returns:
+    dict: definition_matches (JAX's bitcast of all 256 patterns equals
+    `e4m3_from_fields`, NaNs included), finite_patterns, nan_patterns,
+    distinct_finite (+0 = -0), nonnegative (0 and the positives),
+    subnormals, min_subnormal, max_subnormal, normals, min_normal, max
+    (448), positive (f32[126] the positive values, sorted), spacing
+    (`relative_spacing` of the grid).
+  """
+  patterns, values = e4m3_table()
+  by_definition = e4m3_from_fields(*e4m3_fields(patterns))
+  nan = np.isnan(values)
+  matches = bool(np.array_equal(nan, np.isnan(by_definition)) and
+                 np.array_equal(values[~nan], by_definition[~nan]))
+  grid = e4m3_finite_values()
+  positive = grid[grid > 0]
+  sub = positive[positive < 2.0 ** -6]
+  return dict(definition_matches=matches, finite_patterns=int((~nan).sum()),
+              nan_patterns=int(nan.sum()),
+              distinct_finite=len(e4m3_finite_values(nonnegative=False)),
+              nonnegative=len(grid), subnormals=len(sub),
+              min_subnormal=float(sub.min()), max_subnormal=float(sub.max()),
+              normals=len(positive) - len(sub), min_normal=2.0 ** -6,
+              max=float(grid.max()), positive=positive,
+              spacing=relative_spacing(grid))
+
+
+def key_records(num_records: int, *, dist: str, seed: int,
+                outlier_channels: int = 4, outlier_scale: float = 20.0,
+                head_dim: int = 128) -> np.ndarray:
+  """`num_records` float32 keys as `streamidx.make_inputs` draws them.
+
+  Returns:
+    f32[num_records, head_dim]: the first records of the keys of a
+    one-sequence batch (ratio 1), key distribution `dist` ("gaussian" or
+    "outliers").
+  """
+  page_size = 64
+  b = batch_lib.make_batch([(1, num_records)], page_size=page_size,
+                           compression_ratio=1)
+  inp = batch_lib.make_inputs(b, num_heads=1, head_dim=head_dim, fmt="f32",
+                              q_dtype=jnp.float32, seed=seed,
+                              key_distribution=dist,
+                              outlier_channels=outlier_channels,
+                              outlier_scale=outlier_scale)
+  return np.asarray(inp.keys).reshape(-1, head_dim)[:num_records]
+
+
+def scale_study(key_sets) -> dict:
+  """ue8m0 against exact float scales on sets of records.
+
+  Args:
+    key_sets: name -> f32[records, D] (e.g. "gaussian", "outliers").
+
+  Returns:
+    name -> dict: err_pow2, err_float (f64[records] relative L2 error per
+    record, `record_error`), mean_err_ue8m0, mean_err_float, extra (the
+    ue8m0 scale's mean error over the float scale's, minus 1),
+    amax_over_scale (f[records] amax / 2**e: where amax lands on the e4m3
+    range), headroom_min / headroom_max (its extremes), max_stored (the
+    largest |stored e4m3 value|), stored (f32[records * D] every stored
+    |value|, for the grid figure), finite (every stored value finite).
+  """
+  out = {}
+  for name, keys in key_sets.items():
+    keys = np.asarray(keys, np.float32)
+    err_pow2 = record_error(keys, "ue8m0")
+    err_float = record_error(keys, "float")
+    v8, s8 = quantize_ue8m0(keys)
+    stored = np.asarray(v8.astype(jnp.float32))
+    amax_over_scale = np.abs(keys).max(axis=1) / np.asarray(s8)
+    out[name] = dict(
+        err_pow2=err_pow2, err_float=err_float,
+        mean_err_ue8m0=float(err_pow2.mean()),
+        mean_err_float=float(err_float.mean()),
+        extra=float(err_pow2.mean() / err_float.mean() - 1),
+        amax_over_scale=amax_over_scale,
+        headroom_min=float(amax_over_scale.min()),
+        headroom_max=float(amax_over_scale.max()),
+        max_stored=float(np.abs(stored).max()),
+        stored=np.abs(stored).ravel(), finite=bool(np.isfinite(stored).all()))
+  return out
+
+
+def scale_commutes(inp, page: int, rows: int) -> dict:
+  """Does scaling after the reduction give the dequantize-first scores?
+
+  On one page of `inp`'s packed FP8 cache (the vendored kernel's ue8m0
+  scales) and on the same keys with exact float scales, scores `rows` query
+  rows both ways in float32 (`scores_scale_after`, `scores_scale_before`).
+
+  Args:
+    inp: `IndexerInputs` with an "fp8" cache.
+    page: the physical page.
+    rows: query rows (the first `rows` of `inp.q`).
+
+  Returns:
+    dict: pow2_mismatch and float_mismatch (scores that differ, of `size`),
+    float_max_rel (the float scale's largest difference over the largest
+    score).
+  """
+  raw_values, raw_scales = cache_lib.unpack_cache_raw(inp.cache, inp.head_dim)
+  q = np.asarray(inp.q.astype(jnp.float32))[:rows]
+  w = np.asarray(inp.weights)[:rows]
+  v = np.asarray(raw_values[page].astype(jnp.float32))
+  s = np.asarray(raw_scales[page])
+  after = scores_scale_after(q, w, v, s)
+  before = scores_scale_before(q, w, v, s)
+  v_f, s_f = quantize_float_scale(inp.keys[page])
+  v_f = np.asarray(v_f.astype(jnp.float32))
+  s_f = np.asarray(s_f)
+  after_f = scores_scale_after(q, w, v_f, s_f)
+  before_f = scores_scale_before(q, w, v_f, s_f)
+  return dict(pow2_mismatch=int((after != before).sum()),
+              float_mismatch=int((after_f != before_f).sum()),
+              float_max_rel=float(np.max(np.abs(after_f - before_f))
+                                  / np.abs(before_f).max()),
+              size=int(after.size))
+
+
+# The recall study's variants: `VARIANTS` but "exact" (the truth), and the
+# FP8 ones again with queries and keys Hadamard-rotated first ("+H").
+STUDY_VARIANTS = ("bf16", "fp8", "fp8_q8", "fp8+H", "fp8_q8+H")
+
+
+def _split_variant(name: str) -> tuple[str, bool]:
+  base, rotated = (name[:-2], True) if name.endswith("+H") else (name, False)
+  if base not in VARIANTS or base == "exact":
+    raise ValueError(f"variant must be one of {STUDY_VARIANTS} (got {name!r})")
+  return base, rotated
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanCI:
+  """A mean with its spread over n independent samples.
+
+  mean, std (sample standard deviation, ddof 1), half_width (of the `level`
+  Student-t confidence interval of the mean: t * std / sqrt(n)), n; std and
+  half_width are NaN for n = 1.
+  """
+
+  mean: float
+  std: float
+  half_width: float
+  n: int
+  level: float = 0.95
+
+  @property
+  def lo(self) -> float:
+    return self.mean - self.half_width
+
+  @property
+  def hi(self) -> float:
+    return self.mean + self.half_width
+
+  def __str__(self) -> str:
+    return f"{self.mean:.4f} ± {self.half_width:.4f}"
+
+
+def mean_ci(samples, level: float = 0.95) -> MeanCI:
+  """`MeanCI` of independent samples (a Student-t interval of the mean)."""
+  x = np.asarray(samples, np.float64).ravel()
+  if x.size == 0:
+    raise ValueError("samples: must not be empty")
+  if not 0 < level < 1:
+    raise ValueError(f"level: must be in (0, 1) (got {level!r})")
+  if x.size == 1:
+    return MeanCI(float(x[0]), float("nan"), float("nan"), 1, level)
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  std = float(x.std(ddof=1))
+  t = float(stats.t.ppf((1 + level) / 2, x.size - 1))
+  return MeanCI(float(x.mean()), std, t * std / np.sqrt(x.size), int(x.size),
+                level)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecallStudy:
+  """Recall@k of FP8 and bf16 variants against the exact float32 top-k.
+
+  recall: (dist, entries, variant, k) -> f64[len(seeds), query_tokens], the
+    recall of each query row (tie-aware, `metrics.recall_at_k`) for each
+    seed; k only where k <= entries.
+  score_error: (dist, entries, variant) -> {"median", "p99"} -> f64[seeds],
+    the relative score error over visible entries (`metrics.score_error`).
+  float64_rel_diff: the largest difference, over every seed and context,
+    between the float32 exact scores (`streamidx.ref`) and a float64 NumPy
+    computation (`float64_scores`), relative to the largest score.
+  seconds: wall time.
+
+  A seed is one independent draw of queries, weights and keys; its rows
+  share the keys, so the unit of the error bars is the seed (`summary`,
+  `difference`: a t-interval over the per-seed mean recalls).
+  """
+
+  seeds: tuple[int, ...]
+  query_tokens: int
+  num_heads: int
+  compression_ratio: int
+  dists: tuple[str, ...]
+  contexts: tuple[int, ...]
+  ks: tuple[int, ...]
+  variants: tuple[str, ...]
+  recall: dict
+  score_error: dict
+  float64_rel_diff: float
+  seconds: float
+
+  @property
+  def n_rows(self) -> int:
+    """Query rows per (dist, entries, variant, k): seeds x query_tokens."""
+    return len(self.seeds) * self.query_tokens
+
+  def per_seed(self, dist, entries, variant, k) -> np.ndarray:
+    """f64[seeds]: each seed's recall, the mean over its rows."""
+    return self.recall[(dist, entries, variant, k)].mean(axis=1)
+
+  def summary(self, dist, entries, variant, k, level=0.95) -> MeanCI:
+    """The mean recall over seeds, with its t-interval."""
+    return mean_ci(self.per_seed(dist, entries, variant, k), level)
+
+  def difference(self, dist, entries, variant, baseline, k,
+                 level=0.95) -> MeanCI:
+    """recall(variant) - recall(baseline), paired by seed (same keys)."""
+    return mean_ci(self.per_seed(dist, entries, variant, k)
+                   - self.per_seed(dist, entries, baseline, k), level)
+
+  def worst_row(self, dist, entries, variant, k) -> float:
+    """The smallest recall of any row of any seed."""
+    return float(self.recall[(dist, entries, variant, k)].min())
+
+  def records(self) -> list[dict]:
+    """One JSON-ready row per (dist, entries, variant, k)."""
+    out = []
+    for (dist, entries, variant, k), r in self.recall.items():
+      s = self.summary(dist, entries, variant, k)
+      out.append(dict(dist=dist, entries=entries, variant=variant, k=k,
+                      mean=s.mean, std_over_seeds=s.std,
+                      ci95_half_width=s.half_width, seeds=len(self.seeds),
+                      rows_per_seed=self.query_tokens,
+                      worst_row=float(r.min()), per_seed=r.mean(axis=1).tolist()))
+    return out
+
+
+def recall_study(*, seeds, num_heads: int, compression_ratio: int,
+                 page_size: int, query_tokens: int, contexts, ks,
+                 dists=("gaussian", "outliers"), variants=STUDY_VARIANTS,
+                 outlier_channels: int = 4,
+                 outlier_scale: float = 20.0) -> RecallStudy:
+  """The FP8 recall study: each variant's top-k against the exact top-k.
+
+  For each seed, key distribution and context (compressed entries), one
+  sequence of `compression_ratio * entries` tokens whose last
+  `query_tokens` tokens query its cache (`make_batch`, `make_inputs` with
+  float32 queries and that seed). Every variant is scored by
+  `streamidx.ref.token_scores` on `variant_inputs`; the truth is the
+  "exact" variant (float32 keys and queries), itself compared with the
+  float64 NumPy scores of `float64_scores`.
+
+  Args:
+    seeds: the RNG seeds (one independent draw each).
+    contexts: compressed entries per sequence; ks: the k values (those
+      <= a context's entries are measured there).
+    dists: key distributions of `make_inputs` ("gaussian", "outliers").
+    variants: names of `STUDY_VARIANTS`.
+
+  Returns:
+    `RecallStudy`.
+  """
+  seeds = tuple(int(s) for s in seeds)
+  if not seeds:
+    raise ValueError("seeds: must not be empty")
+  variants = tuple(variants)
+  parts = {v: _split_variant(v) for v in variants}
+  t0 = time.perf_counter()
+  recall, errors, rel = {}, {}, 0.0
+
+  def scores_of(x):
+    return np.asarray(ref.token_scores(*x.args,
+                                       compression_ratio=compression_ratio))
+
+  for i, seed in enumerate(seeds):
+    for dist in dists:
+      for entries in contexts:
+        b = batch_lib.make_batch([(query_tokens, compression_ratio * entries)],
+                                 page_size=page_size,
+                                 compression_ratio=compression_ratio)
+        inp = batch_lib.make_inputs(
+            b, num_heads=num_heads, fmt="f32", q_dtype=jnp.float32, seed=seed,
+            key_distribution=dist, outlier_channels=outlier_channels,
+            outlier_scale=outlier_scale)
+        exact = scores_of(variant_inputs(inp, "exact"))[:query_tokens]
+        oracle = float64_scores(inp, compression_ratio=compression_ratio)
+        finite = np.isfinite(oracle)
+        if not np.array_equal(finite, np.isfinite(exact)):
+          raise AssertionError("exact f32 and float64 scores mask differently")
+        rel = max(rel, float(np.max(np.abs(exact[finite] - oracle[finite]))
+                             / np.abs(oracle[finite]).max()))
+        kk = [k for k in ks if k <= entries]
+        want = np.asarray(ref.topk_from_scores(exact, max(kk)))
+        for name in variants:
+          base, rotated = parts[name]
+          s = scores_of(variant_inputs(inp, base, rotated=rotated))
+          s = s[:query_tokens]
+          err = metrics.score_error(s, exact)
+          e = errors.setdefault((dist, entries, name), {
+              "median": np.zeros(len(seeds)), "p99": np.zeros(len(seeds))})
+          e["median"][i], e["p99"][i] = err["median"], err["p99"]
+          got = np.asarray(ref.topk_from_scores(s, max(kk)))
+          for k in kk:
+            r = recall.setdefault((dist, entries, name, k),
+                                  np.zeros((len(seeds), query_tokens)))
+            r[i] = [metrics.recall_at_k(got[t:t + 1, :k], want[t:t + 1, :k],
+                                        exact[t:t + 1])
+                    for t in range(query_tokens)]
+  return RecallStudy(
+      seeds=seeds, query_tokens=query_tokens, num_heads=num_heads,
+      compression_ratio=compression_ratio, dists=tuple(dists),
+      contexts=tuple(contexts), ks=tuple(ks), variants=variants, recall=recall,
+      score_error=errors, float64_rel_diff=rel,
+      seconds=time.perf_counter() - t0)

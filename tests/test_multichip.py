@@ -1,0 +1,92 @@
+"""lab.studies.multichip (notebook 07): layouts run against one device, the
+crossover rows and the computed text; lab.plots' scaling figures."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from streamidx import sharded  # pylint: disable=g-import-not-at-top
+from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
+from streamidx.lab.model import scaling  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import multichip  # pylint: disable=g-import-not-at-top
+
+W = scaling.DSV4_DECODE.with_(context_tokens=1 << 17)
+
+
+def test_a_context_parallel_layout_in_a_fresh_process_matches_one_device():
+  """This process keeps one CPU device; the fallback path starts a child
+  with three (device 0 left out of the 1 x 2 mesh)."""
+  batch_kw = dict(decode=[300, 64], prefill=[[5, 200]], page_size=16,
+                  compression_ratio=4, pages_per_seq=8, seed=1)
+  got = multichip.check_layouts_subprocess(
+      batch_kw, [dict(layout="context-parallel", num_data=1, num_context=2)],
+      num_heads=2, k=8)
+  assert len(got) == 1
+  c = got[0]
+  assert c.ok, c.detail
+  assert c.rows == 2 + 5 and c.identical + c.tied == c.rows
+  assert c.devices == "2 x cpu (interpreted)" and c.collective == "all_gather"
+  assert c.atol > 0  # the derived tolerance, never 0
+  assert c.merge_bytes_per_row == sharded.merge_bytes_per_row(8, 2) == 64
+  assert c.pages_per_share == 4
+
+
+def test_crossover_rows_are_the_scaling_models():
+  rows = multichip.crossover_rows(["v7x"], [8], [0, 5], workload=W)
+  one = W.with_(num_seqs=1)
+  for r in rows:
+    want = scaling.crossover_context(one, "v7x", 8,
+                                     collective_latency_s=r["latency us"] * 1e-6)
+    assert (r["tokens"], r["C"]) == (want[0], want[1].num_context)
+    assert r["step us (C>1)"] < r["step us (C=1)"]
+  assert rows[1]["tokens"] > rows[0]["tokens"]  # latency delays it
+  assert "2,048 tokens at 0 us" in multichip.crossover_title(rows)
+
+
+def test_device_crossover_rows_pay_once_devices_outnumber_sequences():
+  rows = multichip.device_crossover_rows(["v6e", "v7x"], [0], workload=W)
+  assert [(r["generation"], r["chips"], r["C"]) for r in rows] == [
+      ("v6e", 128, 2), ("v7x", 64, 2)]
+
+
+def test_exercise_answers_quote_the_merge_and_cache_bytes():
+  text = multichip.exercise_answers(scaling.DSV4_DECODE)
+  assert "**61,440 B**" in text and "**16,384 B**" in text  # 8 x 512 x 15, x 4
+  assert "**64.00 MiB**" in text and "**32.00 MiB**" in text
+  assert "The model's best is C = 1" in text
+
+
+def test_answer_markdown_states_failures_and_missing_compiles():
+  bad = multichip.LayoutCheck("2d", "vendored", "fp8", 2, 2, "tree",
+                              "4 x cpu (interpreted)", ok=False, atol=1e-3,
+                              detail="row 3 differs")
+  text = multichip.answer_markdown(
+      [bad], [dict(generation="v6e", **{"latency us": 0}, chips=None, C=None)],
+      [], machine="CPU")
+  assert "0 of 1" in text and "v6e never" in text
+  assert "No sharded program was compiled" in text
+
+
+def test_scaling_figure_draws_both_layouts_where_they_differ():
+  rows = scaling.scaling_table(W, generations=["v7x"], chips=(8, 64))
+  fig = plots.scaling_figure(rows, title=multichip.scaling_title(rows, W))
+  step_ax = fig.axes[0]
+  lines = step_ax.get_lines()
+  assert len(lines) == 2  # C = 1, and the best C (it differs at 64 chips)
+  np.testing.assert_allclose(lines[1].get_ydata(),
+                             [r["step us (best)"] for r in rows])
+  assert "C = 2 pays on v7x at 64 chips" in fig._suptitle.get_text()  # pylint: disable=protected-access
+  plt.close(fig)
+
+
+def test_crossover_figure_leaves_out_what_never_pays():
+  rows = [dict(generation="v6e", chips=1, tokens=None, **{"latency us": 0}),
+          dict(generation="v7x", chips=1, tokens=2048, **{"latency us": 0}),
+          dict(generation="v7x", chips=1, tokens=4096, **{"latency us": 5})]
+  fig = plots.crossover_figure(rows)
+  lines = fig.axes[0].get_lines()
+  assert [len(l.get_xdata()) for l in lines] == [0, 2]
+  plt.close(fig)
