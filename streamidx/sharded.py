@@ -99,6 +99,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
+from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.semantics import cdiv
 
@@ -461,6 +462,12 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
     *cache, seq_lens, page_indices, cu_q_lens, last = rest
     if page_mode:
       last = last.reshape(())
+    if (impl == "kernel" and _accepts(fn, "skip_empty_launches")
+        and modes.resolve_interpret() is not False):
+      # The TPU interpreter holds every simulated device at each launch:
+      # devices whose shards skip different empty launches (M14) would wait
+      # for each other forever. Interpreted, every device makes them all.
+      call_static["skip_empty_launches"] = False
     if context_axis is None:
       return fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last,
                 **call_static)

@@ -600,10 +600,11 @@ def _check_num_cores(num_cores):
 _TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
                  "num_queries_per_block", "vmem_limit_bytes",
                  "decode_req_batch_size", "causal_rule", "topk_method",
-                 "return_scores", "sort_decode", "num_cores")
+                 "return_scores", "sort_decode", "num_cores",
+                 "skip_empty_launches")
 _PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
                 "num_queries_per_block", "vmem_limit_bytes", "causal_rule",
-                "return_scores", "num_cores")
+                "return_scores", "num_cores", "skip_empty_launches")
 
 
 @functools.partial(jax.jit, static_argnames=_TOKEN_STATIC)
@@ -628,6 +629,7 @@ def streamindex_topk_dense(
     return_scores: bool = False,
     sort_decode: bool = True,
     num_cores: int = 1,
+    skip_empty_launches: bool = True,
 ) -> jax.Array:
   """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
 
@@ -715,15 +717,19 @@ def streamindex_topk_dense(
         name=(f"StreamIdxDenseTC-{launch.case}-bq_{bq_sz}-bkvp_"
               f"{kv_blocks[c]}" + ("-bmax" if fused else "")),
         interpret=interpret)
-    # An empty range launches nothing.
-    if fused:
+    # An empty range launches nothing (vendored M14; `skip_empty_launches`).
+    if fused and skip_empty_launches:
       scores, bmax = lax.cond(
           launch.end > launch.start,
           lambda s, m, run=run: run(scores=s, bmax=m),
           lambda s, m: (s, m), scores, bmax)
-    else:
+    elif fused:
+      scores, bmax = run(scores=scores, bmax=bmax)
+    elif skip_empty_launches:
       scores = lax.cond(launch.end > launch.start,
                         lambda s, run=run: run(scores=s), lambda s: s, scores)
+    else:
+      scores = run(scores=scores)
 
   scores = scores.reshape(num_tokens, -1)
   # The vendored selection stage (M12; M9 for the scores); "fused_blockmax"
@@ -764,6 +770,7 @@ def streamindex_page_topk_dense(
     causal_rule: str = "model",
     return_scores: bool = False,
     num_cores: int = 1,
+    skip_empty_launches: bool = True,
 ) -> jax.Array:
   """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
 
@@ -804,8 +811,11 @@ def streamindex_page_topk_dense(
       vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
       name=f"StreamIdxDensePageTC-bq_{num_queries_per_block}-bkvp_{bkv_p}",
       interpret=interpret)
-  scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
-                    scores)
+  if skip_empty_launches:
+    scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
+                      scores)
+  else:
+    scores = run(scores=scores)
   page_scores = scores.reshape(num_tokens, num_page_cols)
   if segment_pool:
     page_scores = unpermute_lane_segment_pages(page_scores, page_size)

@@ -152,7 +152,11 @@
 #     range being non-empty (token mode: end > start per launch of
 #     `token_launches`; page mode: num_seqs > 0). An empty range's grid had
 #     no programs, but the launch itself (scalar prefetch copies, the
-#     aliased score buffer, the kernel launch) still ran.
+#     aliased score buffer, the kernel launch) still ran. Static argument
+#     `skip_empty_launches` (default True); `streamidx.sharded` passes False
+#     when interpreted: the TPU interpreter holds all simulated devices of a
+#     `shard_map` at each launch, so devices that skip different launches
+#     wait for each other forever.
 # M15  Page pooling on TPU v4. Mosaic cannot lower the page max-pool
 #     `s.reshape(rows, 128, cols_per_page).max(-1)` for pages narrower than
 #     a lane row on v4 (GLM's 64-entry pages: "infer-vector-layout:
@@ -1005,6 +1009,7 @@ def prepare_outputs(out):
         "topk_method",
         "return_scores",
         "sort_decode",
+        "skip_empty_launches",
     ),
 )
 def streamindex_topk(
@@ -1026,6 +1031,7 @@ def streamindex_topk(
     topk_method: str = topk.DEFAULT_TOPK_METHOD,
     return_scores: bool = False,
     sort_decode: bool = True,
+    skip_empty_launches: bool = True,
 ) -> jax.Array:
   """StreamIndex Top-K retrieval.
 
@@ -1280,8 +1286,11 @@ def streamindex_topk(
         case=_MLA_CASE[launch.case],
     )
     # streamidx (M14): an empty range launches nothing.
-    scores = lax.cond(launch.end > launch.start,
-                      lambda s, run=run: run(scores=s), lambda s: s, scores)
+    if skip_empty_launches:
+      scores = lax.cond(launch.end > launch.start,
+                        lambda s, run=run: run(scores=s), lambda s: s, scores)
+    else:
+      scores = run(scores=scores)
 
   scores = scores.reshape(q.shape[0], -1)
 
@@ -1315,6 +1324,7 @@ def streamindex_topk(
         "vmem_limit_bytes",
         "causal_rule",
         "return_scores",
+        "skip_empty_launches",
     ),
 )
 def streamindex_page_topk(
@@ -1333,6 +1343,7 @@ def streamindex_page_topk(
     vmem_limit_bytes: int | None = 64 * 1024 * 1024,
     causal_rule: str = "model",
     return_scores: bool = False,
+    skip_empty_launches: bool = True,
 ) -> jax.Array:
   """Page-level lightning-indexer top-k (prefill/extend form).
 
@@ -1459,11 +1470,12 @@ def streamindex_page_topk(
       )
   )
   # streamidx (M14): no sequence, no launch.
-  page_scores = lax.cond(
-      num_seqs > 0,
-      lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,
-                       cache_kv, s),
-      lambda s: s, scores_init)
+  launch = lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,
+                            cache_kv, s)
+  if skip_empty_launches:
+    page_scores = lax.cond(num_seqs > 0, launch, lambda s: s, scores_init)
+  else:
+    page_scores = launch(scores_init)
   page_scores = page_scores.reshape(T, num_page_cols)
   if segment_pool:  # streamidx (M15)
     page_scores = unpermute_lane_segment_pages(page_scores, cols_per_page)
