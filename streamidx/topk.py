@@ -15,9 +15,23 @@ method)` over its f32[T, N] score buffer. The methods, `TOPK_METHODS`:
     "blockmax"  two stages by block maxima: the maximum of every block of
                 `block_size` entries, the k best blocks (`lax.top_k`), then one
                 `lax.top_k` over those k blocks' entries. Exact (see
-                `_blockmax`). The kernel could write the block maxima itself
-                (a selection fused into the scoring); this method reads them
-                from the score buffer.
+                `_blockmax`). The maxima are computed here, from the score
+                buffer (one full read of it).
+    "fused_blockmax"
+                "blockmax" with the maxima written by the scoring kernel:
+                besides the scores, the kernel writes the maximum of every
+                128-lane row of its score blocks (`FUSED_BLOCK_WIDTH`
+                entries, aligned with every KV block) into a second output,
+                f32[T, N / 128]; the selection reads those maxima (1/128 of
+                the buffer; groups of them when `block_size` is a larger
+                multiple of 128), then gathers the k best blocks' entries and
+                runs "blockmax"'s second stage (`_blockmax_select`: the same
+                exactness argument). Only a kernel that writes the maxima
+                takes it (`streamidx.streamindex_topk_dense`;
+                `KERNEL_TOPK_METHODS` are the methods every kernel takes):
+                given a bare score buffer (`select_topk` without
+                `block_max`, as the references and the benchmark call it) the
+                maxima are computed from the buffer, the same values.
     "radix"     radix select on the order-preserving int32 image of the
                 scores (`order_key`): `32 / radix_bits` digit-histogram passes
                 find the k-th largest key of each row, one pass takes the
@@ -69,6 +83,9 @@ from jax import lax
 __all__ = [
     "TOPK_METHODS",
     "EXACT_TOPK_METHODS",
+    "FUSED_TOPK_METHODS",
+    "KERNEL_TOPK_METHODS",
+    "FUSED_BLOCK_WIDTH",
     "DEFAULT_TOPK_METHOD",
     "APPROX_RECALL_TARGET",
     "check_topk_method",
@@ -78,10 +95,20 @@ __all__ = [
     "scores_at",
     "chunk_size_for",
     "block_size_for",
+    "fused_block_size_for",
 ]
 
-TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "radix", "approx")
+TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "fused_blockmax",
+                "radix", "approx")
 EXACT_TOPK_METHODS = tuple(m for m in TOPK_METHODS if not m.startswith("approx"))
+# Methods that need more than the score buffer from the scoring kernel: a
+# kernel takes them only if it writes what they read (the dense kernel).
+FUSED_TOPK_METHODS = ("fused_blockmax",)
+# The methods every token kernel takes: they select from the score buffer.
+KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
+                            if m not in FUSED_TOPK_METHODS)
+# Entries per block maximum the fused kernel writes: one 128-lane row.
+FUSED_BLOCK_WIDTH = 128
 # The vendored kernel's stage. The model (streamidx.lab.model.topk) is not
 # unambiguous: at DeepSeek-V4 decode the TPU compiler's estimates (libtpu,
 # v5e/v6e/v7x) rank "chunked" first, the model's HBM bound "top_k", its
@@ -95,10 +122,18 @@ _DEFAULT_RADIX_BITS = 4
 _NEG_INF = float("-inf")
 
 
-def check_topk_method(method) -> str:
-  """Returns `method`, or raises ValueError naming the allowed ones."""
-  if not isinstance(method, str) or method not in TOPK_METHODS:
-    raise ValueError(f"topk_method: must be one of {TOPK_METHODS} "
+def check_topk_method(method, allowed=TOPK_METHODS) -> str:
+  """Returns `method`, or raises ValueError naming the allowed ones.
+
+  allowed: the methods the caller takes (a kernel that does not write block
+  maxima: `KERNEL_TOPK_METHODS`).
+  """
+  if not isinstance(method, str) or method not in allowed:
+    why = ""
+    if method in FUSED_TOPK_METHODS:
+      why = (f"; {method!r} reads block maxima that only a kernel fusing "
+             f"them into its scoring writes (streamindex_topk_dense)")
+    raise ValueError(f"topk_method: must be one of {tuple(allowed)}{why} "
                      f"(got {method!r})")
   return method
 
@@ -203,6 +238,14 @@ def block_size_for(n: int, k: int) -> int:
   return max(1, n) if best is None else best[1]
 
 
+def fused_block_size_for(n: int, k: int,
+                         width: int = FUSED_BLOCK_WIDTH) -> int:
+  """The "fused_blockmax" method's block: `block_size_for(n, k)` as a
+  multiple of `width`, the entries per maximum the kernel writes (so a block
+  is whole maxima)."""
+  return max(width, block_size_for(n, k) // width * width)
+
+
 # -- the methods ------------------------------------------------------------
 
 
@@ -246,13 +289,50 @@ def _blockmax(scores, k, block_size):
   blocks = -(-n // b)
   if blocks <= k:
     return _top_k(scores, k)
-  x = _pad_to(canonical_zero(scores), blocks * b).reshape(t, blocks, b)
-  _, best = lax.top_k(x.max(axis=2), k)  # ties: lowest block index first
+  x = _pad_to(scores, blocks * b).reshape(t, blocks, b)
+  return _blockmax_select(scores, x.max(axis=2), k, b)
+
+
+def _blockmax_select(scores, block_max, k, b):
+  """The second stage of "blockmax" and "fused_blockmax": i32[T, k].
+
+  scores: f32[T, N]; block_max: f32[T, blocks], blocks = cdiv(N, b) > k, the
+  maximum of entries [j * b, (j + 1) * b) of each row (as a float: -0.0,
+  +0.0 and subnormals are all zero here). The k best blocks by (maximum
+  desc, block index asc), then one `top_k` over their entries (`_blockmax`
+  says why that is exact).
+  """
+  t, n = scores.shape
+  blocks = block_max.shape[1]
+  # Zeros of both signs tie (canonical_zero is monotone: the maximum of the
+  # canonical scores is the canonical maximum).
+  _, best = lax.top_k(canonical_zero(block_max), k)  # ties: lowest block first
   best = jnp.sort(best, axis=1)
-  cand = jnp.take_along_axis(x, best[:, :, None], axis=1)  # [T, k, b]
+  x = _pad_to(scores, blocks * b).reshape(t, blocks, b)  # no copy: N = blocks * b
+  cand = canonical_zero(
+      jnp.take_along_axis(x, best[:, :, None], axis=1))  # [T, k, b]
   vals, pos = lax.top_k(cand.reshape(t, k * b), k)
   idx = jnp.take_along_axis(best, pos // b, axis=1) * b + pos % b
   return _finish(vals, idx)
+
+
+def _fused_blockmax(scores, k, block_size, block_max, width):
+  """"fused_blockmax": blocks of `block_size` (a multiple of `width`) ranked
+  by the maxima of `width`-entry blocks, f32[T, >= cdiv(N, width)] (the
+  kernel's; computed from `scores` when None)."""
+  t, n = scores.shape
+  b = int(block_size)
+  blocks = -(-n // b)
+  if blocks <= k:
+    return _top_k(scores, k)
+  rows = -(-n // width)
+  if block_max is None:
+    block_max = _pad_to(scores, rows * width).reshape(t, rows, width).max(2)
+  m = block_max[:, :rows].astype(jnp.float32)
+  g = b // width
+  if g > 1:  # blocks of g maxima: the maximum of the maxima
+    m = _pad_to(m, blocks * g).reshape(t, blocks, g).max(axis=2)
+  return _blockmax_select(scores, m, k, b)
 
 
 def _kth_largest_key(keys, k, radix_bits):
@@ -336,11 +416,13 @@ def _approx(scores, k, recall_target):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "k", "method", "chunk_size", "block_size", "radix_bits", "recall_target"))
+    "k", "method", "chunk_size", "block_size", "radix_bits", "recall_target",
+    "block_max_width"))
 def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
                 chunk_size: int | None = None, block_size: int | None = None,
                 radix_bits: int = _DEFAULT_RADIX_BITS,
-                recall_target: float = APPROX_RECALL_TARGET):
+                recall_target: float = APPROX_RECALL_TARGET,
+                block_max=None, block_max_width: int = FUSED_BLOCK_WIDTH):
   """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
 
   Args:
@@ -349,10 +431,17 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
     k: entries per row (a positive int; N < k pads with -1).
     method: one of `TOPK_METHODS` (module docstring).
     chunk_size: "chunked" only; default `chunk_size_for(N, k)`.
-    block_size: "blockmax" only; default `block_size_for(N, k)`.
+    block_size: "blockmax" and "fused_blockmax"; default `block_size_for(N,
+      k)` (for "fused_blockmax" a multiple of `block_max_width`).
     radix_bits: "radix" only: digit width, one of `RADIX_BITS`
       (32 / radix_bits histogram passes).
     recall_target: "approx" only, in (0, 1).
+    block_max: "fused_blockmax" only: f32[T, M], M >= cdiv(N,
+      block_max_width): column j the maximum of scores[:, j * w:(j + 1) * w]
+      (w = block_max_width), as the fused kernel writes it; columns past
+      cdiv(N, w) are ignored. None: computed from `scores`.
+    block_max_width: the entries each `block_max` column covers (the
+      kernel's `FUSED_BLOCK_WIDTH`).
 
   Returns:
     i32[T, k]: per row, the top entries by score descending, equal scores
@@ -372,18 +461,37 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
                      f"(got {radix_bits!r})")
   if not 0.0 < recall_target < 1.0 and method == "approx":
     raise ValueError(f"recall_target: must be in (0, 1) (got {recall_target!r})")
-  for name, v in (("chunk_size", chunk_size), ("block_size", block_size)):
+  for name, v in (("chunk_size", chunk_size), ("block_size", block_size),
+                  ("block_max_width", block_max_width)):
     if v is not None and (not isinstance(v, int) or v < 1):
       raise ValueError(f"{name}: must be a positive int (got {v!r})")
+  if block_max is not None:
+    if method != "fused_blockmax":
+      raise ValueError(f"block_max: only for method 'fused_blockmax' "
+                       f"(got method {method!r})")
+    need = -(-scores.shape[1] // block_max_width)
+    if (getattr(block_max, "ndim", None) != 2
+        or block_max.shape[0] != scores.shape[0]
+        or block_max.shape[1] < need):
+      raise ValueError(
+          f"block_max: must be f32[T, >= cdiv(N, block_max_width)] = "
+          f"[{scores.shape[0]}, >= {need}] (got shape "
+          f"{getattr(block_max, 'shape', None)})")
+  if (method == "fused_blockmax" and block_size is not None
+      and block_size % block_max_width):
+    raise ValueError(f"block_size: must be a multiple of block_max_width "
+                     f"({block_max_width}) for 'fused_blockmax' "
+                     f"(got {block_size})")
   # The scope names the stage's ops in profiles (op metadata), whatever
   # XLA fuses them into.
   with jax.named_scope(f"select_topk_{method}"):
     return _select(_pad_to(scores.astype(jnp.float32), k), k, method,
-                   chunk_size, block_size, radix_bits, recall_target)
+                   chunk_size, block_size, radix_bits, recall_target,
+                   block_max, block_max_width)
 
 
 def _select(scores, k, method, chunk_size, block_size, radix_bits,
-            recall_target):
+            recall_target, block_max=None, block_max_width=FUSED_BLOCK_WIDTH):
   n = scores.shape[1]
   if method == "sort":
     return _sort(scores, k)
@@ -393,6 +501,10 @@ def _select(scores, k, method, chunk_size, block_size, radix_bits,
     return _chunked(scores, k, chunk_size or chunk_size_for(n, k))
   if method == "blockmax":
     return _blockmax(scores, k, block_size or block_size_for(n, k))
+  if method == "fused_blockmax":
+    w = block_max_width
+    b = block_size or fused_block_size_for(n, k, w)
+    return _fused_blockmax(scores, k, b, block_max, w)
   if method == "radix":
     return _radix(scores, k, radix_bits)
   return _approx(scores, k, recall_target)

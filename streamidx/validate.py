@@ -316,11 +316,15 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                          num_kv_pages_per_block, num_queries_per_block,
                          vmem_limit_bytes, decode_req_batch_size,
                          causal_rule, topk_method=topk.DEFAULT_TOPK_METHOD,
-                         sort_decode=True):
+                         sort_decode=True, topk_methods=None):
   """Static rules of `streamindex_topk`; raises ValueError naming the argument.
 
   Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s; `cache_kv` one
   array or the dense FP8 pair (`streamindex_topk_dense`).
+  topk_methods: the `topk_method` values the kernel takes; None: by the
+  cache, every `topk.TOPK_METHODS` for the dense pair (its kernel writes the
+  block maxima "fused_blockmax" reads), `topk.KERNEL_TOPK_METHODS` for one
+  array (the vendored kernel).
   """
   page_size, pages_per_seq = _check_common(q, indexer_weights, cache_kv,
                                            seq_lens, page_indices, cu_q_lens,
@@ -332,7 +336,10 @@ def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   if not isinstance(sort_decode, bool):
     _fail("sort_decode", "must be True or False", repr(sort_decode))
   _check_vmem(vmem_limit_bytes)
-  topk.check_topk_method(topk_method)
+  if topk_methods is None:
+    topk_methods = (topk.TOPK_METHODS if isinstance(cache_kv, (tuple, list))
+                    else topk.KERNEL_TOPK_METHODS)
+  topk.check_topk_method(topk_method, topk_methods)
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
                                           "num_kv_pages_per_block")
   semantics.normalize_per_case(num_queries_per_block, "num_queries_per_block")

@@ -55,8 +55,11 @@ class Variant:
     cache_formats: names of `streamidx.cache.CACHE_FORMATS` it reads.
     module: the module holding the kernel (for docs and schedule dumps).
     topk_methods: the `topk_method` values its kernel takes
-      (`streamidx.topk.TOPK_METHODS` for the token kernels; empty: the
-      kernel has no such option, e.g. page mode's fixed `top_k` of pages).
+      (`streamidx.topk.KERNEL_TOPK_METHODS`, the selections from the score
+      buffer, for every token kernel; `streamidx.topk.TOPK_METHODS` for one
+      that also writes the block maxima "fused_blockmax" reads (dense);
+      empty: the kernel has no such option, e.g. page mode's fixed `top_k`
+      of pages).
   """
 
   name: str
@@ -182,7 +185,7 @@ _REGISTRY = (
         checked=checked_lib.checked_streamindex_topk,
         cache_formats=("fp8", "bf16"),
         module=vendored.__name__,
-        topk_methods=topk_lib.TOPK_METHODS,
+        topk_methods=topk_lib.KERNEL_TOPK_METHODS,
     ),
     Variant(
         name="vendored_page",

@@ -47,11 +47,15 @@ PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
 
 
 @contextlib.contextmanager
-def _tap(sink):
+def _tap(sink, block_max_sink=None):
   original = topk_lib.select_topk
 
   def tapped(operand, k, *args, **kwargs):
     jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
+    if block_max_sink is not None and kwargs.get("block_max") is not None:
+      # "fused_blockmax": the block maxima the dense kernel wrote.
+      jax.debug.callback(lambda m: block_max_sink.append(np.asarray(m)),
+                         kwargs["block_max"])
     return original(operand, k, *args, **kwargs)
 
   topk_lib.select_topk = tapped
@@ -97,16 +101,26 @@ class KernelWithScores:
 
     self._jit = jax.jit(traced, static_argnames=static)
     self._sink: list[np.ndarray] = []
+    self._block_max_sink: list[np.ndarray] = []
+    # After a "fused_blockmax" call of the dense kernel: the block maxima
+    # it wrote, f32[T, score rows] (caller's row order); else None.
+    self.block_max = None
 
   def __call__(self, *args, **kwargs):
     self._sink.clear()
-    with _tap(self._sink):
+    self._block_max_sink.clear()
+    with _tap(self._sink, self._block_max_sink):
       idx = np.asarray(self._jit(*args, **kwargs))
     jax.effects_barrier()
     assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
     scores = self._sink[0]
+    self.block_max = (self._block_max_sink[0] if self._block_max_sink
+                      else None)
     if self._mode == "token":
       scores = _caller_row_order(scores, args, kwargs, self._cache_args)
+      if self.block_max is not None:
+        self.block_max = _caller_row_order(self.block_max, args, kwargs,
+                                           self._cache_args)
     return idx, scores
 
 

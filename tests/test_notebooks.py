@@ -22,9 +22,11 @@ import json
 from pathlib import Path
 
 import nbformat
+import re
+
 import pytest
 
-from streamidx.lab import workbook
+from streamidx.lab import walkthrough, workbook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -45,6 +47,33 @@ def _strip_tool():
 STRIP = _strip_tool()
 
 by_name = pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: p.name)
+
+
+@by_name
+def test_has_more_prose_than_code(path):
+  """Issue 16: a notebook's cells are the ones that teach; code lives in
+  the package. Non-blank Markdown lines >= non-blank code lines."""
+  counts = walkthrough.notebook_line_counts(path)
+  assert counts["markdown"] >= counts["code"], f"{path.name}: {counts}"
+
+
+@by_name
+def test_opens_with_its_question_and_has_exercises(path):
+  """The first Markdown cell states the question; at least two exercises,
+  each with an answer."""
+  nb = nbformat.read(str(path), as_version=4)
+  first = next(c for c in nb.cells if c.cell_type == "markdown")
+  assert "**Question.**" in first.source, f"{path.name}: no **Question.** first"
+  assert "**Why it matters.**" in first.source, path.name
+  text = "\n".join(c.source for c in nb.cells)
+  heading = re.search(r"(?im)^#+ .*Exercises.*$", text)
+  assert heading, f"{path.name}: no Exercises section"
+  rest = text[heading.end():]
+  # "**Exercise 1 ...**" paragraphs, or a numbered list of "1. **...**".
+  named = set(re.findall(r"(?m)^\*\*Exercise (\d+)", rest))
+  listed = set(re.findall(r"(?m)^(\d+)\. \*\*", rest.split("\n#", 1)[0]))
+  assert max(len(named), len(listed)) >= 2, f"{path.name}: fewer than 2 exercises"
+  assert re.search(r"(?i)answer", rest), f"{path.name}: exercises without answers"
 
 
 @by_name

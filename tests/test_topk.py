@@ -209,7 +209,10 @@ def test_approx_returns_a_valid_selection_and_reports_recall():
 # the k-th score of many rows inside a group of exact zeros.
 BLOCKS = cases.blocks_for("vendored")
 K = cases.K_TESTS
-KERNEL_RUNS = [(b, EXACT[i % len(EXACT)], 4, cases.NUM_HEADS)
+# The vendored kernel takes the methods that select from the score buffer
+# ("fused_blockmax" runs through the dense kernel: tests/test_topk_fused.py).
+KERNEL_EXACT = tuple(m for m in EXACT if m in topk.KERNEL_TOPK_METHODS)
+KERNEL_RUNS = [(b, KERNEL_EXACT[i % len(KERNEL_EXACT)], 4, cases.NUM_HEADS)
                for i, b in enumerate(cases.TEST_BATCHES)] + [
                    ("ties_at_zero_all_launches", "radix", 1, 1),
                    ("ties_at_zero_all_launches", "sort", 4, 1)]
@@ -268,7 +271,8 @@ def test_variant_passes_topk_method_through():
   inp = _inputs("decode_only_fewer_than_batch")
   static = v.static(inp, k=K, compression_ratio=4, topk_method="radix")
   assert static["topk_method"] == "radix"
-  assert v.topk_methods == topk.TOPK_METHODS
+  assert v.topk_methods == topk.KERNEL_TOPK_METHODS
+  assert si.VARIANTS["dense"].topk_methods == topk.TOPK_METHODS
   with pytest.raises(ValueError, match=r"topk_method: variant 'vendored_page'"):
     si.VARIANTS["vendored_page"].static(inp, k=4, compression_ratio=1,
                                         topk_method="radix")
@@ -276,7 +280,8 @@ def test_variant_passes_topk_method_through():
 
 def test_topk_methods_are_exported():
   assert si.TOPK_METHODS == topk.TOPK_METHODS
-  assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax", "radix"}
+  assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax",
+                        "fused_blockmax", "radix"}
   assert topk.DEFAULT_TOPK_METHOD == "sort"
 
 
@@ -329,7 +334,7 @@ def test_model_counts_reads_passes_and_work():
   assert radix.passes == 8 + 3 and radix.sort_work < top.sort_work
   chunked = topk_model.cost("chunked", t, n, k)
   assert chunked.sort_work < top.sort_work and chunked.passes == 1
-  fused = topk_model.cost("blockmax", t, n, k, fused_block_max=True)
+  fused = topk_model.cost("fused_blockmax", t, n, k)
   assert fused.bytes_read < topk_model.cost("blockmax", t, n, k).bytes_read
   # Too few entries to split: the method is one top_k.
   assert topk_model.cost("chunked", 4, 300, 512).detail == top.detail
@@ -369,7 +374,7 @@ def test_compile_matrix_has_a_row_per_topk_method():
   rows = aot.matrix(quick=True, variants=["vendored"], formats=["fp8"],
                     generations=["v6e"], topk_methods=topk.TOPK_METHODS)
   methods = [r.topk_method for r in rows]
-  assert methods == [None, *topk.TOPK_METHODS]
+  assert methods == [None, *topk.KERNEL_TOPK_METHODS]  # the vendored's
   assert rows[3].static["topk_method"] == topk.TOPK_METHODS[2]
   assert all(r.table for r in rows)
   assert "topk_method" not in rows[0].static

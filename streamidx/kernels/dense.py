@@ -32,8 +32,20 @@ Differences from the vendored body, all from the layout:
   HBM array, compiled and interpreted alike (no `ref.reshape`);
 - the scales come as lanes (entry order) already: no transpose of a record
   column, one bitcast + convert of bkv_sz bytes per block;
-- the semaphore array has a fifth row for the scale DMAs
-  (`sems[(kv, q, out, w, kv_scale), slot, batch_idx]`).
+- the semaphore array has a fifth row for the scale DMAs and a sixth for
+  the block maxima (`sems[(kv, q, out, w, kv_scale, block_max), slot,
+  batch_idx]`).
+
+A selection fused into the scoring (`topk_method="fused_blockmax"`, token
+mode; `streamidx.topk`): each launch also writes the maximum of every
+128-lane row of its scores (128 entries, aligned with every KV block) into a
+second output, f32[max_num_tokens, G, 128] (lane l of row g: score row
+128 g + l; G = cdiv(score rows, 128), one more where a KV block's maxima can
+straddle two rows of maxima), 1/128 of the score buffer. A query block's
+maxima collect in a VMEM buffer (`bmax_x2`, double-buffered like page
+mode's pooled rows) over its KV loop and go to HBM in one DMA after it: a
+DMA writes whole 128-lane rows, and a KV block holds only a few maxima. The
+selection then reads the maxima instead of the buffer for its first stage.
 
 Entry points: `streamindex_topk_dense` (token mode) and
 `streamindex_page_topk_dense` (page mode, ratio 1), with the arguments of
@@ -69,8 +81,30 @@ __all__ = ["streamindex_topk_dense", "streamindex_page_topk_dense",
 
 KV_PACKING = 4  # e4m3 bytes per 32-bit word
 # First axis of the semaphore scratch: what each row guards.
-SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale")
-_KV, _Q, _OUT, _W, _SCALE = range(len(SEMAPHORE_ROWS))
+SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
+_KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
+# Scalar-prefetch slots: sem_ids (bq, bkv, bo, block-max) and bo_sz (rows in
+# flight of the two score slots, then of the two block-max slots).
+_NUM_SEM_IDS, _NUM_BO_SZ = 4, 4
+assert topk.FUSED_BLOCK_WIDTH == LANES  # one maximum per 128-lane score row
+
+
+def _block_max_span(num_sublanes_bkv):
+  """128-lane rows of maxima one KV block's num_sublanes_bkv maxima can
+  touch: they start at a multiple of num_sublanes_bkv, so they straddle a
+  row boundary unless one width divides the other."""
+  if LANES % num_sublanes_bkv == 0 or num_sublanes_bkv % LANES == 0:
+    return cdiv(num_sublanes_bkv, LANES)
+  return num_sublanes_bkv // LANES + 2
+
+
+def block_max_rows(num_sublanes: int, kv_blocks) -> int:
+  """G, the 128-lane rows of the block-max output for a score buffer of
+  `num_sublanes` 128-lane rows per query row: cdiv(num_sublanes, 128), plus
+  one where a KV block's maxima can straddle into a row past them (that row
+  stays -inf)."""
+  extra = max(_block_max_span(n) - cdiv(n, LANES) for n in kv_blocks)
+  return cdiv(num_sublanes, LANES) + extra
 
 
 def _dense_kernel(
@@ -80,24 +114,15 @@ def _dense_kernel(
     cu_q_lens_ref,  # i32[max_num_seqs + 1]
     q_rows_ref,  # i32[max_num_seqs]: first query row of each slot's sequence
     range_ref,  # i32[2]: (start_seq_idx, end_seq_idx) of the launch
-    sem_ids_ref,  # i32[3]: current (bq, bkv, bo) double-buffer slots
-    bo_sz_ref,  # i32[2]: rows of each output slot's DMA in flight (-1: none)
+    sem_ids_ref,  # i32[4]: current (bq, bkv, bo, bmax) double-buffer slots
+    bo_sz_ref,  # i32[4]: rows of each output slot's DMA in flight (-1: none):
+    #   score slots 0, 1, then block-max slots 0, 1
     # Inputs (HBM)
     q_hbm_ref,  # [max_num_tokens, num_q_heads, head_dim]
     weights_hbm_ref,  # f32[max_num_tokens, num_q_heads]
     values_hbm_ref,  # u8[total_pages, page_size // 4, 4, head_dim]
     scales_hbm_ref,  # u8[total_pages, page_size // L, L]
-    scores_in_hbm_ref,  # aliased to the output
-    # Output (HBM)
-    scores_hbm_ref,  # f32[max_num_tokens, num_score_sublanes, 128]
-    # Scratch
-    bkv_x2_ref,  # u8[2, B, bkv_p * page_size // 4, 4, head_dim]
-    bscale_x2_ref,  # u8[2, B, bkv_p, page_size // L, L]
-    bq_x2_ref,  # [2, B, bq_sz, num_q_heads, head_dim]
-    bw_x2_ref,  # f32[2, B, bq_sz, num_q_heads]
-    bo_x2_ref,  # f32[2, B * bq_sz, num_sublanes_bkv, 128] (page: [2, bq_sz, S, 128])
-    sems,  # DMA[5, 2, B]
-    *,
+    *refs,
     compression_ratio: int,
     static_q_len: int | None,
     bkv_p: int,
@@ -107,6 +132,7 @@ def _dense_kernel(
     page_pool: bool,
     num_cores: int,
     bf16_dot: bool,
+    block_max: bool = False,
     segment_pool: bool = False,
 ):
   """One program: `seq_batch_size` consecutive slots of the launch's range.
@@ -122,7 +148,35 @@ def _dense_kernel(
   each core its own pipeline over its own scratch and prefetch state, which
   its prologue resets (a chip with one TensorCore runs the cores' programs
   one after another). num_cores == 1 is the vendored one-axis grid.
+
+  refs, after the cache (HBM), then scratch:
+    scores_in_hbm_ref    aliased to scores_hbm_ref
+    [bmax_in_hbm_ref]    block_max only: aliased to bmax_hbm_ref
+    scores_hbm_ref       f32[max_num_tokens, num_score_sublanes, 128]
+    [bmax_hbm_ref]       block_max only: f32[max_num_tokens, G, 128], lane
+                         l of row g the maximum of score row 128 g + l
+                         (entries [128 (128 g + l), +128))
+    bkv_x2_ref           u8[2, B, bkv_p * page_size // 4, 4, head_dim]
+    bscale_x2_ref        u8[2, B, bkv_p, page_size // L, L]
+    bq_x2_ref            [2, B, bq_sz, num_q_heads, head_dim]
+    bw_x2_ref            f32[2, B, bq_sz, num_q_heads]
+    bo_x2_ref            f32[2, B * bq_sz, num_sublanes_bkv, 128]
+                         (page: [2, bq_sz, S, 128])
+    [bmax_x2_ref]        block_max only: f32[2, B * bq_sz, G, 128], one query
+                         block's maxima, sent once per query block
+    sems                 DMA[6, 2, B]
+
+  block_max (token mode): also write the maximum of every 128-lane row of
+  the scores (`streamidx.topk`'s "fused_blockmax" reads them).
   """
+  if block_max:
+    (scores_in_hbm_ref, bmax_in_hbm_ref, scores_hbm_ref, bmax_hbm_ref,
+     bkv_x2_ref, bscale_x2_ref, bq_x2_ref, bw_x2_ref, bo_x2_ref, bmax_x2_ref,
+     sems) = refs
+    del bmax_in_hbm_ref  # aliased: bmax_hbm_ref is the same buffer
+  else:
+    (scores_in_hbm_ref, scores_hbm_ref, bkv_x2_ref, bscale_x2_ref, bq_x2_ref,
+     bw_x2_ref, bo_x2_ref, sems) = refs
   del scores_in_hbm_ref  # aliased: scores_hbm_ref is the same buffer
   b_sz = seq_batch_size
   _, num_q_heads, head_dim = q_hbm_ref.shape
@@ -280,6 +334,40 @@ def _dense_kernel(
                            pl.ds(col, num_cols)],
          sems.at[_OUT, slot, 0], wait=False)
 
+  # -- block maxima (block_max): one query block's row of maxima in VMEM,
+  # sent whole once its KV loop ends (a DMA writes whole 128-lane rows) ------
+
+  def wait_send_max(slot):
+    old = bo_sz_ref[2 + slot]
+
+    @pl.when(old > 0)
+    def _():
+      dst = bmax_x2_ref.at[slot, pl.ds(0, b_sz * old)]
+      copy(dst, dst, sems.at[_MAX, slot, 0], wait=True)
+
+  def start_send_max(slot, sz, token_start):
+    bo_sz_ref[2 + slot] = sz
+    copy(bmax_x2_ref.at[slot, pl.ds(0, b_sz * sz)],
+         bmax_hbm_ref.at[pl.ds(token_start, b_sz * sz)],
+         sems.at[_MAX, slot, 0], wait=False)
+
+  def put_block_max(slot, b, s, bkv_idx):
+    """The maxima of the num_sublanes_bkv 128-lane rows of `s` (f32[bq_sz,
+    bkv_sz], sequence b's scores for KV block bkv_idx) into their lanes of
+    the block-max buffer: score rows bkv_idx * num_sublanes_bkv + i, at
+    most two 128-lane rows of maxima (loaded, selected into, stored)."""
+    first = bkv_idx * num_sublanes_bkv
+    maxima = [s[:, i * LANES:(i + 1) * LANES].max(axis=1, keepdims=True)
+              for i in range(num_sublanes_bkv)]
+    lane = lax.broadcasted_iota(jnp.int32, (bq_sz, LANES), 1)
+    rows = pl.ds(b * bq_sz, bq_sz)
+    for g in range(_block_max_span(num_sublanes_bkv)):
+      g_row = first // LANES + g
+      row = bmax_x2_ref[slot, rows, g_row, :]
+      for i, m in enumerate(maxima):
+        row = jnp.where(lane == first + i - g_row * LANES, m, row)
+      bmax_x2_ref[slot, rows, g_row, :] = row
+
   # -- the loops ---------------------------------------------------------------
 
   kv_len_max = kv_lens[0]
@@ -333,6 +421,16 @@ def _dense_kernel(
         wait_send(bo_slot)
         bo_x2_ref[bo_slot, ...] = jnp.full(bo_x2_ref.shape[1:], -jnp.inf,
                                            jnp.float32)
+    if block_max:
+      # The query block's maxima, filled over its KV loop and sent after it
+      # (as page mode's pooled rows); acquire the slot first.
+      bmax_slot = sem_ids_ref[3]
+
+      @pl.when(sz > 0)
+      def _():
+        wait_send_max(bmax_slot)
+        bmax_x2_ref[bmax_slot, ...] = jnp.full(bmax_x2_ref.shape[1:],
+                                               -jnp.inf, jnp.float32)
 
     def with_bkv(bkv_idx, _):
       bkv_slot = sem_ids_ref[1]
@@ -362,6 +460,8 @@ def _dense_kernel(
               out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
           else:
             out.append(s.reshape(bq_sz, num_sublanes_bkv, LANES))
+            if block_max:
+              put_block_max(bmax_slot, b, s, bkv_idx)
         if page_pool:
           bo_x2_ref[bo_slot, :, bkv_idx, :] = out[0]
         else:
@@ -379,13 +479,19 @@ def _dense_kernel(
         start_send(bo_slot, sz, token_start, 0)
 
       sem_ids_ref[2] = 1 - bo_slot
+    if block_max:
+
+      @pl.when(sz > 0)
+      def _():
+        start_send_max(bmax_slot, sz, token_start)
+        sem_ids_ref[3] = 1 - bmax_slot
 
   @pl.when(active & first)
   def _prologue():
     if num_cores > 1:  # the previous core's state, on a one-core chip
-      for i in range(3):
+      for i in range(_NUM_SEM_IDS):
         sem_ids_ref[i] = 0
-      for i in range(2):
+      for i in range(_NUM_BO_SZ):
         bo_sz_ref[i] = -1
     fetch_bq(batch_start, 0, 0, wait=False)
     fetch_bkv(batch_start, 0, 0, wait=False)
@@ -398,13 +504,22 @@ def _dense_kernel(
   def _epilogue():
     for slot in range(2):
       wait_send(slot)
+      if block_max:
+        wait_send_max(slot)
 
 
 def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
             start, end, seq_batch_size, static_q_len, bq_sz, bkv_p,
             num_out_sublanes, compression_ratio, causal_rule, page_pool,
-            vmem_limit_bytes, num_cores, name, interpret, segment_pool=False):
-  """One `pallas_call` over slots [start, end), `seq_batch_size` per program."""
+            vmem_limit_bytes, num_cores, name, interpret, bmax=None,
+            segment_pool=False):
+  """One `pallas_call` over slots [start, end), `seq_batch_size` per program.
+
+  bmax: None, or the block-max buffer f32[max_num_tokens, G, 128] (token
+  mode): the call then also writes the maxima of its score rows there and
+  returns (scores, bmax).
+  """
+  block_max = bmax is not None
   _, num_q_heads, head_dim = q.shape
   _, rows_per_page, _, _ = cache_values.shape
   _, scale_rows, scale_lanes = cache_scales.shape
@@ -421,6 +536,9 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
       num_out_sublanes=out_sublanes))
   scratch.insert(1, ("bscale_x2", (2, b, bkv_p, scale_rows, scale_lanes),
                      jnp.dtype(jnp.uint8)))
+  if block_max:
+    scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
+                    jnp.dtype(jnp.float32)))
   if interpret is False:  # the vendored M11 check
     check_launch_vmem(
         scratch, case=name, vmem_limit_bytes=vmem_limit_bytes,
@@ -432,7 +550,8 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
   scalars = (seq_lens, page_indices, cu_q_lens, q_rows,
              jnp.stack([jnp.asarray(start, jnp.int32),
                         jnp.asarray(end, jnp.int32)]),
-             jnp.zeros((3,), jnp.int32), jnp.full((2,), -1, jnp.int32))
+             jnp.zeros((_NUM_SEM_IDS,), jnp.int32),
+             jnp.full((_NUM_BO_SZ,), -1, jnp.int32))
   hbm = pl.BlockSpec(memory_space=pltpu.HBM)
   num_programs = (jnp.asarray(end, jnp.int32) - start) // b
   if num_cores == 1:
@@ -446,24 +565,30 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
           static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
           seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool,
           num_cores=num_cores, bf16_dot=_widen_fp8_for_mxu(interpret),
-          segment_pool=segment_pool),
+          block_max=block_max, segment_pool=segment_pool),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(scalars),
-          in_specs=[hbm] * 5,
-          out_specs=hbm,
+          in_specs=[hbm] * (6 if block_max else 5),
+          out_specs=[hbm, hbm] if block_max else hbm,
           grid=grid,
           scratch_shapes=scratch_shapes),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=semantics_,
           vmem_limit_bytes=vmem_limit_bytes,
           disable_bounds_checks=True),
-      out_shape=jax.ShapeDtypeStruct(scores.shape, jnp.float32),
-      input_output_aliases={len(scalars) + 4: 0},
+      out_shape=(
+          (jax.ShapeDtypeStruct(scores.shape, jnp.float32),
+           jax.ShapeDtypeStruct(bmax.shape, jnp.float32)) if block_max
+          else jax.ShapeDtypeStruct(scores.shape, jnp.float32)),
+      input_output_aliases=(
+          {len(scalars) + 4: 0, len(scalars) + 5: 1} if block_max
+          else {len(scalars) + 4: 0}),
       name=name,
       interpret=interpret,
   )
+  outputs = (scores, bmax) if block_max else (scores,)
   return jax.named_scope(name)(kernel)(*scalars, q, weights, cache_values,
-                                       cache_scales, scores)
+                                       cache_scales, *outputs)
 
 
 def _check_num_cores(num_cores):
@@ -515,7 +640,9 @@ def streamindex_topk_dense(
       is a multiple of 128, else page_size), the e8m0 bytes e + 127.
 
   topk_method, return_scores: as for `streamindex_topk` (the vendored M12
-    and M9).
+    and M9); topk_method also takes "fused_blockmax" (the launches write
+    the maxima of every 128-entry row of scores, and the selection ranks
+    blocks by them: `streamidx.topk`), which the vendored kernel refuses.
   num_cores: split each launch's programs over this many TensorCores (a
     leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
     1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
@@ -537,7 +664,8 @@ def streamindex_topk_dense(
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes,
       decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, sort_decode=sort_decode)
+      topk_method=topk_method, sort_decode=sort_decode,
+      topk_methods=topk.TOPK_METHODS)
   _check_num_cores(num_cores)
   distribution = validate.distribution_array(distribution)  # a tuple too
   kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
@@ -566,6 +694,13 @@ def streamindex_topk_dense(
     prefetch = (sorted_lens, sorted_pages, cu_q_lens, q_rows)
 
   scores = jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32)
+  # "fused_blockmax": the launches also write the maximum of every 128-lane
+  # score row (streamidx.topk.FUSED_BLOCK_WIDTH entries) into `bmax`.
+  fused = topk_method == "fused_blockmax"
+  if fused:
+    rows = block_max_rows(num_sublanes,
+                          [p * page_size // LANES for p in kv_blocks])
+    bmax = jnp.full((num_tokens, rows, LANES), -jnp.inf, jnp.float32)
   for launch in semantics.token_launches(distribution, decode_req_batch_size):
     c = launch.block_case
     bq_sz = launch.bq_sz(q_blocks[c])
@@ -578,15 +713,28 @@ def streamindex_topk_dense(
         causal_rule=causal_rule, page_pool=False,
         vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
         name=(f"StreamIdxDenseTC-{launch.case}-bq_{bq_sz}-bkvp_"
-              f"{kv_blocks[c]}"),
+              f"{kv_blocks[c]}" + ("-bmax" if fused else "")),
         interpret=interpret)
     # An empty range launches nothing.
-    scores = lax.cond(launch.end > launch.start,
-                      lambda s, run=run: run(scores=s), lambda s: s, scores)
+    if fused:
+      scores, bmax = lax.cond(
+          launch.end > launch.start,
+          lambda s, m, run=run: run(scores=s, bmax=m),
+          lambda s, m: (s, m), scores, bmax)
+    else:
+      scores = lax.cond(launch.end > launch.start,
+                        lambda s, run=run: run(scores=s), lambda s: s, scores)
 
   scores = scores.reshape(num_tokens, -1)
-  # The vendored selection stage (M12; M9 for the scores).
-  idx = topk.select_topk(scores, k, topk_method)[:, :k]
+  # The vendored selection stage (M12; M9 for the scores); "fused_blockmax"
+  # ranks blocks by the maxima the launches wrote.
+  if fused:
+    idx = topk.select_topk(scores, k, topk_method,
+                           block_max=bmax.reshape(num_tokens, -1)[
+                               :, :num_sublanes],
+                           block_max_width=topk.FUSED_BLOCK_WIDTH)[:, :k]
+  else:
+    idx = topk.select_topk(scores, k, topk_method)[:, :k]
   top_scores = topk.scores_at(scores, idx) if return_scores else None
   if order is not None:  # the caller's row order
     idx = semantics.restore_decode_rows(idx, order)

@@ -120,7 +120,7 @@
 #     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
 #     memory in memory space vmem") after compiling.
 # M12  The selection stage. `streamindex_topk` gains a static argument
-#     `topk_method` (one of `streamidx.topk.TOPK_METHODS`, default "sort")
+#     `topk_method` (one of `streamidx.topk.KERNEL_TOPK_METHODS`, default "sort")
 #     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
 #     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
 #     "sort" is that same call, followed by one pass counting the ties at

@@ -19,7 +19,10 @@ Each method (`streamidx.topk.select_topk`, jitted) and the reference
 (`streamidx.ref.topk_from_scores`) is compiled ahead of time (compile_s),
 called once to warm up, then `repeats` times; the median wall time is
 reported with min and max. Timings are of this machine (`machine` in the
-output: a CPU unless JAX runs on a TPU), never of a TPU.
+output: a CPU unless JAX runs on a TPU), never of a TPU. "fused_blockmax"
+is timed as the fused kernel calls it: given the block maxima (one per 128
+entries, computed before the clock starts; the kernel writes them), and
+compiled the same way under `--compile`.
 
 Checks, untimed: every exact method's indices equal the reference's bit for
 bit; "approx" reports its recall against the reference (tie-aware) and the
@@ -88,16 +91,18 @@ def score_buffer(shape: TopkShape, seed: int = 0) -> np.ndarray:
   return x
 
 
-def _time(fn, x, repeats):
+def _time(fn, x, repeats, *extra):
+  """fn(x, *extra) jitted: (result, timings); `extra` are arguments too
+  (never constants the compiler could fold)."""
   import jax  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  compiled = jax.jit(fn).lower(x).compile()
+  compiled = jax.jit(fn).lower(x, *extra).compile()
   compile_s = time.perf_counter() - start
-  out = jax.block_until_ready(compiled(x))
+  out = jax.block_until_ready(compiled(x, *extra))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(compiled(x))
+    jax.block_until_ready(compiled(x, *extra))
     times.append(time.perf_counter() - start)
   return np.asarray(out), {"compile_s": round(compile_s, 3),
                            "median_s": statistics.median(times),
@@ -126,10 +131,25 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, methods=None,
     results.append({"shape": shape.name, "impl": "reference", **timing,
                     "identical_to_reference": True})
     for m in methods:
-      got, timing = _time(
-          lambda s, k=shape.k, m=m: topk.select_topk(s, k, m), x, repeats)
+      if m in topk.FUSED_TOPK_METHODS:
+        # As the fused kernel calls it: with the block maxima, which the
+        # kernel writes (computed here before the clock starts).
+        w = topk.FUSED_BLOCK_WIDTH
+        n = x.shape[1]
+        bmax = jnp.asarray(np.pad(
+            x_np, ((0, 0), (0, -n % w)), constant_values=-np.inf).reshape(
+                x_np.shape[0], -1, w).max(axis=2))
+        got, timing = _time(
+            lambda s, bm, k=shape.k, m=m: topk.select_topk(
+                s, k, m, block_max=bm, block_max_width=w), x, repeats, bmax)
+      else:
+        got, timing = _time(
+            lambda s, k=shape.k, m=m: topk.select_topk(s, k, m), x, repeats)
       row = {"shape": shape.name, "impl": m, **timing,
              "identical_to_reference": bool(np.array_equal(got, want))}
+      if m in topk.FUSED_TOPK_METHODS:
+        row["timed"] = ("the selection given the block maxima (the fused "
+                        "kernel writes them; not timed here)")
       if m not in topk.EXACT_TOPK_METHODS:
         row["recall_here"] = metrics.recall_at_k(got, want, x_np)
         row["tpu_recall_model"] = topk_model.approx_recall(x_np, shape.k)
@@ -146,7 +166,7 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, methods=None,
 def format_table(doc) -> str:
   ref_t = {r["shape"]: r["median_s"] for r in doc["results"]
            if r["impl"] == "reference"}
-  lines = [f"{doc['timings_are']}", f"{'shape':18s} {'method':10s} "
+  lines = [f"{doc['timings_are']}", f"{'shape':18s} {'method':14s} "
            f"{'median ms':>10s} {'min..max ms':>16s} {'vs ref':>7s} "
            f"{'compile s':>9s}  check"]
   for r in doc["results"]:
@@ -160,7 +180,7 @@ def format_table(doc) -> str:
       check = (f"recall {r['recall_here']:.4f} here; TPU model "
                f"{m['emulated_recall']:.4f} ({m['bins']} bins)")
     lines.append(
-        f"{r['shape']:18s} {r['impl']:10s} {r['median_s'] * 1e3:10.2f} "
+        f"{r['shape']:18s} {r['impl']:14s} {r['median_s'] * 1e3:10.2f} "
         f"{r['min_s'] * 1e3:7.2f}..{r['max_s'] * 1e3:7.2f} "
         f"{r['median_s'] / ref_t[r['shape']]:6.2f}x {r['compile_s']:9.2f}  "
         f"{check}")
@@ -208,7 +228,7 @@ def _compile_main(a) -> int:
            else f"{r['optimal_seconds'] * 1e6:.0f} us")
     ba = ("-" if r["bytes_accessed"] is None
           else f"{r['bytes_accessed'] / 1e6:.0f} MB")
-    print(f"{r['shape']:18s} {r['generation']:4s} {r['method']:9s} "
+    print(f"{r['shape']:18s} {r['generation']:4s} {r['method']:14s} "
           f"{'ok' if r['ok'] else 'FAILED':6s} {r['compile_s']:7.1f} s  "
           f"optimal {est:>9s}  accessed {ba:>8s}  {r['error']}", flush=True)
 

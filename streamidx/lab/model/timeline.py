@@ -49,9 +49,9 @@ from streamidx.lab.model import tiling
 __all__ = ["Op", "Recorder", "record", "SEMAPHORE_KINDS", "plot_timeline"]
 
 # First axis of the kernel's `sems` scratch: what each semaphore row guards
-# (the dense FP8 kernel has a fifth row, its scale DMAs:
-# `streamidx.kernels.dense.SEMAPHORE_ROWS`).
-SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale")
+# (the dense FP8 kernel has a fifth row, its scale DMAs, and a sixth, its
+# block maxima under "fused_blockmax": `streamidx.kernels.dense.SEMAPHORE_ROWS`).
+SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}
@@ -270,7 +270,8 @@ class Recorder:
 
 def _lane(sem, slot):
   name = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
-          "out": "scores -> HBM", "kv_scale": "KV scales"}.get(sem, sem)
+          "out": "scores -> HBM", "kv_scale": "KV scales",
+          "block_max": "block maxima -> HBM"}.get(sem, sem)
   return f"{name} (slot {slot})"
 
 

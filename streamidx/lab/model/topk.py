@@ -12,6 +12,10 @@ traffic alone:
     t_hbm = (bytes_read + bytes_written) / device HBM bandwidth
 
 with the rates of `streamidx.lab.model.hardware` (data/tpu_specs.json).
+"fused_blockmax" counts, besides the selection's traffic, the block maxima
+the dense kernel writes for it (entries / 128 floats a row); the scores
+themselves are written once by the kernel for every method and counted for
+none.
 
 What the bound does not see: the sorts are compute-bound on a TPU. Public
 measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
@@ -142,13 +146,16 @@ def _approx_bins(n, k, recall_target):
 def cost(method: str, rows: int, entries: int, k: int, *,
          chunk_size: int | None = None, block_size: int | None = None,
          radix_bits: int = 4,
-         recall_target: float = topk_lib.APPROX_RECALL_TARGET,
-         fused_block_max: bool = False) -> TopkCost:
+         recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
   """The cost of `select_topk(f32[rows, entries], k, method)`.
 
-  fused_block_max ("blockmax" only): the scoring kernel writes the block
-  maxima itself, so the selection does not read the score buffer for them
-  (a modelled variant; the kernel does not do this yet).
+  "fused_blockmax": the scoring kernel (`streamindex_topk_dense`) writes the
+  maximum of every 128 entries besides the scores, so the selection reads
+  those maxima (entries / 128 floats a row) instead of the buffer, then
+  gathers the k best blocks' entries. Its `bytes_written` include the
+  kernel's maxima output (rows of 128 maxima, padded to whole rows); the
+  scores themselves are written once by the kernel for every method and
+  counted for none.
   """
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
@@ -181,16 +188,31 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     if blocks <= k:
       return cost("top_k", rows, entries, k)
     gather = t * k * b * _F32
-    read = (0 if fused_block_max else buf) + t * blocks * _F32 + gather
-    written = (0 if fused_block_max else t * blocks * _F32) + t * k * _I32
+    read = buf + t * blocks * _F32 + gather
+    written = t * blocks * _F32 + t * k * _I32
     return TopkCost(
-        method + (" (fused)" if fused_block_max else ""), read,
-        written + pairs + out, (0 if fused_block_max else 1) + k * b / n,
-        t * (_w(blocks) + _w(k) + _w(k * b)),
-        0 if fused_block_max else t * n,
+        method, read, written + pairs + out, 1 + k * b / n,
+        t * (_w(blocks) + _w(k) + _w(k * b)), t * n,
         f"max of {blocks} blocks of {b}, top-{k} blocks, top-{k} of their "
-        f"{k * b} entries" + (" (maxima written by the kernel)"
-                              if fused_block_max else ""))
+        f"{k * b} entries")
+  if method == "fused_blockmax":
+    w = topk_lib.FUSED_BLOCK_WIDTH
+    b = block_size or topk_lib.fused_block_size_for(n, k, w)
+    blocks = -(-n // b)
+    if blocks <= k:
+      return cost("top_k", rows, entries, k)
+    maxima = -(-n // w)  # the kernel's: one per 128 entries
+    kernel_out = t * (-(-maxima // 128) * 128) * _F32  # whole 128-lane rows
+    g = b // w
+    grouped = t * blocks * _F32 if g > 1 else 0  # maxima of g maxima
+    gather = t * k * b * _F32
+    return TopkCost(
+        method, t * maxima * _F32 + grouped + gather,
+        kernel_out + grouped + t * k * _I32 + pairs + out, k * b / n,
+        t * (_w(blocks) + _w(k) + _w(k * b)), t * maxima * (g > 1),
+        f"the kernel writes {maxima} maxima of {w} entries a row"
+        + (f", grouped into {blocks} blocks of {b}" if g > 1 else "")
+        + f"; top-{k} blocks, top-{k} of their {k * b} entries")
   if method == "radix":
     r = int(radix_bits)
     p = 32 // r
@@ -270,9 +292,7 @@ def model_table(shapes: Sequence[SelectShape] = SHAPES,
   index = _estimate_index(estimates)
   rows = []
   for shape in shapes:
-    cs = costs(shape, methods) + [
-        cost("blockmax", shape.rows, shape.entries, shape.k,
-             fused_block_max=True)]
+    cs = costs(shape, methods)
     for gen in generations:
       score_s = scoring_bound(shape, gen, specs=specs) if with_scoring else None
       for c in cs:
@@ -401,6 +421,10 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
   """Lowers and compiles `select_topk` for `generation` (libtpu, no TPU).
 
+  "fused_blockmax" compiles as the fused kernel calls it, with its block
+  maxima f32[rows, entries / 128] as a second argument (the bytes accessed
+  are then the selection's only: the kernel wrote the maxima).
+
   Arguments are `jax.ShapeDtypeStruct`s on `streamidx.compile_for`'s
   compile-only device of that generation; nothing runs. Returns {"ok",
   "compile_s", "optimal_seconds" (None where the compiler gives none),
@@ -418,9 +442,18 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
          "temp_bytes": None, "error": ""}
   start = time.perf_counter()
   try:
-    fn = jax.jit(lambda s: topk_lib.select_topk(s, k, method, **options))
     with modes.compile_for(generation) as target:
-      compiled = fn.lower(target.spec((rows, entries), jnp.float32)).compile()
+      spec = target.spec((rows, entries), jnp.float32)
+      if method in topk_lib.FUSED_TOPK_METHODS:
+        # The selection as the fused kernel calls it: with its block maxima.
+        w = topk_lib.FUSED_BLOCK_WIDTH
+        fn = jax.jit(lambda s, m: topk_lib.select_topk(
+            s, k, method, block_max=m, block_max_width=w, **options))
+        compiled = fn.lower(spec, target.spec((rows, -(-entries // w)),
+                                              jnp.float32)).compile()
+      else:
+        fn = jax.jit(lambda s: topk_lib.select_topk(s, k, method, **options))
+        compiled = fn.lower(spec).compile()
     ca = compiled.cost_analysis() or {}
     if isinstance(ca, (list, tuple)):
       ca = ca[0] if ca else {}

@@ -52,7 +52,9 @@ def configs(topk_methods: Sequence[str] | None = None, *,
             sort_decode_off: bool = True) -> list[Config]:
   """Vendored (packed FP8) and dense (dense FP8), sort_decode on and (with
   `sort_decode_off`) off, then the vendored kernel with every other
-  `topk_method` of `topk_methods` (default all)."""
+  `topk_method` of `topk_methods` (default all); a method the vendored
+  kernel does not take ("fused_blockmax": the block maxima only the dense
+  kernel writes) runs on the dense kernel."""
   from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
   methods = topk_lib.TOPK_METHODS if topk_methods is None else topk_methods
   off = (("sort_decode", False),)
@@ -63,7 +65,9 @@ def configs(topk_methods: Sequence[str] | None = None, *,
   if sort_decode_off:
     out.append(Config("dense, sort_decode off", "dense", "dense_fp8", off))
   out += [Config(f"vendored, topk_method={m}", "vendored", "fp8",
-                 (("topk_method", m),))
+                 (("topk_method", m),)) if m in topk_lib.KERNEL_TOPK_METHODS
+          else Config(f"dense, topk_method={m}", "dense", "dense_fp8",
+                      (("topk_method", m),))
           for m in methods if m != topk_lib.DEFAULT_TOPK_METHOD]
   return out
 
