@@ -120,3 +120,33 @@ def test_static_schedule_bound_is_pages_fetched_times_compute_per_page():
   # No public clock (v6e): no static bound in seconds.
   assert device_timing._static_us(p, roofline.page_bound(  # pylint: disable=protected-access
       "v6e", bundles_per_page=120.0, page_bytes=128 * 256)) is None
+
+
+def test_sweep_parameters_pick_one_machines_sizes():
+  params = {f"{p}_{n}": (p, n) for p in ("tpu", "cpu") for n in device_timing.SWEEP_PARAMETERS}
+  sizes = device_timing.sweep_parameters(params, "cpu")
+  assert list(sizes) == list(device_timing.SWEEP_PARAMETERS)
+  assert sizes["k"] == ("cpu", "k")
+  with pytest.raises(ValueError, match="prefix"):
+    device_timing.sweep_parameters(params, "gpu")
+
+
+def test_largest_point_takes_the_largest_batch_then_context_of_a_mode():
+  preds = {("page", 64, 131072): {}, ("token", 8, 131072): {}, ("token", 64, 16384): {},
+           ("token", 64, 4096): {}}
+  assert device_timing.largest_point(preds) == ("token", 64, 16384)
+  assert device_timing.largest_point({("page", 8, 16): {}}) == ("page", 8, 16)
+
+
+def test_variant_batch_and_top_ops_markdown_say_what_ran():
+  import types  # pylint: disable=g-import-not-at-top
+  vbatch = types.SimpleNamespace(num_seqs=2, seq_lens=[100, 300, 0])
+  text = device_timing.variant_batch_markdown(vbatch, page_bounds={}, schedule_bound="tpu", generation="v5e")
+  assert text == ("Batch: 2 decode sequences of 100-300 tokens; static-schedule bound not computed "
+                  "(schedule_bound='tpu', v5e).")
+  recs = [dict(mode="token", batch_size=2, context_tokens=256, device_time_source="XLA Ops",
+               trace_events=5, top_ops=[dict(stage="kernel", count=1, total_us=3.0, name="x" * 90)])]
+  assert device_timing.top_ops_markdown(recs, on_tpu=False) == (
+      "No device ops off a TPU: 5 trace events parsed over 1 sweep points, none on a device line.")
+  on_tpu = device_timing.top_ops_markdown(recs, on_tpu=True)
+  assert on_tpu.startswith("**token B=2 L=256** (XLA Ops)") and "x" * 70 + " |" in on_tpu

@@ -242,3 +242,42 @@ def test_approx_and_tie_rows_name_each_k_and_format():
   assert ties == [dict(format="a", tied=2, of_row_k_pairs=4)]
   sizing = parity.tpu_sizing_rows([1024], [16])
   assert sizing[0]["n"] == 1024 and set(sizing[0]) == {"n", "k", "kept_at_1.0", "kept_at_0.95"}
+
+
+def test_page_coverage_rows_put_each_budget_and_page_size_beside_random_pages():
+  cov = {f: {m: np.array([[0.5, 0.25]]) for m in ("count", "mass")} for f in ("fp8", "f32")}
+  rows = parity.page_coverage_rows(cov, [16, 32], [64], page_entries=1024)
+  assert [(r["page_size"], r["pages"], r["k_pages"]) for r in rows] == [(16, 64, 4), (32, 32, 2)]
+  assert rows[1]["fp8_count"] == "0.2500" and rows[0]["random"] == "0.0625"
+
+
+def _results(**changes):
+  out = dict(
+      machine="cpu", kernel_mode="interpret", backend="cpu",
+      parity=dict(summary=dict(cases=4, scope="ci", compilations=2, rows=32, identical_cases=3,
+                               differing_positions=2, max_score_diff=0.0, max_atol=1e-5)),
+      races=[dict(case="a", races_found=False)],
+      long_kernel_check=dict(rows=8, identical=7, tied=1, seconds=1.0),
+      causal=dict(k=16, rows_changed=5, live_rows=48, rows_bound_differs=30,
+                  leaked_mass_mean=0.1, leaked_mass_max=0.2),
+      page_coverage=dict(entries=1024, quote=dict(budget=64, page_size=16, count=0.5, mass=0.6)),
+      approx_max_k=dict(identical_here=True, sizing_available=True, keeps_all_at_recall_1=True),
+      ties=dict(long_batch=[dict(format="fp8", tied=0, of_row_k_pairs=48)],
+                ties_case=dict(name="t", tied_rows=3, rows=8, kernel=dict(kept_lowest_index=3),
+                               reference=dict(kept_lowest_index=3))),
+      notebook_seconds=12.0)
+  out.update(changes)
+  return out
+
+
+def test_answer_markdown_states_parity_races_and_the_long_context_check():
+  by_variant = [dict(variant="vendored", format="fp8", cases=4, ties=2)]
+  text = parity.answer_markdown(_results(), by_variant=by_variant, race_skip=None, k=64, max_entries=4096)
+  assert "every variant matched the exact reference on all 4 cases** of the 'ci' matrix" in text
+  assert "none found on 1 cases (a)" in text
+  assert "top-64 on all 8 rows of sequences up to 4096 entries (1 rows differing only by ties)" in text
+  assert "changes the top-16 of\n  5 of 48 query rows" in text
+  assert "random pages:\n  6.2%" in text and "kept lowest index 3" in text
+  text = parity.answer_markdown(_results(races=[], long_kernel_check=None), by_variant=by_variant,
+                                race_skip="no internals", k=64, max_entries=4096)
+  assert "not run (no internals)" in text and "kernel not run (long_kernel_check=False)" in text

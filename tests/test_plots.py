@@ -390,3 +390,19 @@ def test_tables_format_rows_side_by_side_without_a_recording_leaves_counts_blank
   assert all(r["counted B/entry (DMAs)"] is None and r["call KiB: counted"] is None
              for r in rows)
   assert "| - |" in plots_tables.markdown(rows)
+
+
+def test_runs_figure_draws_the_last_runs_kernel_time_and_rejects_none():
+  def run(name, us):
+    rec = dict(mode="token", batch_size=8, context_tokens=16384, kernel_us=us,
+               predicted_us={"v5e": {"kernel": 10.0, "total": 12.0}})
+    return dict(path=f"/tmp/{name}.json", machine=dict(device_kind="TPU v5 lite", generation="v5e"),
+                records=[rec])
+  fig = plots.runs_figure([run(f"r{i}", 20.0 + i) for i in range(8)], last=3)
+  ax = fig.axes[0]
+  heights = [p.get_height() for c in ax.containers if isinstance(c, BarContainer) for p in c]
+  assert heights == [25.0, 26.0, 27.0]
+  assert ax.get_title().startswith("Kernel device time of 3 TPU run(s)")
+  plt.close(fig)
+  with pytest.raises(ValueError, match="timed_runs"):
+    plots.runs_figure([])

@@ -364,3 +364,80 @@ def test_recall_study_measures_each_row_of_each_seed_and_pairs_seeds():
   with pytest.raises(ValueError, match="variant"):
     quant.recall_study(seeds=[0], num_heads=1, compression_ratio=1, page_size=16,
                        query_tokens=1, contexts=[64], ks=[4], variants=("exact",))
+
+
+# --------------------------------------------------------------------------
+# Notebook 03's tables and answer.
+
+
+def _fake_study(recall_by_variant):
+  """A `RecallStudy` of two seeds x two rows at (64 entries, k 16), each
+  (dist, variant)'s rows filled with one recall per seed."""
+  recall, errors = {}, {}
+  for (dist, v), per_seed in recall_by_variant.items():
+    recall[(dist, 64, v, 16)] = np.repeat(np.asarray(per_seed, float)[:, None], 2, axis=1)
+    errors[(dist, 64, v)] = {"median": np.array([1e-3, 3e-3]), "p99": np.zeros(2)}
+  dists = tuple(dict.fromkeys(d for d, _ in recall_by_variant))
+  variants = tuple(dict.fromkeys(v for _, v in recall_by_variant))
+  return quant.RecallStudy(seeds=(0, 1), query_tokens=2, num_heads=2, compression_ratio=4,
+                           dists=dists, contexts=(64,), ks=(16,), variants=variants,
+                           recall=recall, score_error=errors, float64_rel_diff=1e-7, seconds=0.0)
+
+
+def test_e4m3_pattern_rows_show_each_bytes_fields_and_value():
+  rows = quant.e4m3_pattern_rows((0x38, 0x7E, 0x01))
+  assert rows[0] == dict(byte="0x38", sign=0, exponent="0111", mantissa="000", value="1")
+  assert (rows[1]["exponent"], rows[1]["mantissa"], rows[1]["value"]) == ("1111", "110", "448")
+  assert float(rows[2]["value"]) == pytest.approx(2.0**-9, rel=1e-5)
+  assert len(quant.e4m3_pattern_rows()) == len(quant.E4M3_EXAMPLE_BYTES)
+  text = quant.e4m3_grid_markdown(quant.e4m3_summary())
+  assert text.startswith("254 finite patterns, 2 NaN, 253 distinct finite values; 7 positive")
+
+
+def test_scale_study_rows_quote_where_amax_lands_and_the_largest_stored_value():
+  keys = {"k": np.array([[3.0] + [1.0] * 127, [448.0] * 128], np.float32)}
+  (row,) = quant.scale_study_rows(quant.scale_study(keys))
+  assert row["keys"] == "k" and row["amax_over_scale"] == "[384.0, 448.0]"
+  assert row["largest_stored"] == "448"
+
+
+def test_recall_rows_give_mean_interval_spread_and_worst_row_per_variant():
+  st = _fake_study({("gaussian", "bf16"): [1.0, 1.0], ("gaussian", "fp8"): [0.75, 0.8125]})
+  rows = quant.recall_rows(st, 64, 16)
+  assert [(r["keys"], r["variant"]) for r in rows] == [("gaussian", "bf16"), ("gaussian", "fp8")]
+  assert rows[1]["recall"] == str(st.summary("gaussian", 64, "fp8", 16))
+  assert rows[1]["worst_row"] == "0.7500" and rows[1]["median_score_error"] == "2.0e-03"
+  assert rows[0]["std_over_seeds"] == "0.0000"
+
+
+def test_unpack_rows_name_each_entrys_value_byte_and_scale():
+  b = si.make_batch([(1, 4 * 16)], page_size=16, compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=1, fmt="fp8", seed=0)
+  page = int(b.page_table[0, 0])
+  values, scales = cache.unpack_cache_raw(inp.cache, inp.head_dim)
+  k_values = np.asarray(values[page].astype(jnp.float32))
+  k_scales = np.asarray(scales[page], np.float32)[None]
+  rows = quant.unpack_rows(inp.cache[page], k_values, k_scales, inp.head_dim, entries=2)
+  flat = np.asarray(inp.cache[page]).reshape(-1, inp.cache.shape[-1])
+  assert [r["entry"] for r in rows] == [0, 1]
+  assert rows[0]["value_byte"] == f"0x{flat[0, 0]:02x}"
+  assert rows[0]["kernel_e4m3"] == rows[0]["table_e4m3"]
+  assert rows[1]["kernel_scale"].endswith(f"= 2**{int(flat[1, inp.head_dim]) - 127}")
+
+
+def test_answer_markdown_says_whether_the_rotation_pays_off():
+  recall = {(d, v): [0.9, 0.9] for d in ("gaussian", "outliers")
+            for v in ("bf16", "fp8", "fp8_q8", "fp8+H")}
+  recall[("gaussian", "bf16")] = [1.0, 1.0]
+  recall[("outliers", "fp8")] = [0.5, 0.5]
+  st = _fake_study(recall)
+  scale = {d: dict(extra=0.02, max_stored=448.0) for d in ("gaussian", "outliers")}
+  kw = dict(machine="cpu", entries=64, k=16, num_heads=2, outlier_channels=4, outlier_scale=20.0,
+            scale_study_result=scale, commutes=dict(pow2_mismatch=0, size=64, float_mismatch=3),
+            unpack_matches=True, seconds=1.0)
+  text = quant.answer_markdown(study=st, **kw)
+  assert "**FP8 keys keep 90.00% of the exact top-16**" in text
+  assert "FP8 costs 10.00% of the top-k against bf16" in text
+  assert "the rotation pays off on keys with outlier channels" in text
+  recall[("outliers", "fp8")] = [0.9, 0.9]
+  assert "no evidence either way" in quant.answer_markdown(study=_fake_study(recall), **kw)

@@ -1106,3 +1106,17 @@ def causal_masks_figure(chunk, *, compression_ratio: int):
                f"{chunk.n_entries - chunk.first_entry} entries shown)",
                fontsize=10)
   return fig
+
+
+def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
+  """Notebook 06: the kernel device time of the `last` TPU runs (run files
+  holding device times, `lab.model.profiling.load_runs`) against each one's
+  roofline bound, per sweep point (`profiling.plot_runs`)."""
+  from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
+  runs = list(timed_runs)[-last:]
+  if not runs:
+    raise ValueError("timed_runs: must hold at least one run with device times")
+  fig, ax = plt.subplots(figsize=(11, 4))
+  profiling.plot_runs(runs, ax=ax)
+  ax.set_title(f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
+  return fig

@@ -552,3 +552,50 @@ def write_and_load_runs(output_dir: str, runs_glob: str, *, parameters,
   timed = [r for r in runs
            if any(rec.get("kernel_us") is not None for rec in r["records"])]
   return path, runs, timed
+
+
+SWEEP_PARAMETERS = ("batch_sizes", "context_tokens", "num_heads", "page_size",
+                    "k", "kv_blocks", "q_blocks", "page_q_block", "iterations",
+                    "topk_methods")
+
+
+def sweep_parameters(parameters: Mapping, prefix: str) -> dict:
+  """The sweep's sizes for one machine: `{name: parameters[f"{prefix}_{name}"]}`
+  for every name of `SWEEP_PARAMETERS`; prefix "tpu" or "cpu" (notebook 06's
+  `tpu_*` / `cpu_*` parameters)."""
+  if prefix not in ("tpu", "cpu"):
+    raise ValueError(f"prefix: must be 'tpu' or 'cpu' (got {prefix!r})")
+  return {n: parameters[f"{prefix}_{n}"] for n in SWEEP_PARAMETERS}
+
+
+def largest_point(preds: Mapping, mode: str = "token"):
+  """The (mode, B, L) key of `predictions` with the largest B, then L, in
+  `mode`; the first key when `mode` has none."""
+  return max((key for key in preds if key[0] == mode),
+             key=lambda key: (key[1], key[2]), default=next(iter(preds)))
+
+
+def variant_batch_markdown(vbatch, *, page_bounds, schedule_bound: str,
+                           generation: str | None) -> str:
+  """One sentence on section 4's batch: its decode sequences and lengths,
+  and whether the static-schedule bound was computed (and why not)."""
+  lens = vbatch.seq_lens[:vbatch.num_seqs]
+  return (f"Batch: {vbatch.num_seqs} decode sequences of {min(lens)}-{max(lens)} tokens; "
+          f"static-schedule bound {'computed' if page_bounds else 'not computed'} "
+          f"(schedule_bound={schedule_bound!r}, {generation}).")
+
+
+def top_ops_markdown(records: Sequence[dict], *, on_tpu: bool,
+                     points: int = 2, name_chars: int = 70) -> str:
+  """Section 5 of notebook 06: on a TPU, a table of the top device ops of
+  the first `points` sweep records with the stage each was counted in;
+  elsewhere one sentence with the number of trace events parsed."""
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  if not on_tpu:
+    return (f"No device ops off a TPU: {sum(r['trace_events'] for r in records)} trace events parsed "
+            f"over {len(records)} sweep points, none on a device line.")
+  return "\n\n".join(
+      f"**{r['mode']} B={r['batch_size']} L={r['context_tokens']}** ({r['device_time_source']})\n\n"
+      + tables.markdown([dict(stage=o["stage"], count=o["count"], total_us=o["total_us"],
+                              name=o["name"][:name_chars]) for o in r["top_ops"]])
+      for r in records[:points])

@@ -532,3 +532,64 @@ def tie_rate_rows(scores_by_format, ks) -> list[dict]:
     out.append(dict(format=fmt, tied=sum(len(t.tied_rows) for t in ties),
                     of_row_k_pairs=sum(t.rows for t in ties)))
   return out
+
+
+def page_coverage_rows(coverage, page_sizes, budgets, *,
+                       page_entries: int) -> list[dict]:
+  """`page_coverage_study`'s result as table rows: one per (token budget,
+  page size), with the pages per sequence, k_pages, the FP8 and float32
+  coverage by count and by score mass, and what random pages would cover
+  (budget / page_entries)."""
+  return [dict(budget_k=b, pages=page_entries // ps, page_size=ps, k_pages=b // ps,
+               **{f"{fmt}_{m}": f"{coverage[fmt][m][i, j]:.4f}"
+                  for fmt in ("fp8", "f32") for m in ("count", "mass")},
+               random=f"{b / page_entries:.4f}")
+          for i, b in enumerate(budgets) for j, ps in enumerate(page_sizes)]
+
+
+def answer_markdown(results: dict, *, by_variant, race_skip, k: int,
+                    max_entries: int) -> str:
+  """Notebook 05's answer, takeaways first, from the run's `results` (what
+  it writes to results.json).
+
+  Args:
+    results: machine, kernel_mode, backend, parity {summary}, races (rows
+      of `race_rows`), long_kernel_check (absent when not run), causal
+      (`causal_summary` and k), page_coverage {entries, quote}, approx_max_k,
+      ties {long_batch, ties_case}, notebook_seconds.
+    by_variant: `ParityRun.by_variant()`; race_skip: why the race detector
+      did not run (None when it did); k, max_entries: the long-context
+      batch's largest k and sequence.
+  """
+  ps_, c_, races = results["parity"]["summary"], results["causal"], results["races"]
+  lk, ax = results.get("long_kernel_check"), results["approx_max_k"]
+  quote, page_entries = results["page_coverage"]["quote"], results["page_coverage"]["entries"]
+  tie_rates, breaks = results["ties"]["long_batch"], results["ties"]["ties_case"]
+  per_variant = "; ".join(f"{v['variant']} {v['format']}: {v['cases']} cases, {v['ties']} tied positions"
+                          for v in by_variant)
+  said = lambda counts: ", ".join(f"{key.replace('_', ' ')} {v}" for key, v in counts.items())
+  return f"""**Answer** (computed in this run on {results['machine']}):
+
+- **Parity: every variant matched the exact reference on all {ps_['cases']} cases** of the {ps_['scope']!r} matrix
+  ({ps_['compilations']} compilations, {ps_['rows']} query rows, kernels {results['kernel_mode']}): {ps_['identical_cases']} cases with
+  identical index sets, {ps_['differing_positions']} differing positions, all ties within the derived tolerance
+  (largest score gap {ps_['max_score_diff']:.2g}, largest atol {ps_['max_atol']:.2g}). Per variant: {per_variant}.
+- **Races**: {f"none found on {len(races)} cases ({', '.join(r['case'] for r in races)})" if races else
+  f"not run ({race_skip or 'race_variants is empty'})"}.
+- **Long context**: {f"the FP8 kernel selects the reference's top-{k} on all {lk['rows']} rows "
+  f"of sequences up to {max_entries} entries ({lk['tied']} rows differing only by ties)" if lk
+  else "kernel not run (long_kernel_check=False)"}. FP8's recall: the FP8-packing notebook (03), section 3.
+- **Keep `causal_rule="model"`**: on the prefill batch the vendored rule changes the top-{c_['k']} of
+  {c_['rows_changed']} of {c_['live_rows']} query rows; {c_['rows_bound_differs']} rows see one extra (future) entry, and
+  where the top-k takes it, it holds {c_['leaked_mass_mean']:.1%} of the top-k score on average (at most {c_['leaked_mass_max']:.1%}).
+- **Page mode** at a budget of {quote['budget']} tokens with {quote['page_size']}-entry pages: the top pages (FP8) hold
+  {quote['count']:.1%} of the exact token top-k by count, {quote['mass']:.1%} by score (random pages:
+  {quote['budget'] / page_entries:.1%}); Gaussian keys have no locality, so this is a floor.
+- **approx_max_k(recall_target=1.0)** vs top_k on {results['backend']}: {'identical values and indices for every k' if ax['identical_here']
+  else 'NOT identical'}; {"on a TPU, XLA keeps all n candidates at recall_target=1.0 (exact as a set, order among ties unspecified)"
+  if ax['sizing_available'] and ax['keeps_all_at_recall_1'] else "XLA's TPU sizing could not be read here"}.
+- **Ties**: {tie_rates[0]['tied']} boundary ties in {tie_rates[0]['of_row_k_pairs']} (row, k) pairs with FP8 keys on the
+  long-context batch; in the tie case the kernel kept {said(breaks['kernel'])},
+  the reference {said(breaks['reference'])} (tie groups kept by choice).
+- Reproduce: `python -m streamidx.workbook --only 05` ({results['notebook_seconds']:.0f} s after imports in this run).
+"""

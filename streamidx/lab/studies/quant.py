@@ -725,3 +725,118 @@ def recall_study(*, seeds, num_heads: int, compression_ratio: int,
       contexts=tuple(contexts), ks=tuple(ks), variants=variants, recall=recall,
       score_error=errors, float64_rel_diff=rel,
       seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------
+# Tables and the answer of notebook 03 (rows for `streamidx.lab.tables`).
+
+E4M3_EXAMPLE_BYTES = (0x00, 0x01, 0x07, 0x08, 0x38, 0x77, 0x7E, 0x7F, 0x80, 0xFE)
+
+
+def e4m3_pattern_rows(patterns=E4M3_EXAMPLE_BYTES) -> list[dict]:
+  """One row per e4m3 byte in `patterns`: its sign, exponent and mantissa
+  fields (binary) and its value as JAX decodes it (`e4m3_table`)."""
+  all_patterns, values = e4m3_table()
+  sign, exponent, mantissa = e4m3_fields(all_patterns)
+  return [dict(byte=f"0x{b:02x}", sign=sign[b], exponent=f"{exponent[b]:04b}",
+               mantissa=f"{mantissa[b]:03b}", value=f"{values[b]:g}")
+          for b in patterns]
+
+
+def e4m3_grid_markdown(grid: dict) -> str:
+  """One sentence of `e4m3_summary()`'s counts: patterns, NaNs, distinct
+  values, subnormal and normal ranges."""
+  return (f"{grid['finite_patterns']} finite patterns, {grid['nan_patterns']} NaN, "
+          f"{grid['distinct_finite']} distinct finite values; {grid['subnormals']} positive "
+          f"subnormals ({grid['min_subnormal']:g} .. {grid['max_subnormal']:g}), "
+          f"{grid['normals']} positive normals ({grid['min_normal']:g} .. {grid['max']:g})")
+
+
+def scale_study_rows(study: dict) -> list[dict]:
+  """One row per key set of `scale_study`: mean record error under each
+  scale, the ue8m0 scale's extra error, the range of amax / scale and the
+  largest stored e4m3 value."""
+  return [dict(keys=d, mean_error_ue8m0=f"{st['mean_err_ue8m0']:.5f}",
+               mean_error_float=f"{st['mean_err_float']:.5f}",
+               ue8m0_extra=f"{st['extra']:+.1%}",
+               amax_over_scale=f"[{st['headroom_min']:.1f}, {st['headroom_max']:.1f}]",
+               largest_stored=f"{st['max_stored']:g}") for d, st in study.items()]
+
+
+def recall_rows(study: RecallStudy, entries: int, k: int) -> list[dict]:
+  """One row per (key distribution, variant) of `study` at one context and
+  k: recall (mean ± interval over seeds), its std over seeds, the worst
+  row and the median relative score error (mean over seeds)."""
+  rows = []
+  for dist in study.dists:
+    for v in study.variants:
+      s = study.summary(dist, entries, v, k)
+      rows.append(dict(
+          keys=dist, variant=v, recall=str(s), std_over_seeds=f"{s.std:.4f}",
+          worst_row=f"{study.worst_row(dist, entries, v, k):.4f}",
+          median_score_error=f"{np.mean(study.score_error[(dist, entries, v)]['median']):.1e}"))
+  return rows
+
+
+def unpack_rows(block, k_values, k_scales, head_dim: int,
+                entries: int = 3) -> list[dict]:
+  """The first `entries` entries of a packed FP8 page as the kernel's
+  unpack (`unpack_block_in_kernel`) saw them.
+
+  Args:
+    block: u8[..., lkv_dim] one packed page; k_values: f32[entries, D],
+      k_scales: f32[1, entries] (the kernel's outputs).
+
+  Returns:
+    rows: the first value byte, the kernel's e4m3 value of it, the value
+    the e4m3 table gives, the scale byte and the kernel's scale.
+  """
+  flat = np.asarray(block).reshape(-1, np.asarray(block).shape[-1])
+  values = e4m3_table()[1]
+  return [dict(entry=n, value_byte=f"0x{flat[n, 0]:02x}", kernel_e4m3=f"{k_values[n, 0]:g}",
+               table_e4m3=f"{values[flat[n, 0]]:g}", scale_byte=int(flat[n, head_dim]),
+               kernel_scale=f"{k_scales[0, n]:g} = 2**{int(flat[n, head_dim]) - 127}")
+          for n in range(entries)]
+
+
+def answer_markdown(*, machine: str, study: RecallStudy, entries: int, k: int,
+                    num_heads: int, outlier_channels: int, outlier_scale: float,
+                    scale_study_result: dict, commutes: dict,
+                    unpack_matches: bool, seconds: float) -> str:
+  """Notebook 03's answer, takeaways first, from this run's results.
+
+  Args:
+    study: the recall study; entries, k: the context and k it quotes.
+    scale_study_result: `scale_study`; commutes: `scale_commutes`;
+    unpack_matches: whether the kernel's unpack reproduced
+    `streamidx.cache`; seconds: the notebook body's wall time.
+  """
+  from streamidx.lab.studies import formats  # pylint: disable=g-import-not-at-top
+  g = lambda v: study.summary("gaussian", entries, v, k)
+  gap = study.difference("gaussian", entries, "fp8", "bf16", k)
+  outlier_gain = study.difference("outliers", entries, "fp8+H", "fp8", k)
+  gaussian_gain = study.difference("gaussian", entries, "fp8+H", "fp8", k)
+  pays = outlier_gain.lo > 0 and outlier_gain.lo > gaussian_gain.hi
+  sc = scale_study_result
+  n = f"n = {len(study.seeds)} seeds x {study.query_tokens} query rows"
+  return f"""**Answer** (computed in this run on {machine}; recall@{k} over {entries} entries against
+the exact float32 top-k, mean ± 95% interval over seeds, {n}, {num_heads} heads, ratio {study.compression_ratio}):
+
+- **FP8 keys keep {g('fp8').mean:.2%} of the exact top-{k}** ({g('fp8')}; worst row
+  {study.worst_row('gaussian', entries, 'fp8', k):.4f}); bf16 keys {g('bf16')}, FP8 keys and FP8
+  queries {g('fp8_q8')}. FP8 costs {-gap.mean:.2%} of the top-k against bf16 ({gap}).
+- **Outliers**: with {outlier_channels} outlier channels (x{outlier_scale:g}) FP8 keeps
+  {study.summary('outliers', entries, 'fp8', k)}; a Hadamard rotation before quantizing changes that by
+  {outlier_gain} (Gaussian keys: {gaussian_gain}): {"the rotation pays off on keys with outlier channels" if pays else
+  "at these parameters the change is within the intervals, no evidence either way"}.
+- **The ue8m0 scale** costs {sc['gaussian']['extra']:+.1%} mean record error over an exact float scale on
+  Gaussian keys ({sc['outliers']['extra']:+.1%} with outliers), never saturates (largest stored value
+  {sc['gaussian']['max_stored']:g}), fits in one byte and commutes exactly with ReLU and the weighted head sum
+  ({commutes['pow2_mismatch']} of {commutes['size']} scores differ; {commutes['float_mismatch']} with a float scale),
+  which is what lets the kernel scale after the reduction.
+- **Bytes**: a packed FP8 entry costs {formats.bytes_per_entry('fp8_packed')} B (129 of data), as much as bf16's
+  {formats.bytes_per_entry('bf16')} B; the dense FP8 cache stores {cache_lib.dense_tpu_bytes_per_entry(128, 128)} B on a TPU.
+- **The unpack** is a reshape and two bitcasts; run on a real block they reproduce `streamidx.cache`'s decoding
+  exactly ({unpack_matches}). The float32 truth agrees with float64 within {study.float64_rel_diff:.1e} (relative).
+- Notebook body: {seconds:.0f} s.
+"""
