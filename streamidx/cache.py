@@ -129,6 +129,16 @@ E8M0_MAX_EXPONENT = 127
 _LANES = 128
 
 
+def _as_keys(keys) -> jax.Array:
+  """keys as f32[total_num_pages, page_size, head_dim], or a ValueError."""
+  keys = jnp.asarray(keys, jnp.float32)
+  if keys.ndim != 3:
+    raise ValueError(
+        "keys must be [total_num_pages, page_size, head_dim], got shape "
+        f"{keys.shape}")
+  return keys
+
+
 def _check_format(fmt: str):
   if fmt not in REFERENCE_FORMATS:
     raise ValueError(f"fmt must be one of {REFERENCE_FORMATS}, got {fmt!r}")
@@ -261,11 +271,7 @@ def pack_cache(keys, fmt: CacheFormat):
     `cache_dtype(fmt)`.
   """
   _check_format(fmt)
-  keys = jnp.asarray(keys, jnp.float32)
-  if keys.ndim != 3:
-    raise ValueError(
-        "keys must be [total_num_pages, page_size, head_dim], got shape "
-        f"{keys.shape}")
+  keys = _as_keys(keys)
   total_pages, page_size, head_dim = keys.shape
   packing = kv_packing(fmt)
   if page_size % packing:
@@ -362,11 +368,7 @@ def pack_dense_fp8_cache(keys):
     cache_scales u8[total_num_pages, page_size // L, L] (e8m0 exponent bytes
     e + 127, L = `dense_scale_lanes(page_size)`)).
   """
-  keys = jnp.asarray(keys, jnp.float32)
-  if keys.ndim != 3:
-    raise ValueError(
-        "keys must be [total_num_pages, page_size, head_dim], got shape "
-        f"{keys.shape}")
+  keys = _as_keys(keys)
   total_pages, page_size, head_dim = keys.shape
   if page_size % DENSE_KV_PACKING:
     raise ValueError(f"page_size ({page_size}) must be a multiple of "

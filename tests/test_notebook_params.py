@@ -43,13 +43,7 @@ def check_cell(nb) -> tuple[int, int]:
   return index, code_cell
 
 
-def default_parameters(path: Path) -> dict:
-  """The values the notebook's `parameters` cell assigns."""
-  nb = json.loads(path.read_text())
-  source = "".join(nb["cells"][workbook.parameters_cell_index(nb)]["source"])
-  namespace = {}
-  exec(compile(source, str(path), "exec"), namespace)  # pylint: disable=exec-used
-  return {k: v for k, v in namespace.items() if not k.startswith("__")}
+default_parameters = workbook.default_parameters
 
 
 @by_name

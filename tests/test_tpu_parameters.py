@@ -35,13 +35,7 @@ VMEM_BYTES = 16 * 2**20  # TPU v4's VMEM, the smallest of the generations
 by_name = pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: p.stem)
 
 
-def default_parameters(path: Path) -> dict:
-  """The values the notebook's `parameters` cell assigns."""
-  nb = json.loads(path.read_text())
-  source = "".join(nb["cells"][workbook.parameters_cell_index(nb)]["source"])
-  namespace = {}
-  exec(compile(source, str(path), "exec"), namespace)  # pylint: disable=exec-used
-  return {k: v for k, v in namespace.items() if not k.startswith("__")}
+default_parameters = workbook.default_parameters
 
 
 def tpu_values(path: Path) -> dict:

@@ -159,6 +159,18 @@ def parameters_cell_index(nb: dict) -> int:
   return -1
 
 
+def default_parameters(path: Path) -> dict:
+  """The values the notebook's `parameters` cell assigns (it is run)."""
+  nb = _read_json_notebook(path)
+  idx = parameters_cell_index(nb)
+  if idx < 0:
+    raise ValueError(f"{path}: no cell tagged 'parameters'")
+  source = "".join(nb["cells"][idx]["source"])
+  namespace = {}
+  exec(compile(source, str(path), "exec"), namespace)  # pylint: disable=exec-used
+  return {k: v for k, v in namespace.items() if not k.startswith("__")}
+
+
 def declared_parameters(path: Path) -> set[str]:
   """Names assigned at top level in the notebook's `parameters` cell."""
   nb = _read_json_notebook(path)
