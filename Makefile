@@ -13,6 +13,8 @@ STAMP := $(VENV)/.installed
 # the import path: JAX's ordinary start-up then never tries a TPU (nor warns
 # about the missing one); streamidx.compile_for loads it from there.
 TPU_COMPILE := $(VENV)/tpu-compile
+# --no-compile: no bytecode for the ~10^4 modules installed (jupyterlab,
+# scipy, ...); Python compiles the ones a run imports, once, on first import.
 PIP := $(VPY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 WORKBOOK_ARGS ?=
@@ -23,11 +25,12 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
 
-.PHONY: help venv test workbook lab bench aot strip lock clean distclean
+.PHONY: help venv test test-full workbook lab bench aot strip lock clean distclean
 
 help:
 	@echo "make venv      .venv from $(LOCK) + editable streamidx (re-runs when $(LOCK) or pyproject.toml change)"
-	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/)"
+	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/); what CI runs"
+	@echo "make test-full make test plus the tests marked full (the whole case matrices)"
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make bench     python -m streamidx.bench"
@@ -45,15 +48,18 @@ $(STAMP): $(LOCK) pyproject.toml
 	@test -x $(VPY) || { echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
 	@echo "installing $(LOCK) into $(VENV) (libtpu into $(TPU_COMPILE))"
 	@grep -v '^libtpu==' $(LOCK) > $(VENV)/requirements-core.txt
-	@$(PIP) install -qq --no-deps -r $(VENV)/requirements-core.txt
+	@$(PIP) install -qq --no-deps --no-compile -r $(VENV)/requirements-core.txt
 	@rm -rf $(TPU_COMPILE)
-	@$(PIP) install -qq --no-deps --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
+	@$(PIP) install -qq --no-deps --no-compile --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
 	@out=$$($(PIP) check 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
 	@$(PIP) install -qq --no-deps --no-build-isolation -e .
 	@touch $@
 
 test: venv
 	$(VPY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS)
+
+test-full: venv
+	STREAMIDX_TESTS=full $(VPY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS)
 
 workbook: venv
 	$(VPY) -m streamidx.workbook --profile default --html --out build/workbook $(WORKBOOK_ARGS)

@@ -2,8 +2,45 @@ import gc
 import os
 import sys
 
-import jax
-import pytest
+# How the test processes run XLA:CPU (set before JAX starts a backend; the
+# notebooks' kernels and the tests' subprocesses inherit them):
+# - A persistent compilation cache (build/jax-cache, or $JAX_COMPILATION_CACHE_DIR).
+#   Each module ends with `jax.clear_caches()` (below), and the xdist workers
+#   and notebook kernels are separate processes: without it every one of them
+#   recompiles the same references, packers and scorers. Interpreted kernels
+#   are never cached (JAX does not persist programs with host callbacks), so
+#   every kernel test still traces and compiles its kernel afresh.
+# - XLA:CPU's cheapest code generation (`XLA_CPU_FAST_COMPILE`): LLVM at -O0,
+#   the classic elemental emitters instead of the MLIR fusion emitters, one
+#   LLVM module per program. An interpreted kernel is a program of ~10^4 HLO
+#   ops (every simulated load, store and DMA a host callback) that runs
+#   once; these flags halve the CPU time XLA spends compiling it (4.2 -> 1.9
+#   CPU-s for a test-matrix kernel, measured with getrusage on this 2-core
+#   host; see ARCHITECTURE.md, "Test-suite cost"). Results do not depend on
+#   them: XLA:CPU compiles without fast-math either way, and the kernels'
+#   arithmetic is the interpreter's, checked against the reference.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(_ROOT, "build", "jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+XLA_CPU_FAST_COMPILE = ("--xla_backend_optimization_level=0 "
+                        "--xla_llvm_disable_expensive_passes=true "
+                        "--xla_cpu_use_fusion_emitters=false "
+                        "--xla_cpu_parallel_codegen_split_count=1")
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
+                             XLA_CPU_FAST_COMPILE).strip()
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Tracing a kernel for the interpreter builds large jaxprs: the cyclic
+# garbage collector's full passes over a heap of imported modules and traced
+# programs cost several percent of a test run. Objects alive now (the
+# imports) are frozen out of its passes, and it runs less often.
+gc.freeze()
+gc.set_threshold(20_000, 50, 50)
 
 # Test helpers (oracle.py, cases.py, kernel_scores.py) are plain modules.
 sys.path.insert(0, os.path.dirname(__file__))
@@ -21,3 +58,35 @@ def _release_compiled_programs():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+# ---------------------------------------------------------------------------
+# Two tiers. `make test` (CI, and what README.md calls the tests) runs the
+# "ci" tier: every module, every variant, cache format, launch and top-k
+# method at least once. `make test-full` (STREAMIDX_TESTS=full) adds the
+# tests marked `full`: the further points of the same matrices (more
+# ratios, batches, block sizes, upstream shapes), each a kernel of its own
+# for the interpreter to trace and compile, which is what a test here costs.
+
+TIER = os.environ.get("STREAMIDX_TESTS", "ci")
+TIERS = ("ci", "full")
+if TIER not in TIERS:
+  raise pytest.UsageError(
+      f"STREAMIDX_TESTS: one of {TIERS} (got {TIER!r})")
+
+
+def pytest_report_header(config):
+  del config
+  return (f"streamidx test tier: {TIER}"
+          + ("" if TIER == "full" else
+             " (tests marked `full` deselected; STREAMIDX_TESTS=full or "
+             "`make test-full` runs them)"))
+
+
+def pytest_collection_modifyitems(config, items):
+  if TIER == "full":
+    return
+  dropped = [it for it in items if it.get_closest_marker("full")]
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = [it for it in items if not it.get_closest_marker("full")]

@@ -33,6 +33,7 @@ from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import test_properties as props
+import tiers
 
 BLOCKS = cases.blocks_for("dense")
 K = cases.K_TESTS
@@ -143,7 +144,7 @@ def test_dense_kernel_matches_reference_under_seed_causal_rule(case):
   _check(_inputs(case, 4), 4, causal_rule="seed", label=case)
 
 
-@pytest.mark.parametrize("sort_decode", [True, False])
+@pytest.mark.parametrize("sort_decode", tiers.first([True, False]))
 def test_dense_kernel_in_sorted_and_given_decode_order(sort_decode):
   case = "decode_only_full_batches"
   inp = _inputs(case, 4)
@@ -378,7 +379,7 @@ def test_dense_kernel_reads_head_dim_plus_one_bytes_per_entry():
 # num_cores: a leading "parallel" grid axis (both TensorCores of a v5p).
 
 
-@pytest.mark.parametrize("simulated_cores", [1, 2])
+@pytest.mark.parametrize("simulated_cores", tiers.split([1, 2], lambda c: c == 2))
 def test_dense_kernel_on_two_cores_is_race_free_and_unchanged(
     simulated_cores, capsys):
   # Two cores of a v5p, or one chip running both cores' programs in turn

@@ -23,6 +23,7 @@ from streamidx import metrics
 from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
+import tiers
 
 BLOCKS = cases.blocks_for("vendored")
 K = cases.K_TESTS
@@ -36,7 +37,11 @@ def _inputs(batch_name: str, ratio: int, fmt: str) -> si.IndexerInputs:
   return si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt=fmt, seed=ratio)
 
 
-@pytest.mark.parametrize("case", TEST_CASES, ids=lambda c: c.name)
+# CI: ratios 1 and 4 (no compression, DeepSeek-V4's), each an interpreted
+# kernel per variant, format and causal rule; ratio 2's cases in the full
+# tier (tests/tiers.py).
+@pytest.mark.parametrize("case", tiers.split(
+    TEST_CASES, lambda c: c.compression_ratio != 2, ids=lambda c: c.name))
 def test_variant_matches_reference(case):
   out = cases.case_outputs(case)
   assert out.got.shape == (NUM_TOKENS, case.k) and out.got.dtype == np.int32
@@ -54,6 +59,18 @@ def test_the_test_matrix_runs_every_variant_and_format():
   for name, v in si.VARIANTS.items():
     ratios = cases.RATIOS if v.mode == "token" else (1,)
     assert {(name, f, r) for f in v.cache_formats for r in ratios} <= seen
+
+
+def test_the_ci_tier_runs_every_variant_format_and_causal_rule():
+  """`make test` keeps ratios 1 and 4: every variant, format and causal rule
+  still has a case there (ratio 2 adds only more of the same in the full
+  tier)."""
+  ci = [c for c in TEST_CASES if c.compression_ratio != 2]
+  for name, v in si.VARIANTS.items():
+    for f in v.cache_formats:
+      assert any(c.variant == name and c.fmt == f for c in ci), (name, f)
+  assert {c.causal_rule for c in ci} == {c.causal_rule for c in TEST_CASES}
+  assert {c.batch_name for c in ci} == {c.batch_name for c in TEST_CASES}
 
 
 def test_the_matrix_covers_rows_above_and_below_k():

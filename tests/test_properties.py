@@ -35,6 +35,7 @@ from streamidx import cache as cache_lib
 from streamidx import metrics, ref, validate
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
+import tiers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +235,10 @@ def _property_test(name):
   return run, checked
 
 
-@pytest.mark.parametrize("name", list(PROFILES))
+# CI: the FP8 token profile (two KV blocks, decode batches of 2) and the FP8
+# page profile; the other profiles in the full tier (tests/tiers.py).
+@pytest.mark.parametrize("name", tiers.split(
+    list(PROFILES), lambda n: n in ("token-fp8-r4", "page-fp8")))
 def test_random_batches_match_reference(name):
   run, checked = _property_test(name)
   run()

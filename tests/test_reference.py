@@ -19,6 +19,7 @@ from streamidx import metrics
 from streamidx.lab.studies import cases
 
 import oracle
+import tiers
 
 K = cases.K_TESTS
 NUM_HEADS = cases.NUM_HEADS
@@ -137,11 +138,11 @@ def test_f32_reference_cache_is_the_exact_baseline():
     assert abs(s[t, e] - want) <= 1e-4 * max(1.0, abs(want))
 
 
-@pytest.mark.parametrize("pairs,max_num_seqs", [
+@pytest.mark.parametrize("pairs,max_num_seqs", tiers.split([
     ([(2, 1024)], None),  # one sequence slot, 256 entries
     ([(3, 4096)], None),  # one slot, 1024 entries
     ([(5, 2048)], 3),
-])
+], lambda p: p[1] == 3))
 def test_reference_with_a_single_sequence_slot_and_many_entries(
     pairs, max_num_seqs):
   """XLA:CPU once miscompiled this shape (every score = the row's first)."""

@@ -40,6 +40,8 @@ import streamidx as si
 from streamidx import cache, metrics, ref, validate
 from streamidx.lab.model import tiling
 
+import tiers
+
 TOKEN_KW = dict(k=8, compression_ratio=1, num_kv_pages_per_block=2,
                 num_queries_per_block=8)
 PAGE_KW = dict(k_pages=1, num_queries_per_block=8)
@@ -77,8 +79,12 @@ EMPTY_SEQUENCE_BATCHES = {
 }
 
 
-@pytest.mark.parametrize("mode", ["token", "page"])
-@pytest.mark.parametrize("name", list(EMPTY_SEQUENCE_BATCHES))
+# CI: an empty sequence in the middle (token) and after a decode (page);
+# the other positions and modes in the full tier (tests/tiers.py).
+@pytest.mark.parametrize("name,mode", tiers.split(
+    [(n, m) for n in EMPTY_SEQUENCE_BATCHES for m in ("token", "page")],
+    lambda nm: nm in (("middle", "token"), ("decode_then_empty", "page")),
+    ids=lambda nm: f"{nm[0]}-{nm[1]}"))
 def test_race_check_passes_with_an_empty_sequence(name, mode):
   batch = si.make_batch(EMPTY_SEQUENCE_BATCHES[name], page_size=64,
                         compression_ratio=1)
@@ -116,7 +122,7 @@ def batches_with_empty_sequences(draw):
   return pairs
 
 
-@pytest.mark.parametrize("mode", ["token", "page"])
+@pytest.mark.parametrize("mode", tiers.first(["token", "page"]))
 @settings(max_examples=5, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow,
                                  HealthCheck.function_scoped_fixture])

@@ -300,7 +300,8 @@ def _worker_process(request):
     yield None
     return
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=9")
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=9").strip())
   # Files, not pipes: nobody reads a pipe while the tests above run.
   with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
     proc = subprocess.Popen([sys.executable, "-u",

@@ -25,6 +25,7 @@ import streamidx as si
 from streamidx import metrics, semantics
 from streamidx.lab.model import tiling, timeline
 from streamidx.lab.studies import costs
+import tiers
 
 
 def _blocks_computed(blocks, order, d):
@@ -108,7 +109,9 @@ def _dense_args(inp):
   return (q, w, *si.pack_dense_fp8_cache(inp.keys), *rest)
 
 
-@pytest.mark.parametrize("variant", ["vendored", "dense"])
+# CI: one token kernel each for the three tests below, the other in the full
+# tier (tests/tiers.py).
+@pytest.mark.parametrize("variant", tiers.first(["vendored", "dense"]))
 def test_sorted_decode_returns_the_given_order_s_indices(variant):
   inp = _decode_inputs()
   b = inp.batch
@@ -128,7 +131,7 @@ def test_sorted_decode_returns_the_given_order_s_indices(variant):
       atol=metrics.summation_atol(inp, compression_ratio=4))
 
 
-@pytest.mark.parametrize("sort_decode", [False, True])
+@pytest.mark.parametrize("sort_decode", tiers.split([False, True], bool))
 def test_measured_waste_equals_the_tiling_model(sort_decode):
   inp = _decode_inputs()
   kw = {k: v for k, v in KW.items() if k != "k"}
@@ -150,7 +153,8 @@ def _recorded(fn, *args, **kw):
   return out, costs.totals(costs.launch_counts(rec))
 
 
-@pytest.mark.parametrize("variant", ["vendored", "dense"])
+@pytest.mark.parametrize("variant", tiers.split(["vendored", "dense"],
+                                                lambda v: v == "dense"))
 def test_pure_decode_batch_launches_only_its_decode_range(variant):
   b = si.make_mixed_batch(decode=[300, 40, 200, 90], page_size=16,
                           compression_ratio=4, seed=1)
@@ -169,7 +173,7 @@ def test_pure_decode_batch_launches_only_its_decode_range(variant):
       atol=metrics.summation_atol(inp, compression_ratio=4))
 
 
-@pytest.mark.parametrize("variant", ["vendored", "dense"])
+@pytest.mark.parametrize("variant", tiers.first(["vendored", "dense"]))
 def test_a_batch_of_no_sequences_launches_nothing(variant):
   b = si.make_batch([], page_size=16, compression_ratio=1, max_num_seqs=2,
                     num_tokens=4, pages_per_seq=2, total_num_pages=4)

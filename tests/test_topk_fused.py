@@ -33,6 +33,7 @@ from streamidx.lab.studies import cases, costs
 
 from kernel_scores import KernelWithScores
 from test_topk import _rule_topk
+import tiers
 
 W = topk.FUSED_BLOCK_WIDTH
 
@@ -206,6 +207,9 @@ def test_dense_fused_blockmax_is_race_free():
                                                         compression_ratio=4))
 
 
+# Full tier (tests/tiers.py): one core's race check and the two-core dense
+# kernel's (tests/test_dense.py) run in CI.
+@tiers.FULL
 def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
   # A seeded random ragged batch (every range, fragmented pages), its
   # programs split over two simulated cores: each core's prologue resets the

@@ -19,6 +19,7 @@ import streamidx as si
 from streamidx import metrics
 from streamidx.kernels import vendored
 from streamidx.lab.studies import cases
+import tiers
 
 # Where v4's code differs: an FP8 cache (M10) or page pooling (M15). The
 # vendored token kernel's widened FP8 is tests/test_aot.py's
@@ -65,7 +66,11 @@ def test_force_v4_paths_selects_both_modifications():
   assert not vendored._widen_fp8_for_mxu(True)
 
 
-@pytest.mark.parametrize("name,fmt", VARIANT_FORMATS)
+# CI: the widened FP8 matmul (M10) and the lane-segment page pooling (M15);
+# the other variants and formats in the full tier (tests/tiers.py).
+@pytest.mark.parametrize("name,fmt", tiers.split(
+    VARIANT_FORMATS, lambda nf: nf in (("vendored", "fp8"),
+                                       ("vendored_page", "fp8"))))
 def test_v4_code_matches_the_reference(name, fmt):
   v = si.VARIANTS[name]
   ratio = 4 if v.mode == "token" else 1

@@ -17,6 +17,7 @@ import streamidx as si
 from streamidx import blocks, metrics, semantics
 
 from streamidx.lab.studies import cases
+import tiers
 
 # Token variants see every launch and a ratio that compresses; page variants
 # are defined at ratio 1 (GLM). The case matrix's small test blocks keep the
@@ -43,6 +44,11 @@ def test_registry_lists_the_token_and_page_variants():
                                    for f in v.cache_formats)
 
 
+# Every variant and format also runs through `Variant.run` in the case matrix
+# (tests/test_kernel.py), so this one-batch check is in the full tier
+# (tests/tiers.py); its validator check runs in both
+# (test_every_variant_validates_its_own_call).
+@tiers.FULL
 @pytest.mark.parametrize("name,fmt", VARIANT_FORMATS)
 def test_variant_matches_its_reference(name, fmt):
   v = si.VARIANTS[name]
@@ -60,6 +66,15 @@ def test_variant_matches_its_reference(name, fmt):
   # The value validator accepts the same call.
   v.validate(*v.args(inp, fmt), **v.static(inp, k=k, compression_ratio=ratio,
                                            fmt=fmt, **static))
+
+
+@pytest.mark.parametrize("name,fmt", VARIANT_FORMATS)
+def test_every_variant_validates_its_own_call(name, fmt):
+  v = si.VARIANTS[name]
+  inp, ratio = _inputs(v, fmt)
+  k = 24 if v.mode == "token" else 5
+  v.validate(*v.args(inp, fmt), **v.static(inp, k=k, compression_ratio=ratio,
+                                           fmt=fmt, **cases.blocks_for(v)))
 
 
 def test_variant_rejects_a_format_it_does_not_read():

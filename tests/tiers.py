@@ -1,0 +1,28 @@
+"""Marks for the two test tiers (see conftest.py: `make test` runs "ci",
+`make test-full` adds the tests marked `full`).
+
+A parametrized test keeps a representative subset in the CI tier and the
+rest of its points in the full tier: every point is an interpreted kernel
+to trace and compile (3-4 CPU-s each on the CI machine).
+"""
+
+import pytest
+
+FULL = pytest.mark.full
+
+
+def split(values, ci, *, ids=None):
+  """`values` as pytest params, those for which `ci(value)` is false marked
+  `full`. ids: a function of the value, as pytest's `ids=`."""
+  out = []
+  for v in values:
+    marks = () if ci(v) else (FULL,)
+    out.append(pytest.param(*(v if isinstance(v, tuple) else (v,)),
+                            marks=marks, id=None if ids is None else ids(v)))
+  return out
+
+
+def first(values, n=1, *, ids=None):
+  """The first `n` of `values` in the CI tier, the rest in the full tier."""
+  keep = list(values)[:n]
+  return split(values, lambda v: any(v is k or v == k for k in keep), ids=ids)
