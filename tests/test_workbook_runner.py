@@ -264,10 +264,10 @@ def test_jobs_2_runs_two_notebooks_at_once(nbdir, tmp_path, capsys):
                         for s in ("01_a", "02_b"))
   assert a0 < b1 and b0 < a1  # the two sleeps overlapped: they ran at once
   assert "2 at a time" in printed
-  assert "2 notebooks at a time: the timings they print ran beside another notebook" in printed
+  assert "Run 2 notebooks at a time: the timings they print ran beside another notebook" in printed
   assert printed.rstrip().endswith("2 passed, 0 failed")
   index = (out / workbook.INDEX_NAME).read_text()
-  assert "2 notebooks at a time" in index.split("</h1>")[0]
+  assert "Run 2 notebooks at a time" in index.split("<section")[0]
   assert index.count("ok, ") == 2 and "running" not in index and "queued" not in index
   assert not list(out.glob(".index.html.*"))
 

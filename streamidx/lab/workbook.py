@@ -13,8 +13,8 @@ Terms used here:
                 last; each prints its line as it finishes. With more than one
                 job, the timings a notebook prints (compile seconds,
                 interpreter host times) were taken beside another notebook:
-                the summary line and the landing page's heading say so; use
-                `--jobs 1` for timing studies.
+                the summary line and a line under the landing page's heading
+                say so (`jobs_note`); use `--jobs 1` for timing studies.
   profile       which parameters a run passes:
                   ci       the notebook's entry in `notebooks/ci_parameters.json`
                            (small sizes, interpret mode) plus `output_dir`;
@@ -359,18 +359,18 @@ def render_html(executed: Path) -> Path:
   return html
 
 
-def _index_heading(profile: str, out_dir: Path, jobs: int = 1) -> str:
+def _index_heading(profile: str, out_dir: Path) -> str:
   what = {"ci": "CI-sized parameters (notebooks/ci_parameters.json)",
           "default": "the notebooks' default parameters"}.get(profile, profile)
-  return f"streamidx workbook ({what}{_jobs_note(jobs, ', ')}): {Path(out_dir).name}/"
+  return f"streamidx workbook ({what}): {Path(out_dir).name}/"
 
 
-def _jobs_note(jobs: int, sep: str = "; ") -> str:
+def jobs_note(jobs: int) -> str:
   """What `--jobs` > 1 does to the timings the notebooks print ("" for 1)."""
   if jobs <= 1:
     return ""
-  return (f"{sep}{jobs} notebooks at a time: the timings they print ran beside "
-          "another notebook (--jobs 1 for timing studies)")
+  return (f"Run {jobs} notebooks at a time: the timings they print ran beside "
+          "another notebook (--jobs 1 for timing studies).")
 
 
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
@@ -589,14 +589,18 @@ def _meta(s: NotebookSummary, status: str, links: list[str]) -> str:
   return "; ".join(items)
 
 
-def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
-  """The landing page for `summaries`, a complete HTML document."""
+def index_html(summaries: Sequence[NotebookSummary], *, heading: str,
+               note: str = "") -> str:
+  """The landing page for `summaries`, a complete HTML document; `note`, if
+  any, a line under the heading (how the run was made, e.g. `jobs_note`)."""
   esc = html_lib.escape
   parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
-           f"<h1>{esc(heading)}</h1>",
-           "<p>Each notebook's question, and its answer as that run computed it "
-           "(the notebook's first rendered Markdown output), with the machine it ran on.</p>"]
+           f"<h1>{esc(heading)}</h1>"]
+  if note:
+    parts.append(f'<p class="meta">{esc(note)}</p>')
+  parts.append("<p>Each notebook's question, and its answer as that run computed it "
+               "(the notebook's first rendered Markdown output), with the machine it ran on.</p>")
   for s in summaries:
     links = [f'<a href="{esc(link, quote=True)}">{label}</a>' for link, label in
              ((s.html, "rendered notebook"), (s.executed, "executed .ipynb")) if link]
@@ -624,18 +628,19 @@ def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
 
 
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                *, heading: str | None = None,
+                *, heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
   """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
   (those without an executed copy in `out_dir` are listed as not run; those
-  `pending` names, {notebook name: "running" or "queued"}, with that status);
-  returns its path. Written whole to a temporary file, then renamed."""
+  `pending` names, {notebook name: "running" or "queued"}, with that status;
+  `note`: a line under the heading); returns its path. Written whole to a temporary file, then renamed."""
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   pending = pending or {}
   summaries = [summarize(p, out_dir, pending.get(p.name))
                for p in discover(Path(notebooks_dir))]
-  page = index_html(summaries, heading=heading or f"streamidx workbook: {out_dir.name}")
+  page = index_html(summaries, heading=heading or f"streamidx workbook: {out_dir.name}",
+                    note=note)
   path = out_dir / INDEX_NAME
   tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
   tmp.write_text(page, encoding="utf-8")
@@ -747,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, "
         f"cell timeout {args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
   order = run_order(selected, out_dir)  # before any run removes a stale copy
-  heading = _index_heading(args.profile, out_dir, jobs)
+  heading, note = _index_heading(args.profile, out_dir), jobs_note(jobs)
   results = {}
   start = time.perf_counter()
 
@@ -761,20 +766,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     left = [nb for nb in order if nb not in done]
     return {nb.name: "running" if i < jobs else "queued" for i, nb in enumerate(left)}
 
-  write_index(notebooks_dir, out_dir, heading=heading, pending=pending(results))
+  write_index(notebooks_dir, out_dir, heading=heading, note=note, pending=pending(results))
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     futures = [pool.submit(run, nb) for nb in order]
     for future in concurrent.futures.as_completed(futures):
       result = future.result()
       results[result.source] = result
       # The one writer of the landing page, after each notebook finishes.
-      write_index(notebooks_dir, out_dir, heading=heading, pending=pending(results))
+      write_index(notebooks_dir, out_dir, heading=heading, note=note,
+                  pending=pending(results))
       print(result.line(), flush=True)
   results = [results[nb] for nb in selected]  # notebook order from here on
   failed = [r for r in results if not r.ok]
   for r in failed:
     print(f"\n{r.describe()}")
-  print(f"\nworkbook: {time.perf_counter() - start:.1f}s{_jobs_note(jobs)}; "
+  print(f"\nworkbook: {time.perf_counter() - start:.1f}s; " + (f"{note} " if note else "") +
         f"executed copies in {out_dir}; landing page {out_dir / INDEX_NAME}")
   print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
   return 1 if failed else 0
