@@ -32,6 +32,7 @@ help:
 	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/); what CI runs"
 	@echo "make test-full make test plus the tests marked full (the whole case matrices)"
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
+	@echo "               (2 at a time on 2+ cores, longest first; WORKBOOK_ARGS=\"--jobs 1\" for timing studies)"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make bench     python -m streamidx.bench"
 	@echo "make aot       python -m streamidx.aot: compile every variant for TPU v4-v7x (no TPU needed)"

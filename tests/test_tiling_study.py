@@ -151,3 +151,42 @@ def test_answer_quotes_the_recorded_runs_when_there_are_some():
                  dict(events=99, overlapped=2, computes=6))
   assert "129 vs 256 B per entry fetched" in text
   assert "2 of 6 compute steps" in text
+
+
+def _vmem_row(gen, launch, bkv_p, bq, ours, scratch, total, default="ok", at_limit="ok"):
+  return {"gen": gen, "launch": launch, "bkv_p": bkv_p, "bq": bq, "scratch MiB (ours)": ours,
+          "compiler scratch MiB": scratch, "compiler total MiB": total,
+          "lab model MiB": 0.0, "model / compiler": 0.5 if launch == "decode" else 1.5,
+          "at default limit": default, "at 100 MiB": at_limit}
+
+
+KIB = 1 / 1024
+VMEM_ROWS = [  # as the compiler printed them for v4 (16 MiB of VMEM per TensorCore)
+    _vmem_row("v4", "decode", 1, 1, 392 * KIB, 428 * KIB, 564 * KIB),
+    _vmem_row("v4", "decode", 4, 1, 1.1445, 1.18, 1.33),
+    _vmem_row("v4", "prefill", 2, 128, 4.5, 4.54, 6.61),
+    _vmem_row("v4", "prefill", 2, 512, 17.62, 42.47, 42.47, "Ran out of memory", "Ran out of memory"),
+]
+
+
+def test_vmem_findings_quote_the_rows():
+  text = study.vmem_findings(VMEM_ROWS, vmem_limit_bytes=100 * 2**20)
+  scratch, beyond, internal, model, at_default, at_limit = text.splitlines()
+  assert "36 KiB on v4 (each of its 3 launches)" in scratch
+  assert "the same for every block size" in scratch
+  assert "v4 prefill bq=512 needs 17.62 MiB" in beyond and "42.47 MiB used on a chip of 16 MiB" in beyond
+  assert "decode 0.13-0.15" in internal and "bq=128 2.07 (1.04 per 64 query rows)" in internal
+  assert "bq=512" not in internal  # beyond the chip: no internal scratch to tell
+  assert "decode 0.50; prefill 1.50" in model
+  assert "default scoped limit**: v4 prefill bq=512 (Ran out of memory)" in at_default
+  assert "`vmem_limit_bytes` = 100 MiB**: v4 prefill bq=512" in at_limit
+  assert study.vmem_findings([], vmem_limit_bytes=1) == ""
+
+
+def test_vmem_findings_say_so_when_the_compiler_adds_different_amounts():
+  rows = [_vmem_row("v5e", "decode", 1, 1, 392 * KIB, 428 * KIB, None),
+          _vmem_row("v5e", "decode", 4, 1, 1.1445, 1.30, None)]
+  text = study.vmem_findings(rows, vmem_limit_bytes=100 * 2**20)
+  assert "36.0-159.2 KiB on v5e (2 launches)" in text
+  assert "same for every block size" not in text and "internal scratch" not in text
+  assert "limit**: none." in text

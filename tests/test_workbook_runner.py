@@ -240,3 +240,83 @@ def test_machine_line_quoted_in_markdown_keeps_its_own_parentheses():
   assert workbook.machine_line(nb) == MACHINE
   assert workbook.first_markdown_output(nb).startswith("**Answer**")
   assert workbook.notebook_question({"cells": []}) == ("", None)
+
+
+# --------------------------------------------------------------------------
+# --jobs: notebooks at once, longest expected first, one landing-page writer.
+
+STAMP_CODE = ("import json, time\nfrom pathlib import Path\n"
+              "t0 = time.time(); time.sleep(3)\n"
+              "Path(output_dir, 'span.json').write_text(json.dumps([t0, time.time()]))")
+
+
+def test_jobs_2_runs_two_notebooks_at_once(nbdir, tmp_path, capsys):
+  for name in ("01_a.ipynb", "02_b.ipynb"):
+    make_notebook(nbdir, name, "output_dir = 'out'", STAMP_CODE)
+  out = tmp_path / "build" / "workbook"
+
+  code = workbook.main(["--notebooks", str(nbdir), "--out", str(out), "--jobs", "2",
+                        "--timeout", "60"])
+  printed = capsys.readouterr().out
+
+  assert code == 0, printed
+  (a0, a1), (b0, b1) = (json.loads((out / s / "span.json").read_text())
+                        for s in ("01_a", "02_b"))
+  assert a0 < b1 and b0 < a1  # the two sleeps overlapped: they ran at once
+  assert "2 at a time" in printed
+  assert "Run 2 notebooks at a time: the timings they print ran beside another notebook" in printed
+  assert printed.rstrip().endswith("2 passed, 0 failed")
+  index = (out / workbook.INDEX_NAME).read_text()
+  assert "Run 2 notebooks at a time" in index.split("<section")[0]
+  assert index.count("ok, ") == 2 and "running" not in index and "queued" not in index
+  assert not list(out.glob(".index.html.*"))
+
+
+def test_jobs_1_says_nothing_about_concurrent_timings(nbdir, tmp_path, capsys):
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'out'", "print('done')")
+  assert workbook.main(["--notebooks", str(nbdir), "--out", str(tmp_path / "o"),
+                        "--jobs", "1", "--timeout", "60"]) == 0
+  printed = capsys.readouterr().out
+  assert "1 at a time" in printed and "beside another notebook" not in printed
+
+
+def test_jobs_below_1_is_an_error(nbdir, tmp_path, capsys):
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  assert workbook.main(["--notebooks", str(nbdir), "--out", str(tmp_path / "o"),
+                        "--jobs", "0"]) == 2
+  assert "--jobs: must be at least 1 (got 0)" in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()
+
+
+def test_run_order_is_longest_expected_first(nbdir, tmp_path, monkeypatch):
+  paths = [make_notebook(nbdir, n, "output_dir = 'x'")
+           for n in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb", "04_d.ipynb")]
+  out = tmp_path / "out"
+  out.mkdir()
+  monkeypatch.setattr(workbook, "TYPICAL_SECONDS", {"01_a.ipynb": 50, "03_c.ipynb": 30})
+  # No executed copies: the typical durations, unlisted notebooks last in name order.
+  assert workbook.run_order(paths, out) == [paths[0], paths[2], paths[1], paths[3]]
+  # A previous run's copy (papermill's duration: 12.5 s) wins over the table;
+  # a failed one does not count.
+  fake_executed(out, "04_d.ipynb", question=None, answer=None)
+  fake_executed(out, "03_c.ipynb", question=None, answer=None, exception=True)
+  assert workbook.expected_seconds(paths[3], out) == 12.5
+  assert workbook.expected_seconds(paths[2], out) == 30
+  assert workbook.run_order(paths, out) == [paths[0], paths[2], paths[3], paths[1]]
+
+
+def test_index_marks_running_and_queued_notebooks(nbdir, tmp_path):
+  out = tmp_path / "out"
+  out.mkdir()
+  for name in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb"):
+    make_notebook(nbdir, name, "output_dir = 'x'")
+  fake_executed(out, "01_a.ipynb", question="A?", answer="**Answer** a")
+  fake_executed(out, "02_b.ipynb", question="B?", answer="**Answer** stale")  # an earlier run's
+
+  page = workbook.write_index(nbdir, out, pending={"02_b.ipynb": "running",
+                                                   "03_c.ipynb": "queued"}).read_text()
+
+  a, b, c = page.split("<section")[1:]
+  assert "ok, 12.5 s" in a and "**Answer** a" not in a and "<strong>Answer</strong> a" in a
+  assert "running" in b and "stale" not in b and "href" not in b and "Machine" not in b
+  assert "queued" in c and "Machine" not in c

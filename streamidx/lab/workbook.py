@@ -1,10 +1,20 @@
 """Runs the workbook's notebooks with papermill, the way CI and `make workbook` do.
 
     python -m streamidx.workbook --profile ci [--only NAME ...] [--html]
-                                 [--out DIR] [--timeout S] [-v]
+                                 [--out DIR] [--timeout S] [--jobs N] [-v]
 
 Terms used here:
-  workbook      the notebooks `notebooks/NN_*.ipynb`, run in file-name order.
+  workbook      the notebooks `notebooks/NN_*.ipynb`.
+  jobs          how many notebooks run at once (`--jobs`, default
+                `default_jobs()`: min(2, CPUs)), each in its own kernel. They
+                start longest first (`run_order`: the duration papermill
+                recorded in the previous executed copy in the output folder,
+                else `TYPICAL_SECONDS`), so the longest one does not start
+                last; each prints its line as it finishes. With more than one
+                job, the timings a notebook prints (compile seconds,
+                interpreter host times) were taken beside another notebook:
+                the summary line and a line under the landing page's heading
+                say so (`jobs_note`); use `--jobs 1` for timing studies.
   profile       which parameters a run passes:
                   ci       the notebook's entry in `notebooks/ci_parameters.json`
                            (small sizes, interpret mode) plus `output_dir`;
@@ -32,6 +42,10 @@ does not declare, or `output_dir` set there is a configuration error
 (`WorkbookError`; exit code 2). A notebook that fails to run is reported with
 the cell that failed (exit code 1).
 
+The landing page is written by one writer only: `run_notebook` rewrites it
+after its run (`index=True`), and `main` passes `index=False` and rewrites it
+itself, in the main thread, after each notebook finishes.
+
 Each cell runs under `--timeout` seconds (papermill's `execution_timeout`),
 in the `python3` kernel, with the notebooks folder as working directory.
 
@@ -43,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import dataclasses
 import html as html_lib
 import json
@@ -50,6 +65,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -64,6 +80,15 @@ PROFILE_OUT = {"ci": Path("build") / "ci", "default": Path("build") / "workbook"
 DEFAULT_TIMEOUT_S = 600
 INJECTED_TAG = "injected-parameters"
 INDEX_NAME = "index.html"
+# Roughly the seconds each notebook takes at its defaults on an idle 2-core
+# CPU (2026-12-01): the start order when no earlier executed copy gives its
+# own duration (`run_order`). Only the order depends on these numbers.
+TYPICAL_SECONDS = {
+    "04_kernel_tiling.ipynb": 210, "05_recall_parity.ipynb": 205,
+    "03_fp8_packing.ipynb": 70, "07_multichip.ipynb": 65,
+    "06_tpu_profiling.ipynb": 65, "02_cache_layout.ipynb": 40,
+    "01_kernel_walkthrough.ipynb": 30, "00_quickstart.ipynb": 15,
+}
 
 
 class WorkbookError(Exception):
@@ -340,10 +365,18 @@ def _index_heading(profile: str, out_dir: Path) -> str:
   return f"streamidx workbook ({what}): {Path(out_dir).name}/"
 
 
+def jobs_note(jobs: int) -> str:
+  """What `--jobs` > 1 does to the timings the notebooks print ("" for 1)."""
+  if jobs <= 1:
+    return ""
+  return (f"Run {jobs} notebooks at a time: the timings they print ran beside "
+          "another notebook (--jobs 1 for timing studies).")
+
+
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  out_dir: str | os.PathLike | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, *, html: bool = False,
-                 log_output: bool = False) -> NotebookResult:
+                 log_output: bool = False, index: bool = True) -> NotebookResult:
   """Executes one notebook with papermill and returns what happened.
 
   Args:
@@ -355,11 +388,13 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     timeout: seconds each cell may run.
     html: also render the executed copy to HTML beside it.
     log_output: stream the notebook's output to the `papermill` logger.
+    index: rewrite the landing page `<out_dir>/index.html` (`write_index`)
+      after the run, failed or not; a caller running notebooks at once passes
+      False and writes it itself, from one thread.
 
   Returns a NotebookResult; a notebook that fails gives `ok == False` and
   `failure` naming the cell. Raises WorkbookError for configuration errors
-  (before running anything). Rewrites the landing page `<out_dir>/index.html`
-  (`write_index`) after the run, failed or not.
+  (before running anything).
   """
   path = Path(path).resolve()
   if not path.is_file():
@@ -398,7 +433,8 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     failure = _failure_from_exception(e, executed, source_nb)
   seconds = time.perf_counter() - start
   html_path = render_html(executed) if html and executed.exists() else None
-  write_index(path.parent, out_dir, heading=_index_heading(profile, out_dir))
+  if index:
+    write_index(path.parent, out_dir, heading=_index_heading(profile, out_dir))
   return NotebookResult(path.name, path, executed, html_path,
                         Path(params[OUTPUT_DIR_PARAMETER]), params, seconds,
                         failure)
@@ -418,8 +454,10 @@ _QUESTION = re.compile(r"\*\*Question\.?\*\*:?\s*(.*?)(?=\n\s*\n|\*\*Answer|\Z)"
 class NotebookSummary:
   """One row of the landing page, read from a notebook and its executed copy.
 
-  status: "ok", "failed" (papermill recorded an exception) or "not run"
-    (no executed copy in the folder). question and answer are Markdown;
+  status: "ok", "failed" (papermill recorded an exception), "not run"
+    (no executed copy in the folder), or, while the runner is at work,
+    "running" / "queued" (`write_index(pending=...)`: the folder's copy, if
+    any, is not this run's and is not read). question and answer are Markdown;
     answer is None when the executed copy has no `text/markdown` output.
   html, executed: paths of the rendered notebook and the executed copy
     relative to the landing page, None when absent.
@@ -492,11 +530,16 @@ def machine_line(nb: dict) -> str | None:
   return None
 
 
-def summarize(source: Path, out_dir: Path) -> NotebookSummary:
-  """The landing-page row of notebook `source`, run into `out_dir`."""
+def summarize(source: Path, out_dir: Path, pending: str | None = None) -> NotebookSummary:
+  """The landing-page row of notebook `source`, run into `out_dir`; with
+  `pending` ("running", "queued") the row of a notebook not finished yet."""
   source, out_dir = Path(source), Path(out_dir)
   executed = out_dir / source.name
   rendered = executed.with_suffix(".html")
+  if pending:
+    title, question = notebook_question(_read_json_notebook(source))
+    return NotebookSummary(source.name, title or source.stem, question, None, None,
+                           pending, None, None, "", None, None)
   nb = None
   if executed.is_file():
     try:
@@ -530,6 +573,8 @@ def markdown_to_html(text: str) -> str:
   return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
 
 
+_NOT_FINISHED = ("not run", "running", "queued")
+
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
 line-height:1.45;color:#222}section{border-top:1px solid #ccc;padding:.5rem 0 1rem}
 h2{font-size:1.25rem;margin-bottom:.25rem}.meta{color:#555;font-size:.9rem}
@@ -544,14 +589,18 @@ def _meta(s: NotebookSummary, status: str, links: list[str]) -> str:
   return "; ".join(items)
 
 
-def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
-  """The landing page for `summaries`, a complete HTML document."""
+def index_html(summaries: Sequence[NotebookSummary], *, heading: str,
+               note: str = "") -> str:
+  """The landing page for `summaries`, a complete HTML document; `note`, if
+  any, a line under the heading (how the run was made, e.g. `jobs_note`)."""
   esc = html_lib.escape
   parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
-           f"<h1>{esc(heading)}</h1>",
-           "<p>Each notebook's question, and its answer as that run computed it "
-           "(the notebook's first rendered Markdown output), with the machine it ran on.</p>"]
+           f"<h1>{esc(heading)}</h1>"]
+  if note:
+    parts.append(f'<p class="meta">{esc(note)}</p>')
+  parts.append("<p>Each notebook's question, and its answer as that run computed it "
+               "(the notebook's first rendered Markdown output), with the machine it ran on.</p>")
   for s in summaries:
     links = [f'<a href="{esc(link, quote=True)}">{label}</a>' for link, label in
              ((s.html, "rendered notebook"), (s.executed, "executed .ipynb")) if link]
@@ -566,11 +615,11 @@ def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
               else "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
     if s.answer is not None:
       parts.append(f'<div class="answer">{markdown_to_html(s.answer)}</div>')
-    elif s.status != "not run":
+    elif s.status not in _NOT_FINISHED:
       parts.append("<p><em>The executed notebook has no Markdown output.</em></p>")
     if s.machine:
       parts.append(f'<p class="meta">Machine: {esc(s.machine)}</p>')
-    elif s.status != "not run":
+    elif s.status not in _NOT_FINISHED:
       parts.append('<p class="meta">Machine: not printed by this run (no '
                    "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
     parts.append("</section>")
@@ -579,16 +628,21 @@ def index_html(summaries: Sequence[NotebookSummary], *, heading: str) -> str:
 
 
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                *, heading: str | None = None) -> Path:
+                *, heading: str | None = None, note: str = "",
+                pending: dict[str, str] | None = None) -> Path:
   """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
-  (those without an executed copy in `out_dir` are listed as not run);
-  returns its path. Written whole to a temporary file, then renamed."""
+  (those without an executed copy in `out_dir` are listed as not run; those
+  `pending` names, {notebook name: "running" or "queued"}, with that status;
+  `note`: a line under the heading); returns its path. Written whole to a temporary file, then renamed."""
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  summaries = [summarize(p, out_dir) for p in discover(Path(notebooks_dir))]
-  page = index_html(summaries, heading=heading or f"streamidx workbook: {out_dir.name}")
+  pending = pending or {}
+  summaries = [summarize(p, out_dir, pending.get(p.name))
+               for p in discover(Path(notebooks_dir))]
+  page = index_html(summaries, heading=heading or f"streamidx workbook: {out_dir.name}",
+                    note=note)
   path = out_dir / INDEX_NAME
-  tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
+  tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
   tmp.write_text(page, encoding="utf-8")
   os.replace(tmp, path)
   return path
@@ -614,6 +668,33 @@ def _select(notebooks: list[Path], only: Sequence[str]) -> list[Path]:
   return sorted(chosen)
 
 
+def default_jobs() -> int:
+  """Notebooks run at once by default: min(2, CPUs). Each runs in its own
+  kernel, and most of a notebook's time is one busy core."""
+  return max(1, min(2, os.cpu_count() or 1))
+
+
+def expected_seconds(source: Path, out_dir: Path) -> float:
+  """How long `source` is expected to run: the duration papermill recorded in
+  its executed copy in `out_dir` (the previous run's), else
+  `TYPICAL_SECONDS` (0 for a notebook it does not list)."""
+  executed = Path(out_dir) / Path(source).name
+  try:
+    meta = json.loads(executed.read_text(encoding="utf-8"))["metadata"]["papermill"]
+    if not meta.get("exception") and meta.get("duration"):
+      return float(meta["duration"])
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
+  return float(TYPICAL_SECONDS.get(Path(source).name, 0))
+
+
+def run_order(notebooks: Sequence[Path], out_dir: Path) -> list[Path]:
+  """`notebooks` longest expected first (`expected_seconds`), ties in
+  file-name order: with several jobs the longest does not start last."""
+  seconds = {p: expected_seconds(p, out_dir) for p in notebooks}
+  return sorted(notebooks, key=lambda p: (-seconds[p], p.name))
+
+
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(
       prog="python -m streamidx.workbook",
@@ -631,6 +712,10 @@ def _parser() -> argparse.ArgumentParser:
                   help=f"seconds each cell may run (default {DEFAULT_TIMEOUT_S})")
   ap.add_argument("--notebooks", type=Path, default=Path("notebooks"), metavar="DIR",
                   help="the notebooks folder (default: ./notebooks)")
+  ap.add_argument("--jobs", "-j", type=int, default=default_jobs(), metavar="N",
+                  help="notebooks run at once, longest expected first (default "
+                       f"{default_jobs()}: min(2, CPUs)); timings the notebooks print "
+                       "then ran beside another notebook: use --jobs 1 to time")
   ap.add_argument("-v", "--verbose", action="store_true",
                   help="log the notebooks' output while they run")
   return ap
@@ -651,6 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected = _select(notebooks, args.only)
     for nb in selected:
       parameters_for(nb, args.profile, out_dir)
+    if args.jobs < 1:
+      raise WorkbookError(f"--jobs: must be at least 1 (got {args.jobs})")
   except WorkbookError as e:
     print(f"workbook: error: {e}", file=sys.stderr)
     return 2
@@ -661,22 +748,45 @@ def main(argv: Sequence[str] | None = None) -> int:
   if warning:
     print(f"workbook: warning: {warning}", file=sys.stderr)
 
+  jobs = min(args.jobs, len(selected))
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, "
-        f"cell timeout {args.timeout:g}s -> {out_dir}", flush=True)
-  results = []
+        f"cell timeout {args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
+  order = run_order(selected, out_dir)  # before any run removes a stale copy
+  heading, note = _index_heading(args.profile, out_dir), jobs_note(jobs)
+  results = {}
   start = time.perf_counter()
-  for nb in selected:
+
+  def run(nb: Path) -> NotebookResult:
     if args.verbose:
       print(f"--- {nb.name}", flush=True)
-    result = run_notebook(nb, args.profile, out_dir, args.timeout,
-                          html=args.html, log_output=args.verbose)
-    results.append(result)
-    print(result.line(), flush=True)
+    return run_notebook(nb, args.profile, out_dir, args.timeout, html=args.html,
+                        log_output=args.verbose, index=False)
+
+  def pending(done: dict) -> dict[str, str]:
+    left = [nb for nb in order if nb not in done]
+    return {nb.name: "running" if i < jobs else "queued" for i, nb in enumerate(left)}
+
+  write_index(notebooks_dir, out_dir, heading=heading, note=note, pending=pending(results))
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    futures = [pool.submit(run, nb) for nb in order]
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        result = future.result()
+        results[result.source] = result
+        # The one writer of the landing page, after each notebook finishes.
+        write_index(notebooks_dir, out_dir, heading=heading, note=note,
+                    pending=pending(results))
+        print(result.line(), flush=True)
+    except BaseException:  # Ctrl-C, or a runner error: start nothing more
+      for future in futures:
+        future.cancel()
+      raise
+  results = [results[nb] for nb in selected]  # notebook order from here on
   failed = [r for r in results if not r.ok]
   for r in failed:
     print(f"\n{r.describe()}")
-  print(f"\nworkbook: {time.perf_counter() - start:.1f}s, executed copies in {out_dir}"
-        f"; landing page {out_dir / INDEX_NAME}")
+  print(f"\nworkbook: {time.perf_counter() - start:.1f}s; " + (f"{note} " if note else "") +
+        f"executed copies in {out_dir}; landing page {out_dir / INDEX_NAME}")
   print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
   return 1 if failed else 0
 

@@ -19,7 +19,8 @@ Sections of `notebooks/04_kernel_tiling.ipynb`:
 - the variants side by side (`variant_step_rows`, `core_split_bound`,
   `megacore_rows`);
 - the top-k stage (`topk_rows`, `topk_recommendations`);
-- the compiler's VMEM and static schedule (`vmem_rows`, `schedule_rows`).
+- the compiler's VMEM and static schedule (`vmem_rows`, `vmem_findings`,
+  `schedule_rows`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ __all__ = [
     "order_rows", "random_order_rows", "launch_rows", "recorded_costs", "decode_block_rows",
     "prefill_block_rows", "step_rows", "variant_plans", "core_split_bound",
     "variant_step_rows", "megacore_rows", "topk_rows",
-    "topk_recommendations", "vmem_rows", "schedule_rows",
+    "topk_recommendations", "vmem_rows", "vmem_findings", "schedule_rows",
     "variant_page_bounds", "VARIANT_FORMATS",
 ]
 
@@ -635,6 +636,92 @@ def vmem_rows(generations: Sequence[str], *, fmt: str,
           "at default limit": r["limit default"],
           f"at {vmem_limit_bytes / _MIB:g} MiB": r[lim]})
   return rows, errors
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+  lo, hi = min(values), max(values)
+  return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else \
+      f"{format(lo, fmt)}-{format(hi, fmt)}"
+
+
+def _launch_name(r: Mapping) -> str:
+  return (f"{r['gen']} {r['launch']} " +
+          (f"bkv_p={r['bkv_p']}" if r["launch"] == "decode" else f"bq={r['bq']}"))
+
+
+def vmem_findings(rows: Sequence[dict], *, vmem_limit_bytes: int,
+                  specs: Mapping[str, hardware.TpuSpec] | None = None) -> str:
+  """What `vmem_rows` found, as Markdown bullets: every number from `rows`.
+
+  - scratch: the compiler's scratch minus streamidx's count, per generation
+    (KiB; the compiler prints sizes to 0.1 KiB below 1 MiB, 0.01 MiB
+    above), over the launches that fit the chip's VMEM; a launch whose
+    count exceeds the chip's VMEM (`specs`) is named apart: the compiler's
+    out-of-memory report counts its register-allocator spill slots too;
+  - internal scratch: "compiler total" minus "compiler scratch" (MiB),
+    decode launches as one range per generation, prefill per bq;
+  - the lab model over the compiler's total, range per launch kind;
+  - the launches the compiler refuses at its default limit and at
+    `vmem_limit_bytes`, with its one-line error.
+  Empty rows (no compiler in this run) give "".
+  """
+  if not rows:
+    return ""
+  specs = hardware.load_specs() if specs is None else specs
+  lim = f"at {vmem_limit_bytes / _MIB:g} MiB"
+  gens = list(dict.fromkeys(r["gen"] for r in rows))
+  beyond = [r for r in rows
+            if r["compiler scratch MiB"] * _MIB > specs[r["gen"]].vmem_bytes_per_tensorcore]
+  inside = [r for r in rows if r not in beyond]
+  out, all_constant = [], True
+  for g in gens:
+    # The compiler prints sizes to 0.1 KiB below 1 MiB and to 0.01 MiB above.
+    diffs = [((r["compiler scratch MiB"] - r["scratch MiB (ours)"]) * 1024,
+              0.05 if r["compiler scratch MiB"] < 1 else 0.005 * 1024)
+             for r in inside if r["gen"] == g]
+    if not diffs:
+      continue
+    exact = sorted({round(d, 1) for d, err in diffs if err < 1})
+    constant = len(exact) == 1 and all(abs(d - exact[0]) <= err + 0.05 for d, err in diffs)
+    all_constant &= constant
+    out.append(f"{exact[0]:g} KiB on {g} (each of its {len(diffs)} launches)" if constant
+               else f"{_span([d for d, _ in diffs], '.1f')} KiB on {g} ({len(diffs)} launches)")
+  lines = ["- **Scratch**: the compiler counts `semantics.scratch_vmem_bytes` plus "
+           + "; ".join(out) + " (exact where it prints 0.1 KiB, within its 0.01 MiB rounding above "
+           "1 MiB)" + (": an allocation of its own, the same for every block size." if all_constant
+                       else ".")] if out else []
+  out = lines
+  for r in beyond:
+    out.append(f"- **Beyond the chip**: {_launch_name(r)} needs {r['scratch MiB (ours)']:.2f} MiB "
+               f"of scratch by streamidx's count, and the compiler reports "
+               f"{r['compiler scratch MiB']:.2f} MiB used on a chip of "
+               f"{specs[r['gen']].vmem_bytes_per_tensorcore / _MIB:g} MiB: its out-of-memory "
+               "report counts the register allocator's spill slots too.")
+  internal = []
+  for g in gens:
+    dec = [r["compiler total MiB"] - r["compiler scratch MiB"] for r in inside
+           if r["gen"] == g and r["launch"] == "decode" and r["compiler total MiB"] is not None]
+    pre = [f"bq={r['bq']} {r['compiler total MiB'] - r['compiler scratch MiB']:.2f} "
+           f"({(r['compiler total MiB'] - r['compiler scratch MiB']) * 64 / r['bq']:.2f} per 64 "
+           "query rows)" for r in inside
+           if r["gen"] == g and r["launch"] == "prefill" and r["compiler total MiB"] is not None]
+    parts = ([f"decode {_span(dec, '.2f')}"] if dec else []) + ([f"prefill {', '.join(pre)}"] if pre else [])
+    if parts:
+      internal.append(f"{g}: {'; '.join(parts)}")
+  if internal:
+    out.append("- **The compiler's internal scratch** (total minus scratch, MiB), which only it "
+               "sizes: " + "; ".join(internal) + ".")
+  ratio = {kind: [r["model / compiler"] for r in inside
+                  if r["launch"] == kind and r["model / compiler"] is not None]
+           for kind in ("decode", "prefill")}
+  if any(ratio.values()):
+    out.append("- **The lab's estimate** (scratch + f32 logits tile) over the compiler's total: "
+               + "; ".join(f"{k} {_span(v, '.2f')}" for k, v in ratio.items() if v) + ".")
+  for col, what in (("at default limit", "the compiler's default scoped limit"),
+                    (lim, f"`vmem_limit_bytes` = {vmem_limit_bytes / _MIB:g} MiB")):
+    refused = [f"{_launch_name(r)} ({r[col]})" for r in rows if r[col] != "ok"]
+    out.append(f"- **Refused at {what}**: " + ("; ".join(refused) if refused else "none") + ".")
+  return "\n".join(out)
 
 
 def schedule_rows(variant: str, fmt: str, generations: Sequence[str],
