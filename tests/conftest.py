@@ -83,23 +83,7 @@ def pytest_report_header(config):
              "`make test-full` runs them)"))
 
 
-# The costliest modules first (CI tier, CPU seconds on the 2-core host,
-# descending), each in its own order: `make test` hands whole files to its
-# two xdist workers in collection order (`--dist loadfile`), so a long file
-# collected last would leave one worker idle while the other finishes it.
-HEAVY_FIRST = ("test_notebooks.py", "test_kernel.py", "test_sharded.py",
-               "test_dense.py", "test_tiling.py", "test_validate.py",
-               "test_aot.py", "test_notebook_params.py", "test_reliability.py",
-               "test_bench.py", "test_topk.py", "test_topk_fused.py")
-
-
-def _file_rank(item) -> int:
-  name = os.path.basename(str(item.fspath))
-  return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-  items.sort(key=_file_rank)  # stable: each file keeps its own order
   if TIER == "full":
     return
   dropped = [it for it in items if it.get_closest_marker("full")]
