@@ -26,6 +26,8 @@ import pytest
 
 from streamidx.lab import params, workbook
 
+import tiers
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 ALL_NOTEBOOKS = workbook.discover(NOTEBOOKS_DIR)
@@ -146,6 +148,22 @@ def test_every_notebook_has_a_bad_parameter_case():
 
 
 @pytest.mark.parametrize("stem,name,value,message", BAD,
+                         ids=[f"{b[0]}-{b[1]}" for b in BAD])
+def test_every_bad_parameter_case_is_refused_by_its_rules(stem, name, value,
+                                                          message):
+  path = NOTEBOOKS_DIR / f"{stem}.ipynb"
+  values = {**default_parameters(path), **CI_TABLE[path.name], name: value}
+  with pytest.raises(params.ParameterError) as e:
+    params.check_notebook(stem, values)
+  assert f"notebook parameter {message}" in str(e.value)
+
+
+# End to end, a kernel per case: in CI two notebooks (every notebook's check
+# cell is the same call, checked above without a kernel); the others in the
+# full tier (tests/tiers.py).
+@pytest.mark.parametrize("stem,name,value,message", tiers.split(
+    BAD, lambda b: b[:2] in (("00_quickstart", "k"),
+                             ("05_recall_parity", "parity_scope"))),
                          ids=[f"{b[0]}-{b[1]}" for b in BAD])
 def test_a_bad_parameter_stops_the_notebook_at_its_check_cell(
     stem, name, value, message, tmp_path, capsys):
