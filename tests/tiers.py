@@ -25,4 +25,4 @@ def split(values, ci, *, ids=None):
 def first(values, n=1, *, ids=None):
   """The first `n` of `values` in the CI tier, the rest in the full tier."""
   keep = list(values)[:n]
-  return split(values, lambda v: any(v is k or v == k for k in keep), ids=ids)
+  return split(values, lambda v: v in keep, ids=ids)
