@@ -13,9 +13,14 @@ STAMP := $(VENV)/.installed
 # the import path: JAX's ordinary start-up then never tries a TPU (nor warns
 # about the missing one); streamidx.compile_for loads it from there.
 TPU_COMPILE := $(VENV)/tpu-compile
-# --no-compile: no bytecode for the ~10^4 modules installed (jupyterlab,
-# scipy, ...); Python compiles the ones a run imports, once, on first import.
+# The lock is installed by uv (pinned in the lock; pip only installs uv
+# itself): its parallel downloads and unpacking take a few seconds where pip
+# took most of a minute. Like pip --no-compile, uv writes no bytecode for the
+# ~10^4 modules installed (jupyterlab, scipy, ...); Python compiles the ones
+# a run imports, once, on first import.
 PIP := $(VPY) -m pip --disable-pip-version-check
+UV := $(VENV)/bin/uv
+UV_PIP := $(UV) pip --quiet
 PYTEST_ARGS ?=
 WORKBOOK_ARGS ?=
 AOT_ARGS ?=
@@ -48,12 +53,13 @@ $(STAMP): $(LOCK) pyproject.toml
 	  || { echo "make: $(PYTHON) is $$($(PYTHON) --version 2>&1); $(LOCK) needs Python 3.11+" >&2; exit 1; }
 	@test -x $(VPY) || { echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
 	@echo "installing $(LOCK) into $(VENV) (libtpu into $(TPU_COMPILE))"
+	@$(PIP) install -qq --no-deps --no-compile $$(grep '^uv==' $(LOCK))
 	@grep -v '^libtpu==' $(LOCK) > $(VENV)/requirements-core.txt
-	@$(PIP) install -qq --no-deps --no-compile -r $(VENV)/requirements-core.txt
+	@$(UV_PIP) install --python $(VPY) --no-deps -r $(VENV)/requirements-core.txt
 	@rm -rf $(TPU_COMPILE)
-	@$(PIP) install -qq --no-deps --no-compile --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
-	@out=$$($(PIP) check 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
-	@$(PIP) install -qq --no-deps --no-build-isolation -e .
+	@$(UV_PIP) install --python $(VPY) --no-deps --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
+	@out=$$($(UV) pip check --python $(VPY) 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
+	@$(UV_PIP) install --python $(VPY) --no-deps --no-build-isolation -e .
 	@touch $@
 
 test: venv

@@ -4,8 +4,9 @@ The lock holds everything `make venv` installs: the package's runtime
 dependencies, its `notebooks`, `test`, `profile` and `tpu-compile` extras
 (libtpu, which `make venv` installs into .venv/tpu-compile, off the import
 path), all of their
-transitive dependencies, and the build backend (setuptools, since the package
-is installed with --no-build-isolation). It is resolved by pip itself
+transitive dependencies, the build backend (setuptools, since the package
+is installed with --no-build-isolation) and uv (which `make venv` installs
+the lock with). It is resolved by pip itself
 (`pip install --dry-run --report`), for the interpreter that runs this script,
 so run it with the Python the venv uses (3.11):
 
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
 EXTRAS = "notebooks,test,profile,tpu-compile"
-BUILD_REQUIREMENTS = ["setuptools"]
+BUILD_REQUIREMENTS = ["setuptools", "uv"]
 HEADER = """\
 # Exact pins for the development venv (`make venv`, CI, environment.yml).
 # Resolved for CPython {py} on {platform}: jax with the CPU jaxlib, no CUDA.
