@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 import tempfile
@@ -496,6 +497,12 @@ def _is_traced(tree) -> bool:
              for leaf in jax.tree_util.tree_leaves(tree))
 
 
+def keyword_defaults(fn) -> dict[str, Any]:
+  """The keyword-only parameters of `fn` that have defaults, with them."""
+  return {n: p.default for n, p in inspect.signature(fn).parameters.items()
+          if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+
+
 def blocking_when_interpreted(jitted):
   """Wraps a jitted entry point so an interpreted call returns a finished
   result (`jax.block_until_ready`); compiled calls and traced calls (inside
@@ -505,12 +512,20 @@ def blocking_when_interpreted(jitted):
 
   Why: see the module docstring (an interpreted kernel left running while
   more work is queued can hang XLA:CPU).
+
+  A call passes every keyword-only argument to `jitted`, its default where
+  the caller left it out: `jax.jit` keys its cache on the static arguments
+  as given, so `f(x, k=8)` and `f(x, k=8, causal_rule="model")` would
+  otherwise trace and compile the same kernel twice (an interpreted kernel:
+  3-4 CPU-s). Every keyword-only parameter of a kernel entry point is one of
+  its static arguments (tests/test_variants.py checks it).
   """
+  defaults = keyword_defaults(jitted)
 
   @functools.wraps(jitted)
   def call(*args, **kwargs):
     interpreted = kernel_mode() == "interpreted"  # the mode it traces with
-    out = jitted(*args, **kwargs)
+    out = jitted(*args, **{**defaults, **kwargs})
     if interpreted and not _is_traced(out):
       out = jax.block_until_ready(out)
     return out

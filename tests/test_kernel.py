@@ -166,14 +166,15 @@ def test_decode_req_batch_size_does_not_change_results():
 
 
 def test_block_sizes_do_not_change_results():
-  inp = _inputs("all_three_ranges", 2, "bf16")
+  # (The base call is the case matrix's kernel: compiled once per process.)
+  inp = _inputs("all_three_ranges", 4, "bf16")
   base = np.asarray(si.streamindex_topk(*inp.args, k=K,
-                                        compression_ratio=2, **BLOCKS))
+                                        compression_ratio=4, **BLOCKS))
   other = np.asarray(si.streamindex_topk(
-      *inp.args, k=K, compression_ratio=2, num_kv_pages_per_block=24,
+      *inp.args, k=K, compression_ratio=4, num_kv_pages_per_block=24,
       num_queries_per_block=(1, 3, 16)))
-  scores = si.token_scores(*inp.args, compression_ratio=2)
-  atol = metrics.summation_atol(inp, compression_ratio=2)
+  scores = si.token_scores(*inp.args, compression_ratio=4)
+  atol = metrics.summation_atol(inp, compression_ratio=4)
   metrics.assert_topk_match(other, base, scores, atol=atol)
 
 
@@ -245,8 +246,8 @@ def test_shard_map_over_a_mesh():
 
 
 def test_forced_interpreter_retraces_and_never_reuses_the_other_mode():
-  inp = _inputs("decode_only_fewer_than_batch", 2, "fp8")
-  kw = dict(SEED_KWARGS, compression_ratio=2)
+  inp = _inputs("decode_only_fewer_than_batch", 4, "fp8")
+  kw = SEED_KWARGS
   base = si.streamindex_topk(*inp.args, **kw)  # default (auto) mode
   points = []
 

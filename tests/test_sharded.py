@@ -23,9 +23,12 @@ import streamidx as si
 from streamidx import metrics, sharded
 
 import sharded_worker
+import tiers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER_TIMEOUT_S = 1500  # ~50 s of CPU on an idle machine; a loaded 2-core host took > 600 s
+# All six cases: ~100 CPU-s on an idle machine (the CI tier's three: ~40);
+# a loaded 2-core host once took > 600 s.
+WORKER_TIMEOUT_S = 1500
 
 
 def _expected_cases():
@@ -38,6 +41,11 @@ def _expected_cases():
 
 
 CASES = _expected_cases()
+
+
+def _layout(case: str) -> str:
+  """The worker's case name of one of its lines' case: no batch suffix."""
+  return case.rsplit("/", 1)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -291,12 +299,25 @@ def test_make_mesh_needs_enough_devices():
 # module, so that it runs while the tests above do; its tests come last.
 
 
+def _selected_layouts(session, module) -> list[str]:
+  """The worker cases this session's selected tests need (the CI tier
+  deselects the full tier's), in the worker's order."""
+  wanted = set()
+  for item in session.items:
+    if item.module is module and "worker_lines" in getattr(
+        item, "fixturenames", ()):
+      spec = getattr(item, "callspec", None)
+      if spec is None or "case" not in spec.params:
+        wanted.update(sharded_worker.CI_CASES)  # the DONE check: the CI cases
+      else:
+        wanted.add(_layout(spec.params["case"]))
+  return [c[0] for c in sharded_worker.CASES if c[0] in wanted]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _worker_process(request):
-  wanted = any("worker_lines" in getattr(item, "fixturenames", ())
-               for item in request.session.items
-               if item.module is request.module)
-  if not wanted:
+  layouts = _selected_layouts(request.session, request.module)
+  if not layouts:
     yield None
     return
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -305,9 +326,10 @@ def _worker_process(request):
   # Files, not pipes: nobody reads a pipe while the tests above run.
   with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
     proc = subprocess.Popen([sys.executable, "-u",
-                             os.path.join(HERE, "sharded_worker.py")],
+                             os.path.join(HERE, "sharded_worker.py"),
+                             *layouts],
                             env=env, stdout=out, stderr=err, text=True)
-    yield proc, out, err
+    yield proc, out, err, layouts
     if proc.poll() is None:
       proc.kill()
       proc.wait()
@@ -315,7 +337,8 @@ def _worker_process(request):
 
 @pytest.fixture(scope="module")
 def worker_lines(_worker_process):
-  proc, out_file, err_file = _worker_process
+  assert _worker_process is not None, "no worker case selected"
+  proc, out_file, err_file, layouts = _worker_process
   try:
     proc.wait(timeout=WORKER_TIMEOUT_S)
   except subprocess.TimeoutExpired:
@@ -328,16 +351,29 @@ def worker_lines(_worker_process):
   assert any(l.startswith("DONE ") for l in lines), (
       f"worker did not finish (exit {proc.returncode}):\n{out[-3000:]}"
       f"\n{err[-3000:]}")
-  return lines
+  return lines, layouts
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", tiers.split(
+    CASES, lambda c: _layout(c) in sharded_worker.CI_CASES))
 def test_sharded_layout_matches_single_device_reference(worker_lines, case):
-  mine = [l for l in worker_lines if l.split(" ")[1:2] == [case]]
-  assert mine, f"{case}: not run; worker said:\n" + "\n".join(worker_lines)
+  lines, _ = worker_lines
+  mine = [l for l in lines if l.split(" ")[1:2] == [case]]
+  assert mine, f"{case}: not run; worker said:\n" + "\n".join(lines)
   assert mine[0].startswith("OK "), mine[0]
 
 
-def test_worker_ran_every_case_and_nothing_failed(worker_lines):
-  done = [l for l in worker_lines if l.startswith("DONE ")][0].split()
-  assert (int(done[1]), int(done[2])) == (len(CASES), 0), worker_lines
+def test_worker_ran_every_selected_case_and_nothing_failed(worker_lines):
+  lines, layouts = worker_lines
+  done = [l for l in lines if l.startswith("DONE ")][0].split()
+  ran = [c for c in CASES if _layout(c) in layouts]
+  assert (int(done[1]), int(done[2])) == (len(ran), 0), lines
+
+
+def test_the_ci_cases_cover_every_layout_kind_format_merge_and_mode():
+  ci = [c for c in sharded_worker.CASES if c[0] in sharded_worker.CI_CASES]
+  assert {si.VARIANTS[c[1]].mode for c in ci} == {"token", "page"}
+  assert {c[2] for c in ci} == {"fp8", "bf16"}
+  assert {c[5] for c in ci if c[4] > 1} == {"all_gather", "tree"}
+  assert any(c[3] > 1 and c[4] == 1 for c in ci)  # data axis only
+  assert any(c[4] > 1 for c in ci)                # a context axis
