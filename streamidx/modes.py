@@ -320,6 +320,21 @@ def _topology(generation: str):
 
 
 @contextlib.contextmanager
+def no_persistent_cache_writes():
+  """Nothing compiled inside the block is written to JAX's persistent
+  compilation cache (`jax_compilation_cache_dir`; this thread).
+
+  For compiles against a compile-only TPU client (`compile_for`, a mesh over
+  a topology's devices): JAX writes their executables, but a later process
+  cannot load them back (jax 0.10.2: "PjRtCompiler must be constructed with
+  a Client to call DeserializeLoadedExecutable"), and warns and compiles
+  again. Uncached, a compile is simply a miss.
+  """
+  with _jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+    yield
+
+
+@contextlib.contextmanager
 def compile_for(generation: str):
   """Traces the kernels compiled (Mosaic) for TPU `generation`, on any host.
 
@@ -327,7 +342,8 @@ def compile_for(generation: str):
   target's (compile-only) device, Pallas reads the chip from it, and
   `resolve_interpret()` is False (a forced interpreter from an outer block or
   `set_interpreter` does not apply; an `interpreter(...)` block inside this
-  one does). Lower and compile there::
+  one does), and nothing compiled is written to a persistent compilation
+  cache (`no_persistent_cache_writes`). Lower and compile there::
 
       with streamidx.compile_for("v5e") as target:
         args = target.specs(inputs.args)      # ShapeDtypeStructs on the chip
@@ -351,7 +367,7 @@ def compile_for(generation: str):
       None)
   prev_target = _COMPILE_TARGET.swap_local(target)
   try:
-    with jax.default_device(target.device):
+    with jax.default_device(target.device), no_persistent_cache_writes():
       yield target
   finally:
     _COMPILE_TARGET.set_local(prev_target)

@@ -139,6 +139,9 @@ def test_the_case_matrix_runs_the_dense_variants():
   assert ("dense_page", "dense_fp8", 1) in seen
 
 
+# Full tier (tests/tiers.py): the case matrix runs the dense kernel under
+# the seed's rule in CI (test_kernel.py, prefill_only at ratio 4).
+@tiers.FULL
 @pytest.mark.parametrize("case", ["prefill_only", "all_three_ranges"])
 def test_dense_kernel_matches_reference_under_seed_causal_rule(case):
   _check(_inputs(case, 4), 4, causal_rule="seed", label=case)
@@ -193,6 +196,9 @@ def test_dense_page_kernel_matches_reference(name):
 DENSE_KERNELS = {"token": KernelWithScores("token", dense=True),
                  "page": KernelWithScores("page", dense=True)}
 DENSE_EXAMPLES = {"token-fp8-r4": 15, "page-fp8": 8}
+# CI: page mode (the token kernel's random batches are the full tier's; the
+# vendored token kernel's run in CI in test_properties.py).
+DENSE_CI = ("page-fp8",)
 
 
 def _check_random(p, batch_kw, input_kw, ties):
@@ -220,7 +226,8 @@ def _check_random(p, batch_kw, input_kw, ties):
                                   score_bound=bound, label=b.describe())
 
 
-@pytest.mark.parametrize("name", list(DENSE_EXAMPLES))
+@pytest.mark.parametrize("name", tiers.split(list(DENSE_EXAMPLES),
+                                             lambda n: n in DENSE_CI))
 def test_dense_random_batches_match_reference(name):
   p = props.PROFILES[name]
   checked = []
@@ -243,6 +250,9 @@ def test_dense_random_batches_match_reference(name):
 # Races.
 
 
+# Full tier: in CI the dense token kernel's race check runs on two
+# simulated cores (test_dense_kernel_on_two_cores_is_race_free_and_unchanged).
+@tiers.FULL
 def test_dense_token_kernel_is_race_free(capsys):
   b = si.make_mixed_batch(decode=[37, 64, 100, 20, 9], prefill=[(13, 50)],
                           mixed=[(20, 90), (3, 600), (0, 40)], page_size=16,

@@ -287,7 +287,8 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
     fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
                               context_axis=context_axis, k=k,
                               compression_ratio=ratio, merge=merge, **static)
-    with compiled_kernels(), jax.default_device(topo.devices[0]):
+    with (compiled_kernels(), jax.default_device(topo.devices[0]),
+          modes.no_persistent_cache_writes()):
       compiled = fn.lower(*args).compile()
     text = compiled.as_text()
     result.has_kernel = 'custom_call_target="tpu_custom_call"' in text
