@@ -14,13 +14,15 @@ STAMP := $(VENV)/.installed
 # about the missing one); streamidx.compile_for loads it from there.
 TPU_COMPILE := $(VENV)/tpu-compile
 # The lock is installed by uv (pinned in the lock; pip only installs uv
-# itself): its parallel downloads and unpacking take a few seconds where pip
-# took most of a minute. Like pip --no-compile, uv writes no bytecode for the
-# ~10^4 modules installed (jupyterlab, scipy, ...); Python compiles the ones
-# a run imports, once, on first import.
+# itself): its parallel downloads and unpacking take seconds where pip took
+# most of a minute. --compile-bytecode: the installed modules' bytecode is
+# written once, here, so that no process compiles jax, matplotlib or
+# jupyter from source when it imports them (they cannot write it themselves
+# where PYTHONDONTWRITEBYTECODE is set, as on this project's machines:
+# then every notebook kernel and test subprocess did, ~40 s of `make test`).
 PIP := $(VPY) -m pip --disable-pip-version-check
 UV := $(VENV)/bin/uv
-UV_PIP := $(UV) pip --quiet
+UV_INSTALL := $(UV) pip install --quiet --compile-bytecode --python $(VPY) --no-deps
 PYTEST_ARGS ?=
 WORKBOOK_ARGS ?=
 AOT_ARGS ?=
@@ -55,11 +57,11 @@ $(STAMP): $(LOCK) pyproject.toml
 	@echo "installing $(LOCK) into $(VENV) (libtpu into $(TPU_COMPILE))"
 	@$(PIP) install -qq --no-deps --no-compile $$(grep '^uv==' $(LOCK))
 	@grep -v '^libtpu==' $(LOCK) > $(VENV)/requirements-core.txt
-	@$(UV_PIP) install --python $(VPY) --no-deps -r $(VENV)/requirements-core.txt
+	@$(UV_INSTALL) -r $(VENV)/requirements-core.txt
 	@rm -rf $(TPU_COMPILE)
-	@$(UV_PIP) install --python $(VPY) --no-deps --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
+	@$(UV_INSTALL) --target $(TPU_COMPILE) $$(grep '^libtpu==' $(LOCK))
 	@out=$$($(UV) pip check --python $(VPY) 2>&1) || { echo "$$out" >&2; echo "make: $(LOCK) is not self-consistent" >&2; exit 1; }
-	@$(UV_PIP) install --python $(VPY) --no-deps --no-build-isolation -e .
+	@$(UV_INSTALL) --no-build-isolation -e .
 	@touch $@
 
 test: venv
