@@ -68,8 +68,8 @@ def _release_compiled_programs():
 # ratios, batches, block sizes, upstream shapes), each a kernel of its own
 # for the interpreter to trace and compile, which is what a test here costs.
 
-TIER = os.environ.get("STREAMIDX_TESTS", "ci")
-TIERS = ("ci", "full")
+from tiers import TIER, TIERS  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 if TIER not in TIERS:
   raise pytest.UsageError(
       f"STREAMIDX_TESTS: one of {TIERS} (got {TIER!r})")

@@ -13,9 +13,15 @@ from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import scaling  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import multichip  # pylint: disable=g-import-not-at-top
 
+import tiers  # pylint: disable=g-import-not-at-top
+
 W = scaling.DSV4_DECODE.with_(context_tokens=1 << 17)
 
 
+# Full tier (tests/tiers.py): notebook 07's CI run takes the same path (a
+# 1 x 2 context-parallel layout through check_layouts_subprocess) and
+# asserts every check ok; this test pins the rows' fields too.
+@tiers.FULL
 def test_a_context_parallel_layout_in_a_fresh_process_matches_one_device():
   """This process keeps one CPU device; the fallback path starts a child
   with three (device 0 left out of the 1 x 2 mesh)."""

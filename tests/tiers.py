@@ -6,9 +6,19 @@ rest of its points in the full tier: every point is an interpreted kernel
 to trace and compile (3-4 CPU-s each on the CI machine).
 """
 
+import os
+
 import pytest
 
 FULL = pytest.mark.full
+TIERS = ("ci", "full")
+# The tier this run is (conftest.py refuses another value).
+TIER = os.environ.get("STREAMIDX_TESTS", "ci")
+
+
+def in_full_tier() -> bool:
+  """For a test that sizes its own run by tier (a subprocess's arguments)."""
+  return TIER == "full"
 
 
 def split(values, ci, *, ids=None):
