@@ -26,19 +26,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # CI: `--quick` on its decode shape only (each implementation on a shape is
-# a process of its own, ~4 CPU-s); the full tier runs both quick shapes.
-QUICK_SHAPES = [s.name for s in (bench.QUICK if tiers.in_full_tier()
-                                 else bench.QUICK[:1])]
+# a process of its own, ~4 CPU-s); the full tier runs plain `--quick`.
+if tiers.in_full_tier():
+  QUICK_ARGS, QUICK_SHAPES = [], [s.name for s in bench.QUICK]
+else:
+  QUICK_ARGS, QUICK_SHAPES = ["--shapes", bench.QUICK[0].name], [bench.QUICK[0].name]
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench")
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  shapes = ([] if QUICK_SHAPES == [s.name for s in bench.QUICK]
-            else ["--shapes", *QUICK_SHAPES])
   proc = subprocess.run(
-      [sys.executable, "-m", "streamidx.bench", "--quick", *shapes, "--out",
+      [sys.executable, "-m", "streamidx.bench", "--quick", *QUICK_ARGS, "--out",
        str(out), "--no-progress"], capture_output=True, text=True, env=env,
       timeout=600, check=False)
   return proc, out

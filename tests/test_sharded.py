@@ -44,7 +44,8 @@ CASES = _expected_cases()
 
 
 def _layout(case: str) -> str:
-  """The worker's case name of one of its lines' case: no batch suffix."""
+  """The worker case (`sharded_worker.CASES` name) of a test case: the
+  test case's name without its batch suffix."""
   return case.rsplit("/", 1)[0]
 
 
