@@ -2,7 +2,7 @@
 
 Timings are never asserted (this machine is shared): only that the run
 finished, that every implementation produced a result with the fields the
-README and notebooks read, and that every result agrees with the NumPy
+docs/benchmarks.md and the notebooks read, and that every result agrees with the NumPy
 oracle (the bench's own exit status).
 """
 

@@ -207,7 +207,7 @@ def test_streaming_temporaries_do_not_grow_with_the_sequence():
                                   "decode_8x64K_k2048",
                                   "prefill_512q_32K_k2048"])
 def test_one_shot_memory_formula_brackets_xla(name):
-  """The formula the README quotes, against XLA's buffer assignment."""
+  """The formula docs/benchmarks.md quotes, against XLA's buffer assignment."""
   from streamidx.lab import bench
   from streamidx.lab.bench import long_context
   shape = {s.name: s for s in bench.LONG_CONTEXT + bench.SWEEP}[name]

@@ -1,23 +1,8 @@
 """streamidx.lab: what the notebooks, the benchmark and the studies use.
 
 Not imported by `import streamidx`; it may load matplotlib and papermill.
-
-    model/    hardware (TPU specs), roofline, tiling (the one model of the
-              kernel's launches, loops, VMEM and DMAs), timeline (DMAs
-              recorded from the interpreter), profiling (jax.profiler),
-              scaling (the decode step on many chips; context parallelism)
-    studies/  cases (the case matrix: named batches x variants, run and
-              compared), formats (bytes per entry), hbm (HBM per decode step),
-              addressing (where an entry lives, causal masks), quant (FP8
-              analysis), parity (notebook 05's studies), costs (bytes, wasted
-              blocks and launches counted from the interpreter's DMAs)
-    bench/    the benchmark (`python -m streamidx.bench`)
-    sharding  the sharded layouts compiled for TPU slices, their collectives
-    plots, tables (text and Markdown tables), params (notebook parameter
-    checks), workbook (the papermill runner), walkthrough (source excerpts,
-    the change ledger and score checks of the kernel walkthrough notebook)
-
-The modules are importable by their short names too:
+ARCHITECTURE.md describes its modules (model/, studies/, bench/ and the
+rest) and where new ones go. They are importable by their short names too:
 `from streamidx.lab import tiling, plots`.
 """
 
