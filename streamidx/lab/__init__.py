@@ -7,15 +7,14 @@ Not imported by `import streamidx`; it may load matplotlib and papermill.
               recorded from the interpreter), profiling (jax.profiler),
               scaling (the decode step on many chips; context parallelism)
     studies/  cases (the case matrix: named batches x variants, run and
-              compared), formats (bytes per entry), hbm (HBM per decode step),
-              addressing (where an entry lives, causal masks), quant (FP8
-              analysis), parity (notebook 05's studies), costs (bytes, wasted
+              compared), formats (bytes per entry), addressing (causal
+              masks), quant (FP8 analysis), parity (notebook 05's studies), costs (bytes, wasted
               blocks and launches counted from the interpreter's DMAs)
     bench/    the benchmark (`python -m streamidx.bench`)
     sharding  the sharded layouts compiled for TPU slices, their collectives
     plots, tables (text and Markdown tables), params (notebook parameter
-    checks), workbook (the papermill runner), walkthrough (source excerpts,
-    the change ledger and score checks of the kernel walkthrough notebook)
+    checks), workbook (the papermill runner), walkthrough (source excerpts
+    and compile verdicts of the kernel walkthrough notebook)
 
 The modules are importable by their short names too:
 `from streamidx.lab import tiling, plots`.
@@ -33,7 +32,6 @@ _MODULES = {
     "sharding": "streamidx.lab.sharding",
     "cases": "streamidx.lab.studies.cases",
     "formats": "streamidx.lab.studies.formats",
-    "hbm": "streamidx.lab.studies.hbm",
     "addressing": "streamidx.lab.studies.addressing",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",
