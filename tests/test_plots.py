@@ -17,7 +17,7 @@ from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import addressing, formats, hbm  # pylint: disable=g-import-not-at-top
+from streamidx.lab.studies import addressing  # pylint: disable=g-import-not-at-top
 
 
 def _batch(allocation):
@@ -72,30 +72,6 @@ def test_visibility_axes_outlines_exactly_the_difference_cells():
 
 def _bar_heights(ax):
   return [p.get_height() for p in ax.patches]
-
-
-def test_entry_bytes_figure_stacks_each_layouts_bytes_and_draws_its_hbm_line():
-  layouts = formats.entry_layouts(128)
-  contexts = [8192, 65536]
-  rows = hbm.decode_step_table(contexts, num_heads=64, head_dim=128,
-                               compression_ratio=4)
-  cache_mib = {n: [r.cache_bytes / 2**20 for r in rows if r.layout == n]
-               for n in layouts}
-  score_mib = [r.score_bytes / 2**20 for r in rows if r.layout == "fp8_packed"]
-  fig = plots.entry_bytes_figure(layouts, contexts, cache_mib, score_mib,
-                                 head_dim=128, compression_ratio=4)
-  bars, hbm_axes = fig.axes
-  # One bar segment per (part, layout); each layout's segments sum to its total.
-  widths = np.array([p.get_width() for p in bars.patches]).reshape(3, -1)
-  np.testing.assert_array_equal(widths.sum(0),
-                                [l.total_bytes for l in layouts.values()])
-  lines = hbm_axes.get_lines()
-  assert len(lines) == len(layouts) + 1
-  for line, name in zip(lines, layouts):
-    np.testing.assert_allclose(line.get_ydata(), cache_mib[name])
-  np.testing.assert_allclose(lines[-1].get_ydata(), score_mib)
-  plt.close(fig)
-
 
 
 def test_scale_error_figure_histograms_every_record():
@@ -343,7 +319,9 @@ def test_sublane_words_axes_draws_one_word_per_row_and_lane_split_by_entry(fmt, 
 
 
 def test_decode_step_time_figure_draws_one_bar_per_format_and_generation():
-  rows = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e"])
+  rows = [dict(fmt=f, generation=g, step_us=10.0 * i + j + 1, stored_bytes=b)
+          for i, (f, b) in enumerate((("fp8", 256), ("dense_fp8", 132), ("bf16", 256)))
+          for j, g in enumerate(("v5e", "v6e"))]
   fig = plots.decode_step_time_figure(rows, title="t")
   ax = fig.axes[0]
   np.testing.assert_allclose(_bar_heights(ax), [r["step_us"] for r in rows])
@@ -367,29 +345,6 @@ def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
   assert rows[3]["query rows"] == f"{batch.cu_q_lens[3]}..{batch.cu_q_lens[4] - 1}"
   assert [r["entries"] for r in rows] == [int(x) for x in batch.num_entries[:5]]
   assert rows[0]["physical pages"].endswith(", ...")  # 90 tokens: 3 pages of 8 entries
-
-
-def test_tables_format_rows_side_by_side_one_row_per_format():
-  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
-  recorded = {f: dict(bytes_per_entry=float(b), kv_bytes=1024 * b)
-              for f, b in (("fp8", 256), ("dense_fp8", 129), ("bf16", 256))}
-  modelled = {f: r["kv_bytes"] for f, r in recorded.items()}
-  rows = plots_tables.format_rows_side_by_side(step, recorded, modelled)
-  assert [r["layout"] for r in rows] == ["fp8 (vendored)", "dense_fp8 (dense)",
-                                         "bf16 (vendored)"]
-  assert [r["stored B/entry (TPU)"] for r in rows] == [256, 132, 256]
-  assert rows[1]["call KiB: counted"] == 129
-  want = next(r["step_us"] for r in step if r["fmt"] == "dense_fp8" and r["generation"] == "v7x")
-  assert rows[1]["v7x us/step (model)"] == want
-
-
-def test_tables_format_rows_side_by_side_without_a_recording_leaves_counts_blank():
-  step = hbm.decode_step_by_format(4, 8192, generations=["v5e", "v6e", "v7x"])
-  rows = plots_tables.format_rows_side_by_side(
-      step, None, {f: 1024 for f, _ in hbm.FORMAT_VARIANTS})
-  assert all(r["counted B/entry (DMAs)"] is None and r["call KiB: counted"] is None
-             for r in rows)
-  assert "| - |" in plots_tables.markdown(rows)
 
 
 def test_runs_figure_draws_the_last_runs_kernel_time_and_rejects_none():

@@ -18,7 +18,6 @@ _MODULES = {
     "sharding": "streamidx.lab.sharding",
     "cases": "streamidx.lab.studies.cases",
     "formats": "streamidx.lab.studies.formats",
-    "hbm": "streamidx.lab.studies.hbm",
     "addressing": "streamidx.lab.studies.addressing",
     "quant": "streamidx.lab.studies.quant",
     "parity": "streamidx.lab.studies.parity",

@@ -1,6 +1,6 @@
 """The notebooks' figures: page tables, packed pages, records, masks,
 batches with their launches, and one function per figure a notebook draws
-(entry bytes, the e4m3 grid, scale errors, recall, the Hadamard rotation,
+(the e4m3 grid, scale errors, recall, the Hadamard rotation,
 iteration order, VMEM budgets, the causal leak, page coverage, the
 roofline). Matplotlib only; safe under the Agg backend.
 
@@ -27,11 +27,9 @@ __all__ = [
     "save",
     "seq_colors",
     "page_table_figure",
-    "packed_page_axes",
     "record_bytes_axes",
     "visibility_axes",
     "batch_launch_figure",
-    "entry_bytes_figure",
     "scale_error_figure",
     "e4m3_use_figure",
     "recall_ci_figure",
@@ -129,39 +127,6 @@ def page_table_figure(batches: Sequence, titles: Sequence[str]):
     ax_p.set_aspect("equal")
   fig.tight_layout()
   return fig
-
-
-def packed_page_axes(ax, entry_ids, *, title: str, kv_packing: int,
-                     highlight: int | None = None):
-  """A page as the kernel's [page_size / kv_packing, kv_packing] grid.
-
-  `entry_ids[r, j]` is the entry found at row r, slot j (read from the
-  cache bytes by the caller); `highlight` marks one entry.
-  """
-  ids = np.asarray(entry_ids)
-  rows, slots = ids.shape
-  cmap = plt.get_cmap("viridis")
-  norm = mcolors.Normalize(0, max(ids.max(), 1))
-  for r in range(rows):
-    for j in range(slots):
-      t = ids[r, j]
-      ax.add_patch(patches.Rectangle((j, r), 1, 1, ec="white", lw=1.5,
-                                     fc=cmap(norm(t))))
-      ax.text(j + .5, r + .5, str(t), ha="center", va="center", fontsize=9,
-              color="white" if norm(t) < .6 else "black",
-              fontweight="bold" if t == highlight else None)
-      if t == highlight:
-        ax.add_patch(patches.Rectangle((j, r), 1, 1, ec="red", lw=2.5,
-                                       fill=False))
-  ax.set_xlim(0, slots)
-  ax.set_ylim(rows, 0)
-  ax.set_xticks(np.arange(slots) + .5, [f"slot {j}" for j in range(slots)],
-                fontsize=8)
-  ax.set_yticks(np.arange(rows) + .5, [f"row {r}" for r in range(rows)],
-                fontsize=8)
-  ax.set_title(f"{title}\n(one 32-bit word per lane holds the {kv_packing} "
-               "slots of a row)", fontsize=9)
-  ax.set_aspect("equal")
 
 
 def record_bytes_axes(ax, record, head_dim: int, *, title: str):
@@ -298,57 +263,6 @@ def batch_launch_figure(batch, plan, *, filled_rows=None):
 
 # ---------------------------------------------------------------------------
 # Notebook figures: each draws the numbers a notebook computed, nothing else.
-
-
-def entry_bytes_figure(layouts, contexts, cache_mib, score_mib, *,
-                       head_dim: int, compression_ratio: int):
-  """Notebook 02: one entry's bytes per layout, and HBM per decode step.
-
-  Args:
-    layouts: name -> `formats.EntryLayout` (label, value/scale/pad/total
-      bytes), in drawing order.
-    contexts: context lengths in tokens.
-    cache_mib: name -> MiB of index cache read per decode token per layer,
-      one value per context.
-    score_mib: MiB of the f32 score round trip, one value per context.
-  """
-  fig, (ax0, ax) = plt.subplots(1, 2, figsize=(13, 4.4),
-                                gridspec_kw={"width_ratios": [1, 1.5]})
-  names = list(layouts)
-  labels = [layouts[n].label for n in names]
-  parts = [("values", [layouts[n].value_bytes for n in names], "#4c72b0"),
-           ("scales", [layouts[n].scale_bytes for n in names], "#dd8452"),
-           ("padding", [layouts[n].pad_bytes for n in names], "#cccccc")]
-  bottom = np.zeros(len(names))
-  for part, vals, color in parts:
-    ax0.barh(labels, vals, left=bottom, color=color, label=part)
-    bottom += vals
-  for y, n in enumerate(names):
-    ax0.text(layouts[n].total_bytes + 3, y, f"{layouts[n].total_bytes} B",
-             va="center", fontsize=8)
-  ax0.invert_yaxis()
-  ax0.set_xlim(0, 300)
-  ax0.set_xlabel(f"bytes per entry (head_dim {head_dim})")
-  ax0.legend(fontsize=8, loc="lower right")
-  ax0.set_title("one entry's bytes", fontsize=10)
-  styles = {"fp8_packed": ("o-", 7), "bf16": ("s--", 4),
-            "fp8_f32_scale_apart": ("o-", 7), "fp8_e8m0_scale_apart": ("s--", 4)}
-  for name in names:
-    marker, size = styles.get(name, ("o-", 5))
-    ax.plot(contexts, cache_mib[name], marker, ms=size,
-            label=f"{layouts[name].label} ({layouts[name].total_bytes} B)")
-  ax.plot(contexts, score_mib, "k:", label="f32 score round trip (12 B)")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log", base=2)
-  ax.set_xlabel("context (tokens)")
-  ax.set_ylabel("MiB per decode token per layer")
-  ax.set_title(f"index cache read per decode step and layer (ratio "
-               f"{compression_ratio}; the two 256 B and the 132/129 B lines "
-               "overlap)", fontsize=9)
-  ax.legend(fontsize=8)
-  ax.grid(alpha=.3, which="both")
-  return fig
-
 
 
 def scale_error_figure(scale_study, *, amax_of: str = "gaussian",
@@ -818,7 +732,7 @@ def crossover_figure(rows: Sequence[dict], *, title: str = ""):
   """Notebook 07: the context length from which context parallelism pays,
   against the assumed collective latency.
 
-  `rows`: `lab.studies.multichip.crossover_rows` (generation, chips,
+  `rows`: notebook 07's crossover rows (generation, chips,
   "latency us", "tokens" or None). One line per (generation, chips); a
   configuration where it never pays is left out of its line.
   """
@@ -938,7 +852,7 @@ def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
     scores: f32[E] the row's scores as the reference returns them (-inf
       where the row may not look), E >= the sequence's entries.
     unmasked: f32[entries] the same row against every entry of its sequence,
-      the masks left out (`lab.studies.addressing.unmasked_row_scores`).
+      the masks left out (notebook 00 scores them with `ref.score_entries`).
     chosen: the entries the kernel returned (-1 padding removed).
     k: the call's k; n_visible: entries the row sees (0 .. n_visible - 1).
   """
@@ -1048,7 +962,7 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str,
                             labels: dict | None = None):
   """Predicted microseconds per decode step, per TPU generation and format.
 
-  `rows`: `lab.studies.hbm.decode_step_by_format` (fmt, generation,
+  `rows`: notebook 02's decode-step rows (fmt, generation,
   step_us, stored_bytes). One group of bars per generation, one bar per
   format, each labelled with its microseconds; `labels`: fmt -> legend text
   (default: the layout's name and its stored bytes per entry).

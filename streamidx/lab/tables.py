@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-__all__ = ["format_rows", "show", "markdown", "batch_rows", "format_rows_side_by_side"]
+__all__ = ["format_rows", "show", "markdown", "batch_rows"]
 
 
 def _cell(value) -> str:
@@ -88,37 +88,3 @@ def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
         "physical pages": shown + (", ..." if len(pages) > max_pages else ""),
     })
   return rows
-
-
-def format_rows_side_by_side(step: Sequence[Mapping], recorded: Mapping,
-                             modelled: Mapping, *,
-                             generations: Sequence[str] = ("v5e", "v6e", "v7x"),
-                             bytes_generation: str = "v6e") -> list[dict]:
-  """Notebook 02's table: one row per cache format.
-
-  Args:
-    step: `lab.studies.hbm.decode_step_by_format` rows.
-    recorded: fmt -> `lab.studies.costs.recorded_bytes` of a call, or None
-      (no recording: those columns show "-").
-    modelled: fmt -> the cache bytes `tiling.plan(...).counts()["bytes_kv"]`
-      gives for the same call.
-    generations: whose predicted step time (us) gets a column.
-    bytes_generation: whose block sizes the step's KV MiB column uses.
-  """
-  by = {(r["fmt"], r["generation"]): r for r in step}
-  out = []
-  for fmt in dict.fromkeys(r["fmt"] for r in step):
-    r = by[fmt, bytes_generation]
-    out.append({
-        "layout": f"{fmt} ({r['variant']})",
-        "data B/entry": r["data_bytes"],
-        "stored B/entry (TPU)": r["stored_bytes"],
-        "counted B/entry (DMAs)": (recorded[fmt]["bytes_per_entry"]
-                                   if recorded else None),
-        "call KiB: model": modelled[fmt] / 1024,
-        "call KiB: counted": (recorded[fmt]["kv_bytes"] / 1024
-                              if recorded else None),
-        "step KV MiB (model)": r["kv_bytes"] / 2**20,
-        **{f"{g} us/step (model)": by[fmt, g]["step_us"] for g in generations},
-    })
-  return out

@@ -1,28 +1,17 @@
 """Notebook 07's check: the sharded layouts run for real, against one device.
 
-`streamidx.sharded` runs a variant under `jax.shard_map`. This study runs each
-layout (sequence-parallel, context-parallel, 2-D) on a batch, puts the result
-back in the batch's row order and compares it with the single-device
-reference, tie-aware, within the derived tolerance
-(`metrics.summation_atol`):
-
-    rows = check_layouts(batch_kw, [dict(layout="context-parallel",
-                                         num_data=1, num_context=4)], ...)
-
-Devices: on a TPU with enough devices the layouts run there (compiled);
-anywhere else on virtual CPU devices with the kernel in Pallas's TPU
-interpreter. XLA's CPU device count is fixed when JAX starts its CPU backend,
-so `cpu_devices(n)` sets it (`jax_num_cpu_devices`) only if no backend has
-started yet; when one has (a notebook run twice in one kernel),
-`check_layouts_subprocess` runs the same check in a fresh Python process
-with `XLA_FLAGS=--xla_force_host_platform_device_count` and returns its rows.
-
-CPU device 0 is left out of every mesh: with it in, the interpreted kernel
-deadlocks under `shard_map` when the devices' launches differ in length (jax
+`check_layouts(batch_kw, [dict(layout=..., num_data=D, num_context=C)])` runs
+each layout of `streamidx.sharded` (sequence-parallel, context-parallel, 2-D)
+on a batch, puts the rows back in the batch's order and compares them with
+the single-device reference, tie-aware at `metrics.summation_atol`. On a TPU
+with enough devices the layouts run there, compiled; elsewhere on virtual
+CPU devices, interpreted. XLA fixes the CPU device count when JAX starts its
+CPU backend, so `reserve_cpu_devices(n)` can only ask before that; once it
+has started (a notebook run twice in one kernel), `check_layouts_subprocess`
+runs the check in a fresh process (`python -m streamidx.lab.studies.multichip
+'<json request>'`, one JSON line out). CPU device 0 is left out of every
+mesh: with it in, the interpreted kernel can deadlock under `shard_map` (jax
 0.10.2; README "Known limitations"), so n devices need n + 1 CPU devices.
-
-    python -m streamidx.lab.studies.multichip '<json request>'   # one JSON
-                                                                # line out
 """
 
 from __future__ import annotations
@@ -36,32 +25,20 @@ import sys
 import time
 from typing import Sequence
 
-__all__ = ["LAYOUTS", "LayoutCheck", "reserve_cpu_devices", "cpu_devices",
-           "mesh_devices", "check_layouts", "check_layouts_subprocess",
-           "crossover_rows", "device_crossover_rows", "scaling_title",
-           "crossover_title", "exercise_answers", "answer_markdown"]
+__all__ = ["LAYOUTS", "LayoutCheck", "reserve_cpu_devices", "mesh_devices",
+           "check_layouts", "check_layouts_subprocess"]
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout run on devices and compared with the single-device reference.
-
-  Attributes:
-    layout: a `LAYOUTS` name; num_data x num_context its mesh; merge its
-      collective ("all_gather" or "tree"; none without a context axis).
-    devices: what ran it, e.g. "8 x cpu (interpreted)".
-    rows, identical, tied: query rows compared; rows equal index for index;
-      rows equal only up to ties within `atol`.
-    ok: every row matches; detail: the first difference otherwise.
-    atol: the derived tolerance used.
-    collective: the collective op found in the lowered program ("" if none).
-    pages_per_share, cache_bytes_per_device: the layout's shares.
-    merge_bytes_per_row: `sharded.merge_bytes_per_row` (what one device
-      receives per row).
-    seconds: wall time of lowering, compiling and running (this machine).
-  """
+  """One layout (a `LAYOUTS` name on a num_data x num_context mesh, its
+  merge) run on `devices` and compared with the single-device reference:
+  rows compared, equal index for index, equal up to ties within `atol`; ok
+  or the first difference (`detail`); the collective op in the lowered
+  program; the shares (pages, cache bytes per device); what one device
+  receives per row (`sharded.merge_bytes_per_row`); wall seconds here."""
 
   layout: str
   variant: str
@@ -112,18 +89,6 @@ def reserve_cpu_devices(n: int) -> bool:
   return True
 
 
-def cpu_devices(n: int) -> list | None:
-  """n virtual CPU devices for a mesh (CPU devices 1..n), or None.
-
-  `reserve_cpu_devices(n)` first; None when fewer than n + 1 CPU devices
-  exist.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  reserve_cpu_devices(n)
-  cpus = jax.devices("cpu")
-  return cpus[1:n + 1] if len(cpus) >= n + 1 else None
-
-
 def mesh_devices(n: int):
   """(devices, description) for an n-device mesh: the TPU's when it has n,
   else CPU devices 1..n (interpreted); (None, why) when neither exists."""
@@ -131,11 +96,11 @@ def mesh_devices(n: int):
   reserve_cpu_devices(n)
   if jax.default_backend() == "tpu" and len(jax.devices()) >= n:
     return jax.devices()[:n], f"{n} x {jax.devices()[0].device_kind} (compiled)"
-  cpus = cpu_devices(n)
-  if cpus is None:
-    return None, (f"{len(jax.devices('cpu'))} CPU devices exist; {n + 1} are "
-                  "needed and JAX's CPU backend has started")
-  return cpus, f"{n} x cpu (interpreted)"
+  cpus = jax.devices("cpu")
+  if len(cpus) < n + 1:
+    return None, (f"{len(cpus)} CPU devices exist; {n + 1} are needed and "
+                  "JAX's CPU backend has started")
+  return cpus[1:n + 1], f"{n} x cpu (interpreted)"
 
 
 def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
@@ -235,183 +200,6 @@ def check_layouts_subprocess(batch_kw: dict, layouts: Sequence[dict], *,
                        f"{p.returncode}):\n{p.stdout[-2000:]}\n"
                        f"{p.stderr[-2000:]}")
   return [LayoutCheck(**r) for r in json.loads(lines[-1])["checks"]]
-
-
-def crossover_rows(generations: Sequence[str], chips: Sequence[int],
-                   latencies_us: Sequence[float], *, workload=None,
-                   merge: str = "all_gather") -> list[dict]:
-  """Where context parallelism starts to pay for ONE sequence, per
-  (generation, chips, assumed collective latency): the shortest context
-  (`scaling.crossover_context`), its C and both modelled steps (us).
-
-  `workload`: a `scaling.Workload` (default DeepSeek-V4 decode); its
-  num_seqs is set to 1. tokens is None where it never pays.
-  """
-  from streamidx.lab.model import scaling  # pylint: disable=g-import-not-at-top
-  w = (workload or scaling.DSV4_DECODE).with_(num_seqs=1)
-  rows = []
-  for gen in generations:
-    for n in chips:
-      for lat in latencies_us:
-        cc = scaling.crossover_context(w, gen, n, merge=merge,
-                                       collective_latency_s=lat * 1e-6)
-        rows.append({
-            "generation": gen, "chips": n, "latency us": lat,
-            "tokens": None if cc is None else cc[0],
-            "C": None if cc is None else cc[1].num_context,
-            "step us (C>1)": None if cc is None else round(
-                cc[1].step_s * 1e6, 3),
-            "step us (C=1)": None if cc is None else round(
-                cc[2].step_s * 1e6, 3)})
-  return rows
-
-
-def device_crossover_rows(generations: Sequence[str],
-                          latencies_us: Sequence[float], *, workload=None,
-                          merge: str = "all_gather") -> list[dict]:
-  """The fewest chips at which context parallelism beats one chip per
-  sequence for `workload` (default DeepSeek-V4 decode, 64 x 1M tokens),
-  per generation and assumed latency (`scaling.crossover_devices`)."""
-  from streamidx.lab.model import scaling  # pylint: disable=g-import-not-at-top
-  w = workload or scaling.DSV4_DECODE
-  rows = []
-  for gen in generations:
-    for lat in latencies_us:
-      cd = scaling.crossover_devices(w, gen, merge=merge,
-                                     collective_latency_s=lat * 1e-6)
-      rows.append({
-          "generation": gen, "latency us": lat,
-          "chips": None if cd is None else cd[0],
-          "C": None if cd is None else cd[1].num_context,
-          "step us (C>1)": None if cd is None else round(
-              cd[1].step_s * 1e6, 2),
-          "step us (C=1)": None if cd is None else round(
-              cd[2].step_s * 1e6, 2)})
-  return rows
-
-
-# ---------------------------------------------------------------------------
-# Notebook 07's text: titles, exercise answers and the answer, from numbers.
-
-
-def scaling_title(rows: Sequence[dict], workload) -> str:
-  """The scaling figure's finding, from `scaling.scaling_table` rows."""
-  paying = [r for r in rows if r["best C"] not in (1, "n/a")]
-  head = (f"Model, {workload.num_seqs} x {workload.context_tokens} tokens: "
-          "one chip per sequence wins while devices <= sequences")
-  if not paying:
-    return head + f" (C > 1 never pays up to {max(r['chips'] for r in rows)} chips)"
-  r = min(paying, key=lambda r: r["chips"])
-  return (head + f"; C = {r['best C']} pays on {r['generation']} at "
-          f"{r['chips']} chips ({r['speedup']}x)")
-
-
-def crossover_title(rows: Sequence[dict]) -> str:
-  """The crossover figure's finding, from `crossover_rows` rows."""
-  paid = [r for r in rows if r["tokens"]]
-  if not paid:
-    return "Model: context parallelism never pays for one sequence here"
-  lo = min(r["latency us"] for r in paid)
-  hi = max(r["latency us"] for r in paid)
-  at = lambda lat: [r["tokens"] for r in paid if r["latency us"] == lat]
-  return (f"Model: one sequence pays to split from {min(at(lo)):,} tokens at "
-          f"{lo:g} us latency, {min(at(hi)):,}+ at {hi:g} us: latency sets it")
-
-
-def exercise_answers(workload) -> str:
-  """Notebook 07's answers, computed from the model and `streamidx.sharded`."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-  from streamidx import sharded  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware, scaling  # pylint: disable=g-import-not-at-top
-  w = workload
-  ag = sharded.merge_bytes_per_row(w.k, 16, "all_gather")
-  tr = sharded.merge_bytes_per_row(w.k, 16, "tree")
-  one = scaling.step(w, "v6e", 64, 1)
-  two = scaling.step(w, "v6e", 128, 2)
-  dense = w.entries * (w.head_dim + 1)  # e4m3 values + one e8m0 byte
-  dense_b = (cache_lib.dense_tpu_bytes_per_entry(w.head_dim, w.page_size)
-             * w.entries)
-  sp = scaling.step(w, "v7x", 64, 1)
-  cp = scaling.step(w, "v7x", 64, 2)
-  best = scaling.best_step(w, "v7x", 64)
-  mib = lambda b: f"{b / 2**20:.2f} MiB"
-  bw = hardware.spec("v7x").device_ici_bandwidth
-  lines = [
-      f"1. All-gather: (C - 1) x k x 8 B = 15 x {w.k} x 8 = **{ag:,} B** per "
-      f"device and row, in one round. Tree: log2(16) = 4 rounds of k pairs = "
-      f"**{tr:,} B**. The tree moves {ag / tr:.2f}x fewer bytes but makes 4 "
-      "collective rounds instead of 1: at v7x's ICI rate per device "
-      f"({bw / 1e9:.0f} GB/s) the bytes it saves take "
-      f"{(ag - tr) / bw * 1e9:.0f} ns, so it loses as soon as 3 extra "
-      f"rounds cost more than that, about {(ag - tr) / bw / 3 * 1e9:.0f} ns "
-      "each.",
-      f"2. C = 1 on 64 chips: one sequence each, {w.entries:,} entries x "
-      f"{cache_lib.record_bytes(w.fmt, w.head_dim)} B = "
-      f"**{mib(one.cache_bytes_per_device)}** per chip and layer. C = 2 on "
-      f"128 chips: **{mib(two.cache_bytes_per_device)}**. The dense FP8 "
-      f"format at C = 1: {mib(dense_b)} as a TPU tiles it "
-      f"(`cache.dense_tpu_bytes_per_entry` = "
-      f"{dense_b // w.entries} B an entry)"
-      f", {mib(dense)} as stored on the host ({w.head_dim} + 1 B an entry)"
-      ": about half, the same saving as a C = 2 split but without the "
-      "merge or the extra chips.",
-      f"3. 32 v7x chips are {sp.devices} devices for {w.num_seqs} sequences: "
-      f"C = 1 gives each device {sp.seqs_per_device} sequence(s), step "
-      f"**{sp.step_s * 1e6:.2f} us**; C = 2 gives each device "
-      f"{cp.seqs_per_device} sequences of half a context each, the same "
-      f"{mib(cp.cache_bytes_per_device)} of reads, plus a merge: "
-      f"**{cp.step_s * 1e6:.2f} us**. The model's best is C = "
-      f"{best.num_context}. A context split only saves reads when some "
-      "device would otherwise idle, i.e. when devices outnumber sequences.",
-  ]
-  return "\n".join(lines)
-
-
-def answer_markdown(checks: Sequence[LayoutCheck], chip_rows, ctx_rows,
-                    compiled=(), *, machine: str = "") -> str:
-  """Notebook 07's computed answer (Markdown), takeaways first."""
-  ok = [c for c in checks if c.ok]
-  out = []
-  if checks:
-    dev = checks[0].devices
-    out.append(
-        f"- **The sharded layouts are exact**: {len(ok)} of {len(checks)} "
-        f"({', '.join(f'{c.layout} {c.num_data}x{c.num_context}' for c in checks)}) "
-        f"returned the single-device reference's top-k, tie-aware at the "
-        f"derived tolerance (atol {checks[0].atol:.2g}), on {dev}; machine: "
-        f"{machine}.")
-  zero = [r for r in chip_rows if r["latency us"] == min(
-      x["latency us"] for x in chip_rows)]
-  if zero:
-    parts = [f"{r['generation']} from **{r['chips']} chips** (C = {r['C']}: "
-             f"{r['step us (C>1)']} vs {r['step us (C=1)']} us)"
-             if r["chips"] else f"{r['generation']} never"
-             for r in zero]
-    out.append("- **DeepSeek-V4 decode batch** (model, "
-               f"{zero[0]['latency us']:g} us collective latency): context "
-               "parallelism beats one chip per sequence " + "; ".join(parts)
-               + ", i.e. only once devices outnumber the sequences.")
-  for lat in sorted({r["latency us"] for r in ctx_rows}):
-    rs = [r for r in ctx_rows if r["latency us"] == lat]
-    parts = [f"{r['generation']} on {r['chips']} chip(s): "
-             + (f"**{r['tokens']:,} tokens** (C = {r['C']})" if r["tokens"]
-                else "never") for r in rs]
-    out.append(f"- **One sequence, {lat:g} us assumed latency**: the split "
-               "pays from " + "; ".join(parts) + ".")
-  if compiled:
-    out.append("- **Compiled for TPU slices** (libtpu, no TPU): " + "; ".join(
-        f"{r.layout} on {r.topology}: "
-        + (", ".join(f"{c.op} {'+'.join(c.shapes)}" for c in r.collectives)
-           or "no collective") + f", {r.received_bytes:,} B/device/step "
-        f"(model {r.model_received_bytes:,})" if r.ok else
-        f"{r.layout} on {r.topology}: did not compile ({r.error[:80]})"
-        for r in compiled) + ".")
-  else:
-    out.append("- No sharded program was compiled for a TPU slice in this run "
-               "(libtpu missing or `compile_runs` empty).")
-  out.append("- The crossovers are a model (roofline + ICI bandwidth from "
-             "`data/tpu_specs.json`, latency assumed), not a measurement.")
-  return "\n".join(out)
 
 
 def main(argv=None) -> int:
