@@ -1,19 +1,9 @@
-"""FP8 formats the indexer could use besides the vendored cache: exact float
-scales, FP8 queries, Hadamard rotation, the key/query variants of notebook
-03's recall study and its float64 check, and the kernel's in-register unpack
-run on one block.
-
-Terms:
-- e4m3 (`float8_e4m3fn`): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
-  infinities, one NaN pattern per sign (S.1111.111); largest finite 448.
-- ue8m0 (`float8_e8m0fnu`): an unsigned 8-bit exponent, value 2**(byte - 127);
-  the vendored kernel's per-record scale (`streamidx.cache`).
-- exact float scale: amax / 448 as a float32, the scale that maps a record's
-  largest magnitude exactly onto 448 (what a float32-scale layout can store).
-
-Packing, unpacking and the ue8m0 exponent come from `streamidx.cache`; the
-studies themselves (the e4m3 grid, the scale study, the recall study) are
-cells of notebook 03.
+"""FP8 formats beside the vendored cache's (`streamidx.cache`: e4m3 values
+with a ue8m0, i.e. power-of-two, scale per record): exact float scales
+(amax / 448 as a float32), FP8 queries, Hadamard rotation, the key/query
+variants of notebook 03's recall study and its float64 check, and the
+kernel's in-register unpack run on one block (also notebook 02). The studies
+themselves are cells of notebook 03.
 """
 
 from __future__ import annotations
@@ -31,27 +21,15 @@ from streamidx import cache as cache_lib
 from streamidx import ref
 from streamidx.lab.studies import addressing
 
-__all__ = [
-    "pow2",
-    "quantize_ue8m0",
-    "quantize_float_scale",
-    "quantize_queries_fp8",
-    "hadamard",
-    "rotate",
-    "VARIANTS",
-    "variant_inputs",
-    "float64_scores",
-    "unpack_block_in_kernel",
-]
+__all__ = ["pow2", "quantize_ue8m0", "quantize_float_scale",
+           "quantize_queries_fp8", "hadamard", "rotate", "VARIANTS",
+           "variant_inputs", "float64_scores", "unpack_block_in_kernel"]
 
 
 def pow2(e):
-  """2.0**e as f32, exactly, for int e in [-126, 127].
-
-  (`jnp.exp2` is not exact on every backend: on CPU with jax 0.10.2,
-  `jnp.exp2(-18.0) != 2**-18`.) e = -127, e8m0's smallest, is a float32
-  subnormal, which XLA on CPU flushes to 0.
-  """
+  """2.0**e as f32, exactly, for int e in [-126, 127] (`jnp.exp2` is not:
+  on CPU with jax 0.10.2, `jnp.exp2(-18.0) != 2**-18`). e = -127 is a float32
+  subnormal, which XLA on CPU flushes to 0."""
   e = jnp.asarray(e, jnp.int32)
   return jnp.ldexp(jnp.ones(e.shape, jnp.float32), e)
 
@@ -64,15 +42,9 @@ def quantize_ue8m0(x):
 
 
 def quantize_float_scale(x):
-  """e4m3 values with an exact float32 scale per record (last axis).
-
-  scale = amax / 448 (1 for an all-zero record), values = x / scale.
-
-  Args:
-    x: f32[..., D].
-  Returns:
-    (values f8e4m3fn[..., D], scales f32[...]).
-  """
+  """e4m3 values with an exact float32 scale per record (last axis): for
+  x f32[..., D], (values f8e4m3fn[..., D], scales f32[...]) with scale =
+  amax / 448 (1 for an all-zero record) and values = x / scale."""
   x = jnp.asarray(x, jnp.float32)
   amax = jnp.max(jnp.abs(x), axis=-1)
   scale = jnp.where(amax > 0, amax / jnp.float32(cache_lib.E4M3_MAX), 1.0)
@@ -92,18 +64,15 @@ def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
   per 128 values (here: per token and head), multiplied into the weights.
 
   Args:
-    q: [T, H, D] queries (any float dtype).
-    weights: f32[T, H].
-    scale: "ue8m0" (power of two, `streamidx.cache.ue8m0_exponent`) or
-      "float" (amax / 448).
+    q: [T, H, D] queries (any float dtype); weights: f32[T, H].
+    scale: "ue8m0" (`quantize_ue8m0`) or "float" (`quantize_float_scale`).
     granularity: "head" (one scale per token and head) or "token" (one per
       token, shared by its heads).
 
   Returns:
     (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
-    `q8.astype(bf16)` is exact (every e4m3 value is a bf16 value), so the
-    bf16 kernel input `q8.astype(bf16)` with the folded weights computes the
-    scores of the FP8 queries.
+    Every e4m3 value is a bf16 value, so the bf16 kernel input
+    `q8.astype(bf16)` with the folded weights scores the FP8 queries.
   """
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
@@ -157,15 +126,13 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
   Args:
     inp: `IndexerInputs` with float32 queries (`make_inputs(...,
       q_dtype=jnp.float32)`); its `keys` are the float32 truth.
-    variant: a key of `VARIANTS`.
-    rotated: Hadamard-rotate queries and keys (in f32) first.
-    query_scale: for "fp8_q8", the query scale ("ue8m0" or "float").
+    variant: a key of `VARIANTS`; rotated: Hadamard-rotate queries and keys
+      (in f32) first; query_scale: "fp8_q8"'s query scale ("ue8m0", "float").
 
   Returns:
-    `IndexerInputs` whose `args` feed `streamidx.ref` (every variant) and
-    the kernel ("bf16", "fp8", "fp8_q8"): the cache packed by
-    `streamidx.cache.pack_cache`, queries as bf16 (FP8 queries as their exact
-    bf16 values, with the scale folded into the weights).
+    `IndexerInputs` for `streamidx.ref` (every variant) and the kernel (all
+    but "exact"): the cache packed by `streamidx.cache.pack_cache`, queries
+    as bf16 (FP8 queries as their exact bf16 values, scale in the weights).
   """
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
@@ -200,14 +167,11 @@ def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
 def unpack_block_in_kernel(block, head_dim: int = 128):
   """Runs the kernel's FP8 unpack (`load_bkv`) on one block, in Pallas.
 
-  The ops are those of `streamidx/kernels/vendored.py`'s `load_bkv`: reshape the
-  [rows, kv_packing, lkv_dim] uint8 block to [entries, lkv_dim], bitcast the
-  first head_dim bytes to e4m3, and the scale byte column, transposed, to
-  e8m0, converted to bf16. It always runs in Pallas's TPU interpreter (on a
-  TPU too), so the demonstration does not depend on the chip.
-
-  Args:
-    block: u8[rows, kv_packing, lkv_dim], e.g. one page `cache[page]`.
+  The ops of `streamidx/kernels/vendored.py`'s `load_bkv`: reshape the
+  block u8[rows, kv_packing, lkv_dim] (e.g. one page `cache[page]`) to
+  [entries, lkv_dim], bitcast the first head_dim bytes to e4m3 and the scale
+  byte column, transposed, to e8m0 (then bf16). Always in Pallas's TPU
+  interpreter (on a TPU too), so the demonstration does not depend on the chip.
 
   Returns:
     (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
@@ -231,18 +195,13 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
 
 def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
                    causal_rule: str = "model") -> np.ndarray:
-  """The scores of one sequence in float64: a recall study's check of its
-  float32 truth.
-
-  Sequence `seq`'s query rows against its own entries, from the unquantized
-  keys (`inp.keys`) and `inp.q` / `inp.weights` widened to float64, scored
-  by the reference's own scorer (`streamidx.ref.score_entries`) under
-  `jax.enable_x64`. Entries a row may not see are -inf, by the lab's own
-  statement of the causal rule (`addressing.visibility_mask`).
-
-  Returns:
-    f64[q_len of seq, pages_per_seq * page_size].
-  """
+  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows
+  against its entries in float64, a recall study's check of its float32
+  truth: the unquantized keys (`inp.keys`), `inp.q` and `inp.weights`
+  widened to float64 and scored by the reference's own scorer
+  (`streamidx.ref.score_entries`) under `jax.enable_x64`; -inf where the
+  lab's statement of the causal rule (`addressing.visibility_mask`) hides
+  an entry."""
   b = inp.batch
   lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
   keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]
