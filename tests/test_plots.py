@@ -14,6 +14,8 @@ import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
 from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
+import collections  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
@@ -90,10 +92,14 @@ def test_scale_error_figure_histograms_every_record():
 
 
 
+CI = collections.namedtuple("CI", "mean half_width")  # a mean and its interval
+
+
 def test_e4m3_use_figure_shares_stored_values_by_binade_and_draws_the_spacing():
-  grid = quant.e4m3_finite_values()
-  positive = grid[grid > 0]
-  spacing = quant.relative_spacing(grid)
+  grid = np.asarray(jnp.arange(256, dtype=jnp.uint8).view(jnp.float8_e4m3fn)
+                    .astype(jnp.float32))
+  positive = np.unique(grid[np.isfinite(grid) & (grid > 0)])
+  spacing = np.diff(positive) / positive[:-1]
   stored = np.array([0.0, 2.0**-8, 1.5, 1.75, 300.0])  # the zero is left out
   fig = plots.e4m3_use_figure(positive, spacing, stored, title="finding")
   (bars,) = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)]
@@ -109,13 +115,11 @@ def test_e4m3_use_figure_shares_stored_values_by_binade_and_draws_the_spacing():
 def test_recall_ci_figure_draws_the_mean_and_clips_the_interval_to_one():
   recall = {("gaussian", 256, v, k): np.array([[1.0, 1.0], [.9, 1.0], [1.0, 1.0]])
             for v in ("bf16", "fp8") for k in (64, 128)}
-  study = quant.RecallStudy(
-      seeds=(0, 1, 2), query_tokens=2, num_heads=1, compression_ratio=1,
-      dists=("gaussian",), contexts=(256,), ks=(64, 128, 512),
-      variants=("bf16", "fp8"), recall=recall, score_error={},
-      float64_rel_diff=0.0, seconds=0.0)
-  fig = plots.recall_ci_figure(study, dists=("gaussian",), contexts=[256],
-                               variants=["bf16", "fp8"], title="t")
+  per_seed = {key: r.mean(axis=1) for key, r in recall.items()}
+  summary = lambda d, e, v, k: CI(per_seed[(d, e, v, k)].mean(), 0.1)
+  fig = plots.recall_ci_figure(summary, dists=("gaussian",), contexts=[256],
+                               ks=(64, 128, 512), variants=["bf16", "fp8"],
+                               title="t")
   ax = fig.axes[0]
   line = ax.get_lines()[0]
   np.testing.assert_array_equal(line.get_xdata(), [64, 128])  # k <= 256
@@ -129,8 +133,7 @@ def test_rotation_figure_draws_both_keys_and_differences_around_zero():
   key = np.ones(128)
   key[:4] = 20.0
   rotated = np.asarray(quant.rotate(key))
-  diffs = [("gaussian, fp8", quant.mean_ci([-.01, .0, .01])),
-           ("outliers, fp8", quant.mean_ci([.02, .03, .04]))]
+  diffs = [("gaussian, fp8", CI(0.0, .02)), ("outliers, fp8", CI(.03, .02))]
   fig = plots.rotation_figure(key, rotated, diffs, outlier_channels=4, title="t")
   before, after = fig.axes[0].get_lines()
   np.testing.assert_allclose(before.get_ydata(), np.abs(key))

@@ -346,13 +346,15 @@ def e4m3_use_figure(positive, spacing, stored, *, title: str,
   return fig
 
 
-def recall_ci_figure(study, *, dists, contexts, variants, title: str):
+def recall_ci_figure(summary, *, dists, contexts, ks, variants, title: str):
   """Notebook 03: mean recall@k over seeds with its 95% interval (clipped to
   [0, 1]), per panel.
 
   Args:
-    study: a `streamidx.lab.studies.quant.RecallStudy` (its `summary`).
+    summary: (dist, entries, variant, k) -> the mean recall over seeds and
+      the half-width of its interval (attributes `mean`, `half_width`).
     dists, contexts: the rows and columns of panels.
+    ks: the k values (those <= a panel's entries are drawn).
     variants: variant names, one line each.
     title: the figure's title (its finding).
   """
@@ -362,9 +364,9 @@ def recall_ci_figure(study, *, dists, contexts, variants, title: str):
   for i, dist in enumerate(dists):
     for j, entries in enumerate(contexts):
       ax = axes[i, j]
-      kk = [k for k in study.ks if k <= entries]
+      kk = [k for k in ks if k <= entries]
       for name in variants:
-        s = [study.summary(dist, entries, name, k) for k in kk]
+        s = [summary(dist, entries, name, k) for k in kk]
         mean = np.array([x.mean for x in s])
         half = np.nan_to_num([x.half_width for x in s])
         # The interval, clipped to the possible range [0, 1] of a recall.
