@@ -68,7 +68,6 @@ def test_the_parameters_cell_declares_each_parameter_once_with_its_rule(path):
              if p.rule is None and n != workbook.OUTPUT_DIR_PARAMETER]
   assert not missing, f"no rule: {missing}"
   assert decl.tpu() or decl.tpu_why, "no tpu: values and no `# TPU:` line saying why"
-  assert decl.defaults() == workbook.default_parameters(path)
 
 
 @by_name
@@ -88,9 +87,9 @@ def test_the_format():
       "page_size = 16  # tpu: 128 | rule: page_size % 4 == 0\n"
       "  # continued on an indented line\n")
   k, ps = decl.parameters["k"], decl.parameters["page_size"]
-  assert (k.default, k.ci, k.has_tpu, k.rule, k.text) == (
-      32, 8, False, "integer(k) and k >= 1", "top-k | per query")
-  assert (ps.tpu, ps.has_ci, ps.text) == (128, False, "continued on an indented line")
+  assert (k.default, k.given, k.rule, k.text) == (
+      32, {"ci": 8}, "integer(k) and k >= 1", "top-k | per query")
+  assert (ps.given, ps.text) == ({"tpu": 128}, "continued on an indented line")
   assert decl.ci() == {"k": 8} and decl.tpu() == {"page_size": 128}
   assert decl.tpu_why == "none here, because the batch is the lesson"
   with pytest.raises(params.ParameterError, match=re.escape(
@@ -100,7 +99,7 @@ def test_the_format():
 
 def test_a_missing_parameter_and_a_missing_rule_are_named():
   path = NOTEBOOKS_DIR / "00_quickstart.ipynb"
-  values = workbook.default_parameters(path)
+  values = params.declarations(path).defaults()
   del values["page_size"]
   with pytest.raises(params.ParameterError, match="'page_size': missing"):
     params.check_notebook(values, path)

@@ -114,7 +114,7 @@ def test_opt_in_off_tpu_swaps_defaults_and_keeps_what_the_run_set(monkeypatch, c
 
 def test_off_tpu_nothing_changes_and_nothing_is_printed(capsys):
   for path in ALL_NOTEBOOKS:
-    ns = workbook.default_parameters(path)
+    ns = params.declarations(path).defaults()
     before = json.dumps(ns, sort_keys=True, default=repr)
     params.check_notebook(ns, path)
     assert json.dumps(ns, sort_keys=True, default=repr) == before, path.name
@@ -144,7 +144,7 @@ def test_a_notebook_without_tpu_sizes_says_why():
 
 def test_rerunning_the_check_leaves_tpu_values_alone(monkeypatch, capsys):
   path = NOTEBOOKS_DIR / "03_fp8_packing.ipynb"
-  ns = workbook.default_parameters(path)
+  ns = params.declarations(path).defaults()
   monkeypatch.setenv(params.TPU_SCALE_ENV, "1")
   params.check_notebook(ns, path)
   params.check_notebook(ns, path)

@@ -14,7 +14,8 @@ the URL) and runs this file, which, in the notebook's own kernel:
   runtime's jax, jaxlib and libtpu are kept) and imports it, no restart.
 
 In a checkout's notebooks/ folder the cell runs this file from `../tools/`
-and nothing is installed when the package imports. A rerun does nothing.
+(nothing is installed where the package imports); elsewhere, with streamidx
+installed, the cell does nothing. A rerun does nothing.
 """
 
 import importlib
@@ -29,13 +30,15 @@ CLONE = "streamidx-repo"
 
 INSTALL_CELL = f"""\
 # Install streamidx where this kernel cannot import it (a fresh Colab runtime): tools/colab.py.
-import os, runpy, subprocess
+import importlib.util, os, runpy, subprocess
 STREAMIDX_REPO = os.environ.get("STREAMIDX_REPO", "{REPOSITORY}")
-here = os.path.exists("../tools/colab.py")  # in a checkout's notebooks/ folder
-if not here and not os.path.isdir("{CLONE}") and subprocess.run(["git", "clone", "-q", "--depth=1",
-        STREAMIDX_REPO, "{CLONE}"], env=dict(os.environ, GIT_TERMINAL_PROMPT="0")).returncode:
+setup = "../tools/colab.py" if os.path.exists("../tools/colab.py") else "{CLONE}/tools/colab.py"
+found = importlib.util.find_spec("streamidx")  # (a bare folder named streamidx is no package)
+if (found is None or found.origin is None) and not os.path.exists(setup) and subprocess.run(["git", "clone",
+        "-q", "--depth=1", STREAMIDX_REPO, "{CLONE}"], env=dict(os.environ, GIT_TERMINAL_PROMPT="0")).returncode:
     raise RuntimeError(f"git clone {{STREAMIDX_REPO}} failed: set os.environ['STREAMIDX_REPO'] to the repository's URL and rerun this cell")
-runpy.run_path("../tools/colab.py" if here else "{CLONE}/tools/colab.py", run_name="colab")"""
+if os.path.exists(setup):  # a checkout: work in its notebooks/ folder, install it if need be
+    runpy.run_path(setup, run_name="colab")"""
 
 
 def install() -> None:

@@ -37,9 +37,8 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 from streamidx import semantics
 
-__all__ = ["ParameterError", "Parameter", "Declarations", "declarations",
-           "check_notebook", "check", "tpu_scaling", "RULE_HELPERS",
-           "TPU_SCALE_ENV", "HEADER"]
+__all__ = ["ParameterError", "Parameter", "Declarations", "declarations", "check_notebook",
+           "check", "tpu_scaling", "RULE_HELPERS", "TPU_SCALE_ENV", "HEADER"]
 
 HEADER = "# Parameters (papermill overrides these with -p)."
 PAPERMILL_HEADER = "# Parameters"  # the first line of the cell papermill injects
@@ -118,17 +117,13 @@ RULE_HELPERS: dict[str, Callable] = {f.__name__: f for f in (
 
 @dataclasses.dataclass(frozen=True)
 class Parameter:
-  """One line of a `parameters` cell. `ci` and `tpu` are the literal values
-  of its fields, or `None` with `has_ci`/`has_tpu` False when absent."""
+  """One line of a `parameters` cell; `given`: its ci: and tpu: values."""
 
   name: str
   default: Any
-  rule: str | None = None
-  text: str = ""
-  ci: Any = None
-  tpu: Any = None
-  has_ci: bool = False
-  has_tpu: bool = False
+  rule: str | None
+  text: str
+  given: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,10 +135,10 @@ class Declarations:
   tpu_why: str | None
 
   def ci(self) -> dict[str, Any]:
-    return {n: p.ci for n, p in self.parameters.items() if p.has_ci}
+    return {n: p.given["ci"] for n, p in self.parameters.items() if "ci" in p.given}
 
   def tpu(self) -> dict[str, Any]:
-    return {n: p.tpu for n, p in self.parameters.items() if p.has_tpu}
+    return {n: p.given["tpu"] for n, p in self.parameters.items() if "tpu" in p.given}
 
   def defaults(self) -> dict[str, Any]:
     return {n: p.default for n, p in self.parameters.items()}
@@ -157,13 +152,6 @@ def cell_source(notebook: str | os.PathLike) -> str:
       src = cell.get("source", "")
       return "".join(src) if isinstance(src, list) else src
   raise ParameterError(f"{notebook}: no cell tagged 'parameters'")
-
-
-def _field(text: str, where: str):
-  try:
-    return ast.literal_eval(text.strip())
-  except (ValueError, SyntaxError) as e:
-    raise ParameterError(f"{where} is not a Python literal: {text.strip()!r}") from e
 
 
 def declarations(source: str | os.PathLike) -> Declarations:
@@ -204,12 +192,15 @@ def declarations(source: str | os.PathLike) -> Declarations:
     while end < len(lines) and lines[end][:1] in (" ", "\t") and lines[end].strip()[:1] == "#":
       text.append(lines[end].strip()[1:].strip())  # an indented continuation
       end += 1
-    where = f"parameter {name!r}: its"
-    params[name] = Parameter(
-        name, namespace[name], fields.get("rule"), " ".join(text).strip(),
-        _field(fields["ci"], f"{where} ci: field") if "ci" in fields else None,
-        _field(fields["tpu"], f"{where} tpu: field") if "tpu" in fields else None,
-        "ci" in fields, "tpu" in fields)
+    given = {}
+    for key in ("ci", "tpu"):
+      try:
+        given.update({key: ast.literal_eval(fields[key])} if key in fields else {})
+      except (ValueError, SyntaxError) as e:
+        raise ParameterError(f"parameter {name!r}: its {key}: field is not a Python "
+                             f"literal: {fields[key]!r}") from e
+    params[name] = Parameter(name, namespace[name], fields.get("rule"),
+                             " ".join(text).strip(), given)
   return Declarations(params, " ".join(why) or None)
 
 
@@ -241,11 +232,16 @@ def check(decl: Declarations, values: Mapping[str, Any]) -> None:
                            f"`{p.rule}` (got {values[p.name]!r}{error})")
 
 
-def _cell_in_history(namespace: Mapping) -> str:
-  """The last `parameters` cell this IPython kernel ran (`In`)."""
+def _history(namespace: Mapping) -> list[str]:
+  """The sources of the cells this IPython kernel ran (`In`), in order."""
   history = namespace.get("In", namespace.get("_ih", ()))
-  for source in reversed(history if isinstance(history, (list, tuple)) else ()):
-    if isinstance(source, str) and source.startswith(HEADER):
+  return [s for s in history if isinstance(s, str)] if isinstance(history, (list, tuple)) else []
+
+
+def _cell_in_history(namespace: Mapping) -> str:
+  """The last `parameters` cell this IPython kernel ran."""
+  for source in reversed(_history(namespace)):
+    if source.startswith(HEADER):
       return source
   raise ParameterError("check_notebook: no parameters cell (its first line "
                        f"{HEADER!r}) has run in this kernel; pass cell=")
@@ -316,10 +312,9 @@ class TpuScaling:
 def injected_parameters(namespace: Mapping) -> set[str]:
   """Names papermill injected: assigned in an executed cell whose first line
   is "# Parameters" (IPython keeps each cell's source in `In`)."""
-  history = namespace.get("In", namespace.get("_ih", ()))
   names: set[str] = set()
-  for source in history if isinstance(history, (list, tuple)) else ():
-    if isinstance(source, str) and source.split("\n", 1)[0].strip() == PAPERMILL_HEADER:
+  for source in _history(namespace):
+    if source.split("\n", 1)[0].strip() == PAPERMILL_HEADER:
       try:
         names |= {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
                   for t in node.targets if isinstance(t, ast.Name)}

@@ -1,26 +1,18 @@
-"""Runs the workbook's notebooks with papermill, as CI and `make workbook` do.
+"""Runs the workbook's notebooks (`notebooks/NN_*.ipynb`) with papermill.
 
     python -m streamidx.workbook [--profile ci|default] [--only NAME ...] [--html]
                                  [--out DIR] [--timeout S] [--jobs N] [-v]
 
-The workbook is `notebooks/NN_*.ipynb`. `--profile ci` passes each
-parameter's `ci:` value from the notebook's `parameters` cell
-(`streamidx.lab.params`); `default` passes none. Both point `output_dir` at
-`<out>/<stem>/`. The executed copy is `<out>/<name>` (the source is never
-written), `--html` renders it beside it, and the landing page
-`<out>/index.html` shows, per notebook, its question (the `**Question.**`
-paragraph of its first Markdown cell), its answer as computed (the executed
-copy's first `text/markdown` output), the machine (its first
-`describe_machine()` line), status, duration and links.
-
-`--jobs` notebooks run at once (default min(2, CPUs)), each in its own
-`python3` kernel in the notebooks folder, longest expected first (the
-previous copy's duration, else `TYPICAL_SECONDS`); with more than one, the
-summary and the landing page say the timings ran beside another notebook.
-Each cell may run `--timeout` seconds. A configuration error is a
-`WorkbookError` before anything runs (exit 2); a notebook that fails is
-reported with the cell that failed (exit 1). papermill and nbconvert are
-imported when a notebook runs.
+`--profile ci` passes each parameter's `ci:` value from the notebook's
+`parameters` cell (`streamidx.lab.params`), `default` none; both point
+`output_dir` at `<out>/<stem>/`. The executed copy is `<out>/<name>` (the
+source is never written), `--html` renders it beside it, and the landing
+page `<out>/index.html` shows each notebook's question, its computed answer
+(the first `text/markdown` output), its machine line, status and links.
+`--jobs` notebooks run at once, each in its own `python3` kernel in the
+notebooks folder, longest expected first. A configuration error is a
+`WorkbookError` before anything runs (exit 2); a failed notebook is
+reported with its cell (exit 1).
 """
 
 from __future__ import annotations
@@ -160,11 +152,6 @@ def declarations(path: Path) -> params_lib.Declarations:
 def declared_parameters(path: Path) -> set[str]:
   """Names the notebook's `parameters` cell assigns."""
   return set(declarations(path).parameters)
-
-
-def default_parameters(path: Path) -> dict:
-  """The values the notebook's `parameters` cell assigns."""
-  return declarations(path).defaults()
 
 
 def parameters_for(path: Path, profile: str, out_dir: Path) -> dict[str, Any]:
