@@ -302,26 +302,6 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
 # --------------------------------------------------------------------------
 # The landing page: each notebook's question, its computed answer, the machine.
 
-@dataclasses.dataclass(frozen=True)
-class NotebookSummary:
-  """One row of the landing page. status: "ok", "failed", "not run" (no
-  executed copy), or "running" / "queued" while the runner is at work (the
-  folder's copy is then an earlier run's and is not read). html, executed:
-  links relative to the page, None when absent."""
-
-  name: str
-  title: str
-  question: str | None
-  answer: str | None
-  machine: str | None
-  status: str
-  seconds: float | None
-  finished: str | None
-  parameters: str  # "" when not run
-  html: str | None
-  executed: str | None
-
-
 def notebook_question(nb: dict) -> tuple[str, str | None]:
   """(title, question) from the first Markdown cell: its first `#` heading
   and the paragraph after `**Question.**`."""
@@ -363,30 +343,6 @@ def machine_line(nb: dict) -> str | None:
   return None
 
 
-def summarize(source: Path, out_dir: Path, pending: str | None = None) -> NotebookSummary:
-  """The landing-page row of `source` run into `out_dir` (`pending`:
-  "running" or "queued" for a notebook not finished yet)."""
-  executed = Path(out_dir) / Path(source).name
-  nb = None
-  if not pending and executed.is_file():
-    try:
-      nb = json.loads(executed.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-      nb = None
-  title, question = notebook_question(nb or _read(source))
-  meta = (nb or {}).get("metadata", {}).get("papermill", {})
-  overridden = sorted(set(meta.get("parameters", {})) - {OUTPUT_DIR_PARAMETER})
-  return NotebookSummary(
-      Path(source).name, title or Path(source).stem, question,
-      first_markdown_output(nb) if nb else None, machine_line(nb) if nb else None,
-      pending or ("not run" if nb is None else "failed" if meta.get("exception") else "ok"),
-      meta.get("duration"), meta.get("end_time"),
-      "" if nb is None else f"{len(overridden)} set by the runner ({', '.join(overridden)})"
-      if overridden else "the notebook's defaults",
-      executed.with_suffix(".html").name if nb and executed.with_suffix(".html").is_file() else None,
-      executed.name if nb is not None else None)
-
-
 def markdown_to_html(text: str) -> str:
   """Markdown -> HTML with raw HTML escaped (mistune, as nbconvert; else a <pre>)."""
   try:
@@ -404,55 +360,63 @@ border-left:3px solid #4a7}table{border-collapse:collapse}td,th{border:1px solid
 padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
 
 
-def index_html(summaries: Sequence[NotebookSummary], *, heading: str, note: str = "") -> str:
-  """The landing page, a complete HTML document; `note`: a line under the heading."""
-  esc = html_lib.escape
-  parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
-           f"<h1>{esc(heading)}</h1>"] + ([f'<p class="meta">{esc(note)}</p>'] if note else [])
-  parts.append("<p>Each notebook's question, and its answer as that run computed it "
-               "(the notebook's first rendered Markdown output), with the machine it ran on.</p>")
-  for s in summaries:
-    finished = s.status not in ("not run", "running", "queued")
-    status = (f'<span class="failed">{esc(s.status)}</span>' if s.status == "failed"
-              else esc(s.status)) + (f", {s.seconds:.1f} s" if s.seconds is not None else "") + (
-                  f", finished {esc(s.finished)}" if s.finished else "")
-    links = [f'<a href="{esc(link, quote=True)}">{label}</a>' for link, label in
-             ((s.html, "rendered notebook"), (s.executed, "executed .ipynb")) if link]
-    meta = "; ".join([status] + ([f"parameters: {esc(s.parameters)}"] if s.parameters else [])
-                     + ([" · ".join(links)] if links else []))
-    parts += [f'<section id="{esc(Path(s.name).stem, quote=True)}">',
-              f"<h2>{esc(s.title)} <small>({esc(s.name)})</small></h2>",
-              f'<p class="meta">{meta}</p>',
-              markdown_to_html(f"**Question.** {s.question}") if s.question else
-              "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
-    if s.answer is not None:
-      parts.append(f'<div class="answer">{markdown_to_html(s.answer)}</div>')
-    elif finished:
-      parts.append("<p><em>The executed notebook has no Markdown output.</em></p>")
-    if s.machine:
-      parts.append(f'<p class="meta">Machine: {esc(s.machine)}</p>')
-    elif finished:
-      parts.append('<p class="meta">Machine: not printed by this run (no '
-                   "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
-    parts.append("</section>")
-  return "\n".join(parts + ["</body></html>"]) + "\n"
+def _section(source: Path, out_dir: Path, pending: str | None) -> str:
+  """The landing page's section for `source`: title, status, links, question,
+  and the answer and machine line of its executed copy in `out_dir` (not read
+  while it is `pending`, "running" or "queued": the copy is an earlier run's)."""
+  esc, executed = html_lib.escape, out_dir / source.name
+  rendered, nb = executed.with_suffix(".html"), None
+  if not pending and executed.is_file():
+    try:
+      nb = json.loads(executed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+      nb = None
+  title, question = notebook_question(nb or _read(source))
+  meta = (nb or {}).get("metadata", {}).get("papermill", {})
+  status = pending or ("not run" if nb is None else "failed" if meta.get("exception") else "ok")
+  items = [('<span class="failed">failed</span>' if status == "failed" else esc(status))
+           + (f", {meta['duration']:.1f} s" if meta.get("duration") is not None else "")
+           + (f", finished {esc(meta['end_time'])}" if meta.get("end_time") else "")]
+  if nb is not None:
+    set_ = sorted(set(meta.get("parameters", {})) - {OUTPUT_DIR_PARAMETER})
+    items.append("parameters: " + esc(f"{len(set_)} set by the runner ({', '.join(set_)})"
+                                      if set_ else "the notebook's defaults"))
+    items.append(" · ".join(f'<a href="{esc(f.name, quote=True)}">{label}</a>' for f, label in
+                            ((rendered, "rendered notebook"), (executed, "executed .ipynb"))
+                            if f.is_file()))
+  parts = [f'<section id="{esc(source.stem, quote=True)}">',
+           f"<h2>{esc(title or source.stem)} <small>({esc(source.name)})</small></h2>",
+           f'<p class="meta">{"; ".join(items)}</p>',
+           markdown_to_html(f"**Question.** {question}") if question else
+           "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
+  if nb is not None:
+    answer, machine = first_markdown_output(nb), machine_line(nb)
+    parts.append(f'<div class="answer">{markdown_to_html(answer)}</div>' if answer is not None
+                 else "<p><em>The executed notebook has no Markdown output.</em></p>")
+    parts.append(f'<p class="meta">Machine: {esc(machine)}</p>' if machine else
+                 '<p class="meta">Machine: not printed by this run (no '
+                 "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
+  return "\n".join(parts + ["</section>"])
 
 
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
-  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
-  (`pending`: {name: "running" or "queued"}), whole, through a renamed
-  temporary file; returns its path."""
-  out_dir = Path(out_dir)
+  """Writes the landing page `<out_dir>/index.html` for every notebook of
+  `notebooks_dir` (`pending`: {name: "running" or "queued"}; `note`: a line
+  under the heading), whole, through a renamed temporary file; its path."""
+  out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
-  summaries = [summarize(p, out_dir, (pending or {}).get(p.name))
-               for p in discover(Path(notebooks_dir))]
+  heading = heading or f"streamidx workbook: {out_dir.name}"
+  page = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+          f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
+          f"<h1>{esc(heading)}</h1>"] + ([f'<p class="meta">{esc(note)}</p>'] if note else [])
+  page.append("<p>Each notebook's question, and its answer as that run computed it (the "
+              "notebook's first rendered Markdown output), with the machine it ran on.</p>")
+  page += [_section(p, out_dir, (pending or {}).get(p.name)) for p in discover(Path(notebooks_dir))]
   path = out_dir / INDEX_NAME
   tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
-  tmp.write_text(index_html(summaries, heading=heading or f"streamidx workbook: "
-                            f"{out_dir.name}", note=note), encoding="utf-8")
+  tmp.write_text("\n".join(page + ["</body></html>"]) + "\n", encoding="utf-8")
   os.replace(tmp, path)
   return path
 
