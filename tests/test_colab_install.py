@@ -1,4 +1,5 @@
-"""The notebooks' install cell (code cell 1), run the way a fresh Colab runtime runs it.
+"""The notebooks' install cell (code cell 1, `INSTALL_CELL` of tools/colab.py), run
+the way a fresh Colab runtime runs it.
 
 On Colab a notebook opened from GitHub runs in `/content`, with no checkout
 beside it, in a Python that already has jax, jaxlib (and libtpu), numpy,
@@ -38,6 +39,7 @@ wheel.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -59,13 +61,22 @@ def install_cell(path: Path) -> str:
   return next(c for c in nb.cells if c.cell_type == "code").source
 
 
-def test_every_notebook_has_the_same_install_cell():
-  first = install_cell(NOTEBOOKS[0])
-  assert first.startswith("# Install streamidx"), NOTEBOOKS[0].name
-  different = [p.name for p in NOTEBOOKS if install_cell(p) != first]
-  assert not different, f"install cell differs from {NOTEBOOKS[0].name}'s: {different}"
-  compile(first, "install cell", "exec")  # plain Python: no magics, runs in `python`
-  assert len(first.splitlines()) <= 25
+def _colab():
+  spec = importlib.util.spec_from_file_location("colab", ROOT / "tools" / "colab.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_every_notebook_has_the_install_cell_of_tools_colab():
+  colab = _colab()
+  different = [p.name for p in NOTEBOOKS if install_cell(p) != colab.INSTALL_CELL]
+  assert not different, f"install cell is not tools/colab.py's (run `make strip`): {different}"
+  compile(colab.INSTALL_CELL, "install cell", "exec")  # plain Python: no magics
+  assert len(colab.INSTALL_CELL.splitlines()) <= 10
+  # The repository's URL is set once, in tools/colab.py (the cells are written from it).
+  assert colab.INSTALL_CELL.count(colab.REPOSITORY) == 1
+  assert (ROOT / "tools" / "colab.py").read_text().count(colab.REPOSITORY.split("//")[1]) == 1
 
 
 def _runtime(tmp: Path) -> Path:

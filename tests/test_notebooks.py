@@ -4,8 +4,8 @@ Hygiene (fast, no kernel): every `notebooks/*.ipynb` is valid nbformat, is
 named `NN_*.ipynb`, carries no outputs, execution counts or Colab run
 metadata, asks Colab for a TPU runtime (notebook metadata `accelerator`,
 which `make strip` keeps), has exactly one cell tagged `parameters`
-declaring `output_dir`, and has an entry in `notebooks/ci_parameters.json`
-(and that file names only notebooks that exist). `make strip` fixes outputs
+declaring `output_dir`, whose ci: values the runner can pass (the format:
+tests/test_notebook_params.py). `make strip` fixes outputs
 and metadata (`tools/strip_notebooks.py`, tested here on a Colab-saved
 notebook).
 
@@ -154,12 +154,11 @@ def test_has_one_parameters_cell_with_output_dir(path):
   assert workbook.OUTPUT_DIR_PARAMETER in workbook.declared_parameters(path)
 
 
-def test_ci_parameters_lists_exactly_the_notebooks():
-  table = json.loads((NOTEBOOKS_DIR / workbook.CI_PARAMETERS_FILE).read_text())
-  assert isinstance(table, dict)
-  assert sorted(table) == sorted(p.name for p in ALL_NOTEBOOKS)
-  # Same check as the runner's: declared parameters, no output_dir.
-  workbook.load_ci_parameters(NOTEBOOKS_DIR)
+@by_name
+def test_the_runner_reads_its_ci_parameters(path, tmp_path):
+  ci = workbook.parameters_for(path, "ci", tmp_path)
+  assert ci.pop(workbook.OUTPUT_DIR_PARAMETER) == str(tmp_path.resolve() / path.stem)
+  assert set(ci) <= workbook.declared_parameters(path)
 
 
 @pytest.mark.notebook

@@ -1,8 +1,9 @@
 """Tests of the notebook runner (streamidx.workbook) on throwaway notebooks.
 
 Each papermill run starts a kernel (a couple of seconds), so the runs are few:
-a passing and a failing notebook through the command line, one with an
-injected CI parameter, one that times out. Configuration errors need no kernel.
+a passing and a failing notebook through the command line, one with the ci:
+values of its parameters cell injected, one that times out. Configuration
+errors need no kernel.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ def make_notebook(folder: Path, name: str, params: str, *code: str) -> Path:
   return path
 
 
-def write_ci_parameters(folder: Path, table: dict) -> None:
-  (folder / workbook.CI_PARAMETERS_FILE).write_text(json.dumps(table))
-
-
 @pytest.fixture
 def nbdir(tmp_path):
   folder = tmp_path / "notebooks"
@@ -52,7 +49,6 @@ def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
   make_notebook(nbdir, "02_fail.ipynb", "output_dir = 'out'",
                 "raise ValueError('deliberate failure in code cell 2')",
                 "print('never runs')")
-  write_ci_parameters(nbdir, {"01_ok.ipynb": {}, "02_fail.ipynb": {}})
   source_before = ok.read_text()
   out = tmp_path / "build" / "ci"
 
@@ -82,30 +78,29 @@ def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
 
 def test_run_notebook_injects_ci_parameters(nbdir, tmp_path):
   path = make_notebook(nbdir, "01_params.ipynb",
-                       "output_dir = 'out'\nnum_tokens = 65536\ninterpret = False",
-                       "print(f'num_tokens={num_tokens} interpret={interpret}')")
-  write_ci_parameters(nbdir, {"01_params.ipynb": {"num_tokens": 128,
-                                                  "interpret": True}})
+                       "output_dir = 'out'\nnum_tokens = 65536  # ci: 128 | rule: True\n"
+                       "interpret = False  # rule: True | what it is | ci: text, not a field\n"
+                       "fast = False  # ci: True | rule: boolean(fast)",
+                       "print(f'num_tokens={num_tokens} interpret={interpret} fast={fast}')")
   out = tmp_path / "build" / "ci"
 
   result = workbook.run_notebook(path, profile="ci", out_dir=out, timeout=60)
 
   assert result.ok, result.describe()
   assert result.executed == out / "01_params.ipynb"
-  assert result.parameters == {"num_tokens": 128, "interpret": True,
+  assert result.parameters == {"num_tokens": 128, "fast": True,
                                "output_dir": str(out.resolve() / "01_params")}
   executed = nbformat.read(str(result.executed), as_version=4)
   injected = [c for c in executed.cells
               if "injected-parameters" in c.metadata.get("tags", [])]
   assert len(injected) == 1
   assert "num_tokens = 128" in injected[0].source
-  assert "num_tokens=128 interpret=True" in executed.cells[-1].outputs[0]["text"]
+  assert "num_tokens=128 interpret=False fast=True" in executed.cells[-1].outputs[0]["text"]
 
 
 def test_cell_timeout_names_the_cell(nbdir, tmp_path):
   path = make_notebook(nbdir, "01_slow.ipynb", "output_dir = 'out'",
                        "x = 1", "import time\ntime.sleep(60)")
-  write_ci_parameters(nbdir, {"01_slow.ipynb": {}})
 
   result = workbook.run_notebook(path, profile="ci", out_dir=tmp_path / "out",
                                  timeout=2)
@@ -118,37 +113,27 @@ def test_cell_timeout_names_the_cell(nbdir, tmp_path):
 
 
 def test_parameters_for_profiles(nbdir, tmp_path):
-  path = make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'\nseed: int = 0")
-  write_ci_parameters(nbdir, {"01_a.ipynb": {"seed": 3}})
+  path = make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'\nseed = 0  # ci: 3 | rule: True")
   out_dir = str(tmp_path.resolve() / "01_a")
   assert workbook.parameters_for(path, "default", tmp_path) == {"output_dir": out_dir}
-  assert workbook.parameters_for(path, "ci", tmp_path) == {"seed": 3,
-                                                           "output_dir": out_dir}
+  assert workbook.parameters_for(path, "ci", tmp_path) == {"seed": 3, "output_dir": out_dir}
 
 
-def test_notebook_missing_from_ci_parameters_is_an_error(nbdir, tmp_path, capsys):
-  path = make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
-  make_notebook(nbdir, "02_b.ipynb", "output_dir = 'x'")
-  write_ci_parameters(nbdir, {"01_a.ipynb": {}})
-
-  with pytest.raises(workbook.WorkbookError, match="no entry for: 02_b.ipynb"):
-    workbook.run_notebook(path, profile="ci", out_dir=tmp_path / "out")
-  assert workbook.main(["--profile", "ci", "--notebooks", str(nbdir)]) == 2
+@pytest.mark.parametrize("cell, message", [
+    ("output_dir = 'x'  # ci: '/tmp'", "gives 'output_dir' a ci: value"),
+    ("output_dir = 'x'\nn = 1  # ci: 4 * n", "its ci: field is not a Python literal: '4 \\* n'"),
+    ("output_dir = 'x'\nn: int = 1", "one `name = value` per statement"),
+], ids=["ci-output-dir", "ci-not-a-literal", "not-an-assignment"])
+def test_bad_parameters_cells_are_errors_before_anything_runs(nbdir, tmp_path, capsys, cell,
+                                                              message):
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  path = make_notebook(nbdir, "02_b.ipynb", cell)
+  with pytest.raises(workbook.WorkbookError, match=message):
+    workbook.parameters_for(path, "ci", tmp_path / "out")
+  assert workbook.main(["--profile", "ci", "--notebooks", str(nbdir),
+                        "--out", str(tmp_path / "out")]) == 2
   assert "02_b.ipynb" in capsys.readouterr().err
   assert not (tmp_path / "out").exists()  # nothing ran
-
-
-@pytest.mark.parametrize("table, message", [
-    ({"01_a.ipynb": {}, "09_gone.ipynb": {}}, "names no notebook .*09_gone.ipynb"),
-    ({"01_a.ipynb": {"bogus": 1}}, "not in its parameters cell: bogus"),
-    ({"01_a.ipynb": {"output_dir": "/tmp"}}, "sets 'output_dir'"),
-    ({"01_a.ipynb": 3}, "must be an object"),
-], ids=["unknown-notebook", "undeclared-parameter", "sets-output-dir", "not-an-object"])
-def test_bad_ci_parameters_are_errors(nbdir, table, message):
-  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
-  write_ci_parameters(nbdir, table)
-  with pytest.raises(workbook.WorkbookError, match=message):
-    workbook.load_ci_parameters(nbdir)
 
 
 def test_notebook_without_output_dir_parameter_is_an_error(nbdir, tmp_path):

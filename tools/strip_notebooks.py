@@ -14,6 +14,8 @@ notebook's kernelspec and its Colab runtime choice: the notebook-level
     `widgets` (saved widget state, e.g. tqdm bars);
   - cells papermill adds to executed copies (`injected-parameters`, error
     markers), so an executed copy strips back to its source.
+And it writes the install cell of tools/colab.py (`INSTALL_CELL`, with the
+repository's URL) over a first code cell that starts "# Install streamidx".
 With --check, writes nothing and exits 1 if any notebook would change
 (`tests/test_notebooks.py` checks the same things).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -32,6 +35,9 @@ NOTEBOOK_KEYS = ("executionInfo", "papermill", "widgets")
 COLAB_RUNTIME_KEYS = ("gpuType", "machine_shape")
 CELL_KEYS = ("colab", "executionInfo", "outputId", "papermill", "execution")
 PAPERMILL_TAGS = {"injected-parameters", "papermill-error-cell-tag"}
+_spec = importlib.util.spec_from_file_location("streamidx_colab", ROOT / "tools" / "colab.py")
+COLAB = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(COLAB)
 
 
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -44,6 +50,9 @@ def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata["colab"] = colab
   nb.cells = [c for c in nb.cells
               if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
+  code = [c for c in nb.cells if c.cell_type == "code"]
+  if code and code[0].source.startswith("# Install streamidx"):
+    code[0].source = COLAB.INSTALL_CELL
   for cell in nb.cells:
     for key in CELL_KEYS:
       cell.metadata.pop(key, None)
