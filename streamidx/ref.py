@@ -12,17 +12,13 @@ exactly, as every exact method does and as "approx" is measured against.
 the dense FP8 pair `(cache_values, cache_scales)`, scored as the packed "fp8"
 record it decodes to.
 
-For the query at absolute position p = seq_len - q_len + i of sequence b:
-
-    score[t, s] = sum_h w[t, h] * ReLU(q[t, h] . k[s])      (k dequantized)
-    visible(s)  = s < seq_len // ratio  and  s < bound(p)
-    bound(p)    = (p + 1) // ratio ("model", default) | p // ratio + 1 ("seed")
-
-Invisible entries score -inf and come back as -1 (ties to the lowest index,
-`streamidx.topk`); padding rows are all -1; a page scores its entries' max.
-`score_entries` keeps the kernel's arithmetic order; XLA may still order the
-f32 sums differently for the kernel's blocks (seen: one ulp), hence
-`metrics.summation_atol` between kernel and reference.
+Row t (sequence b, absolute position p) scores entry s as
+sum_h w[t, h] * ReLU(q[t, h] . k[s]) (`score_entries`, in the kernel's
+arithmetic order; XLA may still sum the kernel's blocks in another order,
+hence `metrics.summation_atol`) where s < seq_len // ratio and
+s < `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf,
+which the top-k returns as -1 (ties to the lowest index, `streamidx.topk`).
+Padding rows are all -1; a page scores its entries' max.
 
 One engine (`_run`) computes everything here and in `streamidx.streaming`:
 
@@ -42,11 +38,13 @@ order among equal scores (`running` is sorted by (score desc, id asc), its
 ids below the chunk's); an element of the top k of (prefix + chunk) is in the
 prefix's top k or in the chunk. `tests/test_streaming.py` checks equality.
 
-XLA:CPU (jax 0.10.2) miscompiled the earlier reference's per-row gather of a
-sequence's cache with one sequence slot and >= 256 entries (every score of a
-row became its first column), in `lax.map`'s remainder batch too. The engine
-picks a row's page-table row with `jnp.take` and keeps the gathered records
-behind an `optimization_barrier`; `tests/test_reference.py` pins both shapes.
+XLA:CPU (jax 0.10.2) miscompiled an earlier reference, which indexed each
+sequence's whole gathered cache per row: with one sequence slot and >= 256
+entries every score of a row became its first column, in `lax.map`'s
+remainder batch too. The engine gathers records per row instead, picks the
+row's page-table row with `jnp.take` and keeps the gathered records behind an
+`optimization_barrier`, as the earlier workaround did; `tests/test_reference.py`
+pins both shapes (they pass without the two guards too, on jax 0.10.2).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Streaming exact reference: the reference's loop over chunks of entries.
+"""Streaming exact reference: `streamidx.ref`'s engine over chunks of entries.
 
-`streamidx.ref` scores every entry of a sequence in one chunk; this module
-runs the same engine (`ref._run`, see `streamidx.ref`'s docstring) with
-chunks of `chunk_entries` entries and a running top-k merge, so only one
-chunk is alive at a time: memory grows with Tc x (chunk + k) per step and
-T x k for the result, not with T x entries. XLA's buffer assignment for it
-does not grow with the sequence (tests/test_streaming.py), where the
-one-chunk reference's follows `one_chunk_temp_bytes`. The indices equal the
-one-chunk reference's exactly, ties included (the proof is in
-`streamidx.ref`); `streamidx.bench` reports it per shape.
+The reference scores all of a sequence's entries in one chunk; this runs
+the same loop with chunks of `chunk_entries` and a running top-k merge, so
+a step holds Tc x (chunk + k), not Tc x entries (`one_chunk_temp_bytes`;
+tests/test_streaming.py checks XLA's buffer assignment), and returns the
+same indices, ties included (the proof is in `streamidx.ref`).
 """
 
 from __future__ import annotations

@@ -184,3 +184,36 @@ def test_reference_remainder_batch_with_a_single_sequence_slot(
   np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
   live = ~np.isneginf(want)
   assert np.abs(got[live] - want[live]).max() <= bound
+
+
+def test_dense_pair_scores_as_the_packed_fp8_record():
+  """The engine reads the dense pair's two arrays as the packed record."""
+  inp = _inputs("all_three_ranges", 1, "fp8")
+  q, w, _, *meta = inp.args
+  pair = si.pack_dense_fp8_cache(inp.keys)
+  np.testing.assert_array_equal(
+      si.token_scores(q, w, pair, *meta, compression_ratio=1),
+      si.token_scores(*inp.args, compression_ratio=1))
+  kw = dict(k=K, compression_ratio=1, num_cores=2)  # num_cores: ignored
+  np.testing.assert_array_equal(
+      si.streamindex_topk_dense_ref(q, w, *pair, *meta, **kw),
+      si.streamindex_topk_ref(*inp.args, k=K, compression_ratio=1))
+  q, w, _, *meta = inp.page_args
+  np.testing.assert_array_equal(
+      si.streamindex_page_topk_dense_ref(q, w, *pair, *meta, k_pages=5),
+      si.streamindex_page_topk_ref(*inp.page_args, k_pages=5))
+
+
+def test_score_entries_computes_in_float64_for_float64_inputs():
+  """The FP8 study's float64 truth calls it under `jax.enable_x64(True)`."""
+  rng = np.random.default_rng(0)
+  q, w = rng.standard_normal((4, 8)), rng.standard_normal(4)
+  kv, scale = rng.standard_normal((10, 8)), np.full(10, 0.5)
+  with jax.enable_x64(True):
+    got = si.ref.score_entries(q, w, kv, scale)
+    assert got.dtype == np.float64
+  want = 0.5 * (w @ np.maximum(q @ kv.T, 0.0))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13)
+  f32 = si.ref.score_entries(q.astype(np.float32), w.astype(np.float32),
+                             kv.astype(np.float32), None)
+  assert f32.dtype == np.float32
