@@ -47,6 +47,14 @@ def _list() -> int:
   return 0
 
 
+def _exit_status(bad) -> int:
+  """1 (and the list on stderr) when a result erred or disagrees."""
+  if bad:
+    print("\nFAILED (error, or disagrees with the oracle): "
+          + ", ".join(bad), file=sys.stderr)
+  return 1 if bad else 0
+
+
 def _long_context(a) -> int:
   doc = long_context.run_long_context(one_shot=a.one_shot, out_dir=a.out,
                                       timeout=a.timeout,
@@ -59,10 +67,7 @@ def _long_context(a) -> int:
          if row.get(impl, {}).get("status") == "error"
          or not row.get(impl, {}).get("spot_check", {"oracle_ok": True})[
              "oracle_ok"]]
-  if bad:
-    print("\nFAILED (error, or disagrees with the oracle): "
-          + ", ".join(bad), file=sys.stderr)
-  return 1 if bad else 0
+  return _exit_status(bad)
 
 
 def main(argv=None) -> int:
@@ -136,10 +141,7 @@ def main(argv=None) -> int:
   bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
          if r["status"] == "error"
          or not r.get("agreement", {}).get("vs_oracle", {"ok": True})["ok"]]
-  if bad:
-    print("\nFAILED (error, or disagrees with the oracle): "
-          + ", ".join(bad), file=sys.stderr)
-  return 1 if bad else 0
+  return _exit_status(bad)
 
 
 if __name__ == "__main__":

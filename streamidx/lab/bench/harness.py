@@ -328,16 +328,22 @@ def worker_machine(timeout: float = 600.0) -> dict:
   return res
 
 
+class _NoBar:
+  def set_description(self, *_):
+    pass
+
+  update = close = set_description
+
+
 def progress_bar(total: int, enabled: bool):
-  """A tqdm bar on stderr, or None (disabled, or tqdm missing)."""
-  if not enabled:
-    return None
-  try:
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("(tqdm not installed: no progress bar)", file=sys.stderr)
-    return None
-  return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+  """A tqdm bar on stderr, or one that shows nothing (disabled, or no tqdm)."""
+  if enabled:
+    try:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+      return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+      print("(tqdm not installed: no progress bar)", file=sys.stderr)
+  return _NoBar()
 
 
 def command_line() -> str:
@@ -457,8 +463,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
       check = None
       shape_rows = []
       for ci, impl in enumerate(impls):
-        if bar is not None:
-          bar.set_description(f"{shape.name}: {impl}")
+        bar.set_description(f"{shape.name}: {impl}")
         row = {"shape": shape.name, "impl": impl,
                "variant": column_variant(impl)}
         kernel = _kernel_spec(shape, impl, generation) if row["variant"] else {}
@@ -488,8 +493,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
             if impl == "reference":
               ref = (np.load(save), np.load(spec["save_scores"]))
         shape_rows.append(row)
-        if bar is not None:
-          bar.update()
+        bar.update()
       for row in shape_rows:
         if row["status"] == "ok":
           got = np.load(row.pop("output"))
@@ -500,8 +504,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
         doc["shapes"][-1]["f32_score_bound"] = check[3]
         doc["shapes"][-1]["oracle_rows_checked"] = len(check[0])
       doc["results"].extend(shape_rows)
-  if bar is not None:
-    bar.close()
+  bar.close()
   doc["ratios"] = report.ratios(doc)
   path = out_dir / "bench.json"
   path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -239,8 +239,7 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
              "one_chunk_formula_temp_bytes": {"low": formula[0],
                                              "high": formula[1]}}
       for impl in ("streaming", "reference"):
-        if bar is not None:
-          bar.set_description(f"{shape.name}: {impl}")
+        bar.set_description(f"{shape.name}: {impl}")
         if impl == "reference":
           p = predicted["reference"]
           need = p["argument_bytes"] + p["temp_bytes"] + p["output_bytes"]
@@ -254,7 +253,7 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                 "skipped (--one-shot skip)" if one_shot == "skip" else
                 f"predicted {memory.mib(need)} MiB >= half of MemAvailable "
                 f"({memory.mib(avail)} MiB)")}
-            if bar is not None and one_shot != "skip":
+            if one_shot != "skip":
               bar.update()
             continue
         save = os.path.join(tmp, f"{i}_{impl}.npy")
@@ -269,11 +268,9 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
               res["identical_to_streaming"] = bool(
                   np.array_equal(np.load(save), np.load(s_path)))
         row[impl] = res
-        if bar is not None:
-          bar.update()
+        bar.update()
       doc["results"].append(row)
-  if bar is not None:
-    bar.close()
+  bar.close()
   (out_dir / "long_context.json").write_text(json.dumps(doc, indent=1) + "\n",
                                              encoding="utf-8")
   return doc
