@@ -169,13 +169,16 @@ def test_reference_with_a_single_sequence_slot_and_many_entries(
                                                      (64, 256, 12, 5)])
 def test_reference_remainder_batch_with_a_single_sequence_slot(
     heads, entries, rows, batch):
-  """lax.map's last, smaller batch of rows; XLA:CPU once miscompiled it."""
+  """Rows in blocks of `batch`, the last one partly padding: the earlier
+  reference's smaller last `lax.map` batch, which XLA:CPU once miscompiled."""
   b = si.make_mixed_batch(prefill=[(rows, entries * 4)], page_size=16,
                           compression_ratio=4)
   inp = si.make_inputs(b, num_heads=heads, fmt="fp8", seed=0)
-  got = np.asarray(si.token_scores(
-      *inp.args, compression_ratio=4,
-      chunk_bytes=batch * entries * (128 * 4 + 4 * heads)), np.float64)
+  per_row = si.ref.step_bytes_per_row(entries, heads, 128, inp.cache.shape[-1])
+  assert si.ref.rows_per_block(rows, entries, heads, 128, inp.cache.shape[-1],
+                               batch * per_row) == batch
+  got = np.asarray(si.token_scores(*inp.args, compression_ratio=4,
+                                   chunk_bytes=batch * per_row), np.float64)
   want = oracle.scores(inp.q.astype(np.float32), inp.weights, inp.cache,
                        b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
                        ratio=4)

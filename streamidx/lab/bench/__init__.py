@@ -39,8 +39,9 @@ bound of the vendored kernel call (`streamidx.lab.model.roofline` over
 Checked, untimed: against the oracle on every row of small batches and the
 first and last 8 rows of larger ones, tie-aware (`metrics.compare_topk`)
 with atol = 2 x `oracle.f32_score_bound`, a derived bound on float32
-rounding (independent of the reference and covering it; the command exits 1
-when any implementation fails it); and against the reference's indices:
+rounding (the oracle shares only `ref.score_entries` with the reference, not
+its engine or float32 arithmetic, so it covers the reference too; the command
+exits 1 when any implementation fails it); and against the reference's indices:
 identical, or tie-aware with exact ties (atol 0) on the reference's scores.
 Timings are never asserted; the README quotes ratios measured in one run.
 Results: a table on the terminal, `<out>/bench.json` (`harness.SCHEMA`),
