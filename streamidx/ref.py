@@ -170,7 +170,7 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
   ids_per_chunk = chunk // page_size if pool_pages else chunk
   tc = chunk_tokens or rows_per_block(num_tokens, num_entries, num_heads,
                                       head_dim, lkv, chunk_bytes)
-  tc = cdiv(num_tokens, cdiv(num_tokens, min(tc, num_tokens)))  # even blocks
+  tc = cdiv(num_tokens, cdiv(num_tokens, tc)) if num_tokens else 1  # even
 
   def chunk_scores(qb, wb, seq, pos, rows_table, c):
     """f32[Tc, C] masked scores of chunk c (pooled: [Tc, C / page_size])."""

@@ -220,3 +220,12 @@ def test_score_entries_computes_in_float64_for_float64_inputs():
   f32 = si.ref.score_entries(q.astype(np.float32), w.astype(np.float32),
                              kv.astype(np.float32), None)
   assert f32.dtype == np.float32
+
+
+def test_no_query_rows_give_an_empty_result():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  args = list(inp.args)
+  args[0], args[1] = args[0][:0], args[1][:0]
+  got = si.streamindex_topk_ref(*args, k=K, compression_ratio=4)
+  assert got.shape == (0, K)
+  assert si.token_scores(*args, compression_ratio=4).shape[0] == 0
