@@ -1,46 +1,55 @@
 """Exact pure-JAX reference for the StreamIndex top-k kernels.
 
-Each function takes the same arguments as its kernel, so a caller can swap
-one for the other (block-size and VMEM arguments are accepted and ignored):
+Each function takes its kernel's arguments, so a caller can swap one for the
+other: `streamindex_topk_ref`, `streamindex_page_topk_ref` and their `_dense_`
+twins <-> `streamidx.streamindex_topk`, `streamindex_page_topk`, ....
+The kernels' schedule arguments (block sizes, `vmem_limit_bytes`,
+`decode_req_batch_size`, `sort_decode`, `num_cores`) are accepted here and in
+`streamidx.streaming` for that drop-in use, and ignored; so is `topk_method`
+(checked against `streamidx.topk.TOPK_METHODS`): the reference selects
+exactly, as every exact method does and as "approx" is measured against.
+`cache_kv` may be any packed cache, the float32 one (the exact baseline), or
+the dense FP8 pair `(cache_values, cache_scales)`, scored as the packed "fp8"
+record it decodes to.
 
-- `streamindex_topk_ref`       <-> `streamidx.streamindex_topk`
-- `streamindex_page_topk_ref`  <-> `streamidx.streamindex_page_topk`
-- `streamindex_topk_dense_ref` <-> `streamidx.streamindex_topk_dense`
-- `streamindex_page_topk_dense_ref` <-> `streamidx.streamindex_page_topk_dense`
+Row t (sequence b, absolute position p) scores entry s as
+sum_h w[t, h] * ReLU(q[t, h] . k[s]) (`score_entries`, in the kernel's
+arithmetic order; XLA may still sum the kernel's blocks in another order,
+hence `metrics.summation_atol`) where s < seq_len // ratio and
+s < `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf,
+which the top-k returns as -1 (ties to the lowest index, `streamidx.topk`).
+Padding rows are all -1; a page scores its entries' max.
 
-`cache_kv` may also be the dense FP8 pair `(cache_values, cache_scales)`
-(`streamidx.cache.pack_dense_fp8_cache`): it decodes to the same e4m3 values
-and scales as the packed "fp8" record of the same keys, and is scored alike.
+One engine (`_run`) computes everything here and in `streamidx.streaming`:
 
-Semantics, for the query at absolute position p of sequence b
-(p = seq_len - q_len + i for its i-th query token):
+    for each block of Tc query rows (`rows_per_block`)          (lax.map)
+      running = (-inf, -1) * k                                   [Tc, k]
+      for each chunk of C entries (here C = all E of them)      (lax.scan)
+        gather the chunk's records through the page table       [Tc, C, lkv]
+        unpack (`cache.unpack_cache_raw`), score, mask          [Tc, C]
+        running = top_k(concat(running, chunk), k)              [Tc, k + C]
 
-    score[t, s] = sum_h w[t, h] * ReLU(q[t, h] . k[s])      (k dequantized)
-    visible(s)  = s < seq_len // ratio  and  s < bound(p)
-    bound(p)    = (p + 1) // ratio   ("model", default: complete blocks only)
-                  p // ratio + 1     ("seed": the vendored kernel's rule)
+`token_scores` / `page_scores` return the masked chunk ([T, E] /
+[T, pages_per_seq]); `streamidx.streaming` runs the loop with C < E. Tc does
+not depend on C (`rows_per_block`), so both score a row in the same program.
+Chunks return one `top_k`'s indices, ties included: `lax.top_k` breaks ties
+by the lower position, and in concat(running, chunk) position order is id
+order among equal scores (`running` is sorted by (score desc, id asc), its
+ids below the chunk's); an element of the top k of (prefix + chunk) is in the
+prefix's top k or in the chunk. `tests/test_streaming.py` checks equality.
 
-Invisible entries score -inf; the top-k (exact: `topk_from_scores`, ties to
-the lowest index, see `streamidx.topk`) returns -1 in their place. Rows that belong to no sequence (padding) are all -1.
-
-Arithmetic follows the kernel's order: the dot product runs on the stored
-values (e4m3 or bf16) with f32 accumulation, then ReLU, the weighted head
-sum, and only then the FP8 record's power-of-two scale. XLA may still order
-the f32 sums differently for the kernel's block shapes than here (seen: one
-ulp), so kernel and reference are compared within
-`metrics.summation_atol`, a bound derived from this arithmetic. Multiplying by a power of two is exact and
-commutes with ReLU and the weighted sum, so this equals scoring dequantized
-keys (barring f32 overflow/underflow), which the tests check against an
-independent NumPy oracle.
-
-Memory: the one-shot reference materializes the `[T, entries]` score matrix
-and, per chunk of query tokens, that chunk's gathered keys; the chunk size is
-picked to keep the latter near `chunk_bytes`.
+XLA:CPU (jax 0.10.2) miscompiled an earlier reference, which indexed each
+sequence's whole gathered cache per row: with one sequence slot and >= 256
+entries every score of a row became its first column, in `lax.map`'s
+remainder batch too. The engine gathers records per row instead, picks the
+row's page-table row with `jnp.take` and keeps the gathered records behind an
+`optimization_barrier`, as the earlier workaround did; `tests/test_reference.py`
+pins both shapes (they pass without the two guards too, on jax 0.10.2).
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -48,34 +57,67 @@ import numpy as np
 
 from streamidx import cache as cache_lib
 from streamidx import topk as topk_lib
-from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES, causal_visible_bound
+from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, cdiv,
+                                 causal_visible_bound, check_causal_rule)
 
 __all__ = [
-    "token_scores",
-    "page_scores",
-    "topk_from_scores",
-    "streamindex_topk_ref",
-    "streamindex_page_topk_ref",
-    "streamindex_topk_dense_ref",
+    "score_entries", "token_scores", "page_scores", "topk_from_scores",
+    "visible_counts", "rows_per_block", "streamindex_topk_ref",
+    "streamindex_page_topk_ref", "streamindex_topk_dense_ref",
     "streamindex_page_topk_dense_ref",
 ]
 
-_DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
+DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
+
+
+def jit_static_keywords(fn):
+  """`jax.jit` with every keyword-only argument static (the call's config)."""
+  names = [p.name for p in inspect.signature(fn).parameters.values()
+           if p.kind is p.KEYWORD_ONLY]
+  return jax.jit(fn, static_argnames=names)
+
+
+def score_entries(qt, wt, kv, scale):
+  """[E] unmasked scores of one query row, in the kernel's arithmetic order:
+  dot of qt [H, D] (q's dtype) with the stored values kv [E, D] (e4m3fn,
+  bf16, f32 or f64), ReLU, weighted sum over wt [H], then scale [E] (the FP8
+  power-of-two scales; None: 1). Float32 accumulation, or float64 where an
+  input is float64 (under `jax.enable_x64(True)`); products and the scale
+  are exact, so this equals scoring dequantized keys.
+  """
+  wide = any(jnp.dtype(x.dtype) == jnp.float64 for x in (qt, wt, kv))
+  acc = jnp.float64 if wide else jnp.float32
+  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=acc)
+  s = jnp.maximum(s, 0.0) * wt.astype(acc)[:, None]
+  s = s.sum(axis=0)
+  return s if scale is None else s * scale
+
+
+def step_bytes_per_row(entries: int, num_heads: int, head_dim: int,
+                       lkv: int, k: int = 0) -> int:
+  """Bytes one query row adds to a step over `entries` entries: records,
+  unpacked and widened values, per-head scores, scores, scale, mask, merge
+  candidates (value, id)."""
+  return entries * (lkv + 5 * head_dim + 4 * num_heads + 20) + 16 * k
+
+
+def rows_per_block(num_tokens: int, num_entries: int, num_heads: int,
+                   head_dim: int, lkv: int,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+  """Query rows per block: a step over all `num_entries` near `chunk_bytes`."""
+  per = step_bytes_per_row(num_entries, num_heads, head_dim, lkv)
+  return int(max(1, min(num_tokens, chunk_bytes // max(per, 1))))
 
 
 def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
   """Per query row: (sequence id or -1, absolute position)."""
   t = jnp.arange(num_tokens, dtype=jnp.int32)
-  if one_token_per_seq:
-    max_num_seqs = seq_lens.shape[0]
-    seq = jnp.where(t < jnp.minimum(num_seqs, max_num_seqs), t, -1)
-    seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
-    pos = seq_lens[seq_c] - 1
-    return seq, pos
-  # Sequence b owns rows [cu_q_lens[b], cu_q_lens[b + 1]); among b < num_seqs.
-  bounds = cu_q_lens[1:]
-  seq = jnp.searchsorted(bounds, t, side="right").astype(jnp.int32)
   max_num_seqs = seq_lens.shape[0]
+  if one_token_per_seq:
+    seq = jnp.where(t < jnp.minimum(num_seqs, max_num_seqs), t, -1)
+    return seq, seq_lens[jnp.clip(seq, 0, max_num_seqs - 1)] - 1
+  # Sequence b owns rows [cu_q_lens[b], cu_q_lens[b + 1]); among b < num_seqs.
+  seq = jnp.searchsorted(cu_q_lens[1:], t, side="right").astype(jnp.int32)
   seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
   live = (seq < num_seqs) & (t >= cu_q_lens[seq_c]) & (t < cu_q_lens[seq_c + 1])
   q_len = cu_q_lens[seq_c + 1] - cu_q_lens[seq_c]
@@ -83,141 +125,145 @@ def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
   return jnp.where(live, seq, -1), pos
 
 
-def score_entries(qt, wt, kv, scale):
-  """One query row against a run of entries: the kernel's arithmetic order.
-
-  Args:
-    qt: [H, D] the row's queries (q's dtype).
-    wt: f32[H] its indexer weights.
-    kv: [E, D] stored key values (e4m3fn, bf16 or f32).
-    scale: f32[E] the FP8 records' power-of-two scales, or None.
-
-  Returns:
-    f32[E] unmasked scores: dot in f32, ReLU, weighted head sum, then scale.
-  """
-  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=jnp.float32)
-  s = jnp.maximum(s, 0.0)
-  s = s * wt[:, None]
-  s = s.sum(axis=0)
-  if scale is not None:
-    s = s * scale
-  return s
+def _entry_arrays(cache_kv):
+  """Entry-major arrays (row P * page_size + t: entry t of page P): the
+  packed cache [N, lkv], or the dense pair's values [N, lanes], scales [N]."""
+  if isinstance(cache_kv, (tuple, list)):
+    values, scales = (jnp.asarray(a) for a in cache_kv)
+    return values.reshape(-1, values.shape[-1]), scales.reshape(-1)
+  cache_kv = jnp.asarray(cache_kv)
+  return (cache_kv.reshape(-1, cache_kv.shape[-1]),)
 
 
-def rows_per_batch(num_tokens: int, num_entries: int, num_heads: int,
-                   head_dim: int,
-                   chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> int:
-  """Query rows the one-shot reference scores per `lax.map` batch."""
-  per_token = num_entries * (head_dim * 4 + num_heads * 4)
-  return int(max(1, min(num_tokens, chunk_bytes // max(per_token, 1))))
+def _unpack_entries(parts, head_dim):
+  """Gathered `_entry_arrays` rows -> (values [N, D], f32 scales [N] | None)."""
+  n = parts[0].shape[0]
+  cache = parts[0].reshape(n, 1, 1, -1)
+  if len(parts) == 2:
+    cache = (cache, parts[1].reshape(n, 1, 1))
+  values, scales = cache_lib.unpack_cache_raw(cache, head_dim)
+  return values.reshape(n, head_dim), scales
 
 
-def _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-            num_seqs, *, compression_ratio, causal_rule, one_token_per_seq,
-            chunk_bytes):
+def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+         num_seqs, *, compression_ratio, causal_rule, one_token_per_seq=False,
+         pool_pages=False, k=None, chunk_entries=None, chunk_tokens=None,
+         chunk_bytes=DEFAULT_CHUNK_BYTES):
+  """The engine (module docstring). k None: masked scores f32[T, E] (pooled:
+  [T, pages_per_seq]); else (ids i32[T, k], their scores f32[T, k])."""
+  check_causal_rule(causal_rule)
   num_tokens, num_heads, head_dim = q.shape
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
-  values, scales = cache_lib.unpack_cache_raw(cache_kv, head_dim)
-  page_size = values.shape[1]
+  total_pages, page_size = cache_lib.cache_pages(cache_kv)
   num_entries = pages_per_seq * page_size
-  table = page_indices.reshape(max_num_seqs, pages_per_seq)
+  parts = _entry_arrays(cache_kv)
+  lkv = sum(int(np.prod(p.shape[1:])) * p.dtype.itemsize for p in parts)
   # The kernel clamps page indices to the cache; so does the gather here.
-  table = jnp.clip(table, 0, values.shape[0] - 1)
-  seq_values = values[table].reshape(max_num_seqs, num_entries, head_dim)
-  seq_scales = (None if scales is None else
-                scales[table].reshape(max_num_seqs, num_entries))
-  # XLA:CPU (jax 0.10.2) miscompiles the per-token gather + dot below when
-  # max_num_seqs == 1 and there are >= 256 entries (every score of a row
-  # becomes its first column). The barrier keeps the gathered cache an
-  # opaque operand; tests/test_reference.py pins the case.
-  seq_values, seq_scales = jax.lax.optimization_barrier(
-      (seq_values, seq_scales))
-
+  table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
+                   total_pages - 1)
   seq_ids, positions = _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens,
                                    one_token_per_seq)
   weights = indexer_weights.astype(jnp.float32)
-  entry = jnp.arange(num_entries, dtype=jnp.int32)
+  chunk = min(chunk_entries or num_entries, num_entries)
+  num_chunks = cdiv(num_entries, chunk)
+  ids_per_chunk = chunk // page_size if pool_pages else chunk
+  tc = chunk_tokens or rows_per_block(num_tokens, num_entries, num_heads,
+                                      head_dim, lkv, chunk_bytes)
+  tc = cdiv(num_tokens, cdiv(num_tokens, tc)) if num_tokens else 1  # even
 
-  def one_token(args):
-    qt, wt, seq, pos = args
-    seq_c = jnp.maximum(seq, 0)
-    # `take`, not `seq_values[seq_c]`: with max_num_seqs == 1, XLA:CPU
-    # (jax 0.10.2) also miscompiles the indexing gather in lax.map's
-    # remainder batch (num_tokens % batch_size != 0), barrier or not.
-    kv = jnp.take(seq_values, seq_c, axis=0)  # [E, D]
-    scale = (None if seq_scales is None else
-             jnp.take(seq_scales, seq_c, axis=0))
-    s = score_entries(qt, wt, kv, scale)
-    kv_len = seq_lens[seq_c] // compression_ratio
+  def chunk_scores(qb, wb, seq, pos, rows_table, c):
+    """f32[Tc, C] masked scores of chunk c (pooled: [Tc, C / page_size])."""
+    entry = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C]
+    page = jnp.minimum(entry // page_size, pages_per_seq - 1)
+    flat = (rows_table[:, page] * page_size + entry % page_size).reshape(-1)
+    gathered = jax.lax.optimization_barrier(tuple(p[flat] for p in parts))
+    values, scales = _unpack_entries(gathered, head_dim)
+    s = jax.vmap(score_entries)(
+        qb, wb, values.reshape(tc, chunk, head_dim),
+        None if scales is None else scales.reshape(tc, chunk))
+    kv_len = seq_lens[jnp.maximum(seq, 0)] // compression_ratio
     bound = causal_visible_bound(pos, compression_ratio, causal_rule)
-    mask = (entry < kv_len) & (entry < bound) & (seq >= 0)
-    return jnp.where(mask, s, -jnp.inf)
+    mask = ((entry[None, :] < kv_len[:, None])
+            & (entry[None, :] < bound[:, None])
+            & (seq >= 0)[:, None] & (entry < num_entries)[None, :])
+    s = jnp.where(mask, s, -jnp.inf)
+    if pool_pages:
+      s = s.reshape(tc, ids_per_chunk, page_size).max(axis=-1)
+    return s
 
-  batch_size = rows_per_batch(num_tokens, num_entries, num_heads, head_dim,
-                              chunk_bytes)
-  return jax.lax.map(one_token, (q, weights, seq_ids, positions),
-                     batch_size=batch_size)
+  def block(args):
+    qb, wb, seq, pos = args  # [Tc, H, D], f32[Tc, H], i32[Tc], i32[Tc]
+    rows_table = jnp.take(table, jnp.maximum(seq, 0), axis=0)
+    if k is None:
+      return chunk_scores(qb, wb, seq, pos, rows_table, 0)
+
+    def step(carry, c):  # canonical zeros: scores tie as `streamidx.topk`
+      s = topk_lib.canonical_zero(chunk_scores(qb, wb, seq, pos, rows_table,
+                                               c))
+      ids = c * ids_per_chunk + jnp.arange(ids_per_chunk, dtype=jnp.int32)
+      vals = jnp.concatenate([carry[0], s], axis=1)  # running first
+      cand = jnp.concatenate(
+          [carry[1], jnp.broadcast_to(ids, (tc, ids_per_chunk))], axis=1)
+      vals, at = jax.lax.top_k(vals, k)
+      return (vals, jnp.take_along_axis(cand, at, axis=1)), None
+
+    init = (jnp.full((tc, k), -jnp.inf, jnp.float32),
+            jnp.full((tc, k), -1, jnp.int32))
+    (vals, ids), _ = jax.lax.scan(step, init,
+                                  jnp.arange(num_chunks, dtype=jnp.int32))
+    return jnp.where(vals == -jnp.inf, -1, ids).astype(jnp.int32), vals
+
+  num_blocks = cdiv(num_tokens, tc)
+
+  def blocked(x, fill):
+    pad = [(0, num_blocks * tc - num_tokens)] + [(0, 0)] * (x.ndim - 1)
+    x = jnp.pad(x, pad, constant_values=fill)
+    return x.reshape((num_blocks, tc) + x.shape[1:])
+
+  out = jax.lax.map(block, (blocked(q, 0), blocked(weights, 0),
+                            blocked(seq_ids, -1), blocked(positions, 0)))
+  return jax.tree.map(
+      lambda x: x.reshape((num_blocks * tc,) + x.shape[2:])[:num_tokens], out)
 
 
-def _pool_pages(scores, page_size):
-  t, e = scores.shape
-  return scores.reshape(t, e // page_size, page_size).max(axis=-1)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("compression_ratio", "causal_rule", "chunk_bytes"))
+@jit_static_keywords
 def token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                  cu_q_lens, distribution, *, compression_ratio: int,
                  causal_rule: str = "model",
-                 chunk_bytes: int = _DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
   """Masked scores f32[T, pages_per_seq * page_size]; -inf = not visible.
 
   Column s is sequence-local compressed entry s (the kernel's index space).
+  `chunk_bytes` sizes the row blocks (`rows_per_block`).
   """
-  return _scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                 cu_q_lens, distribution[2],
-                 compression_ratio=compression_ratio, causal_rule=causal_rule,
-                 one_token_per_seq=False, chunk_bytes=chunk_bytes)
+  return _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+              distribution[2], compression_ratio=compression_ratio,
+              causal_rule=causal_rule, chunk_bytes=chunk_bytes)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("compression_ratio", "causal_rule", "one_token_per_seq",
-                     "chunk_bytes"))
+@jit_static_keywords
 def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                 cu_q_lens, num_seqs, *, compression_ratio: int = 1,
                 causal_rule: str = "model", one_token_per_seq: bool = False,
-                chunk_bytes: int = _DEFAULT_CHUNK_BYTES):
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES):
   """Page-pooled scores f32[T, pages_per_seq]: max over each page's entries."""
-  _, page_size = cache_lib.cache_pages(cache_kv)
-  s = _scores(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+  return _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
               jnp.asarray(num_seqs, jnp.int32),
               compression_ratio=compression_ratio, causal_rule=causal_rule,
-              one_token_per_seq=one_token_per_seq, chunk_bytes=chunk_bytes)
-  return _pool_pages(s, page_size)
+              one_token_per_seq=one_token_per_seq, pool_pages=True,
+              chunk_bytes=chunk_bytes)
 
 
 def topk_from_scores(scores, k: int, *, return_scores: bool = False):
-  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf.
-
-  `streamidx.topk.select_topk(scores, k, "top_k")`: by score descending
-  (-0.0 equals +0.0), equal scores by index ascending, -1 past the visible
-  entries; every exact `topk_method` of the kernels returns the same.
-  With `return_scores`, returns (indices, f32[T, k] their scores, -inf
-  where the index is -1; `streamidx.topk.scores_at`).
-  """
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf:
+  `streamidx.topk.select_topk(scores, k, "top_k")`, as every exact method.
+  With `return_scores`: (indices, f32[T, k] `streamidx.topk.scores_at`)."""
   idx = topk_lib.select_topk(scores, k, "top_k")
   return (idx, topk_lib.scores_at(scores, idx)) if return_scores else idx
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("k", "compression_ratio", "num_kv_pages_per_block",
-                     "num_queries_per_block", "vmem_limit_bytes",
-                     "decode_req_batch_size", "causal_rule", "topk_method",
-                     "return_scores", "sort_decode"))
+@jit_static_keywords
 def streamindex_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -229,8 +275,7 @@ def streamindex_topk_ref(
     *,
     k: int,
     compression_ratio: int,
-    num_kv_pages_per_block=None,
-    num_queries_per_block=None,
+    num_kv_pages_per_block=None, num_queries_per_block=None,
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
     decode_req_batch_size: int = 4,
     causal_rule: str = "model",
@@ -240,30 +285,19 @@ def streamindex_topk_ref(
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
-  Block sizes, `vmem_limit_bytes`, `decode_req_batch_size` and `sort_decode`
-  only shape the kernel's schedule; they are accepted for drop-in use and
-  ignored. So is
-  `topk_method` (checked against `streamidx.topk.TOPK_METHODS`): the
-  reference always selects exactly (`topk_from_scores`), which is what every
-  exact method returns and what "approx" is measured against. A float32
-  cache (`cache.pack_cache(keys, "f32")`) is accepted too: the exact baseline.
   `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
-  del decode_req_batch_size, sort_decode
+  del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
   topk_lib.check_topk_method(topk_method)
-  s = token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                   cu_q_lens, distribution,
-                   compression_ratio=compression_ratio,
-                   causal_rule=causal_rule)
-  return topk_from_scores(s, k, return_scores=return_scores)
+  idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                     cu_q_lens, distribution[2], k=k,
+                     compression_ratio=compression_ratio,
+                     causal_rule=causal_rule)
+  return (idx, scores) if return_scores else idx
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("k_pages", "compression_ratio", "num_kv_pages_per_block",
-                     "num_queries_per_block", "vmem_limit_bytes",
-                     "causal_rule", "one_token_per_seq", "return_scores"))
+@jit_static_keywords
 def streamindex_page_topk_ref(
     q,  # [max_num_tokens, num_q_heads, head_dim]
     indexer_weights,  # [max_num_tokens, num_q_heads]
@@ -275,8 +309,7 @@ def streamindex_page_topk_ref(
     *,
     k_pages: int,
     compression_ratio: int = 1,
-    num_kv_pages_per_block: int = 128,
-    num_queries_per_block: int = 512,
+    num_kv_pages_per_block: int = 128, num_queries_per_block: int = 512,
     vmem_limit_bytes=64 * 1024 * 1024,
     causal_rule: str = "model",
     one_token_per_seq: bool = False,
@@ -284,29 +317,25 @@ def streamindex_page_topk_ref(
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
-  A page's score is the max of its entries' masked scores; pages with no
-  visible entry are -inf and come back as -1.
-
-  one_token_per_seq=False: the prefill/extend form, rows assigned to
-  sequences by `cu_q_lens` (what the kernel computes). True: the decode form,
-  row i is the single query (at position seq_len - 1) of sequence i, and
-  `cu_q_lens` is ignored. Unlike the kernel, any `compression_ratio` works.
-  `return_scores=True` returns (page ids, f32[T, k_pages] page scores).
+  one_token_per_seq=False: rows assigned to sequences by `cu_q_lens` (what
+  the kernel computes). True: the decode form, row i is the single query (at
+  seq_len - 1) of sequence i, `cu_q_lens` ignored. Any `compression_ratio`
+  works. `return_scores=True` returns (page ids, f32[T, k_pages] scores).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
-  s = page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                  cu_q_lens, num_seqs, compression_ratio=compression_ratio,
-                  causal_rule=causal_rule,
-                  one_token_per_seq=one_token_per_seq)
-  return topk_from_scores(s, k_pages, return_scores=return_scores)
+  idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
+                     cu_q_lens, jnp.asarray(num_seqs, jnp.int32), k=k_pages,
+                     compression_ratio=compression_ratio,
+                     causal_rule=causal_rule,
+                     one_token_per_seq=one_token_per_seq, pool_pages=True)
+  return (idx, scores) if return_scores else idx
 
 
 def streamindex_topk_dense_ref(q, indexer_weights, cache_values, cache_scales,
                                seq_lens, page_indices, cu_q_lens, distribution,
                                **static):
-  """Reference twin of `streamindex_topk_dense`: the dense FP8 pair scored
-  as `streamindex_topk_ref` scores the packed FP8 record (same keywords;
-  `num_cores` shapes the kernel's grid only and is ignored)."""
+  """Reference twin of `streamindex_topk_dense` (keywords as
+  `streamindex_topk_ref`; `num_cores` is ignored)."""
   static.pop("num_cores", None)
   return streamindex_topk_ref(q, indexer_weights, (cache_values, cache_scales),
                               seq_lens, page_indices, cu_q_lens, distribution,

@@ -169,13 +169,16 @@ def test_reference_with_a_single_sequence_slot_and_many_entries(
                                                      (64, 256, 12, 5)])
 def test_reference_remainder_batch_with_a_single_sequence_slot(
     heads, entries, rows, batch):
-  """lax.map's last, smaller batch of rows; XLA:CPU once miscompiled it."""
+  """Rows in blocks of `batch`, the last one partly padding: the earlier
+  reference's smaller last `lax.map` batch, which XLA:CPU once miscompiled."""
   b = si.make_mixed_batch(prefill=[(rows, entries * 4)], page_size=16,
                           compression_ratio=4)
   inp = si.make_inputs(b, num_heads=heads, fmt="fp8", seed=0)
-  got = np.asarray(si.token_scores(
-      *inp.args, compression_ratio=4,
-      chunk_bytes=batch * entries * (128 * 4 + 4 * heads)), np.float64)
+  per_row = si.ref.step_bytes_per_row(entries, heads, 128, inp.cache.shape[-1])
+  assert si.ref.rows_per_block(rows, entries, heads, 128, inp.cache.shape[-1],
+                               batch * per_row) == batch
+  got = np.asarray(si.token_scores(*inp.args, compression_ratio=4,
+                                   chunk_bytes=batch * per_row), np.float64)
   want = oracle.scores(inp.q.astype(np.float32), inp.weights, inp.cache,
                        b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
                        ratio=4)
@@ -184,3 +187,45 @@ def test_reference_remainder_batch_with_a_single_sequence_slot(
   np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
   live = ~np.isneginf(want)
   assert np.abs(got[live] - want[live]).max() <= bound
+
+
+def test_dense_pair_scores_as_the_packed_fp8_record():
+  """The engine reads the dense pair's two arrays as the packed record."""
+  inp = _inputs("all_three_ranges", 1, "fp8")
+  q, w, _, *meta = inp.args
+  pair = si.pack_dense_fp8_cache(inp.keys)
+  np.testing.assert_array_equal(
+      si.token_scores(q, w, pair, *meta, compression_ratio=1),
+      si.token_scores(*inp.args, compression_ratio=1))
+  kw = dict(k=K, compression_ratio=1, num_cores=2)  # num_cores: ignored
+  np.testing.assert_array_equal(
+      si.streamindex_topk_dense_ref(q, w, *pair, *meta, **kw),
+      si.streamindex_topk_ref(*inp.args, k=K, compression_ratio=1))
+  q, w, _, *meta = inp.page_args
+  np.testing.assert_array_equal(
+      si.streamindex_page_topk_dense_ref(q, w, *pair, *meta, k_pages=5),
+      si.streamindex_page_topk_ref(*inp.page_args, k_pages=5))
+
+
+def test_score_entries_computes_in_float64_for_float64_inputs():
+  """The FP8 study's float64 truth calls it under `jax.enable_x64(True)`."""
+  rng = np.random.default_rng(0)
+  q, w = rng.standard_normal((4, 8)), rng.standard_normal(4)
+  kv, scale = rng.standard_normal((10, 8)), np.full(10, 0.5)
+  with jax.enable_x64(True):
+    got = si.ref.score_entries(q, w, kv, scale)
+    assert got.dtype == np.float64
+  want = 0.5 * (w @ np.maximum(q @ kv.T, 0.0))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13)
+  f32 = si.ref.score_entries(q.astype(np.float32), w.astype(np.float32),
+                             kv.astype(np.float32), None)
+  assert f32.dtype == np.float32
+
+
+def test_no_query_rows_give_an_empty_result():
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  args = list(inp.args)
+  args[0], args[1] = args[0][:0], args[1][:0]
+  got = si.streamindex_topk_ref(*args, k=K, compression_ratio=4)
+  assert got.shape == (0, K)
+  assert si.token_scores(*args, compression_ratio=4).shape[0] == 0

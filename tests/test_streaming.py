@@ -1,4 +1,4 @@
-"""The streaming reference returns the one-shot reference's indices, exactly.
+"""The streaming reference returns the one-chunk reference's indices, exactly.
 
 Exactly means equal index arrays (set and order), which is stronger than
 the tie-aware parity the kernel is held to; every comparison also runs the
@@ -150,15 +150,14 @@ def test_page_streaming_equals_one_shot(one_token_per_seq, k_pages,
                                                       (24, 512, None)])
 def test_streaming_matches_numpy_oracle_on_a_one_sequence_prefill(
     rows, entries, chunk_tokens):
-  """Where jax 0.10.2's CPU compiler miscompiles the one-shot's pattern.
+  """Where jax 0.10.2's CPU compiler miscompiled an earlier reference.
 
-  With one sequence slot, an `x[i]` gather feeding a batched dot and a head
-  sum makes XLA score every entry of a row as its first: the one-shot
-  reference hit it (ref.py's optimization barrier covers full `lax.map`
-  batches, not a remainder batch: 3 rows in batches of 2 still fail there).
-  The streaming reference gathers record by record through the page table,
-  never a sequence's whole cache; it must agree with the NumPy oracle
-  within float32 rounding (tie-aware, twice the derived bound).
+  With one sequence slot, an `x[i]` gather of a sequence's whole cache
+  feeding a batched dot and a head sum made XLA score every entry of a row
+  as its first (in a remainder batch of `lax.map` too: 3 rows in batches of
+  2). The engine gathers record by record through the page table (module
+  docstring of `streamidx.ref`); streaming must agree with the bench's
+  oracle within float32 rounding (tie-aware, twice the derived bound).
   """
   b = si.make_mixed_batch(prefill=[(rows, entries * 4)], page_size=PAGE_SIZE,
                           compression_ratio=4)
@@ -190,23 +189,28 @@ def _temp_bytes(fn, args, **kw):
 
 
 def test_streaming_temporaries_do_not_grow_with_the_sequence():
-  """XLA's buffer assignment, compiled from shapes only (nothing runs)."""
+  """XLA's buffer assignment, compiled from shapes only (nothing runs).
+
+  The one-chunk reference's step grows with the entries until its blocks
+  reach `ref.rows_per_block`'s budget (then it blocks fewer rows): both
+  lengths here stay under it.
+  """
   kw = dict(k=512, compression_ratio=4)
-  short, _ = _abstract_decode(4, 16384)
-  long, _ = _abstract_decode(4, 8 * 16384)
+  short, _ = _abstract_decode(4, 4096)
+  long, _ = _abstract_decode(4, 16 * 4096)
   st_short = _temp_bytes(streaming.streamindex_topk_streaming, short, **kw)
   st_long = _temp_bytes(streaming.streamindex_topk_streaming, long, **kw)
   one_short = _temp_bytes(si.streamindex_topk_ref, short, **kw)
   one_long = _temp_bytes(si.streamindex_topk_ref, long, **kw)
   assert st_long <= 1.1 * st_short
-  assert one_long >= 4 * one_short  # the one-shot grows with the entries
+  assert one_long >= 4 * one_short  # one chunk grows with the entries
   assert st_long < one_long / 10
 
 
 @pytest.mark.parametrize("name", ["decode_64x1M", "prefill_1024q_128K",
                                   "decode_8x64K_k2048",
                                   "prefill_512q_32K_k2048"])
-def test_one_shot_memory_formula_brackets_xla(name):
+def test_one_chunk_memory_formula_brackets_xla(name):
   """The formula docs/benchmarks.md quotes, against XLA's buffer assignment."""
   from streamidx.lab import bench
   from streamidx.lab.bench import long_context
@@ -214,11 +218,10 @@ def test_one_shot_memory_formula_brackets_xla(name):
   b = shape.batch()
   xla = _temp_bytes(si.streamindex_topk_ref, long_context.abstract_args(shape),
                     **shape.kernel_kwargs())
-  low, high = streaming.one_shot_temp_bytes(
-      num_tokens=b.num_tokens, head_dim=shape.head_dim,
-      max_num_seqs=b.max_num_seqs, pages_per_seq=b.pages_per_seq,
-      page_size=shape.page_size, total_pages=b.total_num_pages,
-      fmt=shape.fmt)
+  low, high = streaming.one_chunk_temp_bytes(
+      num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
+      num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
+      k=shape.k)
   assert low <= xla <= high, (low, xla, high)
 
 

@@ -4,7 +4,7 @@
     python -m streamidx.bench --quick          # small shapes, for CI
     python -m streamidx.bench --shapes decode:8x16384:512 prefill:128x16384:512
     python -m streamidx.bench --impls kernel reference
-    python -m streamidx.bench --long-context   # streaming reference at 1M tokens
+    python -m streamidx.bench --long-context   # one chunk vs streamed, 1M tokens
     python -m streamidx.bench --list           # the named shapes and columns
     python -m streamidx.bench --topk [...]     # streamidx.lab.bench.topk
 
@@ -25,9 +25,9 @@ from streamidx.lab.bench.shapes import (LONG_CONTEXT, LONG_CONTEXT_KS, QUICK,
 __all__ = ["main"]
 
 _OTHERS = {
-    "reference": "streamidx.streamindex_topk_ref (one-shot, jit)",
-    "streaming": "streamidx.streaming.streamindex_topk_streaming (jit)",
-    "oracle": "the NumPy loop of streamidx.lab.bench.oracle",
+    "reference": "streamidx.streamindex_topk_ref (one chunk, jit)",
+    "streaming": "streamidx.streaming.streamindex_topk_streaming (chunks, jit)",
+    "oracle": "the float64 loop of streamidx.lab.bench.oracle",
 }
 
 
@@ -47,6 +47,14 @@ def _list() -> int:
   return 0
 
 
+def _exit_status(bad) -> int:
+  """1 (and the list on stderr) when a result erred or disagrees."""
+  if bad:
+    print("\nFAILED (error, or disagrees with the oracle): "
+          + ", ".join(bad), file=sys.stderr)
+  return 1 if bad else 0
+
+
 def _long_context(a) -> int:
   doc = long_context.run_long_context(one_shot=a.one_shot, out_dir=a.out,
                                       timeout=a.timeout,
@@ -59,10 +67,7 @@ def _long_context(a) -> int:
          if row.get(impl, {}).get("status") == "error"
          or not row.get(impl, {}).get("spot_check", {"oracle_ok": True})[
              "oracle_ok"]]
-  if bad:
-    print("\nFAILED (error, or disagrees with the NumPy oracle): "
-          + ", ".join(bad), file=sys.stderr)
-  return 1 if bad else 0
+  return _exit_status(bad)
 
 
 def main(argv=None) -> int:
@@ -72,8 +77,8 @@ def main(argv=None) -> int:
     return topk_bench.main([x for x in argv if x != "--topk"])
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench",
-      description="Kernel variants, jitted reference, streaming reference and "
-      "NumPy oracle, measured side by side (see streamidx.lab.bench).")
+      description="Kernel variants, reference (one chunk), streaming "
+      "reference (chunks) and oracle loop, side by side (streamidx.lab.bench).")
   p.add_argument("--quick", action="store_true",
                  help="small shapes and 3 repeats (CI)")
   p.add_argument("--out", default="build/bench",
@@ -91,10 +96,10 @@ def main(argv=None) -> int:
   p.add_argument("--timeout", type=float, default=1800.0,
                  help="seconds allowed per implementation run")
   p.add_argument("--long-context", action="store_true",
-                 help="the streaming reference at 1M tokens (decode) and "
-                 "128K (prefill), with peak memory")
+                 help="the reference in streamed chunks and in one chunk at "
+                 "1M tokens (decode) and 128K (prefill), with peak memory")
   p.add_argument("--one-shot", choices=("auto", "run", "skip"), default="auto",
-                 help="--long-context: also run the one-shot reference "
+                 help="--long-context: also run the one-chunk reference "
                  "(auto: when XLA predicts it fits in half of MemAvailable)")
   p.add_argument("--no-progress", action="store_true")
   p.add_argument("--no-plot", action="store_true")
@@ -136,10 +141,7 @@ def main(argv=None) -> int:
   bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
          if r["status"] == "error"
          or not r.get("agreement", {}).get("vs_oracle", {"ok": True})["ok"]]
-  if bad:
-    print("\nFAILED (error, or disagrees with the NumPy oracle): "
-          + ", ".join(bad), file=sys.stderr)
-  return 1 if bad else 0
+  return _exit_status(bad)
 
 
 if __name__ == "__main__":

@@ -8,22 +8,11 @@ peak, and keep the parent free of any JAX backend: on a TPU only one process
 may hold the chip, so even the machine description (`machine`) comes from a
 worker.
 
-The implementations (`IMPLEMENTATIONS`, the columns of the report):
-
-- "kernel": the token-mode variant `BASELINE_VARIANT` of `streamidx.VARIANTS`
-  (the vendored `streamindex_topk`); every other token-mode variant NAME
-  adds a column "kernel:NAME". Each runs on its own cache format built from
-  the shape's logical keys (`variant_format`) with the block sizes of
-  `streamidx.block_sizes(...)` for the shape and the detected TPU
-  generation (`kernel_blocks`);
-- "reference": `streamidx.streamindex_topk_ref`, one-shot, jitted;
-- "streaming": `streamidx.streaming.streamindex_topk_streaming`, jitted;
-- "oracle": the NumPy loop of `streamidx.lab.bench.oracle`, only where its
-  work is under `ORACLE_MAX_FLOPS`.
-
-`run_sweep` runs every implementation on every shape, checks each result
-against the reference and the oracle (`agreement`), and writes bench.json
-(and bench.png through `streamidx.lab.bench.report`).
+`IMPLEMENTATIONS` are the report's columns (`streamidx.lab.bench`); a kernel
+column runs its variant's cache format built from the shape's logical keys
+(`variant_format`) with the block-size table's row (`kernel_blocks`).
+`run_sweep` runs each on every shape, checks it (`agreement`) and writes
+bench.json (and bench.png through `report`).
 """
 
 from __future__ import annotations
@@ -51,7 +40,8 @@ from streamidx.lab.bench.shapes import Shape
 __all__ = [
     "SCHEMA", "IMPLEMENTATIONS", "KINDS", "BASELINE_VARIANT",
     "ORACLE_MAX_FLOPS", "kernel_columns", "column_variant", "variant_format",
-    "kernel_blocks", "device_times", "worker", "run_worker", "machine",
+    "kernel_blocks", "device_times", "worker", "compile_call", "measure",
+    "run_worker", "machine",
     "agreement", "progress_bar", "run_sweep",
 ]
 
@@ -137,12 +127,12 @@ def _implementation(spec: dict, shape: Shape, inputs):
             f"{impl} ({si.kernel_mode()})")
   if impl == "reference":
     return (si.streamindex_topk_ref, inputs.args, kw,
-            "reference (one-shot, jit)")
+            "reference (one chunk, jit)")
   if impl == "streaming":
     return (streaming.streamindex_topk_streaming, inputs.args, kw,
-            "streaming reference (jit)")
+            "streaming reference (chunks, jit)")
   if impl == "oracle":
-    return None, inputs.args, kw, "NumPy oracle"
+    return None, inputs.args, kw, "oracle (loop, float64)"
   raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got "
                    f"{impl!r}")
 
@@ -223,7 +213,6 @@ def worker(spec: dict) -> dict:
   """
   if spec.get("machine"):
     return machine()
-  import jax  # pylint: disable=g-import-not-at-top
   from streamidx import modes  # pylint: disable=g-import-not-at-top
   from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top
   from streamidx.batch import make_inputs  # pylint: disable=g-import-not-at-top
@@ -234,33 +223,16 @@ def worker(spec: dict) -> dict:
                     head_dim=shape.head_dim, fmt=shape.fmt, seed=0)
   fn, args, kw, label = _implementation(spec, shape, inp)
   np_args = [np.asarray(a) for a in inp.args]
-  xla = None
-  compile_s = None
   if fn is None:
+    compiled = None
     def run():
       return oracle.oracle_topk(*np_args, **kw)
   else:
-    t0 = time.perf_counter()
-    compiled = fn.lower(*args, **kw).compile()
-    compile_s = time.perf_counter() - t0
-    xla = memory.xla_memory(compiled)
-
-    def run():
-      return jax.block_until_ready(compiled(*args))
-
-  mem = memory.PeakMemory()
-  mem.start()
-  t0 = time.perf_counter()
-  out = run()  # warm-up; its peak is the call's memory
-  warmup_s = time.perf_counter() - t0
-  peak_first = mem.peak()
-  times = []
-  for _ in range(spec["repeats"]):
-    t0 = time.perf_counter()
-    out = run()
-    times.append(time.perf_counter() - t0)
-  peak_all = mem.peak()
+    compiled, run = compile_call(fn, args, kw)
+  out, res = measure(run, spec["repeats"])
   np.save(spec["save"], np.asarray(out))
+  res.update(label=label, compile_s=compiled and compiled["compile_s"])
+  res["memory"]["xla"] = compiled and compiled["xla"]
 
   device = None
   if fn is not None and modes.on_tpu():
@@ -268,7 +240,7 @@ def worker(spec: dict) -> dict:
                           variant=spec.get("variant") or BASELINE_VARIANT)
 
   # Untimed: the reference's scores (the others are compared against them)
-  # and, once per shape, the NumPy oracle on a few rows (an independent
+  # and, once per shape, the oracle on a few rows (an independent
   # check of every implementation, the reference included).
   if spec.get("save_scores"):
     scores = ref_lib.token_scores(*inp.args,
@@ -283,22 +255,38 @@ def worker(spec: dict) -> dict:
     np.save(check["scores"], scores)
     bound = oracle.f32_score_bound(*np_args[:3])
 
-  return {
-      "label": label,
-      "compile_s": compile_s,
-      "warmup_s": warmup_s,
-      "times_s": times,
-      "memory": {
-          "method": mem.method,
-          "rss_before_bytes": mem.rss_before,
-          "peak_rss_first_call_bytes": peak_first,
-          "peak_rss_bytes": peak_all,
-          "peak_over_inputs_bytes": mem.over_start(peak_all),
-          "xla": xla,
-      },
-      "device": device,
-      "f32_score_bound": bound,
-  }
+  return dict(res, device=device, f32_score_bound=bound)
+
+
+def compile_call(fn, args, kw):
+  """`fn` compiled ahead of time: ({compile_s, xla}, a blocking call)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  compiled = fn.lower(*args, **kw).compile()
+  info = {"compile_s": time.perf_counter() - t0,
+          "xla": memory.xla_memory(compiled)}
+  return info, lambda: jax.block_until_ready(compiled(*args))
+
+
+def measure(run, repeats: int):
+  """One warm-up call of `run` (the peak is reset just before it), then
+  `repeats` timed calls: (last output, {warmup_s, times_s, memory})."""
+  mem = memory.PeakMemory()
+  mem.start()
+  t0 = time.perf_counter()
+  out = run()  # warm-up; its peak is the call's memory
+  warmup_s = time.perf_counter() - t0
+  peak_first = mem.peak()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = run()
+    times.append(time.perf_counter() - t0)
+  peak = mem.peak()
+  return out, {"warmup_s": warmup_s, "times_s": times, "memory": {
+      "method": mem.method, "rss_before_bytes": mem.rss_before,
+      "peak_rss_first_call_bytes": peak_first, "peak_rss_bytes": peak,
+      "peak_over_inputs_bytes": mem.over_start(peak)}}
 
 
 # --------------------------------------------------------------------------
@@ -340,16 +328,22 @@ def worker_machine(timeout: float = 600.0) -> dict:
   return res
 
 
+class _NoBar:
+  def set_description(self, *_):
+    pass
+
+  update = close = set_description
+
+
 def progress_bar(total: int, enabled: bool):
-  """A tqdm bar on stderr, or None (disabled, or tqdm missing)."""
-  if not enabled:
-    return None
-  try:
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("(tqdm not installed: no progress bar)", file=sys.stderr)
-    return None
-  return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+  """A tqdm bar on stderr, or one that shows nothing (disabled, or no tqdm)."""
+  if enabled:
+    try:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+      return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+      print("(tqdm not installed: no progress bar)", file=sys.stderr)
+  return _NoBar()
 
 
 def command_line() -> str:
@@ -469,8 +463,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
       check = None
       shape_rows = []
       for ci, impl in enumerate(impls):
-        if bar is not None:
-          bar.set_description(f"{shape.name}: {impl}")
+        bar.set_description(f"{shape.name}: {impl}")
         row = {"shape": shape.name, "impl": impl,
                "variant": column_variant(impl)}
         kernel = _kernel_spec(shape, impl, generation) if row["variant"] else {}
@@ -480,7 +473,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
           row.update(status="skipped", reason=kernel["skip"])
         elif impl == "oracle" and shape.flops() > ORACLE_MAX_FLOPS:
           row.update(status="skipped", reason=(
-              f"{shape.flops() / 1e9:.1f} GFLOP is above the NumPy loop's "
+              f"{shape.flops() / 1e9:.1f} GFLOP is above the oracle loop's "
               f"limit ({ORACLE_MAX_FLOPS / 1e9:.0f} GFLOP)"))
         else:
           save = os.path.join(tmp, f"{si_}_{ci}.npy")
@@ -500,8 +493,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
             if impl == "reference":
               ref = (np.load(save), np.load(spec["save_scores"]))
         shape_rows.append(row)
-        if bar is not None:
-          bar.update()
+        bar.update()
       for row in shape_rows:
         if row["status"] == "ok":
           got = np.load(row.pop("output"))
@@ -512,8 +504,7 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
         doc["shapes"][-1]["f32_score_bound"] = check[3]
         doc["shapes"][-1]["oracle_rows_checked"] = len(check[0])
       doc["results"].extend(shape_rows)
-  if bar is not None:
-    bar.close()
+  bar.close()
   doc["ratios"] = report.ratios(doc)
   path = out_dir / "bench.json"
   path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

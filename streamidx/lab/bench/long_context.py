@@ -1,14 +1,16 @@
-"""Long context: the streaming reference at DeepSeek-V4's 1M tokens.
+"""Long context: the reference in streamed chunks and in one chunk at 1M tokens.
 
-`python -m streamidx.bench --long-context` runs `run_long_context`: for each
-shape of `shapes.LONG_CONTEXT` at each k of `LONG_CONTEXT_KS`, XLA's buffer
-assignment for both references (compiled from shapes alone), the one-shot
-reference's temporaries by `streaming.one_shot_temp_bytes`' formula, then
-the streaming reference in a worker process (peak RSS measured) and the
-one-shot reference where it fits. Each result is spot-checked against the
-NumPy oracle and the one-shot reference on slices of the batch
-(`spot_check`). The inputs come from `long_context_args`, which builds the
-cache a few pages at a time (`random_cache`), since `batch.make_inputs`
+There is one reference (`streamidx.ref`); this compares its two settings:
+"streaming" (`streamidx.streaming`, chunks of entries) and "reference" (all
+of a sequence's entries in one chunk). `python -m streamidx.bench
+--long-context` runs `run_long_context`: for each shape of
+`shapes.LONG_CONTEXT` at each k of `LONG_CONTEXT_KS`, XLA's buffer
+assignment for both (compiled from shapes alone), the one-chunk temporaries
+by `streaming.one_chunk_temp_bytes`' formula, then streaming in a worker
+process (peak RSS measured) and one chunk where it fits. Each result is
+spot-checked against the oracle and the one-chunk reference on slices of the
+batch (`spot_check`). The inputs come from `long_context_args`, which builds
+the cache a few pages at a time (`random_cache`), since `batch.make_inputs`
 would hold float32 keys for every entry.
 """
 
@@ -30,7 +32,7 @@ from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 __all__ = ["LONG_SCHEMA", "random_cache", "long_context_args",
            "abstract_args", "spot_check", "worker", "run_long_context"]
 
-LONG_SCHEMA = "streamidx.bench.long_context/1"
+LONG_SCHEMA = "streamidx.bench.long_context/2"  # /2: one_chunk_* keys
 
 
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
@@ -116,16 +118,16 @@ def abstract_args(shape: Shape):
 
 
 def spot_check(shape: Shape, args, got) -> dict:
-  """The NumPy oracle and the one-shot reference on slices of the batch.
+  """The oracle and the one-chunk reference on slices of the batch.
 
   decode: sequences 0 and last, each with its own pages only (contiguous
   allocation), so the oracle decodes 2048 pages, not the whole cache.
   prefill: the first and last 8 query rows, as prefill chunks of 8 queries
   (a chunk ending at position p sees what the full chunk's rows see), in a
-  batch with a second, empty sequence slot: with one slot, jax 0.10.2's
-  CPU compiler miscompiles the one-shot reference (tests/test_streaming.py).
-  The oracle agrees within twice the float32 bound (tie-aware); the one-shot
-  is compared for identical indices.
+  batch with a second, empty sequence slot (a shape jax 0.10.2's CPU
+  compiler once miscompiled with one slot: `streamidx.ref`). The oracle
+  agrees within twice the float32 bound (tie-aware); the one-chunk
+  reference is compared for identical indices.
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import streamidx as si  # pylint: disable=g-import-not-at-top
@@ -162,12 +164,12 @@ def spot_check(shape: Shape, args, got) -> dict:
     o_idx, o_scores = oracle.oracle_topk(*np_sub, return_scores=True, **kw)
     bound = oracle.f32_score_bound(*np_sub[:3])
     c = metrics.compare_topk(mine, o_idx, o_scores, atol=2 * bound)
-    one_shot = np.asarray(si.streamindex_topk_ref(*sub, **kw))
+    one = np.asarray(si.streamindex_topk_ref(*sub, **kw))
     out.append({"slice": name, "oracle_ok": c.ok, "oracle_atol": 2 * bound,
-                "one_shot_identical": bool(np.array_equal(one_shot, mine))})
+                "one_chunk_identical": bool(np.array_equal(one, mine))})
   return {"slices": out,
           "oracle_ok": all(x["oracle_ok"] for x in out),
-          "one_shot_identical": all(x["one_shot_identical"] for x in out)}
+          "one_chunk_identical": all(x["one_chunk_identical"] for x in out)}
 
 
 def worker(spec: dict) -> dict:
@@ -181,42 +183,29 @@ def worker(spec: dict) -> dict:
   jax.block_until_ready(args)
   build_s = time.perf_counter() - t0
   build_peak = memory.PeakMemory().peak()
-  t0 = time.perf_counter()
-  compiled = fn.lower(*args, **kw).compile()
-  compile_s = time.perf_counter() - t0
-  mem = memory.PeakMemory()
-  mem.start()
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(compiled(*args))
-  wall = time.perf_counter() - t0
-  peak = mem.peak()
+  compiled, run = harness.compile_call(fn, args, kw)
+  out, res = harness.measure(run, 0)  # one call
   np.save(spec["save"], np.asarray(out))
-  result = {
-      "build_s": build_s, "compile_s": compile_s, "wall_s": wall,
-      "memory": {"method": mem.method,
-                 "peak_rss_while_building_inputs_bytes": build_peak,
-                 "rss_before_bytes": mem.rss_before,
-                 "peak_rss_bytes": peak,
-                 "peak_over_inputs_bytes": mem.over_start(peak),
-                 "inputs_bytes": int(sum(a.nbytes for a in args)),
-                 "xla": memory.xla_memory(compiled)},
-  }
-  result["spot_check"] = spot_check(shape, args, out)
-  return result
+  res["memory"].update(peak_rss_while_building_inputs_bytes=build_peak,
+                       inputs_bytes=int(sum(a.nbytes for a in args)),
+                       xla=compiled["xla"])
+  return {"build_s": build_s, "compile_s": compiled["compile_s"],
+          "wall_s": res["warmup_s"], "memory": res["memory"],
+          "spot_check": spot_check(shape, args, out)}
 
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                      one_shot: str = "auto", out_dir="build/bench",
                      timeout: float = 3600.0, progress: bool = True) -> dict:
-  """Streaming reference at long context; the one-shot predicted, maybe run.
+  """Streamed chunks at long context; one chunk predicted, maybe run.
 
-  For each shape and k: XLA's buffer assignment for both references,
-  compiled ahead of time from shapes alone (nothing allocated), and
-  `streaming.one_shot_temp_bytes`' formula; then the streaming reference in
-  a fresh process (peak RSS measured). `one_shot`: "run" also runs the
-  one-shot reference there and compares the indices exactly; "auto" does so
-  only when XLA's prediction (arguments + temporaries + output) is under
-  half of MemAvailable; "skip" never runs it.
+  For each shape and k: XLA's buffer assignment for both settings, compiled
+  ahead of time from shapes alone (nothing allocated), and
+  `streaming.one_chunk_temp_bytes`' formula; then streaming in a fresh
+  process (peak RSS measured). `one_shot`: "run" also runs the one-chunk
+  reference there and compares the indices exactly; "auto" does so only
+  when XLA's prediction (arguments + temporaries + output) is under half of
+  MemAvailable; "skip" never runs it.
   """
   from streamidx import streaming  # pylint: disable=g-import-not-at-top
   if one_shot not in ("auto", "run", "skip"):
@@ -241,24 +230,22 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
       for impl in ("streaming", "reference"):
         predicted[impl] = memory.xla_memory(
             _fn(impl).lower(*abstract, **kw).compile())
-      formula = streaming.one_shot_temp_bytes(
-          num_tokens=b.num_tokens, head_dim=shape.head_dim,
-          max_num_seqs=b.max_num_seqs, pages_per_seq=b.pages_per_seq,
-          page_size=shape.page_size, total_pages=b.total_num_pages,
-          fmt=shape.fmt)
+      formula = streaming.one_chunk_temp_bytes(
+          num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
+          num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
+          k=shape.k)
       row = {"shape": dataclasses.asdict(shape), "description": shape.describe(),
              "visible_pairs": shape.visible_pairs(), "predicted_xla": predicted,
-             "one_shot_formula_temp_bytes": {"low": formula[0],
+             "one_chunk_formula_temp_bytes": {"low": formula[0],
                                              "high": formula[1]}}
       for impl in ("streaming", "reference"):
-        if bar is not None:
-          bar.set_description(f"{shape.name}: {impl}")
+        bar.set_description(f"{shape.name}: {impl}")
         if impl == "reference":
           p = predicted["reference"]
           need = p["argument_bytes"] + p["temp_bytes"] + p["output_bytes"]
           avail = memory.mem_available()
           fits = avail is not None and need < avail / 2
-          row["one_shot_decision"] = {
+          row["one_chunk_decision"] = {
               "predicted_bytes": need, "mem_available_bytes": avail,
               "fits_half_of_available": fits}
           if one_shot == "skip" or (one_shot == "auto" and not fits):
@@ -266,7 +253,7 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                 "skipped (--one-shot skip)" if one_shot == "skip" else
                 f"predicted {memory.mib(need)} MiB >= half of MemAvailable "
                 f"({memory.mib(avail)} MiB)")}
-            if bar is not None and one_shot != "skip":
+            if one_shot != "skip":
               bar.update()
             continue
         save = os.path.join(tmp, f"{i}_{impl}.npy")
@@ -281,11 +268,9 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
               res["identical_to_streaming"] = bool(
                   np.array_equal(np.load(save), np.load(s_path)))
         row[impl] = res
-        if bar is not None:
-          bar.update()
+        bar.update()
       doc["results"].append(row)
-  if bar is not None:
-    bar.close()
+  bar.close()
   (out_dir / "long_context.json").write_text(json.dumps(doc, indent=1) + "\n",
                                              encoding="utf-8")
   return doc

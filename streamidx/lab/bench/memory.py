@@ -8,7 +8,7 @@ One reader of Linux's /proc files (`proc_bytes`) serves every probe:
   XLA allocates its buffers in C++, outside Python's allocator. Off Linux
   the peak is ru_maxrss since the process started (the method says which).
 - `mem_available()` / `mem_total()`: /proc/meminfo, for the long-context
-  run's decision whether the one-shot reference fits.
+  run's decision whether the one-chunk reference fits.
 - `xla_memory(compiled)`: XLA's own buffer assignment of a compiled
   program (arguments, outputs, temporaries), a compile-time figure.
 """

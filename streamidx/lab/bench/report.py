@@ -115,8 +115,8 @@ def format_long_table(doc) -> str:
       m = r["memory"]
       sc = r["spot_check"]
       check = (", ".join(x["slice"] for x in sc["slices"]) + ": oracle "
-               + ("ok" if sc["oracle_ok"] else "WRONG") + ", one-shot "
-               + ("identical" if sc["one_shot_identical"] else "differs"))
+               + ("ok" if sc["oracle_ok"] else "WRONG") + ", one chunk "
+               + ("identical" if sc["one_chunk_identical"] else "differs"))
       if impl == "reference":
         same = r.get("identical_to_streaming")
         check += "; all rows vs streaming: " + (
@@ -127,8 +127,8 @@ def format_long_table(doc) -> str:
                     f"{mib(m['peak_over_inputs_bytes'])}", xla, check))
   out = _aligned(head, lines)
   for row in doc["results"]:
-    f = row["one_shot_formula_temp_bytes"]
-    out.append(f"{row['shape']['name']}: one-shot temp by formula "
+    f = row["one_chunk_formula_temp_bytes"]
+    out.append(f"{row['shape']['name']}: one-chunk temp by formula "
                f"{mib(f['low'])}-{mib(f['high'])} MiB, by XLA "
                f"{mib(row['predicted_xla']['reference']['temp_bytes'])} MiB; "
                f"streaming temp by XLA "
@@ -139,7 +139,7 @@ def format_long_table(doc) -> str:
 def plot(doc, path):
   """bench.png: wall time (log) and peak RSS over inputs, per shape and column.
 
-  A bar whose result disagrees with the NumPy oracle is marked "wrong".
+  A bar whose result disagrees with the oracle is marked "wrong".
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -171,7 +171,7 @@ def plot(doc, path):
     axes[0].bar(pos, med, width, yerr=[lo, hi], capsize=2, label=impl)
     axes[1].bar(pos, mem, width, label=impl)
     for p_, m_, bad in zip(pos, med, wrong):
-      if bad:  # disagrees with the NumPy oracle: its time is not trusted
+      if bad:  # disagrees with the oracle: its time is not trusted
         axes[0].annotate("wrong", (p_, m_), ha="center", va="bottom",
                          fontsize=7, color="red", rotation=90)
   axes[0].set_yscale("log")

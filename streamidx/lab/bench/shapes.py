@@ -114,7 +114,7 @@ QUICK = [
     Shape("decode_4x4K_k512", "decode", 4, 1, 4096, 512),
     Shape("prefill_32q_2K_k256", "prefill", 1, 32, 2048, 256),
 ]
-# The long-context demonstration: streaming reference only (and the one-shot
+# The long-context demonstration: streamed chunks (and the one-chunk reference
 # where it fits), at DeepSeek-V4's 1M-token context.
 LONG_CONTEXT = [
     Shape("decode_64x1M", "decode", 64, 1, 2**20, 512),

@@ -38,7 +38,6 @@ import dataclasses
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -95,16 +94,11 @@ def _time(fn, x, repeats, *extra):
   """fn(x, *extra) jitted: (result, timings); `extra` are arguments too
   (never constants the compiler could fold)."""
   import jax  # pylint: disable=g-import-not-at-top
-  start = time.perf_counter()
-  compiled = jax.jit(fn).lower(x, *extra).compile()
-  compile_s = time.perf_counter() - start
-  out = jax.block_until_ready(compiled(x, *extra))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(x, *extra))
-    times.append(time.perf_counter() - start)
-  return np.asarray(out), {"compile_s": round(compile_s, 3),
+  from streamidx.lab.bench import harness  # pylint: disable=g-import-not-at-top
+  info, run = harness.compile_call(jax.jit(fn), (x, *extra), {})
+  out, res = harness.measure(run, repeats)
+  times = res["times_s"]
+  return np.asarray(out), {"compile_s": round(info["compile_s"], 3),
                            "median_s": statistics.median(times),
                            "min_s": min(times), "max_s": max(times),
                            "repeats": repeats}
