@@ -1,7 +1,7 @@
 """What a kernel call moves, counted from the DMAs the TPU interpreter executes.
 
-The workbook's three findings about the vendored kernel (issue 13), measured
-on a variant as it runs, not modeled:
+The workbook's three findings about the vendored kernel (issue 13), counted
+on a variant as the interpreter runs it, not modeled (and not timed):
 
 - bytes per cache entry: the KV DMAs of the packed FP8 record move 256 B per
   entry, those of the dense FP8 cache head_dim + 1 (`bytes_moved`);
@@ -9,7 +9,8 @@ on a variant as it runs, not modeled:
   in the sorted order (`decode_waste`), next to `tiling.block_waste`'s count
   for the same call;
 - launches, grid points and DMAs per launch (`launch_counts`), e.g. with and
-  without the launches of empty ranges.
+  without the launches of empty ranges; all three for one recorded call
+  beside the plan that models it (`recorded_costs`, notebook 04).
 
 Every number comes from a `streamidx.lab.model.timeline.record()` of the
 call: DMA starts and waits with their byte counts (elements times itemsize
