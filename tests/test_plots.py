@@ -364,3 +364,18 @@ def test_runs_figure_draws_the_last_runs_kernel_time_and_rejects_none():
   plt.close(fig)
   with pytest.raises(ValueError, match="timed_runs"):
     plots.runs_figure([])
+
+
+def test_variant_figure_draws_the_model_only_without_a_tpu():
+  recs = [{"label": label, "generation": "v5e", "roofline us": bound,
+           "static schedule us": None, "kernel_us": None, "topk_us": None,
+           "other_us": None, "total_us": None}
+          for label, bound in (("vendored", 3.0), ("dense", 2.0),
+                               ("vendored, topk_method=approx", 2.5))]
+  fig = plots.variant_timing_figure(recs, measured=False, title="t")
+  ax = fig.axes[0]
+  assert len(ax.patches) == len(recs)  # hollow roofline bars only
+  assert [p.get_width() for p in ax.patches] == pytest.approx(
+      [r["roofline us"] for r in recs])
+  assert any("no device timing" in t.get_text() for t in ax.texts)
+  plt.close(fig)

@@ -760,7 +760,8 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool,
                           title: str = ""):
   """Notebook 06: every kernel configuration, measured against its model.
 
-  `records`: `lab.studies.device_timing.time_configs` rows. One row per
+  `records`: notebook 06's configuration records (label, generation, the
+  measured and modelled microseconds). One row per
   configuration: the measured device time (a TPU run: kernel and top-k
   stacked) beside the roofline bound (fill + kernel + the method's top-k,
   hollow bar) and the static-schedule bound (a marker, where computed).
@@ -808,7 +809,7 @@ def decode_waste_figure(waste, batch_sizes: Sequence[int],
   """Notebook 04: wasted share of computed KV blocks per decode order.
 
   Args:
-    waste: {(B, order): [fraction per batch]} (`tiling_study.batching_waste`);
+    waste: {(B, order): [fraction per batch]} (notebook 04: `tiling.decode_batch_waste`);
       bars are means, error bars one standard deviation.
   """
   fig, ax = plt.subplots(figsize=(8, 3.6))
@@ -829,7 +830,7 @@ def decode_waste_figure(waste, batch_sizes: Sequence[int],
 
 def decode_step_figure(rows: Sequence[dict], *, title: str):
   """Notebook 04: stacked roofline bounds (us) of one decode step per
-  generation (`tiling_study.step_rows`: fill_us, kernel_us, topk_us)."""
+  generation (notebook 04's step table: fill_us, kernel_us, topk_us)."""
   fig, ax = plt.subplots(figsize=(7, 3.2))
   gens = [r["generation"] for r in rows]
   bottom = np.zeros(len(rows))

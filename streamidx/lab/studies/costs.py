@@ -1,7 +1,7 @@
 """What a kernel call moves, counted from the DMAs the TPU interpreter executes.
 
-The workbook's three findings about the vendored kernel (issue 13), measured
-on a variant as it runs, not modeled:
+The workbook's three findings about the vendored kernel (issue 13), counted
+on a variant as the interpreter runs it, not modeled (and not timed):
 
 - bytes per cache entry: the KV DMAs of the packed FP8 record move 256 B per
   entry, those of the dense FP8 cache head_dim + 1 (`bytes_moved`);
@@ -9,7 +9,8 @@ on a variant as it runs, not modeled:
   in the sorted order (`decode_waste`), next to `tiling.block_waste`'s count
   for the same call;
 - launches, grid points and DMAs per launch (`launch_counts`), e.g. with and
-  without the launches of empty ranges.
+  without the launches of empty ranges; all three for one recorded call
+  beside the plan that models it (`recorded_costs`, notebook 04).
 
 Every number comes from a `streamidx.lab.model.timeline.record()` of the
 call: DMA starts and waits with their byte counts (elements times itemsize
@@ -32,7 +33,7 @@ from streamidx.lab.model import tiling, timeline
 from streamidx.semantics import cdiv
 
 __all__ = ["launch_counts", "totals", "run_recorded", "recorded_call",
-           "bytes_moved", "recorded_bytes", "decode_waste"]
+           "bytes_moved", "recorded_bytes", "recorded_costs", "decode_waste"]
 
 _KV_KINDS = ("kv", "kv_scale")
 
@@ -137,6 +138,33 @@ def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
               read=read, written=t["bytes"].get("out", 0), totals=t)
 
 
+def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
+  """What a recording of the call that the plan `p` models moved.
+
+  Returns launches, grid_points, empty_launches (launches that ran no grid
+  point), kv_page_dmas, bytes_per_entry (`recorded_bytes`: cache bytes the
+  KV DMAs moved, scales included, per entry of the pages fetched),
+  blocks_fetched by the decode launches (one per sequence per step, the
+  "kv" waits), blocks_needed (`tiling.block_waste(p)`, the model) and waste
+  (the fetched share beyond the needed). Raises ValueError unless the
+  recording ran one launch per launch the plan makes.
+  """
+  counts = launch_counts(rec)
+  if len(counts) != len(p.executed):
+    raise ValueError(f"{len(counts)} launches ran, the plan has "
+                     f"{len(p.executed)}")
+  moved = recorded_bytes(rec, page_size=p.geometry.page_size)
+  fetched = sum(c["kv_blocks"] for c, l in zip(counts, p.executed)
+                if l.case in ("decode", "decode_rest"))
+  needed = tiling.block_waste(p)["blocks_needed"]
+  return dict(launches=len(counts), grid_points=moved["totals"]["grid_points"],
+              empty_launches=sum(1 for c in counts if not c["grid_points"]),
+              kv_page_dmas=moved["kv_pages"],
+              bytes_per_entry=moved["bytes_per_entry"], blocks_fetched=fetched,
+              blocks_needed=needed,
+              waste=(fetched - needed) / fetched if fetched else 0.0)
+
+
 def decode_waste(variant: str, inputs, *, compression_ratio: int,
                  num_kv_pages_per_block, num_queries_per_block,
                  decode_req_batch_size: int = 4, sort_decode: bool = True,
@@ -145,10 +173,10 @@ def decode_waste(variant: str, inputs, *, compression_ratio: int,
 
   Runs the token variant on `inputs` (its decode range) with these block
   sizes, counts the KV blocks its decode launches fetched (the "kv" waits:
-  one per sequence per step) against the blocks its decode sequences need
-  (max(1, cdiv(seq_len // ratio, bkv_sz)) each), and puts
-  `tiling.block_waste` of the same call (`tiling.plan(..., sort_decode=)`)
-  next to it.
+  one per sequence per step, `recorded_costs`) against the blocks its
+  decode sequences need (max(1, cdiv(seq_len // ratio, bkv_sz)) each,
+  counted here, not from the model), and puts `tiling.block_waste` of the
+  same call (`tiling.plan(..., sort_decode=)`) next to it.
 
   Returns {"measured": {blocks_fetched, blocks_needed, blocks_wasted,
   waste_fraction}, "model": tiling.block_waste(...)}.
@@ -166,13 +194,7 @@ def decode_waste(variant: str, inputs, *, compression_ratio: int,
                   num_queries_per_block=num_queries_per_block,
                   decode_req_batch_size=decode_req_batch_size,
                   sort_decode=sort_decode)
-  counts = launch_counts(rec)
-  executed = p.executed
-  if len(executed) != len(counts):
-    raise RuntimeError(f"{len(counts)} launches ran, the plan has "
-                       f"{len(executed)}")
-  fetched = sum(c["kv_blocks"] for c, l in zip(counts, executed)
-                if l.case in ("decode", "decode_rest"))
+  fetched = recorded_costs(rec, p)["blocks_fetched"]
   bkv_sz = p.launches[0].bkv_sz
   i = int(b.distribution[0])
   needed = sum(max(1, cdiv(int(s) // compression_ratio, bkv_sz))
