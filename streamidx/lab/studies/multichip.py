@@ -11,7 +11,7 @@ has started (a notebook run twice in one kernel), `check_layouts_subprocess`
 runs the check in a fresh process (`python -m streamidx.lab.studies.multichip
 '<json request>'`, one JSON line out). CPU device 0 is left out of every
 mesh: with it in, the interpreted kernel can deadlock under `shard_map` (jax
-0.10.2; README "Known limitations"), so n devices need n + 1 CPU devices.
+0.10.2; docs/limitations.md), so n devices need n + 1 CPU devices.
 """
 
 from __future__ import annotations
