@@ -85,8 +85,9 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
   pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
   prefetch = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1])
   order, segment_pool = None, False
-  launch = functools.partial(body.launch, q, weights, cache, call=call,
+  pallas = functools.partial(body.launch, q, weights, cache, call=call,
                              interpret=interpret)
+  runs = []  # (start, end, the launch's pallas_call)
   if call.mode == "token":
     distribution = validate.distribution_array(last)  # a tuple too
     kv_blocks, q_blocks = call.num_kv_pages_per_block, call.num_queries_per_block
@@ -100,24 +101,25 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
       lens, pages, q_rows = semantics.apply_decode_order(
           order, seq_lens, page_indices, cu_q_lens)
       prefetch = (lens, pages, cu_q_lens, q_rows)
-    runs = [(l.start, l.end, functools.partial(
-        launch, seq_batch_size=l.seq_batch_size,
-        static_q_len=l.static_q_len, bq_sz=l.bq_sz(q_blocks[l.block_case]),
-        bkv_p=kv_blocks[l.block_case],
-        num_queries_per_block=q_blocks[l.block_case], case=l.case))
-            for l in semantics.token_launches(distribution,
-                                              call.decode_req_batch_size)]
+    for launch in semantics.token_launches(distribution,
+                                           call.decode_req_batch_size):
+      c = launch.block_case
+      runs.append((launch.start, launch.end, functools.partial(
+          pallas, seq_batch_size=launch.seq_batch_size,
+          static_q_len=launch.static_q_len, bq_sz=launch.bq_sz(q_blocks[c]),
+          bkv_p=kv_blocks[c], num_queries_per_block=q_blocks[c],
+          case=launch.case)))
   else:
     bkv_p = call.num_kv_pages_per_block
     num_sublanes = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES) // LANES
     cols_per_page = page_size // call.compression_ratio
     segment_pool = tpu.pool_by_lane_segments_for(cols_per_page, interpret)
     num_seqs = jnp.asarray(last, jnp.int32)
-    runs = [(0, num_seqs, functools.partial(
-        launch, seq_batch_size=1, static_q_len=None,
+    runs.append((0, num_seqs, functools.partial(
+        pallas, seq_batch_size=1, static_q_len=None,
         bq_sz=call.num_queries_per_block, bkv_p=bkv_p,
         num_queries_per_block=call.num_queries_per_block, case="page",
-        segment_pool=segment_pool))]
+        segment_pool=segment_pool)))
 
   fused = call.topk_method in topk.FUSED_TOPK_METHODS
   bufs = (jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32),)
