@@ -59,7 +59,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import checkify
 
 from streamidx import cache as cache_lib

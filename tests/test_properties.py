@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, ref, validate
+from streamidx import metrics, ref
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import streamidx as si
-from streamidx import cache, metrics, ref, validate
+from streamidx import cache, metrics, ref
 from streamidx.lab.model import tiling
 
 import tiers
@@ -184,7 +184,7 @@ def test_page_table_rule_in_page_mode_does_not_overflow():
   with pytest.raises(ValueError, match=r"got sequence 0: seq_len 2147483640 "
                      r"-> 2147483640 entries -> 33554432 pages of 64\)$"):
     si.validate_page_topk_inputs(q, w, c, s, p, cu, jnp.int32(1),
-                                       k_pages=1)
+                                 k_pages=1)
 
 
 def test_a_table_past_the_int32_block_arithmetic_is_rejected_statically():
@@ -272,7 +272,7 @@ def test_subnormal_scale_byte_is_rejected():
                      rf"sequence 0, entry 0 \(physical page {page}, slot 0\): "
                      r"scale byte 0\)$"):
     si.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
-                                  **TOKEN_KW)
+                            **TOKEN_KW)
 
 
 def test_page_validator_rejects_a_subnormal_scale():
@@ -298,7 +298,7 @@ def test_nan_key_in_the_cache_is_rejected():
                      rf"kernel reads .*got sequence 1, entry 6 \(physical page "
                      rf"{page}, slot 6\)\)$"):
     si.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
-                                  **TOKEN_KW)
+                            **TOKEN_KW)
 
 
 def test_finite_query_whose_dot_overflows_is_rejected():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, metrics, ref, streaming, validate
+from streamidx import cache, metrics, ref, streaming
 
 import tiers
 
@@ -154,7 +154,7 @@ def test_upstream_numeric_case_matches_reference(name):
     kw = dict(k=k, compression_ratio=case.ratio,
               num_kv_pages_per_block=case.bkv, num_queries_per_block=case.bq)
     si.validate_topk_inputs(q, w, cache_kv, seq_lens, page_indices,
-                                  cu_q_lens, distribution, **kw)
+                            cu_q_lens, distribution, **kw)
     got = si.streamindex_topk(q, w, cache_kv, seq_lens, page_indices,
                               cu_q_lens, distribution, **kw)
     want = si.streamindex_topk_ref(*inp.args, **kw)
@@ -223,5 +223,5 @@ def test_upstream_layout_with_the_scale_at_byte_head_dim_is_rejected():
                      r"sees needs an e8m0 scale byte in \[1, 254\].*scale byte "
                      r"0\)$"):
     si.validate_topk_inputs(*args, k=4, compression_ratio=2,
-                                  num_kv_pages_per_block=2,
-                                  num_queries_per_block=8)
+                            num_kv_pages_per_block=2,
+                            num_queries_per_block=8)

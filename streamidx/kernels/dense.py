@@ -62,6 +62,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from streamidx import cache as cache_lib
 from streamidx import semantics
 from streamidx import topk
 from streamidx.kernels import tpu
@@ -69,7 +70,8 @@ from streamidx.semantics import LANES, causal_visible_bound, cdiv
 
 __all__ = ["launch", "block_max_rows", "SEMAPHORE_ROWS"]
 
-KV_PACKING = 4  # e4m3 bytes per 32-bit word
+# e4m3 bytes per 32-bit word: the dense cache layout's (streamidx.cache).
+KV_PACKING = cache_lib.DENSE_KV_PACKING
 # First axis of the semaphore scratch: what each row guards.
 SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
