@@ -13,6 +13,7 @@ engineer imports; it loads no plotting or notebook code.
     interpreter(...), race_check()                    force the TPU interpreter
     compile_for(generation)                           compile for a TPU
                                                       generation, no TPU needed
+    TopkCall, PageCall                                one call's static arguments
     validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
     cache, batch                                      FP8/bf16 cache, ragged batches
     metrics                                           tie-aware parity, recall
@@ -35,10 +36,11 @@ from streamidx import sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.cache import pack_dense_fp8_cache
-from streamidx.checked import (checked_streamindex_page_topk,
-                               checked_streamindex_page_topk_dense,
-                               checked_streamindex_topk,
-                               checked_streamindex_topk_dense)
+from streamidx.call import PageCall, TopkCall
+from streamidx.kernels.entries import (streamindex_page_topk,
+                                       streamindex_page_topk_dense,
+                                       streamindex_topk,
+                                       streamindex_topk_dense)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
@@ -49,25 +51,24 @@ from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
                            token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.topk import TOPK_METHODS, select_topk
-from streamidx.validate import (validate_page_topk_dense_inputs,
-                                validate_page_topk_inputs,
-                                validate_topk_dense_inputs,
-                                validate_topk_inputs)
 from streamidx.variants import VARIANTS, Variant, block_sizes
 
-# The jitted kernels as registered: they return finished results
-# when they run interpreted (see `streamidx.modes.blocking_when_interpreted`);
-# `streamidx.kernels.vendored.*` / `streamidx.kernels.dense.*` are the bare
-# jitted functions.
-streamindex_topk = VARIANTS["vendored"].kernel
-streamindex_page_topk = VARIANTS["vendored_page"].kernel
-streamindex_topk_dense = VARIANTS["dense"].kernel
-streamindex_page_topk_dense = VARIANTS["dense_page"].kernel
+# Each entry point's twins: behind the value rules inside jit (checkify),
+# and the eager value check (`streamidx.kernels.driver.Entry`).
+checked_streamindex_topk = streamindex_topk.checked
+checked_streamindex_page_topk = streamindex_page_topk.checked
+checked_streamindex_topk_dense = streamindex_topk_dense.checked
+checked_streamindex_page_topk_dense = streamindex_page_topk_dense.checked
+validate_topk_inputs = streamindex_topk.validate
+validate_page_topk_inputs = streamindex_page_topk.validate
+validate_topk_dense_inputs = streamindex_topk_dense.validate
+validate_page_topk_dense_inputs = streamindex_page_topk_dense.validate
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "RaggedBatch",
+    "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "PageCall",
+    "RaggedBatch", "TopkCall",
     "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
     "checked_streamindex_page_topk", "checked_streamindex_page_topk_dense",
     "checked_streamindex_topk", "checked_streamindex_topk_dense",

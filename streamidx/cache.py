@@ -81,6 +81,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from streamidx.semantics import LANES
+
 __all__ = [
     "CacheFormat",
     "FORMATS",
@@ -126,7 +128,6 @@ E8M0_BIAS = 127
 # zero where the kernel applies the scale, which zeroes every score.
 E8M0_MIN_EXPONENT = -126
 E8M0_MAX_EXPONENT = 127
-_LANES = 128
 
 
 def _as_keys(keys) -> jax.Array:
@@ -157,7 +158,7 @@ def kv_packing(fmt: CacheFormat) -> int:
 
 def padded_head_dim(head_dim: int) -> int:
   """head_dim rounded up to 128 lanes: what the kernel reads per record."""
-  return -(-head_dim // _LANES) * _LANES
+  return -(-head_dim // LANES) * LANES
 
 
 def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
@@ -169,7 +170,7 @@ def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
   """
   _check_format(fmt)
   if fmt == "fp8":
-    return -(-(padded_head_dim(head_dim) + 1) // _LANES) * _LANES
+    return -(-(padded_head_dim(head_dim) + 1) // LANES) * LANES
   if fmt == "bf16":
     return padded_head_dim(head_dim)
   return head_dim
@@ -349,7 +350,7 @@ DENSE_KV_PACKING = 4  # e4m3 bytes per 32-bit word, as for the FP8 record
 
 def dense_scale_lanes(page_size: int) -> int:
   """L, the minor dimension of `cache_scales`: 128 or the whole page."""
-  return _LANES if page_size % _LANES == 0 else page_size
+  return LANES if page_size % LANES == 0 else page_size
 
 
 def pack_dense_fp8_cache(keys):
@@ -409,7 +410,7 @@ def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
   """
   lanes = dense_scale_lanes(page_size)
   rows = page_size // lanes
-  scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * _LANES
+  scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * LANES
   return padded_head_dim(head_dim) + scale_bytes // page_size
 
 

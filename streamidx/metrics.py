@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from streamidx.semantics import DEFAULT_CAUSAL_RULE
+
 __all__ = [
     "TopkComparison",
     "compare_topk",
@@ -197,7 +199,7 @@ def _gamma(n: int) -> float:
 
 
 def summation_error_bound(inputs, *, compression_ratio: int,
-                          causal_rule: str = "model",
+                          causal_rule: str = DEFAULT_CAUSAL_RULE,
                           mode: str = "token") -> np.ndarray:
   """f64[T]: per query row, a bound on |f32 score - exact score|.
 
@@ -245,7 +247,7 @@ def summation_error_bound(inputs, *, compression_ratio: int,
 
 
 def summation_atol(inputs, *, compression_ratio: int,
-                   causal_rule: str = "model", mode: str = "token") -> float:
+                   causal_rule: str = DEFAULT_CAUSAL_RULE, mode: str = "token") -> float:
   """Tie tolerance for comparing two f32 implementations' top-k.
 
   Each side is within e = `summation_error_bound` of the exact score, so the

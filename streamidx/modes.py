@@ -35,7 +35,7 @@ computes with them, e.g. `device_id * num_cores_per_device` at the grid's
 barriers). That dispatch waits for a slot in XLA:CPU's bound on in-flight
 computations; when the caller has queued enough work behind the kernel, the
 slots are held by computations that wait on results that cannot come, and
-the process hangs. So the public entry points (`blocking_when_interpreted`)
+the process hangs. So the public entry points (`streamidx.kernels.driver.run`)
 wait for their own result when the call ran interpreted, before returning;
 inside a caller's `jax.jit` (tracers) they return at once, as any traced
 function does.
@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib.util
-import inspect
 import os
 import sys
 import tempfile
@@ -78,7 +76,6 @@ __all__ = [
     "compile_for",
     "compile_target",
     "libtpu_path",
-    "blocking_when_interpreted",
 ]
 
 
@@ -506,50 +503,6 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
       yield report
   finally:
     ipc.RaceDetectionState = base
-
-
-def _is_traced(tree) -> bool:
-  return any(isinstance(leaf, jax.core.Tracer)
-             for leaf in jax.tree_util.tree_leaves(tree))
-
-
-def keyword_defaults(fn) -> dict[str, Any]:
-  """The keyword-only parameters of `fn` that have defaults, with them."""
-  return {n: p.default for n, p in inspect.signature(fn).parameters.items()
-          if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
-
-
-def blocking_when_interpreted(jitted):
-  """Wraps a jitted entry point so an interpreted call returns a finished
-  result (`jax.block_until_ready`); compiled calls and traced calls (inside
-  `jax.jit`, `jax.eval_shape`, `shard_map`, `vmap`: the results are tracers)
-  return as the jitted function does. `lower`, `trace`, `eval_shape` and
-  `clear_cache` are the jitted function's own.
-
-  Why: see the module docstring (an interpreted kernel left running while
-  more work is queued can hang XLA:CPU).
-
-  A call passes every keyword-only argument to `jitted`, its default where
-  the caller left it out: `jax.jit` keys its cache on the static arguments
-  as given, so `f(x, k=8)` and `f(x, k=8, causal_rule="model")` would
-  otherwise trace and compile the same kernel twice (an interpreted kernel:
-  3-4 CPU-s). Every keyword-only parameter of a kernel entry point is one of
-  its static arguments (tests/test_variants.py checks it).
-  """
-  defaults = keyword_defaults(jitted)
-
-  @functools.wraps(jitted)
-  def call(*args, **kwargs):
-    interpreted = kernel_mode() == "interpreted"  # the mode it traces with
-    out = jitted(*args, **{**defaults, **kwargs})
-    if interpreted and not _is_traced(out):
-      out = jax.block_until_ready(out)
-    return out
-
-  for name in ("lower", "trace", "eval_shape", "clear_cache"):
-    if hasattr(jitted, name):
-      setattr(call, name, getattr(jitted, name))
-  return call
 
 
 def reset_interpreter_state():

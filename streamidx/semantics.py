@@ -41,6 +41,7 @@ LANES = 128  # the TPU vector lane count: the kernel's row and score width
 DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024  # the vendored kernel's default
 
 CAUSAL_RULES = ("model", "seed")
+DEFAULT_CAUSAL_RULE = CAUSAL_RULES[0]  # the model's rule (local modification M3)
 CASES = ("decode", "prefill", "mixed")  # the order of per-case block sizes
 
 

@@ -8,15 +8,17 @@ the argument and the rule it breaks: "<argument>: <rule> (got <what>)".
 
 Three layers:
 
-1. Static checks, `static_validate_topk` / `static_validate_page_topk`:
-   ranks, shapes and their agreement, dtypes, head_dim and cache width,
-   `k` / `k_pages`, block sizes, `compression_ratio`, `distribution`'s
-   length, options (`topk_method`). They read only shapes and dtypes, so they run on tracers:
-   `streamidx.streamindex_topk` / `streamindex_page_topk` call them at trace
-   time, before any kernel is built.
+1. Static checks, `static_validate(call, *arrays)`: ranks, shapes and their
+   agreement, dtypes, head_dim and cache width, block sizes against the page
+   size, `k_pages` against the page table, `distribution`'s length, the
+   kernel's `topk_method`s (the call's own rules, `k`, `compression_ratio`,
+   options, are `streamidx.call.TopkCall`'s). They read only shapes and
+   dtypes, so they run on tracers: the driver calls them at trace time,
+   before any kernel is built.
 
-2. Value checks on concrete arrays, `validate_topk_inputs` /
-   `validate_page_topk_inputs`: the same arguments as the kernels; they run
+2. Value checks on concrete arrays, `validate_inputs(call, *arrays)` (for
+   the drop-in arguments, `streamidx.validate_topk_inputs` /
+   `validate_page_topk_inputs`, and a variant's `validate`): they run
    the static checks, then the value rules of `VALUE_RULES` (cu_q_lens
    ordered, q_len <= seq_len, `distribution` ordered and consistent, page
    indices inside the cache, enough page-table columns, `num_seqs` in range,
@@ -25,14 +27,15 @@ Three layers:
    once per batch while developing, or in a test.
 
 3. Inside `jit`, the same value rules through `jax.experimental.checkify`:
-   `streamidx.checked`'s `checked_streamindex_topk` /
-   `checked_streamindex_page_topk` (exported by `streamidx`) take the
-   kernels' arguments and return `(err, indices)`; when a rule fails the
+   `streamidx.checked_streamindex_topk` / `checked_streamindex_page_topk`
+   (and every variant's `checked`, all through
+   `streamidx.kernels.driver.checked_run`) take the kernels' arguments and
+   return `(err, indices)`; when a rule fails the
    kernel is not launched, the indices are all -1 and `err.throw()` raises
    `checkify.JaxRuntimeError` (a `ValueError`) with the rule's message.
    They can be called inside a caller's own `jax.jit`; return `err` out of
-   it and call `err.throw()` outside. `check_topk_inputs` /
-   `check_page_topk_inputs` issue the bare `checkify.check`s, for a caller
+   it and call `err.throw()` outside. `check_inputs` issues the bare
+   `checkify.check`s, for a caller
    that checkifies a function of its own.
 
 The value rules are written once (`_value_rules`, traceable JAX) and shared
@@ -56,23 +59,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import checkify
 
 from streamidx import cache as cache_lib
 from streamidx import semantics
 from streamidx import topk
-from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 
 __all__ = [
-    "static_validate_topk",
-    "static_validate_page_topk",
-    "validate_topk_inputs",
-    "validate_page_topk_inputs",
-    "validate_topk_dense_inputs",
-    "validate_page_topk_dense_inputs",
-    "check_topk_inputs",
-    "check_page_topk_inputs",
+    "static_validate",
+    "validate_inputs",
+    "check_inputs",
     "distribution_array",
     "ValueRule",
     "VALUE_RULES",
@@ -127,11 +123,6 @@ def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def _check_positive_int(name, v):
-  if not _is_int(v) or v <= 0:
-    _fail(name, "must be a positive int", repr(v))
-
-
 def _is_int_scalar(d) -> bool:
   if isinstance(d, (bool, np.bool_)):
     return False
@@ -181,11 +172,6 @@ def _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case=None):
           f"{pages_per_seq} * {page_size} = {capacity}")
 
 
-def _check_vmem(vmem_limit_bytes):
-  if vmem_limit_bytes is not None:
-    _check_positive_int("vmem_limit_bytes", vmem_limit_bytes)
-
-
 def _check_dense_cache(cache, head_dim):
   """The dense FP8 pair (cache_values, cache_scales); returns page_size."""
   if len(cache) != 2:
@@ -224,7 +210,7 @@ def _check_dense_cache(cache, head_dim):
 
 
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                  cu_q_lens, causal_rule):
+                  cu_q_lens):
   """Rules both kernels share; returns (page_size, pages_per_seq).
 
   `cache_kv` is one array (packed FP8 or bf16) or the dense FP8 pair
@@ -253,7 +239,7 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
     page_size = _check_dense_cache(cache_kv, head_dim)
   else:
     page_size = _check_packed_cache(cache_kv, head_dim)
-  _check_metadata(seq_lens, page_indices, cu_q_lens, causal_rule)
+  _check_metadata(seq_lens, page_indices, cu_q_lens)
   pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
   return page_size, pages_per_seq
 
@@ -291,7 +277,7 @@ def _check_packed_cache(cache_kv, head_dim):
   return rows * packing
 
 
-def _check_metadata(seq_lens, page_indices, cu_q_lens, causal_rule):
+def _check_metadata(seq_lens, page_indices, cu_q_lens):
   _check_index_array("seq_lens", seq_lens, "[max_num_seqs]")
   max_num_seqs = seq_lens.shape[0]
   if max_num_seqs < 1:
@@ -307,65 +293,9 @@ def _check_metadata(seq_lens, page_indices, cu_q_lens, causal_rule):
   if cu_q_lens.shape[0] != max_num_seqs + 1:
     _fail("cu_q_lens", f"length must be len(seq_lens) + 1 = "
           f"{max_num_seqs + 1}", cu_q_lens.shape[0])
-  if causal_rule not in CAUSAL_RULES:
-    _fail("causal_rule", f"must be one of {CAUSAL_RULES}", repr(causal_rule))
 
 
-def static_validate_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                         cu_q_lens, distribution, *, k, compression_ratio,
-                         num_kv_pages_per_block, num_queries_per_block,
-                         vmem_limit_bytes, decode_req_batch_size,
-                         causal_rule, topk_method=topk.DEFAULT_TOPK_METHOD,
-                         sort_decode=True, topk_methods=None):
-  """Static rules of `streamindex_topk`; raises ValueError naming the argument.
-
-  Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s; `cache_kv` one
-  array or the dense FP8 pair (`streamindex_topk_dense`).
-  topk_methods: the `topk_method` values the kernel takes; None: by the
-  cache, every `topk.TOPK_METHODS` for the dense pair (its kernel writes the
-  block maxima "fused_blockmax" reads), `topk.KERNEL_TOPK_METHODS` for one
-  array (the vendored kernel).
-  """
-  page_size, pages_per_seq = _check_common(q, indexer_weights, cache_kv,
-                                           seq_lens, page_indices, cu_q_lens,
-                                           causal_rule)
-  _check_distribution(distribution)
-  _check_positive_int("k", k)
-  _check_positive_int("compression_ratio", compression_ratio)
-  _check_positive_int("decode_req_batch_size", decode_req_batch_size)
-  if not isinstance(sort_decode, bool):
-    _fail("sort_decode", "must be True or False", repr(sort_decode))
-  _check_vmem(vmem_limit_bytes)
-  if topk_methods is None:
-    topk_methods = (topk.TOPK_METHODS if isinstance(cache_kv, (tuple, list))
-                    else topk.KERNEL_TOPK_METHODS)
-  topk.check_topk_method(topk_method, topk_methods)
-  kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
-                                          "num_kv_pages_per_block")
-  semantics.normalize_per_case(num_queries_per_block, "num_queries_per_block")
-  for case, bkv_p in zip(("decode", "prefill", "mixed"), kv_blocks):
-    if (page_size * bkv_p) % 128:
-      _fail("num_kv_pages_per_block",
-            f"page_size * num_kv_pages_per_block must be a multiple of 128 "
-            f"(TPU DMA tiles) for the {case} case",
-            f"{page_size} * {bkv_p} = {page_size * bkv_p}")
-  for case, bkv_p in zip(("decode", "prefill", "mixed"), kv_blocks):
-    _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case)
-
-
-def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
-                              page_indices, cu_q_lens, num_seqs, *, k_pages,
-                              compression_ratio, num_kv_pages_per_block,
-                              num_queries_per_block, vmem_limit_bytes,
-                              causal_rule):
-  """Static rules of `streamindex_page_topk`; raises ValueError.
-
-  Page mode's own limits: compression_ratio 1, num_kv_pages_per_block 128,
-  k_pages <= pages_per_seq, a single (int) num_queries_per_block.
-  """
-  page_size, pages_per_seq = _check_common(q, indexer_weights, cache_kv,
-                                           seq_lens, page_indices, cu_q_lens,
-                                           causal_rule)
+def _check_num_seqs(num_seqs):
   if isinstance(num_seqs, bool):
     _fail("num_seqs", "must be an integer", repr(num_seqs))
   if len(getattr(num_seqs, "shape", ())) != 0:
@@ -374,21 +304,49 @@ def static_validate_page_topk(q, indexer_weights, cache_kv, seq_lens,
            else np.asarray(num_seqs).dtype)
   if not jnp.issubdtype(dtype, jnp.integer):
     _fail("num_seqs", "must be an integer", f"dtype {jnp.dtype(dtype).name}")
-  _check_positive_int("k_pages", k_pages)
-  if k_pages > pages_per_seq:
-    _fail("k_pages", f"must be <= pages_per_seq ({pages_per_seq}), the "
-          "page-table columns per sequence", k_pages)
-  _check_positive_int("compression_ratio", compression_ratio)
-  if compression_ratio != 1:
-    _fail("compression_ratio", "page mode supports compression_ratio == 1 "
-          "only (GLM); use streamindex_page_topk_ref for other ratios",
-          compression_ratio)
-  if num_kv_pages_per_block != 128 or not _is_int(num_kv_pages_per_block):
-    _fail("num_kv_pages_per_block", "page mode requires exactly 128 (one "
-          "lane row of pooled pages per block)", repr(num_kv_pages_per_block))
-  _check_positive_int("num_queries_per_block", num_queries_per_block)
-  _check_vmem(vmem_limit_bytes)
-  _check_block_arithmetic(page_size, pages_per_seq, 128)
+
+
+def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
+                    cu_q_lens, last, *, topk_methods=None):
+  """The static rules of a call; raises ValueError naming the argument.
+
+  call: a `streamidx.call.TopkCall` (token mode, `last` is `distribution`)
+    or `PageCall` (page mode, `last` is `num_seqs`); its own rules (k, ratio,
+    options, block-size form) were checked when it was built. Arrays may be
+    concrete, tracers or `jax.ShapeDtypeStruct`s; `cache` one array, the
+    dense FP8 pair, or a tuple of one array.
+  topk_methods: the `topk_method` values the kernel takes; None: by the
+    cache, every `topk.TOPK_METHODS` for the dense pair (its kernel writes
+    the block maxima "fused_blockmax" reads), `topk.KERNEL_TOPK_METHODS` for
+    one array (the vendored kernel).
+  """
+  if isinstance(cache, (tuple, list)) and len(cache) == 1:
+    cache = cache[0]
+  if not call.has_blocks:
+    raise ValueError("num_kv_pages_per_block and num_queries_per_block must "
+                     "be specified.")
+  page_size, pages_per_seq = _check_common(q, indexer_weights, cache,
+                                           seq_lens, page_indices, cu_q_lens)
+  if call.mode == "page":
+    _check_num_seqs(last)
+    if call.k > pages_per_seq:
+      _fail("k_pages", f"must be <= pages_per_seq ({pages_per_seq}), the "
+            "page-table columns per sequence", call.k)
+    _check_block_arithmetic(page_size, pages_per_seq, 128)
+    return
+  _check_distribution(last)
+  if topk_methods is None:
+    topk_methods = (topk.TOPK_METHODS if isinstance(cache, (tuple, list))
+                    else topk.KERNEL_TOPK_METHODS)
+  topk.check_topk_method(call.topk_method, topk_methods)
+  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+    if (page_size * bkv_p) % semantics.LANES:
+      _fail("num_kv_pages_per_block",
+            f"page_size * num_kv_pages_per_block must be a multiple of 128 "
+            f"(TPU DMA tiles) for the {case} case",
+            f"{page_size} * {bkv_p} = {page_size * bkv_p}")
+  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+    _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case)
 
 
 # ---------------------------------------------------------------------------
@@ -727,78 +685,28 @@ def _raise_first_broken(results, order):
       raise ValueError(VALUE_RULES[rule_id].message(**values))
 
 
-def validate_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                         cu_q_lens, distribution, *, k, compression_ratio,
-                         num_kv_pages_per_block, num_queries_per_block,
-                         vmem_limit_bytes=DEFAULT_VMEM_LIMIT_BYTES,
-                         decode_req_batch_size=4, causal_rule="model",
-                         topk_method=topk.DEFAULT_TOPK_METHOD,
-                         sort_decode=True):
-  """Checks `streamindex_topk`'s inputs, values included; raises ValueError.
+def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
+                    cu_q_lens, last, *, topk_methods=None):
+  """Checks a call's inputs, values included; raises ValueError.
 
-  Same arguments as `streamidx.streamindex_topk`, with concrete arrays (not
-  inside `jit`; see `checked_streamindex_topk` there). Runs the static checks,
-  then `TOPK_VALUE_RULES` in order; the first broken rule raises
+  `call` and the arrays as for `static_validate`, concrete (not inside
+  `jit`; see `streamidx.checked_streamindex_topk` there). Runs the static
+  checks, then the mode's value rules (`TOPK_VALUE_RULES` or
+  `PAGE_TOPK_VALUE_RULES`) in order; the first broken rule raises
   `ValueError("<argument>: <rule> (got <values>)")`. Returns None.
   """
-  static_validate_topk(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      distribution, k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, sort_decode=sort_decode)
+  static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
+                  cu_q_lens, last, topk_methods=topk_methods)
+  page_mode = call.mode == "page"
+  last = (jnp.asarray(last, jnp.int32) if page_mode
+          else distribution_array(last))
+  if isinstance(cache, (tuple, list)) and len(cache) == 1:
+    cache = cache[0]
   results = _evaluate_value_rules(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      distribution_array(distribution),
-      compression_ratio=int(compression_ratio), page_mode=False)
-  _raise_first_broken(results, TOPK_VALUE_RULES)
-
-
-def validate_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
-                              page_indices, cu_q_lens, num_seqs, *, k_pages,
-                              compression_ratio=1, num_kv_pages_per_block=128,
-                              num_queries_per_block=512,
-                              vmem_limit_bytes=64 * 1024 * 1024,
-                              causal_rule="model"):
-  """Checks `streamindex_page_topk`'s inputs, values included; ValueError.
-
-  Same arguments as `streamidx.streamindex_page_topk`, with concrete arrays.
-  Runs the static checks, then `PAGE_TOPK_VALUE_RULES` in order.
-  """
-  static_validate_page_topk(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      num_seqs, k_pages=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
-  results = _evaluate_value_rules(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      jnp.asarray(num_seqs, jnp.int32), compression_ratio=1, page_mode=True)
-  _raise_first_broken(results, PAGE_TOPK_VALUE_RULES)
-
-
-def validate_topk_dense_inputs(q, indexer_weights, cache_values, cache_scales,
-                               seq_lens, page_indices, cu_q_lens, distribution,
-                               **static):
-  """Checks `streamindex_topk_dense`'s inputs (keywords as
-  `validate_topk_inputs`, and `num_cores`); raises ValueError."""
-  _check_positive_int("num_cores", static.pop("num_cores", 1))
-  validate_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
-                       seq_lens, page_indices, cu_q_lens, distribution,
-                       **static)
-
-
-def validate_page_topk_dense_inputs(q, indexer_weights, cache_values,
-                                    cache_scales, seq_lens, page_indices,
-                                    cu_q_lens, num_seqs, **static):
-  """Checks `streamindex_page_topk_dense`'s inputs (keywords as
-  `validate_page_topk_inputs`, and `num_cores`); raises ValueError."""
-  _check_positive_int("num_cores", static.pop("num_cores", 1))
-  validate_page_topk_inputs(q, indexer_weights, (cache_values, cache_scales),
-                            seq_lens, page_indices, cu_q_lens, num_seqs,
-                            **static)
+      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last,
+      compression_ratio=call.compression_ratio, page_mode=page_mode)
+  _raise_first_broken(results, PAGE_TOPK_VALUE_RULES if page_mode
+                      else TOPK_VALUE_RULES)
 
 
 # ---------------------------------------------------------------------------
@@ -813,23 +721,18 @@ def _checkify_rules(results, order):
   return jnp.all(jnp.stack([results[rule_id][0] for rule_id in order]))
 
 
-def check_topk_inputs(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                      cu_q_lens, distribution, *, compression_ratio: int):
-  """`checkify.check`s of `TOPK_VALUE_RULES`; returns bool[]: all hold.
-
-  For a function the caller wraps in `checkify.checkify(...)` itself; the
-  static rules are not repeated here (the kernel checks them at trace time).
-  """
-  results = _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                         cu_q_lens, distribution,
-                         compression_ratio=compression_ratio, page_mode=False)
-  return _checkify_rules(results, TOPK_VALUE_RULES)
-
-
-def check_page_topk_inputs(q, indexer_weights, cache_kv, seq_lens,
-                           page_indices, cu_q_lens, num_seqs):
-  """`checkify.check`s of `PAGE_TOPK_VALUE_RULES`; returns bool[]."""
-  results = _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                         cu_q_lens, num_seqs, compression_ratio=1,
-                         page_mode=True)
-  return _checkify_rules(results, PAGE_TOPK_VALUE_RULES)
+def check_inputs(q, indexer_weights, cache, seq_lens, page_indices,
+                 cu_q_lens, last, *, call):
+  """`checkify.check`s of the call's mode's value rules; returns bool[]: all
+  hold. For a function the caller wraps in `checkify.checkify(...)` itself;
+  the static rules are not repeated here (the kernel checks them at trace
+  time)."""
+  if isinstance(cache, (tuple, list)) and len(cache) == 1:
+    cache = cache[0]
+  page_mode = call.mode == "page"
+  results = _value_rules(q, indexer_weights, cache, seq_lens, page_indices,
+                         cu_q_lens, last,
+                         compression_ratio=call.compression_ratio,
+                         page_mode=page_mode)
+  return _checkify_rules(results, PAGE_TOPK_VALUE_RULES if page_mode
+                         else TOPK_VALUE_RULES)

@@ -12,29 +12,34 @@ from one logical batch with one call:
         got = v.run(inputs, k=16, compression_ratio=4, fmt=fmt)
         want = v.run_reference(inputs, k=16, compression_ratio=4, fmt=fmt)
 
-Adding a variant: one kernel module under `streamidx/kernels/`, one entry in
-`_REGISTRY` below (and a cache format in `streamidx.cache.CACHE_FORMATS` if
-it reads a new layout), a row in `streamidx.blocks.TABLE`; nothing else.
+Adding a variant: one kernel body under `streamidx/kernels/` (its launch and
+cache layout, a `driver.KernelBody`, and its entry point in
+`kernels/entries.py`), one entry in `_REGISTRY` below (and a cache format in
+`streamidx.cache.CACHE_FORMATS` if it reads a new layout), a row in
+`streamidx.blocks.TABLE`; its reference, validator and checkify twin follow
+from its mode and cache layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+import functools
+from typing import Mapping
 
 import jax.numpy as jnp
 
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
-from streamidx import checked as checked_lib
-from streamidx import modes
 from streamidx import ref as ref_lib
 from streamidx import streaming as streaming_lib
-from streamidx import topk as topk_lib
-from streamidx import validate as validate_lib
-from streamidx.kernels import dense, vendored
+from streamidx.call import MODES
+from streamidx.semantics import DEFAULT_CAUSAL_RULE
+from streamidx.kernels import driver, entries
 
-MODES = ("token", "page")
+
+# Options that shape the kernel's grid or launches only; the references
+# compute the same result without them.
+_KERNEL_ONLY = ("num_cores", "skip_empty_launches")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,33 +51,70 @@ class Variant:
     description: one line, for tables.
     mode: "token" (returns entry indices, `k`) or "page" (returns page
       indices, `k_pages`; compression ratio 1).
-    kernel: the entry point: `kernel(q, weights, *cache, <metadata>, **static)`.
-    reference: the exact pure-JAX twin, same arguments.
-    streaming: the streaming exact reference (same arguments, bounded
-      memory), or None.
-    validate: value validation on concrete arrays, same arguments.
-    checked: the checkify entry point, same arguments, returns (err, idx).
-    cache_formats: names of `streamidx.cache.CACHE_FORMATS` it reads.
-    module: the module holding the kernel (for docs and schedule dumps).
-    topk_methods: the `topk_method` values its kernel takes
+    kernel: the entry point, a `streamidx.kernels.driver.Entry`:
+      `kernel(q, weights, *cache, <metadata>, **static)`.
+    cache_formats: names of `streamidx.cache.CACHE_FORMATS` it reads (each
+      built from the same logical keys).
+    topk_methods (derived): the `topk_method` values its kernel takes
       (`streamidx.topk.KERNEL_TOPK_METHODS`, the selections from the score
       buffer, for every token kernel; `streamidx.topk.TOPK_METHODS` for one
       that also writes the block maxima "fused_blockmax" reads (dense);
       empty: the kernel has no such option, e.g. page mode's fixed `top_k`
       of pages).
+
+  Derived from these (the same for every variant): `reference` and
+  `streaming` (the exact references of its mode, same arguments),
+  `validate` (value validation on concrete arrays) and `checked` (the
+  checkify entry point, returns (err, idx)); `module`, the kernel body's.
   """
 
   name: str
   description: str
   mode: str
-  kernel: Callable
-  reference: Callable
-  streaming: Callable | None
-  validate: Callable
-  checked: Callable
+  kernel: driver.Entry
   cache_formats: tuple[str, ...]
-  module: str
-  topk_methods: tuple[str, ...] = ()
+
+  @property
+  def topk_methods(self) -> tuple[str, ...]:
+    return self.kernel.body.topk_methods if self.mode == "token" else ()
+
+  @property
+  def module(self) -> str:
+    """The module holding the kernel body (for docs and schedule dumps)."""
+    return self.kernel.body.launch.__module__
+
+  @property
+  def checked(self) -> driver.Entry:
+    return self.kernel.checked
+
+  @property
+  def validate(self):
+    return self.kernel.validate
+
+  def _regrouped(self, fn):
+    """`fn` (a reference: the cache as one argument, an array or a tuple,
+    and no kernel-only option) on the kernel's arguments."""
+    n = self.kernel.body.num_cache_arrays
+
+    def call(q, w, *rest, **static):
+      for name in _KERNEL_ONLY:
+        static.pop(name, None)
+      cache = rest[0] if n == 1 else tuple(rest[:n])
+      return fn(q, w, cache, *rest[n:], **static)
+
+    return functools.update_wrapper(call, fn)  # its keywords are fn's
+
+  @property
+  def reference(self):
+    return self._regrouped(ref_lib.streamindex_topk_ref if self.mode == "token"
+                           else ref_lib.streamindex_page_topk_ref)
+
+  @property
+  def streaming(self):
+    if self.kernel.body.num_cache_arrays != 1:
+      return None
+    return (streaming_lib.streamindex_topk_streaming if self.mode == "token"
+            else streaming_lib.streamindex_page_topk_streaming)
 
   @property
   def k_name(self) -> str:
@@ -158,7 +200,7 @@ class Variant:
                       generation, overrides)
 
   def scores(self, inputs, *, compression_ratio: int, fmt: str | None = None,
-             causal_rule: str = "model"):
+             causal_rule: str = DEFAULT_CAUSAL_RULE):
     """Exact masked scores the results are compared on: f32[T, entries or pages]."""
     cache = self.cache_arrays(inputs, fmt)
     q, w, *rest = self.args(inputs, fmt)
@@ -177,67 +219,30 @@ _REGISTRY = (
         name="vendored",
         description=("the vendored streamindex_topk: token top-k over the "
                      "packed FP8 (256 B/entry) or bf16 cache"),
-        mode="token",
-        kernel=vendored.streamindex_topk,
-        reference=ref_lib.streamindex_topk_ref,
-        streaming=streaming_lib.streamindex_topk_streaming,
-        validate=validate_lib.validate_topk_inputs,
-        checked=checked_lib.checked_streamindex_topk,
-        cache_formats=("fp8", "bf16"),
-        module=vendored.__name__,
-        topk_methods=topk_lib.KERNEL_TOPK_METHODS,
-    ),
+        mode="token", kernel=entries.streamindex_topk,
+        cache_formats=("fp8", "bf16")),
     Variant(
         name="vendored_page",
         description=("the vendored streamindex_page_topk: page top-k "
                      "(max-pooled token scores), ratio 1 (GLM)"),
-        mode="page",
-        kernel=vendored.streamindex_page_topk,
-        reference=ref_lib.streamindex_page_topk_ref,
-        streaming=streaming_lib.streamindex_page_topk_streaming,
-        validate=validate_lib.validate_page_topk_inputs,
-        checked=checked_lib.checked_streamindex_page_topk,
-        cache_formats=("fp8", "bf16"),
-        module=vendored.__name__,
-    ),
+        mode="page", kernel=entries.streamindex_page_topk,
+        cache_formats=("fp8", "bf16")),
     Variant(
         name="dense",
         description=("streamindex_topk_dense: token top-k over the dense "
                      "FP8 cache (e4m3 values + separate e8m0 scales, 129 "
                      "B/entry)"),
-        mode="token",
-        kernel=dense.streamindex_topk_dense,
-        reference=ref_lib.streamindex_topk_dense_ref,
-        streaming=None,
-        validate=validate_lib.validate_topk_dense_inputs,
-        checked=checked_lib.checked_streamindex_topk_dense,
-        cache_formats=("dense_fp8",),
-        module=dense.__name__,
-        topk_methods=topk_lib.TOPK_METHODS,
-    ),
+        mode="token", kernel=entries.streamindex_topk_dense,
+        cache_formats=("dense_fp8",)),
     Variant(
         name="dense_page",
         description=("streamindex_page_topk_dense: page top-k over the "
                      "dense FP8 cache, ratio 1 (GLM)"),
-        mode="page",
-        kernel=dense.streamindex_page_topk_dense,
-        reference=ref_lib.streamindex_page_topk_dense_ref,
-        streaming=None,
-        validate=validate_lib.validate_page_topk_dense_inputs,
-        checked=checked_lib.checked_streamindex_page_topk_dense,
-        cache_formats=("dense_fp8",),
-        module=dense.__name__,
-    ),
+        mode="page", kernel=entries.streamindex_page_topk_dense,
+        cache_formats=("dense_fp8",)),
 )
 
-# Every registered kernel returns finished results when it runs interpreted
-# (`modes.blocking_when_interpreted`: queuing more work behind a running
-# interpreted kernel can hang XLA:CPU); compiled and traced calls are as the
-# jitted function's.
-VARIANTS: Mapping[str, Variant] = {
-    v.name: dataclasses.replace(
-        v, kernel=modes.blocking_when_interpreted(v.kernel))
-    for v in _REGISTRY}
+VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}
 
 for _v in _REGISTRY:
   assert _v.mode in MODES, _v

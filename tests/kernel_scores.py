@@ -3,8 +3,8 @@
 The kernels return indices only; their score matrix (the operand of the
 final `streamidx.topk.select_topk` of `streamindex_topk` and
 `streamindex_page_topk`) never leaves them. `KernelWithScores` re-jits the
-kernel's own Python function (`__wrapped__`: the very code of
-`streamidx.kernels.vendored`, unmodified) while `select_topk` is replaced by
+kernel's own Python function (the driver's pipeline,
+`streamidx.kernels.driver`, unmodified) while `select_topk` is replaced by
 one that also sends its operand to the host (`jax.debug.callback`). The
 callback is compiled into this private jit only; `streamidx`'s own jitted
 kernels are never traced with it.
@@ -33,17 +33,10 @@ import contextlib
 import jax
 import numpy as np
 
-from streamidx.kernels import dense as dense_kernel
-from streamidx.kernels import vendored as kernel
+import streamidx as si
 from streamidx import metrics, semantics
 from streamidx import topk as topk_lib
-
-TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
-                "num_queries_per_block", "vmem_limit_bytes",
-                "decode_req_batch_size", "causal_rule", "topk_method",
-                "sort_decode")
-PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
-               "num_queries_per_block", "vmem_limit_bytes", "causal_rule")
+from streamidx.kernels import driver
 
 
 @contextlib.contextmanager
@@ -80,26 +73,20 @@ class KernelWithScores:
   def __init__(self, mode: str, *, dense: bool = False):
     # dense: the dense FP8 kernels (`streamidx.kernels.dense`), whose cache
     # is two arguments (cache_values, cache_scales).
-    token = dense_kernel.streamindex_topk_dense if dense else (
-        kernel.streamindex_topk)
-    page = dense_kernel.streamindex_page_topk_dense if dense else (
-        kernel.streamindex_page_topk)
+    token = si.streamindex_topk_dense if dense else si.streamindex_topk
+    page = si.streamindex_page_topk_dense if dense else si.streamindex_page_topk
     self._cache_args = 2 if dense else 1
     self._mode = mode
-    extra = ("num_cores",) if dense else ()
-    if mode == "token":
-      fn, static = token.__wrapped__, TOKEN_STATIC + extra
-    elif mode == "page":
-      fn, static = page.__wrapped__, PAGE_STATIC + extra
-    else:
+    if mode not in ("token", "page"):
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
+    self._entry = token if mode == "token" else page
     # A function of this instance's own: jax shares traces between jit
-    # objects of one function, so jitting `fn` itself could reuse a trace
-    # made without the tap (or with another instance's sink).
-    def traced(*args, **kwargs):
-      return fn(*args, **kwargs)
+    # objects of one function, so jitting the driver's pipeline itself could
+    # reuse a trace made without the tap (or with another instance's sink).
+    def traced(*args, call, body):
+      return driver._pipeline(*args, call=call, body=body)  # pylint: disable=protected-access
 
-    self._jit = jax.jit(traced, static_argnames=static)
+    self._jit = jax.jit(traced, static_argnames=("call", "body"))
     self._sink: list[np.ndarray] = []
     self._block_max_sink: list[np.ndarray] = []
     # After a "fused_blockmax" call of the dense kernel: the block maxima
@@ -110,7 +97,8 @@ class KernelWithScores:
     self._sink.clear()
     self._block_max_sink.clear()
     with _tap(self._sink, self._block_max_sink):
-      idx = np.asarray(self._jit(*args, **kwargs))
+      call, arrays = self._entry.bind(*args, **kwargs)
+      idx = np.asarray(self._jit(*arrays, call=call, body=self._entry.body))
     jax.effects_barrier()
     assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
     scores = self._sink[0]

@@ -20,7 +20,7 @@ import pytest
 
 import streamidx as si
 from streamidx import metrics, modes, semantics
-from streamidx.kernels import vendored
+from streamidx.kernels import tpu, vendored
 from streamidx.lab import aot
 
 from streamidx.lab.studies import cases
@@ -61,7 +61,7 @@ def test_widened_fp8_kernel_matches_the_reference(monkeypatch):
   inp = si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt="fp8", seed=5)
   kw = dict(k=16, compression_ratio=4, **cases.TEST_BLOCKS["token"])
   idx, scores = KernelWithScores("token")(*inp.args, **kw)
-  monkeypatch.setattr(vendored, "_widen_fp8_for_mxu", lambda interpret: True)
+  monkeypatch.setattr(tpu, "widen_fp8_for_mxu", lambda interpret: True)
   jax.clear_caches()  # trace again: the widening is chosen at trace time
   idx_w, scores_w = KernelWithScores("token")(*inp.args, **kw)
   bound = metrics.summation_error_bound(inp, compression_ratio=4)
@@ -174,7 +174,7 @@ def test_fp8_is_widened_exactly_where_the_mxu_lacks_e4m3():
   seen = {}
   for gen in aot.GENERATIONS:
     with si.compile_for(gen):
-      seen[gen] = vendored._widen_fp8_for_mxu(False)  # pylint: disable=protected-access
+      seen[gen] = tpu.widen_fp8_for_mxu(False)
   assert seen == {"v4": True, "v5e": False, "v5p": False, "v6e": False,
                   "v7x": False}
 
@@ -211,7 +211,7 @@ def test_tpu_compiles_are_not_written_to_the_persistent_cache():
 @needs_libtpu
 def test_without_widening_v4_rejects_the_fp8_matmul(monkeypatch):
   """The error M10 exists for, still raised by the compiler."""
-  monkeypatch.setattr(vendored, "_widen_fp8_for_mxu", lambda interpret: False)
+  monkeypatch.setattr(tpu, "widen_fp8_for_mxu", lambda interpret: False)
   jax.clear_caches()
   with si.compile_for("v4") as target:
     name, eqn = _decode_calls(target)[1]
@@ -239,7 +239,7 @@ def test_page_launch_compiles_on_v4(variant, fmt):
 def test_without_lane_segment_pooling_v4_rejects_the_page_max_pool(
     monkeypatch):
   """The error M15 exists for, still raised by the compiler."""
-  monkeypatch.setattr(vendored, "_pool_by_lane_segments_for",
+  monkeypatch.setattr(tpu, "pool_by_lane_segments_for",
                       lambda cols_per_page, interpret: False)
   jax.clear_caches()
   with si.compile_for("v4") as target:

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, ref, validate
+from streamidx import metrics, ref
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers
@@ -192,7 +192,7 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
   kw = p.kernel_kwargs()
   if p.mode == "token":
     args = inp.args
-    validate.validate_topk_inputs(*args, **kw)  # every batch is valid input
+    si.validate_topk_inputs(*args, **kw)  # every batch is valid input
     idx, scores = KERNELS["token"](*args, **kw)
     ref_idx = ref.streamindex_topk_ref(*args, **kw)
     ref_scores = ref.token_scores(*args, compression_ratio=p.ratio,
@@ -201,7 +201,7 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
                                           causal_rule=p.causal_rule)
   else:
     args = inp.page_args
-    validate.validate_page_topk_inputs(*args, **kw)
+    si.validate_page_topk_inputs(*args, **kw)
     idx, scores = KERNELS["page"](*args, **kw)
     ref_idx = ref.streamindex_page_topk_ref(*args, **kw)
     ref_scores = ref.page_scores(*args, causal_rule=p.causal_rule)

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import streamidx as si
-from streamidx import cache, metrics, ref, validate
+from streamidx import cache, metrics, ref
 from streamidx.lab.model import tiling
 
 import tiers
@@ -139,9 +139,9 @@ def test_race_check_passes_on_random_batches_with_empty_sequences(
                         allocation="shuffled", seed=seed)
   inp = si.make_inputs(batch, num_heads=4, seed=seed)
   if mode == "token":
-    validate.validate_topk_inputs(*inp.args, **TOKEN_KW)
+    si.validate_topk_inputs(*inp.args, **TOKEN_KW)
   else:
-    validate.validate_page_topk_inputs(*inp.page_args, **PAGE_KW)
+    si.validate_page_topk_inputs(*inp.page_args, **PAGE_KW)
   got, report = _run_under_race_check(inp, mode)
   assert not report.races_found
   _assert_matches_reference(inp, got, mode)
@@ -172,7 +172,7 @@ def test_page_table_rule_does_not_overflow_near_int32_max():
   # (entries + page_size - 1) wrapped to a negative page count, so this
   # four-column table for a 2**31 - 8 entry sequence was accepted.
   with pytest.raises(ValueError, match=f"^{re.escape(HUGE_MESSAGE)}$"):
-    validate.validate_topk_inputs(*_huge_sequence_args(), **TOKEN_KW)
+    si.validate_topk_inputs(*_huge_sequence_args(), **TOKEN_KW)
   err, idx = si.checked_streamindex_topk(*_huge_sequence_args(),
                                                **TOKEN_KW)
   assert err.get() == f"{HUGE_MESSAGE} (`check` failed)"
@@ -183,8 +183,8 @@ def test_page_table_rule_in_page_mode_does_not_overflow():
   q, w, c, s, p, cu, _ = _huge_sequence_args()
   with pytest.raises(ValueError, match=r"got sequence 0: seq_len 2147483640 "
                      r"-> 2147483640 entries -> 33554432 pages of 64\)$"):
-    validate.validate_page_topk_inputs(q, w, c, s, p, cu, jnp.int32(1),
-                                       k_pages=1)
+    si.validate_page_topk_inputs(q, w, c, s, p, cu, jnp.int32(1),
+                                 k_pages=1)
 
 
 def test_a_table_past_the_int32_block_arithmetic_is_rejected_statically():
@@ -224,7 +224,7 @@ def test_tiny_keys_keep_their_scale_and_rank_correctly():
   inp = _tiny_key_inputs()
   raw = np.asarray(inp.cache).reshape(inp.keys.shape[:2] + (-1,))
   assert raw[..., 128].min() == 1  # 2**-126, never byte 0
-  validate.validate_topk_inputs(*inp.args, **TOKEN_KW)
+  si.validate_topk_inputs(*inp.args, **TOKEN_KW)
   scores = np.asarray(si.token_scores(*inp.args, compression_ratio=1))
   visible = scores[scores > -np.inf]
   assert (visible != 0).mean() > 0.5  # were all exactly 0 with byte 0
@@ -271,8 +271,8 @@ def test_subnormal_scale_byte_is_rejected():
                      r"sees needs an e8m0 scale byte in \[1, 254\].*got "
                      rf"sequence 0, entry 0 \(physical page {page}, slot 0\): "
                      r"scale byte 0\)$"):
-    validate.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
-                                  **TOKEN_KW)
+    si.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
+                            **TOKEN_KW)
 
 
 def test_page_validator_rejects_a_subnormal_scale():
@@ -284,7 +284,7 @@ def test_page_validator_rejects_a_subnormal_scale():
   page_args = args[:6] + (jnp.int32(inp.batch.num_seqs),)
   with pytest.raises(ValueError, match=rf"got sequence 1, entry 1 \(physical "
                      rf"page {page}, slot 1\): scale byte 0\)$"):
-    validate.validate_page_topk_inputs(*page_args, k_pages=1)
+    si.validate_page_topk_inputs(*page_args, k_pages=1)
   err, _ = si.checked_streamindex_page_topk(*page_args, k_pages=1)
   assert "scale byte 0" in err.get()
 
@@ -297,8 +297,8 @@ def test_nan_key_in_the_cache_is_rejected():
   with pytest.raises(ValueError, match=rf"^cache_kv: every key value the "
                      rf"kernel reads .*got sequence 1, entry 6 \(physical page "
                      rf"{page}, slot 6\)\)$"):
-    validate.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
-                                  **TOKEN_KW)
+    si.validate_topk_inputs(*_with(inp, cache=jnp.asarray(c)),
+                            **TOKEN_KW)
 
 
 def test_finite_query_whose_dot_overflows_is_rejected():
@@ -312,7 +312,7 @@ def test_finite_query_whose_dot_overflows_is_rejected():
   with pytest.raises(ValueError, match=r"^q: each head's dot product with a "
                      r"key it sees must stay below 2\*\*127 .*\(got row 0 "
                      r"\(sequence 0\): bound up to 2\*\*1[3-4][0-9]\)$"):
-    validate.validate_topk_inputs(*args, **TOKEN_KW)
+    si.validate_topk_inputs(*args, **TOKEN_KW)
   err, idx = si.checked_streamindex_topk(*args, **TOKEN_KW)
   assert err.get().startswith("q: each head's dot product")
   np.testing.assert_array_equal(idx, -1)

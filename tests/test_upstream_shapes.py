@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, metrics, ref, streaming, validate
+from streamidx import cache, metrics, ref, streaming
 
 import tiers
 
@@ -153,8 +153,8 @@ def test_upstream_numeric_case_matches_reference(name):
   for k in (case.k, SMALL_K):
     kw = dict(k=k, compression_ratio=case.ratio,
               num_kv_pages_per_block=case.bkv, num_queries_per_block=case.bq)
-    validate.validate_topk_inputs(q, w, cache_kv, seq_lens, page_indices,
-                                  cu_q_lens, distribution, **kw)
+    si.validate_topk_inputs(q, w, cache_kv, seq_lens, page_indices,
+                            cu_q_lens, distribution, **kw)
     got = si.streamindex_topk(q, w, cache_kv, seq_lens, page_indices,
                               cu_q_lens, distribution, **kw)
     want = si.streamindex_topk_ref(*inp.args, **kw)
@@ -222,6 +222,6 @@ def test_upstream_layout_with_the_scale_at_byte_head_dim_is_rejected():
   with pytest.raises(ValueError, match=r"^cache_kv: every FP8 record a query "
                      r"sees needs an e8m0 scale byte in \[1, 254\].*scale byte "
                      r"0\)$"):
-    validate.validate_topk_inputs(*args, k=4, compression_ratio=2,
-                                  num_kv_pages_per_block=2,
-                                  num_queries_per_block=8)
+    si.validate_topk_inputs(*args, k=4, compression_ratio=2,
+                            num_kv_pages_per_block=2,
+                            num_queries_per_block=8)

@@ -5,7 +5,7 @@ chunks of `WIDEN_CHUNK` entries) and Mosaic cannot split a lane row into
 pages narrower than 128 lanes there (M15: pages pooled by lane segments and
 a transpose, written segment-major and put back in page order by the
 wrapper). Both are chosen at trace time from the target chip, so on a CPU
-they would never run; `vendored.force_v4_paths()` traces them in the
+they would never run; `tpu.force_v4_paths()` traces them in the
 interpreter, and every variant must still match its reference.
 `tests/test_aot.py` compiles the same code for v4.
 """
@@ -17,7 +17,7 @@ import pytest
 
 import streamidx as si
 from streamidx import metrics
-from streamidx.kernels import vendored
+from streamidx.kernels import tpu
 from streamidx.lab.studies import cases
 import tiers
 
@@ -37,10 +37,10 @@ def test_lane_segment_pooling_is_the_page_max(cols_per_page):
   s[3] = -np.inf  # a row with no visible entry
   s[5, : 7 * cols_per_page] = -np.inf  # its first seven pages masked
   want = s.reshape(rows, 128, cols_per_page).max(-1)
-  pooled = jax.jit(vendored._pool_pages_by_lane_segments,
+  pooled = jax.jit(tpu.pool_pages_by_lane_segments,
                    static_argnums=1)(jnp.asarray(s), cols_per_page)
   assert pooled.shape == (rows, 128)
-  got = vendored.unpermute_lane_segment_pages(
+  got = tpu.unpermute_lane_segment_pages(
       jnp.concatenate([pooled, pooled[::-1]], axis=1), cols_per_page)
   np.testing.assert_array_equal(np.asarray(got[:, :128]), want)
   np.testing.assert_array_equal(np.asarray(got[:, 128:]), want[::-1])
@@ -49,7 +49,7 @@ def test_lane_segment_pooling_is_the_page_max(cols_per_page):
 def test_segment_major_columns_are_not_page_order():
   """The unpermute step is needed: without it columns are other pages."""
   s = jnp.arange(128 * 64, dtype=jnp.float32)[None].repeat(8, 0)
-  pooled = vendored._pool_pages_by_lane_segments(s, 64)
+  pooled = tpu.pool_pages_by_lane_segments(s, 64)
   page_max = np.asarray(s).reshape(8, 128, 64).max(-1)
   assert not np.array_equal(np.asarray(pooled), page_max)
   # Column j * 64 + r holds page 2 r + j.
@@ -57,13 +57,13 @@ def test_segment_major_columns_are_not_page_order():
 
 
 def test_force_v4_paths_selects_both_modifications():
-  assert not vendored._widen_fp8_for_mxu(True)
-  assert not vendored._pool_by_lane_segments_for(64, True)
-  with vendored.force_v4_paths():
-    assert vendored._widen_fp8_for_mxu(True)
-    assert vendored._pool_by_lane_segments_for(64, True)
-    assert not vendored._pool_by_lane_segments_for(128, True)
-  assert not vendored._widen_fp8_for_mxu(True)
+  assert not tpu.widen_fp8_for_mxu(True)
+  assert not tpu.pool_by_lane_segments_for(64, True)
+  with tpu.force_v4_paths():
+    assert tpu.widen_fp8_for_mxu(True)
+    assert tpu.pool_by_lane_segments_for(64, True)
+    assert not tpu.pool_by_lane_segments_for(128, True)
+  assert not tpu.widen_fp8_for_mxu(True)
 
 
 # CI: the widened FP8 matmul (M10) and the lane-segment page pooling (M15);
@@ -78,7 +78,7 @@ def test_v4_code_matches_the_reference(name, fmt):
                        num_heads=cases.NUM_HEADS, fmt=fmt, seed=5)
   static = cases.blocks_for(v)
   k = 24 if v.mode == "token" else 5
-  with vendored.force_v4_paths():
+  with tpu.force_v4_paths():
     got = jax.block_until_ready(
         v.run(inp, k=k, compression_ratio=ratio, fmt=fmt, **static))
   want = v.run_reference(inp, k=k, compression_ratio=ratio, fmt=fmt, **static)

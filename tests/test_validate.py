@@ -4,7 +4,7 @@ Static rules (shapes, dtypes, block sizes, options) are tried through the
 public kernels, `streamidx.streamindex_topk` / `streamindex_page_topk`, on
 `jax.ShapeDtypeStruct`s under `jax.eval_shape`: the `ValueError` must come at
 trace time, before any `pallas_call` is built. Value rules are tried through
-`validate.validate_topk_inputs` / `validate_page_topk_inputs` on concrete
+`si.validate_topk_inputs` / `validate_page_topk_inputs` on concrete
 arrays, and through the checkify entry points inside `jit`. Every case asserts
 the whole message ("<argument>: <rule> (got <what>)") and that the valid
 neighbour of the bad input (the smallest change that fixes it) is accepted.
@@ -61,8 +61,8 @@ def test_base_inputs_are_what_the_cases_assume():
   assert TOKEN_BATCH.total_num_pages == 6
   np.testing.assert_array_equal(PAGE_BATCH.cu_q_lens, [0, 3, 4, 16, 16, 16])
   assert PAGE_BATCH.total_num_pages == 8
-  validate.validate_topk_inputs(*TOKEN.args, **TOKEN_KW)
-  validate.validate_page_topk_inputs(*PAGE.page_args, **PAGE_KW)
+  si.validate_topk_inputs(*TOKEN.args, **TOKEN_KW)
+  si.validate_page_topk_inputs(*PAGE.page_args, **PAGE_KW)
 
 
 # --- static rules -----------------------------------------------------------
@@ -305,9 +305,8 @@ def test_token_kernel_static_rule(case, no_kernel_built):
     jax.eval_shape(functools.partial(si.streamindex_topk, **kw),
                    *specs.values())
   specs, kw = _applied(case.good, token_specs(), TOKEN_KW)
-  validate.static_validate_topk(
-      *specs.values(), **{**dict(vmem_limit_bytes=1, causal_rule="model",
-                                 decode_req_batch_size=4), **kw})
+  call, arrays = si.streamindex_topk.bind(*specs.values(), **kw)
+  validate.static_validate(call, *arrays)
 
 
 @pytest.mark.parametrize("case", PAGE_STATIC, ids=lambda c: c.id)
@@ -317,19 +316,27 @@ def test_page_kernel_static_rule(case, no_kernel_built):
     jax.eval_shape(functools.partial(si.streamindex_page_topk, **kw),
                    *specs.values())
   specs, kw = _applied(case.good, page_specs(), PAGE_KW)
-  validate.static_validate_page_topk(
-      *specs.values(), **{**dict(compression_ratio=1,
-                                 num_kv_pages_per_block=128,
-                                 vmem_limit_bytes=1, causal_rule="model"),
-                          **kw})
+  call, arrays = si.streamindex_page_topk.bind(*specs.values(), **kw)
+  validate.static_validate(call, *arrays)
 
 
-def test_kernel_names_missing_block_sizes(no_kernel_built):
+def test_missing_block_sizes_come_from_the_table(no_kernel_built):
+  specs = list(token_specs().values())
+  call = si.streamindex_topk.call(*specs, k=8, compression_ratio=4)
+  row = si.block_sizes("vendored", cache_format="fp8",
+                       num_heads=int(specs[0].shape[1]),
+                       page_size=int(specs[2].shape[1] * specs[2].shape[2]))
+  assert call.block_source == row.source
+  spelled = si.streamindex_topk.call(*specs, k=8, compression_ratio=4,
+                                     **{n: row.kwargs()[n] for n in (
+                                         "num_kv_pages_per_block",
+                                         "num_queries_per_block")})
+  assert spelled == call and hash(spelled) == hash(call)  # one program
+  # A call description without block sizes is refused by the driver.
+  _, arrays = si.streamindex_topk.bind(*specs, k=8, compression_ratio=4)
   with pytest.raises(ValueError, match="^num_kv_pages_per_block and "
                      "num_queries_per_block must be specified"):
-    jax.eval_shape(functools.partial(si.streamindex_topk, k=8,
-                                     compression_ratio=4),
-                   *token_specs().values())
+    validate.static_validate(si.TopkCall(k=8, compression_ratio=4), *arrays)
 
 
 @pytest.mark.parametrize("mode", ["token", "page"])
@@ -676,16 +683,16 @@ def page_arrays(edit_fn):
 def test_token_value_rule(case):
   assert VALUE_RULE_IDS[case.rule] in case.message
   with pytest.raises(ValueError, match=exactly(case.message)):
-    validate.validate_topk_inputs(*token_arrays(case.bad), **TOKEN_KW)
-  validate.validate_topk_inputs(*token_arrays(case.good), **TOKEN_KW)
+    si.validate_topk_inputs(*token_arrays(case.bad), **TOKEN_KW)
+  si.validate_topk_inputs(*token_arrays(case.good), **TOKEN_KW)
 
 
 @pytest.mark.parametrize("case", PAGE_VALUE, ids=lambda c: c.id)
 def test_page_value_rule(case):
   assert VALUE_RULE_IDS[case.rule] in case.message
   with pytest.raises(ValueError, match=exactly(case.message)):
-    validate.validate_page_topk_inputs(*page_arrays(case.bad), **PAGE_KW)
-  validate.validate_page_topk_inputs(*page_arrays(case.good), **PAGE_KW)
+    si.validate_page_topk_inputs(*page_arrays(case.bad), **PAGE_KW)
+  si.validate_page_topk_inputs(*page_arrays(case.good), **PAGE_KW)
 
 
 # Each rule's "<argument>: <rule>" head, with its static numbers left out.
@@ -707,9 +714,9 @@ def test_every_value_rule_has_a_case_in_each_mode():
 def test_value_validators_run_the_static_checks_first():
   with pytest.raises(ValueError,
                      match=exactly("k: must be a positive int (got 0)")):
-    validate.validate_topk_inputs(*TOKEN.args, **{**TOKEN_KW, "k": 0})
+    si.validate_topk_inputs(*TOKEN.args, **{**TOKEN_KW, "k": 0})
   with pytest.raises(ValueError, match=r"^k_pages: must be a positive int"):
-    validate.validate_page_topk_inputs(*PAGE.page_args, k_pages=0)
+    si.validate_page_topk_inputs(*PAGE.page_args, k_pages=0)
 
 
 # --- inside jit: checkify ---------------------------------------------------
@@ -767,7 +774,8 @@ def test_checked_kernel_inside_a_callers_jit():
 
 def test_check_inputs_inside_a_callers_checkify():
   def f(*args):
-    ok = validate.check_topk_inputs(*args, compression_ratio=4)
+    ok = validate.check_inputs(*args, call=si.TopkCall(k=8,
+                                                       compression_ratio=4))
     return ok
 
   checked = jax.jit(checkify.checkify(f, errors=checkify.user_checks))
@@ -795,4 +803,4 @@ def test_kernel_silently_clamps_a_page_past_the_cache():
   np.testing.assert_array_equal(si.streamindex_topk(*past, **TOKEN_KW),
                                 si.streamindex_topk(*last, **TOKEN_KW))
   with pytest.raises(ValueError, match=r"got page_indices\[12\] = 46\)$"):
-    validate.validate_topk_inputs(*past, **TOKEN_KW)
+    si.validate_topk_inputs(*past, **TOKEN_KW)

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 import streamidx as si
-from streamidx import blocks, metrics, modes, semantics
+from streamidx import blocks, metrics, semantics
 
 from streamidx.lab.studies import cases
 import tiers
@@ -77,29 +77,22 @@ def test_every_variant_validates_its_own_call(name, fmt):
 
 
 @pytest.mark.parametrize("name", sorted(si.VARIANTS))
-def test_every_keyword_only_parameter_of_a_kernel_is_static(name):
-  """The public wrapper passes every keyword-only argument, defaults
-  included (`modes.blocking_when_interpreted`): that is only sound when
-  each of them is one of the jitted function's static arguments."""
-  jitted = si.VARIANTS[name].kernel.__wrapped__
-  info = getattr(jitted, "_jit_info", None)
-  if info is None:
-    pytest.skip("this JAX's jitted functions do not expose _jit_info")
-  keyword_only = set(modes.keyword_defaults(jitted))
-  assert keyword_only and keyword_only <= set(info.static_argnames)
-
-
-def test_a_default_given_or_left_out_is_one_compiled_program():
-  def f(x, *, k=2, rule="model"):
-    return x * k if rule == "model" else x
-
-  bare = jax.jit(f, static_argnames=("k", "rule"))
-  public = modes.blocking_when_interpreted(bare)
-  x = jax.numpy.ones(3)
-  for kw in ({}, dict(k=2), dict(rule="model"), dict(rule="model", k=2)):
-    assert float(public(x, **kw)[0]) == 2.0
-  assert bare._cache_size() == 1
-  assert float(public(x, k=3)[0]) == 3.0 and bare._cache_size() == 2
+def test_a_default_given_or_left_out_is_one_call(name):
+  """Every spelling of one call is one `TopkCall` / `PageCall` (equal and
+  of equal hash): the driver's one static argument, so one compiled
+  program however the call is spelled."""
+  v = si.VARIANTS[name]
+  inp, ratio = _inputs(v, v.cache_formats[0])
+  args = v.args(inp)
+  static = v.static(inp, k=8, compression_ratio=ratio, **cases.blocks_for(v))
+  given = {f: getattr(v.kernel.call(*args, **static), f)
+           for f in ("vmem_limit_bytes", "causal_rule", "return_scores")}
+  spellings = [v.kernel.call(*args, **static),
+               v.kernel.call(*args, **static, **given)]
+  assert spellings[0] == spellings[1]
+  assert hash(spellings[0]) == hash(spellings[1])
+  assert v.kernel.call(*args, **{**static, "return_scores": True}) != (
+      spellings[0])
 
 
 def test_variant_rejects_a_format_it_does_not_read():

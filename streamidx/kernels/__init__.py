@@ -1,14 +1,21 @@
-"""The Pallas kernels, one module per kernel.
+"""The Pallas kernels: kernel bodies, the one driver, the entry points.
 
-    vendored   the vendored StreamIndex top-k kernel (tpu-inference, Apache-2.0)
-               with its local modifications (ledger M1-Mn in its header):
-               `streamindex_topk` (token mode) and `streamindex_page_topk`
-    dense      the same pipeline over the dense FP8 cache (values and e8m0
-               scales in two arrays, 129 B/entry):
-               `streamindex_topk_dense`, `streamindex_page_topk_dense`
+    vendored   the vendored StreamIndex top-k kernel body (tpu-inference,
+               Apache-2.0) with its local modifications (ledger M1-Mn in its
+               header); packed FP8 or bf16 cache, one array
+    dense      a kernel body over the dense FP8 cache (values and e8m0 scales
+               in two arrays, 129 B/entry), a core-parallel grid axis
+               (`num_cores`) and block maxima ("fused_blockmax")
+    tpu        the project's TPU helpers the bodies share (VMEM check, v4
+               paths)
+    driver     the wrapper pipeline every body shares (`KernelBody`, `run`,
+               `checked_run`, `Entry`)
+    entries    the drop-in entry points: `streamindex_topk`,
+               `streamindex_page_topk`, `streamindex_topk_dense`,
+               `streamindex_page_topk_dense`
 
-A kernel module imports `streamidx.semantics` (shared rules),
-`streamidx.validate` (static checks) and `streamidx.modes` (compiled or
-interpreted); nothing imports a kernel module except `streamidx.variants`,
-`streamidx.checked` and the package's top level.
+A body imports `streamidx.semantics` and `kernels.tpu`; the driver imports
+`streamidx.validate`, `modes`, `topk` and the vendored input preparation;
+nothing imports `entries` except `streamidx.variants` and the package's top
+level.
 """

@@ -47,10 +47,9 @@ mode's pooled rows) over its KV loop and go to HBM in one DMA after it: a
 DMA writes whole 128-lane rows, and a KV block holds only a few maxima. The
 selection then reads the maxima instead of the buffer for its first stage.
 
-Entry points: `streamindex_topk_dense` (token mode) and
-`streamindex_page_topk_dense` (page mode, ratio 1), with the arguments of
-`streamindex_topk` / `streamindex_page_topk` and the pair (cache_values,
-cache_scales) in place of `cache_kv`.
+`launch` is this body's one `pallas_call` (token or page mode), which the
+driver (`streamidx.kernels.driver`) makes per launch; the entry points are
+`streamidx.streamindex_topk_dense` / `streamindex_page_topk_dense`.
 """
 
 from __future__ import annotations
@@ -63,23 +62,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from streamidx import modes
+from streamidx import cache as cache_lib
 from streamidx import semantics
 from streamidx import topk
-from streamidx import validate
-from streamidx.kernels.vendored import (_pool_by_lane_segments_for,
-                                        _pool_pages_by_lane_segments,
-                                        _widen_fp8_for_mxu, check_launch_vmem,
-                                        prepare_index_weights,
-                                        prepare_q_inputs,
-                                        unpermute_lane_segment_pages)
-from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, LANES, align_to,
-                                 causal_visible_bound, cdiv)
+from streamidx.kernels import tpu
+from streamidx.semantics import LANES, causal_visible_bound, cdiv
 
-__all__ = ["streamindex_topk_dense", "streamindex_page_topk_dense",
-           "SEMAPHORE_ROWS"]
+__all__ = ["launch", "block_max_rows", "SEMAPHORE_ROWS"]
 
-KV_PACKING = 4  # e4m3 bytes per 32-bit word
+# e4m3 bytes per 32-bit word: the dense cache layout's (streamidx.cache).
+KV_PACKING = cache_lib.DENSE_KV_PACKING
 # First axis of the semaphore scratch: what each row guards.
 SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
@@ -455,7 +447,7 @@ def _dense_kernel(
             # Max-pool each page (ratio 1: a page is page_size columns);
             # by lane segments where the chip cannot split lanes (M15).
             if segment_pool:
-              out.append(_pool_pages_by_lane_segments(s, page_size))
+              out.append(tpu.pool_pages_by_lane_segments(s, page_size))
             else:
               out.append(s.reshape(bq_sz, bkv_p, page_size).max(axis=-1))
           else:
@@ -508,24 +500,30 @@ def _dense_kernel(
         wait_send_max(slot)
 
 
-def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
-            start, end, seq_batch_size, static_q_len, bq_sz, bkv_p,
-            num_out_sublanes, compression_ratio, causal_rule, page_pool,
-            vmem_limit_bytes, num_cores, name, interpret, bmax=None,
-            segment_pool=False):
-  """One `pallas_call` over slots [start, end), `seq_batch_size` per program.
+def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
+           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
+           case, call, interpret, segment_pool=False):
+  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
+  (`streamidx.kernels.driver.KernelBody.launch`).
 
   bmax: None, or the block-max buffer f32[max_num_tokens, G, 128] (token
   mode): the call then also writes the maxima of its score rows there and
   returns (scores, bmax).
   """
+  del num_queries_per_block
+  cache_values, cache_scales = cache
   block_max = bmax is not None
+  page_pool = case == "page"
+  num_cores, vmem_limit_bytes = call.num_cores, call.vmem_limit_bytes
+  name = (f"StreamIdxDensePageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool else
+          f"StreamIdxDenseTC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"
+          + ("-bmax" if block_max else ""))
   _, num_q_heads, head_dim = q.shape
   _, rows_per_page, _, _ = cache_values.shape
   _, scale_rows, scale_lanes = cache_scales.shape
   page_size = rows_per_page * KV_PACKING
   b = seq_batch_size
-  out_sublanes = num_out_sublanes if page_pool else bkv_p * page_size // LANES
+  out_sublanes = scores.shape[1] if page_pool else bkv_p * page_size // LANES
   # The vendored launch's buffers (`semantics.launch_scratch`, lkv_dim =
   # head_dim) and the scale buffer after the values'.
   scratch = list(semantics.launch_scratch(
@@ -540,7 +538,7 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
     scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
                     jnp.dtype(jnp.float32)))
   if interpret is False:  # the vendored M11 check
-    check_launch_vmem(
+    tpu.check_launch_vmem(
         scratch, case=name, vmem_limit_bytes=vmem_limit_bytes,
         blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
                 f"{bq_sz}, {b} sequence(s) per program"))
@@ -561,10 +559,10 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
     semantics_ = ("parallel", "arbitrary")
   kernel = pl.pallas_call(
       functools.partial(
-          _dense_kernel, compression_ratio=compression_ratio,
+          _dense_kernel, compression_ratio=call.compression_ratio,
           static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-          seq_batch_size=b, causal_rule=causal_rule, page_pool=page_pool,
-          num_cores=num_cores, bf16_dot=_widen_fp8_for_mxu(interpret),
+          seq_batch_size=b, causal_rule=call.causal_rule, page_pool=page_pool,
+          num_cores=num_cores, bf16_dot=tpu.widen_fp8_for_mxu(interpret),
           block_max=block_max, segment_pool=segment_pool),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(scalars),
@@ -589,238 +587,3 @@ def _pallas(q, weights, cache_values, cache_scales, scores, prefetch, *,
   outputs = (scores, bmax) if block_max else (scores,)
   return jax.named_scope(name)(kernel)(*scalars, q, weights, cache_values,
                                        cache_scales, *outputs)
-
-
-def _check_num_cores(num_cores):
-  if (not isinstance(num_cores, int) or isinstance(num_cores, bool)
-      or num_cores < 1):
-    raise ValueError(f"num_cores: must be a positive int (got {num_cores!r})")
-
-
-_TOKEN_STATIC = ("k", "compression_ratio", "num_kv_pages_per_block",
-                 "num_queries_per_block", "vmem_limit_bytes",
-                 "decode_req_batch_size", "causal_rule", "topk_method",
-                 "return_scores", "sort_decode", "num_cores",
-                 "skip_empty_launches")
-_PAGE_STATIC = ("k_pages", "compression_ratio", "num_kv_pages_per_block",
-                "num_queries_per_block", "vmem_limit_bytes", "causal_rule",
-                "return_scores", "num_cores", "skip_empty_launches")
-
-
-@functools.partial(jax.jit, static_argnames=_TOKEN_STATIC)
-def streamindex_topk_dense(
-    q: jax.Array,  # [max_num_tokens, num_q_heads, head_dim]
-    indexer_weights: jax.Array,  # [max_num_tokens, num_q_heads]
-    cache_values: jax.Array,  # u8[total_pages, page_size // 4, 4, head_dim]
-    cache_scales: jax.Array,  # u8[total_pages, page_size // L, L]
-    seq_lens: jax.Array,  # i32[max_num_seqs]
-    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
-    distribution: jax.Array,  # i32[3]
-    *,
-    k: int,
-    compression_ratio: int,
-    num_kv_pages_per_block: tuple[int, int, int] | int | None = None,
-    num_queries_per_block: tuple[int, int, int] | int | None = None,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size: int = 4,
-    causal_rule: str = "model",
-    topk_method: str = topk.DEFAULT_TOPK_METHOD,
-    return_scores: bool = False,
-    sort_decode: bool = True,
-    num_cores: int = 1,
-    skip_empty_launches: bool = True,
-) -> jax.Array:
-  """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
-
-  Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
-  pair (`streamidx.pack_dense_fp8_cache(keys)`) in place of `cache_kv`:
-
-    cache_values: u8[total_pages, page_size // 4, 4, head_dim], the e4m3
-      bytes; entry t of page P at [P, t // 4, t % 4].
-    cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
-      is a multiple of 128, else page_size), the e8m0 bytes e + 127.
-
-  topk_method, return_scores: as for `streamindex_topk` (the vendored M12
-    and M9); topk_method also takes "fused_blockmax" (the launches write
-    the maxima of every 128-entry row of scores, and the selection ranks
-    blocks by them: `streamidx.topk`), which the vendored kernel refuses.
-  num_cores: split each launch's programs over this many TensorCores (a
-    leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
-    1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
-    same indices.
-
-  The same keys packed as "fp8" give the same indices (`streamindex_topk`).
-  Static checks raise `ValueError` before any kernel is built; page indices
-  past the cache are clamped to the last page, as the vendored kernel does
-  (`streamidx.validate_topk_dense_inputs` rejects such tables).
-  """
-  if num_kv_pages_per_block is None or num_queries_per_block is None:
-    raise ValueError(
-        "num_kv_pages_per_block and num_queries_per_block must be specified.")
-  cache = (cache_values, cache_scales)
-  validate.static_validate_topk(
-      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
-      distribution, k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, sort_decode=sort_decode,
-      topk_methods=topk.TOPK_METHODS)
-  _check_num_cores(num_cores)
-  distribution = validate.distribution_array(distribution)  # a tuple too
-  kv_blocks = semantics.normalize_per_case(num_kv_pages_per_block,
-                                           "num_kv_pages_per_block")
-  q_blocks = semantics.normalize_per_case(num_queries_per_block,
-                                          "num_queries_per_block")
-  interpret = modes.resolve_interpret()
-  num_tokens = q.shape[0]
-  weights = prepare_index_weights(indexer_weights, q.dtype)
-  q = prepare_q_inputs(q)
-  max_num_seqs = seq_lens.shape[0]
-  page_size = cache_values.shape[1] * KV_PACKING
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
-  num_sublanes = max(align_to(pages_per_seq, p) * page_size // LANES
-                     for p in kv_blocks)
-
-  order = None
-  prefetch = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1])
-  if sort_decode and decode_req_batch_size > 1:
-    order, _, _ = semantics.decode_order(
-        seq_lens, distribution[0], compression_ratio=compression_ratio,
-        bkv_sz=kv_blocks[0] * page_size,
-        decode_req_batch_size=decode_req_batch_size)
-    sorted_lens, sorted_pages, q_rows = semantics.apply_decode_order(
-        order, seq_lens, page_indices, cu_q_lens)
-    prefetch = (sorted_lens, sorted_pages, cu_q_lens, q_rows)
-
-  scores = jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32)
-  # "fused_blockmax": the launches also write the maximum of every 128-lane
-  # score row (streamidx.topk.FUSED_BLOCK_WIDTH entries) into `bmax`.
-  fused = topk_method == "fused_blockmax"
-  if fused:
-    rows = block_max_rows(num_sublanes,
-                          [p * page_size // LANES for p in kv_blocks])
-    bmax = jnp.full((num_tokens, rows, LANES), -jnp.inf, jnp.float32)
-  for launch in semantics.token_launches(distribution, decode_req_batch_size):
-    c = launch.block_case
-    bq_sz = launch.bq_sz(q_blocks[c])
-    run = functools.partial(
-        _pallas, q, weights, cache_values, cache_scales, prefetch=prefetch,
-        start=launch.start, end=launch.end,
-        seq_batch_size=launch.seq_batch_size,
-        static_q_len=launch.static_q_len, bq_sz=bq_sz, bkv_p=kv_blocks[c],
-        num_out_sublanes=0, compression_ratio=compression_ratio,
-        causal_rule=causal_rule, page_pool=False,
-        vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
-        name=(f"StreamIdxDenseTC-{launch.case}-bq_{bq_sz}-bkvp_"
-              f"{kv_blocks[c]}" + ("-bmax" if fused else "")),
-        interpret=interpret)
-    # An empty range launches nothing (vendored M14; `skip_empty_launches`).
-    if fused and skip_empty_launches:
-      scores, bmax = lax.cond(
-          launch.end > launch.start,
-          lambda s, m, run=run: run(scores=s, bmax=m),
-          lambda s, m: (s, m), scores, bmax)
-    elif fused:
-      scores, bmax = run(scores=scores, bmax=bmax)
-    elif skip_empty_launches:
-      scores = lax.cond(launch.end > launch.start,
-                        lambda s, run=run: run(scores=s), lambda s: s, scores)
-    else:
-      scores = run(scores=scores)
-
-  scores = scores.reshape(num_tokens, -1)
-  # The vendored selection stage (M12; M9 for the scores); "fused_blockmax"
-  # ranks blocks by the maxima the launches wrote.
-  if fused:
-    idx = topk.select_topk(scores, k, topk_method,
-                           block_max=bmax.reshape(num_tokens, -1)[
-                               :, :num_sublanes],
-                           block_max_width=topk.FUSED_BLOCK_WIDTH)[:, :k]
-  else:
-    idx = topk.select_topk(scores, k, topk_method)[:, :k]
-  top_scores = topk.scores_at(scores, idx) if return_scores else None
-  if order is not None:  # the caller's row order
-    idx = semantics.restore_decode_rows(idx, order)
-    if return_scores:
-      top_scores = semantics.restore_decode_rows(top_scores, order)
-  if return_scores:
-    return idx, top_scores
-  return idx
-
-
-@functools.partial(jax.jit, static_argnames=_PAGE_STATIC)
-def streamindex_page_topk_dense(
-    q: jax.Array,  # [max_num_tokens, num_q_heads, head_dim]
-    indexer_weights: jax.Array,  # [max_num_tokens, num_q_heads]
-    cache_values: jax.Array,  # u8[total_pages, page_size // 4, 4, head_dim]
-    cache_scales: jax.Array,  # u8[total_pages, page_size // L, L]
-    seq_lens: jax.Array,  # i32[max_num_seqs]
-    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
-    num_seqs: jax.Array,  # i32[]
-    *,
-    k_pages: int,
-    compression_ratio: int = 1,
-    num_kv_pages_per_block: int = 128,
-    num_queries_per_block: int = 512,
-    vmem_limit_bytes: int | None = 64 * 1024 * 1024,
-    causal_rule: str = "model",
-    return_scores: bool = False,
-    num_cores: int = 1,
-    skip_empty_launches: bool = True,
-) -> jax.Array:
-  """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
-
-  Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128
-  pages per KV block, one launch over the num_seqs sequences), with the
-  dense FP8 pair in place of `cache_kv`; `num_cores` as for
-  `streamindex_topk_dense`.
-  """
-  cache = (cache_values, cache_scales)
-  validate.static_validate_page_topk(
-      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, num_seqs,
-      k_pages=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
-  _check_num_cores(num_cores)
-  interpret = modes.resolve_interpret()
-  num_tokens = q.shape[0]
-  weights = prepare_index_weights(indexer_weights, q.dtype)
-  q = prepare_q_inputs(q)
-  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
-  bkv_p = num_kv_pages_per_block
-  num_page_cols = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES)
-  num_seqs = jnp.asarray(num_seqs, jnp.int32)
-  scores = jnp.full((num_tokens, num_page_cols // LANES, LANES), -jnp.inf,
-                    jnp.float32)
-  page_size = cache_values.shape[1] * KV_PACKING
-  # v4 pools by lane segments, columns segment-major (vendored M15).
-  segment_pool = _pool_by_lane_segments_for(page_size, interpret)
-  run = functools.partial(
-      _pallas, q, weights, cache_values, cache_scales,
-      prefetch=(seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1]),
-      start=0, end=num_seqs, seq_batch_size=1, static_q_len=None,
-      bq_sz=num_queries_per_block, bkv_p=bkv_p,
-      num_out_sublanes=num_page_cols // LANES,
-      compression_ratio=compression_ratio, causal_rule=causal_rule,
-      page_pool=True, segment_pool=segment_pool,
-      vmem_limit_bytes=vmem_limit_bytes, num_cores=num_cores,
-      name=f"StreamIdxDensePageTC-bq_{num_queries_per_block}-bkvp_{bkv_p}",
-      interpret=interpret)
-  if skip_empty_launches:
-    scores = lax.cond(num_seqs > 0, lambda s: run(scores=s), lambda s: s,
-                      scores)
-  else:
-    scores = run(scores=scores)
-  page_scores = scores.reshape(num_tokens, num_page_cols)
-  if segment_pool:
-    page_scores = unpermute_lane_segment_pages(page_scores, page_size)
-  page_scores = page_scores[:, :pages_per_seq]
-  top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
-  if return_scores:
-    return top_idxs, topk.scores_at(page_scores, top_idxs)
-  return top_idxs

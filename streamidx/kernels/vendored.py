@@ -25,9 +25,11 @@
 # bf16 branch of `load_bkv` (above) and the page mode (`streamindex_page_topk`,
 # `page_pool_size`). Its line breaks were lost; this file rebuilds it as a
 # module. Every further change made in streamidx is listed here and marked
-# `# streamidx (M<n>)` where it happens:
+# `# streamidx (M<n>)` where it happens (here, or in the wrapper the kernel
+# bodies share, `streamidx/kernels/driver.py`, and the project's TPU helpers,
+# `streamidx/kernels/tpu.py`):
 #
-# M1  Runs anywhere. Both entry points resolve, at trace time, how the Pallas
+# M1  Runs anywhere. The driver resolves, at trace time, how the Pallas
 #     call executes: compiled Mosaic on a TPU backend, Pallas's TPU
 #     interpreter (`pltpu.InterpretParams()`) on any other backend, or
 #     whatever `streamidx.interpreter(...)` forces (see `streamidx/modes.py`).
@@ -58,9 +60,10 @@
 #     decode launch now covers [decode_batch_end, i) and a prefill launch with
 #     the prefill block sizes (`num_*_per_block[1]`, dynamic q_len) covers
 #     [i, j), as the docstring and `MlaCase.PREFILL` describe.
-# M5  Input checks. Both entry points call `streamidx.validate`'s static
-#     checks (shapes, dtypes, block sizes: `ValueError` naming the argument)
-#     before a kernel is built. The docstrings now say that page indices past
+# M5  Input checks. The entry points build a `streamidx.call.TopkCall` /
+#     `PageCall`, which checks the static arguments, and the driver calls
+#     `streamidx.validate.static_validate` (shapes, dtypes, block sizes:
+#     `ValueError` naming the argument) before a kernel is built. The docstrings now say that page indices past
 #     the cache are silently clamped to the last page by the kernel;
 #     `streamidx.validate_topk_inputs` / `validate_page_topk_inputs` reject
 #     such tables.
@@ -71,7 +74,10 @@
 #     normalisation (`normalize_per_case`, which also rejects malformed
 #     sizes), and the list of launches (`token_launches`: the wrapper loops
 #     over it instead of spelling out the four `run_topk_kernel` calls; same
-#     launches, same order, same arguments).
+#     launches, same order, same arguments). The wrapper itself (both entry
+#     points' bodies) is `streamidx/kernels/driver.py`, shared with the other
+#     kernel bodies; `run_topk_kernel` moved to module level and makes page
+#     mode's launch too (page mode's copy of it is gone).
 # M7  Empty sequences cost no DMA. A sequence with q_len 0 (allowed anywhere
 #     in a batch) made the seed start and wait on zero-row DMAs (its query
 #     block, its weights, its output block), which the TPU interpreter's race
@@ -105,7 +111,7 @@
 #     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
 #     with `streamidx.compile_for`). `compute_scores` now widens the e4m3
 #     tile to bf16 before the matmul when the kernel is compiled for such a
-#     chip (`_widen_fp8_for_mxu`, read at trace time from the target chip:
+#     chip (`tpu.widen_fp8_for_mxu`, read at trace time from the target chip:
 #     generation < 5), `WIDEN_CHUNK` entries at a time (a page-mode block of
 #     8192 entries widened at once needs 17.5 MiB of v4's 16 MiB VMEM);
 #     exact, since every e4m3fn value is a bf16 value. Interpreted and on
@@ -113,7 +119,7 @@
 # M11  VMEM scratch checked before compiling. The four scratch
 #     buffers of a launch are declared once (`semantics.launch_scratch`,
 #     which the lab's tiling model reads too); compiled, both entry points
-#     first check (`check_launch_vmem`) that their bytes as Mosaic lays them
+#     first check (`tpu.check_launch_vmem`) that their bytes as Mosaic lays them
 #     out (`semantics.scratch_vmem_bytes`, tiled as Mosaic tiles VMEM; the
 #     compiler's own count on the grid of tests/test_aot.py) fit the chip's
 #     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
@@ -162,11 +168,11 @@
 #     a lane row on v4 (GLM's 64-entry pages: "infer-vector-layout:
 #     unsupported shape cast vector<8x8192xf32> -> vector<8x128x64xf32>";
 #     pooling by lane reductions needs a sublane gather v4 lacks). Compiled
-#     for v4 (`_pool_by_lane_segments_for`, trace time), the page kernel
+#     for v4 (`tpu.pool_by_lane_segments_for`, trace time), the page kernel
 #     pools by lane segments and a transpose
-#     (`_pool_pages_by_lane_segments`), writing each block's 128 page
+#     (`tpu.pool_pages_by_lane_segments`), writing each block's 128 page
 #     maxima segment-major; the wrapper restores page order
-#     (`unpermute_lane_segment_pages`) before the selection. A max in
+#     (`tpu.unpermute_lane_segment_pages`) before the selection. A max in
 #     another order is the same max: identical scores and indices.
 #     `force_v4_paths()` runs this code (and M10's widening) in the
 #     interpreter, where tests check its parity.
@@ -181,13 +187,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from streamidx import modes
 from streamidx import semantics
-from streamidx import topk
-from streamidx import validate
+# streamidx (M10, M11, M15): the project's TPU helpers, shared with the other
+# kernel bodies.
+from streamidx.kernels import tpu
 # streamidx (M6): the shared rules come from streamidx.semantics.
-from streamidx.semantics import (CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES,
-                                 align_to, causal_visible_bound, cdiv)
+from streamidx.semantics import align_to, causal_visible_bound, cdiv
 
 Enum = enum.Enum
 
@@ -231,164 +236,6 @@ _MLA_CASE = {
 }
 
 
-# streamidx (M11): the compiled-mode VMEM check (the scratch comes
-# from streamidx.semantics.launch_scratch).
-def _mib(n: int) -> str:
-  return f"{n / 2**20:.2f} MiB"
-
-
-def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
-  """Compiled mode: raises if a launch's scratch cannot fit the target chip.
-
-  streamidx (M11). The chip is the one the kernel is traced for
-  (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
-  Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
-  or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
-  is then the bound); it needs some internal scratch on top, which only the
-  compiler sizes, so a launch that passes can still be rejected by it.
-  """
-  info = _target_tpu_info()
-  if info is None:  # a chip JAX's table does not know: the compiler judges
-    return
-  need = semantics.scratch_vmem_bytes(scratch, info.generation)
-  capacity = int(info.vmem_capacity_bytes)
-  limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
-                                                        capacity)
-  if need <= limit:
-    return
-  name, shape, dtype = max(
-      scratch,
-      key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
-  largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
-  limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
-                f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
-  raise ValueError(
-      f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
-      f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
-      f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
-      f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
-      f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
-
-
-def _target_tpu_info():
-  """`pltpu.get_tpu_info()` of the chip traced for, None if JAX lacks it."""
-  try:
-    return pltpu.get_tpu_info()
-  except ValueError:
-    return None
-
-
-_FORCE_V4_PATHS = False
-
-
-class force_v4_paths:
-  """streamidx (M10, M15): trace the kernels with v4's code on any target.
-
-  A context manager for tests and the walkthrough: the CPU interpreter then
-  runs what TPU v4 compiles (the FP8 tile widened to bf16 in chunks, M10;
-  pages pooled by lane segments, M15), so its parity is checked here.
-  Read at trace time; entering and leaving it clears JAX's caches.
-  """
-
-  def __enter__(self):
-    global _FORCE_V4_PATHS
-    self._prev, _FORCE_V4_PATHS = _FORCE_V4_PATHS, True
-    jax.clear_caches()  # jitted entry points traced without it retrace
-    return self
-
-  def __exit__(self, *exc):
-    global _FORCE_V4_PATHS
-    _FORCE_V4_PATHS = self._prev
-    jax.clear_caches()
-    return False
-
-
-# streamidx (M10): KV entries widened to bf16 and scored at a time on v4.
-WIDEN_CHUNK = 1024
-
-
-def _widen_fp8_for_mxu(interpret) -> bool:
-  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
-
-  True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
-  RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
-  from the target chip; False when interpreted.
-  """
-  if _FORCE_V4_PATHS:
-    return True
-  if interpret is not False:
-    return False
-  info = _target_tpu_info()
-  return info is not None and info.generation < 5
-
-
-def _pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
-  """streamidx (M15): pool pages by lane segments (`_pool_pages_by_lane_segments`)?
-
-  True when compiled for a chip before TPU v5 and a page is narrower than a
-  128-lane row: Mosaic cannot lower the seed's `reshape(rows, pages,
-  cols_per_page)` there ("infer-vector-layout: unsupported shape cast
-  vector<8x8192xf32> -> vector<8x128x64xf32>" on v4). Read at trace time
-  from the target chip; False when interpreted (tests force it there through
-  `force_v4_paths`).
-  """
-  if _FORCE_V4_PATHS:
-    return cols_per_page < 128
-  if interpret is not False or cols_per_page >= 128:
-    return False
-  info = _target_tpu_info()
-  return info is not None and info.generation < 5
-
-
-def _pool_pages_by_lane_segments(s_summed, cols_per_page: int):
-  """streamidx (M15): the page max-pool of one KV block without a lane split.
-
-  s_summed: f32[rows, bkv] token scores, bkv = 128 pages x `cols_per_page`
-  (a divisor of 128). The block is viewed as [rows, cols_per_page, 128]
-  (whole lane rows: a reshape every TPU generation lowers), so lane segment j
-  of lane row r holds page g*r + j (g = 128 // cols_per_page pages per lane
-  row). Stacking the g segment-masked copies along the second-minor axis
-  gives [rows, 128, 128] whose row i = j * cols_per_page + r holds page
-  g*r + j (other lanes -inf); a transpose of the last two axes and a
-  max over the second-minor axis (a sublane reduction, which lands in lanes)
-  pool each page. Lane reductions would put the result in sublanes, and
-  moving it to lanes is the sublane gather v4 lacks.
-
-  Returns f32[rows, 128] in *segment-major* order: column j * cols_per_page
-  + r holds page g*r + j; `unpermute_lane_segment_pages` restores page order
-  outside the kernel (an XLA transpose of the small [T, pages] buffer). A
-  max is exact in any order, so the values equal the seed's pooling.
-  """
-  rows, bkv = s_summed.shape
-  assert 128 % cols_per_page == 0 and bkv == 128 * cols_per_page
-  g = 128 // cols_per_page
-
-  def pool(x):  # [r, bkv] -> [r, 128]
-    x = x.reshape(x.shape[0], cols_per_page, 128)
-    segment = lax.broadcasted_iota(jnp.int32, x.shape, 2) // cols_per_page
-    stacked = jnp.concatenate(
-        [jnp.where(segment == j, x, -jnp.inf) for j in range(g)], axis=1)
-    return jnp.swapaxes(stacked, 1, 2).max(axis=1)
-
-  # Eight query rows (one sublane tile) at a time: the stacked copy is then
-  # 8 x 128 x 128 f32 (512 KiB) of VMEM, not rows / 8 times that.
-  return jnp.concatenate(
-      [pool(s_summed[r:r + 8]) for r in range(0, rows, 8)], axis=0)
-
-
-def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
-  """streamidx (M15): segment-major page columns back to page order.
-
-  page_scores: f32[T, n * 128], each 128-column block as
-  `_pool_pages_by_lane_segments` wrote it. Returns the same values with
-  column p = page p of the block.
-  """
-  t, n = page_scores.shape
-  g = 128 // cols_per_page
-  x = page_scores.reshape(t, n // 128, g, cols_per_page)
-  return jnp.swapaxes(x, -1, -2).reshape(t, n)
-
-
 def _scores_kernel(
     # Prefetch
     seq_lens_ref,  # [max_num_seqs]
@@ -419,7 +266,7 @@ def _scores_kernel(
     seq_batch_size: int,
     page_pool_size: int | None = None,
     num_bkv_max: int | None = None,
-    causal_rule: str = "model",  # streamidx (M3)
+    causal_rule: str,  # streamidx (M3)
     interpreted: bool = False,  # streamidx (M2)
     widen_fp8: bool = False,  # streamidx (M10)
     pool_by_lane_segments: bool = False,  # streamidx (M15)
@@ -743,8 +590,8 @@ def _scores_kernel(
           # and scored WIDEN_CHUNK entries at a time, so that v4's 16 MiB
           # of VMEM holds a page-mode block (8192 entries) of FP8 keys.
           s_summed = jnp.concatenate([
-              head_sum(bkv[c:c + WIDEN_CHUNK].astype(jnp.bfloat16))
-              for c in range(0, bkv.shape[0], WIDEN_CHUNK)], axis=-1)
+              head_sum(bkv[c:c + tpu.WIDEN_CHUNK].astype(jnp.bfloat16))
+              for c in range(0, bkv.shape[0], tpu.WIDEN_CHUNK)], axis=-1)
         else:
           s_summed = head_sum(bkv)
         if scale_val is not None:
@@ -763,7 +610,7 @@ def _scores_kernel(
           # number of pages, so pooling groups are exact pages.
           cols_per_page = page_pool_size // compression_ratio
           if pool_by_lane_segments:
-            ret.append(_pool_pages_by_lane_segments(s_summed, cols_per_page))
+            ret.append(tpu.pool_pages_by_lane_segments(s_summed, cols_per_page))
           else:
             ret.append(s_summed.reshape(-1, bkv_p, cols_per_page).max(axis=-1))
         else:
@@ -995,467 +842,126 @@ def prepare_outputs(out):
     out = out.reshape(out.shape[0], -1)
   return out
 
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "k",
-        "compression_ratio",
-        "num_kv_pages_per_block",
-        "num_queries_per_block",
-        "vmem_limit_bytes",
-        "decode_req_batch_size",
-        "causal_rule",
-        "topk_method",
-        "return_scores",
-        "sort_decode",
-        "skip_empty_launches",
-    ),
-)
-def streamindex_topk(
-    q: jax.Array,  # [max_num_tokens, actual_num_q_heads, actual_head_dim]
-    indexer_weights: jax.Array,  # [max_num_tokens, actual_num_q_heads]
-    cache_kv: jax.Array,  # [total_num_pages, page_size_per_kv_packing, kv_packing, head_dim]
-    seq_lens: jax.Array,  # i32[max_num_seqs]
-    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
-    distribution: jax.Array,  # i32[3]
+# streamidx (M6, M14): the wrapper (validation, launches, decode order,
+# selection) is `streamidx.kernels.driver`'s, shared with the other kernel
+# bodies; upstream's `run_topk_kernel`, moved out of `streamindex_topk`, is
+# the one launch of this body, for token and page mode alike. The drop-in
+# entry points are `streamidx.streamindex_topk` / `streamindex_page_topk`.
+def run_topk_kernel(
+    q,
+    prepared_indexer_weights,
+    cache,
+    scores,
+    bmax,
+    prefetch,
     *,
-    k: int,
-    compression_ratio: int,
-    num_kv_pages_per_block: tuple[int, int, int] | int | None = None,
-    num_queries_per_block: tuple[int, int, int] | int | None = None,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size: int = 4,
-    causal_rule: str = "model",
-    topk_method: str = topk.DEFAULT_TOPK_METHOD,
-    return_scores: bool = False,
-    sort_decode: bool = True,
-    skip_empty_launches: bool = True,
-) -> jax.Array:
-  """StreamIndex Top-K retrieval.
-
-  Args:
-    q: concatenated all sequences' queries.
-    indexer_weights: concatenated all sequences' indexer weights.
-    cache_kv: the current kv cache.
-    seq_lens: the length of each sequence in the kv cache (uncompressed).
-    page_indices: flattened page indices look-up table by (seq_id, page_id).
-      The kernel silently clamps an index past the cache to the last page;
-      `streamidx.validate_topk_inputs` rejects such tables.
-    cu_q_lens: the cumulative sum of the effective query lengths. Similar to
-      kv_lens, only the first num_seqs+1 values are valid.
-    distribution: (i, j, k) represents that sequences[0:i] are decode-only,
-      sequences[i:j] are chunked-prefill-only, and sequences[j:k] are mixed.
-      The k is also the total number of sequences.
-    k: Number of top-K elements to retrieve.
-    compression_ratio: KV cache compression ratio.
-    num_kv_pages_per_block: number of kv pages to be processed in one block in
-      the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
-    num_queries_per_block: number of queries to be processed in one block in
-      the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
-    vmem_limit_bytes: the vmem limit for the pallas kernel.
-    causal_rule: streamidx (M3). "model" (default): compressed entry s is
-      visible to the query at absolute position p iff s < (p + 1) // ratio,
-      as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
-    topk_method: streamidx (M12). How the top-k of the f32 score buffer
-      is selected: one of `streamidx.topk.TOPK_METHODS` (default "sort", the
-      vendored `approx_max_k(recall_target=1.0)`); every exact method
-      returns the same indices. See `streamidx.topk`.
-    return_scores: streamidx (M9). False (default): return the indices.
-      True: return (indices, scores), scores f32[T, k] the selected entries'
-      scores, -inf where the index is -1.
-    sort_decode: streamidx (M13). True (default): score the decode range
-      in the order `streamidx.semantics.decode_order` picks (never more KV
-      blocks than the given order); the result rows are in the caller's
-      order either way. False: the given order.
-
-  Returns:
-    Top-K indices (in compressed space): i32[T, k], by score descending,
-    equal scores by index ascending, -1 past the visible entries.
-  """
-  # Scale factors for the FP8 index cache format are packed directly inside
-  # `cache_kv` along the width dimension, keeping HBM transactions fused.
-  if num_kv_pages_per_block is None or num_queries_per_block is None:
-    raise ValueError("num_kv_pages_per_block and num_queries_per_block must be specified.")
-  # streamidx (M5): every static rule is checked before a kernel is built.
-  validate.static_validate_topk(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      distribution, k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, sort_decode=sort_decode)
-  distribution = validate.distribution_array(distribution)  # a tuple too
-  num_kv_pages_per_blocks = semantics.normalize_per_case(
-      num_kv_pages_per_block, "num_kv_pages_per_block")
-  num_queries_per_blocks = semantics.normalize_per_case(
-      num_queries_per_block, "num_queries_per_block")
-
-  interpret = modes.resolve_interpret()  # streamidx (M1)
-  widen_fp8 = _widen_fp8_for_mxu(interpret)  # streamidx (M10)
-
-  max_num_seqs = seq_lens.shape[0]
-  original_dtype = q.dtype
-  prepared_indexer_weights = prepare_index_weights(indexer_weights, original_dtype)
-  q = prepare_q_inputs(q)
-  lkv_dim = cache_kv.shape[-1]
-  _, page_size_per_kv_packing, kv_packing, _ = cache_kv.shape
-  page_size = page_size_per_kv_packing * kv_packing
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
-
-  # Validate bkv_sz alignment due to TPU DMA constraints
-  for bkv_p in num_kv_pages_per_blocks:
-    bkv_sz = page_size * bkv_p
-    if bkv_sz % 128 != 0:
-      raise ValueError(
-          f"bkv_sz ({page_size} * {bkv_p} = {bkv_sz}) must be a multiple"
-          " of 128."
-      )
-
-  num_sublanes_total = max(
-      align_to(pages_per_seq, bkv_p) * page_size // 128
-      for bkv_p in num_kv_pages_per_blocks
-  )
-
-  def run_topk_kernel(
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      q_rows,
-      start_seq_idx,
-      end_seq_idx,
-      static_q_len,
-      num_kv_pages_per_block,
-      num_queries_per_block,
-      seq_batch_size,
-      case=MlaCase.MIXED,
-  ):
-    _, num_q_heads, head_dim = q.shape
-
-    # Only support batching for decode sequences.
-    # TODO: support batching for decode sequences with speculative decoding
-    # enabled, e.g. static_q_len = gamma + 1.
-    if seq_batch_size > 1:
-      assert static_q_len == 1
-
-    bkv_p = num_kv_pages_per_block
-    if static_q_len is not None:
-      bq_sz = min(num_queries_per_block, static_q_len)
-    else:
-      bq_sz = num_queries_per_block
-    bkv_sz_per_kv_packing = bkv_p * page_size_per_kv_packing
-    bkv_buf_sz_per_kv_packing = bkv_sz_per_kv_packing
-    num_sublanes_bkv = bkv_sz_per_kv_packing * kv_packing // 128
-
-    # If seq_batch_size > 1, caller already guaranteed that
-    # end_seq_idx - start_seq_idx % seq_batch_size == 0.
-    grid = ((end_seq_idx - start_seq_idx) // seq_batch_size,)
-
-    in_specs = [
-        pl.BlockSpec(memory_space=pltpu.HBM),  # q
-        pl.BlockSpec(memory_space=pltpu.HBM),  # prepared_indexer_weights
-        pl.BlockSpec(memory_space=pltpu.HBM),  # cache_kv
-        pl.BlockSpec(memory_space=pltpu.HBM),  # scores_init (aliased to out)
-    ]
-
-    out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
-
-    # streamidx (M11): the scratch, declared once and checked.
-    scratch = semantics.launch_scratch(
-        seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
-        page_size_per_kv_packing=page_size_per_kv_packing,
-        kv_packing=kv_packing, lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype,
-        num_q_heads=num_q_heads, head_dim=head_dim, q_dtype=q.dtype,
-        weights_dtype=prepared_indexer_weights.dtype,
-        num_out_sublanes=num_sublanes_bkv)
-    if interpret is False:
-      check_launch_vmem(
-          scratch, case=case.name.lower(), vmem_limit_bytes=vmem_limit_bytes,
-          blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
-                  f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
-                  f"sequence(s) per program"))
-    scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-    scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)))
-
-    scalar_prefetches = (
-        seq_lens,
-        page_indices,
-        cu_q_lens,
-        q_rows,  # streamidx (M13)
-        jnp.array([start_seq_idx, end_seq_idx], jnp.int32),
-        jnp.zeros((3,), jnp.int32),  # (bq, bkv, bo) sem indices
-        jnp.full((2,), -1, jnp.int32),  # in-flight out DMA row counts
-    )
-
-    scope_name = f"StreamIdxTC-{case.symbol}-bq_{bq_sz}-bkvp_{bkv_p}"
-    kernel = jax.named_scope(scope_name)(
-        pl.pallas_call(
-            functools.partial(
-                _scores_kernel,
-                compression_ratio=compression_ratio,
-                static_q_len=static_q_len,
-                bq_sz=bq_sz,
-                bkv_p=bkv_p,
-                seq_batch_size=seq_batch_size,
-                causal_rule=causal_rule,
-                interpreted=interpret is not False,
-                widen_fp8=widen_fp8,
-            ),
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=len(scalar_prefetches),
-                in_specs=in_specs,
-                out_specs=out_specs,
-                grid=grid,
-                scratch_shapes=scratch_shapes,
-            ),
-            compiler_params=pltpu.CompilerParams(
-                dimension_semantics=("arbitrary",),
-                vmem_limit_bytes=vmem_limit_bytes,
-                disable_bounds_checks=True,
-            ),
-            out_shape=jax.ShapeDtypeStruct(
-                shape=(q.shape[0], num_sublanes_total, 128), dtype=jnp.float32
-            ),
-            input_output_aliases={len(scalar_prefetches) + 3: 0},
-            name=scope_name,
-            interpret=interpret,
-        )
-    )
-
-    return kernel(
-        *scalar_prefetches,
-        q,
-        prepared_indexer_weights,
-        cache_kv,
-        scores,
-    )
-
-  # Pre-fill the output with -inf and alias it, so masked / unwritten
-  # columns are already -inf.
-  scores_init = jnp.full(
-      (q.shape[0], num_sublanes_total, 128),
-      -jnp.inf,
-      dtype=jnp.float32,
-  )
-
-  # TODO: we shall sort the sequences by length, so that multiple decode
-  # sequences in one batch have similar lengths to reduce waste of compute.
-  # With the same batch size, the longest sequence will determine number of
-  # blocks to run computation for.
-  # streamidx (M4, M6): the launches come from `semantics.token_launches`:
-  # batched decode [0, i // d * d), the decode remainder [i // d * d, i), the
-  # chunked-prefill range [i, j) with the prefill block sizes and each
-  # sequence's own (dynamic) q_len (the seed ran [i, j) as decode, scoring
-  # only the first query of each sequence), and the mixed range [j, n).
-  # streamidx (M13): the decode range in the order it is scored in.
-  order = None
-  kernel_seq_lens, kernel_page_indices = seq_lens, page_indices
-  q_rows = cu_q_lens[:-1]
-  if sort_decode and decode_req_batch_size > 1:
-    order, _, _ = semantics.decode_order(
-        seq_lens, distribution[0], compression_ratio=compression_ratio,
-        bkv_sz=num_kv_pages_per_blocks[0] * page_size,
-        decode_req_batch_size=decode_req_batch_size)
-    kernel_seq_lens, kernel_page_indices, q_rows = (
-        semantics.apply_decode_order(order, seq_lens, page_indices,
-                                     cu_q_lens))
-  scores = scores_init
-  for launch in semantics.token_launches(distribution, decode_req_batch_size):
-    c = launch.block_case
-    run = functools.partial(
-        run_topk_kernel,
-        q,
-        prepared_indexer_weights,
-        cache_kv,
-        seq_lens=kernel_seq_lens,
-        page_indices=kernel_page_indices,
-        cu_q_lens=cu_q_lens,
-        q_rows=q_rows,
-        num_kv_pages_per_block=num_kv_pages_per_blocks[c],
-        num_queries_per_block=num_queries_per_blocks[c],
-        start_seq_idx=launch.start,
-        end_seq_idx=launch.end,
-        static_q_len=launch.static_q_len,
-        seq_batch_size=launch.seq_batch_size,
-        case=_MLA_CASE[launch.case],
-    )
-    # streamidx (M14): an empty range launches nothing.
-    if skip_empty_launches:
-      scores = lax.cond(launch.end > launch.start,
-                        lambda s, run=run: run(scores=s), lambda s: s, scores)
-    else:
-      scores = run(scores=scores)
-
-  scores = scores.reshape(q.shape[0], -1)
-
-  # TODO: Re-evaluate replacing this with the sparsecore_topk kernel
-  # once SparseCore supports direct VMEM access (e.g., on TPU v8).
-  # Currently, jax.lax.approx_max_k wins due to the HBM read/write tax, but
-  # direct VMEM streaming will allow SC to beat TensorCore performance.
-  # jax.lax.approx_max_k(recall_target=1.0) is equivalent to jax.lax.top_k
-  # but faster.
-  # streamidx (M12): the selection (and the -inf padding to k columns,
-  # and -1 for -inf) is `streamidx.topk.select_topk`; "sort" is the
-  # approx_max_k(recall_target=1.0) above plus the tie rule.
-  topk_idxs = topk.select_topk(scores, k, topk_method)[: q.shape[0], :k]
-  top_scores = topk.scores_at(scores, topk_idxs) if return_scores else None
-  if order is not None:  # streamidx (M13): the caller's row order
-    topk_idxs = semantics.restore_decode_rows(topk_idxs, order)
-    if return_scores:
-      top_scores = semantics.restore_decode_rows(top_scores, order)
-  if return_scores:  # streamidx (M9)
-    return topk_idxs, top_scores
-  return topk_idxs
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "k_pages",
-        "compression_ratio",
-        "num_kv_pages_per_block",
-        "num_queries_per_block",
-        "vmem_limit_bytes",
-        "causal_rule",
-        "return_scores",
-        "skip_empty_launches",
-    ),
-)
-def streamindex_page_topk(
-    q: jax.Array,  # [max_num_tokens, num_q_heads, head_dim]
-    indexer_weights: jax.Array,  # [max_num_tokens, num_q_heads]
-    cache_kv: jax.Array,  # [total_pages, page_size_per_kv_packing, kv_packing, lkv]
-    seq_lens: jax.Array,  # i32[max_num_seqs]
-    page_indices: jax.Array,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens: jax.Array,  # i32[max_num_seqs + 1]
-    num_seqs: jax.Array,  # i32[] number of valid sequences
-    *,
-    k_pages: int,
-    compression_ratio: int = 1,
-    num_kv_pages_per_block: int = 128,
-    num_queries_per_block: int = 512,
-    vmem_limit_bytes: int | None = 64 * 1024 * 1024,
-    causal_rule: str = "model",
-    return_scores: bool = False,
-    skip_empty_launches: bool = True,
-) -> jax.Array:
-  """Page-level lightning-indexer top-k (prefill/extend form).
-
-  Pallas twin of ``ref.streamindex_page_topk_ref(one_token_per_seq=False)``:
-  scores are max-pooled to page granularity inside the kernel (only
-  ``[T, pages_per_seq]`` ever reaches HBM — no ``[T, max_kv]`` token-score
-  materialization), then a cheap ``top_k`` over pages selects the budget.
-
-  streamidx: `causal_rule` is accepted for symmetry with `streamindex_topk`;
-  page mode supports compression_ratio=1 only, where both rules coincide.
-  Page indices past the cache are silently clamped to the last page by the
-  kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
-  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
-  page scores, -inf where the id is -1).
-
-  Returns:
-    i32[T, k_pages] seq-local page ids per query token; -1 for padding.
-  """
-  validate.static_validate_page_topk(
-      q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
-      num_seqs, k_pages=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule)
-  interpret = modes.resolve_interpret()  # streamidx (M1)
-
-  max_num_seqs = seq_lens.shape[0]
-  original_dtype = q.dtype
-  prepared_indexer_weights = prepare_index_weights(indexer_weights, original_dtype)
-  q = prepare_q_inputs(q)
+    start,
+    end,
+    seq_batch_size,
+    static_q_len,
+    bq_sz,
+    bkv_p,
+    num_queries_per_block,
+    case,
+    call,
+    interpret,
+    segment_pool=False,
+):
+  """streamidx: one `pallas_call` over sequences [start, end) (token mode), or
+  over the page-mode grid (`case` "page"); returns the scores."""
+  del bmax  # this body writes no block maxima (no "fused_blockmax")
+  (cache_kv,) = cache
+  seq_lens, page_indices, cu_q_lens, q_rows = prefetch
+  start_seq_idx, end_seq_idx = start, end
+  compression_ratio = call.compression_ratio
+  vmem_limit_bytes = call.vmem_limit_bytes
   _, num_q_heads, head_dim = q.shape
   lkv_dim = cache_kv.shape[-1]
   _, page_size_per_kv_packing, kv_packing, _ = cache_kv.shape
   page_size = page_size_per_kv_packing * kv_packing
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
+  page_mode = case == "page"
+  num_sublanes_total = scores.shape[1]
 
-  if compression_ratio != 1:
-    raise NotImplementedError(
-        "page mode is validated for compression_ratio=1 only (GLM); the"
-        " compressed causal bound interacts with page pooling and needs its"
-        " own parity gate before enabling."
-    )
-  bkv_p = num_kv_pages_per_block
-  if bkv_p != 128:
-    raise ValueError("page mode requires num_kv_pages_per_block == 128")
-  bq_sz = num_queries_per_block
-  num_bkv_max = cdiv(pages_per_seq, bkv_p)
-  num_page_cols = align_to(num_bkv_max * bkv_p, 128)
-  num_page_sublanes = num_page_cols // 128
-  bkv_sz = page_size * bkv_p // compression_ratio
-  if bkv_sz % 128 != 0:
-    raise ValueError(f"bkv block token span ({bkv_sz}) must be a multiple of 128.")
+  # Only support batching for decode sequences.
+  # TODO: support batching for decode sequences with speculative decoding
+  # enabled, e.g. static_q_len = gamma + 1.
+  if seq_batch_size > 1:
+    assert static_q_len == 1
 
-  T = q.shape[0]
-  scores_init = jnp.full((T, num_page_sublanes, 128), -jnp.inf, dtype=jnp.float32)
+  bkv_sz_per_kv_packing = bkv_p * page_size_per_kv_packing
+  num_sublanes_bkv = bkv_sz_per_kv_packing * kv_packing // 128
+
+  # If seq_batch_size > 1, caller already guaranteed that
+  # end_seq_idx - start_seq_idx % seq_batch_size == 0.
+  grid = ((end_seq_idx - start_seq_idx) // seq_batch_size,)
 
   in_specs = [
-      pl.BlockSpec(memory_space=pltpu.HBM),
-      pl.BlockSpec(memory_space=pltpu.HBM),
-      pl.BlockSpec(memory_space=pltpu.HBM),
-      pl.BlockSpec(memory_space=pltpu.HBM),
+      pl.BlockSpec(memory_space=pltpu.HBM),  # q
+      pl.BlockSpec(memory_space=pltpu.HBM),  # prepared_indexer_weights
+      pl.BlockSpec(memory_space=pltpu.HBM),  # cache_kv
+      pl.BlockSpec(memory_space=pltpu.HBM),  # scores_init (aliased to out)
   ]
-  out_specs = pl.BlockSpec(memory_space=pltpu.HBM)
+
+  out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
+
   # streamidx (M11): the scratch, declared once and checked.
   scratch = semantics.launch_scratch(
-      seq_batch_size=1, bq_sz=bq_sz, bkv_p=bkv_p,
-      page_size_per_kv_packing=page_size_per_kv_packing, kv_packing=kv_packing,
-      lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype, num_q_heads=num_q_heads,
-      head_dim=head_dim, q_dtype=q.dtype,
+      seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=page_size_per_kv_packing,
+      kv_packing=kv_packing, lkv_dim=lkv_dim, cache_dtype=cache_kv.dtype,
+      num_q_heads=num_q_heads, head_dim=head_dim, q_dtype=q.dtype,
       weights_dtype=prepared_indexer_weights.dtype,
-      num_out_sublanes=num_page_sublanes)
+      num_out_sublanes=num_sublanes_total if page_mode else num_sublanes_bkv)
   if interpret is False:
-    check_launch_vmem(
-        scratch, case="page", vmem_limit_bytes=vmem_limit_bytes,
+    tpu.check_launch_vmem(
+        scratch, case="page" if page_mode else _MLA_CASE[case].name.lower(),
+        vmem_limit_bytes=vmem_limit_bytes,
         blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
-                f"{bq_sz}, {pages_per_seq} pages per sequence"))
+                f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
+                f"sequence(s) per program"))
   scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-  scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, 1)))
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)))
+
   scalar_prefetches = (
       seq_lens,
       page_indices,
       cu_q_lens,
-      cu_q_lens[:-1],  # streamidx (M13): q_rows, in the given order
-      jnp.stack([jnp.int32(0), num_seqs.astype(jnp.int32)]),
-      jnp.zeros((3,), jnp.int32),
-      jnp.full((2,), -1, jnp.int32),
+      q_rows,  # streamidx (M13)
+      jnp.stack([jnp.asarray(start_seq_idx, jnp.int32),
+                 jnp.asarray(end_seq_idx, jnp.int32)]),
+      jnp.zeros((3,), jnp.int32),  # (bq, bkv, bo) sem indices
+      jnp.full((2,), -1, jnp.int32),  # in-flight out DMA row counts
   )
-  # streamidx (M15): v4 pools pages by lane segments, columns segment-major.
-  cols_per_page = page_size // compression_ratio
-  segment_pool = _pool_by_lane_segments_for(cols_per_page, interpret)
-  scope_name = f"StreamIdxPageTC-bq_{bq_sz}-bkvp_{bkv_p}"
+
+  if page_mode:
+    scope_name = f"StreamIdxPageTC-bq_{bq_sz}-bkvp_{bkv_p}"
+    page_kwargs = dict(page_pool_size=page_size,
+                       num_bkv_max=cdiv(pages_per_seq, bkv_p),
+                       pool_by_lane_segments=segment_pool)  # streamidx (M15)
+  else:
+    scope_name = (f"StreamIdxTC-{_MLA_CASE[case].symbol}-bq_{bq_sz}-bkvp_"
+                  f"{bkv_p}")
+    page_kwargs = {}
   kernel = jax.named_scope(scope_name)(
       pl.pallas_call(
           functools.partial(
               _scores_kernel,
               compression_ratio=compression_ratio,
-              static_q_len=None,
+              static_q_len=static_q_len,
               bq_sz=bq_sz,
               bkv_p=bkv_p,
-              seq_batch_size=1,
-              page_pool_size=page_size,
-              num_bkv_max=num_bkv_max,
-              causal_rule=causal_rule,
+              seq_batch_size=seq_batch_size,
+              causal_rule=call.causal_rule,
               interpreted=interpret is not False,
-              widen_fp8=_widen_fp8_for_mxu(interpret),  # streamidx (M10)
-              pool_by_lane_segments=segment_pool,  # streamidx (M15)
+              widen_fp8=tpu.widen_fp8_for_mxu(interpret),  # streamidx (M10)
+              **page_kwargs,
           ),
           grid_spec=pltpu.PrefetchScalarGridSpec(
               num_scalar_prefetch=len(scalar_prefetches),
               in_specs=in_specs,
               out_specs=out_specs,
-              grid=(num_seqs.astype(jnp.int32),),
+              grid=grid,
               scratch_shapes=scratch_shapes,
           ),
           compiler_params=pltpu.CompilerParams(
@@ -1463,25 +969,19 @@ def streamindex_page_topk(
               vmem_limit_bytes=vmem_limit_bytes,
               disable_bounds_checks=True,
           ),
-          out_shape=jax.ShapeDtypeStruct(shape=(T, num_page_sublanes, 128), dtype=jnp.float32),
+          out_shape=jax.ShapeDtypeStruct(
+              shape=(q.shape[0], num_sublanes_total, 128), dtype=jnp.float32
+          ),
           input_output_aliases={len(scalar_prefetches) + 3: 0},
           name=scope_name,
           interpret=interpret,
       )
   )
-  # streamidx (M14): no sequence, no launch.
-  launch = lambda s: kernel(*scalar_prefetches, q, prepared_indexer_weights,
-                            cache_kv, s)
-  if skip_empty_launches:
-    page_scores = lax.cond(num_seqs > 0, launch, lambda s: s, scores_init)
-  else:
-    page_scores = launch(scores_init)
-  page_scores = page_scores.reshape(T, num_page_cols)
-  if segment_pool:  # streamidx (M15)
-    page_scores = unpermute_lane_segment_pages(page_scores, cols_per_page)
-  page_scores = page_scores[:, :pages_per_seq]
-  # streamidx (M12): the project's selection (lax.top_k, -1 for -inf).
-  top_idxs = topk.select_topk(page_scores, k_pages, "top_k")
-  if return_scores:  # streamidx (M9)
-    return top_idxs, topk.scores_at(page_scores, top_idxs)
-  return top_idxs
+
+  return kernel(
+      *scalar_prefetches,
+      q,
+      prepared_indexer_weights,
+      cache_kv,
+      scores,
+  )

@@ -370,7 +370,7 @@ def vmem_grid(generation: str, *, fmt: str = "fp8",
   """
   import contextlib  # pylint: disable=g-import-not-at-top
   from unittest import mock  # pylint: disable=g-import-not-at-top
-  from streamidx.kernels import vendored  # pylint: disable=g-import-not-at-top
+  from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
 
   shp = _SHAPES[shape]
   cases = [("decode", dict(num_kv_pages_per_block=(p, 1, 1),
@@ -380,7 +380,7 @@ def vmem_grid(generation: str, *, fmt: str = "fp8",
                              num_queries_per_block=(1, q, 8)),
              prefill_kv_pages, q) for q in prefill_q_blocks]
   out = []
-  unchecked = mock.patch.object(vendored, "check_launch_vmem",
+  unchecked = mock.patch.object(tpu, "check_launch_vmem",
                                 lambda *a, **k: None)
   with modes.compile_for(generation) as target, contextlib.ExitStack() as st:
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top

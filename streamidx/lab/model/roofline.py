@@ -45,7 +45,6 @@ from streamidx.lab.model import tiling
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table",
            "PageBound", "page_bound", "page_bounds"]
 
-_LANES = 128
 
 
 @dataclasses.dataclass(frozen=True)

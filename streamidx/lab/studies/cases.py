@@ -58,7 +58,7 @@ from streamidx import metrics
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling
-from streamidx.semantics import cdiv
+from streamidx.semantics import DEFAULT_CAUSAL_RULE, cdiv
 
 __all__ = [
     "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
@@ -227,7 +227,7 @@ class Case:
   compression_ratio: int = 4
   fmt: str = "fp8"
   k: int = K_BELOW
-  causal_rule: str = "model"
+  causal_rule: str = DEFAULT_CAUSAL_RULE
   num_heads: int = NUM_HEADS
   head_dim: int = 128
   seed: int = 0
@@ -543,7 +543,7 @@ def run_case(case: Case, *, atol: float | None = None,
 
 
 def comparison_atol(inputs: batch_lib.IndexerInputs, *,
-                    compression_ratio: int, causal_rule: str = "model",
+                    compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:
   """The tie tolerance for kernel vs reference: `metrics.summation_atol`.
 

@@ -1,0 +1,176 @@
+"""One description of a kernel call: its static arguments, each default once.
+
+`TopkCall` (token mode: `k` entries per query row) and `PageCall` (page mode:
+`k` pages per query row, `k_pages` in the drop-in signature) are frozen,
+hashable dataclasses: the one static argument of the jitted driver
+(`streamidx.kernels.driver`), so one call compiles once however it is
+spelled. Their fields' defaults are the vendored kernel's; `__post_init__`
+checks what can be checked without arrays (raising `ValueError("<argument>:
+<rule> (got ...)")`) and normalises the per-case block sizes to a
+(decode, prefill, mixed) triple (token mode) or an int (page mode).
+
+Block sizes left None are filled from the block-size table
+(`streamidx.blocks`) for the chip the call is traced for (`with_table_blocks`,
+called by the entry points with the call's own cache format, heads and page
+size); `block_source` then names the row (it is not part of the hash: a call
+that spells the table's sizes out is the same program).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import jax
+
+from streamidx import modes, semantics, topk
+
+__all__ = ["TopkCall", "PageCall", "current_generation", "MODES"]
+
+MODES = ("token", "page")
+_MIB = 1024 * 1024
+
+# Substrings of `device_kind` -> generation names of `streamidx.blocks`.
+_DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
+                 ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5", "v5p"),
+                 ("v4", "v4"))
+
+
+def current_generation() -> str | None:
+  """The TPU generation a call traced now is for (`compile_for`'s target, or
+  the default TPU device's), or None off-TPU."""
+  target = modes.compile_target()
+  if target is not None:
+    return target.generation
+  if not modes.on_tpu():
+    return None
+  kind = jax.devices()[0].device_kind.lower()
+  return next((g for s, g in _DEVICE_KINDS if s in kind), None)
+
+
+def _fail(name, rule, got):
+  raise ValueError(f"{name}: {rule} (got {got})")
+
+
+def _positive_int(name, v):
+  if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0:
+    _fail(name, "must be a positive int", repr(v))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkCall:
+  """The static arguments of one token-mode call (`streamindex_topk`).
+
+  Fields are the drop-in keyword arguments (see `streamindex_topk`);
+  num_kv_pages_per_block / num_queries_per_block are (decode, prefill,
+  mixed) triples after construction, or None until `with_table_blocks`.
+  """
+
+  k: int
+  compression_ratio: int
+  num_kv_pages_per_block: Any = None
+  num_queries_per_block: Any = None
+  vmem_limit_bytes: int | None = semantics.DEFAULT_VMEM_LIMIT_BYTES
+  decode_req_batch_size: int = 4
+  causal_rule: str = semantics.DEFAULT_CAUSAL_RULE
+  topk_method: str = topk.DEFAULT_TOPK_METHOD
+  return_scores: bool = False
+  sort_decode: bool = True
+  skip_empty_launches: bool = True
+  num_cores: int = 1
+  block_source: str | None = dataclasses.field(default=None, compare=False)
+
+  mode = "token"
+  k_name = "k"
+
+  def __post_init__(self):
+    _positive_int(self.k_name, self.k)
+    _positive_int("compression_ratio", self.compression_ratio)
+    _positive_int("decode_req_batch_size", self.decode_req_batch_size)
+    _positive_int("num_cores", self.num_cores)
+    if self.vmem_limit_bytes is not None:
+      _positive_int("vmem_limit_bytes", self.vmem_limit_bytes)
+    semantics.check_causal_rule(self.causal_rule)
+    topk.check_topk_method(self.topk_method)
+    for name in ("return_scores", "sort_decode", "skip_empty_launches"):
+      if not isinstance(getattr(self, name), bool):
+        _fail(name, "must be True or False", repr(getattr(self, name)))
+    for name in ("num_kv_pages_per_block", "num_queries_per_block"):
+      if getattr(self, name) is not None:
+        object.__setattr__(self, name, self._blocks(getattr(self, name), name))
+
+  def _blocks(self, value, name):
+    return semantics.normalize_per_case(value, name)
+
+  @property
+  def has_blocks(self) -> bool:
+    return (self.num_kv_pages_per_block is not None
+            and self.num_queries_per_block is not None)
+
+  def with_table_blocks(self, variant: str, *, cache_format: str,
+                        num_heads: int, page_size: int) -> "TopkCall":
+    """This call with the block sizes it left None from `streamidx.blocks`
+    (the row for `variant` on `current_generation()`); `block_source` says
+    which row. Sizes the call sets are kept."""
+    if self.has_blocks:
+      return self
+    from streamidx import blocks  # pylint: disable=g-import-not-at-top
+
+    row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,
+                        num_heads=num_heads, page_size=page_size,
+                        generation=current_generation())
+    return dataclasses.replace(
+        self, block_source=row.source,
+        num_kv_pages_per_block=(self.num_kv_pages_per_block
+                                or row.num_kv_pages_per_block),
+        num_queries_per_block=(self.num_queries_per_block
+                               or row.num_queries_per_block))
+
+  def kwargs(self) -> dict:
+    """The drop-in keyword arguments this call stands for."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.compare}
+    out[self.k_name] = out.pop("k")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PageCall(TopkCall):
+  """The static arguments of one page-mode call (`streamindex_page_topk`):
+  `k` pages (`k_pages`), compression ratio 1, 128 pages per KV block, one
+  int of query rows per block, the selection `lax.top_k`."""
+
+  compression_ratio: int = 1
+  num_kv_pages_per_block: Any = 128
+  num_queries_per_block: Any = 512
+  vmem_limit_bytes: int | None = 64 * _MIB
+  decode_req_batch_size: int = 1
+  topk_method: str = "top_k"
+  sort_decode: bool = False
+
+  mode = "page"
+  k_name = "k_pages"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.compression_ratio != 1:
+      _fail("compression_ratio", "page mode supports compression_ratio == 1 "
+            "only (GLM); use streamindex_page_topk_ref for other ratios",
+            self.compression_ratio)
+    if self.topk_method != "top_k" or self.sort_decode:
+      _fail("topk_method", "page mode selects pages with top_k, unsorted",
+            repr(self.topk_method))
+
+  def _blocks(self, value, name):
+    if name == "num_kv_pages_per_block" and value != 128:
+      _fail("num_kv_pages_per_block", "page mode requires exactly 128 (one "
+            "lane row of pooled pages per block)", repr(value))
+    _positive_int(name, value)
+    return value
+
+  def kwargs(self) -> dict:
+    out = super().kwargs()
+    for name in ("decode_req_batch_size", "topk_method", "sort_decode"):
+      del out[name]
+    return out

@@ -1,0 +1,205 @@
+"""The public entry points: the drop-in signatures, each building one call.
+
+    streamindex_topk / streamindex_page_topk              the vendored body
+    streamindex_topk_dense / streamindex_page_topk_dense  the dense FP8 body
+
+Each is a `streamidx.kernels.driver.Entry`: its signature is the vendored
+function's (tpu-inference's tests call it), its defaults are the fields of
+`streamidx.call.TopkCall` / `PageCall`, and a call builds that config (block
+sizes left None from the block-size table, `entry.call(...)` shows which
+row) and runs the one jitted driver. `entry.checked` is the same entry
+behind the value rules (checkify), `entry.validate(...)` checks concrete
+inputs eagerly; both come from the driver and `streamidx.validate` for
+every body alike.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from streamidx import cache as cache_lib
+from streamidx.call import PageCall, TopkCall
+from streamidx.kernels import dense, driver, vendored
+
+__all__ = ["VENDORED", "DENSE", "streamindex_topk", "streamindex_page_topk",
+           "streamindex_topk_dense", "streamindex_page_topk_dense"]
+
+T, P = TopkCall, PageCall  # the defaults below are their fields'
+
+
+def _packed_format(cache) -> str:
+  return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
+
+
+VENDORED = driver.KernelBody(
+    name="vendored", launch=vendored.run_topk_kernel,
+    page_size=lambda c: c[0].shape[1] * c[0].shape[2],
+    cache_format=_packed_format)
+DENSE = driver.KernelBody(
+    name="dense", launch=dense.launch,
+    page_size=lambda c: c[0].shape[1] * cache_lib.DENSE_KV_PACKING,
+    cache_format=lambda c: "dense_fp8",
+    topk_methods=dense.topk.TOPK_METHODS,
+    block_max_rows=dense.block_max_rows, num_cache_arrays=2)
+
+
+def _bind(cls, variant, body, cache, args: dict):
+  """(call, arrays) from a drop-in call's arguments (`locals()`)."""
+  arrays = [args.pop(n) for n in ("q", "indexer_weights", "seq_lens",
+                                  "page_indices", "cu_q_lens")]
+  last = args.pop("distribution" if cls is TopkCall else "num_seqs")
+  for name in ("cache_kv", "cache_values", "cache_scales"):
+    args.pop(name, None)
+  if "k_pages" in args:
+    args["k"] = args.pop("k_pages")
+  call = cls(**args)
+  q = arrays[0]
+  if not call.has_blocks and all(len(getattr(c, "shape", ())) == 4 - i
+                                 for i, c in enumerate(cache)):
+    call = call.with_table_blocks(
+        variant + ("_page" if cls is PageCall else ""),
+        cache_format=body.cache_format(cache), num_heads=int(q.shape[1]),
+        page_size=int(body.page_size(cache)))
+  return call, (arrays[0], arrays[1], cache, *arrays[2:], last)
+
+
+def streamindex_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    distribution, *, k, compression_ratio, num_kv_pages_per_block=None,
+    num_queries_per_block=None, vmem_limit_bytes=T.vmem_limit_bytes,
+    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
+    topk_method=T.topk_method, return_scores=T.return_scores,
+    sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches):
+  """StreamIndex Top-K retrieval.
+
+  Args:
+    q: concatenated all sequences' queries.
+    indexer_weights: concatenated all sequences' indexer weights.
+    cache_kv: the current kv cache.
+    seq_lens: the length of each sequence in the kv cache (uncompressed).
+    page_indices: flattened page indices look-up table by (seq_id, page_id).
+      The kernel silently clamps an index past the cache to the last page;
+      `streamidx.validate_topk_inputs` rejects such tables.
+    cu_q_lens: the cumulative sum of the effective query lengths. Similar to
+      kv_lens, only the first num_seqs+1 values are valid.
+    distribution: (i, j, k) represents that sequences[0:i] are decode-only,
+      sequences[i:j] are chunked-prefill-only, and sequences[j:k] are mixed.
+      The k is also the total number of sequences.
+    k: Number of top-K elements to retrieve.
+    compression_ratio: KV cache compression ratio.
+    num_kv_pages_per_block: number of kv pages to be processed in one block in
+      the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
+      streamidx: None (with num_queries_per_block None) takes the block-size
+      table's row for this chip, cache format, heads and page size
+      (`streamidx.block_sizes`; `streamindex_topk.call(...).block_source`).
+    num_queries_per_block: number of queries to be processed in one block in
+      the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
+    vmem_limit_bytes: the vmem limit for the pallas kernel.
+    causal_rule: streamidx (M3). "model" (default): compressed entry s is
+      visible to the query at absolute position p iff s < (p + 1) // ratio,
+      as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
+    topk_method: streamidx (M12). How the top-k of the f32 score buffer
+      is selected: one of `streamidx.topk.KERNEL_TOPK_METHODS` (default
+      "sort", the vendored `approx_max_k(recall_target=1.0)`); every exact
+      method returns the same indices. See `streamidx.topk`.
+    return_scores: streamidx (M9). False (default): return the indices.
+      True: return (indices, scores), scores f32[T, k] the selected entries'
+      scores, -inf where the index is -1.
+    sort_decode: streamidx (M13). True (default): score the decode range
+      in the order `streamidx.semantics.decode_order` picks (never more KV
+      blocks than the given order); the result rows are in the caller's
+      order either way. False: the given order.
+    skip_empty_launches: streamidx (M14). True (default): a launch whose
+      range is empty is not made (`lax.cond`).
+
+  Returns:
+    Top-K indices (in compressed space): i32[T, k], by score descending,
+    equal scores by index ascending, -1 past the visible entries.
+  """
+  return _bind(TopkCall, "vendored", VENDORED, (cache_kv,), locals())
+
+
+def streamindex_page_topk(
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
+    num_kv_pages_per_block=P.num_kv_pages_per_block,
+    num_queries_per_block=P.num_queries_per_block,
+    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
+    return_scores=P.return_scores,
+    skip_empty_launches=P.skip_empty_launches):
+  """Page-level lightning-indexer top-k (prefill/extend form).
+
+  Pallas twin of ``ref.streamindex_page_topk_ref(one_token_per_seq=False)``:
+  scores are max-pooled to page granularity inside the kernel (only
+  ``[T, pages_per_seq]`` ever reaches HBM, no ``[T, max_kv]`` token-score
+  materialization), then a cheap ``top_k`` over pages selects the budget.
+
+  streamidx: `causal_rule` is accepted for symmetry with `streamindex_topk`;
+  page mode supports compression_ratio=1 only, where both rules coincide.
+  Page indices past the cache are silently clamped to the last page by the
+  kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
+  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
+  page scores, -inf where the id is -1).
+
+  Returns:
+    i32[T, k_pages] seq-local page ids per query token; -1 for padding.
+  """
+  return _bind(PageCall, "vendored", VENDORED, (cache_kv,), locals())
+
+
+def streamindex_topk_dense(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, distribution, *, k, compression_ratio,
+    num_kv_pages_per_block=None, num_queries_per_block=None,
+    vmem_limit_bytes=T.vmem_limit_bytes,
+    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
+    topk_method=T.topk_method, return_scores=T.return_scores,
+    sort_decode=T.sort_decode, num_cores=T.num_cores,
+    skip_empty_launches=T.skip_empty_launches):
+  """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
+
+  Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
+  pair (`streamidx.pack_dense_fp8_cache(keys)`) in place of `cache_kv`:
+
+    cache_values: u8[total_pages, page_size // 4, 4, head_dim], the e4m3
+      bytes; entry t of page P at [P, t // 4, t % 4].
+    cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
+      is a multiple of 128, else page_size), the e8m0 bytes e + 127.
+
+  topk_method also takes "fused_blockmax" (the launches write the maxima of
+    every 128-entry row of scores, and the selection ranks blocks by them:
+    `streamidx.topk`), which the vendored kernel refuses.
+  num_cores: split each launch's programs over this many TensorCores (a
+    leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
+    1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
+    same indices.
+
+  The same keys packed as "fp8" give the same indices (`streamindex_topk`).
+  """
+  return _bind(TopkCall, "dense", DENSE, (cache_values, cache_scales),
+               locals())
+
+
+def streamindex_page_topk_dense(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
+    num_kv_pages_per_block=P.num_kv_pages_per_block,
+    num_queries_per_block=P.num_queries_per_block,
+    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
+    return_scores=P.return_scores, num_cores=P.num_cores,
+    skip_empty_launches=P.skip_empty_launches):
+  """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
+
+  Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128
+  pages per KV block, one launch over the num_seqs sequences), with the
+  dense FP8 pair in place of `cache_kv`; `num_cores` as for
+  `streamindex_topk_dense`.
+  """
+  return _bind(PageCall, "dense", DENSE, (cache_values, cache_scales),
+               locals())
+
+
+streamindex_topk = driver.Entry(streamindex_topk, VENDORED)
+streamindex_page_topk = driver.Entry(streamindex_page_topk, VENDORED)
+streamindex_topk_dense = driver.Entry(streamindex_topk_dense, DENSE)
+streamindex_page_topk_dense = driver.Entry(streamindex_page_topk_dense, DENSE)

@@ -1,0 +1,179 @@
+"""The project's TPU helpers the kernel bodies share (not upstream code).
+
+    check_launch_vmem(scratch, ...)     compiled mode: a launch's VMEM scratch
+                                        fits the chip (vendored M11)
+    target_tpu_info()                   `pltpu.get_tpu_info()` of the chip
+                                        traced for, or None
+    force_v4_paths()                    trace TPU v4's code paths on any target
+    widen_fp8_for_mxu(interpret)        v4: widen e4m3 tiles to bf16 (M10)
+    pool_by_lane_segments_for(c, i)     v4: pool pages by lane segments (M15)
+    pool_pages_by_lane_segments(s, c)   f32[rows, 128 c] -> f32[rows, 128]
+    unpermute_lane_segment_pages(s, c)  segment-major page columns -> page order
+
+Every decision is made at trace time from the target chip; interpreted, the
+v5+ paths run unless `force_v4_paths()` is active.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import tpu as pltpu
+
+from streamidx import semantics
+
+# streamidx (M11): the compiled-mode VMEM check (the scratch comes
+# from streamidx.semantics.launch_scratch).
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.2f} MiB"
+
+
+def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
+  """Compiled mode: raises if a launch's scratch cannot fit the target chip.
+
+  streamidx (M11). The chip is the one the kernel is traced for
+  (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
+  Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
+  or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
+  is then the bound); it needs some internal scratch on top, which only the
+  compiler sizes, so a launch that passes can still be rejected by it.
+  """
+  info = target_tpu_info()
+  if info is None:  # a chip JAX's table does not know: the compiler judges
+    return
+  need = semantics.scratch_vmem_bytes(scratch, info.generation)
+  capacity = int(info.vmem_capacity_bytes)
+  limit = capacity if vmem_limit_bytes is None else min(int(vmem_limit_bytes),
+                                                        capacity)
+  if need <= limit:
+    return
+  name, shape, dtype = max(
+      scratch,
+      key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
+  largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
+  limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
+                f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
+  raise ValueError(
+      f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
+      f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
+      f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
+      f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
+      f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
+
+
+def target_tpu_info():
+  """`pltpu.get_tpu_info()` of the chip traced for, None if JAX lacks it."""
+  try:
+    return pltpu.get_tpu_info()
+  except ValueError:
+    return None
+
+
+_FORCE_V4_PATHS = False
+
+
+class force_v4_paths:
+  """streamidx (M10, M15): trace the kernels with v4's code on any target.
+
+  A context manager for tests and the walkthrough: the CPU interpreter then
+  runs what TPU v4 compiles (the FP8 tile widened to bf16 in chunks, M10;
+  pages pooled by lane segments, M15), so its parity is checked here.
+  Read at trace time; entering and leaving it clears JAX's caches.
+  """
+
+  def __enter__(self):
+    global _FORCE_V4_PATHS
+    self._prev, _FORCE_V4_PATHS = _FORCE_V4_PATHS, True
+    jax.clear_caches()  # jitted entry points traced without it retrace
+    return self
+
+  def __exit__(self, *exc):
+    global _FORCE_V4_PATHS
+    _FORCE_V4_PATHS = self._prev
+    jax.clear_caches()
+    return False
+
+
+# streamidx (M10): KV entries widened to bf16 and scored at a time on v4.
+WIDEN_CHUNK = 1024
+
+
+def widen_fp8_for_mxu(interpret) -> bool:
+  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
+
+  True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
+  RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
+  from the target chip; False when interpreted.
+  """
+  if _FORCE_V4_PATHS:
+    return True
+  if interpret is not False:
+    return False
+  info = target_tpu_info()
+  return info is not None and info.generation < 5
+
+
+def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
+  """streamidx (M15): pool pages by lane segments (`pool_pages_by_lane_segments`)?
+
+  True when compiled for a chip before TPU v5 and a page is narrower than a
+  128-lane row: Mosaic cannot lower the seed's `reshape(rows, pages,
+  cols_per_page)` there ("infer-vector-layout: unsupported shape cast
+  vector<8x8192xf32> -> vector<8x128x64xf32>" on v4). Read at trace time
+  from the target chip; False when interpreted (tests force it there through
+  `force_v4_paths`).
+  """
+  if _FORCE_V4_PATHS:
+    return cols_per_page < 128
+  if interpret is not False or cols_per_page >= 128:
+    return False
+  info = target_tpu_info()
+  return info is not None and info.generation < 5
+
+
+def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
+  """streamidx (M15): the page max-pool of one KV block without a lane split.
+
+  s_summed: f32[rows, bkv] token scores, bkv = 128 pages x `cols_per_page`
+  (a divisor of 128). The block is viewed as [rows, cols_per_page, 128]
+  (whole lane rows: a reshape every TPU generation lowers), so lane segment j
+  of lane row r holds page g*r + j (g = 128 // cols_per_page pages per lane
+  row). Stacking the g segment-masked copies along the second-minor axis
+  gives [rows, 128, 128] whose row i = j * cols_per_page + r holds page
+  g*r + j (other lanes -inf); a transpose of the last two axes and a
+  max over the second-minor axis (a sublane reduction, which lands in lanes)
+  pool each page. Lane reductions would put the result in sublanes, and
+  moving it to lanes is the sublane gather v4 lacks.
+
+  Returns f32[rows, 128] in *segment-major* order: column j * cols_per_page
+  + r holds page g*r + j; `unpermute_lane_segment_pages` restores page order
+  outside the kernel (an XLA transpose of the small [T, pages] buffer). A
+  max is exact in any order, so the values equal the seed's pooling.
+  """
+  rows, bkv = s_summed.shape
+  assert 128 % cols_per_page == 0 and bkv == 128 * cols_per_page
+  g = 128 // cols_per_page
+
+  def pool(x):  # [r, bkv] -> [r, 128]
+    x = x.reshape(x.shape[0], cols_per_page, 128)
+    segment = lax.broadcasted_iota(jnp.int32, x.shape, 2) // cols_per_page
+    stacked = jnp.concatenate(
+        [jnp.where(segment == j, x, -jnp.inf) for j in range(g)], axis=1)
+    return jnp.swapaxes(stacked, 1, 2).max(axis=1)
+
+  # Eight query rows (one sublane tile) at a time: the stacked copy is then
+  # 8 x 128 x 128 f32 (512 KiB) of VMEM, not rows / 8 times that.
+  return jnp.concatenate(
+      [pool(s_summed[r:r + 8]) for r in range(0, rows, 8)], axis=0)
+
+
+def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
+  """streamidx (M15): segment-major page columns back to page order.
+
+  page_scores: f32[T, n * 128], each 128-column block as
+  `pool_pages_by_lane_segments` wrote it. Returns the same values with
+  column p = page p of the block.
+  """
+  t, n = page_scores.shape
+  g = 128 // cols_per_page
+  x = page_scores.reshape(t, n // 128, g, cols_per_page)
+  return jnp.swapaxes(x, -1, -2).reshape(t, n)
