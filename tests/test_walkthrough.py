@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import streamidx as si
-from streamidx.kernels import vendored
+from streamidx import topk
+from streamidx.kernels import driver, vendored
 from streamidx.lab import walkthrough
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,15 +43,15 @@ def test_excerpt_of_a_nested_function_has_the_files_line_numbers():
 
 
 def test_excerpt_of_a_decorated_function_starts_at_its_decorator():
-  ex = walkthrough.excerpt(vendored, "streamindex_topk")
+  ex = walkthrough.excerpt(topk, "select_topk")
   assert ex.lines[0].startswith("@functools.partial")
 
 
 def test_excerpt_cut_by_start_and_stop_strings():
-  ex = walkthrough.excerpt(vendored, "streamindex_topk",
+  ex = walkthrough.excerpt(driver, "_pipeline",
                            start="for launch in semantics.token_launches",
-                           stop="case=_MLA_CASE")
-  assert "token_launches" in ex.lines[0] and "_MLA_CASE" in ex.lines[-1]
+                           stop="case=launch.case")
+  assert "token_launches" in ex.lines[0] and "launch.case" in ex.lines[-1]
   assert ex.last - ex.first + 1 == len(ex.lines)
 
 
@@ -101,7 +102,8 @@ def test_every_source_excerpt_the_notebook_prints_resolves():
   assert len(calls) >= 7, calls
   for call in calls:
     ex = eval(f"walkthrough.excerpt({call})",  # pylint: disable=eval-used
-              {"walkthrough": walkthrough, "vendored": vendored, "ref": ref})
+              {"walkthrough": walkthrough, "vendored": vendored, "ref": ref,
+               "driver": driver})
     assert ex.lines, call
 
 
