@@ -1,14 +1,10 @@
-"""The notebooks' figures, one function per figure (or per `Axes`) a notebook draws.
+"""The notebooks' figures: one function per figure (or `Axes`) a notebook draws, in
+notebook order (00/02 cache and batch, 03 FP8, 04 tiling, 05 recall, 06 profiling, 07 chips).
 
-Page tables, packed pages and records, visibility masks, batches with their launches, and
-the studies' figures: the e4m3 grid, scale errors, recall, the Hadamard rotation, iteration
-order, VMEM budgets, the causal leak, page coverage, the roofline, the static schedule and the
-multichip model. Matplotlib only; safe under the Agg backend.
-
-Every function draws what it is given (arrays from `streamidx.batch`, `streamidx.cache`,
-`streamidx.lab.studies`; a launch plan from `streamidx.lab.model.tiling`; a notebook's rows);
-none computes a layout, a plan or a study of its own. Each returns the `Figure` (or draws on
-the `Axes` passed in); `save` writes it as a PNG under a notebook's `output_dir`.
+Each draws what it is given (arrays from `streamidx.batch` / `streamidx.cache` /
+`lab.studies`, a `lab.model.tiling` plan, a notebook's rows) and computes nothing of its own;
+it returns the `Figure` (or draws on the `Axes` passed in), and `save` writes a PNG under a
+notebook's `output_dir`. Matplotlib only; safe under the Agg backend.
 """
 
 from __future__ import annotations
@@ -21,15 +17,13 @@ from matplotlib import colors as mcolors
 from matplotlib import patches
 import numpy as np
 
-__all__ = [
+__all__ = [  # save, seq_colors, then in notebook order
     "save", "seq_colors", "page_table_figure", "record_bytes_axes", "visibility_axes",
     "sublane_words_axes", "batch_launch_figure", "causal_masks_figure", "decode_step_time_figure",
     "query_scores_figure", "scale_error_figure", "e4m3_use_figure", "recall_ci_figure",
     "rotation_figure", "iteration_order_figure", "vmem_budget_figure", "decode_waste_figure",
     "decode_step_figure", "static_schedule_figure", "causal_leak_figure", "page_coverage_figure",
-    "roofline_figure", "variant_timing_figure", "runs_figure", "scaling_figure",
-    "crossover_figure",
-]
+    "roofline_figure", "variant_timing_figure", "runs_figure", "scaling_figure", "crossover_figure"]
 
 FREE = "#eeeeee"  # a free page or an empty cell
 CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan", "prefill": "tab:green",
@@ -52,35 +46,25 @@ def seq_colors(n: int) -> list:
   return [cmap(i % cmap.N) for i in range(n)]
 
 
-# ---------------------------------------------------------------------------
-# Shared styling: every figure below sets its axes and finishes through these.
-
-
+# Shared styling: every figure sets its axes and finishes through these.
 def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
            grid=None, legend=None):
   """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid
   (`grid`: its keyword arguments, or an alpha) and a legend (`legend`: its keyword arguments,
   or a fontsize) of one axes. Call it before setting ticks: a scale resets them."""
-  if xlog:
-    ax.set_xscale("log", base=xlog)
-  if ylog:
-    ax.set_yscale("log", base=ylog)
-  if xlabel:
-    ax.set_xlabel(xlabel)
-  if ylabel:
-    ax.set_ylabel(ylabel)
-  if title:
-    ax.set_title(title, fontsize=size)
-  if grid is not None:
-    ax.grid(**(grid if isinstance(grid, dict) else dict(alpha=grid)))
-  if legend is not None:
-    ax.legend(**(legend if isinstance(legend, dict) else dict(fontsize=legend)))
+  if xlog: ax.set_xscale("log", base=xlog)
+  if ylog: ax.set_yscale("log", base=ylog)
+  if xlabel: ax.set_xlabel(xlabel)
+  if ylabel: ax.set_ylabel(ylabel)
+  if title: ax.set_title(title, fontsize=size)
+  kw = lambda v, key: v if isinstance(v, dict) else {key: v}
+  if grid is not None: ax.grid(**kw(grid, "alpha"))
+  if legend is not None: ax.legend(**kw(legend, "fontsize"))
 
 
 def _done(fig, title=None, size=11):
   """The figure's title (its finding), if any, and a tight layout; the figure."""
-  if title:
-    fig.suptitle(title, fontsize=size)
+  if title: fig.suptitle(title, fontsize=size)
   fig.tight_layout()
   return fig
 
@@ -88,19 +72,26 @@ def _done(fig, title=None, size=11):
 def _box(ax, x, y, fc, text=None, *, w=1, h=1, size=7, color="white", **kw):
   """A w x h cell at (x, y) filled `fc` (white edges), `text` centred in it."""
   ax.add_patch(patches.Rectangle((x, y), w, h, fc=fc, **{"ec": "white", **kw}))
-  if text is not None:
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, color=color)
+  if text is not None: _text(ax, x + w / 2, y + h / 2, text, size, color)
+
+
+def _text(ax, x, y, text, size, color="black", **kw):
+  """`text` centred at (x, y)."""
+  ax.text(x, y, text, ha="center", va="center", fontsize=size, color=color, **kw)
+
+
+def _outline(ax, x, y, w, h, ec="black", **kw):
+  """An unfilled w x h rectangle at (x, y)."""
+  ax.add_patch(patches.Rectangle((x, y), w, h, fill=False, ec=ec, **kw))
 
 
 def _grid_axes(ax, width, height, xlabels=None, ylabels=None, size=7):
   """Limits of a grid of unit cells (row 0 at the top), ticks at the cell centres."""
   ax.set_xlim(0, width)
   ax.set_ylim(height, 0)
-  for labels, n, ticks in ((xlabels, width, ax.set_xticks), (ylabels, height, ax.set_yticks)):
-    if labels is None:
-      ticks([])
-    else:
-      ticks(np.arange(n) + .5, labels, fontsize=size)
+  for labels, ticks in ((xlabels, ax.set_xticks), (ylabels, ax.set_yticks)):
+    labels = [] if labels is None else list(labels)  # none: no ticks
+    ticks(np.arange(len(labels)) + .5, labels, fontsize=size)
 
 
 def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
@@ -108,10 +99,7 @@ def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
   base = np.zeros(len(pos))
   for label, color, v in parts:
     v = np.asarray(v, float)
-    if horizontal:
-      ax.barh(pos, v, width, left=base, color=color, label=label, **kw)
-    else:
-      ax.bar(pos, v, width, bottom=base, color=color, label=label, **kw)
+    (ax.barh if horizontal else ax.bar)(pos, v, width, base, color=color, label=label, **kw)
     base += v
   return base
 
@@ -128,29 +116,20 @@ def _grouped(ax, groups, series, *, ylabel, labels=None):
   return bars
 
 
-# ---------------------------------------------------------------------------
-# The cache and the batch (notebooks 00 and 02).
-
-
 def page_table_figure(batches: Sequence, titles: Sequence[str]):
-  """Page table and physical page pool of each batch, one row per batch.
-
-  Left: the page table (sequence x local page), each cell labelled with its physical page.
-  Right: the pool of physical pages, each coloured by the sequence that owns it (grey: free)
-  and labelled "b:p" (sequence b, local page p).
-  """
+  """Notebook 02, one row per batch: its page table (sequence x local page, each cell
+  labelled with its physical page) and its pool of physical pages, each coloured by the
+  sequence that owns it (grey: free) and labelled "b:p" (sequence b, local page p)."""
   fig, axes = plt.subplots(len(batches), 2, figsize=(13, 2.6 * len(batches)), squeeze=False,
                            gridspec_kw={"width_ratios": [1, 2.2]})
   for (ax_t, ax_p), batch, title in zip(axes, batches, titles):
     colors, table, used = seq_colors(batch.num_seqs), batch.page_table, batch.num_pages_used
-    owner = np.full(batch.total_num_pages, -1)
-    local = np.zeros(batch.total_num_pages, int)
+    owner, local = np.full(batch.total_num_pages, -1), np.zeros(batch.total_num_pages, int)
     for b in range(batch.num_seqs):
       for p in range(batch.pages_per_seq):
         live = p < used[b]
         _box(ax_t, p, b, colors[b] if live else FREE, str(table[b, p]) if live else None, size=8)
-        if live:
-          owner[table[b, p]], local[table[b, p]] = b, p
+        if live: owner[table[b, p]], local[table[b, p]] = b, p
     _grid_axes(ax_t, batch.pages_per_seq, batch.num_seqs, range(batch.pages_per_seq),
                [f"seq {b}" for b in range(batch.num_seqs)])
     _style(ax_t, "local page p", title=f"{title}: page table", size=9)
@@ -158,11 +137,8 @@ def page_table_figure(batches: Sequence, titles: Sequence[str]):
     for page, own in enumerate(owner):
       x, y = page % cols, page // cols
       _box(ax_p, x, y, colors[own] if own >= 0 else FREE)
-      ax_p.text(x + .5, y + .32, str(page), ha="center", va="center", fontsize=5.5,
-                color="black" if own < 0 else "white")
-      if own >= 0:
-        ax_p.text(x + .5, y + .72, f"{own}:{local[page]}", ha="center", va="center",
-                  fontsize=5.5, color="white")
+      _text(ax_p, x + .5, y + .32, str(page), 5.5, "black" if own < 0 else "white")
+      if own >= 0: _text(ax_p, x + .5, y + .72, f"{own}:{local[page]}", 5.5, "white")
     _grid_axes(ax_p, cols, -(-batch.total_num_pages // cols))
     _style(ax_p, title=f"{title}: physical pages (number; owner seq:local page; grey = free)",
            size=9)
@@ -171,16 +147,16 @@ def page_table_figure(batches: Sequence, titles: Sequence[str]):
 
 
 def record_bytes_axes(ax, record, head_dim: int, *, title: str):
-  """One uint8 FP8 record as a 16-wide grid of bytes, coloured by role (e4m3 value / e8m0
-  scale / padding), each labelled in hex."""
+  """Notebook 02: one uint8 FP8 record as a 16-wide grid of bytes, coloured by role (e4m3
+  value / e8m0 scale / padding), each labelled in hex."""
   rec = np.asarray(record, np.uint8).reshape(-1)
   width, rows = 16, -(-rec.size // 16)
   roles = (("e4m3 value", "#4c72b0"), ("e8m0 scale", "#dd8452"), ("zero padding", "#dddddd"))
   for i, byte in enumerate(rec):
     role = 0 if i < head_dim else 1 if i == head_dim else 2
     _box(ax, i % width, i // width, roles[role][1])
-    ax.text(i % width + .5, i // width + .5, f"{byte:02x}", ha="center", va="center",
-            fontsize=6.5, color="#777777" if role == 2 else "white", family="monospace")
+    _text(ax, i % width + .5, i // width + .5, f"{byte:02x}", 6.5,
+          "#777777" if role == 2 else "white", family="monospace")
   _grid_axes(ax, width, rows, [f"+{i:x}" for i in range(width)],
              [f"{r * width:3d}" for r in range(rows)])
   ax.set_aspect("equal")
@@ -191,17 +167,14 @@ def record_bytes_axes(ax, record, head_dim: int, *, title: str):
 
 def visibility_axes(ax, mask, q_positions, *, title: str, diff=None,
                     compression_ratio: int | None = None, first_entry: int = 0):
-  """A [T, E] visibility mask (dark = visible); `diff` cells outlined red.
-
-  Column c is entry `first_entry + c` (to draw a window of a long sequence).
-  """
+  """A [T, E] visibility mask (dark = visible), `diff` cells outlined red; column c is entry
+  `first_entry + c` (to draw a window of a long sequence)."""
   mask = np.asarray(mask, bool)
   t, e = mask.shape
   ax.imshow(mask, cmap=mcolors.ListedColormap(["#f4f4f4", "#31688e"]), vmin=0, vmax=1,
             aspect="auto", interpolation="nearest", extent=(0, e, t, 0))
-  if diff is not None:
-    for r, c in zip(*np.nonzero(np.asarray(diff))):
-      ax.add_patch(patches.Rectangle((c, r), 1, 1, fill=False, ec="red", lw=1.6, hatch="///"))
+  for r, c in zip(*np.nonzero(np.asarray(diff))) if diff is not None else ():
+    _outline(ax, c, r, 1, 1, ec="red", lw=1.6, hatch="///")
   ax.set_xticks(np.arange(e) + .5, range(first_entry, first_entry + e), fontsize=7)
   ax.set_yticks(np.arange(t) + .5, [f"p={p}" for p in q_positions], fontsize=7)
   r = compression_ratio
@@ -216,16 +189,13 @@ def visibility_axes(ax, mask, q_positions, *, title: str, diff=None,
 
 def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title: str,
                        highlight: int | None = None, lane_names: dict | None = None):
-  """A cache page as 32-bit words: sublane rows x lanes, each word split into the
-  `kv_packing` entries it packs.
+  """Notebook 02: a cache page `[page_size / kv_packing, kv_packing, lkv]` (uint8 FP8 bytes or
+  bf16 values) as 32-bit words, sublane rows x `lanes` ("..." marks skipped lanes).
 
-  `page` is one physical page of the cache, `[page_size / kv_packing, kv_packing, lkv]`
-  (uint8 FP8 bytes or bf16 values). The word at (row r, lane l) holds `page[r, j, l]` for
-  j = 0 .. kv_packing - 1: the l-th byte (FP8) or value (bf16) of entries r * kv_packing + j,
-  which is how the TPU tiles the two minor dimensions (`T(4,128)(4,1)` for uint8, see
-  `streamidx.cache`). Only `lanes` are drawn (a "..." column marks skipped lanes); each part
-  is labelled with its entry and, for uint8, its byte in hex. `highlight`: an entry outlined
-  in red; `lane_names`: lane -> a name for its column header (e.g. the scale lane).
+  The word at (row r, lane l) holds `page[r, j, l]` for j < kv_packing: lane l of entries
+  r * kv_packing + j, as the TPU tiles the two minor dimensions (`T(4,128)(4,1)` for uint8,
+  see `streamidx.cache`). Each part shows its entry (and, for uint8, its byte in hex);
+  `highlight`: an entry outlined red; `lane_names`: lane -> a column header (the scale lane).
   """
   page = np.asarray(page)
   rows, lanes, names = page.shape[0], list(lanes), lane_names or {}
@@ -238,19 +208,16 @@ def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title
   w = 1 / kv_packing
   for x, lane in enumerate(cols):
     if lane is None:
-      ax.text(x + .5, rows / 2, "...", ha="center", va="center", fontsize=12)
+      _text(ax, x + .5, rows / 2, "...", 12)
       continue
     for r in range(rows):
       for j in range(kv_packing):
         t = r * kv_packing + j
         label = f"e{t}" + (f"\n{int(page[r, j, lane]):02x}" if page.dtype == np.uint8 else "")
         _box(ax, x + j * w, r, color(t), w=w, lw=.5)
-        ax.text(x + (j + .5) * w, r + .5, label, ha="center", va="center", fontsize=5.5,
-                linespacing=.9)
-        if t == highlight:
-          ax.add_patch(patches.Rectangle((x + j * w, r), w, 1, fill=False, ec="red", lw=3,
-                                         zorder=3))
-      ax.add_patch(patches.Rectangle((x, r), 1, 1, fill=False, ec="black", lw=1.2))
+        _text(ax, x + (j + .5) * w, r + .5, label, 5.5, linespacing=.9)
+        if t == highlight: _outline(ax, x + j * w, r, w, 1, ec="red", lw=3, zorder=3)
+      _outline(ax, x, r, 1, 1, lw=1.2)
   ax.set_xlim(0, len(cols))
   ax.set_ylim(rows, 0)
   ax.set_xticks([x + .5 for x, l in enumerate(cols) if l is not None],
@@ -264,19 +231,18 @@ def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title
 
 
 def batch_launch_figure(batch, plan, *, filled_rows=None):
-  """The ragged batch as the kernel sees it, and the launches over it.
+  """Notebook 02: the ragged batch as the kernel sees it, and the launches of `plan` (the
+  tiling model's `Plan` of the call) over it.
 
-  `plan` is the tiling model's `Plan` of the call (`streamidx.lab.model.tiling.plan`). Top:
-  one cell per query row (cu_q_lens order), coloured by sequence, with the distribution's
-  ranges. Below: one band per launch; each program is a box over the rows it scores,
-  labelled with its sequences and num_bq x num_bkv blocks. `filled_rows` (bool[T], e.g. rows
-  where the kernel returned an index) is drawn as a last band.
+  Top: one cell per query row (cu_q_lens order), coloured by sequence, with the
+  distribution's ranges. Below: one band per launch, each program a box over the rows it
+  scores, labelled with its index and num_bq x num_bkv blocks; `filled_rows` (bool[T], e.g.
+  rows the kernel returned an index for), if given, is a last band.
   """
-  colors, t, seq_of = seq_colors(batch.num_seqs), batch.num_tokens, batch.token_seq_ids()
-  launches = plan.launches
+  colors, t, launches = seq_colors(batch.num_seqs), batch.num_tokens, plan.launches
   n_bands = 1 + len(launches) + (filled_rows is not None)
   fig, ax = plt.subplots(figsize=(max(9, t * .42), 1.2 + .62 * n_bands))
-  for r, s in enumerate(seq_of[:t]):
+  for r, s in enumerate(batch.token_seq_ids()[:t]):
     _box(ax, r, 0, colors[s] if s >= 0 else FREE, str(s) if s >= 0 else None, h=.8)
   d, cu = batch.distribution, batch.cu_q_lens
   for name, lo, hi in (("decode", 0, d[0]), ("prefill-only", d[0], d[1]), ("mixed", d[1], d[2])):
@@ -290,13 +256,11 @@ def batch_launch_figure(batch, plan, *, filled_rows=None):
                   f"grid={launch.grid}")
     for pr in launch.programs:
       for (lo, hi), s in zip(pr.q_rows, pr.seqs):
-        if hi > lo:
-          _box(ax, lo, y + .05, colors[s], w=hi - lo, h=.7, ec="black", alpha=.55)
+        if hi > lo: _box(ax, lo, y + .05, colors[s], w=hi - lo, h=.7, ec="black", alpha=.55)
       lo, hi = min(q[0] for q in pr.q_rows), max(q[1] for q in pr.q_rows)
-      ax.add_patch(patches.Rectangle((lo, y + .05), max(hi - lo, .3), .7, ec="black",
-                                     fill=False, lw=1.4))
-      ax.text((lo + hi) / 2, y + .42, f"p{pr.index}\n{pr.num_bq}x{pr.num_bkv}", ha="center",
-              va="center", fontsize=6.5, linespacing=.9)
+      _outline(ax, lo, y + .05, max(hi - lo, .3), .7, lw=1.4)
+      _text(ax, (lo + hi) / 2, y + .42, f"p{pr.index}\n{pr.num_bq}x{pr.num_bkv}", 6.5,
+            linespacing=.9)
   if filled_rows is not None:
     labels.append("rows the kernel\nreturned indices for")
     for r in np.flatnonzero(np.asarray(filled_rows)):
@@ -313,11 +277,8 @@ def batch_launch_figure(batch, plan, *, filled_rows=None):
 
 
 def causal_masks_figure(chunk, *, compression_ratio: int):
-  """Notebook 02: a prefill chunk's visibility under the model's rule (left) and the
-  vendored rule (right, the cells only it shows outlined red).
-
-  `chunk`: `lab.studies.addressing.prefill_chunk_masks`.
-  """
+  """Notebook 02: a prefill chunk's visibility (`lab.studies.addressing.prefill_chunk_masks`)
+  under the model's rule (left) and the vendored rule (right, the cells only it shows red)."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
   kw = dict(compression_ratio=compression_ratio, first_entry=chunk.first_entry)
   visibility_axes(axes[0], chunk.masks["model"], chunk.positions, **kw,
@@ -331,15 +292,10 @@ def causal_masks_figure(chunk, *, compression_ratio: int):
 
 
 def decode_step_time_figure(rows: Sequence[dict], *, title: str):
-  """Notebook 02: predicted microseconds per decode step, per TPU generation and format.
-
-  `rows`: the decode-step rows (fmt, generation, step_us, stored_bytes). One group of bars
-  per generation, one bar per format (legend: its layout and stored bytes per entry), each
-  labelled with its microseconds.
-  """
-  fmts = list(dict.fromkeys(r["fmt"] for r in rows))
-  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  """Notebook 02: predicted microseconds per decode step (`rows`: fmt, generation, step_us,
+  stored_bytes), a group of bars per generation, a labelled bar per format."""
   by = {(r["fmt"], r["generation"]): r for r in rows}
+  fmts, gens = (list(dict.fromkeys(k[i] for k in by)) for i in (0, 1))
   names = {"fp8": ("vendored packed FP8", "#4c72b0"), "dense_fp8": ("dense FP8", "#55a868"),
            "bf16": ("bf16", "#c44e52")}
   fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -355,16 +311,12 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str):
 
 def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
                         compression_ratio: int, title: str):
-  """Notebook 00: one query row's scores, the selected entries, the k-th score, and the
-  entries the causal mask hides.
+  """Notebook 00: one query row's scores, the entries the kernel returned (`chosen`, -1s
+  removed), the k-th score, and the entries the causal mask hides.
 
-  Args:
-    scores: f32[E] the row's scores as the reference returns them (-inf where the row may
-      not look), E >= the sequence's entries.
-    unmasked: f32[entries] the same row against every entry of its sequence, the masks left
-      out (notebook 00 scores them with `ref.score_entries`).
-    chosen: the entries the kernel returned (-1 padding removed).
-    k: the call's k; n_visible: entries the row sees (0 .. n_visible - 1).
+  `scores`: f32[E >= entries] the row's reference scores (-inf where it may not look);
+  `unmasked`: f32[entries] the row against every entry of its sequence, no mask
+  (`ref.score_entries`); the row sees entries 0 .. n_visible - 1.
   """
   s, u = np.asarray(scores, np.float64), np.asarray(unmasked, np.float64)
   chosen, n_entries, visible = np.asarray(chosen, int), len(u), np.arange(n_visible)
@@ -393,17 +345,10 @@ def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
   return _done(fig)
 
 
-# ---------------------------------------------------------------------------
-# FP8 packing and recall (notebook 03).
-
-
 def scale_error_figure(scale_study, *, title: str | None = None):
-  """Notebook 03: record error with ue8m0 vs exact float scales; where amax / scale lands.
-
-  `scale_study`: distribution -> {"err_pow2", "err_float" (f[records] relative L2 errors),
-  "mean_err_ue8m0", "mean_err_float", "amax_over_scale" (f[records])}; the first two
-  distributions' errors are drawn, and the "gaussian" amax / 2**e.
-  """
+  """Notebook 03: record error with ue8m0 vs exact float scales for the first two
+  distributions of `scale_study` (-> err_pow2, err_float, mean_err_*, amax_over_scale), and
+  where the "gaussian" amax / 2**e lands."""
   fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
   for ax, dist in zip(axes[:2], scale_study):
     st = scale_study[dist]
@@ -421,26 +366,19 @@ def scale_error_figure(scale_study, *, title: str | None = None):
 
 
 def e4m3_use_figure(positive, spacing, stored, *, title: str):
-  """Notebook 03: where scaled records land on the e4m3 grid, and its spacing.
-
-  Left: the share of stored |values| (ue8m0-scaled records, zeros left out) in each binade
-  [2**e, 2**(e+1)), subnormals (below 2**-6) shaded. Right: the relative spacing
-  (next - x) / x of the grid, i.e. twice the worst rounding error.
-
-  Args:
-    positive: f[N] the positive finite e4m3 values, sorted.
-    spacing: f[N - 1] (next value - x) / x for each but the last.
-    stored: f[M] stored |values| of quantized records.
-  """
-  positive, spacing = np.asarray(positive, np.float64), np.asarray(spacing, np.float64)
-  stored = np.asarray(stored, np.float64)
+  """Notebook 03: the share of `stored` |values| (f[M], ue8m0-scaled records, zeros left out)
+  in each binade [2**e, 2**(e+1)) of the e4m3 grid (`positive`: f[N] its positive finite
+  values, sorted), subnormals (below 2**-6) shaded; and its relative spacing (`spacing`:
+  f[N - 1] (next - x) / x, twice the worst rounding error)."""
+  positive, stored = np.asarray(positive, np.float64), np.asarray(stored, np.float64)
   stored = stored[stored > 0]
-  edges = np.exp2(np.arange(np.floor(np.log2(positive.min())), np.ceil(np.log2(positive.max())) + 1))
+  lo, hi = np.log2(positive.min()), np.log2(positive.max())
+  edges = np.exp2(np.arange(np.floor(lo), np.ceil(hi) + 1))
   counts, _ = np.histogram(stored, edges)
   fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8))
   ax0.bar(edges[:-1], counts / max(1, stored.size), width=np.diff(edges), align="edge",
           edgecolor="white")
-  ax1.plot(positive[:-1], spacing, ".-", ms=3)
+  ax1.plot(positive[:-1], np.asarray(spacing, np.float64), ".-", ms=3)
   for ax, label in ((ax0, "subnormals (fewer mantissa bits)"), (ax1, None)):
     ax.axvspan(positive.min(), 2.0 ** -6, color="tab:orange", alpha=.15, label=label)
   _style(ax0, "stored |value| (binades of the e4m3 grid, log2 axis)",
@@ -453,12 +391,9 @@ def e4m3_use_figure(positive, spacing, stored, *, title: str):
 
 
 def recall_ci_figure(summary, *, dists, contexts, ks, variants, title: str):
-  """Notebook 03: mean recall@k over seeds with its 95% interval (clipped to [0, 1]), one
-  panel per (distribution, entries), one line per variant.
-
-  `summary(dist, entries, variant, k)`: the mean recall over seeds and the half-width of its
-  interval (attributes `mean`, `half_width`); the `ks` <= a panel's entries are drawn.
-  """
+  """Notebook 03: mean recall@k over seeds (`summary(dist, entries, variant, k)`: `mean`,
+  `half_width`) with its 95% interval clipped to [0, 1]; a panel per (dist, entries), a line
+  per variant over the `ks` <= entries."""
   fig, axes = plt.subplots(len(dists), len(contexts), sharey=True, squeeze=False,
                            figsize=(4.2 * len(contexts), 3.5 * len(dists)))
   for i, dist in enumerate(dists):
@@ -480,10 +415,7 @@ def recall_ci_figure(summary, *, dists, contexts, ks, variants, title: str):
 
 def rotation_figure(key, rotated_key, diffs, *, outlier_channels: int, title: str):
   """Notebook 03: a key before and after the Hadamard rotation (|value| per channel); the
-  recall the rotation changes, with 95% intervals, on an axis through 0.
-
-  `diffs`: [(label, MeanCI of recall(rotated) - recall(plain))].
-  """
+  recall it changes (`diffs`: [(label, MeanCI)]) with 95% intervals, on an axis through 0."""
   fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
   for v, name, color in ((key, "|k|", None), (rotated_key, "|k H|", "tab:green")):
     v = np.abs(np.asarray(v))
@@ -502,17 +434,10 @@ def rotation_figure(key, rotated_key, diffs, *, outlier_channels: int, title: st
   return _done(fig, title)
 
 
-# ---------------------------------------------------------------------------
-# Tiling, VMEM and schedules (notebook 04).
-
-
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
-  """Notebook 04: the kernel's steps in execution order, one row per sequence.
-
-  `steps`: `tiling.steps(plan)` dicts (case, seqs, kv_lens, bq, bkv, bkv_sz); a step covers
-  every sequence of its program, coloured by case and labelled "bq,bkv". A block past a
-  sequence's entries (computed, masked) is hatched.
-  """
+  """Notebook 04: the kernel's steps (`tiling.steps(plan)` dicts) in execution order, one row
+  per sequence: a cell per sequence of the step's program, coloured by case, labelled
+  "bq,bkv", hatched where the block is past the sequence's entries (computed, masked)."""
   steps = list(steps)
   fig, ax = plt.subplots(figsize=(min(18, 3 + 0.28 * len(steps)), 0.5 * num_seqs + 1.6))
   for x, st in enumerate(steps):
@@ -535,12 +460,9 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
 
 
 def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, title: str):
-  """Notebook 04: VMEM (MiB) of a launch per (bq, bkv_p); the cells over each distinct limit
-  (`limits`: generation -> bytes, up to three) outlined red, one line style per limit;
-  `production` (bq, bkv_p) marked with a white square.
-
-  `budget`: bytes[len(bq_choices), len(bkv_choices)].
-  """
+  """Notebook 04: VMEM (`budget`: bytes[len(bq_choices), len(bkv_choices)]) of a launch per
+  (bq, bkv_p); the cells over each distinct limit (`limits`: generation -> bytes, up to three)
+  outlined red, one line style per limit; `production` (bq, bkv_p) in a white square."""
   mib = 2.0 ** 20
   budget = np.asarray(budget, float)
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -548,8 +470,8 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
                  aspect="auto")
   cells = [(i, j) for i in range(len(bq_choices)) for j in range(len(bkv_choices))]
   for i, j in cells:
-    ax.text(j, i, f"{budget[i, j] / mib:.1f}", ha="center", va="center", fontsize=7,
-            color="white" if budget[i, j] < np.median(budget) else "black")
+    _text(ax, j, i, f"{budget[i, j] / mib:.1f}", 7,
+          "white" if budget[i, j] < np.median(budget) else "black")
   for lvl, style in zip(sorted(set(limits.values())), ("-", "--", ":")):
     over = budget > lvl  # outline the cells over the limit: their bottom and left edges
     for i, j in cells:
@@ -560,7 +482,7 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
     ax.plot([], [], "r", ls=style, label=f"> {lvl / mib:.0f} MiB")
   if production[0] in bq_choices and production[1] in bkv_choices:
     i, j = bq_choices.index(production[0]), bkv_choices.index(production[1])
-    ax.add_patch(patches.Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, ec="white", lw=2))
+    _outline(ax, j - 0.45, i - 0.45, 0.9, 0.9, ec="white", lw=2)
     ax.plot([], [], "s", mfc="none", mec="gray", label="production (bq, bkv_p)")
   ax.set_xticks(range(len(bkv_choices)), bkv_choices)
   ax.set_yticks(range(len(bq_choices)), bq_choices)
@@ -571,11 +493,8 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
 
 
 def decode_waste_figure(waste, batch_sizes: Sequence[int], orders: Sequence[str], *, title: str):
-  """Notebook 04: wasted share of computed KV blocks per decode batch size and order.
-
-  `waste`: {(B, order): [fraction per batch]} (`tiling.decode_batch_waste`); bars are means,
-  error bars one standard deviation.
-  """
+  """Notebook 04: wasted share of computed KV blocks per decode batch size and order
+  (`waste`: {(B, order): [fraction per batch]}): means, one standard deviation error bars."""
   fig, ax = plt.subplots(figsize=(8, 3.6))
   _grouped(ax, batch_sizes, [(o, [100 * np.mean(waste[b, o]) for b in batch_sizes],
                                dict(yerr=[100 * np.std(waste[b, o]) for b in batch_sizes],
@@ -614,8 +533,8 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
       ax.axhline(pairs[0][1].t_hbm * clock, color="k", ls="--",
                  label=f"a page's HBM time, cycles at {clock / 1e9:.2f} GHz")
     else:
-      low = min(b.break_even_clock_hz for _, b in pairs)
-      ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n{low / 1e9:.2f} GHz",
+      ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n"
+              f"{min(b.break_even_clock_hz for _, b in pairs) / 1e9:.2f} GHz",
               transform=ax.transAxes, fontsize=8)
     _style(ax, "num_kv_pages_per_block (decode)", title=gen)
     ax.set_ylim(bottom=0)
@@ -623,18 +542,11 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
   return _done(fig, title, size=10)
 
 
-# ---------------------------------------------------------------------------
-# Recall parity (notebook 05).
-
-
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
                        title: str):
-  """Notebook 05: per live query row, the leaked entry's share of the vendored-rule top-k
-  score mass; a cross where the bound differs but the leaked entry was not selected.
-
-  `live`, `leaked_selected`, `bound_differs`: bool[T]; `leaked_mass`: f[T]; `seq_starts`:
-  query rows where a sequence starts (dotted lines).
-  """
+  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of
+  the vendored-rule top-k score mass; a cross where the bound differs but the leaked entry
+  was not selected; dotted lines at `seq_starts`."""
   live, sel = np.asarray(live, bool), np.asarray(leaked_selected, bool)
   rows = np.flatnonzero(live)
   fig, ax = plt.subplots(figsize=(10, 4))
@@ -653,12 +565,9 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_st
 
 
 def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, title: str):
-  """Notebook 05: how much of the exact token top-k the top pages hold, by count (left) and
-  by score mass (right), per page size and budget k; dotted: random pages (k / entries).
-
-  `coverage`: "fp8" / "f32" -> {"count", "mass"} -> f[len(budgets), len(page_sizes)];
-  `page_entries`: entries per sequence.
-  """
+  """Notebook 05: how much of the exact token top-k the top pages hold (`coverage`: "fp8" /
+  "f32" -> "count" / "mass" -> f[len(budgets), len(page_sizes)]), by count (left) and score
+  mass (right); dotted: random pages (k / `page_entries`)."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, m in zip(axes, ("count", "mass")):
     for i, budget in enumerate(budgets):
@@ -674,24 +583,14 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, ti
   return _done(fig, title, size=9)
 
 
-# ---------------------------------------------------------------------------
-# TPU profiling (notebook 06).
-
-
 def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
                     generations, device_kind: str = ""):
   """Notebook 06: device time against the roofline, and its split by stage.
 
-  measured (a TPU run with device times): left, stacked measured kernel / top-k / other
-  microseconds per record with the bounds of `generation` marked; right, the measured split.
-  Otherwise: left, the predicted bound of every generation in `generations` at the TPU sweep
-  sizes; right, the predicted split on v5e; the figure says that device timings need a TPU.
-
-  Args:
-    records: run-file records (mode, batch_size, context_tokens, kernel_us, topk_us,
-      other_us, predicted_us).
-    predictions: (mode, B, L) -> generation -> roofline prediction (seconds per stage: fill,
-      kernel, topk, total).
+  `measured` (a TPU run): left, the stacked kernel / top-k / other microseconds of each
+  run-file record, the bounds of `generation` marked; right, the measured split. Otherwise:
+  left, the predicted bound of each of `generations` per sweep point (`predictions`: (mode,
+  B, L) -> generation -> seconds per stage); right, v5e's predicted split; it says so.
   """
   fig, (ax, ax_split) = plt.subplots(1, 2, figsize=(14, 4.6))
   if measured:
@@ -733,14 +632,9 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
 
 
 def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
-  """Notebook 06: every kernel configuration, measured against its model.
-
-  `records`: the configuration records (label, generation, measured and modelled
-  microseconds). One row per configuration: the measured device time (a TPU run: kernel,
-  top-k and other stacked) beside the roofline bound (fill + kernel + the method's top-k,
-  hollow bar) and the static-schedule bound (a marker, where computed). Without a TPU only
-  the model is drawn, and the axes say so.
-  """
+  """Notebook 06: one row per kernel configuration record: its measured device time (a TPU
+  run: kernel, top-k and other stacked) beside its roofline bound (hollow bar) and its
+  static-schedule bound (a marker, where computed); without a TPU, the model only, said so."""
   y, h = np.arange(len(records)), 0.38
   fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
   if measured:
@@ -750,8 +644,7 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str
   gen, ym = (records[0]["generation"] if records else ""), y + (h / 2 if measured else 0)
   ax.barh(ym, [r["roofline us"] for r in records], h, fill=False, edgecolor="black",
           label=f"model: roofline bound ({gen})")
-  st = [i for i, r in enumerate(records) if r["static schedule us"] is not None]
-  if st:
+  if st := [i for i, r in enumerate(records) if r["static schedule us"] is not None]:
     ax.scatter([records[i]["static schedule us"] for i in st], ym[st], marker="D",
                color="tab:red", zorder=3, label=f"model: static-schedule bound ({gen})")
   if not measured:
@@ -769,8 +662,7 @@ def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
   times, `lab.model.profiling.load_runs`) against each one's roofline bound, per sweep point
   (`profiling.plot_runs`)."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
-  runs = list(timed_runs)[-last:]
-  if not runs:
+  if not (runs := list(timed_runs)[-last:]):
     raise ValueError("timed_runs: must hold at least one run with device times")
   fig, ax = plt.subplots(figsize=(11, 4))
   profiling.plot_runs(runs, ax=ax)
@@ -778,17 +670,10 @@ def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
   return fig
 
 
-# ---------------------------------------------------------------------------
-# Multichip (notebook 07).
-
-
 def scaling_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the modelled decode step and cache per device over chips.
-
-  `rows`: `lab.model.scaling.scaling_table` rows. Left: step time (us, log) against chips per
-  generation, one chip per sequence (C = 1, solid) and the best context-parallel degree
-  (dashed, where it differs). Right: cache MiB per JAX device for both.
-  """
+  """Notebook 07: the modelled decode step (left) and cache per device (right) against chips
+  (`lab.model.scaling.scaling_table` rows), per generation: one chip per sequence (C = 1,
+  solid) and the best context-parallel degree (dashed, where it differs)."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   chips = sorted({r["chips"] for r in rows})
   for ax, what, ylabel in ((axes[0], "step us", "modelled step (us, one layer)"),
@@ -808,12 +693,9 @@ def scaling_figure(rows: Sequence[dict], *, title: str = ""):
 
 
 def crossover_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the context length from which context parallelism pays, against the
-  assumed collective latency.
-
-  `rows`: the crossover rows (generation, chips, "latency us", "tokens" or None). One line
-  per (generation, chips); a configuration where it never pays is left out of its line.
-  """
+  """Notebook 07: the context length from which context parallelism pays ("tokens", None
+  where it never does: left out) against the assumed collective latency, per (generation,
+  chips)."""
   fig, ax = plt.subplots(figsize=(7, 4))
   for gen, chips in dict.fromkeys((r["generation"], r["chips"]) for r in rows):
     rs = [r for r in rows if (r["generation"], r["chips"]) == (gen, chips) and r["tokens"]]
