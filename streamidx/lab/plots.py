@@ -33,9 +33,8 @@ STAGE_COLORS = (("kernel", "tab:blue"), ("topk", "tab:orange"), ("other", "tab:g
 
 def save(fig, output_dir, name: str) -> Path:
   """Writes `fig` to `<output_dir>/<name>.png` (folders created); the path."""
-  out = Path(output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  path = out / f"{name}.png"
+  path = Path(output_dir) / f"{name}.png"
+  path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
   return path
 
@@ -57,9 +56,8 @@ def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, yl
   if xlabel: ax.set_xlabel(xlabel)
   if ylabel: ax.set_ylabel(ylabel)
   if title: ax.set_title(title, fontsize=size)
-  kw = lambda v, key: v if isinstance(v, dict) else {key: v}
-  if grid is not None: ax.grid(**kw(grid, "alpha"))
-  if legend is not None: ax.legend(**kw(legend, "fontsize"))
+  if grid is not None: ax.grid(**(grid if isinstance(grid, dict) else {"alpha": grid}))
+  if legend is not None: ax.legend(**(legend if isinstance(legend, dict) else {"fontsize": legend}))
 
 
 def _done(fig, title=None, size=11):
@@ -87,8 +85,7 @@ def _outline(ax, x, y, w, h, ec="black", **kw):
 
 def _grid_axes(ax, width, height, xlabels=None, ylabels=None, size=7):
   """Limits of a grid of unit cells (row 0 at the top), ticks at the cell centres."""
-  ax.set_xlim(0, width)
-  ax.set_ylim(height, 0)
+  ax.set(xlim=(0, width), ylim=(height, 0))
   for labels, ticks in ((xlabels, ax.set_xticks), (ylabels, ax.set_yticks)):
     labels = [] if labels is None else list(labels)  # none: no ticks
     ticks(np.arange(len(labels)) + .5, labels, fontsize=size)
@@ -104,7 +101,7 @@ def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
   return base
 
 
-def _grouped(ax, groups, series, *, ylabel, labels=None):
+def _grouped(ax, groups, series, labels=None):
   """One group of bars per `groups` entry, one bar per `series` item [(label, values,
   keyword arguments of `ax.bar`)]; `labels`: the group tick labels. The bar containers."""
   width = .8 / len(series)
@@ -112,7 +109,6 @@ def _grouped(ax, groups, series, *, ylabel, labels=None):
   bars = [ax.bar(x + (i - (len(series) - 1) / 2) * width, v, width, label=label, **kw)
           for i, (label, v, kw) in enumerate(series)]
   ax.set_xticks(x, labels or groups)
-  ax.set_ylabel(ylabel)
   return bars
 
 
@@ -133,13 +129,12 @@ def page_table_figure(batches: Sequence, titles: Sequence[str]):
     _grid_axes(ax_t, batch.pages_per_seq, batch.num_seqs, range(batch.pages_per_seq),
                [f"seq {b}" for b in range(batch.num_seqs)])
     _style(ax_t, "local page p", title=f"{title}: page table", size=9)
-    cols = 32
     for page, own in enumerate(owner):
-      x, y = page % cols, page // cols
+      x, y = page % 32, page // 32
       _box(ax_p, x, y, colors[own] if own >= 0 else FREE)
       _text(ax_p, x + .5, y + .32, str(page), 5.5, "black" if own < 0 else "white")
       if own >= 0: _text(ax_p, x + .5, y + .72, f"{own}:{local[page]}", 5.5, "white")
-    _grid_axes(ax_p, cols, -(-batch.total_num_pages // cols))
+    _grid_axes(ax_p, 32, -(-batch.total_num_pages // 32))
     _style(ax_p, title=f"{title}: physical pages (number; owner seq:local page; grey = free)",
            size=9)
     ax_p.set_aspect("equal")
@@ -218,8 +213,7 @@ def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title
         _text(ax, x + (j + .5) * w, r + .5, label, 5.5, linespacing=.9)
         if t == highlight: _outline(ax, x + j * w, r, w, 1, ec="red", lw=3, zorder=3)
       _outline(ax, x, r, 1, 1, lw=1.2)
-  ax.set_xlim(0, len(cols))
-  ax.set_ylim(rows, 0)
+  ax.set(xlim=(0, len(cols)), ylim=(rows, 0))
   ax.set_xticks([x + .5 for x, l in enumerate(cols) if l is not None],
                 [f"lane {l}" + (f"\n{names[l]}" if l in names else "")
                  for l in cols if l is not None], fontsize=7)
@@ -265,8 +259,7 @@ def batch_launch_figure(batch, plan, *, filled_rows=None):
     labels.append("rows the kernel\nreturned indices for")
     for r in np.flatnonzero(np.asarray(filled_rows)):
       _box(ax, r, len(launches) + 1.05, "#333333", h=.7)
-  ax.set_xlim(0, t)
-  ax.set_ylim(n_bands, -.6)
+  ax.set(xlim=(0, t), ylim=(n_bands, -.6))
   ax.set_yticks(np.arange(n_bands) + .4, labels, fontsize=7)
   ax.set_xticks(np.arange(0, t + 1, max(1, t // 16)))
   ax.set_xlabel("query row (token index into q; cu_q_lens[b] is where sequence b starts)",
@@ -299,13 +292,13 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str):
   names = {"fp8": ("vendored packed FP8", "#4c72b0"), "dense_fp8": ("dense FP8", "#55a868"),
            "bf16": ("bf16", "#c44e52")}
   fig, ax = plt.subplots(figsize=(10, 4.2))
-  series = [(f"{names.get(f, (f,))[0]} ({by[f, gens[0]]['stored_bytes']} B/entry stored)",
-             [by[f, g]["step_us"] for g in gens], dict(color=names.get(f, (f, None))[1]))
-            for f in fmts]
-  for bars in _grouped(ax, gens, series, ylabel="predicted us per decode step (model)"):
+  for bars in _grouped(ax, gens, [
+      (f"{names.get(f, (f,))[0]} ({by[f, gens[0]]['stored_bytes']} B/entry stored)",
+       [by[f, g]["step_us"] for g in gens], dict(color=names.get(f, (f, None))[1])) for f in fmts]):
     ax.bar_label(bars, fmt="%.0f", fontsize=7)
   _style(ax, "TPU generation (HBM bandwidth of one TensorCore: lab.model.hardware, "
-         "data/tpu_specs.json)", title=title, size=10, grid=dict(axis="y", alpha=.3), legend=8)
+         "data/tpu_specs.json)", "predicted us per decode step (model)", title, size=10,
+         grid=dict(axis="y", alpha=.3), legend=8)
   return _done(fig)
 
 
@@ -451,8 +444,7 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
     ax.add_patch(patches.Rectangle((0, 0), 0, 0, fc=c, label=case))
   ax.add_patch(patches.Rectangle((0, 0), 0, 0, fc="white", ec="black", hatch="//",
                                  label="block past the sequence's end (computed, masked)"))
-  ax.set_xlim(0, len(steps))
-  ax.set_ylim(num_seqs, 0)
+  ax.set(xlim=(0, len(steps)), ylim=(num_seqs, 0))
   ax.set_yticks(np.arange(num_seqs) + 0.4, [f"seq {s}" for s in range(num_seqs)])
   _style(ax, "step in execution order (label: bq block, bkv block)", title=title,
          legend=dict(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8))
@@ -499,9 +491,9 @@ def decode_waste_figure(waste, batch_sizes: Sequence[int], orders: Sequence[str]
   _grouped(ax, batch_sizes, [(o, [100 * np.mean(waste[b, o]) for b in batch_sizes],
                                dict(yerr=[100 * np.std(waste[b, o]) for b in batch_sizes],
                                     capsize=2)) for o in orders],
-           ylabel="% of computed KV blocks wasted", labels=[f"B = {b}" for b in batch_sizes])
-  _style(ax, "decode sequences per program (decode_req_batch_size)", title=title,
-         legend=dict(title="order", fontsize=8))
+           labels=[f"B = {b}" for b in batch_sizes])
+  _style(ax, "decode sequences per program (decode_req_batch_size)",
+         "% of computed KV blocks wasted", title, legend=dict(title="order", fontsize=8))
   return _done(fig)
 
 
@@ -517,10 +509,9 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
 
 
 def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str = ""):
-  """Notebook 04: scheduled bundles per KV page against num_kv_pages_per_block, one panel per
-  generation (`rows`: `lab.schedule.schedule_table` rows; `bounds`: the matching
-  `roofline.PageBound`s). With a clock, the page's HBM time in cycles is a dashed line;
-  without one, the break-even clock is written."""
+  """Notebook 04: scheduled bundles per KV page against num_kv_pages_per_block, a panel per
+  generation (`lab.schedule.schedule_table` rows, their `roofline.PageBound`s); dashed: a
+  page's HBM time in cycles where the chip has a clock, else its break-even clock, written."""
   gens = list(dict.fromkeys(r["generation"] for r in rows))
   fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2), sharey=True,
                            squeeze=False)
@@ -611,8 +602,7 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
   else:
     keys = list(predictions)
     _grouped(ax, keys, [(g, [predictions[kk][g]["total"] * 1e6 for kk in keys], {})
-                        for g in generations], ylabel="microseconds per call",
-             labels=[f"{m}\nB={b}\nL={l}" for m, b, l in keys])
+                        for g in generations], labels=[f"{m}\nB={b}\nL={l}" for m, b, l in keys])
     ax.tick_params(axis="x", labelsize=8)
     ax.set_title("No TPU here: predicted bounds (model) at the TPU sweep sizes")
     ax.text(0.01, 0.97, "device timings need a TPU", transform=ax.transAxes, va="top",
@@ -658,9 +648,8 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str
 
 
 def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
-  """Notebook 06: the kernel device time of the `last` TPU runs (run files holding device
-  times, `lab.model.profiling.load_runs`) against each one's roofline bound, per sweep point
-  (`profiling.plot_runs`)."""
+  """Notebook 06: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
+  device times) against each one's roofline bound, per sweep point (`profiling.plot_runs`)."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   if not (runs := list(timed_runs)[-last:]):
     raise ValueError("timed_runs: must hold at least one run with device times")
@@ -693,9 +682,8 @@ def scaling_figure(rows: Sequence[dict], *, title: str = ""):
 
 
 def crossover_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the context length from which context parallelism pays ("tokens", None
-  where it never does: left out) against the assumed collective latency, per (generation,
-  chips)."""
+  """Notebook 07: the shortest context from which context parallelism pays ("tokens"; None:
+  never, left out) against the assumed collective latency, a line per (generation, chips)."""
   fig, ax = plt.subplots(figsize=(7, 4))
   for gen, chips in dict.fromkeys((r["generation"], r["chips"]) for r in rows):
     rs = [r for r in rows if (r["generation"], r["chips"]) == (gen, chips) and r["tokens"]]

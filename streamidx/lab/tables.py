@@ -13,9 +13,7 @@ __all__ = ["markdown", "batch_rows"]
 
 
 def _cell(value) -> str:
-  if value is None:
-    return "-"
-  text = f"{value:.4g}" if isinstance(value, float) else str(value)
+  text = "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
   return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -45,13 +43,10 @@ def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
   for b in range(batch.num_seqs):
     pages = [int(x) for x in batch.page_table[b, :int(batch.num_pages_used[b])]]
     rows.append({
-        "seq": b,
-        "range": "decode" if b < i else "prefill-only" if b < j else "mixed",
+        "seq": b, "range": "decode" if b < i else "prefill-only" if b < j else "mixed",
         "q_len": cu[b + 1] - cu[b],
         "query rows": f"{cu[b]}" if cu[b + 1] - cu[b] == 1 else f"{cu[b]}..{cu[b + 1] - 1}",
-        "seq_len": int(batch.seq_lens[b]),
-        "entries": int(batch.num_entries[b]),
+        "seq_len": int(batch.seq_lens[b]), "entries": int(batch.num_entries[b]),
         "physical pages": ", ".join(map(str, pages[:max_pages]))
-                          + (", ..." if len(pages) > max_pages else ""),
-    })
+                          + (", ..." if len(pages) > max_pages else "")})
   return rows
