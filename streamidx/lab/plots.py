@@ -448,7 +448,7 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
   ax.set_yticks(np.arange(num_seqs) + 0.4, [f"seq {s}" for s in range(num_seqs)])
   _style(ax, "step in execution order (label: bq block, bkv block)", title=title,
          legend=dict(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8))
-  return _done(fig)
+  return fig  # no tight layout: the legend below is wider than a short run of steps
 
 
 def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, title: str):
