@@ -234,21 +234,11 @@ def test_roofline_figure_on_tpu_stacks_the_measured_stages():
   plt.close(fig)
 
 
-def test_tables_align_columns_and_format_floats_and_missing_cells():
-  from streamidx.lab import tables
-  text = tables.format_rows([dict(gen="v5e", us=12.345678, note=None),
-                             dict(gen="v6e", us=3)], cols=["gen", "us", "note"])
-  assert text.splitlines() == ["gen     us  note",
-                               "v5e  12.35     -",
-                               "v6e      3     -"]
-  assert tables.format_rows([]) == "(no rows)"
-
-
 def test_tables_markdown_escapes_pipes_and_marks_missing_cells():
   from streamidx.lab import tables
-  text = tables.markdown([dict(a=1, b=0.123456), dict(a="x|y")])
+  text = tables.markdown([dict(a=1, b=0.123456), dict(a="x|y"), dict(a=None, b=12.345678)])
   assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |",
-                               "| x\\|y | - |"]
+                               "| x\\|y | - |", "| - | 12.35 |"]
   with pytest.raises(ValueError, match="rows"):
     tables.markdown([])
 
@@ -378,4 +368,34 @@ def test_variant_figure_draws_the_model_only_without_a_tpu():
   assert [p.get_width() for p in ax.patches] == pytest.approx(
       [r["roofline us"] for r in recs])
   assert any("no device timing" in t.get_text() for t in ax.texts)
+  plt.close(fig)
+
+
+def test_decode_waste_figure_bars_the_mean_waste_with_its_spread():
+  waste = {(b, o): [.1 * b, .3 * b] for b in (1, 2) for o in ("none", "length")}
+  fig = plots.decode_waste_figure(waste, [1, 2], ["none", "length"], title="t")
+  ax = fig.axes[0]
+  np.testing.assert_allclose(_bar_heights(ax), [20, 40, 20, 40])  # percent, one series per order
+  bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+  assert len(bars) == 2 and all(c.errorbar is not None for c in bars)  # one standard deviation
+  plt.close(fig)
+
+
+def test_decode_step_figure_stacks_fill_kernel_and_topk():
+  rows = [dict(generation=g, fill_us=1.0, kernel_us=k, topk_us=2.0)
+          for g, k in (("v5e", 10.0), ("v6e", 5.0))]
+  fig = plots.decode_step_figure(rows, title="t")
+  bars = fig.axes[0].patches
+  np.testing.assert_allclose([p.get_height() for p in bars], [1, 1, 10, 5, 2, 2])
+  np.testing.assert_allclose([p.get_y() for p in bars], [0, 0, 1, 1, 11, 6])
+  plt.close(fig)
+
+
+def test_record_bytes_axes_colours_each_byte_by_its_role():
+  record = np.arange(136, dtype=np.uint8)  # head_dim 128: 128 values, 1 scale, 7 padding
+  fig, ax = plt.subplots()
+  plots.record_bytes_axes(ax, record, 128, title="t")
+  colors = [mcolors.to_hex(p.get_facecolor()) for p in ax.patches]
+  assert len(colors) == 136 and colors[127] != colors[128] != colors[129] == colors[135]
+  assert [t.get_text() for t in ax.texts][127:130] == ["7f", "80", "81"]
   plt.close(fig)
