@@ -10,7 +10,7 @@ JAX backend (on a TPU only one process may hold the chip, so even
 `IMPLEMENTATIONS` are the columns: a kernel column runs its variant on the
 cache format that decodes to the shape's (`variant_format`) with the
 block-size table's row (`kernel_blocks`). `run` runs columns on shapes,
-checks every result (`agreement`) and writes one JSON document (`SCHEMA`):
+checks every result (`oracle_agreement` in the worker, `vs_reference`) and writes one JSON document (`SCHEMA`):
 `run_sweep` (bench.json, bench.png) and `long_context.run_long_context`
 (long_context.json) are its two uses.
 """
@@ -38,9 +38,9 @@ from streamidx.lab.bench.shapes import Shape
 
 __all__ = [
     "SCHEMA", "IMPLEMENTATIONS", "BASELINE_VARIANT", "ORACLE_MAX_FLOPS",
-    "kernel_columns", "column_variant", "variant_format", "kernel_blocks",
+    "kernel_columns", "variant_format", "kernel_blocks",
     "device_times", "machine", "worker", "compile_call", "measure",
-    "run_worker", "agreement", "run", "run_sweep",
+    "oracle_agreement", "run_worker", "vs_reference", "run", "run_sweep",
 ]
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
@@ -61,40 +61,22 @@ def kernel_columns() -> dict[str, str]:
 IMPLEMENTATIONS = (*kernel_columns(), "reference", "streaming", "oracle")
 
 
-def column_variant(column: str) -> str | None:
-  """The variant a kernel column runs (None for the other implementations)."""
-  return kernel_columns().get(column)
-
-
 def variant_format(variant: str, fmt: str) -> str | None:
   """The cache format `variant` reads for a shape stored as `fmt`: `fmt`
-  itself, else the variant's first layout of the same quantization (it
-  decodes to `fmt`'s keys, `CacheLayout.decodes_as`, or is named `fmt_*`:
-  "dense_fp8" for "fp8"); None when it reads neither."""
-  def same_quantization(f):
-    layout = cache_lib.CACHE_FORMATS.get(f)
-    return f == fmt or f.startswith(fmt + "_") or (
-        layout is not None and layout.decodes_as == fmt)
+  itself, else the variant's first layout that decodes to `fmt`'s keys
+  (`CacheLayout.decodes_as`: "dense_fp8" for "fp8"); None if neither."""
   formats = variants_lib.get(variant).cache_formats
-  return fmt if fmt in formats else next(filter(same_quantization, formats),
-                                         None)
+  return fmt if fmt in formats else next(
+      (f for f in formats if cache_lib.CACHE_FORMATS[f].decodes_as == fmt),
+      None)
 
 
-def kernel_blocks(shape: Shape, variant: str, fmt: str,
-                  generation: str | None) -> dict:
-  """The block-size table's row for `variant` on `shape`: kwargs and source."""
-  row = variants_lib.block_sizes(variant, cache_format=fmt,
-                                 num_heads=shape.num_heads,
-                                 page_size=shape.page_size,
-                                 generation=generation)
-  return {"kwargs": {k: list(v) if isinstance(v, tuple) else v
-                     for k, v in row.kwargs().items()},
-          "generation": generation, "source": row.source}
-
-
-def _static(blocks: dict) -> dict:
-  return {k: tuple(v) if isinstance(v, list) else v
-          for k, v in blocks["kwargs"].items()}
+def kernel_blocks(shape: Shape, variant: str, fmt: str, generation):
+  """The block-size table's row (`BlockSizes`) for `variant` on `shape`."""
+  return variants_lib.block_sizes(variant, cache_format=fmt,
+                                  num_heads=shape.num_heads,
+                                  page_size=shape.page_size,
+                                  generation=generation)
 
 
 def check_rows(num_tokens: int) -> list[int]:
@@ -132,7 +114,7 @@ def device_times(shape: Shape, impl: str, run_call, *,
   if gen is not None:
     blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)
     p = tiling.plan(shape.batch(), fmt=shape.fmt, num_heads=shape.num_heads,
-                    head_dim=shape.head_dim, **_static(blocks))
+                    head_dim=shape.head_dim, **blocks.kwargs())
     pred = roofline.predict(p, k=shape.k, generations=[gen])[gen]
     out.update(generation=gen, roofline_kernel_call_s=pred["total"])
     if impl == "kernel" and variant == BASELINE_VARIANT and out["device_s"]:
@@ -172,7 +154,8 @@ def compile_call(fn, args, kw):
 
 def measure(run_call, repeats: int):
   """One warm-up call (the peak memory is reset just before it), then
-  `repeats` timed calls: (last output, {warmup_s, times_s, memory})."""
+  `repeats` timed calls: (last output, {warmup_s, wall_s: median, min, max,
+  runs; memory})."""
   mem = memory.PeakMemory()
   mem.start()
   t0 = time.perf_counter()
@@ -185,10 +168,33 @@ def measure(run_call, repeats: int):
     out = run_call()
     times.append(time.perf_counter() - t0)
   peak = mem.peak()
-  return out, {"warmup_s": warmup_s, "times_s": times, "memory": {
+  wall = {"median": statistics.median(times), "min": min(times),
+          "max": max(times), "runs": times}
+  return out, {"warmup_s": warmup_s, "wall_s": wall, "memory": {
       "method": mem.method, "rss_before_bytes": mem.rss_before,
       "peak_rss_first_call_bytes": peak_first, "peak_rss_bytes": peak,
       "peak_over_inputs_bytes": mem.over_start(peak)}}
+
+
+def oracle_agreement(shape: Shape, got, parts) -> dict:
+  """vs_oracle: `got[rows]` against the oracle on each part (rows, args,
+  oracle_rows: the query rows of `args` to score, None for all), tie-aware
+  within twice the part's float32 bound (`oracle.f32_score_bound`)."""
+  from streamidx import metrics  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.bench import oracle  # pylint: disable=g-import-not-at-top
+  got = np.asarray(got)
+  out = {"rows_checked": 0, "atol": 0.0, "ok": True, "rows_mismatched": 0}
+  for rows, args, oracle_rows in parts:
+    np_args = [np.asarray(a) for a in args]
+    idx, scores = oracle.oracle_topk(*np_args, return_scores=True,
+                                     rows=oracle_rows, **shape.kernel_kwargs())
+    sel = slice(None) if oracle_rows is None else oracle_rows
+    atol = 2 * oracle.f32_score_bound(*np_args[:3])
+    c = metrics.compare_topk(got[rows], idx[sel], scores[sel], atol=atol)
+    out.update(rows_checked=out["rows_checked"] + len(idx[sel]),
+               atol=max(out["atol"], atol), ok=out["ok"] and c.ok,
+               rows_mismatched=out["rows_mismatched"] + c.rows_mismatched)
+  return out
 
 
 def worker(spec: dict) -> dict:
@@ -197,8 +203,9 @@ def worker(spec: dict) -> dict:
   Builds the shape's inputs (seed 0; `long_context.long_context_args` for a
   long-context spec), compiles ahead of time, makes one warm-up call, then
   `repeats` timed calls, and saves the indices to `spec["save"]`. Untimed:
-  the reference's scores (`save_scores`), the oracle's rows (`check`), or
-  for a long-context spec the oracle on slices (`long_context.spot_check`).
+  the reference's scores (`save_scores`) and the check against the oracle
+  (`oracle_agreement`: on `check_rows`, or for a long-context spec on
+  `long_context.spot_check`'s slices).
   """
   if spec.get("machine"):
     return machine()
@@ -207,6 +214,7 @@ def worker(spec: dict) -> dict:
   from streamidx import modes, streaming  # pylint: disable=g-import-not-at-top
   from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab.bench import long_context, oracle  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
 
   shape, impl = Shape(**spec["shape"]), spec["impl"]
   kw = shape.kernel_kwargs()
@@ -216,48 +224,50 @@ def worker(spec: dict) -> dict:
   else:
     inp = si.make_inputs(shape.batch(), num_heads=shape.num_heads,
                          head_dim=shape.head_dim, fmt=shape.fmt, seed=0)
-    args, np_args = inp.args, [np.asarray(a) for a in inp.args]
+    args = inp.args
   jax.block_until_ready(args)
   built = {"build_s": time.perf_counter() - t0,
            "inputs_bytes": int(sum(a.nbytes for a in args)),
            "peak_rss_while_building_inputs_bytes": memory.PeakMemory().peak()}
   if spec.get("variant"):
     v = variants_lib.get(spec["variant"])
-    fn, args, label = v.kernel, v.args(inp, spec["fmt"]), (
-        f"{impl} ({si.kernel_mode()})")
-    kw.update(_static(spec["blocks"]))
+    fn, label = v.kernel, f"{impl} ({si.kernel_mode()})"
+    call_args = v.args(inp, spec["fmt"])
+    gen = hardware.detect_generation()
+    blocks = kernel_blocks(shape, v.name, spec["fmt"], gen)
+    kw.update(blocks.kwargs())
   else:
     fn, label = {
         "reference": (si.streamindex_topk_ref, "reference (one chunk, jit)"),
         "streaming": (streaming.streamindex_topk_streaming,
                       "streaming reference (chunks, jit)"),
         "oracle": (None, "oracle (loop, float64)")}[impl]
+    call_args = args
   if fn is None:
     compiled = {"compile_s": None, "xla": None}
+    np_args = [np.asarray(a) for a in args]
     def run_call():
       return oracle.oracle_topk(*np_args, **kw)
   else:
-    compiled, run_call = compile_call(fn, args, kw)
+    compiled, run_call = compile_call(fn, call_args, kw)
   out, res = measure(run_call, spec["repeats"])
   np.save(spec["save"], np.asarray(out))
   res["memory"].update(xla=compiled["xla"], **built)
+  if spec.get("variant"):
+    res["blocks"] = {"kwargs": blocks.kwargs(), "generation": gen,
+                     "source": blocks.source}
   res.update(label=label, compile_s=compiled["compile_s"],
              device=(device_times(shape, impl, run_call, variant=spec.get(
                  "variant") or BASELINE_VARIANT)
                      if fn is not None and modes.on_tpu() else None))
-  if spec["long"]:
-    res["vs_oracle"] = long_context.spot_check(shape, args, out)
   if spec.get("save_scores"):
     scores = ref_lib.token_scores(*args,
                                   compression_ratio=shape.compression_ratio)
     np.save(spec["save_scores"], np.asarray(scores, np.float32))
-  if spec.get("check"):
-    check = spec["check"]
-    idx, scores = oracle.oracle_topk(*np_args, return_scores=True,
-                                     rows=check["rows"], **kw)
-    np.save(check["idx"], idx)
-    np.save(check["scores"], scores)
-    res["f32_score_bound"] = oracle.f32_score_bound(*np_args[:3])
+  rows = check_rows(shape.num_tokens)
+  res["vs_oracle"] = oracle_agreement(shape, out, (
+      long_context.spot_check(shape, args) if spec["long"]
+      else [(rows, args, rows)]))
   return res
 
 
@@ -287,48 +297,29 @@ def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
           "reason": f"exit {proc.returncode}: " + " | ".join(tail)}
 
 
-def agreement(got, ref, check) -> dict:
-  """How `got` compares with the reference and with the oracle.
-
-  ref: the reference's (indices, scores or None), or None. check: (rows,
-  oracle indices, oracle scores, bound), or None. vs_reference: identical
-  indices, or tie-aware with exact ties (atol 0) on the reference's scores
-  (where there are none, identical is required). vs_oracle: tie-aware on the
-  checked rows with atol = 2 x the float32 bound (`oracle.f32_score_bound`),
-  independent of the reference.
-  """
+def vs_reference(got, ref) -> dict:
+  """`got` against the reference's (indices, scores or None): identical, or
+  tie-aware with exact ties (atol 0) on its scores (without scores,
+  identical is required)."""
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
-  out = {}
-  if ref is not None:
-    idx, scores = ref
-    same = bool(np.array_equal(got, idx))
-    c = (None if scores is None
-         else metrics.compare_topk(got, idx, scores, atol=0.0))
-    out["vs_reference"] = {
-        "identical": same, "ok_exact_ties": c.ok if c else same,
-        "rows_mismatched": (c.rows_mismatched if c
-                            else int((got != idx).any(axis=1).sum()))}
-  if check is not None:
-    rows, idx, scores, bound = check
-    c = metrics.compare_topk(got[rows], idx[rows], scores[rows],
-                             atol=2 * bound)
-    out["vs_oracle"] = {"rows_checked": len(rows), "atol": 2 * bound,
-                        "ok": c.ok, "rows_mismatched": c.rows_mismatched}
-  return out
+  idx, scores = ref
+  same = bool(np.array_equal(got, idx))
+  c = None if scores is None else metrics.compare_topk(got, idx, scores,
+                                                       atol=0.0)
+  return {"identical": same, "ok_exact_ties": c.ok if c else same,
+          "rows_mismatched": (c.rows_mismatched if c
+                              else int((got != idx).any(axis=1).sum()))}
 
 
-def _kernel_spec(shape: Shape, column: str, generation) -> dict:
-  """The variant, cache format and blocks of a kernel column on `shape`."""
-  variant = column_variant(column)
+def _kernel_spec(shape: Shape, column: str) -> dict:
+  """The variant and cache format of a kernel column on `shape`."""
+  variant = kernel_columns().get(column)
   if variant is None:
     return {}
   fmt = variant_format(variant, shape.fmt)
-  if fmt is None:
-    return {"variant": variant, "skip": (
-        f"variant {variant!r} reads {variants_lib.get(variant).cache_formats}"
-        f", no layout of {shape.fmt!r}")}
-  return {"variant": variant, "fmt": fmt,
-          "blocks": kernel_blocks(shape, variant, fmt, generation)}
+  return {"variant": variant, "fmt": fmt} if fmt else {
+      "variant": variant, "skip": f"variant {variant!r} reads "
+      f"{variants_lib.get(variant).cache_formats}, no layout of {shape.fmt!r}"}
 
 
 def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
@@ -336,10 +327,10 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         settings: dict | None = None, shape_fields=None) -> dict:
   """Every implementation on every shape, checked; writes the JSON `out`.
 
-  The reference runs first (the others are compared with it). A sweep
-  (`long` False) checks every result against the oracle's rows
-  (`check_rows`, computed in the first worker of a shape); a long-context
-  run against the oracle on slices, in each worker (`spot_check`).
+  The reference runs first: the others are compared with it
+  (`vs_reference`); every worker checks its result against the oracle
+  (`oracle_agreement`). `long`: the long-context inputs and slices
+  (`long_context`), and the reference's indices only (no T x E scores).
   shape_fields: shape -> more fields of its entry in "shapes".
   """
   for impl in implementations:
@@ -366,23 +357,18 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
   bar = report.progress_bar(len(shapes) * len(impls), progress)
   with tempfile.TemporaryDirectory(prefix="streamidx-bench-") as tmp:
     for n, shape in enumerate(shapes):
-      entry = dict(dataclasses.asdict(shape), num_tokens=shape.num_tokens,
-                   visible_pairs=shape.visible_pairs(), flops=shape.flops(),
-                   description=shape.describe(),
-                   **(shape_fields(shape) if shape_fields else {}))
-      doc["shapes"].append(entry)
-      path = lambda name: os.path.join(tmp, f"{n}_{name}.npy")  # pylint: disable=cell-var-from-loop
-      check_paths = {"rows": check_rows(shape.num_tokens),
-                     "idx": path("oracle_idx"), "scores": path("oracle_scores")}
-      ref = check = None
-      rows = []
+      doc["shapes"].append(dict(
+          dataclasses.asdict(shape), num_tokens=shape.num_tokens,
+          visible_pairs=shape.visible_pairs(), flops=shape.flops(),
+          description=shape.describe(),
+          **(shape_fields(shape) if shape_fields else {})))
+      ref = None  # the reference's (indices, scores or None)
       for impl in impls:
         bar.set_description(f"{shape.name}: {impl}")
-        kernel = _kernel_spec(shape, impl, mach["generation"])
+        kernel = _kernel_spec(shape, impl)
         row = {"shape": shape.name, "impl": impl,
-               "variant": kernel.get("variant")}
-        if kernel.get("fmt"):
-          row.update(cache_format=kernel["fmt"], blocks=kernel["blocks"])
+               "variant": kernel.get("variant"), "cache_format": kernel.get(
+                   "fmt")}
         if "skip" in kernel:
           row.update(status="skipped", reason=kernel.pop("skip"))
         elif impl == "oracle" and shape.flops() > ORACLE_MAX_FLOPS:
@@ -390,37 +376,22 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
               f"{shape.flops() / 1e9:.1f} GFLOP is above the oracle loop's "
               f"limit ({ORACLE_MAX_FLOPS / 1e9:.0f} GFLOP)"))
         else:
-          spec = {"shape": dataclasses.asdict(shape), "impl": impl,
-                  "repeats": repeats, "save": path(impl), "long": long,
-                  "save_scores": (path("ref_scores") if impl == "reference"
-                                  and not long else None),
-                  "check": None if long or check else check_paths, **kernel}
-          row.update(run_worker(spec))
+          save = os.path.join(tmp, f"{n}_{impl}.npy")
+          scores = os.path.join(tmp, f"{n}_scores.npy")
+          row.update(run_worker(dict(
+              kernel, shape=dataclasses.asdict(shape), impl=impl, long=long,
+              repeats=repeats, save=save,
+              save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
-          times = row.pop("times_s")
-          row["wall_s"] = {"median": statistics.median(times),
-                           "min": min(times), "max": max(times), "runs": times}
-          row["entries_per_s"] = entry["visible_pairs"] / row["wall_s"][
-              "median"]
-          if spec["check"]:
-            check = (check_paths["rows"], np.load(check_paths["idx"]),
-                     np.load(check_paths["scores"]),
-                     row.pop("f32_score_bound"))
-            entry.update(f32_score_bound=check[3],
-                         oracle_rows_checked=len(check[0]))
+          row["entries_per_s"] = (shape.visible_pairs()
+                                  / row["wall_s"]["median"])
+          row["agreement"] = {"vs_oracle": row.pop("vs_oracle")}
+          if ref is not None:
+            row["agreement"]["vs_reference"] = vs_reference(np.load(save), ref)
           if impl == "reference":
-            ref = (np.load(spec["save"]), spec["save_scores"]
-                   and np.load(spec["save_scores"]))
-        rows.append(row)
+            ref = (np.load(save), None if long else np.load(scores))
+        doc["results"].append(row)
         bar.update()
-      for row in rows:
-        if row["status"] == "ok":
-          got = np.load(path(row["impl"]))
-          row["agreement"] = agreement(
-              got, ref if row["impl"] != "reference" else None, check)
-          if long:
-            row["agreement"]["vs_oracle"] = row.pop("vs_oracle")
-      doc["results"].extend(rows)
   bar.close()
   doc["ratios"] = report.ratios(doc)
   out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -1,7 +1,6 @@
 """Benchmark of the top-k stage: every `streamidx.topk` method on this machine.
 
     python -m streamidx.bench --topk                 # decode B=64 at 128K and 1M
-    python -m streamidx.bench --topk --quick         # small shapes (CI)
     python -m streamidx.bench --topk --shapes 64x32768:512 2048x32768:512
     python -m streamidx.bench --topk --compile       # compile for v5e/v6e/v7x
 
@@ -30,9 +29,8 @@ compiler estimates, not measurements. Output: <out>/topk_compile.json, which
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import collections
 import json
-import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -41,37 +39,31 @@ import numpy as np
 from streamidx.lab.bench import harness
 from streamidx.lab.bench.report import text_table
 
-__all__ = ["TopkShape", "SHAPES", "QUICK", "score_buffer", "run", "main"]
+__all__ = ["TopkShape", "SHAPES", "score_buffer", "run",
+           "compile_matrix", "main"]
 
-SCHEMA = "streamidx.bench.topk/1"
-
-
-@dataclasses.dataclass(frozen=True)
-class TopkShape:
-  rows: int
-  entries: int
-  k: int
-
-  @property
-  def name(self) -> str:
-    return f"{self.rows}x{self.entries}:{self.k}"
+SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
 
 
+TopkShape = collections.namedtuple("TopkShape", "rows entries k")
 # Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512).
 SHAPES = (TopkShape(64, 32768, 512), TopkShape(64, 262144, 512))
-QUICK = (TopkShape(8, 4096, 64), TopkShape(4, 1000, 100))
 
 
 def parse_shape(text: str) -> TopkShape:
   try:
     tn, k = text.split(":")
     shape = TopkShape(*map(int, tn.split("x")), int(k))
-  except (ValueError, TypeError):
+  except (ValueError, TypeError):  # not ROWSxENTRIES:K
     shape = None
   if shape is None or min(shape.rows, shape.entries, shape.k) < 1:
     raise ValueError(f"--shapes: expected ROWSxENTRIES:K, positive sizes "
                      f"(got {text!r})")
   return shape
+
+
+def _name(shape: TopkShape) -> str:
+  return f"{shape.rows}x{shape.entries}:{shape.k}"
 
 
 def score_buffer(shape: TopkShape, seed: int = 0) -> np.ndarray:
@@ -89,31 +81,25 @@ def _time(fn, args, repeats):
   import jax  # pylint: disable=g-import-not-at-top
   info, call = harness.compile_call(jax.jit(fn), args, {})
   out, res = harness.measure(call, repeats)
-  t = res["times_s"]
-  return np.asarray(out), {"compile_s": info["compile_s"],
-                           "median_s": statistics.median(t), "min_s": min(t),
-                           "max_s": max(t), "repeats": repeats}
+  return np.asarray(out), {"compile_s": info["compile_s"], **res["wall_s"]}
 
 
-def run(shapes: Sequence[TopkShape] = SHAPES, *, methods=None,
-        repeats: int = 5, seed: int = 0) -> dict:
+def run(shapes: Sequence[TopkShape] = SHAPES, *, repeats: int = 5,
+        seed: int = 0) -> dict:
   """Times every method and the reference on each shape; returns the doc."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from streamidx import metrics, modes, ref, topk  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
 
-  methods = tuple(methods or topk.TOPK_METHODS)
-  for m in methods:
-    topk.check_topk_method(m)
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k
     x = jnp.asarray(x_np)
     want, timing = _time(lambda s: ref.topk_from_scores(s, k), (x,), repeats)
-    results.append({"shape": shape.name, "impl": "reference", **timing,
+    results.append({"shape": _name(shape), "impl": "reference", **timing,
                     "identical_to_reference": True})
-    for m in methods:
+    for m in topk.TOPK_METHODS:
       if m in topk.FUSED_TOPK_METHODS:
         w = topk.FUSED_BLOCK_WIDTH
         bmax = jnp.asarray(np.pad(
@@ -124,7 +110,7 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, methods=None,
       else:
         got, timing = _time(lambda s, m=m: topk.select_topk(s, k, m), (x,),
                             repeats)
-      row = {"shape": shape.name, "impl": m, **timing,
+      row = {"shape": _name(shape), "impl": m, **timing,
              "identical_to_reference": bool(np.array_equal(got, want))}
       if m not in topk.EXACT_TOPK_METHODS:
         row["recall_here"] = metrics.recall_at_k(got, want, x_np)
@@ -134,12 +120,12 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, methods=None,
   return {"schema": SCHEMA, "machine": modes.describe_machine(),
           "timings_are": ("TPU wall times (this machine)" if on_tpu else
                           "CPU timings (this machine), not TPU timings"),
-          "shapes": [dataclasses.asdict(s) for s in shapes],
+          "shapes": [s._asdict() for s in shapes],
           "results": results}
 
 
 def format_table(doc) -> str:
-  ref_t = {r["shape"]: r["median_s"] for r in doc["results"]
+  ref_t = {r["shape"]: r["median"] for r in doc["results"]
            if r["impl"] == "reference"}
   lines = []
   for r in doc["results"]:
@@ -148,17 +134,17 @@ def format_table(doc) -> str:
       m = r["tpu_recall_model"]
       check = (f"recall {r['recall_here']:.4f} here; TPU model "
                f"{m['emulated_recall']:.4f} ({m['bins']} bins)")
-    lines.append((r["shape"], r["impl"], f"{r['median_s'] * 1e3:.2f}",
-                  f"{r['min_s'] * 1e3:.2f}-{r['max_s'] * 1e3:.2f}",
-                  f"{r['median_s'] / ref_t[r['shape']]:.2f}x",
+    lines.append((r["shape"], r["impl"], f"{r['median'] * 1e3:.2f}",
+                  f"{r['min'] * 1e3:.2f}-{r['max'] * 1e3:.2f}",
+                  f"{r['median'] / ref_t[r['shape']]:.2f}x",
                   f"{r['compile_s']:.2f}", check))
   return "\n".join([doc["timings_are"]] + text_table(
       ("shape", "method", "median ms", "min-max ms", "vs ref", "compile s",
        "check"), lines))
 
 
-def _compile(shapes, generations, methods) -> dict:
-  """`compile_estimate` for every (shape, generation, method), printed."""
+def compile_matrix(shapes, generations) -> dict:
+  """`compile_estimate` for every (shape, generation, method)."""
   import os  # pylint: disable=g-import-not-at-top
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from importlib.metadata import PackageNotFoundError, version  # pylint: disable=g-import-not-at-top
@@ -169,19 +155,10 @@ def _compile(shapes, generations, methods) -> dict:
     libtpu = version("libtpu")
   except PackageNotFoundError:
     libtpu = None
-  rows = []
-  for shape in shapes:
-    for gen in generations:
-      for m in methods or topk.TOPK_METHODS:
-        r = dict(topk_model.compile_estimate(m, shape.rows, shape.entries,
-                                             shape.k, gen), shape=shape.name)
-        rows.append(r)
-        est = r["optimal_seconds"] and f"{r['optimal_seconds'] * 1e6:.0f} us"
-        acc = r["bytes_accessed"] and f"{r['bytes_accessed'] / 1e6:.0f} MB"
-        print(f"{r['shape']:18s} {gen:4s} {m:14s} "
-              f"{'ok' if r['ok'] else 'FAILED':6s} {r['compile_s']:7.1f} s  "
-              f"optimal {est or '-':>9s}  accessed {acc or '-':>8s}  "
-              f"{r['error']}", flush=True)
+  rows = [dict(topk_model.compile_estimate(m, s.rows, s.entries, s.k, gen),
+               shape=_name(s))
+          for s in shapes for gen in generations
+          for m in topk.TOPK_METHODS]
   return {"schema": SCHEMA + "/compile", "jax": jax.__version__,
           "libtpu": libtpu,
           "estimates_are": ("XLA TPU compiler cost analysis of programs "
@@ -189,45 +166,55 @@ def _compile(shapes, generations, methods) -> dict:
                             "measurements"), "results": rows}
 
 
+def format_compile_table(doc) -> str:
+  return "\n".join([doc["estimates_are"]] + text_table(
+      ("shape", "generation", "method", "compiled", "compile s",
+       "optimal us", "accessed MB", "error"),
+      [(r["shape"], r["generation"], r["method"],
+        "ok" if r["ok"] else "FAILED", f"{r['compile_s']:.1f}",
+        "-" if r["optimal_seconds"] is None
+        else f"{r['optimal_seconds'] * 1e6:.0f}",
+        "-" if r["bytes_accessed"] is None
+        else f"{r['bytes_accessed'] / 1e6:.0f}", r["error"])
+       for r in doc["results"]]))
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
       description="Every streamidx.topk method timed on this machine beside "
       "the reference (streamidx/lab/bench/topk.py).")
-  p.add_argument("--quick", action="store_true", help="small shapes (CI)")
   p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K")
-  p.add_argument("--methods", nargs="+", metavar="METHOD")
-  p.add_argument("--repeats", type=int, default=None,
-                 help="timed calls after the warm-up (default 5, quick 3)")
+  p.add_argument("--repeats", type=int, default=5,
+                 help="timed calls after the warm-up (default 5)")
   p.add_argument("--out", default="build/bench",
                  help="output folder (default build/bench)")
   p.add_argument("--compile", action="store_true",
-                 help="compile every method for --generations (libtpu)")
-  p.add_argument("--generations", nargs="+", default=["v5e", "v6e", "v7x"])
+                 help="instead: compile every method for v5e, v6e, v7x "
+                 "(libtpu)")
   a = p.parse_args(argv)
-  repeats = a.repeats if a.repeats is not None else (3 if a.quick else 5)
   try:
-    shapes = ([parse_shape(s) for s in a.shapes] if a.shapes else
-              QUICK[:1] if a.quick and a.compile else QUICK if a.quick else
-              SHAPES[1:] if a.compile else SHAPES)
-    if repeats < 1:
+    shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
+              else SHAPES[1:] if a.compile else SHAPES)
+    if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
-    if a.compile:
-      doc, name = _compile(shapes, a.generations, a.methods), "topk_compile"
-      bad = [r for r in doc["results"] if not r["ok"]]
-    else:
-      doc, name = run(shapes, methods=a.methods, repeats=repeats), "topk"
-      print(doc["machine"])
-      print(format_table(doc))
-      bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
-             if "recall_here" not in r and not r["identical_to_reference"]]
-      if bad:
-        print("FAILED (an exact method differs from the reference): "
-              + ", ".join(bad))
   except ValueError as e:
     p.error(str(e))
+  if a.compile:
+    doc, name = compile_matrix(shapes, ("v5e", "v6e", "v7x")), "topk_compile"
+    print(format_compile_table(doc))
+    bad = [f"{r['shape']} {r['generation']} {r['method']}"
+           for r in doc["results"] if not r["ok"]]
+  else:
+    doc, name = run(shapes, repeats=a.repeats), "topk"
+    print(doc["machine"])
+    print(format_table(doc))
+    bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
+           if "recall_here" not in r and not r["identical_to_reference"]]
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
   print(f"\nwrote {out / name}.json")
+  if bad:
+    print("FAILED: " + ", ".join(bad))
   return 1 if bad else 0
