@@ -32,25 +32,20 @@ def main(argv=None) -> int:
       prog="python -m streamidx.bench",
       description="Kernel variants, reference (one chunk), streaming "
       "reference (chunks) and oracle loop, side by side (streamidx.lab.bench).")
-  p.add_argument("--quick", action="store_true",
-                 help="small shapes and 3 repeats (CI)")
-  p.add_argument("--out", default="build/bench",
-                 help="output folder (default build/bench)")
-  p.add_argument("--shapes", nargs="+", metavar="SHAPE",
-                 help="named shapes (shapes.SWEEP, QUICK) or "
-                 "decode:SEQSxSEQ_LEN:K / prefill:QxSEQ_LEN:K")
-  p.add_argument("--impls", nargs="+", choices=harness.IMPLEMENTATIONS,
-                 default=list(harness.IMPLEMENTATIONS))
-  p.add_argument("--repeats", type=int, default=None,
-                 help="timed calls after the warm-up (default 5, quick 3)")
-  p.add_argument("--long-context", action="store_true",
-                 help="the reference in streamed chunks and in one chunk at "
-                 "1M tokens (decode) and 128K (prefill), with peak memory")
-  p.add_argument("--no-progress", action="store_true")
-  p.add_argument("--topk", action="store_true",
-                 help="instead: every streamidx.topk method timed on this "
-                 "machine (its own flags: --topk --help)")
-  p.add_argument("--worker", help=argparse.SUPPRESS)
+  add = p.add_argument
+  add("--quick", action="store_true", help="small shapes, 3 repeats (CI)")
+  add("--out", default="build/bench", help="output folder")
+  add("--shapes", nargs="+", metavar="SHAPE", help="named (shapes.SWEEP, "
+      "QUICK), decode:SEQSxSEQ_LEN:K or prefill:QxSEQ_LEN:K")
+  add("--impls", nargs="+", choices=harness.IMPLEMENTATIONS,
+      default=list(harness.IMPLEMENTATIONS))
+  add("--repeats", type=int, help="timed calls (default 5, quick 3)")
+  add("--long-context", action="store_true", help="streamed chunks against "
+      "one chunk at 1M tokens (decode) and 128K (prefill)")
+  add("--no-progress", action="store_true")
+  add("--topk", action="store_true", help="instead: the top-k stage "
+      "(its own flags: --topk --help)")
+  add("--worker", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   if a.worker is not None:
     res = harness.worker(json.loads(a.worker))
@@ -64,11 +59,11 @@ def main(argv=None) -> int:
     try:
       shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
                 else (QUICK if a.quick else SWEEP))
+      if a.repeats is not None and a.repeats < 1:
+        raise ValueError("--repeats: must be >= 1")
     except ValueError as e:
       p.error(str(e))
-    repeats = a.repeats if a.repeats is not None else (3 if a.quick else 5)
-    if repeats < 1:
-      p.error("--repeats: must be >= 1")
+    repeats = a.repeats or (3 if a.quick else 5)
     doc = harness.run_sweep(shapes, implementations=a.impls, repeats=repeats,
                             out_dir=a.out, progress=not a.no_progress,
                             quick=a.quick)

@@ -2,17 +2,12 @@
 
 Every measurement runs in a fresh worker process (`python -m streamidx.bench
 --worker SPEC`, SPEC a JSON object) that prints one line `RESULT_PREFIX
-<json>`; `run_worker` reads it back. Subprocesses keep one implementation's
-freed buffers from hiding another's peak, and keep the parent free of any
-JAX backend (on a TPU only one process may hold the chip, so even
-`machine()` comes from a worker).
-
-`IMPLEMENTATIONS` are the columns: a kernel column runs its variant on the
-cache format that decodes to the shape's (`variant_format`) with the
-block-size table's row (`kernel_blocks`). `run` runs columns on shapes,
-checks every result (`oracle_agreement` in the worker, `vs_reference`) and writes one JSON document (`SCHEMA`):
-`run_sweep` (bench.json, bench.png) and `long_context.run_long_context`
-(long_context.json) are its two uses.
+<json>` (`run_worker` reads it): one implementation's freed buffers cannot
+hide another's peak, and the parent holds no JAX backend (on a TPU only one
+process may hold the chip). `run` runs the `IMPLEMENTATIONS` (columns) on
+shapes, checks every result (`oracle_agreement`, `vs_reference`) and writes
+one JSON document (`SCHEMA`) for its two uses, `run_sweep` (bench.json,
+bench.png) and `long_context.run_long_context` (long_context.json).
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ RESULT_PREFIX = "STREAMIDX_BENCH_RESULT "
 
 
 def kernel_columns() -> dict[str, str]:
-  """Column -> variant, one per token-mode variant: the baseline's column
-  is "kernel" (first), any other variant NAME's "kernel:NAME"."""
+  """Column -> token-mode variant: "kernel" the baseline, "kernel:NAME"."""
   names = [n for n, v in variants_lib.VARIANTS.items() if v.mode == "token"]
   names.sort(key=lambda n: n != BASELINE_VARIANT)
   return {("kernel" if n == BASELINE_VARIANT else f"kernel:{n}"): n
@@ -79,29 +73,13 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str, generation):
                                   generation=generation)
 
 
-def check_rows(num_tokens: int) -> list[int]:
-  """Query rows the oracle checks: all of up to 32, else the first and last 8."""
-  if num_tokens <= 32:
-    return list(range(num_tokens))
-  return list(range(8)) + list(range(num_tokens - 8, num_tokens))
-
-
-# --------------------------------------------------------------------------
-# Inside a worker: one implementation on one shape
-# --------------------------------------------------------------------------
-
-
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call from a profiler trace, and the bound.
-
-  `lab.model.profiling` captures 3 traced calls and splits the device time
-  into the kernel's ops ("StreamIdx*"), the top-k and the rest;
-  `lab.model.roofline` bounds the vendored kernel's call (fill + kernel +
-  top-k) on this generation from `lab.model.tiling`'s plan with the table's
-  block sizes. The bound models the vendored kernel, so
-  `fraction_of_roofline` is given for the baseline column only.
-  """
+  """On a TPU: device seconds per call (`lab.model.profiling`, 3 traced
+  calls: total, the kernel's ops, the top-k) and `lab.model.roofline`'s bound
+  on the vendored kernel's call from `lab.model.tiling`'s plan; the bound
+  models the vendored kernel, so `fraction_of_roofline` is the baseline
+  column's only."""
   from streamidx.lab.model import hardware, profiling, roofline, tiling  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
@@ -173,7 +151,7 @@ def measure(run_call, repeats: int):
   return out, {"warmup_s": warmup_s, "wall_s": wall, "memory": {
       "method": mem.method, "rss_before_bytes": mem.rss_before,
       "peak_rss_first_call_bytes": peak_first, "peak_rss_bytes": peak,
-      "peak_over_inputs_bytes": mem.over_start(peak)}}
+      "peak_over_inputs_bytes": mem.rss_before and peak - mem.rss_before}}
 
 
 def oracle_agreement(shape: Shape, got, parts) -> dict:
@@ -198,15 +176,11 @@ def oracle_agreement(shape: Shape, got, parts) -> dict:
 
 
 def worker(spec: dict) -> dict:
-  """One implementation on one shape (the body of a worker process).
-
-  Builds the shape's inputs (seed 0; `long_context.long_context_args` for a
-  long-context spec), compiles ahead of time, makes one warm-up call, then
-  `repeats` timed calls, and saves the indices to `spec["save"]`. Untimed:
-  the reference's scores (`save_scores`) and the check against the oracle
-  (`oracle_agreement`: on `check_rows`, or for a long-context spec on
-  `long_context.spot_check`'s slices).
-  """
+  """One implementation on one shape, in a worker process: the inputs
+  (seed 0; `long_context_args` for a long-context spec), `compile_call`,
+  `measure`, the indices saved to `spec["save"]`; untimed, the reference's
+  scores (`save_scores`) and `oracle_agreement` (every row of up to 32, else
+  the first and last 8; long context: `spot_check`'s slices)."""
   if spec.get("machine"):
     return machine()
   import jax  # pylint: disable=g-import-not-at-top
@@ -264,25 +238,20 @@ def worker(spec: dict) -> dict:
     scores = ref_lib.token_scores(*args,
                                   compression_ratio=shape.compression_ratio)
     np.save(spec["save_scores"], np.asarray(scores, np.float32))
-  rows = check_rows(shape.num_tokens)
+  t = shape.num_tokens  # the oracle checks all of up to 32 rows, else 8 + 8
+  rows = list(range(t)) if t <= 32 else [*range(8), *range(t - 8, t)]
   res["vs_oracle"] = oracle_agreement(shape, out, (
       long_context.spot_check(shape, args) if spec["long"]
       else [(rows, args, rows)]))
   return res
 
 
-# --------------------------------------------------------------------------
-# In the parent
-# --------------------------------------------------------------------------
-
-
 def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
   """`spec` in a fresh `python -m streamidx.bench --worker` process: its
   result with status "ok", or {"status": "error", "reason": ...}."""
-  env = dict(os.environ)
-  root = str(Path(__file__).resolve().parents[3])  # holds streamidx/
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (root, env.get("PYTHONPATH")) if p)
+  root = str(Path(__file__).resolve().parents[3])  # holds this streamidx/
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, (root, os.environ.get("PYTHONPATH")))))
   cmd = [sys.executable, "-m", "streamidx.bench", "--worker", json.dumps(spec)]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -327,16 +296,13 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         settings: dict | None = None, shape_fields=None) -> dict:
   """Every implementation on every shape, checked; writes the JSON `out`.
 
-  The reference runs first: the others are compared with it
-  (`vs_reference`); every worker checks its result against the oracle
-  (`oracle_agreement`). `long`: the long-context inputs and slices
-  (`long_context`), and the reference's indices only (no T x E scores).
+  The reference runs first, the others are compared with it (`vs_reference`;
+  `long`: long-context inputs and indices only, no T x E scores).
   shape_fields: shape -> more fields of its entry in "shapes".
   """
-  for impl in implementations:
-    if impl not in IMPLEMENTATIONS:
-      raise ValueError(f"implementations: {impl!r} is not one of "
-                       f"{IMPLEMENTATIONS}")
+  if unknown := sorted(set(implementations) - set(IMPLEMENTATIONS)):
+    raise ValueError(f"implementations: {', '.join(map(repr, unknown))} not "
+                     f"in {IMPLEMENTATIONS}")
   if not isinstance(repeats, int) or repeats < 1:
     raise ValueError(f"repeats: must be a positive int (got {repeats!r})")
   impls = sorted(set(implementations),
@@ -354,7 +320,6 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
          "settings": dict(settings or {}, repeats=repeats, warmup_calls=1,
                           implementations=impls, long_context=long),
          "shapes": [], "results": []}
-  bar = report.progress_bar(len(shapes) * len(impls), progress)
   with tempfile.TemporaryDirectory(prefix="streamidx-bench-") as tmp:
     for n, shape in enumerate(shapes):
       doc["shapes"].append(dict(
@@ -364,17 +329,16 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
           **(shape_fields(shape) if shape_fields else {})))
       ref = None  # the reference's (indices, scores or None)
       for impl in impls:
-        bar.set_description(f"{shape.name}: {impl}")
+        if progress:
+          print(f"{shape.name}: {impl} ...", file=sys.stderr, flush=True)
         kernel = _kernel_spec(shape, impl)
-        row = {"shape": shape.name, "impl": impl,
-               "variant": kernel.get("variant"), "cache_format": kernel.get(
-                   "fmt")}
+        row = {"shape": shape.name, "impl": impl, "variant": kernel.get(
+            "variant"), "cache_format": kernel.get("fmt")}
         if "skip" in kernel:
           row.update(status="skipped", reason=kernel.pop("skip"))
         elif impl == "oracle" and shape.flops() > ORACLE_MAX_FLOPS:
-          row.update(status="skipped", reason=(
-              f"{shape.flops() / 1e9:.1f} GFLOP is above the oracle loop's "
-              f"limit ({ORACLE_MAX_FLOPS / 1e9:.0f} GFLOP)"))
+          row.update(status="skipped", reason=f"{shape.flops() / 1e9:.1f} "
+                     f"GFLOP, over the loop's {ORACLE_MAX_FLOPS / 1e9:.0f}")
         else:
           save = os.path.join(tmp, f"{n}_{impl}.npy")
           scores = os.path.join(tmp, f"{n}_scores.npy")
@@ -383,16 +347,14 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
               repeats=repeats, save=save,
               save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
-          row["entries_per_s"] = (shape.visible_pairs()
-                                  / row["wall_s"]["median"])
+          row["entries_per_s"] = shape.visible_pairs() / row["wall_s"][
+              "median"]
           row["agreement"] = {"vs_oracle": row.pop("vs_oracle")}
           if ref is not None:
             row["agreement"]["vs_reference"] = vs_reference(np.load(save), ref)
           if impl == "reference":
             ref = (np.load(save), None if long else np.load(scores))
         doc["results"].append(row)
-        bar.update()
-  bar.close()
   doc["ratios"] = report.ratios(doc)
   out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
   return doc

@@ -1,17 +1,13 @@
 """Long context: the reference in streamed chunks and in one chunk at 1M tokens.
 
-There is one reference (`streamidx.ref`); this compares its two settings,
-"streaming" (`streamidx.streaming`, chunks of entries) and "reference" (all
-of a sequence's entries in one chunk, within its row-block budget).
-`python -m streamidx.bench --long-context` runs `run_long_context`: each
-shape of `shapes.LONG_CONTEXT` at each k of `LONG_CONTEXT_KS`, both settings
-through `harness.run` (a worker process each: peak RSS, XLA's buffer
-assignment, one warm-up and one timed call, all rows compared), beside the
-one-chunk temporaries by `streaming.one_chunk_temp_bytes`' formula. Each
-result is checked against the oracle on slices of the batch (`spot_check`).
-The inputs come from `long_context_args`, which builds the cache a few pages
-at a time (`random_cache`): `batch.make_inputs` would hold float32 keys for
-every entry.
+`run_long_context` (`--long-context`) runs both settings of `streamidx.ref`'s
+engine, "streaming" (chunks of entries) and "reference" (one chunk, within
+its row-block budget), on each shape of `shapes.LONG_CONTEXT` at each k of
+`LONG_CONTEXT_KS` through `harness.run` (one warm-up and one timed call),
+beside `streaming.one_chunk_temp_bytes`' range. The inputs come from
+`long_context_args`, which builds the cache a few pages at a time
+(`random_cache`); each result is checked against the oracle on slices of
+the batch (`spot_check`).
 """
 
 from __future__ import annotations
@@ -77,15 +73,12 @@ def abstract_args(shape: Shape):
 
 
 def spot_check(shape: Shape, args) -> list:
-  """The parts `harness.oracle_agreement` checks on a long-context batch.
-
-  decode: sequences 0 and last, each with its own pages only (contiguous
-  allocation), so the oracle decodes 2048 pages, not the whole cache.
-  prefill: the first and last 8 query rows, as prefill chunks of 8 queries
-  (a chunk ending at position p sees what the full chunk's rows see), in a
-  batch with a second, empty sequence slot (a shape jax 0.10.2's CPU
-  compiler once miscompiled with one slot: `streamidx.ref`).
-  """
+  """The parts `harness.oracle_agreement` checks on a long-context batch:
+  decode, sequences 0 and last with their own pages only (the oracle decodes
+  2048 pages, not the cache); prefill, the first and last 8 query rows as
+  chunks of 8 queries (a chunk ending at position p sees what the full
+  chunk's rows see), beside an empty second sequence slot (jax 0.10.2's CPU
+  compiler once miscompiled the one-slot shape: `streamidx.ref`)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   q, w, cache, seq_lens, page_indices, _, _ = args
   table = np.asarray(page_indices)

@@ -1,13 +1,4 @@
-"""Memory as the OS and XLA count it: the benchmark's probes.
-
-- `PeakMemory`: the process's peak resident set over a region of code.
-  `start()` reads VmRSS and resets the peak (VmHWM) by writing 5 to
-  /proc/self/clear_refs; `peak()` reads VmHWM. tracemalloc would see none
-  of it: XLA allocates its buffers in C++. Off Linux the peak is ru_maxrss
-  since the process started (`method` says which).
-- `xla_memory(compiled)`: XLA's own buffer assignment of a compiled program
-  (arguments, outputs, temporaries), a compile-time figure.
-"""
+"""Memory as the OS (`PeakMemory`, /proc) and XLA (`xla_memory`) count it."""
 
 from __future__ import annotations
 
@@ -30,8 +21,10 @@ def proc_bytes(field: str, path: str = "/proc/self/status") -> int | None:
 
 
 class PeakMemory:
-  """Peak resident memory over a region of code (before `start()`: since
-  the process started)."""
+  """Peak resident memory since `start()` (before it: since the process
+  started). `start()` reads VmRSS and resets VmHWM by writing 5 to
+  /proc/self/clear_refs; `peak()` reads VmHWM (tracemalloc would miss XLA's
+  C++ buffers). Off Linux: ru_maxrss since the start (`method` says which)."""
 
   def __init__(self):
     self.method = "VmHWM since process start (/proc/self/status)"
@@ -53,13 +46,10 @@ class PeakMemory:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
 
-  def over_start(self, peak: int) -> int | None:
-    """`peak` minus the resident set at `start()` (None off Linux)."""
-    return None if self.rss_before is None else peak - self.rss_before
-
 
 def xla_memory(compiled) -> dict | None:
-  """XLA's buffer assignment of `compiled` in bytes (None where XLA has none)."""
+  """XLA's buffer assignment of `compiled` (arguments, outputs,
+  temporaries) in bytes: a compile-time figure (None where XLA has none)."""
   m = compiled.memory_analysis()
   return None if m is None else {
       "argument_bytes": int(m.argument_size_in_bytes),

@@ -1,21 +1,20 @@
-"""The benchmark's reports: ratios, the text table, the plot, a progress bar.
+"""The benchmark's reports: ratios, the text table, the plot.
 
 Everything here reads the JSON documents `harness.run` writes (bench.json,
 long_context.json) and nothing else, so a saved document can be reported
-again; `text_table` is the one table writer (the --topk table uses it too).
+again. Tables are `lab.tables.format_rows`'.
 """
 
 from __future__ import annotations
 
-import math
-import sys
+import statistics
 
 import numpy as np
 
+from streamidx.lab import tables
 from streamidx.lab.bench.memory import mib
 
-__all__ = ["ratios", "verdict", "text_table", "format_table", "plot",
-           "progress_bar"]
+__all__ = ["ratios", "verdict", "format_table", "plot"]
 
 
 def ratios(doc) -> dict:
@@ -27,12 +26,10 @@ def ratios(doc) -> dict:
             if r["shape"] == s["name"] and r["status"] == "ok"}
     if "reference" in rows:
       per_shape[s["name"]] = {i: t / rows["reference"] for i, t in rows.items()}
-  geo = {}
-  for i in doc["settings"]["implementations"]:
-    vals = [v[i] for v in per_shape.values() if i in v]
-    if vals:
-      geo[i] = {"geomean": math.exp(sum(map(math.log, vals)) / len(vals)),
-                "shapes": len(vals)}
+  vals = {i: [v[i] for v in per_shape.values() if i in v]
+          for i in doc["settings"]["implementations"]}
+  geo = {i: {"geomean": statistics.geometric_mean(v), "shapes": len(v)}
+         for i, v in vals.items() if v}
   return {"time_over_reference": per_shape,
           "geomean_time_over_reference": geo}
 
@@ -52,36 +49,30 @@ def verdict(a) -> str:
   return "; ".join(parts)
 
 
-def text_table(head, lines) -> list[str]:
-  """Fixed-width columns: the head, a rule, one line per row."""
-  widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-  fmt = "  ".join("{:<%d}" % w for w in widths)
-  return [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [
-      fmt.format(*map(str, line)) for line in lines]
-
-
 def format_table(doc) -> str:
-  """A document's results as a text table, then ratios, block sizes and
-  (long context) the one-chunk temporaries by formula against XLA's."""
-  head = ("shape", "implementation", "median ms", "min-max ms", "entries/s",
-          "peak MiB", "+over inputs", "XLA temp MiB", "vs ref", "agrees")
+  """A document's results as a text table (`lab.tables.format_rows`), then
+  ratios, block sizes and (long context) the one-chunk temporaries by
+  `streaming.one_chunk_temp_bytes`' formula."""
   rat = doc["ratios"]["time_over_reference"]
-  lines = []
+  rows = []
   for r in doc["results"]:
     if r["status"] != "ok":
-      lines.append((r["shape"], r["impl"], r["status"],
-                    r.get("reason", "")[:60], *[""] * 6))
+      rows.append({"shape": r["shape"], "implementation": r["impl"],
+                   "median ms": r["status"], "min-max ms": r["reason"][:60]})
       continue
     w, m = r["wall_s"], r["memory"]
-    ratio = rat.get(r["shape"], {}).get(r["impl"])
-    lines.append((
-        r["shape"], r["label"], f"{w['median'] * 1e3:.1f}",
-        f"{w['min'] * 1e3:.1f}-{w['max'] * 1e3:.1f}",
-        f"{r['entries_per_s']:.3g}", mib(m["peak_rss_bytes"]),
-        mib(m["peak_over_inputs_bytes"]),
-        "-" if not m["xla"] else mib(m["xla"]["temp_bytes"]),
-        "-" if ratio is None else f"{ratio:.3g}x", verdict(r["agreement"])))
-  out = text_table(head, lines)
+    ratio = rat[r["shape"]].get(r["impl"]) if r["shape"] in rat else None
+    rows.append({
+        "shape": r["shape"], "implementation": r["label"],
+        "median ms": f"{w['median'] * 1e3:.1f}",
+        "min-max ms": f"{w['min'] * 1e3:.1f}-{w['max'] * 1e3:.1f}",
+        "entries/s": f"{r['entries_per_s']:.3g}",
+        "peak MiB": mib(m["peak_rss_bytes"]),
+        "+over inputs": mib(m["peak_over_inputs_bytes"]),
+        "XLA temp MiB": mib((m["xla"] or {}).get("temp_bytes")),
+        "vs ref": ratio and f"{ratio:.3g}x",
+        "agrees": verdict(r["agreement"])})
+  out = [tables.format_rows(rows, list(max(rows, key=len)))]
   geo = doc["ratios"]["geomean_time_over_reference"]
   if geo:
     out += ["", "time / reference time, geometric mean over shapes: "
@@ -90,12 +81,9 @@ def format_table(doc) -> str:
   blocks = {(r["impl"], str(r["blocks"]["kwargs"]), r["blocks"]["source"])
             for r in doc["results"] if r.get("blocks")}
   out += [f"{i} block sizes {kw}: {src}" for i, kw, src in sorted(blocks)]
-  for s in doc["shapes"]:
-    f = s.get("one_chunk_formula_temp_bytes")
-    if f:
-      out.append(f"{s['name']}: one-chunk temporaries by formula "
-                 f"{mib(f['low'])}-{mib(f['high'])} MiB "
-                 "(streaming.one_chunk_temp_bytes)")
+  out += [f"{s['name']}: one-chunk temporaries by formula {mib(f['low'])}-"
+          f"{mib(f['high'])} MiB" for s in doc["shapes"]
+          if (f := s.get("one_chunk_formula_temp_bytes"))]
   return "\n".join(out)
 
 
@@ -140,21 +128,3 @@ def plot(doc, path):
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
-
-
-class _NoBar:
-  def set_description(self, *_):
-    pass
-
-  update = close = set_description
-
-
-def progress_bar(total: int, enabled: bool):
-  """A tqdm bar on stderr, or one that shows nothing (disabled, no tqdm)."""
-  if enabled:
-    try:
-      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-      return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
-    except ImportError:
-      pass
-  return _NoBar()

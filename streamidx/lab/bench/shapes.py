@@ -19,13 +19,9 @@ __all__ = ["Shape", "SWEEP", "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS",
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-  """One benchmark batch: `num_seqs` decode rows, or one prefill chunk.
-
-  decode: `num_seqs` sequences of `seq_len` tokens, one query each.
-  prefill: one sequence of `seq_len` tokens whose last `q_len` tokens are
-  the query chunk. Defaults are DeepSeek-V4's indexer: 64 heads, head_dim
-  128, ratio 4, packed FP8 cache, pages of 128 entries.
-  """
+  """One batch: `num_seqs` decode sequences of `seq_len` tokens (one query
+  each), or one prefill sequence whose last `q_len` tokens are the queries.
+  Defaults: DeepSeek-V4's indexer (64 heads, head_dim 128, ratio 4, FP8)."""
 
   name: str
   kind: str  # "decode" or "prefill"
@@ -39,13 +35,8 @@ class Shape:
   page_size: int = 128
   fmt: str = "fp8"
 
-  @property
-  def entries_per_seq(self) -> int:
-    return self.seq_len // self.compression_ratio
-
-  @property
-  def num_tokens(self) -> int:
-    return self.num_seqs * self.q_len
+  entries_per_seq = property(lambda self: self.seq_len // self.compression_ratio)
+  num_tokens = property(lambda self: self.num_seqs * self.q_len)
 
   def batch(self):
     """The `RaggedBatch` (contiguous pages) this shape describes."""
@@ -75,15 +66,8 @@ class Shape:
   def describe(self) -> str:
     rows = (f"decode {self.num_seqs} seqs x" if self.kind == "decode"
             else f"prefill {self.q_len} queries at")
-    return (f"{rows} {_tokens(self.seq_len)} tokens ({self.entries_per_seq} "
-            f"entries), k {self.k}")
-
-
-def _tokens(n: int) -> str:
-  for unit, size in (("M", 2**20), ("K", 2**10)):
-    if n % size == 0:
-      return f"{n // size}{unit}"
-  return str(n)
+    return (f"{rows} {self.seq_len} tokens ({self.entries_per_seq} entries), "
+            f"k {self.k}")
 
 
 SWEEP = [

@@ -1,28 +1,19 @@
-"""Benchmark of the top-k stage: every `streamidx.topk` method on this machine.
+"""The top-k stage: every `streamidx.topk` method timed on this machine.
 
     python -m streamidx.bench --topk                 # decode B=64 at 128K and 1M
     python -m streamidx.bench --topk --shapes 64x32768:512 2048x32768:512
     python -m streamidx.bench --topk --compile       # compile for v5e/v6e/v7x
 
-Each shape ROWSxENTRIES:K is an f32[T, N] masked score buffer (standard
-normal scores, row r hiding its last r * N / (2 T) entries as -inf, as a
-ragged decode batch does; a tenth of the entries 0.0, the ReLU ties). Each
-method (`topk.select_topk`, jitted) and the reference
-(`ref.topk_from_scores`) is timed by `harness.measure` (compiled ahead of
-time, one warm-up, `repeats` calls: median, min, max): timings of this
-machine, never of a TPU unless JAX runs on one. "fused_blockmax" is timed
-as the fused kernel calls it, given the block maxima (one per 128 entries,
-computed before the clock starts: the kernel writes them).
-
-Checks, untimed: every exact method's indices equal the reference's bit for
-bit (else the command exits 1); "approx" reports its recall against the
-reference and the recall `lab.model.topk.approx_recall` models for a TPU
-(off-TPU approx_max_k is an exact sort: recall 1.0). Output: <out>/topk.json.
-
-`--compile` (libtpu; no TPU) compiles every method for each generation at
-each shape from `jax.ShapeDtypeStruct`s (`lab.model.topk.compile_estimate`:
-compile time, XLA's bytes accessed, optimal_seconds, temp bytes): static
-compiler estimates, not measurements. Output: <out>/topk_compile.json, which
+A shape ROWSxENTRIES:K is an f32[T, N] score buffer (`score_buffer`). Each
+method (`topk.select_topk`, jitted; "fused_blockmax" given the block maxima
+the fused kernel writes, computed before the clock starts) and the reference
+(`ref.topk_from_scores`) is timed by `harness.measure`: this machine's
+times, never a TPU's unless JAX runs on one. Checked, untimed: every exact
+method's indices equal the reference's bit for bit (else exit 1); "approx"
+reports its recall here and `lab.model.topk.approx_recall`'s TPU model.
+Output: <out>/topk.json. `--compile` (libtpu, no TPU): XLA's cost analysis
+of every method compiled per generation (`lab.model.topk.compile_estimate`;
+static estimates, not measurements) in <out>/topk_compile.json, which
 `lab.model.topk.model_table(estimates=)` reads.
 """
 
@@ -36,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from streamidx.lab import tables
 from streamidx.lab.bench import harness
-from streamidx.lab.bench.report import text_table
 
 __all__ = ["TopkShape", "SHAPES", "score_buffer", "run",
            "compile_matrix", "main"]
@@ -67,7 +58,8 @@ def _name(shape: TopkShape) -> str:
 
 
 def score_buffer(shape: TopkShape, seed: int = 0) -> np.ndarray:
-  """f32[T, N]: normal scores, ragged -inf tails, 10% zeros."""
+  """f32[T, N]: standard normal scores, a tenth of them 0.0 (the ReLU ties),
+  row r's last r * N / (2 T) entries -inf (a ragged decode batch)."""
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((shape.rows, shape.entries)).astype(np.float32)
   x[rng.random(x.shape) < 0.1] = 0.0
@@ -127,56 +119,45 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, repeats: int = 5,
 def format_table(doc) -> str:
   ref_t = {r["shape"]: r["median"] for r in doc["results"]
            if r["impl"] == "reference"}
-  lines = []
+  rows = []
   for r in doc["results"]:
     check = "identical" if r["identical_to_reference"] else "DIFFERS"
     if "recall_here" in r:
       m = r["tpu_recall_model"]
       check = (f"recall {r['recall_here']:.4f} here; TPU model "
                f"{m['emulated_recall']:.4f} ({m['bins']} bins)")
-    lines.append((r["shape"], r["impl"], f"{r['median'] * 1e3:.2f}",
-                  f"{r['min'] * 1e3:.2f}-{r['max'] * 1e3:.2f}",
-                  f"{r['median'] / ref_t[r['shape']]:.2f}x",
-                  f"{r['compile_s']:.2f}", check))
-  return "\n".join([doc["timings_are"]] + text_table(
-      ("shape", "method", "median ms", "min-max ms", "vs ref", "compile s",
-       "check"), lines))
+    rows.append({"shape": r["shape"], "method": r["impl"],
+                 "median ms": r["median"] * 1e3,
+                 "min-max ms": f"{r['min'] * 1e3:.2f}-{r['max'] * 1e3:.2f}",
+                 "vs ref": f"{r['median'] / ref_t[r['shape']]:.2f}x",
+                 "compile s": r["compile_s"], "check": check})
+  return doc["timings_are"] + "\n" + tables.format_rows(rows)
 
 
 def compile_matrix(shapes, generations) -> dict:
   """`compile_estimate` for every (shape, generation, method)."""
-  import os  # pylint: disable=g-import-not-at-top
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  from importlib.metadata import PackageNotFoundError, version  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import topk  # pylint: disable=g-import-not-at-top
+  from streamidx import modes, topk  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
-  try:
-    libtpu = version("libtpu")
-  except PackageNotFoundError:
-    libtpu = None
   rows = [dict(topk_model.compile_estimate(m, s.rows, s.entries, s.k, gen),
                shape=_name(s))
           for s in shapes for gen in generations
           for m in topk.TOPK_METHODS]
   return {"schema": SCHEMA + "/compile", "jax": jax.__version__,
-          "libtpu": libtpu,
+          "libtpu": modes.libtpu_path(),
           "estimates_are": ("XLA TPU compiler cost analysis of programs "
                             "compiled without a TPU: static estimates, not "
                             "measurements"), "results": rows}
 
 
 def format_compile_table(doc) -> str:
-  return "\n".join([doc["estimates_are"]] + text_table(
-      ("shape", "generation", "method", "compiled", "compile s",
-       "optimal us", "accessed MB", "error"),
-      [(r["shape"], r["generation"], r["method"],
-        "ok" if r["ok"] else "FAILED", f"{r['compile_s']:.1f}",
-        "-" if r["optimal_seconds"] is None
-        else f"{r['optimal_seconds'] * 1e6:.0f}",
-        "-" if r["bytes_accessed"] is None
-        else f"{r['bytes_accessed'] / 1e6:.0f}", r["error"])
-       for r in doc["results"]]))
+  return doc["estimates_are"] + "\n" + tables.format_rows([{
+      "shape": r["shape"], "generation": r["generation"],
+      "method": r["method"], "compiled": "ok" if r["ok"] else "FAILED",
+      "compile s": r["compile_s"], "optimal us": r["optimal_seconds"] and (
+          r["optimal_seconds"] * 1e6),
+      "accessed MB": r["bytes_accessed"] and r["bytes_accessed"] / 1e6,
+      "error": r["error"]} for r in doc["results"]])
 
 
 def main(argv=None) -> int:
