@@ -1,31 +1,14 @@
-"""Memory as the OS and XLA count it: the benchmark's probes.
-
-One reader of Linux's /proc files (`proc_bytes`) serves every probe:
-
-- `PeakMemory`: the process's peak resident set over a region of code.
-  `start()` resets the peak (VmHWM) by writing 5 to /proc/self/clear_refs
-  and reads VmRSS; `peak()` reads VmHWM. tracemalloc would see none of it:
-  XLA allocates its buffers in C++, outside Python's allocator. Off Linux
-  the peak is ru_maxrss since the process started (the method says which).
-- `mem_available()` / `mem_total()`: /proc/meminfo, for the long-context
-  run's decision whether the one-chunk reference fits.
-- `xla_memory(compiled)`: XLA's own buffer assignment of a compiled
-  program (arguments, outputs, temporaries), a compile-time figure.
-"""
+"""Memory as the OS (`PeakMemory`, /proc) and XLA (`xla_memory`) count it."""
 
 from __future__ import annotations
 
 import resource
 import sys
 
-__all__ = ["proc_bytes", "PeakMemory", "mem_available", "mem_total",
-           "xla_memory", "mib"]
-
-STATUS = "/proc/self/status"
-MEMINFO = "/proc/meminfo"
+__all__ = ["proc_bytes", "PeakMemory", "xla_memory", "mib"]
 
 
-def proc_bytes(field: str, path: str = STATUS) -> int | None:
+def proc_bytes(field: str, path: str = "/proc/self/status") -> int | None:
   """A "Field:  N kB" line of a /proc file, in bytes; None if absent."""
   try:
     with open(path, encoding="ascii") as f:
@@ -33,25 +16,15 @@ def proc_bytes(field: str, path: str = STATUS) -> int | None:
         if line.startswith(field + ":"):
           return int(line.split()[1]) * 1024
   except OSError:
-    return None
+    pass
   return None
 
 
-def mem_available() -> int | None:
-  """MemAvailable of /proc/meminfo in bytes (None off Linux)."""
-  return proc_bytes("MemAvailable", MEMINFO)
-
-
-def mem_total() -> int | None:
-  """MemTotal of /proc/meminfo in bytes (None off Linux)."""
-  return proc_bytes("MemTotal", MEMINFO)
-
-
 class PeakMemory:
-  """Peak resident memory over a region of code, as the OS counts it.
-
-  Before `start()`: the peak since the process started.
-  """
+  """Peak resident memory since `start()` (before it: since the process
+  started). `start()` reads VmRSS and resets VmHWM by writing 5 to
+  /proc/self/clear_refs; `peak()` reads VmHWM (tracemalloc would miss XLA's
+  C++ buffers). Off Linux: ru_maxrss since the start (`method` says which)."""
 
   def __init__(self):
     self.method = "VmHWM since process start (/proc/self/status)"
@@ -73,23 +46,16 @@ class PeakMemory:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
 
-  def over_start(self, peak: int) -> int | None:
-    """`peak` minus the resident set at `start()` (None before it)."""
-    return None if self.rss_before is None else peak - self.rss_before
-
 
 def xla_memory(compiled) -> dict | None:
-  """XLA's buffer assignment of `compiled` in bytes, or None if unknown."""
-  try:
-    m = compiled.memory_analysis()
-  except Exception:  # pylint: disable=broad-except
-    return None
-  if m is None:
-    return None
-  return {"argument_bytes": int(m.argument_size_in_bytes),
-          "output_bytes": int(m.output_size_in_bytes),
-          "temp_bytes": int(m.temp_size_in_bytes),
-          "alias_bytes": int(m.alias_size_in_bytes)}
+  """XLA's buffer assignment of `compiled` (arguments, outputs,
+  temporaries) in bytes: a compile-time figure (None where XLA has none)."""
+  m = compiled.memory_analysis()
+  return None if m is None else {
+      "argument_bytes": int(m.argument_size_in_bytes),
+      "output_bytes": int(m.output_size_in_bytes),
+      "temp_bytes": int(m.temp_size_in_bytes),
+      "alias_bytes": int(m.alias_size_in_bytes)}
 
 
 def mib(x):

@@ -1,22 +1,11 @@
 """The benchmark's oracle: a plain loop over query rows, in float64.
 
-What a reader would write first: decode the cache to keys, then for each
-query row score its visible entries and sort. The keys come from
-`streamidx.cache.unpack_cache` (e4m3 values times their power-of-two scale,
-exact in float32), the causal bound from `semantics.causal_visible_bound`,
-the score from `streamidx.ref.score_entries` (the package's one copy of the
-formula) evaluated in float64 on the host CPU, the top-k from NumPy's stable
-argsort. Only for shapes small enough to loop over (`streamidx.bench` skips
-it above a work limit, and spot-checks rows of larger ones).
-
-Why this and not the reference: the benchmark checks every implementation,
-the reference included, at sizes the tests never run, where what breaks is
-compilation, gathers, blocking, masks and float32 rounding, not the formula
-(which the tests check against their own NumPy oracle, `tests/oracle.py`,
-independent of this package). This loop shares none of the reference's
-engine (no page-table gather, no blocks or chunks, no lax.map or scan) and
-none of its float32 arithmetic, so a float32 implementation differs from it
-by rounding only, within `f32_score_bound`.
+Decode the cache (`cache.unpack_cache`, exact in float32), score each row's
+visible entries (`semantics.causal_visible_bound`) with `ref.score_entries`
+in float64 on the host CPU, take NumPy's stable argsort. It shares none of
+the reference's engine (gathers, blocks, chunks, lax.map/scan) nor its
+float32 arithmetic, so it checks the reference too at sizes the tests never
+run: a float32 result differs from it within `f32_score_bound` only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The benchmark's shapes: one batch each, at DeepSeek-V4's indexer sizes.
 
-`SWEEP` (the default run), `QUICK` (CI), `LONG_CONTEXT` (the streaming
-reference at 1M tokens, run at each k of `LONG_CONTEXT_KS`), and
-`parse_shape` for the `--shapes` flag. Imports NumPy only: the batch is
-built on demand.
+`SWEEP` (the default run), `QUICK` (CI), `LONG_CONTEXT` (the reference in
+streamed chunks and in one chunk at 1M tokens, run at each k of
+`LONG_CONTEXT_KS`), and `parse_shape` for the `--shapes` flag.
 """
 
 from __future__ import annotations
@@ -15,22 +14,17 @@ import numpy as np
 from streamidx import semantics
 
 __all__ = ["Shape", "SWEEP", "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS",
-           "parse_shape", "named_shapes"]
+           "parse_shape"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-  """One benchmark batch: `num_seqs` decode rows, or one prefill chunk.
-
-  decode: `num_seqs` sequences of `seq_len` tokens, one query each.
-  prefill: one sequence of `seq_len` tokens whose last `q_len` tokens are
-  the query chunk (the kernel's chunked-prefill range).
-  Defaults are DeepSeek-V4's indexer: 64 heads, head_dim 128, ratio 4,
-  packed FP8 cache; page_size 128 entries.
-  """
+  """One batch: `num_seqs` decode sequences of `seq_len` tokens (one query
+  each), or one prefill sequence whose last `q_len` tokens are the queries.
+  Defaults: DeepSeek-V4's indexer (64 heads, head_dim 128, ratio 4, FP8)."""
 
   name: str
-  kind: str
+  kind: str  # "decode" or "prefill"
   num_seqs: int
   q_len: int
   seq_len: int
@@ -41,44 +35,25 @@ class Shape:
   page_size: int = 128
   fmt: str = "fp8"
 
-  def __post_init__(self):
-    if self.kind not in ("decode", "prefill"):
-      raise ValueError(
-          f"kind: must be 'decode' or 'prefill' (got {self.kind!r})")
-    if self.kind == "decode" and self.q_len != 1:
-      raise ValueError("a decode shape has q_len 1")
-    if self.kind == "prefill" and self.num_seqs != 1:
-      raise ValueError("a prefill shape has one sequence")
-    if not 1 <= self.q_len <= self.seq_len:
-      raise ValueError(f"{self.name}: need 1 <= q_len <= seq_len")
-
-  @property
-  def entries_per_seq(self) -> int:
-    return self.seq_len // self.compression_ratio
-
-  @property
-  def num_tokens(self) -> int:
-    return self.num_seqs * self.q_len
+  entries_per_seq = property(lambda self: self.seq_len // self.compression_ratio)
+  num_tokens = property(lambda self: self.num_seqs * self.q_len)
 
   def batch(self):
     """The `RaggedBatch` (contiguous pages) this shape describes."""
     from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
-    if self.kind == "decode":
-      return batch_lib.make_mixed_batch(
-          decode=[self.seq_len] * self.num_seqs, page_size=self.page_size,
-          compression_ratio=self.compression_ratio)
+    ranges = ({"decode": [self.seq_len] * self.num_seqs}
+              if self.kind == "decode"
+              else {"prefill": [(self.q_len, self.seq_len)]})
     return batch_lib.make_mixed_batch(
-        prefill=[(self.q_len, self.seq_len)], page_size=self.page_size,
+        **ranges, page_size=self.page_size,
         compression_ratio=self.compression_ratio)
 
   def visible_pairs(self) -> int:
     """(query row, entry) pairs visible under the model rule."""
-    ratio = self.compression_ratio
-    if self.kind == "decode":
-      return self.num_seqs * self.entries_per_seq
     pos = self.seq_len - self.q_len + np.arange(self.q_len)
-    bound = semantics.causal_visible_bound(pos, ratio, "model")
-    return int(np.minimum(bound, self.entries_per_seq).sum())
+    bound = semantics.causal_visible_bound(pos, self.compression_ratio,
+                                           "model")
+    return self.num_seqs * int(np.minimum(bound, self.entries_per_seq).sum())
 
   def flops(self) -> int:
     """q.k dot products of the visible pairs (2 per multiply-add)."""
@@ -89,18 +64,10 @@ class Shape:
     return dict(k=self.k, compression_ratio=self.compression_ratio)
 
   def describe(self) -> str:
-    if self.kind == "decode":
-      return (f"decode {self.num_seqs} seqs x {_tokens(self.seq_len)} tokens "
-              f"({self.entries_per_seq} entries), k {self.k}")
-    return (f"prefill {self.q_len} queries at {_tokens(self.seq_len)} tokens "
-            f"({self.entries_per_seq} entries), k {self.k}")
-
-
-def _tokens(n: int) -> str:
-  for unit, size in (("M", 2**20), ("K", 2**10)):
-    if n % size == 0:
-      return f"{n // size}{unit}"
-  return str(n)
+    rows = (f"decode {self.num_seqs} seqs x" if self.kind == "decode"
+            else f"prefill {self.q_len} queries at")
+    return (f"{rows} {self.seq_len} tokens ({self.entries_per_seq} entries), "
+            f"k {self.k}")
 
 
 SWEEP = [
@@ -114,8 +81,6 @@ QUICK = [
     Shape("decode_4x4K_k512", "decode", 4, 1, 4096, 512),
     Shape("prefill_32q_2K_k256", "prefill", 1, 32, 2048, 256),
 ]
-# The long-context demonstration: streamed chunks (and the one-chunk reference
-# where it fits), at DeepSeek-V4's 1M-token context.
 LONG_CONTEXT = [
     Shape("decode_64x1M", "decode", 64, 1, 2**20, 512),
     Shape("prefill_1024q_128K", "prefill", 1, 1024, 2**17, 512),
@@ -123,26 +88,17 @@ LONG_CONTEXT = [
 LONG_CONTEXT_KS = (512, 2048)
 
 
-def named_shapes() -> dict[str, Shape]:
-  """The shapes `--shapes` accepts by name (sweep and quick)."""
-  return {s.name: s for s in SWEEP + QUICK}
-
-
 def parse_shape(text: str) -> Shape:
-  """'decode:SEQSxSEQ_LEN:K' or 'prefill:QxSEQ_LEN:K' (or a named shape)."""
-  named = named_shapes()
+  """'decode:SEQSxSEQ_LEN:K', 'prefill:QxSEQ_LEN:K' or a named shape."""
+  named = {s.name: s for s in SWEEP + QUICK}
   if text in named:
     return named[text]
   try:
     kind, dims, k = text.split(":")
     a, seq_len = (int(x) for x in dims.lower().split("x"))
-    k = int(k)
-  except ValueError:
+    seqs, q_len = {"decode": (a, 1), "prefill": (1, a)}[kind]
+    return Shape(text, kind, seqs, q_len, seq_len, int(k))
+  except (ValueError, KeyError):
     raise ValueError(
         f"--shapes: {text!r} is neither a named shape ({sorted(named)}) nor "
         "'decode:SEQSxSEQ_LEN:K' / 'prefill:QxSEQ_LEN:K'") from None
-  if kind == "decode":
-    return Shape(text, "decode", a, 1, seq_len, k)
-  if kind == "prefill":
-    return Shape(text, "prefill", 1, a, seq_len, k)
-  raise ValueError(f"--shapes: kind must be decode or prefill, got {kind!r}")
