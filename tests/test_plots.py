@@ -330,6 +330,16 @@ def test_causal_masks_figure_outlines_the_chunks_leak_cells():
   plt.close(fig)
 
 
+def test_tables_format_rows_aligns_columns_and_marks_missing_cells():
+  from streamidx.lab import tables
+  text = tables.format_rows([dict(a=1, b=0.123456), dict(a="x|y", b=12.345678), dict(a=None)])
+  lines = text.splitlines()
+  assert lines[0].split() == ["a", "b"] and len({len(l) for l in lines}) == 1
+  assert lines[1].split() == ["1", "0.1235"] and lines[2].split() == ["x|y", "12.35"]
+  assert lines[3].split() == ["-", "-"]
+  assert tables.format_rows([]) == "(no rows)"
+
+
 def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
   batch = _batch("fragmented")
   rows = plots_tables.batch_rows(batch, max_pages=2)

@@ -1,6 +1,8 @@
-"""Tables for notebooks: a list of dicts as a Markdown table, and a batch as such a list.
+"""Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
+reports), and a batch as such a list.
 
     display(Markdown(markdown(rows)))     # rows: [dict(gen="v5e", kernel_us=12.5), ...]
+    print(format_rows(rows))              # right-aligned text columns under a header
 
 Floats print with 4 significant digits, None as "-", everything else with `str`.
 """
@@ -9,12 +11,15 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-__all__ = ["markdown", "batch_rows"]
+__all__ = ["markdown", "format_rows", "batch_rows"]
+
+
+def _text(value) -> str:
+  return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _cell(value) -> str:
-  text = "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-  return text.replace("|", "\\|").replace("\n", " ")
+  return _text(value).replace("|", "\\|").replace("\n", " ")
 
 
 def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
@@ -27,6 +32,18 @@ def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
   return "\n".join(lines)
+
+
+def format_rows(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
+  """`rows` as an aligned text table (cells as `markdown` writes them, unescaped), each column
+  right-aligned to its widest cell or header; "(no rows)" for none."""
+  if not rows:
+    return "(no rows)"
+  cols = list(cols or rows[0])
+  cells = [[_text(r.get(c)) for c in cols] for r in rows]
+  widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+  return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths))
+                   for line in [cols] + cells)
 
 
 def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
