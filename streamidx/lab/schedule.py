@@ -42,26 +42,15 @@ import sys
 import tempfile
 from typing import Sequence
 
-__all__ = [
-    "DUMP_FLAGS",
-    "Bundle",
-    "Loop",
-    "KvLoop",
-    "LaunchSchedule",
-    "parse_bundles",
-    "parse_utilization",
-    "find_loops",
-    "kv_loop",
-    "launch_schedules",
-    "schedule_table",
-]
+__all__ = ["DUMP_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+           "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
+           "launch_schedules", "schedule_table"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
               "--xla_mosaic_enable_llo_source_annotations=true")
 DELAY_SLOTS = 4  # bundles after a taken branch that still issue
 
-_ADDR = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(L[BHE]:|PB:|PF:|CT:)?\s*[>\s]*:?\s*[>]*\s*\{")
 _LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
 _START = re.compile(r"Start region (\d+)")
 _BRANCH = re.compile(r"sbr\.rel[^;]*?target = \$region(\d+)")
@@ -227,9 +216,10 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
   """In the child: compile every launch alone; one record per launch."""
   from streamidx import modes  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
   del out_dir  # libtpu writes there (LIBTPU_INIT_ARGS)
-  shape = {s.name: s for s in aot.SHAPES}[spec["shape"]]
+  shape = aot.SHAPES_BY_NAME[spec["shape"]]
   out = []
   with modes.compile_for(spec["generation"]) as target:
     for j, blocks in enumerate(spec["blocks"]):
@@ -238,7 +228,7 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
       calls = aot.launch_calls(spec["variant"], shape, spec["fmt"], blocks,
                                target)
       for i, (name, eqn) in enumerate(calls):
-        case, _, _ = _case(name)
+        case, _, _ = tiling.launch_case(name)
         n = eqn.params["grid_mapping"].num_scratch_operands
         batch = int(eqn.params["jaxpr"].invars[-n].aval.shape[1])  # bkv_x2
         if case == "decode" and batch == 1:
@@ -254,18 +244,6 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
           rec["error"] = aot.summarize_error(e)
         out.append(rec)
   return out
-
-
-def _case(name: str) -> tuple[str, int, int]:
-  """'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", bq 1, bkv_p 3); the dense
-  kernel's 'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' likewise."""
-  m = re.match(r"StreamIdx(?:Dense)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
-               r"bkvp_(\d+)", name)
-  if not m:
-    return name, 0, 0
-  case = "page" if m.group(1) else {"d": "decode", "p": "prefill",
-                                     "m": "mixed"}[m.group(2)]
-  return case, int(m.group(3)), int(m.group(4))
 
 
 def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
@@ -284,8 +262,9 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
   """
   from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
-  shp = {s.name: s for s in aot.SHAPES}[shape]
+  shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
               blocks=block_sets, launches=list(launches))
@@ -304,7 +283,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
     out = []
     for rec in records:
-      _, bq, bkv_p = _case(rec["name"])
+      _, bq, bkv_p = tiling.launch_case(rec["name"])
       common = dict(variant=variant, generation=generation, fmt=fmt,
                     shape=shape, launch=rec["name"], case=rec["case"],
                     seq_batch_size=rec["seq_batch_size"], bkv_p=bkv_p,
@@ -383,7 +362,7 @@ def main(argv=None) -> int:
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
-  shape = {s.name: s for s in aot.SHAPES}[a.shape]
+  shape = aot.SHAPES_BY_NAME[a.shape]
   for gen in a.generations:
     for fmt in a.formats:
       base = aot.table_blocks(a.variant, shape, fmt, gen)

@@ -29,9 +29,7 @@ should move. They agree when the compiler added no collective of its own.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import os
 import re
 import time
 
@@ -39,16 +37,8 @@ import numpy as np
 
 from streamidx import modes
 
-__all__ = [
-    "LAYOUTS",
-    "TOPOLOGIES",
-    "Collective",
-    "collectives",
-    "ShardedCompile",
-    "compile_sharded",
-    "compile_matrix",
-    "compiled_kernels",
-]
+__all__ = ["LAYOUTS", "TOPOLOGIES", "Collective", "collectives",
+           "ShardedCompile", "compile_sharded", "compile_matrix"]
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
@@ -123,24 +113,6 @@ def collectives(hlo_text: str) -> list[Collective]:
                                       for d, s in arrays), nbytes, group,
                             received))
   return found
-
-
-@contextlib.contextmanager
-def compiled_kernels():
-  """Pallas kernels traced inside the block compile (Mosaic), on any backend.
-
-  The kernels resolve their mode at trace time (`streamidx.modes`); forcing
-  "no interpreter" is what compiling for a TPU topology from a CPU host
-  needs.
-  """
-  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
-
-  state = jax_config.pallas_tpu_interpret_mode_context_manager
-  prev = state.swap_local(False)
-  try:
-    yield
-  finally:
-    state.set_local(prev)
 
 
 @dataclasses.dataclass
@@ -228,7 +200,6 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
     A `ShardedCompile`; a compiler error is recorded in it (`ok` False),
     not raised.
   """
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
@@ -245,52 +216,46 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
   v = si.VARIANTS[variant]
   page = v.mode == "page"
   k = (8 if page else 512) if k is None else k
-  ratio = 1 if page else 4
+  s = seqs_per_shard
+  g = s * pages_per_share
   result = ShardedCompile(topology, generation, layout, variant, merge,
-                          (nd, nc), seqs_per_shard, k, ok=False)
+                          (nd, nc), s, k, ok=False,
+                          cache_bytes_per_device=g * page_size *
+                          cache_lib.record_bytes(fmt, head_dim))
+  data_axis = "data" if nd > 1 else None
+  context_axis = "context" if nc > 1 else None
+  both = tuple(a for a in (data_axis, context_axis) if a)
   t0 = time.time()
   try:
-    # libtpu loaded (and its start-up noise kept out) as `compile_for` does:
-    # `modes.TOPOLOGIES[generation]` is this very slice.
+    # `compile_for` loads libtpu for this very slice (`modes.TOPOLOGIES`) and
+    # traces the kernels compiled (Mosaic), not interpreted.
     assert modes.TOPOLOGIES[generation] == topology, topology
-    topo = modes._topology(generation)  # pylint: disable=protected-access
-    mesh = sharded.make_mesh(nd, nc, devices=topo.devices)
-    data_axis = "data" if nd > 1 else None
-    context_axis = "context" if nc > 1 else None
-    both = tuple(a for a in (data_axis, context_axis) if a)
-    pages_spec = P(both if len(both) > 1 else both[0])
-    rows_spec = P(data_axis)
+    with modes.compile_for(generation) as target:
+      mesh = sharded.make_mesh(nd, nc, devices=target.devices)
 
-    def sds(shape, dtype, spec):
-      return jax.ShapeDtypeStruct(shape, dtype,
-                                  sharding=NamedSharding(mesh, spec))
+      def sds(shape, dtype, spec):
+        return jax.ShapeDtypeStruct(shape, dtype,
+                                    sharding=NamedSharding(mesh, P(spec)))
 
-    s, t = seqs_per_shard, seqs_per_shard
-    g = s * pages_per_share
-    packing = cache_lib.kv_packing(fmt)
-    cache = sds((nd * nc * g, page_size // packing, packing,
-                 cache_lib.lkv_dim(fmt, head_dim)),
-                cache_lib.cache_dtype(fmt), pages_spec)
-    last = (sds((nd * 3,), jnp.int32, rows_spec) if not page
-            else sds((nd,), jnp.int32, rows_spec))
-    args = (sds((nd * t, num_heads, head_dim), jnp.bfloat16, rows_spec),
-            sds((nd * t, num_heads), jnp.float32, rows_spec), cache,
-            sds((nd * s,), jnp.int32, rows_spec),
-            sds((nd * nc * s * pages_per_share,), jnp.int32, pages_spec),
-            sds((nd * (s + 1),), jnp.int32, rows_spec), last)
-    result.cache_bytes_per_device = (
-        g * page_size * cache_lib.record_bytes(fmt, head_dim))
-    static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
-                           page_size=page_size,
-                           generation=generation).kwargs()
-    static.update(overrides)
-    fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
-                              context_axis=context_axis, k=k,
-                              compression_ratio=ratio, merge=merge, **static)
-    with (compiled_kernels(), jax.default_device(topo.devices[0]),
-          modes.no_persistent_cache_writes()):
-      compiled = fn.lower(*args).compile()
-    text = compiled.as_text()
+      rows, pages = data_axis, both if len(both) > 1 else both[0]
+      packing = cache_lib.kv_packing(fmt)
+      args = (sds((nd * s, num_heads, head_dim), jnp.bfloat16, rows),
+              sds((nd * s, num_heads), jnp.float32, rows),
+              sds((nd * nc * g, page_size // packing, packing,
+                   cache_lib.lkv_dim(fmt, head_dim)),
+                  cache_lib.cache_dtype(fmt), pages),
+              sds((nd * s,), jnp.int32, rows),
+              sds((nd * nc * g,), jnp.int32, pages),
+              sds((nd * (s + 1),), jnp.int32, rows),
+              sds((nd,) if page else (nd * 3,), jnp.int32, rows))
+      static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
+                             page_size=page_size,
+                             generation=generation).kwargs()
+      fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
+                                context_axis=context_axis, k=k,
+                                compression_ratio=1 if page else 4,
+                                merge=merge, **{**static, **overrides})
+      text = fn.lower(*args).compile().as_text()
     result.has_kernel = 'custom_call_target="tpu_custom_call"' in text
     result.collectives = collectives(text)
     result.ok = True

@@ -42,10 +42,8 @@ from typing import Mapping, Sequence
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 
-__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table",
-           "PageBound", "page_bound", "page_bounds"]
-
-
+__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
+           "page_bound", "page_bounds"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -170,29 +168,6 @@ def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
     row["bounds"] = bs
     out[gen] = row
   return out
-
-
-def roofline_table(p: tiling.Plan, *, k: int,
-                   specs: Mapping[str, hardware.TpuSpec] | None = None,
-                   matmul_dtype: str = "bf16") -> list[dict]:
-  """One row per (stage, generation): bytes, FLOPs, intensity, T_mem, T_math, bound."""
-  specs = hardware.load_specs() if specs is None else specs
-  sc = costs(p, k=k)
-  rows = []
-  for gen in hardware.GENERATIONS:
-    for c, b in zip(sc, bounds(sc, specs[gen], matmul_dtype=matmul_dtype)):
-      rows.append({
-          "generation": gen, "stage": c.name,
-          "MB read": round(sum(c.bytes_read.values()) / 1e6, 3),
-          "MB written": round(sum(c.bytes_written.values()) / 1e6, 3),
-          "GFLOP": round(c.flops / 1e9, 3),
-          "FLOP/B": round(c.intensity, 1),
-          "T_mem us": round(b.t_mem * 1e6, 2),
-          "T_math us": round(b.t_math * 1e6, 2),
-          "bound us": round(b.bound * 1e6, 2),
-          "limit": b.limiter if c.flops else "memory",
-      })
-  return rows
 
 
 # ---------------------------------------------------------------------------
