@@ -15,18 +15,15 @@ writes, among others:
         the ops issued in each slot (MXU, XLU, VALU, VPOP, EUP, VLOAD,
         VLOAD:FILL, VSTORE, VSTORE:SPILL, SALU) and each slot's capacity.
 
-`launch_schedules(...)` compiles every launch of a variant alone (in a child
-process, since libtpu reads its flags when it loads) and parses the dumps;
-`kv_loop(...)` finds the loop that scores KV blocks (the innermost loop with
-MXU ops) and reports its bundles per iteration and per KV page, the slot that
-binds (the highest issue rate against its capacity), spills and the kernel
-source lines it spends its bundles on.
+`launch_schedules` compiles each launch alone in a child process (libtpu
+reads its flags when it loads) and parses the dumps; `kv_loop` finds the
+loop that scores KV blocks (the innermost with MXU ops): bundles per
+iteration and per KV page, the binding slot (highest issue rate against its
+capacity), spills and the kernel source lines it spends bundles on.
 
-What it is: the compiler's own static schedule, so bundles x clock is a
-lower bound on the compute side of one KV page (no stalls: DMA waits, bank
-conflicts, MXU result latency beyond the schedule). Beside the HBM time of
-the page's bytes (`streamidx.lab.model.roofline.page_bounds`) it says which
-side binds. Not what it is: a run time (that needs a TPU).
+Bundles / clock is a lower bound on the compute side of one KV page (no
+stalls: DMA waits, bank conflicts, MXU latency); beside the page's HBM time
+(`roofline.page_bounds`) it says which side binds. It is not a run time.
 """
 
 from __future__ import annotations
@@ -92,12 +89,12 @@ def parse_bundles(text: str) -> list[Bundle]:
   return out
 
 
-def parse_utilization(text: str) -> tuple[tuple[str, ...], tuple[int, ...],
-                                          list[tuple[int, ...]]]:
+def parse_utilization(text: str):
   """(slot names, capacities, one row of per-slot op counts per bundle)."""
   lines = [l.strip() for l in text.splitlines()]
-  i = lines.index("== CAPACTIY:") if "== CAPACTIY:" in lines else lines.index(
-      "== CAPACITY:")
+  # (libtpu spells it CAPACTIY)
+  i = next(i for i, l in enumerate(lines) if l in ("== CAPACTIY:",
+                                                   "== CAPACITY:"))
   names = tuple(x.strip() for x in lines[i + 1].split(","))
   capacity = tuple(int(x) for x in lines[i + 2].split())
   j = lines.index("== UTILIZATION:")
@@ -122,8 +119,8 @@ class Loop:
 
 
 def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
-  """Every loop: a body ("LB:" bundle starting region N) up to the branch
-  back to region N plus its delay slots."""
+  """Every loop: an "LB:" bundle starting region N up to the branch back to
+  N plus its delay slots."""
   by_addr = {b.addr: b for b in bundles}
   last = max(by_addr) if by_addr else -1
   loops = []
@@ -250,16 +247,10 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                      blocks, *, launches: Sequence[str] = (),
                      dump_dir: str | None = None,
                      timeout: float = 900.0) -> list[LaunchSchedule]:
-  """Compiles each launch of `variant` alone for `generation` and reads its
-  static schedule.
-
-  Args:
-    shape: a name of `streamidx.lab.aot.SHAPES`.
-    blocks: block-size keywords (a dict), or a list of them (one child
-      process compiles them all).
-    launches: only these launch cases ("decode", "decode_rest", "prefill",
-      "mixed", "page"); empty: all.
-  """
+  """Compiles each launch of `variant` alone for `generation` (`shape`: an
+  `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
+  child process for all) and reads its static schedule; `launches`: only
+  these cases ("decode", "decode_rest", "prefill", "mixed", "page")."""
   from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top

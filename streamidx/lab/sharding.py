@@ -61,32 +61,18 @@ _PAIRS = re.compile(r"source_target_pairs=\{([0-9,{}]*)\}")
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-  """One collective of a compiled program.
+  """One collective of a compiled program (async "-start" folded in)."""
 
-  Attributes:
-    op: "all-gather", "collective-permute", ... (async "-start" folded in).
-    shapes: its output arrays, e.g. ("s32[8,2048]",).
-    output_bytes: their bytes, per device.
-    group_size: devices in one replica group (all-gather, all-reduce, ...),
-      or 2 for a collective-permute (a source and a target).
-    received_bytes: what one device receives (see the module docstring).
-  """
-
-  op: str
-  shapes: tuple[str, ...]
-  output_bytes: int
-  group_size: int
-  received_bytes: int
+  op: str  # "all-gather", "collective-permute", ...
+  shapes: tuple[str, ...]  # its output arrays, e.g. ("s32[8,2048]",)
+  output_bytes: int  # per device
+  group_size: int  # devices per replica group (collective-permute: 2)
+  received_bytes: int  # what one device receives (module docstring)
 
 
-def _array_shapes(text):
-  out = []
-  for dtype, dims in _SHAPE.findall(text):
-    if dtype not in _DTYPE_BYTES or not dims:
-      continue  # scalars (async contexts) and unknown types
-    shape = tuple(int(d) for d in dims.split(","))
-    out.append((dtype, shape))
-  return out
+def _array_shapes(text):  # scalars (async contexts), unknown types left out
+  return [(d, tuple(int(x) for x in dims.split(",")))
+          for d, dims in _SHAPE.findall(text) if d in _DTYPE_BYTES and dims]
 
 
 def collectives(hlo_text: str) -> list[Collective]:
@@ -135,8 +121,7 @@ class ShardedCompile:
   cache_bytes_per_device: int = 0
 
   @property
-  def name(self) -> str:
-    """The row name of the compile matrix, e.g. "context-parallel/v6e:2x2"."""
+  def name(self) -> str:  # e.g. "2d/vendored/tree/v6e:2x2"
     return f"{self.layout}/{self.variant}/{self.merge}/{self.topology}"
 
   @property
@@ -185,20 +170,11 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     **overrides) -> ShardedCompile:
   """Compiles `streamidx.sharded.sharded_topk` for a TPU topology, no TPU.
 
-  Args:
-    topology: a `TOPOLOGIES` name ("v6e:2x2", "tpu7x:2x2x1").
-    layout: a `LAYOUTS` name.
-    variant: a `streamidx.VARIANTS` name.
-    merge: "all_gather" or "tree".
-    fmt, num_heads, head_dim, page_size: the cache and queries.
-    seqs_per_shard: decode sequences (one query row each) per data shard.
-    pages_per_share: page-table columns per device (each sequence's share).
-    k: results per row (default 512 in token mode, 8 pages in page mode).
-    **overrides: block sizes replacing the table's (`streamidx.block_sizes`).
-
-  Returns:
-    A `ShardedCompile`; a compiler error is recorded in it (`ok` False),
-    not raised.
+  topology: a `TOPOLOGIES` name; layout: a `LAYOUTS` name; merge:
+  "all_gather" or "tree"; seqs_per_shard: decode sequences (one query row
+  each) per data shard; pages_per_share: page-table columns per device; k:
+  default 512 (token mode) or 8 pages; **overrides: block sizes replacing the
+  table's. A compiler error is recorded in the result (`ok` False), not raised.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
