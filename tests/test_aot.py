@@ -22,6 +22,7 @@ import streamidx as si
 from streamidx import metrics, modes, semantics
 from streamidx.kernels import tpu, vendored
 from streamidx.lab import aot
+from streamidx.lab.model import tiling
 
 from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
@@ -101,7 +102,7 @@ def test_launch_scratch_is_what_the_kernel_declares():
 
 def _declared_scratch(fn, args, **kw):
   jaxpr = jax.make_jaxpr(lambda *a: fn(*a, **kw))(*args)
-  for eqn in aot._walk_pallas(jaxpr.jaxpr):  # pylint: disable=protected-access
+  for eqn in tiling.pallas_calls(jaxpr.jaxpr):
     n = eqn.params["grid_mapping"].num_scratch_operands
     yield [(tuple(v.aval.shape), jnp.dtype(v.aval.dtype).name)
            for v in eqn.params["jaxpr"].invars[-n:]
@@ -219,7 +220,7 @@ def test_without_widening_v4_rejects_the_fp8_matmul(monkeypatch):
       aot.compile_launch(eqn, target, name=name)
 
 
-GLM_PAGE = aot._SHAPES["glm-page-prefill"]  # 64-entry pages, 32 heads
+GLM_PAGE = aot.SHAPES_BY_NAME["glm-page-prefill"]  # 64-entry pages, 32 heads
 PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
 
 

@@ -11,23 +11,21 @@ v5p, v6e, v7x) x cache format x block sizes x shape. Its arguments are
 generation's compile-only device by `streamidx.compile_for`; the variant's
 entry point is lowered and compiled by the real TPU compiler (libtpu). A row
 reports "compiled" or the compiler's error in one line, the compile seconds,
-the VMEM scratch of its largest launch (`semantics.scratch_vmem_bytes`, the
-bytes the kernel declares as Mosaic tiles them) and XLA's memory analysis of
-the compiled program (HBM: arguments, output, temporaries; code size).
+the VMEM scratch of its largest launch (`semantics.scratch_vmem_bytes`) and
+XLA's memory analysis (HBM: arguments, output, temporaries; code size).
 
-What a row proves: the TPU compiler of that generation accepts the kernel
-at that shape (ops, layouts, VMEM); what it cannot show: anything about run
-time (that needs a TPU; the static schedule, `streamidx.lab.schedule`, gives
-a compute-side lower bound).
-
-`launch_calls` and `compile_launch` compile one `pallas_call` of an entry
-point on its own (what the VMEM probe and the schedule dumps use).
+A row proves the generation's compiler accepts the kernel at that shape
+(ops, layouts, VMEM), nothing about run time (that needs a TPU; the static
+schedule, `streamidx.lab.schedule`, gives a compute-side lower bound).
+`launch_calls` / `compile_launch` compile one `pallas_call` alone (the VMEM
+probe and the schedule dumps).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import multiprocessing
@@ -44,36 +42,18 @@ from streamidx import modes, semantics
 
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
 
-__all__ = [
-    "GENERATIONS",
-    "Shape",
-    "SHAPES",
-    "QUICK_SHAPES",
-    "BLOCK_SETS",
-    "Row",
-    "Result",
-    "matrix",
-    "compile_row",
-    "entry_args",
-    "launch_calls",
-    "compile_launch",
-    "scoped_vmem_probe",
-    "launch_scratch_bytes",
-    "vmem_grid",
-    "summarize_error",
-    "format_table",
-    "main",
-]
+__all__ = ["GENERATIONS", "Shape", "SHAPES", "SHAPES_BY_NAME", "QUICK_SHAPES",
+           "BLOCK_SETS", "Row", "Result", "matrix", "compile_row", "entry_args",
+           "launch_calls", "compile_launch", "scoped_vmem_probe",
+           "launch_scratch_bytes", "vmem_grid", "summarize_error",
+           "format_table", "run", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-  """The static shapes of one call: everything a compile depends on.
-
-  The decode/prefill split (`distribution`) and the sequence lengths are
-  runtime values: every launch is compiled whatever they are. What is
-  static: query rows, sequence slots, pages per sequence, cache pages.
-  """
+  """The static shapes of one call (query rows, sequence slots, pages per
+  sequence, cache pages): all a compile depends on; the split and the lengths
+  are runtime values."""
 
   name: str
   mode: str  # "token" or "page"
@@ -112,7 +92,7 @@ SHAPES: tuple[Shape, ...] = (
           2048 // 64, 1, "2 seqs x 64K tokens, 4096 query rows, "
           "2048-token budget (32 pages)"),
 )
-_SHAPES = {s.name: s for s in SHAPES}
+SHAPES_BY_NAME = {s.name: s for s in SHAPES}
 QUICK_SHAPES = {"token": "dsv4-decode-4k", "page": "glm-page-prefill"}
 
 # Block sizes tried per mode besides the block-size table's row ("table").
@@ -183,12 +163,7 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
            shapes: Sequence[str] | None = None,
            topk_methods: Sequence[str] | None = None) -> list[Row]:
   """The rows to compile. quick: the table's blocks, one shape per variant.
-
-  topk_methods: for each token variant that takes them (`Variant.
-  topk_methods`), one more row per method named here (e.g.
-  `streamidx.topk.TOPK_METHODS`) with the table's blocks: the selection
-  stage `streamidx.topk.select_topk` compiled inside the kernel call.
-  """
+  topk_methods: one more row (table blocks) per method a variant takes."""
   out = []
   for name, v in _variants().items():
     if variants and name not in variants:
@@ -243,64 +218,45 @@ def _static(variant: str, shape: Shape, blocks: dict) -> dict:
 
 
 _ERROR_CODE = re.compile(r"(E\d{4}: \w+)")
+_OOM = r"Ran out of memory[^.]*\. Used \S+ of \S+ vmem"
+_CODED = (r"Scoped allocation with size \S+ and limit \S+",
+          r"Unsupported [^:]*: [^ ]+", _OOM)
+_UNCODED = (_OOM, r"Allocation \(size=\d+\) would exceed memory \(size=\d+\)")
 
 
 def summarize_error(e: BaseException) -> str:
   """The compiler's (or streamidx's) error in one line."""
   text = str(e)
-  m = _ERROR_CODE.search(text)
-  if isinstance(e, ValueError) and not m:
-    return f"ValueError: {text.splitlines()[0]}"
   lines = [l.strip() for l in text.splitlines() if l.strip()]
-  if m:
-    code = m.group(1)
-    detail = ""
-    for pat in (r"Scoped allocation with size \S+ and limit \S+",
-                r"Unsupported [^:]*: [^ ]+", r"Ran out of memory[^.]*\. Used \S+ of \S+ vmem"):
-      d = re.search(pat, text)
-      if d:
-        detail = d.group(0)
-        break
-    if not detail:
-      after = text[m.end():].strip(" :\n")
-      detail = after.splitlines()[0] if after else ""
-    return f"{code}: {detail}"[:240]
-  for pat in (r"Ran out of memory in memory space vmem\. Used \S+ of \S+ vmem",
-              r"Allocation \(size=\d+\) would exceed memory \(size=\d+\)"):
-    d = re.search(pat, text)
-    if d:
-      return f"{type(e).__name__}: {d.group(0)}"
-  return f"{type(e).__name__}: {lines[0] if lines else ''}"[:240]
-
-
-def _walk_pallas(jaxpr):
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
-  return tiling.pallas_calls(jaxpr)
+  code = _ERROR_CODE.search(text)
+  if code is None and isinstance(e, ValueError):
+    return f"ValueError: {text.splitlines()[0] if text else ''}"
+  found = [m.group(0) for p in (_CODED if code else _UNCODED)
+           for m in [re.search(p, text)] if m]
+  if code:
+    after = text[code.end():].strip(" :\n").splitlines()
+    return f"{code.group(1)}: {(found or after or [''])[0]}"[:240]
+  return f"{type(e).__name__}: {(found or lines or [''])[0]}"[:240]
 
 
 def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
-  """Every `pallas_call` the entry point makes, traced for `target`.
+  """[(launch name, jaxpr equation)] of every `pallas_call` the entry point
+  makes, traced inside `compile_for(target.generation)`."""
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
-  Must run inside `compile_for(target.generation)`. Returns [(name, eqn)]:
-  the launch's scope name (e.g. "StreamIdxTC-d-bq_1-bkvp_3") and its jaxpr
-  equation, for `compile_launch`.
-  """
-  v = _variants()[variant]
-  args = entry_args(variant, shape, fmt, target)
-  fn = functools.partial(v.kernel, **_static(variant, shape, blocks))
-  closed = jax.make_jaxpr(fn)(*args)
+  fn = functools.partial(_variants()[variant].kernel,
+                         **_static(variant, shape, blocks))
+  closed = jax.make_jaxpr(fn)(*entry_args(variant, shape, fmt, target))
   return [(eqn.params.get("name") or "pallas_call", eqn)
-          for eqn in _walk_pallas(closed.jaxpr)]
+          for eqn in tiling.pallas_calls(closed.jaxpr)]
 
 
 def compile_launch(eqn, target, *, vmem_limit_bytes: Any = "keep",
                    name: str = "launch"):
-  """Compiles one `pallas_call` equation alone for `target`; returns it compiled.
+  """Compiles one `pallas_call` equation alone for `target`.
 
-  vmem_limit_bytes: "keep" (as traced) or a new limit (bytes or None).
-  `name` names the jitted function (and so the compiler's dump files).
-  """
+  vmem_limit_bytes: "keep" (as traced) or a new limit (bytes or None);
+  `name` names the function (and the compiler's dump files)."""
   params = dict(eqn.params)
   if vmem_limit_bytes != "keep":
     params["compiler_params"] = dataclasses.replace(
@@ -325,10 +281,8 @@ def _parse_size(num: str, unit: str) -> float:
 
 def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
   """Compiles a launch under `vmem_limit_bytes`: None if it fits, else the
-  scoped VMEM bytes the compiler says it needed, as it prints them (0.1 KiB
-  or 0.01 MiB): E1001's "size", or, for a launch beyond the chip's VMEM,
-  the "Used ... of ... vmem" of its out-of-memory report (which counts its
-  register-allocator spill slots too)."""
+  scoped VMEM bytes the compiler printed (to 0.1 KiB or 0.01 MiB): E1001's
+  "size", or beyond the chip's VMEM its out-of-memory "Used" (spills too)."""
   try:
     compile_launch(eqn, target, vmem_limit_bytes=vmem_limit_bytes)
     return None
@@ -344,11 +298,10 @@ def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
 
 def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
   """`semantics.scratch_vmem_bytes` of a traced launch's declared scratch."""
-  n = eqn.params["grid_mapping"].num_scratch_operands
-  scratch = [("", v.aval.shape, v.aval.dtype)
-             for v in eqn.params["jaxpr"].invars[-n:]
-             if "SEMAPHORE" not in str(getattr(v.aval, "memory_space", "")).upper()]
-  return semantics.scratch_vmem_bytes(scratch, tpu_generation)
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+
+  return semantics.scratch_vmem_bytes(
+      [("", s, d) for s, d in tiling.declared_scratch(eqn)], tpu_generation)
 
 
 def vmem_grid(generation: str, *, fmt: str = "fp8",
@@ -357,22 +310,18 @@ def vmem_grid(generation: str, *, fmt: str = "fp8",
               limits=(None, 100 * 2**20)) -> list[dict]:
   """Which block sizes the compiler accepts, and the VMEM it counts for them.
 
-  For the decode launch at each `decode_kv_pages` and the prefill launch at
-  each `prefill_q_blocks`: `scratch` (our tiled count), `compiler_scratch`
-  (the compiler's scoped VMEM under a 16 KiB limit: the scratch as it
-  counts it), `compiler_total` (under a limit just above that: scratch plus
-  its internal scratch; None if that fits), and for each of `limits`
-  (None: the compiler's default scoped limit) whether the launch compiles
-  there ("ok" or the error in one line) and whether the kernel's own check
-  (`check_launch_vmem`) refuses it ("check <limit>": "refuses"/"passes").
-  Launches are traced with that check off, so the compiler judges each
-  one, and compiled alone.
+  One row per decode launch at `decode_kv_pages` and prefill launch at
+  `prefill_q_blocks`, traced with the kernel's `check_launch_vmem` off and
+  compiled alone: `scratch` (our tiled count), `compiler_scratch` (its
+  scoped VMEM under a 16 KiB limit), `compiler_total` (under a limit just
+  above that: plus its internal scratch; None if that fits), and per limit
+  of `limits` (None: the compiler's default) "limit L" ("ok" or the error)
+  and "check L" (whether our check "refuses" or "passes" it).
   """
-  import contextlib  # pylint: disable=g-import-not-at-top
   from unittest import mock  # pylint: disable=g-import-not-at-top
   from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
 
-  shp = _SHAPES[shape]
+  shp = SHAPES_BY_NAME[shape]
   cases = [("decode", dict(num_kv_pages_per_block=(p, 1, 1),
                            num_queries_per_block=(1, 8, 8)), p, 1)
            for p in decode_kv_pages]
@@ -433,7 +382,7 @@ def _memory(compiled) -> dict:
 
 def compile_row(row: Row) -> Result:
   """Compiles one row's entry point for its generation; never raises."""
-  shape = _SHAPES[row.shape]
+  shape = SHAPES_BY_NAME[row.shape]
   v = _variants()[row.variant]
   t0 = time.perf_counter()
   vmem = 0
@@ -453,17 +402,18 @@ def compile_row(row: Row) -> Result:
                   vmem)
 
 
-def _fmt_blocks(blocks: tuple) -> str:
-  d = dict(blocks)
-  parts = []
-  for k, short in (("num_kv_pages_per_block", "kv"),
-                   ("num_queries_per_block", "q"),
-                   ("decode_req_batch_size", "B"),
-                   ("vmem_limit_bytes", "vmem")):
-    if k in d:
-      val = d[k]
-      val = "/".join(map(str, val)) if isinstance(val, tuple) else val
-      parts.append(f"{short}={val}")
+def _label(row: Row) -> str:
+  """E.g. "kv=1/2/2 q=1/64/64 B=4 (table) topk_method=sort"."""
+  d = dict(row.blocks)
+  parts = [f"{short}={'/'.join(map(str, v)) if isinstance(v, tuple) else v}"
+           for k, short in (("num_kv_pages_per_block", "kv"),
+                            ("num_queries_per_block", "q"),
+                            ("decode_req_batch_size", "B"),
+                            ("vmem_limit_bytes", "vmem"))
+           for v in [d.get(k)] if k in d]
+  parts += ["(table)"] * row.table
+  if row.topk_method is not None:
+    parts.append(f"topk_method={row.topk_method}")
   return " ".join(parts)
 
 
@@ -479,42 +429,33 @@ def format_table(results: Sequence[Result]) -> str:
   for r in results:
     m = r.memory
     rows.append((r.row.variant, r.row.generation, r.row.fmt, r.row.shape,
-                 _fmt_blocks(r.row.blocks) + ("" if not r.row.table else " (table)")
-                 + ("" if r.row.topk_method is None
-                    else f" topk_method={r.row.topk_method}"),
+                 _label(r.row),
                  "compiled" if r.ok else r.error, f"{r.compile_s:.1f}",
                  _mib(r.vmem_scratch), _mib(m.get("temp")),
                  _mib(m.get("argument")),
                  f"{m['generated_code'] / 1024:.0f}" if m else "-"))
   widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-  widths[5] = min(widths[5], 90)
-  lines = ["  ".join(str(x)[:w].ljust(w) for x, w in zip(head, widths))]
-  lines.append("  ".join("-" * w for w in widths))
-  for row in rows:
-    cells = [str(x).ljust(w) if i != 5 else str(x)[:max(w, 90)].ljust(w)
-             for i, (x, w) in enumerate(zip(row, widths))]
-    lines.append("  ".join(cells).rstrip())
-  return "\n".join(lines)
+  widths[5] = min(widths[5], 90)  # the result column: errors cut at 90
+  lines = [["-" * w for w in widths]] + rows
+  return "\n".join("  ".join(str(x)[:w].ljust(w) for x, w in zip(r, widths)
+                             ).rstrip() for r in [head] + lines)
 
 
 def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:
   """Compiles `rows` in `jobs` processes (1: in this process)."""
-  if jobs <= 1:
+  with contextlib.ExitStack() as st:
+    if jobs <= 1:
+      results = map(compile_row, rows)
+    else:
+      pool = st.enter_context(concurrent.futures.ProcessPoolExecutor(
+          jobs, mp_context=multiprocessing.get_context("spawn")))
+      results = pool.map(compile_row, rows)
     out = []
-    for r in rows:
-      out.append(compile_row(r))
+    for r in results:
+      out.append(r)
       if progress:
-        progress(out[-1])
+        progress(r)
     return out
-  ctx = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-    futures = [pool.submit(compile_row, r) for r in rows]
-    out = []
-    for f in futures:
-      out.append(f.result())
-      if progress:
-        progress(out[-1])
-  return out
 
 
 def main(argv=None) -> int:
@@ -527,23 +468,16 @@ def main(argv=None) -> int:
   p.add_argument("--variants", nargs="+")
   p.add_argument("--generations", nargs="+", choices=GENERATIONS)
   p.add_argument("--formats", nargs="+")
-  p.add_argument("--shapes", nargs="+", choices=sorted(_SHAPES))
+  p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES_BY_NAME))
   p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                  help="compiler processes (default: min(4, CPUs))")
   p.add_argument("--topk-methods", nargs="*", metavar="METHOD",
                  help="also one row per streamidx.topk method (all of "
                  "TOPK_METHODS when given no names) at the table's blocks")
-  p.add_argument("--list", action="store_true", help="list the shapes")
   p.add_argument("--no-sharded", action="store_true",
                  help="skip the sharded rows (sequence- and context-parallel "
                  "on v6e:2x2 and tpu7x:2x2x1, streamidx.lab.sharding)")
   a = p.parse_args(argv)
-  if a.list:
-    for s in SHAPES:
-      print(f"{s.name:18s} {s.mode:5s} T={s.num_tokens} seqs={s.max_num_seqs} "
-            f"pages/seq={s.pages_per_seq} page={s.page_size} H={s.num_heads} "
-            f"k={s.k} ratio={s.compression_ratio}  {s.note}")
-    return 0
   if a.topk_methods is not None:
     from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
     for m in a.topk_methods:
@@ -561,11 +495,8 @@ def main(argv=None) -> int:
         flush=True)
 
   def progress(r):
-    state = "compiled" if r.ok else "FAILED  "
-    method = ("" if r.row.topk_method is None
-              else f" topk_method={r.row.topk_method}")
-    print(f"  {state} {r.row.variant} {r.row.generation} {r.row.fmt} "
-          f"{r.row.shape} {_fmt_blocks(r.row.blocks)}{method} "
+    print(f"  {'compiled' if r.ok else 'FAILED  '} {r.row.variant} "
+          f"{r.row.generation} {r.row.fmt} {r.row.shape} {_label(r.row)} "
           f"({r.compile_s:.1f} s)", flush=True)
 
   t0 = time.perf_counter()

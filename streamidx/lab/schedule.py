@@ -15,18 +15,15 @@ writes, among others:
         the ops issued in each slot (MXU, XLU, VALU, VPOP, EUP, VLOAD,
         VLOAD:FILL, VSTORE, VSTORE:SPILL, SALU) and each slot's capacity.
 
-`launch_schedules(...)` compiles every launch of a variant alone (in a child
-process, since libtpu reads its flags when it loads) and parses the dumps;
-`kv_loop(...)` finds the loop that scores KV blocks (the innermost loop with
-MXU ops) and reports its bundles per iteration and per KV page, the slot that
-binds (the highest issue rate against its capacity), spills and the kernel
-source lines it spends its bundles on.
+`launch_schedules` compiles each launch alone in a child process (libtpu
+reads its flags when it loads) and parses the dumps; `kv_loop` finds the
+loop that scores KV blocks (the innermost with MXU ops): bundles per
+iteration and per KV page, the binding slot (highest issue rate against its
+capacity), spills and the kernel source lines it spends bundles on.
 
-What it is: the compiler's own static schedule, so bundles x clock is a
-lower bound on the compute side of one KV page (no stalls: DMA waits, bank
-conflicts, MXU result latency beyond the schedule). Beside the HBM time of
-the page's bytes (`streamidx.lab.model.roofline.page_bounds`) it says which
-side binds. Not what it is: a run time (that needs a TPU).
+Bundles / clock is a lower bound on the compute side of one KV page (no
+stalls: DMA waits, bank conflicts, MXU latency); beside the page's HBM time
+(`roofline.page_bounds`) it says which side binds. It is not a run time.
 """
 
 from __future__ import annotations
@@ -42,26 +39,15 @@ import sys
 import tempfile
 from typing import Sequence
 
-__all__ = [
-    "DUMP_FLAGS",
-    "Bundle",
-    "Loop",
-    "KvLoop",
-    "LaunchSchedule",
-    "parse_bundles",
-    "parse_utilization",
-    "find_loops",
-    "kv_loop",
-    "launch_schedules",
-    "schedule_table",
-]
+__all__ = ["DUMP_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+           "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
+           "launch_schedules", "schedule_table"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
               "--xla_mosaic_enable_llo_source_annotations=true")
 DELAY_SLOTS = 4  # bundles after a taken branch that still issue
 
-_ADDR = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(L[BHE]:|PB:|PF:|CT:)?\s*[>\s]*:?\s*[>]*\s*\{")
 _LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
 _START = re.compile(r"Start region (\d+)")
 _BRANCH = re.compile(r"sbr\.rel[^;]*?target = \$region(\d+)")
@@ -103,12 +89,12 @@ def parse_bundles(text: str) -> list[Bundle]:
   return out
 
 
-def parse_utilization(text: str) -> tuple[tuple[str, ...], tuple[int, ...],
-                                          list[tuple[int, ...]]]:
+def parse_utilization(text: str):
   """(slot names, capacities, one row of per-slot op counts per bundle)."""
   lines = [l.strip() for l in text.splitlines()]
-  i = lines.index("== CAPACTIY:") if "== CAPACTIY:" in lines else lines.index(
-      "== CAPACITY:")
+  # (libtpu spells it CAPACTIY)
+  i = next(i for i, l in enumerate(lines) if l in ("== CAPACTIY:",
+                                                   "== CAPACITY:"))
   names = tuple(x.strip() for x in lines[i + 1].split(","))
   capacity = tuple(int(x) for x in lines[i + 2].split())
   j = lines.index("== UTILIZATION:")
@@ -133,8 +119,8 @@ class Loop:
 
 
 def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
-  """Every loop: a body ("LB:" bundle starting region N) up to the branch
-  back to region N plus its delay slots."""
+  """Every loop: an "LB:" bundle starting region N up to the branch back to
+  N plus its delay slots."""
   by_addr = {b.addr: b for b in bundles}
   last = max(by_addr) if by_addr else -1
   loops = []
@@ -227,9 +213,10 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
   """In the child: compile every launch alone; one record per launch."""
   from streamidx import modes  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
   del out_dir  # libtpu writes there (LIBTPU_INIT_ARGS)
-  shape = {s.name: s for s in aot.SHAPES}[spec["shape"]]
+  shape = aot.SHAPES_BY_NAME[spec["shape"]]
   out = []
   with modes.compile_for(spec["generation"]) as target:
     for j, blocks in enumerate(spec["blocks"]):
@@ -238,7 +225,7 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
       calls = aot.launch_calls(spec["variant"], shape, spec["fmt"], blocks,
                                target)
       for i, (name, eqn) in enumerate(calls):
-        case, _, _ = _case(name)
+        case, _, _ = tiling.launch_case(name)
         n = eqn.params["grid_mapping"].num_scratch_operands
         batch = int(eqn.params["jaxpr"].invars[-n].aval.shape[1])  # bkv_x2
         if case == "decode" and batch == 1:
@@ -256,36 +243,19 @@ def _worker(spec: dict, out_dir: str) -> list[dict]:
   return out
 
 
-def _case(name: str) -> tuple[str, int, int]:
-  """'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", bq 1, bkv_p 3); the dense
-  kernel's 'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' likewise."""
-  m = re.match(r"StreamIdx(?:Dense)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
-               r"bkvp_(\d+)", name)
-  if not m:
-    return name, 0, 0
-  case = "page" if m.group(1) else {"d": "decode", "p": "prefill",
-                                     "m": "mixed"}[m.group(2)]
-  return case, int(m.group(3)), int(m.group(4))
-
-
 def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                      blocks, *, launches: Sequence[str] = (),
                      dump_dir: str | None = None,
                      timeout: float = 900.0) -> list[LaunchSchedule]:
-  """Compiles each launch of `variant` alone for `generation` and reads its
-  static schedule.
-
-  Args:
-    shape: a name of `streamidx.lab.aot.SHAPES`.
-    blocks: block-size keywords (a dict), or a list of them (one child
-      process compiles them all).
-    launches: only these launch cases ("decode", "decode_rest", "prefill",
-      "mixed", "page"); empty: all.
-  """
+  """Compiles each launch of `variant` alone for `generation` (`shape`: an
+  `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
+  child process for all) and reads its static schedule; `launches`: only
+  these cases ("decode", "decode_rest", "prefill", "mixed", "page")."""
   from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
 
-  shp = {s.name: s for s in aot.SHAPES}[shape]
+  shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
               blocks=block_sets, launches=list(launches))
@@ -304,7 +274,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
     out = []
     for rec in records:
-      _, bq, bkv_p = _case(rec["name"])
+      _, bq, bkv_p = tiling.launch_case(rec["name"])
       common = dict(variant=variant, generation=generation, fmt=fmt,
                     shape=shape, launch=rec["name"], case=rec["case"],
                     seq_batch_size=rec["seq_batch_size"], bkv_p=bkv_p,
@@ -383,7 +353,7 @@ def main(argv=None) -> int:
   from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
-  shape = {s.name: s for s in aot.SHAPES}[a.shape]
+  shape = aot.SHAPES_BY_NAME[a.shape]
   for gen in a.generations:
     for fmt in a.formats:
       base = aot.table_blocks(a.variant, shape, fmt, gen)

@@ -29,9 +29,7 @@ should move. They agree when the compiler added no collective of its own.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import os
 import re
 import time
 
@@ -39,16 +37,8 @@ import numpy as np
 
 from streamidx import modes
 
-__all__ = [
-    "LAYOUTS",
-    "TOPOLOGIES",
-    "Collective",
-    "collectives",
-    "ShardedCompile",
-    "compile_sharded",
-    "compile_matrix",
-    "compiled_kernels",
-]
+__all__ = ["LAYOUTS", "TOPOLOGIES", "Collective", "collectives",
+           "ShardedCompile", "compile_sharded", "compile_matrix"]
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
@@ -71,32 +61,18 @@ _PAIRS = re.compile(r"source_target_pairs=\{([0-9,{}]*)\}")
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-  """One collective of a compiled program.
+  """One collective of a compiled program (async "-start" folded in)."""
 
-  Attributes:
-    op: "all-gather", "collective-permute", ... (async "-start" folded in).
-    shapes: its output arrays, e.g. ("s32[8,2048]",).
-    output_bytes: their bytes, per device.
-    group_size: devices in one replica group (all-gather, all-reduce, ...),
-      or 2 for a collective-permute (a source and a target).
-    received_bytes: what one device receives (see the module docstring).
-  """
-
-  op: str
-  shapes: tuple[str, ...]
-  output_bytes: int
-  group_size: int
-  received_bytes: int
+  op: str  # "all-gather", "collective-permute", ...
+  shapes: tuple[str, ...]  # its output arrays, e.g. ("s32[8,2048]",)
+  output_bytes: int  # per device
+  group_size: int  # devices per replica group (collective-permute: 2)
+  received_bytes: int  # what one device receives (module docstring)
 
 
-def _array_shapes(text):
-  out = []
-  for dtype, dims in _SHAPE.findall(text):
-    if dtype not in _DTYPE_BYTES or not dims:
-      continue  # scalars (async contexts) and unknown types
-    shape = tuple(int(d) for d in dims.split(","))
-    out.append((dtype, shape))
-  return out
+def _array_shapes(text):  # scalars (async contexts), unknown types left out
+  return [(d, tuple(int(x) for x in dims.split(",")))
+          for d, dims in _SHAPE.findall(text) if d in _DTYPE_BYTES and dims]
 
 
 def collectives(hlo_text: str) -> list[Collective]:
@@ -125,24 +101,6 @@ def collectives(hlo_text: str) -> list[Collective]:
   return found
 
 
-@contextlib.contextmanager
-def compiled_kernels():
-  """Pallas kernels traced inside the block compile (Mosaic), on any backend.
-
-  The kernels resolve their mode at trace time (`streamidx.modes`); forcing
-  "no interpreter" is what compiling for a TPU topology from a CPU host
-  needs.
-  """
-  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
-
-  state = jax_config.pallas_tpu_interpret_mode_context_manager
-  prev = state.swap_local(False)
-  try:
-    yield
-  finally:
-    state.set_local(prev)
-
-
 @dataclasses.dataclass
 class ShardedCompile:
   """One compile of a sharded layout for a topology."""
@@ -163,8 +121,7 @@ class ShardedCompile:
   cache_bytes_per_device: int = 0
 
   @property
-  def name(self) -> str:
-    """The row name of the compile matrix, e.g. "context-parallel/v6e:2x2"."""
+  def name(self) -> str:  # e.g. "2d/vendored/tree/v6e:2x2"
     return f"{self.layout}/{self.variant}/{self.merge}/{self.topology}"
 
   @property
@@ -213,22 +170,12 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     **overrides) -> ShardedCompile:
   """Compiles `streamidx.sharded.sharded_topk` for a TPU topology, no TPU.
 
-  Args:
-    topology: a `TOPOLOGIES` name ("v6e:2x2", "tpu7x:2x2x1").
-    layout: a `LAYOUTS` name.
-    variant: a `streamidx.VARIANTS` name.
-    merge: "all_gather" or "tree".
-    fmt, num_heads, head_dim, page_size: the cache and queries.
-    seqs_per_shard: decode sequences (one query row each) per data shard.
-    pages_per_share: page-table columns per device (each sequence's share).
-    k: results per row (default 512 in token mode, 8 pages in page mode).
-    **overrides: block sizes replacing the table's (`streamidx.block_sizes`).
-
-  Returns:
-    A `ShardedCompile`; a compiler error is recorded in it (`ok` False),
-    not raised.
+  topology: a `TOPOLOGIES` name; layout: a `LAYOUTS` name; merge:
+  "all_gather" or "tree"; seqs_per_shard: decode sequences (one query row
+  each) per data shard; pages_per_share: page-table columns per device; k:
+  default 512 (token mode) or 8 pages; **overrides: block sizes replacing the
+  table's. A compiler error is recorded in the result (`ok` False), not raised.
   """
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
@@ -245,52 +192,46 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
   v = si.VARIANTS[variant]
   page = v.mode == "page"
   k = (8 if page else 512) if k is None else k
-  ratio = 1 if page else 4
+  s = seqs_per_shard
+  g = s * pages_per_share
   result = ShardedCompile(topology, generation, layout, variant, merge,
-                          (nd, nc), seqs_per_shard, k, ok=False)
+                          (nd, nc), s, k, ok=False,
+                          cache_bytes_per_device=g * page_size *
+                          cache_lib.record_bytes(fmt, head_dim))
+  data_axis = "data" if nd > 1 else None
+  context_axis = "context" if nc > 1 else None
+  both = tuple(a for a in (data_axis, context_axis) if a)
   t0 = time.time()
   try:
-    # libtpu loaded (and its start-up noise kept out) as `compile_for` does:
-    # `modes.TOPOLOGIES[generation]` is this very slice.
+    # `compile_for` loads libtpu for this very slice (`modes.TOPOLOGIES`) and
+    # traces the kernels compiled (Mosaic), not interpreted.
     assert modes.TOPOLOGIES[generation] == topology, topology
-    topo = modes._topology(generation)  # pylint: disable=protected-access
-    mesh = sharded.make_mesh(nd, nc, devices=topo.devices)
-    data_axis = "data" if nd > 1 else None
-    context_axis = "context" if nc > 1 else None
-    both = tuple(a for a in (data_axis, context_axis) if a)
-    pages_spec = P(both if len(both) > 1 else both[0])
-    rows_spec = P(data_axis)
+    with modes.compile_for(generation) as target:
+      mesh = sharded.make_mesh(nd, nc, devices=target.devices)
 
-    def sds(shape, dtype, spec):
-      return jax.ShapeDtypeStruct(shape, dtype,
-                                  sharding=NamedSharding(mesh, spec))
+      def sds(shape, dtype, spec):
+        return jax.ShapeDtypeStruct(shape, dtype,
+                                    sharding=NamedSharding(mesh, P(spec)))
 
-    s, t = seqs_per_shard, seqs_per_shard
-    g = s * pages_per_share
-    packing = cache_lib.kv_packing(fmt)
-    cache = sds((nd * nc * g, page_size // packing, packing,
-                 cache_lib.lkv_dim(fmt, head_dim)),
-                cache_lib.cache_dtype(fmt), pages_spec)
-    last = (sds((nd * 3,), jnp.int32, rows_spec) if not page
-            else sds((nd,), jnp.int32, rows_spec))
-    args = (sds((nd * t, num_heads, head_dim), jnp.bfloat16, rows_spec),
-            sds((nd * t, num_heads), jnp.float32, rows_spec), cache,
-            sds((nd * s,), jnp.int32, rows_spec),
-            sds((nd * nc * s * pages_per_share,), jnp.int32, pages_spec),
-            sds((nd * (s + 1),), jnp.int32, rows_spec), last)
-    result.cache_bytes_per_device = (
-        g * page_size * cache_lib.record_bytes(fmt, head_dim))
-    static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
-                           page_size=page_size,
-                           generation=generation).kwargs()
-    static.update(overrides)
-    fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
-                              context_axis=context_axis, k=k,
-                              compression_ratio=ratio, merge=merge, **static)
-    with (compiled_kernels(), jax.default_device(topo.devices[0]),
-          modes.no_persistent_cache_writes()):
-      compiled = fn.lower(*args).compile()
-    text = compiled.as_text()
+      rows, pages = data_axis, both if len(both) > 1 else both[0]
+      packing = cache_lib.kv_packing(fmt)
+      args = (sds((nd * s, num_heads, head_dim), jnp.bfloat16, rows),
+              sds((nd * s, num_heads), jnp.float32, rows),
+              sds((nd * nc * g, page_size // packing, packing,
+                   cache_lib.lkv_dim(fmt, head_dim)),
+                  cache_lib.cache_dtype(fmt), pages),
+              sds((nd * s,), jnp.int32, rows),
+              sds((nd * nc * g,), jnp.int32, pages),
+              sds((nd * (s + 1),), jnp.int32, rows),
+              sds((nd,) if page else (nd * 3,), jnp.int32, rows))
+      static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
+                             page_size=page_size,
+                             generation=generation).kwargs()
+      fn = sharded.sharded_topk(v, mesh, data_axis=data_axis,
+                                context_axis=context_axis, k=k,
+                                compression_ratio=1 if page else 4,
+                                merge=merge, **{**static, **overrides})
+      text = fn.lower(*args).compile().as_text()
     result.has_kernel = 'custom_call_target="tpu_custom_call"' in text
     result.collectives = collectives(text)
     result.ok = True

@@ -42,10 +42,8 @@ from typing import Mapping, Sequence
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 
-__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "roofline_table",
-           "PageBound", "page_bound", "page_bounds"]
-
-
+__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
+           "page_bound", "page_bounds"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -72,7 +70,7 @@ class StageCost:
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-  """Seconds: T_mem, T_math, and their max, for one stage on one generation."""
+  """Seconds: T_mem, T_math and their max, one stage on one generation."""
 
   stage: str
   generation: str
@@ -172,29 +170,6 @@ def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
   return out
 
 
-def roofline_table(p: tiling.Plan, *, k: int,
-                   specs: Mapping[str, hardware.TpuSpec] | None = None,
-                   matmul_dtype: str = "bf16") -> list[dict]:
-  """One row per (stage, generation): bytes, FLOPs, intensity, T_mem, T_math, bound."""
-  specs = hardware.load_specs() if specs is None else specs
-  sc = costs(p, k=k)
-  rows = []
-  for gen in hardware.GENERATIONS:
-    for c, b in zip(sc, bounds(sc, specs[gen], matmul_dtype=matmul_dtype)):
-      rows.append({
-          "generation": gen, "stage": c.name,
-          "MB read": round(sum(c.bytes_read.values()) / 1e6, 3),
-          "MB written": round(sum(c.bytes_written.values()) / 1e6, 3),
-          "GFLOP": round(c.flops / 1e9, 3),
-          "FLOP/B": round(c.intensity, 1),
-          "T_mem us": round(b.t_mem * 1e6, 2),
-          "T_math us": round(b.t_math * 1e6, 2),
-          "bound us": round(b.bound * 1e6, 2),
-          "limit": b.limiter if c.flops else "memory",
-      })
-  return rows
-
-
 # ---------------------------------------------------------------------------
 # Per KV page: the HBM bound beside the compiled code's static schedule.
 
@@ -203,12 +178,11 @@ def roofline_table(p: tiling.Plan, *, k: int,
 class PageBound:
   """One KV page of a launch on one generation: HBM time vs scheduled compute.
 
-  t_hbm: the page's bytes over one TensorCore's HBM bandwidth (the HBM
-  bound). bundles_per_page: the compiler's static schedule of the KV loop
-  (`streamidx.lab.schedule`), one bundle per clock cycle, no stalls, so
-  bundles / clock is a lower bound on the compute side. With no published
-  clock (`clock_hz` None) only the break-even clock is known: the launch is
-  vector-bound (compute-bound on its binding slot) at any clock below it.
+  t_hbm: the page's bytes over one TensorCore's HBM bandwidth.
+  bundles_per_page: the KV loop's static schedule (`streamidx.lab.schedule`),
+  a bundle a cycle without stalls: bundles / clock bounds compute from below.
+  With no published clock only the break-even clock is known (vector-bound
+  below it).
   """
 
   generation: str
@@ -225,8 +199,7 @@ class PageBound:
     return None if self.clock_hz is None else self.bundles_per_page / self.clock_hz
 
   @property
-  def break_even_clock_hz(self) -> float:
-    """The clock at which the schedule takes exactly the page's HBM time."""
+  def break_even_clock_hz(self) -> float:  # schedule time == HBM time
     return self.bundles_per_page / self.t_hbm
 
   @property
@@ -253,10 +226,9 @@ def page_bound(generation: str, *, bundles_per_page: float, page_bytes: int,
 def page_bounds(schedules, *, head_dim: int = 128,
                 specs: Mapping[str, hardware.TpuSpec] | None = None
                 ) -> list[PageBound]:
-  """`page_bound` of every launch in `schedules` (`schedule.LaunchSchedule`s)
-  that has a KV loop. A page's bytes: page_size entries of the format's
-  record (`streamidx.cache.record_bytes`; the dense FP8 format: values and
-  scales as a TPU stores them, `cache.dense_tpu_bytes_per_entry`)."""
+  """`page_bound` of each `schedule.LaunchSchedule` with a KV loop; a page's
+  bytes as a TPU stores them (`cache.record_bytes`; dense FP8:
+  `cache.dense_tpu_bytes_per_entry`)."""
   from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
 
   def entry_bytes(fmt, page_size):

@@ -1,45 +1,32 @@
 """How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
 
-A model of `streamidx/kernels/vendored.py` (and of `kernels/dense.py`, the same
-pipeline over the dense FP8 cache: fmt="dense_fp8"), written from its code and checked against
-it (tests/test_tiling.py): the VMEM scratch shapes against the shapes the
-kernel's own `pallas_call`s declare, and the DMA sequence against the DMAs
-the Pallas TPU interpreter executes (`streamidx.lab.model.timeline`).
-
-Vocabulary (the kernel's):
+A model of `kernels/vendored.py` (and `kernels/dense.py`: fmt="dense_fp8"),
+checked against it (tests/test_tiling.py): VMEM scratch shapes against those
+the kernel's `pallas_call`s declare, DMAs against those the Pallas TPU
+interpreter executes (`streamidx.lab.model.timeline`). Vocabulary (the kernel's):
 
 - launch: one `pallas_call`. `streamindex_topk` makes four, one per range of
-  `distribution = (i, j, n)`: "decode" (sequences [0, i // B * B), B =
+  `distribution = (i, j, n)`: "decode" ([0, i // B * B), B =
   `decode_req_batch_size` sequences per program), "decode_rest" ([i // B * B,
-  i), one per program), "prefill" ([i, j)) and "mixed" ([j, n)).
-  `streamindex_page_topk` makes one, "page".
-- program: one grid step; it owns `seq_batch_size` consecutive sequences
-  and scores their query rows `q_rows` (a decode launch, static q_len 1,
-  only the first row of each).
-- bq: query rows per block (`num_queries_per_block[case]`, or 1 in decode,
-  where `bq_sz = min(num_queries_per_block, 1)`). A program loops over
-  `num_bq = max(1, cdiv(q_len, bq))` query blocks.
-- bkv_p: pages per KV block (`num_kv_pages_per_block[case]`; 128 in page
-  mode); bkv_sz = bkv_p * page_size entries. For each query block a program
-  loops over `num_bkv = max(1, cdiv(max kv_len of its sequences, bkv_sz))`
-  KV blocks: the longest sequence of a decode batch sets it for all.
-- step: one (program, bq block, bkv block): one KV block scored against one
-  query block, for every sequence of the program.
-- DMAs: each step fetches its KV block one page per DMA (bkv_p DMAs per
-  sequence; the dense FP8 kernel, fmt "dense_fp8", two per page: values
-  and scales), double-buffered (slot 0/1, prefetched one step ahead, across
-  query blocks and programs); each query block fetches q and the weights
-  (one DMA each per sequence); token mode writes each step's f32 scores to
-  HBM (one DMA per step), page mode each query block's pooled page scores.
+  i), one per program), "prefill" ([i, j)), "mixed" ([j, n));
+  `streamindex_page_topk` one, "page".
+- program: one grid step: `seq_batch_size` consecutive sequences, scoring
+  their query rows `q_rows` (decode, static q_len 1: the first row of each).
+- bq: query rows per block (decode: `min(num_queries_per_block, 1)`); a
+  program loops over `num_bq = max(1, cdiv(q_len, bq))` query blocks.
+- bkv_p: pages per KV block (page mode: 128); bkv_sz = bkv_p * page_size
+  entries; per query block `num_bkv = max(1, cdiv(max kv_len, bkv_sz))` KV
+  blocks: a decode batch's longest sequence sets it for all.
+- step: one (program, bq block, bkv block).
+- DMAs: one per KV page (dense FP8: two, values and scales), double-buffered
+  (slots 0/1, prefetched one step ahead across query blocks and programs);
+  q and weights once per query block and sequence; token mode writes each
+  step's f32 scores to HBM, page mode each query block's pooled page scores.
 
 Units: entries (compressed KV positions) unless a name says tokens or bytes.
-
-This is the only model of the launches in the project: the list of launches
-comes from `streamidx.semantics.token_launches`, which the kernel's wrapper
-also loops over; notebooks 02 and 04, the roofline, the timeline and the
-case matrix all read a `Plan`. Block sizes not given are the block-size
-table's (`streamidx.block_sizes`) for the batch's page size, the heads and
-the cache format.
+The launches come from `semantics.token_launches`, the list the kernel's
+wrapper loops over; block sizes not given are the block-size table's
+(`streamidx.block_sizes`).
 """
 
 from __future__ import annotations
@@ -47,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from typing import Iterator, Sequence
 
 import jax.numpy as jnp
@@ -57,34 +45,16 @@ from streamidx import semantics
 from streamidx import variants as variants_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
-__all__ = [
-    "TOKEN_CASES",
-    "MODELLED_VARIANTS",
-    "Geometry",
-    "geometry",
-    "Program",
-    "Launch",
-    "Plan",
-    "resolve_variant",
-    "table_blocks",
-    "plan",
-    "Event",
-    "expected_dma_events",
-    "steps",
-    "scratch_bytes",
-    "kernel_scratch",
-    "vmem_budget",
-    "block_waste",
-    "SORTS",
-    "KERNEL_SORT",
-    "batching_order",
-    "decode_batch_waste",
-]
+__all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
+           "Launch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
+           "expected_dma_events", "steps", "scratch_bytes", "pallas_calls",
+           "declared_scratch", "launch_case", "kernel_scratch", "vmem_budget",
+           "block_waste", "SORTS", "KERNEL_SORT", "batching_order",
+           "decode_batch_waste"]
 
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 # The kernels whose launches this module models, by `streamidx.VARIANTS` name.
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page")
-_SYMBOL = {"d": "decode", "p": "prefill", "m": "mixed"}
 _CASE_SYMBOL = {"decode": "d", "decode_rest": "d", "prefill": "p", "mixed": "m"}
 
 
@@ -94,12 +64,8 @@ def _dtype(name):
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-  """The static shapes the kernel derives from its inputs.
-
-  num_q_heads and head_dim are after the kernel's padding
-  (`prepare_q_inputs`: heads to a multiple of the query dtype's packing,
-  head_dim to 128).
-  """
+  """The kernel's static shapes; heads and head_dim after its padding
+  (`prepare_q_inputs`: the query dtype's packing, 128)."""
 
   fmt: str  # cache format: "fp8", "bf16" or "dense_fp8"
   page_size: int  # entries per page
@@ -112,8 +78,7 @@ class Geometry:
   q_dtype: str  # "bfloat16" or "float32"
 
   @property
-  def dense(self) -> bool:
-    """The dense FP8 cache: values and scales in two arrays."""
+  def dense(self) -> bool:  # values and scales in two arrays
     return self.fmt == "dense_fp8"
 
   @property
@@ -121,8 +86,7 @@ class Geometry:
     return 4 if self.dense else cache_lib.kv_packing(self.fmt)
 
   @property
-  def lkv_dim(self) -> int:
-    """Elements per row of the values or records array."""
+  def lkv_dim(self) -> int:  # elements per row of the values/records array
     return self.head_dim if self.dense else cache_lib.lkv_dim(self.fmt,
                                                               self.head_dim)
 
@@ -136,33 +100,24 @@ class Geometry:
             else np.dtype(cache_lib.cache_dtype(self.fmt)))
 
   @property
-  def record_bytes(self) -> int:
-    """Bytes of one entry's data (FP8 record: values, scale and padding;
-    dense FP8: head_dim + 1)."""
+  def record_bytes(self) -> int:  # one entry's bytes (dense: head_dim + 1)
     if self.dense:
       return cache_lib.CACHE_FORMATS["dense_fp8"].bytes_per_entry(
           self.head_dim)
     return cache_lib.record_bytes(self.fmt, self.head_dim)
 
   @property
-  def page_bytes(self) -> int:
-    """Bytes the KV DMAs of one page move (the interpreter's count)."""
+  def page_bytes(self) -> int:  # what a page's KV DMAs move
     return self.page_size * self.record_bytes
 
   @property
   def hbm_page_bytes(self) -> int:
-    """Bytes one page occupies in a TPU's HBM, tile padding included (the
-    dense format's scale rows pad to (4, 128) tiles: 132 B per entry at
-    page size 128); equal to `page_bytes` for the packed formats."""
+    """A page in a TPU's HBM, tile padding included (dense scale rows pad to
+    (4, 128) tiles); `page_bytes` for the packed formats."""
     if self.dense:
       return self.page_size * cache_lib.dense_tpu_bytes_per_entry(
           self.head_dim, self.page_size)
     return self.page_bytes
-
-  @property
-  def scale_lanes(self) -> int:
-    """Dense FP8: the minor dimension of a page's scale rows."""
-    return cache_lib.dense_scale_lanes(self.page_size)
 
   @property
   def q_itemsize(self) -> int:
@@ -171,7 +126,7 @@ class Geometry:
 
 def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
              q_dtype: str = "bfloat16") -> Geometry:
-  """The kernel's static shapes for `batch` (a `RaggedBatch`) and these inputs."""
+  """The kernel's static shapes for `batch` (a `RaggedBatch`)."""
   if fmt not in cache_lib.FORMATS + ("dense_fp8",):
     raise ValueError(f"fmt must be one of {cache_lib.FORMATS + ('dense_fp8',)}"
                      f", got {fmt!r}")
@@ -196,13 +151,8 @@ class Program:
   kv_lens: tuple[int, ...]  # entries per sequence (seq_len // ratio)
   num_bq: int
   num_bkv: int
-  # Rows of q each sequence's scores are computed for, [start, end): all of
-  # its rows, or only the first where the launch's q_len is static (decode).
+  # [start, end) rows of q scored per sequence (decode: the first only).
   q_rows: tuple[tuple[int, int], ...] = ()
-
-  @property
-  def steps(self) -> int:
-    return self.num_bq * self.num_bkv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,16 +176,14 @@ class Launch:
     return len(self.programs)
 
   @property
-  def name(self) -> str:
-    """The kernel's `named_scope` / pallas_call name (profiles show it)."""
+  def name(self) -> str:  # the kernel's pallas_call name (in profiles)
     if self.case == "page":
       return f"StreamIdxPageTC-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
     symbol = _CASE_SYMBOL[self.case]
     return f"StreamIdxTC-{symbol}-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
 
   @property
-  def label(self) -> str:
-    """Short label: "decode[B]" (B sequences per program), "prefill", ..."""
+  def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
     if self.case in ("decode", "decode_rest"):
       return f"decode[{self.seq_batch_size}]"
     return self.case
@@ -245,8 +193,7 @@ class Launch:
     return sum(p.num_bq * p.num_bkv for p in self.programs)
 
   @property
-  def vmem_bytes(self) -> int:
-    """Bytes of the VMEM scratch buffers (logical shapes, no tile padding)."""
+  def vmem_bytes(self) -> int:  # scratch bytes, logical shapes (no padding)
     return sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in self.scratch)
 
 
@@ -263,26 +210,20 @@ class Plan:
   page_indices: np.ndarray  # [max_num_seqs * pages_per_seq]
   compression_ratio: int
   num_score_cols: int  # columns of the [T, cols] f32 score buffer in HBM
-  # Slot j of the launches scores sequence order[j] (`sort_decode`);
-  # seq_lens and page_indices above are in slot order, q_lens and cu_q_lens
-  # are each slot's own (equal in the decode range, all q_len 1).
+  # Slot j scores sequence order[j] (`sort_decode`); all fields above are
+  # in slot order.
   order: tuple[int, ...] = ()
 
   @property
   def executed(self) -> tuple["Launch", ...]:
-    """The launches that run: those with programs (an empty range launches
-    nothing, local modification M14)."""
+    """The launches with programs (an empty range launches nothing, M14)."""
     return tuple(l for l in self.launches if l.grid)
 
   def counts(self) -> dict:
-    """DMA starts ("dma_kv", "dma_kv_scale" (dense FP8), "dma_q", "dma_w",
-    "dma_out") and their bytes ("bytes_kv": values and scales as the DMAs
-    count them; "hbm_bytes_kv": with the TPU's tile padding), grid steps and
-    steps, summed over the launches.
-
-    Computed from the loop trip counts in closed form; equal to counting
-    `expected_dma_events` (tests/test_tiling.py), which walks every DMA.
-    """
+    """DMA starts ("dma_kv", "dma_kv_scale", "dma_q", "dma_w", "dma_out"),
+    their bytes ("hbm_bytes_kv": with the TPU's tile padding), grid steps and
+    steps over the launches: closed form, equal to counting
+    `expected_dma_events` (tests/test_tiling.py)."""
     g = self.geometry
     cu = self.cu_q_lens
     q_row = g.num_q_heads * g.head_dim * g.q_itemsize
@@ -321,8 +262,7 @@ class Plan:
     return c
 
   @property
-  def vmem_bytes(self) -> int:
-    """The largest VMEM scratch of any launch (launches run one at a time)."""
+  def vmem_bytes(self) -> int:  # the largest launch's (one runs at a time)
     return max((l.vmem_bytes for l in self.launches if l.grid), default=0)
 
   def programs(self) -> Iterator[tuple[int, Program]]:
@@ -332,11 +272,8 @@ class Plan:
         yield li, pr
 
   def grid_points(self) -> list[tuple[int]]:
-    """The grid points an interpreted run visits, launch after launch.
-
-    What `InterpretParams(grid_point_recorder=...)` records: (0,), (1,), ...
-    (grid - 1,) per launch; launches with an empty grid record nothing.
-    """
+    """The grid points an interpreted run visits (what
+    `InterpretParams(grid_point_recorder=...)` records), launch after launch."""
     return [(pr.index,) for _, pr in self.programs()]
 
   def covered_rows(self) -> np.ndarray:
@@ -348,14 +285,12 @@ class Plan:
     return out
 
   def summary(self) -> str:
-    """The launches that do work, with their program counts, e.g.
-    "decode[4] x1, decode[1] x1, prefill x2, mixed x2"."""
+    """E.g. "decode[4] x1, decode[1] x1, prefill x2, mixed x2"."""
     return ", ".join(f"{l.label} x{l.grid}" for l in self.launches if l.grid)
 
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
-  """The kernel's scratch_shapes (VMEM buffers), in its order and dtypes:
-  `semantics.launch_scratch`, the list the kernel declares its buffers from."""
+  """The kernel's VMEM scratch (`semantics.launch_scratch`, its own list)."""
   if case == "page":
     out_sublanes = num_score_sublanes
   else:
@@ -369,7 +304,7 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
                    head_dim=g.head_dim, q_dtype=g.q_dtype,
                    weights_dtype="float32", num_out_sublanes=out_sublanes))
   if g.dense:  # the dense FP8 kernel: a scale buffer after the values'
-    lanes = g.scale_lanes
+    lanes = cache_lib.dense_scale_lanes(g.page_size)
     scale = ("bscale_x2", (2, seq_batch_size, bkv_p, g.page_size // lanes,
                            lanes), "uint8")
     out = (out[0], scale) + out[1:]
@@ -378,11 +313,8 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
 
 def resolve_variant(variant: str | None = None, mode: str | None = None
                     ) -> variants_lib.Variant:
-  """The modelled variant for `variant` and/or `mode` ("token" or "page").
-
-  Either may be None: no variant means the modelled variant of `mode`
-  (default "token"); a mode that disagrees with the variant's is refused.
-  """
+  """The modelled variant for `variant` and/or `mode` (default: "token"'s);
+  a mode that disagrees with the variant's is refused."""
   if mode not in (None, *variants_lib.MODES):
     raise ValueError(f"mode: must be one of {variants_lib.MODES} "
                      f"(got {mode!r})")
@@ -402,13 +334,9 @@ def resolve_variant(variant: str | None = None, mode: str | None = None
 def table_blocks(*, fmt: str, num_heads: int, page_size: int,
                  variant: str = "vendored", generation: str | None = None
                  ) -> dict:
-  """The block-size table's row for a call, in the form notebooks tabulate.
-
-  Token variants: {"num_kv_pages_per_block": [decode, prefill, mixed],
-  "num_queries_per_block": [decode, prefill, mixed], "decode_req_batch_size":
-  B, "source": where the numbers come from}; page variants: the two ints
-  and the source. The row `plan` takes for block sizes left None.
-  """
+  """The block-size table's row `plan` takes, as notebooks tabulate it:
+  per-case lists [decode, prefill, mixed] (page variants: two ints), B and
+  "source"."""
   v = resolve_variant(variant)
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
                       page_size=int(page_size), generation=generation)
@@ -429,23 +357,14 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
 
   Args:
     batch: a `streamidx.RaggedBatch`.
-    fmt, num_heads, head_dim, q_dtype: the inputs the call would get
-      (`make_inputs(batch, num_heads=, head_dim=, fmt=, q_dtype=)`).
-    mode, variant: which kernel: a name of `MODELLED_VARIANTS` ("vendored":
-      `streamindex_topk`, "vendored_page": `streamindex_page_topk`, "dense"
-      / "dense_page": their dense FP8 twins, with fmt="dense_fp8"), or a
-      mode ("token" or "page"); default "vendored".
-    num_kv_pages_per_block, num_queries_per_block: as the kernel takes them
-      (page mode: two ints, the kernel requires num_kv_pages_per_block=128).
-    decode_req_batch_size: decode sequences per program (token mode).
-      Block sizes left None are the block-size table's row
-      (`streamidx.block_sizes(variant, cache_format=fmt, num_heads=,
-      page_size=batch.page_size, generation=)`), as `Variant.run` takes them.
-    generation: the TPU generation whose table row to take (None: the rows
-      for any generation).
-    sort_decode: the kernel's option (token mode, default True): the decode
-      range in `semantics.decode_order`'s order; the plan's programs and
-      DMAs are then those of the sorted slots (`Plan.order`).
+    fmt, num_heads, head_dim, q_dtype: the call's inputs (`make_inputs`).
+    mode, variant: a `MODELLED_VARIANTS` name (default "vendored"; the
+      dense ones with fmt="dense_fp8") or a mode ("token", "page").
+    num_kv_pages_per_block, num_queries_per_block, decode_req_batch_size: as
+      the kernel takes them; None: the block-size table's row for
+      `generation` (None: any), as `Variant.run` takes it.
+    sort_decode: the kernel's option: the decode range in
+      `semantics.decode_order`'s order (`Plan.order`).
   """
   v = resolve_variant(variant, mode)
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
@@ -548,11 +467,10 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
 class Event:
   """One DMA start or wait, as the kernel issues it.
 
-  kind: "kv" (one cache page), "q", "w" (indexer weights) or "out" (scores
-  to HBM). slot: the double-buffer slot (0/1). batch_idx: position of the
-  sequence in its program. For "kv" starts, `page` is the physical page
-  read (after the kernel's clamps); for "out" starts, `row` and `col` are
-  the first HBM row and the first 128-lane column group written.
+  kind: "kv" (a page), "kv_scale" (dense), "q", "w" (weights), "out" (scores
+  to HBM); slot: the buffer (0/1); batch_idx: the sequence's place in its
+  program; page: a "kv" start's physical page (clamped); row, col: an "out"
+  start's first HBM row and 128-lane column group.
   """
 
   launch: int
@@ -674,7 +592,7 @@ def expected_dma_events(p: Plan) -> list[Event]:
 
 
 def steps(p: Plan) -> Iterator[dict]:
-  """Every step in execution order: launch, program, sequences, bq and bkv block."""
+  """Every step in execution order."""
   for li, launch in enumerate(p.launches):
     for pr in launch.programs:
       for bq_idx in range(pr.num_bq):
@@ -694,8 +612,7 @@ def scratch_bytes(scratch) -> dict[str, int]:
 
 
 def pallas_calls(jaxpr):
-  """The `pallas_call` equations of `jaxpr` (a `core.Jaxpr`), in order,
-  nested jaxprs (cond branches, jit bodies) included."""
+  """The `pallas_call` equations of a `core.Jaxpr`, nested ones included."""
   from jax._src import core  # pylint: disable=g-import-not-at-top
 
   for eqn in jaxpr.eqns:
@@ -703,8 +620,7 @@ def pallas_calls(jaxpr):
       yield eqn
       continue
     for v in eqn.params.values():
-      # `lax.cond` holds its branches in a tuple (M14 puts every launch
-      # under one).
+      # `lax.cond` holds its branches in a tuple (M14).
       for sub in (v if isinstance(v, (tuple, list)) else (v,)):
         if isinstance(sub, core.ClosedJaxpr):
           yield from pallas_calls(sub.jaxpr)
@@ -712,57 +628,58 @@ def pallas_calls(jaxpr):
           yield from pallas_calls(sub)
 
 
+def declared_scratch(eqn) -> list[tuple[tuple[int, ...], str]]:
+  """[(shape, dtype name)] of a traced `pallas_call`'s VMEM scratch operands
+  (its semaphores left out)."""
+  n = eqn.params["grid_mapping"].num_scratch_operands
+  invars = eqn.params["jaxpr"].invars
+  return [(tuple(v.aval.shape), np.dtype(v.aval.dtype).name)
+          for v in invars[len(invars) - n:]
+          if "SEMAPHORE" not in str(getattr(v.aval, "memory_space", "")).upper()]
+
+
+def launch_case(name: str) -> tuple[str, int, int]:
+  """A launch's (case, bq, bkv_p) from its name (`Launch.name`):
+  'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", 1, 3); the dense kernel's
+  'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' likewise; page kernels: "page"."""
+  m = re.match(r"StreamIdx(?:Dense)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
+               r"bkvp_(\d+)", name)
+  if not m:
+    return ("page" if "Page" in name else name), 0, 0
+  case = "page" if m.group(1) else {"d": "decode", "p": "prefill",
+                                     "m": "mixed"}[m.group(2)]
+  return case, int(m.group(3)), int(m.group(4))
+
+
 def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
                    **kwargs) -> list[dict]:
-  """The VMEM scratch and vmem limit of every `pallas_call`, from the kernel itself.
-
-  Traces the variant's kernel (`resolve_variant(variant, mode)`: default
-  `streamindex_topk`; mode "page": `streamindex_page_topk`; variant "dense":
-  `streamindex_topk_dense`, whose `args` hold the two cache arrays) with
-  `jax.make_jaxpr`
-  and reads each `pallas_call`'s declared scratch operands: nothing runs and
-  no array is allocated, so `args` may be `jax.ShapeDtypeStruct`s of
-  production size. Returns one dict per launch, in launch order:
-  {"case", "name", "scratch": [(shape, dtype name)], "vmem_limit_bytes"}.
+  """The declared VMEM scratch and vmem limit of every `pallas_call` of the
+  kernel (`resolve_variant(variant, mode)`), traced with `jax.make_jaxpr`:
+  nothing runs, so `args` may be production-size `jax.ShapeDtypeStruct`s.
+  One dict per launch: {"case", "name", "scratch", "vmem_limit_bytes"}.
   """
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
   fn = resolve_variant(variant, mode).kernel
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
-  out = []
-  for eqn in pallas_calls(jaxpr.jaxpr):
-    n = eqn.params["grid_mapping"].num_scratch_operands
-    name = eqn.params.get("name") or ""
-    scratch = []
-    for v in eqn.params["jaxpr"].invars[len(eqn.params["jaxpr"].invars) - n:]:
-      space = str(getattr(v.aval, "memory_space", ""))
-      if "SEMAPHORE" in space.upper():
-        continue
-      scratch.append((tuple(v.aval.shape), np.dtype(v.aval.dtype).name))
-    symbol = name.split("-")[1] if name.startswith("StreamIdxTC-") else None
-    if name.startswith("StreamIdxDenseTC-"):  # named by its launch's case
-      symbol = name.split("-")[1][0]
-    out.append({"case": _SYMBOL.get(symbol, "page"), "name": name,
-                "scratch": scratch,
-                "vmem_limit_bytes": eqn.params["compiler_params"].vmem_limit_bytes})
-  return out
+  return [{"case": launch_case(eqn.params.get("name") or "")[0],
+           "name": eqn.params.get("name") or "",
+           "scratch": declared_scratch(eqn),
+           "vmem_limit_bytes": eqn.params["compiler_params"].vmem_limit_bytes}
+          for eqn in pallas_calls(jaxpr.jaxpr)]
 
 
 def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
                 case: str = "prefill", num_score_sublanes: int = 0,
                 tpu_generation: int = 5) -> dict:
-  """VMEM of one launch configuration: scratch buffers and the largest intermediate.
+  """VMEM bytes of one launch configuration.
 
-  Returns bytes per scratch buffer, their total (`scratch`: the kernel's
-  scratch_shapes, logical bytes), `scratch_tiled` (the same buffers as
-  Mosaic lays them out, `semantics.scratch_vmem_bytes`: what the kernel's
-  compiled-mode VMEM check counts, and the compiler's own count before its
-  internal scratch; see notebook 04 and tests/test_aot.py), `logits`: the
-  f32 [bq_sz * num_q_heads, bkv_sz] product of one sequence's query block
-  with one KV block, the largest value the kernel body computes (an estimate
-  of Mosaic's internal scratch, which the compiler sizes itself), and
-  `total` = scratch + logits.
+  Per scratch buffer, their logical total `scratch`, `scratch_tiled` (as
+  Mosaic lays them out, `semantics.scratch_vmem_bytes`: what the kernel's VMEM
+  check and the compiler count; tests/test_aot.py), `logits` (the f32
+  [bq_sz * num_q_heads, bkv_sz] block product, the largest value the body
+  computes: an estimate of Mosaic's internal scratch) and `total`.
   """
   scratch = _scratch(case, g, seq_batch_size, bq_sz, bkv_p, num_score_sublanes)
   s = scratch_bytes(scratch)
@@ -780,14 +697,9 @@ def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
 
 
 def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> dict:
-  """KV blocks computed vs needed, over the launches of `cases`.
-
-  A program computes `num_bkv` blocks (set by its longest sequence) for each
-  of its sequences; a sequence needs `max(1, cdiv(kv_len, bkv_sz))`. The
-  difference is fetched from HBM and multiplied on the MXU, then masked.
-  Returns blocks computed, needed, wasted, the wasted fraction, and the same
-  in entries (needed entries = kv_len, the rest of each block is masked).
-  """
+  """KV blocks (and entries) computed vs needed over the launches of `cases`:
+  a program computes `num_bkv` blocks for each sequence, which needs
+  `max(1, cdiv(kv_len, bkv_sz))`; the rest is fetched, multiplied, masked."""
   computed = needed = entries_computed = entries_needed = 0
   for launch in p.launches:
     if launch.case not in cases:
@@ -819,19 +731,13 @@ def batching_order(blocks: Sequence[int], decode_req_batch_size: int,
                    sort: str = "optimal") -> list[int]:
   """An order of decode sequences for the kernel's consecutive grouping.
 
-  `blocks[i]`: KV blocks sequence i needs (`max(1, cdiv(kv_len, bkv_sz))`).
-  The kernel batches sequences [0, n // B * B) in consecutive groups of B,
-  each computing B x (its largest blocks), and runs the last n % B alone.
-
-  sort: "none" (as given), "ascending", "descending" (by blocks),
-  "optimal": fewest computed blocks, or "kernel" (`KERNEL_SORT`): the order
-  the kernels' `sort_decode` picks (`semantics.decode_order`, the cheapest
-  of the given order and a few sorted ones). "ascending" (the seed's TODO, read
-  literally) leaves the LONGEST sequences to run alone and can compute more
-  than no sorting at all; "optimal" picks, by dynamic programming over the
-  lengths in descending order, which n % B sequences run alone and groups
-  the rest consecutively (checked against brute force over all orders in
-  tests/test_tiling.py).
+  `blocks[i]`: KV blocks sequence i needs. The kernel runs [0, n // B * B)
+  in groups of B, each computing B x its largest, and the last n % B alone.
+  sort: "none", "ascending", "descending" (by blocks; "ascending" leaves the
+  longest to run alone and can cost more than "none"), "optimal" (fewest
+  blocks: dynamic programming over the descending lengths choosing the n % B
+  singles; checked by brute force in tests/test_tiling.py) or `KERNEL_SORT`
+  (`semantics.decode_order`, what `sort_decode` picks).
   """
   if sort not in SORTS + (KERNEL_SORT,):
     raise ValueError(f"sort must be one of {SORTS + (KERNEL_SORT,)}, got "
@@ -878,12 +784,8 @@ def decode_batch_waste(seq_lens: Sequence[int], *, page_size: int,
                        compression_ratio: int, num_kv_pages_per_block: int,
                        decode_req_batch_size: int, sort: str = "none",
                        fmt: str = "fp8", num_heads: int = 8) -> dict:
-  """`block_waste` of a decode-only batch of `seq_lens` (tokens), reordered by `sort`.
-
-  The kernel never reorders: a caller that sorts permutes the sequences (and
-  their page-table rows and query rows) before the call and un-permutes the
-  output rows after it. The result gains "order" (the permutation used).
-  """
+  """`block_waste` of a decode-only batch of `seq_lens` (tokens) in the order
+  `batching_order(sort)` gives (returned as "order")."""
   from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
 
   lens = [int(s) for s in seq_lens]
