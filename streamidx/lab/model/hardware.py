@@ -32,35 +32,19 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = [
-    "GENERATIONS",
-    "SPECS_PATH",
-    "TpuSpec",
-    "load_specs",
-    "spec",
-    "generation_from_device_kind",
-    "detect_generation",
-    "current_spec",
-    "specs_table",
-]
+__all__ = ["GENERATIONS", "SPECS_PATH", "TpuSpec", "load_specs", "spec",
+           "generation_from_device_kind", "detect_generation", "current_spec",
+           "specs_table"]
 
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
 # Shipped in the wheel: the checkout's data/ folder is the package
 # `streamidx.data` (pyproject.toml), so an installed wheel finds it too.
 SPECS_PATH = importlib.resources.files("streamidx.data") / "tpu_specs.json"
 
-_FIELDS = (
-    "tensorcores_per_chip",
-    "jax_devices_per_chip",
-    "hbm_capacity_bytes",
-    "hbm_bandwidth_bytes_per_s",
-    "vmem_bytes_per_tensorcore",
-    "peak_bf16_flops",
-    "peak_int8_ops",
-    "peak_fp8_flops",
-    "ici_bandwidth_bytes_per_s",
-    "clock_hz",
-)
+_FIELDS = ("tensorcores_per_chip", "jax_devices_per_chip", "hbm_capacity_bytes",
+           "hbm_bandwidth_bytes_per_s", "vmem_bytes_per_tensorcore",
+           "peak_bf16_flops", "peak_int8_ops", "peak_fp8_flops",
+           "ici_bandwidth_bytes_per_s", "clock_hz")
 _REQUIRED = _FIELDS[:6]  # int8/fp8 peaks, ICI bandwidth and the clock may be unpublished
 _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
@@ -69,11 +53,8 @@ _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
 @dataclasses.dataclass(frozen=True)
 class TpuSpec:
   """One TPU generation. Rates per second; bytes; None = not published.
-
-  `sources[field]` is the full citation of `field`'s value (or, for a None
-  value, why it is missing); `as_published[field]` the value as the source
-  wrote it.
-  """
+  `sources[field]`: the citation of `field`'s value (for None, why it is
+  missing); `as_published[field]`: the value as the source wrote it."""
 
   generation: str
   name: str
@@ -101,8 +82,8 @@ class TpuSpec:
   def tensorcores_per_device(self) -> int:
     return self.tensorcores_per_chip // self.jax_devices_per_chip
 
-  # One TensorCore: what a single Pallas kernel launch with an "arbitrary"
-  # grid gets (model assumption: the chip's rates split evenly per core).
+  # One TensorCore (a Pallas launch) and one JAX device (an XLA op): the
+  # chip's rates split evenly (model assumption; module docstring).
   def kernel_peak(self, dtype: str = "bf16") -> float | None:
     p = self.peak(dtype)
     return None if p is None else p / self.tensorcores_per_chip
@@ -111,7 +92,6 @@ class TpuSpec:
   def kernel_bandwidth(self) -> float:
     return self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip
 
-  # One JAX device: what an XLA op (fill, top-k) gets.
   def device_peak(self, dtype: str = "bf16") -> float | None:
     p = self.peak(dtype)
     return None if p is None else p / self.jax_devices_per_chip
@@ -121,19 +101,11 @@ class TpuSpec:
     return self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip
 
   @property
-  def device_hbm_bytes(self) -> int:
-    return self.hbm_capacity_bytes // self.jax_devices_per_chip
-
-  @property
   def device_ici_bandwidth(self) -> float | None:
-    """One JAX device's share of the chip's ICI bandwidth (None: unpublished).
-
-    The chip's figure is bidirectional, over all its ports; the devices of a
-    chip (TPU7x's two TensorCores) share it (model assumption).
-    """
-    if self.ici_bandwidth_bytes_per_s is None:
-      return None
-    return self.ici_bandwidth_bytes_per_s / self.jax_devices_per_chip
+    """One JAX device's share of the chip's (bidirectional, all ports) ICI
+    bandwidth: TPU7x's two devices share it (model assumption). None: unpublished."""
+    bw = self.ici_bandwidth_bytes_per_s
+    return None if bw is None else bw / self.jax_devices_per_chip
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:
     """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
@@ -143,18 +115,13 @@ class TpuSpec:
   def short_cite(self, field: str) -> str:
     """'value as published (first URL of its source)', or the unsourced note."""
     import re  # pylint: disable=g-import-not-at-top
-    cite = self.cite(field)
-    if self.as_published.get(field):
-      url = re.search(r"https?://[^\s,;)]+", self.sources[field])
-      return f"{self.as_published[field]} ({url.group(0) if url else self.sources[field][:60]})"
-    return cite
-
-  def cite(self, field: str) -> str:
-    """'value as published [source]' for one field."""
     if field not in self.sources:
       raise KeyError(f"{field!r} is not a sourced field; one of {_FIELDS}")
-    pub = self.as_published.get(field)
-    return f"{pub} [{self.sources[field]}]" if pub else self.sources[field]
+    src, pub = self.sources[field], self.as_published.get(field)
+    if not pub:
+      return src
+    url = re.search(r"https?://[^\s,;)]+", src)
+    return f"{pub} ({url.group(0) if url else src[:60]})"
 
 
 def _fail(path, where, rule):
@@ -207,12 +174,8 @@ def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
 
 def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
   """Reads the packaged `tpu_specs.json` (or `path`): {generation: TpuSpec}.
-
-  The table ships in the wheel (package `streamidx.data`, the checkout's
-  data/ folder). Raises FileNotFoundError naming `path` when given one that
-  does not exist, ValueError naming the field for a malformed entry (a
-  number without a source, ...).
-  """
+  FileNotFoundError names a missing `path`; ValueError the field of a
+  malformed entry (a number without a source, ...)."""
   path = Path(path) if path is not None else SPECS_PATH
   if not path.is_file():
     raise FileNotFoundError(f"TPU spec table not found at {path}")
@@ -262,21 +225,17 @@ def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
   def t(x):
     return None if x is None else round(x / 1e12, 1)
 
-  rows = []
-  for gen in GENERATIONS:
-    s = specs[gen]
-    rows.append({
-        "generation": gen,
-        "TensorCores/chip": s.tensorcores_per_chip,
-        "JAX devices/chip": s.jax_devices_per_chip,
-        "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
-        "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
-        "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
-        "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
-        "int8 TOP/s/chip": t(s.peak_int8_ops),
-        "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
-        "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
-                          else round(s.ici_bandwidth_bytes_per_s / 1e9)),
-        "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
-    })
-  return rows
+  return [{
+      "generation": gen,
+      "TensorCores/chip": s.tensorcores_per_chip,
+      "JAX devices/chip": s.jax_devices_per_chip,
+      "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
+      "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
+      "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
+      "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
+      "int8 TOP/s/chip": t(s.peak_int8_ops),
+      "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
+      "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
+                        else round(s.ici_bandwidth_bytes_per_s / 1e9)),
+      "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
+  } for gen in GENERATIONS for s in [specs[gen]]]

@@ -44,32 +44,17 @@ import numpy as np
 from streamidx import topk as topk_lib
 from streamidx.lab.model import hardware
 
-__all__ = [
-    "SelectShape",
-    "SHAPES",
-    "PUBLIC_TPU7X",
-    "TopkCost",
-    "cost",
-    "costs",
-    "hbm_bound",
-    "model_table",
-    "scoring_bound",
-    "recommend",
-    "approx_recall",
-    "compile_estimate",
-]
+__all__ = ["SelectShape", "SHAPES", "PUBLIC_TPU7X", "TopkCost", "cost", "costs",
+           "hbm_bound", "scoring_bound", "recommend", "approx_recall",
+           "compile_estimate"]
 
-_F32 = 4
-_I32 = 4
+_F32 = _I32 = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectShape:
-  """One top-k problem: T rows of N entries, k kept (and where it comes from).
-
-  `seq_len`, `num_seqs`, `q_len`, `ratio` describe the indexer call the
-  scores come from (for the scoring kernel's bound beside it).
-  """
+  """One top-k problem: T rows of N entries, k kept; `seq_len`, `num_seqs`,
+  `q_len`, `ratio`: the indexer call the scores come from (`scoring_bound`)."""
 
   name: str
   rows: int
@@ -127,10 +112,7 @@ class TopkCost:
   sort_work: float  # compare-exchanges (bitonic network), all rows
   scan_ops: float  # element comparisons outside sorts, all rows
   detail: str
-
-  @property
-  def bytes(self) -> int:
-    return self.bytes_read + self.bytes_written
+  bytes = property(lambda c: c.bytes_read + c.bytes_written)
 
 
 def _w(n):
@@ -147,16 +129,11 @@ def cost(method: str, rows: int, entries: int, k: int, *,
          chunk_size: int | None = None, block_size: int | None = None,
          radix_bits: int = 4,
          recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method)`.
-
-  "fused_blockmax": the scoring kernel (`streamindex_topk_dense`) writes the
-  maximum of every 128 entries besides the scores, so the selection reads
-  those maxima (entries / 128 floats a row) instead of the buffer, then
-  gathers the k best blocks' entries. Its `bytes_written` include the
-  kernel's maxima output (rows of 128 maxima, padded to whole rows); the
-  scores themselves are written once by the kernel for every method and
-  counted for none.
-  """
+  """The cost of `select_topk(f32[rows, entries], k, method)`. A method
+  with nothing to split at this shape (one chunk, at most k blocks) costs
+  what "top_k" does. "fused_blockmax" reads the dense kernel's block maxima
+  (entries / 128 a row, written in whole 128-lane rows and counted in its
+  `bytes_written`) instead of the buffer, then the k best blocks' entries."""
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
   buf = t * n * _F32
@@ -166,11 +143,9 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     extra = buf if method == "sort" else 0  # the tie-counting pass
     return TopkCost(
         method, buf + extra, pairs + out, 1 + (method == "sort"),
-        t * _w(n), t * n * (method == "sort"),
-        "full sort of each row" + (" + one pass counting ties at the k-th "
-                                   "score (a lax.top_k again where they "
-                                   "straddle it)" if method == "sort"
-                                   else ""))
+        t * _w(n), t * n * (method == "sort"), "full sort of each row" + (
+            " + one pass counting ties at the k-th score (a lax.top_k again "
+            "where they straddle it)" if method == "sort" else ""))
   if method == "chunked":
     c = chunk_size or topk_lib.chunk_size_for(n, k)
     chunks = -(-n // c)
@@ -239,8 +214,7 @@ def costs(shape: SelectShape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
 
 
 def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
-  """Seconds: bytes over one JAX device's HBM bandwidth."""
-  return c.bytes / spec.device_bandwidth
+  return c.bytes / spec.device_bandwidth  # seconds at one JAX device's HBM rate
 
 
 def scoring_bound(shape: SelectShape, generation: str, *,
@@ -251,14 +225,9 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   head_dim 128, FP8 cache, page size 128), production block sizes."""
   from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
   from streamidx.lab.model import roofline, tiling  # pylint: disable=g-import-not-at-top
-  if shape.kind == "decode":
-    b = batch_lib.make_mixed_batch(decode=[shape.seq_len] * shape.num_seqs,
-                                   page_size=128,
-                                   compression_ratio=shape.ratio)
-  else:
-    b = batch_lib.make_mixed_batch(prefill=[(shape.q_len, shape.seq_len)],
-                                   page_size=128,
-                                   compression_ratio=shape.ratio)
+  seqs = (dict(decode=[shape.seq_len] * shape.num_seqs) if shape.kind == "decode"
+          else dict(prefill=[(shape.q_len, shape.seq_len)]))
+  b = batch_lib.make_mixed_batch(**seqs, page_size=128, compression_ratio=shape.ratio)
   p = tiling.plan(b, fmt="fp8", num_heads=64, head_dim=128,
                   num_kv_pages_per_block=(3, 2, 2),
                   num_queries_per_block=(1, 128, 128))
@@ -266,85 +235,27 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   return row[generation]["kernel"]
 
 
-def _estimate_index(estimates):
-  out = {}
-  if isinstance(estimates, Mapping):
-    estimates = estimates.get("results", [])
-  for r in estimates or []:
-    out[(r["rows"], r["entries"], r["k"], r["generation"], r["method"])] = r
-  return out
-
-
-def model_table(shapes: Sequence[SelectShape] = SHAPES,
-                generations: Sequence[str] = ("v5e", "v6e", "v7x"),
-                methods: Sequence[str] = topk_lib.TOPK_METHODS,
-                specs: Mapping[str, hardware.TpuSpec] | None = None,
-                with_scoring: bool = True, estimates=None) -> list[dict]:
-  """One row per (shape, generation, method): MB moved, passes, work, bound.
-
-  estimates: a `compile_matrix` document (`python -m streamidx.bench --topk
-  --compile`'s topk_compile.json) or its result list; where it has the
-  (shape, generation, method), the row gains the compiler's figures:
-  "compiler optimal us" (XLA's optimal_seconds; None where it gives none)
-  and "compiler MB accessed" with its time at the device bandwidth.
-  """
-  specs = hardware.load_specs() if specs is None else specs
-  index = _estimate_index(estimates)
-  rows = []
-  for shape in shapes:
-    cs = costs(shape, methods)
-    for gen in generations:
-      score_s = scoring_bound(shape, gen, specs=specs) if with_scoring else None
-      for c in cs:
-        rows.append({
-            "shape": shape.name, "generation": gen, "method": c.method,
-            "MB read": round(c.bytes_read / 1e6, 2),
-            "MB written": round(c.bytes_written / 1e6, 2),
-            "passes": round(c.passes, 3),
-            "sort work (G compare-exchanges)": round(c.sort_work / 1e9, 4),
-            "scan ops (G)": round(c.scan_ops / 1e9, 3),
-            "HBM bound us": round(hbm_bound(c, specs[gen]) * 1e6, 2),
-            "scoring bound us": (None if score_s is None
-                                 else round(score_s * 1e6, 1)),
-            "detail": c.detail,
-        })
-        est = index.get((shape.rows, shape.entries, shape.k, gen, c.method))
-        if est is not None:
-          opt = est.get("optimal_seconds")
-          acc = est.get("bytes_accessed")
-          rows[-1].update({
-              "compiled": est.get("ok"),
-              "compiler optimal us": None if opt is None else round(opt * 1e6),
-              "compiler MB accessed": None if acc is None else round(acc / 1e6),
-              "compiler accessed at HBM bw us": (
-                  None if acc is None
-                  else round(acc / specs[gen].device_bandwidth * 1e6, 1)),
-          })
-  return rows
-
-
 def recommend(shape: SelectShape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
   """The exact method the model ranks first on `generation` for `shape`.
 
-  Criteria, each ranking the exact methods (lower first):
-  "compiler optimal" (XLA's optimal_seconds, where `estimates` gives one;
-  methods without one rank last), "compiler bytes" (bytes the compiled
-  program accesses), "sort work" (this model's compare-exchanges) and "HBM
-  bound" (this model's bytes). `estimates`: method -> `compile_estimate`
-  result, or a compile-matrix document / result list.
-
-  Returns {"method": the first by the first criterion available (compiler
-  optimal, else compiler bytes, else sort work), "basis", "rankings" (every
-  criterion's order), "unambiguous": whether every criterion puts the same
-  method first}.
+  Criteria, each ranking the exact methods (lower first): "compiler
+  optimal" (XLA's optimal_seconds; methods without one rank last) and
+  "compiler bytes" (bytes accessed) where `estimates` give them, "sort work"
+  (this model's compare-exchanges), "HBM bound" (this model's bytes).
+  `estimates`: method -> `compile_estimate` result, or a compile-matrix
+  document (`python -m streamidx.bench --topk --compile`) / its result list.
+  Returns {"method": the first by the first criterion, "basis", "rankings",
+  "unambiguous": whether every criterion puts the same method first}.
   """
   specs = hardware.load_specs() if specs is None else specs
   exact = topk_lib.EXACT_TOPK_METHODS
-  if estimates is not None and not (
-      isinstance(estimates, Mapping) and "results" not in estimates):
-    estimates = {k_[4]: v for k_, v in _estimate_index(estimates).items()
-                 if k_[:4] == (shape.rows, shape.entries, shape.k, generation)}
+  if isinstance(estimates, Mapping) and "results" in estimates:
+    estimates = estimates["results"]
+  if estimates is not None and not isinstance(estimates, Mapping):
+    estimates = {r["method"]: r for r in estimates
+                 if (r["rows"], r["entries"], r["k"], r["generation"])
+                 == (shape.rows, shape.entries, shape.k, generation)}
   estimates = estimates or {}
   # Keyed by the method asked for: a method that falls back to another at
   # this shape (e.g. chunked with one chunk) reports the other's name.
@@ -369,24 +280,17 @@ def recommend(shape: SelectShape, generation: str, estimates=None,
           "unambiguous": len(firsts) == 1}
 
 
-# ---------------------------------------------------------------------------
-# approx: recall.
-
-
 def approx_recall(scores, k: int, *,
                   recall_target: float = topk_lib.APPROX_RECALL_TARGET
                   ) -> dict:
-  """The recall "approx" reaches on a TPU, modelled for these scores.
+  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`.
 
-  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target),
-  the number of candidates the TPU keeps (N: nothing dropped).
-  expected_recall: (1 - 1/bins)^(k - 1), the expectation XLA sizes the bins
-  by (random order).
-  emulated_recall: this model's emulation of the TPU algorithm on `scores`:
-  entry i goes to bin i mod bins (strided, an assumption: the TPU's exact
-  bin layout is not documented), each bin keeps its maximum, then an exact
-  top-k of the maxima; recall against the exact top-k, ties at the k-th
-  score counted as hits (`metrics.recall_at_k`).
+  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target), the
+  candidates the TPU keeps (N: nothing dropped). expected_recall: (1 -
+  1/bins)^(k - 1), the expectation XLA sizes the bins by. emulated_recall:
+  entry i to bin i mod bins (an assumption: the TPU's bin layout is not
+  documented), each bin's maximum, an exact top-k of those; recall against
+  the exact top-k, ties at the k-th score counted as hits.
   """
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
   x = np.asarray(scores, np.float32)
@@ -394,9 +298,8 @@ def approx_recall(scores, k: int, *,
   bins = _approx_bins(n, k, recall_target)
   expected = (1.0 - 1.0 / bins) ** (k - 1) if bins < n else 1.0
   exact = np.asarray(topk_lib.select_topk(x, k, "top_k"))
-  if bins >= n:
-    emulated = 1.0
-  else:
+  emulated = 1.0
+  if bins < n:
     per = -(-n // bins)
     padded = np.full((t, per * bins), -np.inf, np.float32)
     padded[:, :n] = x
@@ -414,22 +317,14 @@ def approx_recall(scores, k: int, *,
           "emulated_recall": float(emulated)}
 
 
-# ---------------------------------------------------------------------------
-# The compiler's view: select_topk compiled for a TPU generation.
-
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
-  """Lowers and compiles `select_topk` for `generation` (libtpu, no TPU).
-
-  "fused_blockmax" compiles as the fused kernel calls it, with its block
-  maxima f32[rows, entries / 128] as a second argument (the bytes accessed
-  are then the selection's only: the kernel wrote the maxima).
-
-  Arguments are `jax.ShapeDtypeStruct`s on `streamidx.compile_for`'s
-  compile-only device of that generation; nothing runs. Returns {"ok",
-  "compile_s", "optimal_seconds" (None where the compiler gives none),
-  "bytes_accessed", "flops", "temp_bytes", "error"}: XLA's cost analysis of
-  the compiled program, a static estimate.
+  """Compiles `select_topk(f32[rows, entries], k, method)` for `generation`
+  on `streamidx.compile_for`'s compile-only device (libtpu; nothing runs).
+  "fused_blockmax" gets its block maxima f32[rows, entries / 128] as a second
+  argument, as the fused kernel calls it. Returns {"ok", "compile_s",
+  "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
+  "flops", "temp_bytes", "error"}: XLA's cost analysis, a static estimate.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
