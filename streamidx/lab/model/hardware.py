@@ -10,12 +10,11 @@ guess. Terms used here and in `streamidx.lab.model.roofline`:
   `tensorcores_per_chip` of them; VMEM is per TensorCore.
 - device: what `jax.devices()` lists. v4 and v5p are "megacore" chips (both
   TensorCores form one device); TPU7x shows each TensorCore as a device.
-- kernel rates (`kernel_*`): one TensorCore's share of the chip. The
-  StreamIndex kernel's grid is "arbitrary", so one launch runs on one
-  TensorCore; the chip's rates are split evenly between its TensorCores (the
-  same split JAX's `tpu_info` uses; a model assumption, not a published number).
+- kernel rates (`kernel_*`): one TensorCore's share of the chip (a launch
+  of the kernel's "arbitrary" grid runs on one TensorCore; the even split
+  JAX's `tpu_info` uses: a model assumption, not a published number).
 - device rates (`device_*`): one JAX device's share, for XLA ops (the score
-  buffer fill and the top-k), which use every TensorCore of their device.
+  buffer fill, the top-k), which use every TensorCore of their device.
 - ICI bandwidth (`ici_bandwidth_bytes_per_s`): Google's bidirectional
   inter-chip interconnect bandwidth per chip, all ports summed; None where
   no public page gives a per-chip figure (v4).
@@ -194,12 +193,9 @@ def generation_from_device_kind(device_kind: str,
                                 specs: Mapping[str, TpuSpec] | None = None
                                 ) -> str | None:
   """'TPU v5 lite' -> 'v5e'; None for a kind not in the table (CPU, GPU, v3...)."""
-  specs = load_specs() if specs is None else specs
   kind = device_kind.strip().lower()
-  for gen, s in specs.items():
-    if any(kind == k.lower() for k in s.device_kinds):
-      return gen
-  return None
+  return next((gen for gen, s in (specs or load_specs()).items()
+               if kind in (k.lower() for k in s.device_kinds)), None)
 
 
 def detect_generation(device=None) -> str | None:

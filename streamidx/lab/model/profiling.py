@@ -8,20 +8,18 @@ On a TPU, Python dispatch time dwarfs a kernel's, so times come from a
     times = stage_times(load_trace(cap.perfetto_path), iterations=cap.iterations)
     times["kernel_s"], times["topk_s"]        # per iteration, device time
 
-`stage_times` reads the device lines of the trace ("/device:TPU:N"
-processes, their "XLA Ops" thread): every op event there is classified by
-`STAGE_PATTERNS` (the kernel's named scope "StreamIdx...", the top-k) and
-summed. On a CPU there are no device lines: `stage_times` says so
-(`device=False`) and reports the host-side duration of the jitted call
-instead, which for the interpreter is Python simulating a TPU, not a TPU.
-The TPU path (device lines, op names) follows the trace format JAX's profiler
-writes on TPU and has not been run on a TPU in this project yet: check the
-printed op table on your first TPU run and adjust `STAGE_PATTERNS` if an op
-lands in "other".
+`stage_times` sums the op events of the trace's device lines
+("/device:TPU:N" processes, their "XLA Ops" thread) by `STAGE_PATTERNS` (the
+kernel's named scope "StreamIdx...", the top-k). On a CPU there are none:
+it says so (`device=False`) and reports the host-side duration of the call
+(for the interpreter, Python simulating a TPU). The TPU path follows the
+trace format JAX's profiler writes on TPU and has not run on a TPU in this
+project yet: on a first TPU run, check the op table and adjust
+`STAGE_PATTERNS` if an op lands in "other".
 
-Run files: `write_run` saves one run's machine, versions, parameters and
-measurements as JSON; `load_runs` reads any set of them, `plot_runs` puts
-them side by side, so runs on different TPUs can be compared.
+Run files (`write_run`, `load_runs`, `runs_table`, `plot_runs`): one run's
+machine, versions, parameters and measurements as JSON, so runs on
+different TPUs can be compared side by side.
 """
 
 from __future__ import annotations
@@ -134,11 +132,6 @@ class Trace:
     return ([e for e in self.events if e["pid"] in pids],
             "all device lines (no 'XLA Ops' line found: nested events may overlap)")
 
-  def host_events(self, name_regex: str) -> list[dict]:
-    pids = set(self.device_pids())
-    return [e for e in self.events
-            if e["pid"] not in pids and re.search(name_regex, e["name"])]
-
 
 def load_trace(path: str | os.PathLike) -> Trace:
   """Reads a (gzipped) Chrome/Perfetto JSON trace written by `jax.profiler`."""
@@ -177,12 +170,14 @@ def stage_times(trace: Trace, *, iterations: int,
   """
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")
-  host = trace.host_events("^" + ITERATION_ANNOTATION + "$")
+  pids = set(trace.device_pids())
+  host = [e for e in trace.events
+          if e["pid"] not in pids and e["name"] == ITERATION_ANNOTATION]
   host_s = sum(e.get("dur", 0.0) for e in host) / 1e6 / len(host) if host else None
   out = {"device": False, "source": "no device lines in the trace (not a TPU run)",
          "kernel_s": None, "topk_s": None, "other_s": None, "total_s": None,
          "ops": [], "host_call_s": host_s, "host_call_events": len(host)}
-  if not trace.device_pids():
+  if not pids:
     return out
   events, source = trace.device_op_events()
   table: dict[str, dict] = {}

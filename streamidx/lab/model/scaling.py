@@ -8,31 +8,25 @@ sequences, of each the share ceil(pages / C) pages, then (C > 1) the top-k
 lists of its context group are merged. C = 1 is "one chip per sequence":
 sequence parallelism only, each sequence on one device.
 
-Per device, per step (the busiest device; every device of a layout does the
-same work when B fills the data groups and the sequences fill the shares):
+Per device (the busiest), per step and layer:
 
-  cache bytes   seqs x share pages x page_size x record bytes (per layer)
-  local         `streamidx.lab.model.roofline` of the kernel call on the
-                device's own sequences and share (score-buffer fill, kernel,
-                top-k: each stage's max(T_mem, T_math), summed), with the
-                generation's block sizes (`streamidx.block_sizes`)
+  cache bytes   seqs x share pages x page_size x record bytes
+  local         `lab.model.roofline` of the kernel call on the device's
+                sequences and share (fill, kernel, top-k: each stage's
+                max(T_mem, T_math), summed), the generation's block sizes
   merge         rows x `sharded.merge_bytes_per_row(k, C, merge)` bytes over
-                the device's share of the chip's ICI bandwidth
-                (`TpuSpec.device_ici_bandwidth`), plus the merge's top-k as
-                HBM traffic (reading the C * k candidates, writing k), plus
-                `collective_latency_s` per collective round (1 for
-                all_gather, log2 C for tree)
+                `TpuSpec.device_ici_bandwidth`, plus the merge's top-k as
+                HBM traffic (read C * k candidates, write k), plus
+                `collective_latency_s` per round (1 for all_gather, log2 C
+                for tree)
   step          local + merge
 
-Bounds and sources: HBM and compute from the roofline (Google Cloud's
-per-chip peaks and bandwidths, `data/tpu_specs.json`); ICI from the same
-table (Google's bidirectional per-chip figure, all ports: a best case for
-a collective along one mesh axis). Not modelled: collective and launch
-latency (`collective_latency_s` defaults to 0: no public per-hop figure;
-set it from a measurement), overlap between the merge and other work,
-topology (the merge is assumed to get the full per-device ICI rate at any
-C), everything the roofline leaves out (per-step and DMA overheads). This
-is a model, not a measurement.
+Sources: the roofline's and ICI's rates from `data/tpu_specs.json` (ICI:
+Google's bidirectional per-chip figure, all ports: a best case for a
+collective along one mesh axis). Not modelled: collective and launch
+latency (`collective_latency_s` is 0 unless set from a measurement: no
+public per-hop figure), overlap of the merge with other work, topology,
+what the roofline leaves out. A model, not a measurement.
 
 Where context parallelism pays: while B >= N (every device has a sequence of
 its own), splitting a sequence over C devices leaves each device's bytes
@@ -41,8 +35,7 @@ sequences, C = N / B divides each sequence's cache reads by C for a merge of
 (C - 1) x k x 8 bytes per row. `crossover_devices` and `crossover_context`
 find where, for a workload and a generation.
 
-    python -m streamidx.lab.model.scaling      # DeepSeek-V4 decode table,
-                                               # crossovers on v6e and v7x
+    python -m streamidx.lab.model.scaling  # DeepSeek-V4 table, crossovers
 """
 
 from __future__ import annotations
@@ -83,13 +76,8 @@ class Workload:
   page_size: int = 128
   q_len: int = 1
 
-  @property
-  def entries(self) -> int:
-    return self.context_tokens // self.compression_ratio
-
-  @property
-  def pages(self) -> int:
-    return max(1, cdiv(self.entries, self.page_size))
+  entries = property(lambda w: w.context_tokens // w.compression_ratio)
+  pages = property(lambda w: max(1, cdiv(w.entries, w.page_size)))
 
   def with_(self, **kw) -> "Workload":
     return dataclasses.replace(self, **kw)
@@ -135,8 +123,7 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
                   generation=generation)
-  return roofline.predict(p, k=w.k, generations=[generation])[generation][
-      "total"]
+  return roofline.predict(p, k=w.k, generations=[generation])[generation]["total"]
 
 
 def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,

@@ -1,36 +1,25 @@
 """The top-k stage per method: bytes, passes, comparisons, and a time bound.
 
 `streamidx.topk.select_topk` runs as XLA ops on one JAX device after the
-scoring kernel, over the f32[T, N] score buffer. For each method this model
-counts what the method's algorithm must move through HBM (`bytes_read`,
-`bytes_written`, `passes`: full reads of the score buffer) and how much
-comparison work it does (`sort_work`: compare-exchanges of a bitonic sorting
-network on each sorted array, the usual TPU sort; `scan_ops`: element
-comparisons of the passes that do not sort), and bounds its time by HBM
-traffic alone:
-
-    t_hbm = (bytes_read + bytes_written) / device HBM bandwidth
-
-with the rates of `streamidx.lab.model.hardware` (data/tpu_specs.json).
-"fused_blockmax" counts, besides the selection's traffic, the block maxima
-the dense kernel writes for it (entries / 128 floats a row); the scores
-themselves are written once by the kernel for every method and counted for
-none.
+scoring kernel, over the f32[T, N] score buffer. Per method this model counts
+what its algorithm moves through HBM (`bytes_read`, `bytes_written`,
+`passes`: full reads of the buffer) and its comparison work (`sort_work`:
+compare-exchanges of a bitonic sorting network, the usual TPU sort;
+`scan_ops`: comparisons of the passes that do not sort), and bounds its time
+by HBM traffic alone, t_hbm = bytes / device HBM bandwidth
+(`lab.model.hardware`, data/tpu_specs.json). The scores are written once by
+the kernel for every method and counted for none; "fused_blockmax" counts the
+block maxima the dense kernel writes for it.
 
 What the bound does not see: the sorts are compute-bound on a TPU. Public
 measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
-entries, k 512; quoted in `PUBLIC_TPU7X`, never as ours) put the full sort
-at 3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
-exists to turn `sort_work` into seconds, so the model reports the work next
-to the bound instead of inventing a rate; `compile_estimate` adds the TPU
-compiler's own figures (XLA's cost analysis of the program compiled for a
-generation with libtpu: `bytes accessed` and, where it gives one,
-`optimal_seconds`), a static estimate, not a measurement either.
-
-`approx_recall` models the recall of "approx": XLA's bin count for the
-recall target, the recall XLA's sizing formula expects, and the recall of
-an emulation of the TPU algorithm (bin maxima, then an exact top-k) on the
-given scores.
+entries, k 512; `PUBLIC_TPU7X`, never quoted as ours) put the full sort at
+3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
+turns `sort_work` into seconds, so the model reports the work beside the
+bound; `compile_estimate` adds XLA's cost analysis of the program compiled
+for a generation with libtpu (`bytes accessed`, `optimal_seconds`): a static
+estimate, not a measurement either. `approx_recall` models the recall of
+"approx" (XLA's bin count, its expected recall, an emulation on the scores).
 """
 
 from __future__ import annotations
@@ -53,39 +42,30 @@ _F32 = _I32 = 4
 
 @dataclasses.dataclass(frozen=True)
 class SelectShape:
-  """One top-k problem: T rows of N entries, k kept; `seq_len`, `num_seqs`,
-  `q_len`, `ratio`: the indexer call the scores come from (`scoring_bound`)."""
+  """One top-k problem: the f32[rows, entries] scores of an indexer call
+  (`num_seqs` sequences of `seq_len` tokens, `q_len` queries each, `ratio`
+  tokens per entry), k kept."""
 
   name: str
-  rows: int
-  entries: int
-  k: int
-  kind: str  # "decode" or "prefill"
   num_seqs: int
   q_len: int
   seq_len: int
+  k: int
   ratio: int = 4
-
-
-def _decode(name, seq_len, k, b=64, ratio=4):
-  return SelectShape(name, b, seq_len // ratio, k, "decode", b, 1, seq_len,
-                     ratio)
-
-
-def _prefill(name, seq_len, k, q_len=2048, ratio=4):
-  return SelectShape(name, q_len, seq_len // ratio, k, "prefill", 1, q_len,
-                     seq_len, ratio)
+  rows = property(lambda s: s.num_seqs * s.q_len)
+  entries = property(lambda s: s.seq_len // s.ratio)
+  kind = property(lambda s: "decode" if s.q_len == 1 else "prefill")
 
 
 # DeepSeek-V4's indexer keeps k = 512, GLM's DSA indexer 2048; ratio 4 for
 # both here (the issue's sizes).
 SHAPES = (
-    _decode("dsv4 decode B=64 1M", 2**20, 512),
-    _decode("dsv4 decode B=64 128K", 2**17, 512),
-    _decode("glm decode B=64 1M", 2**20, 2048),
-    _decode("glm decode B=64 128K", 2**17, 2048),
-    _prefill("dsv4 prefill 2048 @128K", 2**17, 512),
-    _prefill("glm prefill 2048 @128K", 2**17, 2048),
+    SelectShape("dsv4 decode B=64 1M", 64, 1, 2**20, 512),
+    SelectShape("dsv4 decode B=64 128K", 64, 1, 2**17, 512),
+    SelectShape("glm decode B=64 1M", 64, 1, 2**20, 2048),
+    SelectShape("glm decode B=64 128K", 64, 1, 2**17, 2048),
+    SelectShape("dsv4 prefill 2048 @128K", 1, 2048, 2**17, 512),
+    SelectShape("glm prefill 2048 @128K", 1, 2048, 2**17, 2048),
 )
 
 # Public numbers, TPU7x, decode B=64 x 262,144 entries, k 512 (and prefill
@@ -137,12 +117,11 @@ def cost(method: str, rows: int, entries: int, k: int, *,
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
   buf = t * n * _F32
-  out = t * k * _I32
-  pairs = t * k * (_F32 + _I32)  # values + indices of k winners
+  won = t * k * (_F32 + 2 * _I32)  # values + indices of the k winners, the output
   if method in ("sort", "top_k"):
     extra = buf if method == "sort" else 0  # the tie-counting pass
     return TopkCost(
-        method, buf + extra, pairs + out, 1 + (method == "sort"),
+        method, buf + extra, won, 1 + (method == "sort"),
         t * _w(n), t * n * (method == "sort"), "full sort of each row" + (
             " + one pass counting ties at the k-th score (a lax.top_k again "
             "where they straddle it)" if method == "sort" else ""))
@@ -154,7 +133,7 @@ def cost(method: str, rows: int, entries: int, k: int, *,
       return cost("top_k", rows, entries, k)
     return TopkCost(
         method, buf + t * cand * (_F32 + _I32), t * cand * (_F32 + _I32)
-        + pairs + out, 1, t * (chunks * _w(c) + _w(cand)), 0,
+        + won, 1, t * (chunks * _w(c) + _w(cand)), 0,
         f"{chunks} chunks of {c}: top-{min(k, c)} each, then top-{k} of "
         f"{cand} candidates")
   if method == "blockmax":
@@ -162,11 +141,9 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     blocks = -(-n // b)
     if blocks <= k:
       return cost("top_k", rows, entries, k)
-    gather = t * k * b * _F32
-    read = buf + t * blocks * _F32 + gather
-    written = t * blocks * _F32 + t * k * _I32
     return TopkCost(
-        method, read, written + pairs + out, 1 + k * b / n,
+        method, buf + t * blocks * _F32 + t * k * b * _F32,
+        t * blocks * _F32 + t * k * _I32 + won, 1 + k * b / n,
         t * (_w(blocks) + _w(k) + _w(k * b)), t * n,
         f"max of {blocks} blocks of {b}, top-{k} blocks, top-{k} of their "
         f"{k * b} entries")
@@ -183,7 +160,7 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     gather = t * k * b * _F32
     return TopkCost(
         method, t * maxima * _F32 + grouped + gather,
-        kernel_out + grouped + t * k * _I32 + pairs + out, k * b / n,
+        kernel_out + grouped + t * k * _I32 + won, k * b / n,
         t * (_w(blocks) + _w(k) + _w(k * b)), t * maxima * (g > 1),
         f"the kernel writes {maxima} maxima of {w} entries a row"
         + (f", grouped into {blocks} blocks of {b}" if g > 1 else "")
@@ -193,16 +170,14 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     p = 32 // r
     # p histogram passes; the take: count above/equal (1 read), tie ranks
     # and slots (cumsums: 1 read, 1 write of i32), the scatter (1 read).
-    read = (p + 3) * buf
-    written = buf + pairs + out
     return TopkCost(
-        method, read, written, p + 3, t * _w(k),
+        method, (p + 3) * buf, buf + won, p + 3, t * _w(k),
         t * n * (p * ((1 << r) - 1) + 4),
         f"{p} histogram passes of {1 << r} bins, then the take "
         f"(count, cumulative ranks, scatter) and a sort of the {k} winners")
   m = _approx_bins(n, k, recall_target)
   return TopkCost(
-      method, buf + t * m * (_F32 + _I32), t * m * (_F32 + _I32) + pairs + out,
+      method, buf + t * m * (_F32 + _I32), t * m * (_F32 + _I32) + won,
       1, t * (_w(m) + _w(k)), t * n,
       f"max of {m} bins (recall target {recall_target}), top-{k} of them")
 
@@ -256,28 +231,22 @@ def recommend(shape: SelectShape, generation: str, estimates=None,
     estimates = {r["method"]: r for r in estimates
                  if (r["rows"], r["entries"], r["k"], r["generation"])
                  == (shape.rows, shape.entries, shape.k, generation)}
-  estimates = estimates or {}
+  est = {m: (estimates or {}).get(m) or {} for m in exact}
   # Keyed by the method asked for: a method that falls back to another at
   # this shape (e.g. chunked with one chunk) reports the other's name.
   cs = dict(zip(exact, costs(shape, exact)))
-  inf = float("inf")
   rankings = {}
-
-  def order(key):
-    return sorted(exact, key=lambda m: (key(m), exact.index(m)))
-
-  if any((estimates.get(m) or {}).get("optimal_seconds") for m in exact):
-    rankings["compiler optimal"] = order(
-        lambda m: (estimates.get(m) or {}).get("optimal_seconds") or inf)
-  if any((estimates.get(m) or {}).get("bytes_accessed") for m in exact):
-    rankings["compiler bytes"] = order(
-        lambda m: (estimates.get(m) or {}).get("bytes_accessed") or inf)
-  rankings["sort work"] = order(lambda m: cs[m].sort_work)
-  rankings["HBM bound"] = order(lambda m: hbm_bound(cs[m], specs[generation]))
+  for name, field in (("compiler optimal", "optimal_seconds"),
+                      ("compiler bytes", "bytes_accessed")):
+    if any(e.get(field) for e in est.values()):
+      rankings[name] = lambda m, f=field: est[m].get(f) or float("inf")
+  rankings["sort work"] = lambda m: cs[m].sort_work
+  rankings["HBM bound"] = lambda m: hbm_bound(cs[m], specs[generation])
+  rankings = {name: sorted(exact, key=lambda m, f=key: (f(m), exact.index(m)))
+              for name, key in rankings.items()}
   basis = next(iter(rankings))
-  firsts = {r[0] for r in rankings.values()}
   return {"method": rankings[basis][0], "basis": basis, "rankings": rankings,
-          "unambiguous": len(firsts) == 1}
+          "unambiguous": len({r[0] for r in rankings.values()}) == 1}
 
 
 def approx_recall(scores, k: int, *,
@@ -313,8 +282,7 @@ def approx_recall(scores, k: int, *,
     emulated = metrics.recall_at_k(got, exact, x)
   return {"bins": int(bins), "entries": int(n), "k": int(k),
           "recall_target": float(recall_target),
-          "expected_recall": float(expected),
-          "emulated_recall": float(emulated)}
+          "expected_recall": float(expected), "emulated_recall": float(emulated)}
 
 
 def compile_estimate(method: str, rows: int, entries: int, k: int,
@@ -328,9 +296,7 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   from streamidx import modes  # pylint: disable=g-import-not-at-top
-
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,
@@ -353,11 +319,9 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
     if isinstance(ca, (list, tuple)):
       ca = ca[0] if ca else {}
     opt = ca.get("optimal_seconds")
-    mem = compiled.memory_analysis()
-    out.update(ok=True, optimal_seconds=(float(opt) if opt is not None
-                                         and opt > 0 else None),
+    out.update(ok=True, optimal_seconds=float(opt) if opt and opt > 0 else None,
                bytes_accessed=ca.get("bytes accessed"), flops=ca.get("flops"),
-               temp_bytes=getattr(mem, "temp_size_in_bytes", None))
+               temp_bytes=getattr(compiled.memory_analysis(), "temp_size_in_bytes", None))
   except Exception as e:  # pylint: disable=broad-except
     msg = str(e).strip().splitlines()
     out["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
