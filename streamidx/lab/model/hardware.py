@@ -49,6 +49,10 @@ _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
 
 
+def _share(x: float | None, n: float) -> float | None:
+  return None if x is None else x / n
+
+
 @dataclasses.dataclass(frozen=True)
 class TpuSpec:
   """One TPU generation. Rates per second; bytes; None = not published.
@@ -84,16 +88,14 @@ class TpuSpec:
   # One TensorCore (a Pallas launch) and one JAX device (an XLA op): the
   # chip's rates split evenly (model assumption; module docstring).
   def kernel_peak(self, dtype: str = "bf16") -> float | None:
-    p = self.peak(dtype)
-    return None if p is None else p / self.tensorcores_per_chip
+    return _share(self.peak(dtype), self.tensorcores_per_chip)
 
   @property
   def kernel_bandwidth(self) -> float:
     return self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip
 
   def device_peak(self, dtype: str = "bf16") -> float | None:
-    p = self.peak(dtype)
-    return None if p is None else p / self.jax_devices_per_chip
+    return _share(self.peak(dtype), self.jax_devices_per_chip)
 
   @property
   def device_bandwidth(self) -> float:
@@ -103,13 +105,11 @@ class TpuSpec:
   def device_ici_bandwidth(self) -> float | None:
     """One JAX device's share of the chip's (bidirectional, all ports) ICI
     bandwidth: TPU7x's two devices share it (model assumption). None: unpublished."""
-    bw = self.ici_bandwidth_bytes_per_s
-    return None if bw is None else bw / self.jax_devices_per_chip
+    return _share(self.ici_bandwidth_bytes_per_s, self.jax_devices_per_chip)
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:
     """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
-    p = self.peak(dtype)
-    return None if p is None else p / self.hbm_bandwidth_bytes_per_s
+    return _share(self.peak(dtype), self.hbm_bandwidth_bytes_per_s)
 
   def short_cite(self, field: str) -> str:
     """'value as published (first URL of its source)', or the unsourced note."""

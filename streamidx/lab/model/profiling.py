@@ -150,15 +150,15 @@ def load_trace(path: str | os.PathLike) -> Trace:
   return Trace(events, processes, threads)
 
 
-def _stage(event, patterns) -> str:
+def _stage(event) -> str:
   args = event.get("args") or {}
   text = " ".join([event.get("name", "")]
                   + [v for v in args.values() if isinstance(v, str)])
-  return next((stage for stage, rx in patterns if re.search(rx, text)), "other")
+  return next((stage for stage, rx in STAGE_PATTERNS if re.search(rx, text)),
+              "other")
 
 
-def stage_times(trace: Trace, *, iterations: int,
-                patterns: Sequence[tuple[str, str]] = STAGE_PATTERNS) -> dict:
+def stage_times(trace: Trace, *, iterations: int) -> dict:
   """Device seconds per iteration by stage, and the op table behind them.
 
   Returns {"device": bool, "source": str, "kernel_s", "topk_s", "other_s",
@@ -183,7 +183,7 @@ def stage_times(trace: Trace, *, iterations: int,
   table: dict[str, dict] = {}
   sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
   for e in events:
-    stage = _stage(e, patterns)
+    stage = _stage(e)
     sums[stage if stage in sums else "other"] += e.get("dur", 0.0)
     row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
                                        "count": 0, "total_us": 0.0})

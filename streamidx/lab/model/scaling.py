@@ -169,12 +169,12 @@ def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
 
 
 def best_step(w: Workload, generation: str, devices: int, *,
-              merge: str = "all_gather", collective_latency_s: float = 0.0,
-              context_parallel: bool = True) -> StepModel:
+              merge: str = "all_gather", collective_latency_s: float = 0.0
+              ) -> StepModel:
   """The fastest layout over C in 1, 2, 4, ... dividing `devices`."""
   degrees = [c for c in (2 ** i for i in range(int(math.log2(devices)) + 1))
              if devices % c == 0]
-  if not context_parallel or hardware.spec(generation).device_ici_bandwidth is None:
+  if hardware.spec(generation).device_ici_bandwidth is None:
     degrees = [1]
   return min((step(w, generation, devices, c, merge=merge,
                    collective_latency_s=collective_latency_s)

@@ -139,12 +139,10 @@ class Recorder:
         self._launch += 1
       self._add("launch")
     elif name == "_allocate_buffer":
-      space = self._space(args[3])
       val = np.asarray(args[4])
-      buf = int(out[1])
-      info = dict(space=space, buffer=buf, shape=tuple(val.shape),
-                  dtype=val.dtype.name)
-      self._buffers[(self._launch, space, buf)] = info
+      info = dict(space=self._space(args[3]), buffer=int(out[1]),
+                  shape=tuple(val.shape), dtype=val.dtype.name)
+      self._buffers[(self._launch, info["space"], info["buffer"])] = info
       self._add("alloc", **info)
     elif name == "_allocate_semaphores":
       ids = np.asarray(out[1])
@@ -168,12 +166,9 @@ class Recorder:
       kind, slot, b = self._sems.get((self._launch, int(args[3])), ("?", -1, -1))
       self._add("dma_wait", sem=kind, slot=slot, batch_idx=b,
                 nbytes=int(args[4]))
-    elif name in ("get", "swap"):
-      space = self._space(args[3])
-      if space != "vmem":
-        return
+    elif name in ("get", "swap") and self._space(args[3]) == "vmem":
       buf = int(args[4])
-      alloc = self._buffers.get((self._launch, space, buf), {})
+      alloc = self._buffers.get((self._launch, "vmem", buf), {})
       self._add("load" if name == "get" else "store", buffer=buf,
                 shape=alloc.get("shape"), range=_range(args[5]))
 
@@ -193,15 +188,11 @@ class Recorder:
   def dma_events(self) -> list[tiling.Event]:
     """The recorded DMAs as `tiling.Event`s (same fields as the model's)."""
     events = []
-    for op in self.ops:
-      if op.kind not in ("dma_start", "dma_wait"):
-        continue
-      i = op.info
-      page = row = col = -1
-      if op.kind == "dma_start" and i["sem"] in ("kv", "kv_scale"):
-        page = _first(i["src"][2])
-      if op.kind == "dma_start" and i["sem"] == "out":
-        row, col = _first(i["dst"][2]), i["dst"][2][1].start
+    for op in (o for o in self.ops if o.kind in ("dma_start", "dma_wait")):
+      i, start = op.info, op.kind == "dma_start"
+      page = _first(i["src"][2]) if start and i["sem"] in ("kv", "kv_scale") else -1
+      row, col = ((_first(i["dst"][2]), i["dst"][2][1].start)
+                  if start and i["sem"] == "out" else (-1, -1))
       events.append(tiling.Event(op.launch, op.kind[4:], i["sem"], i["slot"],
                                  i["batch_idx"], i["nbytes"], page, row, col))
     return events
