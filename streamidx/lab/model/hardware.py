@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["GENERATIONS", "SPECS_PATH", "TpuSpec", "load_specs", "spec",
-           "generation_from_device_kind", "detect_generation", "current_spec",
+           "generation_from_device_kind", "detect_generation",
            "specs_table"]
 
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
@@ -206,12 +206,6 @@ def detect_generation(device=None) -> str | None:
   if getattr(device, "platform", None) != "tpu":
     return None
   return generation_from_device_kind(getattr(device, "device_kind", ""))
-
-
-def current_spec(device=None) -> TpuSpec | None:
-  """TpuSpec of the TPU this process runs on; None on CPU/GPU or an unknown TPU."""
-  gen = detect_generation(device)
-  return None if gen is None else spec(gen)
 
 
 def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:

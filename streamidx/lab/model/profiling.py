@@ -219,14 +219,6 @@ def hlo_stats(cap: Capture) -> list[dict] | None:
 # -- run files ----------------------------------------------------------------
 
 
-def _jsonable(x):
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  return x.item() if callable(getattr(x, "item", None)) else x  # NumPy scalars
-
-
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
               records: Sequence[Mapping[str, Any]], notes: str = "",
               name: str | None = None) -> Path:
@@ -257,13 +249,15 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
   created = datetime.datetime.now(datetime.timezone.utc)
   doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
          "machine": machine, "versions": versions,
-         "parameters": _jsonable(dict(parameters)), "notes": notes,
-         "records": _jsonable([dict(r) for r in records])}
+         "parameters": dict(parameters), "notes": notes,
+         "records": [dict(r) for r in records]}
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   tag = machine["generation"] or machine["platform"]
   path = out_dir / (name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json")
-  path.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
+  path.write_text(json.dumps(doc, indent=1, sort_keys=True,
+                             default=lambda x: x.item()),  # NumPy scalars
+                  encoding="utf-8")
   return path
 
 
