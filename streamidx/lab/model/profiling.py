@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import glob as glob_lib
 import gzip
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -35,6 +36,11 @@ import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+
+from streamidx import modes
+from streamidx.lab.model import hardware
 
 __all__ = ["RUN_SCHEMA", "STAGE_PATTERNS", "Capture", "capture", "Trace",
            "load_trace", "stage_times", "hlo_stats", "write_run", "load_runs",
@@ -71,8 +77,6 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
   goes to `log_dir` (`jax.profiler.trace`, with a Perfetto trace), without
   Python frames (they swamp it when the kernel is interpreted).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
@@ -228,11 +232,6 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
   kernel mode, ...), "versions", "parameters", "notes", "records": one dict
   per measured point}.
   """
-  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
-
   dev = jax.devices()[0]
   machine = {"platform": dev.platform,
              "device_kind": getattr(dev, "device_kind", dev.platform),

@@ -46,6 +46,9 @@ import functools
 import math
 from typing import Mapping, Sequence
 
+from streamidx import batch as batch_lib
+from streamidx import cache as cache_lib
+from streamidx import sharded
 from streamidx.lab.model import hardware, roofline, tiling
 from streamidx.semantics import cdiv
 
@@ -113,12 +116,10 @@ class StepModel:
 def _local_seconds(generation: str, seqs: int, share_entries: int,
                    share_pages: int, w: Workload) -> float:
   """Roofline bound of one device's kernel call (fill + kernel + top-k)."""
-  import streamidx as si  # pylint: disable=g-import-not-at-top
   seq_len = share_entries * w.compression_ratio
-  batch = si.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
-                        page_size=w.page_size,
-                        compression_ratio=w.compression_ratio,
-                        pages_per_seq=share_pages)
+  batch = batch_lib.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
+                               page_size=w.page_size, pages_per_seq=share_pages,
+                               compression_ratio=w.compression_ratio)
   # Block sizes: the table's row for this generation (`streamidx.blocks`).
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
@@ -133,8 +134,6 @@ def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
   jax_devices_per_chip) of `generation`, as D = devices // C data groups x C
   = `num_context` context shares, merged by `merge` ("all_gather" or "tree",
   `streamidx.sharded`), `collective_latency_s` per collective round."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-  from streamidx import sharded  # pylint: disable=g-import-not-at-top
   spec = hardware.spec(generation, specs)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "

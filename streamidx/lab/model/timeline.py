@@ -34,6 +34,7 @@ import itertools
 import threading
 from typing import Any
 
+import jax
 import numpy as np
 
 from streamidx import modes
@@ -65,7 +66,6 @@ class Op:
 
 
 def _range(transforms):
-  import jax  # pylint: disable=g-import-not-at-top
   from jax._src.pallas.mosaic.interpret import utils  # pylint: disable=g-import-not-at-top
   return utils.to_range(jax.tree.map(int, transforms))
 

@@ -28,10 +28,14 @@ import dataclasses
 import time
 from typing import Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from streamidx import batch as batch_lib
+from streamidx import metrics, modes
 from streamidx import topk as topk_lib
-from streamidx.lab.model import hardware
+from streamidx.lab.model import hardware, roofline, tiling
 
 __all__ = ["SelectShape", "SHAPES", "PUBLIC_TPU7X", "TopkCost", "cost", "costs",
            "hbm_bound", "scoring_bound", "recommend", "approx_recall",
@@ -198,8 +202,6 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   """The scoring kernel's roofline bound (s) for the call behind `shape`:
   `roofline.predict` over `tiling.plan`, DeepSeek-V4's indexer (64 heads,
   head_dim 128, FP8 cache, page size 128), production block sizes."""
-  from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import roofline, tiling  # pylint: disable=g-import-not-at-top
   seqs = (dict(decode=[shape.seq_len] * shape.num_seqs) if shape.kind == "decode"
           else dict(prefill=[(shape.q_len, shape.seq_len)]))
   b = batch_lib.make_mixed_batch(**seqs, page_size=128, compression_ratio=shape.ratio)
@@ -261,7 +263,6 @@ def approx_recall(scores, k: int, *,
   documented), each bin's maximum, an exact top-k of those; recall against
   the exact top-k, ties at the k-th score counted as hits.
   """
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
   x = np.asarray(scores, np.float32)
   t, n = x.shape
   bins = _approx_bins(n, k, recall_target)
@@ -294,9 +295,6 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
   "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
   "flops", "temp_bytes", "error"}: XLA's cost analysis, a static estimate.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,
