@@ -315,9 +315,7 @@ def test_model_of_fused_blockmax():
   # Too few blocks: the method is one top_k, as "blockmax".
   assert topk_model.cost("fused_blockmax", 64, 32768, 512).detail == (
       topk_model.cost("top_k", 64, 32768, 512).detail)
-  rows = topk_model.model_table(shapes=topk_model.SHAPES[:1],
-                                generations=["v6e", "v7x"],
-                                with_scoring=False)
-  fused_rows = [r for r in rows if r["method"] == "fused_blockmax"]
-  assert len(fused_rows) == 2
-  assert all(r["HBM bound us"] > 0 for r in fused_rows)
+  (at_shape,) = topk_model.costs(topk_model.SHAPES[0], ["fused_blockmax"])
+  assert at_shape.method == "fused_blockmax"
+  assert all(topk_model.hbm_bound(at_shape, topk_model.hardware.spec(g)) > 0
+             for g in ("v6e", "v7x"))

@@ -10,12 +10,11 @@ guess. Terms used here and in `streamidx.lab.model.roofline`:
   `tensorcores_per_chip` of them; VMEM is per TensorCore.
 - device: what `jax.devices()` lists. v4 and v5p are "megacore" chips (both
   TensorCores form one device); TPU7x shows each TensorCore as a device.
-- kernel rates (`kernel_*`): one TensorCore's share of the chip. The
-  StreamIndex kernel's grid is "arbitrary", so one launch runs on one
-  TensorCore; the chip's rates are split evenly between its TensorCores (the
-  same split JAX's `tpu_info` uses; a model assumption, not a published number).
+- kernel rates (`kernel_*`): one TensorCore's share of the chip (a launch
+  of the kernel's "arbitrary" grid runs on one TensorCore; the even split
+  JAX's `tpu_info` uses: a model assumption, not a published number).
 - device rates (`device_*`): one JAX device's share, for XLA ops (the score
-  buffer fill and the top-k), which use every TensorCore of their device.
+  buffer fill, the top-k), which use every TensorCore of their device.
 - ICI bandwidth (`ici_bandwidth_bytes_per_s`): Google's bidirectional
   inter-chip interconnect bandwidth per chip, all ports summed; None where
   no public page gives a per-chip figure (v4).
@@ -32,48 +31,33 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = [
-    "GENERATIONS",
-    "SPECS_PATH",
-    "TpuSpec",
-    "load_specs",
-    "spec",
-    "generation_from_device_kind",
-    "detect_generation",
-    "current_spec",
-    "specs_table",
-]
+__all__ = ["GENERATIONS", "SPECS_PATH", "TpuSpec", "load_specs", "spec",
+           "generation_from_device_kind", "detect_generation",
+           "specs_table"]
 
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
 # Shipped in the wheel: the checkout's data/ folder is the package
 # `streamidx.data` (pyproject.toml), so an installed wheel finds it too.
 SPECS_PATH = importlib.resources.files("streamidx.data") / "tpu_specs.json"
 
-_FIELDS = (
-    "tensorcores_per_chip",
-    "jax_devices_per_chip",
-    "hbm_capacity_bytes",
-    "hbm_bandwidth_bytes_per_s",
-    "vmem_bytes_per_tensorcore",
-    "peak_bf16_flops",
-    "peak_int8_ops",
-    "peak_fp8_flops",
-    "ici_bandwidth_bytes_per_s",
-    "clock_hz",
-)
+_FIELDS = ("tensorcores_per_chip", "jax_devices_per_chip", "hbm_capacity_bytes",
+           "hbm_bandwidth_bytes_per_s", "vmem_bytes_per_tensorcore",
+           "peak_bf16_flops", "peak_int8_ops", "peak_fp8_flops",
+           "ici_bandwidth_bytes_per_s", "clock_hz")
 _REQUIRED = _FIELDS[:6]  # int8/fp8 peaks, ICI bandwidth and the clock may be unpublished
 _PEAK_FIELD = {"bf16": "peak_bf16_flops", "int8": "peak_int8_ops",
                "fp8": "peak_fp8_flops"}
 
 
+def _share(x: float | None, n: float) -> float | None:
+  return None if x is None else x / n
+
+
 @dataclasses.dataclass(frozen=True)
 class TpuSpec:
   """One TPU generation. Rates per second; bytes; None = not published.
-
-  `sources[field]` is the full citation of `field`'s value (or, for a None
-  value, why it is missing); `as_published[field]` the value as the source
-  wrote it.
-  """
+  `sources[field]`: the citation of `field`'s value (for None, why it is
+  missing); `as_published[field]`: the value as the source wrote it."""
 
   generation: str
   name: str
@@ -101,60 +85,42 @@ class TpuSpec:
   def tensorcores_per_device(self) -> int:
     return self.tensorcores_per_chip // self.jax_devices_per_chip
 
-  # One TensorCore: what a single Pallas kernel launch with an "arbitrary"
-  # grid gets (model assumption: the chip's rates split evenly per core).
+  # One TensorCore (a Pallas launch) and one JAX device (an XLA op): the
+  # chip's rates split evenly (model assumption; module docstring).
   def kernel_peak(self, dtype: str = "bf16") -> float | None:
-    p = self.peak(dtype)
-    return None if p is None else p / self.tensorcores_per_chip
+    return _share(self.peak(dtype), self.tensorcores_per_chip)
 
   @property
   def kernel_bandwidth(self) -> float:
     return self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip
 
-  # One JAX device: what an XLA op (fill, top-k) gets.
   def device_peak(self, dtype: str = "bf16") -> float | None:
-    p = self.peak(dtype)
-    return None if p is None else p / self.jax_devices_per_chip
+    return _share(self.peak(dtype), self.jax_devices_per_chip)
 
   @property
   def device_bandwidth(self) -> float:
     return self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip
 
   @property
-  def device_hbm_bytes(self) -> int:
-    return self.hbm_capacity_bytes // self.jax_devices_per_chip
-
-  @property
   def device_ici_bandwidth(self) -> float | None:
-    """One JAX device's share of the chip's ICI bandwidth (None: unpublished).
-
-    The chip's figure is bidirectional, over all its ports; the devices of a
-    chip (TPU7x's two TensorCores) share it (model assumption).
-    """
-    if self.ici_bandwidth_bytes_per_s is None:
-      return None
-    return self.ici_bandwidth_bytes_per_s / self.jax_devices_per_chip
+    """One JAX device's share of the chip's (bidirectional, all ports) ICI
+    bandwidth: TPU7x's two devices share it (model assumption). None: unpublished."""
+    return _share(self.ici_bandwidth_bytes_per_s, self.jax_devices_per_chip)
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:
     """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
-    p = self.peak(dtype)
-    return None if p is None else p / self.hbm_bandwidth_bytes_per_s
+    return _share(self.peak(dtype), self.hbm_bandwidth_bytes_per_s)
 
   def short_cite(self, field: str) -> str:
     """'value as published (first URL of its source)', or the unsourced note."""
     import re  # pylint: disable=g-import-not-at-top
-    cite = self.cite(field)
-    if self.as_published.get(field):
-      url = re.search(r"https?://[^\s,;)]+", self.sources[field])
-      return f"{self.as_published[field]} ({url.group(0) if url else self.sources[field][:60]})"
-    return cite
-
-  def cite(self, field: str) -> str:
-    """'value as published [source]' for one field."""
     if field not in self.sources:
       raise KeyError(f"{field!r} is not a sourced field; one of {_FIELDS}")
-    pub = self.as_published.get(field)
-    return f"{pub} [{self.sources[field]}]" if pub else self.sources[field]
+    src, pub = self.sources[field], self.as_published.get(field)
+    if not pub:
+      return src
+    url = re.search(r"https?://[^\s,;)]+", src)
+    return f"{pub} ({url.group(0) if url else src[:60]})"
 
 
 def _fail(path, where, rule):
@@ -207,12 +173,8 @@ def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
 
 def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
   """Reads the packaged `tpu_specs.json` (or `path`): {generation: TpuSpec}.
-
-  The table ships in the wheel (package `streamidx.data`, the checkout's
-  data/ folder). Raises FileNotFoundError naming `path` when given one that
-  does not exist, ValueError naming the field for a malformed entry (a
-  number without a source, ...).
-  """
+  FileNotFoundError names a missing `path`; ValueError the field of a
+  malformed entry (a number without a source, ...)."""
   path = Path(path) if path is not None else SPECS_PATH
   if not path.is_file():
     raise FileNotFoundError(f"TPU spec table not found at {path}")
@@ -231,12 +193,9 @@ def generation_from_device_kind(device_kind: str,
                                 specs: Mapping[str, TpuSpec] | None = None
                                 ) -> str | None:
   """'TPU v5 lite' -> 'v5e'; None for a kind not in the table (CPU, GPU, v3...)."""
-  specs = load_specs() if specs is None else specs
   kind = device_kind.strip().lower()
-  for gen, s in specs.items():
-    if any(kind == k.lower() for k in s.device_kinds):
-      return gen
-  return None
+  return next((gen for gen, s in (specs or load_specs()).items()
+               if kind in (k.lower() for k in s.device_kinds)), None)
 
 
 def detect_generation(device=None) -> str | None:
@@ -249,12 +208,6 @@ def detect_generation(device=None) -> str | None:
   return generation_from_device_kind(getattr(device, "device_kind", ""))
 
 
-def current_spec(device=None) -> TpuSpec | None:
-  """TpuSpec of the TPU this process runs on; None on CPU/GPU or an unknown TPU."""
-  gen = detect_generation(device)
-  return None if gen is None else spec(gen)
-
-
 def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
   """One row per generation, in human units, for printing or a DataFrame."""
   specs = load_specs() if specs is None else specs
@@ -262,21 +215,17 @@ def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
   def t(x):
     return None if x is None else round(x / 1e12, 1)
 
-  rows = []
-  for gen in GENERATIONS:
-    s = specs[gen]
-    rows.append({
-        "generation": gen,
-        "TensorCores/chip": s.tensorcores_per_chip,
-        "JAX devices/chip": s.jax_devices_per_chip,
-        "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
-        "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
-        "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
-        "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
-        "int8 TOP/s/chip": t(s.peak_int8_ops),
-        "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
-        "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
-                          else round(s.ici_bandwidth_bytes_per_s / 1e9)),
-        "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
-    })
-  return rows
+  return [{
+      "generation": gen,
+      "TensorCores/chip": s.tensorcores_per_chip,
+      "JAX devices/chip": s.jax_devices_per_chip,
+      "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
+      "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
+      "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
+      "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
+      "int8 TOP/s/chip": t(s.peak_int8_ops),
+      "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
+      "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
+                        else round(s.ici_bandwidth_bytes_per_s / 1e9)),
+      "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
+  } for gen in GENERATIONS for s in [specs[gen]]]

@@ -5,24 +5,21 @@ On a TPU, Python dispatch time dwarfs a kernel's, so times come from a
 
     cap = capture(lambda: streamidx.streamindex_topk(*args, **kw),
                   log_dir="build/trace/point0", iterations=5)
-    trace = load_trace(cap.perfetto_path)
-    times = stage_times(trace, iterations=cap.iterations)
+    times = stage_times(load_trace(cap.perfetto_path), iterations=cap.iterations)
     times["kernel_s"], times["topk_s"]        # per iteration, device time
 
-`stage_times` reads the device lines of the trace ("/device:TPU:N"
-processes, their "XLA Ops" thread): every op event there is classified by
-`STAGE_PATTERNS` (the kernel's named scope "StreamIdx...", the top-k) and
-summed. On a CPU there are no device lines: `stage_times` says so
-(`device=False`) and reports the host-side duration of the jitted call
-instead, which for the interpreter is Python simulating a TPU, not a TPU.
-The TPU path (device lines, op names) follows the trace format JAX's profiler
-writes on TPU and has not been run on a TPU in this project yet: check the
-printed op table on your first TPU run and adjust `STAGE_PATTERNS` if an op
-lands in "other".
+`stage_times` sums the op events of the trace's device lines
+("/device:TPU:N" processes, their "XLA Ops" thread) by `STAGE_PATTERNS` (the
+kernel's named scope "StreamIdx...", the top-k). On a CPU there are none:
+it says so (`device=False`) and reports the host-side duration of the call
+(for the interpreter, Python simulating a TPU). The TPU path follows the
+trace format JAX's profiler writes on TPU and has not run on a TPU in this
+project yet: on a first TPU run, check the op table and adjust
+`STAGE_PATTERNS` if an op lands in "other".
 
-Run files: `write_run` saves one run's machine, versions, parameters and
-measurements as JSON; `load_runs` reads any set of them, `plot_runs` puts
-them side by side, so runs on different TPUs can be compared.
+Run files (`write_run`, `load_runs`, `runs_table`, `plot_runs`): one run's
+machine, versions, parameters and measurements as JSON, so runs on
+different TPUs can be compared side by side.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ import dataclasses
 import datetime
 import glob as glob_lib
 import gzip
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -39,21 +37,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = [
-    "RUN_SCHEMA",
-    "STAGE_PATTERNS",
-    "Capture",
-    "capture",
-    "Trace",
-    "load_trace",
-    "stage_times",
-    "hlo_stats",
-    "machine_info",
-    "write_run",
-    "load_runs",
-    "runs_table",
-    "plot_runs",
-]
+import jax
+
+from streamidx import modes
+from streamidx.lab.model import hardware
+
+__all__ = ["RUN_SCHEMA", "STAGE_PATTERNS", "Capture", "capture", "Trace",
+           "load_trace", "stage_times", "hlo_stats", "write_run", "load_runs",
+           "runs_table", "plot_runs"]
 
 RUN_SCHEMA = "streamidx.profile_run/1"
 ITERATION_ANNOTATION = "streamidx_iteration"
@@ -77,61 +68,48 @@ class Capture:
   host_wall_s: tuple[float, ...]  # per iteration, Python clock (dispatch + wait)
 
 
-def _block(out):
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.block_until_ready(out)
-
-
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
-            iterations: int = 3, warmup: int = 1,
-            python_tracer: bool = False) -> Capture:
+            iterations: int = 3, warmup: int = 1) -> Capture:
   """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced.
 
   Each traced iteration runs under a `TraceAnnotation` named
-  "streamidx_iteration" and is waited for (`block_until_ready`) before the
-  next starts. The trace goes to `log_dir` (`jax.profiler.trace` with
-  `create_perfetto_trace=True`). `python_tracer=False` keeps Python frames
-  out of the trace (they swamp it when the kernel is interpreted).
+  "streamidx_iteration" and is waited for before the next starts. The trace
+  goes to `log_dir` (`jax.profiler.trace`, with a Perfetto trace), without
+  Python frames (they swamp it when the kernel is interpreted).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
   log_dir = Path(log_dir)
   log_dir.mkdir(parents=True, exist_ok=True)
-  before = set(glob_lib.glob(str(log_dir / "plugins" / "profile" / "*")))
+  pattern = str(log_dir / "plugins" / "profile" / "*")
+  before = set(glob_lib.glob(pattern))
   for _ in range(warmup):
-    _block(fn())
+    jax.block_until_ready(fn())
   opts = jax.profiler.ProfileOptions()
-  opts.python_tracer_level = 1 if python_tracer else 0
+  opts.python_tracer_level = 0
   walls = []
   with jax.profiler.trace(str(log_dir), create_perfetto_trace=True,
                           profiler_options=opts):
     for i in range(iterations):
       with jax.profiler.TraceAnnotation(ITERATION_ANNOTATION, iteration=i):
         t0 = time.perf_counter()
-        _block(fn())
+        jax.block_until_ready(fn())
         walls.append(time.perf_counter() - t0)
-  runs = sorted(set(glob_lib.glob(str(log_dir / "plugins" / "profile" / "*")))
-                - before)
+  runs = sorted(set(glob_lib.glob(pattern)) - before)
   if not runs:
     raise RuntimeError(f"jax.profiler wrote no run under {log_dir}/plugins/profile")
-  run = runs[-1]
-  perfetto = sorted(glob_lib.glob(os.path.join(run, "*perfetto_trace.json.gz")))
-  xplanes = tuple(sorted(glob_lib.glob(os.path.join(run, "*.xplane.pb"))))
+  perfetto = sorted(glob_lib.glob(os.path.join(runs[-1], "*perfetto_trace.json.gz")))
+  xplanes = tuple(sorted(glob_lib.glob(os.path.join(runs[-1], "*.xplane.pb"))))
   return Capture(str(log_dir), perfetto[0] if perfetto else None, xplanes,
                  iterations, tuple(walls))
 
 
 @dataclasses.dataclass
 class Trace:
-  """A parsed Chrome/Perfetto JSON trace: complete events and their names.
-
-  events: the "X" (complete) events, each a dict with name, pid, tid, ts and
-  dur (microseconds) and args. processes: pid -> process name; threads:
-  (pid, tid) -> thread name.
-  """
+  """A parsed Chrome/Perfetto JSON trace: its "X" (complete) events (dicts
+  with name, pid, tid, ts and dur in microseconds, args), processes (pid ->
+  name) and threads ((pid, tid) -> name)."""
 
   events: list[dict]
   processes: dict[int, str]
@@ -139,68 +117,52 @@ class Trace:
 
   def device_pids(self) -> list[int]:
     """Processes of accelerator devices ("/device:TPU:0", ...) that recorded
-    events; the host excluded. A device plane without events is no device
-    run: libtpu's compile-only TPU devices (`streamidx.compile_for` earlier
-    in the process) appear in a CPU run's trace that way."""
+    events. A device plane without events is no device run: libtpu's
+    compile-only TPU devices (`streamidx.compile_for` earlier in the
+    process) appear in a CPU run's trace that way."""
     busy = {e["pid"] for e in self.events}
     return sorted(p for p, n in self.processes.items()
                   if n.startswith("/device:") and "CPU" not in n.upper()
                   and p in busy)
 
   def device_op_events(self) -> tuple[list[dict], str]:
-    """Events on the devices' op lines, and which lines they came from.
-
-    Prefers each device's "XLA Ops" thread (one event per executed op, no
-    nesting); falls back to every thread of the device process, said so in
-    the returned description.
-    """
+    """Events of each device's "XLA Ops" thread (one per executed op, no
+    nesting), else of every thread of the device processes; and which."""
     pids = set(self.device_pids())
-    ops_threads = {k for k, n in self.threads.items()
-                   if k[0] in pids and n == "XLA Ops"}
-    if ops_threads:
-      evs = [e for e in self.events if (e["pid"], e.get("tid")) in ops_threads]
-      return evs, "device 'XLA Ops' lines"
-    evs = [e for e in self.events if e["pid"] in pids]
-    return evs, "all device lines (no 'XLA Ops' line found: nested events may overlap)"
-
-  def host_events(self, name_regex: str) -> list[dict]:
-    rx = re.compile(name_regex)
-    pids = set(self.device_pids())
-    return [e for e in self.events if e["pid"] not in pids and rx.search(e["name"])]
+    ops = {k for k, n in self.threads.items() if k[0] in pids and n == "XLA Ops"}
+    if ops:
+      return ([e for e in self.events if (e["pid"], e.get("tid")) in ops],
+              "device 'XLA Ops' lines")
+    return ([e for e in self.events if e["pid"] in pids],
+            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
   """Reads a (gzipped) Chrome/Perfetto JSON trace written by `jax.profiler`."""
   path = str(path)
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
+  with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
     doc = json.load(f)
-  raw = doc["traceEvents"] if isinstance(doc, dict) else doc
   processes, threads, events = {}, {}, []
-  for e in raw:
-    ph = e.get("ph")
-    if ph == "M":
-      if e.get("name") == "process_name":
-        processes[e["pid"]] = e.get("args", {}).get("name", "")
-      elif e.get("name") == "thread_name":
-        threads[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
-    elif ph == "X":
+  for e in doc["traceEvents"] if isinstance(doc, dict) else doc:
+    name = e.get("args", {}).get("name", "")
+    if e.get("ph") == "M" and e.get("name") == "process_name":
+      processes[e["pid"]] = name
+    elif e.get("ph") == "M" and e.get("name") == "thread_name":
+      threads[(e["pid"], e.get("tid"))] = name
+    elif e.get("ph") == "X":
       events.append(e)
   return Trace(events, processes, threads)
 
 
-def _stage(event, patterns) -> str:
-  text = event.get("name", "")
+def _stage(event) -> str:
   args = event.get("args") or {}
-  text += " " + " ".join(str(v) for v in args.values() if isinstance(v, str))
-  for stage, rx in patterns:
-    if re.search(rx, text):
-      return stage
-  return "other"
+  text = " ".join([event.get("name", "")]
+                  + [v for v in args.values() if isinstance(v, str)])
+  return next((stage for stage, rx in STAGE_PATTERNS if re.search(rx, text)),
+              "other")
 
 
-def stage_times(trace: Trace, *, iterations: int,
-                patterns: Sequence[tuple[str, str]] = STAGE_PATTERNS) -> dict:
+def stage_times(trace: Trace, *, iterations: int) -> dict:
   """Device seconds per iteration by stage, and the op table behind them.
 
   Returns {"device": bool, "source": str, "kernel_s", "topk_s", "other_s",
@@ -208,51 +170,44 @@ def stage_times(trace: Trace, *, iterations: int,
   "total_us"}] sorted by time, "host_call_s": the mean host-side duration
   of one `capture` iteration (its "streamidx_iteration" annotation: dispatch
   to completion on the profiler's host clock; on a CPU, the whole
-  interpreted run)}.
+  interpreted run), "host_call_events"}.
   """
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")
-  host = trace.host_events("^" + ITERATION_ANNOTATION + "$")
+  pids = set(trace.device_pids())
+  host = [e for e in trace.events
+          if e["pid"] not in pids and e["name"] == ITERATION_ANNOTATION]
   host_s = sum(e.get("dur", 0.0) for e in host) / 1e6 / len(host) if host else None
   out = {"device": False, "source": "no device lines in the trace (not a TPU run)",
          "kernel_s": None, "topk_s": None, "other_s": None, "total_s": None,
          "ops": [], "host_call_s": host_s, "host_call_events": len(host)}
-  if not trace.device_pids():
+  if not pids:
     return out
   events, source = trace.device_op_events()
   table: dict[str, dict] = {}
   sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
   for e in events:
-    stage = _stage(e, patterns)
-    sums[stage] = sums.get(stage, 0.0) + e.get("dur", 0.0)
+    stage = _stage(e)
+    sums[stage if stage in sums else "other"] += e.get("dur", 0.0)
     row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
                                        "count": 0, "total_us": 0.0})
     row["count"] += 1
     row["total_us"] += e.get("dur", 0.0)
   out.update(device=True, source=source,
-             kernel_s=sums["kernel"] / 1e6 / iterations,
-             topk_s=sums["topk"] / 1e6 / iterations,
-             other_s=sum(v for k, v in sums.items() if k not in ("kernel", "topk"))
-             / 1e6 / iterations,
-             ops=sorted(table.values(), key=lambda r: -r["total_us"]))
+             ops=sorted(table.values(), key=lambda r: -r["total_us"]),
+             **{f"{k}_s": v / 1e6 / iterations for k, v in sums.items()})
   out["total_s"] = out["kernel_s"] + out["topk_s"] + out["other_s"]
   return out
 
 
 def hlo_stats(cap: Capture) -> list[dict] | None:
-  """xprof's "hlo_stats" table for a capture (rows as dicts), or None.
-
-  A cross-check of `stage_times` on a TPU (per-HLO-op device self time).
-  Needs the `xprof` package; returns None when it is missing or the table
-  cannot be built.
-  """
-  try:
-    from xprof.convert import raw_to_tool_data  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
+  """xprof's "hlo_stats" table (per-HLO-op device self time, rows as dicts)
+  for a capture: a cross-check of `stage_times` on a TPU. None without the
+  `xprof` package or when the table cannot be built."""
   if not cap.xplane_paths:
     return None
   try:
+    from xprof.convert import raw_to_tool_data  # pylint: disable=g-import-not-at-top
     data, _ = raw_to_tool_data.xspace_to_tool_data(list(cap.xplane_paths),
                                                    "hlo_stats", {})
   except Exception:  # pylint: disable=broad-except
@@ -261,55 +216,11 @@ def hlo_stats(cap: Capture) -> list[dict] | None:
   if isinstance(doc, list):
     doc = doc[0] if doc else {}
   cols = [c.get("id") or c.get("label") for c in doc.get("cols", [])]
-  rows = []
-  for r in doc.get("rows", []):
-    rows.append({c: cell.get("v") if isinstance(cell, dict) else cell
-                 for c, cell in zip(cols, r.get("c", []))})
-  return rows
+  return [{c: cell.get("v") if isinstance(cell, dict) else cell
+           for c, cell in zip(cols, r.get("c", []))} for r in doc.get("rows", [])]
 
 
-# ---------------------------------------------------------------------------
-# Run files.
-
-
-def machine_info() -> dict:
-  """The machine a run is on: platform, device kind, generation, kernel mode."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-
-  dev = jax.devices()[0]
-  return {
-      "platform": dev.platform,
-      "device_kind": getattr(dev, "device_kind", dev.platform),
-      "num_devices": jax.device_count(),
-      "generation": hardware.detect_generation(dev),
-      "kernel_mode": modes.kernel_mode(),
-      "describe": modes.describe_machine(),
-      "os": platform.platform(),
-  }
-
-
-def _versions() -> dict:
-  import importlib.metadata as md  # pylint: disable=g-import-not-at-top
-
-  out = {"python": platform.python_version()}
-  for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
-    try:
-      out[pkg] = md.version(pkg)
-    except md.PackageNotFoundError:
-      pass
-  return out
-
-
-def _jsonable(x):
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if hasattr(x, "item") and callable(x.item):  # NumPy scalars
-    return x.item()
-  return x
+# -- run files ----------------------------------------------------------------
 
 
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
@@ -317,22 +228,35 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
               name: str | None = None) -> Path:
   """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`; returns its path.
 
-  A run: {"schema", "created", "machine" (`machine_info`), "versions",
-  "parameters", "notes", "records": one dict per measured point}.
+  A run: {"schema", "created", "machine" (platform, device kind, generation,
+  kernel mode, ...), "versions", "parameters", "notes", "records": one dict
+  per measured point}.
   """
-  machine = machine_info()
+  dev = jax.devices()[0]
+  machine = {"platform": dev.platform,
+             "device_kind": getattr(dev, "device_kind", dev.platform),
+             "num_devices": jax.device_count(),
+             "generation": hardware.detect_generation(dev),
+             "kernel_mode": modes.kernel_mode(),
+             "describe": modes.describe_machine(), "os": platform.platform()}
+  versions = {"python": platform.python_version()}
+  for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
+    try:
+      versions[pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+      pass
   created = datetime.datetime.now(datetime.timezone.utc)
-  doc = {"schema": RUN_SCHEMA,
-         "created": created.isoformat(timespec="seconds"),
-         "machine": machine, "versions": _versions(),
-         "parameters": _jsonable(dict(parameters)), "notes": notes,
-         "records": _jsonable([dict(r) for r in records])}
+  doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
+         "machine": machine, "versions": versions,
+         "parameters": dict(parameters), "notes": notes,
+         "records": [dict(r) for r in records]}
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   tag = machine["generation"] or machine["platform"]
-  name = name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json"
-  path = out_dir / name
-  path.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
+  path = out_dir / (name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json")
+  path.write_text(json.dumps(doc, indent=1, sort_keys=True,
+                             default=lambda x: x.item()),  # NumPy scalars
+                  encoding="utf-8")
   return path
 
 
@@ -346,14 +270,11 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
   """
   if isinstance(paths, (str, os.PathLike)):
     p = Path(paths)
-    if p.is_dir():
-      files = sorted(p.glob("run-*.json"))
-    elif any(ch in str(p) for ch in "*?["):
-      files = [Path(f) for f in sorted(glob_lib.glob(str(p), recursive=True))]
-    else:
-      files = [p]
+    files = (sorted(p.glob("run-*.json")) if p.is_dir() else
+             sorted(glob_lib.glob(str(p), recursive=True))
+             if any(ch in str(p) for ch in "*?[") else [p])
   else:
-    files = [Path(f) for f in paths]
+    files = list(paths)
   runs = []
   for f in files:
     try:
@@ -366,29 +287,28 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
       if skip_invalid:
         continue
       raise ValueError(f"{f}: not a {RUN_SCHEMA} run file")
-    doc["path"] = str(f)
-    runs.append(doc)
+    runs.append(dict(doc, path=str(f)))
   return runs
+
+
+def _point(r: Mapping[str, Any]) -> tuple:
+  return r.get("mode"), r.get("batch_size"), r.get("context_tokens")
+
+
+def _bound(run, r, which: str):
+  return ((r.get("predicted_us") or {}).get(run["machine"].get("generation") or "",
+                                            {}).get(which))
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[dict]:
   """One row per (run, record): machine, point, measured and predicted times."""
-  rows = []
-  for run in runs:
-    m = run["machine"]
-    for r in run["records"]:
-      pred = (r.get("predicted_us") or {}).get(m.get("generation") or "", {})
-      rows.append({
-          "run": Path(run["path"]).name, "machine": m.get("device_kind"),
-          "mode": r.get("mode"), "batch": r.get("batch_size"),
-          "context": r.get("context_tokens"),
-          "kernel_us": r.get("kernel_us"), "topk_us": r.get("topk_us"),
-          "other_us": r.get("other_us"),
-          "host_call_us": r.get("host_call_us"),
-          "bound_kernel_us": pred.get("kernel"),
-          "bound_total_us": pred.get("total"),
-      })
-  return rows
+  return [{"run": Path(run["path"]).name, "machine": run["machine"].get("device_kind"),
+           **dict(zip(("mode", "batch", "context"), _point(r))),
+           **{k: r.get(k) for k in ("kernel_us", "topk_us", "other_us",
+                                    "host_call_us")},
+           "bound_kernel_us": _bound(run, r, "kernel"),
+           "bound_total_us": _bound(run, r, "total")}
+          for run in runs for r in run["records"]]
 
 
 def plot_runs(runs: Sequence[Mapping[str, Any]], ax=None, *, what: str = "kernel_us"):
@@ -402,33 +322,24 @@ def plot_runs(runs: Sequence[Mapping[str, Any]], ax=None, *, what: str = "kernel
 
   if ax is None:
     _, ax = plt.subplots(figsize=(10, 4))
-  points = []
-  for run in runs:
-    for r in run["records"]:
-      key = (r.get("mode"), r.get("batch_size"), r.get("context_tokens"))
-      if key not in points:
-        points.append(key)
+  points = list(dict.fromkeys(_point(r) for run in runs for r in run["records"]))
   width = 0.8 / max(len(runs), 1)
   x = np.arange(len(points))
   for i, run in enumerate(runs):
-    m = run["machine"]
-    gen = m.get("generation")
-    label = f"{m.get('device_kind')} ({Path(run['path']).name})"
+    gen = run["machine"].get("generation")
+    recs = {_point(r): r for r in reversed(run["records"])}  # the first
     vals, hatches, bounds = [], [], []
     for key in points:
-      rec = next((r for r in run["records"]
-                  if (r.get("mode"), r.get("batch_size"), r.get("context_tokens")) == key),
-                 None)
-      v = rec.get(what) if rec else None
-      hatch = ""
-      if v is None and rec is not None:
+      rec = recs.get(key) or {}
+      v, hatch = rec.get(what), ""
+      if v is None and rec:
         v, hatch = rec.get("host_call_us"), "//"
+      b = _bound(run, rec, "kernel" if what == "kernel_us" else "total")
       vals.append(np.nan if v is None else v)
       hatches.append(hatch)
-      b = ((rec or {}).get("predicted_us") or {}).get(gen or "", {}).get(
-          "kernel" if what == "kernel_us" else "total")
       bounds.append(np.nan if b is None else b)
-    bars = ax.bar(x + i * width, vals, width, label=label)
+    bars = ax.bar(x + i * width, vals, width,
+                  label=f"{run['machine'].get('device_kind')} ({Path(run['path']).name})")
     for bar, h in zip(bars, hatches):
       bar.set_hatch(h)
     if not all(np.isnan(bounds)):

@@ -8,31 +8,25 @@ sequences, of each the share ceil(pages / C) pages, then (C > 1) the top-k
 lists of its context group are merged. C = 1 is "one chip per sequence":
 sequence parallelism only, each sequence on one device.
 
-Per device, per step (the busiest device; every device of a layout does the
-same work when B fills the data groups and the sequences fill the shares):
+Per device (the busiest), per step and layer:
 
-  cache bytes   seqs x share pages x page_size x record bytes (per layer)
-  local         `streamidx.lab.model.roofline` of the kernel call on the
-                device's own sequences and share (score-buffer fill, kernel,
-                top-k: each stage's max(T_mem, T_math), summed), with the
-                generation's block sizes (`streamidx.block_sizes`)
+  cache bytes   seqs x share pages x page_size x record bytes
+  local         `lab.model.roofline` of the kernel call on the device's
+                sequences and share (fill, kernel, top-k: each stage's
+                max(T_mem, T_math), summed), the generation's block sizes
   merge         rows x `sharded.merge_bytes_per_row(k, C, merge)` bytes over
-                the device's share of the chip's ICI bandwidth
-                (`TpuSpec.device_ici_bandwidth`), plus the merge's top-k as
-                HBM traffic (reading the C * k candidates, writing k), plus
-                `collective_latency_s` per collective round (1 for
-                all_gather, log2 C for tree)
+                `TpuSpec.device_ici_bandwidth`, plus the merge's top-k as
+                HBM traffic (read C * k candidates, write k), plus
+                `collective_latency_s` per round (1 for all_gather, log2 C
+                for tree)
   step          local + merge
 
-Bounds and sources: HBM and compute from the roofline (Google Cloud's
-per-chip peaks and bandwidths, `data/tpu_specs.json`); ICI from the same
-table (Google's bidirectional per-chip figure, all ports: a best case for
-a collective along one mesh axis). Not modelled: collective and launch
-latency (`collective_latency_s` defaults to 0: no public per-hop figure;
-set it from a measurement), overlap between the merge and other work,
-topology (the merge is assumed to get the full per-device ICI rate at any
-C), everything the roofline leaves out (per-step and DMA overheads). This
-is a model, not a measurement.
+Sources: the roofline's and ICI's rates from `data/tpu_specs.json` (ICI:
+Google's bidirectional per-chip figure, all ports: a best case for a
+collective along one mesh axis). Not modelled: collective and launch
+latency (`collective_latency_s` is 0 unless set from a measurement: no
+public per-hop figure), overlap of the merge with other work, topology,
+what the roofline leaves out. A model, not a measurement.
 
 Where context parallelism pays: while B >= N (every device has a sequence of
 its own), splitting a sequence over C devices leaves each device's bytes
@@ -41,8 +35,7 @@ sequences, C = N / B divides each sequence's cache reads by C for a merge of
 (C - 1) x k x 8 bytes per row. `crossover_devices` and `crossover_context`
 find where, for a workload and a generation.
 
-    python -m streamidx.lab.model.scaling      # DeepSeek-V4 decode table,
-                                               # crossovers on v6e and v7x
+    python -m streamidx.lab.model.scaling  # DeepSeek-V4 table, crossovers
 """
 
 from __future__ import annotations
@@ -53,20 +46,15 @@ import functools
 import math
 from typing import Mapping, Sequence
 
+from streamidx import batch as batch_lib
+from streamidx import cache as cache_lib
+from streamidx import sharded
 from streamidx.lab.model import hardware, roofline, tiling
 from streamidx.semantics import cdiv
 
-__all__ = [
-    "Workload",
-    "DSV4_DECODE",
-    "StepModel",
-    "step",
-    "best_step",
-    "scaling_table",
-    "crossover_devices",
-    "crossover_context",
-    "CHIP_COUNTS",
-]
+__all__ = ["Workload", "DSV4_DECODE", "StepModel", "step", "best_step",
+           "scaling_table", "crossover_devices", "crossover_context",
+           "CHIP_COUNTS"]
 
 CHIP_COUNTS = (1, 4, 8, 64)
 
@@ -91,13 +79,8 @@ class Workload:
   page_size: int = 128
   q_len: int = 1
 
-  @property
-  def entries(self) -> int:
-    return self.context_tokens // self.compression_ratio
-
-  @property
-  def pages(self) -> int:
-    return max(1, cdiv(self.entries, self.page_size))
+  entries = property(lambda w: w.context_tokens // w.compression_ratio)
+  pages = property(lambda w: max(1, cdiv(w.entries, w.page_size)))
 
   def with_(self, **kw) -> "Workload":
     return dataclasses.replace(self, **kw)
@@ -125,49 +108,32 @@ class StepModel:
   merge_topk_s: float
   merge_latency_s: float
 
-  @property
-  def merge_s(self) -> float:
-    return self.merge_ici_s + self.merge_topk_s + self.merge_latency_s
-
-  @property
-  def step_s(self) -> float:
-    return self.local_s + self.merge_s
+  merge_s = property(lambda m: m.merge_ici_s + m.merge_topk_s + m.merge_latency_s)
+  step_s = property(lambda m: m.local_s + m.merge_s)
 
 
 @functools.lru_cache(maxsize=4096)
 def _local_seconds(generation: str, seqs: int, share_entries: int,
                    share_pages: int, w: Workload) -> float:
   """Roofline bound of one device's kernel call (fill + kernel + top-k)."""
-  import streamidx as si  # pylint: disable=g-import-not-at-top
   seq_len = share_entries * w.compression_ratio
-  batch = si.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
-                        page_size=w.page_size,
-                        compression_ratio=w.compression_ratio,
-                        pages_per_seq=share_pages)
+  batch = batch_lib.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
+                               page_size=w.page_size, pages_per_seq=share_pages,
+                               compression_ratio=w.compression_ratio)
   # Block sizes: the table's row for this generation (`streamidx.blocks`).
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
                   generation=generation)
-  return roofline.predict(p, k=w.k, generations=[generation])[generation][
-      "total"]
+  return roofline.predict(p, k=w.k, generations=[generation])[generation]["total"]
 
 
 def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
          merge: str = "all_gather", collective_latency_s: float = 0.0,
          specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
-  """The modelled decode step of `w` on `devices` JAX devices of `generation`.
-
-  Args:
-    w: the workload.
-    generation: "v4" ... "v7x".
-    devices: JAX devices (chips x jax_devices_per_chip).
-    num_context: C, dividing `devices`; D = devices // C.
-    merge: "all_gather" or "tree" (`streamidx.sharded`).
-    collective_latency_s: fixed seconds per collective round (assumption;
-      0 by default, no public figure).
-  """
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-  from streamidx import sharded  # pylint: disable=g-import-not-at-top
+  """The modelled decode step of `w` on `devices` JAX devices (chips x
+  jax_devices_per_chip) of `generation`, as D = devices // C data groups x C
+  = `num_context` context shares, merged by `merge` ("all_gather" or "tree",
+  `streamidx.sharded`), `collective_latency_s` per collective round."""
   spec = hardware.spec(generation, specs)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "
@@ -201,22 +167,23 @@ def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
       merge_ici_s=ici_s, merge_topk_s=topk_s, merge_latency_s=lat_s)
 
 
-def _context_degrees(devices: int) -> list[int]:
-  return [c for c in (2 ** i for i in range(int(math.log2(devices)) + 1))
-          if devices % c == 0]
-
-
 def best_step(w: Workload, generation: str, devices: int, *,
-              merge: str = "all_gather", collective_latency_s: float = 0.0,
-              context_parallel: bool = True) -> StepModel:
+              merge: str = "all_gather", collective_latency_s: float = 0.0
+              ) -> StepModel:
   """The fastest layout over C in 1, 2, 4, ... dividing `devices`."""
-  spec = hardware.spec(generation)
-  degrees = _context_degrees(devices)
-  if not context_parallel or spec.device_ici_bandwidth is None:
+  degrees = [c for c in (2 ** i for i in range(int(math.log2(devices)) + 1))
+             if devices % c == 0]
+  if hardware.spec(generation).device_ici_bandwidth is None:
     degrees = [1]
   return min((step(w, generation, devices, c, merge=merge,
                    collective_latency_s=collective_latency_s)
               for c in degrees), key=lambda m: (m.step_s, m.num_context))
+
+
+def _pays(w: Workload, generation: str, devices: int, **kw):
+  """(whether some C > 1 beats C = 1, the best StepModel, the C = 1 one)."""
+  best, sp = best_step(w, generation, devices, **kw), step(w, generation, devices, 1)
+  return best.num_context > 1 and best.step_s < sp.step_s, best, sp
 
 
 def scaling_table(w: Workload = DSV4_DECODE,
@@ -230,22 +197,18 @@ def scaling_table(w: Workload = DSV4_DECODE,
     spec = hardware.spec(gen)
     for n in chips:
       devices = n * spec.jax_devices_per_chip
-      sp = step(w, gen, devices, 1)
-      best = best_step(w, gen, devices, merge=merge,
-                       collective_latency_s=collective_latency_s)
+      _, best, sp = _pays(w, gen, devices, merge=merge,
+                          collective_latency_s=collective_latency_s)
       rows.append({
           "generation": gen, "chips": n, "devices": devices,
-          "cache MiB/device (C=1)": round(sp.cache_bytes_per_device / 2**20,
-                                          1),
+          "cache MiB/device (C=1)": round(sp.cache_bytes_per_device / 2**20, 1),
           "step us (C=1)": round(sp.step_s * 1e6, 1),
           "best C": best.num_context if spec.device_ici_bandwidth else "n/a",
-          "cache MiB/device (best)": round(
-              best.cache_bytes_per_device / 2**20, 1),
+          "cache MiB/device (best)": round(best.cache_bytes_per_device / 2**20, 1),
           "merge KiB/device": round(best.merge_bytes_per_device / 2**10, 1),
           "merge us": round(best.merge_s * 1e6, 2),
           "step us (best)": round(best.step_s * 1e6, 1),
-          "speedup": round(sp.step_s / best.step_s, 2),
-      })
+          "speedup": round(sp.step_s / best.step_s, 2)})
   return rows
 
 
@@ -256,14 +219,12 @@ def crossover_devices(w: Workload, generation: str, *, max_chips: int = 4096,
 
   Returns (chips, the winning StepModel, the C = 1 StepModel), or None.
   """
-  spec = hardware.spec(generation)
+  per_chip = hardware.spec(generation).jax_devices_per_chip
   n = 1
   while n <= max_chips:
-    devices = n * spec.jax_devices_per_chip
-    best = best_step(w, generation, devices, merge=merge,
-                     collective_latency_s=collective_latency_s)
-    sp = step(w, generation, devices, 1)
-    if best.num_context > 1 and best.step_s < sp.step_s:
+    ok, best, sp = _pays(w, generation, n * per_chip, merge=merge,
+                         collective_latency_s=collective_latency_s)
+    if ok:
       return n, best, sp
     n *= 2
   return None
@@ -282,20 +243,15 @@ def crossover_context(w: Workload, generation: str, chips: int, *,
   (the reads saved) less a constant (the merge), so the first context that
   pays is found by bisection over whole pages.
   """
-  spec = hardware.spec(generation)
-  devices = chips * spec.jax_devices_per_chip
+  devices = chips * hardware.spec(generation).jax_devices_per_chip
   tokens_per_page = w.page_size * w.compression_ratio
 
   def pays(pages):
-    x = w.with_(context_tokens=pages * tokens_per_page)
-    best = best_step(x, generation, devices, merge=merge,
-                     collective_latency_s=collective_latency_s)
-    sp = step(x, generation, devices, 1)
-    return (best.num_context > 1 and best.step_s < sp.step_s), best, sp
+    return _pays(w.with_(context_tokens=pages * tokens_per_page), generation,
+                 devices, merge=merge, collective_latency_s=collective_latency_s)
 
   hi = max(1, max_tokens // tokens_per_page)
-  ok, best, sp = pays(hi)
-  if not ok:
+  if not pays(hi)[0]:
     return None
   lo = 0  # pays(lo) is False by convention (no entries: nothing to split)
   while hi - lo > 1:
@@ -313,28 +269,27 @@ def crossover_report(w: Workload = DSV4_DECODE,
                      latencies: Sequence[float] = (0.0,),
                      merge: str = "all_gather") -> list[dict]:
   """Both crossovers per generation and collective latency (for printing)."""
+  def vs(cross, digits):
+    b, sp = cross[1], cross[2]
+    return (f"C={b.num_context}: {b.step_s * 1e6:.{digits}f} vs "
+            f"{sp.step_s * 1e6:.{digits}f} us")
+
   def ctx(x, gen, chips, lat):
-    cc = crossover_context(x, gen, chips, merge=merge,
-                           collective_latency_s=lat)
-    return ("never" if cc is None else
-            f"{cc[0]} tok (C={cc[1].num_context}: {cc[1].step_s * 1e6:.2f} "
-            f"vs {cc[2].step_s * 1e6:.2f} us)")
+    cc = crossover_context(x, gen, chips, merge=merge, collective_latency_s=lat)
+    return "never" if cc is None else f"{cc[0]} tok ({vs(cc, 2)})"
 
   rows = []
   for gen in generations:
     for lat in latencies:
       cd = crossover_devices(w, gen, merge=merge, collective_latency_s=lat)
       row = {"generation": gen, "latency us (assumed)": lat * 1e6,
-             f"chips where C>1 pays ({w.num_seqs} seqs x "
-             f"{w.context_tokens} tok)":
-                 "none" if cd is None else f"{cd[0]} (C={cd[1].num_context}: "
-                 f"{cd[1].step_s * 1e6:.1f} vs {cd[2].step_s * 1e6:.1f} us)"}
-      row[f"{w.num_seqs} seqs on those chips: context from"] = (
-          "-" if cd is None else ctx(w, gen, cd[0], lat))
-      one = w.with_(num_seqs=1)
+             f"chips where C>1 pays ({w.num_seqs} seqs x {w.context_tokens} tok)":
+                 "none" if cd is None else f"{cd[0]} ({vs(cd, 1)})",
+             f"{w.num_seqs} seqs on those chips: context from":
+                 "-" if cd is None else ctx(w, gen, cd[0], lat)}
       for chips in (1, 4, 8):
-        row[f"1 seq on {chips} chip(s): context from"] = ctx(one, gen, chips,
-                                                              lat)
+        row[f"1 seq on {chips} chip(s): context from"] = ctx(
+            w.with_(num_seqs=1), gen, chips, lat)
       rows.append(row)
   return rows
 
@@ -344,8 +299,7 @@ def main(argv=None) -> int:
       prog="python -m streamidx.lab.model.scaling",
       description="Modelled DeepSeek-V4 indexer decode step on 1-64 chips "
                   "(roofline + ICI; a model, not a measurement).")
-  parser.add_argument("--merge", default="all_gather",
-                      choices=("all_gather", "tree"))
+  parser.add_argument("--merge", default="all_gather", choices=("all_gather", "tree"))
   parser.add_argument("--latency-us", type=float, action="append",
                       help="assumed fixed latency per collective round "
                            "(repeatable; default 0)")
@@ -358,10 +312,8 @@ def main(argv=None) -> int:
         f"heads, head_dim {w.head_dim}, ratio {w.compression_ratio}, "
         f"{w.fmt} ({w.page_size}-entry pages), k {w.k}, one layer, merge "
         f"{a.merge}.")
-  print(tables.markdown(scaling_table(w, merge=a.merge,
-                                      collective_latency_s=lats[0])))
-  print()
-  print("Crossovers (context parallelism vs one chip per sequence):")
+  print(tables.markdown(scaling_table(w, merge=a.merge, collective_latency_s=lats[0])))
+  print("\nCrossovers (context parallelism vs one chip per sequence):")
   print(tables.markdown(crossover_report(w, latencies=lats, merge=a.merge)))
   return 0
 

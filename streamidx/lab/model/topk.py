@@ -1,36 +1,25 @@
 """The top-k stage per method: bytes, passes, comparisons, and a time bound.
 
 `streamidx.topk.select_topk` runs as XLA ops on one JAX device after the
-scoring kernel, over the f32[T, N] score buffer. For each method this model
-counts what the method's algorithm must move through HBM (`bytes_read`,
-`bytes_written`, `passes`: full reads of the score buffer) and how much
-comparison work it does (`sort_work`: compare-exchanges of a bitonic sorting
-network on each sorted array, the usual TPU sort; `scan_ops`: element
-comparisons of the passes that do not sort), and bounds its time by HBM
-traffic alone:
-
-    t_hbm = (bytes_read + bytes_written) / device HBM bandwidth
-
-with the rates of `streamidx.lab.model.hardware` (data/tpu_specs.json).
-"fused_blockmax" counts, besides the selection's traffic, the block maxima
-the dense kernel writes for it (entries / 128 floats a row); the scores
-themselves are written once by the kernel for every method and counted for
-none.
+scoring kernel, over the f32[T, N] score buffer. Per method this model counts
+what its algorithm moves through HBM (`bytes_read`, `bytes_written`,
+`passes`: full reads of the buffer) and its comparison work (`sort_work`:
+compare-exchanges of a bitonic sorting network, the usual TPU sort;
+`scan_ops`: comparisons of the passes that do not sort), and bounds its time
+by HBM traffic alone, t_hbm = bytes / device HBM bandwidth
+(`lab.model.hardware`, data/tpu_specs.json). The scores are written once by
+the kernel for every method and counted for none; "fused_blockmax" counts the
+block maxima the dense kernel writes for it.
 
 What the bound does not see: the sorts are compute-bound on a TPU. Public
 measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
-entries, k 512; quoted in `PUBLIC_TPU7X`, never as ours) put the full sort
-at 3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
-exists to turn `sort_work` into seconds, so the model reports the work next
-to the bound instead of inventing a rate; `compile_estimate` adds the TPU
-compiler's own figures (XLA's cost analysis of the program compiled for a
-generation with libtpu: `bytes accessed` and, where it gives one,
-`optimal_seconds`), a static estimate, not a measurement either.
-
-`approx_recall` models the recall of "approx": XLA's bin count for the
-recall target, the recall XLA's sizing formula expects, and the recall of
-an emulation of the TPU algorithm (bin maxima, then an exact top-k) on the
-given scores.
+entries, k 512; `PUBLIC_TPU7X`, never quoted as ours) put the full sort at
+3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
+turns `sort_work` into seconds, so the model reports the work beside the
+bound; `compile_estimate` adds XLA's cost analysis of the program compiled
+for a generation with libtpu (`bytes accessed`, `optimal_seconds`): a static
+estimate, not a measurement either. `approx_recall` models the recall of
+"approx" (XLA's bin count, its expected recall, an emulation on the scores).
 """
 
 from __future__ import annotations
@@ -39,68 +28,48 @@ import dataclasses
 import time
 from typing import Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from streamidx import batch as batch_lib
+from streamidx import metrics, modes
 from streamidx import topk as topk_lib
-from streamidx.lab.model import hardware
+from streamidx.lab.model import hardware, roofline, tiling
 
-__all__ = [
-    "SelectShape",
-    "SHAPES",
-    "PUBLIC_TPU7X",
-    "TopkCost",
-    "cost",
-    "costs",
-    "hbm_bound",
-    "model_table",
-    "scoring_bound",
-    "recommend",
-    "approx_recall",
-    "compile_estimate",
-]
+__all__ = ["SelectShape", "SHAPES", "PUBLIC_TPU7X", "TopkCost", "cost", "costs",
+           "hbm_bound", "scoring_bound", "recommend", "approx_recall",
+           "compile_estimate"]
 
-_F32 = 4
-_I32 = 4
+_F32 = _I32 = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectShape:
-  """One top-k problem: T rows of N entries, k kept (and where it comes from).
-
-  `seq_len`, `num_seqs`, `q_len`, `ratio` describe the indexer call the
-  scores come from (for the scoring kernel's bound beside it).
-  """
+  """One top-k problem: the f32[rows, entries] scores of an indexer call
+  (`num_seqs` sequences of `seq_len` tokens, `q_len` queries each, `ratio`
+  tokens per entry), k kept."""
 
   name: str
-  rows: int
-  entries: int
-  k: int
-  kind: str  # "decode" or "prefill"
   num_seqs: int
   q_len: int
   seq_len: int
+  k: int
   ratio: int = 4
-
-
-def _decode(name, seq_len, k, b=64, ratio=4):
-  return SelectShape(name, b, seq_len // ratio, k, "decode", b, 1, seq_len,
-                     ratio)
-
-
-def _prefill(name, seq_len, k, q_len=2048, ratio=4):
-  return SelectShape(name, q_len, seq_len // ratio, k, "prefill", 1, q_len,
-                     seq_len, ratio)
+  rows = property(lambda s: s.num_seqs * s.q_len)
+  entries = property(lambda s: s.seq_len // s.ratio)
+  kind = property(lambda s: "decode" if s.q_len == 1 else "prefill")
 
 
 # DeepSeek-V4's indexer keeps k = 512, GLM's DSA indexer 2048; ratio 4 for
 # both here (the issue's sizes).
 SHAPES = (
-    _decode("dsv4 decode B=64 1M", 2**20, 512),
-    _decode("dsv4 decode B=64 128K", 2**17, 512),
-    _decode("glm decode B=64 1M", 2**20, 2048),
-    _decode("glm decode B=64 128K", 2**17, 2048),
-    _prefill("dsv4 prefill 2048 @128K", 2**17, 512),
-    _prefill("glm prefill 2048 @128K", 2**17, 2048),
+    SelectShape("dsv4 decode B=64 1M", 64, 1, 2**20, 512),
+    SelectShape("dsv4 decode B=64 128K", 64, 1, 2**17, 512),
+    SelectShape("glm decode B=64 1M", 64, 1, 2**20, 2048),
+    SelectShape("glm decode B=64 128K", 64, 1, 2**17, 2048),
+    SelectShape("dsv4 prefill 2048 @128K", 1, 2048, 2**17, 512),
+    SelectShape("glm prefill 2048 @128K", 1, 2048, 2**17, 2048),
 )
 
 # Public numbers, TPU7x, decode B=64 x 262,144 entries, k 512 (and prefill
@@ -127,10 +96,7 @@ class TopkCost:
   sort_work: float  # compare-exchanges (bitonic network), all rows
   scan_ops: float  # element comparisons outside sorts, all rows
   detail: str
-
-  @property
-  def bytes(self) -> int:
-    return self.bytes_read + self.bytes_written
+  bytes = property(lambda c: c.bytes_read + c.bytes_written)
 
 
 def _w(n):
@@ -147,30 +113,22 @@ def cost(method: str, rows: int, entries: int, k: int, *,
          chunk_size: int | None = None, block_size: int | None = None,
          radix_bits: int = 4,
          recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method)`.
-
-  "fused_blockmax": the scoring kernel (`streamindex_topk_dense`) writes the
-  maximum of every 128 entries besides the scores, so the selection reads
-  those maxima (entries / 128 floats a row) instead of the buffer, then
-  gathers the k best blocks' entries. Its `bytes_written` include the
-  kernel's maxima output (rows of 128 maxima, padded to whole rows); the
-  scores themselves are written once by the kernel for every method and
-  counted for none.
-  """
+  """The cost of `select_topk(f32[rows, entries], k, method)`. A method
+  with nothing to split at this shape (one chunk, at most k blocks) costs
+  what "top_k" does. "fused_blockmax" reads the dense kernel's block maxima
+  (entries / 128 a row, written in whole 128-lane rows and counted in its
+  `bytes_written`) instead of the buffer, then the k best blocks' entries."""
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
   buf = t * n * _F32
-  out = t * k * _I32
-  pairs = t * k * (_F32 + _I32)  # values + indices of k winners
+  won = t * k * (_F32 + 2 * _I32)  # values + indices of the k winners, the output
   if method in ("sort", "top_k"):
     extra = buf if method == "sort" else 0  # the tie-counting pass
     return TopkCost(
-        method, buf + extra, pairs + out, 1 + (method == "sort"),
-        t * _w(n), t * n * (method == "sort"),
-        "full sort of each row" + (" + one pass counting ties at the k-th "
-                                   "score (a lax.top_k again where they "
-                                   "straddle it)" if method == "sort"
-                                   else ""))
+        method, buf + extra, won, 1 + (method == "sort"),
+        t * _w(n), t * n * (method == "sort"), "full sort of each row" + (
+            " + one pass counting ties at the k-th score (a lax.top_k again "
+            "where they straddle it)" if method == "sort" else ""))
   if method == "chunked":
     c = chunk_size or topk_lib.chunk_size_for(n, k)
     chunks = -(-n // c)
@@ -179,7 +137,7 @@ def cost(method: str, rows: int, entries: int, k: int, *,
       return cost("top_k", rows, entries, k)
     return TopkCost(
         method, buf + t * cand * (_F32 + _I32), t * cand * (_F32 + _I32)
-        + pairs + out, 1, t * (chunks * _w(c) + _w(cand)), 0,
+        + won, 1, t * (chunks * _w(c) + _w(cand)), 0,
         f"{chunks} chunks of {c}: top-{min(k, c)} each, then top-{k} of "
         f"{cand} candidates")
   if method == "blockmax":
@@ -187,11 +145,9 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     blocks = -(-n // b)
     if blocks <= k:
       return cost("top_k", rows, entries, k)
-    gather = t * k * b * _F32
-    read = buf + t * blocks * _F32 + gather
-    written = t * blocks * _F32 + t * k * _I32
     return TopkCost(
-        method, read, written + pairs + out, 1 + k * b / n,
+        method, buf + t * blocks * _F32 + t * k * b * _F32,
+        t * blocks * _F32 + t * k * _I32 + won, 1 + k * b / n,
         t * (_w(blocks) + _w(k) + _w(k * b)), t * n,
         f"max of {blocks} blocks of {b}, top-{k} blocks, top-{k} of their "
         f"{k * b} entries")
@@ -208,7 +164,7 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     gather = t * k * b * _F32
     return TopkCost(
         method, t * maxima * _F32 + grouped + gather,
-        kernel_out + grouped + t * k * _I32 + pairs + out, k * b / n,
+        kernel_out + grouped + t * k * _I32 + won, k * b / n,
         t * (_w(blocks) + _w(k) + _w(k * b)), t * maxima * (g > 1),
         f"the kernel writes {maxima} maxima of {w} entries a row"
         + (f", grouped into {blocks} blocks of {b}" if g > 1 else "")
@@ -218,16 +174,14 @@ def cost(method: str, rows: int, entries: int, k: int, *,
     p = 32 // r
     # p histogram passes; the take: count above/equal (1 read), tie ranks
     # and slots (cumsums: 1 read, 1 write of i32), the scatter (1 read).
-    read = (p + 3) * buf
-    written = buf + pairs + out
     return TopkCost(
-        method, read, written, p + 3, t * _w(k),
+        method, (p + 3) * buf, buf + won, p + 3, t * _w(k),
         t * n * (p * ((1 << r) - 1) + 4),
         f"{p} histogram passes of {1 << r} bins, then the take "
         f"(count, cumulative ranks, scatter) and a sort of the {k} winners")
   m = _approx_bins(n, k, recall_target)
   return TopkCost(
-      method, buf + t * m * (_F32 + _I32), t * m * (_F32 + _I32) + pairs + out,
+      method, buf + t * m * (_F32 + _I32), t * m * (_F32 + _I32) + won,
       1, t * (_w(m) + _w(k)), t * n,
       f"max of {m} bins (recall target {recall_target}), top-{k} of them")
 
@@ -239,8 +193,7 @@ def costs(shape: SelectShape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
 
 
 def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
-  """Seconds: bytes over one JAX device's HBM bandwidth."""
-  return c.bytes / spec.device_bandwidth
+  return c.bytes / spec.device_bandwidth  # seconds at one JAX device's HBM rate
 
 
 def scoring_bound(shape: SelectShape, generation: str, *,
@@ -249,16 +202,9 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   """The scoring kernel's roofline bound (s) for the call behind `shape`:
   `roofline.predict` over `tiling.plan`, DeepSeek-V4's indexer (64 heads,
   head_dim 128, FP8 cache, page size 128), production block sizes."""
-  from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import roofline, tiling  # pylint: disable=g-import-not-at-top
-  if shape.kind == "decode":
-    b = batch_lib.make_mixed_batch(decode=[shape.seq_len] * shape.num_seqs,
-                                   page_size=128,
-                                   compression_ratio=shape.ratio)
-  else:
-    b = batch_lib.make_mixed_batch(prefill=[(shape.q_len, shape.seq_len)],
-                                   page_size=128,
-                                   compression_ratio=shape.ratio)
+  seqs = (dict(decode=[shape.seq_len] * shape.num_seqs) if shape.kind == "decode"
+          else dict(prefill=[(shape.q_len, shape.seq_len)]))
+  b = batch_lib.make_mixed_batch(**seqs, page_size=128, compression_ratio=shape.ratio)
   p = tiling.plan(b, fmt="fp8", num_heads=64, head_dim=128,
                   num_kv_pages_per_block=(3, 2, 2),
                   num_queries_per_block=(1, 128, 128))
@@ -266,137 +212,64 @@ def scoring_bound(shape: SelectShape, generation: str, *,
   return row[generation]["kernel"]
 
 
-def _estimate_index(estimates):
-  out = {}
-  if isinstance(estimates, Mapping):
-    estimates = estimates.get("results", [])
-  for r in estimates or []:
-    out[(r["rows"], r["entries"], r["k"], r["generation"], r["method"])] = r
-  return out
-
-
-def model_table(shapes: Sequence[SelectShape] = SHAPES,
-                generations: Sequence[str] = ("v5e", "v6e", "v7x"),
-                methods: Sequence[str] = topk_lib.TOPK_METHODS,
-                specs: Mapping[str, hardware.TpuSpec] | None = None,
-                with_scoring: bool = True, estimates=None) -> list[dict]:
-  """One row per (shape, generation, method): MB moved, passes, work, bound.
-
-  estimates: a `compile_matrix` document (`python -m streamidx.bench --topk
-  --compile`'s topk_compile.json) or its result list; where it has the
-  (shape, generation, method), the row gains the compiler's figures:
-  "compiler optimal us" (XLA's optimal_seconds; None where it gives none)
-  and "compiler MB accessed" with its time at the device bandwidth.
-  """
-  specs = hardware.load_specs() if specs is None else specs
-  index = _estimate_index(estimates)
-  rows = []
-  for shape in shapes:
-    cs = costs(shape, methods)
-    for gen in generations:
-      score_s = scoring_bound(shape, gen, specs=specs) if with_scoring else None
-      for c in cs:
-        rows.append({
-            "shape": shape.name, "generation": gen, "method": c.method,
-            "MB read": round(c.bytes_read / 1e6, 2),
-            "MB written": round(c.bytes_written / 1e6, 2),
-            "passes": round(c.passes, 3),
-            "sort work (G compare-exchanges)": round(c.sort_work / 1e9, 4),
-            "scan ops (G)": round(c.scan_ops / 1e9, 3),
-            "HBM bound us": round(hbm_bound(c, specs[gen]) * 1e6, 2),
-            "scoring bound us": (None if score_s is None
-                                 else round(score_s * 1e6, 1)),
-            "detail": c.detail,
-        })
-        est = index.get((shape.rows, shape.entries, shape.k, gen, c.method))
-        if est is not None:
-          opt = est.get("optimal_seconds")
-          acc = est.get("bytes_accessed")
-          rows[-1].update({
-              "compiled": est.get("ok"),
-              "compiler optimal us": None if opt is None else round(opt * 1e6),
-              "compiler MB accessed": None if acc is None else round(acc / 1e6),
-              "compiler accessed at HBM bw us": (
-                  None if acc is None
-                  else round(acc / specs[gen].device_bandwidth * 1e6, 1)),
-          })
-  return rows
-
-
 def recommend(shape: SelectShape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
   """The exact method the model ranks first on `generation` for `shape`.
 
-  Criteria, each ranking the exact methods (lower first):
-  "compiler optimal" (XLA's optimal_seconds, where `estimates` gives one;
-  methods without one rank last), "compiler bytes" (bytes the compiled
-  program accesses), "sort work" (this model's compare-exchanges) and "HBM
-  bound" (this model's bytes). `estimates`: method -> `compile_estimate`
-  result, or a compile-matrix document / result list.
-
-  Returns {"method": the first by the first criterion available (compiler
-  optimal, else compiler bytes, else sort work), "basis", "rankings" (every
-  criterion's order), "unambiguous": whether every criterion puts the same
-  method first}.
+  Criteria, each ranking the exact methods (lower first): "compiler
+  optimal" (XLA's optimal_seconds; methods without one rank last) and
+  "compiler bytes" (bytes accessed) where `estimates` give them, "sort work"
+  (this model's compare-exchanges), "HBM bound" (this model's bytes).
+  `estimates`: method -> `compile_estimate` result, or a compile-matrix
+  document (`python -m streamidx.bench --topk --compile`) / its result list.
+  Returns {"method": the first by the first criterion, "basis", "rankings",
+  "unambiguous": whether every criterion puts the same method first}.
   """
   specs = hardware.load_specs() if specs is None else specs
   exact = topk_lib.EXACT_TOPK_METHODS
-  if estimates is not None and not (
-      isinstance(estimates, Mapping) and "results" not in estimates):
-    estimates = {k_[4]: v for k_, v in _estimate_index(estimates).items()
-                 if k_[:4] == (shape.rows, shape.entries, shape.k, generation)}
-  estimates = estimates or {}
+  if isinstance(estimates, Mapping) and "results" in estimates:
+    estimates = estimates["results"]
+  if estimates is not None and not isinstance(estimates, Mapping):
+    estimates = {r["method"]: r for r in estimates
+                 if (r["rows"], r["entries"], r["k"], r["generation"])
+                 == (shape.rows, shape.entries, shape.k, generation)}
+  est = {m: (estimates or {}).get(m) or {} for m in exact}
   # Keyed by the method asked for: a method that falls back to another at
   # this shape (e.g. chunked with one chunk) reports the other's name.
   cs = dict(zip(exact, costs(shape, exact)))
-  inf = float("inf")
   rankings = {}
-
-  def order(key):
-    return sorted(exact, key=lambda m: (key(m), exact.index(m)))
-
-  if any((estimates.get(m) or {}).get("optimal_seconds") for m in exact):
-    rankings["compiler optimal"] = order(
-        lambda m: (estimates.get(m) or {}).get("optimal_seconds") or inf)
-  if any((estimates.get(m) or {}).get("bytes_accessed") for m in exact):
-    rankings["compiler bytes"] = order(
-        lambda m: (estimates.get(m) or {}).get("bytes_accessed") or inf)
-  rankings["sort work"] = order(lambda m: cs[m].sort_work)
-  rankings["HBM bound"] = order(lambda m: hbm_bound(cs[m], specs[generation]))
+  for name, field in (("compiler optimal", "optimal_seconds"),
+                      ("compiler bytes", "bytes_accessed")):
+    if any(e.get(field) for e in est.values()):
+      rankings[name] = lambda m, f=field: est[m].get(f) or float("inf")
+  rankings["sort work"] = lambda m: cs[m].sort_work
+  rankings["HBM bound"] = lambda m: hbm_bound(cs[m], specs[generation])
+  rankings = {name: sorted(exact, key=lambda m, f=key: (f(m), exact.index(m)))
+              for name, key in rankings.items()}
   basis = next(iter(rankings))
-  firsts = {r[0] for r in rankings.values()}
   return {"method": rankings[basis][0], "basis": basis, "rankings": rankings,
-          "unambiguous": len(firsts) == 1}
-
-
-# ---------------------------------------------------------------------------
-# approx: recall.
+          "unambiguous": len({r[0] for r in rankings.values()}) == 1}
 
 
 def approx_recall(scores, k: int, *,
                   recall_target: float = topk_lib.APPROX_RECALL_TARGET
                   ) -> dict:
-  """The recall "approx" reaches on a TPU, modelled for these scores.
+  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`.
 
-  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target),
-  the number of candidates the TPU keeps (N: nothing dropped).
-  expected_recall: (1 - 1/bins)^(k - 1), the expectation XLA sizes the bins
-  by (random order).
-  emulated_recall: this model's emulation of the TPU algorithm on `scores`:
-  entry i goes to bin i mod bins (strided, an assumption: the TPU's exact
-  bin layout is not documented), each bin keeps its maximum, then an exact
-  top-k of the maxima; recall against the exact top-k, ties at the k-th
-  score counted as hits (`metrics.recall_at_k`).
+  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target), the
+  candidates the TPU keeps (N: nothing dropped). expected_recall: (1 -
+  1/bins)^(k - 1), the expectation XLA sizes the bins by. emulated_recall:
+  entry i to bin i mod bins (an assumption: the TPU's bin layout is not
+  documented), each bin's maximum, an exact top-k of those; recall against
+  the exact top-k, ties at the k-th score counted as hits.
   """
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
   x = np.asarray(scores, np.float32)
   t, n = x.shape
   bins = _approx_bins(n, k, recall_target)
   expected = (1.0 - 1.0 / bins) ** (k - 1) if bins < n else 1.0
   exact = np.asarray(topk_lib.select_topk(x, k, "top_k"))
-  if bins >= n:
-    emulated = 1.0
-  else:
+  emulated = 1.0
+  if bins < n:
     per = -(-n // bins)
     padded = np.full((t, per * bins), -np.inf, np.float32)
     padded[:, :n] = x
@@ -410,32 +283,18 @@ def approx_recall(scores, k: int, *,
     emulated = metrics.recall_at_k(got, exact, x)
   return {"bins": int(bins), "entries": int(n), "k": int(k),
           "recall_target": float(recall_target),
-          "expected_recall": float(expected),
-          "emulated_recall": float(emulated)}
+          "expected_recall": float(expected), "emulated_recall": float(emulated)}
 
-
-# ---------------------------------------------------------------------------
-# The compiler's view: select_topk compiled for a TPU generation.
 
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
-  """Lowers and compiles `select_topk` for `generation` (libtpu, no TPU).
-
-  "fused_blockmax" compiles as the fused kernel calls it, with its block
-  maxima f32[rows, entries / 128] as a second argument (the bytes accessed
-  are then the selection's only: the kernel wrote the maxima).
-
-  Arguments are `jax.ShapeDtypeStruct`s on `streamidx.compile_for`'s
-  compile-only device of that generation; nothing runs. Returns {"ok",
-  "compile_s", "optimal_seconds" (None where the compiler gives none),
-  "bytes_accessed", "flops", "temp_bytes", "error"}: XLA's cost analysis of
-  the compiled program, a static estimate.
+  """Compiles `select_topk(f32[rows, entries], k, method)` for `generation`
+  on `streamidx.compile_for`'s compile-only device (libtpu; nothing runs).
+  "fused_blockmax" gets its block maxima f32[rows, entries / 128] as a second
+  argument, as the fused kernel calls it. Returns {"ok", "compile_s",
+  "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
+  "flops", "temp_bytes", "error"}: XLA's cost analysis, a static estimate.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,
@@ -458,11 +317,9 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
     if isinstance(ca, (list, tuple)):
       ca = ca[0] if ca else {}
     opt = ca.get("optimal_seconds")
-    mem = compiled.memory_analysis()
-    out.update(ok=True, optimal_seconds=(float(opt) if opt is not None
-                                         and opt > 0 else None),
+    out.update(ok=True, optimal_seconds=float(opt) if opt and opt > 0 else None,
                bytes_accessed=ca.get("bytes accessed"), flops=ca.get("flops"),
-               temp_bytes=getattr(mem, "temp_size_in_bytes", None))
+               temp_bytes=getattr(compiled.memory_analysis(), "temp_size_in_bytes", None))
   except Exception as e:  # pylint: disable=broad-except
     msg = str(e).strip().splitlines()
     out["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
