@@ -144,14 +144,20 @@ class Declarations:
     return {n: p.default for n, p in self.parameters.items()}
 
 
+def parameters_cell_index(nb: dict) -> int:
+  """Index of a notebook's (dict) first cell tagged `parameters`, or -1."""
+  return next((i for i, c in enumerate(nb.get("cells", []))
+               if "parameters" in c.get("metadata", {}).get("tags", [])), -1)
+
+
 def cell_source(notebook: str | os.PathLike) -> str:
   """The source of the cell tagged `parameters` in a notebook file."""
   nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
-  for cell in nb.get("cells", []):
-    if "parameters" in cell.get("metadata", {}).get("tags", []):
-      src = cell.get("source", "")
-      return "".join(src) if isinstance(src, list) else src
-  raise ParameterError(f"{notebook}: no cell tagged 'parameters'")
+  i = parameters_cell_index(nb)
+  if i < 0:
+    raise ParameterError(f"{notebook}: no cell tagged 'parameters'")
+  src = nb["cells"][i].get("source", "")
+  return "".join(src) if isinstance(src, list) else src
 
 
 def declarations(source: str | os.PathLike) -> Declarations:
@@ -249,17 +255,11 @@ def _cell_in_history(namespace: Mapping) -> str:
 
 def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = None,
                    *, before_backend: Callable[[], Any] | None = None) -> None:
-  """Checks a notebook's parameters, then scales them up on a TPU.
-
-  namespace: the notebook's globals(). cell: its parameters cell (source or
-  notebook path); None: the last one this kernel ran. before_backend: called
-  after the rules pass, before `tpu_scaling` may start JAX's backends (07
-  asks for virtual CPU devices there). Where `tpu_scaling` applies TPU sizes
-  they are checked too, written into `namespace`, and one line is printed.
-
-  Raises:
-    ParameterError: naming the first parameter that breaks its rule.
-  """
+  """Checks a notebook's globals() against its parameters cell (`cell`:
+  source or notebook path; None: the last one this kernel ran), calls
+  `before_backend` (07 asks for virtual CPU devices there), then applies,
+  checks and prints `tpu_scaling`'s TPU sizes. Raises ParameterError naming
+  the first parameter that breaks its rule."""
   decl = declarations(cell if cell is not None else _cell_in_history(namespace))
   check(decl, namespace)
   if before_backend is not None:
@@ -282,9 +282,8 @@ def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = N
 
 @dataclasses.dataclass
 class TpuScaling:
-  """What `tpu_scaling` decided: values (name -> TPU value to apply),
-  replaced (name -> the value it had), kept (name -> why a parameter with a
-  TPU size keeps its value), at_tpu (already at it), note (why none apply)."""
+  """What `tpu_scaling` decided: values to apply (replaced: what they had),
+  kept (name -> why), at_tpu (already at it), note (why none apply)."""
 
   reason: str
   values: dict[str, Any] = dataclasses.field(default_factory=dict)

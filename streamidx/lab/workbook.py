@@ -39,6 +39,7 @@ KERNEL_NAME = "python3"
 PROFILES = ("ci", "default")
 PROFILE_OUT = {"ci": Path("build") / "ci", "default": Path("build") / "workbook"}
 DEFAULT_TIMEOUT_S = 600
+DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))  # notebooks at once
 INJECTED_TAG = "injected-parameters"
 INDEX_NAME = "index.html"
 # Roughly each notebook's seconds at its defaults on an idle 2-core CPU
@@ -61,10 +62,9 @@ class WorkbookError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class CellFailure:
-  """Where a notebook failed. cell_index: into the SOURCE notebook's cells;
-  code_cell: 1-based among its code cells; both None for papermill's injected
-  cell (`injected`) or when no cell was running. exec_count: `In [n]` in the
-  executed copy (it counts the injected cell)."""
+  """Where a notebook failed: cell_index into the SOURCE notebook's cells,
+  code_cell 1-based among its code cells (both None for papermill's
+  injected cell or outside any cell), exec_count: `In [n]` of the copy."""
 
   cell_index: int | None
   code_cell: int | None
@@ -96,8 +96,6 @@ class NotebookResult:
   name: str
   source: Path
   executed: Path
-  html: Path | None
-  output_dir: Path
   parameters: dict[str, Any]
   seconds: float
   failure: CellFailure | None
@@ -135,10 +133,7 @@ def discover(notebooks_dir: Path) -> list[Path]:
   return sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
 
 
-def parameters_cell_index(nb: dict) -> int:
-  """Index of the first cell tagged `parameters`, or -1."""
-  return next((i for i, c in enumerate(nb.get("cells", []))
-               if "parameters" in c.get("metadata", {}).get("tags", [])), -1)
+parameters_cell_index = params_lib.parameters_cell_index
 
 
 def declarations(path: Path) -> params_lib.Declarations:
@@ -230,8 +225,8 @@ def render_html(executed: Path) -> Path:
 
 
 def _heading(profile: str, out_dir: Path) -> str:
-  what = {"ci": "CI-sized parameters (the ci: values of each parameters cell)",
-          "default": "the notebooks' default parameters"}.get(profile, profile)
+  what = ("CI-sized parameters (the ci: values of each parameters cell)"
+          if profile == "ci" else "the notebooks' default parameters")
   return f"streamidx workbook ({what}): {Path(out_dir).name}/"
 
 
@@ -247,11 +242,10 @@ def _declared_only(record: logging.LogRecord) -> bool:
 
 
 def _quiet_logs(log_output: bool) -> None:
-  """papermill reads a parameters cell line by line and cannot read one with
-  more than one "=" (a rule's `>=`): it warns, and then calls the values
-  passed for it unknown. `parameters_for` passes declared parameters only.
-  Without `log_output`, also nbclient's closing kernels' asyncio noise
-  ("Task was destroyed but it is pending!")."""
+  """Silences papermill's warnings about the parameters cell (it cannot read
+  a line with more than one "=", a rule's `>=`; `parameters_for` passes
+  declared parameters only) and, without `log_output`, closing kernels'
+  asyncio noise."""
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
   if not log_output:
@@ -262,10 +256,9 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  out_dir: str | os.PathLike | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, *, html: bool = False,
                  log_output: bool = False, index: bool = True) -> NotebookResult:
-  """Executes one notebook with papermill (`parameters_for(path, profile)`)
-  into `out_dir` (default: the profile's build folder) and returns what
-  happened; `index`: rewrite the landing page after it (a caller running
-  several at once passes False and writes it from one thread)."""
+  """Executes one notebook with papermill (`parameters_for`) into `out_dir`
+  (default: the profile's build folder); `index`: rewrite the landing page
+  after it (concurrent callers pass False and write it from one thread)."""
   path = Path(path).resolve()
   if not path.is_file():
     raise WorkbookError(f"{path}: no such notebook")
@@ -292,11 +285,11 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
-  html_path = render_html(executed) if html and executed.exists() else None
+  if html and executed.exists():
+    render_html(executed)
   if index:
     write_index(path.parent, out_dir, heading=_heading(profile, out_dir))
-  return NotebookResult(path.name, path, executed, html_path,
-                        Path(params[OUTPUT_DIR_PARAMETER]), params, seconds, failure)
+  return NotebookResult(path.name, path, executed, params, seconds, failure)
 
 
 # --------------------------------------------------------------------------
@@ -325,9 +318,8 @@ def first_markdown_output(nb: dict) -> str | None:
 
 
 def machine_line(nb: dict) -> str | None:
-  """The first `describe_machine()` line the notebook printed, else the
-  first quoted in a text or Markdown output, cut at the first parenthesis
-  it did not open ("... (computed on CPU (cpu), jax 0.10.2: ...):")."""
+  """The first `describe_machine()` line in the notebook's outputs (printed,
+  or quoted in Markdown: cut at the first parenthesis it did not open)."""
   outputs = _outputs(nb)
   texts = ([_text(o.get("text")) for o in outputs if o.get("output_type") == "stream"]
            + [_text(o.get("data", {}).get(m)) for o in outputs
@@ -344,11 +336,8 @@ def machine_line(nb: dict) -> str | None:
 
 
 def markdown_to_html(text: str) -> str:
-  """Markdown -> HTML with raw HTML escaped (mistune, as nbconvert; else a <pre>)."""
-  try:
-    import mistune
-  except ImportError:
-    return f"<pre>{html_lib.escape(text)}</pre>"
+  """Markdown -> HTML with raw HTML escaped (mistune, nbconvert's own)."""
+  import mistune
   return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
 
 
@@ -361,9 +350,9 @@ padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
 
 
 def _section(source: Path, out_dir: Path, pending: str | None) -> str:
-  """The landing page's section for `source`: title, status, links, question,
-  and the answer and machine line of its executed copy in `out_dir` (not read
-  while it is `pending`, "running" or "queued": the copy is an earlier run's)."""
+  """The landing page's section for `source`: title, status, links,
+  question, and its executed copy's answer and machine line (not read while
+  `pending`: the copy there is an earlier run's)."""
   esc, executed = html_lib.escape, out_dir / source.name
   rendered, nb = executed.with_suffix(".html"), None
   if not pending and executed.is_file():
@@ -402,9 +391,9 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
-  """Writes the landing page `<out_dir>/index.html` for every notebook of
-  `notebooks_dir` (`pending`: {name: "running" or "queued"}; `note`: a line
-  under the heading), whole, through a renamed temporary file; its path."""
+  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
+  (`pending`: {name: "running" or "queued"}; `note`: a line under the
+  heading) through a renamed temporary file; returns its path."""
   out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
   heading = heading or f"streamidx workbook: {out_dir.name}"
@@ -435,14 +424,9 @@ def _select(notebooks: list[Path], only: Sequence[str]) -> list[Path]:
   return [p for p in notebooks if {p.name, p.stem, p.name[:2]} & set(only)]
 
 
-def default_jobs() -> int:
-  """Notebooks run at once by default: min(2, CPUs)."""
-  return max(1, min(2, os.cpu_count() or 1))
-
-
 def expected_seconds(source: Path, out_dir: Path) -> float:
-  """The duration papermill recorded in the previous (passing) executed copy
-  in `out_dir`, else `TYPICAL_SECONDS` (0 for a notebook it does not list)."""
+  """The duration of the previous passing copy in `out_dir`, else
+  `TYPICAL_SECONDS` (0 if unlisted)."""
   try:
     meta = json.loads((Path(out_dir) / Path(source).name).read_text(
         encoding="utf-8"))["metadata"]["papermill"]
@@ -473,8 +457,8 @@ def _parser() -> argparse.ArgumentParser:
                   help=f"seconds each cell may run (default {DEFAULT_TIMEOUT_S})")
   ap.add_argument("--notebooks", type=Path, default=Path("notebooks"), metavar="DIR",
                   help="the notebooks folder (default: ./notebooks)")
-  ap.add_argument("--jobs", "-j", type=int, default=default_jobs(), metavar="N",
-                  help=f"notebooks at once, longest first (default {default_jobs()}); "
+  ap.add_argument("--jobs", "-j", type=int, default=DEFAULT_JOBS, metavar="N",
+                  help=f"notebooks at once, longest first (default {DEFAULT_JOBS}); "
                        "use --jobs 1 to time")
   ap.add_argument("-v", "--verbose", action="store_true",
                   help="log the notebooks' output while they run")

@@ -20,17 +20,10 @@ __all__ = ["visibility_mask", "causal_rule_difference", "ChunkMasks",
 
 def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
                     causal_rule: str = "model", seq_len: int | None = None):
-  """bool[T, num_entries]: which entries each query position may see.
-
-  Args:
-    q_positions: int[T] absolute positions of the query tokens.
-    num_entries: columns (sequence-local compressed entries 0..E-1).
-    compression_ratio: tokens per entry.
-    causal_rule: "model" (entries complete at p: s < (p + 1) // ratio) or
-      "seed" (s <= p // ratio), as `streamidx.semantics.causal_visible_bound`.
-    seq_len: if given, also hide entries at or past seq_len // ratio (the
-      kernel's length mask).
-  """
+  """bool[T, num_entries]: which sequence-local entries each query position
+  q_positions int[T] may see under `causal_rule`
+  (`semantics.causal_visible_bound`); with `seq_len`, also hiding entries at
+  or past seq_len // ratio (the kernel's length mask)."""
   check_causal_rule(causal_rule)
   pos = np.asarray(q_positions, np.int64).reshape(-1)
   bound = causal_visible_bound(pos, compression_ratio, causal_rule)

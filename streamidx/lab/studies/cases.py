@@ -1,45 +1,24 @@
 """The case matrix: named batches run through every registered kernel variant.
 
-One matrix serves the tests (tests/test_kernel.py, test_reference.py,
-test_streaming.py, test_variants.py) and notebook 05's parity table. It holds:
+One matrix serves the tests (test_kernel, test_reference, test_streaming,
+test_variants) and notebook 05's parity table: `BATCHES` (ragged batches,
+lengths in compressed entries, scaled by the ratio so a batch means the same
+at ratios 1, 2, 4), one static shape (NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE,
+PAGES_PER_SEQ, TOTAL_NUM_PAGES, NUM_HEADS) so the kernel compiles once per
+`Case.compile_key`, `Case` (variant, batch, format, ratio, k, causal rule),
+`case_matrix(scope)` over every variant of `streamidx.VARIANTS` (registering
+one adds its rows), and `run_case` (`case_outputs` + `compare_case` ->
+`ParityRow`).
 
-  BATCHES       the named ragged batches, lengths in compressed entries
-  the shape     NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE, PAGES_PER_SEQ,
-                TOTAL_NUM_PAGES, NUM_HEADS: one static shape for every case
-  TEST_BLOCKS   the small test block sizes, per mode (or per variant):
-                `blocks_for(variant)`
-  Case          one (variant, batch, cache format, ratio, k, causal rule)
-  case_matrix   the cases of a scope ("ci", "pairwise", "full", "tests")
-  run_case      runs a case's kernel and reference and compares them
-                (`case_outputs` + `compare_case` -> `ParityRow`)
+`TEST_BLOCKS` (`blocks_for`), not the production table: small blocks so
+these tiny batches still run several KV and query blocks per sequence, a
+decode remainder, and every launch.
 
-Variants: every scope iterates over `streamidx.VARIANTS`: a token variant
-over every ratio of `RATIOS` and every cache format it reads, a page
-variant at ratio 1 over its formats; each case drives its variant through
-the uniform `Variant.run` / `run_reference` / `scores`. Registering a
-variant adds its rows to every scope, with no edit here.
-
-Shapes are shared: every case pads its batch to the same query rows,
-sequence slots, page-table columns and physical pages, so the kernel
-compiles once per `Case.compile_key` (variant, cache format, ratio, k,
-causal rule, heads), not once per case. Sequence lengths are given in
-compressed entries and scaled by the ratio, so a batch means the same thing
-at ratios 1, 2 and 4.
-
-Block sizes: `TEST_BLOCKS`, not the block-size table's production sizes
-(`streamidx.blocks`). They are deliberately small (128-, 256- and 128-entry
-KV blocks, 8-row query blocks) so that these tiny batches still run several
-KV and query blocks per sequence, decode batches of 4 with a remainder, and
-every launch; production sizes would put each case in one block.
-
-Comparison tolerance (`comparison_atol`): kernel and reference compute the
-same f32 sums but not always in the same order (on CPU, XLA may sum the
-interpreted kernel's block-shaped dots differently from the reference's; on
-a TPU the compiled kernel sums on the MXU in Mosaic's order), so their
-scores may differ by a few ulps. The tie tolerance is `metrics.summation_atol`
-on every backend: four times the largest per-row bound
-`metrics.summation_error_bound`, derived from the arithmetic, never fitted
-to observed differences; `ParityRow.atol` records it per case.
+Tolerance: kernel and reference compute the same f32 sums, not always in the
+same order (XLA:CPU on the interpreted kernel's block-shaped dots, Mosaic's
+MXU order on a TPU), so scores may differ by a few ulps. Ties are judged at
+`metrics.summation_atol` on every backend, derived from the arithmetic
+(`metrics.summation_error_bound`), never fitted; `ParityRow.atol` records it.
 """
 
 from __future__ import annotations
@@ -96,10 +75,9 @@ def blocks_for(variant: variants_lib.Variant | str) -> dict:
   return dict(TEST_BLOCKS.get(v.name, TEST_BLOCKS[v.mode]))
 
 
-# k: each scope's values. The notebook scopes take one below most rows'
-# visible counts (the ranking decides) and one above every row's and above
-# the kernel's score columns (512 with TEST_BLOCKS: every visible entry,
-# then -1 padding); the test scope one k that has live rows on both sides.
+# k per scope: the notebook scopes one below most rows' visible counts and
+# one above every row's and the kernel's score columns (512 with
+# TEST_BLOCKS: then -1 padding); the tests one with live rows on both sides.
 K_BELOW = 8
 K_ABOVE = 2 * NUM_ENTRIES + 44
 K_PAGES_BELOW = 3
@@ -250,17 +228,16 @@ class Case:
             self.causal_rule, self.num_heads, self.head_dim)
 
   def blocks(self) -> dict:
-    out = blocks_for(self.v)
-    if self.num_kv_pages_per_block is not None:
-      out["num_kv_pages_per_block"] = self.num_kv_pages_per_block
-    if self.num_queries_per_block is not None:
-      out["num_queries_per_block"] = self.num_queries_per_block
-    return out
+    given = dict(num_kv_pages_per_block=self.num_kv_pages_per_block,
+                 num_queries_per_block=self.num_queries_per_block)
+    return {**blocks_for(self.v),
+            **{n: b for n, b in given.items() if b is not None}}
 
   def static(self) -> dict:
-    """The keyword arguments `Variant.run` / `run_reference` get besides
-    `k` and `compression_ratio` (the rest comes from the block-size table)."""
-    return dict(causal_rule=self.causal_rule, **self.blocks())
+    """The keyword arguments of `Variant.run` / `run_reference` (the rest
+    comes from the block-size table)."""
+    return dict(k=self.k, compression_ratio=self.compression_ratio,
+                fmt=self.fmt, causal_rule=self.causal_rule, **self.blocks())
 
   def batch(self) -> batch_lib.RaggedBatch:
     """The case's batch (`BATCHES[batch_name]` at its ratio and seed)."""
@@ -273,14 +250,10 @@ class Case:
         fmt=self.fmt, seed=self.seed, key_distribution=self.key_distribution)
 
   def run_kernel(self, inputs):
-    return self.v.run(inputs, k=self.k,
-                      compression_ratio=self.compression_ratio, fmt=self.fmt,
-                      **self.static())
+    return self.v.run(inputs, **self.static())
 
   def run_reference(self, inputs):
-    return self.v.run_reference(
-        inputs, k=self.k, compression_ratio=self.compression_ratio,
-        fmt=self.fmt, **self.static())
+    return self.v.run_reference(inputs, **self.static())
 
   def scores(self, inputs):
     """The masked scores the reference selects from: f32[T, E or pages]."""
@@ -344,67 +317,51 @@ SCOPES = ("ci", "pairwise", "full", "tests")
 
 
 def case_matrix(scope: str = "pairwise") -> list[Case]:
-  """The named cases of `scope`, for every variant of `streamidx.VARIANTS`;
+  """The named cases of `scope` for every variant of `streamidx.VARIANTS`;
   cases that share a compilation are adjacent.
 
-  Token variants: the batches of `DISTRIBUTIONS` x ratios `RATIOS` x every
-  cache format the variant reads x k (K_BELOW, K_ABOVE), under the model's
-  causal rule; the seed's rule on the prefill batches (first format, ratio
-  4, K_BELOW); the tie case (ratio 1, one head). Page variants (ratio 1):
-  the batches of `PAGE_DISTRIBUTIONS` x formats x k_pages (K_PAGES_BELOW,
-  K_PAGES_ABOVE).
+  Token variants: `DISTRIBUTIONS` x `RATIOS` x cache formats x k (K_BELOW,
+  K_ABOVE) under the model's rule, the seed's rule on
+  `SEED_RULE_DISTRIBUTIONS` (first format, ratio 4, K_BELOW), the tie case
+  (ratio 1, one head). Page variants, ratio 1: `PAGE_DISTRIBUTIONS` x formats
+  x k_pages (K_PAGES_BELOW, K_PAGES_ABOVE).
 
-  scope:
-    "full": every (format, ratio, k) and (format, k_pages): 59 cases and 18
-      compilations with today's two variants.
-    "pairwise" (default): (format, ratio, k) and (format, k_pages) groups in
-      which every pair of axis values appears, each with every batch: 31
-      cases, 10 compilations.
-    "ci": the tie case of each token variant and one page case
-      (`all_at_once`, first format, K_PAGES_BELOW) of each page variant.
-    "tests": the kernel tests' matrix: `TEST_BATCHES` x `RATIOS` x formats
-      at K_TESTS, the seed's rule on `TEST_SEED_RULE_BATCHES` (ratios 2, 4),
-      page variants on `TEST_PAGE_BATCHES` at K_PAGES_TESTS: 68 cases.
+  scope: "full": every (format, ratio, k): 59 cases, 18 compilations with
+  today's two variants; "pairwise" (default): groups in which every pair of
+  axis values appears (`_pairwise`), each with every batch: 31 cases, 10
+  compilations; "ci": each token variant's tie case and one page case
+  (`all_at_once`, first format, K_PAGES_BELOW) per page variant; "tests":
+  `TEST_BATCHES` x `RATIOS` x formats at K_TESTS, the seed's rule on
+  `TEST_SEED_RULE_BATCHES` (ratios 2, 4), page variants on
+  `TEST_PAGE_BATCHES` at K_PAGES_TESTS: 68 cases.
   """
   if scope not in SCOPES:
     raise ValueError(f"scope: must be one of {SCOPES} (got {scope!r})")
   cases = []
   for v in variants_lib.VARIANTS.values():
-    formats = v.cache_formats
-    if v.mode == "token" and scope == "tests":
-      for fmt, ratio in itertools.product(formats, RATIOS):
-        cases += [_case(v, b, ratio, fmt, K_TESTS) for b in TEST_BATCHES]
-      for fmt, ratio in itertools.product(formats, (2, 4)):
-        cases += [_case(v, b, ratio, fmt, K_TESTS, "seed")
-                  for b in TEST_SEED_RULE_BATCHES]
-    elif v.mode == "token":
-      if scope == "full":
-        groups = list(itertools.product(formats, RATIOS, (K_BELOW, K_ABOVE)))
-      else:
-        groups = _pairwise(formats, RATIOS, (K_BELOW, K_ABOVE))
-      if scope != "ci":
-        for fmt, ratio, k in groups:
-          cases += [_case(v, b, ratio, fmt, k) for b in DISTRIBUTIONS]
-        cases += [_case(v, b, 4, formats[0], K_BELOW, "seed")
-                  for b in SEED_RULE_DISTRIBUTIONS]
-      cases.append(_ties_case(v))
-    elif scope == "tests":
-      for fmt in formats:
-        cases += [_case(v, b, 1, fmt, K_PAGES_TESTS) for b in TEST_PAGE_BATCHES]
+    token, formats = v.mode == "token", v.cache_formats
+    ratios = RATIOS if token else (1,)
+    if scope == "tests":
+      k, batches = (K_TESTS, TEST_BATCHES) if token else (K_PAGES_TESTS, TEST_PAGE_BATCHES)
+      groups = [(f, r, k) for f, r in itertools.product(formats, ratios)]
+      seed = (list(itertools.product(formats, (2, 4))), TEST_SEED_RULE_BATCHES, K_TESTS)
     else:
-      kps = (K_PAGES_BELOW, K_PAGES_ABOVE)
-      if scope == "full":
-        groups = list(itertools.product(formats, kps))
-      elif scope == "pairwise" and len(formats) < 2:
-        # One format (dense_page): each k_pages still appears.
-        groups = [(formats[0], kp) for kp in kps]
-      elif scope == "pairwise":
-        groups = [(f, kps[j % 2]) for j, f in enumerate(formats)]
-      else:
-        groups = [(formats[0], K_PAGES_BELOW)]
-      batches = ("all_at_once",) if scope == "ci" else PAGE_DISTRIBUTIONS
-      for fmt, kp in groups:
-        cases += [_case(v, b, 1, fmt, kp) for b in batches]
+      ks = (K_BELOW, K_ABOVE) if token else (K_PAGES_BELOW, K_PAGES_ABOVE)
+      batches = DISTRIBUTIONS if token else PAGE_DISTRIBUTIONS
+      groups = (list(itertools.product(formats, ratios, ks)) if scope == "full"
+                else _pairwise(formats, ratios, ks))
+      seed = ([(formats[0], 4)], SEED_RULE_DISTRIBUTIONS, K_BELOW)
+      if scope == "ci":
+        groups = [] if token else [(formats[0], 1, K_PAGES_BELOW)]
+        batches, seed = ("all_at_once",), ([], (), 0)
+    for fmt, ratio, k in groups:
+      cases += [_case(v, b, ratio, fmt, k) for b in batches]
+    if token:
+      pairs, seed_batches, seed_k = seed
+      for fmt, ratio in pairs:
+        cases += [_case(v, b, ratio, fmt, seed_k, "seed") for b in seed_batches]
+      if scope != "tests":
+        cases.append(_ties_case(v))
   return cases
 
 
@@ -431,23 +388,11 @@ CI_CASES = tuple(c.name for c in case_matrix("ci"))
 
 @dataclasses.dataclass(frozen=True)
 class ParityRow:
-  """One row of the parity table.
-
-  case: the case's name.
-  launches: kernel launches that did work (`Case.launches`).
-  rows: query rows compared (padding included: both sides return -1 there).
-  rows_k_over_visible: live rows that see fewer than k entries (their
-    output ends in -1 padding).
-  max_score_diff: largest |kernel score - reference score| over selected
-    positions that differ.
-  sets_agree: every row's index set is identical.
-  differing_positions, tied_positions: selected positions that differ, and
-    those of them within atol of the reference's k-th score (ties).
-  rows_mismatched: rows whose difference is not explained by ties.
-  atol: the tie tolerance used.
-  detail: the first mismatch, or "".
-  seconds: wall time of kernel + reference (compilation included).
-  """
+  """One row of the parity table (`compare_case`; `metrics.compare_topk`'s
+  counts): rows compared (padding included), live rows that see fewer than k
+  entries, the largest score difference at differing positions, whether
+  every index set agrees, differing and tied positions, rows not explained
+  by ties, the tie tolerance, the first mismatch, and wall seconds."""
 
   case: str
   launches: str
@@ -490,13 +435,8 @@ def compare_case(case: Case, got, want, scores, *, atol: float = 0.0,
 
 @dataclasses.dataclass(frozen=True)
 class CaseOutputs:
-  """What one run of a case produced.
-
-  inputs: the case's `IndexerInputs`.
-  got: i32[T, k] the kernel's indices; want: i32[T, k] the reference's.
-  scores: f32[T, E] (page mode: [T, pages]) the reference's masked scores.
-  seconds: wall time of kernel + reference (compilation included).
-  """
+  """One run of a case: its inputs, got/want i32[T, k] (kernel, reference),
+  the reference's masked scores f32[T, E or pages], wall seconds."""
 
   inputs: batch_lib.IndexerInputs
   got: np.ndarray
@@ -507,11 +447,8 @@ class CaseOutputs:
 
 def case_outputs(case: Case, *,
                  kernel_fn: Callable | None = None) -> CaseOutputs:
-  """Runs `case`'s kernel and reference on its inputs.
-
-  kernel_fn: replaces `case.run_kernel` (a function of the inputs), e.g. to
-    check that a corrupted kernel is caught.
-  """
+  """Runs `case`'s kernel (or `kernel_fn(inputs)`, e.g. a corrupted one)
+  and reference on its inputs."""
   t0 = time.perf_counter()
   inputs = case.inputs()
   # Wait for the interpreted kernel before dispatching more work: with it in
@@ -527,14 +464,8 @@ def case_outputs(case: Case, *,
 
 def run_case(case: Case, *, atol: float | None = None,
              kernel_fn: Callable | None = None) -> ParityRow:
-  """Runs `case`'s kernel and reference and compares them.
-
-  Args:
-    case: the case.
-    atol: tie tolerance; None (default) takes `case.atol(inputs)`
-      (`comparison_atol`, the derived summation bound).
-    kernel_fn: replaces `case.run_kernel` (see `case_outputs`).
-  """
+  """`case_outputs` compared (`compare_case`) at `atol`, by default
+  `case.atol(inputs)`."""
   out = case_outputs(case, kernel_fn=kernel_fn)
   if atol is None:
     atol = case.atol(out.inputs)
@@ -545,21 +476,10 @@ def run_case(case: Case, *, atol: float | None = None,
 def comparison_atol(inputs: batch_lib.IndexerInputs, *,
                     compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:
-  """The tie tolerance for kernel vs reference: `metrics.summation_atol`.
-
-  The same on every backend. Kernel and reference compute the same f32
-  sums, but not necessarily in the same order: on a TPU the compiled kernel
-  tiles them on the MXU; on the CPU the interpreted kernel's dots have the
-  kernel's block shapes, the reference's its own, and XLA:CPU may pick a
-  different summation for each (seen: 1 ulp, with one head). The tolerance is
-  derived from the arithmetic (see `metrics.summation_error_bound`), printed
-  per case, and never fitted to observed differences. f32 queries are
-  accepted on CPU (their D products round too: the bound counts them) and
-  refused on any other backend: a default-precision TPU matmul rounds them to
-  bf16, which no summation-order bound covers.
-
-  mode: the variant's mode ("token" or "page": `Variant.mode`).
-  """
+  """The tie tolerance for kernel vs reference: `metrics.summation_atol`
+  (see the module docstring). f32 queries are refused off the CPU: a
+  default-precision TPU matmul rounds them to bf16, which no summation-order
+  bound covers. mode: `Variant.mode` ("token" or "page")."""
   if jax.default_backend() != "cpu" and inputs.q.dtype == jnp.float32:
     raise ValueError("comparison_atol: on a TPU the kernel's f32 queries are "
                      "rounded to bf16 by the MXU; use bf16 queries")

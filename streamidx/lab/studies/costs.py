@@ -1,23 +1,14 @@
 """What a kernel call moves, counted from the DMAs the TPU interpreter executes.
 
 The workbook's three findings about the vendored kernel (issue 13), counted
-on a variant as the interpreter runs it, not modeled (and not timed):
-
-- bytes per cache entry: the KV DMAs of the packed FP8 record move 256 B per
-  entry, those of the dense FP8 cache head_dim + 1 (`bytes_moved`);
-- KV blocks fetched for nothing by batched decode programs, in the given and
-  in the sorted order (`decode_waste`), next to `tiling.block_waste`'s count
-  for the same call;
-- launches, grid points and DMAs per launch (`launch_counts`), e.g. with and
-  without the launches of empty ranges; all three for one recorded call
-  beside the plan that models it (`recorded_costs`, notebook 04).
-
-Every number comes from a `streamidx.lab.model.timeline.record()` of the
-call: DMA starts and waits with their byte counts (elements times itemsize
-of the destination slice, as the interpreter copies them), grid points and
-launches (`pallas_call`s that ran). Interpreter runs are slow (~0.2 ms per
-simulated operation); the batches here are small, and bytes per entry do not
-depend on the batch.
+from a `lab.model.timeline.record()` of the call (DMA starts and waits with
+their bytes, grid points, launches), not modeled and not timed: bytes per
+cache entry (packed FP8 record 256 B, dense FP8 head_dim + 1:
+`bytes_moved`), KV blocks batched decode programs fetch for nothing, given
+and sorted order (`decode_waste`, beside `tiling.block_waste`), and launches,
+grid points and DMAs per launch (`launch_counts`; beside the plan that
+models the call: `recorded_costs`, notebook 04). Interpreter runs are slow;
+the batches are small, and bytes per entry do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -39,13 +30,9 @@ _KV_KINDS = ("kv", "kv_scale")
 
 
 def launch_counts(rec: timeline.Recorder) -> list[dict]:
-  """Per launch that ran: grid points, DMA starts and bytes by kind, KV blocks.
-
-  Each dict: grid_points, dma_starts {kind: n}, bytes {kind: n} (kind: "kv"
-  cache values or records, "kv_scale" dense FP8 scales, "q", "w", "out"),
-  kv_blocks (KV blocks fetched: one per sequence per step, counted from the
-  "kv" waits).
-  """
+  """Per launch that ran: grid_points, dma_starts and bytes {kind: n} (kind:
+  "kv" cache values or records, "kv_scale" dense FP8 scales, "q", "w",
+  "out"), kv_blocks (the "kv" waits: one per sequence per step)."""
   out = []
   for op in rec.ops:
     if op.kind == "launch":
@@ -74,60 +61,40 @@ def totals(counts: list[dict]) -> dict:
               bytes=dict(nbytes), kv_blocks=sum(c["kv_blocks"] for c in counts))
 
 
-def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
-  """Runs `VARIANTS[variant]` on `inputs` under the recorder.
-
-  Returns (indices, recorder). `static`: the call's keywords (k or k_pages,
-  compression_ratio, block sizes, ...), as for `Variant.run`.
-  """
-  v = variants_lib.get(variant)
+def recorded_call(fn):
+  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter:
+  under `timeline.record()` where this JAX has the internals the recorder
+  reads (`streamidx.interpreter_internals_missing("timeline")` is None),
+  else (e.g. a Colab runtime's own JAX) under `streamidx.interpreter()` with
+  nothing recorded, so the caller skips what needs the recording."""
+  if modes.interpreter_internals_missing("timeline") is not None:
+    with modes.interpreter():
+      return jax.block_until_ready(fn()), None
   with timeline.record() as rec:
-    idx = jax.block_until_ready(v.run(inputs, fmt=fmt, **static))
+    out = jax.block_until_ready(fn())
   if rec.errors():
     raise RuntimeError(f"the recorder failed: {rec.errors()[:3]}")
-  return idx, rec
+  return out, rec
 
 
-def recorded_call(fn):
-  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter.
-
-  Under `timeline.record()` where this JAX's interpreter has the internals
-  the recorder reads (`streamidx.interpreter_internals_missing("timeline")`
-  is None: jax 0.10.2); elsewhere (e.g. a Colab runtime's own JAX) under
-  `streamidx.interpreter()` with nothing recorded, so the result still
-  comes back and the caller skips what needs the recording.
-  """
-  if modes.interpreter_internals_missing("timeline") is None:
-    with timeline.record() as rec:
-      out = jax.block_until_ready(fn())
-    if rec.errors():
-      raise RuntimeError(f"the recorder failed: {rec.errors()[:3]}")
-    return out, rec
-  with modes.interpreter():
-    return jax.block_until_ready(fn()), None
+def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
+  """(indices, recorder) of `VARIANTS[variant].run(inputs, fmt=, **static)`
+  (`recorded_call`; static: k or k_pages, compression_ratio, block sizes)."""
+  return recorded_call(
+      lambda: variants_lib.get(variant).run(inputs, fmt=fmt, **static))
 
 
 def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
                 **static) -> dict:
-  """HBM bytes the call's DMAs move, per cache entry fetched and in total.
-
-  Returns: kv_bytes (cache values, records and scales read), kv_pages (page
-  DMAs of the values or records), entries_fetched (kv_pages * page_size),
-  bytes_per_entry (kv_bytes / entries_fetched), read (kv + q + weights
-  bytes), written (score bytes), and the `totals` of the recording.
-  """
+  """`recorded_bytes` of one `run_recorded` call."""
   _, rec = run_recorded(variant, inputs, fmt=fmt, **static)
   return recorded_bytes(rec, page_size=int(inputs.batch.page_size))
 
 
 def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
-  """`bytes_moved`'s counts from a recording of any kernel call(s).
-
-  For a call made under `timeline.record()` by the caller (e.g. a notebook
-  that also wants the call's grid points): kv_bytes, kv_pages,
-  entries_fetched (kv_pages * page_size), bytes_per_entry, read, written,
-  totals, as `bytes_moved` returns them.
-  """
+  """HBM bytes a recording's DMAs moved: kv_bytes (cache values, records,
+  scales), kv_pages (page DMAs), entries_fetched (kv_pages * page_size),
+  bytes_per_entry, read (kv + q + weights), written (scores), totals."""
   t = totals(launch_counts(rec))
   kv = sum(t["bytes"].get(k, 0) for k in _KV_KINDS)
   pages = t["dma_starts"].get("kv", 0)
@@ -139,16 +106,11 @@ def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
 
 
 def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
-  """What a recording of the call that the plan `p` models moved.
-
-  Returns launches, grid_points, empty_launches (launches that ran no grid
-  point), kv_page_dmas, bytes_per_entry (`recorded_bytes`: cache bytes the
-  KV DMAs moved, scales included, per entry of the pages fetched),
-  blocks_fetched by the decode launches (one per sequence per step, the
-  "kv" waits), blocks_needed (`tiling.block_waste(p)`, the model) and waste
-  (the fetched share beyond the needed). Raises ValueError unless the
-  recording ran one launch per launch the plan makes.
-  """
+  """What a recording of the call the plan `p` models moved: launches,
+  grid_points, empty_launches, kv_page_dmas, bytes_per_entry
+  (`recorded_bytes`), blocks_fetched by decode launches, blocks_needed
+  (`tiling.block_waste(p)`) and waste (share fetched beyond the needed).
+  ValueError unless it ran one launch per launch of the plan."""
   counts = launch_counts(rec)
   if len(counts) != len(p.executed):
     raise ValueError(f"{len(counts)} launches ran, the plan has "
@@ -171,29 +133,21 @@ def decode_waste(variant: str, inputs, *, compression_ratio: int,
                  k: int = 8) -> dict:
   """KV blocks the decode launches fetch for nothing: measured and modeled.
 
-  Runs the token variant on `inputs` (its decode range) with these block
-  sizes, counts the KV blocks its decode launches fetched (the "kv" waits:
-  one per sequence per step, `recorded_costs`) against the blocks its
-  decode sequences need (max(1, cdiv(seq_len // ratio, bkv_sz)) each,
-  counted here, not from the model), and puts `tiling.block_waste` of the
-  same call (`tiling.plan(..., sort_decode=)`) next to it.
-
-  Returns {"measured": {blocks_fetched, blocks_needed, blocks_wasted,
-  waste_fraction}, "model": tiling.block_waste(...)}.
+  The KV blocks the token variant's decode launches fetched on `inputs`
+  (`recorded_costs`) against those its decode sequences need (max(1,
+  cdiv(seq_len // ratio, bkv_sz)) each, counted here), beside
+  `tiling.block_waste` of the same call. Returns {"measured":
+  {blocks_fetched, blocks_needed, blocks_wasted, waste_fraction}, "model"}.
   """
-  static = dict(k=k, compression_ratio=compression_ratio,
-                num_kv_pages_per_block=num_kv_pages_per_block,
+  blocks = dict(num_kv_pages_per_block=num_kv_pages_per_block,
                 num_queries_per_block=num_queries_per_block,
                 decode_req_batch_size=decode_req_batch_size,
                 sort_decode=sort_decode)
-  _, rec = run_recorded(variant, inputs, **static)
+  _, rec = run_recorded(variant, inputs, k=k,
+                        compression_ratio=compression_ratio, **blocks)
   b = inputs.batch
   p = tiling.plan(b, fmt="fp8" if inputs.fmt != "bf16" else "bf16",
-                  num_heads=int(inputs.q.shape[1]),
-                  num_kv_pages_per_block=num_kv_pages_per_block,
-                  num_queries_per_block=num_queries_per_block,
-                  decode_req_batch_size=decode_req_batch_size,
-                  sort_decode=sort_decode)
+                  num_heads=int(inputs.q.shape[1]), **blocks)
   fetched = recorded_costs(rec, p)["blocks_fetched"]
   bkv_sz = p.launches[0].bkv_sz
   i = int(b.distribution[0])

@@ -1,16 +1,8 @@
-"""Notebook 06's measurement harness: a kernel call checked, then traced.
-
-The sweep and the configurations notebook 06 runs, their tables and its
-answer are written in the notebook; these two steps are shared by both of
-its loops:
-
-- `check_topk`: a kernel's top-k indices i32[T, k] against its variant's
-  reference, tie-aware within the derived tolerance
-  (`metrics.summation_atol`); an `approx` method by its recall;
-- `trace_point`: `fn` run under the profiler (`lab.model.profiling.capture`)
-  and its device seconds per stage read from the trace
-  (`profiling.stage_times`: on a TPU the device's op lines; elsewhere the
-  trace has none and the device times are None).
+"""Notebook 06's measurement harness, shared by both of its loops:
+`check_topk` (kernel indices i32[T, k] against the variant's reference,
+tie-aware at `metrics.summation_atol`; an approx method by its recall) and
+`trace_point` (`fn` under the profiler, device seconds per stage from the
+trace: None off a TPU).
 """
 
 from __future__ import annotations
@@ -20,14 +12,10 @@ __all__ = ["check_topk", "trace_point"]
 
 def check_topk(got, v, inputs, kw, fmt: str, ratio: int, *,
                on_tpu: bool) -> dict:
-  """`got` (the kernel `v`'s indices for `inputs` called with `kw`) against
-  `v.reference` of the same call, tie-aware at `metrics.summation_atol`.
-
-  Returns rows, rows_identical, rows_tied, rows_mismatched, atol, ok and
-  detail; for a `topk_method` "approx..." (exact only off a TPU by design)
-  also "recall" (`metrics.recall_at_k`, ties at the k-th score count as
-  hits). Off a TPU an exact method that differs raises AssertionError.
-  """
+  """`got` (kernel `v`'s indices for `inputs`, `kw`) against `v.reference`:
+  rows, rows_identical, rows_tied, rows_mismatched, atol, ok, detail, and
+  for an "approx..." `topk_method` its recall. Off a TPU an exact method
+  that differs raises AssertionError."""
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
   want = v.reference(*v.args(inputs, fmt), **kw)
   scores = v.scores(inputs, compression_ratio=ratio, fmt=fmt)
@@ -45,12 +33,8 @@ def check_topk(got, v, inputs, kw, fmt: str, ratio: int, *,
 
 
 def trace_point(fn, *, log_dir: str, iterations: int, warmup: int):
-  """(capture, stage times, trace events parsed) of `fn` traced.
-
-  `warmup` untraced calls, then `iterations` traced ones
-  (`profiling.capture`); stage times: `profiling.stage_times` (kernel_s,
-  topk_s, other_s, total_s: None off a TPU; host_call_s; source; ops).
-  """
+  """(capture, `profiling.stage_times`, trace events parsed) of `iterations`
+  traced calls of `fn` after `warmup` untraced ones."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   cap = profiling.capture(fn, log_dir=log_dir, iterations=iterations,
                           warmup=warmup)

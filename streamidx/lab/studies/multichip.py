@@ -1,17 +1,15 @@
 """Notebook 07's check: the sharded layouts run for real, against one device.
 
 `check_layouts(batch_kw, [dict(layout=..., num_data=D, num_context=C)])` runs
-each layout of `streamidx.sharded` (sequence-parallel, context-parallel, 2-D)
-on a batch, puts the rows back in the batch's order and compares them with
-the single-device reference, tie-aware at `metrics.summation_atol`. On a TPU
-with enough devices the layouts run there, compiled; elsewhere on virtual
-CPU devices, interpreted. XLA fixes the CPU device count when JAX starts its
-CPU backend, so `reserve_cpu_devices(n)` can only ask before that; once it
-has started (a notebook run twice in one kernel), `check_layouts_subprocess`
-runs the check in a fresh process (`python -m streamidx.lab.studies.multichip
-'<json request>'`, one JSON line out). CPU device 0 is left out of every
-mesh: with it in, the interpreted kernel can deadlock under `shard_map` (jax
-0.10.2; docs/limitations.md), so n devices need n + 1 CPU devices.
+each layout of `streamidx.sharded` on a batch, rows back in batch order,
+against the single-device reference (tie-aware, `metrics.summation_atol`):
+on a TPU with enough devices compiled, else on virtual CPU devices
+interpreted. XLA fixes the CPU device count when the CPU backend starts, so
+`reserve_cpu_devices(n)` only works before; after, `check_layouts_subprocess`
+runs it in a fresh process (`python -m streamidx.lab.studies.multichip
+'<json>'`, one JSON line out). CPU device 0 is left out of every mesh (with
+it the interpreted kernel can deadlock under `shard_map`, jax 0.10.2;
+docs/limitations.md): n devices need n + 1 CPU devices.
 """
 
 from __future__ import annotations
@@ -33,12 +31,10 @@ LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (a `LAYOUTS` name on a num_data x num_context mesh, its
-  merge) run on `devices` and compared with the single-device reference:
-  rows compared, equal index for index, equal up to ties within `atol`; ok
-  or the first difference (`detail`); the collective op in the lowered
-  program; the shares (pages, cache bytes per device); what one device
-  receives per row (`sharded.merge_bytes_per_row`); wall seconds here."""
+  """One layout (a `LAYOUTS` name on a num_data x num_context mesh) run on
+  `devices` against the single-device reference: rows identical / tied
+  within `atol`, ok or the first difference, the lowered program's
+  collective, the shares, merge bytes per row, wall seconds."""
 
   layout: str
   variant: str
@@ -108,17 +104,10 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
                   num_heads: int = 4, k: int = 8, compression_ratio: int = 4,
                   seed: int = 0, static: dict | None = None
                   ) -> list[LayoutCheck]:
-  """Runs each layout of `layouts` on `batch_kw`'s batch; one check each.
-
-  Args:
-    batch_kw: keyword arguments of `streamidx.make_mixed_batch` (lists and
-      ints only, so that a subprocess can take them as JSON).
-    layouts: dicts with "layout", "num_data", "num_context" and optionally
-      "merge" (default "all_gather").
-    variant, fmt, num_heads, k, compression_ratio, seed: the inputs and
-      the call (`streamidx.make_inputs`, the variant's kernel).
-    static: the kernel's block sizes (default the block-size table's row).
-  """
+  """One `LayoutCheck` per layout of `layouts` (dicts: layout, num_data,
+  num_context, optional merge, default "all_gather") on the batch
+  `streamidx.make_mixed_batch(**batch_kw)` (JSON-able, for the subprocess);
+  `static`: block sizes (default: the block-size table's row)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -180,12 +169,9 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
 def check_layouts_subprocess(batch_kw: dict, layouts: Sequence[dict], *,
                              timeout_s: float = 900, **kw
                              ) -> list[LayoutCheck]:
-  """`check_layouts` in a fresh process with enough virtual CPU devices.
-
-  For a process whose JAX backend has already started with too few CPU
-  devices. Same arguments (JSON-able); raises RuntimeError with the child's
-  output if it fails.
-  """
+  """`check_layouts` in a fresh process with n + 1 virtual CPU devices (for
+  a process whose backend started with too few); RuntimeError with the
+  child's output if it fails."""
   n = max(int(l["num_data"]) * int(l["num_context"]) for l in layouts)
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +

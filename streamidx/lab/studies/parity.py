@@ -1,13 +1,7 @@
-"""Two top-k facts shared beyond notebook 05, whose studies (the parity run,
-the causal rule, page coverage, approx_max_k, ties) are its cells:
-
-  boundary_ties                exact ties between the k-th and (k+1)-th
-                               scores of each row (also `tests/test_cases.py`)
-  approx_topk_reduction_size   how many candidates a TPU's ApproxTopK keeps
-                               (also `streamidx.lab.model.topk`)
-
-Score arrays are f32[T, E] masked scores with -inf for invisible entries
-(`ref.token_scores`).
+"""Two top-k facts shared beyond notebook 05: `boundary_ties` (exact ties
+between the k-th and (k+1)-th scores of each row of masked scores f32[T, E],
+-inf invisible) and `approx_topk_reduction_size` (candidates a TPU's
+ApproxTopK keeps).
 """
 
 from __future__ import annotations
@@ -21,15 +15,10 @@ __all__ = ["BoundaryTies", "boundary_ties", "approx_topk_reduction_size"]
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryTies:
-  """Exact ties between the k-th and (k+1)-th largest scores of each row.
-
-  rows: rows that see more than k entries (where a boundary exists).
-  tied_rows: i64 indices of those whose k-th and (k+1)-th scores are equal
-    (which tied entries make the top-k is the top-k's choice); of them,
-    zero_tied_rows tie at score 0 (every head's ReLU zeroed the entries).
-  group_sizes, slots: per tied row, how many entries share the boundary
-    score, and how many of them the top-k keeps.
-  """
+  """rows: rows seeing more than k entries; tied_rows: i64 indices of those
+  whose k-th and (k+1)-th scores are equal (zero_tied_rows: at score 0);
+  per tied row, group_sizes (entries at the boundary score) and slots (how
+  many of them the top-k keeps)."""
 
   k: int
   rows: int
@@ -63,14 +52,9 @@ def boundary_ties(scores, k: int) -> BoundaryTies:
 
 def approx_topk_reduction_size(n: int, k: int, recall_target: float,
                                rank: int = 2) -> int | None:
-  """Candidates the TPU's ApproxTopK keeps from n before its exact final top-k.
-
-  The TPU algorithm (arXiv:2206.14286) reduces each of several bins to its
-  maximum, then takes an exact top-k of the bin maxima; this is the number
-  of bins, from XLA's own `ApproxTopKReductionOutputSize` (a private jaxlib
-  binding). n means nothing is dropped: the result is an exact top-k. None
-  if this jaxlib does not expose the binding.
-  """
+  """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
+  exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
+  (private jaxlib binding; None without it). n: an exact top-k."""
   try:
     from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
     fn = _jax.approx_top_k_reduction_output_size

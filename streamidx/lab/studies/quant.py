@@ -1,8 +1,7 @@
-"""FP8 formats beside the vendored cache's (`streamidx.cache`: e4m3 values
-with a ue8m0, i.e. power-of-two, scale per record): exact float scales
-(amax / 448 as a float32), FP8 queries, Hadamard rotation, the key/query
+"""FP8 formats beside the vendored cache's (e4m3 values, ue8m0 scale per
+record): exact float scales, FP8 queries, Hadamard rotation, the key/query
 variants of notebook 03's recall study and its float64 check, and the
-kernel's in-register unpack run on one block (also notebook 02). The studies
+kernel's in-register unpack on one block (also notebook 02). The studies
 themselves are cells of notebook 03.
 """
 
@@ -27,9 +26,8 @@ __all__ = ["pow2", "quantize_ue8m0", "quantize_float_scale",
 
 
 def pow2(e):
-  """2.0**e as f32, exactly, for int e in [-126, 127] (`jnp.exp2` is not:
-  on CPU with jax 0.10.2, `jnp.exp2(-18.0) != 2**-18`). e = -127 is a float32
-  subnormal, which XLA on CPU flushes to 0."""
+  """2.0**e as f32, exactly, for int e in [-126, 127] (on CPU, jax 0.10.2,
+  `jnp.exp2(-18.0) != 2**-18`; e = -127, a subnormal, flushes to 0)."""
   e = jnp.asarray(e, jnp.int32)
   return jnp.ldexp(jnp.ones(e.shape, jnp.float32), e)
 
@@ -42,9 +40,8 @@ def quantize_ue8m0(x):
 
 
 def quantize_float_scale(x):
-  """e4m3 values with an exact float32 scale per record (last axis): for
-  x f32[..., D], (values f8e4m3fn[..., D], scales f32[...]) with scale =
-  amax / 448 (1 for an all-zero record) and values = x / scale."""
+  """x f32[..., D] -> (values f8e4m3fn[..., D], scales f32[...]): an exact
+  float32 scale amax / 448 per record (1 if all zero), values x / scale."""
   x = jnp.asarray(x, jnp.float32)
   amax = jnp.max(jnp.abs(x), axis=-1)
   scale = jnp.where(amax > 0, amax / jnp.float32(cache_lib.E4M3_MAX), 1.0)
@@ -56,23 +53,14 @@ _QUANTIZERS = {"ue8m0": quantize_ue8m0, "float": quantize_float_scale}
 
 def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
                          granularity: str = "head"):
-  """FP8 queries with their scale folded into the indexer weights.
+  """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]:
+  (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
 
-  score = sum_h w[t,h] * ReLU(q[t,h] . k) = sum_h (w[t,h] * s) * ReLU(q8 . k)
-  for q = q8 * s with s > 0, so the kernel keeps its arithmetic and only the
-  weights change. DeepSeek-V3.2's reference indexer does the same: one scale
-  per 128 values (here: per token and head), multiplied into the weights.
-
-  Args:
-    q: [T, H, D] queries (any float dtype); weights: f32[T, H].
-    scale: "ue8m0" (`quantize_ue8m0`) or "float" (`quantize_float_scale`).
-    granularity: "head" (one scale per token and head) or "token" (one per
-      token, shared by its heads).
-
-  Returns:
-    (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
-    Every e4m3 value is a bf16 value, so the bf16 kernel input
-    `q8.astype(bf16)` with the folded weights scores the FP8 queries.
+  sum_h w[t,h] ReLU(q[t,h] . k) = sum_h (w[t,h] s) ReLU(q8 . k) for q = q8 s,
+  s > 0, as DeepSeek-V3.2's indexer does. scale: "ue8m0" or "float"
+  (`_QUANTIZERS`); granularity: one scale per token and "head", or per
+  "token". Every e4m3 value is a bf16 value, so `q8.astype(bf16)` with the
+  folded weights scores the FP8 queries on the bf16 kernel input.
   """
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
@@ -87,11 +75,8 @@ def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
 
 
 def hadamard(n: int) -> np.ndarray:
-  """The normalized Sylvester Hadamard matrix, f32[n, n] (n a power of 2).
-
-  H_1 = [1], H_2m = [[H_m, H_m], [H_m, -H_m]], divided by sqrt(n): symmetric
-  and orthonormal, so (q H) . (k H) = q . k in exact arithmetic.
-  """
+  """The normalized Sylvester Hadamard matrix f32[n, n] (n a power of 2):
+  symmetric, orthonormal: (q H) . (k H) = q . k in exact arithmetic."""
   if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 \
       or n & (n - 1):
     raise ValueError(f"n must be a power of two >= 1, got {n!r}")
@@ -121,19 +106,10 @@ VARIANTS: dict[str, tuple[str, str]] = {
 
 def variant_inputs(inp, variant: str, *, rotated: bool = False,
                    query_scale: str = "ue8m0"):
-  """The kernel inputs of one key/query variant, from float32 inputs.
-
-  Args:
-    inp: `IndexerInputs` with float32 queries (`make_inputs(...,
-      q_dtype=jnp.float32)`); its `keys` are the float32 truth.
-    variant: a key of `VARIANTS`; rotated: Hadamard-rotate queries and keys
-      (in f32) first; query_scale: "fp8_q8"'s query scale ("ue8m0", "float").
-
-  Returns:
-    `IndexerInputs` for `streamidx.ref` (every variant) and the kernel (all
-    but "exact"): the cache packed by `streamidx.cache.pack_cache`, queries
-    as bf16 (FP8 queries as their exact bf16 values, scale in the weights).
-  """
+  """`IndexerInputs` of one key/query variant (`VARIANTS`) from `inp` with
+  float32 queries (its `keys` the float32 truth): optionally Hadamard-rotated
+  (f32) first, the cache packed by `cache.pack_cache`, queries as bf16 (FP8
+  queries as their bf16 values, `query_scale` folded into the weights)."""
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
                      f"{variant!r}")
@@ -165,18 +141,10 @@ def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
 
 
 def unpack_block_in_kernel(block, head_dim: int = 128):
-  """Runs the kernel's FP8 unpack (`load_bkv`) on one block, in Pallas.
-
-  The ops of `streamidx/kernels/vendored.py`'s `load_bkv`: reshape the
-  block u8[rows, kv_packing, lkv_dim] (e.g. one page `cache[page]`) to
-  [entries, lkv_dim], bitcast the first head_dim bytes to e4m3 and the scale
-  byte column, transposed, to e8m0 (then bf16). Always in Pallas's TPU
-  interpreter (on a TPU too), so the demonstration does not depend on the chip.
-
-  Returns:
-    (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
-    kv_packing]): entry r * kv_packing + j is row r, slot j.
-  """
+  """The ops of `kernels/vendored.py`'s FP8 `load_bkv` on one block u8[rows,
+  kv_packing, lkv_dim] (e.g. `cache[page]`), always in Pallas's TPU
+  interpreter: (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
+  kv_packing]); entry r * kv_packing + j is row r, slot j."""
   block = jnp.asarray(block)
   if block.dtype != jnp.uint8 or block.ndim != 3:
     raise ValueError(f"block must be u8[rows, kv_packing, lkv_dim], got "
@@ -196,12 +164,9 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
 def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
                    causal_rule: str = "model") -> np.ndarray:
   """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows
-  against its entries in float64, a recall study's check of its float32
-  truth: the unquantized keys (`inp.keys`), `inp.q` and `inp.weights`
-  widened to float64 and scored by the reference's own scorer
-  (`streamidx.ref.score_entries`) under `jax.enable_x64`; -inf where the
-  lab's statement of the causal rule (`addressing.visibility_mask`) hides
-  an entry."""
+  against its unquantized keys, scored in float64 by `ref.score_entries`
+  under `jax.enable_x64` (a check of a recall study's float32 truth); -inf
+  where `addressing.visibility_mask` hides an entry."""
   b = inp.batch
   lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
   keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]

@@ -1,16 +1,10 @@
-"""The tiling bounds notebooks 04 and 06 share, and notebook 04's megacore compile.
-
-- `core_split_bound`: the kernel stage's HBM bound with its programs dealt
-  to `num_cores` TensorCores (the dense kernel's `num_cores`), a model;
-- `static_bound_s`: a call's KV pages times the compiler's scheduled compute
-  per page (`roofline.PageBound`), the static-schedule lower bound;
-- `decode_page_bounds`: the `PageBound` of each variant's decode launch on
-  one generation (libtpu's compiler in a child process, no TPU);
-- `megacore_rows`: the dense decode launch compiled with `num_cores` 1 and 2,
-  and whether the compiler splits it over two TensorCores.
-
-The tables notebook 04 builds from these (and from `lab.model`) are written
-in the notebook's cells; nothing here is a TPU measurement.
+"""The tiling bounds notebooks 04 and 06 share, and notebook 04's megacore
+compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
+TensorCores, a model), `static_bound_s` (KV pages times the compiler's
+scheduled compute per page), `decode_page_bounds` (each variant's decode
+`roofline.PageBound`, libtpu in a child process, no TPU), `megacore_rows`
+(the dense decode launch compiled with num_cores 1 and 2). No TPU
+measurement here.
 """
 
 from __future__ import annotations
@@ -29,12 +23,11 @@ __all__ = ["core_split_bound", "static_bound_s", "decode_page_bounds",
 
 def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
                      num_cores: int) -> float:
-  """The kernel stage's HBM bound (s) with each launch's programs split over
-  `num_cores` TensorCores as the dense kernel's `num_cores` does (core c runs
-  programs c, c + num_cores, ...): the busiest core's share of the stage's
-  bytes (in proportion to the KV pages its programs fetch) over one
-  TensorCore's bandwidth, launch by launch. num_cores=1 is the vendored
-  one-core bound. A model: equal bandwidth per core, no contention."""
+  """The kernel stage's HBM bound (s) with each launch's programs dealt to
+  `num_cores` TensorCores as the dense kernel does (core c runs programs c,
+  c + num_cores, ...): the busiest core's share of the bytes (by KV pages)
+  over one core's bandwidth. num_cores=1: the vendored bound. A model:
+  equal bandwidth per core, no contention."""
   total = sum(roofline.costs(p, k=k)[1].bytes_read.values()) + sum(
       roofline.costs(p, k=k)[1].bytes_written.values())
   pages = [[0] * num_cores for _ in p.executed]
@@ -61,14 +54,9 @@ def static_bound_s(p: tiling.Plan, bound: roofline.PageBound | None
 def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
                        blocks: Mapping, *, shape: str = "dsv4-decode-4k"
                        ) -> tuple[dict, list[str]]:
-  """({variant: `roofline.PageBound` of its decode launch on `generation`},
-  one error line per variant whose launch did not schedule).
-
-  From the compiler's static schedule (`lab.schedule`, libtpu in a child
-  process) at `shape` (a `lab.aot.SHAPES` name: DeepSeek-V4's 128-entry
-  pages). `variants`: (variant, fmt) pairs; `blocks`: the three block-size
-  keywords and `decode_req_batch_size`.
-  """
+  """({variant: `roofline.PageBound` of its decode launch on `generation`
+  at `shape` (`lab.aot.SHAPES`)}, error lines of launches that did not
+  schedule). variants: (variant, fmt) pairs; blocks: block-size keywords."""
   from streamidx.lab import schedule  # pylint: disable=g-import-not-at-top
   out, errors = {}, []
   for variant, fmt in variants:
@@ -85,17 +73,11 @@ def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
 def megacore_rows(generations: Sequence[str] = ("v5p", "v4"), *,
                   shape: str = "dsv4-decode-4k", blocks=None,
                   timeout: float = 900.0) -> list[dict]:
-  """The dense kernel's decode launch compiled for each generation with
-  `num_cores` 1 and 2 (libtpu, no TPU), and what the compiler made of it.
-
-  Per (generation, num_cores): the TensorCores per chip (data/tpu_specs.json),
-  the cores the compiler targets (`pltpu.get_tpu_info().num_cores` inside
-  `compile_for`), the launch's grid and dimension semantics, whether the
-  compiled program holds the megacore barrier (`BarrierMegacore` in the
-  final bundles: the program synchronises two cores), its bundles, and the
-  KV loop's bundles per page. `blocks`: the block-size keywords (default
-  the table's DeepSeek-V4 row).
-  """
+  """Per (generation, num_cores 1 and 2): the dense decode launch compiled
+  (libtpu, no TPU): TensorCores per chip, the cores the compiler targets,
+  grid and dimension semantics, whether the final bundles hold
+  `BarrierMegacore`, bundles, bundles per KV page. blocks: default the
+  table's DeepSeek-V4 row."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top
