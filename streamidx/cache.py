@@ -346,21 +346,10 @@ def dense_scale_lanes(page_size: int) -> int:
 
 
 def pack_dense_fp8_cache(keys):
-  """Builds the dense FP8 cache from keys laid out by physical page.
-
-  The values and exponents are `quantize_fp8(keys)`'s, those of the packed
-  "fp8" format, so both formats decode to identical keys.
-
-  Args:
-    keys: f32[total_num_pages, page_size, head_dim]; page_size a multiple of
-      4.
-
-  Returns:
-    (cache_values u8[total_num_pages, page_size // 4, 4,
-    padded_head_dim(head_dim)] (bytes of float8_e4m3fn, zero past head_dim),
-    cache_scales u8[total_num_pages, page_size // L, L] (e8m0 exponent bytes
-    e + 127, L = `dense_scale_lanes(page_size)`)).
-  """
+  """The dense FP8 pair (cache_values, cache_scales) (module docstring) of
+  keys f32[total_num_pages, page_size, head_dim] (page_size a multiple of 4):
+  `quantize_fp8(keys)`'s values and exponents, as the packed "fp8" format's,
+  so both decode to identical keys."""
   keys = _as_keys(keys)
   total_pages, page_size, head_dim = keys.shape
   if page_size % DENSE_KV_PACKING:
@@ -378,13 +367,9 @@ def pack_dense_fp8_cache(keys):
 
 
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
-  """HBM bytes per entry of the dense FP8 cache as a TPU stores it.
-
-  The values carry no padding beyond `padded_head_dim(head_dim)` bytes; a
-  page's scale rows (page_size // L of L lanes) are padded to whole (4, 128)
-  tiles of `T(4,128)(4,1)`: 132 B at head_dim 128 and page size 128, 129 B
-  from page size 512 up.
-  """
+  """HBM bytes per entry of the dense FP8 cache as a TPU stores it: the
+  values unpadded, a page's scale rows padded to whole (4, 128) tiles (module
+  docstring)."""
   lanes = dense_scale_lanes(page_size)
   rows = page_size // lanes
   scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * LANES

@@ -75,11 +75,9 @@ def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
     got: i32[T, k] indices under test (e.g. the kernel's).
     want: i32[T, k] reference indices.
     scores: f32[T, E] masked scores the reference selected from.
-    atol: tolerance on score equality. 0 demands exact ties. Kernel and
-      reference compute the same f32 sums, but XLA may order them
-      differently for the kernel's block shapes than for the reference's, so
-      their comparison uses `summation_atol`: a bound derived from the
-      arithmetic, not from observed differences.
+    atol: tolerance on score equality; 0 demands exact ties. Kernel vs
+      reference uses `summation_atol` (XLA may order the f32 sums
+      differently for the kernel's block shapes).
   """
   got = np.asarray(got)
   want = np.asarray(want)

@@ -92,8 +92,6 @@ __all__ = [
     "shard_inputs",
     "merge_topk",
     "sharded_topk",
-    "sequence_parallel",
-    "context_parallel",
     "merge_bytes_per_row",
 ]
 
@@ -131,21 +129,12 @@ def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShardedInputs:
-  """A batch laid out for `sharded_topk` (see the module docstring).
-
-  Attributes:
-    variant: the variant name the arguments are for.
-    args: the kernel's positional arguments, stacked over the devices.
-    num_data, num_context: D and C.
-    pages_per_share: P, page-table columns (pages of each sequence) per
-      context share.
-    page_size: entries per page.
-    rows: i32[T_global]: for each row of the logical batch, its row in the
-      stacked result (-1 for the batch's padding rows).
-    seq_shard: i32[num_seqs]: the data shard of each logical sequence.
-    cache_pages: pages G each device holds.
-    cache_bytes_per_device: bytes of cache arrays each device holds.
-  """
+  """A batch laid out for `sharded_topk` (module docstring): `args`, the
+  variant's positional arguments stacked over the devices; D, C and P
+  (`num_data`, `num_context`, `pages_per_share`); `rows` i32[T_global], each
+  logical row's row in the stacked result (-1: padding); `seq_shard`
+  i32[num_seqs], each sequence's data shard; G (`cache_pages`) and the cache
+  bytes each device holds."""
 
   variant: str
   args: tuple
@@ -389,24 +378,14 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
                  impl: str = "kernel", **static) -> Callable:
   """A jitted function of the stacked arguments: the variant over `mesh`.
 
-  Args:
-    variant: a `streamidx.VARIANTS` name or `Variant` (token or page mode).
-    mesh: the device mesh.
-    data_axis: mesh axis the sequences are split over (None: no sequence
-      parallelism).
-    context_axis: mesh axis each sequence's entries are split over (None:
-      no context parallelism).
-    k: results per row (the variant's `k` or `k_pages`).
-    compression_ratio: as the kernel takes it.
-    merge: "all_gather" or "tree" (context parallelism only).
-    impl: "kernel" (the variant's kernel) or "reference" (its exact twin,
-      same layout and merge: checks the sharding without the interpreter).
-    **static: the kernel's other keyword arguments (block sizes, ...).
-
-  Returns:
-    fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last) ->
-    i32[D * T, k], with the arguments laid out as the module docstring says
-    (`ShardedInputs.args`).
+  `variant` is a `streamidx.VARIANTS` name or `Variant` (token or page
+  mode); sequences are split over mesh axis `data_axis`, each sequence's
+  entries over `context_axis` (None: not split), merged by `merge` (one of
+  `MERGES`). `k` is the variant's `k` / `k_pages`; `**static` its other
+  keyword arguments. impl: "kernel", or "reference" (its exact twin, same
+  layout and merge: checks the sharding without the interpreter).
+  Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
+  -> i32[D * T, k], on `ShardedInputs.args`.
   """
   v = variant if isinstance(variant, variants_lib.Variant) else (
       variants_lib.get(variant))
@@ -527,17 +506,3 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
   if got != per:
     raise ValueError(f"{'distribution' if per == 3 else 'num_seqs'}: needs "
                      f"{per} value(s) per data shard (got {got})")
-
-
-def sequence_parallel(variant, mesh: Mesh, *, axis: str = "data", k: int,
-                      compression_ratio: int, **kwargs) -> Callable:
-  """`sharded_topk` with sequences split over `axis` only."""
-  return sharded_topk(variant, mesh, data_axis=axis, context_axis=None, k=k,
-                      compression_ratio=compression_ratio, **kwargs)
-
-
-def context_parallel(variant, mesh: Mesh, *, axis: str = "context", k: int,
-                     compression_ratio: int, **kwargs) -> Callable:
-  """`sharded_topk` with every sequence's entries split over `axis` only."""
-  return sharded_topk(variant, mesh, data_axis=None, context_axis=axis, k=k,
-                      compression_ratio=compression_ratio, **kwargs)

@@ -66,9 +66,11 @@ a NaN score get unspecified indices (each method orders NaN differently);
 
 Default: "sort", the vendored kernel's stage, on every generation.
 `streamidx.lab.model.topk` models every method per TPU generation; its
-criteria disagree (the compiler's estimates favour "chunked" on v5e, v6e
-and v7x) and no TPU measurement of these methods exists in this project
-yet, so the default is unchanged (see `DEFAULT_TOPK_METHOD`).
+criteria disagree (at DeepSeek-V4 decode the compiler's estimates, libtpu
+v5e/v6e/v7x, rank "chunked" first, the HBM bound "top_k", the sort-work
+count "radix"; the sorts are compute-bound on a TPU, at no public rate), and
+no TPU measurement of these methods exists in this project yet, so the
+default stays what the kernel shipped with.
 """
 
 from __future__ import annotations
@@ -109,13 +111,7 @@ KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
                             if m not in FUSED_TOPK_METHODS)
 # Entries per block maximum the fused kernel writes: one 128-lane row.
 FUSED_BLOCK_WIDTH = 128
-# The vendored kernel's stage. The model (streamidx.lab.model.topk) is not
-# unambiguous: at DeepSeek-V4 decode the TPU compiler's estimates (libtpu,
-# v5e/v6e/v7x) rank "chunked" first, the model's HBM bound "top_k", its
-# sort-work count "radix"; the sorts are compute-bound on a TPU (public
-# TPU7x measurements), for which no public rate exists. Until a TPU measures
-# these methods, the default stays what the kernel shipped with.
-DEFAULT_TOPK_METHOD = "sort"
+DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (module docstring)
 APPROX_RECALL_TARGET = 0.95
 RADIX_BITS = (1, 2, 4, 8)
 _DEFAULT_RADIX_BITS = 4

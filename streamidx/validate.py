@@ -102,17 +102,12 @@ def _check_index_array(name, x, layout):
     _fail(name, "must be int32", _dtype_name(x))
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _is_int_scalar(d) -> bool:
   if isinstance(d, (bool, np.bool_)):
     return False
-  if _is_int(d):
-    return True
-  return (hasattr(d, "dtype") and len(getattr(d, "shape", ())) == 0
-          and jnp.issubdtype(d.dtype, jnp.integer))
+  return isinstance(d, (int, np.integer)) or (
+      hasattr(d, "dtype") and len(getattr(d, "shape", ())) == 0
+      and jnp.issubdtype(d.dtype, jnp.integer))
 
 
 def _check_distribution(distribution):
@@ -167,8 +162,9 @@ def _check_dense_cache(cache, head_dim):
     _fail("cache_values", "must be uint8 (bytes of float8_e4m3fn)",
           _dtype_name(values))
   pages, rows, packing, width = values.shape
-  if packing != 4:
-    _fail("cache_values", "axis 2 (kv_packing) must be 4", packing)
+  if packing != cache_lib.DENSE_KV_PACKING:
+    _fail("cache_values", f"axis 2 (kv_packing) must be "
+          f"{cache_lib.DENSE_KV_PACKING}", packing)
   if pages < 1 or rows < 1:
     _fail("cache_values", "needs at least one page of at least one row",
           f"shape {tuple(values.shape)}")
@@ -177,7 +173,7 @@ def _check_dense_cache(cache, head_dim):
     _fail("cache_values", f"last axis must be q's head_dim padded to 128 "
           f"lanes ({head_dim} -> {padded})", width)
   page_size = rows * packing
-  lanes = 128 if page_size % 128 == 0 else page_size
+  lanes = cache_lib.dense_scale_lanes(page_size)
   want = (pages, page_size // lanes, lanes)
   _check_rank("cache_scales", scales, 3,
               "[total_num_pages, page_size // L, L], L = 128 when page_size "
@@ -321,13 +317,14 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
     topk_methods = (topk.TOPK_METHODS if isinstance(cache, (tuple, list))
                     else topk.KERNEL_TOPK_METHODS)
   topk.check_topk_method(call.topk_method, topk_methods)
-  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+  cases = list(zip(semantics.CASES, call.num_kv_pages_per_block))
+  for case, bkv_p in cases:  # every case's tiles before any int32 limit
     if (page_size * bkv_p) % semantics.LANES:
       _fail("num_kv_pages_per_block",
             f"page_size * num_kv_pages_per_block must be a multiple of 128 "
             f"(TPU DMA tiles) for the {case} case",
             f"{page_size} * {bkv_p} = {page_size * bkv_p}")
-  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+  for case, bkv_p in cases:
     _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case)
 
 
@@ -337,18 +334,21 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 class ValueRule(NamedTuple):
-  """One value rule: the argument it is about, the rule, what was found.
-
-  `got` is a `str.format` template filled with the offending values (for
-  element-wise rules, those of the first offending element).
-  """
+  """One value rule: the argument it is about, the rule, what was found
+  (`got`: filled with the offending values, of the first offending element
+  for element-wise rules)."""
 
   argument: str
   rule: str
   got: str
 
+  @property
+  def template(self) -> str:
+    """The message as a `str.format` (and `checkify.check`) template."""
+    return f"{self.argument}: {self.rule} (got {self.got})"
+
   def message(self, **values) -> str:
-    return f"{self.argument}: {self.rule} (got {self.got})".format(**values)
+    return self.template.format(**values)
 
 
 VALUE_RULES: dict[str, ValueRule] = {
@@ -687,6 +687,5 @@ def check_inputs(q, indexer_weights, cache, seq_lens, page_indices,
                           seq_lens, page_indices, cu_q_lens, last)
   for rule_id in order:
     ok, values = results[rule_id]
-    r = VALUE_RULES[rule_id]
-    checkify.check(ok, f"{r.argument}: {r.rule} (got {r.got})", **values)
+    checkify.check(ok, VALUE_RULES[rule_id].template, **values)
   return jnp.all(jnp.stack([results[rule_id][0] for rule_id in order]))
