@@ -200,18 +200,13 @@ def make_batch(
 
   used = int(need.sum())
   rng = np.random.default_rng(seed)
-  if allocation == "contiguous":
-    physical = np.arange(used)
-    pool = used
-  elif allocation == "shuffled":
-    physical = rng.permutation(used)
-    pool = used
-  elif allocation == "fragmented":
-    pool = 2 * used
-    physical = np.sort(rng.choice(pool, size=used, replace=False))
-    physical = rng.permutation(physical)
-  else:
+  if allocation not in ("contiguous", "shuffled", "fragmented"):
     raise ValueError(f"unknown allocation {allocation!r}")
+  pool = 2 * used if allocation == "fragmented" else used
+  physical = (np.sort(rng.choice(pool, size=used, replace=False))
+              if allocation == "fragmented" else np.arange(used))
+  if allocation != "contiguous":
+    physical = rng.permutation(physical)
   need_pages = max(pool + extra_pages, 1)
   if total_num_pages is None:
     total_num_pages = need_pages
@@ -234,17 +229,9 @@ def make_batch(
   num_tokens = max(total_q, 1) if num_tokens is None else num_tokens
   if num_tokens < total_q:
     raise ValueError(f"num_tokens ({num_tokens}) < query tokens ({total_q})")
-  return RaggedBatch(
-      q_lens=q_lens.astype(np.int32),
-      seq_lens=seq_lens_full,
-      cu_q_lens=cu,
-      distribution=distribution,
-      page_indices=table.reshape(-1),
-      page_size=page_size,
-      compression_ratio=compression_ratio,
-      num_tokens=num_tokens,
-      total_num_pages=total_num_pages,
-  )
+  return RaggedBatch(q_lens.astype(np.int32), seq_lens_full, cu,
+                     distribution, table.reshape(-1), page_size,
+                     compression_ratio, num_tokens, total_num_pages)
 
 
 def make_mixed_batch(
@@ -347,11 +334,5 @@ def make_inputs(
   elif key_distribution != "gaussian":
     raise ValueError(f"unknown key_distribution {key_distribution!r}")
   keys = jnp.asarray(keys)
-  return IndexerInputs(
-      batch=batch,
-      q=jnp.asarray(q).astype(q_dtype),
-      weights=jnp.asarray(w),
-      keys=keys,
-      cache=_pack(keys, fmt),
-      fmt=fmt,
-  )
+  return IndexerInputs(batch, jnp.asarray(q).astype(q_dtype), jnp.asarray(w),
+                       keys, _pack(keys, fmt), fmt)

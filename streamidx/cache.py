@@ -107,7 +107,6 @@ __all__ = [
     "e8m0_scales",
     "dense_scale_lanes",
     "pack_dense_fp8_cache",
-    "unpack_dense_fp8_cache",
     "dense_tpu_bytes_per_entry",
     "cache_pages",
     "CacheLayout",
@@ -186,15 +185,10 @@ def ue8m0_exponent(amax):
 
   Exact (no floating-point log or division): with amax = m * 2**x,
   m in [0.5, 1), and 448 = 0.875 * 2**9, e = x - 9 + (m > 0.875). An
-  all-zero record gets e = 0 (any scale would do).
-
-  The clamp: e8m0 can hold e = -127 (byte 0), but 2**-127 is subnormal in
-  float32 and bfloat16, and the scoring path (XLA:CPU, the TPU) flushes it
-  to zero where the kernel multiplies the head sum by the scale, which would
-  zero every score of the record. So e >= -126 (`E8M0_MIN_EXPONENT`): keys
-  with amax < 448 * 2**-126 (about 5.3e-36) are stored as e4m3 values below
-  448 (e4m3 subnormals, or 0, for the smallest), losing precision but never
-  the scale. The upper end never binds for float32 keys (e <= 120).
+  all-zero record gets e = 0 (any scale would do). The lower clamp is
+  `E8M0_MIN_EXPONENT`'s: keys with amax < 448 * 2**-126 (about 5.3e-36) are
+  stored as e4m3 values below 448 (subnormals, or 0), losing precision but
+  never the scale. The upper end never binds for float32 keys (e <= 120).
   """
   amax = jnp.asarray(amax, jnp.float32)
   mant, exp = jnp.frexp(amax)
@@ -301,24 +295,22 @@ def unpack_cache_raw(cache, head_dim: int = 128):
     read from byte `padded_head_dim(head_dim)` as the kernel does; for bf16
     the bf16 keys and None.
   """
-  if isinstance(cache, (tuple, list)):
-    return unpack_dense_fp8_cache(*cache, head_dim=head_dim)
-  cache = jnp.asarray(cache)
-  pages, rows, packing, width = cache.shape
-  flat = cache.reshape(pages, rows * packing, width)
-  if cache.dtype == jnp.uint8:
-    values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
-                                          jnp.float8_e4m3fn)
-    return values, e8m0_scales(flat[..., padded_head_dim(head_dim)])
-  return flat[..., :head_dim], None
+  dense = isinstance(cache, (tuple, list))
+  arr = jnp.asarray(cache[0] if dense else cache)
+  pages, rows, packing, width = arr.shape
+  flat = arr.reshape(pages, rows * packing, width)
+  if arr.dtype != jnp.uint8:
+    return flat[..., :head_dim], None
+  values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
+                                        jnp.float8_e4m3fn)
+  scale_bytes = (jnp.asarray(cache[1]).reshape(pages, -1) if dense
+                 else flat[..., padded_head_dim(head_dim)])
+  return values, e8m0_scales(scale_bytes)
 
 
 def e8m0_scales(scale_bytes):
-  """u8 e8m0 bytes -> f32 scales 2**(byte - 127), the kernels' conversion.
-
-  e8m0 byte -> bf16 -> f32, exact for every power of two e8m0 holds (byte
-  255 is NaN).
-  """
+  """u8 e8m0 bytes -> f32 scales 2**(byte - 127), the kernels' conversion
+  (e8m0 -> bf16 -> f32: exact for every power of two; byte 255 is NaN)."""
   scales = jax.lax.bitcast_convert_type(
       jnp.asarray(scale_bytes, jnp.uint8), jnp.float8_e8m0fnu)
   return scales.astype(jnp.bfloat16).astype(jnp.float32)
@@ -354,21 +346,10 @@ def dense_scale_lanes(page_size: int) -> int:
 
 
 def pack_dense_fp8_cache(keys):
-  """Builds the dense FP8 cache from keys laid out by physical page.
-
-  The values and exponents are `quantize_fp8(keys)`'s, those of the packed
-  "fp8" format, so both formats decode to identical keys.
-
-  Args:
-    keys: f32[total_num_pages, page_size, head_dim]; page_size a multiple of
-      4.
-
-  Returns:
-    (cache_values u8[total_num_pages, page_size // 4, 4,
-    padded_head_dim(head_dim)] (bytes of float8_e4m3fn, zero past head_dim),
-    cache_scales u8[total_num_pages, page_size // L, L] (e8m0 exponent bytes
-    e + 127, L = `dense_scale_lanes(page_size)`)).
-  """
+  """The dense FP8 pair (cache_values, cache_scales) (module docstring) of
+  keys f32[total_num_pages, page_size, head_dim] (page_size a multiple of 4):
+  `quantize_fp8(keys)`'s values and exponents, as the packed "fp8" format's,
+  so both decode to identical keys."""
   keys = _as_keys(keys)
   total_pages, page_size, head_dim = keys.shape
   if page_size % DENSE_KV_PACKING:
@@ -385,29 +366,10 @@ def pack_dense_fp8_cache(keys):
           scale_bytes.reshape(total_pages, page_size // lanes, lanes))
 
 
-def unpack_dense_fp8_cache(cache_values, cache_scales,
-                           head_dim: int | None = None):
-  """Dense FP8 pair -> (e4m3 values [pages, page_size, head_dim], f32 scales
-  [pages, page_size]), as `unpack_cache_raw` gives them for "fp8" (head_dim
-  None: all of the values' lanes)."""
-  cache_values = jnp.asarray(cache_values)
-  pages, rows, packing, width = cache_values.shape
-  head_dim = width if head_dim is None else head_dim
-  values = jax.lax.bitcast_convert_type(
-      cache_values.reshape(pages, rows * packing, width)[..., :head_dim],
-      jnp.float8_e4m3fn)
-  scales = e8m0_scales(jnp.asarray(cache_scales).reshape(pages, -1))
-  return values, scales
-
-
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
-  """HBM bytes per entry of the dense FP8 cache as a TPU stores it.
-
-  The values carry no padding beyond `padded_head_dim(head_dim)` bytes; a
-  page's scale rows (page_size // L of L lanes) are padded to whole (4, 128)
-  tiles of `T(4,128)(4,1)`: 132 B at head_dim 128 and page size 128, 129 B
-  from page size 512 up.
-  """
+  """HBM bytes per entry of the dense FP8 cache as a TPU stores it: the
+  values unpadded, a page's scale rows padded to whole (4, 128) tiles (module
+  docstring)."""
   lanes = dense_scale_lanes(page_size)
   rows = page_size // lanes
   scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * LANES

@@ -75,11 +75,9 @@ def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
     got: i32[T, k] indices under test (e.g. the kernel's).
     want: i32[T, k] reference indices.
     scores: f32[T, E] masked scores the reference selected from.
-    atol: tolerance on score equality. 0 demands exact ties. Kernel and
-      reference compute the same f32 sums, but XLA may order them
-      differently for the kernel's block shapes than for the reference's, so
-      their comparison uses `summation_atol`: a bound derived from the
-      arithmetic, not from observed differences.
+    atol: tolerance on score equality; 0 demands exact ties. Kernel vs
+      reference uses `summation_atol` (XLA may order the f32 sums
+      differently for the kernel's block shapes).
   """
   got = np.asarray(got)
   want = np.asarray(want)
@@ -217,27 +215,20 @@ def summation_error_bound(inputs, *, compression_ratio: int,
   `inputs` is a `streamidx.batch.IndexerInputs`; `mode` the variant's
   (`Variant.mode`): "token" bounds entry scores, "page" pooled page scores.
   """
-  import dataclasses as _dc  # pylint: disable=g-import-not-at-top
-
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top
 
-  absolute = _dc.replace(inputs, q=jnp.abs(inputs.q),
+  absolute = dataclasses.replace(inputs, q=jnp.abs(inputs.q),
                          weights=jnp.abs(inputs.weights),
                          keys=jnp.abs(inputs.keys)).with_cache_format(
                              inputs.fmt)
   if mode not in ("token", "page"):
     raise ValueError(f"mode: must be 'token' or 'page' (got {mode!r})")
-  if mode == "page":
-    b = ref_lib.page_scores(*absolute.page_args,
-                            compression_ratio=compression_ratio,
-                            causal_rule=causal_rule)
-  else:
-    b = ref_lib.token_scores(*absolute.args,
-                             compression_ratio=compression_ratio,
-                             causal_rule=causal_rule)
-  b = np.asarray(b, np.float64)
+  scores, args = ((ref_lib.page_scores, absolute.page_args) if mode == "page"
+                  else (ref_lib.token_scores, absolute.args))
+  b = np.asarray(scores(*args, compression_ratio=compression_ratio,
+                        causal_rule=causal_rule), np.float64)
   b_row = np.max(np.where(np.isfinite(b), b, 0.0), axis=1, initial=0.0)
   _, num_heads, head_dim = inputs.q.shape
   n = head_dim + num_heads - 1

@@ -28,17 +28,14 @@ Typical use::
     with streamidx.compile_for("v6e") as target:   # no TPU needed
         compiled = jax.jit(fn).lower(*target.specs(args)).compile()
 
-Interpreted calls return finished results. XLA:CPU runs an interpreted
+Interpreted calls return finished results: XLA:CPU runs an interpreted
 kernel asynchronously, and the interpreter's host callbacks dispatch XLA work
-of their own (`io_callback` hands them `jax.Array`s, and the interpreter
-computes with them, e.g. `device_id * num_cores_per_device` at the grid's
-barriers). That dispatch waits for a slot in XLA:CPU's bound on in-flight
-computations; when the caller has queued enough work behind the kernel, the
-slots are held by computations that wait on results that cannot come, and
-the process hangs. So the public entry points (`streamidx.kernels.driver.run`)
-wait for their own result when the call ran interpreted, before returning;
-inside a caller's `jax.jit` (tracers) they return at once, as any traced
-function does.
+of their own (on the `jax.Array`s `io_callback` hands them), which waits for a
+slot in XLA:CPU's bound on in-flight computations; with enough work queued
+behind the kernel those slots wait on results that cannot come, and the
+process hangs. So the entry points (`streamidx.kernels.driver.run`) wait for
+their own interpreted result before returning (inside a caller's `jax.jit`
+they return tracers at once).
 """
 
 from __future__ import annotations
@@ -335,24 +332,15 @@ def no_persistent_cache_writes():
 def compile_for(generation: str):
   """Traces the kernels compiled (Mosaic) for TPU `generation`, on any host.
 
-  Yields a `CompileTarget`. Inside the block JAX's default device is the
-  target's (compile-only) device, Pallas reads the chip from it, and
-  `resolve_interpret()` is False (a forced interpreter from an outer block or
-  `set_interpreter` does not apply; an `interpreter(...)` block inside this
-  one does), and nothing compiled is written to a persistent compilation
-  cache (`no_persistent_cache_writes`). Lower and compile there::
-
-      with streamidx.compile_for("v5e") as target:
-        args = target.specs(inputs.args)      # ShapeDtypeStructs on the chip
-        compiled = jax.jit(fn).lower(*args).compile()
-        compiled.memory_analysis()
-
-  The compiler's errors are the real ones for that chip (e.g. E2001: an op
-  the chip lacks; E1001: scoped VMEM exceeded). Needs libtpu (see
-  `libtpu_path`); no TPU and no `JAX_PLATFORMS` setting.
-
-  Args:
-    generation: "v4", "v5e", "v5p", "v6e" or "v7x" (`TOPOLOGIES`).
+  Yields a `CompileTarget` (`generation` one of `TOPOLOGIES`). Inside the
+  block JAX's default device is the target's compile-only device (Pallas
+  reads the chip from it), `resolve_interpret()` is False (an outer forced
+  interpreter does not apply; an `interpreter(...)` block inside does), and
+  nothing is written to a persistent compilation cache
+  (`no_persistent_cache_writes`). Lower and compile there (module docstring);
+  the compiler's errors are the real ones for that chip (E2001: an op the
+  chip lacks; E1001: scoped VMEM exceeded). Needs libtpu (`libtpu_path`), no
+  TPU and no `JAX_PLATFORMS` setting.
   """
   topo = _topology(generation)
   devices = tuple(topo.devices)
@@ -412,15 +400,10 @@ def _has_internal(name: str) -> bool:
 def interpreter_internals_missing(*features: str) -> str | None:
   """Why this JAX cannot run streamidx's interpreter-internal `features`, or None.
 
-  Args:
-    features: keys of `INTERPRETER_INTERNALS` ("race_check", "timeline",
-      "grid_point_recorder"); none given means all of them.
-
-  Returns None when this JAX's TPU interpreter has every name the features
-  use (jax 0.10.2 has), else one line for a notebook to show instead of
-  failing: the jax version, what it lacks, the version streamidx was
-  written against. Checks the names, not the version string: a newer JAX
-  that keeps them passes.
+  `features`: keys of `INTERPRETER_INTERNALS` (none: all). None when this
+  JAX's interpreter has every name they use (checked by name, not version),
+  else one line for a notebook to show instead of failing: the jax version,
+  what it lacks, the version streamidx was written against.
   """
   unknown = sorted(set(features) - set(INTERPRETER_INTERNALS))
   if unknown:

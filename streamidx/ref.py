@@ -1,16 +1,16 @@
 """Exact pure-JAX reference for the StreamIndex top-k kernels.
 
-Each function takes its kernel's arguments, so a caller can swap one for the
+Each function takes its kernel's arguments, so either can stand in for the
 other: `streamindex_topk_ref`, `streamindex_page_topk_ref` and their `_dense_`
-twins <-> `streamidx.streamindex_topk`, `streamindex_page_topk`, ....
-The kernels' schedule arguments (block sizes, `vmem_limit_bytes`,
+twins <-> `streamidx.streamindex_topk`, `streamindex_page_topk`, .... The
+kernels' schedule arguments (block sizes, `vmem_limit_bytes`,
 `decode_req_batch_size`, `sort_decode`, `num_cores`) are accepted here and in
-`streamidx.streaming` for that drop-in use, and ignored; so is `topk_method`
-(checked against `streamidx.topk.TOPK_METHODS`): the reference selects
-exactly, as every exact method does and as "approx" is measured against.
-`cache_kv` may be any packed cache, the float32 one (the exact baseline), or
-the dense FP8 pair `(cache_values, cache_scales)`, scored as the packed "fp8"
-record it decodes to.
+`streamidx.streaming` and ignored, their defaults `streamidx.call`'s; so is
+`topk_method` (checked, as `k`, `compression_ratio` and `causal_rule`, by
+building the `TopkCall`): the reference selects exactly, as every exact
+method does and as "approx" is measured against. `cache_kv` may be any packed
+cache, the float32 one (the exact baseline), or the dense FP8 pair
+`(cache_values, cache_scales)`, scored as the "fp8" record it decodes to.
 
 Row t (sequence b, absolute position p) scores entry s as
 sum_h w[t, h] * ReLU(q[t, h] . k[s]) (`score_entries`, in the kernel's
@@ -30,22 +30,21 @@ One engine (`_run`) computes everything here and in `streamidx.streaming`:
         running = top_k(concat(running, chunk), k)              [Tc, k + C]
 
 `token_scores` / `page_scores` return the masked chunk ([T, E] /
-[T, pages_per_seq]); `streamidx.streaming` runs the loop with C < E. Tc does
-not depend on C (`rows_per_block`), so both score a row in the same program.
-Chunks return one `top_k`'s indices, ties included: `lax.top_k` breaks ties
-by the lower position, and in concat(running, chunk) position order is id
-order among equal scores (`running` is sorted by (score desc, id asc), its
-ids below the chunk's); an element of the top k of (prefix + chunk) is in the
-prefix's top k or in the chunk. `tests/test_streaming.py` checks equality.
+[T, pages_per_seq]); `streamidx.streaming` runs the loop with C < E, with the
+same Tc, so both score a row in the same program. The indices are those of
+one `top_k`, ties included: `lax.top_k` breaks ties by the lower position,
+and in concat(running, chunk) position order is id order among equal scores;
+an element of the top k of (prefix + chunk) is in the prefix's top k or in
+the chunk. `tests/test_streaming.py` checks equality.
 
-XLA:CPU (jax 0.10.2) miscompiled an earlier reference, which indexed each
-sequence's whole gathered cache per row: with one sequence slot and >= 256
-entries every score of a row became its first column, in `lax.map`'s
-remainder batch too. The engine gathers records per row instead, picks the
-row's page-table row with `jnp.take` and keeps the gathered records behind an
-`optimization_barrier`, as the earlier workaround did; `tests/test_reference.py`
-pins both shapes (they pass without the two guards too, on jax 0.10.2).
+XLA:CPU (jax 0.10.2) miscompiled an earlier reference that indexed each
+sequence's whole gathered cache per row (one sequence slot, >= 256 entries:
+every score of a row became its first column). The engine gathers records per
+row, picks the row's page-table row with `jnp.take` and keeps the gathered
+records behind an `optimization_barrier`; `tests/test_reference.py` pins both
+shapes.
 """
+
 
 from __future__ import annotations
 
@@ -57,8 +56,8 @@ import numpy as np
 
 from streamidx import cache as cache_lib
 from streamidx import topk as topk_lib
-from streamidx.semantics import (DEFAULT_VMEM_LIMIT_BYTES, cdiv,
-                                 causal_visible_bound, check_causal_rule)
+from streamidx.call import PageCall, TopkCall
+from streamidx.semantics import cdiv, causal_visible_bound, check_causal_rule
 
 __all__ = [
     "score_entries", "token_scores", "page_scores", "topk_from_scores",
@@ -230,7 +229,7 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
 @jit_static_keywords
 def token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                  cu_q_lens, distribution, *, compression_ratio: int,
-                 causal_rule: str = "model",
+                 causal_rule=TopkCall.causal_rule,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES):
   """Masked scores f32[T, pages_per_seq * page_size]; -inf = not visible.
 
@@ -245,7 +244,8 @@ def token_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
 @jit_static_keywords
 def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
                 cu_q_lens, num_seqs, *, compression_ratio: int = 1,
-                causal_rule: str = "model", one_token_per_seq: bool = False,
+                causal_rule=TopkCall.causal_rule,
+                one_token_per_seq: bool = False,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
   """Page-pooled scores f32[T, pages_per_seq]: max over each page's entries."""
   return _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
@@ -276,10 +276,10 @@ def streamindex_topk_ref(
     k: int,
     compression_ratio: int,
     num_kv_pages_per_block=None, num_queries_per_block=None,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size: int = 4,
-    causal_rule: str = "model",
-    topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
+    vmem_limit_bytes=TopkCall.vmem_limit_bytes,
+    decode_req_batch_size=TopkCall.decode_req_batch_size,
+    causal_rule=TopkCall.causal_rule,
+    topk_method=TopkCall.topk_method,
     return_scores: bool = False,
     sort_decode: bool = True,
 ):
@@ -289,7 +289,8 @@ def streamindex_topk_ref(
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
-  topk_lib.check_topk_method(topk_method)
+  TopkCall(k, compression_ratio, causal_rule=causal_rule,
+           topk_method=topk_method)  # the call's static rules, checked once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,
@@ -310,8 +311,8 @@ def streamindex_page_topk_ref(
     k_pages: int,
     compression_ratio: int = 1,
     num_kv_pages_per_block: int = 128, num_queries_per_block: int = 512,
-    vmem_limit_bytes=64 * 1024 * 1024,
-    causal_rule: str = "model",
+    vmem_limit_bytes=PageCall.vmem_limit_bytes,
+    causal_rule=TopkCall.causal_rule,
     one_token_per_seq: bool = False,
     return_scores: bool = False,
 ):
@@ -354,7 +355,7 @@ def streamindex_page_topk_dense_ref(q, indexer_weights, cache_values,
 
 
 def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,
-                   compression_ratio: int, causal_rule: str = "model"):
+                   compression_ratio: int, causal_rule=TopkCall.causal_rule):
   """NumPy helper: visible entries per query row (0 for padding rows)."""
   seq_lens = np.asarray(seq_lens)
   cu = np.asarray(cu_q_lens)

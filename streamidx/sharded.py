@@ -1,56 +1,42 @@
 """Multi-chip StreamIndex: any registered variant under `jax.shard_map`.
 
-One indexer call spread over the devices of a `jax.sharding.Mesh`, in two
-ways, or both at once on a 2-D mesh. JAX is the distributed engine: the
-kernel runs unchanged inside `jax.shard_map`, the merge is `lax.all_gather`
-(or `lax.ppermute`) and a sort.
+One indexer call over the devices of a `jax.sharding.Mesh`; the kernel runs
+unchanged inside `jax.shard_map`, the merge is a collective and a sort.
 
-Sequence parallel (the "data" axis, D devices): each device holds whole
-  sequences, laid out exactly as a one-device call takes them (upstream
-  tpu-inference's layout: queries and metadata split along the data axis,
-  the cache along the batch). Device d runs the kernel on its own sequences;
-  nothing is communicated. Its result rows are its own query rows.
+Sequence parallel (the "data" axis, D devices): device d holds whole
+  sequences, laid out as a one-device call takes them (tpu-inference's
+  layout: queries and metadata split along the data axis, the cache along
+  the batch), and runs the kernel on them; nothing is communicated.
 
-Context parallel (the "context" axis, C devices): every sequence's
-  compressed entries are cut into C contiguous shares of `pages_per_share`
-  (P) pages: device c holds pages [c * P, (c + 1) * P) of every sequence (its
-  page table and cache pages) and all the query rows. Device c calls the
-  unmodified kernel with its page table and the sequence lengths shifted by
-  the share's first entry `lo = c * P * page_size`:
+Context parallel (the "context" axis, C devices): device c holds pages
+  [c * P, (c + 1) * P) of every sequence (`pages_per_share` P: its page table
+  and cache pages) and all query rows, and calls the kernel with the
+  sequence lengths shifted by the share's first entry lo = c * P * page_size:
+  seq_len_c = max(seq_len - lo * ratio, 0). The kernel's masks are then the
+  global ones restricted to the share in local entries s' = s - lo
+  (`s' < seq_len_c // ratio` is `s < seq_len // ratio`; the causal bound
+  `(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed" rule
+  alike); entries past the share are invisible because the kernel ends every
+  sequence at its page table (M7). Each device's top-k comes back with its
+  scores (M8), shifted to global indices, and one collective merges them
+  (`merge_topk`, by (score desc, global index asc): exact, the same array on
+  every device, ties to the lowest global index as the reference):
 
-      seq_len_c = max(seq_len - lo * ratio, 0)
+    merge="all_gather"  `lax.all_gather` of the k (score bits, index) pairs
+                        per row, then the top k of the C * k; (C - 1) * k
+                        pairs per row arrive at each device.
+    merge="tree"        log2(C) rounds of `lax.ppermute` with partner
+                        c ^ 2**r, keeping the top k; log2(C) * k pairs per
+                        row arrive (C a power of two).
 
-  Then for the query at global position p the kernel's masks are the global
-  ones restricted to the share, in local entry numbers s' = s - lo:
-  `s' < seq_len_c // ratio` is `s < seq_len // ratio`, and the causal bound
-  `(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo` (the "seed" rule
-  shifts the same way); entries past the share are invisible because the
-  kernel ends every sequence at its page table (local modification M7). A
-  sequence shorter than the share start sees nothing on that device.
-  Each device's top-k comes back with its scores (M8) and is shifted to
-  global indices (s' + lo); one collective over the context axis merges them:
+  Which of several entries tied at a device's own k-th place reaches the
+  merge is that device's kernel's choice, as on one device.
 
-    merge="all_gather"  `lax.all_gather` of the k (score, index) pairs per row
-                        (one i32[T, k, 2] array: the score's bits and the
-                        index) from every device, then the top k of the C * k;
-                        (C - 1) * k pairs per row arrive at each device.
-    merge="tree"        recursive doubling: log2(C) rounds of `lax.ppermute`,
-                        each exchanging k pairs with the partner c ^ 2**r and
-                        keeping the top k; log2(C) * k pairs per row arrive
-                        at each device (C a power of two).
+Both (a 2-D mesh): device (d, c) holds share c of data shard d's sequences;
+  the merge runs over the context axis within each data shard.
 
-  Candidates are ordered by (score descending, global index ascending), a
-  total order, so both merges are exact, give the same array on every device
-  and resolve ties among the candidates to the lowest global index, as the
-  reference's top-k does (a +-0.0 score counts as 0). Which of several
-  entries tied at a device's own k-th place reaches the merge is that
-  device's kernel's choice, as on one device.
-
-Both (a 2-D mesh): device (d, c) holds share c of the sequences of data
-  shard d; the merge runs over the context axis within each data shard.
-
-The input contract: the kernel's positional arguments, each stacked over the
-devices along its first axis (device-major, data before context):
+The input contract: the kernel's positional arguments stacked over the
+devices along the first axis (device-major, data before context):
 
     q             [D * T, H, head_dim]          P(data)
     weights       [D * T, H]                    P(data)
@@ -61,30 +47,25 @@ devices along its first axis (device-major, data before context):
     distribution  [D * 3]   (token variants)     P(data)
     num_seqs      [D]       (page variants)      P(data)
 
-S sequence slots, T query rows per data shard; G cache pages, and a page
-table of P columns (its share, indices into its own G pages) per device.
-Without a data axis D = 1, without a context axis C = 1. The result is
-i32[D * T, k] (each data shard's own rows; the same on every device of a
-context group). `shard_inputs` builds this layout from one logical batch
-(`streamidx.batch.IndexerInputs`) and `ShardedInputs.gather_rows` puts the
-result back in the batch's row order, where it equals a one-device call
-(tie-aware: `streamidx.metrics.assert_topk_match`).
+S sequence slots and T query rows per data shard, G cache pages per device.
+The result is i32[D * T, k]. `shard_inputs` builds the layout from one
+`streamidx.batch.IndexerInputs`; `ShardedInputs.gather_rows` puts the result
+back in the batch's row order, where it equals a one-device call
+(tie-aware: `streamidx.metrics.assert_topk_match`):
 
-    mesh = sharded.make_mesh(num_data=2, num_context=4)
     s = sharded.shard_inputs(inputs, "vendored", num_data=2, num_context=4)
-    fn = sharded.sharded_topk("vendored", mesh, data_axis="data",
+    fn = sharded.sharded_topk("vendored", sharded.make_mesh(2, 4),
                               context_axis="context", k=16,
                               compression_ratio=4, **block_sizes)
     idx = s.gather_rows(fn(*s.args))       # == VARIANTS["vendored"].run(...)
 
-Not supported (clear errors): context parallelism for a variant whose kernel
-has no `return_scores` option; `merge="tree"` with a context axis that is not
-a power of two; page-mode context parallelism with `k_pages` larger than the
-share (the page kernel needs k_pages <= its page-table columns).
-Load balance: the share size is one static P for all sequences, so a
-sequence much shorter than the longest occupies only the first devices of
-its context group.
+Not supported (clear errors): context parallelism for a variant without
+`return_scores`; `merge="tree"` over a context axis that is not a power of
+two; page-mode context parallelism with `k_pages` larger than the share.
+Load balance: P is one static size, so a sequence much shorter than the
+longest occupies only the first devices of its context group.
 """
+
 
 from __future__ import annotations
 
@@ -111,14 +92,18 @@ __all__ = [
     "shard_inputs",
     "merge_topk",
     "sharded_topk",
-    "sequence_parallel",
-    "context_parallel",
     "merge_bytes_per_row",
 ]
 
 MERGES = ("all_gather", "tree")
 IMPLS = ("kernel", "reference")
 _INT32_MAX = np.iinfo(np.int32).max
+
+
+def _check_counts(num_data, num_context):
+  for name, v in (("num_data", num_data), ("num_context", num_context)):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+      raise ValueError(f"{name}: must be a positive int (got {v!r})")
 
 
 def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
@@ -128,9 +113,7 @@ def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
   `devices` defaults to `jax.devices()`; it may be a TPU topology's
   `topo.devices` for ahead-of-time compilation.
   """
-  for name, v in (("num_data", num_data), ("num_context", num_context)):
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-      raise ValueError(f"{name}: must be a positive int (got {v!r})")
+  _check_counts(num_data, num_context)
   devices = list(jax.devices() if devices is None else devices)
   need = num_data * num_context
   if len(devices) < need:
@@ -146,21 +129,12 @@ def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShardedInputs:
-  """A batch laid out for `sharded_topk` (see the module docstring).
-
-  Attributes:
-    variant: the variant name the arguments are for.
-    args: the kernel's positional arguments, stacked over the devices.
-    num_data, num_context: D and C.
-    pages_per_share: P, page-table columns (pages of each sequence) per
-      context share.
-    page_size: entries per page.
-    rows: i32[T_global]: for each row of the logical batch, its row in the
-      stacked result (-1 for the batch's padding rows).
-    seq_shard: i32[num_seqs]: the data shard of each logical sequence.
-    cache_pages: pages G each device holds.
-    cache_bytes_per_device: bytes of cache arrays each device holds.
-  """
+  """A batch laid out for `sharded_topk` (module docstring): `args`, the
+  variant's positional arguments stacked over the devices; D, C and P
+  (`num_data`, `num_context`, `pages_per_share`); `rows` i32[T_global], each
+  logical row's row in the stacked result (-1: padding); `seq_shard`
+  i32[num_seqs], each sequence's data shard; G (`cache_pages`) and the cache
+  bytes each device holds."""
 
   variant: str
   args: tuple
@@ -226,9 +200,7 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
   """
   v = variant if isinstance(variant, variants_lib.Variant) else (
       variants_lib.get(variant))
-  for name, x in (("num_data", num_data), ("num_context", num_context)):
-    if not isinstance(x, int) or isinstance(x, bool) or x < 1:
-      raise ValueError(f"{name}: must be a positive int (got {x!r})")
+  _check_counts(num_data, num_context)
   b = inputs.batch
   need = b.num_pages_used.astype(np.int64)
   min_share = max(1, cdiv(int(need.max(initial=0)), num_context))
@@ -406,24 +378,14 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
                  impl: str = "kernel", **static) -> Callable:
   """A jitted function of the stacked arguments: the variant over `mesh`.
 
-  Args:
-    variant: a `streamidx.VARIANTS` name or `Variant` (token or page mode).
-    mesh: the device mesh.
-    data_axis: mesh axis the sequences are split over (None: no sequence
-      parallelism).
-    context_axis: mesh axis each sequence's entries are split over (None:
-      no context parallelism).
-    k: results per row (the variant's `k` or `k_pages`).
-    compression_ratio: as the kernel takes it.
-    merge: "all_gather" or "tree" (context parallelism only).
-    impl: "kernel" (the variant's kernel) or "reference" (its exact twin,
-      same layout and merge: checks the sharding without the interpreter).
-    **static: the kernel's other keyword arguments (block sizes, ...).
-
-  Returns:
-    fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last) ->
-    i32[D * T, k], with the arguments laid out as the module docstring says
-    (`ShardedInputs.args`).
+  `variant` is a `streamidx.VARIANTS` name or `Variant` (token or page
+  mode); sequences are split over mesh axis `data_axis`, each sequence's
+  entries over `context_axis` (None: not split), merged by `merge` (one of
+  `MERGES`). `k` is the variant's `k` / `k_pages`; `**static` its other
+  keyword arguments. impl: "kernel", or "reference" (its exact twin, same
+  layout and merge: checks the sharding without the interpreter).
+  Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
+  -> i32[D * T, k], on `ShardedInputs.args`.
   """
   v = variant if isinstance(variant, variants_lib.Variant) else (
       variants_lib.get(variant))
@@ -544,17 +506,3 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
   if got != per:
     raise ValueError(f"{'distribution' if per == 3 else 'num_seqs'}: needs "
                      f"{per} value(s) per data shard (got {got})")
-
-
-def sequence_parallel(variant, mesh: Mesh, *, axis: str = "data", k: int,
-                      compression_ratio: int, **kwargs) -> Callable:
-  """`sharded_topk` with sequences split over `axis` only."""
-  return sharded_topk(variant, mesh, data_axis=axis, context_axis=None, k=k,
-                      compression_ratio=compression_ratio, **kwargs)
-
-
-def context_parallel(variant, mesh: Mesh, *, axis: str = "context", k: int,
-                     compression_ratio: int, **kwargs) -> Callable:
-  """`sharded_topk` with every sequence's entries split over `axis` only."""
-  return sharded_topk(variant, mesh, data_axis=None, context_axis=axis, k=k,
-                      compression_ratio=compression_ratio, **kwargs)

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx import topk as topk_lib
-from streamidx.semantics import DEFAULT_VMEM_LIMIT_BYTES
+from streamidx.call import PageCall, TopkCall
 
 __all__ = [
     "DEFAULT_CHUNK_ENTRIES",
@@ -68,11 +67,12 @@ def streamindex_topk_streaming(
     distribution, *,
     k: int, compression_ratio: int, num_kv_pages_per_block=None,
     num_queries_per_block=None,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
-    decode_req_batch_size: int = 4, causal_rule: str = "model",
+    vmem_limit_bytes=TopkCall.vmem_limit_bytes,
+    decode_req_batch_size=TopkCall.decode_req_batch_size,
+    causal_rule=TopkCall.causal_rule,
     sort_decode: bool = True, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
-    topk_method: str = topk_lib.DEFAULT_TOPK_METHOD,
+    topk_method=TopkCall.topk_method,
 ):
   """Streaming twin of `streamindex_topk_ref`: the same i32[T, k] indices.
 
@@ -87,7 +87,8 @@ def streamindex_topk_streaming(
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode
   _check_chunks(chunk_entries, chunk_tokens)
-  topk_lib.check_topk_method(topk_method)
+  TopkCall(k, compression_ratio, causal_rule=causal_rule,
+           topk_method=topk_method)  # the call's static rules, checked once
   return ref_lib._run(  # pylint: disable=protected-access
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution[2], k=k, compression_ratio=compression_ratio,
@@ -101,7 +102,8 @@ def streamindex_page_topk_streaming(
     num_seqs, *,
     k_pages: int, compression_ratio: int = 1,
     num_kv_pages_per_block: int = 128, num_queries_per_block: int = 512,
-    vmem_limit_bytes=64 * 1024 * 1024, causal_rule: str = "model",
+    vmem_limit_bytes=PageCall.vmem_limit_bytes,
+    causal_rule=TopkCall.causal_rule,
     one_token_per_seq: bool = False,
     chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,

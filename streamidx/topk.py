@@ -15,8 +15,8 @@ method)` over its f32[T, N] score buffer. The methods, `TOPK_METHODS`:
     "blockmax"  two stages by block maxima: the maximum of every block of
                 `block_size` entries, the k best blocks (`lax.top_k`), then one
                 `lax.top_k` over those k blocks' entries. Exact (see
-                `_blockmax`). The maxima are computed here, from the score
-                buffer (one full read of it).
+                `_blockmax_select`). The maxima are computed here, from the
+                score buffer (one full read of it).
     "fused_blockmax"
                 "blockmax" with the maxima written by the scoring kernel:
                 besides the scores, the kernel writes the maximum of every
@@ -66,9 +66,11 @@ a NaN score get unspecified indices (each method orders NaN differently);
 
 Default: "sort", the vendored kernel's stage, on every generation.
 `streamidx.lab.model.topk` models every method per TPU generation; its
-criteria disagree (the compiler's estimates favour "chunked" on v5e, v6e
-and v7x) and no TPU measurement of these methods exists in this project
-yet, so the default is unchanged (see `DEFAULT_TOPK_METHOD`).
+criteria disagree (at DeepSeek-V4 decode the compiler's estimates, libtpu
+v5e/v6e/v7x, rank "chunked" first, the HBM bound "top_k", the sort-work
+count "radix"; the sorts are compute-bound on a TPU, at no public rate), and
+no TPU measurement of these methods exists in this project yet, so the
+default stays what the kernel shipped with.
 """
 
 from __future__ import annotations
@@ -109,13 +111,7 @@ KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
                             if m not in FUSED_TOPK_METHODS)
 # Entries per block maximum the fused kernel writes: one 128-lane row.
 FUSED_BLOCK_WIDTH = 128
-# The vendored kernel's stage. The model (streamidx.lab.model.topk) is not
-# unambiguous: at DeepSeek-V4 decode the TPU compiler's estimates (libtpu,
-# v5e/v6e/v7x) rank "chunked" first, the model's HBM bound "top_k", its
-# sort-work count "radix"; the sorts are compute-bound on a TPU (public
-# TPU7x measurements), for which no public rate exists. Until a TPU measures
-# these methods, the default stays what the kernel shipped with.
-DEFAULT_TOPK_METHOD = "sort"
+DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (module docstring)
 APPROX_RECALL_TARGET = 0.95
 RADIX_BITS = (1, 2, 4, 8)
 _DEFAULT_RADIX_BITS = 4
@@ -272,35 +268,19 @@ def _chunked(scores, k, chunk_size):
   return _finish(vals, idx)
 
 
-def _blockmax(scores, k, block_size):
-  """Exact top-k through the k best blocks.
-
-  Rank blocks by (maximum desc, block index asc) and keep the first k. Every
-  entry e of the top-k is in a kept block: were its block dropped, each of
-  the k kept blocks would hold an entry ranking before e (its maximum, at the
-  lowest index among equal maxima: a larger score, or an equal score at a
-  lower index since blocks are contiguous and the kept block comes first),
-  k entries before e. The kept blocks, in index order, give candidates whose
-  position order among equal scores is global index order, so one `top_k`
-  over them applies the global tie rule.
-  """
-  t, n = scores.shape
-  b = int(block_size)
-  blocks = -(-n // b)
-  if blocks <= k:
-    return _top_k(scores, k)
-  x = _pad_to(scores, blocks * b).reshape(t, blocks, b)
-  return _blockmax_select(scores, x.max(axis=2), k, b)
-
-
 def _blockmax_select(scores, block_max, k, b):
   """The second stage of "blockmax" and "fused_blockmax": i32[T, k].
 
   scores: f32[T, N]; block_max: f32[T, blocks], blocks = cdiv(N, b) > k, the
   maximum of entries [j * b, (j + 1) * b) of each row (as a float: -0.0,
   +0.0 and subnormals are all zero here). The k best blocks by (maximum
-  desc, block index asc), then one `top_k` over their entries (`_blockmax`
-  says why that is exact).
+  desc, block index asc), then one `top_k` over their entries. Exact: were
+  the block of a top-k entry e dropped, each of the k kept blocks would hold
+  an entry ranking before e (its maximum, at the lowest index among equal
+  maxima: a larger score, or an equal one at a lower index, since blocks are
+  contiguous and the kept block comes first). The kept blocks, in index
+  order, give candidates whose position order among equal scores is global
+  index order, so one `top_k` over them applies the global tie rule.
   """
   t, n = scores.shape
   blocks = block_max.shape[1]
@@ -316,10 +296,12 @@ def _blockmax_select(scores, block_max, k, b):
   return _finish(vals, idx)
 
 
-def _fused_blockmax(scores, k, block_size, block_max, width):
-  """"fused_blockmax": blocks of `block_size` (a multiple of `width`) ranked
-  by the maxima of `width`-entry blocks, f32[T, >= cdiv(N, width)] (the
-  kernel's; computed from `scores` when None)."""
+def _blockmax(scores, k, block_size, block_max=None, width=None):
+  """"blockmax" / "fused_blockmax": blocks of `block_size` (a multiple of
+  `width`, default `block_size`) ranked by the maxima of `width`-entry
+  blocks, f32[T, >= cdiv(N, width)] (the kernel's; computed from `scores`
+  when None)."""
+  width = width or block_size
   t, n = scores.shape
   b = int(block_size)
   blocks = -(-n // b)
@@ -482,29 +464,17 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
     raise ValueError(f"block_size: must be a multiple of block_max_width "
                      f"({block_max_width}) for 'fused_blockmax' "
                      f"(got {block_size})")
+  n = max(scores.shape[1], k)
+  run = {
+      "sort": lambda x: _sort(x, k), "top_k": lambda x: _top_k(x, k),
+      "chunked": lambda x: _chunked(x, k, chunk_size or chunk_size_for(n, k)),
+      "blockmax": lambda x: _blockmax(x, k, block_size or block_size_for(n, k)),
+      "fused_blockmax": lambda x: _blockmax(
+          x, k, block_size or fused_block_size_for(n, k, block_max_width),
+          block_max, block_max_width),
+      "radix": lambda x: _radix(x, k, radix_bits),
+      "approx": lambda x: _approx(x, k, recall_target)}[method]
   # The scope names the stage's ops in profiles (op metadata), whatever
   # XLA fuses them into.
   with jax.named_scope(f"select_topk_{method}"):
-    return _select(_pad_to(scores.astype(jnp.float32), k), k, method,
-                   chunk_size, block_size, radix_bits, recall_target,
-                   block_max, block_max_width)
-
-
-def _select(scores, k, method, chunk_size, block_size, radix_bits,
-            recall_target, block_max=None, block_max_width=FUSED_BLOCK_WIDTH):
-  n = scores.shape[1]
-  if method == "sort":
-    return _sort(scores, k)
-  if method == "top_k":
-    return _top_k(scores, k)
-  if method == "chunked":
-    return _chunked(scores, k, chunk_size or chunk_size_for(n, k))
-  if method == "blockmax":
-    return _blockmax(scores, k, block_size or block_size_for(n, k))
-  if method == "fused_blockmax":
-    w = block_max_width
-    b = block_size or fused_block_size_for(n, k, w)
-    return _fused_blockmax(scores, k, b, block_max, w)
-  if method == "radix":
-    return _radix(scores, k, radix_bits)
-  return _approx(scores, k, recall_target)
+    return run(_pad_to(scores.astype(jnp.float32), k))

@@ -1,59 +1,42 @@
 """Input checks for the StreamIndex kernels: where the kernels' contract ends.
 
-The kernels trust their inputs: a page table that points past the cache, a
-`cu_q_lens` that goes backwards or a `distribution` that disagrees with the
-query lengths give silently wrong indices (or, on a TPU, reads of unrelated
-memory). The checks here turn each of those into a `ValueError` that names
-the argument and the rule it breaks: "<argument>: <rule> (got <what>)".
+The kernels trust their inputs: a page table past the cache, a `cu_q_lens`
+that goes backwards or a `distribution` that disagrees with the query lengths
+give silently wrong indices (on a TPU, reads of unrelated memory). Each such
+input raises `ValueError("<argument>: <rule> (got <what>)")` here, in three
+layers:
 
-Three layers:
+1. `static_validate(call, *arrays)`: ranks, shapes, dtypes, head_dim and
+   cache width, block sizes against the page size, `k_pages` against the page
+   table, `distribution`'s length, the kernel's `topk_method`s (the call's own
+   rules are `streamidx.call.TopkCall`'s). Shapes and dtypes only, so the
+   driver runs them on tracers at trace time, before any kernel is built.
+2. `validate_inputs(call, *arrays)` (behind `streamidx.validate_topk_inputs`,
+   `validate_page_topk_inputs` and a variant's `validate`): the static checks,
+   then `VALUE_RULES` in the mode's order (`TOPK_VALUE_RULES`,
+   `PAGE_TOPK_VALUE_RULES`) on concrete arrays, outside `jit`; the first
+   broken rule raises.
+3. Inside `jit`, the same rules through `jax.experimental.checkify`:
+   `streamidx.checked_streamindex_topk` / `checked_streamindex_page_topk` (and
+   every variant's `checked`, via `streamidx.kernels.driver.checked_run`)
+   return `(err, indices)`; when a rule fails the kernel is not launched, the
+   indices are all -1 and `err.throw()` raises `checkify.JaxRuntimeError` (a
+   `ValueError`) with the rule's message. `check_inputs` issues the bare
+   `checkify.check`s for a caller that checkifies its own function.
 
-1. Static checks, `static_validate(call, *arrays)`: ranks, shapes and their
-   agreement, dtypes, head_dim and cache width, block sizes against the page
-   size, `k_pages` against the page table, `distribution`'s length, the
-   kernel's `topk_method`s (the call's own rules, `k`, `compression_ratio`,
-   options, are `streamidx.call.TopkCall`'s). They read only shapes and
-   dtypes, so they run on tracers: the driver calls them at trace time,
-   before any kernel is built.
+The value rules are written once (`_value_rules`, traceable JAX), so layers 2
+and 3 report the same message for the same input.
 
-2. Value checks on concrete arrays, `validate_inputs(call, *arrays)` (for
-   the drop-in arguments, `streamidx.validate_topk_inputs` /
-   `validate_page_topk_inputs`, and a variant's `validate`): they run
-   the static checks, then the value rules of `VALUE_RULES` (cu_q_lens
-   ordered, q_len <= seq_len, `distribution` ordered and consistent, page
-   indices inside the cache, enough page-table columns, `num_seqs` in range,
-   finite queries and weights) and raise `ValueError` on the first broken
-   rule. `jit` cannot raise on values, so call these outside `jit`, e.g.
-   once per batch while developing, or in a test.
-
-3. Inside `jit`, the same value rules through `jax.experimental.checkify`:
-   `streamidx.checked_streamindex_topk` / `checked_streamindex_page_topk`
-   (and every variant's `checked`, all through
-   `streamidx.kernels.driver.checked_run`) take the kernels' arguments and
-   return `(err, indices)`; when a rule fails the
-   kernel is not launched, the indices are all -1 and `err.throw()` raises
-   `checkify.JaxRuntimeError` (a `ValueError`) with the rule's message.
-   They can be called inside a caller's own `jax.jit`; return `err` out of
-   it and call `err.throw()` outside. `check_inputs` issues the bare
-   `checkify.check`s, for a caller
-   that checkifies a function of its own.
-
-The value rules are written once (`_value_rules`, traceable JAX) and shared
-by layers 2 and 3, so both report the same message for the same input.
-
-Page indices past the cache: the kernel clamps them to the last page
-(`min(page, total_num_pages - 1)`) and so does `streamidx.ref`, so kernel
-and reference agree on such a table and both are wrong. A negative index is
-not clamped by the kernel at all (compiled, it DMAs from before the cache).
-The kernel also prefetches whole blocks of `num_kv_pages_per_block`
-page-table slots, past a sequence's last page, so every slot, used or not,
-must name a page of the cache (`streamidx.batch` fills unused slots with
-page 0); rule `page_index_range` checks every slot.
+Page indices past the cache: the kernel clamps them to the last page, and so
+does `streamidx.ref`, so both agree and both are wrong; a negative index is
+not clamped at all (compiled, it DMAs from before the cache). The kernel
+prefetches whole blocks of `num_kv_pages_per_block` slots past a sequence's
+last page, so every slot must name a page of the cache (`streamidx.batch`
+fills unused slots with page 0): rule `page_index_range` checks every slot.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -119,17 +102,12 @@ def _check_index_array(name, x, layout):
     _fail(name, "must be int32", _dtype_name(x))
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _is_int_scalar(d) -> bool:
   if isinstance(d, (bool, np.bool_)):
     return False
-  if _is_int(d):
-    return True
-  return (hasattr(d, "dtype") and len(getattr(d, "shape", ())) == 0
-          and jnp.issubdtype(d.dtype, jnp.integer))
+  return isinstance(d, (int, np.integer)) or (
+      hasattr(d, "dtype") and len(getattr(d, "shape", ())) == 0
+      and jnp.issubdtype(d.dtype, jnp.integer))
 
 
 def _check_distribution(distribution):
@@ -184,8 +162,9 @@ def _check_dense_cache(cache, head_dim):
     _fail("cache_values", "must be uint8 (bytes of float8_e4m3fn)",
           _dtype_name(values))
   pages, rows, packing, width = values.shape
-  if packing != 4:
-    _fail("cache_values", "axis 2 (kv_packing) must be 4", packing)
+  if packing != cache_lib.DENSE_KV_PACKING:
+    _fail("cache_values", f"axis 2 (kv_packing) must be "
+          f"{cache_lib.DENSE_KV_PACKING}", packing)
   if pages < 1 or rows < 1:
     _fail("cache_values", "needs at least one page of at least one row",
           f"shape {tuple(values.shape)}")
@@ -194,7 +173,7 @@ def _check_dense_cache(cache, head_dim):
     _fail("cache_values", f"last axis must be q's head_dim padded to 128 "
           f"lanes ({head_dim} -> {padded})", width)
   page_size = rows * packing
-  lanes = 128 if page_size % 128 == 0 else page_size
+  lanes = cache_lib.dense_scale_lanes(page_size)
   want = (pages, page_size // lanes, lanes)
   _check_rank("cache_scales", scales, 3,
               "[total_num_pages, page_size // L, L], L = 128 when page_size "
@@ -266,13 +245,12 @@ def _check_packed_cache(cache_kv, head_dim):
           f"shape {tuple(cache_kv.shape)}")
   if lkv % 128:
     _fail("cache_kv", "lkv_dim (last axis) must be a multiple of 128", lkv)
-  if cdt == jnp.dtype(jnp.uint8) and lkv < padded + 1:
-    _fail("cache_kv", f"an FP8 record needs {padded} value bytes (head_dim "
-          f"{head_dim} padded to 128 lanes, as the kernel pads q) and the "
-          f"e8m0 scale at byte {padded}: {padded + 1} bytes", f"lkv_dim {lkv}")
-  if cdt == jnp.dtype(jnp.bfloat16) and lkv < padded:
-    _fail("cache_kv", f"a bf16 record needs {padded} values (head_dim "
-          f"{head_dim} padded to 128 lanes, as the kernel pads q)",
+  fp8 = cdt == jnp.dtype(jnp.uint8)
+  if lkv < padded + fp8:
+    _fail("cache_kv", f"a{'n FP8' if fp8 else ' bf16'} record needs {padded} "
+          f"value{' byte' * fp8}s (head_dim {head_dim} padded to 128 lanes, "
+          "as the kernel pads q)" + (f" and the e8m0 scale at byte {padded}: "
+                                     f"{padded + 1} bytes" if fp8 else ""),
           f"lkv_dim {lkv}")
   return rows * packing
 
@@ -339,13 +317,14 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
     topk_methods = (topk.TOPK_METHODS if isinstance(cache, (tuple, list))
                     else topk.KERNEL_TOPK_METHODS)
   topk.check_topk_method(call.topk_method, topk_methods)
-  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+  cases = list(zip(semantics.CASES, call.num_kv_pages_per_block))
+  for case, bkv_p in cases:  # every case's tiles before any int32 limit
     if (page_size * bkv_p) % semantics.LANES:
       _fail("num_kv_pages_per_block",
             f"page_size * num_kv_pages_per_block must be a multiple of 128 "
             f"(TPU DMA tiles) for the {case} case",
             f"{page_size} * {bkv_p} = {page_size * bkv_p}")
-  for case, bkv_p in zip(semantics.CASES, call.num_kv_pages_per_block):
+  for case, bkv_p in cases:
     _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case)
 
 
@@ -355,18 +334,21 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 class ValueRule(NamedTuple):
-  """One value rule: the argument it is about, the rule, what was found.
-
-  `got` is a `str.format` template filled with the offending values (for
-  element-wise rules, those of the first offending element).
-  """
+  """One value rule: the argument it is about, the rule, what was found
+  (`got`: filled with the offending values, of the first offending element
+  for element-wise rules)."""
 
   argument: str
   rule: str
   got: str
 
+  @property
+  def template(self) -> str:
+    """The message as a `str.format` (and `checkify.check`) template."""
+    return f"{self.argument}: {self.rule} (got {self.got})"
+
   def message(self, **values) -> str:
-    return f"{self.argument}: {self.rule} (got {self.got})".format(**values)
+    return self.template.format(**values)
 
 
 VALUE_RULES: dict[str, ValueRule] = {
@@ -502,32 +484,21 @@ def _entry_stats(cache_kv, head_dim):
   ignored); log2 of the scale.
   """
   padded = cache_lib.padded_head_dim(head_dim)
-  if isinstance(cache_kv, (tuple, list)):  # the dense FP8 pair
-    values_u8, scales_u8 = cache_kv
-    pages, rows, packing, lkv = values_u8.shape
-    flat = values_u8.reshape(pages, rows * packing, lkv)
+  dense = isinstance(cache_kv, (tuple, list))  # the dense FP8 pair
+  arr = cache_kv[0] if dense else cache_kv
+  pages, rows, packing, lkv = arr.shape
+  flat = arr.reshape(pages, rows * packing, lkv)
+  if jnp.dtype(arr.dtype) == jnp.dtype(jnp.uint8):
     bad_value = jnp.any((flat[..., :padded] & 0x7F) == 0x7F, axis=-1)
     values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
                                           jnp.float8_e4m3fn)
-    scale_byte = scales_u8.reshape(pages, rows * packing).astype(jnp.int32)
-    return _entry_logs(bad_value, scale_byte, values)
-  pages, rows, packing, lkv = cache_kv.shape
-  flat = cache_kv.reshape(pages, rows * packing, lkv)
-  if jnp.dtype(cache_kv.dtype) == jnp.dtype(jnp.uint8):
-    read = flat[..., :padded]
-    bad_value = jnp.any((read & 0x7F) == 0x7F, axis=-1)
-    values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
-                                          jnp.float8_e4m3fn)
-    scale_byte = flat[..., padded].astype(jnp.int32)
+    scale_byte = (cache_kv[1].reshape(pages, -1) if dense
+                  else flat[..., padded]).astype(jnp.int32)
   else:
     read = flat[..., :padded].astype(jnp.float32)
     bad_value = ~jnp.all(jnp.isfinite(read), axis=-1)
     values = flat[..., :head_dim]
     scale_byte = jnp.full(flat.shape[:2], cache_lib.E8M0_BIAS, jnp.int32)
-  return _entry_logs(bad_value, scale_byte, values)
-
-
-def _entry_logs(bad_value, scale_byte, values):
   v = jnp.abs(values.astype(jnp.float32))
   v = jnp.where(jnp.isfinite(v), v, 0.0)
   log2_max_abs = jnp.log2(jnp.max(v, axis=-1))
@@ -670,55 +641,40 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("compression_ratio", "page_mode"))
-def _evaluate_value_rules(*args, compression_ratio, page_mode):
-  return _value_rules(*args, compression_ratio=compression_ratio,
-                      page_mode=page_mode)
+_evaluate_value_rules = jax.jit(
+    _value_rules, static_argnames=("compression_ratio", "page_mode"))
 
 
-def _raise_first_broken(results, order):
-  results = jax.device_get(results)
-  for rule_id in order:
-    ok, values = results[rule_id]
-    if not bool(ok):
-      values = {k: int(v) for k, v in values.items()}
-      raise ValueError(VALUE_RULES[rule_id].message(**values))
+def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
+           cu_q_lens, last):
+  """(`evaluate`'s results of the call's value rules, their order)."""
+  if isinstance(cache, (tuple, list)) and len(cache) == 1:
+    cache = cache[0]
+  page_mode = call.mode == "page"
+  results = evaluate(q, indexer_weights, cache, seq_lens, page_indices,
+                     cu_q_lens, last, compression_ratio=call.compression_ratio,
+                     page_mode=page_mode)
+  return results, PAGE_TOPK_VALUE_RULES if page_mode else TOPK_VALUE_RULES
 
 
 def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
                     cu_q_lens, last, *, topk_methods=None):
-  """Checks a call's inputs, values included; raises ValueError.
-
-  `call` and the arrays as for `static_validate`, concrete (not inside
-  `jit`; see `streamidx.checked_streamindex_topk` there). Runs the static
-  checks, then the mode's value rules (`TOPK_VALUE_RULES` or
-  `PAGE_TOPK_VALUE_RULES`) in order; the first broken rule raises
-  `ValueError("<argument>: <rule> (got <values>)")`. Returns None.
-  """
+  """Checks a call's concrete inputs, values included: `static_validate`, then
+  the mode's value rules in order; the first broken rule raises
+  `ValueError("<argument>: <rule> (got <values>)")`. Not inside `jit` (see
+  `streamidx.checked_streamindex_topk` there)."""
   static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
                   cu_q_lens, last, topk_methods=topk_methods)
-  page_mode = call.mode == "page"
-  last = (jnp.asarray(last, jnp.int32) if page_mode
+  last = (jnp.asarray(last, jnp.int32) if call.mode == "page"
           else distribution_array(last))
-  if isinstance(cache, (tuple, list)) and len(cache) == 1:
-    cache = cache[0]
-  results = _evaluate_value_rules(
-      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last,
-      compression_ratio=call.compression_ratio, page_mode=page_mode)
-  _raise_first_broken(results, PAGE_TOPK_VALUE_RULES if page_mode
-                      else TOPK_VALUE_RULES)
-
-
-# ---------------------------------------------------------------------------
-# checkify: the value rules inside jit.
-
-
-def _checkify_rules(results, order):
+  results, order = _rules(call, _evaluate_value_rules, q, indexer_weights,
+                          cache, seq_lens, page_indices, cu_q_lens, last)
+  results = jax.device_get(results)
   for rule_id in order:
     ok, values = results[rule_id]
-    r = VALUE_RULES[rule_id]
-    checkify.check(ok, f"{r.argument}: {r.rule} (got {r.got})", **values)
-  return jnp.all(jnp.stack([results[rule_id][0] for rule_id in order]))
+    if not bool(ok):
+      raise ValueError(VALUE_RULES[rule_id].message(
+          **{k: int(v) for k, v in values.items()}))
 
 
 def check_inputs(q, indexer_weights, cache, seq_lens, page_indices,
@@ -727,12 +683,9 @@ def check_inputs(q, indexer_weights, cache, seq_lens, page_indices,
   hold. For a function the caller wraps in `checkify.checkify(...)` itself;
   the static rules are not repeated here (the kernel checks them at trace
   time)."""
-  if isinstance(cache, (tuple, list)) and len(cache) == 1:
-    cache = cache[0]
-  page_mode = call.mode == "page"
-  results = _value_rules(q, indexer_weights, cache, seq_lens, page_indices,
-                         cu_q_lens, last,
-                         compression_ratio=call.compression_ratio,
-                         page_mode=page_mode)
-  return _checkify_rules(results, PAGE_TOPK_VALUE_RULES if page_mode
-                         else TOPK_VALUE_RULES)
+  results, order = _rules(call, _value_rules, q, indexer_weights, cache,
+                          seq_lens, page_indices, cu_q_lens, last)
+  for rule_id in order:
+    ok, values = results[rule_id]
+    checkify.check(ok, VALUE_RULES[rule_id].template, **values)
+  return jnp.all(jnp.stack([results[rule_id][0] for rule_id in order]))

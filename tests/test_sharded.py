@@ -246,9 +246,10 @@ def test_context_parallel_needs_a_kernel_that_returns_scores():
 
   bare = dataclasses.replace(v, name="bare", kernel=no_scores)
   with pytest.raises(ValueError, match="no return_scores option"):
-    sharded.context_parallel(bare, _mesh(1, 2), k=8, compression_ratio=4)
+    sharded.sharded_topk(bare, _mesh(1, 2), data_axis=None,
+                         context_axis="context", k=8, compression_ratio=4)
   # Sequence parallelism does not need it.
-  sharded.sequence_parallel(bare, _mesh(2, 1), k=8, compression_ratio=4)
+  sharded.sharded_topk(bare, _mesh(2, 1), k=8, compression_ratio=4)
 
 
 def test_page_mode_context_parallel_needs_k_pages_within_a_share():
