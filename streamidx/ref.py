@@ -280,8 +280,8 @@ def streamindex_topk_ref(
     decode_req_batch_size=TopkCall.decode_req_batch_size,
     causal_rule=TopkCall.causal_rule,
     topk_method=TopkCall.topk_method,
-    return_scores: bool = False,
-    sort_decode: bool = True,
+    return_scores=TopkCall.return_scores,
+    sort_decode=TopkCall.sort_decode,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
@@ -309,12 +309,13 @@ def streamindex_page_topk_ref(
     num_seqs,  # i32[]
     *,
     k_pages: int,
-    compression_ratio: int = 1,
-    num_kv_pages_per_block: int = 128, num_queries_per_block: int = 512,
+    compression_ratio=PageCall.compression_ratio,
+    num_kv_pages_per_block=PageCall.num_kv_pages_per_block,
+    num_queries_per_block=PageCall.num_queries_per_block,
     vmem_limit_bytes=PageCall.vmem_limit_bytes,
-    causal_rule=TopkCall.causal_rule,
+    causal_rule=PageCall.causal_rule,
     one_token_per_seq: bool = False,
-    return_scores: bool = False,
+    return_scores=PageCall.return_scores,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 

@@ -70,7 +70,7 @@ def streamindex_topk_streaming(
     vmem_limit_bytes=TopkCall.vmem_limit_bytes,
     decode_req_batch_size=TopkCall.decode_req_batch_size,
     causal_rule=TopkCall.causal_rule,
-    sort_decode: bool = True, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
+    sort_decode=TopkCall.sort_decode, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
     topk_method=TopkCall.topk_method,
 ):
@@ -100,10 +100,11 @@ def streamindex_topk_streaming(
 def streamindex_page_topk_streaming(
     q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     num_seqs, *,
-    k_pages: int, compression_ratio: int = 1,
-    num_kv_pages_per_block: int = 128, num_queries_per_block: int = 512,
+    k_pages: int, compression_ratio=PageCall.compression_ratio,
+    num_kv_pages_per_block=PageCall.num_kv_pages_per_block,
+    num_queries_per_block=PageCall.num_queries_per_block,
     vmem_limit_bytes=PageCall.vmem_limit_bytes,
-    causal_rule=TopkCall.causal_rule,
+    causal_rule=PageCall.causal_rule,
     one_token_per_seq: bool = False,
     chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
