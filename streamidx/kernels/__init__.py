@@ -1,8 +1,8 @@
 """The Pallas kernels: kernel bodies, the one driver, the entry points.
 
     vendored   the vendored StreamIndex top-k kernel body (tpu-inference,
-               Apache-2.0) with its local modifications (ledger M1-Mn in its
-               header); packed FP8 or bf16 cache, one array
+               Apache-2.0) with its local modifications (ledger M1-Mn in
+               LEDGER.md beside it); packed FP8 or bf16 cache, one array
     dense      a kernel body over the dense FP8 cache (values and e8m0 scales
                in two arrays, 129 B/entry), a core-parallel grid axis
                (`num_cores`) and block maxima ("fused_blockmax")
