@@ -114,6 +114,9 @@ def _scores_kernel(
     interpreted: bool = False,  # streamidx (M2)
     widen_fp8: bool = False,  # streamidx (M10)
     pool_by_lane_segments: bool = False,  # streamidx (M15)
+    num_cores: int = 1,  # streamidx (M16)
+    layout=None,  # streamidx (M16)
+    block_max=None,  # streamidx (M16)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -136,6 +139,22 @@ def _scores_kernel(
   end_seq_idx = start_end_seq_idx_ref[1]
   batch_start_seq_idx = start_seq_idx + pl.program_id(0) * seq_batch_size
   batch_end_seq_idx = batch_start_seq_idx + seq_batch_size - 1
+  # streamidx (M16): num_cores > 1, a leading "parallel" grid axis; core c
+  # runs programs c, c + num_cores, ... (a step past the launch's programs
+  # does nothing), each core its own pipeline.
+  stride = seq_batch_size
+  first_program = batch_start_seq_idx == start_seq_idx
+  last_program = batch_end_seq_idx == end_seq_idx - 1
+  active = True
+  if num_cores > 1:
+    num_programs = (end_seq_idx - start_seq_idx) // seq_batch_size
+    program = pl.program_id(1) * num_cores + pl.program_id(0)
+    active = program < num_programs
+    batch_start_seq_idx = start_seq_idx + jnp.maximum(
+        0, jnp.minimum(program, num_programs - 1)) * seq_batch_size
+    stride = num_cores * seq_batch_size
+    first_program = active & (pl.program_id(1) == 0)
+    last_program = active & (batch_start_seq_idx + stride >= end_seq_idx)
 
   q_lens = []
   kv_lens = []
@@ -201,7 +220,10 @@ def _scores_kernel(
       cp.start()
 
   def _fetch_bkv(seq_idx, bkv_idx, bkv_sem_idx, *, wait=False):
-    if not interpreted:
+    # streamidx (M16): a `layout` (another cache layout) addresses pages by
+    # index, as the interpreter does (M2).
+    by_index = interpreted or layout is not None
+    if not by_index:
       reshaped_cache_hbm_ref = cache_kv_hbm_ref.reshape(
           total_num_pages * page_size_per_kv_packing,
           kv_packing,
@@ -227,7 +249,7 @@ def _scores_kernel(
             sem=sem,
         ):
           page_idx = jnp.minimum(page_indices_offset + i, num_page_indices - 1)
-          if interpreted:
+          if by_index:
             # streamidx (M2): the same page, addressed by index instead of
             # through the reshaped row view, with the same clamp.
             safe_page = jnp.minimum(page_indices_ref[page_idx],
@@ -249,6 +271,8 @@ def _scores_kernel(
               sem,
               wait=False,
           )
+          if layout is not None:  # streamidx (M16): the layout's other arrays
+            layout.start_page(safe_page, i, bkv_sem_idx, batch_idx)
           return carry
 
         @pl.when(has_queries)
@@ -271,6 +295,8 @@ def _scores_kernel(
           dma_bkv_sz = bkv_p * page_size_per_kv_packing
           dst_kv = bkv_vmem_ref.at[pl.ds(0, dma_bkv_sz)]
           _async_copy(src=dst_kv, dst=dst_kv, sem=sem, wait=True)
+          if layout is not None:  # streamidx (M16)
+            layout.wait_block(bkv_sem_idx, batch_idx)
 
   def _fetch_bq(seq_idx, bq_idx, bq_sem_idx, *, wait=False):
     for batch_idx in range(seq_batch_size):
@@ -350,9 +376,12 @@ def _scores_kernel(
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
         # streamidx (M10): widened to bf16 in `compute_scores`, per chunk.
-        scale_val = pltpu.bitcast(
-            flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
-        ).astype(jnp.bfloat16)
+        if layout is None:
+          scale_val = pltpu.bitcast(
+              flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
+          ).astype(jnp.bfloat16)
+        else:  # streamidx (M16): the scales from the layout's own buffer
+          scale_val = layout.load_scales(bkv_sem_idx, batch_idx)
         # NOTE: Do NOT multiply the scales here. Return them
         # separately.
         bkvs.append(fp8_val.reshape(bkv_sz, head_dim))
@@ -382,7 +411,7 @@ def _scores_kernel(
       next_bq_idx = bq_idx + 1
       is_last_bq = next_bq_idx == num_bq
       next_bq_idx = lax.select(is_last_bq, 0, next_bq_idx)
-      next_seq_idx = lax.select(is_last_bq, seq_idx + seq_batch_size, seq_idx)
+      next_seq_idx = lax.select(is_last_bq, seq_idx + stride, seq_idx)  # streamidx (M16)
       next_bq_sem_idx = lax.select(bq_sem_idx == 0, 1, 0)
       return next_seq_idx, next_bq_idx, next_bq_sem_idx
 
@@ -393,7 +422,7 @@ def _scores_kernel(
       next_bq_idx = lax.select(is_last_bkv, bq_idx + 1, bq_idx)
       is_last_bq = next_bq_idx == num_bq
       next_bq_idx = lax.select(is_last_bq, 0, next_bq_idx)
-      next_seq_idx = lax.select(is_last_bq, seq_idx + seq_batch_size, seq_idx)
+      next_seq_idx = lax.select(is_last_bq, seq_idx + stride, seq_idx)  # streamidx (M16)
       next_bkv_sem_idx = lax.select(bkv_sem_idx == 0, 1, 0)
       return next_seq_idx, next_bq_idx, next_bkv_idx, next_bkv_sem_idx
 
@@ -448,6 +477,8 @@ def _scores_kernel(
         causal_mask = k_span < bq_visible_end[:, None]
         mask = jnp.logical_and(valid_mask, causal_mask)
         s_summed = jnp.where(mask, s_summed, -jnp.inf)
+        if block_max is not None:  # streamidx (M16)
+          block_max.put(batch_idx, s_summed, bkv_idx)
         if page_pool_size is not None:
           # Page mode: max-pool token scores within each page. Columns
           # are linear (compressed) kv positions, and bkv_sz is a whole
@@ -499,6 +530,8 @@ def _scores_kernel(
       token_start = cu_q_lens_ref[batch_start_seq_idx] + bq_idx * bq_sz
       curr_q_end = cu_q_lens_ref[batch_start_seq_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - token_start))
+      if block_max is not None:  # streamidx (M16)
+        block_max.acquire(sz)
 
       def compute_with_bkv(bkv_idx, _):
         bkv_sem_idx = sem_ids_ref[1]
@@ -539,6 +572,8 @@ def _scores_kernel(
           sem_ids_ref[2] = lax.select(bo_sem_idx == 0, 1, 0)
 
       lax.fori_loop(0, num_bkv, compute_with_bkv, None, unroll=False)
+      if block_max is not None:  # streamidx (M16)
+        block_max.send(sz, token_start)
 
     def compute_with_bq_paged(bq_idx, _):
       # Page-mode twin of compute_with_bq: pooled page scores accumulate in
@@ -629,17 +664,27 @@ def _scores_kernel(
 
   ### ------- Kernel start ------- ###
 
-  @pl.when(batch_start_seq_idx == start_seq_idx)
+  @pl.when(first_program)  # streamidx (M16)
   def prologue():
-    start_fetch_bq(start_seq_idx, 0, 0)
-    start_fetch_bkv(start_seq_idx, 0, 0)
+    if num_cores > 1:  # streamidx (M16): the previous core's state
+      for i in range(sem_ids_ref.shape[0]):
+        sem_ids_ref[i] = 0
+      for i in range(bo_sz_ref.shape[0]):
+        bo_sz_ref[i] = -1
+    start_fetch_bq(batch_start_seq_idx, 0, 0)  # streamidx (M16)
+    start_fetch_bkv(batch_start_seq_idx, 0, 0)
 
-  process()
+  if num_cores > 1:  # streamidx (M16)
+    pl.when(active)(process)
+  else:
+    process()
 
-  @pl.when(batch_end_seq_idx == end_seq_idx - 1)
+  @pl.when(last_program)  # streamidx (M16)
   def epilogue():
     for i in range(2):
       wait_send_scores(i)
+      if block_max is not None:  # streamidx (M16)
+        block_max.wait(i)
 
   ### ------- Kernel end ------- ###
 
