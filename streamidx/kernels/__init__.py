@@ -1,10 +1,11 @@
 """The Pallas kernels: kernel bodies, the one driver, the entry points.
 
     vendored   the vendored StreamIndex top-k kernel body (tpu-inference,
-               Apache-2.0) with its local modifications (ledger M1-Mn in its
-               header); packed FP8 or bf16 cache, one array
-    dense      a kernel body over the dense FP8 cache (values and e8m0 scales
-               in two arrays, 129 B/entry), a core-parallel grid axis
+               Apache-2.0) with its local modifications (ledger M1-Mn in
+               LEDGER.md beside it); packed FP8 or bf16 cache, one array;
+               the one pipeline body, with hooks for the other variants (M16)
+    dense      the dense FP8 cache's hooks into that body (values and e8m0
+               scales in two arrays, 129 B/entry), a core-parallel grid axis
                (`num_cores`) and block maxima ("fused_blockmax")
     tpu        the project's TPU helpers the bodies share (VMEM check, v4
                paths)
@@ -14,7 +15,8 @@
                `streamindex_page_topk`, `streamindex_topk_dense`,
                `streamindex_page_topk_dense`
 
-A body imports `streamidx.semantics` and `kernels.tpu`; the driver imports
+A body imports `streamidx.semantics` and `kernels.tpu` (dense also
+`kernels.vendored`, whose body it runs); the driver imports
 `streamidx.validate`, `modes`, `topk` and the vendored input preparation;
 nothing imports `entries` except `streamidx.variants` and the package's top
 level.

@@ -18,164 +18,8 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 #
-# ---------------------------------------------------------------------------
-# streamidx: local modifications to the vendored kernel
-# ---------------------------------------------------------------------------
-# The seed (../shared/seed/) already carried two additions over upstream: the
-# bf16 branch of `load_bkv` (above) and the page mode (`streamindex_page_topk`,
-# `page_pool_size`). Its line breaks were lost; this file rebuilds it as a
-# module. Every further change made in streamidx is listed here and marked
-# `# streamidx (M<n>)` where it happens (here, or in the wrapper the kernel
-# bodies share, `streamidx/kernels/driver.py`, and the project's TPU helpers,
-# `streamidx/kernels/tpu.py`):
-#
-# M1  Runs anywhere. The driver resolves, at trace time, how the Pallas
-#     call executes: compiled Mosaic on a TPU backend, Pallas's TPU
-#     interpreter (`pltpu.InterpretParams()`) on any other backend, or
-#     whatever `streamidx.interpreter(...)` forces (see `streamidx/modes.py`).
-#     The forced mode lives in a JAX config state that is part of the jit
-#     cache key, so switching modes never reuses a function traced in the
-#     other mode.
-# M2  Interpreter-only page DMA. jax 0.10.2's TPU interpreter cannot DMA
-#     through `ref.reshape(...)`, which the seed uses to address the cache as
-#     rows. When interpreted, `_fetch_bkv` copies each page through
-#     `cache_kv_hbm_ref.at[page]` instead; it reads the same bytes (a page is
-#     `page_size_per_kv_packing` consecutive rows of the reshaped view) and
-#     applies the same clamp (`min(page, total_num_pages - 1)` is the seed's
-#     row clamp divided by `page_size_per_kv_packing`). The compiled TPU
-#     program is unchanged: it still takes the seed's reshape path.
-# M3  Causal rule. The seed makes compressed entry s visible to a query at
-#     absolute position p iff s <= p // ratio. DeepSeek-V4 and vLLM only let
-#     a query see compressed blocks that are complete at p:
-#     s < (p + 1) // ratio. The two differ on prefill rows where
-#     (p + 1) % ratio != 0 (the seed leaks the block that holds the query's
-#     own future tokens). New static argument `causal_rule`: "model"
-#     (default, the model's rule) or "seed" (the vendored rule, kept for
-#     comparison with upstream). Decode rows (p = seq_len - 1) agree under
-#     both rules.
-# M4  Chunked-prefill range. `distribution = (i, j, n)` puts sequences
-#     [i, j) in chunked-prefill-only mode, but the seed ran [i, j) through the
-#     decode path (static q_len 1, batch 1), which scores only the first query
-#     of each such sequence and leaves the other rows at -1. The remainder
-#     decode launch now covers [decode_batch_end, i) and a prefill launch with
-#     the prefill block sizes (`num_*_per_block[1]`, dynamic q_len) covers
-#     [i, j), as the docstring and `MlaCase.PREFILL` describe.
-# M5  Input checks. The entry points build a `streamidx.call.TopkCall` /
-#     `PageCall`, which checks the static arguments, and the driver calls
-#     `streamidx.validate.static_validate` (shapes, dtypes, block sizes:
-#     `ValueError` naming the argument) before a kernel is built. The docstrings now say that page indices past
-#     the cache are silently clamped to the last page by the kernel;
-#     `streamidx.validate_topk_inputs` / `validate_page_topk_inputs` reject
-#     such tables.
-# M6  Shared semantics. The rules the references, validation and the lab's
-#     models share live in `streamidx/semantics.py`, and this file imports
-#     them instead of defining its own: `cdiv`/`align_to` (upstream's, moved),
-#     the causal rule of M3 (`causal_visible_bound`), the per-case block-size
-#     normalisation (`normalize_per_case`, which also rejects malformed
-#     sizes), and the list of launches (`token_launches`: the wrapper loops
-#     over it instead of spelling out the four `run_topk_kernel` calls; same
-#     launches, same order, same arguments). The wrapper itself (both entry
-#     points' bodies) is `streamidx/kernels/driver.py`, shared with the other
-#     kernel bodies; `run_topk_kernel` moved to module level and makes page
-#     mode's launch too (page mode's copy of it is gone).
-# M7  Empty sequences cost no DMA. A sequence with q_len 0 (allowed anywhere
-#     in a batch) made the seed start and wait on zero-row DMAs (its query
-#     block, its weights, its output block), which the TPU interpreter's race
-#     detector cannot wait on (an assertion in its semaphore wait) and whose
-#     meaning on hardware nothing documents, and fetch KV blocks no query
-#     reads. Now every DMA start and its wait test the same predicate: the
-#     query/weight block only when it has rows (`sz > 0`), a sequence's KV
-#     blocks only when it has queries, an output block only when it has rows
-#     (the wait tests `old_sz > 0`); the compute and output steps of a bq
-#     block without rows are skipped, and a grid step without queries runs a
-#     single bkv step (it still prefetches the next sequence's blocks, so the
-#     pipeline across sequences is unchanged). Non-empty sequences issue the
-#     same DMAs as before.
-# M8  Entries past the page table are invisible. Each sequence's kv_len is
-#     `min(seq_len // ratio, pages_per_seq * page_size)`: the entries its page
-#     table can address, as in `streamidx.ref` (whose score columns end at
-#     the table). The seed read past the table (the next sequence's slots)
-#     and wrote score blocks past the score buffer (bounds checks are off).
-#     Valid inputs (rule `page_table_columns`) are unchanged. The context-
-#     parallel path (`streamidx.sharded`) relies on it: a device's page table
-#     holds its share of a sequence's pages, its shifted seq_len gives the
-#     global causal and length masks restricted to that share, and the clamp
-#     ends the share.
-# M9  `return_scores`. Both entry points take a static `return_scores=False`;
-#     True returns `(indices, scores)`, scores f32[T, k] the selected entries'
-#     (or pages') scores, -inf where the index is -1, so that top-k lists from
-#     several devices can be merged exactly (`streamidx.sharded`).
-# M10  FP8 cache on chips whose MXU takes no e4m3 operand. Mosaic
-#     rejects the e4m3 KV tile as a matmul operand on TPU v4
-#     (`E2001 CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS
-#     type on target: vector<128x128xf8E4M3FN>`, found by compiling for v4
-#     with `streamidx.compile_for`). `compute_scores` now widens the e4m3
-#     tile to bf16 before the matmul when the kernel is compiled for such a
-#     chip (`tpu.widen_fp8_for_mxu`, read at trace time from the target chip:
-#     generation < 5), `WIDEN_CHUNK` entries at a time (a page-mode block of
-#     8192 entries widened at once needs 17.5 MiB of v4's 16 MiB VMEM);
-#     exact, since every e4m3fn value is a bf16 value. Interpreted and on
-#     v5e and newer the tile goes to the matmul as e4m3, as in the seed.
-# M11  VMEM scratch checked before compiling. The four scratch
-#     buffers of a launch are declared once (`semantics.launch_scratch`,
-#     which the lab's tiling model reads too); compiled, both entry points
-#     first check (`tpu.check_launch_vmem`) that their bytes as Mosaic lays them
-#     out (`semantics.scratch_vmem_bytes`, tiled as Mosaic tiles VMEM; the
-#     compiler's own count on the grid of tests/test_aot.py) fit the chip's
-#     VMEM and `vmem_limit_bytes`, and raise a `ValueError` naming the block
-#     sizes otherwise, where Mosaic would fail with E1001 (or "ran out of
-#     memory in memory space vmem") after compiling.
-# M12  The selection stage. `streamindex_topk` gains a static argument
-#     `topk_method` (one of `streamidx.topk.KERNEL_TOPK_METHODS`, default "sort")
-#     and ends with `streamidx.topk.select_topk(scores, k, topk_method)`
-#     instead of calling `jax.lax.approx_max_k(recall_target=1.0)` itself.
-#     "sort" is that same call, followed by one pass counting the ties at
-#     the k-th score (`approx_max_k`'s comparator leaves ties unordered;
-#     where they straddle the k-th place, `lax.top_k` selects again, lowest
-#     index first: the project's tie rule); the other methods
-#     are exact alternatives ("top_k", "chunked", "blockmax", "radix") or
-#     approximate ("approx"). Every exact method returns the reference's
-#     indices, ties included. `streamindex_page_topk` selects pages with
-#     `select_topk(..., "top_k")` (it called `jax.lax.top_k`): the same
-#     rule, -0.0 and +0.0 compared as equal on every backend.
-# M13  Length-sorted decode batching (the seed's TODO above the launches).
-#     New static argument `sort_decode` (default True) of `streamindex_topk`:
-#     the decode range [0, i) is scored in the order
-#     `semantics.decode_order` picks (the cheapest, by KV blocks computed, of
-#     the given order and the length-sorted ones; never more blocks than the
-#     given order). The wrapper permutes the sequence metadata
-#     (`semantics.apply_decode_order`: seq_lens, page-table rows) and passes
-#     a new scalar prefetch `q_rows` (the first query row of each slot's
-#     sequence), from which `_fetch_bq` reads the queries and weights; each
-#     slot's query count and score rows still come from `cu_q_lens`, so the
-#     decode launches write their scores in slot order, and
-#     `semantics.restore_decode_rows` puts the caller's row order back on
-#     the top-k indices (a gather of [i, k] int32s, not of the score
-#     matrix). `sort_decode=False`, or `decode_req_batch_size=1`, keeps the
-#     given order (q_rows = cu_q_lens[:-1]: the same DMAs as before). Page
-#     mode gets q_rows = cu_q_lens[:-1].
-# M14  No empty launches. Each `pallas_call` runs under `lax.cond` on its
-#     range being non-empty (token mode: end > start per launch of
-#     `token_launches`; page mode: num_seqs > 0). An empty range's grid had
-#     no programs, but the launch itself (scalar prefetch copies, the
-#     aliased score buffer, the kernel launch) still ran. Static argument
-#     `skip_empty_launches` (default True); `streamidx.sharded` passes False
-#     when interpreted: the TPU interpreter holds all simulated devices of a
-#     `shard_map` at each launch, so devices that skip different launches
-#     wait for each other forever.
-# M15  Page pooling on TPU v4. Mosaic cannot lower the page max-pool
-#     `s.reshape(rows, 128, cols_per_page).max(-1)` for pages narrower than
-#     a lane row on v4 (GLM's 64-entry pages: "infer-vector-layout:
-#     unsupported shape cast vector<8x8192xf32> -> vector<8x128x64xf32>";
-#     pooling by lane reductions needs a sublane gather v4 lacks). Compiled
-#     for v4 (`tpu.pool_by_lane_segments_for`, trace time), the page kernel
-#     pools by lane segments and a transpose
-#     (`tpu.pool_pages_by_lane_segments`), writing each block's 128 page
-#     maxima segment-major; the wrapper restores page order
-#     (`tpu.unpermute_lane_segment_pages`) before the selection. A max in
-#     another order is the same max: identical scores and indices.
-#     `force_v4_paths()` runs this code (and M10's widening) in the
-#     interpreter, where tests check its parity.
+# streamidx: the local modifications (M1-Mn, each marked `# streamidx (M<n>)`
+# where it happens) are listed in LEDGER.md, beside this file.
 """TPU-Friendly StreamIndex Top-K kernel."""
 
 import enum
@@ -270,6 +114,9 @@ def _scores_kernel(
     interpreted: bool = False,  # streamidx (M2)
     widen_fp8: bool = False,  # streamidx (M10)
     pool_by_lane_segments: bool = False,  # streamidx (M15)
+    num_cores: int = 1,  # streamidx (M16)
+    layout=None,  # streamidx (M16)
+    block_max=None,  # streamidx (M16)
 ):
   _, num_q_heads, head_dim = q_hbm_ref.shape
   lkv_dim = cache_kv_hbm_ref.shape[-1]
@@ -292,6 +139,22 @@ def _scores_kernel(
   end_seq_idx = start_end_seq_idx_ref[1]
   batch_start_seq_idx = start_seq_idx + pl.program_id(0) * seq_batch_size
   batch_end_seq_idx = batch_start_seq_idx + seq_batch_size - 1
+  # streamidx (M16): num_cores > 1, a leading "parallel" grid axis; core c
+  # runs programs c, c + num_cores, ... (a step past the launch's programs
+  # does nothing), each core its own pipeline.
+  stride = seq_batch_size
+  first_program = batch_start_seq_idx == start_seq_idx
+  last_program = batch_end_seq_idx == end_seq_idx - 1
+  active = True
+  if num_cores > 1:
+    num_programs = (end_seq_idx - start_seq_idx) // seq_batch_size
+    program = pl.program_id(1) * num_cores + pl.program_id(0)
+    active = program < num_programs
+    batch_start_seq_idx = start_seq_idx + jnp.maximum(
+        0, jnp.minimum(program, num_programs - 1)) * seq_batch_size
+    stride = num_cores * seq_batch_size
+    first_program = active & (pl.program_id(1) == 0)
+    last_program = active & (batch_start_seq_idx + stride >= end_seq_idx)
 
   q_lens = []
   kv_lens = []
@@ -357,7 +220,10 @@ def _scores_kernel(
       cp.start()
 
   def _fetch_bkv(seq_idx, bkv_idx, bkv_sem_idx, *, wait=False):
-    if not interpreted:
+    # streamidx (M16): a `layout` (another cache layout) addresses pages by
+    # index, as the interpreter does (M2).
+    by_index = interpreted or layout is not None
+    if not by_index:
       reshaped_cache_hbm_ref = cache_kv_hbm_ref.reshape(
           total_num_pages * page_size_per_kv_packing,
           kv_packing,
@@ -383,7 +249,7 @@ def _scores_kernel(
             sem=sem,
         ):
           page_idx = jnp.minimum(page_indices_offset + i, num_page_indices - 1)
-          if interpreted:
+          if by_index:
             # streamidx (M2): the same page, addressed by index instead of
             # through the reshaped row view, with the same clamp.
             safe_page = jnp.minimum(page_indices_ref[page_idx],
@@ -405,6 +271,8 @@ def _scores_kernel(
               sem,
               wait=False,
           )
+          if layout is not None:  # streamidx (M16): the layout's other arrays
+            layout.start_page(safe_page, i, bkv_sem_idx, batch_idx)
           return carry
 
         @pl.when(has_queries)
@@ -427,6 +295,8 @@ def _scores_kernel(
           dma_bkv_sz = bkv_p * page_size_per_kv_packing
           dst_kv = bkv_vmem_ref.at[pl.ds(0, dma_bkv_sz)]
           _async_copy(src=dst_kv, dst=dst_kv, sem=sem, wait=True)
+          if layout is not None:  # streamidx (M16)
+            layout.wait_block(bkv_sem_idx, batch_idx)
 
   def _fetch_bq(seq_idx, bq_idx, bq_sem_idx, *, wait=False):
     for batch_idx in range(seq_batch_size):
@@ -506,9 +376,12 @@ def _scores_kernel(
         fp8_val = flat_bkv[:, :head_dim]
         fp8_val = pltpu.bitcast(fp8_val, jnp.float8_e4m3fn)
         # streamidx (M10): widened to bf16 in `compute_scores`, per chunk.
-        scale_val = pltpu.bitcast(
-            flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
-        ).astype(jnp.bfloat16)
+        if layout is None:
+          scale_val = pltpu.bitcast(
+              flat_bkv[:, head_dim : head_dim + 1].T, jnp.float8_e8m0fnu
+          ).astype(jnp.bfloat16)
+        else:  # streamidx (M16): the scales from the layout's own buffer
+          scale_val = layout.load_scales(bkv_sem_idx, batch_idx)
         # NOTE: Do NOT multiply the scales here. Return them
         # separately.
         bkvs.append(fp8_val.reshape(bkv_sz, head_dim))
@@ -538,7 +411,7 @@ def _scores_kernel(
       next_bq_idx = bq_idx + 1
       is_last_bq = next_bq_idx == num_bq
       next_bq_idx = lax.select(is_last_bq, 0, next_bq_idx)
-      next_seq_idx = lax.select(is_last_bq, seq_idx + seq_batch_size, seq_idx)
+      next_seq_idx = lax.select(is_last_bq, seq_idx + stride, seq_idx)  # streamidx (M16)
       next_bq_sem_idx = lax.select(bq_sem_idx == 0, 1, 0)
       return next_seq_idx, next_bq_idx, next_bq_sem_idx
 
@@ -549,7 +422,7 @@ def _scores_kernel(
       next_bq_idx = lax.select(is_last_bkv, bq_idx + 1, bq_idx)
       is_last_bq = next_bq_idx == num_bq
       next_bq_idx = lax.select(is_last_bq, 0, next_bq_idx)
-      next_seq_idx = lax.select(is_last_bq, seq_idx + seq_batch_size, seq_idx)
+      next_seq_idx = lax.select(is_last_bq, seq_idx + stride, seq_idx)  # streamidx (M16)
       next_bkv_sem_idx = lax.select(bkv_sem_idx == 0, 1, 0)
       return next_seq_idx, next_bq_idx, next_bkv_idx, next_bkv_sem_idx
 
@@ -604,6 +477,8 @@ def _scores_kernel(
         causal_mask = k_span < bq_visible_end[:, None]
         mask = jnp.logical_and(valid_mask, causal_mask)
         s_summed = jnp.where(mask, s_summed, -jnp.inf)
+        if block_max is not None:  # streamidx (M16)
+          block_max.put(batch_idx, s_summed, bkv_idx)
         if page_pool_size is not None:
           # Page mode: max-pool token scores within each page. Columns
           # are linear (compressed) kv positions, and bkv_sz is a whole
@@ -655,6 +530,8 @@ def _scores_kernel(
       token_start = cu_q_lens_ref[batch_start_seq_idx] + bq_idx * bq_sz
       curr_q_end = cu_q_lens_ref[batch_start_seq_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - token_start))
+      if block_max is not None:  # streamidx (M16)
+        block_max.acquire(sz)
 
       def compute_with_bkv(bkv_idx, _):
         bkv_sem_idx = sem_ids_ref[1]
@@ -695,6 +572,8 @@ def _scores_kernel(
           sem_ids_ref[2] = lax.select(bo_sem_idx == 0, 1, 0)
 
       lax.fori_loop(0, num_bkv, compute_with_bkv, None, unroll=False)
+      if block_max is not None:  # streamidx (M16)
+        block_max.send(sz, token_start)
 
     def compute_with_bq_paged(bq_idx, _):
       # Page-mode twin of compute_with_bq: pooled page scores accumulate in
@@ -785,17 +664,27 @@ def _scores_kernel(
 
   ### ------- Kernel start ------- ###
 
-  @pl.when(batch_start_seq_idx == start_seq_idx)
+  @pl.when(first_program)  # streamidx (M16)
   def prologue():
-    start_fetch_bq(start_seq_idx, 0, 0)
-    start_fetch_bkv(start_seq_idx, 0, 0)
+    if num_cores > 1:  # streamidx (M16): the previous core's state
+      for i in range(sem_ids_ref.shape[0]):
+        sem_ids_ref[i] = 0
+      for i in range(bo_sz_ref.shape[0]):
+        bo_sz_ref[i] = -1
+    start_fetch_bq(batch_start_seq_idx, 0, 0)  # streamidx (M16)
+    start_fetch_bkv(batch_start_seq_idx, 0, 0)
 
-  process()
+  if num_cores > 1:  # streamidx (M16)
+    pl.when(active)(process)
+  else:
+    process()
 
-  @pl.when(batch_end_seq_idx == end_seq_idx - 1)
+  @pl.when(last_program)  # streamidx (M16)
   def epilogue():
     for i in range(2):
       wait_send_scores(i)
+      if block_max is not None:  # streamidx (M16)
+        block_max.wait(i)
 
   ### ------- Kernel end ------- ###
 
