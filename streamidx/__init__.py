@@ -45,10 +45,8 @@ from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
-from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
-                           streamindex_page_topk_ref,
-                           streamindex_topk_dense_ref, streamindex_topk_ref,
-                           token_scores)
+from streamidx.ref import (page_scores, streamindex_page_topk_ref,
+                           streamindex_topk_ref, token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.topk import TOPK_METHODS, select_topk
 from streamidx.variants import VARIANTS, Variant, block_sizes
@@ -63,6 +61,9 @@ validate_topk_inputs = streamindex_topk.validate
 validate_page_topk_inputs = streamindex_page_topk.validate
 validate_topk_dense_inputs = streamindex_topk_dense.validate
 validate_page_topk_dense_inputs = streamindex_page_topk_dense.validate
+# The dense entry points' reference twins: the cache pair as one argument.
+streamindex_topk_dense_ref = VARIANTS["dense"].reference
+streamindex_page_topk_dense_ref = VARIANTS["dense_page"].reference
 
 __version__ = "0.1.0"
 
