@@ -1,34 +1,8 @@
-"""streamidx: the StreamIndex top-k Pallas kernel, its exact reference, and
-the cache formats and batches they read. This is the core, what a serving
-engineer imports; it loads no plotting or notebook code.
-
-    streamindex_topk / streamindex_page_topk          the vendored kernels
-                                                      (Pallas TPU; interpreted
-                                                      off-TPU)
-    streamindex_topk_dense / _page_topk_dense         the same over the dense
-    pack_dense_fp8_cache                              FP8 cache (129 B/entry)
-    streamindex_topk_ref / streamindex_page_topk_ref  pure-JAX twins
-    VARIANTS, block_sizes                             the kernel variants by
-                                                      name; the block-size table
-    interpreter(...), race_check()                    force the TPU interpreter
-    compile_for(generation)                           compile for a TPU
-                                                      generation, no TPU needed
-    TopkCall, PageCall                                one call's static arguments
-    validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
-    cache, batch                                      FP8/bf16 cache, ragged batches
-    metrics                                           tie-aware parity, recall
-    select_topk, TOPK_METHODS                         the top-k stage and its
-                                                      methods (`topk_method`)
-    sharded                                           any variant under
-                                                      jax.shard_map: sequence-
-                                                      and context-parallel
-    semantics                                         causal rules, launches,
-                                                      block normalisation
-
-`streamidx.streaming` holds the bounded-memory exact references.
-Everything the notebooks use (hardware and roofline models, tiling,
-timeline, profiling, studies, plots, benchmark, workbook runner) lives in
-`streamidx.lab`, imported on demand. ARCHITECTURE.md draws the layers.
+"""streamidx: the StreamIndex top-k Pallas kernels (`streamindex_topk`,
+`streamindex_page_topk` and their dense-FP8 twins), their exact references,
+value checks, cache formats, batches and variants. This is the core, what a
+serving engineer imports; it loads no plotting or notebook code
+(`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
