@@ -15,43 +15,24 @@ import numpy as np
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 
 __all__ = [
-    "TopkComparison",
-    "compare_topk",
-    "assert_topk_match",
-    "recall_at_k",
-    "score_error",
-    "summation_error_bound",
-    "summation_atol",
+    "TopkComparison", "compare_topk", "assert_topk_match", "recall_at_k",
+    "score_error", "summation_error_bound", "summation_atol",
 ]
 
 
 @dataclasses.dataclass
 class TopkComparison:
-  """Result of `compare_topk` over T rows.
-
-  Attributes:
-    rows: rows compared.
-    rows_identical: rows whose index sets are equal.
-    rows_tied: rows whose sets differ only at positions of equal score
-      (exact ties at the k-th boundary); still a match.
-    rows_mismatched: rows that differ beyond ties: a real disagreement.
-    differing_positions: indices in one set but not the other, summed.
-    tied_positions: those of them that are ties.
-    max_score_diff: largest |score| difference between the two selections,
-      sorted by score, over all rows (0 when they match).
-    first_bad_row: index of the first mismatched row, or -1.
-    detail: a sentence on the first mismatch ("" if none).
-  """
+  """Result of `compare_topk` over T rows."""
 
   rows: int
-  rows_identical: int
-  rows_tied: int
-  rows_mismatched: int
-  differing_positions: int
-  tied_positions: int
-  max_score_diff: float
-  first_bad_row: int
-  detail: str
+  rows_identical: int  # equal index sets
+  rows_tied: int  # sets differ only at ties with the k-th score: a match
+  rows_mismatched: int  # differ beyond ties: a real disagreement
+  differing_positions: int  # indices in one set but not the other, summed
+  tied_positions: int  # those of them that are ties
+  max_score_diff: float  # largest |score| difference, selections sorted
+  first_bad_row: int  # -1: none
+  detail: str  # a sentence on the first mismatch ("" if none)
 
   @property
   def ok(self) -> bool:
@@ -71,13 +52,9 @@ def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
   score as the boundary score (the smallest score `want` selected), within
   `atol` (0: exact ties only).
 
-  Args:
-    got: i32[T, k] indices under test (e.g. the kernel's).
-    want: i32[T, k] reference indices.
-    scores: f32[T, E] masked scores the reference selected from.
-    atol: tolerance on score equality; 0 demands exact ties. Kernel vs
-      reference uses `summation_atol` (XLA may order the f32 sums
-      differently for the kernel's block shapes).
+  got, want: i32[T, k] indices under test and reference indices; scores:
+  f32[T, E] masked scores `want` was selected from; kernel vs reference uses
+  atol=`summation_atol` (the f32 sums may be ordered differently).
   """
   got = np.asarray(got)
   want = np.asarray(want)
@@ -168,12 +145,8 @@ def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
 
 
 def score_error(approx, exact) -> dict:
-  """Relative error |approx - exact| / |exact| over visible entries.
-
-  Returns a dict with "median", "p99", "max" relative error and
-  "max_abs" absolute error, over entries where both are finite and
-  `exact` is nonzero.
-  """
+  """{"median", "p99", "max"} of |approx - exact| / |exact|, "max_abs" and
+  "count", over entries where both are finite and `exact` is nonzero."""
   a = np.asarray(approx, np.float64)
   e = np.asarray(exact, np.float64)
   m = np.isfinite(a) & np.isfinite(e) & (e != 0)
