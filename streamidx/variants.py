@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx import streaming as streaming_lib
 from streamidx.call import MODES
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 from streamidx.kernels import driver, entries
@@ -40,8 +39,8 @@ class Variant:
   """One kernel variant: `kernel(q, weights, *cache, <metadata>, **static)`
   (a `driver.Entry`), its mode ("token": entry indices, `k`; "page": page
   indices, `k_pages`) and the `cache.CACHE_FORMATS` it reads. Derived:
-  `reference` and `streaming` (its mode's exact references, same arguments),
-  `validate`, `checked` (checkify: (err, idx)), `topk_methods`."""
+  `reference` (its mode's exact reference, same arguments), `validate`,
+  `checked` (checkify: (err, idx)), `topk_methods`."""
 
   name: str
   description: str  # one line, for tables
@@ -84,13 +83,6 @@ class Variant:
   def reference(self):
     return self._regrouped(ref_lib.streamindex_topk_ref if self.mode == "token"
                            else ref_lib.streamindex_page_topk_ref)
-
-  @property
-  def streaming(self):
-    if self.kernel.body.num_cache_arrays != 1:
-      return None
-    return (streaming_lib.streamindex_topk_streaming if self.mode == "token"
-            else streaming_lib.streamindex_page_topk_streaming)
 
   @property
   def k_name(self) -> str:
