@@ -239,6 +239,18 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
               chunk_bytes=chunk_bytes)
 
 
+def _check_chunks(chunk_entries, chunk_tokens, page_size=None):
+  for name, v in (("chunk_entries", chunk_entries),
+                  ("chunk_tokens", chunk_tokens)):
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                          or v <= 0):
+      raise ValueError(f"{name}: must be None or a positive int (got {v!r})")
+  if page_size is not None and chunk_entries and chunk_entries % page_size:
+    raise ValueError(
+        f"chunk_entries: must be a multiple of page_size ({page_size}) in page"
+        f" mode, so that pages are pooled whole (got {chunk_entries})")
+
+
 def topk_from_scores(scores, k: int, *, return_scores: bool = False):
   """Exact top-k indices i32[T, k] of masked scores, -1 where -inf:
   `streamidx.topk.select_topk(scores, k, "top_k")`, as every exact method.
@@ -266,19 +278,27 @@ def streamindex_topk_ref(
     topk_method=TopkCall.topk_method,
     return_scores=TopkCall.return_scores,
     sort_decode=TopkCall.sort_decode,
+    chunk_entries: int | None = None,
+    chunk_tokens: int | None = None,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
+  chunk_entries: entries scored per scan step (None: all of a sequence's, in
+    one chunk; any positive int, capped at pages_per_seq * page_size);
+    chunk_tokens: query rows per block (None: `rows_per_block`). Both are
+    the streaming reference's (`streamidx.streaming`); the indices are equal.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
+  _check_chunks(chunk_entries, chunk_tokens)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
            topk_method=topk_method)  # the call's static rules, checked once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,
-                     causal_rule=causal_rule)
+                     causal_rule=causal_rule, chunk_entries=chunk_entries,
+                     chunk_tokens=chunk_tokens)
   return (idx, scores) if return_scores else idx
 
 
@@ -300,6 +320,8 @@ def streamindex_page_topk_ref(
     causal_rule=PageCall.causal_rule,
     one_token_per_seq: bool = False,
     return_scores=PageCall.return_scores,
+    chunk_entries: int | None = None,
+    chunk_tokens: int | None = None,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
@@ -307,13 +329,17 @@ def streamindex_page_topk_ref(
   the kernel computes). True: the decode form, row i is the single query (at
   seq_len - 1) of sequence i, `cu_q_lens` ignored. Any `compression_ratio`
   works. `return_scores=True` returns (page ids, f32[T, k_pages] scores).
+  chunk_entries, chunk_tokens: as `streamindex_topk_ref`'s; chunk_entries a
+  multiple of the page size (pages are pooled whole).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
+  _check_chunks(chunk_entries, chunk_tokens, cache_lib.cache_pages(cache_kv)[1])
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, jnp.asarray(num_seqs, jnp.int32), k=k_pages,
                      compression_ratio=compression_ratio,
                      causal_rule=causal_rule,
-                     one_token_per_seq=one_token_per_seq, pool_pages=True)
+                     one_token_per_seq=one_token_per_seq, pool_pages=True,
+                     chunk_entries=chunk_entries, chunk_tokens=chunk_tokens)
   return (idx, scores) if return_scores else idx
 
 
