@@ -22,6 +22,8 @@ import dataclasses
 import numbers
 from typing import Any
 
+import jax.numpy as jnp
+
 LANES = 128  # the TPU vector lane count: the kernel's row and score width
 DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024  # the vendored kernel's default
 
@@ -47,11 +49,9 @@ def check_causal_rule(causal_rule) -> None:
 
 
 def causal_visible_bound(q_pos, compression_ratio, causal_rule):
-  """Exclusive upper bound on the compressed entries visible at `q_pos`.
-
-  Entry s is causally visible to the query at absolute token position `q_pos`
-  (`seq_len - q_len + i` for a sequence's i-th query) iff
-  `s < causal_visible_bound(q_pos, ratio, rule)`:
+  """Entry s is causally visible to the query at absolute token position
+  `q_pos` (`seq_len - q_len + i` for a sequence's i-th query) iff `s <
+  causal_visible_bound(q_pos, ratio, rule)`:
 
     "model": (q_pos + 1) // ratio   only blocks complete at q_pos, as
                                     DeepSeek-V4 and vLLM do (the default);
@@ -59,8 +59,8 @@ def causal_visible_bound(q_pos, compression_ratio, causal_rule):
                                     which also admits the block holding the
                                     query's own future tokens.
 
-  Works on Python ints, NumPy and JAX arrays. Decode rows
-  (q_pos = seq_len - 1) agree under both rules whenever seq_len % ratio == 0.
+  Decode rows (q_pos = seq_len - 1) agree under both rules whenever
+  seq_len % ratio == 0.
   """
   if causal_rule == "model":
     return (q_pos + 1) // compression_ratio
@@ -74,13 +74,10 @@ def _is_int(v) -> bool:
 
 
 def normalize_per_case(value, name: str) -> tuple[int, int, int]:
-  """A positive int or a (decode, prefill, mixed) triple -> three ints.
-
-  The kernels take `num_kv_pages_per_block` and `num_queries_per_block` in
-  this form. A NumPy integer is refused: the vendored kernel tells an int
-  from a triple with `isinstance(v, int)`, and jit's static arguments must
-  hash alike. Raises `ValueError("<name>: <rule> (got ...)")`.
-  """
+  """A positive int or a (decode, prefill, mixed) triple -> three ints (the
+  block sizes' form). A NumPy integer is refused: the vendored kernel tells
+  an int from a triple with `isinstance(v, int)`, and jit's static arguments
+  must hash alike."""
   if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
     raise ValueError(
         f"{name}: must be a Python int or a (decode, prefill, mixed) tuple; "
@@ -147,24 +144,17 @@ def token_launches(distribution, decode_req_batch_size: int
 # VMEM scratch of one launch (local modification M11).
 
 
-def _dtype(dtype):
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  return jnp.dtype(dtype)
+_dtype = jnp.dtype
 
 
 def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
                    page_size_per_kv_packing: int, kv_packing: int,
                    lkv_dim: int, cache_dtype, num_q_heads: int, head_dim: int,
                    q_dtype, weights_dtype, num_out_sublanes: int):
-  """The VMEM scratch buffers of one launch, in `_scores_kernel`'s order.
-
-  Returns ((name, shape, dtype), ...) for bkv_x2 (the KV block double
-  buffer), bq_x2 (query block), bq_weights_x2 (indexer weights) and
-  scores_block_x2 (f32 scores on their way to HBM; `num_out_sublanes`
-  128-lane rows per query row: bkv_sz // 128 in token mode, the pooled page
-  columns // 128 in page mode). The DMA semaphores are not VMEM.
-  """
+  """((name, shape, dtype), ...): the VMEM scratch of one launch, in
+  `_scores_kernel`'s order (the DMA semaphores are not VMEM).
+  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in
+  token mode, the pooled page columns // 128 in page mode)."""
   b = seq_batch_size
   return (
       ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
@@ -177,13 +167,10 @@ def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
 
 
 def tiled_vmem_bytes(shape, dtype, tpu_generation: int = 5) -> int:
-  """Bytes of a VMEM buffer as Mosaic lays it out: the last two dims in tiles.
-
-  The minor dim pads to 128 lanes; the second-minor to the sublane tiling
-  Mosaic infers for the dtype (`pltpu`'s `infer_tiling`: the dtype's packing
+  """Bytes of a VMEM buffer as Mosaic tiles it: the minor dim padded to 128
+  lanes, the second-minor to `pltpu`'s `infer_tiling` (the dtype's packing
   per 32-bit word, doubled up to 8 rows while the dim is larger; twice that
-  before TPU v4). Leading dims are not padded.
-  """
+  before TPU v4); leading dims unpadded."""
   shape = tuple(int(d) for d in shape)
   itemsize = _dtype(dtype).itemsize
   if len(shape) < 2:
@@ -216,8 +203,6 @@ def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
   """i32[max_num_seqs]: max(1, cdiv(seq_len // ratio, bkv_sz)), the KV
   blocks each decode sequence needs (a program computes at least one); 0
   past i. Traceable."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   live = jnp.arange(seq_lens.shape[0], dtype=jnp.int32) < num_decode
   blocks = jnp.maximum(1, cdiv(jnp.maximum(seq_lens, 0) // compression_ratio,
@@ -227,8 +212,6 @@ def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
 
 def _batched_cost(blocks_in_order, num_decode, d: int):
   """Blocks computed by the decode launches for sequences in this order."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   s = blocks_in_order.shape[0]
   grouped = num_decode // d * d
   slot = jnp.arange(s, dtype=jnp.int32)
@@ -258,8 +241,6 @@ def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
   num_decode (i) may be traced; bkv_sz is the decode launch's
   `num_kv_pages_per_block[0] * page_size`, d `decode_req_batch_size`.
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   d = int(decode_req_batch_size)
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   s = seq_lens.shape[0]
@@ -309,8 +290,6 @@ def restore_decode_rows(rows, order):
   j holds sequence order[j]'s result; row order[j] gets it back. Rows past
   the decode range are unchanged (order is the identity there).
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   m = min(rows.shape[0], order.shape[0])
   inverse = jnp.argsort(order)[:m]
   return rows.at[:m].set(rows[inverse])
