@@ -65,11 +65,8 @@ def _check_counts(num_data, num_context):
 
 def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
               axis_names: tuple[str, str] = ("data", "context")) -> Mesh:
-  """A (num_data, num_context) `Mesh` over the first devices of `devices`.
-
-  `devices` defaults to `jax.devices()`; it may be a TPU topology's
-  `topo.devices` for ahead-of-time compilation.
-  """
+  """A (num_data, num_context) `Mesh` over the first devices of `devices`
+  (default `jax.devices()`; a TPU topology's for ahead-of-time compiles)."""
   _check_counts(num_data, num_context)
   devices = list(jax.devices() if devices is None else devices)
   need = num_data * num_context
@@ -108,10 +105,8 @@ class ShardedInputs:
     return self.pages_per_share * self.page_size
 
   def gather_rows(self, out) -> np.ndarray:
-    """The stacked result [D * T, k] in the logical batch's row order.
-
-    Padding rows of the batch are all -1, as a one-device call returns them.
-    """
+    """The stacked result [D * T, k] in the batch's row order (padding rows
+    all -1, as a one-device call returns them)."""
     out = np.asarray(out)
     got = np.full((self.rows.shape[0],) + out.shape[1:], -1, out.dtype)
     live = self.rows >= 0
@@ -144,8 +139,7 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
   slots S, query rows T and cache pages G to these (default: what the
   fullest device needs), so one compiled function serves several batches.
   """
-  v = variant if isinstance(variant, variants_lib.Variant) else (
-      variants_lib.get(variant))
+  v = variants_lib.get(variant)
   _check_counts(num_data, num_context)
   b = inputs.batch
   need = b.num_pages_used.astype(np.int64)
@@ -244,18 +238,10 @@ def _at_least(name, value, need):
 
 
 def merge_topk(scores, indices, k: int):
-  """The top `k` of candidate lists, by (score desc, index asc); exact.
-
-  Args:
-    scores: f32[T, n] candidate scores (-inf: no candidate).
-    indices: i32[T, n] their global indices (-1: no candidate); no index
-      repeats within a row.
-    k: how many to keep (<= n).
-
-  Returns:
-    (f32[T, k] scores, i32[T, k] indices), -inf / -1 where fewer than k
-    candidates exist. Ties go to the lowest index; -0.0 counts as 0.0.
-  """
+  """The top `k` (<= n) of candidate lists by (score desc, index asc), exact:
+  scores f32[T, n] (-inf: none), indices i32[T, n] global, unique per row
+  (-1: none) -> (f32[T, k], i32[T, k]), -inf / -1 past the candidates;
+  -0.0 counts as 0.0."""
   valid = indices >= 0
   s = jnp.where(valid, jnp.where(scores == 0, 0.0, scores), -jnp.inf)
   key = jnp.where(valid, indices, _INT32_MAX)
@@ -324,8 +310,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
   Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
   -> i32[D * T, k], on `ShardedInputs.args`.
   """
-  v = variant if isinstance(variant, variants_lib.Variant) else (
-      variants_lib.get(variant))
+  v = variants_lib.get(variant)
   if data_axis is None and context_axis is None:
     raise ValueError("data_axis, context_axis: at least one must name a mesh "
                      "axis (got both None)")

@@ -58,11 +58,8 @@ _NEG_INF = float("-inf")
 
 
 def check_topk_method(method, allowed=TOPK_METHODS) -> str:
-  """Returns `method`, or raises ValueError naming the allowed ones.
-
-  allowed: the methods the caller takes (a kernel that does not write block
-  maxima: `KERNEL_TOPK_METHODS`).
-  """
+  """Returns `method`, or raises ValueError naming the `allowed` ones (a
+  kernel that writes no block maxima: `KERNEL_TOPK_METHODS`)."""
   if not isinstance(method, str) or method not in allowed:
     why = ""
     if method in FUSED_TOPK_METHODS:
@@ -81,12 +78,9 @@ def canonical_zero(scores):
 
 
 def order_key(scores):
-  """i32 image of f32 scores with the same order: a < b iff key(a) < key(b).
-
-  Non-negative floats keep their bits; negative ones flip their 31 low bits,
-  so -inf maps to -2**31 + 2**23 - 1 and +inf to 2**31 - 2**23. -0.0 and
-  +0.0 map to -1 and 0 (canonicalize zeros first for float equality).
-  """
+  """i32 image of f32 scores with the same order (a < b iff key(a) <
+  key(b)): negative floats flip their 31 low bits. -0.0 and +0.0 map to -1
+  and 0 (canonicalize zeros first for float equality)."""
   bits = lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.int32)
   return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 

@@ -205,8 +205,11 @@ for _v in _REGISTRY:
   assert all(f in cache_lib.CACHE_FORMATS for f in _v.cache_formats), _v
 
 
-def get(name: str) -> Variant:
-  """`VARIANTS[name]`, with a clear error for an unknown name."""
+def get(name) -> Variant:
+  """`VARIANTS[name]` (a `Variant` is returned as it is), with a clear error
+  for an unknown name."""
+  if isinstance(name, Variant):
+    return name
   try:
     return VARIANTS[name]
   except KeyError:
