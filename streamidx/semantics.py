@@ -284,12 +284,9 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
 
 
 def restore_decode_rows(rows, order):
-  """`rows` (top-k indices i32[T, k], slot order) back in the caller's order.
-
-  Decode sequence b owns token row b (q_len 1 from row 0), so slot j's row
-  j holds sequence order[j]'s result; row order[j] gets it back. Rows past
-  the decode range are unchanged (order is the identity there).
-  """
+  """`rows` (i32[T, k], slot order) in the caller's order: decode sequence b
+  owns token row b, so row order[j] gets slot j's row (the identity past
+  the decode range)."""
   m = min(rows.shape[0], order.shape[0])
   inverse = jnp.argsort(order)[:m]
   return rows.at[:m].set(rows[inverse])

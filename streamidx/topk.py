@@ -340,28 +340,17 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
                 block_max=None, block_max_width: int = FUSED_BLOCK_WIDTH):
   """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
 
-  Args:
-    scores: f32[T, N] masked scores (-inf: not visible). Any float dtype is
-      compared as f32.
-    k: entries per row (a positive int; N < k pads with -1).
-    method: one of `TOPK_METHODS` (module docstring).
-    chunk_size: "chunked" only; default `chunk_size_for(N, k)`.
-    block_size: "blockmax" and "fused_blockmax"; default `block_size_for(N,
-      k)` (for "fused_blockmax" a multiple of `block_max_width`).
-    radix_bits: "radix" only: digit width, one of `RADIX_BITS`
-      (32 / radix_bits histogram passes).
-    recall_target: "approx" only, in (0, 1).
-    block_max: "fused_blockmax" only: f32[T, M], M >= cdiv(N,
-      block_max_width): column j the maximum of scores[:, j * w:(j + 1) * w]
-      (w = block_max_width), as the fused kernel writes it; columns past
-      cdiv(N, w) are ignored. None: computed from `scores`.
-    block_max_width: the entries each `block_max` column covers (the
-      kernel's `FUSED_BLOCK_WIDTH`).
-
-  Returns:
-    i32[T, k]: per row, the top entries by score descending, equal scores
-    by index ascending, then -1 (module docstring). Identical for every
-    exact method.
+  scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
+    compared as f32); k: entries per row (N < k pads with -1); method: one
+    of `TOPK_METHODS`. Per method: chunk_size ("chunked", default
+    `chunk_size_for(N, k)`), block_size ("blockmax", "fused_blockmax":
+    default `block_size_for(N, k)`; fused: a multiple of `block_max_width`),
+    radix_bits ("radix": one of `RADIX_BITS`, 32 / radix_bits passes),
+    recall_target ("approx", in (0, 1)), block_max ("fused_blockmax":
+    f32[T, >= cdiv(N, w)], column j the maximum of scores[:, j * w:(j + 1) *
+    w], w = block_max_width, as the fused kernel writes it; None: computed
+    from `scores`). Returns i32[T, k], identical for every exact method
+    (module docstring).
   """
   check_topk_method(method)
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
