@@ -212,14 +212,10 @@ def summation_error_bound(inputs, *, compression_ratio: int,
 
 def summation_atol(inputs, *, compression_ratio: int,
                    causal_rule: str = DEFAULT_CAUSAL_RULE, mode: str = "token") -> float:
-  """Tie tolerance for comparing two f32 implementations' top-k.
-
-  Each side is within e = `summation_error_bound` of the exact score, so the
-  two differ by at most 2e, and an entry one side selects and the other does
-  not lies within 4e of the reference's k-th score: 4 * max_t e[t]. This is
-  derived from the arithmetic, not fitted to observed differences; at D =
-  128, H = 64 it is about 5e-5 of the largest score magnitude bound B.
-  """
+  """Tie tolerance for comparing two f32 implementations' top-k: each side
+  is within e = `summation_error_bound` of the exact score, so an entry one
+  selects and the other does not lies within 4e of the reference's k-th
+  score: 4 * max_t e[t] (at D = 128, H = 64 about 5e-5 of the bound B)."""
   e = summation_error_bound(inputs, compression_ratio=compression_ratio,
                             causal_rule=causal_rule, mode=mode)
   return 4.0 * float(e.max(initial=0.0))

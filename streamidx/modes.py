@@ -291,18 +291,14 @@ def compile_for(generation: str):
 # The jax version these were written and tested against (requirements.lock).
 INTERPRETER_INTERNALS_JAX = "0.10.2"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
-# Feature -> what it needs: `<module>.<name>` for a module of
-# `_INTERPRETER_PACKAGE`, or `InterpretParams.<field>`. Public Pallas API
-# (`pltpu.InterpretParams()`, `interpreter(...)`, the kernels themselves)
-# is not listed: it needs none of these.
+# Feature -> the names it reads: `<module>.<name>` of `_INTERPRETER_PACKAGE`
+# or `InterpretParams.<field>` (public Pallas API needs none of these).
 _IPC = "interpret_pallas_call."
 INTERPRETER_INTERNALS: dict[str, tuple[str, ...]] = {
-    # race_check(): counts launches by subclassing the detector's state and
-    # reads the module-level `races` object (races_found()).
+    # race_check() subclasses the detector's state; races_found() reads `races`.
     "race_check": (_IPC + "RaceDetectionState", _IPC + "races",
                    "InterpretParams.detect_races"),
-    # lab.model.timeline.record(): wraps these interpreter functions, names
-    # buffers' memory spaces, reads DMA index ranges, records grid points.
+    # lab.model.timeline.record() wraps these to record the DMAs.
     "timeline": tuple(_IPC + n for n in (
         "_initialize_shared_memory", "_allocate_buffer", "_allocate_semaphores",
         "dma_start", "dma_wait", "get", "swap", "TPU_MEMORY_SPACE_NAMES")) + (

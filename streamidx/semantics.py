@@ -268,15 +268,10 @@ def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
 
 
 def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
-  """The kernel's metadata in slot order.
-
-  Returns (seq_lens i32[S], page_indices i32[S * pages_per_seq], q_rows
-  i32[S]): slot j gets sequence order[j]'s length and page-table row, and
-  q_rows[j] = cu_q_lens[order[j]], the first query row it reads. cu_q_lens
-  itself is not permuted: it still gives each slot's query count (1 in the
-  decode range) and the row its scores are written to (slot j's own row),
-  so the decode launches' score rows are in slot order.
-  """
+  """The kernel's metadata in slot order: (seq_lens i32[S], page_indices
+  i32[S * pages_per_seq], q_rows i32[S]), slot j getting sequence order[j]'s
+  length, page-table row and first query row. cu_q_lens is not permuted: it
+  still gives each slot's query count (1) and score row (slot j's own)."""
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
   table = page_indices.reshape(max_num_seqs, pages_per_seq)

@@ -42,12 +42,8 @@ __all__ = [
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
 _INDEX_DTYPE = jnp.int32
-# The kernel's block arithmetic is int32: ceil(entries / bkv_sz) is
-# (entries + bkv_sz - 1) // bkv_sz, so a sequence's entries (at most
-# pages_per_seq * page_size) must stay <= 2**31 - bkv_sz.
-INT32_LIMIT = 2**31
-# Scores must stay below 2**SCORE_LOG2_LIMIT: half of float32's maximum
-# (~2**128), which leaves room for the rounding of the f32 sums.
+INT32_LIMIT = 2**31  # the kernel's block arithmetic (_check_block_arithmetic)
+# Scores must stay below 2**127, half the float32 maximum (room for rounding).
 SCORE_LOG2_LIMIT = 127
 
 # ---------------------------------------------------------------------------
@@ -86,8 +82,7 @@ def _is_int_scalar(d) -> bool:
 
 def _check_distribution(distribution):
   if isinstance(distribution, (tuple, list)):
-    # The vendored kernel takes a tuple too (`jax.jit` passes it as three
-    # int32 scalars).
+    # As the vendored kernel: `jax.jit` passes it as three int32 scalars.
     if len(distribution) != 3:
       _fail("distribution", "must have length 3: (i, j, n)",
             f"length {len(distribution)}")
