@@ -1,28 +1,19 @@
 """Multi-chip StreamIndex: any registered variant under `jax.shard_map`
 (docs/multichip.md: the layouts, the input contract, an example).
 
-Sequence parallel (mesh axis "data", D devices): device d holds whole
-sequences, as a one-device call takes them; nothing is communicated.
-Context parallel (axis "context", C devices): device c holds pages [c * P,
-(c + 1) * P) of every sequence (P = `pages_per_share`) and all query rows,
-and calls the kernel with seq_len_c = max(seq_len - lo * ratio, 0), lo = c *
-P * page_size: its masks are the global ones restricted to the share
-(`(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed" rule
-alike; the kernel ends a sequence at its page table, M7). Each device's
-top-k comes back with its scores (M8), shifted to global indices, and
-`merge_topk` (score desc, global index asc: exact, ties as the reference)
-merges them over `merge="all_gather"` ((C - 1) * k pairs per row arrive) or
-`merge="tree"` (log2(C) `ppermute` rounds, C a power of two). Both axes: a
-2-D mesh. Which of several entries tied at a device's own k-th place reaches
-the merge is that device's kernel's choice, as on one device.
-
-Arguments are the kernel's, stacked device-major along the first axis
-(`shard_inputs` builds them from one `IndexerInputs`; the result is i32[D *
-T, k], `ShardedInputs.gather_rows` puts it in the batch's row order). Not
-supported (clear errors): `merge="tree"` over a context axis that is not a
-power of two; page-mode context parallelism with `k_pages` larger than a
-share. P is one static size, so a short sequence occupies only the first
-devices of its context group.
+Sequence parallel (mesh axis "data"): each device holds whole sequences; no
+communication. Context parallel (axis "context", C devices): device c holds
+pages [c * P, (c + 1) * P) of every sequence (P = `pages_per_share`) and all
+query rows, and calls the kernel with seq_len_c = max(seq_len - lo * ratio,
+0), lo = c * P * page_size: its masks are the global ones restricted to the
+share (`(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed"
+rule alike; the kernel ends a sequence at its page table, M7). Each top-k
+comes back with its scores (M8), shifted to global indices; `merge_topk`
+(score desc, global index asc: exact, ties as the reference) merges them by
+`merge="all_gather"` or `"tree"` (log2(C) `ppermute` rounds, C a power of
+two). A 2-D mesh does both. Which of several entries tied at a device's own
+k-th place reaches the merge is that device's kernel's choice. Page-mode
+context parallelism needs `k_pages` <= a share's pages.
 """
 
 from __future__ import annotations
