@@ -33,14 +33,8 @@ from streamidx import variants as variants_lib
 from streamidx.semantics import cdiv
 
 __all__ = [
-    "MERGES",
-    "IMPLS",
-    "make_mesh",
-    "ShardedInputs",
-    "shard_inputs",
-    "merge_topk",
-    "sharded_topk",
-    "merge_bytes_per_row",
+    "MERGES", "IMPLS", "make_mesh", "ShardedInputs", "shard_inputs",
+    "merge_topk", "sharded_topk", "merge_bytes_per_row",
 ]
 
 MERGES = ("all_gather", "tree")
