@@ -117,7 +117,7 @@ def assert_topk_match(got, want, scores, *, atol: float = 0.0, label=""):
   return c
 
 
-def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
+def recall_at_k(got, want, exact_scores=None) -> float:
   """Mean over rows of |got ∩ want| / |want| (rows with empty `want` skipped).
 
   With `exact_scores` (the scores `want` was taken from), an entry of `got`
@@ -126,9 +126,8 @@ def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
   """
   got = np.asarray(got)
   want = np.asarray(want)
-  rows = range(got.shape[0]) if live_rows is None else np.flatnonzero(live_rows)
   vals = []
-  for r in rows:
+  for r in range(got.shape[0]):
     w = want[r][want[r] >= 0]
     if len(w) == 0:
       continue

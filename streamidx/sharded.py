@@ -48,8 +48,8 @@ def _check_counts(num_data, num_context):
       raise ValueError(f"{name}: must be a positive int (got {v!r})")
 
 
-def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
-              axis_names: tuple[str, str] = ("data", "context")) -> Mesh:
+def make_mesh(num_data: int = 1, num_context: int = 1, *,
+              devices=None) -> Mesh:
   """A (num_data, num_context) `Mesh` over the first devices of `devices`
   (default `jax.devices()`; a TPU topology's for ahead-of-time compiles)."""
   _check_counts(num_data, num_context)
@@ -59,7 +59,7 @@ def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
     raise ValueError(f"devices: a {num_data} x {num_context} mesh needs "
                      f"{need} devices (got {len(devices)})")
   return Mesh(np.array(devices[:need], dtype=object).reshape(
-      num_data, num_context), axis_names)
+      num_data, num_context), ("data", "context"))
 
 
 # ---------------------------------------------------------------------------
