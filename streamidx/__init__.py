@@ -1,34 +1,8 @@
-"""streamidx: the StreamIndex top-k Pallas kernel, its exact reference, and
-the cache formats and batches they read. This is the core, what a serving
-engineer imports; it loads no plotting or notebook code.
-
-    streamindex_topk / streamindex_page_topk          the vendored kernels
-                                                      (Pallas TPU; interpreted
-                                                      off-TPU)
-    streamindex_topk_dense / _page_topk_dense         the same over the dense
-    pack_dense_fp8_cache                              FP8 cache (129 B/entry)
-    streamindex_topk_ref / streamindex_page_topk_ref  pure-JAX twins
-    VARIANTS, block_sizes                             the kernel variants by
-                                                      name; the block-size table
-    interpreter(...), race_check()                    force the TPU interpreter
-    compile_for(generation)                           compile for a TPU
-                                                      generation, no TPU needed
-    TopkCall, PageCall                                one call's static arguments
-    validate_topk_inputs / checked_streamindex_topk   value checks (and in jit)
-    cache, batch                                      FP8/bf16 cache, ragged batches
-    metrics                                           tie-aware parity, recall
-    select_topk, TOPK_METHODS                         the top-k stage and its
-                                                      methods (`topk_method`)
-    sharded                                           any variant under
-                                                      jax.shard_map: sequence-
-                                                      and context-parallel
-    semantics                                         causal rules, launches,
-                                                      block normalisation
-
-`streamidx.streaming` holds the bounded-memory exact references.
-Everything the notebooks use (hardware and roofline models, tiling,
-timeline, profiling, studies, plots, benchmark, workbook runner) lives in
-`streamidx.lab`, imported on demand. ARCHITECTURE.md draws the layers.
+"""streamidx: the StreamIndex top-k Pallas kernels (`streamindex_topk`,
+`streamindex_page_topk` and their dense-FP8 twins), their exact references,
+value checks, cache formats, batches and variants. This is the core, what a
+serving engineer imports; it loads no plotting or notebook code
+(`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
@@ -45,10 +19,8 @@ from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
                              set_interpreter)
-from streamidx.ref import (page_scores, streamindex_page_topk_dense_ref,
-                           streamindex_page_topk_ref,
-                           streamindex_topk_dense_ref, streamindex_topk_ref,
-                           token_scores)
+from streamidx.ref import (page_scores, streamindex_page_topk_ref,
+                           streamindex_topk_ref, token_scores)
 from streamidx.semantics import CAUSAL_RULES, DEFAULT_VMEM_LIMIT_BYTES
 from streamidx.topk import TOPK_METHODS, select_topk
 from streamidx.variants import VARIANTS, Variant, block_sizes
@@ -63,6 +35,9 @@ validate_topk_inputs = streamindex_topk.validate
 validate_page_topk_inputs = streamindex_page_topk.validate
 validate_topk_dense_inputs = streamindex_topk_dense.validate
 validate_page_topk_dense_inputs = streamindex_page_topk_dense.validate
+# The dense entry points' reference twins: the cache pair as one argument.
+streamindex_topk_dense_ref = VARIANTS["dense"].reference
+streamindex_page_topk_dense_ref = VARIANTS["dense_page"].reference
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,5 @@
 """`python -m streamidx.aot`: the compile matrix (see `streamidx.lab.aot`)."""
 
-import sys
-
 if __name__ == "__main__":
-  from streamidx.lab import aot
-
-  sys.exit(aot.main())
+  from streamidx.lab.aot import main
+  raise SystemExit(main())

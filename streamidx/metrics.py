@@ -15,43 +15,24 @@ import numpy as np
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 
 __all__ = [
-    "TopkComparison",
-    "compare_topk",
-    "assert_topk_match",
-    "recall_at_k",
-    "score_error",
-    "summation_error_bound",
-    "summation_atol",
+    "TopkComparison", "compare_topk", "assert_topk_match", "recall_at_k",
+    "score_error", "summation_error_bound", "summation_atol",
 ]
 
 
 @dataclasses.dataclass
 class TopkComparison:
-  """Result of `compare_topk` over T rows.
-
-  Attributes:
-    rows: rows compared.
-    rows_identical: rows whose index sets are equal.
-    rows_tied: rows whose sets differ only at positions of equal score
-      (exact ties at the k-th boundary); still a match.
-    rows_mismatched: rows that differ beyond ties: a real disagreement.
-    differing_positions: indices in one set but not the other, summed.
-    tied_positions: those of them that are ties.
-    max_score_diff: largest |score| difference between the two selections,
-      sorted by score, over all rows (0 when they match).
-    first_bad_row: index of the first mismatched row, or -1.
-    detail: a sentence on the first mismatch ("" if none).
-  """
+  """Result of `compare_topk` over T rows."""
 
   rows: int
-  rows_identical: int
-  rows_tied: int
-  rows_mismatched: int
-  differing_positions: int
-  tied_positions: int
-  max_score_diff: float
-  first_bad_row: int
-  detail: str
+  rows_identical: int  # equal index sets
+  rows_tied: int  # sets differ only at ties with the k-th score: a match
+  rows_mismatched: int  # differ beyond ties: a real disagreement
+  differing_positions: int  # indices in one set but not the other, summed
+  tied_positions: int  # those of them that are ties
+  max_score_diff: float  # largest |score| difference, selections sorted
+  first_bad_row: int  # -1: none
+  detail: str  # a sentence on the first mismatch ("" if none)
 
   @property
   def ok(self) -> bool:
@@ -71,13 +52,9 @@ def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
   score as the boundary score (the smallest score `want` selected), within
   `atol` (0: exact ties only).
 
-  Args:
-    got: i32[T, k] indices under test (e.g. the kernel's).
-    want: i32[T, k] reference indices.
-    scores: f32[T, E] masked scores the reference selected from.
-    atol: tolerance on score equality; 0 demands exact ties. Kernel vs
-      reference uses `summation_atol` (XLA may order the f32 sums
-      differently for the kernel's block shapes).
+  got, want: i32[T, k] indices under test and reference indices; scores:
+  f32[T, E] masked scores `want` was selected from; kernel vs reference uses
+  atol=`summation_atol` (the f32 sums may be ordered differently).
   """
   got = np.asarray(got)
   want = np.asarray(want)
@@ -140,7 +117,7 @@ def assert_topk_match(got, want, scores, *, atol: float = 0.0, label=""):
   return c
 
 
-def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
+def recall_at_k(got, want, exact_scores=None) -> float:
   """Mean over rows of |got ∩ want| / |want| (rows with empty `want` skipped).
 
   With `exact_scores` (the scores `want` was taken from), an entry of `got`
@@ -149,9 +126,8 @@ def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
   """
   got = np.asarray(got)
   want = np.asarray(want)
-  rows = range(got.shape[0]) if live_rows is None else np.flatnonzero(live_rows)
   vals = []
-  for r in rows:
+  for r in range(got.shape[0]):
     w = want[r][want[r] >= 0]
     if len(w) == 0:
       continue
@@ -168,12 +144,8 @@ def recall_at_k(got, want, exact_scores=None, *, live_rows=None) -> float:
 
 
 def score_error(approx, exact) -> dict:
-  """Relative error |approx - exact| / |exact| over visible entries.
-
-  Returns a dict with "median", "p99", "max" relative error and
-  "max_abs" absolute error, over entries where both are finite and
-  `exact` is nonzero.
-  """
+  """{"median", "p99", "max"} of |approx - exact| / |exact|, "max_abs" and
+  "count", over entries where both are finite and `exact` is nonzero."""
   a = np.asarray(approx, np.float64)
   e = np.asarray(exact, np.float64)
   m = np.isfinite(a) & np.isfinite(e) & (e != 0)
@@ -239,14 +211,10 @@ def summation_error_bound(inputs, *, compression_ratio: int,
 
 def summation_atol(inputs, *, compression_ratio: int,
                    causal_rule: str = DEFAULT_CAUSAL_RULE, mode: str = "token") -> float:
-  """Tie tolerance for comparing two f32 implementations' top-k.
-
-  Each side is within e = `summation_error_bound` of the exact score, so the
-  two differ by at most 2e, and an entry one side selects and the other does
-  not lies within 4e of the reference's k-th score: 4 * max_t e[t]. This is
-  derived from the arithmetic, not fitted to observed differences; at D =
-  128, H = 64 it is about 5e-5 of the largest score magnitude bound B.
-  """
+  """Tie tolerance for comparing two f32 implementations' top-k: each side
+  is within e = `summation_error_bound` of the exact score, so an entry one
+  selects and the other does not lies within 4e of the reference's k-th
+  score: 4 * max_t e[t] (at D = 128, H = 64 about 5e-5 of the bound B)."""
   e = summation_error_bound(inputs, compression_ratio=compression_ratio,
                             causal_rule=causal_rule, mode=mode)
   return 4.0 * float(e.max(initial=0.0))

@@ -1,41 +1,14 @@
 """How the Pallas kernels execute: compiled on a TPU, interpreted elsewhere.
 
-`streamidx.streamindex_topk` and `streamidx.streamindex_page_topk` need no
-argument to run anywhere. When a call is traced, the mode is resolved as:
-
-1. the innermost of `interpreter(...)` (a context manager) and
-   `compile_for(generation)` (compiled Mosaic for that TPU generation, on
-   any host), or `set_interpreter(...)` (process-wide), if any;
-2. otherwise compiled Mosaic when JAX's default backend is a TPU;
-3. otherwise Pallas's TPU interpreter with default `pltpu.InterpretParams()`
-   (DMAs, semaphores, scalar prefetch and VMEM scratch simulated on the CPU).
-
-The forced interpreter is stored in JAX's own `pallas_tpu_interpret_mode`
-config state, the compile target in a config state of streamidx's and in
-JAX's default device; all are part of the jit cache key: a function traced
-in one mode (or for one generation) is never reused in another, inside
-`jax.jit` of the caller's too.
-
-Typical use::
-
-    with streamidx.race_check() as report:    # every launch, race detector on
-        idx = streamidx.streamindex_topk(...)
-    print(report.races_found, report.launches)
-
-    with streamidx.interpreter(uninitialized_memory="nan"):
-        idx = streamidx.streamindex_topk(...)
-
-    with streamidx.compile_for("v6e") as target:   # no TPU needed
-        compiled = jax.jit(fn).lower(*target.specs(args)).compile()
-
-Interpreted calls return finished results: XLA:CPU runs an interpreted
-kernel asynchronously, and the interpreter's host callbacks dispatch XLA work
-of their own (on the `jax.Array`s `io_callback` hands them), which waits for a
-slot in XLA:CPU's bound on in-flight computations; with enough work queued
-behind the kernel those slots wait on results that cannot come, and the
-process hangs. So the entry points (`streamidx.kernels.driver.run`) wait for
-their own interpreted result before returning (inside a caller's `jax.jit`
-they return tracers at once).
+When a call is traced, the mode is: the innermost of `interpreter(...)` and
+`compile_for(generation)` (compiled Mosaic for that TPU generation, on any
+host), or `set_interpreter(...)` (process-wide), if any; else compiled Mosaic
+when JAX's default backend is a TPU; else Pallas's TPU interpreter with
+default `pltpu.InterpretParams()`. The forced interpreter (JAX's
+`pallas_tpu_interpret_mode`) and the compile target are part of the jit cache
+key, so a function traced in one mode is never reused in another. Examples:
+docs/usage.md, docs/tpu.md; why interpreted calls wait for their result:
+docs/limitations.md.
 """
 
 from __future__ import annotations
@@ -55,23 +28,11 @@ from jax._src import config as _jax_config
 from jax.experimental.pallas import tpu as pltpu
 
 __all__ = [
-    "interpreter",
-    "set_interpreter",
-    "resolve_interpret",
-    "kernel_mode",
-    "describe_machine",
-    "races_found",
-    "race_check",
-    "RaceReport",
-    "reset_interpreter_state",
-    "INTERPRETER_INTERNALS",
-    "INTERPRETER_INTERNALS_JAX",
-    "interpreter_internals_missing",
-    "on_tpu",
-    "TOPOLOGIES",
-    "CompileTarget",
-    "compile_for",
-    "compile_target",
+    "interpreter", "set_interpreter", "resolve_interpret", "kernel_mode",
+    "describe_machine", "races_found", "race_check", "RaceReport",
+    "reset_interpreter_state", "INTERPRETER_INTERNALS",
+    "INTERPRETER_INTERNALS_JAX", "interpreter_internals_missing", "on_tpu",
+    "TOPOLOGIES", "CompileTarget", "compile_for", "compile_target",
     "libtpu_path",
 ]
 
@@ -91,16 +52,9 @@ def _params(params, **options) -> pltpu.InterpretParams:
 
 @contextlib.contextmanager
 def interpreter(params: pltpu.InterpretParams | None = None, **options):
-  """Forces Pallas's TPU interpreter for calls traced inside the block.
-
-  Args:
-    params: an `InterpretParams`; default `InterpretParams()`.
-    **options: fields of `InterpretParams` to set, e.g. `detect_races=True`,
-      `uninitialized_memory="nan"`, `dma_execution_mode="eager"`,
-      `grid_point_recorder=fn`.
-
-  Works on a TPU too (the kernel then runs interpreted on the host).
-  """
+  """Forces Pallas's TPU interpreter (also on a TPU) for calls traced inside
+  the block: `params` (default `InterpretParams()`) with `**options` (its
+  fields, e.g. `detect_races=True`, `uninitialized_memory="nan"`) set."""
   with pltpu.force_tpu_interpret_mode(_params(params, **options)):
     yield
 
@@ -118,10 +72,8 @@ def _forced():
 
 
 def resolve_interpret():
-  """The `interpret=` value a `pallas_call` traced now should get.
-
-  `False` means compiled Mosaic; otherwise an `InterpretParams`.
-  """
+  """The `interpret=` of a `pallas_call` traced now: False (compiled
+  Mosaic) or an `InterpretParams`."""
   forced = _forced()
   if forced is not None:
     return forced
@@ -176,12 +128,9 @@ _topology_lock = threading.Lock()
 
 @dataclasses.dataclass(frozen=True)
 class CompileTarget:
-  """What `compile_for` yields: the TPU generation and its topology's devices.
-
-  The devices are compile-only (`jax.experimental.topologies`): arguments
-  are `jax.ShapeDtypeStruct`s placed on them (`spec`, `specs`); never
-  `device_put` onto them, nothing can run there.
-  """
+  """What `compile_for` yields: the TPU generation and its topology's
+  compile-only devices (arguments are `ShapeDtypeStruct`s on them, `spec`,
+  `specs`; never `device_put` onto them)."""
 
   generation: str  # "v4", "v5e", "v5p", "v6e" or "v7x"
   topology: str  # libtpu's topology name, e.g. "v6e:2x2"
@@ -193,13 +142,11 @@ class CompileTarget:
     """The device kernels compile for (the topology's first)."""
     return self.devices[0]
 
-  @property
-  def sharding(self) -> jax.sharding.SingleDeviceSharding:
-    return jax.sharding.SingleDeviceSharding(self.device)
-
   def spec(self, shape, dtype) -> jax.ShapeDtypeStruct:
     """A `ShapeDtypeStruct` on the target device."""
-    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=self.sharding)
+    return jax.ShapeDtypeStruct(
+        tuple(shape), dtype,
+        sharding=jax.sharding.SingleDeviceSharding(self.device))
 
   def specs(self, args):
     """`args` (arrays or `ShapeDtypeStruct`s, any pytree) as specs on the target."""
@@ -212,13 +159,10 @@ def compile_target() -> CompileTarget | None:
 
 
 def libtpu_path() -> str | None:
-  """The libtpu shared library `compile_for` loads, or None if none is installed.
-
-  In order: `$TPU_LIBRARY_PATH`; an importable `libtpu` package (`pip install
-  'streamidx[tpu-compile]'`); `<venv>/tpu-compile/libtpu/libtpu.so`, where
-  `make venv` installs it, off the import path so that JAX's ordinary backend
-  start-up never tries (and warns about) a TPU on hosts without one.
-  """
+  """The libtpu `compile_for` loads, or None: `$TPU_LIBRARY_PATH`, an
+  importable `libtpu` package, or `<venv>/tpu-compile/libtpu/libtpu.so`
+  (`make venv`; off the import path, so that JAX's backend start-up never
+  tries a TPU on hosts without one)."""
   env = os.environ.get("TPU_LIBRARY_PATH")
   if env and os.path.isfile(env):
     return env
@@ -232,11 +176,8 @@ def libtpu_path() -> str | None:
 
 @contextlib.contextmanager
 def _quiet_stderr(sink: list):
-  """Sends the process's file descriptor 2 to a temporary file for the block.
-
-  libtpu's C++ start-up writes warnings there that are noise off-TPU (no TPU
-  accelerator type, no worker hostnames). What it wrote is appended to `sink`.
-  """
+  """fd 2 to a temporary file for the block, appended to `sink` after it
+  (libtpu's start-up warnings are noise off-TPU)."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as tmp:
@@ -253,12 +194,9 @@ def _quiet_stderr(sink: list):
 
 @contextlib.contextmanager
 def _keep_signal_handlers():
-  """Restores SIGTERM's and SIGINT's handlers after the block.
-
-  libtpu installs a failure-signal handler when it loads; on a plain
-  SIGTERM (a notebook kernel shut down, a timeout) it prints a stack trace
-  to stderr, and it would turn Ctrl-C into one. Crash signals keep it.
-  """
+  """Restores SIGTERM's and SIGINT's handlers after the block: libtpu's
+  failure-signal handler would print a stack trace on a plain SIGTERM or
+  Ctrl-C (crash signals keep it)."""
   import signal  # pylint: disable=g-import-not-at-top
 
   if threading.current_thread() is not threading.main_thread():
@@ -315,33 +253,21 @@ def _topology(generation: str):
 
 @contextlib.contextmanager
 def no_persistent_cache_writes():
-  """Nothing compiled inside the block is written to JAX's persistent
-  compilation cache (`jax_compilation_cache_dir`; this thread).
-
-  For compiles against a compile-only TPU client (`compile_for`, a mesh over
-  a topology's devices): JAX writes their executables, but a later process
-  cannot load them back (jax 0.10.2: "PjRtCompiler must be constructed with
-  a Client to call DeserializeLoadedExecutable"), and warns and compiles
-  again. Uncached, a compile is simply a miss.
-  """
+  """Nothing compiled inside the block (this thread) goes to JAX's
+  persistent compilation cache: a compile-only TPU client's executables
+  cannot be loaded back (jax 0.10.2), a later process warned and recompiled."""
   with _jax_config.persistent_cache_min_compile_time_secs(float("inf")):
     yield
 
 
 @contextlib.contextmanager
 def compile_for(generation: str):
-  """Traces the kernels compiled (Mosaic) for TPU `generation`, on any host.
-
-  Yields a `CompileTarget` (`generation` one of `TOPOLOGIES`). Inside the
-  block JAX's default device is the target's compile-only device (Pallas
-  reads the chip from it), `resolve_interpret()` is False (an outer forced
-  interpreter does not apply; an `interpreter(...)` block inside does), and
-  nothing is written to a persistent compilation cache
-  (`no_persistent_cache_writes`). Lower and compile there (module docstring);
-  the compiler's errors are the real ones for that chip (E2001: an op the
-  chip lacks; E1001: scoped VMEM exceeded). Needs libtpu (`libtpu_path`), no
-  TPU and no `JAX_PLATFORMS` setting.
-  """
+  """Traces the kernels compiled (Mosaic) for TPU `generation` (one of
+  `TOPOLOGIES`), on any host; yields a `CompileTarget`. Inside, JAX's default
+  device is the target's (Pallas reads the chip from it), an outer forced
+  interpreter does not apply (an inner `interpreter(...)` does), nothing goes
+  to the persistent cache. Lower and compile there (docs/tpu.md); the
+  compiler's errors are that chip's. Needs libtpu (`libtpu_path`)."""
   topo = _topology(generation)
   devices = tuple(topo.devices)
   with jax.default_device(devices[0]):
@@ -365,18 +291,14 @@ def compile_for(generation: str):
 # The jax version these were written and tested against (requirements.lock).
 INTERPRETER_INTERNALS_JAX = "0.10.2"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
-# Feature -> what it needs: `<module>.<name>` for a module of
-# `_INTERPRETER_PACKAGE`, or `InterpretParams.<field>`. Public Pallas API
-# (`pltpu.InterpretParams()`, `interpreter(...)`, the kernels themselves)
-# is not listed: it needs none of these.
+# Feature -> the names it reads: `<module>.<name>` of `_INTERPRETER_PACKAGE`
+# or `InterpretParams.<field>` (public Pallas API needs none of these).
 _IPC = "interpret_pallas_call."
 INTERPRETER_INTERNALS: dict[str, tuple[str, ...]] = {
-    # race_check(): counts launches by subclassing the detector's state and
-    # reads the module-level `races` object (races_found()).
+    # race_check() subclasses the detector's state; races_found() reads `races`.
     "race_check": (_IPC + "RaceDetectionState", _IPC + "races",
                    "InterpretParams.detect_races"),
-    # lab.model.timeline.record(): wraps these interpreter functions, names
-    # buffers' memory spaces, reads DMA index ranges, records grid points.
+    # lab.model.timeline.record() wraps these to record the DMAs.
     "timeline": tuple(_IPC + n for n in (
         "_initialize_shared_memory", "_allocate_buffer", "_allocate_semaphores",
         "dma_start", "dma_wait", "get", "swap", "TPU_MEMORY_SPACE_NAMES")) + (
@@ -398,13 +320,9 @@ def _has_internal(name: str) -> bool:
 
 
 def interpreter_internals_missing(*features: str) -> str | None:
-  """Why this JAX cannot run streamidx's interpreter-internal `features`, or None.
-
-  `features`: keys of `INTERPRETER_INTERNALS` (none: all). None when this
-  JAX's interpreter has every name they use (checked by name, not version),
-  else one line for a notebook to show instead of failing: the jax version,
-  what it lacks, the version streamidx was written against.
-  """
+  """None when this JAX's interpreter has every name `features` (keys of
+  `INTERPRETER_INTERNALS`; none: all) use, checked by name; else one line
+  for a notebook to show instead of failing."""
   unknown = sorted(set(features) - set(INTERPRETER_INTERNALS))
   if unknown:
     raise ValueError(f"features: must be among {sorted(INTERPRETER_INTERNALS)} "
@@ -426,12 +344,8 @@ def _require_internals(feature: str):
 
 
 def races_found() -> bool:
-  """Whether the LAST interpreted `pallas_call` run with `detect_races=True`
-  saw a race.
-
-  `streamindex_topk` makes four launches; this sees only the last one. Use
-  `race_check()` to check every launch of a block of code.
-  """
+  """Whether the LAST interpreted `pallas_call` with `detect_races=True` saw
+  a race (one launch of several: `race_check()` sees every launch)."""
   _require_internals("race_check")
   # The races object is replaced on every run: read it through its module.
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
@@ -460,14 +374,10 @@ class RaceReport:
 
 @contextlib.contextmanager
 def race_check(params: pltpu.InterpretParams | None = None, **options):
-  """Runs the block in the interpreter with the race detector on every launch.
-
-  Yields a `RaceReport`; after the block, `report.races_found` is True if any
-  interpreted launch inside saw a race, and `report.launches` counts them.
-  Options are `InterpretParams` fields, as for `interpreter`. Raises
-  RuntimeError (`interpreter_internals_missing("race_check")`) on a JAX whose
-  interpreter lacks the detector state it reads.
-  """
+  """Runs the block interpreted with the race detector on every launch;
+  yields a `RaceReport` (`races_found`: any launch saw a race; `launches`).
+  Options as for `interpreter`. RuntimeError on a JAX whose interpreter
+  lacks the detector state it reads."""
   _require_internals("race_check")
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 

@@ -1,24 +1,17 @@
 """Exact pure-JAX reference for the StreamIndex top-k kernels.
 
 Each function takes its kernel's arguments, so either can stand in for the
-other: `streamindex_topk_ref`, `streamindex_page_topk_ref` and their `_dense_`
-twins <-> `streamidx.streamindex_topk`, `streamindex_page_topk`, .... The
-kernels' schedule arguments (block sizes, `vmem_limit_bytes`,
-`decode_req_batch_size`, `sort_decode`, `num_cores`) are accepted here and in
-`streamidx.streaming` and ignored, their defaults `streamidx.call`'s; so is
-`topk_method` (checked, as `k`, `compression_ratio` and `causal_rule`, by
-building the `TopkCall`): the reference selects exactly, as every exact
-method does and as "approx" is measured against. `cache_kv` may be any packed
-cache, the float32 one (the exact baseline), or the dense FP8 pair
-`(cache_values, cache_scales)`, scored as the "fp8" record it decodes to.
-
-Row t (sequence b, absolute position p) scores entry s as
-sum_h w[t, h] * ReLU(q[t, h] . k[s]) (`score_entries`, in the kernel's
-arithmetic order; XLA may still sum the kernel's blocks in another order,
-hence `metrics.summation_atol`) where s < seq_len // ratio and
-s < `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf,
-which the top-k returns as -1 (ties to the lowest index, `streamidx.topk`).
-Padding rows are all -1; a page scores its entries' max.
+other (`streamindex_topk_ref` <-> `streamidx.streamindex_topk`; the dense
+entry points' twins are their variants' `reference`); the schedule
+arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
+`sort_decode`, `num_cores`) are accepted and ignored, `topk_method` checked
+and ignored (the reference selects exactly). `cache_kv`: any packed cache,
+the float32 one (the exact baseline), or the dense FP8 pair `(cache_values,
+cache_scales)`. Row t (sequence b, absolute position p) scores entry s as
+`score_entries` where s < seq_len // ratio and s <
+`semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf (-1 in the
+top-k, ties to the lowest index); padding rows are all -1; a page scores its
+entries' max.
 
 One engine (`_run`) computes everything here and in `streamidx.streaming`:
 
@@ -29,22 +22,11 @@ One engine (`_run`) computes everything here and in `streamidx.streaming`:
         unpack (`cache.unpack_cache_raw`), score, mask          [Tc, C]
         running = top_k(concat(running, chunk), k)              [Tc, k + C]
 
-`token_scores` / `page_scores` return the masked chunk ([T, E] /
-[T, pages_per_seq]); `streamidx.streaming` runs the loop with C < E, with the
-same Tc, so both score a row in the same program. The indices are those of
-one `top_k`, ties included: `lax.top_k` breaks ties by the lower position,
-and in concat(running, chunk) position order is id order among equal scores;
-an element of the top k of (prefix + chunk) is in the prefix's top k or in
-the chunk. `tests/test_streaming.py` checks equality.
-
-XLA:CPU (jax 0.10.2) miscompiled an earlier reference that indexed each
-sequence's whole gathered cache per row (one sequence slot, >= 256 entries:
-every score of a row became its first column). The engine gathers records per
-row, picks the row's page-table row with `jnp.take` and keeps the gathered
-records behind an `optimization_barrier`; `tests/test_reference.py` pins both
-shapes.
+The indices are those of one `top_k` over the row, ties included: in
+concat(running, chunk) position order is id order among equal scores, and an
+element of the top k of (prefix + chunk) is in the prefix's top k or in the
+chunk (`tests/test_streaming.py` checks equality).
 """
-
 
 from __future__ import annotations
 
@@ -62,8 +44,7 @@ from streamidx.semantics import cdiv, causal_visible_bound, check_causal_rule
 __all__ = [
     "score_entries", "token_scores", "page_scores", "topk_from_scores",
     "visible_counts", "rows_per_block", "streamindex_topk_ref",
-    "streamindex_page_topk_ref", "streamindex_topk_dense_ref",
-    "streamindex_page_topk_dense_ref",
+    "streamindex_page_topk_ref",
 ]
 
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
@@ -176,6 +157,9 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     entry = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C]
     page = jnp.minimum(entry // page_size, pages_per_seq - 1)
     flat = (rows_table[:, page] * page_size + entry % page_size).reshape(-1)
+    # Records gathered per row, behind a barrier: XLA:CPU (jax 0.10.2)
+    # miscompiled indexing a sequence's whole gathered cache per row
+    # (tests/test_reference.py pins the shapes).
     gathered = jax.lax.optimization_barrier(tuple(p[flat] for p in parts))
     values, scales = _unpack_entries(gathered, head_dim)
     s = jax.vmap(score_entries)(
@@ -255,6 +239,18 @@ def page_scores(q, indexer_weights, cache_kv, seq_lens, page_indices,
               chunk_bytes=chunk_bytes)
 
 
+def _check_chunks(chunk_entries, chunk_tokens, page_size=None):
+  for name, v in (("chunk_entries", chunk_entries),
+                  ("chunk_tokens", chunk_tokens)):
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                          or v <= 0):
+      raise ValueError(f"{name}: must be None or a positive int (got {v!r})")
+  if page_size is not None and chunk_entries and chunk_entries % page_size:
+    raise ValueError(
+        f"chunk_entries: must be a multiple of page_size ({page_size}) in page"
+        f" mode, so that pages are pooled whole (got {chunk_entries})")
+
+
 def topk_from_scores(scores, k: int, *, return_scores: bool = False):
   """Exact top-k indices i32[T, k] of masked scores, -1 where -inf:
   `streamidx.topk.select_topk(scores, k, "top_k")`, as every exact method.
@@ -282,19 +278,27 @@ def streamindex_topk_ref(
     topk_method=TopkCall.topk_method,
     return_scores=TopkCall.return_scores,
     sort_decode=TopkCall.sort_decode,
+    chunk_entries: int | None = None,
+    chunk_tokens: int | None = None,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
+  chunk_entries: entries scored per scan step (None: all of a sequence's, in
+    one chunk; any positive int, capped at pages_per_seq * page_size);
+    chunk_tokens: query rows per block (None: `rows_per_block`). Both are
+    the streaming reference's (`streamidx.streaming`); the indices are equal.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
+  _check_chunks(chunk_entries, chunk_tokens)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
            topk_method=topk_method)  # the call's static rules, checked once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,
-                     causal_rule=causal_rule)
+                     causal_rule=causal_rule, chunk_entries=chunk_entries,
+                     chunk_tokens=chunk_tokens)
   return (idx, scores) if return_scores else idx
 
 
@@ -316,6 +320,8 @@ def streamindex_page_topk_ref(
     causal_rule=PageCall.causal_rule,
     one_token_per_seq: bool = False,
     return_scores=PageCall.return_scores,
+    chunk_entries: int | None = None,
+    chunk_tokens: int | None = None,
 ):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
@@ -323,36 +329,18 @@ def streamindex_page_topk_ref(
   the kernel computes). True: the decode form, row i is the single query (at
   seq_len - 1) of sequence i, `cu_q_lens` ignored. Any `compression_ratio`
   works. `return_scores=True` returns (page ids, f32[T, k_pages] scores).
+  chunk_entries, chunk_tokens: as `streamindex_topk_ref`'s; chunk_entries a
+  multiple of the page size (pages are pooled whole).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
+  _check_chunks(chunk_entries, chunk_tokens, cache_lib.cache_pages(cache_kv)[1])
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, jnp.asarray(num_seqs, jnp.int32), k=k_pages,
                      compression_ratio=compression_ratio,
                      causal_rule=causal_rule,
-                     one_token_per_seq=one_token_per_seq, pool_pages=True)
+                     one_token_per_seq=one_token_per_seq, pool_pages=True,
+                     chunk_entries=chunk_entries, chunk_tokens=chunk_tokens)
   return (idx, scores) if return_scores else idx
-
-
-def streamindex_topk_dense_ref(q, indexer_weights, cache_values, cache_scales,
-                               seq_lens, page_indices, cu_q_lens, distribution,
-                               **static):
-  """Reference twin of `streamindex_topk_dense` (keywords as
-  `streamindex_topk_ref`; `num_cores` is ignored)."""
-  static.pop("num_cores", None)
-  return streamindex_topk_ref(q, indexer_weights, (cache_values, cache_scales),
-                              seq_lens, page_indices, cu_q_lens, distribution,
-                              **static)
-
-
-def streamindex_page_topk_dense_ref(q, indexer_weights, cache_values,
-                                    cache_scales, seq_lens, page_indices,
-                                    cu_q_lens, num_seqs, **static):
-  """Reference twin of `streamindex_page_topk_dense` (keywords as
-  `streamindex_page_topk_ref`; `num_cores` is ignored)."""
-  static.pop("num_cores", None)
-  return streamindex_page_topk_ref(q, indexer_weights,
-                                   (cache_values, cache_scales), seq_lens,
-                                   page_indices, cu_q_lens, num_seqs, **static)
 
 
 def visible_counts(seq_lens, cu_q_lens, num_seqs, num_tokens, *,

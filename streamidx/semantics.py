@@ -1,21 +1,9 @@
-"""The rules every kernel, reference, validator and model shares.
-
-One home per rule: the vendored kernel (`streamidx/kernels/vendored.py`), the
-references (`ref.py`, `streaming.py`), validation and the lab's models all
-import these definitions; none of them restates one.
-
-    CAUSAL_RULES, causal_visible_bound   which compressed entries a query sees
-    CASES, normalize_per_case            per-case block sizes (decode, prefill,
-                                         mixed), checked
-    TokenLaunch, token_launches          the launches `streamindex_topk` makes
-                                         for a distribution (i, j, n)
-    decode_blocks, decode_order          length-sorted decode batching (the
-    apply_decode_order,                  kernels' `sort_decode`): the order of
-    restore_decode_rows                  the decode range, and its undoing
-    cdiv, align_to, LANES                the integer helpers
-    launch_scratch, scratch_vmem_bytes   a launch's VMEM scratch buffers (the
-                                         kernel declares them from here) and
-                                         their bytes as Mosaic tiles them
+"""The rules every kernel, reference, validator and model shares: causal
+visibility, per-case block sizes, the launches of `streamindex_topk`, the
+length-sorted decode order (`sort_decode`), a launch's VMEM scratch, and the
+integer helpers. One home per rule: the kernels, references, validation and
+the lab's models import these; none restates one. Everything works on
+Python ints, NumPy and (where it says so) traced JAX values alike.
 
 Vocabulary (the vendored kernel's own):
     ratio / compression_ratio  tokens per compressed KV entry; a sequence of
@@ -26,9 +14,6 @@ Vocabulary (the vendored kernel's own):
     distribution = (i, j, n)   sequences [0, i) decode-only, [i, j)
                                chunked-prefill-only, [j, n) mixed
     decode_req_batch_size      decode sequences scored together per program
-
-Every function here works on Python ints, NumPy and (where it says so) traced
-JAX values alike, so the kernel can use it inside `jit`.
 """
 
 from __future__ import annotations
@@ -36,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from typing import Any
+
+import jax.numpy as jnp
 
 LANES = 128  # the TPU vector lane count: the kernel's row and score width
 DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024  # the vendored kernel's default
@@ -62,11 +49,9 @@ def check_causal_rule(causal_rule) -> None:
 
 
 def causal_visible_bound(q_pos, compression_ratio, causal_rule):
-  """Exclusive upper bound on the compressed entries visible at `q_pos`.
-
-  Entry s is causally visible to the query at absolute token position `q_pos`
-  (`seq_len - q_len + i` for a sequence's i-th query) iff
-  `s < causal_visible_bound(q_pos, ratio, rule)`:
+  """Entry s is causally visible to the query at absolute token position
+  `q_pos` (`seq_len - q_len + i` for a sequence's i-th query) iff `s <
+  causal_visible_bound(q_pos, ratio, rule)`:
 
     "model": (q_pos + 1) // ratio   only blocks complete at q_pos, as
                                     DeepSeek-V4 and vLLM do (the default);
@@ -74,8 +59,8 @@ def causal_visible_bound(q_pos, compression_ratio, causal_rule):
                                     which also admits the block holding the
                                     query's own future tokens.
 
-  Works on Python ints, NumPy and JAX arrays. Decode rows
-  (q_pos = seq_len - 1) agree under both rules whenever seq_len % ratio == 0.
+  Decode rows (q_pos = seq_len - 1) agree under both rules whenever
+  seq_len % ratio == 0.
   """
   if causal_rule == "model":
     return (q_pos + 1) // compression_ratio
@@ -89,13 +74,10 @@ def _is_int(v) -> bool:
 
 
 def normalize_per_case(value, name: str) -> tuple[int, int, int]:
-  """A positive int or a (decode, prefill, mixed) triple -> three ints.
-
-  The kernels take `num_kv_pages_per_block` and `num_queries_per_block` in
-  this form. A NumPy integer is refused: the vendored kernel tells an int
-  from a triple with `isinstance(v, int)`, and jit's static arguments must
-  hash alike. Raises `ValueError("<name>: <rule> (got ...)")`.
-  """
+  """A positive int or a (decode, prefill, mixed) triple -> three ints (the
+  block sizes' form). A NumPy integer is refused: the vendored kernel tells
+  an int from a triple with `isinstance(v, int)`, and jit's static arguments
+  must hash alike."""
   if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
     raise ValueError(
         f"{name}: must be a Python int or a (decode, prefill, mixed) tuple; "
@@ -117,27 +99,14 @@ def normalize_per_case(value, name: str) -> tuple[int, int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class TokenLaunch:
-  """One `pallas_call` of `streamindex_topk`: which sequences, how batched.
+  """One `pallas_call` of `streamindex_topk`: which sequences, how batched."""
 
-  Attributes:
-    case: "decode" (batched), "decode_rest" (the remainder of the decode range
-      that does not fill a batch), "prefill" or "mixed".
-    start, end: the sequences [start, end) it covers (ints, or traced int32
-      when built from a traced `distribution`).
-    seq_batch_size: sequences per program (`decode_req_batch_size` for the
-      batched decode launch, else 1).
-    static_q_len: 1 for the decode launches (one query row per sequence);
-      None where each sequence's q_len comes from `cu_q_lens`.
-    block_case: index into the per-case block sizes (0 decode, 1 prefill,
-      2 mixed): the decode launches use the decode sizes.
-  """
-
-  case: str
-  start: Any
+  case: str  # "decode" (batched), "decode_rest" (unbatched), "prefill", "mixed"
+  start: Any  # the sequences [start, end) (ints, or traced int32)
   end: Any
-  seq_batch_size: int
-  static_q_len: int | None
-  block_case: int
+  seq_batch_size: int  # sequences per program
+  static_q_len: int | None  # 1 for the decode launches; None: from cu_q_lens
+  block_case: int  # index into the per-case block sizes (0, 1, 2)
 
   def bq_sz(self, num_queries_per_block: int) -> int:
     """Query rows per block: capped at static_q_len where q_len is static."""
@@ -158,8 +127,7 @@ def token_launches(distribution, decode_req_batch_size: int
                      (local modification M4: the seed sent these to decode);
     4. mixed:        [j, n), one per program, dynamic q_len.
 
-  `distribution` may be a traced int32[3]; the bounds are then traced too.
-  Every launch exists even when its range is empty (a grid of 0 programs).
+  `distribution` may be a traced int32[3] (the bounds are then traced).
   """
   i, j, n = distribution[0], distribution[1], distribution[2]
   d = decode_req_batch_size
@@ -176,35 +144,17 @@ def token_launches(distribution, decode_req_batch_size: int
 # VMEM scratch of one launch (local modification M11).
 
 
-def _dtype(dtype):
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  return jnp.dtype(dtype)
+_dtype = jnp.dtype
 
 
-def launch_scratch(
-    *,
-    seq_batch_size: int,
-    bq_sz: int,
-    bkv_p: int,
-    page_size_per_kv_packing: int,
-    kv_packing: int,
-    lkv_dim: int,
-    cache_dtype,
-    num_q_heads: int,
-    head_dim: int,
-    q_dtype,
-    weights_dtype,
-    num_out_sublanes: int,
-):
-  """The VMEM scratch buffers of one launch, in `_scores_kernel`'s order.
-
-  Returns ((name, shape, dtype), ...) for bkv_x2 (the KV block double
-  buffer), bq_x2 (query block), bq_weights_x2 (indexer weights) and
-  scores_block_x2 (f32 scores on their way to HBM; `num_out_sublanes`
-  128-lane rows per query row: bkv_sz // 128 in token mode, the pooled page
-  columns // 128 in page mode). The DMA semaphores are not VMEM.
-  """
+def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
+                   page_size_per_kv_packing: int, kv_packing: int,
+                   lkv_dim: int, cache_dtype, num_q_heads: int, head_dim: int,
+                   q_dtype, weights_dtype, num_out_sublanes: int):
+  """((name, shape, dtype), ...): the VMEM scratch of one launch, in
+  `_scores_kernel`'s order (the DMA semaphores are not VMEM).
+  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in
+  token mode, the pooled page columns // 128 in page mode)."""
   b = seq_batch_size
   return (
       ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
@@ -217,13 +167,10 @@ def launch_scratch(
 
 
 def tiled_vmem_bytes(shape, dtype, tpu_generation: int = 5) -> int:
-  """Bytes of a VMEM buffer as Mosaic lays it out: the last two dims in tiles.
-
-  The minor dim pads to 128 lanes; the second-minor to the sublane tiling
-  Mosaic infers for the dtype (`pltpu`'s `infer_tiling`: the dtype's packing
+  """Bytes of a VMEM buffer as Mosaic tiles it: the minor dim padded to 128
+  lanes, the second-minor to `pltpu`'s `infer_tiling` (the dtype's packing
   per 32-bit word, doubled up to 8 rows while the dim is larger; twice that
-  before TPU v4). Leading dims are not padded.
-  """
+  before TPU v4); leading dims unpadded."""
   shape = tuple(int(d) for d in shape)
   itemsize = _dtype(dtype).itemsize
   if len(shape) < 2:
@@ -246,27 +193,16 @@ def scratch_vmem_bytes(scratch, tpu_generation: int = 5) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Length-sorted decode batching (`sort_decode`).
-#
-# The batched decode launch groups the decode range [0, i) into consecutive
-# programs of d = decode_req_batch_size sequences and runs each program for
-# the KV blocks of its longest sequence; the last i % d sequences run alone
-# (`token_launches`). Reordering the range before grouping changes only how
-# many blocks are computed for nothing. The kernels permute the sequence
-# metadata (`apply_decode_order`), score in that order, and put the caller's
-# row order back on the top-k indices (`restore_decode_rows`).
+# Length-sorted decode batching (`sort_decode`): each program of d decode
+# sequences runs for the KV blocks of its longest one, so reordering the
+# decode range changes only the blocks computed for nothing (docs/semantics.md).
 
 
 def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
                   bkv_sz: int):
-  """i32[max_num_seqs]: KV blocks each decode sequence needs; 0 past i.
-
-  A sequence of seq_len tokens has seq_len // ratio entries and needs
-  max(1, cdiv(entries, bkv_sz)) blocks of bkv_sz entries (a program always
-  computes at least one). Traceable (JAX); NumPy inputs are accepted.
-  """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
+  """i32[max_num_seqs]: max(1, cdiv(seq_len // ratio, bkv_sz)), the KV
+  blocks each decode sequence needs (a program computes at least one); 0
+  past i. Traceable."""
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   live = jnp.arange(seq_lens.shape[0], dtype=jnp.int32) < num_decode
   blocks = jnp.maximum(1, cdiv(jnp.maximum(seq_lens, 0) // compression_ratio,
@@ -276,8 +212,6 @@ def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
 
 def _batched_cost(blocks_in_order, num_decode, d: int):
   """Blocks computed by the decode launches for sequences in this order."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   s = blocks_in_order.shape[0]
   grouped = num_decode // d * d
   slot = jnp.arange(s, dtype=jnp.int32)
@@ -298,23 +232,15 @@ def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
   j >= i, and when nothing is gained), and the KV blocks the decode launches
   compute in the given order and in `order`.
 
-  Candidates, all in O(max_num_seqs * d) vector work (no sequential loop):
-  with the i sequences sorted by blocks, longest first (stable), and r = i %
-  d of them to run alone, candidate c (0 <= c <= r) lets the c longest and
-  the r - c shortest run alone and groups the rest consecutively (c = r is
-  "ascending" with the longest alone, c = 0 "descending"). The cheapest
-  candidate by the blocks computed wins; the given order wins ties, so the
-  sorted order never computes more blocks than the given one.
-
-  Args:
-    seq_lens: i32[max_num_seqs] tokens per sequence (traced or concrete).
-    num_decode: i, the length of the decode range (traced or concrete).
-    compression_ratio, bkv_sz: the decode launch's ratio and entries per KV
-      block (`num_kv_pages_per_block[0] * page_size`).
-    decode_req_batch_size: d.
+  Candidates, in O(max_num_seqs * d) vector work: with the i sequences
+  sorted by blocks, longest first (stable), and r = i % d of them to run
+  alone, candidate c (0 <= c <= r) lets the c longest and the r - c shortest
+  run alone and groups the rest consecutively. The cheapest candidate by
+  blocks computed wins; the given order wins ties, so the sorted order never
+  computes more blocks than the given one. seq_lens i32[max_num_seqs] and
+  num_decode (i) may be traced; bkv_sz is the decode launch's
+  `num_kv_pages_per_block[0] * page_size`, d `decode_req_batch_size`.
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   d = int(decode_req_batch_size)
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   s = seq_lens.shape[0]
@@ -342,15 +268,10 @@ def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
 
 
 def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
-  """The kernel's metadata in slot order.
-
-  Returns (seq_lens i32[S], page_indices i32[S * pages_per_seq], q_rows
-  i32[S]): slot j gets sequence order[j]'s length and page-table row, and
-  q_rows[j] = cu_q_lens[order[j]], the first query row it reads. cu_q_lens
-  itself is not permuted: it still gives each slot's query count (1 in the
-  decode range) and the row its scores are written to (slot j's own row),
-  so the decode launches' score rows are in slot order.
-  """
+  """The kernel's metadata in slot order: (seq_lens i32[S], page_indices
+  i32[S * pages_per_seq], q_rows i32[S]), slot j getting sequence order[j]'s
+  length, page-table row and first query row. cu_q_lens is not permuted: it
+  still gives each slot's query count (1) and score row (slot j's own)."""
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
   table = page_indices.reshape(max_num_seqs, pages_per_seq)
@@ -358,14 +279,9 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
 
 
 def restore_decode_rows(rows, order):
-  """`rows` (top-k indices i32[T, k], slot order) back in the caller's order.
-
-  Decode sequence b owns token row b (q_len 1 from row 0), so slot j's row
-  j holds sequence order[j]'s result; row order[j] gets it back. Rows past
-  the decode range are unchanged (order is the identity there).
-  """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
+  """`rows` (i32[T, k], slot order) in the caller's order: decode sequence b
+  owns token row b, so row order[j] gets slot j's row (the identity past
+  the decode range)."""
   m = min(rows.shape[0], order.shape[0])
   inverse = jnp.argsort(order)[:m]
   return rows.at[:m].set(rows[inverse])

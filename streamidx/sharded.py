@@ -1,76 +1,24 @@
-"""Multi-chip StreamIndex: any registered variant under `jax.shard_map`.
+"""Multi-chip StreamIndex: any registered variant under `jax.shard_map`
+(docs/multichip.md: the layouts, the input contract, an example).
 
-One indexer call over the devices of a `jax.sharding.Mesh`; the kernel runs
-unchanged inside `jax.shard_map`, the merge is a collective and a sort.
-
-Sequence parallel (the "data" axis, D devices): device d holds whole
-  sequences, laid out as a one-device call takes them (tpu-inference's
-  layout: queries and metadata split along the data axis, the cache along
-  the batch), and runs the kernel on them; nothing is communicated.
-
-Context parallel (the "context" axis, C devices): device c holds pages
-  [c * P, (c + 1) * P) of every sequence (`pages_per_share` P: its page table
-  and cache pages) and all query rows, and calls the kernel with the
-  sequence lengths shifted by the share's first entry lo = c * P * page_size:
-  seq_len_c = max(seq_len - lo * ratio, 0). The kernel's masks are then the
-  global ones restricted to the share in local entries s' = s - lo
-  (`s' < seq_len_c // ratio` is `s < seq_len // ratio`; the causal bound
-  `(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed" rule
-  alike); entries past the share are invisible because the kernel ends every
-  sequence at its page table (M7). Each device's top-k comes back with its
-  scores (M8), shifted to global indices, and one collective merges them
-  (`merge_topk`, by (score desc, global index asc): exact, the same array on
-  every device, ties to the lowest global index as the reference):
-
-    merge="all_gather"  `lax.all_gather` of the k (score bits, index) pairs
-                        per row, then the top k of the C * k; (C - 1) * k
-                        pairs per row arrive at each device.
-    merge="tree"        log2(C) rounds of `lax.ppermute` with partner
-                        c ^ 2**r, keeping the top k; log2(C) * k pairs per
-                        row arrive (C a power of two).
-
-  Which of several entries tied at a device's own k-th place reaches the
-  merge is that device's kernel's choice, as on one device.
-
-Both (a 2-D mesh): device (d, c) holds share c of data shard d's sequences;
-  the merge runs over the context axis within each data shard.
-
-The input contract: the kernel's positional arguments stacked over the
-devices along the first axis (device-major, data before context):
-
-    q             [D * T, H, head_dim]          P(data)
-    weights       [D * T, H]                    P(data)
-    cache arrays  [D * C * G, ...]              P((data, context))
-    seq_lens      [D * S]   global lengths       P(data)
-    page_indices  [D * C * S * P]               P((data, context))
-    cu_q_lens     [D * (S + 1)]                 P(data)
-    distribution  [D * 3]   (token variants)     P(data)
-    num_seqs      [D]       (page variants)      P(data)
-
-S sequence slots and T query rows per data shard, G cache pages per device.
-The result is i32[D * T, k]. `shard_inputs` builds the layout from one
-`streamidx.batch.IndexerInputs`; `ShardedInputs.gather_rows` puts the result
-back in the batch's row order, where it equals a one-device call
-(tie-aware: `streamidx.metrics.assert_topk_match`):
-
-    s = sharded.shard_inputs(inputs, "vendored", num_data=2, num_context=4)
-    fn = sharded.sharded_topk("vendored", sharded.make_mesh(2, 4),
-                              context_axis="context", k=16,
-                              compression_ratio=4, **block_sizes)
-    idx = s.gather_rows(fn(*s.args))       # == VARIANTS["vendored"].run(...)
-
-Not supported (clear errors): context parallelism for a variant without
-`return_scores`; `merge="tree"` over a context axis that is not a power of
-two; page-mode context parallelism with `k_pages` larger than the share.
-Load balance: P is one static size, so a sequence much shorter than the
-longest occupies only the first devices of its context group.
+Sequence parallel (mesh axis "data"): each device holds whole sequences; no
+communication. Context parallel (axis "context", C devices): device c holds
+pages [c * P, (c + 1) * P) of every sequence (P = `pages_per_share`) and all
+query rows, and calls the kernel with seq_len_c = max(seq_len - lo * ratio,
+0), lo = c * P * page_size: its masks are the global ones restricted to the
+share (`(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed"
+rule alike; the kernel ends a sequence at its page table, M7). Each top-k
+comes back with its scores (M8), shifted to global indices; `merge_topk`
+(score desc, global index asc: exact, ties as the reference) merges them by
+`merge="all_gather"` or `"tree"` (log2(C) `ppermute` rounds, C a power of
+two). A 2-D mesh does both. Which of several entries tied at a device's own
+k-th place reaches the merge is that device's kernel's choice. Page-mode
+context parallelism needs `k_pages` <= a share's pages.
 """
-
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from typing import Callable
 
@@ -85,14 +33,8 @@ from streamidx import variants as variants_lib
 from streamidx.semantics import cdiv
 
 __all__ = [
-    "MERGES",
-    "IMPLS",
-    "make_mesh",
-    "ShardedInputs",
-    "shard_inputs",
-    "merge_topk",
-    "sharded_topk",
-    "merge_bytes_per_row",
+    "MERGES", "IMPLS", "make_mesh", "ShardedInputs", "shard_inputs",
+    "merge_topk", "sharded_topk", "merge_bytes_per_row",
 ]
 
 MERGES = ("all_gather", "tree")
@@ -106,13 +48,10 @@ def _check_counts(num_data, num_context):
       raise ValueError(f"{name}: must be a positive int (got {v!r})")
 
 
-def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
-              axis_names: tuple[str, str] = ("data", "context")) -> Mesh:
-  """A (num_data, num_context) `Mesh` over the first devices of `devices`.
-
-  `devices` defaults to `jax.devices()`; it may be a TPU topology's
-  `topo.devices` for ahead-of-time compilation.
-  """
+def make_mesh(num_data: int = 1, num_context: int = 1, *,
+              devices=None) -> Mesh:
+  """A (num_data, num_context) `Mesh` over the first devices of `devices`
+  (default `jax.devices()`; a TPU topology's for ahead-of-time compiles)."""
   _check_counts(num_data, num_context)
   devices = list(jax.devices() if devices is None else devices)
   need = num_data * num_context
@@ -120,7 +59,7 @@ def make_mesh(num_data: int = 1, num_context: int = 1, *, devices=None,
     raise ValueError(f"devices: a {num_data} x {num_context} mesh needs "
                      f"{need} devices (got {len(devices)})")
   return Mesh(np.array(devices[:need], dtype=object).reshape(
-      num_data, num_context), axis_names)
+      num_data, num_context), ("data", "context"))
 
 
 # ---------------------------------------------------------------------------
@@ -132,9 +71,8 @@ class ShardedInputs:
   """A batch laid out for `sharded_topk` (module docstring): `args`, the
   variant's positional arguments stacked over the devices; D, C and P
   (`num_data`, `num_context`, `pages_per_share`); `rows` i32[T_global], each
-  logical row's row in the stacked result (-1: padding); `seq_shard`
-  i32[num_seqs], each sequence's data shard; G (`cache_pages`) and the cache
-  bytes each device holds."""
+  logical row's row in the stacked result (-1: padding); G (`cache_pages`)
+  and the cache bytes each device holds."""
 
   variant: str
   args: tuple
@@ -143,7 +81,6 @@ class ShardedInputs:
   pages_per_share: int
   page_size: int
   rows: np.ndarray
-  seq_shard: np.ndarray
   cache_pages: int
   cache_bytes_per_device: int
 
@@ -153,10 +90,8 @@ class ShardedInputs:
     return self.pages_per_share * self.page_size
 
   def gather_rows(self, out) -> np.ndarray:
-    """The stacked result [D * T, k] in the logical batch's row order.
-
-    Padding rows of the batch are all -1, as a one-device call returns them.
-    """
+    """The stacked result [D * T, k] in the batch's row order (padding rows
+    all -1, as a one-device call returns them)."""
     out = np.asarray(out)
     got = np.full((self.rows.shape[0],) + out.shape[1:], -1, out.dtype)
     live = self.rows >= 0
@@ -176,30 +111,20 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
                  fmt: str | None = None, pages_per_share: int | None = None,
                  slots: int | None = None, rows: int | None = None,
                  cache_pages: int | None = None) -> ShardedInputs:
-  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`.
+  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`: sequence b
+  to data shard b % num_data, in kernel order (decode, prefill, mixed); its
+  pages cut into context shares of `pages_per_share` columns (P, default
+  ceil(pages_per_seq / num_context), at least ceil(pages the longest
+  sequence uses / C)); device (d, c) gets the physical pages its share uses,
+  renumbered from 0 and copied (not re-quantized), as its own cache, and a
+  page table into it (unused slots at page 0).
 
-  Sequence b goes to data shard b % num_data; each shard keeps its
-  sequences in kernel order (decode, chunked prefill, mixed), so
-  every shard's local distribution is (its decode count, + its prefill
-  count, its sequence count). Each sequence's pages are cut into context
-  shares of `pages_per_share` columns (default ceil(pages_per_seq /
-  num_context)); device (d, c) gets the physical pages its share uses,
-  renumbered from 0, as its own cache (padded with zero pages to the
-  largest device's count), and a page table pointing into it (unused slots
-  at page 0). The packed cache bytes are copied, not re-quantized.
-
-  Args:
-    inputs: the logical batch (`streamidx.make_inputs`).
-    variant: a `streamidx.VARIANTS` name or `Variant`.
-    num_data, num_context: D and C.
-    fmt: the cache format (default the variant's first).
-    pages_per_share: P; at least ceil(pages the longest sequence uses / C).
-    slots, rows, cache_pages: pad each device's sequence slots S, query rows
-      T and cache pages G to these (default: what the fullest device needs);
-      fixed sizes let one compiled function serve several batches.
+  variant: a `streamidx.VARIANTS` name or `Variant`; fmt: its cache format
+  (default its first). slots, rows, cache_pages: pad each device's sequence
+  slots S, query rows T and cache pages G to these (default: what the
+  fullest device needs), so one compiled function serves several batches.
   """
-  v = variant if isinstance(variant, variants_lib.Variant) else (
-      variants_lib.get(variant))
+  v = variants_lib.get(variant)
   _check_counts(num_data, num_context)
   b = inputs.batch
   need = b.num_pages_used.astype(np.int64)
@@ -218,11 +143,9 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
 
   # Sequences per data shard, in kernel order: decode, prefill, mixed.
   local = [[[] for _ in _class_ranges(b, v.mode)] for _ in range(num_data)]
-  seq_shard = np.zeros(n, np.int32)
   for ci, (lo, hi) in enumerate(_class_ranges(b, v.mode)):
     for s in range(lo, hi):  # one rotation over all classes
       local[s % num_data][ci].append(s)
-      seq_shard[s] = s % num_data
   order = [[s for cls in shard for s in cls] for shard in local]
   slots = _at_least("slots", slots, max(1, max(len(o) for o in order)))
   t_loc = _at_least("rows", rows, max(
@@ -283,7 +206,7 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
   per_device = sum(int(a.size) * a.dtype.itemsize for a in cache_loc) // (
       num_data * num_context)
   return ShardedInputs(v.name, args, num_data, num_context, pages_per_share,
-                       int(b.page_size), row_of, seq_shard, g_loc, per_device)
+                       int(b.page_size), row_of, g_loc, per_device)
 
 
 def _at_least(name, value, need):
@@ -300,18 +223,10 @@ def _at_least(name, value, need):
 
 
 def merge_topk(scores, indices, k: int):
-  """The top `k` of candidate lists, by (score desc, index asc); exact.
-
-  Args:
-    scores: f32[T, n] candidate scores (-inf: no candidate).
-    indices: i32[T, n] their global indices (-1: no candidate); no index
-      repeats within a row.
-    k: how many to keep (<= n).
-
-  Returns:
-    (f32[T, k] scores, i32[T, k] indices), -inf / -1 where fewer than k
-    candidates exist. Ties go to the lowest index; -0.0 counts as 0.0.
-  """
+  """The top `k` (<= n) of candidate lists by (score desc, index asc), exact:
+  scores f32[T, n] (-inf: none), indices i32[T, n] global, unique per row
+  (-1: none) -> (f32[T, k], i32[T, k]), -inf / -1 past the candidates;
+  -0.0 counts as 0.0."""
   valid = indices >= 0
   s = jnp.where(valid, jnp.where(scores == 0, 0.0, scores), -jnp.inf)
   key = jnp.where(valid, indices, _INT32_MAX)
@@ -361,13 +276,6 @@ def merge_bytes_per_row(k: int, num_context: int, merge: str = "all_gather"
 # The sharded call.
 
 
-def _accepts(fn, name) -> bool:
-  try:
-    return name in inspect.signature(fn).parameters
-  except (TypeError, ValueError):
-    return False
-
-
 def _axis_size(mesh, axis):
   return 1 if axis is None else int(mesh.shape[axis])
 
@@ -387,8 +295,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
   Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
   -> i32[D * T, k], on `ShardedInputs.args`.
   """
-  v = variant if isinstance(variant, variants_lib.Variant) else (
-      variants_lib.get(variant))
+  v = variants_lib.get(variant)
   if data_axis is None and context_axis is None:
     raise ValueError("data_axis, context_axis: at least one must name a mesh "
                      "axis (got both None)")
@@ -408,14 +315,10 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
       raise ValueError(f"{name}: set by sharded_topk, not in **static")
   num_context = _axis_size(mesh, context_axis)
   fn = v.kernel if impl == "kernel" else v.reference
-  if context_axis is not None:
-    if not _accepts(fn, "return_scores"):
-      raise ValueError(
-          f"variant: context parallelism merges per-device scores, and "
-          f"{v.name!r}'s {impl} has no return_scores option")
-    if merge == "tree" and num_context & (num_context - 1):
-      raise ValueError(f"merge: 'tree' needs a power-of-two context axis "
-                       f"(got {context_axis!r} of size {num_context})")
+  if (context_axis is not None and merge == "tree"
+      and num_context & (num_context - 1)):
+    raise ValueError(f"merge: 'tree' needs a power-of-two context axis "
+                     f"(got {context_axis!r} of size {num_context})")
   call_static = {v.k_name: k, "compression_ratio": compression_ratio,
                  **static}
   page_mode = v.mode == "page"
@@ -424,8 +327,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
     *cache, seq_lens, page_indices, cu_q_lens, last = rest
     if page_mode:
       last = last.reshape(())
-    if (impl == "kernel" and _accepts(fn, "skip_empty_launches")
-        and modes.resolve_interpret() is not False):
+    if impl == "kernel" and modes.resolve_interpret() is not False:
       # The TPU interpreter holds every simulated device at each launch:
       # devices whose shards skip different empty launches (M14) would wait
       # for each other forever. Interpreted, every device makes them all.

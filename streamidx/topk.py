@@ -1,76 +1,25 @@
 """The top-k stage: indices of the k largest masked scores of each row.
 
 Every token kernel (and its reference) ends with `select_topk(scores, k,
-method)` over its f32[T, N] score buffer. The methods, `TOPK_METHODS`:
+method)` over its f32[T, N] score buffer. `TOPK_METHODS` (one line each here;
+docs/topk-methods.md compares them): "sort" (the vendored kernel's
+`approx_max_k(recall_target=1.0)`, re-selected by `lax.top_k` where ties
+straddle the k-th place; the default), "top_k", "chunked" (per-chunk top-k,
+then one over the candidates), "blockmax" (the k best blocks by maximum, then
+one top-k of their entries; exact, see `_blockmax_select`), "fused_blockmax"
+("blockmax" over the maxima the dense kernel writes, `block_max`; computed
+from the buffer when not given), "radix" (digit-histogram select on
+`order_key`, no sort of the row) and "approx" (`approx_max_k` with
+`recall_target` < 1: not exact on a TPU, exact off-TPU).
 
-    "sort"      `jax.lax.approx_max_k(recall_target=1.0)` (a full sort of each
-                row on a TPU: the vendored kernel's stage), then one pass
-                counting the ties at the k-th score: the sort's comparator
-                does not order ties, so where they straddle the k-th place
-                the batch is selected again with `lax.top_k`.
-    "top_k"     `jax.lax.top_k` over the whole row.
-    "chunked"   two stages: each chunk of `chunk_size` entries keeps its own
-                top-k (`lax.top_k`), then one `lax.top_k` over the candidates.
-                Exact: a global top-k entry is in its chunk's top-k.
-    "blockmax"  two stages by block maxima: the maximum of every block of
-                `block_size` entries, the k best blocks (`lax.top_k`), then one
-                `lax.top_k` over those k blocks' entries. Exact (see
-                `_blockmax_select`). The maxima are computed here, from the
-                score buffer (one full read of it).
-    "fused_blockmax"
-                "blockmax" with the maxima written by the scoring kernel:
-                besides the scores, the kernel writes the maximum of every
-                128-lane row of its score blocks (`FUSED_BLOCK_WIDTH`
-                entries, aligned with every KV block) into a second output,
-                f32[T, N / 128]; the selection reads those maxima (1/128 of
-                the buffer; groups of them when `block_size` is a larger
-                multiple of 128), then gathers the k best blocks' entries and
-                runs "blockmax"'s second stage (`_blockmax_select`: the same
-                exactness argument). Only a kernel that writes the maxima
-                takes it (`streamidx.streamindex_topk_dense`;
-                `KERNEL_TOPK_METHODS` are the methods every kernel takes):
-                given a bare score buffer (`select_topk` without
-                `block_max`, as the references and the benchmark call it) the
-                maxima are computed from the buffer, the same values.
-    "radix"     radix select on the order-preserving int32 image of the
-                scores (`order_key`): `32 / radix_bits` digit-histogram passes
-                find the k-th largest key of each row, one pass takes the
-                entries above it and the lowest-index ones equal to it, and a
-                sort of the k winners orders them. No sort of the row.
-    "approx"    `jax.lax.approx_max_k` with `recall_target` < 1 (default
-                `APPROX_RECALL_TARGET`): not exact. On a TPU it keeps the
-                maximum of each of a number of bins and sorts those; XLA's CPU
-                and GPU fallback is an exact sort, so off-TPU it returns the
-                exact result. `streamidx.lab.model.topk.approx_recall` models
-                the recall a TPU reaches.
-
-Output contract, the same for every exact method (and the reference,
-`streamidx.ref.topk_from_scores`, which calls `select_topk(..., "top_k")`):
-i32[T, k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
-largest scores, ties at the k-th score going to the lowest indices; columns
-are ordered by score descending, equal scores by index ascending; the rest of
-the row is -1. Scores compare as XLA compares floats on CPU and TPU: -0.0
-equals +0.0, and subnormals equal zero (flushed); `canonical_zero` maps all
-of them to +0.0 before any method ranks, so no backend's treatment of them
-(lax.top_k on CPU orders -0.0 below +0.0) can split a tie. When
-N < k the row is padded with -inf columns (as the vendored kernel does), so
-columns past the visible entries are -1. The exact methods return
-bit-identical indices (tests/test_topk.py, including integer scores with
-massive ties).
-
-NaN: the kernels' value validation (`streamidx.validate_topk_inputs`)
-rejects non-finite queries and weights; finite inputs give finite or -inf
-scores unless the f32 sums overflow (inf, and NaN for inf * 0). Rows holding
-a NaN score get unspecified indices (each method orders NaN differently);
-`select_topk` does not check for NaN.
-
-Default: "sort", the vendored kernel's stage, on every generation.
-`streamidx.lab.model.topk` models every method per TPU generation; its
-criteria disagree (at DeepSeek-V4 decode the compiler's estimates, libtpu
-v5e/v6e/v7x, rank "chunked" first, the HBM bound "top_k", the sort-work
-count "radix"; the sorts are compute-bound on a TPU, at no public rate), and
-no TPU measurement of these methods exists in this project yet, so the
-default stays what the kernel shipped with.
+Output contract, the same for every exact method (and the reference): i32[T,
+k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
+largest scores, ties at the k-th score going to the lowest indices, ordered
+by score descending then index ascending; the rest of the row is -1 (N < k
+pads with -inf columns, as the vendored kernel does). `canonical_zero` maps
+-0.0 and subnormals to +0.0 first, so no backend's ordering of them can split
+a tie. Rows holding a NaN score get unspecified indices (the value rules
+reject the non-finite inputs that make them).
 """
 
 from __future__ import annotations
@@ -83,20 +32,10 @@ import jax.numpy as jnp
 from jax import lax
 
 __all__ = [
-    "TOPK_METHODS",
-    "EXACT_TOPK_METHODS",
-    "FUSED_TOPK_METHODS",
-    "KERNEL_TOPK_METHODS",
-    "FUSED_BLOCK_WIDTH",
-    "DEFAULT_TOPK_METHOD",
-    "APPROX_RECALL_TARGET",
-    "check_topk_method",
-    "canonical_zero",
-    "order_key",
-    "select_topk",
-    "scores_at",
-    "chunk_size_for",
-    "block_size_for",
+    "TOPK_METHODS", "EXACT_TOPK_METHODS", "FUSED_TOPK_METHODS",
+    "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH", "DEFAULT_TOPK_METHOD",
+    "APPROX_RECALL_TARGET", "check_topk_method", "canonical_zero", "order_key",
+    "select_topk", "scores_at", "chunk_size_for", "block_size_for",
     "fused_block_size_for",
 ]
 
@@ -111,7 +50,7 @@ KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
                             if m not in FUSED_TOPK_METHODS)
 # Entries per block maximum the fused kernel writes: one 128-lane row.
 FUSED_BLOCK_WIDTH = 128
-DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (module docstring)
+DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (docs/topk-methods.md: why)
 APPROX_RECALL_TARGET = 0.95
 RADIX_BITS = (1, 2, 4, 8)
 _DEFAULT_RADIX_BITS = 4
@@ -119,11 +58,8 @@ _NEG_INF = float("-inf")
 
 
 def check_topk_method(method, allowed=TOPK_METHODS) -> str:
-  """Returns `method`, or raises ValueError naming the allowed ones.
-
-  allowed: the methods the caller takes (a kernel that does not write block
-  maxima: `KERNEL_TOPK_METHODS`).
-  """
+  """Returns `method`, or raises ValueError naming the `allowed` ones (a
+  kernel that writes no block maxima: `KERNEL_TOPK_METHODS`)."""
   if not isinstance(method, str) or method not in allowed:
     why = ""
     if method in FUSED_TOPK_METHODS:
@@ -142,12 +78,9 @@ def canonical_zero(scores):
 
 
 def order_key(scores):
-  """i32 image of f32 scores with the same order: a < b iff key(a) < key(b).
-
-  Non-negative floats keep their bits; negative ones flip their 31 low bits,
-  so -inf maps to -2**31 + 2**23 - 1 and +inf to 2**31 - 2**23. -0.0 and
-  +0.0 map to -1 and 0 (canonicalize zeros first for float equality).
-  """
+  """i32 image of f32 scores with the same order (a < b iff key(a) <
+  key(b)): negative floats flip their 31 low bits. -0.0 and +0.0 map to -1
+  and 0 (canonicalize zeros first for float equality)."""
   bits = lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.int32)
   return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
@@ -407,28 +340,17 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
                 block_max=None, block_max_width: int = FUSED_BLOCK_WIDTH):
   """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
 
-  Args:
-    scores: f32[T, N] masked scores (-inf: not visible). Any float dtype is
-      compared as f32.
-    k: entries per row (a positive int; N < k pads with -1).
-    method: one of `TOPK_METHODS` (module docstring).
-    chunk_size: "chunked" only; default `chunk_size_for(N, k)`.
-    block_size: "blockmax" and "fused_blockmax"; default `block_size_for(N,
-      k)` (for "fused_blockmax" a multiple of `block_max_width`).
-    radix_bits: "radix" only: digit width, one of `RADIX_BITS`
-      (32 / radix_bits histogram passes).
-    recall_target: "approx" only, in (0, 1).
-    block_max: "fused_blockmax" only: f32[T, M], M >= cdiv(N,
-      block_max_width): column j the maximum of scores[:, j * w:(j + 1) * w]
-      (w = block_max_width), as the fused kernel writes it; columns past
-      cdiv(N, w) are ignored. None: computed from `scores`.
-    block_max_width: the entries each `block_max` column covers (the
-      kernel's `FUSED_BLOCK_WIDTH`).
-
-  Returns:
-    i32[T, k]: per row, the top entries by score descending, equal scores
-    by index ascending, then -1 (module docstring). Identical for every
-    exact method.
+  scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
+    compared as f32); k: entries per row (N < k pads with -1); method: one
+    of `TOPK_METHODS`. Per method: chunk_size ("chunked", default
+    `chunk_size_for(N, k)`), block_size ("blockmax", "fused_blockmax":
+    default `block_size_for(N, k)`; fused: a multiple of `block_max_width`),
+    radix_bits ("radix": one of `RADIX_BITS`, 32 / radix_bits passes),
+    recall_target ("approx", in (0, 1)), block_max ("fused_blockmax":
+    f32[T, >= cdiv(N, w)], column j the maximum of scores[:, j * w:(j + 1) *
+    w], w = block_max_width, as the fused kernel writes it; None: computed
+    from `scores`). Returns i32[T, k], identical for every exact method
+    (module docstring).
   """
   check_topk_method(method)
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:

@@ -1,38 +1,23 @@
-"""Input checks for the StreamIndex kernels: where the kernels' contract ends.
+"""Input checks for the StreamIndex kernels: where the kernels' contract ends
+(docs/validation.md: the rules and the numeric range).
 
-The kernels trust their inputs: a page table past the cache, a `cu_q_lens`
-that goes backwards or a `distribution` that disagrees with the query lengths
-give silently wrong indices (on a TPU, reads of unrelated memory). Each such
-input raises `ValueError("<argument>: <rule> (got <what>)")` here, in three
-layers:
+The kernels trust their inputs: a page table past the cache (the kernel and
+`streamidx.ref` clamp it to the last page; a negative index is not clamped),
+a `cu_q_lens` that goes backwards or a `distribution` that disagrees with the
+query lengths give silently wrong indices. Each such input raises
+`ValueError("<argument>: <rule> (got <what>)")`, in three layers:
 
-1. `static_validate(call, *arrays)`: ranks, shapes, dtypes, head_dim and
-   cache width, block sizes against the page size, `k_pages` against the page
-   table, `distribution`'s length, the kernel's `topk_method`s (the call's own
-   rules are `streamidx.call.TopkCall`'s). Shapes and dtypes only, so the
-   driver runs them on tracers at trace time, before any kernel is built.
-2. `validate_inputs(call, *arrays)` (behind `streamidx.validate_topk_inputs`,
-   `validate_page_topk_inputs` and a variant's `validate`): the static checks,
-   then `VALUE_RULES` in the mode's order (`TOPK_VALUE_RULES`,
-   `PAGE_TOPK_VALUE_RULES`) on concrete arrays, outside `jit`; the first
-   broken rule raises.
-3. Inside `jit`, the same rules through `jax.experimental.checkify`:
-   `streamidx.checked_streamindex_topk` / `checked_streamindex_page_topk` (and
-   every variant's `checked`, via `streamidx.kernels.driver.checked_run`)
-   return `(err, indices)`; when a rule fails the kernel is not launched, the
-   indices are all -1 and `err.throw()` raises `checkify.JaxRuntimeError` (a
-   `ValueError`) with the rule's message. `check_inputs` issues the bare
-   `checkify.check`s for a caller that checkifies its own function.
+1. `static_validate(call, *arrays)`: shapes, dtypes, block sizes, options;
+   tracer-safe, so the driver runs it at trace time.
+2. `validate_inputs(call, *arrays)` (a variant's `validate`): the static
+   checks, then `VALUE_RULES` in the mode's order (`TOPK_VALUE_RULES`,
+   `PAGE_TOPK_VALUE_RULES`) on concrete arrays; the first broken rule raises.
+3. Inside `jit`, the same rules through `checkify` (a variant's `checked`,
+   `streamidx.kernels.driver.checked_run`: (err, indices), all -1 when a rule
+   fails); `check_inputs` issues the bare `checkify.check`s.
 
 The value rules are written once (`_value_rules`, traceable JAX), so layers 2
 and 3 report the same message for the same input.
-
-Page indices past the cache: the kernel clamps them to the last page, and so
-does `streamidx.ref`, so both agree and both are wrong; a negative index is
-not clamped at all (compiled, it DMAs from before the cache). The kernel
-prefetches whole blocks of `num_kv_pages_per_block` slots past a sequence's
-last page, so every slot must name a page of the cache (`streamidx.batch`
-fills unused slots with page 0): rule `page_index_range` checks every slot.
 """
 
 from __future__ import annotations
@@ -49,27 +34,16 @@ from streamidx import semantics
 from streamidx import topk
 
 __all__ = [
-    "static_validate",
-    "validate_inputs",
-    "check_inputs",
-    "distribution_array",
-    "ValueRule",
-    "VALUE_RULES",
-    "TOPK_VALUE_RULES",
-    "PAGE_TOPK_VALUE_RULES",
-    "KERNEL_QUERY_DTYPES",
-    "KERNEL_CACHE_DTYPES",
+    "static_validate", "validate_inputs", "check_inputs", "distribution_array",
+    "ValueRule", "VALUE_RULES", "TOPK_VALUE_RULES", "PAGE_TOPK_VALUE_RULES",
+    "KERNEL_QUERY_DTYPES", "KERNEL_CACHE_DTYPES",
 ]
 
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
 _INDEX_DTYPE = jnp.int32
-# The kernel's block arithmetic is int32: ceil(entries / bkv_sz) is
-# (entries + bkv_sz - 1) // bkv_sz, so a sequence's entries (at most
-# pages_per_seq * page_size) must stay <= 2**31 - bkv_sz.
-INT32_LIMIT = 2**31
-# Scores must stay below 2**SCORE_LOG2_LIMIT: half of float32's maximum
-# (~2**128), which leaves room for the rounding of the f32 sums.
+INT32_LIMIT = 2**31  # the kernel's block arithmetic (_check_block_arithmetic)
+# Scores must stay below 2**127, half the float32 maximum (room for rounding).
 SCORE_LOG2_LIMIT = 127
 
 # ---------------------------------------------------------------------------
@@ -84,14 +58,10 @@ def _dtype_name(x) -> str:
   return jnp.dtype(x.dtype).name
 
 
-def _check_array(name, x):
+def _check_rank(name, x, rank, layout):
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):
     _fail(name, "must be an array (jax.Array or numpy.ndarray)",
           type(x).__name__)
-
-
-def _check_rank(name, x, rank, layout):
-  _check_array(name, x)
   if len(x.shape) != rank:
     _fail(name, f"must have rank {rank}, {layout}", f"shape {tuple(x.shape)}")
 
@@ -112,8 +82,7 @@ def _is_int_scalar(d) -> bool:
 
 def _check_distribution(distribution):
   if isinstance(distribution, (tuple, list)):
-    # The vendored kernel takes a tuple too (`jax.jit` passes it as three
-    # int32 scalars).
+    # As the vendored kernel: `jax.jit` passes it as three int32 scalars.
     if len(distribution) != 3:
       _fail("distribution", "must have length 3: (i, j, n)",
             f"length {len(distribution)}")
@@ -190,11 +159,8 @@ def _check_dense_cache(cache, head_dim):
 
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens):
-  """Rules both kernels share; returns (page_size, pages_per_seq).
-
-  `cache_kv` is one array (packed FP8 or bf16) or the dense FP8 pair
-  `(cache_values, cache_scales)`.
-  """
+  """Rules every kernel shares; returns (page_size, pages_per_seq).
+  `cache_kv`: one array (packed FP8 or bf16) or the dense FP8 pair."""
   _check_rank("q", q, 3, "[max_num_tokens, num_q_heads, head_dim]")
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in KERNEL_QUERY_DTYPES]:
     _fail("q", "dtype must be bfloat16 or float32", _dtype_name(q))
@@ -285,18 +251,15 @@ def _check_num_seqs(num_seqs):
 
 
 def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last, *, topk_methods=None):
+                    cu_q_lens, last, *,
+                    topk_methods=topk.KERNEL_TOPK_METHODS):
   """The static rules of a call; raises ValueError naming the argument.
 
-  call: a `streamidx.call.TopkCall` (token mode, `last` is `distribution`)
-    or `PageCall` (page mode, `last` is `num_seqs`); its own rules (k, ratio,
-    options, block-size form) were checked when it was built. Arrays may be
+  call: a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
+    `num_seqs`), its own rules checked when it was built. Arrays may be
     concrete, tracers or `jax.ShapeDtypeStruct`s; `cache` one array, the
-    dense FP8 pair, or a tuple of one array.
-  topk_methods: the `topk_method` values the kernel takes; None: by the
-    cache, every `topk.TOPK_METHODS` for the dense pair (its kernel writes
-    the block maxima "fused_blockmax" reads), `topk.KERNEL_TOPK_METHODS` for
-    one array (the vendored kernel).
+    dense FP8 pair, or a tuple of one array. topk_methods: the
+    `topk_method` values the kernel body takes.
   """
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
@@ -313,9 +276,6 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
     _check_block_arithmetic(page_size, pages_per_seq, 128)
     return
   _check_distribution(last)
-  if topk_methods is None:
-    topk_methods = (topk.TOPK_METHODS if isinstance(cache, (tuple, list))
-                    else topk.KERNEL_TOPK_METHODS)
   topk.check_topk_method(call.topk_method, topk_methods)
   cases = list(zip(semantics.CASES, call.num_kv_pages_per_block))
   for case, bkv_p in cases:  # every case's tiles before any int32 limit
@@ -334,9 +294,8 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 class ValueRule(NamedTuple):
-  """One value rule: the argument it is about, the rule, what was found
-  (`got`: filled with the offending values, of the first offending element
-  for element-wise rules)."""
+  """One value rule: its argument, the rule, and what was found (`got`, a
+  template of the first offending element's values)."""
 
   argument: str
   rule: str
@@ -514,23 +473,12 @@ def _log2_report(x):
 
 def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
                  cu_q_lens, count, *, compression_ratio: int, page_mode: bool):
-  """Evaluates the value rules; traceable.
-
-  Args:
-    count: `distribution` (i32[3]) for the token kernel, `num_seqs` (i32[])
-      for the page kernel.
-
-  Returns:
-    {rule id: (ok bool[], {placeholder: i32[]})} for the mode's rules.
-  """
+  """The mode's value rules, traceable: {rule id: (ok bool[], {placeholder:
+  i32[]})}. count: `distribution` i32[3] (token) or `num_seqs` i32[] (page)."""
   i32 = lambda x: jnp.asarray(x, jnp.int32)
   num_tokens = q.shape[0]
   max_num_seqs = seq_lens.shape[0]
-  if isinstance(cache_kv, (tuple, list)):  # the dense FP8 pair
-    total_num_pages, rows, packing, _ = cache_kv[0].shape
-  else:
-    total_num_pages, rows, packing, _ = cache_kv.shape
-  page_size = rows * packing
+  total_num_pages, page_size = cache_lib.cache_pages(cache_kv)
   pages_per_seq = page_indices.shape[0] // max_num_seqs
   seq_lens = i32(seq_lens)
   cu_q_lens = i32(cu_q_lens)
@@ -658,11 +606,10 @@ def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last, *, topk_methods=None):
-  """Checks a call's concrete inputs, values included: `static_validate`, then
-  the mode's value rules in order; the first broken rule raises
-  `ValueError("<argument>: <rule> (got <values>)")`. Not inside `jit` (see
-  `streamidx.checked_streamindex_topk` there)."""
+                    cu_q_lens, last, *,
+                    topk_methods=topk.KERNEL_TOPK_METHODS):
+  """`static_validate`, then the mode's value rules in order on concrete
+  inputs (not inside `jit`); the first broken rule raises ValueError."""
   static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
                   cu_q_lens, last, topk_methods=topk_methods)
   last = (jnp.asarray(last, jnp.int32) if call.mode == "page"
@@ -679,10 +626,8 @@ def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
 
 def check_inputs(q, indexer_weights, cache, seq_lens, page_indices,
                  cu_q_lens, last, *, call):
-  """`checkify.check`s of the call's mode's value rules; returns bool[]: all
-  hold. For a function the caller wraps in `checkify.checkify(...)` itself;
-  the static rules are not repeated here (the kernel checks them at trace
-  time)."""
+  """`checkify.check`s of the mode's value rules (not the static ones);
+  returns bool[]: all hold."""
   results, order = _rules(call, _value_rules, q, indexer_weights, cache,
                           seq_lens, page_indices, cu_q_lens, last)
   for rule_id in order:

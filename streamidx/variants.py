@@ -1,10 +1,6 @@
 """The kernel variants, by name: what tests, benchmark and compile checks run.
 
-`VARIANTS` maps a name to a `Variant`: its entry point, its reference (same
-arguments), its value validator and checkify twin, the cache formats it
-reads (each built from the same logical keys), token or page mode, and its
-default block sizes (from `streamidx.blocks`). Every variant can be driven
-from one logical batch with one call:
+`VARIANTS` maps a name to a `Variant`; each drives from one logical batch:
 
     inputs = si.make_inputs(batch, num_heads=8, fmt="fp8")
     for v in si.VARIANTS.values():
@@ -12,12 +8,9 @@ from one logical batch with one call:
         got = v.run(inputs, k=16, compression_ratio=4, fmt=fmt)
         want = v.run_reference(inputs, k=16, compression_ratio=4, fmt=fmt)
 
-Adding a variant: one kernel body under `streamidx/kernels/` (its launch and
-cache layout, a `driver.KernelBody`, and its entry point in
-`kernels/entries.py`), one entry in `_REGISTRY` below (and a cache format in
-`streamidx.cache.CACHE_FORMATS` if it reads a new layout), a row in
-`streamidx.blocks.TABLE`; its reference, validator and checkify twin follow
-from its mode and cache layout.
+Adding a variant (ARCHITECTURE.md): a kernel body and its entry in
+`kernels/entries.py`, an entry in `_REGISTRY`, a row in `blocks.TABLE` (and a
+cache format if its layout is new); its twins follow from mode and layout.
 """
 
 from __future__ import annotations
@@ -31,7 +24,6 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx import streaming as streaming_lib
 from streamidx.call import MODES
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 from streamidx.kernels import driver, entries
@@ -44,38 +36,21 @@ _KERNEL_ONLY = ("num_cores", "skip_empty_launches")
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """One kernel variant and everything needed to drive and check it.
-
-  Attributes:
-    name: its key in `VARIANTS`.
-    description: one line, for tables.
-    mode: "token" (returns entry indices, `k`) or "page" (returns page
-      indices, `k_pages`; compression ratio 1).
-    kernel: the entry point, a `streamidx.kernels.driver.Entry`:
-      `kernel(q, weights, *cache, <metadata>, **static)`.
-    cache_formats: names of `streamidx.cache.CACHE_FORMATS` it reads (each
-      built from the same logical keys).
-    topk_methods (derived): the `topk_method` values its kernel takes
-      (`streamidx.topk.KERNEL_TOPK_METHODS`, the selections from the score
-      buffer, for every token kernel; `streamidx.topk.TOPK_METHODS` for one
-      that also writes the block maxima "fused_blockmax" reads (dense);
-      empty: the kernel has no such option, e.g. page mode's fixed `top_k`
-      of pages).
-
-  Derived from these (the same for every variant): `reference` and
-  `streaming` (the exact references of its mode, same arguments),
-  `validate` (value validation on concrete arrays) and `checked` (the
-  checkify entry point, returns (err, idx)); `module`, the kernel body's.
-  """
+  """One kernel variant: `kernel(q, weights, *cache, <metadata>, **static)`
+  (a `driver.Entry`), its mode ("token": entry indices, `k`; "page": page
+  indices, `k_pages`) and the `cache.CACHE_FORMATS` it reads. Derived:
+  `reference` (its mode's exact reference, same arguments), `validate`,
+  `checked` (checkify: (err, idx)), `topk_methods`."""
 
   name: str
-  description: str
+  description: str  # one line, for tables
   mode: str
   kernel: driver.Entry
   cache_formats: tuple[str, ...]
 
   @property
   def topk_methods(self) -> tuple[str, ...]:
+    """The kernel body's `topk_method`s; page mode has none (top_k of pages)."""
     return self.kernel.body.topk_methods if self.mode == "token" else ()
 
   @property
@@ -110,13 +85,6 @@ class Variant:
                            else ref_lib.streamindex_page_topk_ref)
 
   @property
-  def streaming(self):
-    if self.kernel.body.num_cache_arrays != 1:
-      return None
-    return (streaming_lib.streamindex_topk_streaming if self.mode == "token"
-            else streaming_lib.streamindex_page_topk_streaming)
-
-  @property
   def k_name(self) -> str:
     """The keyword that sets the number of results: "k" or "k_pages"."""
     return "k" if self.mode == "token" else "k_pages"
@@ -124,10 +92,8 @@ class Variant:
   # -- driving it from a logical batch ------------------------------------
 
   def cache_arrays(self, inputs, fmt: str | None = None) -> tuple:
-    """The variant's cache arrays for `inputs.keys` in format `fmt`.
-
-    Reuses `inputs.cache` when `fmt` is the format it was packed in.
-    """
+    """The cache arrays of `inputs.keys` in format `fmt` (`inputs.cache` when
+    it was packed in `fmt`)."""
     fmt = fmt or self.cache_formats[0]
     if fmt not in self.cache_formats:
       raise ValueError(f"fmt: variant {self.name!r} reads "
@@ -156,14 +122,9 @@ class Variant:
   def static(self, inputs=None, *, k: int, compression_ratio: int,
              fmt: str | None = None, generation: str | None = None,
              **overrides) -> dict:
-    """The keyword arguments of a call: k, ratio, table block sizes, overrides.
-
-    Overrides pass through (`topk_method=` among them, checked against
-    `topk_methods`).
-
-    Block sizes come from `block_sizes(...)` for `inputs` (its format, heads
-    and page size) unless `overrides` sets them.
-    """
+    """The keyword arguments of a call: k, ratio, the table's block sizes
+    for `inputs` (its format, heads and page size), then `overrides`
+    (`topk_method` checked against `topk_methods`)."""
     if "topk_method" in overrides and (
         overrides["topk_method"] not in self.topk_methods):
       raise ValueError(
@@ -202,15 +163,10 @@ class Variant:
   def scores(self, inputs, *, compression_ratio: int, fmt: str | None = None,
              causal_rule: str = DEFAULT_CAUSAL_RULE):
     """Exact masked scores the results are compared on: f32[T, entries or pages]."""
-    cache = self.cache_arrays(inputs, fmt)
-    q, w, *rest = self.args(inputs, fmt)
-    # The references take a multi-array cache (dense FP8) as one tuple.
-    args = (q, w, cache[0] if len(cache) == 1 else tuple(cache),
-            *rest[len(cache):])
-    if self.mode == "token":
-      return ref_lib.token_scores(*args, compression_ratio=compression_ratio,
-                                  causal_rule=causal_rule)
-    return ref_lib.page_scores(*args, compression_ratio=compression_ratio,
+    fn = (ref_lib.token_scores if self.mode == "token"
+          else ref_lib.page_scores)
+    return self._regrouped(fn)(*self.args(inputs, fmt),
+                               compression_ratio=compression_ratio,
                                causal_rule=causal_rule)
 
 
@@ -249,8 +205,11 @@ for _v in _REGISTRY:
   assert all(f in cache_lib.CACHE_FORMATS for f in _v.cache_formats), _v
 
 
-def get(name: str) -> Variant:
-  """`VARIANTS[name]`, with a clear error for an unknown name."""
+def get(name) -> Variant:
+  """`VARIANTS[name]` (a `Variant` is returned as it is), with a clear error
+  for an unknown name."""
+  if isinstance(name, Variant):
+    return name
   try:
     return VARIANTS[name]
   except KeyError:

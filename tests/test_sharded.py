@@ -7,7 +7,6 @@ process: the exact merge, the context-share semantics the kernel is called
 with (kernel modifications M7 and M8), and the argument checks.
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -199,7 +198,6 @@ def test_shard_inputs_splits_sequences_and_pages(token_inputs):
   assert s.pages_per_share == 2 and s.share_entries == 64
   assert seq_lens.shape == (2 * 3,) and table.shape == (2 * 4 * 3 * 2,)
   assert cache.shape[0] == 2 * 4 * s.cache_pages
-  np.testing.assert_array_equal(s.seq_shard, [0, 1, 0, 1, 0, 1])
   # Shard 0: decode 1000, 511; mixed (5, 1023). Shard 1: decode 40; prefill
   # (9, 700); mixed (1, 90).
   np.testing.assert_array_equal(np.asarray(dist), [2, 2, 3, 1, 2, 3])
@@ -235,21 +233,6 @@ def test_sharded_topk_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     sharded.sharded_topk("vendored", _mesh(2, 3), k=8, compression_ratio=4,
                          **kwargs)
-
-
-def test_context_parallel_needs_a_kernel_that_returns_scores():
-  v = si.VARIANTS["vendored"]
-
-  def no_scores(q, w, cache, seq_lens, page_indices, cu_q_lens, distribution,
-                *, k, compression_ratio):
-    raise AssertionError("not called")
-
-  bare = dataclasses.replace(v, name="bare", kernel=no_scores)
-  with pytest.raises(ValueError, match="no return_scores option"):
-    sharded.sharded_topk(bare, _mesh(1, 2), data_axis=None,
-                         context_axis="context", k=8, compression_ratio=4)
-  # Sequence parallelism does not need it.
-  sharded.sharded_topk(bare, _mesh(2, 1), k=8, compression_ratio=4)
 
 
 def test_page_mode_context_parallel_needs_k_pages_within_a_share():

@@ -226,8 +226,8 @@ def test_one_chunk_memory_formula_brackets_xla(name):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(chunk_entries=0), "chunk_entries: must be a positive int"),
-    (dict(chunk_entries=64.0), "chunk_entries: must be a positive int"),
+    (dict(chunk_entries=0), "chunk_entries: must be None or a positive int"),
+    (dict(chunk_entries=64.0), "chunk_entries: must be None or a positive int"),
     (dict(chunk_tokens=0), "chunk_tokens: must be None or a positive int"),
     (dict(causal_rule="future"), "causal_rule: must be one of"),
 ])
