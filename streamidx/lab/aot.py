@@ -42,12 +42,6 @@ from streamidx import modes, semantics
 
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
 
-__all__ = ["GENERATIONS", "Shape", "SHAPES", "SHAPES_BY_NAME", "QUICK_SHAPES",
-           "BLOCK_SETS", "Row", "Result", "matrix", "compile_row", "entry_args",
-           "launch_calls", "compile_launch", "scoped_vmem_probe",
-           "launch_scratch_bytes", "vmem_grid", "summarize_error",
-           "format_table", "run", "main"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Shape:

@@ -17,14 +17,6 @@ from matplotlib import colors as mcolors
 from matplotlib import patches
 import numpy as np
 
-__all__ = [  # save, seq_colors, then in notebook order
-    "save", "seq_colors", "page_table_figure", "record_bytes_axes", "visibility_axes",
-    "sublane_words_axes", "batch_launch_figure", "causal_masks_figure", "decode_step_time_figure",
-    "query_scores_figure", "scale_error_figure", "e4m3_use_figure", "recall_ci_figure",
-    "rotation_figure", "iteration_order_figure", "vmem_budget_figure", "decode_waste_figure",
-    "decode_step_figure", "static_schedule_figure", "causal_leak_figure", "page_coverage_figure",
-    "roofline_figure", "variant_timing_figure", "runs_figure", "scaling_figure", "crossover_figure"]
-
 FREE = "#eeeeee"  # a free page or an empty cell
 CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan", "prefill": "tab:green",
                "mixed": "tab:orange"}

@@ -37,9 +37,6 @@ import numpy as np
 
 from streamidx import modes
 
-__all__ = ["LAYOUTS", "TOPOLOGIES", "Collective", "collectives",
-           "ShardedCompile", "compile_sharded", "compile_matrix"]
-
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
 TOPOLOGIES = {

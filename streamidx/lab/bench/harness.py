@@ -31,13 +31,6 @@ from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, report
 from streamidx.lab.bench.shapes import Shape
 
-__all__ = [
-    "SCHEMA", "IMPLEMENTATIONS", "BASELINE_VARIANT", "ORACLE_MAX_FLOPS",
-    "kernel_columns", "variant_format", "kernel_blocks",
-    "device_times", "machine", "worker", "compile_call", "measure",
-    "oracle_agreement", "run_worker", "vs_reference", "run", "run_sweep",
-]
-
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
 ORACLE_MAX_FLOPS = 2e10

@@ -30,9 +30,6 @@ import numpy as np
 from streamidx.lab import tables
 from streamidx.lab.bench import harness
 
-__all__ = ["TopkShape", "SHAPES", "score_buffer", "run",
-           "compile_matrix", "main"]
-
 SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
 
 

@@ -31,10 +31,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["GENERATIONS", "SPECS_PATH", "TpuSpec", "load_specs", "spec",
-           "generation_from_device_kind", "detect_generation",
-           "specs_table"]
-
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
 # Shipped in the wheel: the checkout's data/ folder is the package
 # `streamidx.data` (pyproject.toml), so an installed wheel finds it too.

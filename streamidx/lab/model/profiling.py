@@ -42,10 +42,6 @@ import jax
 from streamidx import modes
 from streamidx.lab.model import hardware
 
-__all__ = ["RUN_SCHEMA", "STAGE_PATTERNS", "Capture", "capture", "Trace",
-           "load_trace", "stage_times", "hlo_stats", "write_run", "load_runs",
-           "runs_table", "plot_runs"]
-
 RUN_SCHEMA = "streamidx.profile_run/1"
 ITERATION_ANNOTATION = "streamidx_iteration"
 # Stage of a device op, by regex over its name and its string args (first

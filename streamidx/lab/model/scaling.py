@@ -49,10 +49,6 @@ from streamidx import sharded
 from streamidx.lab.model import hardware, roofline, tiling
 from streamidx.semantics import cdiv
 
-__all__ = ["Workload", "DSV4_DECODE", "StepModel", "step", "best_step",
-           "scaling_table", "crossover_devices", "crossover_context",
-           "CHIP_COUNTS"]
-
 CHIP_COUNTS = (1, 4, 8, 64)
 
 

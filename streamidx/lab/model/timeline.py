@@ -40,8 +40,6 @@ import numpy as np
 from streamidx import modes
 from streamidx.lab.model import tiling
 
-__all__ = ["Op", "Recorder", "record", "SEMAPHORE_KINDS", "plot_timeline"]
-
 # First axis of the kernel's `sems` scratch: what each semaphore row guards
 # (the dense FP8 kernel has a fifth row, its scale DMAs, and a sixth, its
 # block maxima under "fused_blockmax": `streamidx.kernels.dense.SEMAPHORE_ROWS`).

@@ -23,9 +23,6 @@ import sys
 import time
 from typing import Sequence
 
-__all__ = ["LAYOUTS", "LayoutCheck", "reserve_cpu_devices", "mesh_devices",
-           "check_layouts", "check_layouts_subprocess"]
-
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 
 
