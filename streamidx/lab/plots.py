@@ -641,13 +641,26 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str
 
 def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
   """Notebook 06: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
-  device times) against each one's roofline bound, per sweep point (`profiling.plot_runs`)."""
+  device times) per sweep point, a bar per run, its roofline bound a black tick."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   if not (runs := list(timed_runs)[-last:]):
     raise ValueError("timed_runs: must hold at least one run with device times")
+  points = list(dict.fromkeys(profiling._point(r) for run in runs for r in run["records"]))  # pylint: disable=protected-access
+  recs = [{profiling._point(r): r for r in reversed(run["records"])} for run in runs]  # pylint: disable=protected-access
   fig, ax = plt.subplots(figsize=(11, 4))
-  profiling.plot_runs(runs, ax=ax)
-  ax.set_title(f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
+  bars = _grouped(ax, points, [(f"{run['machine'].get('device_kind')} ({Path(run['path']).name})",
+                                [rec.get(p, {}).get("kernel_us", np.nan) for p in points], {})
+                               for run, rec in zip(runs, recs)],
+                  [f"{m}\nB={b}\nL={c}" for m, b, c in points])
+  for run, rec, bar in zip(runs, recs, bars):
+    bounds = [profiling._bound(run, rec.get(p, {}), "kernel") for p in points]  # pylint: disable=protected-access
+    if any(b is not None for b in bounds):
+      ax.scatter([r.get_x() + r.get_width() / 2 for r in bar], [np.nan if b is None else b for b in bounds],
+                 marker="_", s=400, color="black", zorder=3,
+                 label=f"roofline bound ({run['machine'].get('generation')})")
+  ax.tick_params(axis="x", labelsize=8)
+  _style(ax, ylabel="microseconds per call", ylog=10, legend=7,
+         title=f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
   return fig
 
 

@@ -53,7 +53,6 @@ _LINE = re.compile(
     r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>(?:%s)(?:-start)?)\(" % "|".join(_OPS))
 _SHAPE = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
 _GROUPS = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=\{([0-9,{}]*)\}")
 
 
 @dataclasses.dataclass(frozen=True)

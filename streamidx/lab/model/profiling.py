@@ -17,7 +17,7 @@ trace format JAX's profiler writes on TPU and has not run on a TPU in this
 project yet: on a first TPU run, check the op table and adjust
 `STAGE_PATTERNS` if an op lands in "other".
 
-Run files (`write_run`, `load_runs`, `runs_table`, `plot_runs`): one run's
+Run files (`write_run`, `load_runs`, `runs_table`; `plots.runs_figure`): one run's
 machine, versions, parameters and measurements as JSON, so runs on
 different TPUs can be compared side by side.
 """
@@ -306,44 +306,3 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[dict]:
            "bound_total_us": _bound(run, r, "total")}
           for run in runs for r in run["records"]]
 
-
-def plot_runs(runs: Sequence[Mapping[str, Any]], ax=None, *, what: str = "kernel_us"):
-  """Side by side, per sweep point: `what` of every run, and its roofline bound.
-
-  Device times (`kernel_us`, `topk_us`) exist only for TPU runs; CPU runs
-  show `host_call_us` hatched (interpreter time: not comparable to a TPU).
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  if ax is None:
-    _, ax = plt.subplots(figsize=(10, 4))
-  points = list(dict.fromkeys(_point(r) for run in runs for r in run["records"]))
-  width = 0.8 / max(len(runs), 1)
-  x = np.arange(len(points))
-  for i, run in enumerate(runs):
-    gen = run["machine"].get("generation")
-    recs = {_point(r): r for r in reversed(run["records"])}  # the first
-    vals, hatches, bounds = [], [], []
-    for key in points:
-      rec = recs.get(key) or {}
-      v, hatch = rec.get(what), ""
-      if v is None and rec:
-        v, hatch = rec.get("host_call_us"), "//"
-      b = _bound(run, rec, "kernel" if what == "kernel_us" else "total")
-      vals.append(np.nan if v is None else v)
-      hatches.append(hatch)
-      bounds.append(np.nan if b is None else b)
-    bars = ax.bar(x + i * width, vals, width,
-                  label=f"{run['machine'].get('device_kind')} ({Path(run['path']).name})")
-    for bar, h in zip(bars, hatches):
-      bar.set_hatch(h)
-    if not all(np.isnan(bounds)):
-      ax.scatter(x + i * width, bounds, marker="_", s=400, color="black",
-                 zorder=3, label=f"roofline bound ({gen})")
-  ax.set_xticks(x + width * (len(runs) - 1) / 2)
-  ax.set_xticklabels([f"{m}\nB={b}\nL={c}" for m, b, c in points], fontsize=8)
-  ax.set_yscale("log")
-  ax.set_ylabel("microseconds per call")
-  ax.legend(fontsize=7)
-  return ax
