@@ -416,23 +416,17 @@ def _mib(n) -> str:
 
 
 def format_table(results: Sequence[Result]) -> str:
-  """The results as a fixed-width text table."""
-  head = ("variant", "gen", "fmt", "shape", "blocks", "result", "compile s",
-          "VMEM scratch MiB", "HBM temp MiB", "HBM args MiB", "code KiB")
-  rows = []
-  for r in results:
-    m = r.memory
-    rows.append((r.row.variant, r.row.generation, r.row.fmt, r.row.shape,
-                 _label(r.row),
-                 "compiled" if r.ok else r.error, f"{r.compile_s:.1f}",
-                 _mib(r.vmem_scratch), _mib(m.get("temp")),
-                 _mib(m.get("argument")),
-                 f"{m['generated_code'] / 1024:.0f}" if m else "-"))
-  widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-  widths[5] = min(widths[5], 90)  # the result column: errors cut at 90
-  lines = [["-" * w for w in widths]] + rows
-  return "\n".join("  ".join(str(x)[:w].ljust(w) for x, w in zip(r, widths)
-                             ).rstrip() for r in [head] + lines)
+  """The results as an aligned text table (errors cut at 90 characters)."""
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  return tables.format_rows([{
+      "variant": r.row.variant, "gen": r.row.generation, "fmt": r.row.fmt,
+      "shape": r.row.shape, "blocks": _label(r.row),
+      "result": "compiled" if r.ok else r.error[:90],
+      "compile s": f"{r.compile_s:.1f}", "VMEM scratch MiB": _mib(r.vmem_scratch),
+      "HBM temp MiB": _mib(r.memory.get("temp")),
+      "HBM args MiB": _mib(r.memory.get("argument")),
+      "code KiB": f"{r.memory['generated_code'] / 1024:.0f}" if r.memory else "-"}
+      for r in results])
 
 
 def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:

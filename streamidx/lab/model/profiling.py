@@ -196,26 +196,6 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
   return out
 
 
-def hlo_stats(cap: Capture) -> list[dict] | None:
-  """xprof's "hlo_stats" table (per-HLO-op device self time, rows as dicts)
-  for a capture: a cross-check of `stage_times` on a TPU. None without the
-  `xprof` package or when the table cannot be built."""
-  if not cap.xplane_paths:
-    return None
-  try:
-    from xprof.convert import raw_to_tool_data  # pylint: disable=g-import-not-at-top
-    data, _ = raw_to_tool_data.xspace_to_tool_data(list(cap.xplane_paths),
-                                                   "hlo_stats", {})
-  except Exception:  # pylint: disable=broad-except
-    return None
-  doc = json.loads(data)
-  if isinstance(doc, list):
-    doc = doc[0] if doc else {}
-  cols = [c.get("id") or c.get("label") for c in doc.get("cols", [])]
-  return [{c: cell.get("v") if isinstance(cell, dict) else cell
-           for c, cell in zip(cols, r.get("c", []))} for r in doc.get("rows", [])]
-
-
 # -- run files ----------------------------------------------------------------
 
 
