@@ -419,6 +419,37 @@ def rotation_figure(key, rotated_key, diffs, *, outlier_channels: int, title: st
   return _done(fig, title)
 
 
+LANE_ORDER = ("KV pages (slot 0)", "KV pages (slot 1)", "q + weights (slot 0)",  # `Recorder.lanes`
+              "q + weights (slot 1)", "compute", "scores -> HBM (slot 0)", "scores -> HBM (slot 1)")
+
+
+def dma_timeline_axes(ax, rec, *, launches=None, title=None):
+  """Notebook 04: a `timeline.Recorder`'s DMAs (start to wait) and compute steps, a row per
+  lane; x: the interpreter's operation number (issue order, not time), dotted lines at
+  programs, solid at launches. A batched decode program's sequences get a sub-row each; q
+  and weights share theirs (weights lighter)."""
+  lanes = [l for l in rec.lanes() if launches is None or l["launch"] in launches]
+  colors = {"KV ": "tab:blue", "q +": "tab:green", "com": "tab:orange", "sco": "tab:red"}
+  per_launch = {}
+  for l in lanes:
+    per_launch[l["launch"]] = max(per_launch.get(l["launch"], 1), l["batch_idx"] + 1)
+  for l in lanes:
+    n = per_launch[l["launch"]] if l["sem"] != "out" else 1
+    h, row = .7 / n, LANE_ORDER.index(l["lane"]) if l["lane"] in LANE_ORDER else len(LANE_ORDER)
+    ax.barh(row - .35 + h * (l["batch_idx"] if n > 1 else 0) + h / 2, l["end"] - l["start"],
+            left=l["start"], height=h * .85, color=colors.get(l["lane"][:3], "gray"),
+            alpha=.55 if l["sem"] == "w" else 1, edgecolor="black", linewidth=.3)
+  for op in rec.ops:
+    if op.kind in ("grid", "launch") and (launches is None or op.launch in launches):
+      grid = op.kind == "grid"
+      ax.axvline(op.seq, color="gray" if grid else "black", lw=.6 if grid else 1.2,
+                 ls=":" if grid else "-")
+  ax.set_yticks(range(len(LANE_ORDER)), LANE_ORDER)
+  ax.invert_yaxis()
+  _style(ax, "interpreter operation number (issue order; dotted: program start, solid: launch "
+         "start)", title=title)
+
+
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
   """Notebook 04: the kernel's steps (`tiling.steps(plan)` dicts) in execution order, one row
   per sequence: a cell per sequence of the step's program, coloured by case, labelled
