@@ -23,12 +23,10 @@ import sys
 import time
 from typing import Sequence
 
-LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
-
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (a `LAYOUTS` name on a num_data x num_context mesh) run on
+  """One layout (a `lab.sharding.LAYOUTS` name on a num_data x num_context mesh) run on
   `devices` against the single-device reference: rows identical / tied
   within `atol`, ok or the first difference, the lowered program's
   collective, the shares, merge bytes per row, wall seconds."""
