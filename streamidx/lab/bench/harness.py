@@ -93,26 +93,6 @@ def device_times(shape: Shape, impl: str, run_call, *,
   return out
 
 
-def machine() -> dict:
-  """This process's machine: device, kernel mode, TPU generation, versions."""
-  import platform  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
-  dev = jax.devices()[0]
-  total = memory.proc_bytes("MemTotal", "/proc/meminfo")
-  return {
-      "describe": modes.describe_machine(), "platform": dev.platform,
-      "device_kind": getattr(dev, "device_kind", dev.platform),
-      "kernel_mode": modes.kernel_mode(),
-      "generation": hardware.detect_generation(dev),
-      "cpu_count": os.cpu_count(),
-      "memory_total_gib": total and round(total / 2**30, 1),
-      "jax": jax.__version__, "numpy": np.__version__,
-      "python": platform.python_version(), "host": platform.platform(),
-  }
-
-
 def compile_call(fn, args, kw):
   """fn(*args, **kw) jitted and compiled ahead of time (`kw` static):
   ({compile_s, xla}, a blocking call)."""
@@ -177,7 +157,9 @@ def worker(spec: dict) -> dict:
   scores (`save_scores`) and `oracle_agreement` (every row of up to 32, else
   the first and last 8; long context: `spot_check`'s slices)."""
   if spec.get("machine"):
-    return machine()
+    from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
+    total = memory.proc_bytes("MemTotal", "/proc/meminfo")
+    return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
   import jax  # pylint: disable=g-import-not-at-top
   import streamidx as si  # pylint: disable=g-import-not-at-top
   from streamidx import modes, streaming  # pylint: disable=g-import-not-at-top

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from streamidx import modes
 from streamidx.lab.model import hardware
@@ -199,6 +200,18 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
 # -- run files ----------------------------------------------------------------
 
 
+def machine() -> dict:
+  """This process's machine: device, kernel mode, TPU generation, host, versions."""
+  dev = jax.devices()[0]
+  return {
+      "describe": modes.describe_machine(), "platform": dev.platform,
+      "device_kind": getattr(dev, "device_kind", dev.platform),
+      "num_devices": jax.device_count(), "kernel_mode": modes.kernel_mode(),
+      "generation": hardware.detect_generation(dev), "cpu_count": os.cpu_count(),
+      "jax": jax.__version__, "numpy": np.__version__,
+      "python": platform.python_version(), "host": platform.platform()}
+
+
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
               records: Sequence[Mapping[str, Any]], notes: str = "",
               name: str | None = None) -> Path:
@@ -208,13 +221,7 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
   kernel mode, ...), "versions", "parameters", "notes", "records": one dict
   per measured point}.
   """
-  dev = jax.devices()[0]
-  machine = {"platform": dev.platform,
-             "device_kind": getattr(dev, "device_kind", dev.platform),
-             "num_devices": jax.device_count(),
-             "generation": hardware.detect_generation(dev),
-             "kernel_mode": modes.kernel_mode(),
-             "describe": modes.describe_machine(), "os": platform.platform()}
+  machine_ = machine()
   versions = {"python": platform.python_version()}
   for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
     try:
@@ -223,12 +230,12 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
       pass
   created = datetime.datetime.now(datetime.timezone.utc)
   doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
-         "machine": machine, "versions": versions,
+         "machine": machine_, "versions": versions,
          "parameters": dict(parameters), "notes": notes,
          "records": [dict(r) for r in records]}
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  tag = machine["generation"] or machine["platform"]
+  tag = machine_["generation"] or machine_["platform"]
   path = out_dir / (name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json")
   path.write_text(json.dumps(doc, indent=1, sort_keys=True,
                              default=lambda x: x.item()),  # NumPy scalars
