@@ -50,19 +50,6 @@ class LayoutCheck:
   merge_bytes_per_row: int = 0
   seconds: float = 0.0
 
-  def row(self) -> dict:
-    return {"layout": self.layout, "mesh (data x context)":
-            f"{self.num_data}x{self.num_context}", "variant": self.variant,
-            "fmt": self.fmt, "merge": self.merge if self.num_context > 1
-            else "-", "devices": self.devices,
-            "matches reference": "yes" if self.ok else f"NO: {self.detail}",
-            "rows identical / tied": f"{self.identical} / {self.tied}",
-            "atol": f"{self.atol:.2g}", "collective": self.collective or "none",
-            "pages per share": self.pages_per_share,
-            "cache B/device": self.cache_bytes_per_device,
-            "merge B/row": self.merge_bytes_per_row,
-            "s": round(self.seconds, 1)}
-
 
 def _backend_started() -> bool:
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
