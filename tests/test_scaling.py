@@ -99,10 +99,3 @@ def test_scaling_table_rows():
   v7x64 = rows[-1]
   assert v7x64["devices"] == 128 and v7x64["best C"] == 2
   assert v7x64["speedup"] > 1.9
-
-
-def test_cli_prints_the_table_and_crossovers(capsys):
-  assert scaling.main([]) == 0
-  out = capsys.readouterr().out
-  assert "not a measurement" in out and "Crossovers" in out
-  assert "| v6e | 64 |" in out

@@ -1,24 +1,14 @@
-"""The compile matrix: every variant compiled for every TPU generation, no TPU.
+"""The compile matrix: every variant compiled for every TPU generation, no TPU
+(docs/tpu.md). `python -m streamidx.aot [--quick] [--generations ...]
+[--formats ...] [--jobs N] [--topk-methods]` (make aot).
 
-    python -m streamidx.aot             # the whole matrix (make aot)
-    python -m streamidx.aot --quick     # one shape per variant and generation
-    python -m streamidx.aot --generations v5e v6e --formats fp8 --jobs 2
-    python -m streamidx.aot --quick --topk-methods   # + every topk_method
-
-Each row is one variant of `streamidx.VARIANTS` x TPU generation (v4, v5e,
-v5p, v6e, v7x) x cache format x block sizes x shape. Its arguments are
-`jax.ShapeDtypeStruct`s only (production shapes, `SHAPES`), placed on the
-generation's compile-only device by `streamidx.compile_for`; the variant's
-entry point is lowered and compiled by the real TPU compiler (libtpu). A row
-reports "compiled" or the compiler's error in one line, the compile seconds,
-the VMEM scratch of its largest launch (`semantics.scratch_vmem_bytes`) and
-XLA's memory analysis (HBM: arguments, output, temporaries; code size).
-
-A row proves the generation's compiler accepts the kernel at that shape
-(ops, layouts, VMEM), nothing about run time (that needs a TPU; the static
-schedule, `streamidx.lab.schedule`, gives a compute-side lower bound).
-`launch_calls` / `compile_launch` compile one `pallas_call` alone (the VMEM
-probe and the schedule dumps).
+A row is one variant x generation x cache format x block sizes x shape
+(`SHAPES`: production shapes as `ShapeDtypeStruct`s on the generation's
+compile-only device, `streamidx.compile_for`), compiled by libtpu: "compiled"
+or the compiler's error in one line, compile seconds, the largest launch's
+VMEM scratch and XLA's memory analysis. It proves the compiler accepts the
+kernel at that shape, nothing about run time. `launch_calls` /
+`compile_launch` compile one `pallas_call` alone (VMEM probes, schedules).
 """
 
 from __future__ import annotations
@@ -41,12 +31,6 @@ import jax.numpy as jnp
 from streamidx import modes, semantics
 
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
-
-__all__ = ["GENERATIONS", "Shape", "SHAPES", "SHAPES_BY_NAME", "QUICK_SHAPES",
-           "BLOCK_SETS", "Row", "Result", "matrix", "compile_row", "entry_args",
-           "launch_calls", "compile_launch", "scoped_vmem_probe",
-           "launch_scratch_bytes", "vmem_grid", "summarize_error",
-           "format_table", "run", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,74 +288,6 @@ def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
       [("", s, d) for s, d in tiling.declared_scratch(eqn)], tpu_generation)
 
 
-def vmem_grid(generation: str, *, fmt: str = "fp8",
-              shape: str = "dsv4-decode-4k", decode_kv_pages=(1, 2, 4, 8),
-              prefill_q_blocks=(64, 128, 256), prefill_kv_pages: int = 2,
-              limits=(None, 100 * 2**20)) -> list[dict]:
-  """Which block sizes the compiler accepts, and the VMEM it counts for them.
-
-  One row per decode launch at `decode_kv_pages` and prefill launch at
-  `prefill_q_blocks`, traced with the kernel's `check_launch_vmem` off and
-  compiled alone: `scratch` (our tiled count), `compiler_scratch` (its
-  scoped VMEM under a 16 KiB limit), `compiler_total` (under a limit just
-  above that: plus its internal scratch; None if that fits), and per limit
-  of `limits` (None: the compiler's default) "limit L" ("ok" or the error)
-  and "check L" (whether our check "refuses" or "passes" it).
-  """
-  from unittest import mock  # pylint: disable=g-import-not-at-top
-  from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
-
-  shp = SHAPES_BY_NAME[shape]
-  cases = [("decode", dict(num_kv_pages_per_block=(p, 1, 1),
-                           num_queries_per_block=(1, 8, 8)), p, 1)
-           for p in decode_kv_pages]
-  cases += [("prefill", dict(num_kv_pages_per_block=(1, prefill_kv_pages, 1),
-                             num_queries_per_block=(1, q, 8)),
-             prefill_kv_pages, q) for q in prefill_q_blocks]
-  out = []
-  unchecked = mock.patch.object(tpu, "check_launch_vmem",
-                                lambda *a, **k: None)
-  with modes.compile_for(generation) as target, contextlib.ExitStack() as st:
-    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-
-    capacity = int(pltpu.get_tpu_info().vmem_capacity_bytes)
-    st.enter_context(unchecked)
-    for case, blocks, bkv_p, bq in cases:
-      jax.clear_caches()
-      calls = launch_calls("vendored", shp, fmt,
-                           dict(blocks, vmem_limit_bytes=None), target)
-      _, eqn = calls[0 if case == "decode" else 2]
-      ours = launch_scratch_bytes(eqn, target.tpu_generation)
-      try:
-        first = scoped_vmem_probe(eqn, target, 16 * 1024)
-        rounding = 0.005 * 2**20 if first >= 2**20 else 0.05 * 1024
-        total = scoped_vmem_probe(eqn, target, int(first + rounding) + 1)
-      except Exception as e:  # pylint: disable=broad-except
-        first = total = None
-        note = summarize_error(e)
-      else:
-        note = ""
-      row = dict(generation=generation, launch=case, bkv_p=bkv_p, bq=bq,
-                 scratch=ours, compiler_scratch=first, compiler_total=total,
-                 probe_error=note)
-      for limit in limits:
-        bound = capacity if limit is None else min(limit, capacity)
-        row[f"check {_limit_name(limit)}"] = ("refuses" if ours > bound
-                                              else "passes")
-        try:
-          compile_launch(eqn, target, vmem_limit_bytes=limit)
-          row[f"limit {_limit_name(limit)}"] = "ok"
-        except Exception as e:  # pylint: disable=broad-except
-          row[f"limit {_limit_name(limit)}"] = summarize_error(e)
-      out.append(row)
-    jax.clear_caches()
-  return out
-
-
-def _limit_name(limit) -> str:
-  return "default" if limit is None else f"{limit / 2**20:g} MiB"
-
-
 def _memory(compiled) -> dict:
   m = compiled.memory_analysis()
   if m is None:
@@ -422,23 +338,17 @@ def _mib(n) -> str:
 
 
 def format_table(results: Sequence[Result]) -> str:
-  """The results as a fixed-width text table."""
-  head = ("variant", "gen", "fmt", "shape", "blocks", "result", "compile s",
-          "VMEM scratch MiB", "HBM temp MiB", "HBM args MiB", "code KiB")
-  rows = []
-  for r in results:
-    m = r.memory
-    rows.append((r.row.variant, r.row.generation, r.row.fmt, r.row.shape,
-                 _label(r.row),
-                 "compiled" if r.ok else r.error, f"{r.compile_s:.1f}",
-                 _mib(r.vmem_scratch), _mib(m.get("temp")),
-                 _mib(m.get("argument")),
-                 f"{m['generated_code'] / 1024:.0f}" if m else "-"))
-  widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-  widths[5] = min(widths[5], 90)  # the result column: errors cut at 90
-  lines = [["-" * w for w in widths]] + rows
-  return "\n".join("  ".join(str(x)[:w].ljust(w) for x, w in zip(r, widths)
-                             ).rstrip() for r in [head] + lines)
+  """The results as an aligned text table (errors cut at 90 characters)."""
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  return tables.format_rows([{
+      "variant": r.row.variant, "gen": r.row.generation, "fmt": r.row.fmt,
+      "shape": r.row.shape, "blocks": _label(r.row),
+      "result": "compiled" if r.ok else r.error[:90],
+      "compile s": f"{r.compile_s:.1f}", "VMEM scratch MiB": _mib(r.vmem_scratch),
+      "HBM temp MiB": _mib(r.memory.get("temp")),
+      "HBM args MiB": _mib(r.memory.get("argument")),
+      "code KiB": f"{r.memory['generated_code'] / 1024:.0f}" if r.memory else "-"}
+      for r in results])
 
 
 def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:

@@ -37,9 +37,6 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 from streamidx import semantics
 
-__all__ = ["ParameterError", "Parameter", "Declarations", "declarations", "check_notebook",
-           "check", "tpu_scaling", "RULE_HELPERS", "TPU_SCALE_ENV", "HEADER"]
-
 HEADER = "# Parameters (papermill overrides these with -p)."
 PAPERMILL_HEADER = "# Parameters"  # the first line of the cell papermill injects
 TPU_SCALE_ENV = "STREAMIDX_TPU_SCALE"

@@ -17,14 +17,6 @@ from matplotlib import colors as mcolors
 from matplotlib import patches
 import numpy as np
 
-__all__ = [  # save, seq_colors, then in notebook order
-    "save", "seq_colors", "page_table_figure", "record_bytes_axes", "visibility_axes",
-    "sublane_words_axes", "batch_launch_figure", "causal_masks_figure", "decode_step_time_figure",
-    "query_scores_figure", "scale_error_figure", "e4m3_use_figure", "recall_ci_figure",
-    "rotation_figure", "iteration_order_figure", "vmem_budget_figure", "decode_waste_figure",
-    "decode_step_figure", "static_schedule_figure", "causal_leak_figure", "page_coverage_figure",
-    "roofline_figure", "variant_timing_figure", "runs_figure", "scaling_figure", "crossover_figure"]
-
 FREE = "#eeeeee"  # a free page or an empty cell
 CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan", "prefill": "tab:green",
                "mixed": "tab:orange"}
@@ -427,6 +419,37 @@ def rotation_figure(key, rotated_key, diffs, *, outlier_channels: int, title: st
   return _done(fig, title)
 
 
+LANE_ORDER = ("KV pages (slot 0)", "KV pages (slot 1)", "q + weights (slot 0)",  # `Recorder.lanes`
+              "q + weights (slot 1)", "compute", "scores -> HBM (slot 0)", "scores -> HBM (slot 1)")
+
+
+def dma_timeline_axes(ax, rec, *, launches=None, title=None):
+  """Notebook 04: a `timeline.Recorder`'s DMAs (start to wait) and compute steps, a row per
+  lane; x: the interpreter's operation number (issue order, not time), dotted lines at
+  programs, solid at launches. A batched decode program's sequences get a sub-row each; q
+  and weights share theirs (weights lighter)."""
+  lanes = [l for l in rec.lanes() if launches is None or l["launch"] in launches]
+  colors = {"KV ": "tab:blue", "q +": "tab:green", "com": "tab:orange", "sco": "tab:red"}
+  per_launch = {}
+  for l in lanes:
+    per_launch[l["launch"]] = max(per_launch.get(l["launch"], 1), l["batch_idx"] + 1)
+  for l in lanes:
+    n = per_launch[l["launch"]] if l["sem"] != "out" else 1
+    h, row = .7 / n, LANE_ORDER.index(l["lane"]) if l["lane"] in LANE_ORDER else len(LANE_ORDER)
+    ax.barh(row - .35 + h * (l["batch_idx"] if n > 1 else 0) + h / 2, l["end"] - l["start"],
+            left=l["start"], height=h * .85, color=colors.get(l["lane"][:3], "gray"),
+            alpha=.55 if l["sem"] == "w" else 1, edgecolor="black", linewidth=.3)
+  for op in rec.ops:
+    if op.kind in ("grid", "launch") and (launches is None or op.launch in launches):
+      grid = op.kind == "grid"
+      ax.axvline(op.seq, color="gray" if grid else "black", lw=.6 if grid else 1.2,
+                 ls=":" if grid else "-")
+  ax.set_yticks(range(len(LANE_ORDER)), LANE_ORDER)
+  ax.invert_yaxis()
+  _style(ax, "interpreter operation number (issue order; dotted: program start, solid: launch "
+         "start)", title=title)
+
+
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
   """Notebook 04: the kernel's steps (`tiling.steps(plan)` dicts) in execution order, one row
   per sequence: a cell per sequence of the step's program, coloured by case, labelled
@@ -649,13 +672,26 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str
 
 def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
   """Notebook 06: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
-  device times) against each one's roofline bound, per sweep point (`profiling.plot_runs`)."""
+  device times) per sweep point, a bar per run, its roofline bound a black tick."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   if not (runs := list(timed_runs)[-last:]):
     raise ValueError("timed_runs: must hold at least one run with device times")
+  points = list(dict.fromkeys(profiling._point(r) for run in runs for r in run["records"]))  # pylint: disable=protected-access
+  recs = [{profiling._point(r): r for r in reversed(run["records"])} for run in runs]  # pylint: disable=protected-access
   fig, ax = plt.subplots(figsize=(11, 4))
-  profiling.plot_runs(runs, ax=ax)
-  ax.set_title(f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
+  bars = _grouped(ax, points, [(f"{run['machine'].get('device_kind')} ({Path(run['path']).name})",
+                                [rec.get(p, {}).get("kernel_us", np.nan) for p in points], {})
+                               for run, rec in zip(runs, recs)],
+                  [f"{m}\nB={b}\nL={c}" for m, b, c in points])
+  for run, rec, bar in zip(runs, recs, bars):
+    bounds = [profiling._bound(run, rec.get(p, {}), "kernel") for p in points]  # pylint: disable=protected-access
+    if any(b is not None for b in bounds):
+      ax.scatter([r.get_x() + r.get_width() / 2 for r in bar], [np.nan if b is None else b for b in bounds],
+                 marker="_", s=400, color="black", zorder=3,
+                 label=f"roofline bound ({run['machine'].get('generation')})")
+  ax.tick_params(axis="x", labelsize=8)
+  _style(ax, ylabel="microseconds per call", ylog=10, legend=7,
+         title=f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
   return fig
 
 

@@ -6,9 +6,8 @@ compiled ahead of time for a multi-chip topology (`libtpu`'s compiler via
 topology's devices, and the collectives of the compiled program are read
 from its HLO text: which op, over which device groups, how many bytes.
 
-    python -m streamidx.lab.sharding            # the matrix below, a table
-    python -m streamidx.lab.sharding --quick    # v6e:2x2 and tpu7x:2x2x1,
-                                                # token variant only
+`compile_matrix` (every layout and merge per topology) is the sharded part
+of `python -m streamidx.aot` (`--no-sharded` skips it).
 
     r = compile_sharded("v6e:2x2", "context-parallel")
     r.ok, r.collectives, r.received_bytes, r.model_received_bytes
@@ -28,7 +27,6 @@ should move. They agree when the compiler added no collective of its own.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import time
@@ -36,9 +34,6 @@ import time
 import numpy as np
 
 from streamidx import modes
-
-__all__ = ["LAYOUTS", "TOPOLOGIES", "Collective", "collectives",
-           "ShardedCompile", "compile_sharded", "compile_matrix"]
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
@@ -56,7 +51,6 @@ _LINE = re.compile(
     r"=\s*(?P<type>\(.*?\)|\S+)\s+(?P<op>(?:%s)(?:-start)?)\(" % "|".join(_OPS))
 _SHAPE = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
 _GROUPS = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=\{([0-9,{}]*)\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,24 +253,3 @@ def compile_matrix(topologies=tuple(TOPOLOGIES), *, quick: bool = False
                                     num_queries_per_block=8))
   return runs
 
-
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m streamidx.lab.sharding",
-      description="Compile the sharded indexer for TPU slices (no TPU "
-                  "needed) and report the collectives per step.")
-  parser.add_argument("--quick", action="store_true",
-                      help="token variant only")
-  parser.add_argument("--topology", action="append",
-                      choices=sorted(TOPOLOGIES))
-  a = parser.parse_args(argv)
-  runs = compile_matrix(tuple(a.topology or TOPOLOGIES), quick=a.quick)
-  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
-  print("Compiled with libtpu for TPU topologies on this host (no TPU); "
-        "bytes from the compiled HLO.")
-  print(tables.markdown([r.row() for r in runs]))
-  return 0 if all(r.ok for r in runs) else 1
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-__all__ = ["markdown", "format_rows", "batch_rows"]
-
 
 def _text(value) -> str:
   return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -167,21 +167,6 @@ def parameters_for(path: Path, profile: str, out_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 # Running.
 
-def _kernel_warning() -> str | None:
-  """Says so if the `python3` kernel would run another interpreter."""
-  try:
-    from jupyter_client.kernelspec import KernelSpecManager
-    spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-  except Exception as e:  # noqa: BLE001 - papermill will report it properly
-    return f"cannot find the {KERNEL_NAME!r} kernel: {e}"
-  exe = spec.argv[0] if spec.argv else ""
-  if exe in {"python", "python3", "python%d.%d" % sys.version_info[:2]} or (
-      os.path.abspath(exe) == os.path.abspath(sys.executable)):
-    return None
-  return (f"the {KERNEL_NAME!r} kernel runs {exe} ({spec.resource_dir}), "
-          f"not this interpreter {sys.executable}")
-
-
 def _cell(source_nb: dict, index: int, exec_count, ename, evalue, source) -> CellFailure:
   code_cell = sum(1 for c in source_nb["cells"][:index + 1] if c.get("cell_type") == "code")
   return CellFailure(index, code_cell, exec_count, ename, evalue, source)
@@ -485,9 +470,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not selected:
     print(f"workbook: no notebooks matching {NOTEBOOK_GLOB} in {notebooks_dir}")
     return 0
-  warning = _kernel_warning()
-  if warning:
-    print(f"workbook: warning: {warning}", file=sys.stderr)
   jobs = min(args.jobs, len(selected))
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, cell timeout "
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)

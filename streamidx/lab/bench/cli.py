@@ -20,8 +20,6 @@ import sys
 from streamidx.lab.bench import harness, long_context, report
 from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
 
-__all__ = ["main"]
-
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)

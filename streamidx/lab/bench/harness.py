@@ -31,13 +31,6 @@ from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, report
 from streamidx.lab.bench.shapes import Shape
 
-__all__ = [
-    "SCHEMA", "IMPLEMENTATIONS", "BASELINE_VARIANT", "ORACLE_MAX_FLOPS",
-    "kernel_columns", "variant_format", "kernel_blocks",
-    "device_times", "machine", "worker", "compile_call", "measure",
-    "oracle_agreement", "run_worker", "vs_reference", "run", "run_sweep",
-]
-
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
 ORACLE_MAX_FLOPS = 2e10
@@ -98,26 +91,6 @@ def device_times(shape: Shape, impl: str, run_call, *,
     if impl == "kernel" and variant == BASELINE_VARIANT and out["device_s"]:
       out["fraction_of_roofline"] = pred["total"] / out["device_s"]
   return out
-
-
-def machine() -> dict:
-  """This process's machine: device, kernel mode, TPU generation, versions."""
-  import platform  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
-  dev = jax.devices()[0]
-  total = memory.proc_bytes("MemTotal", "/proc/meminfo")
-  return {
-      "describe": modes.describe_machine(), "platform": dev.platform,
-      "device_kind": getattr(dev, "device_kind", dev.platform),
-      "kernel_mode": modes.kernel_mode(),
-      "generation": hardware.detect_generation(dev),
-      "cpu_count": os.cpu_count(),
-      "memory_total_gib": total and round(total / 2**30, 1),
-      "jax": jax.__version__, "numpy": np.__version__,
-      "python": platform.python_version(), "host": platform.platform(),
-  }
 
 
 def compile_call(fn, args, kw):
@@ -184,7 +157,9 @@ def worker(spec: dict) -> dict:
   scores (`save_scores`) and `oracle_agreement` (every row of up to 32, else
   the first and last 8; long context: `spot_check`'s slices)."""
   if spec.get("machine"):
-    return machine()
+    from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
+    total = memory.proc_bytes("MemTotal", "/proc/meminfo")
+    return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
   import jax  # pylint: disable=g-import-not-at-top
   import streamidx as si  # pylint: disable=g-import-not-at-top
   from streamidx import modes, streaming  # pylint: disable=g-import-not-at-top

@@ -21,9 +21,6 @@ import numpy as np
 from streamidx.lab.bench import harness
 from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 
-__all__ = ["random_cache", "long_context_args", "abstract_args", "spot_check",
-           "run_long_context"]
-
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,
                  pages_per_step: int = 256):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import resource
 import sys
 
-__all__ = ["proc_bytes", "PeakMemory", "xla_memory", "mib"]
-
 
 def proc_bytes(field: str, path: str = "/proc/self/status") -> int | None:
   """A "Field:  N kB" line of a /proc file, in bytes; None if absent."""

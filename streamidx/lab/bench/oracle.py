@@ -16,8 +16,6 @@ import numpy as np
 
 from streamidx.semantics import causal_visible_bound
 
-__all__ = ["dequantize_cache", "oracle_topk", "f32_score_bound"]
-
 
 def _on_host():
   """Eager JAX on the host CPU (the oracle never touches an accelerator)."""

@@ -14,8 +14,6 @@ import numpy as np
 from streamidx.lab import tables
 from streamidx.lab.bench.memory import mib
 
-__all__ = ["ratios", "verdict", "format_table", "plot"]
-
 
 def ratios(doc) -> dict:
   """Median time of each implementation over the reference's, per shape,

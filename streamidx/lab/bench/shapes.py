@@ -13,9 +13,6 @@ import numpy as np
 
 from streamidx import semantics
 
-__all__ = ["Shape", "SWEEP", "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS",
-           "parse_shape"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Shape:

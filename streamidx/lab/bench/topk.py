@@ -1,20 +1,10 @@
-"""The top-k stage: every `streamidx.topk` method timed on this machine.
+"""The top-k stage: every `streamidx.topk` method timed on this machine
+(`--topk`, docs/benchmarks.md), or with `--compile` XLA's cost analysis of
+each compiled per generation (libtpu, no TPU; `lab.model.topk.compile_estimate`:
+static estimates) in <out>/topk_compile.json, which
+`lab.model.topk.recommend(estimates=)` reads.
 
-    python -m streamidx.bench --topk                 # decode B=64 at 128K and 1M
     python -m streamidx.bench --topk --shapes 64x32768:512 2048x32768:512
-    python -m streamidx.bench --topk --compile       # compile for v5e/v6e/v7x
-
-A shape ROWSxENTRIES:K is an f32[T, N] score buffer (`score_buffer`). Each
-method (`topk.select_topk`, jitted; "fused_blockmax" given the block maxima
-the fused kernel writes, computed before the clock starts) and the reference
-(`ref.topk_from_scores`) is timed by `harness.measure`: this machine's
-times, never a TPU's unless JAX runs on one. Checked, untimed: every exact
-method's indices equal the reference's bit for bit (else exit 1); "approx"
-reports its recall here and `lab.model.topk.approx_recall`'s TPU model.
-Output: <out>/topk.json. `--compile` (libtpu, no TPU): XLA's cost analysis
-of every method compiled per generation (`lab.model.topk.compile_estimate`;
-static estimates, not measurements) in <out>/topk_compile.json, which
-`lab.model.topk.model_table(estimates=)` reads.
 """
 
 from __future__ import annotations
@@ -29,9 +19,6 @@ import numpy as np
 
 from streamidx.lab import tables
 from streamidx.lab.bench import harness
-
-__all__ = ["TopkShape", "SHAPES", "score_buffer", "run",
-           "compile_matrix", "main"]
 
 SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
 

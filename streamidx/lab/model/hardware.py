@@ -31,10 +31,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["GENERATIONS", "SPECS_PATH", "TpuSpec", "load_specs", "spec",
-           "generation_from_device_kind", "detect_generation",
-           "specs_table"]
-
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
 # Shipped in the wheel: the checkout's data/ folder is the package
 # `streamidx.data` (pyproject.toml), so an installed wheel finds it too.
@@ -207,25 +203,3 @@ def detect_generation(device=None) -> str | None:
     return None
   return generation_from_device_kind(getattr(device, "device_kind", ""))
 
-
-def specs_table(specs: Mapping[str, TpuSpec] | None = None) -> list[dict]:
-  """One row per generation, in human units, for printing or a DataFrame."""
-  specs = load_specs() if specs is None else specs
-
-  def t(x):
-    return None if x is None else round(x / 1e12, 1)
-
-  return [{
-      "generation": gen,
-      "TensorCores/chip": s.tensorcores_per_chip,
-      "JAX devices/chip": s.jax_devices_per_chip,
-      "HBM GiB/chip": round(s.hbm_capacity_bytes / 2**30, 1),
-      "HBM GB/s/chip": round(s.hbm_bandwidth_bytes_per_s / 1e9),
-      "VMEM MiB/TC": s.vmem_bytes_per_tensorcore // 2**20,
-      "bf16 TFLOP/s/chip": t(s.peak_bf16_flops),
-      "int8 TOP/s/chip": t(s.peak_int8_ops),
-      "fp8 TFLOP/s/chip": t(s.peak_fp8_flops),
-      "ICI GB/s/chip": (None if s.ici_bandwidth_bytes_per_s is None
-                        else round(s.ici_bandwidth_bytes_per_s / 1e9)),
-      "ridge bf16 FLOP/B": round(s.ridge_point("bf16")),
-  } for gen in GENERATIONS for s in [specs[gen]]]

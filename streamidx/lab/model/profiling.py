@@ -17,7 +17,7 @@ trace format JAX's profiler writes on TPU and has not run on a TPU in this
 project yet: on a first TPU run, check the op table and adjust
 `STAGE_PATTERNS` if an op lands in "other".
 
-Run files (`write_run`, `load_runs`, `runs_table`, `plot_runs`): one run's
+Run files (`write_run`, `load_runs`, `runs_table`; `plots.runs_figure`): one run's
 machine, versions, parameters and measurements as JSON, so runs on
 different TPUs can be compared side by side.
 """
@@ -38,13 +38,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from streamidx import modes
 from streamidx.lab.model import hardware
-
-__all__ = ["RUN_SCHEMA", "STAGE_PATTERNS", "Capture", "capture", "Trace",
-           "load_trace", "stage_times", "hlo_stats", "write_run", "load_runs",
-           "runs_table", "plot_runs"]
 
 RUN_SCHEMA = "streamidx.profile_run/1"
 ITERATION_ANNOTATION = "streamidx_iteration"
@@ -200,27 +197,19 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
   return out
 
 
-def hlo_stats(cap: Capture) -> list[dict] | None:
-  """xprof's "hlo_stats" table (per-HLO-op device self time, rows as dicts)
-  for a capture: a cross-check of `stage_times` on a TPU. None without the
-  `xprof` package or when the table cannot be built."""
-  if not cap.xplane_paths:
-    return None
-  try:
-    from xprof.convert import raw_to_tool_data  # pylint: disable=g-import-not-at-top
-    data, _ = raw_to_tool_data.xspace_to_tool_data(list(cap.xplane_paths),
-                                                   "hlo_stats", {})
-  except Exception:  # pylint: disable=broad-except
-    return None
-  doc = json.loads(data)
-  if isinstance(doc, list):
-    doc = doc[0] if doc else {}
-  cols = [c.get("id") or c.get("label") for c in doc.get("cols", [])]
-  return [{c: cell.get("v") if isinstance(cell, dict) else cell
-           for c, cell in zip(cols, r.get("c", []))} for r in doc.get("rows", [])]
-
-
 # -- run files ----------------------------------------------------------------
+
+
+def machine() -> dict:
+  """This process's machine: device, kernel mode, TPU generation, host, versions."""
+  dev = jax.devices()[0]
+  return {
+      "describe": modes.describe_machine(), "platform": dev.platform,
+      "device_kind": getattr(dev, "device_kind", dev.platform),
+      "num_devices": jax.device_count(), "kernel_mode": modes.kernel_mode(),
+      "generation": hardware.detect_generation(dev), "cpu_count": os.cpu_count(),
+      "jax": jax.__version__, "numpy": np.__version__,
+      "python": platform.python_version(), "host": platform.platform()}
 
 
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
@@ -232,13 +221,7 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
   kernel mode, ...), "versions", "parameters", "notes", "records": one dict
   per measured point}.
   """
-  dev = jax.devices()[0]
-  machine = {"platform": dev.platform,
-             "device_kind": getattr(dev, "device_kind", dev.platform),
-             "num_devices": jax.device_count(),
-             "generation": hardware.detect_generation(dev),
-             "kernel_mode": modes.kernel_mode(),
-             "describe": modes.describe_machine(), "os": platform.platform()}
+  machine_ = machine()
   versions = {"python": platform.python_version()}
   for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
     try:
@@ -247,12 +230,12 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
       pass
   created = datetime.datetime.now(datetime.timezone.utc)
   doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
-         "machine": machine, "versions": versions,
+         "machine": machine_, "versions": versions,
          "parameters": dict(parameters), "notes": notes,
          "records": [dict(r) for r in records]}
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  tag = machine["generation"] or machine["platform"]
+  tag = machine_["generation"] or machine_["platform"]
   path = out_dir / (name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json")
   path.write_text(json.dumps(doc, indent=1, sort_keys=True,
                              default=lambda x: x.item()),  # NumPy scalars
@@ -310,44 +293,3 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[dict]:
            "bound_total_us": _bound(run, r, "total")}
           for run in runs for r in run["records"]]
 
-
-def plot_runs(runs: Sequence[Mapping[str, Any]], ax=None, *, what: str = "kernel_us"):
-  """Side by side, per sweep point: `what` of every run, and its roofline bound.
-
-  Device times (`kernel_us`, `topk_us`) exist only for TPU runs; CPU runs
-  show `host_call_us` hatched (interpreter time: not comparable to a TPU).
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  if ax is None:
-    _, ax = plt.subplots(figsize=(10, 4))
-  points = list(dict.fromkeys(_point(r) for run in runs for r in run["records"]))
-  width = 0.8 / max(len(runs), 1)
-  x = np.arange(len(points))
-  for i, run in enumerate(runs):
-    gen = run["machine"].get("generation")
-    recs = {_point(r): r for r in reversed(run["records"])}  # the first
-    vals, hatches, bounds = [], [], []
-    for key in points:
-      rec = recs.get(key) or {}
-      v, hatch = rec.get(what), ""
-      if v is None and rec:
-        v, hatch = rec.get("host_call_us"), "//"
-      b = _bound(run, rec, "kernel" if what == "kernel_us" else "total")
-      vals.append(np.nan if v is None else v)
-      hatches.append(hatch)
-      bounds.append(np.nan if b is None else b)
-    bars = ax.bar(x + i * width, vals, width,
-                  label=f"{run['machine'].get('device_kind')} ({Path(run['path']).name})")
-    for bar, h in zip(bars, hatches):
-      bar.set_hatch(h)
-    if not all(np.isnan(bounds)):
-      ax.scatter(x + i * width, bounds, marker="_", s=400, color="black",
-                 zorder=3, label=f"roofline bound ({gen})")
-  ax.set_xticks(x + width * (len(runs) - 1) / 2)
-  ax.set_xticklabels([f"{m}\nB={b}\nL={c}" for m, b, c in points], fontsize=8)
-  ax.set_yscale("log")
-  ax.set_ylabel("microseconds per call")
-  ax.legend(fontsize=7)
-  return ax

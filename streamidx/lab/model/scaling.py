@@ -34,13 +34,10 @@ the same and adds the merge, so C = 1 wins; once devices outnumber the
 sequences, C = N / B divides each sequence's cache reads by C for a merge of
 (C - 1) x k x 8 bytes per row. `crossover_devices` and `crossover_context`
 find where, for a workload and a generation.
-
-    python -m streamidx.lab.model.scaling  # DeepSeek-V4 table, crossovers
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -51,10 +48,6 @@ from streamidx import cache as cache_lib
 from streamidx import sharded
 from streamidx.lab.model import hardware, roofline, tiling
 from streamidx.semantics import cdiv
-
-__all__ = ["Workload", "DSV4_DECODE", "StepModel", "step", "best_step",
-           "scaling_table", "crossover_devices", "crossover_context",
-           "CHIP_COUNTS"]
 
 CHIP_COUNTS = (1, 4, 8, 64)
 
@@ -263,60 +256,3 @@ def crossover_context(w: Workload, generation: str, chips: int, *,
   _, best, sp = pays(hi)
   return hi * tokens_per_page, best, sp
 
-
-def crossover_report(w: Workload = DSV4_DECODE,
-                     generations: Sequence[str] = ("v6e", "v7x"),
-                     latencies: Sequence[float] = (0.0,),
-                     merge: str = "all_gather") -> list[dict]:
-  """Both crossovers per generation and collective latency (for printing)."""
-  def vs(cross, digits):
-    b, sp = cross[1], cross[2]
-    return (f"C={b.num_context}: {b.step_s * 1e6:.{digits}f} vs "
-            f"{sp.step_s * 1e6:.{digits}f} us")
-
-  def ctx(x, gen, chips, lat):
-    cc = crossover_context(x, gen, chips, merge=merge, collective_latency_s=lat)
-    return "never" if cc is None else f"{cc[0]} tok ({vs(cc, 2)})"
-
-  rows = []
-  for gen in generations:
-    for lat in latencies:
-      cd = crossover_devices(w, gen, merge=merge, collective_latency_s=lat)
-      row = {"generation": gen, "latency us (assumed)": lat * 1e6,
-             f"chips where C>1 pays ({w.num_seqs} seqs x {w.context_tokens} tok)":
-                 "none" if cd is None else f"{cd[0]} ({vs(cd, 1)})",
-             f"{w.num_seqs} seqs on those chips: context from":
-                 "-" if cd is None else ctx(w, gen, cd[0], lat)}
-      for chips in (1, 4, 8):
-        row[f"1 seq on {chips} chip(s): context from"] = ctx(
-            w.with_(num_seqs=1), gen, chips, lat)
-      rows.append(row)
-  return rows
-
-
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m streamidx.lab.model.scaling",
-      description="Modelled DeepSeek-V4 indexer decode step on 1-64 chips "
-                  "(roofline + ICI; a model, not a measurement).")
-  parser.add_argument("--merge", default="all_gather", choices=("all_gather", "tree"))
-  parser.add_argument("--latency-us", type=float, action="append",
-                      help="assumed fixed latency per collective round "
-                           "(repeatable; default 0)")
-  a = parser.parse_args(argv)
-  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
-  lats = [x * 1e-6 for x in (a.latency_us or [0.0])]
-  w = DSV4_DECODE
-  print(f"Model (roofline + ICI, data/tpu_specs.json; not a measurement): "
-        f"{w.num_seqs} sequences x {w.context_tokens} tokens, {w.num_heads} "
-        f"heads, head_dim {w.head_dim}, ratio {w.compression_ratio}, "
-        f"{w.fmt} ({w.page_size}-entry pages), k {w.k}, one layer, merge "
-        f"{a.merge}.")
-  print(tables.markdown(scaling_table(w, merge=a.merge, collective_latency_s=lats[0])))
-  print("\nCrossovers (context parallelism vs one chip per sequence):")
-  print(tables.markdown(crossover_report(w, latencies=lats, merge=a.merge)))
-  return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -15,7 +15,7 @@ it is waited for, and its clock measures Python, not a TPU.
     with streamidx.lab.model.timeline.record() as rec:
       idx = streamidx.streamindex_topk(*inp.args, **kw)
     events = rec.dma_events()    # comparable to tiling.expected_dma_events
-    plot_timeline(rec, ax)
+    plots.dma_timeline_axes(ax, rec)
 
 Written against the interpreter of jax 0.10.2
 (`jax._src.pallas.mosaic.interpret.interpret_pallas_call`); where it lacks
@@ -39,8 +39,6 @@ import numpy as np
 
 from streamidx import modes
 from streamidx.lab.model import tiling
-
-__all__ = ["Op", "Recorder", "record", "SEMAPHORE_KINDS", "plot_timeline"]
 
 # First axis of the kernel's `sems` scratch: what each semaphore row guards
 # (the dense FP8 kernel has a fifth row, its scale DMAs, and a sixth, its
@@ -238,52 +236,6 @@ def _lane(sem, slot):
           "out": "scores -> HBM", "kv_scale": "KV scales",
           "block_max": "block maxima -> HBM"}.get(sem, sem)
   return f"{name} (slot {slot})"
-
-
-LANE_ORDER = ("KV pages (slot 0)", "KV pages (slot 1)", "q + weights (slot 0)",
-              "q + weights (slot 1)", "compute", "scores -> HBM (slot 0)",
-              "scores -> HBM (slot 1)")
-
-
-def plot_timeline(rec: Recorder, ax=None, *, launches=None, title=None):
-  """Draws the recorded DMAs (start to wait) and compute steps, by lane.
-
-  x: the interpreter's operation sequence number (issue order, not time).
-  Vertical lines mark grid points (dotted) and launches (solid). Within a
-  lane, the sequences of a batched decode program have one sub-row each; q
-  and weights DMAs share theirs (weights lighter).
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  if ax is None:
-    _, ax = plt.subplots(figsize=(12, 3.8))
-  lanes = [l for l in rec.lanes() if launches is None or l["launch"] in launches]
-  colors = {"KV ": "tab:blue", "q +": "tab:green", "com": "tab:orange",
-            "sco": "tab:red"}
-  per_launch = {}
-  for l in lanes:
-    per_launch[l["launch"]] = max(per_launch.get(l["launch"], 1), l["batch_idx"] + 1)
-  for l in lanes:
-    n = per_launch[l["launch"]] if l["sem"] != "out" else 1
-    h = 0.7 / n
-    row = LANE_ORDER.index(l["lane"]) if l["lane"] in LANE_ORDER else len(LANE_ORDER)
-    ax.barh(row - 0.35 + h * (l["batch_idx"] if n > 1 else 0) + h / 2,
-            l["end"] - l["start"], left=l["start"], height=h * 0.85,
-            color=colors.get(l["lane"][:3], "gray"),
-            alpha=0.55 if l["sem"] == "w" else 1.0, edgecolor="black", linewidth=0.3)
-  for op in rec.ops:
-    if op.kind in ("grid", "launch") and (launches is None or op.launch in launches):
-      ax.axvline(op.seq, color="gray" if op.kind == "grid" else "black",
-                 lw=0.6 if op.kind == "grid" else 1.2,
-                 ls=":" if op.kind == "grid" else "-")
-  ax.set_yticks(range(len(LANE_ORDER)))
-  ax.set_yticklabels(LANE_ORDER)
-  ax.invert_yaxis()
-  ax.set_xlabel("interpreter operation number (issue order; dotted: program "
-                "start, solid: launch start)")
-  if title:
-    ax.set_title(title)
-  return ax
 
 
 @contextlib.contextmanager

@@ -37,10 +37,6 @@ from streamidx import metrics, modes
 from streamidx import topk as topk_lib
 from streamidx.lab.model import hardware, roofline, tiling
 
-__all__ = ["SelectShape", "SHAPES", "PUBLIC_TPU7X", "TopkCost", "cost", "costs",
-           "hbm_bound", "scoring_bound", "recommend", "approx_recall",
-           "compile_estimate"]
-
 _F32 = _I32 = 4
 
 

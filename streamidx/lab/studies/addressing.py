@@ -14,9 +14,6 @@ import numpy as np
 
 from streamidx.semantics import causal_visible_bound, check_causal_rule
 
-__all__ = ["visibility_mask", "causal_rule_difference", "ChunkMasks",
-           "prefill_chunk_masks"]
-
 
 def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
                     causal_rule: str = "model", seq_len: int | None = None):

@@ -23,9 +23,6 @@ from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling, timeline
 from streamidx.semantics import cdiv
 
-__all__ = ["launch_counts", "totals", "run_recorded", "recorded_call",
-           "bytes_moved", "recorded_bytes", "recorded_costs", "decode_waste"]
-
 _KV_KINDS = ("kv", "kv_scale")
 
 

@@ -7,8 +7,6 @@ trace: None off a TPU).
 
 from __future__ import annotations
 
-__all__ = ["check_topk", "trace_point"]
-
 
 def check_topk(got, v, inputs, kw, fmt: str, ratio: int, *,
                on_tpu: bool) -> dict:

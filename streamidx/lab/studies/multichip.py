@@ -23,15 +23,10 @@ import sys
 import time
 from typing import Sequence
 
-__all__ = ["LAYOUTS", "LayoutCheck", "reserve_cpu_devices", "mesh_devices",
-           "check_layouts", "check_layouts_subprocess"]
-
-LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
-
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (a `LAYOUTS` name on a num_data x num_context mesh) run on
+  """One layout (a `lab.sharding.LAYOUTS` name on a num_data x num_context mesh) run on
   `devices` against the single-device reference: rows identical / tied
   within `atol`, ok or the first difference, the lowered program's
   collective, the shares, merge bytes per row, wall seconds."""
@@ -54,19 +49,6 @@ class LayoutCheck:
   cache_bytes_per_device: int = 0
   merge_bytes_per_row: int = 0
   seconds: float = 0.0
-
-  def row(self) -> dict:
-    return {"layout": self.layout, "mesh (data x context)":
-            f"{self.num_data}x{self.num_context}", "variant": self.variant,
-            "fmt": self.fmt, "merge": self.merge if self.num_context > 1
-            else "-", "devices": self.devices,
-            "matches reference": "yes" if self.ok else f"NO: {self.detail}",
-            "rows identical / tied": f"{self.identical} / {self.tied}",
-            "atol": f"{self.atol:.2g}", "collective": self.collective or "none",
-            "pages per share": self.pages_per_share,
-            "cache B/device": self.cache_bytes_per_device,
-            "merge B/row": self.merge_bytes_per_row,
-            "s": round(self.seconds, 1)}
 
 
 def _backend_started() -> bool:

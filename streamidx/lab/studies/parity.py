@@ -10,8 +10,6 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["BoundaryTies", "boundary_ties", "approx_topk_reduction_size"]
-
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryTies:

@@ -17,9 +17,6 @@ from typing import Mapping, Sequence
 
 from streamidx.lab.model import hardware, roofline, tiling
 
-__all__ = ["core_split_bound", "static_bound_s", "decode_page_bounds",
-           "megacore_rows"]
-
 
 def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
                      num_cores: int) -> float:
