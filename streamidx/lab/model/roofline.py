@@ -22,11 +22,17 @@ with the rates of `streamidx.lab.model.hardware`: one TensorCore's share for the
 (its grid is "arbitrary": a launch runs on one TensorCore), one JAX device's
 for the XLA stages. The bound of a call is the sum of its stages' bounds.
 
+The vector unit (ReLU, weighting, head sum, masking, the FP8 unpack) has no
+public rate; `step_bound` (and `dsv4_step`, the production DeepSeek-V4 decode
+step) adds its time from the compiler's static schedule instead: the decode
+launches' KV pages x the recorded bundles per page (`data/decode_schedule.json`,
+`python -m streamidx.lab.schedule`) / the clock, or the break-even clock where
+no clock is published. Its headline is the largest of HBM, MXU and vector.
+
 Not modeled (so a measured time is above the bound): per-grid-step and
-per-DMA overheads, DMA issue latency, the VPU work (ReLU, weighting, head sum,
-masking: counted in `vpu_ops`, not in the bound, since no public VPU rate
-exists), the top-k's comparisons (its bound is its memory traffic only), the
-small XLA ops that pad q and cast the weights, and launch gaps.
+per-DMA overheads, DMA issue latency, stalls, the top-k's comparisons (its
+bound is its memory traffic only), the small XLA ops that pad q and cast the
+weights, and launch gaps.
 
 Matmul precision: the kernel multiplies the query block (bf16 in streamidx)
 with the KV block (e4m3 values or bf16) with f32 accumulation; the model uses
@@ -43,7 +49,9 @@ from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
-           "page_bound", "page_bounds"]
+           "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
+           "recorded_bundles", "StepBound", "step_bound", "dsv4_step",
+           "DSV4_MODELS", "DSV4_STEP", "public_ratio", "max_published_clock_hz"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -246,3 +254,225 @@ def page_bounds(schedules, *, head_dim: int = 128,
         page_bytes=s.page_size * entry_bytes(s.fmt, s.page_size),
         binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
   return out
+
+
+# ---------------------------------------------------------------------------
+# The step with the vector unit: HBM, MXU and static-schedule time, one call.
+
+# Bundles per KV page of the decode launch's KV loop, as `python -m
+# streamidx.lab.schedule` printed them (the command and date are in the file;
+# tests/test_roofline.py recompiles one row).
+SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
+
+
+def recorded_schedule() -> dict:
+  """The recorded table: {"command", "date", "libtpu", "shape", ..., "rows"}."""
+  import json  # pylint: disable=g-import-not-at-top
+  return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
+
+
+def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
+                     seq_batch_size: int, num_heads: int, head_dim: int,
+                     page_size: int) -> dict | None:
+  """The recorded decode row {"bundles_per_page", "binding_slot", ...} of
+  this launch, or None where none was recorded (other heads, pages, B)."""
+  doc = recorded_schedule()
+  if (num_heads, head_dim, page_size) != (doc["num_heads"], doc["head_dim"],
+                                          doc["page_size"]):
+    return None
+  return next((r for r in doc["rows"] if (r["variant"], r["generation"],
+               r["fmt"], r["bkv_p"], r["seq_batch_size"]) == (
+                   variant, generation, fmt, bkv_p, seq_batch_size)), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBound:
+  """One call on one chip: the kernel's HBM, MXU and vector time, headline
+  the largest (plus the XLA fill and top-k, HBM-bound).
+
+  t_vector: the decode launches' KV pages x the recorded bundles per page /
+  the clock; None without a published clock (then `break_even_clock_hz`:
+  the clock at which the vector time equals the HBM time; vector-bound
+  below it) or without a recorded schedule row (`vector_note` says which).
+  Lower bounds all: a bundle a cycle, no stall, no per-step overhead.
+  """
+
+  generation: str
+  variant: str
+  fmt: str
+  t_hbm: float  # the kernel's bytes / one TensorCore's bandwidth
+  t_mxu: float  # the kernel's MXU FLOPs / one TensorCore's bf16 peak
+  t_xla: float  # the fill and the top-k (their HBM bounds)
+  kv_pages: int  # KV pages the decode launches fetch
+  bundles_per_page: float | None
+  binding_slot: str
+  clock_hz: float | None
+  vector_note: str = ""  # why there is no vector time, or what it leaves out
+  blocks: str = ""  # the block-size row (its source)
+
+  @property
+  def t_vector(self) -> float | None:
+    if self.clock_hz is None or self.bundles_per_page is None:
+      return None
+    return self.bundles_per_page * self.kv_pages / self.clock_hz
+
+  @property
+  def bundles(self) -> float | None:
+    """Scheduled bundles of the decode launches' KV loops: two calls'
+    vector times compare as their bundles, whatever the clock."""
+    return None if self.bundles_per_page is None else self.bundles_per_page * self.kv_pages
+
+  @property
+  def break_even_clock_hz(self) -> float | None:
+    if self.bundles is None or not self.t_hbm:
+      return None
+    return self.bundles / self.t_hbm
+
+  @property
+  def terms(self) -> dict:
+    """{"HBM": s, "MXU": s, "vector": s or None}: the kernel's three times."""
+    return {"HBM": self.t_hbm, "MXU": self.t_mxu, "vector": self.t_vector}
+
+  @property
+  def binding(self) -> str:
+    """The unit of the largest kernel term; without a clock, "vector" when the
+    break-even clock is above every published TPU clock, else "HBM"."""
+    known = {u: t for u, t in self.terms.items() if t is not None}
+    unit = max(known, key=known.get)
+    if (self.t_vector is None and self.break_even_clock_hz is not None
+        and self.break_even_clock_hz > max_published_clock_hz()):
+      unit = "vector"
+    return unit
+
+  @property
+  def kernel_s(self) -> float:
+    return max(t for t in self.terms.values() if t is not None)
+
+  @property
+  def total_s(self) -> float:
+    """The headline: the XLA stages plus the kernel's largest known term."""
+    return self.t_xla + self.kernel_s
+
+  @property
+  def verdict(self) -> str:
+    """One sentence: the binding unit and why."""
+    slot = f" ({self.binding_slot})" if self.binding_slot else ""
+    if self.t_vector is not None:
+      ratio = self.t_vector / self.t_hbm
+      if self.binding == "vector":
+        return (f"vector-bound{slot}: the static schedule is {ratio:.2f}x the "
+                f"HBM time at {self.clock_hz / 1e9:.3g} GHz")
+      return (f"{self.binding}-bound: the static schedule is {ratio:.0%} of "
+              f"the HBM time at {self.clock_hz / 1e9:.3g} GHz")
+    if self.break_even_clock_hz is None:
+      return f"{self.binding}-bound by HBM and MXU alone ({self.vector_note})"
+    be = self.break_even_clock_hz / 1e9
+    return (f"{'vector' if self.binding == 'vector' else 'HBM'}-bound"
+            f"{slot if self.binding == 'vector' else ''} unless the clock "
+            f"exceeds {be:.2f} GHz, the break-even clock (no public clock; "
+            f"the published TPU clocks are at most "
+            f"{max_published_clock_hz() / 1e9:.2f} GHz)")
+
+  @property
+  def headline(self) -> str:
+    """'v6e: at least 331 us, vector-bound (VALU) unless ...'."""
+    lower = "" if self.t_vector is not None or self.binding == "HBM" else "at least "
+    return (f"{self.generation}: {lower}{self.total_s * 1e6:,.0f} us, "
+            f"{self.verdict}")
+
+
+def max_published_clock_hz(specs: Mapping[str, hardware.TpuSpec] | None = None
+                           ) -> float:
+  """The fastest TensorCore clock `data/tpu_specs.json` gives (a chip
+  without one is vector-bound if its break-even clock lies above this)."""
+  specs = hardware.load_specs() if specs is None else specs
+  return max(s.clock_hz for s in specs.values() if s.clock_hz is not None)
+
+
+def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
+               specs: Mapping[str, hardware.TpuSpec] | None = None,
+               blocks: str = "") -> StepBound:
+  """`StepBound` of the plan `p` (a `tiling.plan` of `variant`) on
+  `generation`: `predict`'s HBM and MXU terms and the recorded static
+  schedule of its decode launches (`recorded_bundles`)."""
+  specs = hardware.load_specs() if specs is None else specs
+  spec = hardware.spec(generation, specs)
+  (b,) = [x for x in bounds(costs(p, k=k), spec) if x.stage == "kernel"] or [None]
+  rest = sum(x.bound for x in bounds(costs(p, k=k), spec) if x.stage != "kernel")
+  g = p.geometry
+  rows, pages, missing = set(), 0, []
+  for l in p.executed:
+    n = sum(pr.num_bq * pr.num_bkv for pr in l.programs) * l.seq_batch_size * l.bkv_p
+    rec = (recorded_bundles(variant, generation, g.fmt, bkv_p=l.bkv_p,
+                            seq_batch_size=l.seq_batch_size,
+                            num_heads=g.num_q_heads, head_dim=g.head_dim,
+                            page_size=g.page_size)
+           if l.case in ("decode", "decode_rest") else None)
+    if rec is None:
+      missing.append(f"{l.label} bkv_p={l.bkv_p}")
+      continue
+    rows.add((rec["bundles_per_page"], rec["binding_slot"]))
+    pages += n
+  note = ""
+  if missing:
+    note = "no recorded schedule for " + ", ".join(missing)
+  if len(rows) > 1:
+    raise ValueError(f"the decode launches have different schedules: {rows}")
+  bpp, slot = next(iter(rows)) if rows else (None, "")
+  if not spec.clock_hz:
+    note = "; ".join(x for x in (note, "no public clock") if x)
+  return StepBound(generation, variant, g.fmt, b.t_mem, b.t_math, rest, pages,
+                   bpp, slot, spec.clock_hz, note, blocks)
+
+
+# The production DeepSeek-V4 decode step. DeepSeek-V4-Flash: top-512
+# (maxtext configs/models/deepseek4-284b.yml, index_topk 512); V4-Pro:
+# top-1024; the V3.2 report's indexer: top-2048. 64 index heads, head_dim
+# 128, compression ratio 4 (one entry per 4 tokens), 128-entry pages.
+DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
+               "DeepSeek-V3.2": 2048}
+DSV4_STEP = dict(model="DeepSeek-V4-Flash", batch=64, context_tokens=131072,
+                 num_heads=64, head_dim=128, page_size=128, compression_ratio=4)
+_VARIANT_FORMAT = {"vendored": "fp8", "dense": "dense_fp8"}
+
+
+def dsv4_step(generation: str, variant: str = "vendored", *, fmt: str | None = None,
+              model: str = DSV4_STEP["model"], batch: int = DSV4_STEP["batch"],
+              context_tokens: int = DSV4_STEP["context_tokens"]) -> StepBound:
+  """The production step: `model`'s indexer (its k, `DSV4_MODELS`) over a
+  decode batch of `batch` sequences of `context_tokens` tokens, one query
+  token each, on `generation`, with `variant`'s block-size row for that chip
+  (`streamidx.block_sizes`; `StepBound.blocks` names its source). fmt:
+  default the variant's ("fp8" vendored, "dense_fp8" dense)."""
+  import streamidx as si  # pylint: disable=g-import-not-at-top
+  if model not in DSV4_MODELS:
+    raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
+  fmt = fmt or _VARIANT_FORMAT.get(variant, "fp8")
+  s = DSV4_STEP
+  b = si.make_mixed_batch(decode=[context_tokens] * batch,
+                          page_size=s["page_size"],
+                          compression_ratio=s["compression_ratio"])
+  row = si.block_sizes(variant, cache_format=fmt, num_heads=s["num_heads"],
+                       page_size=s["page_size"], generation=generation)
+  p = tiling.plan(b, fmt=fmt, num_heads=s["num_heads"], head_dim=s["head_dim"],
+                  variant=variant, **row.kwargs())
+  return step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
+                    blocks=f"{generation} {variant} row: {row.kwargs()} "
+                    f"({row.source.split(';')[0].split('(')[0].strip()})")
+
+
+# The one public TPU measurement at a DeepSeek-V4 shape: sglang-jax #1642,
+# TPU7x, the indexer's scoring at decode, 64 x 262,144 entries (1M tokens),
+# k 512 (`lab.model.topk.PUBLIC_TPU7X`, measured by others).
+def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
+  """{"measured_s", "bound": StepBound, "ratio", "shape", "source"}: the
+  public measurement of the scoring over the kernel stage's bound
+  (`StepBound.kernel_s`) at the measurement's shape."""
+  from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
+  pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
+  sb = dsv4_step(generation, variant, batch=shape.num_seqs,
+                 context_tokens=shape.seq_len)
+  measured = pub["decode_scoring_ms"] * 1e-3
+  return dict(measured_s=measured, bound=sb, ratio=measured / sb.kernel_s,
+              shape=f"{shape.num_seqs} x {shape.seq_len:,} tokens, k {shape.k}",
+              source=pub["source"])
