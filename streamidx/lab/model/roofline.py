@@ -374,9 +374,14 @@ class StepBound:
             f"{max_published_clock_hz() / 1e9:.2f} GHz)")
 
   @property
+  def at_least(self) -> bool:
+    """True where the binding unit has no time (no clock): `total_s` is a floor."""
+    return self.t_vector is None and self.binding == "vector"
+
+  @property
   def headline(self) -> str:
-    """'v6e: at least 331 us, vector-bound (VALU) unless ...'."""
-    lower = "" if self.t_vector is not None or self.binding == "HBM" else "at least "
+    """'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
+    lower = "at least " if self.at_least else ""
     return (f"{self.generation}: {lower}{self.total_s * 1e6:,.0f} us, "
             f"{self.verdict}")
 
