@@ -51,7 +51,7 @@ from streamidx.lab.model import tiling
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
            "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
            "recorded_bundles", "StepBound", "step_bound", "dsv4_step",
-           "DSV4_MODELS", "DSV4_STEP", "public_ratio", "max_published_clock_hz"]
+           "DSV4_MODELS", "public_ratio", "max_published_clock_hz"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -260,13 +260,12 @@ def page_bounds(schedules, *, head_dim: int = 128,
 # The step with the vector unit: HBM, MXU and static-schedule time, one call.
 
 # Bundles per KV page of the decode launch's KV loop, as `python -m
-# streamidx.lab.schedule` printed them (the command and date are in the file;
-# tests/test_roofline.py recompiles one row).
+# streamidx.lab.schedule` printed them (command and date in the file;
+# tests/test_aot.py recompiles one row so the table cannot rot).
 SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
 
 
 def recorded_schedule() -> dict:
-  """The recorded table: {"command", "date", "libtpu", "shape", ..., "rows"}."""
   import json  # pylint: disable=g-import-not-at-top
   return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
 
@@ -274,209 +273,162 @@ def recorded_schedule() -> dict:
 def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
                      seq_batch_size: int, num_heads: int, head_dim: int,
                      page_size: int) -> dict | None:
-  """The recorded decode row {"bundles_per_page", "binding_slot", ...} of
-  this launch, or None where none was recorded (other heads, pages, B)."""
+  """The recorded decode row of this launch, or None (none recorded)."""
   doc = recorded_schedule()
   if (num_heads, head_dim, page_size) != (doc["num_heads"], doc["head_dim"],
                                           doc["page_size"]):
     return None
-  return next((r for r in doc["rows"] if (r["variant"], r["generation"],
-               r["fmt"], r["bkv_p"], r["seq_batch_size"]) == (
-                   variant, generation, fmt, bkv_p, seq_batch_size)), None)
+  key = (variant, generation, fmt, bkv_p, seq_batch_size)
+  return next((r for r in doc["rows"] if key == tuple(r[k] for k in (
+      "variant", "generation", "fmt", "bkv_p", "seq_batch_size"))), None)
+
+
+def max_published_clock_hz() -> float:
+  """The fastest clock `data/tpu_specs.json` gives."""
+  return max(s.clock_hz for s in hardware.load_specs().values() if s.clock_hz)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepBound:
-  """One call on one chip: the kernel's HBM, MXU and vector time, headline
-  the largest (plus the XLA fill and top-k, HBM-bound).
-
-  t_vector: the decode launches' KV pages x the recorded bundles per page /
-  the clock; None without a published clock (then `break_even_clock_hz`:
-  the clock at which the vector time equals the HBM time; vector-bound
-  below it) or without a recorded schedule row (`vector_note` says which).
-  Lower bounds all: a bundle a cycle, no stall, no per-step overhead.
-  """
+  """One call on one chip: the kernel's HBM, MXU and vector times (lower
+  bounds: no stalls, no per-step overhead); the headline is the largest plus
+  the XLA fill and top-k. Vector time: the decode launches' KV pages x the
+  recorded bundles per page / the clock; without a clock, the break-even
+  clock (vector time = HBM time; vector-bound below it)."""
 
   generation: str
   variant: str
   fmt: str
   t_hbm: float  # the kernel's bytes / one TensorCore's bandwidth
-  t_mxu: float  # the kernel's MXU FLOPs / one TensorCore's bf16 peak
-  t_xla: float  # the fill and the top-k (their HBM bounds)
+  t_mxu: float  # its MXU FLOPs / one TensorCore's bf16 peak
+  t_xla: float  # the fill and the top-k (HBM)
   kv_pages: int  # KV pages the decode launches fetch
-  bundles_per_page: float | None
+  bundles_per_page: float | None  # None: no recorded row (`vector_note`)
   binding_slot: str
   clock_hz: float | None
-  vector_note: str = ""  # why there is no vector time, or what it leaves out
-  blocks: str = ""  # the block-size row (its source)
-
-  @property
-  def t_vector(self) -> float | None:
-    if self.clock_hz is None or self.bundles_per_page is None:
-      return None
-    return self.bundles_per_page * self.kv_pages / self.clock_hz
+  vector_note: str = ""
+  blocks: str = ""  # the block-size row and its source
 
   @property
   def bundles(self) -> float | None:
-    """Scheduled bundles of the decode launches' KV loops: two calls'
-    vector times compare as their bundles, whatever the clock."""
+    """Scheduled bundles: two calls' vector times compare as these, clock or not."""
     return None if self.bundles_per_page is None else self.bundles_per_page * self.kv_pages
 
   @property
-  def break_even_clock_hz(self) -> float | None:
-    if self.bundles is None or not self.t_hbm:
-      return None
-    return self.bundles / self.t_hbm
+  def t_vector(self) -> float | None:
+    return None if not (self.clock_hz and self.bundles) else self.bundles / self.clock_hz
 
   @property
-  def terms(self) -> dict:
-    """{"HBM": s, "MXU": s, "vector": s or None}: the kernel's three times."""
-    return {"HBM": self.t_hbm, "MXU": self.t_mxu, "vector": self.t_vector}
+  def break_even_clock_hz(self) -> float | None:
+    return self.bundles / self.t_hbm if self.bundles and self.t_hbm else None
 
   @property
   def binding(self) -> str:
-    """The unit of the largest kernel term; without a clock, "vector" when the
-    break-even clock is above every published TPU clock, else "HBM"."""
-    known = {u: t for u, t in self.terms.items() if t is not None}
-    unit = max(known, key=known.get)
-    if (self.t_vector is None and self.break_even_clock_hz is not None
-        and self.break_even_clock_hz > max_published_clock_hz()):
-      unit = "vector"
-    return unit
+    """"HBM", "MXU" or "vector"; without a clock, "vector" when the
+    break-even clock is above every published TPU clock."""
+    known = {"HBM": self.t_hbm, "MXU": self.t_mxu, "vector": self.t_vector}
+    unit = max((u for u in known if known[u] is not None), key=known.get)
+    be = self.break_even_clock_hz
+    return "vector" if be and self.t_vector is None and be > max_published_clock_hz() else unit
+
+  @property
+  def at_least(self) -> bool:
+    """The binding unit has no time (no clock): `total_s` is a floor."""
+    return self.t_vector is None and self.binding == "vector"
 
   @property
   def kernel_s(self) -> float:
-    return max(t for t in self.terms.values() if t is not None)
+    return max(t for t in (self.t_hbm, self.t_mxu, self.t_vector) if t is not None)
 
   @property
   def total_s(self) -> float:
-    """The headline: the XLA stages plus the kernel's largest known term."""
     return self.t_xla + self.kernel_s
 
   @property
   def verdict(self) -> str:
-    """One sentence: the binding unit and why."""
-    slot = f" ({self.binding_slot})" if self.binding_slot else ""
+    slot = f" ({self.binding_slot})" if self.binding == "vector" else ""
     if self.t_vector is not None:
-      ratio = self.t_vector / self.t_hbm
-      if self.binding == "vector":
-        return (f"vector-bound{slot}: the static schedule is {ratio:.2f}x the "
-                f"HBM time at {self.clock_hz / 1e9:.3g} GHz")
-      return (f"{self.binding}-bound: the static schedule is {ratio:.0%} of "
-              f"the HBM time at {self.clock_hz / 1e9:.3g} GHz")
+      return (f"{self.binding}-bound{slot}: the static schedule is "
+              f"{self.t_vector / self.t_hbm:.2f}x the HBM time at {self.clock_hz / 1e9:.3g} GHz")
     if self.break_even_clock_hz is None:
       return f"{self.binding}-bound by HBM and MXU alone ({self.vector_note})"
-    be = self.break_even_clock_hz / 1e9
-    return (f"{'vector' if self.binding == 'vector' else 'HBM'}-bound"
-            f"{slot if self.binding == 'vector' else ''} unless the clock "
-            f"exceeds {be:.2f} GHz, the break-even clock (no public clock; "
-            f"the published TPU clocks are at most "
+    return (f"{'vector' if self.binding == 'vector' else 'HBM'}-bound{slot} unless the "
+            f"clock exceeds {self.break_even_clock_hz / 1e9:.2f} GHz, the break-even clock "
+            f"(no public clock; the published TPU clocks are at most "
             f"{max_published_clock_hz() / 1e9:.2f} GHz)")
-
-  @property
-  def at_least(self) -> bool:
-    """True where the binding unit has no time (no clock): `total_s` is a floor."""
-    return self.t_vector is None and self.binding == "vector"
 
   @property
   def headline(self) -> str:
     """'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
-    lower = "at least " if self.at_least else ""
-    return (f"{self.generation}: {lower}{self.total_s * 1e6:,.0f} us, "
-            f"{self.verdict}")
-
-
-def max_published_clock_hz(specs: Mapping[str, hardware.TpuSpec] | None = None
-                           ) -> float:
-  """The fastest TensorCore clock `data/tpu_specs.json` gives (a chip
-  without one is vector-bound if its break-even clock lies above this)."""
-  specs = hardware.load_specs() if specs is None else specs
-  return max(s.clock_hz for s in specs.values() if s.clock_hz is not None)
+    return (f"{self.generation}: {'at least ' if self.at_least else ''}"
+            f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
 
 
 def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
-               specs: Mapping[str, hardware.TpuSpec] | None = None,
                blocks: str = "") -> StepBound:
-  """`StepBound` of the plan `p` (a `tiling.plan` of `variant`) on
-  `generation`: `predict`'s HBM and MXU terms and the recorded static
-  schedule of its decode launches (`recorded_bundles`)."""
-  specs = hardware.load_specs() if specs is None else specs
-  spec = hardware.spec(generation, specs)
-  (b,) = [x for x in bounds(costs(p, k=k), spec) if x.stage == "kernel"] or [None]
-  rest = sum(x.bound for x in bounds(costs(p, k=k), spec) if x.stage != "kernel")
+  """`StepBound` of the plan `p` (of `variant`) on `generation`: `bounds`'s
+  HBM and MXU terms and the recorded schedule of its decode launches."""
+  spec = hardware.spec(generation)
+  stages = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
   rows, pages, missing = set(), 0, []
   for l in p.executed:
-    n = sum(pr.num_bq * pr.num_bkv for pr in l.programs) * l.seq_batch_size * l.bkv_p
-    rec = (recorded_bundles(variant, generation, g.fmt, bkv_p=l.bkv_p,
-                            seq_batch_size=l.seq_batch_size,
-                            num_heads=g.num_q_heads, head_dim=g.head_dim,
-                            page_size=g.page_size)
-           if l.case in ("decode", "decode_rest") else None)
-    if rec is None:
+    rec = l.case.startswith("decode") and recorded_bundles(
+        variant, generation, g.fmt, bkv_p=l.bkv_p, seq_batch_size=l.seq_batch_size,
+        num_heads=g.num_q_heads, head_dim=g.head_dim, page_size=g.page_size)
+    if not rec:
       missing.append(f"{l.label} bkv_p={l.bkv_p}")
       continue
     rows.add((rec["bundles_per_page"], rec["binding_slot"]))
-    pages += n
-  note = ""
-  if missing:
-    note = "no recorded schedule for " + ", ".join(missing)
+    pages += l.num_steps * l.seq_batch_size * l.bkv_p
   if len(rows) > 1:
     raise ValueError(f"the decode launches have different schedules: {rows}")
   bpp, slot = next(iter(rows)) if rows else (None, "")
-  if not spec.clock_hz:
-    note = "; ".join(x for x in (note, "no public clock") if x)
-  return StepBound(generation, variant, g.fmt, b.t_mem, b.t_math, rest, pages,
-                   bpp, slot, spec.clock_hz, note, blocks)
+  note = "; ".join(([f"no recorded schedule for {', '.join(missing)}"] if missing else [])
+                   + ([] if spec.clock_hz else ["no public clock"]))
+  return StepBound(generation, variant, g.fmt, stages["kernel"].t_mem,
+                   stages["kernel"].t_math,
+                   stages["fill"].bound + stages["topk"].bound, pages, bpp,
+                   slot, spec.clock_hz, note, blocks)
 
 
-# The production DeepSeek-V4 decode step. DeepSeek-V4-Flash: top-512
-# (maxtext configs/models/deepseek4-284b.yml, index_topk 512); V4-Pro:
-# top-1024; the V3.2 report's indexer: top-2048. 64 index heads, head_dim
-# 128, compression ratio 4 (one entry per 4 tokens), 128-entry pages.
+# The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
+# (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
+# report's indexer 2048; 64 index heads, head_dim 128, ratio 4, 128-entry
+# pages, 64 sequences of 128K tokens.
 DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
                "DeepSeek-V3.2": 2048}
-DSV4_STEP = dict(model="DeepSeek-V4-Flash", batch=64, context_tokens=131072,
-                 num_heads=64, head_dim=128, page_size=128, compression_ratio=4)
-_VARIANT_FORMAT = {"vendored": "fp8", "dense": "dense_fp8"}
 
 
-def dsv4_step(generation: str, variant: str = "vendored", *, fmt: str | None = None,
-              model: str = DSV4_STEP["model"], batch: int = DSV4_STEP["batch"],
-              context_tokens: int = DSV4_STEP["context_tokens"]) -> StepBound:
-  """The production step: `model`'s indexer (its k, `DSV4_MODELS`) over a
-  decode batch of `batch` sequences of `context_tokens` tokens, one query
-  token each, on `generation`, with `variant`'s block-size row for that chip
-  (`streamidx.block_sizes`; `StepBound.blocks` names its source). fmt:
-  default the variant's ("fp8" vendored, "dense_fp8" dense)."""
+def dsv4_step(generation: str, variant: str = "vendored", *,
+              model: str = "DeepSeek-V4-Flash", batch: int = 64,
+              context_tokens: int = 131072) -> StepBound:
+  """The production step: `model`'s indexer (its k) over `batch` decode
+  sequences of `context_tokens` tokens on `generation`, with `variant`'s
+  block-size row for that chip (`StepBound.blocks` names it) and cache
+  format ("fp8" vendored, "dense_fp8" dense)."""
   import streamidx as si  # pylint: disable=g-import-not-at-top
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
-  fmt = fmt or _VARIANT_FORMAT.get(variant, "fp8")
-  s = DSV4_STEP
-  b = si.make_mixed_batch(decode=[context_tokens] * batch,
-                          page_size=s["page_size"],
-                          compression_ratio=s["compression_ratio"])
-  row = si.block_sizes(variant, cache_format=fmt, num_heads=s["num_heads"],
-                       page_size=s["page_size"], generation=generation)
-  p = tiling.plan(b, fmt=fmt, num_heads=s["num_heads"], head_dim=s["head_dim"],
-                  variant=variant, **row.kwargs())
+  fmt = "dense_fp8" if variant == "dense" else "fp8"
+  b = si.make_mixed_batch(decode=[context_tokens] * batch, page_size=128,
+                          compression_ratio=4)
+  row = si.block_sizes(variant, cache_format=fmt, num_heads=64, page_size=128,
+                       generation=generation)
+  p = tiling.plan(b, fmt=fmt, num_heads=64, head_dim=128, variant=variant,
+                  **row.kwargs())
   return step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
                     blocks=f"{generation} {variant} row: {row.kwargs()} "
                     f"({row.source.split(';')[0].split('(')[0].strip()})")
 
 
-# The one public TPU measurement at a DeepSeek-V4 shape: sglang-jax #1642,
-# TPU7x, the indexer's scoring at decode, 64 x 262,144 entries (1M tokens),
-# k 512 (`lab.model.topk.PUBLIC_TPU7X`, measured by others).
 def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
-  """{"measured_s", "bound": StepBound, "ratio", "shape", "source"}: the
-  public measurement of the scoring over the kernel stage's bound
-  (`StepBound.kernel_s`) at the measurement's shape."""
+  """The public TPU7x scoring measurement (sglang-jax #1642, by others:
+  `lab.model.topk.PUBLIC_TPU7X`, 64 x 1M tokens, k 512) over the kernel
+  stage's bound at that shape: {"measured_s", "bound", "ratio", "shape", "source"}."""
   from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
   pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
-  sb = dsv4_step(generation, variant, batch=shape.num_seqs,
-                 context_tokens=shape.seq_len)
+  sb = dsv4_step(generation, variant, batch=shape.num_seqs, context_tokens=shape.seq_len)
   measured = pub["decode_scoring_ms"] * 1e-3
   return dict(measured_s=measured, bound=sb, ratio=measured / sb.kernel_s,
               shape=f"{shape.num_seqs} x {shape.seq_len:,} tokens, k {shape.k}",
