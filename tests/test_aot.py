@@ -431,6 +431,14 @@ def test_static_schedule_of_the_decode_launch():
   assert four.kv.bundles_per_page < two.kv.bundles_per_page
   (b,) = roofline.page_bounds([four])
   assert b.page_bytes == 128 * 256 and b.clock_hz is None
+  # The recorded table (data/decode_schedule.json, what roofline.step_bound
+  # reads) holds this launch: a libtpu or kernel change that moves it fails.
+  rec = roofline.recorded_bundles("vendored", "v6e", "fp8", bkv_p=4,
+                                  seq_batch_size=4, num_heads=DECODE.num_heads,
+                                  head_dim=DECODE.head_dim,
+                                  page_size=DECODE.page_size)
+  assert rec["kv_bundles"] == four.kv.bundles, (rec, four.kv.bundles)
+  assert rec["binding_slot"] == four.kv.binding_slot[0]
 
 
 @needs_libtpu

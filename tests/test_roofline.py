@@ -82,7 +82,7 @@ def test_kernel_bytes_equal_the_dma_model():
   assert kernel.bytes_written["scores"] == c["bytes_out"]
 
 
-def test_dsv4_decode_step_is_memory_bound_everywhere():
+def test_dsv4_decode_step_is_hbm_not_mxu_bound_by_the_two_roofline_terms():
   b = si.make_mixed_batch(decode=[131072] * 64, page_size=128, compression_ratio=4)
   p = tiling.plan(b, fmt="fp8", num_heads=64)
   kernel = roofline.costs(p, k=512)[1]
@@ -119,3 +119,81 @@ def test_page_mode_writes_pooled_pages_not_token_scores():
   assert kernel.bytes_written["scores"] == 512 * 1280 * 4
   assert topk.bytes_read["scores"] == 512 * 1250 * 4
   assert fill.bytes_written["scores"] == 512 * 1280 * 4
+
+
+# ---------------------------------------------------------------------------
+# The step with the vector unit (recorded static schedule).
+
+
+def test_recorded_schedule_names_its_command_and_date():
+  doc = roofline.recorded_schedule()
+  assert doc["command"].startswith("python -m streamidx.lab.schedule")
+  assert doc["date"] and doc["libtpu"]
+  keys = {(r["variant"], r["generation"], r["fmt"], r["bkv_p"]) for r in doc["rows"]}
+  assert len(keys) == len(doc["rows"])  # one row per launch
+  # Every chip's production decode row is recorded, for both token variants.
+  for gen in hardware.GENERATIONS:
+    for variant, fmt in (("vendored", "fp8"), ("dense", "dense_fp8")):
+      row = si.block_sizes(variant, cache_format=fmt, num_heads=64,
+                           page_size=128, generation=gen)
+      assert (variant, gen, fmt, row.num_kv_pages_per_block[0]) in keys
+
+
+def test_step_bound_terms_by_hand():
+  """v5e (published clock): HBM = kernel bytes / bandwidth, vector = pages x
+  bundles / clock; the headline is the larger plus the XLA stages."""
+  sb = roofline.dsv4_step("v5e")
+  s = SPECS["v5e"]
+  p = tiling.plan(si.make_mixed_batch(decode=[131072] * 64, page_size=128,
+                                      compression_ratio=4),
+                  fmt="fp8", num_heads=64, variant="vendored", generation="v5e")
+  kernel = roofline.costs(p, k=512)[1]
+  assert sb.t_hbm == pytest.approx(kernel.bytes / s.kernel_bandwidth)
+  assert sb.kv_pages == p.counts()["dma_kv"]  # one DMA per page
+  bpp = roofline.recorded_bundles("vendored", "v5e", "fp8", bkv_p=4,
+                                  seq_batch_size=4, num_heads=64,
+                                  head_dim=128, page_size=128)
+  assert sb.bundles_per_page == bpp["bundles_per_page"]
+  assert sb.t_vector == pytest.approx(sb.kv_pages * bpp["bundles_per_page"]
+                                      / s.clock_hz)
+  assert sb.binding == "vector" and sb.t_vector > sb.t_hbm > sb.t_mxu
+  assert sb.total_s == pytest.approx(sb.t_xla + sb.t_vector)
+  assert "vector-bound" in sb.headline
+
+
+def test_without_a_clock_the_step_names_the_break_even_clock():
+  sb = roofline.dsv4_step("v6e")
+  assert sb.clock_hz is None and sb.t_vector is None
+  assert sb.break_even_clock_hz == pytest.approx(
+      sb.bundles_per_page * sb.kv_pages / sb.t_hbm)
+  # Far above every published TPU clock: vector-bound, the time a floor.
+  assert sb.break_even_clock_hz > roofline.max_published_clock_hz()
+  assert sb.binding == "vector" and "at least" in sb.headline
+  assert f"{sb.break_even_clock_hz / 1e9:.2f} GHz" in sb.verdict
+  assert sb.total_s == pytest.approx(sb.t_xla + sb.t_hbm)
+
+
+def test_a_plan_without_a_recorded_row_says_so():
+  b = si.make_mixed_batch(decode=[4096] * 4, page_size=128, compression_ratio=4)
+  p = tiling.plan(b, fmt="fp8", num_heads=8)  # 8 heads: nothing recorded
+  sb = roofline.step_bound(p, "v5e", variant="vendored", k=64)
+  assert sb.t_vector is None and "no recorded schedule" in sb.vector_note
+  assert sb.binding in ("HBM", "MXU")
+
+
+def test_dsv4_step_names_its_model_and_row():
+  with pytest.raises(ValueError, match="model must be one of"):
+    roofline.dsv4_step("v6e", model="DeepSeek-V5")
+  pro = roofline.dsv4_step("v6e", model="DeepSeek-V4-Pro")
+  flash = roofline.dsv4_step("v6e")
+  assert pro.t_hbm == flash.t_hbm and pro.t_xla > flash.t_xla  # k only moves the top-k
+  assert "v6e vendored row" in flash.blocks
+  dense = roofline.dsv4_step("v6e", "dense")
+  assert dense.fmt == "dense_fp8" and dense.t_hbm < flash.t_hbm
+
+
+def test_public_measurement_is_set_against_its_bound():
+  r = roofline.public_ratio()
+  assert r["measured_s"] == pytest.approx(3.3e-3)
+  assert r["ratio"] == pytest.approx(3.3e-3 / r["bound"].kernel_s)
+  assert 1 < r["ratio"] < 10  # above the bound, as a measurement must be

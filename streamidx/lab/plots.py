@@ -551,8 +551,11 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
               f"{min(b.break_even_clock_hz for _, b in pairs) / 1e9:.2f} GHz",
               transform=ax.transAxes, fontsize=8)
     _style(ax, "num_kv_pages_per_block (decode)", title=gen)
-    ax.set_ylim(bottom=0)
-  _style(axes[0][0], ylabel="bundles per KV page", legend=dict(fontsize=7, loc="upper right"))
+    ax.set_ylim(0, 1.15 * max([r["bundles_per_page"] for r, _ in pairs]
+                              + [b.t_hbm * clock for _, b in pairs[:1] if clock]))
+  # Below the panels: inside, it would cover the points or the HBM line.
+  _style(axes[0][0], ylabel="bundles per KV page",
+         legend=dict(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.3)))
   return _done(fig, title, size=10)
 
 

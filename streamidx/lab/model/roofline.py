@@ -22,11 +22,17 @@ with the rates of `streamidx.lab.model.hardware`: one TensorCore's share for the
 (its grid is "arbitrary": a launch runs on one TensorCore), one JAX device's
 for the XLA stages. The bound of a call is the sum of its stages' bounds.
 
+The vector unit (ReLU, weighting, head sum, masking, the FP8 unpack) has no
+public rate; `step_bound` (and `dsv4_step`, the production DeepSeek-V4 decode
+step) adds its time from the compiler's static schedule instead: the decode
+launches' KV pages x the recorded bundles per page (`data/decode_schedule.json`,
+`python -m streamidx.lab.schedule`) / the clock, or the break-even clock where
+no clock is published. Its headline is the largest of HBM, MXU and vector.
+
 Not modeled (so a measured time is above the bound): per-grid-step and
-per-DMA overheads, DMA issue latency, the VPU work (ReLU, weighting, head sum,
-masking: counted in `vpu_ops`, not in the bound, since no public VPU rate
-exists), the top-k's comparisons (its bound is its memory traffic only), the
-small XLA ops that pad q and cast the weights, and launch gaps.
+per-DMA overheads, DMA issue latency, stalls, the top-k's comparisons (its
+bound is its memory traffic only), the small XLA ops that pad q and cast the
+weights, and launch gaps.
 
 Matmul precision: the kernel multiplies the query block (bf16 in streamidx)
 with the KV block (e4m3 values or bf16) with f32 accumulation; the model uses
@@ -43,7 +49,9 @@ from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
-           "page_bound", "page_bounds"]
+           "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
+           "recorded_bundles", "StepBound", "step_bound", "dsv4_step",
+           "DSV4_MODELS", "public_ratio", "max_published_clock_hz"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -246,3 +254,182 @@ def page_bounds(schedules, *, head_dim: int = 128,
         page_bytes=s.page_size * entry_bytes(s.fmt, s.page_size),
         binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
   return out
+
+
+# ---------------------------------------------------------------------------
+# The step with the vector unit: HBM, MXU and static-schedule time, one call.
+
+# Bundles per KV page of the decode launch's KV loop, as `python -m
+# streamidx.lab.schedule` printed them (command and date in the file;
+# tests/test_aot.py recompiles one row so the table cannot rot).
+SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
+
+
+def recorded_schedule() -> dict:
+  import json  # pylint: disable=g-import-not-at-top
+  return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
+
+
+def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
+                     seq_batch_size: int, num_heads: int, head_dim: int,
+                     page_size: int) -> dict | None:
+  """The recorded decode row of this launch, or None (none recorded)."""
+  doc = recorded_schedule()
+  if (num_heads, head_dim, page_size) != (doc["num_heads"], doc["head_dim"],
+                                          doc["page_size"]):
+    return None
+  key = (variant, generation, fmt, bkv_p, seq_batch_size)
+  return next((r for r in doc["rows"] if key == tuple(r[k] for k in (
+      "variant", "generation", "fmt", "bkv_p", "seq_batch_size"))), None)
+
+
+def max_published_clock_hz() -> float:
+  """The fastest clock `data/tpu_specs.json` gives."""
+  return max(s.clock_hz for s in hardware.load_specs().values() if s.clock_hz)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBound:
+  """One call on one chip: the kernel's HBM, MXU and vector times (lower
+  bounds: no stalls, no per-step overhead); the headline is the largest plus
+  the XLA fill and top-k. Vector time: the decode launches' KV pages x the
+  recorded bundles per page / the clock; without a clock, the break-even
+  clock (vector time = HBM time; vector-bound below it)."""
+
+  generation: str
+  variant: str
+  fmt: str
+  t_hbm: float  # the kernel's bytes / one TensorCore's bandwidth
+  t_mxu: float  # its MXU FLOPs / one TensorCore's bf16 peak
+  t_xla: float  # the fill and the top-k (HBM)
+  kv_pages: int  # KV pages the decode launches fetch
+  bundles_per_page: float | None  # None: no recorded row (`vector_note`)
+  binding_slot: str
+  clock_hz: float | None
+  vector_note: str = ""
+  blocks: str = ""  # the block-size row and its source
+
+  @property
+  def bundles(self) -> float | None:
+    """Scheduled bundles: two calls' vector times compare as these, clock or not."""
+    return None if self.bundles_per_page is None else self.bundles_per_page * self.kv_pages
+
+  @property
+  def t_vector(self) -> float | None:
+    return None if not (self.clock_hz and self.bundles) else self.bundles / self.clock_hz
+
+  @property
+  def break_even_clock_hz(self) -> float | None:
+    return self.bundles / self.t_hbm if self.bundles and self.t_hbm else None
+
+  @property
+  def binding(self) -> str:
+    """"HBM", "MXU" or "vector"; without a clock, "vector" when the
+    break-even clock is above every published TPU clock."""
+    known = {"HBM": self.t_hbm, "MXU": self.t_mxu, "vector": self.t_vector}
+    unit = max((u for u in known if known[u] is not None), key=known.get)
+    be = self.break_even_clock_hz
+    return "vector" if be and self.t_vector is None and be > max_published_clock_hz() else unit
+
+  @property
+  def at_least(self) -> bool:
+    """The binding unit has no time (no clock): `total_s` is a floor."""
+    return self.t_vector is None and self.binding == "vector"
+
+  @property
+  def kernel_s(self) -> float:
+    return max(t for t in (self.t_hbm, self.t_mxu, self.t_vector) if t is not None)
+
+  @property
+  def total_s(self) -> float:
+    return self.t_xla + self.kernel_s
+
+  @property
+  def verdict(self) -> str:
+    slot = f" ({self.binding_slot})" if self.binding == "vector" else ""
+    if self.t_vector is not None:
+      return (f"{self.binding}-bound{slot}: the static schedule is "
+              f"{self.t_vector / self.t_hbm:.2f}x the HBM time at {self.clock_hz / 1e9:.3g} GHz")
+    if self.break_even_clock_hz is None:
+      return f"{self.binding}-bound by HBM and MXU alone ({self.vector_note})"
+    return (f"{'vector' if self.binding == 'vector' else 'HBM'}-bound{slot} unless the "
+            f"clock exceeds {self.break_even_clock_hz / 1e9:.2f} GHz, the break-even clock "
+            f"(no public clock; the published TPU clocks are at most "
+            f"{max_published_clock_hz() / 1e9:.2f} GHz)")
+
+  @property
+  def headline(self) -> str:
+    """'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
+    return (f"{self.generation}: {'at least ' if self.at_least else ''}"
+            f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
+
+
+def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
+               blocks: str = "") -> StepBound:
+  """`StepBound` of the plan `p` (of `variant`) on `generation`: `bounds`'s
+  HBM and MXU terms and the recorded schedule of its decode launches."""
+  spec = hardware.spec(generation)
+  stages = {b.stage: b for b in bounds(costs(p, k=k), spec)}
+  g = p.geometry
+  rows, pages, missing = set(), 0, []
+  for l in p.executed:
+    rec = l.case.startswith("decode") and recorded_bundles(
+        variant, generation, g.fmt, bkv_p=l.bkv_p, seq_batch_size=l.seq_batch_size,
+        num_heads=g.num_q_heads, head_dim=g.head_dim, page_size=g.page_size)
+    if not rec:
+      missing.append(f"{l.label} bkv_p={l.bkv_p}")
+      continue
+    rows.add((rec["bundles_per_page"], rec["binding_slot"]))
+    pages += l.num_steps * l.seq_batch_size * l.bkv_p
+  if len(rows) > 1:
+    raise ValueError(f"the decode launches have different schedules: {rows}")
+  bpp, slot = next(iter(rows)) if rows else (None, "")
+  note = "; ".join(([f"no recorded schedule for {', '.join(missing)}"] if missing else [])
+                   + ([] if spec.clock_hz else ["no public clock"]))
+  return StepBound(generation, variant, g.fmt, stages["kernel"].t_mem,
+                   stages["kernel"].t_math,
+                   stages["fill"].bound + stages["topk"].bound, pages, bpp,
+                   slot, spec.clock_hz, note, blocks)
+
+
+# The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
+# (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
+# report's indexer 2048; 64 index heads, head_dim 128, ratio 4, 128-entry
+# pages, 64 sequences of 128K tokens.
+DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
+               "DeepSeek-V3.2": 2048}
+
+
+def dsv4_step(generation: str, variant: str = "vendored", *,
+              model: str = "DeepSeek-V4-Flash", batch: int = 64,
+              context_tokens: int = 131072) -> StepBound:
+  """The production step: `model`'s indexer (its k) over `batch` decode
+  sequences of `context_tokens` tokens on `generation`, with `variant`'s
+  block-size row for that chip (`StepBound.blocks` names it) and cache
+  format ("fp8" vendored, "dense_fp8" dense)."""
+  import streamidx as si  # pylint: disable=g-import-not-at-top
+  if model not in DSV4_MODELS:
+    raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
+  fmt = "dense_fp8" if variant == "dense" else "fp8"
+  b = si.make_mixed_batch(decode=[context_tokens] * batch, page_size=128,
+                          compression_ratio=4)
+  row = si.block_sizes(variant, cache_format=fmt, num_heads=64, page_size=128,
+                       generation=generation)
+  p = tiling.plan(b, fmt=fmt, num_heads=64, head_dim=128, variant=variant,
+                  **row.kwargs())
+  return step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
+                    blocks=f"{generation} {variant} row: {row.kwargs()} "
+                    f"({row.source.split(';')[0].split('(')[0].strip()})")
+
+
+def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
+  """The public TPU7x scoring measurement (sglang-jax #1642, by others:
+  `lab.model.topk.PUBLIC_TPU7X`, 64 x 1M tokens, k 512) over the kernel
+  stage's bound at that shape: {"measured_s", "bound", "ratio", "shape", "source"}."""
+  from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
+  pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
+  sb = dsv4_step(generation, variant, batch=shape.num_seqs, context_tokens=shape.seq_len)
+  measured = pub["decode_scoring_ms"] * 1e-3
+  return dict(measured_s=measured, bound=sb, ratio=measured / sb.kernel_s,
+              shape=f"{shape.num_seqs} x {shape.seq_len:,} tokens, k {shape.k}",
+              source=pub["source"])
