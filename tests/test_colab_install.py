@@ -23,6 +23,12 @@ How the test builds that runtime, offline (no registry, no pip cache needed):
   Python would import as an empty namespace package: the cell must not be
   fooled by it.
 
+Two more runs cover the other ways in: a checkout uploaded and unpacked under
+`/content` (no clone: `STREAMIDX_REPO` points at nothing), and the cell
+written by `tools/colab.py`'s `install_cell` with a `git+file://` URL set once,
+as `REPOSITORY` sets it, which pip installs with no checkout (the working
+folder stays `/content`). Each is a fresh runtime venv and one wheel build.
+
 The cell's source, taken from notebook 00, then runs twice (a rerun must do
 nothing) in one fresh `python` process whose working directory is that
 folder, followed by `import streamidx; streamidx.streamindex_topk` in the
@@ -73,7 +79,8 @@ def test_every_notebook_has_the_install_cell_of_tools_colab():
   different = [p.name for p in NOTEBOOKS if install_cell(p) != colab.INSTALL_CELL]
   assert not different, f"install cell is not tools/colab.py's (run `make strip`): {different}"
   compile(colab.INSTALL_CELL, "install cell", "exec")  # plain Python: no magics
-  assert len(colab.INSTALL_CELL.splitlines()) <= 10
+  assert len(colab.INSTALL_CELL.splitlines()) <= 13
+  assert colab.install_cell() == colab.INSTALL_CELL
   # The repository's URL is set once, in tools/colab.py (the cells are written from it).
   assert colab.INSTALL_CELL.count(colab.REPOSITORY) == 1
   assert (ROOT / "tools" / "colab.py").read_text().count(colab.REPOSITORY.split("//")[1]) == 1
@@ -102,10 +109,10 @@ SKIP_DIRS = {".git", ".venv", "build", ".pytest_cache", ".hypothesis", "__pycach
              ".ipynb_checkpoints"}
 
 
-def _repository(tmp: Path) -> Path:
-  """A git repository holding this working tree's files, as GitHub would:
-  git's own list (tracked and untracked-but-not-ignored) in a checkout, else
-  (an unpacked archive) every file outside build outputs and caches."""
+def _files(tmp: Path, name: str) -> Path:
+  """tmp/name holding this working tree's files, as GitHub would: git's own
+  list (tracked and untracked-but-not-ignored) in a checkout, else (an
+  unpacked archive) every file outside build outputs and caches."""
   listed = subprocess.run(
       ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
       cwd=ROOT, capture_output=True)
@@ -115,11 +122,17 @@ def _repository(tmp: Path) -> Path:
     names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
              and not SKIP_DIRS & set(p.relative_to(ROOT).parts)
              and not p.parts[-2].endswith(".egg-info")]
-  repo = tmp / "github"
-  for name in names:
-    if (ROOT / name).is_file():
-      (repo / name).parent.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(ROOT / name, repo / name)
+  repo = tmp / name
+  for n in names:
+    if (ROOT / n).is_file():
+      (repo / n).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(ROOT / n, repo / n)
+  return repo
+
+
+def _repository(tmp: Path) -> Path:
+  """A git repository of this working tree's files (the "GitHub repository")."""
+  repo = _files(tmp, "github")
   git = ["git", "-c", "user.name=streamidx", "-c", "user.email=dev@streamidx"]
   subprocess.run(["git", "init", "-q", str(repo)], check=True)
   subprocess.run(git + ["add", "-A"], cwd=repo, check=True)
@@ -127,11 +140,14 @@ def _repository(tmp: Path) -> Path:
   return repo
 
 
-def _run_in_content(python: Path, content: Path, code: str, repo_url: str):
+def _run_in_content(python: Path, content: Path, code: str, repo_url: str | None):
+  """Runs `code` in /content; `repo_url` None leaves STREAMIDX_REPO unset."""
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-  env.update(STREAMIDX_REPO=repo_url, JAX_PLATFORMS="cpu", PIP_NO_INDEX="1",
+         if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV", "STREAMIDX_REPO"))}
+  env.update(JAX_PLATFORMS="cpu", PIP_NO_INDEX="1",
              PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+  if repo_url is not None:
+    env["STREAMIDX_REPO"] = repo_url
   return subprocess.run([str(python), "-c", code], cwd=content, env=env,
                         capture_output=True, text=True, timeout=300)
 
@@ -139,6 +155,30 @@ def _run_in_content(python: Path, content: Path, code: str, repo_url: str):
 def _lock_pin(name: str) -> str:
   text = (ROOT / "requirements.lock").read_text()
   return re.search(rf"^{name}==(\S+)$", text, re.M).group(1)
+
+
+CHECK = ("\nimport os, jax, streamidx\n"
+         "print('topk', callable(streamidx.streamindex_topk))\n"
+         "print('module', streamidx.__file__)\n"
+         "print('jax', jax.__version__, jax.__file__)\n"
+         "print('cwd', os.getcwd())\n")
+
+
+def _installed(tmp_path: Path, run) -> dict:
+  """What the check printed, after asserting pip added streamidx and
+  nothing else to the runtime (its jax, numpy, ... kept)."""
+  assert run.returncode == 0, run.stdout + run.stderr
+  printed = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+  assert printed["topk"] == "True"
+  venv_site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
+  assert Path(printed["module"]).is_relative_to(venv_site), printed["module"]
+  jax_version, jax_file = printed["jax"].split(" ")
+  assert jax_version == _lock_pin("jax")
+  assert Path(jax_file).is_relative_to(tmp_path / "runtime-packages"), jax_file
+  added = sorted(p.name for p in venv_site.iterdir() if p.name != "__pycache__")
+  assert [re.sub(r"-[\d.]+\.dist-info$", "-*.dist-info", a) for a in added] == [
+      "colab-runtime.pth", "streamidx", "streamidx-*.dist-info"], added
+  return printed
 
 
 def test_install_cell_on_a_fresh_colab_like_runtime(tmp_path):
@@ -153,27 +193,11 @@ def test_install_cell_on_a_fresh_colab_like_runtime(tmp_path):
   assert before.stdout.split() == [_lock_pin("jax"), "True"], before.stderr
 
   cell = install_cell(NOTEBOOKS[0])
-  check = ("\nimport os, jax, streamidx\n"
-           "print('topk', callable(streamidx.streamindex_topk))\n"
-           "print('module', streamidx.__file__)\n"
-           "print('jax', jax.__version__, jax.__file__)\n"
-           "print('cwd', os.getcwd())\n")
-  run = _run_in_content(python, content, cell + "\n" + cell + check, repo.as_uri())
+  run = _run_in_content(python, content, cell + "\n" + cell + CHECK, repo.as_uri())
 
-  assert run.returncode == 0, run.stdout + run.stderr
-  printed = dict(line.split(" ", 1) for line in run.stdout.splitlines())
-  assert printed["topk"] == "True"
-  venv_site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
-  assert Path(printed["module"]).is_relative_to(venv_site), printed["module"]
-  jax_version, jax_file = printed["jax"].split(" ")
-  assert jax_version == _lock_pin("jax")
-  assert Path(jax_file).is_relative_to(tmp_path / "runtime-packages"), jax_file
+  printed = _installed(tmp_path, run)
   assert printed["cwd"] == str(content / CLONE_DIR / "notebooks")
   assert (content / CLONE_DIR / "pyproject.toml").is_file()
-  # pip added streamidx and nothing else: the runtime's jax, numpy, ... kept.
-  added = sorted(p.name for p in venv_site.iterdir() if p.name != "__pycache__")
-  assert [re.sub(r"-[\d.]+\.dist-info$", "-*.dist-info", a) for a in added] == [
-      "colab-runtime.pth", "streamidx", "streamidx-*.dist-info"], added
   # The first run says what it did; the rerun prints nothing more.
   assert run.stdout.count("installed; working directory") == 1, run.stdout
 
@@ -188,3 +212,43 @@ def test_install_cell_names_the_variable_when_the_clone_fails(tmp_path):
   assert "RuntimeError: git clone file://" in run.stderr, run.stderr
   assert "set os.environ['STREAMIDX_REPO']" in run.stderr
   assert not (content / CLONE_DIR).exists()
+
+
+def test_install_cell_finds_a_checkout_uploaded_to_content(tmp_path):
+  # Colab's working folder stays /content whichever notebook is open: a
+  # checkout uploaded there (GitHub's "Download ZIP", unpacked) is found under
+  # it, and nothing is cloned (STREAMIDX_REPO points at nothing).
+  python = _runtime(tmp_path)
+  content = tmp_path / "content"
+  uploaded = _files(content, "streamidx-main")
+  cell = install_cell(NOTEBOOKS[0])
+  run = _run_in_content(python, content, cell + "\n" + cell + CHECK,
+                        (tmp_path / "no-such-repository").as_uri())
+
+  printed = _installed(tmp_path, run)
+  assert printed["cwd"] == str(uploaded / "notebooks")
+  assert not (content / CLONE_DIR).exists()
+  assert run.stdout.count("installed; working directory") == 1, run.stdout
+
+
+def test_install_cell_pip_installs_a_git_url_set_once(tmp_path):
+  # The URL set once, in tools/colab.py (`install_cell(REPOSITORY)` writes
+  # every notebook's cell): here a git+file:// URL, which pip installs with
+  # no checkout; STREAMIDX_REPO is unset, so the cell's default is used.
+  python = _runtime(tmp_path)
+  repo = _repository(tmp_path)
+  content = tmp_path / "content"
+  content.mkdir()
+  cell = _colab().install_cell("git+" + repo.as_uri())
+  assert cell.count("git+" + repo.as_uri()) == 1
+  run = _run_in_content(python, content, cell + "\n" + cell + CHECK, None)
+
+  printed = _installed(tmp_path, run)
+  assert printed["cwd"] == str(content)  # no checkout to work in
+  assert sorted(p.name for p in content.iterdir()) == []
+
+
+def test_the_jax_floor_is_the_version_the_tests_run():
+  # pyproject's floor is the oldest jax tested: the lock's (docs/colab.md).
+  floor = re.search(r'"jax>=([\w.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+  assert floor == _lock_pin("jax")

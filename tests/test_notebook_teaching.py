@@ -69,3 +69,68 @@ def test_never_calls_the_vendored_kernel_the_seed(name):
   for c in _cells(name):
     if c["cell_type"] == "markdown":
       assert "the seed's" not in _src(c) and "the seed " not in _src(c)
+
+
+# --------------------------------------------------------------------------
+# Notebook 01's kernel-code exercises (issue 23): a gap the reader fills, the
+# check that runs it in a kernel in the TPU interpreter (skipped, saying so,
+# while the gap returns None), and a collapsed worked solution the same check
+# must pass (`assert exercise_check(...)`: the notebook's CI run checks each).
+
+EXERCISES = {"my_block_scores": "solution_block_scores", "my_merge": "solution_merge"}
+
+
+def _cell_defining(cells, name):
+  return next(c for c in cells if c["cell_type"] == "code" and f"def {name}(" in _src(c))
+
+
+@pytest.mark.parametrize("gap, solution", EXERCISES.items())
+def test_walkthrough_exercise_has_gap_check_and_checked_solution(gap, solution):
+  cells = _cells("01_kernel_walkthrough.ipynb")
+  gap_cell, sol_cell = _cell_defining(cells, gap), _cell_defining(cells, solution)
+  assert "# EXERCISE" in _src(gap_cell) and _src(gap_cell).rstrip().endswith("return None")
+  order = [c["id"] for c in cells]
+  check = cells[order.index(gap_cell["id"]) + 1]
+  assert f"exercise_check(\"kernel exercise" in _src(check) and f", {gap}," in _src(check)
+  assert order.index(sol_cell["id"]) > order.index(check["id"])
+  assert sol_cell["metadata"].get("jupyter", {}).get("source_hidden")
+  assert f"assert exercise_check(\"kernel exercise" in _src(sol_cell) and f", {solution}," in _src(sol_cell)
+
+
+def test_walkthrough_worked_solutions_score_and_select_like_the_package():
+  # The worked solutions as plain JAX (no kernel): a block's masked scores
+  # are ref.score_entries', and merging block by block gives select_topk's
+  # indices, ties (equal scores) by index ascending, -1 past the entries.
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+
+  from streamidx import ref, topk
+
+  cells = _cells("01_kernel_walkthrough.ipynb")
+  namespace = {"jnp": jnp, "lax": lax, "exercise_check": lambda *a: True, "probe": (),
+               "merge_probe": (), "run_exercise_1": None, "run_exercise_2": None}
+  for solution in EXERCISES.values():
+    exec(_src(_cell_defining(cells, solution)), namespace)  # pylint: disable=exec-used
+  rng = np.random.default_rng(0)
+  heads, dim, bkv, k, entries = 4, 16, 32, 8, 70
+  q = jnp.asarray(rng.normal(size=(heads, dim)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(heads,)), jnp.float32)
+  keys = jnp.asarray(rng.normal(size=(3 * bkv, dim)), jnp.bfloat16)
+  keys = keys.at[40].set(keys[5])  # a tie across blocks
+  cols = jnp.arange(3 * bkv, dtype=jnp.int32)[None]
+  vals, idx = jnp.full((1, k), -jnp.inf), jnp.full((1, k), -1, jnp.int32)
+  scores = []
+  for j in range(3):
+    block = slice(j * bkv, (j + 1) * bkv)
+    s = namespace["solution_block_scores"](q, w[:, None], keys[block], cols[:, block], entries)
+    scores.append(s)
+    vals, idx = namespace["solution_merge"](vals, idx, s, cols[:, block])
+  scores = jnp.concatenate(scores, axis=1)
+  want = ref.score_entries(q, w, keys[:entries], None)
+  np.testing.assert_allclose(np.asarray(scores[0, :entries]), np.asarray(want), rtol=1e-5, atol=1e-5)
+  assert np.all(np.isneginf(np.asarray(scores[0, entries:])))
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(topk.select_topk(scores, k)))
+  few, few_idx = jnp.full((1, k), -jnp.inf), jnp.full((1, k), -1, jnp.int32)
+  few, few_idx = namespace["solution_merge"](few, few_idx, scores[:, :bkv].at[:, 3:].set(-jnp.inf), cols[:, :bkv])
+  assert list(np.asarray(few_idx)[0, 3:]) == [-1] * (k - 3) and sorted(np.asarray(few_idx)[0, :3]) == [0, 1, 2]

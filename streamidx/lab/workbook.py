@@ -10,7 +10,8 @@ source is never written), `--html` renders it beside it, and the landing
 page `<out>/index.html` shows each notebook's question, its computed answer
 (the first `text/markdown` output), its machine line, status and links.
 `--jobs` notebooks run at once, each in its own `python3` kernel in the
-notebooks folder, longest expected first. A configuration error is a
+notebooks folder (its stdout and stderr in `<out>/<stem>.kernel.log`),
+longest expected first. A configuration error is a
 `WorkbookError` before anything runs (exit 2); a failed notebook is
 reported with its cell (exit 1).
 """
@@ -110,8 +111,10 @@ class NotebookResult:
   def describe(self) -> str:
     if self.ok:
       return f"{self.name}: ok in {self.seconds:.1f}s -> {self.executed}"
+    log = kernel_log(self.executed)
     return (f"{self.name} FAILED at {self.failure.describe()}\n"
-            f"    executed copy: {self.executed}")
+            f"    executed copy: {self.executed}" +
+            (f"\n    kernel log: {log}" if log.is_file() and log.stat().st_size else ""))
 
 
 # --------------------------------------------------------------------------
@@ -222,6 +225,27 @@ def jobs_note(jobs: int) -> str:
       "another notebook (--jobs 1 for timing studies).")
 
 
+def kernel_log(executed: Path) -> Path:
+  """Where the kernel of the run that writes `executed` writes its stdout
+  and stderr: `<out>/<stem>.kernel.log`."""
+  return executed.with_suffix(".kernel.log")
+
+
+def _logged_kernel_manager(log: Path):
+  """Kernels that write their own stdout and stderr to `log`: what a kernel
+  writes outside a cell (cell output is captured into the notebook), chiefly
+  the asyncio "Task was destroyed" reports of its closing service loops,
+  which an inherited stderr printed between the runner's lines."""
+  from jupyter_client.manager import AsyncKernelManager
+
+  class LoggedKernelManager(AsyncKernelManager):
+    async def start_kernel(self, **kw):
+      with open(log, "ab") as f:  # the kernel holds its own descriptor
+        await super().start_kernel(stdout=f, stderr=f, **kw)
+
+  return LoggedKernelManager
+
+
 def _declared_only(record: logging.LogRecord) -> bool:
   return not record.getMessage().startswith("Passed unknown parameter")
 
@@ -257,6 +281,7 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
   source_nb = _read(path)
   executed.unlink(missing_ok=True)  # a stale copy would pass for this run's
   executed.with_suffix(".html").unlink(missing_ok=True)
+  kernel_log(executed).unlink(missing_ok=True)
   import papermill
   _quiet_logs(log_output)
   failure, start = None, time.perf_counter()
@@ -265,8 +290,7 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
         str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
         language="python", cwd=str(path.parent), execution_timeout=timeout,
         log_output=log_output, progress_bar=False,
-        # The kernel's own log (ipykernel's warnings at start) unless asked for.
-        extra_arguments=[] if log_output else ["--IPKernelApp.log_level=CRITICAL"])
+        kernel_manager_class=_logged_kernel_manager(kernel_log(executed)))
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
