@@ -19,7 +19,7 @@ import pytest
 
 import streamidx as si
 from streamidx import topk
-from streamidx.kernels import driver, vendored
+from streamidx.kernels import driver, tpu, vendored
 from streamidx.lab import walkthrough
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,21 +65,6 @@ def test_excerpt_rejects_unknown_names_and_strings():
 # --- the notebook ------------------------------------------------------------
 
 
-def test_notebook_line_counts(tmp_path):
-  nb = {"cells": [
-      {"cell_type": "markdown", "source": ["# t\n", "\n", "text\n"]},
-      {"cell_type": "code", "source": "x = 1\n\ny = 2\n"},
-      {"cell_type": "raw", "source": "ignored\n"}]}
-  path = tmp_path / "n.ipynb"
-  path.write_text(json.dumps(nb))
-  assert walkthrough.notebook_line_counts(path) == {"markdown": 2, "code": 2}
-
-
-def test_walkthrough_notebook_has_more_prose_than_code():
-  counts = walkthrough.notebook_line_counts(WALKTHROUGH)
-  assert counts["markdown"] >= counts["code"], counts
-
-
 def test_walkthrough_notebook_opens_with_its_question_and_keeps_tpu_metadata():
   nb = json.loads(WALKTHROUGH.read_text())
   first = "".join(nb["cells"][0]["source"])
@@ -103,7 +88,7 @@ def test_every_source_excerpt_the_notebook_prints_resolves():
   for call in calls:
     ex = eval(f"walkthrough.excerpt({call})",  # pylint: disable=eval-used
               {"walkthrough": walkthrough, "vendored": vendored, "ref": ref,
-               "driver": driver})
+               "driver": driver, "tpu": tpu})
     assert ex.lines, call
 
 

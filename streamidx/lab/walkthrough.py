@@ -10,7 +10,6 @@ tested (tests/test_walkthrough.py):
                                      function, with the file's line numbers
     compile_rows(kernels, gens)      compiles kernels for TPU generations
                                      (libtpu, no TPU): the compiler's verdict
-    notebook_line_counts(path)       non-blank Markdown and code lines
                                      (tests/test_notebooks.py)
 """
 
@@ -23,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["Excerpt", "excerpt", "notebook_line_counts", "compile_rows"]
+__all__ = ["Excerpt", "excerpt", "compile_rows"]
 
 
 def _module_path(module) -> str:
@@ -104,19 +103,6 @@ def excerpt(module, qualname: str, *, start: str | None = None,
     last = hits[0]
   return Excerpt(_module_path(module), qualname, first, last,
                  tuple(lines[first - 1:last]))
-
-
-def notebook_line_counts(path) -> dict[str, int]:
-  """Non-blank source lines of a notebook's Markdown and code cells."""
-  nb = json.loads(Path(path).read_text(encoding="utf-8"))
-  counts = {"markdown": 0, "code": 0}
-  for cell in nb["cells"]:
-    if cell["cell_type"] not in counts:
-      continue
-    src = cell["source"]
-    src = "".join(src) if isinstance(src, list) else src
-    counts[cell["cell_type"]] += sum(1 for l in src.splitlines() if l.strip())
-  return counts
 
 
 def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
