@@ -11,7 +11,9 @@ none is, the `heuristic` row for that page size is built (and says so).
 
 Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"), variant (a name
        of `streamidx.VARIANTS` or "*"), cache_format ("fp8", "bf16", ...
-       or "*"), num_heads and page_size (ints or None for any).
+       or "*"), num_heads and page_size (ints or None for any), and
+       decode_q_len (the call's, 1 or gamma + 1; None for any: a row
+       without it serves every decode_q_len unless a keyed row matches).
 Sizes: num_kv_pages_per_block, num_queries_per_block (an int or a
        (decode, prefill, mixed) triple, as the kernels take them),
        decode_req_batch_size (token mode) and vmem_limit_bytes (None: the
@@ -42,16 +44,19 @@ class BlockSizes:
   decode_req_batch_size: int | None = None
   vmem_limit_bytes: int | None = None
   source: str = ""
+  decode_q_len: int | None = None
 
   @property
   def specificity(self) -> int:
     keys = (self.generation, self.variant, self.cache_format)
     return (sum(k != WILDCARD for k in keys)
-            + (self.num_heads is not None) + (self.page_size is not None))
+            + (self.num_heads is not None) + (self.page_size is not None)
+            + (self.decode_q_len is not None))
 
   def matches(self, *, generation, variant, cache_format, num_heads,
-              page_size) -> bool:
+              page_size, decode_q_len=1) -> bool:
     return ((self.generation in (WILDCARD, generation))
+            and self.decode_q_len in (None, decode_q_len)
             and self.variant in (WILDCARD, variant)
             and self.cache_format in (WILDCARD, cache_format)
             and self.num_heads in (None, num_heads)
@@ -177,7 +182,8 @@ def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
 
 
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
-           page_size: int, generation: str | None = None) -> BlockSizes:
+           page_size: int, generation: str | None = None,
+           decode_q_len: int = 1) -> BlockSizes:
   """The table's block sizes for one kernel call; see the module docstring.
 
   Callers normally go through `streamidx.block_sizes(variant, ...)` (or
@@ -190,6 +196,7 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
     cache_format, num_heads, page_size: of the call's inputs.
     generation: the TPU generation ("v5e", ...); None matches only rows that
       hold for any generation.
+    decode_q_len: the call's query rows per decode sequence.
 
   Returns:
     The matching `BlockSizes`; `.kwargs()` gives the kernel arguments and
@@ -198,7 +205,7 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
   gen = WILDCARD if generation is None else generation
   found = [r for r in TABLE if r.matches(
       generation=gen, variant=variant, cache_format=cache_format,
-      num_heads=num_heads, page_size=page_size)]
+      num_heads=num_heads, page_size=page_size, decode_q_len=decode_q_len)]
   if not found:
     raise ValueError(f"variant: no block-size row for {variant!r} "
                      f"(cache_format={cache_format!r}, generation={generation!r})")

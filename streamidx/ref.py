@@ -4,7 +4,8 @@ Each function takes its kernel's arguments, so either can stand in for the
 other: `streamindex_topk_ref`, `streamindex_page_topk_ref` and their `_dense_`
 twins <-> `streamidx.streamindex_topk`, `streamindex_page_topk`, .... The
 kernels' schedule arguments (block sizes, `vmem_limit_bytes`,
-`decode_req_batch_size`, `sort_decode`, `num_cores`) are accepted here and in
+`decode_req_batch_size`, `decode_q_len`, `sort_decode`, `num_cores`) are
+accepted here and in
 `streamidx.streaming` and ignored, their defaults `streamidx.call`'s; so is
 `topk_method` (checked, as `k`, `compression_ratio` and `causal_rule`, by
 building the `TopkCall`): the reference selects exactly, as every exact
@@ -282,6 +283,7 @@ def streamindex_topk_ref(
     topk_method=TopkCall.topk_method,
     return_scores=TopkCall.return_scores,
     sort_decode=TopkCall.sort_decode,
+    decode_q_len=TopkCall.decode_q_len,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
@@ -290,7 +292,7 @@ def streamindex_topk_ref(
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
-           topk_method=topk_method)  # the call's static rules, checked once
+           topk_method=topk_method, decode_q_len=decode_q_len)  # the call's static rules, checked once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,

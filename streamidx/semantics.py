@@ -126,8 +126,9 @@ class TokenLaunch:
       when built from a traced `distribution`).
     seq_batch_size: sequences per program (`decode_req_batch_size` for the
       batched decode launch, else 1).
-    static_q_len: 1 for the decode launches (one query row per sequence);
-      None where each sequence's q_len comes from `cu_q_lens`.
+    static_q_len: the call's `decode_q_len` for the decode launches (1, or
+      gamma + 1 rows per sequence under speculative decoding); None where
+      each sequence's q_len comes from `cu_q_lens`.
     block_case: index into the per-case block sizes (0 decode, 1 prefill,
       2 mixed): the decode launches use the decode sizes.
   """
@@ -140,20 +141,28 @@ class TokenLaunch:
   block_case: int
 
   def bq_sz(self, num_queries_per_block: int) -> int:
-    """Query rows per block: capped at static_q_len where q_len is static."""
+    """Query rows per block: static_q_len where q_len is static.
+
+    A decode program scores all static_q_len rows of each of its sequences
+    in one query block, whatever the decode entry of num_queries_per_block
+    (which never mattered at q_len 1): its KV blocks are fetched once for
+    every draft row, and the batch's score rows (sequence-major, each with
+    exactly static_q_len rows) are one contiguous range of the output.
+    """
     if self.static_q_len is None:
       return num_queries_per_block
-    return min(num_queries_per_block, self.static_q_len)
+    return self.static_q_len
 
 
-def token_launches(distribution, decode_req_batch_size: int
-                   ) -> tuple[TokenLaunch, ...]:
+def token_launches(distribution, decode_req_batch_size: int,
+                   decode_q_len: int = 1) -> tuple[TokenLaunch, ...]:
   """The four launches `streamindex_topk` makes, in its order.
 
-  With distribution (i, j, n) and d = decode_req_batch_size:
+  With distribution (i, j, n), d = decode_req_batch_size and Q =
+  decode_q_len (1, or gamma + 1 under speculative decoding):
 
-    1. decode:       [0, i // d * d), d sequences per program, q_len 1;
-    2. decode_rest:  [i // d * d, i), one sequence per program, q_len 1;
+    1. decode:       [0, i // d * d), d sequences per program, q_len Q;
+    2. decode_rest:  [i // d * d, i), one sequence per program, q_len Q;
     3. prefill:      [i, j), one per program, dynamic q_len, prefill blocks
                      (local modification M4: the seed sent these to decode);
     4. mixed:        [j, n), one per program, dynamic q_len.
@@ -165,8 +174,8 @@ def token_launches(distribution, decode_req_batch_size: int
   d = decode_req_batch_size
   decode_end = i // d * d
   return (
-      TokenLaunch("decode", 0, decode_end, d, 1, 0),
-      TokenLaunch("decode_rest", decode_end, i, 1, 1, 0),
+      TokenLaunch("decode", 0, decode_end, d, decode_q_len, 0),
+      TokenLaunch("decode_rest", decode_end, i, 1, decode_q_len, 0),
       TokenLaunch("prefill", i, j, 1, None, 1),
       TokenLaunch("mixed", j, n, 1, None, 2),
   )
@@ -347,8 +356,8 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
   Returns (seq_lens i32[S], page_indices i32[S * pages_per_seq], q_rows
   i32[S]): slot j gets sequence order[j]'s length and page-table row, and
   q_rows[j] = cu_q_lens[order[j]], the first query row it reads. cu_q_lens
-  itself is not permuted: it still gives each slot's query count (1 in the
-  decode range) and the row its scores are written to (slot j's own row),
+  itself is not permuted: it still gives each slot's query count
+  (decode_q_len in the decode range) and the row its scores are written to (slot j's own row),
   so the decode launches' score rows are in slot order.
   """
   max_num_seqs = seq_lens.shape[0]
@@ -357,15 +366,18 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
   return (seq_lens[order], table[order].reshape(-1), cu_q_lens[:-1][order])
 
 
-def restore_decode_rows(rows, order):
+def restore_decode_rows(rows, order, decode_q_len: int = 1):
   """`rows` (top-k indices i32[T, k], slot order) back in the caller's order.
 
-  Decode sequence b owns token row b (q_len 1 from row 0), so slot j's row
-  j holds sequence order[j]'s result; row order[j] gets it back. Rows past
-  the decode range are unchanged (order is the identity there).
+  Decode sequence b owns token rows [Q b, Q b + Q) (Q = decode_q_len rows
+  each from row 0), so slot j's rows hold sequence order[j]'s results; rows
+  [Q order[j], ...) get them back. Rows past the decode range are unchanged
+  (order is the identity there).
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  m = min(rows.shape[0], order.shape[0])
+  q = int(decode_q_len)
+  m = min(rows.shape[0] // q, order.shape[0])
   inverse = jnp.argsort(order)[:m]
-  return rows.at[:m].set(rows[inverse])
+  src = (inverse[:, None] * q + jnp.arange(q)[None, :]).reshape(-1)
+  return rows.at[:m * q].set(rows[src])

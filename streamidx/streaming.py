@@ -73,6 +73,7 @@ def streamindex_topk_streaming(
     sort_decode=TopkCall.sort_decode, chunk_entries: int = DEFAULT_CHUNK_ENTRIES,
     chunk_tokens: int | None = None,
     topk_method=TopkCall.topk_method,
+    decode_q_len=TopkCall.decode_q_len,
 ):
   """Streaming twin of `streamindex_topk_ref`: the same i32[T, k] indices.
 
@@ -88,7 +89,8 @@ def streamindex_topk_streaming(
   del decode_req_batch_size, sort_decode
   _check_chunks(chunk_entries, chunk_tokens)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
-           topk_method=topk_method)  # the call's static rules, checked once
+           topk_method=topk_method,
+           decode_q_len=decode_q_len)  # the call's static rules, checked once
   return ref_lib._run(  # pylint: disable=protected-access
       q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
       distribution[2], k=k, compression_ratio=compression_ratio,

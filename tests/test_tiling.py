@@ -26,6 +26,8 @@ import pytest
 import streamidx as si
 from streamidx import metrics
 from streamidx.lab.model import tiling, timeline
+
+import tiers
 from streamidx.lab.studies import cases
 
 # ---------------------------------------------------------------------------
@@ -194,6 +196,32 @@ def test_dma_sequence_equals_interpreted_kernel_run_token_mode():
     starts = sum(e[5] for e in got if e[1:3] == ("start", kind))
     waits = sum(e[5] for e in got if e[1:3] == ("wait", kind))
     assert starts == waits, kind
+
+
+@tiers.FULL
+def test_dma_sequence_equals_interpreted_kernel_run_speculative_decode():
+  """Speculative decoding (M17), 3 rows per decode sequence: batched decode
+  programs hold 2 x 3 rows, one DMA of 6 score rows per KV block."""
+  b = si.make_mixed_batch(decode=[37, 900, 64, 3, 300], prefill=[(9, 200)],
+                          mixed=[(1, 90)], decode_q_len=3, page_size=16,
+                          compression_ratio=4, allocation="fragmented",
+                          seed=5)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=2)
+  kw = dict(KW, decode_q_len=3)
+  with timeline.record() as rec:
+    got = jax.block_until_ready(si.streamindex_topk(*inp.args, **kw))
+  metrics.assert_topk_match(got, si.streamindex_topk_ref(*inp.args, **kw),
+                            si.token_scores(*inp.args, compression_ratio=4))
+  p = tiling.plan(b, fmt="fp8", num_heads=4,
+                  num_kv_pages_per_block=KW["num_kv_pages_per_block"],
+                  num_queries_per_block=KW["num_queries_per_block"],
+                  decode_req_batch_size=2)
+  assert [(l.grid, l.bq_sz) for l in p.launches[:2]] == [(2, 3), (1, 3)]
+  want = [e.key() for e in tiling.expected_dma_events(p)]
+  got = [e.key() for e in rec.dma_events()]
+  assert got == want
+  outs = [e for e in got if e[1:3] == ("start", "out") and e[0] == 0]
+  assert outs and all(e[5] == 6 * 128 * 4 for e in outs)  # 6 rows x 128 f32
 
 
 def test_dma_sequence_equals_interpreted_kernel_run_page_mode():
