@@ -114,6 +114,38 @@ _DENSE_PAGE_GLM = (
     "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
     "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
+# Speculative decoding, gamma + 1 = 2 query rows per decode sequence (M17):
+# the decode launch's KV block from the compiler's static schedule of the
+# batched MTP decode launch (python -m streamidx.lab.schedule --generations
+# v4 v5e v5p v6e v7x --shape dsv4-mtp2-decode-4k --kv-pages 2 3 4 8
+# --launches decode; FP8, 64 heads, 128-entry pages, B = 4, libtpu
+# 0.0.42.1); bundles per page (one sequence's page, both rows) at 2/3/4/8
+# pages per block. Not measured on a TPU. Prefill and mixed keep the
+# generation's q_len-1 row.
+_MTP2_BUNDLES = {"v4": "570/553/546/538 (VALU; e4m3 widened to bf16, M10)",
+                 "v5e": "146/137/127/127 (VSTORE)",
+                 "v5p": "145/131/126/126 (VSTORE)",
+                 "v6e": "81/78/67/63 (VALU)",
+                 "v7x": "67/63/58/52 (VALU)"}
+
+
+def _mtp2_source(gen: str) -> str:
+  return (f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
+          f"--shape dsv4-mtp2-decode-4k --kv-pages 2 3 4 8): {gen} batched "
+          f"MTP decode (2 query rows per sequence, B=4) {_MTP2_BUNDLES[gen]} "
+          "bundles per page at 2/3/4/8 pages per block; 4 taken (8 saves "
+          "under 11% where it saves anything but computes up to 1023 padded "
+          "entries per sequence); prefill and mixed as the q_len-1 row")
+
+
+_MTP2_ROWS = tuple(
+    BlockSizes(gen, "vendored", WILDCARD, 64, 128,
+               num_kv_pages_per_block=(4,) + mixed,
+               num_queries_per_block=(1, 128, 128), decode_req_batch_size=4,
+               source=_mtp2_source(gen), decode_q_len=2)
+    for gen, mixed in (("v4", (2, 2)), ("v5e", (4, 4)), ("v5p", (2, 2)),
+                       ("v6e", (4, 4)), ("v7x", (2, 2))))
+
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
                num_kv_pages_per_block=(3, 2, 2),
@@ -143,10 +175,12 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
+    *_MTP2_ROWS,
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
-STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE)
+STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE,
+                           *(r.source for r in _MTP2_ROWS))
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
 # the heuristic keeps them for other page sizes.

@@ -515,3 +515,25 @@ def test_grid_points_match_the_interpreted_kernels():
                     **{k: v for k, v in kw.items()
                        if k not in ("k", "compression_ratio")})
     assert recorded == p.grid_points(), distribution
+
+
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_vmem_model_equals_kernel_scratch_shapes_speculative_decode(q_len):
+  """M17: the decode launches hold all q_len rows of each of their B
+  sequences (bq = q_len); the model's scratch is the kernel's (traced at
+  DeepSeek-V4 sizes, nothing runs)."""
+  b = si.make_mixed_batch(decode=[131072] * 6, mixed=[(1, 700)],
+                          decode_q_len=q_len, page_size=128,
+                          compression_ratio=4)
+  blocks = _blocks(b, "fp8", 64)
+  declared = tiling.kernel_scratch(
+      _shapes(b, "fp8", 64, "bfloat16"), k=512, compression_ratio=4,
+      decode_req_batch_size=4, decode_q_len=q_len, **blocks)
+  p = tiling.plan(b, fmt="fp8", num_heads=64, decode_req_batch_size=4,
+                  **blocks)
+  assert [(l.grid, l.bq_sz, l.seq_batch_size) for l in p.launches[:2]] == [
+      (1, q_len, 4), (2, q_len, 1)]
+  for d, launch in zip(declared, p.launches):
+    assert d["scratch"] == [(s, dt) for _, s, dt in launch.scratch]
+  assert {n: s for n, s, _ in p.launches[0].scratch}["bq_x2"] == (
+      2, 4, q_len, 64, 128)
