@@ -129,22 +129,35 @@ _MTP2_BUNDLES = {"v4": "570/553/546/538 (VALU; e4m3 widened to bf16, M10)",
                  "v7x": "67/63/58/52 (VALU)"}
 
 
-def _mtp2_source(gen: str) -> str:
+# The dense kernel (--variant dense --formats dense_fp8 --kv-pages 3 4).
+_MTP2_DENSE_BUNDLES = {"v4": "346/333", "v5e": "99/86", "v5p": "93/86",
+                       "v6e": "70/57", "v7x": "60/53"}
+
+
+def _mtp2_source(gen: str, variant: str) -> str:
+  if variant == "dense":
+    what, pages = f"{_MTP2_DENSE_BUNDLES[gen]} bundles per page at 3/4", "3 4"
+  else:
+    what = (f"{_MTP2_BUNDLES[gen]} bundles per page at 2/3/4/8; 8 saves under "
+            "11% where it saves anything but computes up to 1023 padded "
+            "entries per sequence")
+    pages = "2 3 4 8"
   return (f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
-          f"--shape dsv4-mtp2-decode-4k --kv-pages 2 3 4 8): {gen} batched "
-          f"MTP decode (2 query rows per sequence, B=4) {_MTP2_BUNDLES[gen]} "
-          "bundles per page at 2/3/4/8 pages per block; 4 taken (8 saves "
-          "under 11% where it saves anything but computes up to 1023 padded "
-          "entries per sequence); prefill and mixed as the q_len-1 row")
+          f"--variant {variant} --shape dsv4-mtp2-decode-4k --kv-pages "
+          f"{pages}): {gen} batched MTP decode (2 query rows per sequence, "
+          f"B=4) {what} pages per block; 4 taken; prefill and mixed as the "
+          "q_len-1 row")
 
 
 _MTP2_ROWS = tuple(
-    BlockSizes(gen, "vendored", WILDCARD, 64, 128,
-               num_kv_pages_per_block=(4,) + mixed,
+    BlockSizes(gen, variant, fmt, 64, 128,
+               num_kv_pages_per_block=(4,) + (
+                   (4, 4) if (variant, gen) in (("vendored", "v5e"),
+                                                ("vendored", "v6e")) else (2, 2)),
                num_queries_per_block=(1, 128, 128), decode_req_batch_size=4,
-               source=_mtp2_source(gen), decode_q_len=2)
-    for gen, mixed in (("v4", (2, 2)), ("v5e", (4, 4)), ("v5p", (2, 2)),
-                       ("v6e", (4, 4)), ("v7x", (2, 2))))
+               source=_mtp2_source(gen, variant), decode_q_len=2)
+    for variant, fmt in (("vendored", WILDCARD), ("dense", "dense_fp8"))
+    for gen in ("v4", "v5e", "v5p", "v6e", "v7x"))
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
