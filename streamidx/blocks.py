@@ -114,50 +114,26 @@ _DENSE_PAGE_GLM = (
     "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
     "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
-# Speculative decoding, gamma + 1 = 2 query rows per decode sequence (M17):
-# the decode launch's KV block from the compiler's static schedule of the
-# batched MTP decode launch (python -m streamidx.lab.schedule --generations
-# v4 v5e v5p v6e v7x --shape dsv4-mtp2-decode-4k --kv-pages 2 3 4 8
-# --launches decode; FP8, 64 heads, 128-entry pages, B = 4, libtpu
-# 0.0.42.1); bundles per page (one sequence's page, both rows) at 2/3/4/8
-# pages per block. Not measured on a TPU. Prefill and mixed keep the
-# generation's q_len-1 row.
-_MTP2_BUNDLES = {"v4": "570/553/546/538 (VALU; e4m3 widened to bf16, M10)",
-                 "v5e": "146/137/127/127 (VSTORE)",
-                 "v5p": "145/131/126/126 (VSTORE)",
-                 "v6e": "81/78/67/63 (VALU)",
-                 "v7x": "67/63/58/52 (VALU)"}
-
-
-# The dense kernel (--variant dense --formats dense_fp8 --kv-pages 3 4).
-_MTP2_DENSE_BUNDLES = {"v4": "346/333", "v5e": "99/86", "v5p": "93/86",
-                       "v6e": "70/57", "v7x": "60/53"}
-
-
-def _mtp2_source(gen: str, variant: str) -> str:
-  if variant == "dense":
-    what, pages = f"{_MTP2_DENSE_BUNDLES[gen]} bundles per page at 3/4", "3 4"
-  else:
-    what = (f"{_MTP2_BUNDLES[gen]} bundles per page at 2/3/4/8; 8 saves under "
-            "11% where it saves anything but computes up to 1023 padded "
-            "entries per sequence")
-    pages = "2 3 4 8"
-  return (f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
-          f"--variant {variant} --shape dsv4-mtp2-decode-4k --kv-pages "
-          f"{pages}): {gen} batched MTP decode (2 query rows per sequence, "
-          f"B=4) {what} pages per block; 4 taken; prefill and mixed as the "
-          "q_len-1 row")
-
-
+# Speculative decoding, 2 query rows per decode sequence (M17): the decode
+# KV block from the static schedule of the batched MTP decode launch (FP8 /
+# dense FP8, 64 heads, 128-entry pages, B = 4, libtpu 0.0.42.1): bundles per
+# page (one sequence's page, both rows) at 2/3/4/8 pages (dense: 3/4).
+_MTP2 = {"v4": ("570/553/546/538", "346/333"), "v5e": ("146/137/127/127", "99/86"),
+         "v5p": ("145/131/126/126", "93/86"), "v6e": ("81/78/67/63", "70/57"),
+         "v7x": ("67/63/58/52", "60/53")}
+_MTP2_NOTE = " (8 saves at most 11% but pads up to 1023 entries a sequence)"
 _MTP2_ROWS = tuple(
-    BlockSizes(gen, variant, fmt, 64, 128,
-               num_kv_pages_per_block=(4,) + (
-                   (4, 4) if (variant, gen) in (("vendored", "v5e"),
-                                                ("vendored", "v6e")) else (2, 2)),
+    BlockSizes(gen, v, fmt, 64, 128, num_kv_pages_per_block=(4,) + (
+        (4, 4) if v == "vendored" and gen in ("v5e", "v6e") else (2, 2)),
                num_queries_per_block=(1, 128, 128), decode_req_batch_size=4,
-               source=_mtp2_source(gen, variant), decode_q_len=2)
-    for variant, fmt in (("vendored", WILDCARD), ("dense", "dense_fp8"))
-    for gen in ("v4", "v5e", "v5p", "v6e", "v7x"))
+               decode_q_len=2, source=(
+        f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
+        f"--variant {v} --shape dsv4-mtp2-decode-4k --kv-pages "
+        f"{('2 3 4 8', '3 4')[i]}): {gen} batched MTP decode, {_MTP2[gen][i]}"
+        f" bundles per page at {('2/3/4/8', '3/4')[i]} pages; 4 taken"
+        f"{(_MTP2_NOTE, '')[i]}; prefill and mixed as the q_len-1 row"))
+    for i, (v, fmt) in enumerate((("vendored", WILDCARD),
+                                  ("dense", "dense_fp8"))) for gen in _MTP2)
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,

@@ -69,15 +69,12 @@ class TopkCall:
   mixed) triples after construction, or None until `with_table_blocks`.
 
   decode_q_len (DeepGEMM's and vLLM's `next_n`): query rows of every
-  sequence of the decode range [0, i) of `distribution`, gamma + 1 under
-  speculative decoding with gamma draft tokens (multi-token prediction); 1
-  (the default) is plain decode. It is static because the batched decode
-  programs are built for it: each holds all decode_q_len rows of its
-  `decode_req_batch_size` sequences in one query block, so the batch's
-  score rows are contiguous. At most `MAX_DECODE_Q_LEN` (8): peers stop
-  at 6 (DeepGEMM's `fp8_paged_mqa_logits` on SM100), up to 8 rows the f32
-  weights block pads to the same 8-row VMEM tile as one row, and a longer
-  draft window is a prefill chunk (the prefill launch's query blocks).
+  sequence of the decode range [0, i), gamma + 1 with gamma speculative
+  draft tokens (1, the default: plain decode). Static: the batched decode
+  programs hold all of them in one query block (M17). At most
+  `MAX_DECODE_Q_LEN` = 8: peers stop at 6 (DeepGEMM on SM100), 8 f32 weight
+  rows fill the one VMEM tile a single row pads to, and a longer window is
+  a prefill chunk.
   """
 
   k: int

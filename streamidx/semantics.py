@@ -141,14 +141,9 @@ class TokenLaunch:
   block_case: int
 
   def bq_sz(self, num_queries_per_block: int) -> int:
-    """Query rows per block: static_q_len where q_len is static.
-
-    A decode program scores all static_q_len rows of each of its sequences
-    in one query block, whatever the decode entry of num_queries_per_block
-    (which never mattered at q_len 1): its KV blocks are fetched once for
-    every draft row, and the batch's score rows (sequence-major, each with
-    exactly static_q_len rows) are one contiguous range of the output.
-    """
+    """Query rows per block: static_q_len where q_len is static (M17: all
+    rows of a decode sequence in one block, whatever num_queries_per_block,
+    so a batch's score rows are one contiguous range)."""
     if self.static_q_len is None:
       return num_queries_per_block
     return self.static_q_len
