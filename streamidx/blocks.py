@@ -118,9 +118,10 @@ _DENSE_PAGE_GLM = (
 # KV block from the static schedule of the batched MTP decode launch (FP8 /
 # dense FP8, 64 heads, 128-entry pages, B = 4, libtpu 0.0.42.1): bundles per
 # page (one sequence's page, both rows) at 2/3/4/8 pages (dense: 3/4).
-_MTP2 = {"v4": ("570/553/546/538", "346/333"), "v5e": ("146/137/127/127", "99/86"),
-         "v5p": ("145/131/126/126", "93/86"), "v6e": ("81/78/67/63", "70/57"),
-         "v7x": ("67/63/58/52", "60/53")}
+_MTP2 = {"v4": ("570/553/546/538", "346/333"),
+         "v5e": ("146/137/127/127", "99/86"),
+         "v5p": ("145/131/126/126", "93/86"),
+         "v6e": ("81/78/67/63", "70/57"), "v7x": ("67/63/58/52", "60/53")}
 _MTP2_NOTE = " (8 saves at most 11% but pads up to 1023 entries a sequence)"
 _MTP2_ROWS = tuple(
     BlockSizes(gen, v, fmt, 64, 128, num_kv_pages_per_block=(4,) + (

@@ -291,8 +291,9 @@ def streamindex_topk_ref(
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
-  TopkCall(k, compression_ratio, causal_rule=causal_rule,
-           topk_method=topk_method, decode_q_len=decode_q_len)  # the call's static rules, checked once
+  TopkCall(k, compression_ratio, causal_rule=causal_rule,  # the call's
+           topk_method=topk_method,  # static rules, checked once
+           decode_q_len=decode_q_len)
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,

@@ -352,8 +352,8 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
   i32[S]): slot j gets sequence order[j]'s length and page-table row, and
   q_rows[j] = cu_q_lens[order[j]], the first query row it reads. cu_q_lens
   itself is not permuted: it still gives each slot's query count
-  (decode_q_len in the decode range) and the row its scores are written to (slot j's own row),
-  so the decode launches' score rows are in slot order.
+  (decode_q_len in the decode range) and the rows its scores are written
+  to (slot j's own), so the decode launches' score rows are in slot order.
   """
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
