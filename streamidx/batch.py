@@ -6,8 +6,9 @@ the new ones included). Query tokens are concatenated in sequence order:
 sequence b owns token rows `cu_q_lens[b] : cu_q_lens[b + 1]`, and its i-th
 query sits at absolute position `p = seq_len - q_len + i`.
 
-`distribution = (i, j, n)`: sequences [0, i) are decode-only (q_len 1),
-[i, j) chunked-prefill-only, [j, n) mixed; n is the number of sequences.
+`distribution = (i, j, n)`: sequences [0, i) are decode-only (q_len
+`decode_q_len`: 1, or gamma + 1 under speculative decoding), [i, j)
+chunked-prefill-only, [j, n) mixed; n is the number of sequences.
 The kernel launches one batched decode program per `decode_req_batch_size`
 decode sequences, one single-sequence program for each remaining decode
 sequence, and one program per prefill or mixed sequence.
@@ -57,6 +58,8 @@ class RaggedBatch:
     compression_ratio: tokens per compressed entry.
     num_tokens: rows of q (>= cu_q_lens[num_seqs]; the rest is padding).
     total_num_pages: physical pages in the cache.
+    decode_q_len: query rows of each decode sequence (the kernels'
+      `decode_q_len`, which `streamidx.VARIANTS[...].run` passes on).
   """
 
   q_lens: np.ndarray
@@ -68,6 +71,7 @@ class RaggedBatch:
   compression_ratio: int
   num_tokens: int
   total_num_pages: int
+  decode_q_len: int = 1
 
   @property
   def num_seqs(self) -> int:
@@ -143,6 +147,7 @@ def make_batch(
     extra_pages: int = 0,
     total_num_pages: int | None = None,
     seed: int = 0,
+    decode_q_len: int = 1,
 ) -> RaggedBatch:
   """Builds a ragged paged batch from (q_len, seq_len) pairs.
 
@@ -150,8 +155,8 @@ def make_batch(
     pairs: one (q_len, seq_len) per sequence, in kernel order.
     page_size: entries per page.
     compression_ratio: tokens per compressed entry.
-    distribution: (i, j, n); default: the leading q_len == 1 sequences are
-      decode, the rest mixed (i, i, n).
+    distribution: (i, j, n); default: the leading q_len == decode_q_len
+      sequences are decode, the rest mixed (i, i, n).
     allocation: how physical pages are handed out. "contiguous": sequence
       after sequence, in order; "shuffled": the same pages in a random order;
       "fragmented": a random subset of a pool twice as large, so free pages
@@ -165,6 +170,8 @@ def make_batch(
       what the allocation needs); fixes the cache shape across batches, so
       that one compiled kernel serves them all.
     seed: for "shuffled" and "fragmented".
+    decode_q_len: query rows of every decode sequence (1, or gamma + 1);
+      the decode range [0, i) must have exactly that many each.
   """
   q_lens = np.array([p[0] for p in pairs], np.int64).reshape(-1)
   seq_lens = np.array([p[1] for p in pairs], np.int64).reshape(-1)
@@ -183,12 +190,15 @@ def make_batch(
                      f"({n}) (and must be >= 1)")
   if distribution is None:
     i = 0
-    while i < n and q_lens[i] == 1:
+    while i < n and q_lens[i] == decode_q_len:
       i += 1
     distribution = (i, i, n)
   distribution = np.asarray(distribution, np.int32)
   if distribution.shape != (3,) or distribution[2] != n:
     raise ValueError(f"distribution must be (i, j, {n}), got {distribution}")
+  if np.any(q_lens[:distribution[0]] != decode_q_len):
+    raise ValueError(f"decode sequences [0, {distribution[0]}) must have "
+                     f"q_len == decode_q_len ({decode_q_len})")
 
   entries = seq_lens // compression_ratio
   need = -(-entries // page_size)
@@ -231,7 +241,8 @@ def make_batch(
     raise ValueError(f"num_tokens ({num_tokens}) < query tokens ({total_q})")
   return RaggedBatch(q_lens.astype(np.int32), seq_lens_full, cu,
                      distribution, table.reshape(-1), page_size,
-                     compression_ratio, num_tokens, total_num_pages)
+                     compression_ratio, num_tokens, total_num_pages,
+                     int(decode_q_len))
 
 
 def make_mixed_batch(
@@ -239,16 +250,21 @@ def make_mixed_batch(
     decode: Sequence[int] = (),
     prefill: Sequence[tuple[int, int]] = (),
     mixed: Sequence[tuple[int, int]] = (),
+    decode_q_len: int = 1,
     **kwargs,
 ) -> RaggedBatch:
   """A batch from its three ranges: decode seq_lens, prefill and mixed pairs.
 
-  Keyword arguments are those of `make_batch` (page_size, ...).
+  Each decode sequence gets `decode_q_len` query rows (gamma + 1 under
+  speculative decoding; its seq_len must be at least that). Keyword
+  arguments are those of `make_batch` (page_size, ...).
   """
-  pairs = [(1, s) for s in decode] + list(prefill) + list(mixed)
+  pairs = ([(decode_q_len, s) for s in decode] + list(prefill)
+           + list(mixed))
   i = len(decode)
   j = i + len(prefill)
-  return make_batch(pairs, distribution=(i, j, len(pairs)), **kwargs)
+  return make_batch(pairs, distribution=(i, j, len(pairs)),
+                    decode_q_len=decode_q_len, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -11,7 +11,9 @@ none is, the `heuristic` row for that page size is built (and says so).
 
 Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"), variant (a name
        of `streamidx.VARIANTS` or "*"), cache_format ("fp8", "bf16", ...
-       or "*"), num_heads and page_size (ints or None for any).
+       or "*"), num_heads and page_size (ints or None for any), and
+       decode_q_len (the call's, 1 or gamma + 1; None for any: a row
+       without it serves every decode_q_len unless a keyed row matches).
 Sizes: num_kv_pages_per_block, num_queries_per_block (an int or a
        (decode, prefill, mixed) triple, as the kernels take them),
        decode_req_batch_size (token mode) and vmem_limit_bytes (None: the
@@ -42,16 +44,19 @@ class BlockSizes:
   decode_req_batch_size: int | None = None
   vmem_limit_bytes: int | None = None
   source: str = ""
+  decode_q_len: int | None = None
 
   @property
   def specificity(self) -> int:
     keys = (self.generation, self.variant, self.cache_format)
     return (sum(k != WILDCARD for k in keys)
-            + (self.num_heads is not None) + (self.page_size is not None))
+            + (self.num_heads is not None) + (self.page_size is not None)
+            + (self.decode_q_len is not None))
 
   def matches(self, *, generation, variant, cache_format, num_heads,
-              page_size) -> bool:
+              page_size, decode_q_len=1) -> bool:
     return ((self.generation in (WILDCARD, generation))
+            and self.decode_q_len in (None, decode_q_len)
             and self.variant in (WILDCARD, variant)
             and self.cache_format in (WILDCARD, cache_format)
             and self.num_heads in (None, num_heads)
@@ -109,6 +114,28 @@ _DENSE_PAGE_GLM = (
     "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
     "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
+# Speculative decoding, 2 query rows per decode sequence (M17): the decode
+# KV block from the static schedule of the batched MTP decode launch (FP8 /
+# dense FP8, 64 heads, 128-entry pages, B = 4, libtpu 0.0.42.1): bundles per
+# page (one sequence's page, both rows) at 2/3/4/8 pages (dense: 3/4).
+_MTP2 = {"v4": ("570/553/546/538", "346/333"),
+         "v5e": ("146/137/127/127", "99/86"),
+         "v5p": ("145/131/126/126", "93/86"),
+         "v6e": ("81/78/67/63", "70/57"), "v7x": ("67/63/58/52", "60/53")}
+_MTP2_NOTE = " (8 saves at most 11% but pads up to 1023 entries a sequence)"
+_MTP2_ROWS = tuple(
+    BlockSizes(gen, v, fmt, 64, 128, num_kv_pages_per_block=(4,) + (
+        (4, 4) if v == "vendored" and gen in ("v5e", "v6e") else (2, 2)),
+               num_queries_per_block=(1, 128, 128), decode_req_batch_size=4,
+               decode_q_len=2, source=(
+        f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
+        f"--variant {v} --shape dsv4-mtp2-decode-4k --kv-pages "
+        f"{('2 3 4 8', '3 4')[i]}): {gen} batched MTP decode, {_MTP2[gen][i]}"
+        f" bundles per page at {('2/3/4/8', '3/4')[i]} pages; 4 taken"
+        f"{(_MTP2_NOTE, '')[i]}; prefill and mixed as the q_len-1 row"))
+    for i, (v, fmt) in enumerate((("vendored", WILDCARD),
+                                  ("dense", "dense_fp8"))) for gen in _MTP2)
+
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
                num_kv_pages_per_block=(3, 2, 2),
@@ -138,10 +165,12 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
+    *_MTP2_ROWS,
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
-STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE)
+STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE,
+                           *(r.source for r in _MTP2_ROWS))
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
 # the heuristic keeps them for other page sizes.
@@ -177,7 +206,8 @@ def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
 
 
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
-           page_size: int, generation: str | None = None) -> BlockSizes:
+           page_size: int, generation: str | None = None,
+           decode_q_len: int = 1) -> BlockSizes:
   """The table's block sizes for one kernel call; see the module docstring.
 
   Callers normally go through `streamidx.block_sizes(variant, ...)` (or
@@ -190,6 +220,7 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
     cache_format, num_heads, page_size: of the call's inputs.
     generation: the TPU generation ("v5e", ...); None matches only rows that
       hold for any generation.
+    decode_q_len: the call's query rows per decode sequence.
 
   Returns:
     The matching `BlockSizes`; `.kwargs()` gives the kernel arguments and
@@ -198,7 +229,7 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
   gen = WILDCARD if generation is None else generation
   found = [r for r in TABLE if r.matches(
       generation=gen, variant=variant, cache_format=cache_format,
-      num_heads=num_heads, page_size=page_size)]
+      num_heads=num_heads, page_size=page_size, decode_q_len=decode_q_len)]
   if not found:
     raise ValueError(f"variant: no block-size row for {variant!r} "
                      f"(cache_format={cache_format!r}, generation={generation!r})")

@@ -26,10 +26,12 @@ import jax
 
 from streamidx import modes, semantics, topk
 
-__all__ = ["TopkCall", "PageCall", "current_generation", "MODES"]
+__all__ = ["TopkCall", "PageCall", "current_generation", "MODES",
+           "MAX_DECODE_Q_LEN"]
 
 MODES = ("token", "page")
 _MIB = 1024 * 1024
+MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (its docstring says why)
 
 # Substrings of `device_kind` -> generation names of `streamidx.blocks`.
 _DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
@@ -65,6 +67,14 @@ class TopkCall:
   Fields are the drop-in keyword arguments (see `streamindex_topk`);
   num_kv_pages_per_block / num_queries_per_block are (decode, prefill,
   mixed) triples after construction, or None until `with_table_blocks`.
+
+  decode_q_len (DeepGEMM's and vLLM's `next_n`): query rows of every
+  sequence of the decode range [0, i), gamma + 1 with gamma speculative
+  draft tokens (1, the default: plain decode). Static: the batched decode
+  programs hold all of them in one query block (M17). At most
+  `MAX_DECODE_Q_LEN` = 8: peers stop at 6 (DeepGEMM on SM100), 8 f32 weight
+  rows fill the one VMEM tile a single row pads to, and a longer window is
+  a prefill chunk.
   """
 
   k: int
@@ -73,6 +83,7 @@ class TopkCall:
   num_queries_per_block: Any = None
   vmem_limit_bytes: int | None = semantics.DEFAULT_VMEM_LIMIT_BYTES
   decode_req_batch_size: int = 4
+  decode_q_len: int = 1
   causal_rule: str = semantics.DEFAULT_CAUSAL_RULE
   topk_method: str = topk.DEFAULT_TOPK_METHOD
   return_scores: bool = False
@@ -88,6 +99,11 @@ class TopkCall:
     _positive_int(self.k_name, self.k)
     _positive_int("compression_ratio", self.compression_ratio)
     _positive_int("decode_req_batch_size", self.decode_req_batch_size)
+    _positive_int("decode_q_len", self.decode_q_len)
+    if self.decode_q_len > MAX_DECODE_Q_LEN:
+      _fail("decode_q_len", f"must be in [1, {MAX_DECODE_Q_LEN}] (gamma + 1 "
+            "query rows per decode sequence; a longer window is a prefill "
+            "chunk)", self.decode_q_len)
     _positive_int("num_cores", self.num_cores)
     if self.vmem_limit_bytes is not None:
       _positive_int("vmem_limit_bytes", self.vmem_limit_bytes)
@@ -119,7 +135,8 @@ class TopkCall:
 
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,
                         num_heads=num_heads, page_size=page_size,
-                        generation=current_generation())
+                        generation=current_generation(),
+                        decode_q_len=self.decode_q_len)
     return dataclasses.replace(
         self, block_source=row.source,
         num_kv_pages_per_block=(self.num_kv_pages_per_block
@@ -171,6 +188,7 @@ class PageCall(TopkCall):
 
   def kwargs(self) -> dict:
     out = super().kwargs()
-    for name in ("decode_req_batch_size", "topk_method", "sort_decode"):
+    for name in ("decode_req_batch_size", "decode_q_len", "topk_method",
+                 "sort_decode"):
       del out[name]
     return out

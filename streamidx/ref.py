@@ -4,7 +4,7 @@ Each function takes its kernel's arguments, so either can stand in for the
 other (`streamindex_topk_ref` <-> `streamidx.streamindex_topk`; the dense
 entry points' twins are their variants' `reference`); the schedule
 arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
-`sort_decode`, `num_cores`) are accepted and ignored, `topk_method` checked
+`decode_q_len`, `sort_decode`, `num_cores`) are accepted and ignored, `topk_method` checked
 and ignored (the reference selects exactly). `cache_kv`: any packed cache,
 the float32 one (the exact baseline), or the dense FP8 pair `(cache_values,
 cache_scales)`. Row t (sequence b, absolute position p) scores entry s as
@@ -280,6 +280,7 @@ def streamindex_topk_ref(
     sort_decode=TopkCall.sort_decode,
     chunk_entries: int | None = None,
     chunk_tokens: int | None = None,
+    decode_q_len=TopkCall.decode_q_len,
 ):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
@@ -293,7 +294,8 @@ def streamindex_topk_ref(
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
   _check_chunks(chunk_entries, chunk_tokens)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
-           topk_method=topk_method)  # the call's static rules, checked once
+           topk_method=topk_method,
+           decode_q_len=decode_q_len)  # the call's static rules, checked once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,

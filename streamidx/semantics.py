@@ -105,24 +105,27 @@ class TokenLaunch:
   start: Any  # the sequences [start, end) (ints, or traced int32)
   end: Any
   seq_batch_size: int  # sequences per program
-  static_q_len: int | None  # 1 for the decode launches; None: from cu_q_lens
+  static_q_len: int | None  # decode launches: decode_q_len; None: from cu_q_lens
   block_case: int  # index into the per-case block sizes (0, 1, 2)
 
   def bq_sz(self, num_queries_per_block: int) -> int:
-    """Query rows per block: capped at static_q_len where q_len is static."""
+    """Query rows per block: static_q_len where q_len is static (M17: all
+    rows of a decode sequence in one block, whatever num_queries_per_block,
+    so a batch's score rows are one contiguous range)."""
     if self.static_q_len is None:
       return num_queries_per_block
-    return min(num_queries_per_block, self.static_q_len)
+    return self.static_q_len
 
 
-def token_launches(distribution, decode_req_batch_size: int
-                   ) -> tuple[TokenLaunch, ...]:
+def token_launches(distribution, decode_req_batch_size: int,
+                   decode_q_len: int = 1) -> tuple[TokenLaunch, ...]:
   """The four launches `streamindex_topk` makes, in its order.
 
-  With distribution (i, j, n) and d = decode_req_batch_size:
+  With distribution (i, j, n), d = decode_req_batch_size and Q =
+  decode_q_len (1, or gamma + 1 under speculative decoding):
 
-    1. decode:       [0, i // d * d), d sequences per program, q_len 1;
-    2. decode_rest:  [i // d * d, i), one sequence per program, q_len 1;
+    1. decode:       [0, i // d * d), d sequences per program, q_len Q;
+    2. decode_rest:  [i // d * d, i), one sequence per program, q_len Q;
     3. prefill:      [i, j), one per program, dynamic q_len, prefill blocks
                      (local modification M4: the seed sent these to decode);
     4. mixed:        [j, n), one per program, dynamic q_len.
@@ -133,8 +136,8 @@ def token_launches(distribution, decode_req_batch_size: int
   d = decode_req_batch_size
   decode_end = i // d * d
   return (
-      TokenLaunch("decode", 0, decode_end, d, 1, 0),
-      TokenLaunch("decode_rest", decode_end, i, 1, 1, 0),
+      TokenLaunch("decode", 0, decode_end, d, decode_q_len, 0),
+      TokenLaunch("decode_rest", decode_end, i, 1, decode_q_len, 0),
       TokenLaunch("prefill", i, j, 1, None, 1),
       TokenLaunch("mixed", j, n, 1, None, 2),
   )
@@ -271,17 +274,20 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
   """The kernel's metadata in slot order: (seq_lens i32[S], page_indices
   i32[S * pages_per_seq], q_rows i32[S]), slot j getting sequence order[j]'s
   length, page-table row and first query row. cu_q_lens is not permuted: it
-  still gives each slot's query count (1) and score row (slot j's own)."""
+  still gives each slot's query count (decode_q_len
+  in the decode range) and score row (slot j's own)."""
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
   table = page_indices.reshape(max_num_seqs, pages_per_seq)
   return (seq_lens[order], table[order].reshape(-1), cu_q_lens[:-1][order])
 
 
-def restore_decode_rows(rows, order):
+def restore_decode_rows(rows, order, decode_q_len: int = 1):
   """`rows` (i32[T, k], slot order) in the caller's order: decode sequence b
-  owns token row b, so row order[j] gets slot j's row (the identity past
-  the decode range)."""
-  m = min(rows.shape[0], order.shape[0])
+  owns token rows [Q b, Q b + Q) (Q = decode_q_len), so rows [Q order[j],
+  ...) get slot j's rows (the identity past the decode range)."""
+  q = int(decode_q_len)
+  m = min(rows.shape[0] // q, order.shape[0])
   inverse = jnp.argsort(order)[:m]
-  return rows.at[:m].set(rows[inverse])
+  src = (inverse[:, None] * q + jnp.arange(q)[None, :]).reshape(-1)
+  return rows.at[:m * q].set(rows[src])

@@ -339,8 +339,10 @@ VALUE_RULES: dict[str, ValueRule] = {
         "its seq_len: its queries are its last q_len tokens",
         "sequence {b}: q_len {q} > seq_len {s}"),
     "decode_q_len": ValueRule(
-        "distribution",
-        "the decode range [0, i) must hold only sequences with q_len == 1",
+        "cu_q_lens / distribution",
+        "every sequence of the decode range [0, i) must have exactly "
+        "decode_q_len = {dq} query rows (cu_q_lens[b + 1] - cu_q_lens[b]; "
+        "decode_q_len > 1 is gamma + 1 under speculative decoding)",
         "i = {i}, sequence {b} has q_len {q}"),
     "page_table_columns": ValueRule(
         "page_indices",
@@ -472,7 +474,8 @@ def _log2_report(x):
 
 
 def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                 cu_q_lens, count, *, compression_ratio: int, page_mode: bool):
+                 cu_q_lens, count, *, compression_ratio: int, page_mode: bool,
+                 decode_q_len: int = 1):
   """The mode's value rules, traceable: {rule id: (ok bool[], {placeholder:
   i32[]})}. count: `distribution` i32[3] (token) or `num_seqs` i32[] (page)."""
   i32 = lambda x: jnp.asarray(x, jnp.int32)
@@ -516,8 +519,9 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   ok, b = _first(live_seq & (q_lens > seq_lens))
   out["q_len_le_seq_len"] = (~ok, dict(b=b, q=q_lens[b], s=seq_lens[b]))
   if not page_mode:
-    ok, b = _first((seq_ids < num_decode) & (q_lens != 1))
-    out["decode_q_len"] = (~ok, dict(i=num_decode, b=b, q=q_lens[b]))
+    ok, b = _first((seq_ids < num_decode) & (q_lens != decode_q_len))
+    out["decode_q_len"] = (~ok, dict(i=num_decode, b=b, q=q_lens[b],
+                                     dq=i32(decode_q_len)))
 
   entries = jnp.maximum(seq_lens, 0) // compression_ratio
   # ceil(entries / page_size) without (entries + page_size - 1), which
@@ -590,7 +594,8 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
 
 
 _evaluate_value_rules = jax.jit(
-    _value_rules, static_argnames=("compression_ratio", "page_mode"))
+    _value_rules, static_argnames=("compression_ratio", "page_mode",
+                                   "decode_q_len"))
 
 
 def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
@@ -601,7 +606,7 @@ def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
   page_mode = call.mode == "page"
   results = evaluate(q, indexer_weights, cache, seq_lens, page_indices,
                      cu_q_lens, last, compression_ratio=call.compression_ratio,
-                     page_mode=page_mode)
+                     page_mode=page_mode, decode_q_len=call.decode_q_len)
   return results, PAGE_TOPK_VALUE_RULES if page_mode else TOPK_VALUE_RULES
 
 

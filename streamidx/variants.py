@@ -113,11 +113,13 @@ class Variant:
             seq_lens, page_indices, cu_q_lens, last)
 
   def block_sizes(self, *, cache_format: str, num_heads: int, page_size: int,
-                  generation: str | None = None) -> blocks_lib.BlockSizes:
+                  generation: str | None = None,
+                  decode_q_len: int = 1) -> blocks_lib.BlockSizes:
     """The block-size table's row for this variant and these inputs."""
     return blocks_lib.lookup(self.name, mode=self.mode,
                              cache_format=cache_format, num_heads=num_heads,
-                             page_size=page_size, generation=generation)
+                             page_size=page_size, generation=generation,
+                             decode_q_len=decode_q_len)
 
   def static(self, inputs=None, *, k: int, compression_ratio: int,
              fmt: str | None = None, generation: str | None = None,
@@ -132,11 +134,16 @@ class Variant:
           f"{self.topk_methods or 'no topk_method'} "
           f"(got {overrides['topk_method']!r})")
     out = {self.k_name: k, "compression_ratio": compression_ratio}
+    dq = (inputs.batch.decode_q_len if inputs is not None
+          and self.mode == "token" else 1)
+    if dq != 1:  # M17: the batch's decode rows per sequence (else the default)
+      out["decode_q_len"] = dq
     if inputs is not None:
       row = self.block_sizes(
           cache_format=fmt or self.cache_formats[0],
           num_heads=int(inputs.q.shape[1]),
-          page_size=int(inputs.batch.page_size), generation=generation)
+          page_size=int(inputs.batch.page_size), generation=generation,
+          decode_q_len=dq)
       out.update(row.kwargs())
     out.update(overrides)
     return out
@@ -218,9 +225,10 @@ def get(name) -> Variant:
 
 
 def block_sizes(variant: str, *, cache_format: str, num_heads: int,
-                page_size: int, generation: str | None = None
-                ) -> blocks_lib.BlockSizes:
+                page_size: int, generation: str | None = None,
+                decode_q_len: int = 1) -> blocks_lib.BlockSizes:
   """The block-size table's row for `variant` (see `streamidx.blocks`)."""
   return get(variant).block_sizes(cache_format=cache_format,
                                   num_heads=num_heads, page_size=page_size,
-                                  generation=generation)
+                                  generation=generation,
+                                  decode_q_len=decode_q_len)

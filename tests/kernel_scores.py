@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import streamidx as si
@@ -126,11 +127,9 @@ def _caller_row_order(scores, args, kwargs, cache_args):
       np.asarray(seq_lens), int(np.asarray(distribution)[0]),
       compression_ratio=kwargs["compression_ratio"], bkv_sz=bkv_p * page_size,
       decode_req_batch_size=d)
-  order = np.asarray(order)
-  m = min(scores.shape[0], order.shape[0])
-  out = scores.copy()
-  out[order[:m]] = scores[:m]  # slot j holds sequence order[j]'s row
-  return out
+  # slot j holds sequence order[j]'s decode_q_len rows
+  return np.asarray(semantics.restore_decode_rows(
+      jnp.asarray(scores), order, kwargs.get("decode_q_len", 1)))
 
 
 def assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores, *,

@@ -452,3 +452,22 @@ def test_a_process_that_loaded_libtpu_stays_quiet_on_sigterm():
                        text=True, timeout=120, check=False)
   assert out.returncode == -15, (out.returncode, out.stderr)
   assert out.stderr == "", out.stderr
+
+
+@needs_libtpu
+def test_speculative_decode_shape_traces_batched_mtp_launches():
+  """The compile matrix's MTP shape (M17: 64 sequences x 2 query rows)
+  traces a batched decode launch of bq 2 (B = 4) beside the mixed launch
+  that served such batches before, at the table's rows (traced, not
+  compiled: `python -m streamidx.aot --quick --shapes dsv4-mtp2-decode-4k`
+  compiles them)."""
+  mtp = aot.SHAPES_BY_NAME["dsv4-mtp2-decode-4k"]
+  assert (mtp.num_tokens, mtp.max_num_seqs, mtp.decode_q_len) == (128, 64, 2)
+  rows = aot.matrix(quick=True, shapes=[mtp.name], variants=["vendored"])
+  assert {r.generation for r in rows} == set(aot.GENERATIONS)
+  with si.compile_for("v7x") as target:
+    blocks = aot.table_blocks("vendored", mtp, "fp8", "v7x")
+    names = [n for n, _ in aot.launch_calls("vendored", mtp, "fp8", blocks,
+                                            target)]
+  assert names == ["StreamIdxTC-d-bq_2-bkvp_4", "StreamIdxTC-d-bq_2-bkvp_4",
+                   "StreamIdxTC-p-bq_128-bkvp_2", "StreamIdxTC-m-bq_128-bkvp_2"]

@@ -51,6 +51,35 @@ def _in_ci(case) -> bool:
 @pytest.mark.parametrize("case", tiers.split(TEST_CASES, _in_ci,
                                              ids=lambda c: c.name))
 def test_variant_matches_reference(case):
+  _assert_case_matches_reference(case)
+
+
+# Speculative decoding (M17): gamma + 1 in {2, 3, 4} rows per decode
+# sequence, every token variant and format. CI: the dense kernel at 4 rows
+# (the vendored FP8 kernel at 2 rows runs under the race detector in
+# test_races.py); the rest is the full tier.
+@pytest.mark.parametrize("case", tiers.split(
+    cases.mtp_cases(), lambda c: c.name.startswith("dense/mtp4"),
+    ids=lambda c: c.name))
+def test_speculative_decode_matches_reference(case):
+  b = case.batch()
+  assert (b.q_lens[:b.distribution[0]] == b.decode_q_len).all()
+  assert "decode[4] x1" in case.launches(b)  # batched MTP programs
+  _assert_case_matches_reference(case)
+
+
+# DeepSeek-V4-Flash's k = 512 (CI), V4-Pro's 1024 and V3.2's 2048 (full
+# tier) at 64 heads x 128 dims, ratio 4, 128-entry pages.
+@pytest.mark.parametrize("case", tiers.first(cases.production_cases(),
+                                             ids=lambda c: c.name))
+def test_production_topk_sizes_match_reference(case):
+  b = case.batch()
+  v = case.visible(b)[b.token_seq_ids() >= 0]
+  assert (v > case.k).any() and (v < case.k).any()
+  _assert_case_matches_reference(case)
+
+
+def _assert_case_matches_reference(case):
   out = cases.case_outputs(case)
   assert out.got.shape == (NUM_TOKENS, case.k) and out.got.dtype == np.int32
   metrics.assert_topk_match(out.got, out.want, out.scores, label=case.name,

@@ -98,6 +98,43 @@ def topk_inputs(fmt):
   return si.make_inputs(b, num_heads=4, fmt=fmt, seed=5), kw
 
 
+def mtp_inputs(variant, fmt, q_len):
+  """Speculative decoding (M17): 7 decode sequences of q_len rows (an empty
+  one, several shorter than a KV block; decode_req_batch_size 2: three
+  batched programs and a remainder), a prefill and a mixed sequence."""
+  b = si.make_mixed_batch(decode=[q_len, 37, 64, 100, 20, 9, 300],
+                          prefill=[(13, 50)], mixed=[(1, 90)],
+                          decode_q_len=q_len, page_size=16,
+                          compression_ratio=4, allocation="fragmented",
+                          max_num_seqs=10, num_tokens=48, seed=4)
+  kw = dict(k=12, compression_ratio=4, num_kv_pages_per_block=8,
+            num_queries_per_block=(1, 8, 8), decode_req_batch_size=2,
+            decode_q_len=q_len)
+  return si.make_inputs(b, num_heads=4, fmt=fmt, seed=6), kw
+
+
+# CI: gamma + 1 = 2 on the vendored FP8 kernel; 3 and 4 rows and the dense
+# kernel in the full tier.
+@pytest.mark.parametrize("variant,fmt,q_len", tiers.first(
+    [("vendored", "fp8", 2), ("vendored", "bf16", 3), ("dense", "dense_fp8", 2),
+     ("dense", "dense_fp8", 4), ("vendored", "fp8", 4)],
+    ids=lambda v: f"{v[0]}-{v[1]}-q{v[2]}"))
+def test_speculative_decode_has_no_race_and_no_poisoned_score(
+    variant, fmt, q_len, race_log, capsys):
+  inp, kw = mtp_inputs(variant, fmt, q_len)
+  v = si.VARIANTS[variant]
+  with si.interpreter(detect_races=True, uninitialized_memory="nan"):
+    idx, scores = KernelWithScores("token", dense=variant == "dense")(
+        *v.args(inp), **kw)
+  assert len(race_log) == 4
+  assert [s.races_found for s in race_log] == [False] * 4
+  assert RACE_MARK not in capsys.readouterr().out
+  assert_kernel_matches_reference(
+      idx, scores, v.reference(*v.args(inp), **kw),
+      v.scores(inp, compression_ratio=4),
+      score_bound=metrics.summation_error_bound(inp, compression_ratio=4))
+
+
 def page_inputs(fmt):
   b = si.make_batch([(3, 40), (1, 17), (12, 30), (0, 3), (5, 64)],
                     page_size=16, compression_ratio=1, allocation="shuffled",

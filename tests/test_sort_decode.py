@@ -18,6 +18,7 @@ import functools
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -190,3 +191,29 @@ def test_a_batch_of_no_sequences_launches_nothing(variant):
   assert t["launches"] == 0 and (np.asarray(got) == -1).all()
   got, t = _recorded(page, *page_args, k_pages=2, num_queries_per_block=8)
   assert t["launches"] == 0 and (np.asarray(got) == -1).all()
+
+
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+def test_decode_order_moves_whole_draft_windows(q_len):
+  """Speculative decoding (M17): slot j reads sequence order[j]'s q_len rows
+  from q_rows[j] and writes them to its own rows [q_len j, q_len j + q_len);
+  `restore_decode_rows` gives every row back to its sequence."""
+  b = si.make_mixed_batch(decode=[900, 40, 600, 7, 300], mixed=[(3, 50)],
+                          decode_q_len=q_len, page_size=16,
+                          compression_ratio=4)
+  order, given, best = semantics.decode_order(
+      b.seq_lens, int(b.distribution[0]), compression_ratio=4, bkv_sz=128,
+      decode_req_batch_size=2)
+  assert int(best) < int(given)
+  order = np.asarray(order)
+  _, _, q_rows = semantics.apply_decode_order(
+      order, jnp.asarray(b.seq_lens), jnp.asarray(b.page_indices),
+      jnp.asarray(b.cu_q_lens))
+  np.testing.assert_array_equal(q_rows, b.cu_q_lens[:-1][order])
+  owner = b.token_seq_ids()  # row -> sequence, in the caller's order
+  slot_rows = np.concatenate([
+      owner[q_rows[j]:q_rows[j] + b.q_lens[order[j]]]
+      for j in range(int(b.distribution[0]))] + [owner[5 * q_len:]])
+  restored = semantics.restore_decode_rows(
+      jnp.asarray(slot_rows)[:, None], jnp.asarray(order), q_len)
+  np.testing.assert_array_equal(np.asarray(restored)[:, 0], owner)

@@ -26,6 +26,8 @@ import pytest
 import streamidx as si
 from streamidx import metrics
 from streamidx.lab.model import tiling, timeline
+
+import tiers
 from streamidx.lab.studies import cases
 
 # ---------------------------------------------------------------------------
@@ -194,6 +196,32 @@ def test_dma_sequence_equals_interpreted_kernel_run_token_mode():
     starts = sum(e[5] for e in got if e[1:3] == ("start", kind))
     waits = sum(e[5] for e in got if e[1:3] == ("wait", kind))
     assert starts == waits, kind
+
+
+@tiers.FULL
+def test_dma_sequence_equals_interpreted_kernel_run_speculative_decode():
+  """Speculative decoding (M17), 3 rows per decode sequence: batched decode
+  programs hold 2 x 3 rows, one DMA of 6 score rows per KV block."""
+  b = si.make_mixed_batch(decode=[37, 900, 64, 3, 300], prefill=[(9, 200)],
+                          mixed=[(1, 90)], decode_q_len=3, page_size=16,
+                          compression_ratio=4, allocation="fragmented",
+                          seed=5)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=2)
+  kw = dict(KW, decode_q_len=3)
+  with timeline.record() as rec:
+    got = jax.block_until_ready(si.streamindex_topk(*inp.args, **kw))
+  metrics.assert_topk_match(got, si.streamindex_topk_ref(*inp.args, **kw),
+                            si.token_scores(*inp.args, compression_ratio=4))
+  p = tiling.plan(b, fmt="fp8", num_heads=4,
+                  num_kv_pages_per_block=KW["num_kv_pages_per_block"],
+                  num_queries_per_block=KW["num_queries_per_block"],
+                  decode_req_batch_size=2)
+  assert [(l.grid, l.bq_sz) for l in p.launches[:2]] == [(2, 3), (1, 3)]
+  want = [e.key() for e in tiling.expected_dma_events(p)]
+  got = [e.key() for e in rec.dma_events()]
+  assert got == want
+  outs = [e for e in got if e[1:3] == ("start", "out") and e[0] == 0]
+  assert outs and all(e[5] == 6 * 128 * 4 for e in outs)  # 6 rows x 128 f32
 
 
 def test_dma_sequence_equals_interpreted_kernel_run_page_mode():
@@ -487,3 +515,25 @@ def test_grid_points_match_the_interpreted_kernels():
                     **{k: v for k, v in kw.items()
                        if k not in ("k", "compression_ratio")})
     assert recorded == p.grid_points(), distribution
+
+
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_vmem_model_equals_kernel_scratch_shapes_speculative_decode(q_len):
+  """M17: the decode launches hold all q_len rows of each of their B
+  sequences (bq = q_len); the model's scratch is the kernel's (traced at
+  DeepSeek-V4 sizes, nothing runs)."""
+  b = si.make_mixed_batch(decode=[131072] * 6, mixed=[(1, 700)],
+                          decode_q_len=q_len, page_size=128,
+                          compression_ratio=4)
+  blocks = _blocks(b, "fp8", 64)
+  declared = tiling.kernel_scratch(
+      _shapes(b, "fp8", 64, "bfloat16"), k=512, compression_ratio=4,
+      decode_req_batch_size=4, decode_q_len=q_len, **blocks)
+  p = tiling.plan(b, fmt="fp8", num_heads=64, decode_req_batch_size=4,
+                  **blocks)
+  assert [(l.grid, l.bq_sz, l.seq_batch_size) for l in p.launches[:2]] == [
+      (1, q_len, 4), (2, q_len, 1)]
+  for d, launch in zip(declared, p.launches):
+    assert d["scratch"] == [(s, dt) for _, s, dt in launch.scratch]
+  assert {n: s for n, s, _ in p.launches[0].scratch}["bq_x2"] == (
+      2, 4, q_len, 64, 128)

@@ -520,8 +520,11 @@ TOKEN_VALUE = [
               put("distribution", [0, 4, 5])),
     ValueCase("prefill_sequence_in_decode_range", "decode_q_len",
               put("distribution", [4, 4, 5]),
-              "distribution: the decode range [0, i) must hold only sequences "
-              "with q_len == 1 (got i = 4, sequence 3 has q_len 7)",
+              "cu_q_lens / distribution: every sequence of the decode range "
+              "[0, i) must have exactly decode_q_len = 1 query rows "
+              "(cu_q_lens[b + 1] - cu_q_lens[b]; decode_q_len > 1 is gamma "
+              "+ 1 under speculative decoding) (got i = 4, sequence 3 has "
+              "q_len 7)",
               put("distribution", [3, 3, 5])),
     ValueCase("cu_q_lens_not_from_0", "cu_q_lens_start",
               put("cu_q_lens", [1, 2, 3, 4, 11, 31, 31]),
@@ -804,3 +807,39 @@ def test_kernel_silently_clamps_a_page_past_the_cache():
                                 si.streamindex_topk(*last, **TOKEN_KW))
   with pytest.raises(ValueError, match=r"got page_indices\[12\] = 46\)$"):
     si.validate_topk_inputs(*past, **TOKEN_KW)
+
+
+# --- speculative decoding (M17) ----------------------------------------------
+
+MTP_BATCH = si.make_mixed_batch(decode=[40, 9, 100], mixed=[(1, 30)],
+                                decode_q_len=2, page_size=16,
+                                compression_ratio=4)
+MTP = si.make_inputs(MTP_BATCH, num_heads=4, fmt="fp8", seed=3)
+
+
+@pytest.mark.parametrize("bad", [0, 9, True, 2.0])
+def test_decode_q_len_is_a_small_positive_int(bad, no_kernel_built):
+  with pytest.raises(ValueError, match=r"^decode_q_len: must be "):
+    si.streamindex_topk.call(*MTP.args, **{**TOKEN_KW, "decode_q_len": bad})
+
+
+def test_decode_range_must_have_decode_q_len_rows_each():
+  """One rule, eager and under checkify: a batch of 2-row decode sequences
+  declared as decode_q_len 1 (or 3) is refused, naming cu_q_lens and the
+  rule; declared as 2 it passes."""
+  si.streamindex_topk.validate(*MTP.args, **TOKEN_KW, decode_q_len=2)
+  want = ("cu_q_lens / distribution: every sequence of the decode range "
+          "[0, i) must have exactly decode_q_len = {} query rows")
+  for declared in (1, 3):
+    with pytest.raises(ValueError, match=re.escape(want.format(declared))
+                       + r".*\(got i = 3, sequence 0 has q_len 2\)"):
+      si.streamindex_topk.validate(*MTP.args, **TOKEN_KW,
+                                   decode_q_len=declared)
+    call = si.TopkCall(k=8, compression_ratio=4, decode_q_len=declared)
+    f = functools.partial(validate.check_inputs, call=call)
+    err, ok = jax.jit(checkify.checkify(f, errors=checkify.user_checks))(
+        *MTP.args)
+    assert not ok and err.get().startswith(want.format(declared))
+  with pytest.raises(ValueError, match="must have q_len == decode_q_len"):
+    si.make_batch([(2, 9), (1, 8)], page_size=16, compression_ratio=4,
+                  distribution=(2, 2, 2), decode_q_len=2)

@@ -198,3 +198,26 @@ def test_wheel_ships_the_hardware_table(tmp_path):
                        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
                             "JAX_PLATFORMS": "cpu"})
   assert out.stdout.strip() == str(["v4", "v5e", "v5p", "v6e", "v7x"])
+
+
+@pytest.mark.parametrize("gen", ["v4", "v5e", "v5p", "v6e", "v7x"])
+def test_block_table_has_a_speculative_decode_row_per_generation(gen):
+  """decode_q_len = 2 (M17) at DeepSeek-V4's shape: a row keyed by it on
+  every generation, from the static schedule; the production top-k sizes
+  (k is no key) and other row counts keep the q_len-1 rows."""
+  for variant, fmt in (("vendored", "fp8"), ("dense", "dense_fp8")):
+    key = dict(cache_format=fmt, num_heads=64, page_size=128, generation=gen)
+    mtp = si.block_sizes(variant, **key, decode_q_len=2)
+    one = si.block_sizes(variant, **key)
+    assert mtp.decode_q_len == 2 and one.decode_q_len is None
+    assert mtp.source in blocks.STATIC_SCHEDULE_SOURCES
+    assert mtp.source.startswith("static schedule (no TPU timing")
+    assert mtp.num_kv_pages_per_block[1:] == one.num_kv_pages_per_block[1:]
+    assert si.block_sizes(variant, **key, decode_q_len=3) == one
+  call = si.TopkCall(k=512, compression_ratio=4, decode_q_len=2)
+  with si.compile_for(gen):
+    got = call.with_table_blocks("vendored", cache_format="fp8",
+                                 num_heads=64, page_size=128)
+  assert got.block_source == si.block_sizes(
+      "vendored", cache_format="fp8", num_heads=64, page_size=128,
+      generation=gen, decode_q_len=2).source

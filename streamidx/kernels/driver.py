@@ -101,8 +101,8 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
       lens, pages, q_rows = semantics.apply_decode_order(
           order, seq_lens, page_indices, cu_q_lens)
       prefetch = (lens, pages, cu_q_lens, q_rows)
-    for launch in semantics.token_launches(distribution,
-                                           call.decode_req_batch_size):
+    for launch in semantics.token_launches(
+        distribution, call.decode_req_batch_size, call.decode_q_len):
       c = launch.block_case
       runs.append((launch.start, launch.end, functools.partial(
           pallas, seq_batch_size=launch.seq_batch_size,
@@ -153,9 +153,10 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
     idx = topk.select_topk(scores, call.k, call.topk_method)[:, :call.k]
   top_scores = topk.scores_at(scores, idx) if call.return_scores else None
   if order is not None:  # M13: the caller's row order
-    idx = semantics.restore_decode_rows(idx, order)
+    idx = semantics.restore_decode_rows(idx, order, call.decode_q_len)
     if call.return_scores:
-      top_scores = semantics.restore_decode_rows(top_scores, order)
+      top_scores = semantics.restore_decode_rows(top_scores, order,
+                                                 call.decode_q_len)
   return (idx, top_scores) if call.return_scores else idx
 
 

@@ -69,7 +69,8 @@ def streamindex_topk(
     num_queries_per_block=None, vmem_limit_bytes=T.vmem_limit_bytes,
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
     topk_method=T.topk_method, return_scores=T.return_scores,
-    sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches):
+    sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches,
+    decode_q_len=T.decode_q_len):
   """StreamIndex Top-K retrieval.
 
   Args:
@@ -111,6 +112,11 @@ def streamindex_topk(
       order either way. False: the given order.
     skip_empty_launches: streamidx (M14). True (default): a launch whose
       range is empty is not made (`lax.cond`).
+    decode_q_len: streamidx (M17), `next_n` in DeepGEMM and vLLM. Query
+      rows of every decode sequence [0, i): 1 (default), or gamma + 1 with
+      gamma speculative draft tokens (at most `streamidx.call.
+      MAX_DECODE_Q_LEN`); the decode launches then batch
+      decode_req_batch_size such sequences per program.
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
@@ -155,7 +161,7 @@ def streamindex_topk_dense(
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
     topk_method=T.topk_method, return_scores=T.return_scores,
     sort_decode=T.sort_decode, num_cores=T.num_cores,
-    skip_empty_launches=T.skip_empty_launches):
+    skip_empty_launches=T.skip_empty_launches, decode_q_len=T.decode_q_len):
   """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
 
   Arguments and result as `streamidx.streamindex_topk`, with the dense FP8

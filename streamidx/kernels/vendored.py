@@ -405,6 +405,10 @@ def _scores_kernel(
       assert seq_batch_size == 1
       num_bq = jnp.maximum(1, cdiv(q_lens[0], bq_sz))
     else:
+      # streamidx (M17): batched decode with static_q_len = gamma + 1 rows
+      # per sequence (speculative decoding) holds all of them in one query
+      # block, so the batch's score rows are contiguous (see below).
+      assert seq_batch_size == 1 or bq_sz == static_q_len
       num_bq = jnp.maximum(1, cdiv(static_q_len, bq_sz))
 
     def get_next_bq_ids(seq_idx, bq_idx, bq_sem_idx):
@@ -525,8 +529,12 @@ def _scores_kernel(
       bq_vec = load_bq(bq_sem_idx)
       bq_weights_vec = load_bq_weights(bq_sem_idx)
 
-      # If seq_batch_size > 1, static_q_len is always 1, therefore sz is always
-      # 1 for all sequences within the batch.
+      # streamidx (M17): if seq_batch_size > 1, every sequence of the batch
+      # has static_q_len rows (validate's "decode_q_len" rule) and bq_sz ==
+      # static_q_len, so sz is static_q_len for all of them and their rows
+      # are the contiguous range token_start + [0, seq_batch_size * sz), in
+      # the order compute_scores concatenates them; each row keeps its own
+      # causal bound (bq_visible_ends: row p sees s < (p + 1) // ratio).
       token_start = cu_q_lens_ref[batch_start_seq_idx] + bq_idx * bq_sz
       curr_q_end = cu_q_lens_ref[batch_start_seq_idx + 1]
       sz = jnp.maximum(0, jnp.minimum(bq_sz, curr_q_end - token_start))
@@ -770,10 +778,10 @@ def run_topk_kernel(
   num_sublanes_total = scores.shape[1]
 
   # Only support batching for decode sequences.
-  # TODO: support batching for decode sequences with speculative decoding
-  # enabled, e.g. static_q_len = gamma + 1.
+  # streamidx (M17): with speculative decoding too, static_q_len = gamma + 1
+  # (the seed's TODO); `_scores_kernel` asserts its one-query-block rule.
   if seq_batch_size > 1:
-    assert static_q_len == 1
+    assert static_q_len is not None
 
   num_sublanes_bkv = bkv_p * page_size // 128
   # streamidx (M11): the scratch, declared once and checked.

@@ -50,15 +50,16 @@ class Shape:
   k: int  # k (token) or k_pages (page)
   compression_ratio: int
   note: str = ""
+  decode_q_len: int = 1  # query rows per decode sequence (M17)
 
   @property
   def total_pages(self) -> int:
     return self.max_num_seqs * self.pages_per_seq
 
 
-def _decode(name, seqs, tokens, k, note):
-  return Shape(name, "token", seqs, seqs, tokens // 4 // 128, 128, 64, 128, k,
-               4, note)
+def _decode(name, seqs, tokens, k, note, decode_q_len=1):
+  return Shape(name, "token", seqs * decode_q_len, seqs, tokens // 4 // 128,
+               128, 64, 128, k, 4, note, decode_q_len)
 
 
 # DeepSeek-V4's indexer: 64 index heads, head_dim 128, ratio 4, 128-entry
@@ -69,6 +70,10 @@ SHAPES: tuple[Shape, ...] = (
     _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
     _decode("dsv4-decode-128k", 64, 131072, 2048,
             "64 decode seqs x 128K tokens, k 2048"),
+    # Speculative decoding (M17): one draft token, 2 query rows a sequence;
+    # compiled with decode_q_len 1 instead, the same batch is all mixed.
+    _decode("dsv4-mtp2-decode-4k", 64, 4096, 512,
+            "64 decode seqs x 4K tokens x 2 query rows (MTP, gamma = 1)", 2),
     Shape("dsv4-mixed", "token", 32 + 4 * 1024, 36, 32768 // 4 // 128, 128, 64,
           128, 512, 4, "32 decode seqs + 4 prefill chunks of 1024 tokens, "
           "32K context"),
@@ -136,9 +141,10 @@ def _blocks_key(kwargs: dict) -> tuple:
 def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
   """The block-size table's keywords for this call (`streamidx.blocks`)."""
   v = _variants()[variant]
-  return v.block_sizes(cache_format=fmt, num_heads=shape.num_heads,
-                       page_size=shape.page_size,
-                       generation=generation).kwargs()
+  return v.block_sizes(
+      cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
+      generation=generation,
+      decode_q_len=shape.decode_q_len if v.mode == "token" else 1).kwargs()
 
 
 def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
@@ -197,8 +203,9 @@ def entry_args(variant: str, shape: Shape, fmt: str, target) -> tuple:
 
 def _static(variant: str, shape: Shape, blocks: dict) -> dict:
   v = _variants()[variant]
+  extra = {"decode_q_len": shape.decode_q_len} if shape.decode_q_len > 1 else {}
   return {v.k_name: shape.k, "compression_ratio": shape.compression_ratio,
-          **blocks}
+          **extra, **blocks}
 
 
 _ERROR_CODE = re.compile(r"(E\d{4}: \w+)")

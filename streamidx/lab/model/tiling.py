@@ -11,9 +11,10 @@ interpreter executes (`streamidx.lab.model.timeline`). Vocabulary (the kernel's)
   i), one per program), "prefill" ([i, j)), "mixed" ([j, n));
   `streamindex_page_topk` one, "page".
 - program: one grid step: `seq_batch_size` consecutive sequences, scoring
-  their query rows `q_rows` (decode, static q_len 1: the first row of each).
-- bq: query rows per block (decode: `min(num_queries_per_block, 1)`); a
-  program loops over `num_bq = max(1, cdiv(q_len, bq))` query blocks.
+  their query rows `q_rows` (decode: static q_len `decode_q_len`, 1 or
+  gamma + 1 under speculative decoding, all of them in one query block).
+- bq: query rows per block (decode: `decode_q_len`); a program loops over
+  `num_bq = max(1, cdiv(q_len, bq))` query blocks.
 - bkv_p: pages per KV block (page mode: 128); bkv_sz = bkv_p * page_size
   entries; per query block `num_bkv = max(1, cdiv(max kv_len, bkv_sz))` KV
   blocks: a decode batch's longest sequence sets it for all.
@@ -352,7 +353,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
          q_dtype: str = "bfloat16", mode: str | None = None,
          variant: str | None = None, num_kv_pages_per_block=None,
          num_queries_per_block=None, decode_req_batch_size: int | None = None,
-         generation: str | None = None, sort_decode: bool = True) -> Plan:
+         generation: str | None = None, sort_decode: bool = True,
+         decode_q_len: int | None = None) -> Plan:
   """The launches, programs and loop trip counts of one kernel call.
 
   Args:
@@ -365,11 +367,14 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       `generation` (None: any), as `Variant.run` takes it.
     sort_decode: the kernel's option: the decode range in
       `semantics.decode_order`'s order (`Plan.order`).
+    decode_q_len: query rows per decode sequence (M17); None: the batch's.
   """
   v = resolve_variant(variant, mode)
+  dq = int(batch.decode_q_len if decode_q_len is None else decode_q_len)
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
                       page_size=int(batch.page_size),
-                      generation=generation).kwargs()
+                      generation=generation,
+                      decode_q_len=dq if v.mode == "token" else 1).kwargs()
   if num_kv_pages_per_block is None:
     num_kv_pages_per_block = row["num_kv_pages_per_block"]
   if num_queries_per_block is None:
@@ -430,7 +435,7 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       raise ValueError(f"decode_req_batch_size: must be a positive int "
                        f"(got {decode_req_batch_size!r})")
     for tl in semantics.token_launches((d0, d1, d2),
-                                       int(decode_req_batch_size)):
+                                       int(decode_req_batch_size), dq):
       bkv_p = nkv[tl.block_case]
       bq_sz = tl.bq_sz(nq[tl.block_case])
       bkv_sz = bkv_p * g.page_size

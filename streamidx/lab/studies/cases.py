@@ -44,6 +44,8 @@ __all__ = [
     "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
     "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "compile_keys",
     "SCOPES", "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs",
+    "MTP_Q_LENS", "PRODUCTION_KS", "PRODUCTION_BATCH", "mtp_cases",
+    "production_cases",
     "case_outputs", "compare_case", "run_case", "comparison_atol",
 ]
 
@@ -84,6 +86,9 @@ K_PAGES_BELOW = 3
 K_PAGES_ABOVE = PAGES_PER_SEQ  # every visible page, then -1
 K_TESTS = 40
 K_PAGES_TESTS = 6
+MTP_Q_LENS = (2, 3, 4)  # gamma + 1 of the speculative-decoding batches
+PRODUCTION_KS = (512, 1024, 2048)  # V4-Flash, V4-Pro, V3.2 (top-k entries)
+PRODUCTION_BATCH = "production_topk_h64_p128"
 
 # ---------------------------------------------------------------------------
 # The named batches.
@@ -105,6 +110,9 @@ class Batch:
 
   A sequence gets seq_len = entries * ratio + min(extra, ratio - 1) tokens
   (at least q_len): `extra` trailing tokens leave an incomplete block.
+  decode_q_len: query rows per decode sequence (gamma + 1 under speculative
+  decoding, M17). page_size, pages_per_seq: the shared shape's unless a
+  batch needs production pages (`PRODUCTION_BATCH`).
   """
 
   name: str
@@ -113,6 +121,9 @@ class Batch:
   mixed: tuple = ()
   allocation: str = "fragmented"
   note: str = ""
+  decode_q_len: int = 1
+  page_size: int = PAGE_SIZE
+  pages_per_seq: int = PAGES_PER_SEQ
 
   def build(self, ratio: int, *, seed: int = 0) -> batch_lib.RaggedBatch:
     """The batch at compression ratio `ratio`, padded to the shared shape."""
@@ -120,13 +131,13 @@ class Batch:
       return (p[0], _seq_len(p[1:] if len(p) > 2 else p[1], ratio, p[0]))
 
     return batch_lib.make_mixed_batch(
-        decode=[_seq_len(s, ratio) for s in self.decode],
+        decode=[_seq_len(s, ratio, self.decode_q_len) for s in self.decode],
         prefill=[pair(p) for p in self.prefill],
-        mixed=[pair(p) for p in self.mixed],
-        page_size=PAGE_SIZE, compression_ratio=ratio,
-        allocation=self.allocation, pages_per_seq=PAGES_PER_SEQ,
+        mixed=[pair(p) for p in self.mixed], decode_q_len=self.decode_q_len,
+        page_size=self.page_size, compression_ratio=ratio,
+        allocation=self.allocation, pages_per_seq=self.pages_per_seq,
         max_num_seqs=MAX_NUM_SEQS, num_tokens=NUM_TOKENS,
-        total_num_pages=TOTAL_NUM_PAGES, seed=seed)
+        total_num_pages=2 * MAX_NUM_SEQS * self.pages_per_seq, seed=seed)
 
 
 BATCHES: dict[str, Batch] = {b.name: b for b in (
@@ -170,6 +181,20 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
           allocation="shuffled"),
     Batch("empty_and_tiny_sequences", decode=(0, 1, 0, 2),
           mixed=((0, 0), (0, 10), (1, 0), (3, 1, 1))),
+    # Speculative decoding (M17): gamma + 1 rows per decode sequence, 7 of
+    # them (one batched program of 4, a remainder of 3, reordered by
+    # length), an empty one (0 entries) and several shorter than one decode
+    # KV block, beside a prefill and a mixed sequence.
+    *(Batch(f"mtp{q}_decode_with_empty_and_short", decode=(
+        0, 37, (64, 3), 100, 250, 1, 384), prefill=((5, 40, 1),),
+        mixed=((1, 77),), decode_q_len=q, allocation="shuffled",
+        note=f"gamma + 1 = {q} query rows per decode sequence")
+      for q in MTP_Q_LENS),
+    # DeepSeek-V4's production top-k (k = 512, 1024, 2048; 64 heads,
+    # 128-entry pages): rows above and below every k.
+    Batch(PRODUCTION_BATCH, decode=(3000, 600, 2100, 100, 1500),
+          mixed=((3, 2600, 1),), page_size=128, pages_per_seq=24,
+          note="production shape: 64 heads x 128 dims, page size 128"),
 )}
 
 # Which batches each scope runs.
@@ -224,8 +249,10 @@ class Case:
   @property
   def compile_key(self) -> tuple:
     """What one kernel compilation is shared by (the shape is shared)."""
+    b = BATCHES[self.batch_name]
     return (self.variant, self.fmt, self.compression_ratio, self.k,
-            self.causal_rule, self.num_heads, self.head_dim)
+            self.causal_rule, self.num_heads, self.head_dim, b.decode_q_len,
+            b.page_size, b.pages_per_seq)
 
   def blocks(self) -> dict:
     given = dict(num_kv_pages_per_block=self.num_kv_pages_per_block,
@@ -372,11 +399,30 @@ def compile_keys(cases) -> set:
 
 def case_by_name(name: str) -> Case:
   """The case called `name`, from any scope."""
-  for scope in ("full", "tests"):
-    for case in case_matrix(scope):
+  for group in (case_matrix("full"), case_matrix("tests"), mtp_cases(),
+                production_cases()):
+    for case in group:
       if case.name == name:
         return case
   raise KeyError(f"no case named {name!r}")
+
+
+def mtp_cases() -> list[Case]:
+  """Speculative decoding (M17): every token variant x its formats x gamma
+  + 1 in `MTP_Q_LENS`, ratio 4, K_TESTS, on the `mtp<q>_...` batches."""
+  return [_case(v, f"mtp{q}_decode_with_empty_and_short", 4, fmt, K_TESTS)
+          for v in variants_lib.VARIANTS.values() if v.mode == "token"
+          for fmt in v.cache_formats for q in MTP_Q_LENS]
+
+
+def production_cases() -> list[Case]:
+  """The production top-k sizes (`PRODUCTION_KS`) at 64 heads x 128 dims,
+  ratio 4, page size 128, FP8, vendored kernel, the production table's
+  block sizes (tpu-inference's (3, 2, 2) pages, (1, 128, 128) rows)."""
+  return [_case(variants_lib.get("vendored"), PRODUCTION_BATCH, 4, "fp8", k,
+                num_heads=64, num_kv_pages_per_block=(3, 2, 2),
+                num_queries_per_block=(1, 128, 128))
+          for k in PRODUCTION_KS]
 
 
 TIES_CASE = _ties_case(variants_lib.get("vendored"))
