@@ -48,7 +48,7 @@ def test_excerpt_of_a_decorated_function_starts_at_its_decorator():
 
 
 def test_excerpt_cut_by_start_and_stop_strings():
-  ex = walkthrough.excerpt(driver, "_pipeline",
+  ex = walkthrough.excerpt(driver, "_runs",
                            start="for launch in semantics.token_launches",
                            stop="case=launch.case")
   assert "token_launches" in ex.lines[0] and "launch.case" in ex.lines[-1]

@@ -20,10 +20,17 @@ The pipeline, jitted once with (call, body) as its static arguments:
   6. the caller's row order restored (M13), and the scores when
      `return_scores` (M9).
 
-`run` is what the public entry points call; an interpreted call returns a
-finished result (see `streamidx.modes`: an interpreted kernel left running
-while more work is queued can hang XLA:CPU). `checked_run` is the same call
-behind the value rules (checkify), for every variant alike.
+The stages are `_prepare` (1-2, the decode order, the -inf buffers),
+`_runs` (3), `_launch` (4) and `_select` (5-6); `_pipeline` composes them in
+one trace. `run` is what the public entry points call: under a trace, or
+compiled, the one jitted pipeline; interpreted and called eagerly (tests,
+notebooks, CPU), the same stages jitted apart (`_staged`): each launch is
+then its own program, shared by every call that differs only in the
+selection (k, method, scores, decode order), and an empty launch is not
+compiled. An interpreted call returns a finished result (see
+`streamidx.modes`: an interpreted kernel left running while more work is
+queued can hang XLA:CPU). `checked_run` is the same call behind the value
+rules (checkify), for every variant alike.
 """
 
 from __future__ import annotations
@@ -72,79 +79,101 @@ class KernelBody:
   num_cache_arrays: int = 1
 
 
-def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
-              last, *, call, body):
+def _geometry(call, body, cache, seq_lens, page_indices, interpret):
+  """Static sizes: (page_size, pages_per_seq, score rows of 128 lanes per
+  query row, M15 lane-segment pooling, page columns per page)."""
+  page_size = body.page_size(cache)
+  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
+  if call.mode == "token":
+    num_sublanes = max(align_to(pages_per_seq, p) * page_size // LANES
+                       for p in call.num_kv_pages_per_block)
+    return page_size, pages_per_seq, num_sublanes, False, None
+  bkv_p = call.num_kv_pages_per_block
+  num_sublanes = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES) // LANES
+  cols_per_page = page_size // call.compression_ratio
+  segment_pool = tpu.pool_by_lane_segments_for(cols_per_page, interpret)
+  return page_size, pages_per_seq, num_sublanes, segment_pool, cols_per_page
+
+
+def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
+             last, *, call, body, interpret):
+  """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
+  bufs the -inf score buffer f32[T, rows, 128] (and the block maxima for
+  "fused_blockmax")."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
                            page_indices, cu_q_lens, last,
                            topk_methods=body.topk_methods)
-  interpret = modes.resolve_interpret()  # M1
   num_tokens = q.shape[0]
   weights = prepare_index_weights(indexer_weights, q.dtype)
   q = prepare_q_inputs(q)
-  page_size = body.page_size(cache)
-  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
-  prefetch = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1])
-  order, segment_pool = None, False
-  pallas = functools.partial(body.launch, q, weights, cache, call=call,
-                             interpret=interpret)
-  runs = []  # (start, end, the launch's pallas_call)
-  if call.mode == "token":
-    distribution = validate.distribution_array(last)  # a tuple too
-    kv_blocks, q_blocks = call.num_kv_pages_per_block, call.num_queries_per_block
-    num_sublanes = max(align_to(pages_per_seq, p) * page_size // LANES
-                       for p in kv_blocks)
-    if call.sort_decode and call.decode_req_batch_size > 1:  # M13
-      order, _, _ = semantics.decode_order(
-          seq_lens, distribution[0], compression_ratio=call.compression_ratio,
-          bkv_sz=kv_blocks[0] * page_size,
-          decode_req_batch_size=call.decode_req_batch_size)
-      lens, pages, q_rows = semantics.apply_decode_order(
-          order, seq_lens, page_indices, cu_q_lens)
-      prefetch = (lens, pages, cu_q_lens, q_rows)
-    for launch in semantics.token_launches(
-        distribution, call.decode_req_batch_size, call.decode_q_len):
-      c = launch.block_case
-      runs.append((launch.start, launch.end, functools.partial(
-          pallas, seq_batch_size=launch.seq_batch_size,
-          static_q_len=launch.static_q_len, bq_sz=launch.bq_sz(q_blocks[c]),
-          bkv_p=kv_blocks[c], num_queries_per_block=q_blocks[c],
-          case=launch.case)))
-  else:
-    bkv_p = call.num_kv_pages_per_block
-    num_sublanes = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES) // LANES
-    cols_per_page = page_size // call.compression_ratio
-    segment_pool = tpu.pool_by_lane_segments_for(cols_per_page, interpret)
-    num_seqs = jnp.asarray(last, jnp.int32)
-    runs.append((0, num_seqs, functools.partial(
-        pallas, seq_batch_size=1, static_q_len=None,
-        bq_sz=call.num_queries_per_block, bkv_p=bkv_p,
-        num_queries_per_block=call.num_queries_per_block, case="page",
-        segment_pool=segment_pool)))
-
-  fused = call.topk_method in topk.FUSED_TOPK_METHODS
+  page_size, _, num_sublanes, _, _ = _geometry(call, body, cache, seq_lens,
+                                               page_indices, interpret)
+  prefetch, order = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1]), None
+  if (call.mode == "token" and call.sort_decode
+      and call.decode_req_batch_size > 1):  # M13
+    order, _, _ = semantics.decode_order(
+        seq_lens, validate.distribution_array(last)[0],
+        compression_ratio=call.compression_ratio,
+        bkv_sz=call.num_kv_pages_per_block[0] * page_size,
+        decode_req_batch_size=call.decode_req_batch_size)
+    lens, pages, q_rows = semantics.apply_decode_order(
+        order, seq_lens, page_indices, cu_q_lens)
+    prefetch = (lens, pages, cu_q_lens, q_rows)
   bufs = (jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32),)
-  if fused:  # the block maxima "fused_blockmax" ranks blocks by
-    rows = body.block_max_rows(num_sublanes,
-                               [p * page_size // LANES for p in kv_blocks])
+  if call.topk_method in topk.FUSED_TOPK_METHODS:  # "fused_blockmax" ranks
+    rows = body.block_max_rows(num_sublanes, [  # blocks by their maxima
+        p * page_size // LANES for p in call.num_kv_pages_per_block])
     bufs += (jnp.full((num_tokens, rows, LANES), -jnp.inf, jnp.float32),)
+  return q, weights, prefetch, order, bufs
 
-  for start, end, run_one in runs:
-    def step(b, run_one=run_one, start=start, end=end):
-      out = run_one(b[0], b[1] if fused else None, prefetch, start=start,
-                    end=end)
-      return out if fused else (out,)
-    if call.skip_empty_launches:  # M14: an empty range launches nothing
-      bufs = lax.cond(end > start, step, lambda b: b, bufs)
-    else:
-      bufs = step(bufs)
 
+def _runs(call, body, cache, seq_lens, page_indices, last, interpret):
+  """Stage 3, the launches: [(start, end, the launch's static arguments)].
+  start and end are traced when `last` is, ints or concrete arrays if not."""
+  if call.mode == "page":
+    segment_pool = _geometry(call, body, cache, seq_lens, page_indices,
+                             interpret)[3]
+    return [(0, jnp.asarray(last, jnp.int32), dict(
+        seq_batch_size=1, static_q_len=None, bq_sz=call.num_queries_per_block,
+        bkv_p=call.num_kv_pages_per_block,
+        num_queries_per_block=call.num_queries_per_block, case="page",
+        segment_pool=segment_pool))]
+  kv_blocks, q_blocks = call.num_kv_pages_per_block, call.num_queries_per_block
+  runs = []
+  for launch in semantics.token_launches(validate.distribution_array(last),
+                                         call.decode_req_batch_size,
+                                         call.decode_q_len):
+    c = launch.block_case
+    runs.append((launch.start, launch.end, dict(
+        seq_batch_size=launch.seq_batch_size,
+        static_q_len=launch.static_q_len, bq_sz=launch.bq_sz(q_blocks[c]),
+        bkv_p=kv_blocks[c], num_queries_per_block=q_blocks[c],
+        case=launch.case)))
+  return runs
+
+
+def _launch(q, weights, cache, bufs, prefetch, start, end, *, call, body,
+            interpret, static):
+  """Stage 4 for one launch: its `pallas_call` (`body.launch`) -> bufs."""
+  out = body.launch(q, weights, cache, bufs[0],
+                    bufs[1] if len(bufs) > 1 else None, prefetch, start=start,
+                    end=end, call=call, interpret=interpret, **dict(static))
+  return out if len(bufs) > 1 else (out,)
+
+
+def _select(bufs, order, cache, seq_lens, page_indices, *, call, body,
+            interpret):
+  """Stages 5-6: the top-k of the scores, rows in the caller's order."""
+  num_tokens = bufs[0].shape[0]
+  _, pages_per_seq, num_sublanes, segment_pool, cols_per_page = _geometry(
+      call, body, cache, seq_lens, page_indices, interpret)
   scores = bufs[0].reshape(num_tokens, -1)
   if call.mode == "page":
     if segment_pool:  # M15
       scores = tpu.unpermute_lane_segment_pages(scores, cols_per_page)
     scores = scores[:, :pages_per_seq]
     idx = topk.select_topk(scores, call.k, "top_k")
-  elif fused:
+  elif len(bufs) > 1:  # "fused_blockmax"
     idx = topk.select_topk(
         scores, call.k, call.topk_method,
         block_max=bufs[1].reshape(num_tokens, -1)[:, :num_sublanes],
@@ -158,6 +187,66 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
       top_scores = semantics.restore_decode_rows(top_scores, order,
                                                  call.decode_q_len)
   return (idx, top_scores) if call.return_scores else idx
+
+
+def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
+              last, *, call, body):
+  """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run)."""
+  interpret = modes.resolve_interpret()  # M1
+  arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
+  q, weights, prefetch, order, bufs = _prepare(*arrays, call=call, body=body,
+                                               interpret=interpret)
+  for start, end, static in _runs(call, body, cache, seq_lens, page_indices,
+                                  last, interpret):
+    def step(b, start=start, end=end, static=static):
+      return _launch(q, weights, cache, b, prefetch, start, end, call=call,
+                     body=body, interpret=interpret, static=tuple(static.items()))
+    if call.skip_empty_launches:  # M14: an empty range launches nothing
+      bufs = lax.cond(end > start, step, lambda b: b, bufs)
+    else:
+      bufs = step(bufs)
+  return _select(bufs, order, cache, seq_lens, page_indices, call=call,
+                 body=body, interpret=interpret)
+
+
+_STATIC = ("call", "body", "interpret")
+_prepare_jit = jax.jit(_prepare, static_argnames=_STATIC)
+_launch_jit = jax.jit(_launch, static_argnames=_STATIC + ("static",))
+_select_jit = jax.jit(_select, static_argnames=_STATIC)
+
+
+def _launch_call(call):
+  """The call as a launch sees it: the selection's own fields (k, method
+  unless fused, scores, decode order) at fixed values, so one compiled launch
+  serves every k and method of the same kernel configuration."""
+  fused = call.topk_method in topk.FUSED_TOPK_METHODS
+  return dataclasses.replace(
+      call, k=1, return_scores=False, sort_decode=False,
+      skip_empty_launches=True,
+      topk_method=call.topk_method if fused else type(call).topk_method)
+
+
+def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
+            cu_q_lens, last):
+  """The same pipeline, interpreted and called eagerly: its stages jitted
+  apart, each launch its own program (cached across calls that differ only
+  in selection) and an empty launch not compiled at all (M14 in Python).
+  Each interpreted launch is waited for (see `streamidx.modes`)."""
+  interpret = modes.resolve_interpret()
+  arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
+  q, weights, prefetch, order, bufs = _prepare_jit(*arrays, call=call,
+                                                   body=body,
+                                                   interpret=interpret)
+  launch_call = _launch_call(call)
+  for start, end, static in _runs(call, body, cache, seq_lens, page_indices,
+                                  last, interpret):
+    if int(end) > int(start) or not call.skip_empty_launches:
+      bufs = jax.block_until_ready(_launch_jit(
+          q, weights, cache, bufs, prefetch, jnp.asarray(start, jnp.int32),
+          jnp.asarray(end, jnp.int32), call=launch_call, body=body,
+          interpret=interpret, static=tuple(static.items())))
+  return _select_jit(bufs, order, cache, seq_lens, page_indices, call=call,
+                     body=body, interpret=interpret)
 
 
 _jitted = jax.jit(_pipeline, static_argnames=("call", "body"))
@@ -177,9 +266,15 @@ def _finished(fn, *args, **kwargs):
   return out
 
 
+def _eager_interpreted(arrays) -> bool:
+  return modes.kernel_mode() == "interpreted" and not _is_traced(arrays)
+
+
 def run(call, body, *arrays):
   """The kernel call: i32[T, k] indices (and f32[T, k] scores when
-  `call.return_scores`)."""
+  `call.return_scores`). Interpreted and eager, the staged pipeline."""
+  if _eager_interpreted(arrays):
+    return jax.block_until_ready(_staged(call, body, *arrays))
   return _finished(_jitted, *arrays, call=call, body=body)
 
 
@@ -190,8 +285,9 @@ def _unchecked_result(call, num_tokens):
   return idx
 
 
-def _checked_pipeline(q, indexer_weights, cache, seq_lens, page_indices,
-                      cu_q_lens, last, *, call, body):
+def _checks(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
+            last, *, call, body):
+  """The static checks, then the value rules: (err, ok bool[])."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
                            page_indices, cu_q_lens, last,
                            topk_methods=body.topk_methods)
@@ -199,13 +295,18 @@ def _checked_pipeline(q, indexer_weights, cache, seq_lens, page_indices,
           else jnp.asarray(last))
   args = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
   checks = functools.partial(validate.check_inputs, call=call)
-  err, ok = checkify.checkify(checks, errors=checkify.user_checks)(*args)
+  return checkify.checkify(checks, errors=checkify.user_checks)(*args)
+
+
+def _checked_pipeline(*arrays, call, body):
+  err, ok = _checks(*arrays, call=call, body=body)
   out = lax.cond(ok, lambda a: _pipeline(*a, call=call, body=body),
-                 lambda a: _unchecked_result(call, q.shape[0]), args)
+                 lambda a: _unchecked_result(call, arrays[0].shape[0]), arrays)
   return err, out
 
 
 _checked_jitted = jax.jit(_checked_pipeline, static_argnames=("call", "body"))
+_checks_jit = jax.jit(_checks, static_argnames=("call", "body"))
 
 
 def checked_run(call, body, *arrays):
@@ -214,8 +315,15 @@ def checked_run(call, body, *arrays):
   Returns (err, out): `err` a `checkify.Error` (`err.throw()` raises the
   first broken rule's message, `err.get()` returns it, None when all hold);
   `out` as `run`'s when every rule holds, all -1 (scores -inf) when one
-  fails: the kernel is not launched then (`lax.cond`).
+  fails: the kernel is not launched then (`lax.cond`; interpreted and
+  eager, the rules are evaluated first and the staged pipeline runs only
+  when they hold).
   """
+  if _eager_interpreted(arrays):
+    err, ok = _checks_jit(*arrays, call=call, body=body)
+    if bool(ok):
+      return err, jax.block_until_ready(_staged(call, body, *arrays))
+    return err, _unchecked_result(call, arrays[0].shape[0])
   return _finished(_checked_jitted, *arrays, call=call, body=body)
 
 
