@@ -109,6 +109,9 @@ _DENSE_PAGE_GLM = (
     "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
     "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
+_LEAN = ("the dense FP8 rows, kept for the vector-lean kernel (same launches "
+         "and grid); not tuned on a TPU")
+
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
                num_kv_pages_per_block=(3, 2, 2),
@@ -136,6 +139,16 @@ TABLE: tuple[BlockSizes, ...] = (
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_DENSE_PAGE),
     BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_DENSE_PAGE_GLM),
+    BlockSizes(WILDCARD, "lean", "dense_fp8", None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_LEAN),
+    BlockSizes(WILDCARD, "lean_page", "dense_fp8", None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_DENSE_PAGE),
+    BlockSizes(WILDCARD, "lean_page", "dense_fp8", 32, 64,
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
 )
