@@ -90,6 +90,14 @@ def fp8_mode(interpret) -> str:
   return "native" if info is not None and info.generation >= 7 else "fnuz"
 
 
+def _e8m0_to_f32(e):
+  """f32 2**(e - 127) of e8m0 bytes e (i32) by their bits: the exponent
+  field, 2**-127 (a subnormal) for 0, NaN for 255."""
+  bits = jnp.where(e == 0, 1 << 22, e << 23)
+  bits = jnp.where(e == 255, 0x7FC00000, bits)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             ids_ref, bo_sz_ref, q_hbm, w_hbm, kv_hbm, sc_hbm, scores_in,
             scores_hbm, bkv, bsc, bq, bw, bo, sems, *, compression_ratio,
@@ -188,14 +196,14 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       raw = bkv[slot, b]
       words = pltpu.bitcast(raw.reshape(-1, raw.shape[-1]), jnp.uint32)
     else:
-      words = bkv.at[slot, b].bitcast(jnp.uint32)[:, 0, :]  # u32[N, D]
+      view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
+      words = view.reshape(view.shape[0], view.shape[2])[...]
     if fp8 == "fnuz":
       keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz)
     else:
       keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
-    raw = bsc[slot, b]
-    scales = pltpu.bitcast(raw.reshape(1, raw.size), jnp.float8_e8m0fnu)
-    return keys, scales.astype(jnp.bfloat16).astype(jnp.float32)
+    e = bsc[slot, b].astype(jnp.int32)
+    return keys, _e8m0_to_f32(e.reshape(1, e.size))
 
   def head_sum(q, keys, wcol):
     """f32[bq, n] = sum_h w * ReLU(q . k) for n keys, 128 lanes at a time."""

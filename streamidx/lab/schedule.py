@@ -39,13 +39,18 @@ import sys
 import tempfile
 from typing import Sequence
 
-__all__ = ["DUMP_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
               "--xla_mosaic_enable_llo_source_annotations=true")
+# The launch as it runs: compiled alone, XLA may place the score buffer and
+# the dense scale array in VMEM, which makes the score send a copy loop the
+# schedule would count but a real step (those arrays in HBM) does not run.
+HBM_FLAGS = ("--xla_gf_vmem_memory_space_assignment=false "
+             "--xla_vf_vmem_memory_space_assignment=false")
 DELAY_SLOTS = 4  # bundles after a taken branch that still issue
 
 _LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
@@ -263,7 +268,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     out_dir = dump_dir or tmp
     env = dict(os.environ)
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
-                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS}")
+                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS} {HBM_FLAGS}")
     res = subprocess.run(
         [sys.executable, "-m", "streamidx.lab.schedule", "--worker",
          json.dumps(spec), out_dir], env=env, capture_output=True, text=True,
