@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -110,7 +109,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3], bo_sz
   [2]. Scratch: bkv u8[2, B, N, 4, D], bsc u8[2, B, bkv_p, rows, L], bq
   [2, B, bq, H, D], bw f32[2, B, bq, H], bo f32[2, B * bq, sublanes, 128],
-  sems DMA[5, 2].
+  sems DMA[5, 2, B] (column 0: one wait covers the program's sequences).
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -146,9 +145,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         pltpu.make_async_copy(
             kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * rows_per_page,
                                                  rows_per_page)],
-            sems.at[_KV, slot]).start()
+            sems.at[_KV, slot, 0]).start()
         pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
-                              sems.at[_SCALE, slot]).start()
+                              sems.at[_SCALE, slot, 0]).start()
         return carry
       if bkv_p > 64:  # page mode's 128-page blocks: a rolled loop compiles fast
         lax.fori_loop(0, bkv_p, page, None, unroll=8)
@@ -159,7 +158,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
     for row, ref in ((_KV, bkv), (_SCALE, bsc)):
       dst = ref.at[slot]
-      pltpu.make_async_copy(dst, dst, sems.at[row, slot]).wait()
+      pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
 
   def q_copies(seq, bq_idx, slot, *, wait):
     for b in range(b_sz):
@@ -172,7 +171,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         for row, hbm, ref in ((_Q, q_hbm, bq), (_W, w_hbm, bw)):
           dst = ref.at[slot, b, pl.ds(0, sz)]
           cp = pltpu.make_async_copy(dst if wait else hbm.at[pl.ds(src, sz)],
-                                     dst, sems.at[row, slot])
+                                     dst, sems.at[row, slot, 0])
           cp.wait() if wait else cp.start()
 
   def wait_send(slot):
@@ -181,14 +180,14 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     @pl.when(old > 0)  # no DMA was started for zero rows (M7)
     def _():
       dst = bo.at[slot, pl.ds(0, b_sz * old)]
-      pltpu.make_async_copy(dst, dst, sems.at[_OUT, slot]).wait()
+      pltpu.make_async_copy(dst, dst, sems.at[_OUT, slot, 0]).wait()
 
   def send(slot, sz, row0, sublane0, sublanes):
     bo_sz_ref[slot] = sz
     pltpu.make_async_copy(
         bo.at[slot, pl.ds(0, b_sz * sz)],
         scores_hbm.at[pl.ds(row0, b_sz * sz), pl.ds(sublane0, sublanes)],
-        sems.at[_OUT, slot]).start()
+        sems.at[_OUT, slot, 0]).start()
 
   def keys_of(slot, b):
     """bf16[bkv_sz, D] (fnuz: the keys / 16) and f32[1, bkv_sz] scales."""
@@ -361,42 +360,19 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
       num_out_sublanes=out_sublanes))
   scratch.insert(1, ("bscale_x2", (2, b) + (bkv_p,) + scales.shape[1:],
                      jnp.dtype(jnp.uint8)))
-  if interpret is False:
-    tpu.check_launch_vmem(
-        scratch, case=name, vmem_limit_bytes=call.vmem_limit_bytes,
-        blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
-                f"{bq_sz}, {b} sequence(s) per program"))
-  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-  scratch_shapes.append(pltpu.SemaphoreType.DMA((len(SEMAPHORE_ROWS), 2)))
-  scalars = (seq_lens, table.reshape(-1), cu_q_lens, q_rows,
-             jnp.stack([jnp.asarray(start, jnp.int32),
-                        jnp.asarray(end, jnp.int32)]),
-             jnp.zeros((_NUM_SEM_IDS,), jnp.int32),
-             jnp.full((_NUM_BO_SZ,), -1, jnp.int32))
-  hbm = pl.BlockSpec(memory_space=pltpu.HBM)
-  num_programs = (jnp.asarray(end, jnp.int32) - start) // b
-  if num_cores == 1:
-    grid, dims = (num_programs,), ("arbitrary",)
-  else:
-    grid, dims = ((num_cores, cdiv(num_programs, num_cores)),
-                  ("parallel", "arbitrary"))
-  kernel = pl.pallas_call(
-      functools.partial(
-          _kernel, compression_ratio=call.compression_ratio,
-          static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-          seq_batch_size=b, causal_rule=call.causal_rule, page_width=width,
-          max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(interpret),
-          num_cores=num_cores,
-          page_cols=page_size // call.compression_ratio if page_mode else None,
-          segment_pool=segment_pool, interpreted=interpret is not False),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(scalars), in_specs=[hbm] * 5,
-          out_specs=hbm, grid=grid, scratch_shapes=scratch_shapes),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=dims, vmem_limit_bytes=call.vmem_limit_bytes,
-          disable_bounds_checks=True),
-      out_shape=jax.ShapeDtypeStruct(scores.shape, jnp.float32),
-      input_output_aliases={len(scalars) + 4: 0}, name=name,
-      interpret=interpret)
-  return jax.named_scope(name)(kernel)(*scalars, q, weights, values, scales,
-                                       scores)
+  kernel = functools.partial(
+      _kernel, compression_ratio=call.compression_ratio,
+      static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
+      causal_rule=call.causal_rule, page_width=width,
+      max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(interpret),
+      num_cores=num_cores,
+      page_cols=page_size // call.compression_ratio if page_mode else None,
+      segment_pool=segment_pool, interpreted=interpret is not False)
+  return tpu.pallas_launch(
+      kernel, name=name, scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
+      end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
+      num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, values, scales),
+      outputs=(scores,), call=call, interpret=interpret, num_cores=num_cores,
+      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
+              f"{bq_sz}, {b} sequence(s) per program"))
