@@ -201,8 +201,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz)
     else:
       keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
-    e = bsc[slot, b].astype(jnp.int32)
-    return keys, _e8m0_to_f32(e.reshape(1, e.size))
+    raw = bsc[slot, b]
+    return keys, _e8m0_to_f32(raw.reshape(1, raw.size).astype(jnp.int32))
 
   def head_sum(q, keys, wcol):
     """f32[bq, n] = sum_h w * ReLU(q . k) for n keys, 128 lanes at a time."""
