@@ -9,40 +9,47 @@ and the same launches, grid and results, but its own pipeline: the dense
 kernel runs the vendored `_scores_kernel`, whose KV loop the compiler's
 static schedule finds bound by the vector and scalar units, not by HBM
 (`python -m streamidx.lab.schedule`). Each change below was kept because it
-is exact in the interpreter and pays in that schedule (decode launch of
-`dsv4-decode-4k`: 4 sequences per program, 64 heads, head_dim 128, page
-size 128, 3 pages per block; bundles per KV page, see `_CHANGES`):
+is exact in the interpreter and pays in that schedule. Numbers: bundles per
+128-entry KV page of the decode launch of `dsv4-decode-4k` on v6e (4
+sequences per program, 64 heads, head_dim 128, 3 pages per block; libtpu
+0.0.42.1, score buffer and scales in HBM), 32.8 with every change, and
+with that one change undone (dense: 53.7):
 
-- values loaded as 32-bit words: the KV buffer (u8 [N, 4, D], four entries
-  per word row) is read through a u32 view and bitcast to e4m3 in registers
-  (`pltpu.bitcast`: word row r holds entries 4r..4r+3, the layout's order),
-  which removes the relayout of four-row u8 tiles into FP8 vregs;
-- DMA issue and compute in one basic block: no `pl.when` around the KV
-  prefetch or the compute. The next block's DMAs are issued, unconditionally,
-  after this block's loads; past a program's last block they fetch block 0
-  of the program `stride` sequences on (the page table is padded so those
-  rows exist), and past the launch's last block a harmless extra block that
-  the epilogue waits for. Only the score send is guarded. On hardware this
-  shortens the DMA's lead to one iteration's compute (it was issued before
-  the wait before): where the compute is shorter than a block's HBM time the
-  wait is exposed; a third buffer would restore the lead. A sequence without
-  queries now fetches its blocks too (its scores are not sent);
+- values loaded as 32-bit words (42.1 without): the KV buffer (u8 [N, 4, D],
+  four entries per word row) is read through a u32 view of the ref and
+  bitcast to e4m3 in registers (`pltpu.bitcast`: word row r holds entries
+  4r..4r+3, the layout's order), which removes the relayout of four-row u8
+  tiles into FP8 vregs;
+- DMA issue and compute in one basic block (38.8 with the DMAs issued
+  before the wait): no `pl.when` around the KV prefetch or the compute. The
+  next block's DMAs are issued, unconditionally, after this block's loads;
+  past a program's last block they fetch block 0 of the program `stride`
+  sequences on (the page table is padded so those rows exist), and past the
+  launch's last block a harmless extra block that the epilogue waits for.
+  Only the score send is guarded. On hardware this shortens the DMA's lead
+  to one iteration's compute: where the compute is shorter than a block's
+  HBM time the wait is exposed; a third buffer would restore the lead. A
+  sequence without queries now fetches its blocks too (its scores are not
+  sent);
 - per-block work hoisted out of the KV loop: the page table is clamped to
   the cache and padded once per launch, outside the kernel (so the loop does
   no clamps), one wait per buffer covers every sequence of the program, and
-  the weights are broadcast across lanes once per query block. The latter
-  changes the summation order the interpreter (XLA:CPU) picks, within the
-  derived bound (`streamidx.metrics.summation_atol`): results are compared
-  tie-aware;
-- no FP8 conversion by the compiler on v5e/v5p/v6e: the e4m3fn bytes are
-  bitcast to float8_e4m3b11fnuz (bias 11: every value / 16, exactly; its
-  one NaN, 0x80, is -0 in e4m3fn, which the dense cache never stores,
-  `streamidx.cache.pack_dense_fp8_cache`) and the head-summed score is
-  multiplied by 16. Power-of-two scaling is exact in f32 away from
-  underflow (`tests/test_lean.py` checks all 256 bytes). v7x keeps its
-  native e4m3; v4 widens to bf16 by chunks (M10's `tpu.widen_fp8_for_mxu`).
+  the weights are broadcast across lanes once per query block (34.9 with
+  the broadcast in the loop). The latter changes the summation order the
+  interpreter (XLA:CPU) picks, within the derived bound
+  (`streamidx.metrics.summation_atol`): results are compared tie-aware;
+- no FP8 conversion by the compiler on v5e/v5p/v6e (51.6 with it): the
+  e4m3fn bytes are bitcast to float8_e4m3b11fnuz (bias 11: every value / 16,
+  exactly, and a native unpack; its one NaN, 0x80, is -0 in e4m3fn, which
+  the dense cache never stores, `streamidx.cache.pack_dense_fp8_cache`) and
+  the head-summed score is multiplied by 16. Power-of-two scaling is exact
+  in f32 away from underflow (`tests/test_lean.py` checks all 256 bytes).
+  v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
+  `tpu.widen_fp8_for_mxu`).
 
-What did not pay (the issue's prototypes): the head sum on the MXU (f32
+Tried and not kept: the e8m0 scales converted by their bits (-0.1), the
+sequences' score rows stacked before the scale and masks (no change). What
+did not pay per the issue's prototypes: the head sum on the MXU (f32
 HIGHEST costs more bundles, bf16 is not exact), manual software pipelining
 of the loop, 8 sequences per program.
 
@@ -87,14 +94,6 @@ def fp8_mode(interpret) -> str:
     return "fnuz"
   info = tpu.target_tpu_info()
   return "native" if info is not None and info.generation >= 7 else "fnuz"
-
-
-def _e8m0_to_f32(e):
-  """f32 2**(e - 127) of e8m0 bytes e (i32) by their bits: the exponent
-  field, 2**-127 (a subnormal) for 0, NaN for 255."""
-  bits = jnp.where(e == 0, 1 << 22, e << 23)
-  bits = jnp.where(e == 255, 0x7FC00000, bits)
-  return lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
@@ -202,11 +201,13 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     else:
       keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
     raw = bsc[slot, b]
-    return keys, _e8m0_to_f32(raw.reshape(1, raw.size).astype(jnp.int32))
+    scales = pltpu.bitcast(raw.reshape(1, raw.size), jnp.float8_e8m0fnu)
+    return keys, scales.astype(jnp.bfloat16).astype(jnp.float32)
 
   def head_sum(q, keys, wcol):
     """f32[bq, n] = sum_h w * ReLU(q . k) for n keys, 128 lanes at a time."""
-    s = lax.dot_general(q, keys.astype(jnp.bfloat16), (((1,), (1,)), ((), ())),
+    keys = keys.astype(jnp.bfloat16)
+    s = lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
                         preferred_element_type=jnp.float32)
     s = jnp.maximum(s, 0.0)
     return jnp.concatenate(
