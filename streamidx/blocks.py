@@ -111,6 +111,13 @@ _DENSE_PAGE_GLM = (
 
 _LEAN = ("the dense FP8 rows, kept for the vector-lean kernel (same launches "
          "and grid); not tuned on a TPU")
+_SCHEDULE_LEAN = (
+    "static schedule (no TPU timing; python -m streamidx.lab.schedule "
+    "--variant lean --formats dense_fp8 --launches decode --kv-pages 3 4 6 8, "
+    "libtpu 0.0.42.1, score buffer and scales in HBM): lean decode KV loop "
+    "bundles per page at 3 / 4 / 6 / 8 pages per block: v5e 35.3 / 33.6 / "
+    "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.0 / 26.1 / 23.2 / "
+    "22.8 (VALU-bound); prefill and mixed blocks kept at the dense rows' 2")
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
@@ -145,6 +152,11 @@ TABLE: tuple[BlockSizes, ...] = (
                num_kv_pages_per_block=(3, 2, 2),
                num_queries_per_block=(1, 128, 128),
                decode_req_batch_size=4, source=_LEAN),
+    *(BlockSizes(gen, "lean", "dense_fp8", 64, 128,
+                 num_kv_pages_per_block=(8, 2, 2),
+                 num_queries_per_block=(1, 128, 128),
+                 decode_req_batch_size=4, source=_SCHEDULE_LEAN)
+      for gen in ("v5e", "v6e", "v7x")),
     BlockSizes(WILDCARD, "lean_page", "dense_fp8", None, None,
                num_kv_pages_per_block=128, num_queries_per_block=512,
                source=_DENSE_PAGE),
@@ -154,7 +166,8 @@ TABLE: tuple[BlockSizes, ...] = (
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
-STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE)
+STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE,
+                           _SCHEDULE_LEAN)
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
 # the heuristic keeps them for other page sizes.
