@@ -116,7 +116,7 @@ _SCHEDULE_LEAN = (
     "--variant lean --formats dense_fp8 --launches decode --kv-pages 3 4 6 8, "
     "libtpu 0.0.42.1, score buffer and scales in HBM): lean decode KV loop "
     "bundles per page at 3 / 4 / 6 / 8 pages per block: v5e 35.3 / 33.6 / "
-    "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.0 / 26.1 / 23.2 / "
+    "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.5 / 26.1 / 23.2 / "
     "22.8 (VALU-bound); prefill and mixed blocks kept at the dense rows' 2")
 
 TABLE: tuple[BlockSizes, ...] = (

@@ -80,7 +80,7 @@ _KV, _SCALE, _Q, _W, _OUT = range(len(SEMAPHORE_ROWS))
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
 # flight of each score buffer, -1 = none).
 _NUM_SEM_IDS, _NUM_BO_SZ = 3, 2
-# bfloat16 = e4m3b11fnuz value * 16 (bias 11 against e4m3fn's 7).
+# A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
 
