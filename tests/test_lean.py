@@ -85,7 +85,7 @@ def test_lean_token_kernel_is_race_free_and_exact(num_cores, capsys):
 def test_lean_page_kernel_is_race_free_and_exact(capsys):
   inp = test_dense._page_inputs("mixed")  # pylint: disable=protected-access
   kw = dict(k_pages=3, num_queries_per_block=8)
-  args = _args(inp)
+  args = test_dense._dense_page_args(inp)  # pylint: disable=protected-access
   with si.race_check(uninitialized_memory="nan") as report:
     idx, scores = KernelWithScores("page", variant="lean")(*args, **kw)
   assert report.launches == 1 and not report.races_found, report
