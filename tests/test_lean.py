@@ -122,3 +122,17 @@ def test_lean_random_batches_match_reference(name):
 def test_the_case_matrix_runs_the_lean_variants_in_both_tiers():
   seen = {(c.variant, c.compression_ratio) for c in cases.case_matrix("tests")}
   assert {("lean", r) for r in cases.RATIOS} | {("lean_page", 1)} <= seen
+
+
+@tiers.FULL
+@pytest.mark.parametrize("name", ["lean/all_three_ranges_r4_dense_fp8_k40",
+                                  "lean_page/mixed_only_r1_dense_fp8_k6"])
+def test_lean_on_v4_paths_matches_reference(name):
+  """v4's code (keys widened to bf16 by chunks, M10; pages pooled by lane
+  segments, M15): the arithmetic of v7x's native e4m3 too."""
+  from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
+  case = cases.case_by_name(name)
+  with tpu.force_v4_paths():
+    out = cases.case_outputs(case)
+  metrics.assert_topk_match(out.got, out.want, out.scores, label=name,
+                            atol=case.atol(out.inputs))
