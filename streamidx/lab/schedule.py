@@ -21,6 +21,12 @@ loop that scores KV blocks (the innermost with MXU ops): bundles per
 iteration and per KV page, the binding slot (highest issue rate against its
 capacity), spills and the kernel source lines it spends bundles on.
 
+Memory spaces: every launch is compiled with the score buffer, the dense
+scales and every other operand in HBM (`HBM_FLAGS` turn off XLA's VMEM
+placement), as in a real step; compiled alone, XLA would place small
+operands in VMEM and the score send would become a copy loop that the KV
+loop's count includes but a real step does not run.
+
 Bundles / clock is a lower bound on the compute side of one KV page (no
 stalls: DMA waits, bank conflicts, MXU latency); beside the page's HBM time
 (`roofline.page_bounds`) it says which side binds. It is not a run time.
@@ -359,6 +365,8 @@ def main(argv=None) -> int:
   from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
   shape = aot.SHAPES_BY_NAME[a.shape]
+  print(f"# operands in HBM ({HBM_FLAGS}); bundles per KV page of the final "
+        "bundle dump", flush=True)
   for gen in a.generations:
     for fmt in a.formats:
       base = aot.table_blocks(a.variant, shape, fmt, gen)
