@@ -136,6 +136,16 @@ _MTP2_ROWS = tuple(
     for i, (v, fmt) in enumerate((("vendored", WILDCARD),
                                   ("dense", "dense_fp8"))) for gen in _MTP2)
 
+_LEAN = ("the dense FP8 rows, kept for the vector-lean kernel (same launches "
+         "and grid); not tuned on a TPU")
+_SCHEDULE_LEAN = (
+    "static schedule (no TPU timing; python -m streamidx.lab.schedule "
+    "--variant lean --formats dense_fp8 --launches decode --kv-pages 3 4 6 8, "
+    "libtpu 0.0.42.1, score buffer and scales in HBM): lean decode KV loop "
+    "bundles per page at 3 / 4 / 6 / 8 pages per block: v5e 35.3 / 33.6 / "
+    "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.5 / 26.1 / 23.2 / "
+    "22.8 (VALU-bound); prefill and mixed blocks kept at the dense rows' 2")
+
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
                num_kv_pages_per_block=(3, 2, 2),
@@ -166,11 +176,26 @@ TABLE: tuple[BlockSizes, ...] = (
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
     *_MTP2_ROWS,
+    BlockSizes(WILDCARD, "lean", "dense_fp8", None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_LEAN),
+    *(BlockSizes(gen, "lean", "dense_fp8", 64, 128,
+                 num_kv_pages_per_block=(8, 2, 2),
+                 num_queries_per_block=(1, 128, 128),
+                 decode_req_batch_size=4, source=_SCHEDULE_LEAN)
+      for gen in ("v5e", "v6e", "v7x")),
+    BlockSizes(WILDCARD, "lean_page", "dense_fp8", None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_DENSE_PAGE),
+    BlockSizes(WILDCARD, "lean_page", "dense_fp8", 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_DENSE_PAGE_GLM),
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
 STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE,
-                           *(r.source for r in _MTP2_ROWS))
+                           _SCHEDULE_LEAN, *(r.source for r in _MTP2_ROWS))
 
 # Entries per KV block of the vendored rows (page size 128: 3, 2, 2 pages):
 # the heuristic keeps them for other page sizes.

@@ -338,6 +338,7 @@ def unpack_cache(cache, head_dim: int = 128):
 # docstring).
 
 DENSE_KV_PACKING = 4  # e4m3 bytes per 32-bit word, as for the FP8 record
+NEG_ZERO_BYTE = 0x80  # e4m3fn -0, never in a dense cache
 
 
 def dense_scale_lanes(page_size: int) -> int:
@@ -357,6 +358,9 @@ def pack_dense_fp8_cache(keys):
                      f"{DENSE_KV_PACKING} for the dense_fp8 cache")
   values, exponents = quantize_fp8(keys)
   value_bytes = jax.lax.bitcast_convert_type(values, jnp.uint8)
+  # +0 for -0 (0x80): the same key, and the lean kernel's e4m3b11fnuz view
+  # of the bytes (`streamidx.kernels.lean`) reads 0x80 as NaN.
+  value_bytes = jnp.where(value_bytes == NEG_ZERO_BYTE, 0, value_bytes)
   width = padded_head_dim(head_dim)  # zero lanes, as the record has
   value_bytes = jnp.pad(value_bytes, ((0, 0), (0, 0), (0, width - head_dim)))
   scale_bytes = (exponents + E8M0_BIAS).astype(jnp.uint8)

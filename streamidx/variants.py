@@ -203,6 +203,18 @@ _REGISTRY = (
                      "dense FP8 cache, ratio 1 (GLM)"),
         mode="page", kernel=entries.streamindex_page_topk_dense,
         cache_formats=("dense_fp8",)),
+    Variant(
+        name="lean",
+        description=("streamindex_topk_lean: the dense FP8 cache's token "
+                     "top-k with a vector-lean KV loop"),
+        mode="token", kernel=entries.streamindex_topk_lean,
+        cache_formats=("dense_fp8",)),
+    Variant(
+        name="lean_page",
+        description=("streamindex_page_topk_lean: the dense FP8 cache's page "
+                     "top-k with a vector-lean KV loop, ratio 1 (GLM)"),
+        mode="page", kernel=entries.streamindex_page_topk_lean,
+        cache_formats=("dense_fp8",)),
 )
 
 VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}

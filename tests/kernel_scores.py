@@ -71,12 +71,16 @@ class KernelWithScores:
   so that row t is token t's scores, as in the reference.
   """
 
-  def __init__(self, mode: str, *, dense: bool = False):
+  def __init__(self, mode: str, *, dense: bool = False, variant=None):
     # dense: the dense FP8 kernels (`streamidx.kernels.dense`), whose cache
-    # is two arguments (cache_values, cache_scales).
+    # is two arguments (cache_values, cache_scales); variant: another
+    # dense-cache token variant's name (its page variant for "page").
     token = si.streamindex_topk_dense if dense else si.streamindex_topk
     page = si.streamindex_page_topk_dense if dense else si.streamindex_page_topk
-    self._cache_args = 2 if dense else 1
+    if variant is not None:
+      token = si.VARIANTS[variant].kernel
+      page = si.VARIANTS[variant + "_page"].kernel
+    self._cache_args = 2 if dense or variant else 1
     self._mode = mode
     if mode not in ("token", "page"):
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")

@@ -26,6 +26,7 @@ from streamidx.lab.model import tiling
 
 from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
+import tiers
 
 needs_libtpu = pytest.mark.skipif(
     modes.libtpu_path() is None,
@@ -227,7 +228,9 @@ PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
 @needs_libtpu
 @pytest.mark.parametrize("variant,fmt", [("vendored_page", "fp8"),
                                          ("vendored_page", "bf16"),
-                                         ("dense_page", "dense_fp8")])
+                                         ("dense_page", "dense_fp8"),
+                                         pytest.param("lean_page", "dense_fp8",
+                                                      marks=tiers.FULL)])
 def test_page_launch_compiles_on_v4(variant, fmt):
   """M15 (and M10 for FP8): GLM's 64-entry pages pooled on v4."""
   with si.compile_for("v4") as target:

@@ -201,13 +201,15 @@ DENSE_EXAMPLES = {"token-fp8-r4": 15, "page-fp8": 8}
 DENSE_CI = ("page-fp8",)
 
 
-def _check_random(p, batch_kw, input_kw, ties):
+def _check_random(p, batch_kw, input_kw, ties, kernels=DENSE_KERNELS):
+  """One random batch through `kernels` (the dense ones, or another body's
+  over the same cache: tests/test_lean.py)."""
   b, inp = props.build(p, batch_kw, input_kw, ties)
   kw = p.kernel_kwargs()
   if p.mode == "token":
     args = _dense_args(inp)
     si.validate_topk_dense_inputs(*args, **kw)
-    idx, scores = DENSE_KERNELS["token"](*args, **kw)
+    idx, scores = kernels["token"](*args, **kw)
     ref_idx = si.streamindex_topk_dense_ref(*args, **kw)
     ref_scores = ref.token_scores(*inp.args, compression_ratio=p.ratio,
                                   causal_rule=p.causal_rule)
@@ -216,7 +218,7 @@ def _check_random(p, batch_kw, input_kw, ties):
   else:
     args = _dense_page_args(inp)
     si.validate_page_topk_dense_inputs(*args, **kw)
-    idx, scores = DENSE_KERNELS["page"](*args, **kw)
+    idx, scores = kernels["page"](*args, **kw)
     ref_idx = si.streamindex_page_topk_dense_ref(*args, **kw)
     ref_scores = ref.page_scores(*inp.page_args, causal_rule=p.causal_rule)
     bound = metrics.summation_error_bound(inp, compression_ratio=1,

@@ -2,6 +2,7 @@
 
     streamindex_topk / streamindex_page_topk              the vendored body
     streamindex_topk_dense / streamindex_page_topk_dense  the dense FP8 body
+    streamindex_topk_lean / streamindex_page_topk_lean    its vector-lean body
 
 Each is a `streamidx.kernels.driver.Entry`: its signature is the vendored
 function's (tpu-inference's tests call it), its defaults are the fields of
@@ -19,10 +20,12 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx.call import PageCall, TopkCall
-from streamidx.kernels import dense, driver, vendored
+from streamidx.kernels import dense, driver, lean, vendored
 
-__all__ = ["VENDORED", "DENSE", "streamindex_topk", "streamindex_page_topk",
-           "streamindex_topk_dense", "streamindex_page_topk_dense"]
+__all__ = ["VENDORED", "DENSE", "LEAN", "streamindex_topk",
+           "streamindex_page_topk", "streamindex_topk_dense",
+           "streamindex_page_topk_dense", "streamindex_topk_lean",
+           "streamindex_page_topk_lean"]
 
 T, P = TopkCall, PageCall  # the defaults below are their fields'
 
@@ -41,6 +44,9 @@ DENSE = driver.KernelBody(
     cache_format=lambda c: "dense_fp8",
     topk_methods=dense.topk.TOPK_METHODS,
     block_max_rows=dense.block_max_rows, num_cache_arrays=2)
+LEAN = driver.KernelBody(
+    name="lean", launch=lean.launch, page_size=DENSE.page_size,
+    cache_format=DENSE.cache_format, num_cache_arrays=2)
 
 
 def _bind(cls, variant, body, cache, args: dict):
@@ -205,7 +211,37 @@ def streamindex_page_topk_dense(
                locals())
 
 
+def streamindex_topk_lean(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, distribution, *, k, compression_ratio,
+    num_kv_pages_per_block=None, num_queries_per_block=None,
+    vmem_limit_bytes=T.vmem_limit_bytes,
+    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
+    topk_method=T.topk_method, return_scores=T.return_scores,
+    sort_decode=T.sort_decode, num_cores=T.num_cores,
+    skip_empty_launches=T.skip_empty_launches):
+  """`streamindex_topk_dense` (same arguments and indices; topk_method
+  without "fused_blockmax") with the vector-lean kernel body
+  (`streamidx.kernels.lean`)."""
+  return _bind(TopkCall, "lean", LEAN, (cache_values, cache_scales), locals())
+
+
+def streamindex_page_topk_lean(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
+    num_kv_pages_per_block=P.num_kv_pages_per_block,
+    num_queries_per_block=P.num_queries_per_block,
+    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
+    return_scores=P.return_scores, num_cores=P.num_cores,
+    skip_empty_launches=P.skip_empty_launches):
+  """`streamindex_page_topk_dense` (same arguments and page ids) with the
+  vector-lean kernel body (`streamidx.kernels.lean`)."""
+  return _bind(PageCall, "lean", LEAN, (cache_values, cache_scales), locals())
+
+
 streamindex_topk = driver.Entry(streamindex_topk, VENDORED)
 streamindex_page_topk = driver.Entry(streamindex_page_topk, VENDORED)
 streamindex_topk_dense = driver.Entry(streamindex_topk_dense, DENSE)
 streamindex_page_topk_dense = driver.Entry(streamindex_page_topk_dense, DENSE)
+streamindex_topk_lean = driver.Entry(streamindex_topk_lean, LEAN)
+streamindex_page_topk_lean = driver.Entry(streamindex_page_topk_lean, LEAN)

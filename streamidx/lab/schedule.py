@@ -21,6 +21,12 @@ loop that scores KV blocks (the innermost with MXU ops): bundles per
 iteration and per KV page, the binding slot (highest issue rate against its
 capacity), spills and the kernel source lines it spends bundles on.
 
+Memory spaces: every launch is compiled with the score buffer, the dense
+scales and every other operand in HBM (`HBM_FLAGS` turn off XLA's VMEM
+placement), as in a real step; compiled alone, XLA would place small
+operands in VMEM and the score send would become a copy loop that the KV
+loop's count includes but a real step does not run.
+
 Bundles / clock is a lower bound on the compute side of one KV page (no
 stalls: DMA waits, bank conflicts, MXU latency); beside the page's HBM time
 (`roofline.page_bounds`) it says which side binds. It is not a run time.
@@ -39,13 +45,18 @@ import sys
 import tempfile
 from typing import Sequence
 
-__all__ = ["DUMP_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
               "--xla_mosaic_enable_llo_source_annotations=true")
+# The launch as it runs: compiled alone, XLA may place the score buffer and
+# the dense scale array in VMEM, which makes the score send a copy loop the
+# schedule would count but a real step (those arrays in HBM) does not run.
+HBM_FLAGS = ("--xla_gf_vmem_memory_space_assignment=false "
+             "--xla_vf_vmem_memory_space_assignment=false")
 DELAY_SLOTS = 4  # bundles after a taken branch that still issue
 
 _LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
@@ -263,7 +274,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     out_dir = dump_dir or tmp
     env = dict(os.environ)
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
-                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS}")
+                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS} {HBM_FLAGS}")
     res = subprocess.run(
         [sys.executable, "-m", "streamidx.lab.schedule", "--worker",
          json.dumps(spec), out_dir], env=env, capture_output=True, text=True,
@@ -354,6 +365,8 @@ def main(argv=None) -> int:
   from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
   shape = aot.SHAPES_BY_NAME[a.shape]
+  print(f"# operands in HBM ({HBM_FLAGS}); bundles per KV page of the final "
+        "bundle dump", flush=True)
   for gen in a.generations:
     for fmt in a.formats:
       base = aot.table_blocks(a.variant, shape, fmt, gen)

@@ -1,0 +1,379 @@
+"""StreamIndex top-k over the dense FP8 cache with a vector-lean KV loop.
+
+The same cache as `streamidx.kernels.dense` (`streamidx.cache` "dense_fp8")::
+
+    cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
+    cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
+
+and the same launches, grid and results, but its own pipeline: the dense
+kernel runs the vendored `_scores_kernel`, whose KV loop the compiler's
+static schedule finds bound by the vector and scalar units, not by HBM
+(`python -m streamidx.lab.schedule`). Each change below was kept because it
+is exact in the interpreter and pays in that schedule. Numbers: bundles per
+128-entry KV page of the decode launch of `dsv4-decode-4k` on v6e (4
+sequences per program, 64 heads, head_dim 128, 3 pages per block; libtpu
+0.0.42.1, score buffer and scales in HBM), 32.8 with every change, and
+with that one change undone (dense: 53.7):
+
+- values loaded as 32-bit words (42.1 without): the KV buffer (u8 [N, 4, D],
+  four entries per word row) is read through a u32 view of the ref and
+  bitcast to e4m3 in registers (`pltpu.bitcast`: word row r holds entries
+  4r..4r+3, the layout's order), which removes the relayout of four-row u8
+  tiles into FP8 vregs;
+- DMA issue and compute in one basic block (38.8 with the DMAs issued
+  before the wait): no `pl.when` around the KV prefetch or the compute. The
+  next block's DMAs are issued, unconditionally, after this block's loads;
+  past a program's last block they fetch block 0 of the program `stride`
+  sequences on (the page table is padded so those rows exist), and past the
+  launch's last block a harmless extra block that the epilogue waits for.
+  Only the score send is guarded. On hardware this shortens the DMA's lead
+  to one iteration's compute: where the compute is shorter than a block's
+  HBM time the wait is exposed; a third buffer would restore the lead. A
+  sequence without queries now fetches its blocks too (its scores are not
+  sent);
+- per-block work hoisted out of the KV loop: the page table is clamped to
+  the cache and padded once per launch, outside the kernel (so the loop does
+  no clamps), one wait per buffer covers every sequence of the program, and
+  the weights are broadcast across lanes once per query block (34.9 with
+  the broadcast in the loop). The latter changes the summation order the
+  interpreter (XLA:CPU) picks, within the derived bound
+  (`streamidx.metrics.summation_atol`): results are compared tie-aware;
+- no FP8 conversion by the compiler on v5e/v5p/v6e (51.6 with it): the
+  e4m3fn bytes are bitcast to float8_e4m3b11fnuz (bias 11: every value / 16,
+  exactly, and a native unpack; its one NaN, 0x80, is -0 in e4m3fn, which
+  the dense cache never stores, `streamidx.cache.pack_dense_fp8_cache`) and
+  the head-summed score is multiplied by 16. Power-of-two scaling is exact
+  in f32 away from underflow (`tests/test_lean.py` checks all 256 bytes).
+  v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
+  `tpu.widen_fp8_for_mxu`).
+
+Tried and not kept: the e8m0 scales converted by their bits (-0.1), the
+sequences' score rows stacked before the scale and masks (no change). What
+did not pay per the issue's prototypes: the head sum on the MXU (f32
+HIGHEST costs more bundles, bf16 is not exact), manual software pipelining
+of the loop, 8 sequences per program.
+
+`launch` is this variant's one `pallas_call` per launch (token or page mode,
+`streamidx.kernels.driver.KernelBody.launch`); the entry points are
+`streamidx.streamindex_topk_lean` / `streamindex_page_topk_lean`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from streamidx import cache as cache_lib
+from streamidx import semantics
+from streamidx.kernels import tpu
+from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
+
+__all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS"]
+
+KV_PACKING = cache_lib.DENSE_KV_PACKING
+SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out")
+_KV, _SCALE, _Q, _W, _OUT = range(len(SEMAPHORE_ROWS))
+# Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
+# flight of each score buffer, -1 = none).
+_NUM_SEM_IDS, _NUM_BO_SZ = 3, 2
+# A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
+FNUZ_SCALE = 16.0
+
+
+def fp8_mode(interpret) -> str:
+  """How the e4m3 keys reach the MXU on the chip traced for: "widen" (v4:
+  bf16 by chunks, M10), "native" (v7x: the compiler's e4m3 conversion) or
+  "fnuz" (v5e, v5p, v6e and the interpreter: bitcast to e4m3b11fnuz)."""
+  if tpu.widen_fp8_for_mxu(interpret):
+    return "widen"
+  if interpret is not False:
+    return "fnuz"
+  info = tpu.target_tpu_info()
+  return "native" if info is not None and info.generation >= 7 else "fnuz"
+
+
+def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
+            ids_ref, bo_sz_ref, q_hbm, w_hbm, kv_hbm, sc_hbm, scores_in,
+            scores_hbm, bkv, bsc, bq, bw, bo, sems, *, compression_ratio,
+            static_q_len, bkv_p, bq_sz, seq_batch_size, causal_rule,
+            page_width, max_kv_len, fp8, num_cores, page_cols,
+            segment_pool, interpreted):
+  """One program: `seq_batch_size` sequences, their query blocks x KV blocks.
+
+  Scalar prefetch: seq_lens [S], pages [(S + stride) * page_width] (clamped,
+  padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3], bo_sz
+  [2]. Scratch: bkv u8[2, B, N, 4, D], bsc u8[2, B, bkv_p, rows, L], bq
+  [2, B, bq, H, D], bw f32[2, B, bq, H], bo f32[2, B * bq, sublanes, 128],
+  sems DMA[5, 2, B] (column 0: one wait covers the program's sequences).
+  """
+  del scores_in  # aliased to scores_hbm
+  b_sz = seq_batch_size
+  _, num_heads, head_dim = q_hbm.shape
+  rows_per_page = kv_hbm.shape[1]
+  bkv_sz = bkv_p * rows_per_page * KV_PACKING
+  page_mode = page_cols is not None
+  start, end = start_end_ref[0], start_end_ref[1]
+  if num_cores == 1:
+    seq0 = start + pl.program_id(0) * b_sz
+    stride, active = b_sz, True
+    first = pl.program_id(0) == 0
+    last = pl.program_id(0) == pl.num_programs(0) - 1
+  else:  # core c: programs c, c + num_cores, ... (as the dense kernel, M16)
+    num_programs = (end - start) // b_sz
+    program = pl.program_id(1) * num_cores + pl.program_id(0)
+    active = program < num_programs
+    seq0 = start + jnp.clip(program, 0, num_programs - 1) * b_sz
+    stride = num_cores * b_sz
+    first = active & (pl.program_id(1) == 0)
+    last = active & (seq0 + stride >= end)
+
+  q_lens = [cu_q_ref[seq0 + b + 1] - cu_q_ref[seq0 + b] for b in range(b_sz)]
+  seq_lens = [seq_lens_ref[seq0 + b] for b in range(b_sz)]
+  kv_lens = [jnp.minimum(s // compression_ratio, max_kv_len) for s in seq_lens]
+
+  def kv_copies(seq, bkv_idx, slot):
+    """The DMAs of one KV block: values and scales of each page."""
+    base = seq * page_width + bkv_idx * bkv_p
+    for b in range(b_sz):
+      def page(i, carry, b=b):
+        p = pages_ref[base + b * page_width + i]
+        pltpu.make_async_copy(
+            kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * rows_per_page,
+                                                 rows_per_page)],
+            sems.at[_KV, slot, 0]).start()
+        pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
+                              sems.at[_SCALE, slot, 0]).start()
+        return carry
+      if bkv_p > 64:  # page mode's 128-page blocks: a rolled loop compiles fast
+        lax.fori_loop(0, bkv_p, page, None, unroll=8)
+      else:
+        for i in range(bkv_p):
+          page(i, None)
+
+  def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
+    for row, ref in ((_KV, bkv), (_SCALE, bsc)):
+      dst = ref.at[slot]
+      pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
+
+  def q_copies(seq, bq_idx, slot, *, wait):
+    for b in range(b_sz):
+      row0 = cu_q_ref[seq + b] + bq_idx * bq_sz
+      sz = jnp.clip(cu_q_ref[seq + b + 1] - row0, 0, bq_sz)
+      src = q_rows_ref[seq + b] + bq_idx * bq_sz
+
+      @pl.when(sz > 0)  # no zero-row DMA (M7)
+      def _(b=b, sz=sz, src=src):
+        for row, hbm, ref in ((_Q, q_hbm, bq), (_W, w_hbm, bw)):
+          dst = ref.at[slot, b, pl.ds(0, sz)]
+          cp = pltpu.make_async_copy(dst if wait else hbm.at[pl.ds(src, sz)],
+                                     dst, sems.at[row, slot, 0])
+          cp.wait() if wait else cp.start()
+
+  def wait_send(slot):
+    old = bo_sz_ref[slot]
+
+    @pl.when(old > 0)  # no DMA was started for zero rows (M7)
+    def _():
+      dst = bo.at[slot, pl.ds(0, b_sz * old)]
+      pltpu.make_async_copy(dst, dst, sems.at[_OUT, slot, 0]).wait()
+
+  def send(slot, sz, row0, sublane0, sublanes):
+    bo_sz_ref[slot] = sz
+    pltpu.make_async_copy(
+        bo.at[slot, pl.ds(0, b_sz * sz)],
+        scores_hbm.at[pl.ds(row0, b_sz * sz), pl.ds(sublane0, sublanes)],
+        sems.at[_OUT, slot, 0]).start()
+
+  def keys_of(slot, b):
+    """bf16[bkv_sz, D] (fnuz: the keys / 16) and f32[1, bkv_sz] scales."""
+    if interpreted:  # the interpreter has no ref bitcast: the same words
+      raw = bkv[slot, b]
+      words = pltpu.bitcast(raw.reshape(-1, raw.shape[-1]), jnp.uint32)
+    else:
+      view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
+      words = view.reshape(view.shape[0], view.shape[2])[...]
+    if fp8 == "fnuz":
+      keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz)
+    else:
+      keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
+    raw = bsc[slot, b]
+    scales = pltpu.bitcast(raw.reshape(1, raw.size), jnp.float8_e8m0fnu)
+    return keys, scales.astype(jnp.bfloat16).astype(jnp.float32)
+
+  def head_sum(q, keys, wcol):
+    """f32[bq, n] = sum_h w * ReLU(q . k) for n keys, 128 lanes at a time."""
+    keys = keys.astype(jnp.bfloat16)
+    s = lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+    s = jnp.maximum(s, 0.0)
+    return jnp.concatenate(
+        [(s[:, c:c + LANES] * wcol).reshape(bq_sz, num_heads, LANES).sum(1)
+         for c in range(0, s.shape[1], LANES)], axis=1)
+
+  def scores_of(q, wcol, keys, scales, visible_end, kv_len, bkv_idx):
+    if fp8 == "widen":  # M10: chunks, so that v4's VMEM holds a page block
+      s = jnp.concatenate(
+          [head_sum(q, keys[c:c + tpu.WIDEN_CHUNK], wcol)
+           for c in range(0, bkv_sz, tpu.WIDEN_CHUNK)], axis=1)
+    else:
+      s = head_sum(q, keys, wcol)
+    if fp8 == "fnuz":
+      s = s * FNUZ_SCALE
+    s = s * scales
+    k_span = bkv_idx * bkv_sz + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    mask = (k_span < kv_len) & (k_span < visible_end[:, None])
+    return jnp.where(mask, s, -jnp.inf)
+
+  def process():
+    kv_max = functools.reduce(jnp.maximum, kv_lens)
+    has_queries = functools.reduce(jnp.logical_or, [q > 0 for q in q_lens])
+    num_bkv = jnp.where(has_queries, jnp.maximum(1, cdiv(kv_max, bkv_sz)), 1)
+    num_bq = (jnp.maximum(1, cdiv(q_lens[0], bq_sz)) if static_q_len is None
+              else cdiv(static_q_len, bq_sz))
+
+    def bq_step(bq_idx, _):
+      qslot = ids_ref[0]
+      next_seq = jnp.where(bq_idx + 1 == num_bq, seq0 + stride, seq0)
+
+      @pl.when(next_seq < end)
+      def _():
+        ids_ref[0] = 1 - qslot
+        q_copies(next_seq, jnp.where(bq_idx + 1 == num_bq, 0, bq_idx + 1),
+                 1 - qslot, wait=False)
+
+      q_copies(seq0, bq_idx, qslot, wait=True)
+      row0 = cu_q_ref[seq0] + bq_idx * bq_sz
+      sz = jnp.clip(cu_q_ref[seq0 + 1] - row0, 0, bq_sz)
+      qs, wcols, ends = [], [], []
+      for b in range(b_sz):
+        qs.append(bq[qslot, b].reshape(bq_sz * num_heads, head_dim))
+        w = bw[qslot, b]  # f32[bq, H]: once per query block, across lanes
+        wcols.append(jnp.broadcast_to(w[:, :, None], (bq_sz, num_heads, LANES))
+                     .reshape(bq_sz * num_heads, LANES))
+        q_pos = (seq_lens[b] - q_lens[b] + bq_idx * bq_sz
+                 + lax.broadcasted_iota(jnp.int32, (bq_sz,), 0))
+        ends.append(causal_visible_bound(q_pos, compression_ratio, causal_rule))
+      oslot = ids_ref[2]
+      if page_mode:
+        @pl.when(sz > 0)
+        def _():
+          wait_send(oslot)
+          bo[oslot] = jnp.full(bo.shape[1:], -jnp.inf, jnp.float32)
+
+      def kv_step(bkv_idx, _):
+        slot = ids_ref[1]
+        nbkv = jnp.where(bkv_idx + 1 == num_bkv, 0, bkv_idx + 1)
+        nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
+        nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
+        wait_kv(slot)
+        blocks = [keys_of(slot, b) for b in range(b_sz)]
+        kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (see above)
+        ids_ref[1] = 1 - slot
+        s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], kv_lens[b],
+                       bkv_idx) for b in range(b_sz)]
+        if page_mode:
+          s = s[0]
+          pooled = (tpu.pool_pages_by_lane_segments(s, page_cols)
+                    if segment_pool  # M15
+                    else s.reshape(bq_sz, bkv_p, page_cols).max(axis=-1))
+          @pl.when(sz > 0)  # without rows the buffer may be on its way out
+          def _():
+            bo[oslot, :, bkv_idx, :] = pooled
+          return None
+        o = ids_ref[2]
+
+        @pl.when(sz > 0)  # the only guard in the loop (M7)
+        def _():
+          wait_send(o)
+          for b in range(b_sz):
+            for c in range(bkv_sz // LANES):
+              bo[o, pl.ds(b * bq_sz, bq_sz), c, :] = s[b][:, c * LANES:
+                                                         (c + 1) * LANES]
+          send(o, sz, row0, bkv_idx * (bkv_sz // LANES), bkv_sz // LANES)
+          ids_ref[2] = 1 - o
+
+      lax.fori_loop(0, num_bkv, kv_step, None)
+      if page_mode:
+        @pl.when(sz > 0)
+        def _():
+          send(oslot, sz, row0, 0, scores_hbm.shape[1])
+        ids_ref[2] = 1 - oslot
+
+    lax.fori_loop(0, num_bq, bq_step, None)
+
+  @pl.when(first)
+  def _():
+    if num_cores > 1:  # the previous core's state
+      for i in range(_NUM_SEM_IDS):
+        ids_ref[i] = 0
+      for i in range(_NUM_BO_SZ):
+        bo_sz_ref[i] = -1
+    q_copies(seq0, 0, 0, wait=False)
+    kv_copies(seq0, 0, 0)
+
+  if num_cores > 1:
+    pl.when(active)(process)
+  else:
+    process()
+
+  @pl.when(last)
+  def _():
+    wait_kv(ids_ref[1])  # the extra block past the launch's last
+    for i in range(2):
+      wait_send(i)
+
+
+def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
+           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
+           case, call, interpret, segment_pool=False):
+  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
+  (`streamidx.kernels.driver.KernelBody.launch`)."""
+  del num_queries_per_block, bmax  # no "fused_blockmax" here
+  values, scales = cache
+  page_mode = case == "page"
+  total_pages, rows_per_page, _, head_dim = values.shape
+  page_size = rows_per_page * KV_PACKING
+  b = seq_batch_size
+  num_cores = call.num_cores
+  name = (f"StreamIdxLeanPageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_mode else
+          f"StreamIdxLeanTC-{case}-bq_{bq_sz}-bkvp_{bkv_p}")
+  seq_lens, page_indices, cu_q_lens, q_rows = prefetch
+  max_num_seqs = seq_lens.shape[0]
+  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  # Hoisted out of the KV loop: the table clamped to the cache, its rows
+  # padded to whole KV blocks, and `stride` rows more for the prefetch past
+  # the last program (page 0: a harmless fetch).
+  width = align_to(pages_per_seq, bkv_p)
+  table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
+                   total_pages - 1)
+  table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
+  _, num_heads, _ = q.shape
+  out_sublanes = scores.shape[1] if page_mode else bkv_p * page_size // LANES
+  scratch = list(semantics.launch_scratch(
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=rows_per_page, kv_packing=KV_PACKING,
+      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_heads,
+      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
+      num_out_sublanes=out_sublanes))
+  scratch.insert(1, ("bscale_x2", (2, b) + (bkv_p,) + scales.shape[1:],
+                     jnp.dtype(jnp.uint8)))
+  kernel = functools.partial(
+      _kernel, compression_ratio=call.compression_ratio,
+      static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
+      causal_rule=call.causal_rule, page_width=width,
+      max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(interpret),
+      num_cores=num_cores,
+      page_cols=page_size // call.compression_ratio if page_mode else None,
+      segment_pool=segment_pool, interpreted=interpret is not False)
+  return tpu.pallas_launch(
+      kernel, name=name, scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
+      end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
+      num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, values, scales),
+      outputs=(scores,), call=call, interpret=interpret, num_cores=num_cores,
+      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
+              f"{bq_sz}, {b} sequence(s) per program"))
