@@ -368,7 +368,9 @@ VALUE_RULES: dict[str, ValueRule] = {
         "{padded} of each record) must be finite for the entries a query "
         "sees (entry < seq_len // compression_ratio of a sequence with "
         "queries): an e4m3 NaN byte (0x7f, 0xff) or a bf16 NaN/inf makes the "
-        "score NaN, and NaN ranks first",
+        "score NaN, and NaN ranks first; the dense FP8 pair stores +0 for -0 "
+        "(no byte 0x80: the lean kernel reads it as e4m3b11fnuz on v5e/v6e, "
+        "where 0x80 is NaN; `streamidx.pack_dense_fp8_cache` never writes it)",
         "sequence {b}, entry {s} (physical page {page}, slot {slot})"),
     "cache_scale_range": ValueRule(
         "cache_kv",
@@ -450,7 +452,9 @@ def _entry_stats(cache_kv, head_dim):
   pages, rows, packing, lkv = arr.shape
   flat = arr.reshape(pages, rows * packing, lkv)
   if jnp.dtype(arr.dtype) == jnp.dtype(jnp.uint8):
-    bad_value = jnp.any((flat[..., :padded] & 0x7F) == 0x7F, axis=-1)
+    read = flat[..., :padded]
+    bad_value = jnp.any(((read & 0x7F) == 0x7F)
+                        | (dense & (read == cache_lib.NEG_ZERO_BYTE)), axis=-1)
     values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
                                           jnp.float8_e4m3fn)
     scale_byte = (cache_kv[1].reshape(pages, -1) if dense

@@ -64,7 +64,10 @@ def test_variant_matches_reference(case):
 def test_speculative_decode_matches_reference(case):
   b = case.batch()
   assert (b.q_lens[:b.distribution[0]] == b.decode_q_len).all()
-  assert "decode[4] x1" in case.launches(b)  # batched MTP programs
+  decode = si.semantics.token_launches(  # batched MTP programs
+      tuple(int(x) for x in b.distribution), 4, b.decode_q_len)[0]
+  assert decode.end > decode.start and decode.seq_batch_size == 4
+  assert decode.static_q_len == b.decode_q_len
   _assert_case_matches_reference(case)
 
 

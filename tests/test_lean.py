@@ -136,3 +136,17 @@ def test_lean_on_v4_paths_matches_reference(name):
     out = cases.case_outputs(case)
   metrics.assert_topk_match(out.got, out.want, out.scores, label=name,
                             atol=case.atol(out.inputs))
+
+
+def test_a_dense_cache_with_a_minus_zero_byte_is_refused():
+  """A packer other than pack_dense_fp8_cache may store -0 (0x80): the lean
+  kernel would read it as NaN on v5e/v6e, so the value rules refuse it
+  (for every body of the dense layout: its arrays hold no 0x80)."""
+  inp = _token_inputs()
+  q, w, values, scales, *rest = _args(inp)
+  seq_lens, page_indices = np.asarray(rest[0]), np.asarray(rest[1])
+  page = int(page_indices[0])  # sequence 0 sees its first entry
+  values = values.at[page, 0, 0, 5].set(cache.NEG_ZERO_BYTE)
+  kw = dict(k=8, compression_ratio=4)
+  with pytest.raises(ValueError, match="cache_kv: .*no byte 0x80"):
+    si.VARIANTS["lean"].kernel.validate(q, w, values, scales, *rest, **kw)

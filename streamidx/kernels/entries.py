@@ -219,7 +219,7 @@ def streamindex_topk_lean(
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
     topk_method=T.topk_method, return_scores=T.return_scores,
     sort_decode=T.sort_decode, num_cores=T.num_cores,
-    skip_empty_launches=T.skip_empty_launches):
+    skip_empty_launches=T.skip_empty_launches, decode_q_len=T.decode_q_len):
   """`streamindex_topk_dense` (same arguments and indices; topk_method
   without "fused_blockmax") with the vector-lean kernel body
   (`streamidx.kernels.lean`)."""
