@@ -32,10 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from streamidx import batch as batch_lib
 from streamidx import metrics, modes
 from streamidx import topk as topk_lib
-from streamidx.lab.model import hardware, roofline, tiling
+from streamidx.lab.model import hardware
 
 _F32 = _I32 = 4
 
@@ -190,22 +189,6 @@ def costs(shape: SelectShape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
 
 def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
   return c.bytes / spec.device_bandwidth  # seconds at one JAX device's HBM rate
-
-
-def scoring_bound(shape: SelectShape, generation: str, *,
-                  specs: Mapping[str, hardware.TpuSpec] | None = None
-                  ) -> float:
-  """The scoring kernel's roofline bound (s) for the call behind `shape`:
-  `roofline.predict` over `tiling.plan`, DeepSeek-V4's indexer (64 heads,
-  head_dim 128, FP8 cache, page size 128), production block sizes."""
-  seqs = (dict(decode=[shape.seq_len] * shape.num_seqs) if shape.kind == "decode"
-          else dict(prefill=[(shape.q_len, shape.seq_len)]))
-  b = batch_lib.make_mixed_batch(**seqs, page_size=128, compression_ratio=shape.ratio)
-  p = tiling.plan(b, fmt="fp8", num_heads=64, head_dim=128,
-                  num_kv_pages_per_block=(3, 2, 2),
-                  num_queries_per_block=(1, 128, 128))
-  row = roofline.predict(p, k=shape.k, generations=[generation], specs=specs)
-  return row[generation]["kernel"]
 
 
 def recommend(shape: SelectShape, generation: str, estimates=None,
