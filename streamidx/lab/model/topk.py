@@ -1,25 +1,10 @@
 """The top-k stage per method: bytes, passes, comparisons, and a time bound.
 
-`streamidx.topk.select_topk` runs as XLA ops on one JAX device after the
-scoring kernel, over the f32[T, N] score buffer. Per method this model counts
-what its algorithm moves through HBM (`bytes_read`, `bytes_written`,
-`passes`: full reads of the buffer) and its comparison work (`sort_work`:
-compare-exchanges of a bitonic sorting network, the usual TPU sort;
-`scan_ops`: comparisons of the passes that do not sort), and bounds its time
-by HBM traffic alone, t_hbm = bytes / device HBM bandwidth
-(`lab.model.hardware`, data/tpu_specs.json). The scores are written once by
-the kernel for every method and counted for none; "fused_blockmax" counts the
-block maxima the dense kernel writes for it.
-
-What the bound does not see: the sorts are compute-bound on a TPU. Public
-measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
-entries, k 512; `PUBLIC_TPU7X`, never quoted as ours) put the full sort at
-3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
-turns `sort_work` into seconds, so the model reports the work beside the
-bound; `compile_estimate` adds XLA's cost analysis of the program compiled
-for a generation with libtpu (`bytes accessed`, `optimal_seconds`): a static
-estimate, not a measurement either. `approx_recall` models the recall of
-"approx" (XLA's bin count, its expected recall, an emulation on the scores).
+`cost` counts what each `streamidx.topk.select_topk` method moves through
+HBM and compares; `hbm_bound` bounds its time by that traffic alone;
+`compile_estimate` adds XLA's static cost analysis (libtpu, nothing runs);
+`approx_recall` models "approx". What each count means and what the bound
+cannot see: docs/topk-methods.md, "The model".
 """
 
 from __future__ import annotations
