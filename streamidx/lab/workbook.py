@@ -140,11 +140,6 @@ def declarations(path: Path) -> params_lib.Declarations:
     raise WorkbookError(f"{Path(path).name}: {e}") from e
 
 
-def declared_parameters(path: Path) -> set[str]:
-  """Names the notebook's `parameters` cell assigns."""
-  return set(declarations(path).parameters)
-
-
 def parameters_for(path: Path, profile: str, out_dir: Path) -> dict[str, Any]:
   """What a run of `path` under `profile` passes to papermill."""
   if profile not in PROFILES:
