@@ -45,7 +45,7 @@ class Collective:
   shapes: tuple[str, ...]  # its output arrays, e.g. ("s32[8,2048]",)
   output_bytes: int  # per device
   group_size: int  # devices per replica group (collective-permute: 2)
-  received_bytes: int  # what one device receives (module docstring)
+  received_bytes: int  # what one device receives (docs/multichip.md)
 
 
 def _array_shapes(text):  # scalars (async contexts), unknown types left out
