@@ -150,14 +150,9 @@ def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
 
 @dataclasses.dataclass(frozen=True)
 class PageBound:
-  """One KV page of a launch on one generation: HBM time vs scheduled compute.
-
-  t_hbm: the page's bytes over one TensorCore's HBM bandwidth.
-  bundles_per_page: the KV loop's static schedule (`streamidx.lab.schedule`),
-  a bundle a cycle without stalls: bundles / clock bounds compute from below.
-  With no published clock only the break-even clock is known (vector-bound
-  below it).
-  """
+  """One KV page of a launch on one generation: HBM time (its bytes over one
+  TensorCore's bandwidth) vs the KV loop's static schedule
+  (`streamidx.lab.schedule`, a bundle a cycle without stalls)."""
 
   generation: str
   launch: str
@@ -257,10 +252,8 @@ def max_published_clock_hz() -> float:
 @dataclasses.dataclass(frozen=True)
 class StepBound:
   """One call on one chip: the kernel's HBM, MXU and vector times (lower
-  bounds: no stalls, no per-step overhead); the headline is the largest plus
-  the XLA fill and top-k. Vector time: the decode launches' KV pages x the
-  recorded bundles per page / the clock; without a clock, the break-even
-  clock (vector time = HBM time; vector-bound below it)."""
+  bounds, docs/tpu.md); the headline is the largest plus the XLA fill and
+  top-k; without a clock, the break-even clock (vector-bound below it)."""
 
   generation: str
   variant: str
