@@ -326,16 +326,15 @@ class StepBound:
 def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
                blocks: str = "", page: PageBound | None = None) -> StepBound:
   """`StepBound` of the plan `p` (of `variant`) on `generation`: `bounds`'s
-  HBM and MXU terms and the schedule of its decode launches: the recorded
-  one, or `page` (a compiled `PageBound`) for every decode launch."""
+  HBM and MXU terms and the recorded schedule of its decode launches, or
+  `page` (a compiled `PageBound`) for every launch."""
   spec = hardware.spec(generation)
   stages = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
   rows, pages, missing = set(), 0, []
   for l in p.executed:
-    rec = l.case.startswith("decode") and (page and dict(
-        bundles_per_page=page.bundles_per_page, binding_slot=page.binding_slot)
-        or recorded_bundles(
+    rec = (dict(bundles_per_page=page.bundles_per_page, binding_slot=page.binding_slot)
+           if page else l.case.startswith("decode") and recorded_bundles(
         variant, generation, g.fmt, bkv_p=l.bkv_p, seq_batch_size=l.seq_batch_size,
         num_heads=g.num_q_heads, head_dim=g.head_dim, page_size=g.page_size))
     if not rec:

@@ -1,6 +1,7 @@
 """The tiling bounds notebooks 04 and 06 share, and notebook 04's megacore
 compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
-TensorCores, a model), `decode_page_bounds` (each variant's decode
+TensorCores, a model), `static_bound_s` (`roofline.step_bound`'s vector
+time with a compiled page schedule), `decode_page_bounds` (each variant's decode
 `roofline.PageBound` for `roofline.step_bound`, libtpu in a child process,
 no TPU), `megacore_rows` (the dense decode launch compiled with num_cores 1
 and 2). No TPU measurement here.
@@ -35,6 +36,12 @@ def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
     return 0.0
   busiest = sum(max(row) for row in pages)
   return total * busiest / all_pages / spec.kernel_bandwidth
+
+
+def static_bound_s(p: tiling.Plan, bound: roofline.PageBound | None) -> float | None:
+  """`roofline.step_bound`'s vector time of `p` with `bound`'s schedule for
+  every launch (s); None without a bound or a published clock."""
+  return bound and roofline.step_bound(p, bound.generation, variant="", k=1, page=bound).t_vector
 
 
 def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
