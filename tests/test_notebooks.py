@@ -174,14 +174,14 @@ def test_has_one_parameters_cell_with_output_dir(path):
             if "parameters" in c.metadata.get("tags", [])]
   assert len(tagged) == 1, f"{path.name}: cells tagged 'parameters': {tagged}"
   assert nb.cells[tagged[0]].cell_type == "code"
-  assert workbook.OUTPUT_DIR_PARAMETER in workbook.declared_parameters(path)
+  assert workbook.OUTPUT_DIR_PARAMETER in set(workbook.declarations(path).parameters)
 
 
 @by_name
 def test_the_runner_reads_its_ci_parameters(path, tmp_path):
   ci = workbook.parameters_for(path, "ci", tmp_path)
   assert ci.pop(workbook.OUTPUT_DIR_PARAMETER) == str(tmp_path.resolve() / path.stem)
-  assert set(ci) <= workbook.declared_parameters(path)
+  assert set(ci) <= set(workbook.declarations(path).parameters)
 
 
 @pytest.mark.notebook

@@ -190,6 +190,9 @@ def test_dsv4_step_names_its_model_and_row():
   assert "v6e vendored row" in flash.blocks
   dense = roofline.dsv4_step("v6e", "dense")
   assert dense.fmt == "dense_fp8" and dense.t_hbm < flash.t_hbm
+  prefill = roofline.dsv4_step("v5e", batch=1, q_len=2048)  # no decode launch: HBM and MXU
+  assert prefill.kv_pages == 0 and prefill.t_vector is None
+  assert prefill.kernel_s == max(prefill.t_hbm, prefill.t_mxu) > 0
 
 
 def test_public_measurement_is_set_against_its_bound():

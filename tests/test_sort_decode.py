@@ -136,10 +136,13 @@ def test_sorted_decode_returns_the_given_order_s_indices(variant):
 def test_measured_waste_equals_the_tiling_model(sort_decode):
   inp = _decode_inputs()
   kw = {k: v for k, v in KW.items() if k != "k"}
-  w = costs.decode_waste("vendored", inp, sort_decode=sort_decode, **kw)
-  m = w["measured"]
-  assert m["blocks_fetched"] == w["model"]["blocks_computed"]
-  assert m["blocks_needed"] == w["model"]["blocks_needed"] == 12
+  _, rec = costs.run_recorded("vendored", inp, k=KW["k"], sort_decode=sort_decode, **kw)
+  p = tiling.plan(inp.batch, fmt="fp8", num_heads=4, sort_decode=sort_decode,
+                  **{n: v for n, v in kw.items() if n != "compression_ratio"})
+  m, model = costs.recorded_costs(rec, p), tiling.block_waste(p)
+  assert m["blocks_fetched"] == model["blocks_computed"]
+  # Needed, by hand: [3, 1, 2, 1, 3, 1, 1] blocks of 128 entries.
+  assert m["blocks_needed"] == model["blocks_needed"] == 12
   # given: pairs (3,1) (2,1) (3,1) and 1 alone = 6+4+6+1; sorted: 13.
   assert m["blocks_fetched"] == (13 if sort_decode else 17)
 

@@ -216,7 +216,8 @@ def test_one_chunk_memory_formula_brackets_xla(name):
   from streamidx.lab.bench import long_context
   shape = {s.name: s for s in bench.LONG_CONTEXT + bench.SWEEP}[name]
   b = shape.batch()
-  xla = _temp_bytes(si.streamindex_topk_ref, long_context.abstract_args(shape),
+  xla = _temp_bytes(si.streamindex_topk_ref, jax.eval_shape(  # the cache unbuilt
+                        lambda: long_context.long_context_args(shape)),
                     **shape.kernel_kwargs())
   low, high = streaming.one_chunk_temp_bytes(
       num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,

@@ -1,26 +1,7 @@
 """A notebook's parameters: declared once, in its `parameters` cell, checked
-before anything runs, and scaled up on a TPU.
-
-The `parameters` cell is the one declaration, one line per parameter::
-
-    # Parameters (papermill overrides these with -p). Per line: default | ci: CI size | tpu: TPU size | rule: expression | what it is
-    num_heads = 16   # ci: 4 | tpu: 64 | rule: integer(num_heads) and num_heads >= 1 | indexer heads
-    fmt = "fp8"      # rule: fmt in ("fp8", "bf16") | cache format
-
-The value is the default. The comment's ` | `-separated fields are
-`ci: LITERAL` (what `--profile ci` passes; absent: the default), `tpu:
-LITERAL` (what a TPU run takes, `tpu_scaling`; absent: the default), `rule:
-EXPRESSION` (every parameter but `output_dir`) and free text last; indented
-comment-only lines after a parameter continue its text. A header line
-`# TPU: why` (continued on `#   ` lines) says why a notebook without any
-`tpu:` field has none.
-
-A rule is a Python expression over the notebook's parameters (it may name
-other parameters: `lanes(page_size, num_kv_pages_per_block)`), with the
-helpers of `RULE_HELPERS`, `si` (streamidx) and `lab` (streamidx.lab, its
-modules by short name: `lab.hardware.GENERATIONS`) in scope. The cell after
-`parameters` is one call, `check_notebook(globals())`: a value that breaks
-its rule raises `ParameterError` naming the parameter, the rule and the value.
+before anything runs, and scaled up on a TPU. The cell's format (`ci:`,
+`tpu:`, `rule:` fields; the `# TPU:` header), what a rule may name and the
+`check_notebook(globals())` call after it: docs/workbook.md, "Parameters".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The sharded indexer compiled for a TPU slice without a TPU; its collectives.
 
-`streamidx.sharded` runs any variant under `jax.shard_map`. Here it is
-compiled ahead of time for a multi-chip topology (`libtpu`'s compiler via
-`jax.experimental.topologies`, no TPU attached) with a `Mesh` over the
-topology's devices, and the collectives of the compiled program are read
-from its HLO text: which op, over which device groups, how many bytes.
-
-`compile_matrix` (every layout and merge per topology) is the sharded part
-of `python -m streamidx.aot` (`--no-sharded` skips it).
-
     r = compile_sharded("v6e:2x2", "context-parallel")
     r.ok, r.collectives, r.received_bytes, r.model_received_bytes
 
-A layout is "sequence-parallel" (every device a data shard),
-"context-parallel" (every device a context share) or "2d" (a data x context
-mesh, the context axis the topology's second factor). The shapes are a
-DeepSeek-V4 decode step per data shard (64 heads, head_dim 128, the FP8
-cache, k 512, ratio 4) unless given; page variants use ratio 1.
-
-Bytes: `received_bytes` counts, per device, what each collective brings in
-(an all-gather over G devices: its output less the device's own part,
-(G - 1) / G of it; a collective-permute: its output); `model_received_bytes`
-is `streamidx.sharded.merge_bytes_per_row` times the rows, what the merge
-should move. They agree when the compiler added no collective of its own.
+`compile_matrix` (every layout and merge per topology) is the sharded part of
+`python -m streamidx.aot` (`--no-sharded` skips it). The layouts, the default
+shapes and what the two byte counts mean: docs/multichip.md, "Compiled for a
+slice without a TPU".
 """
 
 from __future__ import annotations
@@ -61,7 +45,7 @@ class Collective:
   shapes: tuple[str, ...]  # its output arrays, e.g. ("s32[8,2048]",)
   output_bytes: int  # per device
   group_size: int  # devices per replica group (collective-permute: 2)
-  received_bytes: int  # what one device receives (module docstring)
+  received_bytes: int  # what one device receives (docs/multichip.md)
 
 
 def _array_shapes(text):  # scalars (async contexts), unknown types left out

@@ -1,16 +1,7 @@
-"""Helpers for the kernel walkthrough notebook (01): source excerpts and
-the TPU compiler's verdict on its kernels; and notebook line counts.
-
-The walkthrough builds the StreamIndex kernel up from the reference in small
-Pallas kernels whose bodies, checks and tables live in the notebook's cells
-(they are what it teaches). What is tooling rather than teaching lives here,
-tested (tests/test_walkthrough.py):
-
-    excerpt(module, "outer.inner")   numbered source lines of a (nested)
-                                     function, with the file's line numbers
-    compile_rows(kernels, gens)      compiles kernels for TPU generations
-                                     (libtpu, no TPU): the compiler's verdict
-                                     (tests/test_notebooks.py)
+"""Tooling for the kernel walkthrough notebook (01), tested in
+tests/test_walkthrough.py: `excerpt` (numbered source lines of a nested
+function) and `compile_rows` (the TPU compiler's verdict on its kernels,
+libtpu, no TPU). The kernels it teaches live in the notebook's cells.
 """
 
 from __future__ import annotations

@@ -3,17 +3,10 @@
     python -m streamidx.workbook [--profile ci|default] [--only NAME ...] [--html]
                                  [--out DIR] [--timeout S] [--jobs N] [-v]
 
-`--profile ci` passes each parameter's `ci:` value from the notebook's
-`parameters` cell (`streamidx.lab.params`), `default` none; both point
-`output_dir` at `<out>/<stem>/`. The executed copy is `<out>/<name>` (the
-source is never written), `--html` renders it beside it, and the landing
-page `<out>/index.html` shows each notebook's question, its computed answer
-(the first `text/markdown` output), its machine line, status and links.
-`--jobs` notebooks run at once, each in its own `python3` kernel in the
-notebooks folder (its stdout and stderr in `<out>/<stem>.kernel.log`),
-longest expected first. A configuration error is a
-`WorkbookError` before anything runs (exit 2); a failed notebook is
-reported with its cell (exit 1).
+What it writes (executed copies, `<out>/<stem>.kernel.log`, the landing page)
+and in what order it runs: docs/workbook.md. A configuration error is a
+`WorkbookError` before anything runs (exit 2); a failed notebook is reported
+with its cell (exit 1).
 """
 
 from __future__ import annotations
@@ -145,11 +138,6 @@ def declarations(path: Path) -> params_lib.Declarations:
     return params_lib.declarations(Path(path))
   except (params_lib.ParameterError, SyntaxError) as e:
     raise WorkbookError(f"{Path(path).name}: {e}") from e
-
-
-def declared_parameters(path: Path) -> set[str]:
-  """Names the notebook's `parameters` cell assigns."""
-  return set(declarations(path).parameters)
 
 
 def parameters_for(path: Path, profile: str, out_dir: Path) -> dict[str, Any]:

@@ -1,13 +1,8 @@
-"""The benchmark's harness: columns, worker processes, timing, checks, runs.
-
-Every measurement runs in a fresh worker process (`python -m streamidx.bench
---worker SPEC`, SPEC a JSON object) that prints one line `RESULT_PREFIX
-<json>` (`run_worker` reads it): one implementation's freed buffers cannot
-hide another's peak, and the parent holds no JAX backend (on a TPU only one
-process may hold the chip). `run` runs the `IMPLEMENTATIONS` (columns) on
-shapes, checks every result (`oracle_agreement`, `vs_reference`) and writes
-one JSON document (`SCHEMA`) for its two uses, `run_sweep` (bench.json,
-bench.png) and `long_context.run_long_context` (long_context.json).
+"""The benchmark's harness: columns, worker processes, timing, checks, runs
+(why every measurement runs in a fresh worker, and the JSON it writes:
+docs/benchmarks.md). `run` runs the `IMPLEMENTATIONS` on shapes, checks
+every result (`oracle_agreement`, `vs_reference`) for `run_sweep` and
+`long_context.run_long_context`.
 """
 
 from __future__ import annotations

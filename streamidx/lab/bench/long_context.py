@@ -63,12 +63,6 @@ def long_context_args(shape: Shape, *, seed: int = 0):
           *b.kernel_arrays())
 
 
-def abstract_args(shape: Shape):
-  """ShapeDtypeStructs of `long_context_args(shape)` (the cache unbuilt)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.eval_shape(lambda: long_context_args(shape))
-
-
 def spot_check(shape: Shape, args) -> list:
   """The parts `harness.oracle_agreement` checks on a long-context batch:
   decode, sequences 0 and last with their own pages only (the oracle decodes

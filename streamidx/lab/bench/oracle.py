@@ -35,22 +35,17 @@ def dequantize_cache(cache, head_dim: int) -> np.ndarray:
 
 
 def f32_score_bound(q, indexer_weights, cache_kv) -> float:
-  """Bound on |float32 score - exact score|, for any row and entry.
-
-  A score is sum_h w_h * ReLU(sum_d q_hd k_d). The products q_hd k_d are
-  exact in float32 (a bf16 or f32 query times an e4m3 or bf16 key value,
-  then a power-of-two scale; exact for bf16 queries, within one rounding
-  for f32 ones); summing head_dim of them, weighting, and summing num_heads
-  terms in float32, in any order, loses at most (head_dim + num_heads + 2)
-  units of roundoff 2**-24 relative to the sum of magnitudes
-  sum_h |w_h| sum_d |q_hd| |k_d| <= max_t sum_h |w_th| sum_d |q_thd| * max|k|.
-  """
-  q = np.abs(np.asarray(q, np.float64))
+  """Bound on |float32 score - exact score|, for any row and entry: the
+  roundings of `metrics.summation_error_bound` (its derivation), from the
+  arrays, its B bounded by max_t sum_h |w_th| sum_d |q_thd| * max|k|."""
+  from streamidx import metrics  # pylint: disable=g-import-not-at-top
+  q = np.asarray(q)
   w = np.abs(np.asarray(indexer_weights, np.float64))
   num_heads, head_dim = q.shape[1], q.shape[2]
   kmax = float(np.abs(dequantize_cache(cache_kv, head_dim)).max(initial=0.0))
-  mag = float((w * q.sum(axis=2)).sum(axis=1).max(initial=0.0))
-  return (head_dim + num_heads + 2) * 2.0**-24 * mag * kmax * 1.01
+  mag = float((w * np.abs(q.astype(np.float64)).sum(axis=2)).sum(axis=1).max(initial=0.0))
+  n = head_dim + num_heads - 1 + (head_dim if q.dtype == np.float32 else 0)
+  return metrics._gamma(n) * mag * kmax  # pylint: disable=protected-access
 
 
 def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,

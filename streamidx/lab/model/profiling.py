@@ -1,25 +1,12 @@
 """Measuring the kernel: profiler traces, per-op device times, run files.
 
-On a TPU, Python dispatch time dwarfs a kernel's, so times come from a
-`jax.profiler` trace, never from a clock around a Python call:
-
     cap = capture(lambda: streamidx.streamindex_topk(*args, **kw),
                   log_dir="build/trace/point0", iterations=5)
     times = stage_times(load_trace(cap.perfetto_path), iterations=cap.iterations)
     times["kernel_s"], times["topk_s"]        # per iteration, device time
 
-`stage_times` sums the op events of the trace's device lines
-("/device:TPU:N" processes, their "XLA Ops" thread) by `STAGE_PATTERNS` (the
-kernel's named scope "StreamIdx...", the top-k). On a CPU there are none:
-it says so (`device=False`) and reports the host-side duration of the call
-(for the interpreter, Python simulating a TPU). The TPU path follows the
-trace format JAX's profiler writes on TPU and has not run on a TPU in this
-project yet: on a first TPU run, check the op table and adjust
-`STAGE_PATTERNS` if an op lands in "other".
-
-Run files (`write_run`, `load_runs`, `runs_table`; `plots.runs_figure`): one run's
-machine, versions, parameters and measurements as JSON, so runs on
-different TPUs can be compared side by side.
+Why times come from a trace, what `stage_times` sums (and reports off a TPU),
+and the run files: docs/tpu.md, "Measuring the kernel".
 """
 
 from __future__ import annotations

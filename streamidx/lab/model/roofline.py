@@ -1,43 +1,9 @@
 """Roofline model of one indexer call: bytes, FLOPs, and the time bound per TPU.
 
-One call (`streamindex_topk` or `streamindex_page_topk`) runs three stages,
-one after another:
-
-  "fill"    XLA: the f32 score buffer `[T, cols]` is set to -inf (it is then
-            aliased into the kernel, so unwritten columns stay -inf).
-  "kernel"  Pallas: scores every KV block the launches of `streamidx.lab.model.tiling`
-            visit; writes f32 scores per block (token mode) or pooled page
-            scores per query block (page mode).
-  "topk"    XLA: top-k over the score buffer, then -1 where the score is -inf.
-
-For each stage, the model counts bytes read and written in HBM and MXU FLOPs
-as the kernel EXECUTES them (decode-batch blocks past a short sequence's end
-included; `useful_*` counts only what the visible entries need), and bounds
-its time as in the scaling book's roofline:
-
-  T_mem  = bytes / HBM bandwidth        T_math = FLOPs / peak
-  bound  = max(T_mem, T_math)           intensity = FLOPs / bytes
-
-with the rates of `streamidx.lab.model.hardware`: one TensorCore's share for the kernel
-(its grid is "arbitrary": a launch runs on one TensorCore), one JAX device's
-for the XLA stages. The bound of a call is the sum of its stages' bounds.
-
-The vector unit (ReLU, weighting, head sum, masking, the FP8 unpack) has no
-public rate; `step_bound` (and `dsv4_step`, the production DeepSeek-V4 decode
-step) adds its time from the compiler's static schedule instead: the decode
-launches' KV pages x the recorded bundles per page (`data/decode_schedule.json`,
-`python -m streamidx.lab.schedule`) / the clock, or the break-even clock where
-no clock is published. Its headline is the largest of HBM, MXU and vector.
-
-Not modeled (so a measured time is above the bound): per-grid-step and
-per-DMA overheads, DMA issue latency, stalls, the top-k's comparisons (its
-bound is its memory traffic only), the small XLA ops that pad q and cast the
-weights, and launch gaps.
-
-Matmul precision: the kernel multiplies the query block (bf16 in streamidx)
-with the KV block (e4m3 values or bf16) with f32 accumulation; the model uses
-the chip's bf16 peak (`matmul_dtype="bf16"`). Production DeepSeek-V4 feeds FP8
-queries; `matmul_dtype="fp8"` shows that case where an FP8 peak is published.
+The three stages ("fill", "kernel", "topk"), what each is charged, the rates
+used and what is not modeled: docs/tpu.md, "The roofline model". `step_bound`
+adds the vector unit from the compiler's static schedule; `dsv4_step` is the
+production DeepSeek-V4 decode step every notebook quotes.
 """
 
 from __future__ import annotations
@@ -184,14 +150,9 @@ def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
 
 @dataclasses.dataclass(frozen=True)
 class PageBound:
-  """One KV page of a launch on one generation: HBM time vs scheduled compute.
-
-  t_hbm: the page's bytes over one TensorCore's HBM bandwidth.
-  bundles_per_page: the KV loop's static schedule (`streamidx.lab.schedule`),
-  a bundle a cycle without stalls: bundles / clock bounds compute from below.
-  With no published clock only the break-even clock is known (vector-bound
-  below it).
-  """
+  """One KV page of a launch on one generation: HBM time (its bytes over one
+  TensorCore's bandwidth) vs the KV loop's static schedule
+  (`streamidx.lab.schedule`, a bundle a cycle without stalls)."""
 
   generation: str
   launch: str
@@ -291,10 +252,8 @@ def max_published_clock_hz() -> float:
 @dataclasses.dataclass(frozen=True)
 class StepBound:
   """One call on one chip: the kernel's HBM, MXU and vector times (lower
-  bounds: no stalls, no per-step overhead); the headline is the largest plus
-  the XLA fill and top-k. Vector time: the decode launches' KV pages x the
-  recorded bundles per page / the clock; without a clock, the break-even
-  clock (vector time = HBM time; vector-bound below it)."""
+  bounds, docs/tpu.md); the headline is the largest plus the XLA fill and
+  top-k; without a clock, the break-even clock (vector-bound below it)."""
 
   generation: str
   variant: str
@@ -365,17 +324,19 @@ class StepBound:
 
 
 def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
-               blocks: str = "") -> StepBound:
+               blocks: str = "", page: PageBound | None = None) -> StepBound:
   """`StepBound` of the plan `p` (of `variant`) on `generation`: `bounds`'s
-  HBM and MXU terms and the recorded schedule of its decode launches."""
+  HBM and MXU terms and the recorded schedule of its decode launches, or
+  `page` (a compiled `PageBound`) for every launch."""
   spec = hardware.spec(generation)
   stages = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
   rows, pages, missing = set(), 0, []
   for l in p.executed:
-    rec = l.case.startswith("decode") and recorded_bundles(
+    rec = (dict(bundles_per_page=page.bundles_per_page, binding_slot=page.binding_slot)
+           if page else l.case.startswith("decode") and recorded_bundles(
         variant, generation, g.fmt, bkv_p=l.bkv_p, seq_batch_size=l.seq_batch_size,
-        num_heads=g.num_q_heads, head_dim=g.head_dim, page_size=g.page_size)
+        num_heads=g.num_q_heads, head_dim=g.head_dim, page_size=g.page_size))
     if not rec:
       missing.append(f"{l.label} bkv_p={l.bkv_p}")
       continue
@@ -402,17 +363,19 @@ DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
 
 def dsv4_step(generation: str, variant: str = "vendored", *,
               model: str = "DeepSeek-V4-Flash", batch: int = 64,
-              context_tokens: int = 131072) -> StepBound:
+              context_tokens: int = 131072, q_len: int = 1) -> StepBound:
   """The production step: `model`'s indexer (its k) over `batch` decode
-  sequences of `context_tokens` tokens on `generation`, with `variant`'s
-  block-size row for that chip (`StepBound.blocks` names it) and cache
-  format ("fp8" vendored, "dense_fp8" dense)."""
+  sequences of `context_tokens` tokens (q_len > 1: prefill chunks of
+  `q_len` queries) on `generation`, with `variant`'s block-size row for
+  that chip (`StepBound.blocks` names it) and cache format ("fp8" vendored,
+  "dense_fp8" dense)."""
   import streamidx as si  # pylint: disable=g-import-not-at-top
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
   fmt = "dense_fp8" if variant == "dense" else "fp8"
-  b = si.make_mixed_batch(decode=[context_tokens] * batch, page_size=128,
-                          compression_ratio=4)
+  seqs = (dict(decode=[context_tokens] * batch) if q_len == 1
+          else dict(prefill=[(q_len, context_tokens)] * batch))
+  b = si.make_mixed_batch(**seqs, page_size=128, compression_ratio=4)
   row = si.block_sizes(variant, cache_format=fmt, num_heads=64, page_size=128,
                        generation=generation)
   p = tiling.plan(b, fmt=fmt, num_heads=64, head_dim=128, variant=variant,

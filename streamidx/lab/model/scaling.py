@@ -1,39 +1,11 @@
 """Scaling model: the indexer's decode step on 1 to many chips.
 
-A decode step scores B sequences of L tokens (L // ratio compressed entries
-each) on N JAX devices (N = chips x `jax_devices_per_chip`: TPU7x shows each
-of its two TensorCores as a device). A layout splits them as D data groups x
-C context shares (`streamidx.sharded`): each device scores ceil(B / D)
-sequences, of each the share ceil(pages / C) pages, then (C > 1) the top-k
-lists of its context group are merged. C = 1 is "one chip per sequence":
-sequence parallelism only, each sequence on one device.
-
-Per device (the busiest), per step and layer:
-
-  cache bytes   seqs x share pages x page_size x record bytes
-  local         `lab.model.roofline` of the kernel call on the device's
-                sequences and share (fill, kernel, top-k: each stage's
-                max(T_mem, T_math), summed), the generation's block sizes
-  merge         rows x `sharded.merge_bytes_per_row(k, C, merge)` bytes over
-                `TpuSpec.device_ici_bandwidth`, plus the merge's top-k as
-                HBM traffic (read C * k candidates, write k), plus
-                `collective_latency_s` per round (1 for all_gather, log2 C
-                for tree)
-  step          local + merge
-
-Sources: the roofline's and ICI's rates from `data/tpu_specs.json` (ICI:
-Google's bidirectional per-chip figure, all ports: a best case for a
-collective along one mesh axis). Not modelled: collective and launch
-latency (`collective_latency_s` is 0 unless set from a measurement: no
-public per-hop figure), overlap of the merge with other work, topology,
-what the roofline leaves out. A model, not a measurement.
-
-Where context parallelism pays: while B >= N (every device has a sequence of
-its own), splitting a sequence over C devices leaves each device's bytes
-the same and adds the merge, so C = 1 wins; once devices outnumber the
-sequences, C = N / B divides each sequence's cache reads by C for a merge of
-(C - 1) x k x 8 bytes per row. `crossover_devices` and `crossover_context`
-find where, for a workload and a generation.
+A layout splits N JAX devices into D data groups x C context shares
+(`streamidx.sharded`); `step` models the busiest device's step (its local
+roofline call plus, C > 1, the top-k merge over ICI), `crossover_devices` and
+`crossover_context` find where context parallelism starts to pay. The
+model's terms, sources and what it leaves out: docs/multichip.md, "The
+scaling model". A model, not a measurement.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The kernel's DMA and compute order, observed while the TPU interpreter runs it.
 
-`record()` is a context manager: kernel calls inside it run in Pallas's TPU
-interpreter, whose own Python-level operations are wrapped for the block, so
-each one the kernel triggers is recorded in order with a sequence number: a
-launch starting (`_initialize_shared_memory`, one per `pallas_call`), buffer
-allocations (`_allocate_buffer`) and the DMA semaphore array
-(`_allocate_semaphores`: the kernel's `sems[4, 2, B]`), each grid point
-(`InterpretParams.grid_point_recorder`), DMA starts and waits, and VMEM loads
-and stores (`get`, `swap`: a compute step reads a KV block and ends writing a
-block of scores). The kernel does not change. A timeline's x axis is this
-sequence number (issue order), not time: the interpreter executes a DMA when
-it is waited for, and its clock measures Python, not a TPU.
-
     with streamidx.lab.model.timeline.record() as rec:
       idx = streamidx.streamindex_topk(*inp.args, **kw)
     events = rec.dma_events()    # comparable to tiling.expected_dma_events
     plots.dma_timeline_axes(ax, rec)
 
-Written against the interpreter of jax 0.10.2
-(`jax._src.pallas.mosaic.interpret.interpret_pallas_call`); where it lacks
-these functions `record()` raises a RuntimeError naming them (a notebook can
-ask `streamidx.modes.interpreter_internals_missing("timeline")` first). Calls
-inside the block are traced afresh (new `InterpretParams`, part of the jit
-cache key), so the first one costs a compile.
+What `record()` wraps, why its x axis is issue order and not time, and the
+jax version it is written against: docs/tpu.md, "The DMA timeline".
 """
 
 from __future__ import annotations

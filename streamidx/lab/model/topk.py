@@ -1,25 +1,10 @@
 """The top-k stage per method: bytes, passes, comparisons, and a time bound.
 
-`streamidx.topk.select_topk` runs as XLA ops on one JAX device after the
-scoring kernel, over the f32[T, N] score buffer. Per method this model counts
-what its algorithm moves through HBM (`bytes_read`, `bytes_written`,
-`passes`: full reads of the buffer) and its comparison work (`sort_work`:
-compare-exchanges of a bitonic sorting network, the usual TPU sort;
-`scan_ops`: comparisons of the passes that do not sort), and bounds its time
-by HBM traffic alone, t_hbm = bytes / device HBM bandwidth
-(`lab.model.hardware`, data/tpu_specs.json). The scores are written once by
-the kernel for every method and counted for none; "fused_blockmax" counts the
-block maxima the dense kernel writes for it.
-
-What the bound does not see: the sorts are compute-bound on a TPU. Public
-measurements (sglang-jax #1642 and #1607, TPU7x, decode B=64, 262,144
-entries, k 512; `PUBLIC_TPU7X`, never quoted as ours) put the full sort at
-3.6 ms, about 200 times its one-pass HBM bound. No public VPU or XLU rate
-turns `sort_work` into seconds, so the model reports the work beside the
-bound; `compile_estimate` adds XLA's cost analysis of the program compiled
-for a generation with libtpu (`bytes accessed`, `optimal_seconds`): a static
-estimate, not a measurement either. `approx_recall` models the recall of
-"approx" (XLA's bin count, its expected recall, an emulation on the scores).
+`cost` counts what each `streamidx.topk.select_topk` method moves through
+HBM and compares; `hbm_bound` bounds its time by that traffic alone;
+`compile_estimate` adds XLA's static cost analysis (libtpu, nothing runs);
+`approx_recall` models "approx". What each count means and what the bound
+cannot see: docs/topk-methods.md, "The model".
 """
 
 from __future__ import annotations
@@ -32,10 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from streamidx import batch as batch_lib
 from streamidx import metrics, modes
 from streamidx import topk as topk_lib
-from streamidx.lab.model import hardware, roofline, tiling
+from streamidx.lab.model import hardware
 
 _F32 = _I32 = 4
 
@@ -190,22 +174,6 @@ def costs(shape: SelectShape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
 
 def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
   return c.bytes / spec.device_bandwidth  # seconds at one JAX device's HBM rate
-
-
-def scoring_bound(shape: SelectShape, generation: str, *,
-                  specs: Mapping[str, hardware.TpuSpec] | None = None
-                  ) -> float:
-  """The scoring kernel's roofline bound (s) for the call behind `shape`:
-  `roofline.predict` over `tiling.plan`, DeepSeek-V4's indexer (64 heads,
-  head_dim 128, FP8 cache, page size 128), production block sizes."""
-  seqs = (dict(decode=[shape.seq_len] * shape.num_seqs) if shape.kind == "decode"
-          else dict(prefill=[(shape.q_len, shape.seq_len)]))
-  b = batch_lib.make_mixed_batch(**seqs, page_size=128, compression_ratio=shape.ratio)
-  p = tiling.plan(b, fmt="fp8", num_heads=64, head_dim=128,
-                  num_kv_pages_per_block=(3, 2, 2),
-                  num_queries_per_block=(1, 128, 128))
-  row = roofline.predict(p, k=shape.k, generations=[generation], specs=specs)
-  return row[generation]["kernel"]
 
 
 def recommend(shape: SelectShape, generation: str, estimates=None,

@@ -5,7 +5,7 @@ from a `lab.model.timeline.record()` of the call (DMA starts and waits with
 their bytes, grid points, launches), not modeled and not timed: bytes per
 cache entry (packed FP8 record 256 B, dense FP8 head_dim + 1:
 `bytes_moved`), KV blocks batched decode programs fetch for nothing, given
-and sorted order (`decode_waste`, beside `tiling.block_waste`), and launches,
+and sorted order (`recorded_costs`, beside `tiling.block_waste`), and launches,
 grid points and DMAs per launch (`launch_counts`; beside the plan that
 models the call: `recorded_costs`, notebook 04). Interpreter runs are slow;
 the batches are small, and bytes per entry do not depend on the batch.
@@ -122,38 +122,3 @@ def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
               bytes_per_entry=moved["bytes_per_entry"], blocks_fetched=fetched,
               blocks_needed=needed,
               waste=(fetched - needed) / fetched if fetched else 0.0)
-
-
-def decode_waste(variant: str, inputs, *, compression_ratio: int,
-                 num_kv_pages_per_block, num_queries_per_block,
-                 decode_req_batch_size: int = 4, sort_decode: bool = True,
-                 k: int = 8) -> dict:
-  """KV blocks the decode launches fetch for nothing: measured and modeled.
-
-  The KV blocks the token variant's decode launches fetched on `inputs`
-  (`recorded_costs`) against those its decode sequences need (max(1,
-  cdiv(seq_len // ratio, bkv_sz)) each, counted here), beside
-  `tiling.block_waste` of the same call. Returns {"measured":
-  {blocks_fetched, blocks_needed, blocks_wasted, waste_fraction}, "model"}.
-  """
-  blocks = dict(num_kv_pages_per_block=num_kv_pages_per_block,
-                num_queries_per_block=num_queries_per_block,
-                decode_req_batch_size=decode_req_batch_size,
-                sort_decode=sort_decode)
-  _, rec = run_recorded(variant, inputs, k=k,
-                        compression_ratio=compression_ratio, **blocks)
-  b = inputs.batch
-  p = tiling.plan(b, fmt="fp8" if inputs.fmt != "bf16" else "bf16",
-                  num_heads=int(inputs.q.shape[1]), **blocks)
-  fetched = recorded_costs(rec, p)["blocks_fetched"]
-  bkv_sz = p.launches[0].bkv_sz
-  i = int(b.distribution[0])
-  needed = sum(max(1, cdiv(int(s) // compression_ratio, bkv_sz))
-               for s in np.asarray(b.seq_lens)[:i])
-  return {
-      "measured": dict(blocks_fetched=fetched, blocks_needed=needed,
-                       blocks_wasted=fetched - needed,
-                       waste_fraction=(fetched - needed) / fetched
-                       if fetched else 0.0),
-      "model": tiling.block_waste(p),
-  }

@@ -48,8 +48,7 @@ def boundary_ties(scores, k: int) -> BoundaryTies:
                       slots=np.asarray(slots, int))
 
 
-def approx_topk_reduction_size(n: int, k: int, recall_target: float,
-                               rank: int = 2) -> int | None:
+def approx_topk_reduction_size(n: int, k: int, recall_target: float) -> int | None:
   """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
   exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
   (private jaxlib binding; None without it). n: an exact top-k."""
@@ -58,4 +57,4 @@ def approx_topk_reduction_size(n: int, k: int, recall_target: float,
     fn = _jax.approx_top_k_reduction_output_size
   except (ImportError, AttributeError):
     return None
-  return int(fn(n, rank, k, recall_target, False, -1)[0])
+  return int(fn(n, 2, k, recall_target, False, -1)[0])  # rank 2: [T, n] scores

@@ -1,10 +1,10 @@
 """The tiling bounds notebooks 04 and 06 share, and notebook 04's megacore
 compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
-TensorCores, a model), `static_bound_s` (KV pages times the compiler's
-scheduled compute per page), `decode_page_bounds` (each variant's decode
-`roofline.PageBound`, libtpu in a child process, no TPU), `megacore_rows`
-(the dense decode launch compiled with num_cores 1 and 2). No TPU
-measurement here.
+TensorCores, a model), `static_bound_s` (`roofline.step_bound`'s vector
+time with a compiled page schedule), `decode_page_bounds` (each variant's decode
+`roofline.PageBound` for `roofline.step_bound`, libtpu in a child process,
+no TPU), `megacore_rows` (the dense decode launch compiled with num_cores 1
+and 2). No TPU measurement here.
 """
 
 from __future__ import annotations
@@ -38,14 +38,10 @@ def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
   return total * busiest / all_pages / spec.kernel_bandwidth
 
 
-def static_bound_s(p: tiling.Plan, bound: roofline.PageBound | None
-                   ) -> float | None:
-  """The KV pages the plan `p` fetches (its KV bytes over `bound.page_bytes`)
-  times the schedule's compute time per page (s); None without a bound or
-  without a published clock (`bound.t_compute` None)."""
-  if bound is None or bound.t_compute is None:
-    return None
-  return p.counts()["hbm_bytes_kv"] / bound.page_bytes * bound.t_compute
+def static_bound_s(p: tiling.Plan, bound: roofline.PageBound | None) -> float | None:
+  """`roofline.step_bound`'s vector time of `p` with `bound`'s schedule for
+  every launch (s); None without a bound or a published clock."""
+  return bound and roofline.step_bound(p, bound.generation, variant="", k=1, page=bound).t_vector
 
 
 def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
