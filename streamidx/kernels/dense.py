@@ -205,7 +205,7 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   cache_values, cache_scales = cache
   block_max = bmax is not None
   page_pool = case == "page"
-  num_cores, vmem_limit_bytes = call.num_cores, call.vmem_limit_bytes
+  num_cores = call.num_cores
   name = (f"StreamIdxDensePageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool else
           f"StreamIdxDenseTC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"
           + ("-bmax" if block_max else ""))
@@ -228,56 +228,21 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   if block_max:
     scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
                     jnp.dtype(jnp.float32)))
-  if interpret is False:  # the vendored M11 check
-    tpu.check_launch_vmem(
-        scratch, case=name, vmem_limit_bytes=vmem_limit_bytes,
-        blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
-                f"{bq_sz}, {b} sequence(s) per program"))
-  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-  scratch_shapes.append(pltpu.SemaphoreType.DMA((len(SEMAPHORE_ROWS), 2, b)))
-  seq_lens, page_indices, cu_q_lens, q_rows = prefetch
-  scalars = (seq_lens, page_indices, cu_q_lens, q_rows,
-             jnp.stack([jnp.asarray(start, jnp.int32),
-                        jnp.asarray(end, jnp.int32)]),
-             jnp.zeros((_NUM_SEM_IDS,), jnp.int32),
-             jnp.full((_NUM_BO_SZ,), -1, jnp.int32))
-  hbm = pl.BlockSpec(memory_space=pltpu.HBM)
-  num_programs = (jnp.asarray(end, jnp.int32) - start) // b
-  if num_cores == 1:
-    grid, semantics_ = (num_programs,), ("arbitrary",)
-  else:
-    grid = (num_cores, cdiv(num_programs, num_cores))
-    semantics_ = ("parallel", "arbitrary")
-  kernel = pl.pallas_call(
-      functools.partial(
-          _dense_kernel, block_max=block_max,
-          compression_ratio=call.compression_ratio,
-          static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-          seq_batch_size=b, causal_rule=call.causal_rule,
-          interpreted=interpret is not False,
-          widen_fp8=tpu.widen_fp8_for_mxu(interpret), num_cores=num_cores,
-          **(dict(page_pool_size=page_size,
-                  pool_by_lane_segments=segment_pool) if page_pool else {})),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=len(scalars),
-          in_specs=[hbm] * (6 if block_max else 5),
-          out_specs=[hbm, hbm] if block_max else hbm,
-          grid=grid,
-          scratch_shapes=scratch_shapes),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=semantics_,
-          vmem_limit_bytes=vmem_limit_bytes,
-          disable_bounds_checks=True),
-      out_shape=(
-          (jax.ShapeDtypeStruct(scores.shape, jnp.float32),
-           jax.ShapeDtypeStruct(bmax.shape, jnp.float32)) if block_max
-          else jax.ShapeDtypeStruct(scores.shape, jnp.float32)),
-      input_output_aliases=(
-          {len(scalars) + 4: 0, len(scalars) + 5: 1} if block_max
-          else {len(scalars) + 4: 0}),
-      name=name,
-      interpret=interpret,
-  )
-  outputs = (scores, bmax) if block_max else (scores,)
-  return jax.named_scope(name)(kernel)(*scalars, q, weights, cache_values,
-                                       cache_scales, *outputs)
+  kernel = functools.partial(
+      _dense_kernel, block_max=block_max,
+      compression_ratio=call.compression_ratio,
+      static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
+      seq_batch_size=b, causal_rule=call.causal_rule,
+      interpreted=interpret is not False,
+      widen_fp8=tpu.widen_fp8_for_mxu(interpret), num_cores=num_cores,
+      **(dict(page_pool_size=page_size,
+              pool_by_lane_segments=segment_pool) if page_pool else {}))
+  return tpu.pallas_launch(
+      kernel, name=name, scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      prefetch=prefetch, start=start, end=end, seq_batch_size=b,
+      num_sem_ids=_NUM_SEM_IDS, num_bo_sz=_NUM_BO_SZ,
+      inputs=(q, weights, cache_values, cache_scales),
+      outputs=(scores, bmax) if block_max else (scores,),
+      call=call, interpret=interpret, num_cores=num_cores,
+      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
+              f"{bq_sz}, {b} sequence(s) per program"))

@@ -1,5 +1,8 @@
 """The project's TPU helpers the kernel bodies share (not upstream code).
 
+    pallas_launch(kernel, ...)          one launch's `pallas_call`: the VMEM
+                                        check, scratch, scalar prefetch, grid,
+                                        HBM operands, outputs aliased
     check_launch_vmem(scratch, ...)     compiled mode: a launch's VMEM scratch
                                         fits the chip (vendored M11)
     target_tpu_info()                   `pltpu.get_tpu_info()` of the chip
@@ -17,9 +20,72 @@ v5+ paths run unless `force_v4_paths()` is active.
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import semantics
+from streamidx.semantics import cdiv
+
+
+def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
+                  end, seq_batch_size, num_sem_ids, num_bo_sz, inputs,
+                  outputs, call, interpret, blocks, case=None,
+                  num_cores=1):
+  """One launch of a kernel body: its `pallas_call`, made and called.
+
+  The setup every body shares (`streamidx.kernels.driver.KernelBody.launch`
+  calls this once per launch):
+
+  - compiled, the scratch is checked against the chip's VMEM (M11);
+  - scratch: `scratch` ((name, shape, dtype), ...) in VMEM, then the DMA
+    semaphores `DMA[num_sem_rows, 2, seq_batch_size]`;
+  - scalar prefetch: `prefetch` (seq_lens, page_indices, cu_q_lens, q_rows),
+    i32[2] (start, end), i32[num_sem_ids] zeros (the double-buffer slots),
+    i32[num_bo_sz] of -1 (rows in flight of the output DMAs);
+  - grid: (end - start) // seq_batch_size programs ("arbitrary"), or
+    (num_cores, cdiv(programs, num_cores)) with a leading "parallel" axis;
+  - operands `inputs` then `outputs`, all in HBM; output i is aliased to
+    the i-th of `outputs` (the driver's -inf score buffers).
+
+  `kernel` is the body's kernel function with its static arguments bound;
+  the VMEM error names the launch `case` (default `name`) and says its
+  `blocks`. Returns the outputs
+  (one array, or a tuple for more than one).
+  """
+  b = seq_batch_size
+  if interpret is False:
+    check_launch_vmem(scratch, case=case or name, blocks=blocks,
+                      vmem_limit_bytes=call.vmem_limit_bytes)
+  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((num_sem_rows, 2, b)))
+  start, end = jnp.asarray(start, jnp.int32), jnp.asarray(end, jnp.int32)
+  scalars = (*prefetch, jnp.stack([start, end]),
+             jnp.zeros((num_sem_ids,), jnp.int32),
+             jnp.full((num_bo_sz,), -1, jnp.int32))
+  num_programs = (end - start) // b
+  if num_cores == 1:
+    grid, dims = (num_programs,), ("arbitrary",)
+  else:
+    grid = (num_cores, cdiv(num_programs, num_cores))
+    dims = ("parallel", "arbitrary")
+  hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+  out_shape = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs]
+  first_out = len(scalars) + len(inputs)
+  one = len(outputs) == 1
+  fn = pl.pallas_call(
+      kernel,
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=len(scalars),
+          in_specs=[hbm] * (len(inputs) + len(outputs)),
+          out_specs=hbm if one else [hbm] * len(outputs),
+          grid=grid, scratch_shapes=scratch_shapes),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=dims, vmem_limit_bytes=call.vmem_limit_bytes,
+          disable_bounds_checks=True),
+      out_shape=out_shape[0] if one else tuple(out_shape),
+      input_output_aliases={first_out + i: i for i in range(len(outputs))},
+      name=name, interpret=interpret)
+  return jax.named_scope(name)(fn)(*scalars, *inputs, *outputs)
 
 # streamidx (M11): the compiled-mode VMEM check (the scratch comes
 # from streamidx.semantics.launch_scratch).

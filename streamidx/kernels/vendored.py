@@ -760,10 +760,7 @@ def run_topk_kernel(
   over the page-mode grid (`case` "page"); returns the scores."""
   del bmax  # this body writes no block maxima (no "fused_blockmax")
   (cache_kv,) = cache
-  seq_lens, page_indices, cu_q_lens, q_rows = prefetch
-  start_seq_idx, end_seq_idx = start, end
-  compression_ratio = call.compression_ratio
-  vmem_limit_bytes = call.vmem_limit_bytes
+  seq_lens, page_indices = prefetch[:2]
   _, num_q_heads, head_dim = q.shape
   lkv_dim = cache_kv.shape[-1]
   _, page_size_per_kv_packing, kv_packing, _ = cache_kv.shape
@@ -778,22 +775,7 @@ def run_topk_kernel(
   if seq_batch_size > 1:
     assert static_q_len == 1
 
-  bkv_sz_per_kv_packing = bkv_p * page_size_per_kv_packing
-  num_sublanes_bkv = bkv_sz_per_kv_packing * kv_packing // 128
-
-  # If seq_batch_size > 1, caller already guaranteed that
-  # end_seq_idx - start_seq_idx % seq_batch_size == 0.
-  grid = ((end_seq_idx - start_seq_idx) // seq_batch_size,)
-
-  in_specs = [
-      pl.BlockSpec(memory_space=pltpu.HBM),  # q
-      pl.BlockSpec(memory_space=pltpu.HBM),  # prepared_indexer_weights
-      pl.BlockSpec(memory_space=pltpu.HBM),  # cache_kv
-      pl.BlockSpec(memory_space=pltpu.HBM),  # scores_init (aliased to out)
-  ]
-
-  out_specs = pl.BlockSpec(memory_space=pltpu.HBM)  # scores
-
+  num_sublanes_bkv = bkv_p * page_size // 128
   # streamidx (M11): the scratch, declared once and checked.
   scratch = semantics.launch_scratch(
       seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
@@ -802,26 +784,6 @@ def run_topk_kernel(
       num_q_heads=num_q_heads, head_dim=head_dim, q_dtype=q.dtype,
       weights_dtype=prepared_indexer_weights.dtype,
       num_out_sublanes=num_sublanes_total if page_mode else num_sublanes_bkv)
-  if interpret is False:
-    tpu.check_launch_vmem(
-        scratch, case="page" if page_mode else _MLA_CASE[case].name.lower(),
-        vmem_limit_bytes=vmem_limit_bytes,
-        blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
-                f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
-                f"sequence(s) per program"))
-  scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-  scratch_shapes.append(pltpu.SemaphoreType.DMA((4, 2, seq_batch_size)))
-
-  scalar_prefetches = (
-      seq_lens,
-      page_indices,
-      cu_q_lens,
-      q_rows,  # streamidx (M13)
-      jnp.stack([jnp.asarray(start_seq_idx, jnp.int32),
-                 jnp.asarray(end_seq_idx, jnp.int32)]),
-      jnp.zeros((3,), jnp.int32),  # (bq, bkv, bo) sem indices
-      jnp.full((2,), -1, jnp.int32),  # in-flight out DMA row counts
-  )
 
   if page_mode:
     scope_name = f"StreamIdxPageTC-bq_{bq_sz}-bkvp_{bkv_p}"
@@ -832,45 +794,27 @@ def run_topk_kernel(
     scope_name = (f"StreamIdxTC-{_MLA_CASE[case].symbol}-bq_{bq_sz}-bkvp_"
                   f"{bkv_p}")
     page_kwargs = {}
-  kernel = jax.named_scope(scope_name)(
-      pl.pallas_call(
-          functools.partial(
-              _scores_kernel,
-              compression_ratio=compression_ratio,
-              static_q_len=static_q_len,
-              bq_sz=bq_sz,
-              bkv_p=bkv_p,
-              seq_batch_size=seq_batch_size,
-              causal_rule=call.causal_rule,
-              interpreted=interpret is not False,
-              widen_fp8=tpu.widen_fp8_for_mxu(interpret),  # streamidx (M10)
-              **page_kwargs,
-          ),
-          grid_spec=pltpu.PrefetchScalarGridSpec(
-              num_scalar_prefetch=len(scalar_prefetches),
-              in_specs=in_specs,
-              out_specs=out_specs,
-              grid=grid,
-              scratch_shapes=scratch_shapes,
-          ),
-          compiler_params=pltpu.CompilerParams(
-              dimension_semantics=("arbitrary",),
-              vmem_limit_bytes=vmem_limit_bytes,
-              disable_bounds_checks=True,
-          ),
-          out_shape=jax.ShapeDtypeStruct(
-              shape=(q.shape[0], num_sublanes_total, 128), dtype=jnp.float32
-          ),
-          input_output_aliases={len(scalar_prefetches) + 3: 0},
-          name=scope_name,
-          interpret=interpret,
-      )
+  kernel = functools.partial(
+      _scores_kernel,
+      compression_ratio=call.compression_ratio,
+      static_q_len=static_q_len,
+      bq_sz=bq_sz,
+      bkv_p=bkv_p,
+      seq_batch_size=seq_batch_size,
+      causal_rule=call.causal_rule,
+      interpreted=interpret is not False,
+      widen_fp8=tpu.widen_fp8_for_mxu(interpret),  # streamidx (M10)
+      **page_kwargs,
   )
-
-  return kernel(
-      *scalar_prefetches,
-      q,
-      prepared_indexer_weights,
-      cache_kv,
-      scores,
-  )
+  # streamidx: the pallas_call setup every kernel body shares (scratch and
+  # semaphores, scalar prefetch, grid, HBM operands, the aliased output).
+  return tpu.pallas_launch(
+      kernel, name=scope_name, scratch=scratch, num_sem_rows=4,
+      prefetch=prefetch, start=start, end=end,
+      seq_batch_size=seq_batch_size, num_sem_ids=3, num_bo_sz=2,
+      inputs=(q, prepared_indexer_weights, cache_kv), outputs=(scores,),
+      call=call, interpret=interpret,
+      case="page" if page_mode else _MLA_CASE[case].name.lower(),
+      blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
+              f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
+              f"sequence(s) per program"))
