@@ -109,6 +109,11 @@ _DENSE_PAGE_GLM = (
     "(compile matrix, libtpu 0.0.42.1: 'Ran out of memory in memory space "
     "vmem. Used 44.80M of 16.00M'); not tuned on a TPU")
 
+_FP4 = ("the vendored rows, kept for the MXFP4 kernel: same launches and "
+        "grid; 68 instead of 256 B per entry of KV block; not tuned on a TPU")
+_FP4_PAGE = ("the dense FP8 page rows (num_kv_pages_per_block must be 128), "
+             "kept for the MXFP4 page kernel; not tuned on a TPU")
+
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
                num_kv_pages_per_block=(3, 2, 2),
@@ -138,6 +143,16 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
+    BlockSizes(WILDCARD, "fp4", "mxfp4", None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_FP4),
+    BlockSizes(WILDCARD, "fp4_page", "mxfp4", None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_FP4_PAGE),
+    BlockSizes(WILDCARD, "fp4_page", "mxfp4", 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_FP4_PAGE),
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
