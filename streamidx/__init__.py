@@ -7,6 +7,8 @@ engineer imports; it loads no plotting or notebook code.
                                                       off-TPU)
     streamindex_topk_dense / _page_topk_dense         the same over the dense
     pack_dense_fp8_cache                              FP8 cache (129 B/entry)
+    streamindex_topk_fp4 / _page_topk_fp4             the same over the MXFP4
+    pack_mxfp4_cache                                  cache (68 B/entry)
     streamindex_topk_ref / streamindex_page_topk_ref  pure-JAX twins
     VARIANTS, block_sizes                             the kernel variants by
                                                       name; the block-size table
@@ -35,12 +37,14 @@ from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
 from streamidx import sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
-from streamidx.cache import pack_dense_fp8_cache
+from streamidx.cache import pack_dense_fp8_cache, pack_mxfp4_cache
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels.entries import (streamindex_page_topk,
                                        streamindex_page_topk_dense,
+                                       streamindex_page_topk_fp4,
                                        streamindex_topk,
-                                       streamindex_topk_dense)
+                                       streamindex_topk_dense,
+                                       streamindex_topk_fp4)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
@@ -75,7 +79,7 @@ __all__ = [
     "compile_for", "describe_machine", "interpreter",
     "interpreter_internals_missing", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes",
-    "pack_dense_fp8_cache", "page_scores",
+    "pack_dense_fp8_cache", "pack_mxfp4_cache", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
     "semantics", "set_interpreter", "sharded", "streaming", "validate",
     "validate_page_topk_dense_inputs", "validate_page_topk_inputs",
@@ -83,6 +87,7 @@ __all__ = [
     "streamindex_page_topk", "streamindex_page_topk_dense",
     "streamindex_page_topk_dense_ref", "streamindex_page_topk_ref",
     "streamindex_topk", "streamindex_topk_dense", "streamindex_topk_dense_ref",
-    "streamindex_topk_ref", "token_scores", "TOPK_METHODS", "select_topk",
+    "streamindex_topk_ref", "streamindex_topk_fp4",
+    "streamindex_page_topk_fp4", "token_scores", "TOPK_METHODS", "select_topk",
     "topk",
 ]

@@ -24,13 +24,16 @@ module supplies the layout hooks (M16, M17 in `kernels/LEDGER.md`):
   nibbles of a page's rows are its two halves, joined along sublanes.
 - Scores (`scaled_dot`): one scale per 32 values cannot multiply the head
   sum afterwards (the ReLU comes between), so the dot of each group is its
-  own: the query block, times 2**6, is masked to each group's lanes and the
-  G = head_dim // 32 copies stacked along rows, one matmul [G n, D] x [D, m]
-  gives every group's partial dot, each is scaled by its group's 2**e (lanes:
-  entries) and the G summed before the ReLU. The MXU takes the e4m3 tile
-  where it takes e4m3 (v5e and newer); before TPU v5 the tile is widened to
-  bf16 first (M10's `widen_fp8`, exact: e2m1 x 2**-6 is a bf16 value). The
-  MXU work is G times the FP8 kernel's; the value bytes half of it.
+  own: the query block, times 2**6, is masked to each group's lanes, one
+  matmul [n, D] x [D, m] per group (G = head_dim // 32) gives its partial
+  dot, scaled by the group's 2**e (lanes: entries) and summed before the
+  ReLU. The MXU takes the e4m3 tile where
+  Mosaic takes an e4m3 operand (v5e and newer); the MXU work is G times the
+  FP8 kernel's, the value bytes half of theirs. Before TPU v5 (M10's
+  `widen_fp8`) the tile is widened to bf16 and multiplied by its groups'
+  scales, lanes expanded from the transposed [m, G] scales: the keys
+  e2m1 x 2**e themselves, exact in bf16 for e >= -125 (the quantizer's
+  floor), scored by one matmul.
 
 `launch` is this variant's `pallas_call` (token or page mode), made per
 launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
@@ -93,18 +96,28 @@ class _Mxfp4Pages(dense._TwoArrayPages):
   @staticmethod
   def scaled_dot(scales, bq, bkv):
     """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the
-    tile bkv [m, D] (e4m3 or widened) and scales f32[G, m]."""
-    n, groups = bq.shape[0], scales.shape[0]
+    tile bkv [m, D] (e4m3 or widened) and scales f32[G, m]; one matmul per
+    group, the query masked to its lanes, accumulated (one [n, m] partial
+    live at a time)."""
+    if bkv.dtype != jnp.float8_e4m3fn:
+      # Widened (before TPU v5, M10): the keys e2m1 * 2**e themselves, exact
+      # in bf16 (for e >= -125), and one matmul; the partial dots' [n, m]
+      # per group do not fit v4's VMEM at 128 query rows x 64 heads.
+      lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
+      cols = scales.T * E4M3_OFFSET  # [m, G]
+      expanded = cols[:, :1]
+      for g in range(1, scales.shape[0]):
+        expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
+      keys = (bkv.astype(jnp.float32) * expanded).astype(jnp.bfloat16)
+      return jnp.einsum("nd,md->nm", bq, keys,
+                        preferred_element_type=jnp.float32)
     lane_group = lax.broadcasted_iota(jnp.int32, bq.shape, 1) // _GROUP
     q = bq * jnp.asarray(E4M3_OFFSET, bq.dtype)
-    stacked = jnp.concatenate(
-        [jnp.where(lane_group == g, q, jnp.zeros_like(q))
-         for g in range(groups)], axis=0)
-    s = jnp.einsum("nd,md->nm", stacked, bkv,
-                   preferred_element_type=jnp.float32)
-    out = s[:n] * scales[0:1]
-    for g in range(1, groups):
-      out = out + s[g * n:(g + 1) * n] * scales[g:g + 1]
+    out = None
+    for g in range(scales.shape[0]):
+      s = jnp.einsum("nd,md->nm", jnp.where(lane_group == g, q, 0), bkv,
+                     preferred_element_type=jnp.float32) * scales[g:g + 1]
+      out = s if out is None else out + s
     return out
 
 
