@@ -167,7 +167,8 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
       **(dict(page_pool_size=page_size,
               pool_by_lane_segments=segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
-      kernel, name=f"StreamIdxFp4-{case}-bq_{bq_sz}-bkvp_{bkv_p}",
+      kernel, name=(f"StreamIdxFp4PageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool
+                    else f"StreamIdxFp4TC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"),
       scratch=scratch, num_sem_rows=len(dense.SEMAPHORE_ROWS),
       prefetch=prefetch, start=start, end=end, seq_batch_size=b,
       num_sem_ids=3, num_bo_sz=2,
