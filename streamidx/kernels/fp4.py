@@ -35,6 +35,15 @@ module supplies the layout hooks (M16, M17 in `kernels/LEDGER.md`):
   e2m1 x 2**e themselves, exact in bf16 for e >= -125 (the quantizer's
   floor), scored by one matmul.
 
+Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
+libtpu 0.0.42.1, no TPU): the token kernel lowers on v5e, v5p, v6e and v7x
+with the e4m3 tile, and on v4 through the widened path (before it, the
+partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
+16 MiB VMEM). The page kernel does not lower at GLM's 64-entry pages on any
+generation: the group scales' f32 [pages, 64] -> [1, 64 pages] shape cast is
+unsupported ("infer-vector-layout: unsupported shape cast"; the same cast of
+the e8m0 bytes fails too). It runs interpreted at any page size.
+
 `launch` is this variant's `pallas_call` (token or page mode), made per
 launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
 / `streamindex_page_topk_fp4`, whose reference is `streamidx.ref`'s on the
