@@ -1,5 +1,5 @@
 """streamidx: the StreamIndex top-k Pallas kernels (`streamindex_topk`,
-`streamindex_page_topk` and their dense-FP8 twins), their exact references,
+`streamindex_page_topk` and their dense-FP8, lean and MXFP4 twins), their exact references,
 value checks, cache formats, batches and variants. This is the core, what a
 serving engineer imports; it loads no plotting or notebook code
 (`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
@@ -9,12 +9,16 @@ from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
 from streamidx import sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
-from streamidx.cache import pack_dense_fp8_cache
+from streamidx.cache import pack_dense_fp8_cache, pack_mxfp4_cache
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels.entries import (streamindex_page_topk,
                                        streamindex_page_topk_dense,
+                                       streamindex_page_topk_fp4,
                                        streamindex_topk,
-                                       streamindex_topk_dense)
+                                       streamindex_page_topk_lean,
+                                       streamindex_topk_dense,
+                                       streamindex_topk_fp4,
+                                       streamindex_topk_lean)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,
@@ -50,7 +54,7 @@ __all__ = [
     "compile_for", "describe_machine", "interpreter",
     "interpreter_internals_missing", "kernel_mode", "make_batch",
     "make_inputs", "make_mixed_batch", "metrics", "modes",
-    "pack_dense_fp8_cache", "page_scores",
+    "pack_dense_fp8_cache", "pack_mxfp4_cache", "page_scores",
     "race_check", "races_found", "ref", "reset_interpreter_state",
     "semantics", "set_interpreter", "sharded", "streaming", "validate",
     "validate_page_topk_dense_inputs", "validate_page_topk_inputs",
@@ -58,6 +62,8 @@ __all__ = [
     "streamindex_page_topk", "streamindex_page_topk_dense",
     "streamindex_page_topk_dense_ref", "streamindex_page_topk_ref",
     "streamindex_topk", "streamindex_topk_dense", "streamindex_topk_dense_ref",
-    "streamindex_topk_ref", "token_scores", "TOPK_METHODS", "select_topk",
+    "streamindex_topk_ref", "streamindex_topk_fp4",
+    "streamindex_page_topk_fp4", "streamindex_topk_lean",
+    "streamindex_page_topk_lean", "token_scores", "TOPK_METHODS", "select_topk",
     "topk",
 ]

@@ -145,6 +145,10 @@ _SCHEDULE_LEAN = (
     "bundles per page at 3 / 4 / 6 / 8 pages per block: v5e 35.3 / 33.6 / "
     "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.5 / 26.1 / 23.2 / "
     "22.8 (VALU-bound); prefill and mixed blocks kept at the dense rows' 2")
+_FP4 = ("the vendored rows, kept for the MXFP4 kernel: same launches and "
+        "grid; 68 instead of 256 B per entry of KV block; not tuned on a TPU")
+_FP4_PAGE = ("the dense FP8 page rows (num_kv_pages_per_block must be 128), "
+             "kept for the MXFP4 page kernel; not tuned on a TPU")
 
 TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
@@ -191,6 +195,16 @@ TABLE: tuple[BlockSizes, ...] = (
     BlockSizes(WILDCARD, "lean_page", "dense_fp8", 32, 64,
                num_kv_pages_per_block=128, num_queries_per_block=32,
                source=_DENSE_PAGE_GLM),
+    BlockSizes(WILDCARD, "fp4", "mxfp4", None, None,
+               num_kv_pages_per_block=(3, 2, 2),
+               num_queries_per_block=(1, 128, 128),
+               decode_req_batch_size=4, source=_FP4),
+    BlockSizes(WILDCARD, "fp4_page", "mxfp4", None, None,
+               num_kv_pages_per_block=128, num_queries_per_block=512,
+               source=_FP4_PAGE),
+    BlockSizes(WILDCARD, "fp4_page", "mxfp4", 32, 64,
+               num_kv_pages_per_block=128, num_queries_per_block=32,
+               source=_FP4_PAGE),
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.

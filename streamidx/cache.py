@@ -111,6 +111,13 @@ __all__ = [
     "cache_pages",
     "CacheLayout",
     "CACHE_FORMATS",
+    "E2M1_VALUES",
+    "mxfp4_exponent",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "pack_mxfp4_cache",
+    "unpack_mxfp4_cache",
+    "is_mxfp4",
 ]
 
 CacheFormat = Literal["fp8", "bf16", "f32"]
@@ -286,15 +293,17 @@ def pack_cache(keys, fmt: CacheFormat):
 def unpack_cache_raw(cache, head_dim: int = 128):
   """Cache array -> the kernel's own operands, per entry.
 
-  `cache` is one array (the packed formats) or the dense FP8 pair
-  `(cache_values, cache_scales)`.
+  `cache` is one array (the packed formats), the dense FP8 pair
+  `(cache_values, cache_scales)` or the MXFP4 pair.
 
   Returns:
     (values [total_num_pages, page_size, head_dim], scales or None): for FP8
     the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]),
     read from byte `padded_head_dim(head_dim)` as the kernel does; for bf16
-    the bf16 keys and None.
+    the bf16 keys and None; for MXFP4 the dequantized f32 keys and None.
   """
+  if is_mxfp4(cache):  # dequantized here: its scales are per group
+    return dequantize_mxfp4(*unpack_mxfp4_cache(cache))[..., :head_dim], None
   dense = isinstance(cache, (tuple, list))
   arr = jnp.asarray(cache[0] if dense else cache)
   pages, rows, packing, width = arr.shape
@@ -320,7 +329,8 @@ def cache_pages(cache) -> tuple[int, int]:
   """(total_num_pages, page_size) of a cache array or a dense FP8 pair."""
   if isinstance(cache, (tuple, list)):
     values = cache[0]
-    return int(values.shape[0]), int(values.shape[1] * values.shape[2])
+    per_row = 8 if is_mxfp4(cache) else values.shape[2]
+    return int(values.shape[0]), int(values.shape[1] * per_row)
   return int(cache.shape[0]), int(cache.shape[1] * cache.shape[2])
 
 
@@ -394,6 +404,123 @@ def entry_location(entry: int, page_table_row, page_size: int,
 
 
 # ---------------------------------------------------------------------------
+# The MXFP4 cache ("mxfp4"): e2m1 values two per byte, one ue8m0 scale per
+# group of 32 values (OCP MX block size), in two arrays, 68 B per entry at
+# head_dim 128 (64 value bytes + 4 scale bytes)::
+#
+#   cache_values  u8[total_pages, page_size // 8, 4, W]   W = padded head_dim
+#                 reshapes to [pages, page_size // 2, W]: byte d of row i
+#                 holds entry i's code for value d (low nibble) and entry
+#                 i + page_size // 2's (high nibble)
+#   cache_scales  u8[total_pages, W // 32, page_size]     group g of entry t
+#                 at [P, g, t]: e + 127
+#
+# Why these shapes (the dense FP8 layout's reasons, `pack_dense_fp8_cache`):
+# XLA tiles the two minor dimensions of a uint8 Pallas operand as (4, 128)
+# rows of 32-bit words. The values' (4, W) is one such row per 8 entries, so
+# a page is a slice of the untiled leading dimension (one DMA per page, no
+# padding: 64 B per entry), and the vendored pipeline's DMA and buffers read
+# it unchanged (rows of W bytes, 8 entries per 4 rows). Pairing entry i with
+# entry i + page_size // 2 (not value d with d + 1) makes the unpack two
+# nibble masks of whole 32-bit words and a concatenation along sublanes, no
+# lane shuffle. The scales' (W // 32, page_size) = (4, page_size) at head_dim
+# 128 is one tile row per 128 entries: a page is again one leading-dimension
+# DMA, with no padding when page_size is a multiple of 128 (4 B per entry;
+# below that a page's 4 x page_size bytes occupy 4 x 128 in HBM: 8 B per
+# entry at page size 64). Entries run along lanes there, as the kernel
+# applies a group's scales to score columns.
+#
+# Quantizer (`quantize_mxfp4`): per group of 32, e is the smallest exponent
+# with 2**e >= amax / 6 (6 is e2m1's largest value, so nothing saturates:
+# OCP MX's floor(log2 amax) - 2 saturates values in (6, 8) x 2**e to 6),
+# clamped to [MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT]; values / 2**e round to
+# nearest, ties to even, onto the e2m1 grid (0, 0.5, 1, 1.5, 2, 3, 4, 6; as
+# ml_dtypes' float4_e2m1fn), past 6 (only under the clamp) saturating to 6.
+# e2m1 has no NaN or inf code: every value byte is a finite pair.
+# An optional Hadamard rotation of queries and keys before quantizing (as
+# DeepSeek-V3.2's indexer does, `lab.studies.quant.hadamard`) is the
+# caller's: scores are invariant under the orthogonal rotation.
+
+MXFP4_GROUP = 32
+E2M1_MAX = 6.0
+# The decode table: code c -> (-1)**(c >> 3) * e2m1 magnitude of c & 7.
+E2M1_VALUES = np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float32)
+E2M1_VALUES = np.concatenate([E2M1_VALUES, -E2M1_VALUES])
+# 0.5 * 2**-125 = 2**-126 keeps the smallest nonzero value a float32 normal;
+# 6 * 2**125 stays finite (2**126 would round an amax near 2**128 to inf).
+MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT = -125, 125
+
+
+def mxfp4_exponent(amax):
+  """Smallest e with 2**e >= amax / 6, clamped to [-125, 125]: with amax =
+  m * 2**x, m in [0.5, 1), and 6 = 0.75 * 2**3, e = x - 3 + (m > 0.75).
+  An all-zero group gets e = 0."""
+  mant, exp = jnp.frexp(jnp.asarray(amax, jnp.float32))
+  e = jnp.where(amax > 0, exp - 3 + (mant > 0.75).astype(exp.dtype), 0)
+  return jnp.clip(e, MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT).astype(jnp.int32)
+
+
+def quantize_mxfp4(keys):
+  """f32[..., D] (D a multiple of 32) -> (codes u8[..., D] in [0, 16),
+  exponents i32[..., D // 32]) with keys ~= E2M1_VALUES[codes] * 2**e."""
+  keys = jnp.asarray(keys, jnp.float32)
+  groups = keys.reshape(keys.shape[:-1] + (-1, MXFP4_GROUP))
+  e = mxfp4_exponent(jnp.max(jnp.abs(groups), axis=-1))
+  a = jnp.minimum(jnp.abs(jnp.ldexp(groups, -e[..., None])), E2M1_MAX)
+  # Round half to even on each binade's grid (steps 0.5, 1, 2: all exact),
+  # then the magnitude code (0, .5, 1, 1.5, 2, 3, 4, 6 -> 0..7). Written out:
+  # XLA:CPU's fast-compile f32 -> float4_e2m1fn convert rounds twice.
+  mag = jnp.where(a < 2, jnp.round(2 * a) / 2,
+                  jnp.where(a < 4, jnp.round(a), 2 * jnp.round(a / 2)))
+  code = jnp.where(mag < 2, 2 * mag, jnp.where(mag < 4, mag + 2, mag / 2 + 4))
+  codes = code.astype(jnp.uint8) | jnp.where((groups < 0) & (mag > 0), 8, 0
+                                             ).astype(jnp.uint8)
+  return codes.reshape(keys.shape), e
+
+
+def dequantize_mxfp4(codes, exponents):
+  """codes u8[..., D], exponents i32[..., D // 32] -> f32[..., D]."""
+  values = jnp.asarray(E2M1_VALUES)[jnp.asarray(codes, jnp.int32)]
+  groups = values.reshape(values.shape[:-1] + (-1, MXFP4_GROUP))
+  return jnp.ldexp(groups, jnp.asarray(exponents, jnp.int32)[..., None]
+                   ).reshape(values.shape)
+
+
+def pack_mxfp4_cache(keys):
+  """The MXFP4 pair (cache_values, cache_scales) (see above) of keys
+  f32[total_num_pages, page_size, head_dim], page_size a multiple of 8."""
+  keys = _as_keys(keys)
+  pages, page_size, head_dim = keys.shape
+  if page_size % 8:
+    raise ValueError(f"page_size ({page_size}) must be a multiple of 8 for "
+                     "the mxfp4 cache")
+  width = padded_head_dim(head_dim)
+  keys = jnp.pad(keys, ((0, 0), (0, 0), (0, width - head_dim)))
+  codes, e = quantize_mxfp4(keys)
+  half = page_size // 2
+  value_bytes = codes[:, :half] | (codes[:, half:] << 4)
+  scale_bytes = (e + E8M0_BIAS).astype(jnp.uint8).transpose(0, 2, 1)
+  return value_bytes.reshape(pages, page_size // 8, 4, width), scale_bytes
+
+
+def is_mxfp4(cache) -> bool:
+  """Whether `cache` is the MXFP4 pair (its scales' last axis is the page,
+  8 entries per 4 value rows; the dense FP8 pair's is 128 or 4 per 4)."""
+  return (isinstance(cache, (tuple, list)) and len(cache) == 2
+          and cache[1].shape[-1] == cache[0].shape[1] * 8)
+
+
+def unpack_mxfp4_cache(cache):
+  """The MXFP4 pair -> (codes u8[pages, page_size, W], e i32[pages,
+  page_size, W // 32])."""
+  values, scales = (jnp.asarray(a) for a in cache)
+  pages, rows, _, width = values.shape
+  flat = values.reshape(pages, rows * 4, width)
+  codes = jnp.concatenate([flat & 0xF, flat >> 4], axis=1)
+  return codes, scales.transpose(0, 2, 1).astype(jnp.int32) - E8M0_BIAS
+
+
+# ---------------------------------------------------------------------------
 # The cache formats the kernel variants read, by name.
 
 
@@ -436,4 +563,12 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
         "arrays, 129 B/entry (132 B with the TPU's tile padding at page 128)",
         pack_dense_fp8_cache, lambda head_dim: padded_head_dim(head_dim) + 1,
         "fp8"),
+    "mxfp4": CacheLayout(
+        "mxfp4", "MXFP4: e2m1 values two per byte u8[pages, page_size/8, 4, "
+        "head_dim] and e8m0 bytes per 32 values u8[pages, head_dim/32, "
+        "page_size], 68 B/entry (no tile padding at page sizes of 128k)",
+        pack_mxfp4_cache,
+        lambda head_dim: (padded_head_dim(head_dim) // 2
+                          + padded_head_dim(head_dim) // MXFP4_GROUP), "mxfp4"),
 }
+

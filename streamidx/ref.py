@@ -7,7 +7,7 @@ arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
 `decode_q_len`, `sort_decode`, `num_cores`) are accepted and ignored, `topk_method` checked
 and ignored (the reference selects exactly). `cache_kv`: any packed cache,
 the float32 one (the exact baseline), or the dense FP8 pair `(cache_values,
-cache_scales)`. Row t (sequence b, absolute position p) scores entry s as
+cache_scales)`, or the MXFP4 pair, scored on its dequantized keys. Row t (sequence b, absolute position p) scores entry s as
 `score_entries` where s < seq_len // ratio and s <
 `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf (-1 in the
 top-k, ties to the lowest index); padding rows are all -1; a page scores its
@@ -107,7 +107,11 @@ def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
 
 def _entry_arrays(cache_kv):
   """Entry-major arrays (row P * page_size + t: entry t of page P): the
-  packed cache [N, lkv], or the dense pair's values [N, lanes], scales [N]."""
+  packed cache [N, lkv], the dense pair's values [N, lanes], scales [N], or
+  the MXFP4 pair's dequantized keys [N, lanes]."""
+  if cache_lib.is_mxfp4(cache_kv):  # dequantized once, as f32 records
+    keys = cache_lib.unpack_cache(cache_kv, cache_kv[0].shape[-1])
+    return (keys.reshape(-1, keys.shape[-1]),)
   if isinstance(cache_kv, (tuple, list)):
     values, scales = (jnp.asarray(a) for a in cache_kv)
     return values.reshape(-1, values.shape[-1]), scales.reshape(-1)

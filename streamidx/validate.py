@@ -157,6 +157,28 @@ def _check_dense_cache(cache, head_dim):
   return page_size
 
 
+def _check_mxfp4_cache(cache, head_dim):
+  """The MXFP4 pair (`cache.pack_mxfp4_cache`); returns page_size."""
+  values, scales = cache
+  _check_rank("cache_values", values, 4,
+              "[total_num_pages, page_size // 8, 4, padded head_dim]")
+  pages, rows, packing, width = values.shape
+  padded = cache_lib.padded_head_dim(head_dim)
+  want = (pages, padded // cache_lib.MXFP4_GROUP, rows * 8)
+  for name, x in (("cache_values", values), ("cache_scales", scales)):
+    if jnp.dtype(x.dtype) != jnp.dtype(jnp.uint8):
+      _fail(name, "must be uint8 (e2m1 code pairs, e8m0 bytes)",
+            _dtype_name(x))
+  if packing != 4 or width != padded or pages < 1:
+    _fail("cache_values", f"must be [pages >= 1, page_size // 8, 4, {padded}]"
+          f" (q's head_dim {head_dim} padded to 128 lanes)",
+          f"shape {tuple(values.shape)}")
+  if tuple(scales.shape) != want:
+    _fail("cache_scales", f"shape must be {want} (streamidx.pack_mxfp4_cache)",
+          f"shape {tuple(scales.shape)}")
+  return rows * 8
+
+
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
                   cu_q_lens):
   """Rules every kernel shares; returns (page_size, pages_per_seq).
@@ -180,7 +202,9 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"shape must be q's [max_num_tokens, num_q_heads] = "
           f"{(num_tokens, num_heads)}", tuple(indexer_weights.shape))
 
-  if isinstance(cache_kv, (tuple, list)):
+  if cache_lib.is_mxfp4(cache_kv):
+    page_size = _check_mxfp4_cache(cache_kv, head_dim)
+  elif isinstance(cache_kv, (tuple, list)):
     page_size = _check_dense_cache(cache_kv, head_dim)
   else:
     page_size = _check_packed_cache(cache_kv, head_dim)
@@ -367,14 +391,16 @@ VALUE_RULES: dict[str, ValueRule] = {
         "every key value the kernel reads (the first padded_head_dim = "
         "{padded} of each record) must be finite for the entries a query "
         "sees (entry < seq_len // compression_ratio of a sequence with "
-        "queries): an e4m3 NaN byte (0x7f, 0xff) or a bf16 NaN/inf makes the "
+        "queries): an e4m3 NaN byte (0x7f, 0xff) or a bf16 NaN/inf (MXFP4's "
+        "e2m1 codes are all finite) makes the "
         "score NaN, and NaN ranks first; the dense FP8 pair stores +0 for -0 "
         "(no byte 0x80: the lean kernel reads it as e4m3b11fnuz on v5e/v6e, "
         "where 0x80 is NaN; `streamidx.pack_dense_fp8_cache` never writes it)",
         "sequence {b}, entry {s} (physical page {page}, slot {slot})"),
     "cache_scale_range": ValueRule(
         "cache_kv",
-        "every FP8 record a query sees needs an e8m0 scale byte in [1, 254] "
+        "every FP8 record (MXFP4: 32-value group) a query sees needs an "
+        "e8m0 scale byte in [1, 254] "
         "(2**-126 .. 2**127): byte 0 (2**-127) is subnormal in float32 and "
         "is flushed to zero where the kernel applies it, byte 255 is NaN",
         "sequence {b}, entry {s} (physical page {page}, slot {slot}): scale "
@@ -447,6 +473,15 @@ def _entry_stats(cache_kv, head_dim):
   ignored); log2 of the scale.
   """
   padded = cache_lib.padded_head_dim(head_dim)
+  if cache_lib.is_mxfp4(cache_kv):  # no NaN codes; the worst group's byte
+    codes, e = cache_lib.unpack_mxfp4_cache(cache_kv)
+    byte = e + cache_lib.E8M0_BIAS
+    keys = jnp.abs(cache_lib.dequantize_mxfp4(codes, jnp.clip(e, -127, 127)))
+    # The kernel forms q . (64 * code value) before the 2**e (fp4.py).
+    log2_max = jnp.maximum(jnp.log2(jnp.max(keys, axis=-1)), np.log2(384.0))
+    return (jnp.zeros(byte.shape[:2], bool),
+            jnp.where(jnp.any(byte == 0, axis=-1), 0, jnp.max(byte, axis=-1)),
+            log2_max, jnp.zeros(byte.shape[:2], jnp.float32))
   dense = isinstance(cache_kv, (tuple, list))  # the dense FP8 pair
   arr = cache_kv[0] if dense else cache_kv
   pages, rows, packing, lkv = arr.shape

@@ -215,6 +215,19 @@ _REGISTRY = (
                      "top-k with a vector-lean KV loop, ratio 1 (GLM)"),
         mode="page", kernel=entries.streamindex_page_topk_lean,
         cache_formats=("dense_fp8",)),
+    Variant(
+        name="fp4",
+        description=("streamindex_topk_fp4: token top-k over the MXFP4 "
+                     "cache (e2m1 values + an e8m0 scale per 32, 68 "
+                     "B/entry)"),
+        mode="token", kernel=entries.streamindex_topk_fp4,
+        cache_formats=("mxfp4",)),
+    Variant(
+        name="fp4_page",
+        description=("streamindex_page_topk_fp4: page top-k over the MXFP4 "
+                     "cache, ratio 1 (GLM)"),
+        mode="page", kernel=entries.streamindex_page_topk_fp4,
+        cache_formats=("mxfp4",)),
 )
 
 VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}

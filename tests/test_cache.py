@@ -146,3 +146,79 @@ def test_bad_format_and_shapes_are_rejected():
     cache.pack_cache(_keys((1, 6, 128)), "fp8")
   with pytest.raises(ValueError, match=r"keys must be \[total_num_pages"):
     cache.pack_cache(_keys((16, 128)), "fp8")
+
+
+# -- MXFP4 ----------------------------------------------------------------
+
+
+def test_every_e2m1_code_decodes_like_ml_dtypes():
+  codes = np.arange(16, dtype=np.uint8)
+  want = (codes.view(np.uint8).astype(np.uint8)).astype(ml_dtypes.uint4).view(
+      ml_dtypes.float4_e2m1fn).astype(np.float32)
+  np.testing.assert_array_equal(cache.E2M1_VALUES, want)
+  # the bit formula: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0
+  e, m = (codes >> 1) & 3, codes & 1
+  mag = np.where(e == 0, m * 0.5, 2.0**(e.astype(np.float64) - 1) * (1 + m / 2))
+  np.testing.assert_array_equal(cache.E2M1_VALUES,
+                                np.where(codes & 8, -mag, mag))
+
+
+def _group(first):
+  """One 32-value group whose amax is 6 (so its exponent is 0)."""
+  g = np.zeros(32, np.float32)
+  g[0], g[1] = first, 6.0
+  return g
+
+
+def test_every_e2m1_code_round_trips_and_midpoints_round_to_even():
+  for c in range(16):
+    codes, e = cache.quantize_mxfp4(_group(cache.E2M1_VALUES[c]))
+    assert int(e[0]) == 0
+    assert cache.E2M1_VALUES[int(codes[0])] == cache.E2M1_VALUES[c]
+  mags = cache.E2M1_VALUES[:8]
+  for a, b, ca, cb in zip(mags[:-1], mags[1:], range(7), range(1, 8)):
+    for sign in (1, -1):
+      mid = np.float32(sign * (a + b) / 2)
+      got = int(cache.quantize_mxfp4(_group(mid))[0][0]) & 7
+      assert got == (ca if ca % 2 == 0 else cb), (a, b)  # the even mantissa
+      for x, want in ((np.nextafter(mid, np.float32(0)), ca),
+                      (np.nextafter(mid, 2 * mid), cb)):
+        assert int(cache.quantize_mxfp4(_group(x))[0][0]) & 7 == want
+
+
+@pytest.mark.parametrize("amax", [6.0, 6.01, 1.0, 4.5, 3.0, 1e-3, 1e30,
+                                  1e-30, 0.75 * 2.0**-100])
+def test_mxfp4_exponent_is_the_smallest_power_of_two_that_fits(amax):
+  e = int(cache.mxfp4_exponent(amax))
+  assert 2.0**e * 6.0 >= np.float32(amax) > 2.0**(e - 1) * 6.0
+
+
+def test_mxfp4_exponent_clamps_and_saturates():
+  assert int(cache.mxfp4_exponent(0.0)) == 0
+  assert int(cache.mxfp4_exponent(2.0**-125)) == cache.MXFP4_MIN_EXPONENT
+  assert int(cache.mxfp4_exponent(3e38)) == cache.MXFP4_MAX_EXPONENT
+  big = np.full((1, 8, 128), 3e38, np.float32)  # clamped: saturates to 6
+  keys = cache.unpack_cache(cache.pack_mxfp4_cache(big))
+  assert np.all(keys == np.float32(6 * 2.0**125))
+
+
+def test_mxfp4_layout_byte_by_byte_and_round_trip():
+  keys = _keys((3, 16, 128), seed=4) * np.exp2(
+      np.arange(4).repeat(32) * 3.0).astype(np.float32)  # a scale per group
+  values, scales = cache.pack_mxfp4_cache(keys)
+  assert values.shape == (3, 2, 4, 128) and scales.shape == (3, 4, 16)
+  assert cache.CACHE_FORMATS["mxfp4"].bytes_per_entry(128) == 68
+  assert cache.cache_pages((values, scales)) == (3, 16)
+  codes, e = cache.quantize_mxfp4(keys)
+  flat = np.asarray(values).reshape(3, 8, 128)
+  np.testing.assert_array_equal(flat & 0xF, codes[:, :8])
+  np.testing.assert_array_equal(flat >> 4, codes[:, 8:])
+  np.testing.assert_array_equal(np.asarray(scales).transpose(0, 2, 1),
+                                np.asarray(e) + 127)
+  got = cache.unpack_cache((values, scales))
+  want = cache.E2M1_VALUES[np.asarray(codes)] * np.exp2(
+      np.asarray(e, np.float64)).repeat(32, axis=-1)
+  np.testing.assert_array_equal(got, want.astype(np.float32))
+  # error bound: half a grid step at the top, 6 * 2**e / 12 per group
+  step = np.exp2(np.asarray(e, np.float64)).repeat(32, axis=-1)
+  assert np.all(np.abs(got - keys) <= step + 1e-30)

@@ -3,6 +3,7 @@
     streamindex_topk / streamindex_page_topk              the vendored body
     streamindex_topk_dense / streamindex_page_topk_dense  the dense FP8 body
     streamindex_topk_lean / streamindex_page_topk_lean    its vector-lean body
+    streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
 Each is a `streamidx.kernels.driver.Entry`: its signature is the vendored
 function's (tpu-inference's tests call it), its defaults are the fields of
@@ -20,12 +21,13 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx.call import PageCall, TopkCall
-from streamidx.kernels import dense, driver, lean, vendored
+from streamidx.kernels import dense, driver, fp4, lean, vendored
 
 __all__ = ["VENDORED", "DENSE", "LEAN", "streamindex_topk",
            "streamindex_page_topk", "streamindex_topk_dense",
            "streamindex_page_topk_dense", "streamindex_topk_lean",
-           "streamindex_page_topk_lean"]
+           "streamindex_page_topk_lean", "FP4", "streamindex_topk_fp4",
+           "streamindex_page_topk_fp4"]
 
 T, P = TopkCall, PageCall  # the defaults below are their fields'
 
@@ -47,6 +49,10 @@ DENSE = driver.KernelBody(
 LEAN = driver.KernelBody(
     name="lean", launch=lean.launch, page_size=DENSE.page_size,
     cache_format=DENSE.cache_format, num_cache_arrays=2)
+FP4 = driver.KernelBody(
+    name="fp4", launch=fp4.launch,
+    page_size=lambda c: c[0].shape[1] * fp4.KV_PACKING,
+    cache_format=lambda c: "mxfp4", num_cache_arrays=2)
 
 
 def _bind(cls, variant, body, cache, args: dict):
@@ -239,9 +245,51 @@ def streamindex_page_topk_lean(
   return _bind(PageCall, "lean", LEAN, (cache_values, cache_scales), locals())
 
 
+def streamindex_topk_fp4(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, distribution, *, k, compression_ratio,
+    num_kv_pages_per_block=None, num_queries_per_block=None,
+    vmem_limit_bytes=T.vmem_limit_bytes,
+    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
+    topk_method=T.topk_method, return_scores=T.return_scores,
+    sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches,
+    decode_q_len=T.decode_q_len):
+  """StreamIndex top-k over the MXFP4 cache: i32[max_num_tokens, k].
+
+  Arguments and result as `streamidx.streamindex_topk`, with the MXFP4 pair
+  (`streamidx.pack_mxfp4_cache(keys)`, 68 B/entry at head_dim 128) in place
+  of `cache_kv`:
+
+    cache_values: u8[total_pages, page_size // 8, 4, head_dim], e2m1 codes
+      two per byte: row i of page P holds entry i (low nibbles) and entry
+      i + page_size // 2 (high nibbles).
+    cache_scales: u8[total_pages, head_dim // 32, page_size], the e8m0
+      byte e + 127 of each group of 32 values.
+  """
+  return _bind(TopkCall, "fp4", FP4, (cache_values, cache_scales), locals())
+
+
+def streamindex_page_topk_fp4(
+    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+    cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
+    num_kv_pages_per_block=P.num_kv_pages_per_block,
+    num_queries_per_block=P.num_queries_per_block,
+    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
+    return_scores=P.return_scores,
+    skip_empty_launches=P.skip_empty_launches):
+  """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages].
+
+  Arguments and result as `streamidx.streamindex_page_topk`, with the MXFP4
+  pair (`streamindex_topk_fp4`) in place of `cache_kv`.
+  """
+  return _bind(PageCall, "fp4", FP4, (cache_values, cache_scales), locals())
+
+
 streamindex_topk = driver.Entry(streamindex_topk, VENDORED)
 streamindex_page_topk = driver.Entry(streamindex_page_topk, VENDORED)
 streamindex_topk_dense = driver.Entry(streamindex_topk_dense, DENSE)
 streamindex_page_topk_dense = driver.Entry(streamindex_page_topk_dense, DENSE)
 streamindex_topk_lean = driver.Entry(streamindex_topk_lean, LEAN)
 streamindex_page_topk_lean = driver.Entry(streamindex_page_topk_lean, LEAN)
+streamindex_topk_fp4 = driver.Entry(streamindex_topk_fp4, FP4)
+streamindex_page_topk_fp4 = driver.Entry(streamindex_page_topk_fp4, FP4)

@@ -129,6 +129,9 @@ def _scores_kernel(
   # Validate against the KV dtype.
   kv_dtype = cache_kv_hbm_ref.dtype
   assert get_dtype_packing(kv_dtype) == kv_packing
+  # streamidx (M18): a layout that packs more entries per 32-bit word of a
+  # row group (MXFP4: 8, two e2m1 codes per byte) says how many.
+  kv_packing = getattr(layout, "kv_packing", kv_packing)
   assert head_dim % 128 == 0
 
   bkv_sz_per_kv_packing = bkv_p * page_size_per_kv_packing
@@ -370,7 +373,11 @@ def _scores_kernel(
     for batch_idx in range(seq_batch_size):
       bkv = bkv_x2_ref.at[bkv_sem_idx, batch_idx, :bkv_sz_per_kv_packing][...]
       flat_bkv = bkv.reshape(-1, bkv.shape[-1])
-      if bkv.dtype == jnp.uint8:
+      if hasattr(layout, "load_kv"):  # streamidx (M18): the layout unpacks
+        fp8_val, scale_val = layout.load_kv(flat_bkv, bkv_sem_idx, batch_idx)
+        bkvs.append(fp8_val)
+        bkv_scales.append(scale_val)
+      elif bkv.dtype == jnp.uint8:
         # Unpack quantized values and scales from the DSv4 FP8 cache
         # format.
         fp8_val = flat_bkv[:, :head_dim]
@@ -450,19 +457,26 @@ def _scores_kernel(
         scale_val = scale_val_vec[batch_idx]
         bq_weights = bq_weights_vec[batch_idx]
         bq_visible_end = bq_visible_end_vec[batch_idx]
-        def head_sum(bkv):
+        def head_sum(bkv, dot=None):
           s = jnp.einsum(
               "nd,md->nm",
               bq,
               bkv,
               preferred_element_type=jnp.float32,
-          )
+          ) if dot is None else dot(bq, bkv)  # streamidx (M18)
           s = s.reshape(-1, num_q_heads, s.shape[-1])
           s = jnp.maximum(s, 0.0)
           s = s * bq_weights.astype(jnp.float32)[:, :, None]
           return s.sum(axis=1)
 
-        if widen_fp8 and bkv.dtype == jnp.float8_e4m3fn:
+        if hasattr(layout, "scaled_dot"):
+          # streamidx (M18): the layout's scales apply inside the dot (one
+          # per group of values, not per entry); widened whole (M10).
+          s_summed = head_sum(
+              bkv.astype(jnp.bfloat16) if widen_fp8 else bkv,
+              functools.partial(layout.scaled_dot, scale_val))
+          scale_val = None
+        elif widen_fp8 and bkv.dtype == jnp.float8_e4m3fn:
           # streamidx (M10): exact, e4m3fn is a subset of bf16. Widened
           # and scored WIDEN_CHUNK entries at a time, so that v4's 16 MiB
           # of VMEM holds a page-mode block (8192 entries) of FP8 keys.

@@ -197,12 +197,16 @@ def page_bounds(schedules, *, head_dim: int = 128,
                 ) -> list[PageBound]:
   """`page_bound` of each `schedule.LaunchSchedule` with a KV loop; a page's
   bytes as a TPU stores them (`cache.record_bytes`; dense FP8:
-  `cache.dense_tpu_bytes_per_entry`)."""
+  `cache.dense_tpu_bytes_per_entry`; MXFP4: 68 B at head_dim 128 from
+  128-entry pages, see `cache.pack_mxfp4_cache`)."""
   from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
 
   def entry_bytes(fmt, page_size):
     if fmt == "dense_fp8":
       return cache_lib.dense_tpu_bytes_per_entry(head_dim, page_size)
+    if fmt == "mxfp4":  # scale rows pad to 128 lanes below 128-entry pages
+      width = cache_lib.padded_head_dim(head_dim)
+      return width // 2 + width // 32 * max(page_size, 128) / page_size
     return cache_lib.record_bytes(fmt, head_dim)
 
   out = []

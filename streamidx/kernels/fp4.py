@@ -1,0 +1,187 @@
+"""StreamIndex top-k over the MXFP4 cache (68 B per entry at head_dim 128).
+
+The cache (`streamidx.cache.pack_mxfp4_cache`) holds e2m1 codes two per byte
+and one e8m0 exponent per 32 values, in two arrays::
+
+    cache_values  u8[total_pages, page_size // 8, 4, head_dim]  row i of a
+                  page: entry i's codes (low nibbles), entry i + page_size/2's
+                  (high nibbles)
+    cache_scales  u8[total_pages, head_dim // 32, page_size]     e + 127
+
+The pipeline is the vendored kernel's body (`vendored._scores_kernel`); this
+module supplies the layout hooks (M16, M18 in `kernels/LEDGER.md`):
+
+- DMA: the values have the vendored cache's form (u8 rows of 4 x head_dim),
+  so the vendored page DMA and buffers read them, 8 entries per 4 rows
+  (`kv_packing = 8`); each page's scales are a second DMA into their own
+  buffer [2, B, bkv_p, head_dim // 32, page_size], as the dense layout's
+  (`dense._TwoArrayPages`, whose DMA this reuses).
+- Unpack (`load_kv`): the e2m1 code c of each nibble becomes an e4m3 byte
+  with three 32-bit integer ops per word of 4 bytes, the bits of c moved
+  into e4m3's exponent and mantissa: e4m3((c & 7) << 2 | (c & 8) << 4) is
+  c's value times 2**-6, exactly, subnormal 0.5 included (both formats'
+  subnormal exponent is 1 - bias). No table, no lane shuffle: the two
+  nibbles of a page's rows are its two halves, joined along sublanes.
+- Scores (`scaled_dot`): one scale per 32 values cannot multiply the head
+  sum afterwards (the ReLU comes between), so the dot of each group is its
+  own: the query block, times 2**6, is masked to each group's lanes, one
+  matmul [n, D] x [D, m] per group (G = head_dim // 32) gives its partial
+  dot, scaled by the group's 2**e (lanes: entries) and summed before the
+  ReLU. The MXU takes the e4m3 tile where
+  Mosaic takes an e4m3 operand (v5e and newer); the MXU work is G times the
+  FP8 kernel's, the value bytes half of theirs. Before TPU v5 (M10's
+  `widen_fp8`) the tile is widened to bf16 and multiplied by its groups'
+  scales, lanes expanded from the transposed [m, G] scales: the keys
+  e2m1 x 2**e themselves, exact in bf16 for e >= -125 (the quantizer's
+  floor), scored by one matmul.
+
+Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
+libtpu 0.0.42.1, no TPU): the token kernel lowers on v5e, v5p, v6e and v7x
+with the e4m3 tile, and on v4 through the widened path (before it, the
+partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
+16 MiB VMEM). The page kernel does not lower at GLM's 64-entry pages on any
+generation: the group scales' f32 [pages, 64] -> [1, 64 pages] shape cast is
+unsupported ("infer-vector-layout: unsupported shape cast"; the same cast of
+the e8m0 bytes fails too). It runs interpreted at any page size.
+
+`launch` is this variant's `pallas_call` (token or page mode), made per
+launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
+/ `streamindex_page_topk_fp4`, whose reference is `streamidx.ref`'s on the
+dequantized keys (`cache.unpack_cache`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import tpu as pltpu
+
+from streamidx import cache as cache_lib
+from streamidx import semantics
+from streamidx.kernels import dense, tpu, vendored
+from streamidx.semantics import LANES
+
+__all__ = ["launch", "KV_PACKING", "E4M3_OFFSET"]
+
+KV_PACKING = 8  # entries per 32-bit word of a value row group
+E4M3_OFFSET = 64.0  # e4m3 of the moved code bits = e2m1 value * 2**-6
+_GROUP = cache_lib.MXFP4_GROUP
+
+
+def _e4m3(nibbles):
+  """u32 words of four e2m1 codes (one per byte) -> the e4m3 of each code's
+  value * 2**-6 (sign bit 3 -> 7, exponent and mantissa bits 2-0 -> 4-2)."""
+  word = ((nibbles & jnp.uint32(0x07070707)) << 2) | (
+      (nibbles & jnp.uint32(0x08080808)) << 4)
+  return pltpu.bitcast(word, jnp.float8_e4m3fn)
+
+
+class _Mxfp4Pages(dense._TwoArrayPages):
+  """The MXFP4 layout's part of the vendored pipeline (M16, M18)."""
+
+  kv_packing = KV_PACKING
+
+  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, page_size):
+    super().__init__(scales_hbm_ref, bscale_x2_ref, sems)
+    self.page_size = page_size
+
+  def load_kv(self, flat, slot, b):
+    """u8[bkv_p * page_size // 2, D] value rows -> (the e4m3 tile
+    [bkv_sz, D] in entry order, f32 scales [G, bkv_sz])."""
+    words = pltpu.bitcast(flat, jnp.uint32)
+    lo = _e4m3(words & jnp.uint32(0x0F0F0F0F))
+    hi = _e4m3((words >> 4) & jnp.uint32(0x0F0F0F0F))
+    half, width = self.page_size // 2, flat.shape[-1]
+    tile = jnp.concatenate([lo.reshape(-1, half, width),
+                            hi.reshape(-1, half, width)], axis=1)
+    raw = self.vmem[slot, b]  # u8[bkv_p, G, page_size]
+    scales = pltpu.bitcast(raw, jnp.float8_e8m0fnu).astype(
+        jnp.bfloat16).astype(jnp.float32)
+    return tile.reshape(-1, width), jnp.concatenate(
+        [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], axis=0)
+
+  @staticmethod
+  def scaled_dot(scales, bq, bkv):
+    """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the
+    tile bkv [m, D] (e4m3 or widened) and scales f32[G, m]; one matmul per
+    group, the query masked to its lanes, accumulated (one [n, m] partial
+    live at a time)."""
+    if bkv.dtype != jnp.float8_e4m3fn:
+      # Widened (before TPU v5, M10): the keys e2m1 * 2**e themselves, exact
+      # in bf16 (for e >= -125), and one matmul; the partial dots' [n, m]
+      # per group do not fit v4's VMEM at 128 query rows x 64 heads.
+      lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
+      cols = scales.T * E4M3_OFFSET  # [m, G]
+      expanded = cols[:, :1]
+      for g in range(1, scales.shape[0]):
+        expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
+      keys = (bkv.astype(jnp.float32) * expanded).astype(jnp.bfloat16)
+      return jnp.einsum("nd,md->nm", bq, keys,
+                        preferred_element_type=jnp.float32)
+    lane_group = lax.broadcasted_iota(jnp.int32, bq.shape, 1) // _GROUP
+    q = bq * jnp.asarray(E4M3_OFFSET, bq.dtype)
+    out = None
+    for g in range(scales.shape[0]):
+      s = jnp.einsum("nd,md->nm", jnp.where(lane_group == g, q, 0), bkv,
+                     preferred_element_type=jnp.float32) * scales[g:g + 1]
+      out = s if out is None else out + s
+    return out
+
+
+def _fp4_kernel(*refs, page_size, **kwargs):
+  """The vendored `_scores_kernel` over the MXFP4 refs: scalar prefetch (7),
+  q, weights, values, scales (HBM), the aliased score buffer, its output,
+  then the scratch: bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems."""
+  scalars, (q, weights, values, scales), rest = refs[:7], refs[7:11], refs[11:]
+  scores_in, scores, bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems = rest
+  vendored._scores_kernel(
+      *scalars, q, weights, values, scores_in, scores, bkv_x2, bq_x2, bw_x2,
+      bo_x2, sems,
+      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size),
+      **kwargs)
+
+
+def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
+           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
+           case, call, interpret, segment_pool=False):
+  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
+  (`streamidx.kernels.driver.KernelBody.launch`), through the shared setup
+  `tpu.pallas_launch`; returns the scores."""
+  del num_queries_per_block, bmax  # no block maxima ("fused_blockmax")
+  cache_values, cache_scales = cache
+  page_pool = case == "page"
+  _, num_q_heads, head_dim = q.shape
+  rows_per_page = cache_values.shape[1]
+  _, groups, page_size = cache_scales.shape
+  b = seq_batch_size
+  # The vendored launch's buffers (value rows of head_dim bytes, 4 per
+  # 32-bit word) and the scale buffer after the values'.
+  scratch = list(semantics.launch_scratch(
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=rows_per_page, kv_packing=4,
+      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_q_heads,
+      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
+      num_out_sublanes=(scores.shape[1] if page_pool
+                        else bkv_p * page_size // LANES)))
+  scratch.insert(1, ("bscale_x2", (2, b, bkv_p, groups, page_size),
+                     jnp.dtype(jnp.uint8)))
+  kernel = functools.partial(
+      _fp4_kernel, page_size=page_size,
+      compression_ratio=call.compression_ratio, static_q_len=static_q_len,
+      bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
+      causal_rule=call.causal_rule, interpreted=interpret is not False,
+      widen_fp8=tpu.widen_fp8_for_mxu(interpret),
+      **(dict(page_pool_size=page_size,
+              pool_by_lane_segments=segment_pool) if page_pool else {}))
+  return tpu.pallas_launch(
+      kernel, name=(f"StreamIdxFp4PageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool
+                    else f"StreamIdxFp4TC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"),
+      scratch=scratch, num_sem_rows=len(dense.SEMAPHORE_ROWS),
+      prefetch=prefetch, start=start, end=end, seq_batch_size=b,
+      num_sem_ids=3, num_bo_sz=2,
+      inputs=(q, weights, cache_values, cache_scales), outputs=(scores,),
+      call=call, interpret=interpret,
+      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
+              f"{bq_sz}, {b} sequence(s) per program"))
