@@ -474,12 +474,16 @@ CACHE_FINITE_RULE = (
     "cache_kv: every key value the kernel reads (the first padded_head_dim = "
     "128 of each record) must be finite for the entries a query sees (entry "
     "< seq_len // compression_ratio of a sequence with queries): an e4m3 NaN "
-    "byte (0x7f, 0xff) or a bf16 NaN/inf makes the score NaN, and NaN ranks "
-    "first")
+    "byte (0x7f, 0xff) or a bf16 NaN/inf (MXFP4's e2m1 codes are all finite) "
+    "makes the score NaN, and NaN ranks first; the dense FP8 pair stores +0 "
+    "for -0 (no byte 0x80: the lean kernel reads it as e4m3b11fnuz on "
+    "v5e/v6e, where 0x80 is NaN; `streamidx.pack_dense_fp8_cache` never "
+    "writes it)")
 SCALE_RULE = (
-    "cache_kv: every FP8 record a query sees needs an e8m0 scale byte in "
-    "[1, 254] (2**-126 .. 2**127): byte 0 (2**-127) is subnormal in float32 "
-    "and is flushed to zero where the kernel applies it, byte 255 is NaN")
+    "cache_kv: every FP8 record (MXFP4: 32-value group) a query sees needs an "
+    "e8m0 scale byte in [1, 254] (2**-126 .. 2**127): byte 0 (2**-127) is "
+    "subnormal in float32 and is flushed to zero where the kernel applies "
+    "it, byte 255 is NaN")
 DOT_RULE = (
     "q: each head's dot product with a key it sees must stay below 2**127 "
     "(half the float32 maximum): the check bounds |q[t, h] . k[s]| by "
