@@ -1,5 +1,5 @@
 """streamidx.lab.studies.addressing: causal masks. (Entry addresses, planted
-keys, unmasked scores and batch masks are notebooks 00 and 02's cells, checked
+keys, unmasked scores and batch masks are notebooks 00 and 01's cells, checked
 by their own asserts.)"""
 
 from __future__ import annotations

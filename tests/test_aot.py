@@ -328,7 +328,7 @@ def test_scratch_bytes_are_the_compilers_count_on_a_grid(gen):
 def test_quick_compile_matrix_command_compiles_every_row():
   """`python -m streamidx.aot --quick`, cut to one row for CI: the token
   variant's FP8 cache on v4 (widened, M10), the row that needed a kernel
-  modification. One compiler process (`--jobs 1`): notebook 04's CI run
+  modification. One compiler process (`--jobs 1`): notebook 05's CI run
   compiles through `aot.run`'s process pool, and the other generations'
   compiles of the same launch are this module's VMEM and schedule tests'.
   `make aot` runs the whole matrix."""

@@ -1,4 +1,4 @@
-"""Notebooks 00 and 02 as teaching material (issue 16): each opens with its
+"""Notebooks 00 and 01 as teaching material (issue 16): each opens with its
 question, writes its computed answer as the first output, ends with
 exercises whose answers are collapsed cells, and renders its conclusions as
 Markdown. Source checks only (the notebooks run in tests/test_notebooks.py,
@@ -13,7 +13,7 @@ import pytest
 
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-TEACHING = ["00_quickstart.ipynb", "02_cache_layout.ipynb"]
+TEACHING = ["00_quickstart.ipynb", "01_cache_layout.ipynb"]
 
 by_name = pytest.mark.parametrize("name", TEACHING)
 
@@ -72,7 +72,7 @@ def test_never_calls_the_vendored_kernel_the_seed(name):
 
 
 # --------------------------------------------------------------------------
-# Notebook 01's kernel-code exercises (issue 23): a gap the reader fills, the
+# Notebook 03's kernel-code exercises (issue 23): a gap the reader fills, the
 # check that runs it in a kernel in the TPU interpreter (skipped, saying so,
 # while the gap returns None), and a collapsed worked solution the same check
 # must pass (`assert exercise_check(...)`: the notebook's CI run checks each).
@@ -86,7 +86,7 @@ def _cell_defining(cells, name):
 
 @pytest.mark.parametrize("gap, solution", EXERCISES.items())
 def test_walkthrough_exercise_has_gap_check_and_checked_solution(gap, solution):
-  cells = _cells("01_kernel_walkthrough.ipynb")
+  cells = _cells("03_kernel_walkthrough.ipynb")
   gap_cell, sol_cell = _cell_defining(cells, gap), _cell_defining(cells, solution)
   assert "# EXERCISE" in _src(gap_cell) and _src(gap_cell).rstrip().endswith("return None")
   order = [c["id"] for c in cells]
@@ -107,7 +107,7 @@ def test_walkthrough_worked_solutions_score_and_select_like_the_package():
 
   from streamidx import ref, topk
 
-  cells = _cells("01_kernel_walkthrough.ipynb")
+  cells = _cells("03_kernel_walkthrough.ipynb")
   namespace = {"jnp": jnp, "lax": lax, "exercise_check": lambda *a: True, "probe": (),
                "merge_probe": (), "run_exercise_1": None, "run_exercise_2": None}
   for solution in EXERCISES.values():

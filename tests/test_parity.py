@@ -1,9 +1,9 @@
 """streamidx.lab.studies.parity (boundary ties, XLA's ApproxTopK sizing) and
-the reference facts notebook 05's studies rest on: the two causal rules differ
+the reference facts notebook 04's studies rest on: the two causal rules differ
 by one entry, approx_max_k(recall_target=1.0) is top_k off TPU, one sequence
 slot scores right. No kernel runs here.
 
-Notebook 05 asserts the rest on every run: the parity loop's tables, the
+Notebook 04 asserts the rest on every run: the parity loop's tables, the
 causal-rule analysis against its prediction, `page_coverage` on a hand-made
 example and on every page, `tie_breaks` on a hand-made row.
 """

@@ -1,7 +1,7 @@
 """streamidx.lab.studies.quant: scales, FP8 queries, Hadamard, the recall
 study's variants and float64 check, the kernel's unpack.
 
-Notebook 03 asserts the rest on every run: the e4m3 grid decoded by the
+Notebook 02 asserts the rest on every run: the e4m3 grid decoded by the
 format's definition (its counts and spacing), `record_error` on records e4m3
 holds exactly, the power-of-two scale commuting with the reduction (and the
 float scale not), the Student-t interval, and the recall study's shapes.

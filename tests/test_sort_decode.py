@@ -3,7 +3,7 @@
 - `semantics.decode_order`: a permutation of the decode range (the identity
   past it) that never computes more KV blocks than the given order, and no
   more than the simple sorted orders; within 10% wasted blocks on notebook
-  03's log-normal mixes (decode batch 4), where the given order wastes half.
+  02's log-normal mixes (decode batch 4), where the given order wastes half.
 - The kernels with `sort_decode` return exactly the indices of the given
   order, in the caller's row order, and match the reference.
 - Wasted KV blocks counted from the DMAs the interpreter executes equal the
@@ -70,7 +70,7 @@ def test_decode_order_keeps_the_given_order_when_nothing_is_gained():
 
 
 def _notebook03_mixes():
-  # Notebook 04's default parameters (section 4): 40 log-normal mixes of 62
+  # Notebook 05's default parameters (section 4): 40 log-normal mixes of 62
   # sequences, median 16384 tokens, sigma 1, clipped to [512, 131072].
   rng = np.random.default_rng(0)
   return [np.clip(rng.lognormal(np.log(16384), 1.0, 62), 512,

@@ -369,7 +369,7 @@ def test_closed_form_counts_equal_walking_every_dma_page_mode():
 
 
 # ---------------------------------------------------------------------------
-# The launches (the model notebook 02 draws and the case matrix names).
+# The launches (the model notebook 01 draws and the case matrix names).
 
 DISTRIBUTION_FORMS = {
     "empty": (0, 0, 0),

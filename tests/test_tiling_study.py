@@ -1,6 +1,6 @@
-"""The bounds notebooks 04 and 06 share (streamidx.lab.studies.tiling_study).
+"""The bounds notebooks 05 and 06 share (streamidx.lab.studies.tiling_study).
 
-The tables notebook 04 builds from the tiling model are checked by the
+The tables notebook 05 builds from the tiling model are checked by the
 notebook's own asserts (CI runs it); `megacore_rows` and `decode_page_bounds`
 need libtpu's compiler and run there.
 """

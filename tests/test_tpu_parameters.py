@@ -63,8 +63,8 @@ def test_tpu_batches_of_the_token_kernel_fit_vmem():
   bq = p["num_queries_per_block"]
   quick = _token_plan(batch, p["num_heads"], p["num_kv_pages_per_block"], (1, bq, bq))
   assert 0 < quick.vmem_bytes <= VMEM_BYTES, quick.vmem_bytes
-  # 05's kernel check on the long-context batch (its cell's block sizes: 8 pages, bq 8).
-  d = decl("05_recall_parity")
+  # 04's kernel check on the long-context batch (its cell's block sizes: 8 pages, bq 8).
+  d = decl("04_recall_parity")
   r = {**d.defaults(), **d.tpu()}
   long = si.make_batch([(r["long_rows"], n * r["long_ratio"]) for n in r["long_entries"]],
                        page_size=r["long_page_size"], compression_ratio=r["long_ratio"],
@@ -75,8 +75,8 @@ def test_tpu_batches_of_the_token_kernel_fit_vmem():
 
 def test_one_rule_ties_parameters_to_scale_together():
   assert params.tied(decl("00_quickstart")) == [{"page_size", "num_kv_pages_per_block"}]
-  assert params.tied(decl("05_recall_parity")) == [{"page_entries", "page_rows"}]
-  assert params.tied(decl("03_fp8_packing")) == []
+  assert params.tied(decl("04_recall_parity")) == [{"page_entries", "page_rows"}]
+  assert params.tied(decl("02_fp8_packing")) == []
 
 
 def papermill_cell(**values) -> str:
@@ -122,7 +122,7 @@ def test_off_tpu_nothing_changes_and_nothing_is_printed(capsys):
 
 
 def test_on_a_tpu_it_scales_unless_turned_off():
-  d = decl("05_recall_parity")
+  d = decl("04_recall_parity")
   ns = d.defaults()
   on = params.tpu_scaling(d, ns, backend="tpu", environ={})
   assert on.reason == "the JAX backend is tpu" and on.values == d.tpu()
@@ -135,7 +135,7 @@ def test_on_a_tpu_it_scales_unless_turned_off():
 
 
 def test_a_notebook_without_tpu_sizes_says_why():
-  d = decl("02_cache_layout")
+  d = decl("01_cache_layout")
   s = params.tpu_scaling(d, d.defaults(), backend="tpu", environ={})
   assert not s.values and s.note == d.tpu_why
   assert s.line("M").startswith("TPU sizes (the JAX backend is tpu): none applied: its "
@@ -143,7 +143,7 @@ def test_a_notebook_without_tpu_sizes_says_why():
 
 
 def test_rerunning_the_check_leaves_tpu_values_alone(monkeypatch, capsys):
-  path = NOTEBOOKS_DIR / "03_fp8_packing.ipynb"
+  path = NOTEBOOKS_DIR / "02_fp8_packing.ipynb"
   ns = params.declarations(path).defaults()
   monkeypatch.setenv(params.TPU_SCALE_ENV, "1")
   params.check_notebook(ns, path)

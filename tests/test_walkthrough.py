@@ -4,7 +4,7 @@ Source excerpts carry the file's own line numbers; the walkthrough notebook
 has more prose than code; and the compile check of its section 6 gives the
 TPU compiler's verdict, under which the notebook's own teaching kernels
 (executed from its cells) compile for v5e and v6e (libtpu). The ledger
-parser, the score checks, the tables and the race capture are notebook 01's
+parser, the score checks, the tables and the race capture are notebook 03's
 cells, checked by its own asserts (CI runs it).
 """
 
@@ -23,7 +23,7 @@ from streamidx.kernels import driver, tpu, vendored
 from streamidx.lab import walkthrough
 
 ROOT = Path(__file__).resolve().parents[1]
-WALKTHROUGH = ROOT / "notebooks" / "01_kernel_walkthrough.ipynb"
+WALKTHROUGH = ROOT / "notebooks" / "03_kernel_walkthrough.ipynb"
 
 
 def file_lines(module):

@@ -1,5 +1,5 @@
 """The notebooks' figures: one function per figure (or `Axes`) a notebook draws, in
-notebook order (00/02 cache and batch, 03 FP8, 04 tiling, 05 recall, 06 profiling, 07 chips).
+notebook order (00/01 cache and batch, 02 FP8, 05 tiling, 04 recall, 06 profiling, 07 chips).
 
 Each draws what it is given (arrays from `streamidx.batch` / `streamidx.cache` /
 `lab.studies`, a `lab.model.tiling` plan, a notebook's rows) and computes nothing of its own;
@@ -105,7 +105,7 @@ def _grouped(ax, groups, series, labels=None):
 
 
 def page_table_figure(batches: Sequence, titles: Sequence[str]):
-  """Notebook 02, one row per batch: its page table (sequence x local page, each cell
+  """Notebook 01, one row per batch: its page table (sequence x local page, each cell
   labelled with its physical page) and its pool of physical pages, each coloured by the
   sequence that owns it (grey: free) and labelled "b:p" (sequence b, local page p)."""
   fig, axes = plt.subplots(len(batches), 2, figsize=(13, 2.6 * len(batches)), squeeze=False,

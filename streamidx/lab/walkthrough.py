@@ -1,4 +1,4 @@
-"""Tooling for the kernel walkthrough notebook (01), tested in
+"""Tooling for the kernel walkthrough notebook (03), tested in
 tests/test_walkthrough.py: `excerpt` (numbered source lines of a nested
 function) and `compile_rows` (the TPU compiler's verdict on its kernels,
 libtpu, no TPU). The kernels it teaches live in the notebook's cells.

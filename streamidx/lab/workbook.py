@@ -39,10 +39,10 @@ INDEX_NAME = "index.html"
 # Roughly each notebook's seconds at its defaults on an idle 2-core CPU
 # (2026-12-01): the start order only, where no earlier copy gives its own.
 TYPICAL_SECONDS = {
-    "04_kernel_tiling.ipynb": 210, "05_recall_parity.ipynb": 205,
-    "03_fp8_packing.ipynb": 70, "07_multichip.ipynb": 65,
-    "06_tpu_profiling.ipynb": 65, "02_cache_layout.ipynb": 40,
-    "01_kernel_walkthrough.ipynb": 30, "00_quickstart.ipynb": 15,
+    "05_kernel_tiling.ipynb": 210, "04_recall_parity.ipynb": 205,
+    "02_fp8_packing.ipynb": 70, "07_multichip.ipynb": 65,
+    "06_tpu_profiling.ipynb": 65, "01_cache_layout.ipynb": 40,
+    "03_kernel_walkthrough.ipynb": 30, "00_quickstart.ipynb": 15,
 }
 # What `streamidx.describe_machine()` prints: "CPU (cpu), jax 0.10.2: <mode>".
 MACHINE_PATTERN = re.compile(r"\b(?:CPU|TPU|GPU|CUDA|ROCM|METAL) \([^()\n]*\), "

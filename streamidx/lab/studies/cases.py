@@ -1,7 +1,7 @@
 """The case matrix: named batches run through every registered kernel variant.
 
 One matrix serves the tests (test_kernel, test_reference, test_streaming,
-test_variants) and notebook 05's parity table: `BATCHES` (ragged batches,
+test_variants) and notebook 04's parity table: `BATCHES` (ragged batches,
 lengths in compressed entries, scaled by the ratio so a batch means the same
 at ratios 1, 2, 4), one static shape (NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE,
 PAGES_PER_SEQ, TOTAL_NUM_PAGES, NUM_HEADS) so the kernel compiles once per
@@ -141,7 +141,7 @@ class Batch:
 
 
 BATCHES: dict[str, Batch] = {b.name: b for b in (
-    # The four ways a batch can fill `distribution = (i, j, n)` (notebook 05).
+    # The four ways a batch can fill `distribution = (i, j, n)` (notebook 04).
     Batch("decode_only", decode=(37, (64, 3), 100, 250, 5),
           note="5 decode sequences: one batched decode program (4) and one "
                "remainder"),

@@ -7,7 +7,7 @@ cache entry (packed FP8 record 256 B, dense FP8 head_dim + 1:
 `bytes_moved`), KV blocks batched decode programs fetch for nothing, given
 and sorted order (`recorded_costs`, beside `tiling.block_waste`), and launches,
 grid points and DMAs per launch (`launch_counts`; beside the plan that
-models the call: `recorded_costs`, notebook 04). Interpreter runs are slow;
+models the call: `recorded_costs`, notebook 05). Interpreter runs are slow;
 the batches are small, and bytes per entry do not depend on the batch.
 """
 

@@ -1,7 +1,7 @@
 """FP8 formats beside the vendored cache's (e4m3 values, ue8m0 scale per
 record): exact float scales, FP8 queries, Hadamard rotation, the key/query
-variants of notebook 03's recall study and its float64 check, and the
-kernel's in-register unpack on one block (also notebook 02). The studies
+variants of notebook 02's recall study and its float64 check, and the
+kernel's in-register unpack on one block (also notebook 01). The studies
 themselves are cells of notebook 03.
 """
 

@@ -1,4 +1,4 @@
-"""The tiling bounds notebooks 04 and 06 share, and notebook 04's megacore
+"""The tiling bounds notebooks 05 and 06 share, and notebook 05's megacore
 compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
 TensorCores, a model), `static_bound_s` (`roofline.step_bound`'s vector
 time with a compiled page schedule), `decode_page_bounds` (each variant's decode
