@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
+from streamidx.call import TopkCall
 from streamidx.semantics import cdiv
 
 __all__ = [
@@ -71,7 +72,7 @@ class RaggedBatch:
   compression_ratio: int
   num_tokens: int
   total_num_pages: int
-  decode_q_len: int = 1
+  decode_q_len: int = TopkCall.decode_q_len
 
   @property
   def num_seqs(self) -> int:
@@ -147,7 +148,7 @@ def make_batch(
     extra_pages: int = 0,
     total_num_pages: int | None = None,
     seed: int = 0,
-    decode_q_len: int = 1,
+    decode_q_len: int = TopkCall.decode_q_len,
 ) -> RaggedBatch:
   """Builds a ragged paged batch from (q_len, seq_len) pairs.
 
@@ -250,7 +251,7 @@ def make_mixed_batch(
     decode: Sequence[int] = (),
     prefill: Sequence[tuple[int, int]] = (),
     mixed: Sequence[tuple[int, int]] = (),
-    decode_q_len: int = 1,
+    decode_q_len: int = TopkCall.decode_q_len,
     **kwargs,
 ) -> RaggedBatch:
   """A batch from its three ranges: decode seq_lens, prefill and mixed pairs.

@@ -65,6 +65,9 @@ def test_quick_json_has_every_implementation_on_every_shape(quick_run):
   got = {(r["shape"], r["impl"]) for r in doc["results"]}
   assert got == {(s, i) for s in shapes for i in bench.IMPLEMENTATIONS}
   for r in doc["results"]:
+    if r.get("variant") == "fp4":  # MXFP4 holds other (quantized) keys: the
+      assert r["status"] == "skipped" and "mxfp4" in r["reason"], r  # FP8
+      continue                     # shape's oracle cannot judge it
     assert r["status"] == "ok", r
     w = r["wall_s"]
     assert len(w["runs"]) == doc["settings"]["repeats"] == 3

@@ -267,7 +267,7 @@ def test_subnormal_scale_byte_is_rejected():
   page = int(inp.batch.page_table[0, 0])
   c = np.array(inp.cache)
   c[page, 0, 0, 128] = 0
-  with pytest.raises(ValueError, match=r"^cache_kv: every FP8 record a query "
+  with pytest.raises(ValueError, match=r"^cache_kv: every FP8 record \(MXFP4: 32-value group\) a query "
                      r"sees needs an e8m0 scale byte in \[1, 254\].*got "
                      rf"sequence 0, entry 0 \(physical page {page}, slot 0\): "
                      r"scale byte 0\)$"):

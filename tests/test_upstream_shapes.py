@@ -219,7 +219,7 @@ def test_upstream_layout_with_the_scale_at_byte_head_dim_is_rejected():
   rec[..., 16] = np.asarray(e) + cache.E8M0_BIAS
   args = list(inp.args)
   args[2] = jnp.asarray(rec.reshape(inp.cache.shape))
-  with pytest.raises(ValueError, match=r"^cache_kv: every FP8 record a query "
+  with pytest.raises(ValueError, match=r"^cache_kv: every FP8 record \(MXFP4: 32-value group\) a query "
                      r"sees needs an e8m0 scale byte in \[1, 254\].*scale byte "
                      r"0\)$"):
     si.validate_topk_inputs(*args, k=4, compression_ratio=2,
