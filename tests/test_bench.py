@@ -91,7 +91,7 @@ def test_quick_json_has_every_implementation_on_every_shape(quick_run):
   ratios = doc["ratios"]["time_over_reference"]
   for s in shapes:
     assert ratios[s]["reference"] == 1.0
-    assert set(ratios[s]) == set(bench.IMPLEMENTATIONS)
+    assert set(ratios[s]) == set(bench.IMPLEMENTATIONS) - {"kernel:fp4"}
 
 
 def test_kernel_and_streaming_are_identical_to_the_reference(quick_run):
