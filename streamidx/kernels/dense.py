@@ -47,7 +47,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
-from streamidx import semantics
 from streamidx import topk
 from streamidx.kernels import tpu, vendored
 from streamidx.semantics import LANES, cdiv
@@ -206,25 +205,14 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   block_max = bmax is not None
   page_pool = case == "page"
   num_cores = call.num_cores
-  name = (f"StreamIdxDensePageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool else
-          f"StreamIdxDenseTC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"
+  name = (tpu.launch_name("Dense", case, bq_sz, bkv_p)
           + ("-bmax" if block_max else ""))
-  _, num_q_heads, head_dim = q.shape
-  _, rows_per_page, _, _ = cache_values.shape
-  _, scale_rows, scale_lanes = cache_scales.shape
-  page_size = rows_per_page * KV_PACKING
+  page_size = cache_values.shape[1] * KV_PACKING
   b = seq_batch_size
-  out_sublanes = scores.shape[1] if page_pool else bkv_p * page_size // LANES
-  # The vendored launch's buffers (`semantics.launch_scratch`, lkv_dim =
-  # head_dim) and the scale buffer after the values'.
-  scratch = list(semantics.launch_scratch(
-      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
-      page_size_per_kv_packing=rows_per_page, kv_packing=KV_PACKING,
-      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_q_heads,
-      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
-      num_out_sublanes=out_sublanes))
-  scratch.insert(1, ("bscale_x2", (2, b, bkv_p, scale_rows, scale_lanes),
-                     jnp.dtype(jnp.uint8)))
+  scratch = tpu.pair_scratch(
+      q, weights, scores, cache_values, cache_scales.shape[1:],
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
+      page_mode=page_pool)
   if block_max:
     scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
                     jnp.dtype(jnp.float32)))
@@ -243,6 +231,5 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
       num_sem_ids=_NUM_SEM_IDS, num_bo_sz=_NUM_BO_SZ,
       inputs=(q, weights, cache_values, cache_scales),
       outputs=(scores, bmax) if block_max else (scores,),
-      call=call, interpret=interpret, num_cores=num_cores,
-      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
-              f"{bq_sz}, {b} sequence(s) per program"))
+      call=call, interpret=interpret, num_cores=num_cores, bkv_p=bkv_p,
+      bq_sz=bq_sz)

@@ -59,9 +59,7 @@ from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
-from streamidx import semantics
 from streamidx.kernels import dense, tpu, vendored
-from streamidx.semantics import LANES
 
 __all__ = ["launch", "KV_PACKING", "E4M3_OFFSET"]
 
@@ -152,21 +150,13 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   del num_queries_per_block, bmax  # no block maxima ("fused_blockmax")
   cache_values, cache_scales = cache
   page_pool = case == "page"
-  _, num_q_heads, head_dim = q.shape
-  rows_per_page = cache_values.shape[1]
-  _, groups, page_size = cache_scales.shape
+  page_size = cache_scales.shape[2]
   b = seq_batch_size
-  # The vendored launch's buffers (value rows of head_dim bytes, 4 per
-  # 32-bit word) and the scale buffer after the values'.
-  scratch = list(semantics.launch_scratch(
-      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
-      page_size_per_kv_packing=rows_per_page, kv_packing=4,
-      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_q_heads,
-      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
-      num_out_sublanes=(scores.shape[1] if page_pool
-                        else bkv_p * page_size // LANES)))
-  scratch.insert(1, ("bscale_x2", (2, b, bkv_p, groups, page_size),
-                     jnp.dtype(jnp.uint8)))
+  # Value rows of head_dim bytes, 4 per 32-bit word (8 entries a word).
+  scratch = tpu.pair_scratch(q, weights, scores, cache_values,
+                             cache_scales.shape[1:], seq_batch_size=b,
+                             bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
+                             page_mode=page_pool)
   kernel = functools.partial(
       _fp4_kernel, page_size=page_size,
       compression_ratio=call.compression_ratio, static_q_len=static_q_len,
@@ -176,12 +166,9 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
       **(dict(page_pool_size=page_size,
               pool_by_lane_segments=segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
-      kernel, name=(f"StreamIdxFp4PageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_pool
-                    else f"StreamIdxFp4TC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"),
+      kernel, name=tpu.launch_name("Fp4", case, bq_sz, bkv_p),
       scratch=scratch, num_sem_rows=len(dense.SEMAPHORE_ROWS),
       prefetch=prefetch, start=start, end=end, seq_batch_size=b,
       num_sem_ids=3, num_bo_sz=2,
       inputs=(q, weights, cache_values, cache_scales), outputs=(scores,),
-      call=call, interpret=interpret,
-      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
-              f"{bq_sz}, {b} sequence(s) per program"))
+      call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz)

@@ -68,7 +68,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
-from streamidx import semantics
 from streamidx.kernels import tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
 
@@ -335,12 +334,11 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   del num_queries_per_block, bmax  # no "fused_blockmax" here
   values, scales = cache
   page_mode = case == "page"
-  total_pages, rows_per_page, _, head_dim = values.shape
+  total_pages, rows_per_page, _, _ = values.shape
   page_size = rows_per_page * KV_PACKING
   b = seq_batch_size
   num_cores = call.num_cores
-  name = (f"StreamIdxLeanPageTC-bq_{bq_sz}-bkvp_{bkv_p}" if page_mode else
-          f"StreamIdxLeanTC-{case}-bq_{bq_sz}-bkvp_{bkv_p}")
+  name = tpu.launch_name("Lean", case, bq_sz, bkv_p)
   seq_lens, page_indices, cu_q_lens, q_rows = prefetch
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
@@ -351,16 +349,9 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
   table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
                    total_pages - 1)
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
-  _, num_heads, _ = q.shape
-  out_sublanes = scores.shape[1] if page_mode else bkv_p * page_size // LANES
-  scratch = list(semantics.launch_scratch(
-      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
-      page_size_per_kv_packing=rows_per_page, kv_packing=KV_PACKING,
-      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=num_heads,
-      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
-      num_out_sublanes=out_sublanes))
-  scratch.insert(1, ("bscale_x2", (2, b) + (bkv_p,) + scales.shape[1:],
-                     jnp.dtype(jnp.uint8)))
+  scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
+                             seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
+                             page_size=page_size, page_mode=page_mode)
   kernel = functools.partial(
       _kernel, compression_ratio=call.compression_ratio,
       static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
@@ -375,5 +366,4 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
       end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
       num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, values, scales),
       outputs=(scores,), call=call, interpret=interpret, num_cores=num_cores,
-      blocks=(f"num_kv_pages_per_block={bkv_p}, query rows per block "
-              f"{bq_sz}, {b} sequence(s) per program"))
+      bkv_p=bkv_p, bq_sz=bq_sz)

@@ -1,5 +1,8 @@
 """The project's TPU helpers the kernel bodies share (not upstream code).
 
+    launch_name(kind, case, bq, bkv_p)  a launch's name (what lab.model.tiling
+                                        and the static schedule parse)
+    pair_scratch(...)                   the scratch of a two-array cache layout
     pallas_launch(kernel, ...)          one launch's `pallas_call`: the VMEM
                                         check, scratch, scalar prefetch, grid,
                                         HBM operands, outputs aliased
@@ -24,13 +27,42 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import semantics
-from streamidx.semantics import cdiv
+from streamidx.semantics import LANES, cdiv
+
+
+def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int) -> str:
+  """"StreamIdx<kind>TC-<case>-bq_<bq>-bkvp_<p>", or
+  "StreamIdx<kind>PageTC-bq_<bq>-bkvp_<p>" for page mode; kind "" is the
+  vendored body, else the variant's ("Dense", "Lean", "Fp4")."""
+  if case == "page":
+    return f"StreamIdx{kind}PageTC-bq_{bq_sz}-bkvp_{bkv_p}"
+  return f"StreamIdx{kind}TC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"
+
+
+def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
+                 bq_sz, bkv_p, page_size, page_mode):
+  """The VMEM scratch of a launch over a cache of two arrays, values
+  u8[pages, rows_per_page, 4, head_dim] and their scales: the vendored
+  launch's buffers (`semantics.launch_scratch`, lkv_dim = head_dim, 4 bytes
+  per 32-bit word), then the scales' double buffer "bscale_x2" [2, B, bkv_p,
+  *scale_block] right after the values'."""
+  _, rows_per_page, kv_packing, head_dim = values.shape
+  scratch = list(semantics.launch_scratch(
+      seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=rows_per_page, kv_packing=kv_packing,
+      lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=q.shape[1],
+      head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
+      num_out_sublanes=(scores.shape[1] if page_mode
+                        else bkv_p * page_size // LANES)))
+  scratch.insert(1, ("bscale_x2", (2, seq_batch_size, bkv_p, *scale_block),
+                     jnp.dtype(jnp.uint8)))
+  return scratch
 
 
 def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
                   end, seq_batch_size, num_sem_ids, num_bo_sz, inputs,
-                  outputs, call, interpret, blocks, case=None,
-                  num_cores=1):
+                  outputs, call, interpret, bkv_p, bq_sz, blocks=None,
+                  case=None, num_cores=1):
   """One launch of a kernel body: its `pallas_call`, made and called.
 
   The setup every body shares (`streamidx.kernels.driver.KernelBody.launch`
@@ -49,10 +81,13 @@ def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
 
   `kernel` is the body's kernel function with its static arguments bound;
   the VMEM error names the launch `case` (default `name`) and says its
-  `blocks`. Returns the outputs
+  `blocks` (default: the KV pages and query rows per block and the
+  sequences per program). Returns the outputs
   (one array, or a tuple for more than one).
   """
   b = seq_batch_size
+  blocks = blocks or (f"num_kv_pages_per_block={bkv_p}, query rows per "
+                      f"block {bq_sz}, {b} sequence(s) per program")
   if interpret is False:
     check_launch_vmem(scratch, case=case or name, blocks=blocks,
                       vmem_limit_bytes=call.vmem_limit_bytes)

@@ -835,7 +835,7 @@ def run_topk_kernel(
       prefetch=prefetch, start=start, end=end,
       seq_batch_size=seq_batch_size, num_sem_ids=3, num_bo_sz=2,
       inputs=(q, prepared_indexer_weights, cache_kv), outputs=(scores,),
-      call=call, interpret=interpret,
+      call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz,
       case="page" if page_mode else _MLA_CASE[case].name.lower(),
       blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
               f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "

@@ -646,9 +646,9 @@ def declared_scratch(eqn) -> list[tuple[tuple[int, ...], str]]:
 def launch_case(name: str) -> tuple[str, int, int]:
   """A launch's (case, bq, bkv_p) from its name (`Launch.name`):
   'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", 1, 3); the dense kernel's
-  'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' (and StreamIdxFp4TC-) likewise;
-  page kernels: "page"."""
-  m = re.match(r"StreamIdx(?:Dense|Lean|Fp4)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
+  'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' (any variant's kind,
+  `kernels.tpu.launch_name`) likewise; page kernels: "page"."""
+  m = re.match(r"StreamIdx(?:(?!Page)[A-Z][a-z0-9]*)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
                r"bkvp_(\d+)", name)
   if not m:
     return ("page" if "Page" in name else name), 0, 0
