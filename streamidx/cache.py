@@ -1,75 +1,12 @@
-"""The indexer's paged KV cache: FP8 quantization, packing and unpacking.
+"""The indexer's paged KV cache: FP8 and MXFP4 quantization, packing and
+unpacking, and the cache formats the kernels read (`CACHE_FORMATS`).
 
-Vocabulary (the kernel's own terms, defined once here):
-
-- entry: one compressed KV position (a key vector of `head_dim` values). A
-  sequence of `seq_len` tokens has `seq_len // compression_ratio` entries.
-- page: `page_size` consecutive entries of one sequence, stored together.
-  Physical pages are shared by all sequences; a page table maps each
-  sequence's local page p to a physical page.
-- record: the bytes of one entry in the cache, `lkv_dim` elements wide.
-- kv_packing: how many records share one 32-bit sublane word
-  (`32 // bitwidth(cache dtype)`): 4 for the uint8 FP8 cache, 2 for bf16.
-- page_size_per_kv_packing: `page_size // kv_packing`, the number of packed
-  rows of a page.
-
-Cache array: `[total_num_pages, page_size_per_kv_packing, kv_packing, lkv_dim]`.
-Entry t of physical page P is `cache[P, t // kv_packing, t % kv_packing, :]`,
-which is also the order in which the kernel unpacks a block
-(`bkv.reshape(-1, lkv_dim)`: row r, slot j -> entry r * kv_packing + j).
-
-FP8 record (DeepSeek-V4's packed FP8 format, uint8, `lkv_dim = 256` for
-head_dim 128)::
-
-    byte:  0 1 2 ...              127 | 128        | 129 ...          255
-           e4m3 e4m3 ...         e4m3 | e8m0 scale | zero padding
-           \\_ key / 2**e, head_dim _/  \\_ e + 127 _/ \\_ to a multiple of 128 _/
-
-The key is `e4m3_values * 2**e`: one power-of-two (ue8m0) scale per record,
-the smallest power of two >= amax / 448 (448 is e4m3fn's largest finite
-value), so no value saturates, with e clamped to [-126, 127] (see
-`ue8m0_exponent`).
-
-bf16 record: `head_dim` bf16 values, no scale (`lkv_dim = head_dim`).
-
-head_dim below a multiple of 128 (e.g. 16, 32, 64): the kernel pads each
-query to `padded_head_dim(head_dim)` lanes with zeros and reads that many
-key values per record, so a record is laid out for the padded width: the
-head_dim values, zeros up to the padded width, then (FP8) the scale byte at
-byte `padded_head_dim(head_dim)`. head_dim 64 gives a 256-byte FP8 record
-(scale at byte 128) and a 128-element bf16 record. The padding lanes meet
-the query's zero padding, so any finite value there scores 0; a NaN there
-(or an inf in a bf16 record) would make the score NaN, which
-`streamidx.validate` rejects.
-
-Dense FP8 cache ("dense_fp8", `pack_dense_fp8_cache`): the same e4m3 values
-and e8m0 exponents as the FP8 record (`quantize_fp8`), without the padding,
-in two arrays (129 B per entry at head_dim 128 instead of 256; head_dim
-below a multiple of 128 is padded with zero values to `padded_head_dim`, as
-the record is)::
-
-    cache_values  u8[total_num_pages, page_size // 4, 4, padded head_dim]
-                  reshapes to [total_num_pages, page_size, padded head_dim]: entry t
-                  of page P at [P, t // 4, t % 4, :] (the FP8 record's
-                  packing, lkv_dim = padded_head_dim(head_dim))
-    cache_scales  u8[total_num_pages, page_size // L, L], L = 128 when
-                  page_size is a multiple of 128, else page_size; reshapes to
-                  [total_num_pages, page_size]: entry t's e + 127 at t
-
-Why these shapes (checked with libtpu's compiler for v6e, see
-`dense_tpu_bytes_per_entry`): XLA tiles the two minor dimensions of a uint8
-array passed to a Pallas kernel as (4, 128) rows of 32-bit words,
-`T(4,128)(4,1)`. The values' minor dimensions (4, head_dim) are exactly one
-such row per 4 entries, so they carry no padding and a page is a slice of
-the leading (untiled) dimension: one DMA per page, at any page index, as for
-the FP8 record. A page's scales are its own leading-dimension slice too
-(`[page_size // L, L]`): a flat `[pages, page_size]` array is tiled
-`T(32, 128)` and a one-page DMA there is a sub-tile offset Mosaic rejects
-("Offsets along tiled dimensions must be aligned to tiles"). Each page's
-scale rows are padded to a multiple of 4 rows of 128 lanes in HBM: at page
-size 128 a page's 128 scale bytes occupy 512, so an entry costs 128 + 4 =
-132 B on the TPU (129 B of data), 128 + 2 at page size 256 and 129 from
-page size 512 up.
+Terms (entry, page, record, kv_packing) and every layout byte by byte, with
+why the two-array layouts are shaped as they are: docs/cache-formats.md
+("Layouts byte by byte"). Packed cache array: `[total_num_pages, page_size
+// kv_packing, kv_packing, lkv_dim]`, entry t of physical page P at
+`cache[P, t // kv_packing, t % kv_packing, :]`; an FP8 record is the e4m3
+values, zeros to `padded_head_dim`, the e8m0 scale byte e + 127, zero padding.
 """
 
 from __future__ import annotations
@@ -84,40 +21,15 @@ import numpy as np
 from streamidx.semantics import LANES
 
 __all__ = [
-    "CacheFormat",
-    "FORMATS",
-    "REFERENCE_FORMATS",
-    "E4M3_MAX",
-    "E8M0_BIAS",
-    "E8M0_MIN_EXPONENT",
-    "padded_head_dim",
-    "cache_dtype",
-    "kv_packing",
-    "lkv_dim",
-    "record_bytes",
-    "ue8m0_exponent",
-    "quantize_fp8",
-    "dequantize_fp8",
-    "pack_fp8_records",
-    "unpack_fp8_records",
-    "pack_cache",
-    "unpack_cache",
-    "unpack_cache_raw",
-    "entry_location",
-    "e8m0_scales",
-    "dense_scale_lanes",
-    "pack_dense_fp8_cache",
-    "dense_tpu_bytes_per_entry",
-    "cache_pages",
-    "CacheLayout",
-    "CACHE_FORMATS",
-    "E2M1_VALUES",
-    "mxfp4_exponent",
-    "quantize_mxfp4",
-    "dequantize_mxfp4",
-    "pack_mxfp4_cache",
-    "unpack_mxfp4_cache",
-    "is_mxfp4",
+    "CacheFormat", "FORMATS", "REFERENCE_FORMATS", "E4M3_MAX", "E8M0_BIAS",
+    "E8M0_MIN_EXPONENT", "padded_head_dim", "cache_dtype", "kv_packing",
+    "lkv_dim", "record_bytes", "ue8m0_exponent", "quantize_fp8",
+    "dequantize_fp8", "pack_fp8_records", "unpack_fp8_records", "pack_cache",
+    "unpack_cache", "unpack_cache_raw", "entry_location", "e8m0_scales",
+    "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
+    "cache_pages", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
+    "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
+    "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
 ]
 
 CacheFormat = Literal["fp8", "bf16", "f32"]
@@ -344,8 +256,7 @@ def unpack_cache(cache, head_dim: int = 128):
 
 
 # ---------------------------------------------------------------------------
-# The dense FP8 cache: values and scales in two arrays (see the module
-# docstring).
+# The dense FP8 cache: values and scales in two arrays (docs/cache-formats.md).
 
 DENSE_KV_PACKING = 4  # e4m3 bytes per 32-bit word, as for the FP8 record
 NEG_ZERO_BYTE = 0x80  # e4m3fn -0, never in a dense cache
@@ -357,7 +268,7 @@ def dense_scale_lanes(page_size: int) -> int:
 
 
 def pack_dense_fp8_cache(keys):
-  """The dense FP8 pair (cache_values, cache_scales) (module docstring) of
+  """The dense FP8 pair (cache_values, cache_scales) (docs/cache-formats.md) of
   keys f32[total_num_pages, page_size, head_dim] (page_size a multiple of 4):
   `quantize_fp8(keys)`'s values and exponents, as the packed "fp8" format's,
   so both decode to identical keys."""
@@ -382,8 +293,8 @@ def pack_dense_fp8_cache(keys):
 
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
   """HBM bytes per entry of the dense FP8 cache as a TPU stores it: the
-  values unpadded, a page's scale rows padded to whole (4, 128) tiles (module
-  docstring)."""
+  values unpadded, a page's scale rows padded to whole (4, 128) tiles
+  (docs/cache-formats.md)."""
   lanes = dense_scale_lanes(page_size)
   rows = page_size // lanes
   scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * LANES
@@ -405,41 +316,8 @@ def entry_location(entry: int, page_table_row, page_size: int,
 
 # ---------------------------------------------------------------------------
 # The MXFP4 cache ("mxfp4"): e2m1 values two per byte, one ue8m0 scale per
-# group of 32 values (OCP MX block size), in two arrays, 68 B per entry at
-# head_dim 128 (64 value bytes + 4 scale bytes)::
-#
-#   cache_values  u8[total_pages, page_size // 8, 4, W]   W = padded head_dim
-#                 reshapes to [pages, page_size // 2, W]: byte d of row i
-#                 holds entry i's code for value d (low nibble) and entry
-#                 i + page_size // 2's (high nibble)
-#   cache_scales  u8[total_pages, W // 32, page_size]     group g of entry t
-#                 at [P, g, t]: e + 127
-#
-# Why these shapes (the dense FP8 layout's reasons, `pack_dense_fp8_cache`):
-# XLA tiles the two minor dimensions of a uint8 Pallas operand as (4, 128)
-# rows of 32-bit words. The values' (4, W) is one such row per 8 entries, so
-# a page is a slice of the untiled leading dimension (one DMA per page, no
-# padding: 64 B per entry), and the vendored pipeline's DMA and buffers read
-# it unchanged (rows of W bytes, 8 entries per 4 rows). Pairing entry i with
-# entry i + page_size // 2 (not value d with d + 1) makes the unpack two
-# nibble masks of whole 32-bit words and a concatenation along sublanes, no
-# lane shuffle. The scales' (W // 32, page_size) = (4, page_size) at head_dim
-# 128 is one tile row per 128 entries: a page is again one leading-dimension
-# DMA, with no padding when page_size is a multiple of 128 (4 B per entry;
-# below that a page's 4 x page_size bytes occupy 4 x 128 in HBM: 8 B per
-# entry at page size 64). Entries run along lanes there, as the kernel
-# applies a group's scales to score columns.
-#
-# Quantizer (`quantize_mxfp4`): per group of 32, e is the smallest exponent
-# with 2**e >= amax / 6 (6 is e2m1's largest value, so nothing saturates:
-# OCP MX's floor(log2 amax) - 2 saturates values in (6, 8) x 2**e to 6),
-# clamped to [MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT]; values / 2**e round to
-# nearest, ties to even, onto the e2m1 grid (0, 0.5, 1, 1.5, 2, 3, 4, 6; as
-# ml_dtypes' float4_e2m1fn), past 6 (only under the clamp) saturating to 6.
-# e2m1 has no NaN or inf code: every value byte is a finite pair.
-# An optional Hadamard rotation of queries and keys before quantizing (as
-# DeepSeek-V3.2's indexer does, `lab.studies.quant.hadamard`) is the
-# caller's: scores are invariant under the orthogonal rotation.
+# group of 32 values, in two arrays (docs/cache-formats.md: the shapes, why,
+# and the quantizer's rounding). The Hadamard rotation is the caller's.
 
 MXFP4_GROUP = 32
 E2M1_MAX = 6.0
