@@ -17,6 +17,8 @@ every body alike.
 
 from __future__ import annotations
 
+import inspect
+
 import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
@@ -177,12 +179,9 @@ def streamindex_topk_dense(
   """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
 
   Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
-  pair (`streamidx.pack_dense_fp8_cache(keys)`) in place of `cache_kv`:
-
-    cache_values: u8[total_pages, page_size // 4, 4, head_dim], the e4m3
-      bytes; entry t of page P at [P, t // 4, t % 4].
-    cache_scales: u8[total_pages, page_size // L, L] (L = 128 when page_size
-      is a multiple of 128, else page_size), the e8m0 bytes e + 127.
+  pair (`streamidx.pack_dense_fp8_cache(keys)`: cache_values u8[total_pages,
+  page_size // 4, 4, head_dim], cache_scales u8[total_pages, page_size // L,
+  L]; docs/cache-formats.md) in place of `cache_kv`.
 
   topk_method also takes "fused_blockmax" (the launches write the maxima of
     every 128-entry row of scores, and the selection ranks blocks by them:
@@ -217,72 +216,52 @@ def streamindex_page_topk_dense(
                locals())
 
 
-def streamindex_topk_lean(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
-    cu_q_lens, distribution, *, k, compression_ratio,
-    num_kv_pages_per_block=None, num_queries_per_block=None,
-    vmem_limit_bytes=T.vmem_limit_bytes,
-    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
-    topk_method=T.topk_method, return_scores=T.return_scores,
-    sort_decode=T.sort_decode, num_cores=T.num_cores,
-    skip_empty_launches=T.skip_empty_launches, decode_q_len=T.decode_q_len):
-  """`streamindex_topk_dense` (same arguments and indices; topk_method
+def _twin(dense_fn, variant, body, doc, drop=()):
+  """A drop-in function with `dense_fn`'s signature, less the arguments in
+  `drop` (bound and checked as a spelled-out signature would be), that runs
+  `body` and builds its call with `variant`'s block-size rows."""
+  sig = inspect.signature(dense_fn)
+  sig = sig.replace(parameters=[p for p in sig.parameters.values()
+                                if p.name not in drop])
+  cls = TopkCall if "distribution" in sig.parameters else PageCall
+
+  def fn(*args, **kwargs):
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    return _bind(cls, variant, body,
+                 (args["cache_values"], args["cache_scales"]), args)
+
+  fn.__signature__, fn.__doc__ = sig, doc
+  fn.__name__ = fn.__qualname__ = dense_fn.__name__.replace("dense", variant)
+  return fn
+
+
+streamindex_topk_lean = _twin(
+    streamindex_topk_dense, "lean", LEAN,
+    """`streamindex_topk_dense` (same arguments and indices; topk_method
   without "fused_blockmax") with the vector-lean kernel body
-  (`streamidx.kernels.lean`)."""
-  return _bind(TopkCall, "lean", LEAN, (cache_values, cache_scales), locals())
-
-
-def streamindex_page_topk_lean(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
-    cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
-    num_kv_pages_per_block=P.num_kv_pages_per_block,
-    num_queries_per_block=P.num_queries_per_block,
-    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
-    return_scores=P.return_scores, num_cores=P.num_cores,
-    skip_empty_launches=P.skip_empty_launches):
-  """`streamindex_page_topk_dense` (same arguments and page ids) with the
-  vector-lean kernel body (`streamidx.kernels.lean`)."""
-  return _bind(PageCall, "lean", LEAN, (cache_values, cache_scales), locals())
-
-
-def streamindex_topk_fp4(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
-    cu_q_lens, distribution, *, k, compression_ratio,
-    num_kv_pages_per_block=None, num_queries_per_block=None,
-    vmem_limit_bytes=T.vmem_limit_bytes,
-    decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
-    topk_method=T.topk_method, return_scores=T.return_scores,
-    sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches,
-    decode_q_len=T.decode_q_len):
-  """StreamIndex top-k over the MXFP4 cache: i32[max_num_tokens, k].
+  (`streamidx.kernels.lean`).""")
+streamindex_page_topk_lean = _twin(
+    streamindex_page_topk_dense, "lean", LEAN,
+    """`streamindex_page_topk_dense` (same arguments and page ids) with the
+  vector-lean kernel body (`streamidx.kernels.lean`).""")
+streamindex_topk_fp4 = _twin(
+    streamindex_topk_dense, "fp4", FP4,
+    """StreamIndex top-k over the MXFP4 cache: i32[max_num_tokens, k].
 
   Arguments and result as `streamidx.streamindex_topk`, with the MXFP4 pair
-  (`streamidx.pack_mxfp4_cache(keys)`, 68 B/entry at head_dim 128) in place
-  of `cache_kv`:
-
-    cache_values: u8[total_pages, page_size // 8, 4, head_dim], e2m1 codes
-      two per byte: row i of page P holds entry i (low nibbles) and entry
-      i + page_size // 2 (high nibbles).
-    cache_scales: u8[total_pages, head_dim // 32, page_size], the e8m0
-      byte e + 127 of each group of 32 values.
-  """
-  return _bind(TopkCall, "fp4", FP4, (cache_values, cache_scales), locals())
-
-
-def streamindex_page_topk_fp4(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
-    cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
-    num_kv_pages_per_block=P.num_kv_pages_per_block,
-    num_queries_per_block=P.num_queries_per_block,
-    vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
-    return_scores=P.return_scores,
-    skip_empty_launches=P.skip_empty_launches):
-  """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages].
+  (`streamidx.pack_mxfp4_cache(keys)`: cache_values u8[total_pages,
+  page_size // 8, 4, head_dim], cache_scales u8[total_pages, head_dim // 32,
+  page_size]; docs/cache-formats.md) in place of `cache_kv`.
+  """, drop=("num_cores",))
+streamindex_page_topk_fp4 = _twin(
+    streamindex_page_topk_dense, "fp4", FP4,
+    """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages].
 
   Arguments and result as `streamidx.streamindex_page_topk`, with the MXFP4
   pair (`streamindex_topk_fp4`) in place of `cache_kv`.
-  """
-  return _bind(PageCall, "fp4", FP4, (cache_values, cache_scales), locals())
+  """, drop=("num_cores",))
 
 
 streamindex_topk = driver.Entry(streamindex_topk, VENDORED)
