@@ -1,23 +1,14 @@
 """Input checks for the StreamIndex kernels: where the kernels' contract ends
-(docs/validation.md: the rules and the numeric range).
+(docs/validation.md: the rules, the layers and the numeric range).
 
-The kernels trust their inputs: a page table past the cache (the kernel and
-`streamidx.ref` clamp it to the last page; a negative index is not clamped),
-a `cu_q_lens` that goes backwards or a `distribution` that disagrees with the
-query lengths give silently wrong indices. Each such input raises
-`ValueError("<argument>: <rule> (got <what>)")`, in three layers:
-
-1. `static_validate(call, *arrays)`: shapes, dtypes, block sizes, options;
-   tracer-safe, so the driver runs it at trace time.
-2. `validate_inputs(call, *arrays)` (a variant's `validate`): the static
-   checks, then `VALUE_RULES` in the mode's order (`TOPK_VALUE_RULES`,
-   `PAGE_TOPK_VALUE_RULES`) on concrete arrays; the first broken rule raises.
-3. Inside `jit`, the same rules through `checkify` (a variant's `checked`,
-   `streamidx.kernels.driver.checked_run`: (err, indices), all -1 when a rule
-   fails); `check_inputs` issues the bare `checkify.check`s.
-
-The value rules are written once (`_value_rules`, traceable JAX), so layers 2
-and 3 report the same message for the same input.
+Each bad input raises `ValueError("<argument>: <rule> (got <what>)")`:
+`static_validate(call, *arrays)` checks shapes, dtypes, block sizes and
+options (tracer-safe: the driver runs it at trace time); `validate_inputs`
+(a variant's `validate`) then evaluates `VALUE_RULES` in the mode's order
+(`TOPK_VALUE_RULES`, `PAGE_TOPK_VALUE_RULES`) on concrete arrays; inside
+`jit`, `check_inputs` issues them as `checkify.check`s (a variant's
+`checked`). The value rules are written once (`_value_rules`, traceable
+JAX), so both report the same message for the same input.
 """
 
 from __future__ import annotations
@@ -119,17 +110,23 @@ def _check_block_arithmetic(page_size, pages_per_seq, bkv_p, case=None):
           f"{pages_per_seq} * {page_size} = {capacity}")
 
 
-def _check_dense_cache(cache, head_dim):
-  """The dense FP8 pair (cache_values, cache_scales); returns page_size."""
+def _check_u8(name, x, what):
+  if jnp.dtype(x.dtype) != jnp.dtype(jnp.uint8):
+    _fail(name, f"must be uint8 ({what})", _dtype_name(x))
+
+
+def _check_pair(cache, head_dim, mxfp4):
+  """The dense FP8 or the MXFP4 pair (cache_values, cache_scales);
+  returns page_size."""
   if len(cache) != 2:
     _fail("cache", "a dense FP8 cache is the pair (cache_values, "
           "cache_scales)", f"{len(cache)} arrays")
   values, scales = cache
+  per_row = 8 if mxfp4 else cache_lib.DENSE_KV_PACKING  # entries per 4 rows
   _check_rank("cache_values", values, 4,
-              "[total_num_pages, page_size // 4, 4, padded head_dim]")
-  if jnp.dtype(values.dtype) != jnp.dtype(jnp.uint8):
-    _fail("cache_values", "must be uint8 (bytes of float8_e4m3fn)",
-          _dtype_name(values))
+              f"[total_num_pages, page_size // {per_row}, 4, padded head_dim]")
+  _check_u8("cache_values", values,
+            "e2m1 code pairs" if mxfp4 else "bytes of float8_e4m3fn")
   pages, rows, packing, width = values.shape
   if packing != cache_lib.DENSE_KV_PACKING:
     _fail("cache_values", f"axis 2 (kv_packing) must be "
@@ -141,42 +138,23 @@ def _check_dense_cache(cache, head_dim):
   if width != padded:
     _fail("cache_values", f"last axis must be q's head_dim padded to 128 "
           f"lanes ({head_dim} -> {padded})", width)
-  page_size = rows * packing
-  lanes = cache_lib.dense_scale_lanes(page_size)
-  want = (pages, page_size // lanes, lanes)
-  _check_rank("cache_scales", scales, 3,
-              "[total_num_pages, page_size // L, L], L = 128 when page_size "
+  page_size = rows * per_row
+  if mxfp4:
+    want = (pages, padded // cache_lib.MXFP4_GROUP, page_size)
+    layout = "[total_num_pages, padded head_dim // 32, page_size]"
+  else:
+    lanes = cache_lib.dense_scale_lanes(page_size)
+    want = (pages, page_size // lanes, lanes)
+    layout = ("[total_num_pages, page_size // L, L], L = 128 when page_size "
               "is a multiple of 128, else page_size")
-  if jnp.dtype(scales.dtype) != jnp.dtype(jnp.uint8):
-    _fail("cache_scales", "must be uint8 (e8m0 exponent bytes)",
-          _dtype_name(scales))
+  _check_rank("cache_scales", scales, 3, layout)
+  _check_u8("cache_scales", scales, "e8m0 exponent bytes")
   if tuple(scales.shape) != want:
     _fail("cache_scales", f"shape must be {want} for cache_values of page "
-          f"size {page_size} (streamidx.pack_dense_fp8_cache)",
+          f"size {page_size} (streamidx.pack_"
+          f"{'mxfp4' if mxfp4 else 'dense_fp8'}_cache)",
           f"shape {tuple(scales.shape)}")
   return page_size
-
-
-def _check_mxfp4_cache(cache, head_dim):
-  """The MXFP4 pair (`cache.pack_mxfp4_cache`); returns page_size."""
-  values, scales = cache
-  _check_rank("cache_values", values, 4,
-              "[total_num_pages, page_size // 8, 4, padded head_dim]")
-  pages, rows, packing, width = values.shape
-  padded = cache_lib.padded_head_dim(head_dim)
-  want = (pages, padded // cache_lib.MXFP4_GROUP, rows * 8)
-  for name, x in (("cache_values", values), ("cache_scales", scales)):
-    if jnp.dtype(x.dtype) != jnp.dtype(jnp.uint8):
-      _fail(name, "must be uint8 (e2m1 code pairs, e8m0 bytes)",
-            _dtype_name(x))
-  if packing != 4 or width != padded or pages < 1:
-    _fail("cache_values", f"must be [pages >= 1, page_size // 8, 4, {padded}]"
-          f" (q's head_dim {head_dim} padded to 128 lanes)",
-          f"shape {tuple(values.shape)}")
-  if tuple(scales.shape) != want:
-    _fail("cache_scales", f"shape must be {want} (streamidx.pack_mxfp4_cache)",
-          f"shape {tuple(scales.shape)}")
-  return rows * 8
 
 
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
@@ -202,10 +180,8 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"shape must be q's [max_num_tokens, num_q_heads] = "
           f"{(num_tokens, num_heads)}", tuple(indexer_weights.shape))
 
-  if cache_lib.is_mxfp4(cache_kv):
-    page_size = _check_mxfp4_cache(cache_kv, head_dim)
-  elif isinstance(cache_kv, (tuple, list)):
-    page_size = _check_dense_cache(cache_kv, head_dim)
+  if isinstance(cache_kv, (tuple, list)):
+    page_size = _check_pair(cache_kv, head_dim, cache_lib.is_mxfp4(cache_kv))
   else:
     page_size = _check_packed_cache(cache_kv, head_dim)
   _check_metadata(seq_lens, page_indices, cu_q_lens)
