@@ -1,36 +1,18 @@
-"""The one kernel driver: the wrapper pipeline every kernel body shares.
+"""The one kernel driver: the wrapper pipeline every kernel body shares
+(ARCHITECTURE.md, "One call, one driver", lists its stages).
 
     run(call, body, q, weights, cache, seq_lens, page_indices, cu_q_lens, last)
 
-`call` is a `streamidx.call.TopkCall` (token mode; `last` is `distribution`)
-or `PageCall` (page mode; `last` is `num_seqs`), `body` a `KernelBody` (the
-kernel body and its cache layout), `cache` the tuple of the layout's arrays.
-The pipeline, jitted once with (call, body) as its static arguments:
-
-  1. the static checks (`streamidx.validate.static_validate`, M5);
-  2. q padded to whole lanes and packed heads, the weights to f32 (upstream's
-     `prepare_q_inputs` / `prepare_index_weights`);
-  3. the launches: token mode `semantics.token_launches` (M4, M6), decode
-     range length-sorted when `sort_decode` (M13); page mode one launch over
-     the `num_seqs` sequences;
-  4. each launch's `pallas_call` (`body.launch`), under `lax.cond` on its
-     range being non-empty (M14);
-  5. the selection (`streamidx.topk.select_topk`, M12; page mode "top_k",
-     page columns restored first where v4 pooled by lane segments, M15);
-  6. the caller's row order restored (M13), and the scores when
-     `return_scores` (M9).
-
-The stages are `_prepare` (1-2, the decode order, the -inf buffers),
-`_runs` (3), `_launch` (4) and `_select` (5-6); `_pipeline` composes them in
-one trace. `run` is what the public entry points call: under a trace, or
-compiled, the one jitted pipeline; interpreted and called eagerly (tests,
-notebooks, CPU), the same stages jitted apart (`_staged`): each launch is
-then its own program, shared by every call that differs only in the
-selection (k, method, scores, decode order), and an empty launch is not
-compiled. An interpreted call returns a finished result (see
-`streamidx.modes`: an interpreted kernel left running while more work is
-queued can hang XLA:CPU). `checked_run` is the same call behind the value
-rules (checkify), for every variant alike.
+`call` is a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
+`num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's arrays.
+The stages: `_prepare` (static checks M5, q and weights prepared as
+upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
+M4, M6), `_launch` (one `pallas_call`, skipped when empty, M14) and
+`_select` (the top-k, M12, M15; rows restored, scores M9). `_pipeline`
+composes them in one trace (jit, `.lower`, a TPU); interpreted and called
+eagerly, `_staged` jits them apart (one program per launch configuration,
+an empty launch not compiled) and waits for the result (docs/limitations.md).
+`checked_run` is the same call behind the value rules (checkify).
 """
 
 from __future__ import annotations

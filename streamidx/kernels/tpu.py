@@ -1,23 +1,9 @@
-"""The project's TPU helpers the kernel bodies share (not upstream code).
-
-    launch_name(kind, case, bq, bkv_p)  a launch's name (what lab.model.tiling
-                                        and the static schedule parse)
-    pair_scratch(...)                   the scratch of a two-array cache layout
-    pallas_launch(kernel, ...)          one launch's `pallas_call`: the VMEM
-                                        check, scratch, scalar prefetch, grid,
-                                        HBM operands, outputs aliased
-    check_launch_vmem(scratch, ...)     compiled mode: a launch's VMEM scratch
-                                        fits the chip (vendored M11)
-    target_tpu_info()                   `pltpu.get_tpu_info()` of the chip
-                                        traced for, or None
-    force_v4_paths()                    trace TPU v4's code paths on any target
-    widen_fp8_for_mxu(interpret)        v4: widen e4m3 tiles to bf16 (M10)
-    pool_by_lane_segments_for(c, i)     v4: pool pages by lane segments (M15)
-    pool_pages_by_lane_segments(s, c)   f32[rows, 128 c] -> f32[rows, 128]
-    unpermute_lane_segment_pages(s, c)  segment-major page columns -> page order
-
-Every decision is made at trace time from the target chip; interpreted, the
-v5+ paths run unless `force_v4_paths()` is active.
+"""The project's TPU helpers the kernel bodies share (not upstream code): a
+launch's name, the scratch of a two-array cache layout, the one
+`pallas_call` setup (`pallas_launch`), the compiled-mode VMEM check (M11),
+and TPU v4's code paths (M10, M15; `force_v4_paths` traces them on any
+target). Every decision is made at trace time from the target chip;
+interpreted, the v5+ paths run unless `force_v4_paths()` is active.
 """
 
 import jax
@@ -205,6 +191,11 @@ def widen_fp8_for_mxu(interpret) -> bool:
   RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
   from the target chip; False when interpreted.
   """
+  return _compiled_before_v5(interpret)
+
+
+def _compiled_before_v5(interpret) -> bool:
+  """Whether the chip traced for is compiled and before v5 (or v4 forced)."""
   if _FORCE_V4_PATHS:
     return True
   if interpret is not False:
@@ -223,12 +214,7 @@ def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
   from the target chip; False when interpreted (tests force it there through
   `force_v4_paths`).
   """
-  if _FORCE_V4_PATHS:
-    return cols_per_page < 128
-  if interpret is not False or cols_per_page >= 128:
-    return False
-  info = target_tpu_info()
-  return info is not None and info.generation < 5
+  return cols_per_page < 128 and _compiled_before_v5(interpret)
 
 
 def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
