@@ -11,14 +11,10 @@ from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.cache import pack_dense_fp8_cache, pack_mxfp4_cache
 from streamidx.call import PageCall, TopkCall
-from streamidx.kernels.entries import (streamindex_page_topk,
-                                       streamindex_page_topk_dense,
-                                       streamindex_page_topk_fp4,
-                                       streamindex_topk,
-                                       streamindex_page_topk_lean,
-                                       streamindex_topk_dense,
-                                       streamindex_topk_fp4,
-                                       streamindex_topk_lean)
+from streamidx.kernels.entries import (
+    streamindex_page_topk, streamindex_page_topk_dense,
+    streamindex_page_topk_fp4, streamindex_page_topk_lean, streamindex_topk,
+    streamindex_topk_dense, streamindex_topk_fp4, streamindex_topk_lean)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,

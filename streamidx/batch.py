@@ -1,23 +1,11 @@
 """Ragged paged batches: everything the kernels take, built in one place.
 
-A batch is a list of sequences, each with a query length `q_len` (tokens
-scored in this step) and a sequence length `seq_len` (tokens in the KV cache,
-the new ones included). Query tokens are concatenated in sequence order:
-sequence b owns token rows `cu_q_lens[b] : cu_q_lens[b + 1]`, and its i-th
-query sits at absolute position `p = seq_len - q_len + i`.
-
-`distribution = (i, j, n)`: sequences [0, i) are decode-only (q_len
-`decode_q_len`: 1, or gamma + 1 under speculative decoding), [i, j)
-chunked-prefill-only, [j, n) mixed; n is the number of sequences.
-The kernel launches one batched decode program per `decode_req_batch_size`
-decode sequences, one single-sequence program for each remaining decode
-sequence, and one program per prefill or mixed sequence.
-
-The cache holds `seq_len // compression_ratio` entries per sequence, in
-pages of `page_size` entries (see `streamidx.cache`). The page table
-`page_indices` is flattened `[max_num_seqs * pages_per_seq]`: entry s of
-sequence b is in physical page `page_indices[b * pages_per_seq + s //
-page_size]`. Unused table slots point at page 0.
+Sequence b has `q_len` query tokens (rows `cu_q_lens[b] : cu_q_lens[b + 1]`
+of q, the i-th at absolute position `seq_len - q_len + i`) and `seq_len`
+tokens in the cache, `seq_len // compression_ratio` entries in pages of
+`page_size`: entry s is in physical page `page_indices[b * pages_per_seq +
+s // page_size]` (unused slots: page 0). `distribution = (i, j, n)` as in
+docs/semantics.md; the launches: `streamidx.semantics.token_launches`.
 """
 
 from __future__ import annotations
@@ -30,19 +18,11 @@ import numpy as np
 
 from streamidx import cache as cache_lib
 from streamidx.call import TopkCall
-from streamidx.semantics import cdiv
 
-__all__ = [
-    "Allocation",
-    "RaggedBatch",
-    "make_batch",
-    "make_mixed_batch",
-    "IndexerInputs",
-    "make_inputs",
-]
+__all__ = ["Allocation", "RaggedBatch", "make_batch", "make_mixed_batch",
+           "IndexerInputs", "make_inputs"]
 
 Allocation = Literal["contiguous", "shuffled", "fragmented"]
-
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

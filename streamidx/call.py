@@ -2,18 +2,11 @@
 
 `TopkCall` (token mode: `k` entries per query row) and `PageCall` (page mode:
 `k` pages per query row, `k_pages` in the drop-in signature) are frozen,
-hashable dataclasses: the one static argument of the jitted driver
-(`streamidx.kernels.driver`), so one call compiles once however it is
-spelled. Their fields' defaults are the vendored kernel's; `__post_init__`
-checks what can be checked without arrays (raising `ValueError("<argument>:
-<rule> (got ...)")`) and normalises the per-case block sizes to a
-(decode, prefill, mixed) triple (token mode) or an int (page mode).
-
-Block sizes left None are filled from the block-size table
-(`streamidx.blocks`) for the chip the call is traced for (`with_table_blocks`,
-called by the entry points with the call's own cache format, heads and page
-size); `block_source` then names the row (it is not part of the hash: a call
-that spells the table's sizes out is the same program).
+hashable dataclasses, the jitted driver's static argument (ARCHITECTURE.md,
+"One call, one driver"). Their defaults are the vendored kernel's;
+`__post_init__` checks what needs no arrays and normalises the per-case
+block sizes. Block sizes left None come from `streamidx.blocks` for the chip
+traced for (`with_table_blocks`); `block_source` names the row (not hashed).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The top-k stage: indices of the k largest masked scores of each row.
 
 Every token kernel (and its reference) ends with `select_topk(scores, k,
-method)` over its f32[T, N] score buffer. `TOPK_METHODS` (one line each here;
-docs/topk-methods.md compares them): "sort" (the vendored kernel's
-`approx_max_k(recall_target=1.0)`, re-selected by `lax.top_k` where ties
-straddle the k-th place; the default), "top_k", "chunked" (per-chunk top-k,
-then one over the candidates), "blockmax" (the k best blocks by maximum, then
-one top-k of their entries; exact, see `_blockmax_select`), "fused_blockmax"
-("blockmax" over the maxima the dense kernel writes, `block_max`; computed
-from the buffer when not given), "radix" (digit-histogram select on
-`order_key`, no sort of the row) and "approx" (`approx_max_k` with
-`recall_target` < 1: not exact on a TPU, exact off-TPU).
+method)` over its f32[T, N] score buffer; `TOPK_METHODS` lists the methods
+(docs/topk-methods.md describes and compares them; "approx" is the one that
+is not exact on a TPU).
 
 Output contract, the same for every exact method (and the reference): i32[T,
 k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the

@@ -1,35 +1,17 @@
 """StreamIndex top-k over the dense FP8 cache (129 B per entry, not 256).
 
-The vendored kernel (`streamidx/kernels/vendored.py`) reads the packed FP8
-record: 128 e4m3 bytes, one e8m0 scale byte and 127 bytes of padding per
-entry, because its cache has one array whose rows are whole 128-lane
-records. This kernel reads the same values and scales from two arrays
-(`streamidx.cache.pack_dense_fp8_cache`)::
-
-    cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
-    cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
-
-so a KV block costs two DMAs per page (values, scales) and moves head_dim + 1
-bytes per entry. The pipeline is the vendored kernel's own body
-(`vendored._scores_kernel`, local modifications included); this module
-supplies only what differs, through its hooks (M16, `kernels/LEDGER.md`):
-
-- the layout (`_TwoArrayPages`): the values array has the vendored cache's
-  form (u8 rows of 4 x head_dim, no scale column), so the vendored DMA and
-  unpack read it; each page's scales are a second DMA into their own buffer
-  `[2, B, bkv_p, page_size // L, L]` (semaphore row "kv_scale"), and they
-  load as lanes (entry order) already: no transpose of a record column;
-- `num_cores`: a leading "parallel" grid axis, core c running programs c,
-  c + num_cores, ... of the launch (a sorted decode range interleaves long
-  and short programs over the cores), each its own pipeline over its own
-  scratch and prefetch state, which its prologue resets;
-- a selection fused into the scoring (`topk_method="fused_blockmax"`, token
-  mode; `streamidx.topk`, `_BlockMax`): each launch also writes the maximum
-  of every 128-lane row of its scores into a second output, f32[max_num_tokens,
-  G, 128] (lane l of row g: score row 128 g + l; G = cdiv(score rows, 128),
-  one more where a KV block's maxima can straddle two rows of maxima), 1/128
-  of the score buffer. The selection reads the maxima instead of the buffer
-  for its first stage.
+The vendored kernel reads the packed FP8 record (128 e4m3 bytes, one e8m0
+scale byte, 127 bytes of padding per entry); this one reads the same values
+and scales from two arrays (`streamidx.cache.pack_dense_fp8_cache`; shapes:
+docs/cache-formats.md), two DMAs per page, head_dim + 1 bytes per entry. The
+pipeline is the vendored kernel's own body (`vendored._scores_kernel`, local
+modifications included); this module supplies only what differs, through
+its hooks (M16, `kernels/LEDGER.md` describes each): the layout
+(`_TwoArrayPages`: each page's scales a second DMA into their own buffer),
+`num_cores` (a leading "parallel" grid axis) and, token mode, a selection
+fused into the scoring (`_BlockMax`, `topk_method="fused_blockmax"`: the
+maxima of every 128-lane score row in a second output, f32[max_num_tokens,
+G, 128], `block_max_rows`; docs/topk-methods.md).
 
 `launch` is this variant's one `pallas_call` (token or page mode), which the
 driver (`streamidx.kernels.driver`) makes per launch; the entry points are
@@ -40,7 +22,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
