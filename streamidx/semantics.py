@@ -201,18 +201,6 @@ def scratch_vmem_bytes(scratch, tpu_generation: int = 5) -> int:
 # decode range changes only the blocks computed for nothing (docs/semantics.md).
 
 
-def decode_blocks(seq_lens, num_decode, *, compression_ratio: int,
-                  bkv_sz: int):
-  """i32[max_num_seqs]: max(1, cdiv(seq_len // ratio, bkv_sz)), the KV
-  blocks each decode sequence needs (a program computes at least one); 0
-  past i. Traceable."""
-  seq_lens = jnp.asarray(seq_lens, jnp.int32)
-  live = jnp.arange(seq_lens.shape[0], dtype=jnp.int32) < num_decode
-  blocks = jnp.maximum(1, cdiv(jnp.maximum(seq_lens, 0) // compression_ratio,
-                               bkv_sz))
-  return jnp.where(live, blocks, 0)
-
-
 def _batched_cost(blocks_in_order, num_decode, d: int):
   """Blocks computed by the decode launches for sequences in this order."""
   s = blocks_in_order.shape[0]
@@ -248,9 +236,11 @@ def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   s = seq_lens.shape[0]
   n = jnp.clip(jnp.asarray(num_decode, jnp.int32), 0, s)
-  blocks = decode_blocks(seq_lens, n, compression_ratio=compression_ratio,
-                         bkv_sz=bkv_sz)
   slot = jnp.arange(s, dtype=jnp.int32)
+  # The KV blocks each decode sequence needs (a program computes at least
+  # one); 0 past i.
+  blocks = jnp.where(slot < n, jnp.maximum(1, cdiv(
+      jnp.maximum(seq_lens, 0) // compression_ratio, bkv_sz)), 0)
   # Longest first; slots past i keep their place at the end (key 1 > -blocks).
   desc = jnp.argsort(jnp.where(slot < n, -blocks, 1), stable=True).astype(
       jnp.int32)

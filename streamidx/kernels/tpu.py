@@ -115,15 +115,10 @@ def _mib(n: int) -> str:
 
 
 def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
-  """Compiled mode: raises if a launch's scratch cannot fit the target chip.
-
-  streamidx (M11). The chip is the one the kernel is traced for
-  (`pltpu.get_tpu_info()`: the TPU, or `streamidx.compile_for`'s target).
-  Mosaic rejects a launch whose scratch exceeds `vmem_limit_bytes` (E1001)
-  or the chip's VMEM (a limit above the chip's VMEM is accepted, the VMEM
-  is then the bound); it needs some internal scratch on top, which only the
-  compiler sizes, so a launch that passes can still be rejected by it.
-  """
+  """streamidx (M11, LEDGER.md): compiled, raises a ValueError naming the
+  blocks where the launch's tiled scratch exceeds the chip traced for's
+  VMEM or `vmem_limit_bytes` (where Mosaic would fail after compiling; it
+  adds internal scratch of its own, so a launch that passes can still fail)."""
   info = target_tpu_info()
   if info is None:  # a chip JAX's table does not know: the compiler judges
     return
@@ -185,12 +180,9 @@ WIDEN_CHUNK = 1024
 
 
 def widen_fp8_for_mxu(interpret) -> bool:
-  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul?
-
-  True when compiled for a chip before TPU v5 (Mosaic: "Unsupported matmul
-  RHS type on target: vector<128x128xf8E4M3FN>" on v4). Read at trace time
-  from the target chip; False when interpreted.
-  """
+  """streamidx (M10, LEDGER.md: Mosaic's error on v4): widen the e4m3 KV
+  tile to bf16 for the matmul? True when compiled for a chip before TPU v5
+  (read at trace time from the target chip); False when interpreted."""
   return _compiled_before_v5(interpret)
 
 
@@ -205,15 +197,10 @@ def _compiled_before_v5(interpret) -> bool:
 
 
 def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
-  """streamidx (M15): pool pages by lane segments (`pool_pages_by_lane_segments`)?
-
-  True when compiled for a chip before TPU v5 and a page is narrower than a
-  128-lane row: Mosaic cannot lower the seed's `reshape(rows, pages,
-  cols_per_page)` there ("infer-vector-layout: unsupported shape cast
-  vector<8x8192xf32> -> vector<8x128x64xf32>" on v4). Read at trace time
-  from the target chip; False when interpreted (tests force it there through
-  `force_v4_paths`).
-  """
+  """streamidx (M15, LEDGER.md: Mosaic's error on v4): pool pages by lane
+  segments (`pool_pages_by_lane_segments`)? True when compiled for a chip
+  before TPU v5 (or `force_v4_paths`) and a page is narrower than a 128-lane
+  row; read at trace time; False when interpreted."""
   return cols_per_page < 128 and _compiled_before_v5(interpret)
 
 
