@@ -177,57 +177,37 @@ class Variant:
                                causal_rule=causal_rule)
 
 
+def _variant(name, kernel, cache_formats, description):
+  """A `Variant` whose mode follows from its name ("..._page": page mode)."""
+  mode = "page" if name.endswith("_page") else "token"
+  return Variant(name, description, mode, kernel, cache_formats)
+
+
 _REGISTRY = (
-    Variant(
-        name="vendored",
-        description=("the vendored streamindex_topk: token top-k over the "
-                     "packed FP8 (256 B/entry) or bf16 cache"),
-        mode="token", kernel=entries.streamindex_topk,
-        cache_formats=("fp8", "bf16")),
-    Variant(
-        name="vendored_page",
-        description=("the vendored streamindex_page_topk: page top-k "
-                     "(max-pooled token scores), ratio 1 (GLM)"),
-        mode="page", kernel=entries.streamindex_page_topk,
-        cache_formats=("fp8", "bf16")),
-    Variant(
-        name="dense",
-        description=("streamindex_topk_dense: token top-k over the dense "
-                     "FP8 cache (e4m3 values + separate e8m0 scales, 129 "
-                     "B/entry)"),
-        mode="token", kernel=entries.streamindex_topk_dense,
-        cache_formats=("dense_fp8",)),
-    Variant(
-        name="dense_page",
-        description=("streamindex_page_topk_dense: page top-k over the "
-                     "dense FP8 cache, ratio 1 (GLM)"),
-        mode="page", kernel=entries.streamindex_page_topk_dense,
-        cache_formats=("dense_fp8",)),
-    Variant(
-        name="lean",
-        description=("streamindex_topk_lean: the dense FP8 cache's token "
-                     "top-k with a vector-lean KV loop"),
-        mode="token", kernel=entries.streamindex_topk_lean,
-        cache_formats=("dense_fp8",)),
-    Variant(
-        name="lean_page",
-        description=("streamindex_page_topk_lean: the dense FP8 cache's page "
-                     "top-k with a vector-lean KV loop, ratio 1 (GLM)"),
-        mode="page", kernel=entries.streamindex_page_topk_lean,
-        cache_formats=("dense_fp8",)),
-    Variant(
-        name="fp4",
-        description=("streamindex_topk_fp4: token top-k over the MXFP4 "
-                     "cache (e2m1 values + an e8m0 scale per 32, 68 "
-                     "B/entry)"),
-        mode="token", kernel=entries.streamindex_topk_fp4,
-        cache_formats=("mxfp4",)),
-    Variant(
-        name="fp4_page",
-        description=("streamindex_page_topk_fp4: page top-k over the MXFP4 "
-                     "cache, ratio 1 (GLM)"),
-        mode="page", kernel=entries.streamindex_page_topk_fp4,
-        cache_formats=("mxfp4",)),
+    _variant("vendored", entries.streamindex_topk, ("fp8", "bf16"),
+             "the vendored streamindex_topk: token top-k over the packed FP8 "
+             "(256 B/entry) or bf16 cache"),
+    _variant("vendored_page", entries.streamindex_page_topk, ("fp8", "bf16"),
+             "the vendored streamindex_page_topk: page top-k (max-pooled "
+             "token scores), ratio 1 (GLM)"),
+    _variant("dense", entries.streamindex_topk_dense, ("dense_fp8",),
+             "streamindex_topk_dense: token top-k over the dense FP8 cache "
+             "(e4m3 values + separate e8m0 scales, 129 B/entry)"),
+    _variant("dense_page", entries.streamindex_page_topk_dense, ("dense_fp8",),
+             "streamindex_page_topk_dense: page top-k over the dense FP8 "
+             "cache, ratio 1 (GLM)"),
+    _variant("lean", entries.streamindex_topk_lean, ("dense_fp8",),
+             "streamindex_topk_lean: the dense FP8 cache's token top-k with "
+             "a vector-lean KV loop"),
+    _variant("lean_page", entries.streamindex_page_topk_lean, ("dense_fp8",),
+             "streamindex_page_topk_lean: the dense FP8 cache's page top-k "
+             "with a vector-lean KV loop, ratio 1 (GLM)"),
+    _variant("fp4", entries.streamindex_topk_fp4, ("mxfp4",),
+             "streamindex_topk_fp4: token top-k over the MXFP4 cache (e2m1 "
+             "values + an e8m0 scale per 32, 68 B/entry)"),
+    _variant("fp4_page", entries.streamindex_page_topk_fp4, ("mxfp4",),
+             "streamindex_page_topk_fp4: page top-k over the MXFP4 cache, "
+             "ratio 1 (GLM)"),
 )
 
 VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}

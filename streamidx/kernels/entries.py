@@ -110,27 +110,22 @@ def streamindex_topk(
     num_queries_per_block: number of queries to be processed in one block in
       the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
     vmem_limit_bytes: the vmem limit for the pallas kernel.
-    causal_rule: streamidx (M3). "model" (default): compressed entry s is
-      visible to the query at absolute position p iff s < (p + 1) // ratio,
-      as DeepSeek-V4 and vLLM do. "seed": the vendored s <= p // ratio.
-    topk_method: streamidx (M12). How the top-k of the f32 score buffer
-      is selected: one of `streamidx.topk.KERNEL_TOPK_METHODS` (default
-      "sort", the vendored `approx_max_k(recall_target=1.0)`); every exact
-      method returns the same indices. See `streamidx.topk`.
-    return_scores: streamidx (M9). False (default): return the indices.
-      True: return (indices, scores), scores f32[T, k] the selected entries'
-      scores, -inf where the index is -1.
-    sort_decode: streamidx (M13). True (default): score the decode range
-      in the order `streamidx.semantics.decode_order` picks (never more KV
-      blocks than the given order); the result rows are in the caller's
-      order either way. False: the given order.
+    causal_rule: streamidx (M3). "model" (default): entry s is visible to
+      the query at position p iff s < (p + 1) // ratio (DeepSeek-V4, vLLM);
+      "seed": the vendored s <= p // ratio (docs/semantics.md).
+    topk_method: streamidx (M12). One of `streamidx.topk.KERNEL_TOPK_METHODS`
+      (default "sort", the vendored selection); every exact method returns
+      the same indices (docs/topk-methods.md).
+    return_scores: streamidx (M9). True: return (indices, scores), scores
+      f32[T, k] the selected entries' scores, -inf where the index is -1.
+    sort_decode: streamidx (M13). True (default): score the decode range in
+      `streamidx.semantics.decode_order`'s order, rows returned in the
+      caller's order (docs/semantics.md). False: the given order.
     skip_empty_launches: streamidx (M14). True (default): a launch whose
       range is empty is not made (`lax.cond`).
-    decode_q_len: streamidx (M17), `next_n` in DeepGEMM and vLLM. Query
-      rows of every decode sequence [0, i): 1 (default), or gamma + 1 with
-      gamma speculative draft tokens (at most `streamidx.call.
-      MAX_DECODE_Q_LEN`); the decode launches then batch
-      decode_req_batch_size such sequences per program.
+    decode_q_len: streamidx (M17), `next_n` in DeepGEMM and vLLM: query rows
+      of every decode sequence, 1 (default) or gamma + 1 under speculative
+      decoding, at most `streamidx.call.MAX_DECODE_Q_LEN` (docs/semantics.md).
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
