@@ -80,12 +80,9 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
-  """Elements per record.
-
-  FP8: padded head_dim value bytes + 1 scale byte, rounded up to 128 lanes
-  (256 for head_dim <= 128, 384 for 256); bf16: the padded head_dim; f32
-  (reference only): head_dim.
-  """
+  """Elements per record: FP8 the padded head_dim value bytes + 1 scale
+  byte, rounded up to 128 lanes (256 for head_dim <= 128, 384 for 256);
+  bf16 the padded head_dim; f32 (reference only) head_dim."""
   _check_format(fmt)
   if fmt == "fp8":
     return -(-(padded_head_dim(head_dim) + 1) // LANES) * LANES
@@ -117,15 +114,8 @@ def ue8m0_exponent(amax):
 
 
 def quantize_fp8(keys):
-  """Quantizes keys to e4m3fn values with one power-of-two scale per record.
-
-  Args:
-    keys: f32[..., head_dim].
-
-  Returns:
-    (values f8e4m3fn[..., head_dim], exponents i32[...]) with
-    keys ~= values * 2**exponents.
-  """
+  """keys f32[..., head_dim] -> (values f8e4m3fn[..., head_dim], exponents
+  i32[...]) with keys ~= values * 2**exponents, one scale per record."""
   keys = jnp.asarray(keys, jnp.float32)
   e = ue8m0_exponent(jnp.max(jnp.abs(keys), axis=-1))
   # ldexp scales exactly; jnp.exp2 is not an exact power of two on CPU.
@@ -140,16 +130,9 @@ def dequantize_fp8(values, exponents):
 
 
 def pack_fp8_records(values, exponents):
-  """Packs e4m3 values and exponents into uint8 records.
-
-  Args:
-    values: f8e4m3fn[..., head_dim].
-    exponents: i32[...] in [-127, 127] (`quantize_fp8` gives [-126, 127]).
-
-  Returns:
-    u8[..., lkv_dim("fp8", head_dim)]: value bytes, zeros up to
-    `padded_head_dim(head_dim)`, the scale byte, zero padding.
-  """
+  """values f8e4m3fn[..., head_dim], exponents i32[...] in [-127, 127] ->
+  u8[..., lkv_dim("fp8", head_dim)] records: value bytes, zeros up to
+  `padded_head_dim(head_dim)`, the scale byte, zero padding."""
   head_dim = values.shape[-1]
   padded = padded_head_dim(head_dim)
   width = lkv_dim("fp8", head_dim)
@@ -173,17 +156,10 @@ def unpack_fp8_records(records, head_dim: int = 128):
 
 
 def pack_cache(keys, fmt: CacheFormat):
-  """Builds the kernel's cache array from keys laid out by physical page.
-
-  Args:
-    keys: f32[total_num_pages, page_size, head_dim]; keys[P, t] is entry t
-      of physical page P.
-    fmt: "fp8" (packed uint8 records) or "bf16".
-
-  Returns:
-    [total_num_pages, page_size // kv_packing, kv_packing, lkv_dim] array of
-    `cache_dtype(fmt)`.
-  """
+  """The kernel's cache array, [total_num_pages, page_size // kv_packing,
+  kv_packing, lkv_dim] of `cache_dtype(fmt)`, from keys f32[total_num_pages,
+  page_size, head_dim] (keys[P, t]: entry t of physical page P); fmt "fp8"
+  (packed uint8 records), "bf16" or "f32" (the reference's baseline)."""
   _check_format(fmt)
   keys = _as_keys(keys)
   total_pages, page_size, head_dim = keys.shape
@@ -203,17 +179,11 @@ def pack_cache(keys, fmt: CacheFormat):
 
 
 def unpack_cache_raw(cache, head_dim: int = 128):
-  """Cache array -> the kernel's own operands, per entry.
-
-  `cache` is one array (the packed formats), the dense FP8 pair
-  `(cache_values, cache_scales)` or the MXFP4 pair.
-
-  Returns:
-    (values [total_num_pages, page_size, head_dim], scales or None): for FP8
-    the e4m3 values and the f32 per-entry scales 2**e ([pages, page_size]),
-    read from byte `padded_head_dim(head_dim)` as the kernel does; for bf16
-    the bf16 keys and None; for MXFP4 the dequantized f32 keys and None.
-  """
+  """A cache (one array, the dense FP8 pair or the MXFP4 pair) -> the
+  kernel's operands per entry: (values [total_num_pages, page_size,
+  head_dim], scales or None). FP8: the e4m3 values and the f32 scales 2**e
+  [pages, page_size], read as the kernel does; bf16: the keys and None;
+  MXFP4: the dequantized f32 keys and None."""
   if is_mxfp4(cache):  # dequantized here: its scales are per group
     return dequantize_mxfp4(*unpack_mxfp4_cache(cache))[..., :head_dim], None
   dense = isinstance(cache, (tuple, list))
@@ -404,19 +374,12 @@ def unpack_mxfp4_cache(cache):
 
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
-  """A cache format: how its arrays are built from the logical keys.
-
-  Attributes:
-    name: its key in `CACHE_FORMATS` (a variant lists the names it reads).
-    description: one line.
-    pack: f32 keys [total_num_pages, page_size, head_dim] -> the tuple of
-      cache arrays a kernel takes (one array for the packed formats).
-    bytes_per_entry: head_dim -> bytes of one entry's data (what a DMA of
-      it moves; `dense_tpu_bytes_per_entry` adds the TPU tile padding of
-      the dense format's scales).
-    decodes_as: the format whose decoded keys (and so scores and summation
-      bound) this one's equal.
-  """
+  """A cache format: its name (the key in `CACHE_FORMATS`), a one-line
+  description, `pack` (f32 keys [total_num_pages, page_size, head_dim] ->
+  the tuple of cache arrays a kernel takes), `bytes_per_entry` (head_dim ->
+  bytes of one entry's data, what a DMA moves; `dense_tpu_bytes_per_entry`
+  adds the TPU tile padding) and `decodes_as` (the format whose decoded keys,
+  scores and summation bound this one's equal)."""
 
   name: str
   description: str

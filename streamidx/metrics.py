@@ -171,18 +171,9 @@ def _gamma(n: int) -> float:
 def summation_error_bound(inputs, *, compression_ratio: int,
                           causal_rule: str = DEFAULT_CAUSAL_RULE,
                           mode: str = "token") -> np.ndarray:
-  """f64[T]: per query row, a bound on |f32 score - exact score|.
-
-  A score is scale * sum_h w_h * ReLU(sum_d q_hd k_d). With bf16 queries the
-  products q_hd * k_d are exact in f32 (bf16 x e4m3 has 12 significant bits,
-  bf16 x bf16 16; f32 holds 24) and the FP8 scale is a power of two, so what
-  rounds is the sum over d (D - 1 additions), the multiply by w_h (1) and the
-  sum over heads (H - 1): n = D + H - 1 roundings, in whatever order an
-  implementation picks (XLA's dot for one block shape or another, Mosaic's
-  MXU tiling). With f32 queries the D products round too (n += D). By the
-  standard bound, any such evaluation is within gamma_n * B of the exact
-  score, B = scale * sum_h |w_h| sum_d |q_hd k_d| (ReLU and max-pooling are
-  1-Lipschitz). Returns gamma_n * max_s B[t, s] per row.
+  """f64[T]: per query row, a bound on |f32 score - exact score|: gamma_n
+  times the largest scale * sum_h |w_h| sum_d |q_hd k_d| of the row, n = D
+  + H - 1 roundings (+ D for f32 queries); docs/semantics.md derives it.
 
   `inputs` is a `streamidx.batch.IndexerInputs`; `mode` the variant's
   (`Variant.mode`): "token" bounds entry scores, "page" pooled page scores.
@@ -211,10 +202,8 @@ def summation_error_bound(inputs, *, compression_ratio: int,
 
 def summation_atol(inputs, *, compression_ratio: int,
                    causal_rule: str = DEFAULT_CAUSAL_RULE, mode: str = "token") -> float:
-  """Tie tolerance for comparing two f32 implementations' top-k: each side
-  is within e = `summation_error_bound` of the exact score, so an entry one
-  selects and the other does not lies within 4e of the reference's k-th
-  score: 4 * max_t e[t] (at D = 128, H = 64 about 5e-5 of the bound B)."""
+  """Tie tolerance for comparing two f32 implementations' top-k: 4 * the
+  largest `summation_error_bound` (docs/semantics.md says why 4)."""
   e = summation_error_bound(inputs, compression_ratio=compression_ratio,
                             causal_rule=causal_rule, mode=mode)
   return 4.0 * float(e.max(initial=0.0))

@@ -198,15 +198,9 @@ def _blockmax_select(scores, block_max, k, b):
   """The second stage of "blockmax" and "fused_blockmax": i32[T, k].
 
   scores: f32[T, N]; block_max: f32[T, blocks], blocks = cdiv(N, b) > k, the
-  maximum of entries [j * b, (j + 1) * b) of each row (as a float: -0.0,
-  +0.0 and subnormals are all zero here). The k best blocks by (maximum
-  desc, block index asc), then one `top_k` over their entries. Exact: were
-  the block of a top-k entry e dropped, each of the k kept blocks would hold
-  an entry ranking before e (its maximum, at the lowest index among equal
-  maxima: a larger score, or an equal one at a lower index, since blocks are
-  contiguous and the kept block comes first). The kept blocks, in index
-  order, give candidates whose position order among equal scores is global
-  index order, so one `top_k` over them applies the global tie rule.
+  maximum of entries [j * b, (j + 1) * b) of each row. The k best blocks by
+  (maximum desc, block index asc), then one `top_k` over their entries:
+  exact, ties included (docs/topk-methods.md, "Why blockmax is exact").
   """
   t, n = scores.shape
   blocks = block_max.shape[1]
