@@ -43,11 +43,7 @@ def on_tpu() -> bool:
 
 
 def _params(params, **options) -> pltpu.InterpretParams:
-  if params is None:
-    return pltpu.InterpretParams(**options)
-  if options:
-    return dataclasses.replace(params, **options)
-  return params
+  return dataclasses.replace(params or pltpu.InterpretParams(), **options)
 
 
 @contextlib.contextmanager

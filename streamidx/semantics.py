@@ -51,16 +51,9 @@ def check_causal_rule(causal_rule) -> None:
 def causal_visible_bound(q_pos, compression_ratio, causal_rule):
   """Entry s is causally visible to the query at absolute token position
   `q_pos` (`seq_len - q_len + i` for a sequence's i-th query) iff `s <
-  causal_visible_bound(q_pos, ratio, rule)`:
-
-    "model": (q_pos + 1) // ratio   only blocks complete at q_pos, as
-                                    DeepSeek-V4 and vLLM do (the default);
-    "seed":  q_pos // ratio + 1     the vendored kernel's `s <= q_pos // ratio`,
-                                    which also admits the block holding the
-                                    query's own future tokens.
-
-  Decode rows (q_pos = seq_len - 1) agree under both rules whenever
-  seq_len % ratio == 0.
+  causal_visible_bound(q_pos, ratio, rule)`: "model" (q_pos + 1) // ratio
+  (the default, DeepSeek-V4's and vLLM's), "seed" q_pos // ratio + 1 (the
+  vendored `s <= q_pos // ratio`); docs/semantics.md compares them.
   """
   if causal_rule == "model":
     return (q_pos + 1) // compression_ratio
@@ -216,20 +209,16 @@ def _batched_cost(blocks_in_order, num_decode, d: int):
 
 def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
                  decode_req_batch_size: int):
-  """The order `sort_decode` scores the decode range [0, i) in.
+  """The order `sort_decode` scores the decode range [0, i) in
+  (docs/semantics.md: the candidates and why the result is never worse).
 
   Returns (order i32[max_num_seqs], blocks_given i32[], blocks_sorted i32[]):
   slot j of the decode launches scores sequence order[j] (order[j] = j for
   j >= i, and when nothing is gained), and the KV blocks the decode launches
-  compute in the given order and in `order`.
-
-  Candidates, in O(max_num_seqs * d) vector work: with the i sequences
-  sorted by blocks, longest first (stable), and r = i % d of them to run
-  alone, candidate c (0 <= c <= r) lets the c longest and the r - c shortest
-  run alone and groups the rest consecutively. The cheapest candidate by
-  blocks computed wins; the given order wins ties, so the sorted order never
-  computes more blocks than the given one. seq_lens i32[max_num_seqs] and
-  num_decode (i) may be traced; bkv_sz is the decode launch's
+  compute in the given order and in `order`. Candidate c (0 <= c <= i % d)
+  of the i sequences sorted by blocks, longest first (stable), runs the c
+  longest and the i % d - c shortest alone; the cheapest wins, the given
+  order on ties. seq_lens and num_decode (i) may be traced; bkv_sz is
   `num_kv_pages_per_block[0] * page_size`, d `decode_req_batch_size`.
   """
   d = int(decode_req_batch_size)
