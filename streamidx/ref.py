@@ -265,28 +265,20 @@ def topk_from_scores(scores, k: int, *, return_scores: bool = False):
 
 @jit_static_keywords
 def streamindex_topk_ref(
-    q,  # [max_num_tokens, num_q_heads, head_dim]
-    indexer_weights,  # [max_num_tokens, num_q_heads]
-    cache_kv,  # [total_num_pages, page_size_per_kv_packing, kv_packing, lkv_dim]
-    seq_lens,  # i32[max_num_seqs]
-    page_indices,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens,  # i32[max_num_seqs + 1]
-    distribution,  # i32[3]
-    *,
-    k: int,
-    compression_ratio: int,
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    distribution, *, k: int, compression_ratio: int,
     num_kv_pages_per_block=None, num_queries_per_block=None,
     vmem_limit_bytes=TopkCall.vmem_limit_bytes,
     decode_req_batch_size=TopkCall.decode_req_batch_size,
-    causal_rule=TopkCall.causal_rule,
-    topk_method=TopkCall.topk_method,
-    return_scores=TopkCall.return_scores,
-    sort_decode=TopkCall.sort_decode,
-    chunk_entries: int | None = None,
-    chunk_tokens: int | None = None,
-    decode_q_len=TopkCall.decode_q_len,
-):
+    causal_rule=TopkCall.causal_rule, topk_method=TopkCall.topk_method,
+    return_scores=TopkCall.return_scores, sort_decode=TopkCall.sort_decode,
+    chunk_entries: int | None = None, chunk_tokens: int | None = None,
+    decode_q_len=TopkCall.decode_q_len):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
+
+  q [T, H, D], indexer_weights [T, H], cache_kv (module docstring), seq_lens
+  i32[S], page_indices i32[S * pages_per_seq], cu_q_lens i32[S + 1],
+  distribution i32[3], as the kernel's.
 
   `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
   chunk_entries: entries scored per scan step (None: all of a sequence's, in
@@ -310,26 +302,17 @@ def streamindex_topk_ref(
 
 @jit_static_keywords
 def streamindex_page_topk_ref(
-    q,  # [max_num_tokens, num_q_heads, head_dim]
-    indexer_weights,  # [max_num_tokens, num_q_heads]
-    cache_kv,  # [total_pages, page_size_per_kv_packing, kv_packing, lkv]
-    seq_lens,  # i32[max_num_seqs]
-    page_indices,  # i32[max_num_seqs * pages_per_seq]
-    cu_q_lens,  # i32[max_num_seqs + 1]
-    num_seqs,  # i32[]
-    *,
-    k_pages: int,
-    compression_ratio=PageCall.compression_ratio,
+    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+    num_seqs, *, k_pages: int, compression_ratio=PageCall.compression_ratio,
     num_kv_pages_per_block=PageCall.num_kv_pages_per_block,
     num_queries_per_block=PageCall.num_queries_per_block,
     vmem_limit_bytes=PageCall.vmem_limit_bytes,
-    causal_rule=PageCall.causal_rule,
-    one_token_per_seq: bool = False,
-    return_scores=PageCall.return_scores,
-    chunk_entries: int | None = None,
-    chunk_tokens: int | None = None,
-):
+    causal_rule=PageCall.causal_rule, one_token_per_seq: bool = False,
+    return_scores=PageCall.return_scores, chunk_entries: int | None = None,
+    chunk_tokens: int | None = None):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
+
+  Arguments as `streamindex_topk_ref`'s, num_seqs i32[] for distribution.
 
   one_token_per_seq=False: rows assigned to sequences by `cu_q_lens` (what
   the kernel computes). True: the decode form, row i is the single query (at

@@ -414,11 +414,6 @@ def _first(bad):
   return jnp.any(bad), jnp.argmax(bad).astype(jnp.int32)
 
 
-def _log2_abs(x):
-  """log2 |x| in f32, -inf at 0 (no overflow: it is a logarithm)."""
-  return jnp.log2(jnp.abs(x.astype(jnp.float32)))
-
-
 def _log2_l1(x, axis):
   """log2 of sum |x| over `axis`, without overflow: max * sum(|x| / max)."""
   a = jnp.abs(x.astype(jnp.float32))
@@ -592,7 +587,8 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
                         axis=1)
   log2_q = _log2_l1(q, axis=2)  # [T, H]
   log2_dot_row = jnp.max(log2_q, axis=1)
-  log2_sum_row = _log2_sum_exp2(_log2_abs(indexer_weights) + log2_q, axis=1)
+  log2_w = jnp.log2(jnp.abs(indexer_weights.astype(jnp.float32)))  # -inf at 0
+  log2_sum_row = _log2_sum_exp2(log2_w + log2_q, axis=1)
   row_seq = jnp.clip(
       jnp.searchsorted(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32),
                        side="right").astype(jnp.int32), 0, max_num_seqs - 1)

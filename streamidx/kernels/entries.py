@@ -5,14 +5,11 @@
     streamindex_topk_lean / streamindex_page_topk_lean    its vector-lean body
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
-Each is a `streamidx.kernels.driver.Entry`: its signature is the vendored
-function's (tpu-inference's tests call it), its defaults are the fields of
-`streamidx.call.TopkCall` / `PageCall`, and a call builds that config (block
-sizes left None from the block-size table, `entry.call(...)` shows which
-row) and runs the one jitted driver. `entry.checked` is the same entry
-behind the value rules (checkify), `entry.validate(...)` checks concrete
-inputs eagerly; both come from the driver and `streamidx.validate` for
-every body alike.
+Each is a `streamidx.kernels.driver.Entry` (its `call`, `checked` and
+`validate` are the driver's, for every body alike): the vendored function's
+signature (tpu-inference's tests call it; the dense one spelled out, lean and
+fp4 derived from it by `_twin`), defaults the fields of `TopkCall` /
+`PageCall`; a call builds that config and runs the one jitted driver.
 """
 
 from __future__ import annotations
