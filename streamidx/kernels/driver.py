@@ -239,16 +239,9 @@ def _is_traced(tree) -> bool:
              for leaf in jax.tree_util.tree_leaves(tree))
 
 
-def _finished(fn, *args, **kwargs):
-  """fn(...), waited for when it ran interpreted and is not traced."""
-  interpreted = modes.kernel_mode() == "interpreted"  # the mode it traces with
-  out = fn(*args, **kwargs)
-  if interpreted and not _is_traced(out):
-    out = jax.block_until_ready(out)
-  return out
-
-
 def _eager_interpreted(arrays) -> bool:
+  """Interpreted with concrete arrays: the staged pipeline, waited for (an
+  interpreted call under a trace returns tracers, nothing to wait for)."""
   return modes.kernel_mode() == "interpreted" and not _is_traced(arrays)
 
 
@@ -257,7 +250,7 @@ def run(call, body, *arrays):
   `call.return_scores`). Interpreted and eager, the staged pipeline."""
   if _eager_interpreted(arrays):
     return jax.block_until_ready(_staged(call, body, *arrays))
-  return _finished(_jitted, *arrays, call=call, body=body)
+  return _jitted(*arrays, call=call, body=body)
 
 
 def _unchecked_result(call, num_tokens):
@@ -306,7 +299,7 @@ def checked_run(call, body, *arrays):
     if bool(ok):
       return err, jax.block_until_ready(_staged(call, body, *arrays))
     return err, _unchecked_result(call, arrays[0].shape[0])
-  return _finished(_checked_jitted, *arrays, call=call, body=body)
+  return _checked_jitted(*arrays, call=call, body=body)
 
 
 class Entry:
