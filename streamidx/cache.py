@@ -40,10 +40,8 @@ REFERENCE_FORMATS: tuple[str, ...] = ("fp8", "bf16", "f32")
 
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
-# The smallest exponent the quantizer emits: 2**-126 is float32's (and
-# bfloat16's) smallest normal number. e8m0 also holds 2**-127 (byte 0), but
-# that is subnormal in float32/bfloat16 and XLA:CPU (and the TPU) flush it to
-# zero where the kernel applies the scale, which zeroes every score.
+# The smallest exponent the quantizer emits, float32's smallest normal: e8m0
+# byte 0 (2**-127) is flushed to zero (docs/validation.md, numeric range).
 E8M0_MIN_EXPONENT = -126
 E8M0_MAX_EXPONENT = 127
 
@@ -101,10 +99,9 @@ def ue8m0_exponent(amax):
 
   Exact (no floating-point log or division): with amax = m * 2**x,
   m in [0.5, 1), and 448 = 0.875 * 2**9, e = x - 9 + (m > 0.875). An
-  all-zero record gets e = 0 (any scale would do). The lower clamp is
-  `E8M0_MIN_EXPONENT`'s: keys with amax < 448 * 2**-126 (about 5.3e-36) are
-  stored as e4m3 values below 448 (subnormals, or 0), losing precision but
-  never the scale. The upper end never binds for float32 keys (e <= 120).
+  all-zero record gets e = 0. Keys with amax below 448 * 2**-126 keep the
+  lowest scale and lose precision (docs/validation.md); the upper end never
+  binds for float32 keys (e <= 120).
   """
   amax = jnp.asarray(amax, jnp.float32)
   mant, exp = jnp.frexp(amax)

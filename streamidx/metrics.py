@@ -39,10 +39,6 @@ class TopkComparison:
     return self.rows_mismatched == 0
 
 
-def _row_scores(scores_row, idx):
-  return np.where(idx >= 0, scores_row[np.maximum(idx, 0)], -np.inf)
-
-
 def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
   """Tie-aware comparison of two top-k results against one score matrix.
 
@@ -68,8 +64,7 @@ def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
   for r in range(t):
     g = got[r][got[r] >= 0]
     w = want[r][want[r] >= 0]
-    gs = _row_scores(scores[r], g)
-    ws = _row_scores(scores[r], w)
+    gs, ws = scores[r][g], scores[r][w]  # g, w >= 0
     problem = ""
     if len(g) != len(w):
       problem = f"{len(g)} valid indices vs {len(w)}"

@@ -461,15 +461,13 @@ def _entry_stats(cache_kv, head_dim):
     read = flat[..., :padded]
     bad_value = jnp.any(((read & 0x7F) == 0x7F)
                         | (dense & (read == cache_lib.NEG_ZERO_BYTE)), axis=-1)
-    values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
-                                          jnp.float8_e4m3fn)
     scale_byte = (cache_kv[1].reshape(pages, -1) if dense
                   else flat[..., padded]).astype(jnp.int32)
   else:
     read = flat[..., :padded].astype(jnp.float32)
     bad_value = ~jnp.all(jnp.isfinite(read), axis=-1)
-    values = flat[..., :head_dim]
     scale_byte = jnp.full(flat.shape[:2], cache_lib.E8M0_BIAS, jnp.int32)
+  values, _ = cache_lib.unpack_cache_raw(cache_kv, head_dim)  # e4m3 or bf16
   v = jnp.abs(values.astype(jnp.float32))
   v = jnp.where(jnp.isfinite(v), v, 0.0)
   log2_max_abs = jnp.log2(jnp.max(v, axis=-1))

@@ -146,12 +146,10 @@ def streamindex_page_topk(
   ``[T, pages_per_seq]`` ever reaches HBM, no ``[T, max_kv]`` token-score
   materialization), then a cheap ``top_k`` over pages selects the budget.
 
-  streamidx: `causal_rule` is accepted for symmetry with `streamindex_topk`;
-  page mode supports compression_ratio=1 only, where both rules coincide.
-  Page indices past the cache are silently clamped to the last page by the
-  kernel; `streamidx.validate_page_topk_inputs` rejects such tables.
-  streamidx (M9): `return_scores=True` returns (page ids, f32[T, k_pages]
-  page scores, -inf where the id is -1).
+  streamidx: compression_ratio 1 only, where both causal rules coincide;
+  `streamidx.validate_page_topk_inputs` rejects the page indices past the
+  cache that the kernel clamps. M9: `return_scores=True` returns (page ids,
+  f32[T, k_pages] page scores, -inf where the id is -1).
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
