@@ -46,13 +46,17 @@ E8M0_MIN_EXPONENT = -126
 E8M0_MAX_EXPONENT = 127
 
 
-def _as_keys(keys) -> jax.Array:
-  """keys as f32[total_num_pages, page_size, head_dim], or a ValueError."""
+def _as_keys(keys, fmt: str, multiple: int, what: str = "") -> jax.Array:
+  """keys as f32[total_num_pages, page_size, head_dim], page_size a multiple
+  of `multiple` (`fmt`'s entries per row of words), or a ValueError."""
   keys = jnp.asarray(keys, jnp.float32)
   if keys.ndim != 3:
     raise ValueError(
         "keys must be [total_num_pages, page_size, head_dim], got shape "
         f"{keys.shape}")
+  if keys.shape[1] % multiple:
+    raise ValueError(f"page_size ({keys.shape[1]}) must be a multiple of "
+                     f"{what}{multiple} for the {fmt} cache")
   return keys
 
 
@@ -158,13 +162,9 @@ def pack_cache(keys, fmt: CacheFormat):
   page_size, head_dim] (keys[P, t]: entry t of physical page P); fmt "fp8"
   (packed uint8 records), "bf16" or "f32" (the reference's baseline)."""
   _check_format(fmt)
-  keys = _as_keys(keys)
-  total_pages, page_size, head_dim = keys.shape
   packing = kv_packing(fmt)
-  if page_size % packing:
-    raise ValueError(
-        f"page_size ({page_size}) must be a multiple of kv_packing "
-        f"({packing}) for the {fmt} cache")
+  keys = _as_keys(keys, fmt, packing, "kv_packing = ")
+  total_pages, page_size, head_dim = keys.shape
   if fmt == "fp8":
     records = pack_fp8_records(*quantize_fp8(keys))
   else:
@@ -239,11 +239,8 @@ def pack_dense_fp8_cache(keys):
   keys f32[total_num_pages, page_size, head_dim] (page_size a multiple of 4):
   `quantize_fp8(keys)`'s values and exponents, as the packed "fp8" format's,
   so both decode to identical keys."""
-  keys = _as_keys(keys)
+  keys = _as_keys(keys, "dense_fp8", DENSE_KV_PACKING)
   total_pages, page_size, head_dim = keys.shape
-  if page_size % DENSE_KV_PACKING:
-    raise ValueError(f"page_size ({page_size}) must be a multiple of "
-                     f"{DENSE_KV_PACKING} for the dense_fp8 cache")
   values, exponents = quantize_fp8(keys)
   value_bytes = jax.lax.bitcast_convert_type(values, jnp.uint8)
   # +0 for -0 (0x80): the same key, and the lean kernel's e4m3b11fnuz view
@@ -334,11 +331,8 @@ def dequantize_mxfp4(codes, exponents):
 def pack_mxfp4_cache(keys):
   """The MXFP4 pair (cache_values, cache_scales) (see above) of keys
   f32[total_num_pages, page_size, head_dim], page_size a multiple of 8."""
-  keys = _as_keys(keys)
+  keys = _as_keys(keys, "mxfp4", 8)
   pages, page_size, head_dim = keys.shape
-  if page_size % 8:
-    raise ValueError(f"page_size ({page_size}) must be a multiple of 8 for "
-                     "the mxfp4 cache")
   width = padded_head_dim(head_dim)
   keys = jnp.pad(keys, ((0, 0), (0, 0), (0, width - head_dim)))
   codes, e = quantize_mxfp4(keys)
