@@ -8,9 +8,8 @@
         got = v.run(inputs, k=16, compression_ratio=4, fmt=fmt)
         want = v.run_reference(inputs, k=16, compression_ratio=4, fmt=fmt)
 
-Adding a variant (ARCHITECTURE.md): a kernel body and its entry in
-`kernels/entries.py`, an entry in `_REGISTRY`, a row in `blocks.TABLE` (and a
-cache format if its layout is new); its twins follow from mode and layout.
+Adding a variant: ARCHITECTURE.md ("Where things go"); its twins follow
+from its mode and cache layout.
 """
 
 from __future__ import annotations

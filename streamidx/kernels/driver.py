@@ -210,10 +210,8 @@ def _launch_call(call):
 
 def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
             cu_q_lens, last):
-  """The same pipeline, interpreted and called eagerly: its stages jitted
-  apart, each launch its own program (cached across calls that differ only
-  in selection) and an empty launch not compiled at all (M14 in Python).
-  Each interpreted launch is waited for (see `streamidx.modes`)."""
+  """The same pipeline, interpreted and called eagerly, its stages jitted
+  apart (module docstring); each interpreted launch is waited for."""
   interpret = modes.resolve_interpret()
   arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
   q, weights, prefetch, order, bufs = _prepare_jit(*arrays, call=call,
