@@ -613,6 +613,8 @@ def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
   page_mode = call.mode == "page"
+  last = (jnp.asarray(last, jnp.int32) if page_mode
+          else distribution_array(last))
   results = evaluate(q, indexer_weights, cache, seq_lens, page_indices,
                      cu_q_lens, last, compression_ratio=call.compression_ratio,
                      page_mode=page_mode, decode_q_len=call.decode_q_len)
@@ -626,8 +628,6 @@ def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
   inputs (not inside `jit`); the first broken rule raises ValueError."""
   static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
                   cu_q_lens, last, topk_methods=topk_methods)
-  last = (jnp.asarray(last, jnp.int32) if call.mode == "page"
-          else distribution_array(last))
   results, order = _rules(call, _evaluate_value_rules, q, indexer_weights,
                           cache, seq_lens, page_indices, cu_q_lens, last)
   results = jax.device_get(results)

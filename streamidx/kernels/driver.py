@@ -258,17 +258,11 @@ def _unchecked_result(call, num_tokens):
   return idx
 
 
-def _checks(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
-            last, *, call, body):
+def _checks(*arrays, call, body):
   """The static checks, then the value rules: (err, ok bool[])."""
-  validate.static_validate(call, q, indexer_weights, cache, seq_lens,
-                           page_indices, cu_q_lens, last,
-                           topk_methods=body.topk_methods)
-  last = (validate.distribution_array(last) if call.mode == "token"
-          else jnp.asarray(last))
-  args = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
+  validate.static_validate(call, *arrays, topk_methods=body.topk_methods)
   checks = functools.partial(validate.check_inputs, call=call)
-  return checkify.checkify(checks, errors=checkify.user_checks)(*args)
+  return checkify.checkify(checks, errors=checkify.user_checks)(*arrays)
 
 
 def _checked_pipeline(*arrays, call, body):
