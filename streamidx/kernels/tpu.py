@@ -49,10 +49,8 @@ def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
                   end, seq_batch_size, num_sem_ids, num_bo_sz, inputs,
                   outputs, call, interpret, bkv_p, bq_sz, blocks=None,
                   case=None, num_cores=1):
-  """One launch of a kernel body: its `pallas_call`, made and called.
-
-  The setup every body shares (`streamidx.kernels.driver.KernelBody.launch`
-  calls this once per launch):
+  """One launch of a kernel body (each `KernelBody.launch` calls this): its
+  `pallas_call`, made and called, with the setup every body shares:
 
   - compiled, the scratch is checked against the chip's VMEM (M11);
   - scratch: `scratch` ((name, shape, dtype), ...) in VMEM, then the DMA
@@ -66,10 +64,9 @@ def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
     the i-th of `outputs` (the driver's -inf score buffers).
 
   `kernel` is the body's kernel function with its static arguments bound;
-  the VMEM error names the launch `case` (default `name`) and says its
-  `blocks` (default: the KV pages and query rows per block and the
-  sequences per program). Returns the outputs
-  (one array, or a tuple for more than one).
+  the VMEM error names the launch `case` (default `name`) and its `blocks`
+  (default: KV pages, query rows, sequences per program). Returns the
+  outputs (one array, or a tuple for more than one).
   """
   b = seq_batch_size
   blocks = blocks or (f"num_kv_pages_per_block={bkv_p}, query rows per "
