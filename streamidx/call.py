@@ -24,7 +24,7 @@ __all__ = ["TopkCall", "PageCall", "current_generation", "MODES",
 
 MODES = ("token", "page")
 _MIB = 1024 * 1024
-MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (its docstring says why)
+MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 
 # Substrings of `device_kind` -> generation names of `streamidx.blocks`.
 _DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
@@ -61,13 +61,9 @@ class TopkCall:
   num_kv_pages_per_block / num_queries_per_block are (decode, prefill,
   mixed) triples after construction, or None until `with_table_blocks`.
 
-  decode_q_len (DeepGEMM's and vLLM's `next_n`): query rows of every
-  sequence of the decode range [0, i), gamma + 1 with gamma speculative
-  draft tokens (1, the default: plain decode). Static: the batched decode
-  programs hold all of them in one query block (M17). At most
-  `MAX_DECODE_Q_LEN` = 8: peers stop at 6 (DeepGEMM on SM100), 8 f32 weight
-  rows fill the one VMEM tile a single row pads to, and a longer window is
-  a prefill chunk.
+  decode_q_len: query rows of every decode sequence, gamma + 1 under
+  speculative decoding (M17), at most `MAX_DECODE_Q_LEN` (docs/semantics.md
+  says why 8).
   """
 
   k: int

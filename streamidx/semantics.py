@@ -5,15 +5,8 @@ integer helpers. One home per rule: the kernels, references, validation and
 the lab's models import these; none restates one. Everything works on
 Python ints, NumPy and (where it says so) traced JAX values alike.
 
-Vocabulary (the vendored kernel's own):
-    ratio / compression_ratio  tokens per compressed KV entry; a sequence of
-                               seq_len tokens has seq_len // ratio entries
-    page_size                  compressed entries per cache page
-    bkv_p / num_kv_pages_per_block   pages per KV block; bkv_sz = bkv_p * page_size
-    bq_sz / num_queries_per_block    query rows per query block
-    distribution = (i, j, n)   sequences [0, i) decode-only, [i, j)
-                               chunked-prefill-only, [j, n) mixed
-    decode_req_batch_size      decode sequences scored together per program
+Vocabulary (the vendored kernel's: ratio, page_size, bkv_p / bkv_sz, bq_sz,
+distribution, decode_req_batch_size): docs/semantics.md.
 """
 
 from __future__ import annotations

@@ -173,13 +173,10 @@ def streamindex_topk_dense(
   page_size // 4, 4, head_dim], cache_scales u8[total_pages, page_size // L,
   L]; docs/cache-formats.md) in place of `cache_kv`.
 
-  topk_method also takes "fused_blockmax" (the launches write the maxima of
-    every 128-entry row of scores, and the selection ranks blocks by them:
-    `streamidx.topk`), which the vendored kernel refuses.
-  num_cores: split each launch's programs over this many TensorCores (a
-    leading "parallel" grid axis; 2 uses both cores of a v4 or v5p chip).
-    1 (default): the vendored one-axis "arbitrary" grid. Any value gives the
-    same indices.
+  topk_method also takes "fused_blockmax" (docs/topk-methods.md).
+  num_cores: each launch's programs split over this many TensorCores (a
+    leading "parallel" grid axis; 2: both cores of a v4 or v5p chip; 1, the
+    default: the vendored grid). Any value gives the same indices.
 
   The same keys packed as "fp8" give the same indices (`streamindex_topk`).
   """
