@@ -124,7 +124,7 @@ MTP_RACE_CASES = [(v.name, fmt, q) for v in si.VARIANTS.values()
 
 @pytest.mark.parametrize("variant,fmt,q_len", tiers.split(
     MTP_RACE_CASES, lambda c: c == ("vendored", "fp8", 2),
-    ids=lambda v: f"{v[0]}-{v[1]}-q{v[2]}"))
+    ids=lambda v: f"mtp{v[2]}-{v[0]}-{v[1]}"))
 def test_speculative_decode_has_no_race_and_no_poisoned_score(
     variant, fmt, q_len, race_log, capsys):
   inp, kw = mtp_inputs(variant, fmt, q_len)
