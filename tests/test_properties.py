@@ -15,6 +15,12 @@ tie tolerance `metrics.summation_atol`). A failure shrinks to a minimal
 batch; the test prints it (`note`) with the `make_batch` call that rebuilds
 it.
 
+Speculative decoding (M17): the `mtp<q>-<variant>-<fmt>` profiles, one per
+token variant of the registry x its cache formats x gamma + 1 = q in
+{2, 3, 4}, draw q rows per decode sequence (at least one per batch, seq_len
+>= q); across a profile's batches there are decode sequences without
+entries (q < ratio), shorter than one decode KV block and longer.
+
 Budget: `EXAMPLES[profile]` batches per profile, derandomized (the same
 batches on every run, no example database), for about a minute on a 2-core
 CPU.
