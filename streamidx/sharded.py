@@ -290,8 +290,9 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
   mode); sequences are split over mesh axis `data_axis`, each sequence's
   entries over `context_axis` (None: not split), merged by `merge` (one of
   `MERGES`). `k` is the variant's `k` / `k_pages`; `**static` its other
-  keyword arguments. impl: "kernel", or "reference" (its exact twin, same
-  layout and merge: checks the sharding without the interpreter).
+  keyword arguments (an MTP batch's `decode_q_len` too). impl: "kernel", or
+  "reference" (its exact twin, same layout and merge: checks the sharding
+  without the interpreter).
   Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
   -> i32[D * T, k], on `ShardedInputs.args`.
   """

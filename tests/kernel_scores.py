@@ -73,18 +73,18 @@ class KernelWithScores:
 
   def __init__(self, mode: str, *, dense: bool = False, variant=None):
     # dense: the dense FP8 kernels (`streamidx.kernels.dense`), whose cache
-    # is two arguments (cache_values, cache_scales); variant: another
-    # dense-cache token variant's name (its page variant for "page").
+    # is two arguments (cache_values, cache_scales); variant: any token
+    # variant's name (its page variant for "page").
     token = si.streamindex_topk_dense if dense else si.streamindex_topk
     page = si.streamindex_page_topk_dense if dense else si.streamindex_page_topk
     if variant is not None:
       token = si.VARIANTS[variant].kernel
       page = si.VARIANTS[variant + "_page"].kernel
-    self._cache_args = 2 if dense or variant else 1
     self._mode = mode
     if mode not in ("token", "page"):
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
     self._entry = token if mode == "token" else page
+    self._cache_args = self._entry.body.num_cache_arrays
     # A function of this instance's own: jax shares traces between jit
     # objects of one function, so jitting the driver's pipeline itself could
     # reuse a trace made without the tap (or with another instance's sink).
@@ -110,21 +110,22 @@ class KernelWithScores:
     self.block_max = (self._block_max_sink[0] if self._block_max_sink
                       else None)
     if self._mode == "token":
-      scores = _caller_row_order(scores, args, kwargs, self._cache_args)
+      scores = _caller_row_order(scores, args, kwargs, self._cache_args,
+                                 self._entry.body)
       if self.block_max is not None:
         self.block_max = _caller_row_order(self.block_max, args, kwargs,
-                                           self._cache_args)
+                                           self._cache_args, self._entry.body)
     return idx, scores
 
 
-def _caller_row_order(scores, args, kwargs, cache_args):
+def _caller_row_order(scores, args, kwargs, cache_args, body):
   """The token kernel's score rows (slot order) in the caller's order."""
   d = kwargs.get("decode_req_batch_size", 4)
   if not kwargs.get("sort_decode", True) or d == 1:
     return scores
-  cache = args[2]
   seq_lens, distribution = args[2 + cache_args], args[5 + cache_args]
-  page_size = cache.shape[1] * cache.shape[2]
+  # The body's own page size (the MXFP4 values pack 8 entries a sublane).
+  page_size = int(body.page_size(tuple(args[2:2 + cache_args])))
   bkv_p = semantics.normalize_per_case(kwargs["num_kv_pages_per_block"],
                                        "num_kv_pages_per_block")[0]
   order, _, _ = semantics.decode_order(

@@ -38,11 +38,13 @@ TOKEN_BLOCKS = dict(num_kv_pages_per_block=4, num_queries_per_block=(1, 8, 8),
                     decode_req_batch_size=2)
 PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
 
-# (name, variant, fmt, num_data, num_context, merge, k): one compiled program
-# each; a case runs every batch of its mode (token: decode, prefill, mixed;
-# page: one batch of decode and prefill rows). Together they cover each
-# layout, each cache format and each merge; page mode runs two cases only
-# (its 128-page KV blocks cost 128 simulated DMAs each).
+# (name, variant, fmt, num_data, num_context, merge, k[, decode_q_len]): one
+# compiled program each; a case runs every batch of its mode (token: decode,
+# prefill, mixed, with decode_q_len rows per decode sequence; page: one
+# batch of decode and prefill rows). Together they cover each layout, each
+# cache format and each merge, and speculative decoding (M17: gamma + 1 = 2,
+# the decode rows' context shares shifted like any other row's); page mode
+# runs two cases only (its 128-page KV blocks cost 128 simulated DMAs each).
 CASES = (
     ("sequence-parallel-8/token/bf16", "vendored", "bf16", 8, 1,
      "all_gather", 16),
@@ -55,6 +57,8 @@ CASES = (
      "all_gather", 2),
     ("context-parallel-8/page/bf16/tree", "vendored_page", "bf16", 1, 8,
      "tree", 1),
+    ("2d-2x4/token/fp8/all_gather/mtp2", "vendored", "fp8", 2, 4,
+     "all_gather", 16, 2),
 )
 
 
@@ -68,25 +72,30 @@ CI_CASES = ("sequence-parallel-8/token/bf16", "2d-2x4/token/fp8/tree",
 assert set(CI_CASES) <= {c[0] for c in CASES}
 
 
-def token_batches():
-  """Decode, prefill and mixed batches of one shape (ratio 4, 32-entry pages).
+def token_batches(dq=1):
+  """Decode, prefill and mixed batches of one shape (ratio 4, 32-entry pages),
+  `dq` query rows per decode sequence (seq_len at least dq).
 
   Shares: 8 pages (256 entries) per sequence over 8, 4 or 2 devices; the
   short sequences (1 to 128 tokens) end inside the first share or before
-  it (seq_len 1: no entry at all).
+  it (seq_len 1 or 2: no entry at all).
   """
   common = dict(page_size=32, compression_ratio=4, pages_per_seq=8,
                 max_num_seqs=10, num_tokens=40, total_num_pages=80,
-                allocation="shuffled")
+                allocation="shuffled", decode_q_len=dq)
+
+  def decode(*lens):
+    return [max(n, dq) for n in lens]
+
   return {
       "decode": si.make_mixed_batch(
-          decode=[1000, 64, 511, 40, 1, 300, 777, 128, 1023], seed=1,
+          decode=decode(1000, 64, 511, 40, 1, 300, 777, 128, 1023), seed=1,
           **common),
       "prefill": si.make_mixed_batch(
-          decode=[900, 17], prefill=[(9, 700), (16, 100), (3, 37), (5, 1024)],
-          seed=2, **common),
+          decode=decode(900, 17),
+          prefill=[(9, 700), (16, 100), (3, 37), (5, 1024)], seed=2, **common),
       "mixed": si.make_mixed_batch(
-          decode=[513, 260, 5], prefill=[(7, 333)],
+          decode=decode(513, 260, 5), prefill=[(7, 333)],
           mixed=[(6, 1000), (1, 90), (4, 64), (12, 480)], seed=3, **common),
   }
 
@@ -102,12 +111,12 @@ def page_batches():
   }
 
 
-def run_case(name, variant, fmt, nd, nc, merge, k, devices):
+def run_case(name, variant, fmt, nd, nc, merge, k, devices, dq=1):
   v = si.VARIANTS[variant]
   page = v.mode == "page"
-  batches = page_batches() if page else token_batches()
+  batches = page_batches() if page else token_batches(dq)
   ratio = 1 if page else 4
-  static = PAGE_BLOCKS if page else TOKEN_BLOCKS
+  static = PAGE_BLOCKS if page else dict(TOKEN_BLOCKS, decode_q_len=dq)
   inputs = {b: si.make_inputs(batch, num_heads=8, fmt=fmt, seed=7)
             for b, batch in batches.items()}
   # One compiled program for all batches: pad every device to the largest.
@@ -167,7 +176,7 @@ def main(argv):
       continue
     t0 = time.time()
     try:
-      lines = run_case(*case, mesh_devices)
+      lines = run_case(*case[:7], mesh_devices, *case[7:])
     except Exception:  # pylint: disable=broad-except
       si.reset_interpreter_state()
       lines = [f"FAIL {case[0]}: " + traceback.format_exc().replace(

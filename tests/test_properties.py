@@ -15,6 +15,12 @@ tie tolerance `metrics.summation_atol`). A failure shrinks to a minimal
 batch; the test prints it (`note`) with the `make_batch` call that rebuilds
 it.
 
+Speculative decoding (M17): the `mtp<q>-<variant>-<fmt>` profiles, one per
+token variant of the registry x its cache formats x gamma + 1 = q in
+{2, 3, 4}, draw q rows per decode sequence (at least one per batch, seq_len
+>= q); across a profile's batches there are decode sequences without
+entries (q < ratio), shorter than one decode KV block and longer.
+
 Budget: `EXAMPLES[profile]` batches per profile, derandomized (the same
 batches on every run, no example database), for about a minute on a 2-core
 CPU.
@@ -23,6 +29,7 @@ CPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,8 +38,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import streamidx as si
-from streamidx import cache as cache_lib
 from streamidx import metrics, ref
+from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers
@@ -54,6 +61,8 @@ class Profile:
   decode_req_batch_size: int = 4
   causal_rule: str = "model"
   q_dtype: object = jnp.bfloat16
+  variant: str = "vendored"  # token mode: any token variant reading `fmt`
+  decode_q_len: int = 1  # gamma + 1 rows per decode sequence (M17)
 
   @property
   def total_num_pages(self) -> int:
@@ -74,7 +83,9 @@ class Profile:
                 num_kv_pages_per_block=self.bkv,
                 num_queries_per_block=self.bq,
                 decode_req_batch_size=self.decode_req_batch_size,
-                causal_rule=self.causal_rule)
+                causal_rule=self.causal_rule,
+                **({"decode_q_len": self.decode_q_len}
+                   if self.decode_q_len > 1 else {}))
 
 
 PROFILES = {
@@ -94,6 +105,14 @@ PROFILES = {
                         bq=8),
     "page-bf16": Profile("page", "bf16", 1, 8, 6, 4, 16, 2, k=5, bkv=128,
                          bq=16),
+    # Speculative decoding (M17): every token variant x its formats x gamma
+    # + 1 in {2, 3, 4} on token-fp8-r4's shape (decode batches of 2, two KV
+    # blocks), at least one decode sequence per batch.
+    **{f"mtp{q}-{v.name}-{fmt}": Profile(
+        "token", fmt, 4, 16, 10, 6, 24, 4, k=8, bkv=8, bq=(1, 4, 8),
+        decode_req_batch_size=2, variant=v.name, decode_q_len=q)
+       for v in si.VARIANTS.values() if v.mode == "token"
+       for fmt in v.cache_formats for q in cases.MTP_Q_LENS},
 }
 EXAMPLES = {
     "token-fp8-r4": 25,
@@ -101,7 +120,9 @@ EXAMPLES = {
     "token-fp8-r2-seedrule": 20,
     "page-fp8": 12,
     "page-bf16": 12,
+    **{name: 12 for name in PROFILES if name.startswith("mtp")},
 }
+MTP_CI = "mtp2-vendored-fp8"  # DeepSeek-V4's gamma + 1 = 2, the CI point
 TIES = ("none", "outlier_keys", "duplicate_keys", "near_duplicate_keys",
         "zero_query_rows")
 
@@ -109,9 +130,12 @@ TIES = ("none", "outlier_keys", "duplicate_keys", "near_duplicate_keys",
 @st.composite
 def batches(draw, p: Profile):
   """(make_batch kwargs, input kwargs, tie mode) for one random batch."""
-  n = draw(st.integers(0, p.max_num_seqs), label="num_seqs")
+  dq = p.decode_q_len
+  lo = 1 if dq > 1 else 0  # an MTP batch has decode sequences
+  n = draw(st.integers(lo, p.max_num_seqs), label="num_seqs")
   if p.mode == "token":
-    i = draw(st.integers(0, n), label="decode seqs i")
+    i = draw(st.integers(lo, min(n, p.num_tokens // dq)),
+             label="decode seqs i")
     j = draw(st.integers(i, n), label="decode + prefill-only j")
   else:
     i = j = 0
@@ -122,12 +146,12 @@ def batches(draw, p: Profile):
                  set(range(p.max_seq_len + 1)))
   seq_len = st.one_of(st.integers(0, p.max_seq_len), st.sampled_from(edges))
   pairs = []
-  budget = p.num_tokens - i
+  budget = p.num_tokens - i * dq
   for b in range(n):
     s = draw(seq_len, label=f"seq_len[{b}]")
     if b < i:
-      s = max(s, 1)
-      q = 1
+      s = max(s, dq)
+      q = dq
     else:
       q = draw(st.integers(0, min(s, budget)), label=f"q_len[{b}]")
       budget -= q
@@ -138,7 +162,8 @@ def batches(draw, p: Profile):
       allocation=draw(st.sampled_from(["contiguous", "shuffled",
                                        "fragmented"]), label="allocation"),
       pages_per_seq=p.pages_per_seq, max_num_seqs=p.max_num_seqs,
-      num_tokens=p.num_tokens, seed=draw(st.integers(0, 2**16), label="seed"))
+      num_tokens=p.num_tokens, decode_q_len=dq,
+      seed=draw(st.integers(0, 2**16), label="seed"))
   input_kw = dict(seed=draw(st.integers(0, 2**16), label="input seed"))
   ties = draw(st.sampled_from(TIES), label="ties")
   return batch_kw, input_kw, ties
@@ -167,8 +192,7 @@ def build(p: Profile, batch_kw: dict, input_kw: dict, ties: str):
         (len(dst), 1))
     keys[dst] = keys[src] * scale
     keys = jnp.asarray(keys.reshape(inp.keys.shape))
-    inp = dataclasses.replace(inp, keys=keys,
-                              cache=cache_lib.pack_cache(keys, p.fmt))
+    inp = dataclasses.replace(inp, keys=keys).with_cache_format(p.fmt)
   elif ties == "zero_query_rows":
     q = np.array(inp.q.astype(jnp.float32))
     q[rng.random(len(q)) < 0.5] = 0.0
@@ -176,7 +200,10 @@ def build(p: Profile, batch_kw: dict, input_kw: dict, ties: str):
   return b, inp
 
 
-KERNELS = {"token": KernelWithScores("token"), "page": KernelWithScores("page")}
+@functools.lru_cache(maxsize=None)
+def kernel(mode: str, variant: str = "vendored") -> KernelWithScores:
+  """One score-tapped kernel (one compile per static call) per variant."""
+  return KernelWithScores(mode, variant=variant)
 
 
 def check_batch(p: Profile, batch_kw, input_kw, ties):
@@ -191,18 +218,19 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
        f"page_table={b.page_table.tolist()}")
   kw = p.kernel_kwargs()
   if p.mode == "token":
-    args = inp.args
-    si.validate_topk_inputs(*args, **kw)  # every batch is valid input
-    idx, scores = KERNELS["token"](*args, **kw)
-    ref_idx = ref.streamindex_topk_ref(*args, **kw)
-    ref_scores = ref.token_scores(*args, compression_ratio=p.ratio,
-                                  causal_rule=p.causal_rule)
+    v = si.VARIANTS[p.variant]
+    args = v.args(inp, p.fmt)
+    v.validate(*args, **kw)  # every batch is valid input
+    idx, scores = kernel("token", p.variant)(*args, **kw)
+    ref_idx = v.reference(*args, **kw)
+    ref_scores = v.scores(inp, compression_ratio=p.ratio, fmt=p.fmt,
+                          causal_rule=p.causal_rule)
     bound = metrics.summation_error_bound(inp, compression_ratio=p.ratio,
                                           causal_rule=p.causal_rule)
   else:
     args = inp.page_args
     si.validate_page_topk_inputs(*args, **kw)
-    idx, scores = KERNELS["page"](*args, **kw)
+    idx, scores = kernel("page")(*args, **kw)
     ref_idx = ref.streamindex_page_topk_ref(*args, **kw)
     ref_scores = ref.page_scores(*args, causal_rule=p.causal_rule)
     # The page kernel runs at its default compression_ratio, 1.
@@ -216,6 +244,7 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
   visible = np.isfinite(np.asarray(ref_scores)).sum(axis=1)
   np.testing.assert_array_equal((idx >= 0).sum(axis=1),
                                 np.minimum(visible, p.k))
+  return b
 
 
 def _property_test(name):
@@ -228,21 +257,40 @@ def _property_test(name):
   @given(data=st.data())
   def run(data):
     batch_kw, input_kw, ties = data.draw(batches(p), label="batch")
-    check_batch(p, batch_kw, input_kw, ties)
-    checked.append(ties)
+    checked.append((ties, check_batch(p, batch_kw, input_kw, ties)))
 
-  checked: list[str] = []
+  checked: list[tuple] = []
   return run, checked
 
 
-# CI: the FP8 token profile (two KV blocks, decode batches of 2) and the FP8
-# page profile; the other profiles in the full tier (tests/tiers.py).
+def _decode_entries(p: Profile, b) -> set:
+  """What the decode sequences of batch `b` had: "empty" (no entry),
+  "short" (fewer than one decode KV block), "long" (more)."""
+  entries = b.seq_lens[:b.distribution[0]] // p.ratio
+  block = p.bkv * p.page_size
+  return ({"empty"} if (entries == 0).any() else set()) | (
+      {"short"} if ((entries > 0) & (entries < block)).any() else set()) | (
+      {"long"} if (entries > block).any() else set())
+
+
+# CI: the FP8 token profile (two KV blocks, decode batches of 2), the FP8
+# page profile and speculative decoding's gamma + 1 = 2 on the vendored FP8
+# kernel; the other profiles in the full tier (tests/tiers.py).
 @pytest.mark.parametrize("name", tiers.split(
-    list(PROFILES), lambda n: n in ("token-fp8-r4", "page-fp8")))
+    list(PROFILES), lambda n: n in ("token-fp8-r4", "page-fp8", MTP_CI)))
 def test_random_batches_match_reference(name):
   run, checked = _property_test(name)
   run()
-  print(f"{name}: {len(checked)} random batches checked "
-        f"(ties: {sorted(set(checked))})")
+  ties = sorted({t for t, _ in checked})
+  print(f"{name}: {len(checked)} random batches checked (ties: {ties})")
   # The budget is spent on batches, not lost to rejected draws.
   assert len(checked) >= EXAMPLES[name]
+  p = PROFILES[name]
+  if p.decode_q_len > 1:
+    # Every MTP batch has gamma + 1 rows per decode sequence; together they
+    # had decode sequences without entries, shorter and longer than a block.
+    assert all(b.distribution[0] > 0 and b.decode_q_len == p.decode_q_len
+               for _, b in checked)
+    seen = set().union(*(_decode_entries(p, b) for _, b in checked))
+    assert seen >= ({"short", "long"} | (
+        {"empty"} if p.decode_q_len < p.ratio else set())), seen

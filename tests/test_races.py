@@ -45,6 +45,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import streamidx as si
 from streamidx import metrics, ref
+from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers
@@ -113,18 +114,23 @@ def mtp_inputs(variant, fmt, q_len):
   return si.make_inputs(b, num_heads=4, fmt=fmt, seed=6), kw
 
 
-# CI: gamma + 1 = 2 on the vendored FP8 kernel; 3 and 4 rows and the dense
-# kernel in the full tier.
-@pytest.mark.parametrize("variant,fmt,q_len", tiers.first(
-    [("vendored", "fp8", 2), ("vendored", "bf16", 3), ("dense", "dense_fp8", 2),
-     ("dense", "dense_fp8", 4), ("vendored", "fp8", 4)],
-    ids=lambda v: f"{v[0]}-{v[1]}-q{v[2]}"))
+# Every token variant x its cache formats x gamma + 1 in {2, 3, 4} (the
+# registry's: a new variant is checked here). CI: gamma + 1 = 2 on the
+# vendored FP8 kernel; the rest in the full tier.
+MTP_RACE_CASES = [(v.name, fmt, q) for v in si.VARIANTS.values()
+                  if v.mode == "token" for fmt in v.cache_formats
+                  for q in cases.MTP_Q_LENS]
+
+
+@pytest.mark.parametrize("variant,fmt,q_len", tiers.split(
+    MTP_RACE_CASES, lambda c: c == ("vendored", "fp8", 2),
+    ids=lambda v: f"mtp{v[2]}-{v[0]}-{v[1]}"))
 def test_speculative_decode_has_no_race_and_no_poisoned_score(
     variant, fmt, q_len, race_log, capsys):
   inp, kw = mtp_inputs(variant, fmt, q_len)
   v = si.VARIANTS[variant]
   with si.interpreter(detect_races=True, uninitialized_memory="nan"):
-    idx, scores = KernelWithScores("token", dense=variant == "dense")(
+    idx, scores = KernelWithScores("token", variant=variant)(
         *v.args(inp), **kw)
   assert len(race_log) == 4
   assert [s.races_found for s in race_log] == [False] * 4
