@@ -143,9 +143,9 @@ _SCHEDULE_LEAN = (
     "--variant lean --generations v5e v6e v7x --formats dense_fp8 --launches "
     "decode --kv-pages 3 4 6 8 12 16, libtpu 0.0.42.1, score buffer and "
     "scales in HBM): lean decode KV loop bundles per page at 3 / 4 / 6 / 8 / "
-    "12 / 16 pages per block: v5e 35.2 / 32.1 / 29.6 / 27.7 / 26.1 / 25.1, "
-    "v6e 32.9 / 28.0 / 24.3 / 23.7 / 23.6 / 23.1, v7x 30.8 / 26.2 / 22.5 / "
-    "22.0 / 21.7 / 21.5 (VALU-bound; v5e MXU-bound from 12); 8 kept: one "
+    "12 / 16 pages per block: v5e 35.3 / 31.7 / 29.3 / 27.8 / 26.0 / 25.2, "
+    "v6e 32.8 / 29.3 / 24.4 / 23.7 / 23.6 / 23.2, v7x 30.8 / 26.3 / 22.5 / "
+    "22.0 / 21.7 / 21.5 (VALU-bound; v5e MXU-bound at 16); 8 kept: one "
     "block of a 4K-token sequence, larger ones pay at most 0.6 on v6e and "
     "v7x; prefill and mixed blocks kept at the dense rows' 2")
 _FP4 = ("the vendored rows, kept for the MXFP4 kernel: same launches and "

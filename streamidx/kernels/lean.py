@@ -12,8 +12,8 @@ static schedule finds bound by the vector and scalar units, not by HBM
 is exact in the interpreter and pays in that schedule. Numbers: bundles per
 128-entry KV page of the decode launch of `dsv4-decode-4k` on v6e (4
 sequences per program, 64 heads, head_dim 128, 3 pages per block; libtpu
-0.0.42.1, score buffer and scales in HBM), 32.8 with these four, and
-with that one change undone (dense: 53.7):
+0.0.42.1, score buffer and scales in HBM), 32.8 with these four (and
+with the three below), and with that one change undone (dense: 53.7):
 
 - values loaded as 32-bit words (42.1 without): the KV buffer (u8 [N, 4, D],
   four entries per word row) is read through a u32 view of the ref and
@@ -42,32 +42,32 @@ with that one change undone (dense: 53.7):
   e4m3fn bytes are bitcast to float8_e4m3b11fnuz (bias 11: every value / 16,
   exactly, and a native unpack; its one NaN, 0x80, is -0 in e4m3fn, which
   the dense cache never stores, `streamidx.cache.pack_dense_fp8_cache`) and
-  the head-summed score is multiplied by 16. Power-of-two scaling is exact
-  in f32 away from underflow (`tests/test_lean.py` checks all 256 bytes).
-  v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
+  the score multiplied by 16 (in the weights, below). Power-of-two scaling
+  is exact in f32 away from underflow (`tests/test_lean.py` checks all 256
+  bytes). v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
   `tpu.widen_fp8_for_mxu`).
 
 At 8 pages per block (the table's decode row; 24.7 with the changes above)
 the VALU binds (72% of its slots), so three per-score operations went,
-23.7 with all three (v5e 27.7, v7x 22.0), with that one undone:
+23.7 with all three (v5e 27.8, v7x 22.0), with that one undone:
 - the e8m0 scales by their bits (24.3 without: the compiler's conversion
-  spent 9 VALU ops per page): widened to u32 in the DMA's shape, shifted
-  into the f32 exponent. Exact for the bytes a visible entry may hold
-  (1..254, `validate` "cache_scale_range"); 0 gives 0, 255 inf, both masked
-  to -inf where not visible. At 3 pages per block it did not pay (-0.1);
-- one compare per score (24.1 without): the bound min(causal bound,
+  spent 9 VALU ops per page): widened to u32, shifted into the f32
+  exponent. Exact for the bytes a visible entry may hold
+  (1..254, `validate` "cache_scale_range"); byte 0 gives 0 and 255 inf,
+  and a score not visible is -inf either way. At 3 pages per block it did
+  not pay (-0.1);
+- one compare per score (24.2 without): the bound min(causal bound,
   kv_len) per query row, computed once per query block, against the block's
   lane index shifted by the block's offset;
 - the fnuz factor 16 folded into the weights broadcast once per query block
   (23.8 without), exact as a power of two.
-More pages per block pay little more (12 / 16 pages: v6e 23.6 / 23.1, v7x
-21.7 / 21.5, v5e 26.1 / 25.1) and pad a short sequence's last block.
+More pages per block pay little more (12 / 16 pages: v6e 23.6 / 23.2, v7x
+21.7 / 21.5, v5e 26.0 / 25.2) and pad a short sequence's last block.
 
 Tried and not kept: the sequences' score rows stacked before the scale and
-masks (no change). What
-did not pay per the issue's prototypes: the head sum on the MXU (f32
-HIGHEST costs more bundles, bf16 is not exact), manual software pipelining
-of the loop, 8 sequences per program.
+masks (no change). What did not pay per the issue's prototypes: the head
+sum on the MXU (f32 HIGHEST costs more bundles, bf16 is not exact), manual
+software pipelining of the loop, 8 sequences per program.
 
 `launch` is this variant's one `pallas_call` per launch (token or page mode,
 `streamidx.kernels.driver.KernelBody.launch`); the entry points are
@@ -216,7 +216,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     else:
       keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
     raw = bsc[slot, b]
-    bits = (raw.astype(jnp.uint32) << 23).reshape(1, raw.size)
+    bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
     return keys, lax.bitcast_convert_type(bits, jnp.float32)
 
   def head_sum(q, keys, wcol):
