@@ -140,11 +140,14 @@ _LEAN = ("the dense FP8 rows, kept for the vector-lean kernel (same launches "
          "and grid); not tuned on a TPU")
 _SCHEDULE_LEAN = (
     "static schedule (no TPU timing; python -m streamidx.lab.schedule "
-    "--variant lean --formats dense_fp8 --launches decode --kv-pages 3 4 6 8, "
-    "libtpu 0.0.42.1, score buffer and scales in HBM): lean decode KV loop "
-    "bundles per page at 3 / 4 / 6 / 8 pages per block: v5e 35.3 / 33.6 / "
-    "29.5 / 28.1, v6e 32.8 / 28.1 / 25.4 / 24.7, v7x 30.5 / 26.1 / 23.2 / "
-    "22.8 (VALU-bound); prefill and mixed blocks kept at the dense rows' 2")
+    "--variant lean --generations v5e v6e v7x --formats dense_fp8 --launches "
+    "decode --kv-pages 3 4 6 8 12 16, libtpu 0.0.42.1, score buffer and "
+    "scales in HBM): lean decode KV loop bundles per page at 3 / 4 / 6 / 8 / "
+    "12 / 16 pages per block: v5e 35.3 / 31.7 / 29.3 / 27.8 / 26.0 / 25.2, "
+    "v6e 32.8 / 29.3 / 24.4 / 23.7 / 23.6 / 23.2, v7x 30.8 / 26.3 / 22.5 / "
+    "22.0 / 21.7 / 21.5 (VALU-bound; v5e MXU-bound at 16); 8 kept: one "
+    "block of a 4K-token sequence, larger ones pay at most 0.6 on v6e and "
+    "v7x; prefill and mixed blocks kept at the dense rows' 2")
 _FP4 = ("the vendored rows, kept for the MXFP4 kernel: same launches and "
         "grid; 68 instead of 256 B per entry of KV block; not tuned on a TPU")
 _FP4_PAGE = ("the dense FP8 page rows (num_kv_pages_per_block must be 128), "

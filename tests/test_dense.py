@@ -443,7 +443,8 @@ def test_dense_kernel_rejects_a_bad_num_cores(bad):
 # The tiling model of the dense kernel (fmt="dense_fp8"): scratch and DMAs.
 
 
-def test_tiling_model_equals_dense_kernel_scratch_at_production_size():
+@pytest.mark.parametrize("variant", ["dense", "lean"])
+def test_tiling_model_equals_dense_kernel_scratch_at_production_size(variant):
   b = si.make_mixed_batch(decode=[131072] * 8, prefill=[(300, 5000)],
                           mixed=[(1, 700), (40, 2048)], page_size=128,
                           compression_ratio=4)
@@ -456,9 +457,9 @@ def test_tiling_model_equals_dense_kernel_scratch_at_production_size():
           sds((b.total_num_pages, 32, 4, 128), jnp.uint8),
           sds((b.total_num_pages, 1, 128), jnp.uint8),
           seq_lens, page_indices, cu_q_lens, distribution)
-  declared = tiling.kernel_scratch(args, variant="dense", k=512,
+  declared = tiling.kernel_scratch(args, variant=variant, k=512,
                                    compression_ratio=4, **blocks)
-  p = tiling.plan(b, fmt="dense_fp8", num_heads=64, **blocks)
+  p = tiling.plan(b, fmt="dense_fp8", num_heads=64, variant=variant, **blocks)
   assert [d["case"] for d in declared] == ["decode", "decode", "prefill",
                                            "mixed"]
   for d, launch in zip(declared, p.launches):

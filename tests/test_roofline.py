@@ -131,9 +131,11 @@ def test_recorded_schedule_names_its_command_and_date():
   assert doc["date"] and doc["libtpu"]
   keys = {(r["variant"], r["generation"], r["fmt"], r["bkv_p"]) for r in doc["rows"]}
   assert len(keys) == len(doc["rows"])  # one row per launch
-  # Every chip's production decode row is recorded, for both token variants.
+  # Every chip's production decode row is recorded, for every token variant
+  # the tiling model covers.
   for gen in hardware.GENERATIONS:
-    for variant, fmt in (("vendored", "fp8"), ("dense", "dense_fp8")):
+    for variant, fmt in (("vendored", "fp8"), ("dense", "dense_fp8"),
+                         ("lean", "dense_fp8")):
       row = si.block_sizes(variant, cache_format=fmt, num_heads=64,
                            page_size=128, generation=gen)
       assert (variant, gen, fmt, row.num_kv_pages_per_block[0]) in keys
@@ -190,6 +192,12 @@ def test_dsv4_step_names_its_model_and_row():
   assert "v6e vendored row" in flash.blocks
   dense = roofline.dsv4_step("v6e", "dense")
   assert dense.fmt == "dense_fp8" and dense.t_hbm < flash.t_hbm
+  # lean: the dense layout's bytes (8-page blocks: no padded page), fewer
+  # scheduled bundles.
+  lean = roofline.dsv4_step("v6e", "lean")
+  assert lean.fmt == "dense_fp8" and "v6e lean row" in lean.blocks
+  assert lean.t_hbm == pytest.approx(dense.t_hbm, rel=0.01)
+  assert lean.bundles < dense.bundles / 2 and lean.binding == "vector"
   prefill = roofline.dsv4_step("v5e", batch=1, q_len=2048)  # no decode launch: HBM and MXU
   assert prefill.kv_pages == 0 and prefill.t_vector is None
   assert prefill.kernel_s == max(prefill.t_hbm, prefill.t_mxu) > 0

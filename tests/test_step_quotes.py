@@ -48,7 +48,7 @@ def _step_numbers() -> set[str]:
   """The production step's times as a sentence would print them (us)."""
   out = set()
   for gen in hardware.GENERATIONS:
-    for variant in ("vendored", "dense"):
+    for variant in ("vendored", "dense", "lean"):
       for ctx in (2**17, 2**20):
         sb = roofline.dsv4_step(gen, variant, context_tokens=ctx)
         for t in (sb.total_s, sb.kernel_s, sb.t_hbm, sb.t_xla + sb.t_hbm):

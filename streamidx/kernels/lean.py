@@ -12,8 +12,8 @@ static schedule finds bound by the vector and scalar units, not by HBM
 is exact in the interpreter and pays in that schedule. Numbers: bundles per
 128-entry KV page of the decode launch of `dsv4-decode-4k` on v6e (4
 sequences per program, 64 heads, head_dim 128, 3 pages per block; libtpu
-0.0.42.1, score buffer and scales in HBM), 32.8 with every change, and
-with that one change undone (dense: 53.7):
+0.0.42.1, score buffer and scales in HBM), 32.8 with these four (and
+with the three below), and with that one change undone (dense: 53.7):
 
 - values loaded as 32-bit words (42.1 without): the KV buffer (u8 [N, 4, D],
   four entries per word row) is read through a u32 view of the ref and
@@ -42,16 +42,32 @@ with that one change undone (dense: 53.7):
   e4m3fn bytes are bitcast to float8_e4m3b11fnuz (bias 11: every value / 16,
   exactly, and a native unpack; its one NaN, 0x80, is -0 in e4m3fn, which
   the dense cache never stores, `streamidx.cache.pack_dense_fp8_cache`) and
-  the head-summed score is multiplied by 16. Power-of-two scaling is exact
-  in f32 away from underflow (`tests/test_lean.py` checks all 256 bytes).
-  v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
+  the score multiplied by 16 (in the weights, below). Power-of-two scaling
+  is exact in f32 away from underflow (`tests/test_lean.py` checks all 256
+  bytes). v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
   `tpu.widen_fp8_for_mxu`).
 
-Tried and not kept: the e8m0 scales converted by their bits (-0.1), the
-sequences' score rows stacked before the scale and masks (no change). What
-did not pay per the issue's prototypes: the head sum on the MXU (f32
-HIGHEST costs more bundles, bf16 is not exact), manual software pipelining
-of the loop, 8 sequences per program.
+At 8 pages per block (the table's decode row; 24.7 with the changes above)
+the VALU binds (72% of its slots), so three per-score operations went,
+23.7 with all three (v5e 27.8, v7x 22.0), with that one undone:
+- the e8m0 scales by their bits (24.3 without: the compiler's conversion
+  spent 9 VALU ops per page): widened to u32, shifted into the f32
+  exponent. Exact for the bytes a visible entry may hold
+  (1..254, `validate` "cache_scale_range"); byte 0 gives 0 and 255 inf,
+  and a score not visible is -inf either way. At 3 pages per block it did
+  not pay (-0.1);
+- one compare per score (24.2 without): the bound min(causal bound,
+  kv_len) per query row, computed once per query block, against the block's
+  lane index shifted by the block's offset;
+- the fnuz factor 16 folded into the weights broadcast once per query block
+  (23.8 without), exact as a power of two.
+More pages per block pay little more (12 / 16 pages: v6e 23.6 / 23.2, v7x
+21.7 / 21.5, v5e 26.0 / 25.2) and pad a short sequence's last block.
+
+Tried and not kept: the sequences' score rows stacked before the scale and
+masks (no change). What did not pay per the issue's prototypes: the head
+sum on the MXU (f32 HIGHEST costs more bundles, bf16 is not exact), manual
+software pipelining of the loop, 8 sequences per program.
 
 `launch` is this variant's one `pallas_call` per launch (token or page mode,
 `streamidx.kernels.driver.KernelBody.launch`); the entry points are
@@ -200,8 +216,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     else:
       keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
     raw = bsc[slot, b]
-    scales = pltpu.bitcast(raw.reshape(1, raw.size), jnp.float8_e8m0fnu)
-    return keys, scales.astype(jnp.bfloat16).astype(jnp.float32)
+    bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
+    return keys, lax.bitcast_convert_type(bits, jnp.float32)
 
   def head_sum(q, keys, wcol):
     """f32[bq, n] = sum_h w * ReLU(q . k) for n keys, 128 lanes at a time."""
@@ -213,19 +229,17 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         [(s[:, c:c + LANES] * wcol).reshape(bq_sz, num_heads, LANES).sum(1)
          for c in range(0, s.shape[1], LANES)], axis=1)
 
-  def scores_of(q, wcol, keys, scales, visible_end, kv_len, bkv_idx):
+  def scores_of(q, wcol, keys, scales, visible, bkv_idx):
     if fp8 == "widen":  # M10: chunks, so that v4's VMEM holds a page block
       s = jnp.concatenate(
           [head_sum(q, keys[c:c + tpu.WIDEN_CHUNK], wcol)
            for c in range(0, bkv_sz, tpu.WIDEN_CHUNK)], axis=1)
     else:
       s = head_sum(q, keys, wcol)
-    if fp8 == "fnuz":
-      s = s * FNUZ_SCALE
-    s = s * scales
-    k_span = bkv_idx * bkv_sz + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    mask = (k_span < kv_len) & (k_span < visible_end[:, None])
-    return jnp.where(mask, s, -jnp.inf)
+    s = s * scales  # visible: min(causal bound, kv_len) per query row
+    k_span = lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    return jnp.where(k_span < (visible - bkv_idx * bkv_sz)[:, None], s,
+                     -jnp.inf)
 
   def process():
     kv_max = functools.reduce(jnp.maximum, kv_lens)
@@ -251,11 +265,14 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       for b in range(b_sz):
         qs.append(bq[qslot, b].reshape(bq_sz * num_heads, head_dim))
         w = bw[qslot, b]  # f32[bq, H]: once per query block, across lanes
+        if fp8 == "fnuz":
+          w = w * FNUZ_SCALE
         wcols.append(jnp.broadcast_to(w[:, :, None], (bq_sz, num_heads, LANES))
                      .reshape(bq_sz * num_heads, LANES))
         q_pos = (seq_lens[b] - q_lens[b] + bq_idx * bq_sz
                  + lax.broadcasted_iota(jnp.int32, (bq_sz,), 0))
-        ends.append(causal_visible_bound(q_pos, compression_ratio, causal_rule))
+        ends.append(jnp.minimum(causal_visible_bound(
+            q_pos, compression_ratio, causal_rule), kv_lens[b]))
       oslot = ids_ref[2]
       if page_mode:
         @pl.when(sz > 0)
@@ -272,8 +289,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         blocks = [keys_of(slot, b) for b in range(b_sz)]
         kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (see above)
         ids_ref[1] = 1 - slot
-        s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], kv_lens[b],
-                       bkv_idx) for b in range(b_sz)]
+        s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
+             for b in range(b_sz)]
         if page_mode:
           s = s[0]
           pooled = (tpu.pool_pages_by_lane_segments(s, page_cols)

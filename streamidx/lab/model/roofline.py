@@ -371,12 +371,12 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
   """The production step: `model`'s indexer (its k) over `batch` decode
   sequences of `context_tokens` tokens (q_len > 1: prefill chunks of
   `q_len` queries) on `generation`, with `variant`'s block-size row for
-  that chip (`StepBound.blocks` names it) and cache format ("fp8" vendored,
-  "dense_fp8" dense)."""
+  that chip (`StepBound.blocks` names it) and cache format (its first:
+  "fp8" vendored, "dense_fp8" dense and lean)."""
   import streamidx as si  # pylint: disable=g-import-not-at-top
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
-  fmt = "dense_fp8" if variant == "dense" else "fp8"
+  fmt = tiling.resolve_variant(variant).cache_formats[0]
   seqs = (dict(decode=[context_tokens] * batch) if q_len == 1
           else dict(prefill=[(q_len, context_tokens)] * batch))
   b = si.make_mixed_batch(**seqs, page_size=128, compression_ratio=4)

@@ -54,8 +54,11 @@ __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program"
            "decode_batch_waste"]
 
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
-# The kernels whose launches this module models, by `streamidx.VARIANTS` name.
-MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page")
+# The kernels whose launches this module models, by `streamidx.VARIANTS` name
+# (lean: the dense layout's launches, scratch and bytes; not its DMA order,
+# `expected_dma_events`).
+MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
+                     "lean", "lean_page")
 _CASE_SYMBOL = {"decode": "d", "decode_rest": "d", "prefill": "p", "mixed": "m"}
 
 
@@ -494,7 +497,9 @@ class Event:
 
 
 def expected_dma_events(p: Plan) -> list[Event]:
-  """Every DMA start and wait of the call, in the order the kernel issues them."""
+  """Every DMA start and wait of the call, in the order the kernel issues
+  them (vendored, dense; lean starts one block more per launch, after the
+  wait, and waits once per buffer)."""
   g = p.geometry
   cu = p.cu_q_lens
   table = p.page_indices
