@@ -1,24 +1,6 @@
-"""The case matrix: named batches run through every registered kernel variant.
-
-One matrix serves the tests (test_kernel, test_reference, test_streaming,
-test_variants) and notebook 04's parity table: `BATCHES` (ragged batches,
-lengths in compressed entries, scaled by the ratio so a batch means the same
-at ratios 1, 2, 4), one static shape (NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE,
-PAGES_PER_SEQ, TOTAL_NUM_PAGES, NUM_HEADS) so the kernel compiles once per
-`Case.compile_key`, `Case` (variant, batch, format, ratio, k, causal rule),
-`case_matrix(scope)` over every variant of `streamidx.VARIANTS` (registering
-one adds its rows), and `run_case` (`case_outputs` + `compare_case` ->
-`ParityRow`).
-
-`TEST_BLOCKS` (`blocks_for`), not the production table: small blocks so
-these tiny batches still run several KV and query blocks per sequence, a
-decode remainder, and every launch.
-
-Tolerance: kernel and reference compute the same f32 sums, not always in the
-same order (XLA:CPU on the interpreted kernel's block-shaped dots, Mosaic's
-MXU order on a TPU), so scores may differ by a few ulps. Ties are judged at
-`metrics.summation_atol` on every backend, derived from the arithmetic
-(`metrics.summation_error_bound`), never fitted; `ParityRow.atol` records it.
+"""The case matrix: named batches run through every registered kernel variant,
+for the tests and notebook 04's parity table. Its batches, shared shape,
+scopes, test block sizes and tolerance: docs/testing.md, "The case matrix".
 """
 
 from __future__ import annotations
@@ -344,24 +326,8 @@ SCOPES = ("ci", "pairwise", "full", "tests")
 
 
 def case_matrix(scope: str = "pairwise") -> list[Case]:
-  """The named cases of `scope` for every variant of `streamidx.VARIANTS`;
-  cases that share a compilation are adjacent.
-
-  Token variants: `DISTRIBUTIONS` x `RATIOS` x cache formats x k (K_BELOW,
-  K_ABOVE) under the model's rule, the seed's rule on
-  `SEED_RULE_DISTRIBUTIONS` (first format, ratio 4, K_BELOW), the tie case
-  (ratio 1, one head). Page variants, ratio 1: `PAGE_DISTRIBUTIONS` x formats
-  x k_pages (K_PAGES_BELOW, K_PAGES_ABOVE).
-
-  scope: "full": every (format, ratio, k): 59 cases, 18 compilations with
-  today's two variants; "pairwise" (default): groups in which every pair of
-  axis values appears (`_pairwise`), each with every batch: 31 cases, 10
-  compilations; "ci": each token variant's tie case and one page case
-  (`all_at_once`, first format, K_PAGES_BELOW) per page variant; "tests":
-  `TEST_BATCHES` x `RATIOS` x formats at K_TESTS, the seed's rule on
-  `TEST_SEED_RULE_BATCHES` (ratios 2, 4), page variants on
-  `TEST_PAGE_BATCHES` at K_PAGES_TESTS: 68 cases.
-  """
+  """The named cases of `scope` (`SCOPES`, docs/testing.md) for every variant
+  of `streamidx.VARIANTS`; cases that share a compilation are adjacent."""
   if scope not in SCOPES:
     raise ValueError(f"scope: must be one of {SCOPES} (got {scope!r})")
   cases = []
@@ -522,10 +488,8 @@ def run_case(case: Case, *, atol: float | None = None,
 def comparison_atol(inputs: batch_lib.IndexerInputs, *,
                     compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:
-  """The tie tolerance for kernel vs reference: `metrics.summation_atol`
-  (see the module docstring). f32 queries are refused off the CPU: a
-  default-precision TPU matmul rounds them to bf16, which no summation-order
-  bound covers. mode: `Variant.mode` ("token" or "page")."""
+  """The tie tolerance for kernel vs reference, `metrics.summation_atol`;
+  f32 queries refused off the CPU (docs/testing.md). mode: `Variant.mode`."""
   if jax.default_backend() != "cpu" and inputs.q.dtype == jnp.float32:
     raise ValueError("comparison_atol: on a TPU the kernel's f32 queries are "
                      "rounded to bf16 by the MXU; use bf16 queries")
