@@ -11,6 +11,7 @@ and the run files: docs/tpu.md, "Measuring the kernel".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import glob as glob_lib
@@ -138,14 +139,6 @@ def load_trace(path: str | os.PathLike) -> Trace:
   return Trace(events, processes, threads)
 
 
-def _stage(event) -> str:
-  args = event.get("args") or {}
-  text = " ".join([event.get("name", "")]
-                  + [v for v in args.values() if isinstance(v, str)])
-  return next((stage for stage, rx in STAGE_PATTERNS if re.search(rx, text)),
-              "other")
-
-
 def stage_times(trace: Trace, *, iterations: int) -> dict:
   """Device seconds per iteration by stage, and the op table behind them.
 
@@ -171,8 +164,10 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
   table: dict[str, dict] = {}
   sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
   for e in events:
-    stage = _stage(e)
-    sums[stage if stage in sums else "other"] += e.get("dur", 0.0)
+    text = " ".join([e.get("name", "")] + [v for v in (e.get("args") or {}).values()
+                                          if isinstance(v, str)])
+    stage = next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)), "other")
+    sums[stage] += e.get("dur", 0.0)
     row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
                                        "count": 0, "total_us": 0.0})
     row["count"] += 1
@@ -211,10 +206,8 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
   machine_ = machine()
   versions = {"python": platform.python_version()}
   for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
-    try:
+    with contextlib.suppress(md.PackageNotFoundError):
       versions[pkg] = md.version(pkg)
-    except md.PackageNotFoundError:
-      pass
   created = datetime.datetime.now(datetime.timezone.utc)
   doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
          "machine": machine_, "versions": versions,
@@ -249,15 +242,14 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
   for f in files:
     try:
       doc = json.loads(Path(f).read_text(encoding="utf-8"))
+      bad = None if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else (
+          f"not a {RUN_SCHEMA} run file")
     except ValueError as e:
-      if skip_invalid:
-        continue
-      raise ValueError(f"{f}: not JSON ({e})") from e
-    if not isinstance(doc, dict) or doc.get("schema") != RUN_SCHEMA:
-      if skip_invalid:
-        continue
-      raise ValueError(f"{f}: not a {RUN_SCHEMA} run file")
-    runs.append(dict(doc, path=str(f)))
+      bad = f"not JSON ({e})"
+    if bad is None:
+      runs.append(dict(doc, path=str(f)))
+    elif not skip_invalid:
+      raise ValueError(f"{f}: {bad}")
   return runs
 
 
