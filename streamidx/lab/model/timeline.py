@@ -31,6 +31,9 @@ SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}
+_LANE_NAMES = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
+               "out": "scores -> HBM", "kv_scale": "KV scales",
+               "block_max": "block maxima -> HBM"}
 
 
 @dataclasses.dataclass
@@ -50,19 +53,6 @@ class Op:
 def _range(transforms):
   from jax._src.pallas.mosaic.interpret import utils  # pylint: disable=g-import-not-at-top
   return utils.to_range(jax.tree.map(int, transforms))
-
-
-def _extent(rng, shape):
-  """Elements covered by an index range over a buffer of `shape`."""
-  n = 1
-  for i, d in enumerate(shape):
-    r = rng[i] if i < len(rng) else None
-    if r is None:
-      n *= d
-    elif isinstance(r, slice):
-      step = r.step or 1
-      n *= max(0, -(-(r.stop - r.start) // step))
-  return n
 
 
 def _first(rng):
@@ -140,8 +130,8 @@ class Recorder:
       dst = (self._space(dst_space), int(dst_id), _range(dst_tr))
       kind, slot, b = self._sems.get((self._launch, int(dst_sem)), ("?", -1, -1))
       alloc = self._buffers.get((self._launch, dst[0], dst[1]))
-      nbytes = (-1 if alloc is None else _extent(dst[2], alloc["shape"])
-                * np.dtype(alloc["dtype"]).itemsize)
+      covered = alloc and np.broadcast_to(0, alloc["shape"])[dst[2]].size
+      nbytes = -1 if alloc is None else covered * np.dtype(alloc["dtype"]).itemsize
       self._add("dma_start", sem=kind, slot=slot, batch_idx=b, nbytes=nbytes,
                 src=src, dst=dst)
     elif name == "dma_wait":
@@ -199,7 +189,8 @@ class Recorder:
         pending.setdefault(key, []).append(op.seq)
       elif op.kind == "dma_wait" and pending.get(key):
         starts = pending.pop(key)
-        out.append(dict(lane=_lane(i["sem"], i["slot"]), start=min(starts),
+        name = _LANE_NAMES.get(i["sem"], i["sem"])
+        out.append(dict(lane=f"{name} (slot {i['slot']})", start=min(starts),
                         end=op.seq, launch=op.launch, count=len(starts),
                         batch_idx=i["batch_idx"], sem=i["sem"]))
       elif (op.kind == "load" and bufs and i["buffer"] == bufs[0]
@@ -213,13 +204,6 @@ class Recorder:
                         launch=op.launch, count=1, batch_idx=0, sem="compute"))
         compute_start = None
     return out
-
-
-def _lane(sem, slot):
-  name = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
-          "out": "scores -> HBM", "kv_scale": "KV scales",
-          "block_max": "block maxima -> HBM"}.get(sem, sem)
-  return f"{name} (slot {slot})"
 
 
 @contextlib.contextmanager
