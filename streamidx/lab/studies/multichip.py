@@ -1,15 +1,6 @@
-"""Notebook 07's check: the sharded layouts run for real, against one device.
-
-`check_layouts(batch_kw, [dict(layout=..., num_data=D, num_context=C)])` runs
-each layout of `streamidx.sharded` on a batch, rows back in batch order,
-against the single-device reference (tie-aware, `metrics.summation_atol`):
-on a TPU with enough devices compiled, else on virtual CPU devices
-interpreted. XLA fixes the CPU device count when the CPU backend starts, so
-`reserve_cpu_devices(n)` only works before; after, `check_layouts_subprocess`
-runs it in a fresh process (`python -m streamidx.lab.studies.multichip
-'<json>'`, one JSON line out). CPU device 0 is left out of every mesh (with
-it the interpreted kernel can deadlock under `shard_map`, jax 0.10.2;
-docs/limitations.md): n devices need n + 1 CPU devices.
+"""Notebook 07's check: the sharded layouts run for real, against one device,
+in this process or a fresh one with virtual CPU devices (why, and CPU device
+0 left out): docs/multichip.md, "Run against one device".
 """
 
 from __future__ import annotations
@@ -51,16 +42,12 @@ class LayoutCheck:
   seconds: float = 0.0
 
 
-def _backend_started() -> bool:
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  return bool(xla_bridge._backends)  # pylint: disable=protected-access
-
-
 def reserve_cpu_devices(n: int) -> bool:
   """Asks JAX for n + 1 CPU devices if no JAX backend has started yet (the
   count is fixed when the CPU backend starts); whether it could."""
   import jax  # pylint: disable=g-import-not-at-top
-  if _backend_started():
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge._backends:  # pylint: disable=protected-access
     return False
   jax.config.update("jax_num_cpu_devices",
                     max(n + 1, jax.config.jax_num_cpu_devices))
