@@ -1,8 +1,6 @@
-"""The benchmark's harness: columns, worker processes, timing, checks, runs
-(why every measurement runs in a fresh worker, and the JSON it writes:
-docs/benchmarks.md). `run` runs the `IMPLEMENTATIONS` on shapes, checks
-every result (`oracle_agreement`, `vs_reference`) for `run_sweep` and
-`long_context.run_long_context`.
+"""The benchmark's harness: columns, worker processes, timing, checks, `run` (why
+every measurement runs in a fresh worker, and the JSON it writes:
+docs/benchmarks.md, "Worker processes").
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Long context: the reference in streamed chunks and in one chunk at 1M tokens.
-
-`run_long_context` (`--long-context`) runs both settings of `streamidx.ref`'s
-engine, "streaming" (chunks of entries) and "reference" (one chunk, within
-its row-block budget), on each shape of `shapes.LONG_CONTEXT` at each k of
-`LONG_CONTEXT_KS` through `harness.run` (one warm-up and one timed call),
-beside `streaming.one_chunk_temp_bytes`' range. The inputs come from
-`long_context_args`, which builds the cache a few pages at a time
-(`random_cache`); each result is checked against the oracle on slices of
-the batch (`spot_check`).
+"""Long context (`--long-context`, docs/benchmarks.md): the reference in streamed
+chunks and in one chunk on `shapes.LONG_CONTEXT` at each of `LONG_CONTEXT_KS`;
+the cache built a few pages at a time (`random_cache`), the oracle on slices
+of the batch (`spot_check`).
 """
 
 from __future__ import annotations
@@ -94,11 +88,9 @@ def spot_check(shape: Shape, args) -> list:
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                      out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k: <out_dir>/long_context.json.
-
-  Each shape's entry gains `one_chunk_formula_temp_bytes` (low, high) from
-  `streaming.one_chunk_temp_bytes`, to read beside XLA's temp bytes.
-  """
+  """Both settings on each shape at each k (`harness.run`, one warm-up and one
+  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
+  <out_dir>/long_context.json."""
   from streamidx import streaming  # pylint: disable=g-import-not-at-top
 
   def formula(shape):

@@ -1,8 +1,6 @@
-"""The benchmark's reports: ratios, the text table, the plot.
-
-Everything here reads the JSON documents `harness.run` writes (bench.json,
-long_context.json) and nothing else, so a saved document can be reported
-again. Tables are `lab.tables.format_rows`'.
+"""The benchmark's reports: ratios, the text table, the plot; from the JSON
+documents `harness.run` writes and nothing else, so a saved one can be
+reported again.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The benchmark's shapes: one batch each, at DeepSeek-V4's indexer sizes.
-
-`SWEEP` (the default run), `QUICK` (CI), `LONG_CONTEXT` (the reference in
-streamed chunks and in one chunk at 1M tokens, run at each k of
-`LONG_CONTEXT_KS`), and `parse_shape` for the `--shapes` flag.
+"""The benchmark's shapes, one batch each at DeepSeek-V4's indexer sizes: `SWEEP`
+(the default run), `QUICK` (CI), `LONG_CONTEXT`, and `--shapes`' `parse_shape`.
 """
 
 from __future__ import annotations
