@@ -1,12 +1,7 @@
-"""Runs the workbook's notebooks (`notebooks/NN_*.ipynb`) with papermill.
-
-    python -m streamidx.workbook [--profile ci|default] [--only NAME ...] [--html]
-                                 [--out DIR] [--timeout S] [--jobs N] [-v]
-
-What it writes (executed copies, `<out>/<stem>.kernel.log`, the landing page)
-and in what order it runs: docs/workbook.md. A configuration error is a
-`WorkbookError` before anything runs (exit 2); a failed notebook is reported
-with its cell (exit 1).
+"""Runs the workbook's notebooks (`notebooks/NN_*.ipynb`) with papermill:
+`python -m streamidx.workbook --help`; what it writes and in what order it
+runs: docs/workbook.md. A configuration error is a `WorkbookError` before
+anything runs (exit 2); a failed notebook is reported with its cell (exit 1).
 """
 
 from __future__ import annotations
@@ -190,27 +185,10 @@ def _failure_from(exc: BaseException, executed: Path, source_nb: dict) -> CellFa
   return _cell(source_nb, i - sum(injected), count, ename, evalue, source)
 
 
-def render_html(executed: Path) -> Path:
-  """Renders an executed copy to HTML beside it; returns the HTML path."""
-  import nbformat
-  from nbconvert import HTMLExporter
-  body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-  html = executed.with_suffix(".html")
-  html.write_text(body, encoding="utf-8")
-  return html
-
-
 def _heading(profile: str, out_dir: Path) -> str:
   what = ("CI-sized parameters (the ci: values of each parameters cell)"
           if profile == "ci" else "the notebooks' default parameters")
   return f"streamidx workbook ({what}): {Path(out_dir).name}/"
-
-
-def jobs_note(jobs: int) -> str:
-  """What `--jobs` > 1 does to the timings the notebooks print ("" for 1)."""
-  return "" if jobs <= 1 else (
-      f"Run {jobs} notebooks at a time: the timings they print ran beside "
-      "another notebook (--jobs 1 for timing studies).")
 
 
 def kernel_log(executed: Path) -> Path:
@@ -282,8 +260,11 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
-  if html and executed.exists():
-    render_html(executed)
+  if html and executed.exists():  # rendered beside the executed copy
+    import nbformat
+    from nbconvert import HTMLExporter
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    executed.with_suffix(".html").write_text(body, encoding="utf-8")
   if index:
     write_index(path.parent, out_dir, heading=_heading(profile, out_dir))
   return NotebookResult(path.name, path, executed, params, seconds, failure)
@@ -440,7 +421,7 @@ def run_order(notebooks: Sequence[Path], out_dir: Path) -> list[Path]:
   return sorted(notebooks, key=lambda p: (-seconds[p], p.name))
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m streamidx.workbook",
                                description="Execute the workbook notebooks with papermill.")
   ap.add_argument("--profile", choices=PROFILES, default="default",
@@ -459,11 +440,7 @@ def _parser() -> argparse.ArgumentParser:
                        "use --jobs 1 to time")
   ap.add_argument("-v", "--verbose", action="store_true",
                   help="log the notebooks' output while they run")
-  return ap
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  args = _parser().parse_args(argv)
+  args = ap.parse_args(argv)
   notebooks_dir = args.notebooks.resolve()
   out_dir = (args.out or notebooks_dir.parent / PROFILE_OUT[args.profile]).resolve()
   if args.verbose:
@@ -486,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, cell timeout "
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
   order = run_order(selected, out_dir)  # before a run removes a stale copy
-  heading, note = _heading(args.profile, out_dir), jobs_note(jobs)
+  heading = _heading(args.profile, out_dir)
+  note = "" if jobs <= 1 else (f"Run {jobs} notebooks at a time: the timings they print ran "
+                               "beside another notebook (--jobs 1 for timing studies).")
   results: dict[Path, NotebookResult] = {}
   start = time.perf_counter()
 
