@@ -178,17 +178,8 @@ def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
 
 def recommend(shape: SelectShape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
-  """The exact method the model ranks first on `generation` for `shape`.
-
-  Criteria, each ranking the exact methods (lower first): "compiler
-  optimal" (XLA's optimal_seconds; methods without one rank last) and
-  "compiler bytes" (bytes accessed) where `estimates` give them, "sort work"
-  (this model's compare-exchanges), "HBM bound" (this model's bytes).
-  `estimates`: method -> `compile_estimate` result, or a compile-matrix
-  document (`python -m streamidx.bench --topk --compile`) / its result list.
-  Returns {"method": the first by the first criterion, "basis", "rankings",
-  "unambiguous": whether every criterion puts the same method first}.
-  """
+  """The exact method the model ranks first on `generation` for `shape`: {"method",
+  "basis", "rankings", "unambiguous"} (criteria, `estimates`: docs/topk-methods.md)."""
   specs = hardware.load_specs() if specs is None else specs
   exact = topk_lib.EXACT_TOPK_METHODS
   if isinstance(estimates, Mapping) and "results" in estimates:
@@ -218,15 +209,8 @@ def recommend(shape: SelectShape, generation: str, estimates=None,
 def approx_recall(scores, k: int, *,
                   recall_target: float = topk_lib.APPROX_RECALL_TARGET
                   ) -> dict:
-  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`.
-
-  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target), the
-  candidates the TPU keeps (N: nothing dropped). expected_recall: (1 -
-  1/bins)^(k - 1), the expectation XLA sizes the bins by. emulated_recall:
-  entry i to bin i mod bins (an assumption: the TPU's bin layout is not
-  documented), each bin's maximum, an exact top-k of those; recall against
-  the exact top-k, ties at the k-th score counted as hits.
-  """
+  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`: {"bins",
+  "expected_recall", "emulated_recall", ...} (what each is: docs/topk-methods.md)."""
   x = np.asarray(scores, np.float32)
   t, n = x.shape
   bins = _approx_bins(n, k, recall_target)
