@@ -1,10 +1,6 @@
-"""The notebooks' figures: one function per figure (or `Axes`) a notebook draws, in
-notebook order (00/01 cache and batch, 02 FP8, 05 tiling, 04 recall, 06 profiling, 07 chips).
-
-Each draws what it is given (arrays from `streamidx.batch` / `streamidx.cache` /
-`lab.studies`, a `lab.model.tiling` plan, a notebook's rows) and computes nothing of its own;
-it returns the `Figure` (or draws on the `Axes` passed in), and `save` writes a PNG under a
-notebook's `output_dir`. Matplotlib only; safe under the Agg backend.
+"""The notebooks' figures, one function per figure (or `Axes`) a notebook draws, in notebook
+order. Each draws what it is given and computes nothing of its own; it returns the `Figure` (or
+draws on the `Axes` passed in); `save` writes a PNG under a notebook's `output_dir`. Agg-safe.
 """
 
 from __future__ import annotations
@@ -176,14 +172,10 @@ def visibility_axes(ax, mask, q_positions, *, title: str, diff=None,
 
 def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title: str,
                        highlight: int | None = None, lane_names: dict | None = None):
-  """Notebook 02: a cache page `[page_size / kv_packing, kv_packing, lkv]` (uint8 FP8 bytes or
-  bf16 values) as 32-bit words, sublane rows x `lanes` ("..." marks skipped lanes).
-
-  The word at (row r, lane l) holds `page[r, j, l]` for j < kv_packing: lane l of entries
-  r * kv_packing + j, as the TPU tiles the two minor dimensions (`T(4,128)(4,1)` for uint8,
-  see `streamidx.cache`). Each part shows its entry (and, for uint8, its byte in hex);
-  `highlight`: an entry outlined red; `lane_names`: lane -> a column header (the scale lane).
-  """
+  """Notebook 02: a cache page `[page_size / kv_packing, kv_packing, lkv]` (uint8 or bf16) as
+  32-bit words, sublane rows x `lanes` ("..." marks skipped lanes); word (r, l) holds
+  `page[r, :, l]` (the tiling: `streamidx.cache`). `highlight`: an entry outlined red;
+  `lane_names`: lane -> a column header."""
   page = np.asarray(page)
   rows, lanes, names = page.shape[0], list(lanes), lane_names or {}
   cols = []  # lane or None (a gap)
@@ -217,14 +209,8 @@ def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title
 
 
 def batch_launch_figure(batch, plan, *, filled_rows=None):
-  """Notebook 02: the ragged batch as the kernel sees it, and the launches of `plan` (the
-  tiling model's `Plan` of the call) over it.
-
-  Top: one cell per query row (cu_q_lens order), coloured by sequence, with the
-  distribution's ranges. Below: one band per launch, each program a box over the rows it
-  scores, labelled with its index and num_bq x num_bkv blocks; `filled_rows` (bool[T], e.g.
-  rows the kernel returned an index for), if given, is a last band.
-  """
+  """Notebook 02: the ragged batch's query rows (coloured by sequence) and, a band per launch
+  of `plan` (a `tiling.Plan`), each program's rows; `filled_rows` (bool[T]): a last band."""
   colors, t, launches = seq_colors(batch.num_seqs), batch.num_tokens, plan.launches
   n_bands = 1 + len(launches) + (filled_rows is not None)
   fig, ax = plt.subplots(figsize=(max(9, t * .42), 1.2 + .62 * n_bands))
@@ -296,13 +282,9 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str):
 
 def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
                         compression_ratio: int, title: str):
-  """Notebook 00: one query row's scores, the entries the kernel returned (`chosen`, -1s
-  removed), the k-th score, and the entries the causal mask hides.
-
-  `scores`: f32[E >= entries] the row's reference scores (-inf where it may not look);
-  `unmasked`: f32[entries] the row against every entry of its sequence, no mask
-  (`ref.score_entries`); the row sees entries 0 .. n_visible - 1.
-  """
+  """Notebook 00: one query row's scores (`scores` f32[E >= entries], -inf where masked), the
+  entries the kernel returned (`chosen`), the k-th score, and the masked entries drawn at their
+  unmasked scores (`unmasked` f32[entries]); the row sees entries 0 .. n_visible - 1."""
   s, u = np.asarray(scores, np.float64), np.asarray(unmasked, np.float64)
   chosen, n_entries, visible = np.asarray(chosen, int), len(u), np.arange(n_visible)
   fig, ax = plt.subplots(figsize=(10, 4))
@@ -602,13 +584,9 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, ti
 
 def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
                     generations, device_kind: str = ""):
-  """Notebook 06: device time against the roofline, and its split by stage.
-
-  `measured` (a TPU run): left, the stacked kernel / top-k / other microseconds of each
-  run-file record, the bounds of `generation` marked; right, the measured split. Otherwise:
-  left, the predicted bound of each of `generations` per sweep point (`predictions`: (mode,
-  B, L) -> generation -> seconds per stage); right, v5e's predicted split; it says so.
-  """
+  """Notebook 06: device time against the roofline, and its split by stage: `measured`, the
+  run-file `records` and `generation`'s bounds; else each of `generations`' predicted bound
+  (`predictions`: (mode, B, L) -> generation -> seconds per stage) and v5e's split, said so."""
   fig, (ax, ax_split) = plt.subplots(1, 2, figsize=(14, 4.6))
   if measured:
     x = np.arange(len(records))
