@@ -1,9 +1,5 @@
 """Causal masks (NumPy): which entries a query sees under either causal rule,
 from `streamidx.semantics.causal_visible_bound`, the rules' one definition.
-`visibility_mask` is bool[T, entries] for query positions;
-`causal_rule_difference` what the vendored "seed" rule shows and the model's
-rule hides; `prefill_chunk_masks` both over one prefill chunk's last entries
-(`ChunkMasks`, drawn by `lab.plots.causal_masks_figure`).
 """
 
 from __future__ import annotations
@@ -38,11 +34,9 @@ def causal_rule_difference(q_positions, num_entries: int,
   The model's visible set is a subset of the seed's, so this is the whole
   difference: the block that holds the query's own (future) tokens.
   """
-  seed = visibility_mask(q_positions, num_entries, compression_ratio, "seed",
-                         seq_len)
-  model = visibility_mask(q_positions, num_entries, compression_ratio, "model",
-                          seq_len)
-  return seed & ~model
+  args = (q_positions, num_entries, compression_ratio)
+  return (visibility_mask(*args, "seed", seq_len)
+          & ~visibility_mask(*args, "model", seq_len))
 
 
 @dataclasses.dataclass(frozen=True)

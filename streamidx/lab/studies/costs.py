@@ -1,14 +1,7 @@
-"""What a kernel call moves, counted from the DMAs the TPU interpreter executes.
-
-The workbook's three findings about the vendored kernel (issue 13), counted
-from a `lab.model.timeline.record()` of the call (DMA starts and waits with
-their bytes, grid points, launches), not modeled and not timed: bytes per
-cache entry (packed FP8 record 256 B, dense FP8 head_dim + 1:
-`bytes_moved`), KV blocks batched decode programs fetch for nothing, given
-and sorted order (`recorded_costs`, beside `tiling.block_waste`), and launches,
-grid points and DMAs per launch (`launch_counts`; beside the plan that
-models the call: `recorded_costs`, notebook 05). Interpreter runs are slow;
-the batches are small, and bytes per entry do not depend on the batch.
+"""What a kernel call moves, counted from the DMAs the TPU interpreter executes
+(a `lab.model.timeline.record()` of the call), not modelled and not timed:
+bytes per cache entry, KV blocks batched decode programs fetch for nothing,
+launches, grid points and DMAs per launch (notebooks 01 and 05).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Two top-k facts shared beyond notebook 05: `boundary_ties` (exact ties
-between the k-th and (k+1)-th scores of each row of masked scores f32[T, E],
--inf invisible) and `approx_topk_reduction_size` (candidates a TPU's
-ApproxTopK keeps).
+"""Two top-k facts shared beyond notebook 05: ties at the k-th boundary, and the
+candidates a TPU's ApproxTopK keeps.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ class BoundaryTies:
 
 
 def boundary_ties(scores, k: int) -> BoundaryTies:
-  """Finds rows whose top-k boundary falls inside a group of equal scores."""
+  """Rows of masked scores f32[T, E] (-inf invisible) whose top-k boundary
+  falls inside a group of equal scores."""
   s = np.asarray(scores)
   finite = np.isfinite(s)
   n_vis = finite.sum(axis=1)

@@ -1,10 +1,5 @@
 """The tiling bounds notebooks 05 and 06 share, and notebook 05's megacore
-compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
-TensorCores, a model), `static_bound_s` (`roofline.step_bound`'s vector
-time with a compiled page schedule), `decode_page_bounds` (each variant's decode
-`roofline.PageBound` for `roofline.step_bound`, libtpu in a child process,
-no TPU), `megacore_rows` (the dense decode launch compiled with num_cores 1
-and 2). No TPU measurement here.
+compile (libtpu, no TPU). Models and compiles; no TPU measurement here.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
   c + num_cores, ...): the busiest core's share of the bytes (by KV pages)
   over one core's bandwidth. num_cores=1: the vendored bound. A model:
   equal bandwidth per core, no contention."""
-  total = sum(roofline.costs(p, k=k)[1].bytes_read.values()) + sum(
-      roofline.costs(p, k=k)[1].bytes_written.values())
+  kernel = roofline.costs(p, k=k)[1]
+  total = sum(kernel.bytes_read.values()) + sum(kernel.bytes_written.values())
   pages = [[0] * num_cores for _ in p.executed]
   for li, l in enumerate(p.executed):
     for j, pr in enumerate(l.programs):
