@@ -1,12 +1,6 @@
-"""The sharded indexer compiled for a TPU slice without a TPU; its collectives.
-
-    r = compile_sharded("v6e:2x2", "context-parallel")
-    r.ok, r.collectives, r.received_bytes, r.model_received_bytes
-
-`compile_matrix` (every layout and merge per topology) is the sharded part of
-`python -m streamidx.aot` (`--no-sharded` skips it). The layouts, the default
-shapes and what the two byte counts mean: docs/multichip.md, "Compiled for a
-slice without a TPU".
+"""The sharded indexer compiled for a TPU slice without a TPU; its collectives
+(the layouts, default shapes and byte counts: docs/multichip.md, "Compiled for
+a slice without a TPU").
 """
 
 from __future__ import annotations
@@ -48,11 +42,6 @@ class Collective:
   received_bytes: int  # what one device receives (docs/multichip.md)
 
 
-def _array_shapes(text):  # scalars (async contexts), unknown types left out
-  return [(d, tuple(int(x) for x in dims.split(",")))
-          for d, dims in _SHAPE.findall(text) if d in _DTYPE_BYTES and dims]
-
-
 def collectives(hlo_text: str) -> list[Collective]:
   """The collectives of a compiled program's HLO text (`compiled.as_text()`)."""
   found = []
@@ -60,8 +49,10 @@ def collectives(hlo_text: str) -> list[Collective]:
     m = _LINE.search(line)
     if not m:
       continue
-    op = m.group("op")
-    arrays = _array_shapes(m.group("type"))
+    op = m.group("op")  # scalars (async contexts), unknown types left out:
+    arrays = [(d, tuple(int(x) for x in dims.split(",")))
+              for d, dims in _SHAPE.findall(m.group("type"))
+              if d in _DTYPE_BYTES and dims]
     if op.endswith("-start"):  # (operands..., outputs...)
       op = op[:-len("-start")]
       arrays = arrays[len(arrays) // 2:]
@@ -130,16 +121,6 @@ class ShardedCompile:
     }
 
 
-def _mesh_shape(layout, ndev, shape_2d):
-  if layout == "sequence-parallel":
-    return (ndev, 1)
-  if layout == "context-parallel":
-    return (1, ndev)
-  if layout == "2d":
-    return shape_2d
-  raise ValueError(f"layout: must be one of {LAYOUTS} (got {layout!r})")
-
-
 def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     merge: str = "all_gather", fmt: str = "fp8",
                     num_heads: int = 64, head_dim: int = 128,
@@ -165,8 +146,11 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
   if topology not in TOPOLOGIES:
     raise ValueError(f"topology: must be one of {tuple(TOPOLOGIES)} "
                      f"(got {topology!r})")
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout: must be one of {LAYOUTS} (got {layout!r})")
   generation, ndev, shape_2d = TOPOLOGIES[topology]
-  nd, nc = _mesh_shape(layout, ndev, shape_2d)
+  nd, nc = {"sequence-parallel": (ndev, 1), "context-parallel": (1, ndev),
+            "2d": shape_2d}[layout]
   v = si.VARIANTS[variant]
   page = v.mode == "page"
   k = (8 if page else 512) if k is None else k
