@@ -1,7 +1,6 @@
-"""Tooling for the kernel walkthrough notebook (03), tested in
-tests/test_walkthrough.py: `excerpt` (numbered source lines of a nested
-function) and `compile_rows` (the TPU compiler's verdict on its kernels,
-libtpu, no TPU). The kernels it teaches live in the notebook's cells.
+"""Tooling for the kernel walkthrough notebook (03): numbered source excerpts
+and the TPU compiler's verdict on its kernels. The kernels it teaches live in
+the notebook's cells.
 """
 
 from __future__ import annotations
@@ -63,35 +62,25 @@ def _find_def(tree: ast.AST, qualname: str) -> ast.AST:
 
 def excerpt(module, qualname: str, *, start: str | None = None,
             stop: str | None = None) -> Excerpt:
-  """The source of function (or class) `qualname` of `module`, numbered.
-
-  Args:
-    module: a module object, e.g. `streamidx.kernels.vendored`.
-    qualname: dotted path through nested definitions, e.g.
-      "_scores_kernel._fetch_bkv" (a function defined inside another, which
-      `inspect.getsource` cannot reach).
-    start, stop: optional substrings; the excerpt then runs from the first
-      line of the definition containing `start` to the first line after it
-      containing `stop` (both included).
-
-  Line numbers are the file's, decorators included.
-  """
+  """The source of function (or class) `qualname` of `module` (e.g.
+  `streamidx.kernels.vendored`), numbered as in the file, decorators
+  included. qualname: a dotted path through nested definitions
+  ("_scores_kernel._fetch_bkv", which `inspect.getsource` cannot reach);
+  start, stop: substrings, the excerpt then runs from the first line
+  containing `start` to the first line after it containing `stop`."""
   source = inspect.getsource(module)
   lines = source.splitlines()
   node = _find_def(ast.parse(source), qualname)
   first = min([node.lineno] + [d.lineno for d in
                                getattr(node, "decorator_list", [])])
   last = node.end_lineno
-  if start is not None:
-    hits = [n for n in range(first, last + 1) if start in lines[n - 1]]
+  for arg, text in (("start", start), ("stop", stop)):
+    if text is None:
+      continue
+    hits = [n for n in range(first, last + 1) if text in lines[n - 1]]
     if not hits:
-      raise ValueError(f"start: {start!r} not in {qualname}")
-    first = hits[0]
-  if stop is not None:
-    hits = [n for n in range(first, last + 1) if stop in lines[n - 1]]
-    if not hits:
-      raise ValueError(f"stop: {stop!r} not in {qualname} after line {first}")
-    last = hits[0]
+      raise ValueError(f"{arg}: {text!r} not in {qualname} from line {first}")
+    first, last = (hits[0], last) if arg == "start" else (first, hits[0])
   return Excerpt(_module_path(module), qualname, first, last,
                  tuple(lines[first - 1:last]))
 
