@@ -222,23 +222,18 @@ def _history(namespace: Mapping) -> list[str]:
   return [s for s in history if isinstance(s, str)] if isinstance(history, (list, tuple)) else []
 
 
-def _cell_in_history(namespace: Mapping) -> str:
-  """The last `parameters` cell this IPython kernel ran."""
-  for source in reversed(_history(namespace)):
-    if source.startswith(HEADER):
-      return source
-  raise ParameterError("check_notebook: no parameters cell (its first line "
-                       f"{HEADER!r}) has run in this kernel; pass cell=")
-
-
 def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = None,
                    *, before_backend: Callable[[], Any] | None = None) -> None:
-  """Checks a notebook's globals() against its parameters cell (`cell`:
-  source or notebook path; None: the last one this kernel ran), calls
-  `before_backend` (07 asks for virtual CPU devices there), then applies,
-  checks and prints `tpu_scaling`'s TPU sizes. Raises ParameterError naming
-  the first parameter that breaks its rule."""
-  decl = declarations(cell if cell is not None else _cell_in_history(namespace))
+  """Checks a notebook's globals() against its parameters cell (`cell`: source
+  or notebook path; None: the last one this kernel ran), calls `before_backend`
+  (07 asks for virtual CPU devices there), then applies, checks and prints
+  `tpu_scaling`'s TPU sizes. ParameterError names the first rule broken."""
+  if cell is None:  # the last `parameters` cell this IPython kernel ran
+    cell = next((s for s in reversed(_history(namespace)) if s.startswith(HEADER)), None)
+  if cell is None:
+    raise ParameterError("check_notebook: no parameters cell (its first line "
+                         f"{HEADER!r}) has run in this kernel; pass cell=")
+  decl = declarations(cell)
   check(decl, namespace)
   if before_backend is not None:
     before_backend()
@@ -287,8 +282,8 @@ class TpuScaling:
 
 
 def injected_parameters(namespace: Mapping) -> set[str]:
-  """Names papermill injected: assigned in an executed cell whose first line
-  is "# Parameters" (IPython keeps each cell's source in `In`)."""
+  """Names assigned in an executed cell whose first line is "# Parameters"
+  (papermill's, read from IPython's `In`)."""
   names: set[str] = set()
   for source in _history(namespace):
     if source.split("\n", 1)[0].strip() == PAPERMILL_HEADER:
@@ -309,8 +304,8 @@ def same(a, b) -> bool:
 
 
 def tied(decl: Declarations) -> list[set[str]]:
-  """Groups of parameters with TPU sizes that one rule ties (the rule of one
-  names the other, or one rule names both): they scale only together."""
+  """Groups of parameters with TPU sizes that one rule ties: they scale only
+  together."""
   tpu = set(decl.tpu())
   groups: list[set[str]] = []
   for p in decl.parameters.values():
@@ -325,14 +320,8 @@ def tied(decl: Declarations) -> list[set[str]]:
 def tpu_scaling(decl: Declarations, namespace: Mapping, *,
                 environ: Mapping[str, str] | None = None,
                 backend: str | None = None) -> TpuScaling | None:
-  """The TPU sizes for the run whose globals are `namespace`, or None.
-
-  On where `jax.default_backend() == "tpu"` (`backend` overrides it) or with
-  STREAMIDX_TPU_SCALE=1; never with STREAMIDX_TPU_SCALE=0. A parameter takes
-  its `tpu:` value only if its value is still the cell's default, papermill
-  did not inject it (a -p value is kept even when it equals the default),
-  and no parameter tied to it (`tied`) was set.
-  """
+  """The TPU sizes for the run whose globals are `namespace`, or None (when they
+  apply: docs/workbook.md, "Parameters"). `backend`: overrides jax's."""
   environ = os.environ if environ is None else environ
   setting = environ.get(TPU_SCALE_ENV, "").strip().lower()
   if setting not in ("", "auto", "0", "1"):
