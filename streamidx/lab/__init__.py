@@ -8,27 +8,14 @@ rest) and where new ones go. They are importable by their short names too:
 
 import importlib
 
-_MODULES = {
-    "hardware": "streamidx.lab.model.hardware",
-    "roofline": "streamidx.lab.model.roofline",
-    "tiling": "streamidx.lab.model.tiling",
-    "timeline": "streamidx.lab.model.timeline",
-    "profiling": "streamidx.lab.model.profiling",
-    "scaling": "streamidx.lab.model.scaling",
-    "sharding": "streamidx.lab.sharding",
-    "cases": "streamidx.lab.studies.cases",
-    "formats": "streamidx.lab.studies.formats",
-    "addressing": "streamidx.lab.studies.addressing",
-    "quant": "streamidx.lab.studies.quant",
-    "parity": "streamidx.lab.studies.parity",
-    "costs": "streamidx.lab.studies.costs",
-    "plots": "streamidx.lab.plots",
-    "tables": "streamidx.lab.tables",
-    "params": "streamidx.lab.params",
-    "workbook": "streamidx.lab.workbook",
-    "walkthrough": "streamidx.lab.walkthrough",
-    "bench": "streamidx.lab.bench",
-}
+_MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
+    ("model.", ("hardware", "roofline", "tiling", "timeline", "profiling",
+                "scaling")),
+    ("studies.", ("cases", "formats", "addressing", "quant", "parity",
+                  "costs")),
+    ("", ("sharding", "plots", "tables", "params", "workbook",
+          "walkthrough", "bench")),
+) for name in names}
 
 
 def __getattr__(name):
