@@ -1,5 +1,5 @@
-"""The benchmark's harness: columns, worker processes, timing, checks, `run` (why
-every measurement runs in a fresh worker, and the JSON it writes:
+"""The benchmark's harness: columns, worker processes, timing, checks, `run`
+(why every measurement runs in a fresh worker, and the JSON it writes:
 docs/benchmarks.md, "Worker processes").
 """
 
@@ -188,10 +188,9 @@ def worker(spec: dict) -> dict:
         "oracle": (None, "oracle (loop, float64)")}[impl]
     call_args = args
   if fn is None:
-    compiled = {"compile_s": None, "xla": None}
     np_args = [np.asarray(a) for a in args]
-    def run_call():
-      return oracle.oracle_topk(*np_args, **kw)
+    compiled = {"compile_s": None, "xla": None}
+    run_call = lambda: oracle.oracle_topk(*np_args, **kw)  # pylint: disable=unnecessary-lambda-assignment
   else:
     compiled, run_call = compile_call(fn, call_args, kw)
   out, res = measure(run_call, spec["repeats"])
@@ -250,17 +249,6 @@ def vs_reference(got, ref) -> dict:
                               else int((got != idx).any(axis=1).sum()))}
 
 
-def _kernel_spec(shape: Shape, column: str) -> dict:
-  """The variant and cache format of a kernel column on `shape`."""
-  variant = kernel_columns().get(column)
-  if variant is None:
-    return {}
-  fmt = variant_format(variant, shape.fmt)
-  return {"variant": variant, "fmt": fmt} if fmt else {
-      "variant": variant, "skip": f"variant {variant!r} reads "
-      f"{variants_lib.get(variant).cache_formats}, no layout of {shape.fmt!r}"}
-
-
 def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         repeats: int, out: Path, long: bool = False, progress: bool = True,
         settings: dict | None = None, shape_fields=None) -> dict:
@@ -301,7 +289,12 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
       for impl in impls:
         if progress:
           print(f"{shape.name}: {impl} ...", file=sys.stderr, flush=True)
-        kernel = _kernel_spec(shape, impl)
+        variant = kernel_columns().get(impl)  # a kernel column's variant
+        fmt = variant and variant_format(variant, shape.fmt)
+        kernel = ({"variant": variant, "fmt": fmt} if fmt else
+                  {"variant": variant, "skip": f"variant {variant!r} reads "
+                   f"{variants_lib.get(variant).cache_formats}, no layout "
+                   f"of {shape.fmt!r}"}) if variant else {}
         row = {"shape": shape.name, "impl": impl, "variant": kernel.get(
             "variant"), "cache_format": kernel.get("fmt")}
         if "skip" in kernel:

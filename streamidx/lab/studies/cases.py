@@ -84,18 +84,8 @@ def _seq_len(spec, ratio: int, q_len: int = 1) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """A named ragged batch; lengths in compressed entries, scaled by the ratio.
-
-    decode:  one per decode sequence, `entries` or `(entries, extra)`;
-    prefill: chunked-prefill-only sequences, `(q_len, entries[, extra])`;
-    mixed:   mixed-range sequences, `(q_len, entries[, extra])`.
-
-  A sequence gets seq_len = entries * ratio + min(extra, ratio - 1) tokens
-  (at least q_len): `extra` trailing tokens leave an incomplete block.
-  decode_q_len: query rows per decode sequence (gamma + 1 under speculative
-  decoding, M17). page_size, pages_per_seq: the shared shape's unless a
-  batch needs production pages (`PRODUCTION_BATCH`).
-  """
+  """A named ragged batch; lengths in compressed entries, scaled by the ratio
+  (the fields: docs/testing.md, "The case matrix")."""
 
   name: str
   decode: tuple = ()
