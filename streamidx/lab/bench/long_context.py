@@ -1,7 +1,7 @@
-"""Long context (`--long-context`, docs/benchmarks.md): the reference in streamed
-chunks and in one chunk on `shapes.LONG_CONTEXT` at each of `LONG_CONTEXT_KS`;
-the cache built a few pages at a time (`random_cache`), the oracle on slices
-of the batch (`spot_check`).
+"""Long context (`--long-context`, docs/benchmarks.md): the reference in
+streamed chunks and in one chunk on `shapes.LONG_CONTEXT` at each of
+`LONG_CONTEXT_KS`; the cache built a few pages at a time (`random_cache`),
+the oracle on slices of the batch (`spot_check`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,
                  pages_per_step: int = 256):
-  """A seeded N(0, 1) cache [total_pages, page_size / kv_packing,
-  kv_packing, lkv_dim], packed (`cache.pack_cache`) a group of
-  gcd(total_pages, pages_per_step) pages at a time inside one `lax.map`
-  (group i's keys from `fold_in(key(seed), i)`): only one group's float32
-  keys (16 MiB by default) exist beside the packed cache, where float32 keys
-  for 64 x 256K entries would be 8 GiB."""
+  """A seeded N(0, 1) cache [total_pages, page_size / kv_packing, kv_packing,
+  lkv_dim], packed gcd(total_pages, pages_per_step) pages at a time in one
+  `lax.map` (keys of group i from `fold_in(key(seed), i)`): one group's f32
+  keys (16 MiB) beside the packed cache, not 8 GiB of them at 64 x 256K."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top

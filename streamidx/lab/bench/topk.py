@@ -1,10 +1,7 @@
-"""The top-k stage: every `streamidx.topk` method timed on this machine
-(`--topk`, docs/benchmarks.md), or with `--compile` XLA's cost analysis of
-each compiled per generation (libtpu, no TPU; `lab.model.topk.compile_estimate`:
-static estimates) in <out>/topk_compile.json, which
+"""The top-k stage (`--topk`, docs/benchmarks.md): every `streamidx.topk` method
+timed on this machine, or with `--compile` XLA's cost analysis of each compiled
+per generation (libtpu, no TPU) in <out>/topk_compile.json, which
 `lab.model.topk.recommend(estimates=)` reads.
-
-    python -m streamidx.bench --topk --shapes 64x32768:512 2048x32768:512
 """
 
 from __future__ import annotations

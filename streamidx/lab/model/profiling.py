@@ -55,13 +55,10 @@ class Capture:
 
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
             iterations: int = 3, warmup: int = 1) -> Capture:
-  """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced.
-
-  Each traced iteration runs under a `TraceAnnotation` named
-  "streamidx_iteration" and is waited for before the next starts. The trace
-  goes to `log_dir` (`jax.profiler.trace`, with a Perfetto trace), without
-  Python frames (they swamp it when the kernel is interpreted).
-  """
+  """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced
+  into `log_dir` (with a Perfetto trace, no Python frames: they swamp an
+  interpreted kernel's), each iteration under the `ITERATION_ANNOTATION` and
+  waited for before the next starts."""
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
@@ -197,12 +194,9 @@ def machine() -> dict:
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
               records: Sequence[Mapping[str, Any]], notes: str = "",
               name: str | None = None) -> Path:
-  """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`; returns its path.
-
-  A run: {"schema", "created", "machine" (platform, device kind, generation,
-  kernel mode, ...), "versions", "parameters", "notes", "records": one dict
-  per measured point}.
-  """
+  """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`: {"schema",
+  "created", "machine" (`machine()`), "versions", "parameters", "notes",
+  "records": one dict per measured point}; returns its path."""
   machine_ = machine()
   versions = {"python": platform.python_version()}
   for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
@@ -225,12 +219,10 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
 
 def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
               skip_invalid: bool = False) -> list[dict]:
-  """Reads run files: a glob pattern, a folder (its `run-*.json`) or paths.
-
-  Each returned run gains "path". A file that is not a run of this schema
-  raises ValueError naming it, or with `skip_invalid=True` is left out
-  (a glob over build/ may meet other tools' JSON).
-  """
+  """Reads run files (a glob pattern, a folder's `run-*.json` or paths), each
+  with its "path". A file that is not a run of this schema raises ValueError
+  naming it, or with `skip_invalid` (a glob over build/ may meet other tools'
+  JSON) is left out."""
   if isinstance(paths, (str, os.PathLike)):
     p = Path(paths)
     files = (sorted(p.glob("run-*.json")) if p.is_dir() else

@@ -1,12 +1,7 @@
-"""The kernel's DMA and compute order, observed while the TPU interpreter runs it.
-
-    with streamidx.lab.model.timeline.record() as rec:
-      idx = streamidx.streamindex_topk(*inp.args, **kw)
-    events = rec.dma_events()    # comparable to tiling.expected_dma_events
-    plots.dma_timeline_axes(ax, rec)
-
-What `record()` wraps, why its x axis is issue order and not time, and the
-jax version it is written against: docs/tpu.md, "The DMA timeline".
+"""The kernel's DMA and compute order, observed while the TPU interpreter runs it
+(`with record() as rec:`; `rec.dma_events()` compares with
+`tiling.expected_dma_events`). What `record()` wraps, why its x axis is issue
+order, the jax it is written against: docs/tpu.md, "The DMA timeline".
 """
 
 from __future__ import annotations
@@ -170,13 +165,10 @@ class Recorder:
     return events
 
   def lanes(self) -> list[dict]:
-    """Intervals to draw: DMAs (start..wait) and compute steps (KV load..score store).
-
-    Each dict: lane ("KV pages (slot 0)", "compute", ...), start and end
-    operation numbers, launch, count (DMAs the bar stands for: a KV bar is
-    one sequence's bkv_p page DMAs), batch_idx (the sequence's position in
-    its program) and sem.
-    """
+    """Intervals to draw, DMAs (start..wait) and compute steps (KV load..score
+    store): dicts of lane ("KV pages (slot 0)", "compute", ...), start, end,
+    launch, count (DMAs the bar stands for), batch_idx (the sequence's
+    position in its program) and sem."""
     vmem = {}
     for op in self.ops:
       if op.kind == "alloc" and op.info["space"] == "vmem":
