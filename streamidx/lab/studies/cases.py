@@ -355,12 +355,10 @@ def compile_keys(cases) -> set:
 
 def case_by_name(name: str) -> Case:
   """The case called `name`, from any scope."""
-  for group in (case_matrix("full"), case_matrix("tests"), mtp_cases(),
-                production_cases()):
-    for case in group:
-      if case.name == name:
-        return case
-  raise KeyError(f"no case named {name!r}")
+  groups = (case_matrix("full"), case_matrix("tests"), mtp_cases(), production_cases())
+  if (case := next((c for g in groups for c in g if c.name == name), None)) is None:
+    raise KeyError(f"no case named {name!r}")
+  return case
 
 
 def mtp_cases() -> list[Case]:
@@ -456,8 +454,7 @@ def case_outputs(case: Case, *,
   # Wait for the interpreted kernel before dispatching more work: with it in
   # flight, the reference's and summation_atol's computations can deadlock
   # XLA:CPU.
-  got = jax.block_until_ready((kernel_fn or case.run_kernel)(inputs))
-  got = np.asarray(got)
+  got = np.asarray(jax.block_until_ready((kernel_fn or case.run_kernel)(inputs)))
   want = np.asarray(case.run_reference(inputs))
   seconds = time.perf_counter() - t0
   return CaseOutputs(inputs, got, want, np.asarray(case.scores(inputs)),
@@ -469,8 +466,7 @@ def run_case(case: Case, *, atol: float | None = None,
   """`case_outputs` compared (`compare_case`) at `atol`, by default
   `case.atol(inputs)`."""
   out = case_outputs(case, kernel_fn=kernel_fn)
-  if atol is None:
-    atol = case.atol(out.inputs)
+  atol = case.atol(out.inputs) if atol is None else atol
   return compare_case(case, out.got, out.want, out.scores, atol=atol,
                       b=out.inputs.batch, seconds=out.seconds)
 
