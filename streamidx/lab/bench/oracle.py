@@ -52,13 +52,10 @@ def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                 cu_q_lens, distribution, *, k: int, compression_ratio: int,
                 causal_rule: str = "model", return_scores: bool = False,
                 rows=None):
-  """Top-k entry ids i32[T, k] (-1 padding), like `streamindex_topk_ref`.
-
-  Takes the kernel's positional arguments (any array type). With
-  `return_scores`, also the f64[T, pages_per_seq * page_size] masked scores
-  (-inf where not visible). `rows`: score only these query rows (the others
-  stay -1 / -inf), for spot checks of large batches.
-  """
+  """Top-k entry ids i32[T, k] (-1 padding) of the kernel's positional
+  arguments (any array type), like `streamindex_topk_ref`; `return_scores`:
+  also the f64[T, pages_per_seq * page_size] masked scores (-inf hidden);
+  `rows`: score only these query rows (the others stay -1 / -inf)."""
   import jax  # pylint: disable=g-import-not-at-top
   from streamidx import ref  # pylint: disable=g-import-not-at-top
   q = np.asarray(np.asarray(q, np.float32), np.float64)

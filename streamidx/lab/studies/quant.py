@@ -53,15 +53,12 @@ _QUANTIZERS = {"ue8m0": quantize_ue8m0, "float": quantize_float_scale}
 
 def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
                          granularity: str = "head"):
-  """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]:
-  (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
-
-  sum_h w[t,h] ReLU(q[t,h] . k) = sum_h (w[t,h] s) ReLU(q8 . k) for q = q8 s,
-  s > 0, as DeepSeek-V3.2's indexer does. scale: "ue8m0" or "float"
-  (`_QUANTIZERS`); granularity: one scale per token and "head", or per
-  "token". Every e4m3 value is a bf16 value, so `q8.astype(bf16)` with the
-  folded weights scores the FP8 queries on the bf16 kernel input.
-  """
+  """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]
+  (sum_h w ReLU(q . k) = sum_h (w s) ReLU(q8 . k) for q = q8 s, s > 0, as
+  DeepSeek-V3.2's indexer does): (q8 f8e4m3fn[T, H, D], folded weights, scales
+  f32[T, H]). scale: "ue8m0" or "float"; granularity: a scale per token and
+  "head", or per "token". e4m3 values are bf16 values: `q8.astype(bf16)` with
+  the folded weights scores them on the bf16 kernel input."""
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
   if granularity not in ("head", "token"):
