@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import itertools
 import threading
-from typing import Any
 
 import jax
 import numpy as np
@@ -199,9 +198,9 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def record(**interpret_options: Any):
-  """Runs kernel calls inside the block interpreted (further `InterpretParams`
-  fields in `interpret_options`), recording their operations; yields a `Recorder`."""
+def record():
+  """Runs kernel calls inside the block interpreted, recording their operations;
+  yields a `Recorder`."""
   reason = modes.interpreter_internals_missing("timeline")
   if reason:
     raise RuntimeError(f"streamidx.lab.model.timeline.record: {reason}")
@@ -211,8 +210,7 @@ def record(**interpret_options: Any):
   try:
     for n in _WRAPPED:
       setattr(ipc, n, rec._wrap(n, saved[n]))  # pylint: disable=protected-access
-    with modes.interpreter(grid_point_recorder=rec.on_grid_point,
-                           **interpret_options):
+    with modes.interpreter(grid_point_recorder=rec.on_grid_point):
       yield rec
   finally:
     for n, f in saved.items():

@@ -71,12 +71,11 @@ def mesh_devices(n: int):
 def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
                   variant: str = "vendored", fmt: str = "fp8",
                   num_heads: int = 4, k: int = 8, compression_ratio: int = 4,
-                  seed: int = 0, static: dict | None = None
-                  ) -> list[LayoutCheck]:
+                  seed: int = 0) -> list[LayoutCheck]:
   """One `LayoutCheck` per layout of `layouts` (dicts: layout, num_data,
   num_context, optional merge, default "all_gather") on the batch
-  `streamidx.make_mixed_batch(**batch_kw)` (JSON-able, for the subprocess);
-  `static`: block sizes (default: the block-size table's row)."""
+  `streamidx.make_mixed_batch(**batch_kw)` (JSON-able, for the subprocess),
+  block sizes from the block-size table."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -88,9 +87,8 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
   v = si.VARIANTS[variant]
   batch = si.make_mixed_batch(**batch_kw)
   inputs = si.make_inputs(batch, num_heads=num_heads, fmt=fmt, seed=seed)
-  static = dict(static or v.block_sizes(
-      cache_format=fmt, num_heads=num_heads,
-      page_size=int(batch.page_size)).kwargs())
+  static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
+                         page_size=int(batch.page_size)).kwargs()
   want = np.asarray(v.run_reference(inputs, k=k,
                                     compression_ratio=compression_ratio,
                                     fmt=fmt, **static))
