@@ -137,15 +137,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def stage_times(trace: Trace, *, iterations: int) -> dict:
-  """Device seconds per iteration by stage, and the op table behind them.
-
-  Returns {"device": bool, "source": str, "kernel_s", "topk_s", "other_s",
-  "total_s" (None off-device), "ops": [{"name", "stage", "count",
-  "total_us"}] sorted by time, "host_call_s": the mean host-side duration
-  of one `capture` iteration (its "streamidx_iteration" annotation: dispatch
-  to completion on the profiler's host clock; on a CPU, the whole
-  interpreted run), "host_call_events"}.
-  """
+  """Device seconds per iteration by stage, and the op table behind them:
+  {"device", "source", "kernel_s", "topk_s", "other_s", "total_s" (None
+  off-device), "ops": [{"name", "stage", "count", "total_us"}] by time,
+  "host_call_s": the mean host-clock duration of one `capture` iteration's
+  annotation (on a CPU, the interpreted run), "host_call_events"}."""
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")
   pids = set(trace.device_pids())
