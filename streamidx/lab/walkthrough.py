@@ -44,22 +44,6 @@ class Excerpt:
     return "\n".join([head, *body])
 
 
-def _find_def(tree: ast.AST, qualname: str) -> ast.AST:
-  node = tree
-  for part in qualname.split("."):
-    found = None
-    for child in ast.walk(node):
-      if (isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                             ast.ClassDef)) and child.name == part
-          and child is not node):
-        found = child
-        break
-    if found is None:
-      raise ValueError(f"qualname: no definition {part!r} in {qualname!r}")
-    node = found
-  return node
-
-
 def excerpt(module, qualname: str, *, start: str | None = None,
             stop: str | None = None) -> Excerpt:
   """The source of function (or class) `qualname` of `module` (e.g.
@@ -70,7 +54,13 @@ def excerpt(module, qualname: str, *, start: str | None = None,
   containing `start` to the first line after it containing `stop`."""
   source = inspect.getsource(module)
   lines = source.splitlines()
-  node = _find_def(ast.parse(source), qualname)
+  node = ast.parse(source)
+  for part in qualname.split("."):  # each a definition nested in the last
+    node = next((c for c in ast.walk(node) if c is not node and isinstance(
+        c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and c.name == part), None)
+    if node is None:
+      raise ValueError(f"qualname: no definition {part!r} in {qualname!r}")
   first = min([node.lineno] + [d.lineno for d in
                                getattr(node, "decorator_list", [])])
   last = node.end_lineno
