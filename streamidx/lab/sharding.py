@@ -127,13 +127,11 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     page_size: int = 128, seqs_per_shard: int = 8,
                     pages_per_share: int = 16, k: int | None = None,
                     **overrides) -> ShardedCompile:
-  """Compiles `streamidx.sharded.sharded_topk` for a TPU topology, no TPU.
-
-  topology: a `TOPOLOGIES` name; layout: a `LAYOUTS` name; merge:
-  "all_gather" or "tree"; seqs_per_shard: decode sequences (one query row
-  each) per data shard; pages_per_share: page-table columns per device; k:
-  default 512 (token mode) or 8 pages; **overrides: block sizes replacing the
-  table's. A compiler error is recorded in the result (`ok` False), not raised.
+  """Compiles `streamidx.sharded.sharded_topk` for a `TOPOLOGIES` slice, no
+  TPU; merge: "all_gather" or "tree"; seqs_per_shard: decode sequences (one
+  query row each) per data shard; pages_per_share: page-table columns per
+  device; k: default 512 (token mode) or 8 pages; **overrides: block sizes
+  replacing the table's. A compiler error is recorded (`ok` False), not raised.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

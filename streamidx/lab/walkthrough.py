@@ -77,16 +77,11 @@ def excerpt(module, qualname: str, *, start: str | None = None,
 
 def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
                  generations: Sequence[str]) -> list[dict]:
-  """One table row per kernel: `{"kernel": name, <generation>: verdict}`.
-
-  `kernels`: name -> (fn, args), `fn(*args)` tracing its `pallas_call`s
-  compiled, `args` arrays made beforehand (nothing can be computed on a
-  compile-only device). `generations`: "v4" .. "v7x", compiled without a TPU
-  through `streamidx.compile_for` (libtpu), or "local" (a TPU). A verdict is
-  "compiles (Mosaic)" (the program holds a `tpu_custom_call`), "compiles,
-  but no Mosaic kernel" (it was traced interpreted), or "fails: " and the
-  compiler's error in one line (`lab.aot.summarize_error`); never raises.
-  """
+  """One table row per kernel, `{"kernel": name, <generation>: verdict}`; never
+  raises. `kernels`: name -> (fn, args), `fn(*args)` tracing its
+  `pallas_call`s compiled, `args` made beforehand (a compile-only device
+  computes nothing); `generations`: "v4" .. "v7x" (`streamidx.compile_for`,
+  no TPU) or "local" (a TPU)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top

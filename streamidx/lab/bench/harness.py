@@ -252,12 +252,10 @@ def vs_reference(got, ref) -> dict:
 def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         repeats: int, out: Path, long: bool = False, progress: bool = True,
         settings: dict | None = None, shape_fields=None) -> dict:
-  """Every implementation on every shape, checked; writes the JSON `out`.
-
-  The reference runs first, the others are compared with it (`vs_reference`;
-  `long`: long-context inputs and indices only, no T x E scores).
-  shape_fields: shape -> more fields of its entry in "shapes".
-  """
+  """Every implementation on every shape, checked; writes the JSON `out`. The
+  reference runs first, the others are compared with it (`vs_reference`;
+  `long`: long-context inputs, indices only); shape_fields: shape -> more
+  fields of its entry in "shapes"."""
   if unknown := sorted(set(implementations) - set(IMPLEMENTATIONS)):
     raise ValueError(f"implementations: {', '.join(map(repr, unknown))} not "
                      f"in {IMPLEMENTATIONS}")

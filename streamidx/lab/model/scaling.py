@@ -21,13 +21,9 @@ CHIP_COUNTS = (1, 4, 8, 64)
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """One indexer decode step (one layer).
-
-  Defaults: DeepSeek-V4 decode as the issue states it: 64 indexer heads,
-  head_dim 128, compression ratio 4, the packed FP8 cache (256 B per entry),
-  top-512, 64 sequences of 1M tokens (256K entries, 64 MiB each per layer);
-  128-entry pages, as tpu-inference's call site uses.
-  """
+  """One indexer decode step (one layer). Defaults: DeepSeek-V4 decode as the
+  issue states it (64 sequences of 1M tokens: 256K entries, 64 MiB each per
+  layer in the packed FP8 cache), 128-entry pages as tpu-inference uses."""
 
   num_seqs: int = 64
   context_tokens: int = 1 << 20

@@ -1,10 +1,6 @@
-"""The top-k stage per method: bytes, passes, comparisons, and a time bound.
-
-`cost` counts what each `streamidx.topk.select_topk` method moves through
-HBM and compares; `hbm_bound` bounds its time by that traffic alone;
-`compile_estimate` adds XLA's static cost analysis (libtpu, nothing runs);
-`approx_recall` models "approx". What each count means and what the bound
-cannot see: docs/topk-methods.md, "The model".
+"""The top-k stage per method: bytes, passes, comparisons, a time bound by HBM
+traffic alone, XLA's static cost analysis, the recall of "approx". What each
+count means and what the bound cannot see: docs/topk-methods.md, "The model".
 """
 
 from __future__ import annotations
@@ -236,13 +232,11 @@ def approx_recall(scores, k: int, *,
 
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
-  """Compiles `select_topk(f32[rows, entries], k, method)` for `generation`
-  on `streamidx.compile_for`'s compile-only device (libtpu; nothing runs).
-  "fused_blockmax" gets its block maxima f32[rows, entries / 128] as a second
-  argument, as the fused kernel calls it. Returns {"ok", "compile_s",
+  """XLA's cost analysis (a static estimate) of `select_topk(f32[rows, entries],
+  k, method)` compiled for `generation` without a TPU ("fused_blockmax" with
+  its block maxima, as the fused kernel calls it): {"ok", "compile_s",
   "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
-  "flops", "temp_bytes", "error"}: XLA's cost analysis, a static estimate.
-  """
+  "flops", "temp_bytes", "error"}."""
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,

@@ -29,11 +29,9 @@ def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
 
 def causal_rule_difference(q_positions, num_entries: int,
                            compression_ratio: int, seq_len: int | None = None):
-  """bool[T, E]: entries the seed's rule shows and the model's rule hides.
-
-  The model's visible set is a subset of the seed's, so this is the whole
-  difference: the block that holds the query's own (future) tokens.
-  """
+  """bool[T, E]: entries the seed's rule shows and the model's rule hides (the
+  whole difference, the model's set being a subset of the seed's: the block
+  that holds the query's own future tokens)."""
   args = (q_positions, num_entries, compression_ratio)
   return (visibility_mask(*args, "seed", seq_len)
           & ~visibility_mask(*args, "model", seq_len))
@@ -41,11 +39,9 @@ def causal_rule_difference(q_positions, num_entries: int,
 
 @dataclasses.dataclass(frozen=True)
 class ChunkMasks:
-  """The visibility of one prefill chunk's rows, over its last entries.
-
-  masks[rule] and leak are bool[q_len, n_entries - first_entry]: column c is
-  entry first_entry + c; leak marks the cells only the "seed" rule shows.
-  """
+  """One prefill chunk's visibility over its last entries: masks[rule] and leak
+  (the cells only the "seed" rule shows) are bool[q_len, n_entries -
+  first_entry], column c entry first_entry + c."""
 
   seq: int
   positions: np.ndarray
