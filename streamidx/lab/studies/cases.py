@@ -24,10 +24,9 @@ from streamidx.semantics import DEFAULT_CAUSAL_RULE, cdiv
 __all__ = [
     "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
     "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
-    "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "compile_keys",
-    "SCOPES", "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs",
-    "MTP_Q_LENS", "PRODUCTION_KS", "PRODUCTION_BATCH", "mtp_cases",
-    "production_cases",
+    "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "SCOPES",
+    "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs", "MTP_Q_LENS",
+    "PRODUCTION_KS", "PRODUCTION_BATCH", "mtp_cases", "production_cases",
     "case_outputs", "compare_case", "run_case", "comparison_atol",
 ]
 
@@ -346,11 +345,6 @@ def case_matrix(scope: str = "pairwise") -> list[Case]:
       if scope != "tests":
         cases.append(_ties_case(v))
   return cases
-
-
-def compile_keys(cases) -> set:
-  """The distinct kernel compilations a list of cases needs."""
-  return {c.compile_key for c in cases}
 
 
 def case_by_name(name: str) -> Case:
