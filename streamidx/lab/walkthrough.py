@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["Excerpt", "excerpt", "compile_rows"]
-
 
 def _module_path(module) -> str:
   """The module's file relative to the package root's parent

@@ -21,15 +21,6 @@ from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling
 from streamidx.semantics import DEFAULT_CAUSAL_RULE, cdiv
 
-__all__ = [
-    "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
-    "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
-    "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "SCOPES",
-    "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs", "MTP_Q_LENS",
-    "PRODUCTION_KS", "PRODUCTION_BATCH", "mtp_cases", "production_cases",
-    "case_outputs", "compare_case", "run_case", "comparison_atol",
-]
-
 # ---------------------------------------------------------------------------
 # The shared static shape.
 

@@ -9,9 +9,6 @@ import dataclasses
 
 from streamidx import cache as cache_lib
 
-__all__ = ["EntryLayout", "ENTRY_LAYOUTS", "KERNEL_LAYOUTS", "QUANT_BLOCK",
-           "entry_layout", "bytes_per_entry"]
-
 QUANT_BLOCK = 128  # values per scale in the FP8 layouts
 
 # name: (label, cache format the kernel reads or None, scale bytes per

@@ -20,10 +20,6 @@ from streamidx import cache as cache_lib
 from streamidx import ref
 from streamidx.lab.studies import addressing
 
-__all__ = ["pow2", "quantize_ue8m0", "quantize_float_scale",
-           "quantize_queries_fp8", "hadamard", "rotate", "VARIANTS",
-           "variant_inputs", "float64_scores", "unpack_block_in_kernel"]
-
 
 def pow2(e):
   """2.0**e as f32, exactly, for int e in [-126, 127] (on CPU, jax 0.10.2,
