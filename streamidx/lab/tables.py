@@ -12,10 +12,6 @@ def _text(value) -> str:
   return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _cell(value) -> str:
-  return _text(value).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
   """`rows` as a GitHub-flavoured Markdown table, one line per row under a header (`|`
   escaped). `cols` picks and orders the columns (default: the first row's keys); a row
@@ -24,7 +20,8 @@ def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
     raise ValueError("rows: must not be empty")
   cols = list(cols or rows[0])
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-  lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+  lines += ["| " + " | ".join(_text(r.get(c)).replace("|", "\\|").replace("\n", " ")
+                              for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
 

@@ -8,7 +8,6 @@ themselves are cells of notebook 03.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 from jax.experimental import pallas as pl
@@ -122,17 +121,6 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
                              cache=cache_lib.pack_cache(keys, fmt), fmt=fmt)
 
 
-def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
-  # The FP8 branch of the kernel's `load_bkv`, op for op.
-  bkv = block_ref[...]
-  flat_bkv = bkv.reshape(-1, bkv.shape[-1])
-  fp8_val = pltpu.bitcast(flat_bkv[:, :head_dim], jnp.float8_e4m3fn)
-  scale_val = pltpu.bitcast(flat_bkv[:, head_dim:head_dim + 1].T,
-                            jnp.float8_e8m0fnu).astype(jnp.bfloat16)
-  values_ref[...] = fp8_val.astype(jnp.float32)
-  scales_ref[...] = scale_val.astype(jnp.float32)
-
-
 def unpack_block_in_kernel(block, head_dim: int = 128):
   """The ops of `kernels/vendored.py`'s FP8 `load_bkv` on one block u8[rows,
   kv_packing, lkv_dim] (e.g. `cache[page]`), always in Pallas's TPU
@@ -143,8 +131,18 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
     raise ValueError(f"block must be u8[rows, kv_packing, lkv_dim], got "
                      f"{block.dtype}{list(block.shape)}")
   entries = block.shape[0] * block.shape[1]
+
+  def unpack(block_ref, values_ref, scales_ref):  # load_bkv's FP8 branch
+    bkv = block_ref[...]
+    flat_bkv = bkv.reshape(-1, bkv.shape[-1])
+    fp8_val = pltpu.bitcast(flat_bkv[:, :head_dim], jnp.float8_e4m3fn)
+    scale_val = pltpu.bitcast(flat_bkv[:, head_dim:head_dim + 1].T,
+                              jnp.float8_e8m0fnu).astype(jnp.bfloat16)
+    values_ref[...] = fp8_val.astype(jnp.float32)
+    scales_ref[...] = scale_val.astype(jnp.float32)
+
   call = pl.pallas_call(
-      functools.partial(_unpack_kernel, head_dim=head_dim),
+      unpack,
       out_shape=(jax.ShapeDtypeStruct((entries, head_dim), jnp.float32),
                  jax.ShapeDtypeStruct((1, entries), jnp.float32)),
       in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
