@@ -1,9 +1,6 @@
-"""streamidx.lab: what the notebooks, the benchmark and the studies use.
-
-Not imported by `import streamidx`; it may load matplotlib and papermill.
-ARCHITECTURE.md describes its modules (model/, studies/, bench/ and the
-rest) and where new ones go. They are importable by their short names too:
-`from streamidx.lab import tiling, plots`.
+"""streamidx.lab: what the notebooks, the benchmark and the studies use (its
+modules: ARCHITECTURE.md), importable by short names too (`from
+streamidx.lab import tiling, plots`); not imported by `import streamidx`.
 """
 
 import importlib

@@ -1,11 +1,5 @@
-"""The benchmark's oracle: a plain loop over query rows, in float64.
-
-Decode the cache (`cache.unpack_cache`, exact in float32), score each row's
-visible entries (`semantics.causal_visible_bound`) with `ref.score_entries`
-in float64 on the host CPU, take NumPy's stable argsort. It shares none of
-the reference's engine (gathers, blocks, chunks, lax.map/scan) nor its
-float32 arithmetic, so it checks the reference too at sizes the tests never
-run: a float32 result differs from it within `f32_score_bound` only.
+"""The benchmark's oracle: a plain loop over query rows, in float64, sharing
+none of the reference's engine (why: docs/benchmarks.md, "The oracle").
 """
 
 from __future__ import annotations

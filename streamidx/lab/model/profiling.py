@@ -1,12 +1,6 @@
-"""Measuring the kernel: profiler traces, per-op device times, run files.
-
-    cap = capture(lambda: streamidx.streamindex_topk(*args, **kw),
-                  log_dir="build/trace/point0", iterations=5)
-    times = stage_times(load_trace(cap.perfetto_path), iterations=cap.iterations)
-    times["kernel_s"], times["topk_s"]        # per iteration, device time
-
-Why times come from a trace, what `stage_times` sums (and reports off a TPU),
-and the run files: docs/tpu.md, "Measuring the kernel".
+"""Measuring the kernel: profiler traces, per-op device times, run files (how to
+use them, why times come from a trace, what `stage_times` sums and reports
+off a TPU: docs/tpu.md, "Measuring the kernel").
 """
 
 from __future__ import annotations

@@ -179,12 +179,9 @@ TEST_SEED_RULE_BATCHES = ("prefill_only", "all_three_ranges",
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One named kernel-vs-reference case: a variant on a batch.
-
-  variant: a name of `streamidx.VARIANTS`; batch_name: a name of `BATCHES`.
-  k: the variant's result count (`k`, or `k_pages` in page mode).
-  num_kv_pages_per_block, num_queries_per_block: None: `blocks_for(variant)`.
-  """
+  """One named kernel-vs-reference case: a `streamidx.VARIANTS` variant on a
+  `BATCHES` batch; k: `k`, or `k_pages` in page mode; block sizes None:
+  `blocks_for(variant)`."""
 
   name: str
   batch_name: str

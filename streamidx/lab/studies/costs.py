@@ -52,11 +52,9 @@ def totals(counts: list[dict]) -> dict:
 
 
 def recorded_call(fn):
-  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter:
-  under `timeline.record()` where this JAX has the internals the recorder
-  reads (`streamidx.interpreter_internals_missing("timeline")` is None),
-  else (e.g. a Colab runtime's own JAX) under `streamidx.interpreter()` with
-  nothing recorded, so the caller skips what needs the recording."""
+  """(fn()'s result, its `timeline.Recorder`), run under `timeline.record()`;
+  where this JAX lacks the recorder's internals (a Colab runtime's own JAX),
+  (result, None) under `streamidx.interpreter()`, for the caller to skip."""
   if modes.interpreter_internals_missing("timeline") is not None:
     with modes.interpreter():
       return jax.block_until_ready(fn()), None

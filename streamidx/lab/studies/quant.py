@@ -1,8 +1,5 @@
 """FP8 formats beside the vendored cache's (e4m3 values, ue8m0 scale per
-record): exact float scales, FP8 queries, Hadamard rotation, the key/query
-variants of notebook 02's recall study and its float64 check, and the
-kernel's in-register unpack on one block (also notebook 01). The studies
-themselves are cells of notebook 03.
+record) for notebooks 01 and 02; the studies themselves are notebook cells.
 """
 
 from __future__ import annotations
