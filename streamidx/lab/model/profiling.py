@@ -101,17 +101,6 @@ class Trace:
                   if n.startswith("/device:") and "CPU" not in n.upper()
                   and p in busy)
 
-  def device_op_events(self) -> tuple[list[dict], str]:
-    """Events of each device's "XLA Ops" thread (one per executed op, no
-    nesting), else of every thread of the device processes; and which."""
-    pids = set(self.device_pids())
-    ops = {k for k, n in self.threads.items() if k[0] in pids and n == "XLA Ops"}
-    if ops:
-      return ([e for e in self.events if (e["pid"], e.get("tid")) in ops],
-              "device 'XLA Ops' lines")
-    return ([e for e in self.events if e["pid"] in pids],
-            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
-
 
 def load_trace(path: str | os.PathLike) -> Trace:
   """Reads a (gzipped) Chrome/Perfetto JSON trace written by `jax.profiler`."""
@@ -147,7 +136,13 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
          "ops": [], "host_call_s": host_s, "host_call_events": len(host)}
   if not pids:
     return out
-  events, source = trace.device_op_events()
+  # Each device's "XLA Ops" thread (one event per executed op, no nesting),
+  # else every thread of the device processes.
+  ops = {k for k, n in trace.threads.items() if k[0] in pids and n == "XLA Ops"}
+  events = [e for e in trace.events
+            if ((e["pid"], e.get("tid")) in ops if ops else e["pid"] in pids)]
+  source = ("device 'XLA Ops' lines" if ops else
+            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
   table: dict[str, dict] = {}
   sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
   for e in events:
