@@ -139,10 +139,9 @@ def cell_source(notebook: str | os.PathLike) -> str:
 
 
 def declarations(source: str | os.PathLike) -> Declarations:
-  """Parses a `parameters` cell: its source, or a notebook file (a Path).
-
-  Raises ParameterError for a cell that breaks the format (a statement
-  that is not `name = value`, a ci:/tpu: field that is not a literal)."""
+  """Parses a `parameters` cell (its source, or a notebook file as a Path);
+  ParameterError where it breaks the format (a statement not `name = value`,
+  a ci:/tpu: field not a literal)."""
   if isinstance(source, os.PathLike):
     source = cell_source(source)
   lines = source.splitlines()

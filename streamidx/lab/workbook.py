@@ -328,9 +328,8 @@ padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
 
 
 def _section(source: Path, out_dir: Path, pending: str | None) -> str:
-  """The landing page's section for `source`: title, status, links,
-  question, and its executed copy's answer and machine line (not read while
-  `pending`: the copy there is an earlier run's)."""
+  """The landing page's section for `source`: title, status, links, question,
+  its executed copy's answer and machine line (unread while `pending`)."""
   esc, executed = html_lib.escape, out_dir / source.name
   rendered, nb = executed.with_suffix(".html"), None
   if not pending and executed.is_file():
@@ -369,9 +368,8 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
-  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
-  (`pending`: {name: "running" or "queued"}; `note`: a line under the
-  heading) through a renamed temporary file; returns its path."""
+  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir` through a
+  renamed temporary file (`pending`: {name: "running" or "queued"}); its path."""
   out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
   heading = heading or f"streamidx workbook: {out_dir.name}"

@@ -99,9 +99,8 @@ def compile_call(fn, args, kw):
 
 
 def measure(run_call, repeats: int):
-  """One warm-up call (the peak memory is reset just before it), then
-  `repeats` timed calls: (last output, {warmup_s, wall_s: median, min, max,
-  runs; memory})."""
+  """One warm-up call (peak memory reset just before it), then `repeats` timed
+  calls: (last output, {warmup_s, wall_s: median, min, max, runs; memory})."""
   mem = memory.PeakMemory()
   mem.start()
   t0 = time.perf_counter()
@@ -237,8 +236,7 @@ def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
 
 def vs_reference(got, ref) -> dict:
   """`got` against the reference's (indices, scores or None): identical, or
-  tie-aware with exact ties (atol 0) on its scores (without scores,
-  identical is required)."""
+  tie-aware with exact ties (atol 0) where scores are given."""
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
   idx, scores = ref
   same = bool(np.array_equal(got, idx))

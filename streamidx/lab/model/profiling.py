@@ -83,9 +83,8 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
 
 @dataclasses.dataclass
 class Trace:
-  """A parsed Chrome/Perfetto JSON trace: its "X" (complete) events (dicts
-  with name, pid, tid, ts and dur in microseconds, args), processes (pid ->
-  name) and threads ((pid, tid) -> name)."""
+  """A parsed Chrome/Perfetto JSON trace: its "X" events (name, pid, tid, ts and
+  dur in microseconds, args), processes (pid -> name), threads ((pid, tid) -> name)."""
 
   events: list[dict]
   processes: dict[int, str]

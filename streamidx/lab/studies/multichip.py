@@ -136,9 +136,8 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
 def check_layouts_subprocess(batch_kw: dict, layouts: Sequence[dict], *,
                              timeout_s: float = 900, **kw
                              ) -> list[LayoutCheck]:
-  """`check_layouts` in a fresh process with n + 1 virtual CPU devices (for
-  a process whose backend started with too few); RuntimeError with the
-  child's output if it fails."""
+  """`check_layouts` in a fresh process with n + 1 virtual CPU devices;
+  RuntimeError with the child's output if it fails."""
   n = max(int(l["num_data"]) * int(l["num_context"]) for l in layouts)
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
