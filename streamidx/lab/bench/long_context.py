@@ -40,8 +40,8 @@ def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
 
 
 def long_context_args(shape: Shape, *, seed: int = 0):
-  """The kernel's 7 positional arguments for a long-context shape: q and
-  weights drawn as `batch.make_inputs` draws them, the cache `random_cache`'s."""
+  """The kernel's 7 positional arguments for a long-context shape: q, weights
+  drawn as `batch.make_inputs` draws them, the cache from `random_cache`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   b = shape.batch()
   rng = np.random.default_rng(seed)
