@@ -101,9 +101,8 @@ def _grouped(ax, groups, series, labels=None):
 
 
 def page_table_figure(batches: Sequence, titles: Sequence[str]):
-  """Notebook 01, one row per batch: its page table (sequence x local page, each cell
-  labelled with its physical page) and its pool of physical pages, each coloured by the
-  sequence that owns it (grey: free) and labelled "b:p" (sequence b, local page p)."""
+  """Notebook 01, a row per batch: its page table (cells: physical pages) and its pool of
+  physical pages, coloured by owning sequence (grey: free), labelled "seq:local page"."""
   fig, axes = plt.subplots(len(batches), 2, figsize=(13, 2.6 * len(batches)), squeeze=False,
                            gridspec_kw={"width_ratios": [1, 2.2]})
   for (ax_t, ax_p), batch, title in zip(axes, batches, titles):
@@ -314,8 +313,7 @@ def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
 
 def scale_error_figure(scale_study, *, title: str | None = None):
   """Notebook 03: record error with ue8m0 vs exact float scales for the first two
-  distributions of `scale_study` (-> err_pow2, err_float, mean_err_*, amax_over_scale), and
-  where the "gaussian" amax / 2**e lands."""
+  distributions of `scale_study`, and where the "gaussian" amax / 2**e lands."""
   fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
   for ax, dist in zip(axes[:2], scale_study):
     st = scale_study[dist]
@@ -358,9 +356,8 @@ def e4m3_use_figure(positive, spacing, stored, *, title: str):
 
 
 def recall_ci_figure(summary, *, dists, contexts, ks, variants, title: str):
-  """Notebook 03: mean recall@k over seeds (`summary(dist, entries, variant, k)`: `mean`,
-  `half_width`) with its 95% interval clipped to [0, 1]; a panel per (dist, entries), a line
-  per variant over the `ks` <= entries."""
+  """Notebook 03: mean recall@k and its 95% interval in [0, 1] (`summary(dist, entries,
+  variant, k)`: mean, half_width), a panel per (dist, entries), a line per variant."""
   fig, axes = plt.subplots(len(dists), len(contexts), sharey=True, squeeze=False,
                            figsize=(4.2 * len(contexts), 3.5 * len(dists)))
   for i, dist in enumerate(dists):
@@ -433,9 +430,8 @@ def dma_timeline_axes(ax, rec, *, launches=None, title=None):
 
 
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
-  """Notebook 04: the kernel's steps (`tiling.steps(plan)` dicts) in execution order, one row
-  per sequence: a cell per sequence of the step's program, coloured by case, labelled
-  "bq,bkv", hatched where the block is past the sequence's entries (computed, masked)."""
+  """Notebook 04: the kernel's steps (`tiling.steps(plan)`) in order, a row per sequence, a
+  cell "bq,bkv" coloured by case, hatched past the sequence's entries (computed, masked)."""
   steps = list(steps)
   fig, ax = plt.subplots(figsize=(min(18, 3 + 0.28 * len(steps)), 0.5 * num_seqs + 1.6))
   for x, st in enumerate(steps):
@@ -457,9 +453,8 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
 
 
 def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, title: str):
-  """Notebook 04: VMEM (`budget`: bytes[len(bq_choices), len(bkv_choices)]) of a launch per
-  (bq, bkv_p); the cells over each distinct limit (`limits`: generation -> bytes, up to three)
-  outlined red, one line style per limit; `production` (bq, bkv_p) in a white square."""
+  """Notebook 04: VMEM bytes[len(bq_choices), len(bkv_choices)] of a launch; cells over each
+  of up to three `limits` (generation -> bytes) outlined red, `production` in white."""
   mib = 2.0 ** 20
   budget = np.asarray(budget, float)
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -514,9 +509,8 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
 
 
 def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str = ""):
-  """Notebook 04: scheduled bundles per KV page against num_kv_pages_per_block, a panel per
-  generation (`lab.schedule.schedule_table` rows, their `roofline.PageBound`s); dashed: a
-  page's HBM time in cycles where the chip has a clock, else its break-even clock, written."""
+  """Notebook 04: scheduled bundles per KV page against bkv_p, a panel per generation (`rows`,
+  their `bounds`); dashed: a page's HBM cycles where the chip has a clock, else written."""
   gens = list(dict.fromkeys(r["generation"] for r in rows))
   fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2), sharey=True,
                            squeeze=False)
@@ -543,9 +537,8 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
 
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
                        title: str):
-  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of
-  the vendored-rule top-k score mass; a cross where the bound differs but the leaked entry
-  was not selected; dotted lines at `seq_starts`."""
+  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of the
+  vendored-rule top-k mass; x: bound differs, leak unselected; dotted: `seq_starts`."""
   live, sel = np.asarray(live, bool), np.asarray(leaked_selected, bool)
   rows = np.flatnonzero(live)
   fig, ax = plt.subplots(figsize=(10, 4))
@@ -564,9 +557,8 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_st
 
 
 def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, title: str):
-  """Notebook 05: how much of the exact token top-k the top pages hold (`coverage`: "fp8" /
-  "f32" -> "count" / "mass" -> f[len(budgets), len(page_sizes)]), by count (left) and score
-  mass (right); dotted: random pages (k / `page_entries`)."""
+  """Notebook 05: the exact token top-k's share in the top pages (`coverage`: "fp8" / "f32"
+  -> "count" / "mass" -> f[len(budgets), len(page_sizes)]); dotted: random pages."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, m in zip(axes, ("count", "mass")):
     for i, budget in enumerate(budgets):
@@ -626,9 +618,8 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
 
 
 def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
-  """Notebook 06: one row per kernel configuration record: its measured device time (a TPU
-  run: kernel, top-k and other stacked) beside its roofline bound (hollow bar) and its
-  static-schedule bound (a marker, where computed); without a TPU, the model only, said so."""
+  """Notebook 06: a row per kernel configuration: measured device time (a TPU run, stacked by
+  stage) beside its roofline (hollow) and static-schedule (marker) bounds; else model only."""
   y, h = np.arange(len(records)), 0.38
   fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
   if measured:
@@ -677,9 +668,8 @@ def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
 
 
 def scaling_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the modelled decode step (left) and cache per device (right) against chips
-  (`lab.model.scaling.scaling_table` rows), per generation: one chip per sequence (C = 1,
-  solid) and the best context-parallel degree (dashed, where it differs)."""
+  """Notebook 07: the modelled step and cache per device against chips (`scaling_table` rows)
+  per generation: C = 1 solid, the best context-parallel C dashed where it differs."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   chips = sorted({r["chips"] for r in rows})
   for ax, what, ylabel in ((axes[0], "step us", "modelled step (us, one layer)"),
