@@ -198,10 +198,8 @@ def kernel_log(executed: Path) -> Path:
 
 
 def _logged_kernel_manager(log: Path):
-  """Kernels that write their own stdout and stderr to `log`: what a kernel
-  writes outside a cell (cell output is captured into the notebook), chiefly
-  the asyncio "Task was destroyed" reports of its closing service loops,
-  which an inherited stderr printed between the runner's lines."""
+  """Kernels that write their own stdout and stderr (what they write outside a
+  cell: docs/workbook.md) to `log`, not between the runner's lines."""
   from jupyter_client.manager import AsyncKernelManager
 
   class LoggedKernelManager(AsyncKernelManager):

@@ -3,9 +3,6 @@
 Numbers live in `data/tpu_specs.json`, each with the public page it came
 from (`TpuSpec.sources`); a number no public page gave is `None`, never a
 guess. Chip, TensorCore, device, kernel and device rates: docs/tpu.md.
-
-    specs = streamidx.lab.model.hardware.load_specs()       # {"v4": TpuSpec, ...}
-    gen = streamidx.lab.model.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
 """
 
 from __future__ import annotations
