@@ -34,7 +34,7 @@ TOTAL_NUM_PAGES = 2 * MAX_NUM_SEQS * PAGES_PER_SEQ
 NUM_HEADS = 4
 RATIOS = (1, 2, 4)  # token variants; page variants run at ratio 1
 
-# The small test block sizes (see the module docstring), by mode; a variant
+# The small test block sizes (why: docs/testing.md), by mode; a variant
 # whose kernel needs others adds an entry under its own name.
 TEST_BLOCKS = {
     "token": dict(num_kv_pages_per_block=(8, 16, 8),
