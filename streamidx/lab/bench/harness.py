@@ -287,14 +287,12 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
           print(f"{shape.name}: {impl} ...", file=sys.stderr, flush=True)
         variant = kernel_columns().get(impl)  # a kernel column's variant
         fmt = variant and variant_format(variant, shape.fmt)
-        kernel = ({"variant": variant, "fmt": fmt} if fmt else
-                  {"variant": variant, "skip": f"variant {variant!r} reads "
-                   f"{variants_lib.get(variant).cache_formats}, no layout "
-                   f"of {shape.fmt!r}"}) if variant else {}
-        row = {"shape": shape.name, "impl": impl, "variant": kernel.get(
-            "variant"), "cache_format": kernel.get("fmt")}
-        if "skip" in kernel:
-          row.update(status="skipped", reason=kernel.pop("skip"))
+        row = {"shape": shape.name, "impl": impl, "variant": variant,
+               "cache_format": fmt}
+        if variant and not fmt:
+          row.update(status="skipped", reason=f"variant {variant!r} reads "
+                     f"{variants_lib.get(variant).cache_formats}, no layout "
+                     f"of {shape.fmt!r}")
         elif impl == "oracle" and shape.flops() > ORACLE_MAX_FLOPS:
           row.update(status="skipped", reason=f"{shape.flops() / 1e9:.1f} "
                      f"GFLOP, over the loop's {ORACLE_MAX_FLOPS / 1e9:.0f}")
@@ -302,8 +300,8 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
           save = os.path.join(tmp, f"{n}_{impl}.npy")
           scores = os.path.join(tmp, f"{n}_scores.npy")
           row.update(run_worker(dict(
-              kernel, shape=dataclasses.asdict(shape), impl=impl, long=long,
-              repeats=repeats, save=save,
+              variant=variant, fmt=fmt, shape=dataclasses.asdict(shape),
+              impl=impl, long=long, repeats=repeats, save=save,
               save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
           row["entries_per_s"] = shape.visible_pairs() / row["wall_s"][
