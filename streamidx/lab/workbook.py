@@ -243,9 +243,8 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     raise WorkbookError(f"{path}: output folder is the notebooks folder")
   Path(params[OUTPUT_DIR_PARAMETER]).mkdir(parents=True, exist_ok=True)
   source_nb = _read(path)
-  executed.unlink(missing_ok=True)  # a stale copy would pass for this run's
-  executed.with_suffix(".html").unlink(missing_ok=True)
-  kernel_log(executed).unlink(missing_ok=True)
+  for stale in (executed, executed.with_suffix(".html"), kernel_log(executed)):
+    stale.unlink(missing_ok=True)  # a stale copy would pass for this run's
   import papermill
   _quiet_logs(log_output)
   failure, start = None, time.perf_counter()
