@@ -75,9 +75,8 @@ def per_case(x) -> bool:
 
 
 def lanes(page_size, x) -> bool:
-  """KV block sizes in pages (an int or a list of them, each >= 1) that hold
-  whole lane rows: page_size * each is a multiple of `semantics.LANES`, as a
-  token-mode KV block must be."""
+  """KV block sizes in pages (an int or a list, each >= 1) whose page_size * each
+  is a multiple of `semantics.LANES`, as a token-mode KV block must be."""
   values = x if isinstance(x, (list, tuple)) else [x]
   return integer(page_size) and all(
       integer(v) and v >= 1 and page_size * v % semantics.LANES == 0

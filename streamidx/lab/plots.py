@@ -36,9 +36,8 @@ def seq_colors(n: int) -> list:
 # Shared styling: every figure sets its axes and finishes through these.
 def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
            grid=None, legend=None):
-  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid
-  (`grid`: its keyword arguments, or an alpha) and a legend (`legend`: its keyword arguments,
-  or a fontsize) of one axes. Call it before setting ticks: a scale resets them."""
+  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid and a legend
+  (keyword arguments, or an alpha / a fontsize) of one axes; before ticks (a scale resets them)."""
   if xlog: ax.set_xscale("log", base=xlog)
   if ylog: ax.set_yscale("log", base=ylog)
   if xlabel: ax.set_xlabel(xlabel)

@@ -61,11 +61,9 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str, generation):
 
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call (`lab.model.profiling`, 3 traced
-  calls: total, the kernel's ops, the top-k) and `lab.model.roofline`'s bound
-  on the vendored kernel's call from `lab.model.tiling`'s plan; the bound
-  models the vendored kernel, so `fraction_of_roofline` is the baseline
-  column's only."""
+  """On a TPU: device seconds per call (3 traced calls: total, the kernel's ops,
+  the top-k) and the roofline bound of the vendored kernel's call, which only
+  the baseline column gets a `fraction_of_roofline` of."""
   from streamidx.lab.model import hardware, profiling, roofline, tiling  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
@@ -122,9 +120,8 @@ def measure(run_call, repeats: int):
 
 
 def oracle_agreement(shape: Shape, got, parts) -> dict:
-  """vs_oracle: `got[rows]` against the oracle on each part (rows, args,
-  oracle_rows: the query rows of `args` to score, None for all), tie-aware
-  within twice the part's float32 bound (`oracle.f32_score_bound`)."""
+  """`got[rows]` against the oracle on each part (rows, args, oracle_rows: None
+  for all), tie-aware within twice its `oracle.f32_score_bound`."""
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
   from streamidx.lab.bench import oracle  # pylint: disable=g-import-not-at-top
   got = np.asarray(got)
@@ -143,11 +140,10 @@ def oracle_agreement(shape: Shape, got, parts) -> dict:
 
 
 def worker(spec: dict) -> dict:
-  """One implementation on one shape, in a worker process: the inputs
-  (seed 0; `long_context_args` for a long-context spec), `compile_call`,
-  `measure`, the indices saved to `spec["save"]`; untimed, the reference's
-  scores (`save_scores`) and `oracle_agreement` (every row of up to 32, else
-  the first and last 8; long context: `spot_check`'s slices)."""
+  """One implementation on one shape, in a worker process: inputs (seed 0, or
+  `long_context_args`), `compile_call`, `measure`, indices to `spec["save"]`;
+  untimed, the reference's scores (`save_scores`) and `oracle_agreement` (all
+  of up to 32 rows, else the first and last 8; long context: `spot_check`)."""
   if spec.get("machine"):
     from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
     total = memory.proc_bytes("MemTotal", "/proc/meminfo")

@@ -46,9 +46,8 @@ def verdict(a) -> str:
 
 
 def format_table(doc) -> str:
-  """A document's results as a text table (`lab.tables.format_rows`), then
-  ratios, block sizes and (long context) the one-chunk temporaries by
-  `streaming.one_chunk_temp_bytes`' formula."""
+  """A document's results as a text table, then ratios, block sizes and (long
+  context) the one-chunk temporaries by `streaming.one_chunk_temp_bytes`."""
   rat = doc["ratios"]["time_over_reference"]
   rows = []
   for r in doc["results"]:

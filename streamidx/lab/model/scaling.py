@@ -86,10 +86,9 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
 def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
          merge: str = "all_gather", collective_latency_s: float = 0.0,
          specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
-  """The modelled decode step of `w` on `devices` JAX devices (chips x
-  jax_devices_per_chip) of `generation`, as D = devices // C data groups x C
-  = `num_context` context shares, merged by `merge` ("all_gather" or "tree",
-  `streamidx.sharded`), `collective_latency_s` per collective round."""
+  """The modelled decode step of `w` on `devices` JAX devices of `generation`,
+  D = devices // C data groups x C = `num_context` shares merged by `merge`
+  (`streamidx.sharded`), `collective_latency_s` per collective round."""
   spec = hardware.spec(generation, specs)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "

@@ -89,11 +89,10 @@ def cost(method: str, rows: int, entries: int, k: int, *,
          chunk_size: int | None = None, block_size: int | None = None,
          radix_bits: int = 4,
          recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method)`. A method
-  with nothing to split at this shape (one chunk, at most k blocks) costs
-  what "top_k" does. "fused_blockmax" reads the dense kernel's block maxima
-  (entries / 128 a row, written in whole 128-lane rows and counted in its
-  `bytes_written`) instead of the buffer, then the k best blocks' entries."""
+  """The cost of `select_topk(f32[rows, entries], k, method)`; "top_k"'s where
+  there is nothing to split. "fused_blockmax" reads the dense kernel's block
+  maxima (entries / 128 a row, in whole 128-lane rows, counted in its
+  `bytes_written`), then the k best blocks' entries."""
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
   buf = t * n * _F32

@@ -17,10 +17,9 @@ from typing import Sequence
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (a `lab.sharding.LAYOUTS` name on a num_data x num_context mesh) run on
-  `devices` against the single-device reference: rows identical / tied
-  within `atol`, ok or the first difference, the lowered program's
-  collective, the shares, merge bytes per row, wall seconds."""
+  """One layout (`lab.sharding.LAYOUTS`, num_data x num_context) run on `devices`
+  against the single-device reference: rows identical / tied within `atol`, ok
+  or the first difference, the collective, shares, merge bytes, seconds."""
 
   layout: str
   variant: str
