@@ -215,10 +215,9 @@ def _declared_only(record: logging.LogRecord) -> bool:
 
 
 def _quiet_logs(log_output: bool) -> None:
-  """Silences papermill's warnings about the parameters cell (it cannot read
-  a line with more than one "=", a rule's `>=`; `parameters_for` passes
-  declared parameters only) and, without `log_output`, closing kernels'
-  asyncio noise."""
+  """Silences papermill's warnings about the parameters cell (it cannot read a
+  rule's `>=`; `parameters_for` passes declared parameters only) and, without
+  `log_output`, closing kernels' asyncio noise."""
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
   if not log_output:

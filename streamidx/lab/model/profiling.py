@@ -203,10 +203,9 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
 
 def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
               skip_invalid: bool = False) -> list[dict]:
-  """Reads run files (a glob pattern, a folder's `run-*.json` or paths), each
-  with its "path". A file that is not a run of this schema raises ValueError
-  naming it, or with `skip_invalid` (a glob over build/ may meet other tools'
-  JSON) is left out."""
+  """Reads run files (a glob pattern, a folder's `run-*.json` or paths), each with
+  its "path"; a file that is no run of this schema raises ValueError naming it,
+  or with `skip_invalid` (a glob over build/ meets other JSON) is left out."""
   if isinstance(paths, (str, os.PathLike)):
     p = Path(paths)
     files = (sorted(p.glob("run-*.json")) if p.is_dir() else

@@ -94,11 +94,10 @@ def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
 
 
 def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
-  """What a recording of the call the plan `p` models moved: launches,
-  grid_points, empty_launches, kv_page_dmas, bytes_per_entry
-  (`recorded_bytes`), blocks_fetched by decode launches, blocks_needed
-  (`tiling.block_waste(p)`) and waste (share fetched beyond the needed).
-  ValueError unless it ran one launch per launch of the plan."""
+  """What a recording of the call plan `p` models moved: launches, grid_points,
+  empty_launches, kv_page_dmas, bytes_per_entry, blocks_fetched by decode
+  launches, blocks_needed (`tiling.block_waste`) and waste; ValueError unless
+  it ran one launch per launch of the plan."""
   counts = launch_counts(rec)
   if len(counts) != len(p.executed):
     raise ValueError(f"{len(counts)} launches ran, the plan has "

@@ -11,10 +11,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryTies:
-  """rows: rows seeing more than k entries; tied_rows: i64 indices of those
-  whose k-th and (k+1)-th scores are equal (zero_tied_rows: at score 0);
-  per tied row, group_sizes (entries at the boundary score) and slots (how
-  many of them the top-k keeps)."""
+  """rows: rows seeing more than k entries; tied_rows: those whose k-th and
+  (k+1)-th scores are equal (zero_tied_rows: at 0); per tied row group_sizes
+  (entries at the boundary score) and slots (how many the top-k keeps)."""
 
   k: int
   rows: int

@@ -95,10 +95,9 @@ VARIANTS: dict[str, tuple[str, str]] = {
 
 def variant_inputs(inp, variant: str, *, rotated: bool = False,
                    query_scale: str = "ue8m0"):
-  """`IndexerInputs` of one key/query variant (`VARIANTS`) from `inp` with
-  float32 queries (its `keys` the float32 truth): optionally Hadamard-rotated
-  (f32) first, the cache packed by `cache.pack_cache`, queries as bf16 (FP8
-  queries as their bf16 values, `query_scale` folded into the weights)."""
+  """`IndexerInputs` of one `VARIANTS` key/query variant from `inp` (f32
+  queries, `keys` the truth): optionally Hadamard-rotated first, the cache
+  packed, queries as bf16 (FP8 ones as bf16 values, `query_scale` in weights)."""
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
                      f"{variant!r}")
@@ -151,10 +150,9 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
 
 def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
                    causal_rule: str = "model") -> np.ndarray:
-  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows
-  against its unquantized keys, scored in float64 by `ref.score_entries`
-  under `jax.enable_x64` (a check of a recall study's float32 truth); -inf
-  where `addressing.visibility_mask` hides an entry."""
+  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows against
+  its unquantized keys by `ref.score_entries` in float64 (a check of a recall
+  study's f32 truth); -inf where `addressing.visibility_mask` hides an entry."""
   b = inp.batch
   lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
   keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]

@@ -16,10 +16,9 @@ from streamidx.lab.model import hardware, roofline, tiling
 def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
                      num_cores: int) -> float:
   """The kernel stage's HBM bound (s) with each launch's programs dealt to
-  `num_cores` TensorCores as the dense kernel does (core c runs programs c,
-  c + num_cores, ...): the busiest core's share of the bytes (by KV pages)
-  over one core's bandwidth. num_cores=1: the vendored bound. A model:
-  equal bandwidth per core, no contention."""
+  `num_cores` TensorCores as the dense kernel does (core c: programs c, c +
+  num_cores, ...): the busiest core's bytes (by KV pages) over one core's
+  bandwidth. A model: equal bandwidth per core, no contention."""
   kernel = roofline.costs(p, k=k)[1]
   total = sum(kernel.bytes_read.values()) + sum(kernel.bytes_written.values())
   pages = [[0] * num_cores for _ in p.executed]
