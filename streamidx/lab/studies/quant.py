@@ -97,7 +97,7 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
                    query_scale: str = "ue8m0"):
   """`IndexerInputs` of one `VARIANTS` key/query variant from `inp` (f32
   queries, `keys` the truth): optionally Hadamard-rotated first, the cache
-  packed, queries as bf16 (FP8 ones as bf16 values, `query_scale` in weights)."""
+  packed, queries as bf16 (FP8 ones as bf16 values, scale in the weights)."""
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
                      f"{variant!r}")
