@@ -56,11 +56,10 @@ def long_context_args(shape: Shape, *, seed: int = 0):
 
 def spot_check(shape: Shape, args) -> list:
   """The parts `harness.oracle_agreement` checks on a long-context batch:
-  decode, sequences 0 and last with their own pages only (the oracle decodes
-  2048 pages, not the cache); prefill, the first and last 8 query rows as
-  chunks of 8 queries (a chunk ending at position p sees what the full
-  chunk's rows see), beside an empty second sequence slot (jax 0.10.2's CPU
-  compiler once miscompiled the one-slot shape: `streamidx.ref`)."""
+  decode, sequences 0 and last with their own pages only; prefill, the first
+  and last 8 query rows as chunks of 8 queries (a chunk ending at position p
+  sees what the full chunk's rows see), beside an empty second sequence slot
+  (jax 0.10.2's CPU compiler once miscompiled the one-slot shape)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   q, w, cache, seq_lens, page_indices, _, _ = args
   table = np.asarray(page_indices)

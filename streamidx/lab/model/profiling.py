@@ -50,9 +50,8 @@ class Capture:
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
             iterations: int = 3, warmup: int = 1) -> Capture:
   """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced
-  into `log_dir` (with a Perfetto trace, no Python frames: they swamp an
-  interpreted kernel's), each iteration under the `ITERATION_ANNOTATION` and
-  waited for before the next starts."""
+  into `log_dir` (Perfetto, no Python frames: they swamp an interpreted kernel),
+  each under the `ITERATION_ANNOTATION` and waited for before the next."""
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
@@ -92,9 +91,8 @@ class Trace:
 
   def device_pids(self) -> list[int]:
     """Processes of accelerator devices ("/device:TPU:0", ...) that recorded
-    events. A device plane without events is no device run: libtpu's
-    compile-only TPU devices (`streamidx.compile_for` earlier in the
-    process) appear in a CPU run's trace that way."""
+    events (libtpu's compile-only devices, `streamidx.compile_for` earlier in
+    the process, appear in a CPU run's trace without any)."""
     busy = {e["pid"] for e in self.events}
     return sorted(p for p, n in self.processes.items()
                   if n.startswith("/device:") and "CPU" not in n.upper()

@@ -165,9 +165,8 @@ class Recorder:
 
   def lanes(self) -> list[dict]:
     """Intervals to draw, DMAs (start..wait) and compute steps (KV load..score
-    store): dicts of lane ("KV pages (slot 0)", "compute", ...), start, end,
-    launch, count (DMAs the bar stands for), batch_idx (the sequence's
-    position in its program) and sem."""
+    store): dicts of lane, start, end, launch, count (DMAs the bar stands for),
+    batch_idx (the sequence's position in its program) and sem."""
     vmem = {}
     for op in self.ops:
       if op.kind == "alloc" and op.info["space"] == "vmem":

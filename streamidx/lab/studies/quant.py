@@ -118,10 +118,9 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
 
 
 def unpack_block_in_kernel(block, head_dim: int = 128):
-  """The ops of `kernels/vendored.py`'s FP8 `load_bkv` on one block u8[rows,
-  kv_packing, lkv_dim] (e.g. `cache[page]`), always in Pallas's TPU
-  interpreter: (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
-  kv_packing]); entry r * kv_packing + j is row r, slot j."""
+  """The vendored FP8 `load_bkv`'s ops on one block u8[rows, kv_packing,
+  lkv_dim] in the TPU interpreter: (values f32[rows * kv_packing, head_dim],
+  scales f32[1, rows * kv_packing]); entry r * kv_packing + j: row r, slot j."""
   block = jnp.asarray(block)
   if block.dtype != jnp.uint8 or block.ndim != 3:
     raise ValueError(f"block must be u8[rows, kv_packing, lkv_dim], got "

@@ -60,11 +60,9 @@ def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
 def megacore_rows(generations: Sequence[str] = ("v5p", "v4"), *,
                   shape: str = "dsv4-decode-4k", blocks=None,
                   timeout: float = 900.0) -> list[dict]:
-  """Per (generation, num_cores 1 and 2): the dense decode launch compiled
-  (libtpu, no TPU): TensorCores per chip, the cores the compiler targets,
-  grid and dimension semantics, whether the final bundles hold
-  `BarrierMegacore`, bundles, bundles per KV page. blocks: default the
-  table's DeepSeek-V4 row."""
+  """Per (generation, num_cores 1 and 2): the dense decode launch compiled without
+  a TPU: TensorCores per chip, the cores the compiler targets, grid, semantics,
+  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: DSV4's row."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top
