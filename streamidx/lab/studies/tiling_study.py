@@ -62,7 +62,7 @@ def megacore_rows(generations: Sequence[str] = ("v5p", "v4"), *,
                   timeout: float = 900.0) -> list[dict]:
   """Per (generation, num_cores 1 and 2): the dense decode launch compiled without
   a TPU: TensorCores per chip, the cores the compiler targets, grid, semantics,
-  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: DSV4's row."""
+  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: default DSV4's."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top
