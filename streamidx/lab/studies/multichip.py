@@ -71,10 +71,9 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
                   variant: str = "vendored", fmt: str = "fp8",
                   num_heads: int = 4, k: int = 8, compression_ratio: int = 4,
                   seed: int = 0) -> list[LayoutCheck]:
-  """One `LayoutCheck` per layout of `layouts` (dicts: layout, num_data,
-  num_context, optional merge, default "all_gather") on the batch
-  `streamidx.make_mixed_batch(**batch_kw)` (JSON-able, for the subprocess),
-  block sizes from the block-size table."""
+  """A `LayoutCheck` per `layouts` dict (layout, num_data, num_context, merge:
+  default "all_gather") on `streamidx.make_mixed_batch(**batch_kw)` (JSON-able,
+  for the subprocess), block sizes from the block-size table."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
