@@ -9,9 +9,14 @@ import dataclasses
 import re
 import time
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
-from streamidx import modes
+import streamidx as si
+from streamidx import cache as cache_lib
+from streamidx import modes, sharded
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
@@ -100,7 +105,6 @@ class ShardedCompile:
 
   @property
   def model_received_bytes(self) -> int:
-    from streamidx import sharded  # pylint: disable=g-import-not-at-top
     nc = self.mesh_shape[1]
     return self.rows_per_shard * sharded.merge_bytes_per_row(
         self.k, nc, self.merge)
@@ -133,14 +137,6 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
   device; k: default 512 (token mode) or 8 pages; **overrides: block sizes
   replacing the table's. A compiler error is recorded (`ok` False), not raised.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-  from streamidx import sharded  # pylint: disable=g-import-not-at-top
-
   if topology not in TOPOLOGIES:
     raise ValueError(f"topology: must be one of {tuple(TOPOLOGIES)} "
                      f"(got {topology!r})")

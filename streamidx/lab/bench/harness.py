@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -17,12 +18,17 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
 
+import streamidx as si
 from streamidx import cache as cache_lib
+from streamidx import metrics, modes, streaming
+from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
-from streamidx.lab.bench import memory, report
+from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.bench.shapes import Shape
+from streamidx.lab.model import hardware, profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
@@ -64,7 +70,6 @@ def device_times(shape: Shape, impl: str, run_call, *,
   """On a TPU: device seconds per call (3 traced calls: total, the kernel's ops,
   the top-k) and the roofline bound of the vendored kernel's call, which only
   the baseline column gets a `fraction_of_roofline` of."""
-  from streamidx.lab.model import hardware, profiling, roofline, tiling  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
     times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
@@ -87,8 +92,6 @@ def device_times(shape: Shape, impl: str, run_call, *,
 def compile_call(fn, args, kw):
   """fn(*args, **kw) jitted and compiled ahead of time (`kw` static):
   ({compile_s, xla}, a blocking call)."""
-  import functools  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   compiled = jax.jit(functools.partial(fn, **kw)).lower(*args).compile()
   info = {"compile_s": time.perf_counter() - t0,
@@ -122,8 +125,6 @@ def measure(run_call, repeats: int):
 def oracle_agreement(shape: Shape, got, parts) -> dict:
   """`got[rows]` against the oracle on each part (rows, args, oracle_rows: None
   for all), tie-aware within twice its `oracle.f32_score_bound`."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.bench import oracle  # pylint: disable=g-import-not-at-top
   got = np.asarray(got)
   out = {"rows_checked": 0, "atol": 0.0, "ok": True, "rows_mismatched": 0}
   for rows, args, oracle_rows in parts:
@@ -145,15 +146,9 @@ def worker(spec: dict) -> dict:
   untimed, the reference's scores (`save_scores`) and `oracle_agreement` (all
   of up to 32 rows, else the first and last 8; long context: `spot_check`)."""
   if spec.get("machine"):
-    from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
     total = memory.proc_bytes("MemTotal", "/proc/meminfo")
     return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
-  import jax  # pylint: disable=g-import-not-at-top
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import modes, streaming  # pylint: disable=g-import-not-at-top
-  from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.bench import long_context, oracle  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.bench import long_context  # pylint: disable=g-import-not-at-top
 
   shape, impl = Shape(**spec["shape"]), spec["impl"]
   kw = shape.kernel_kwargs()
@@ -233,7 +228,6 @@ def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
 def vs_reference(got, ref) -> dict:
   """`got` against the reference's (indices, scores or None): identical, or
   tie-aware with exact ties (atol 0) where scores are given."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
   idx, scores = ref
   same = bool(np.array_equal(got, idx))
   c = None if scores is None else metrics.compare_topk(got, idx, scores,

@@ -10,8 +10,12 @@ import dataclasses
 import math
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from streamidx import cache as cache_lib
+from streamidx import streaming
 from streamidx.lab.bench import harness
 from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 
@@ -22,9 +26,6 @@ def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
   lkv_dim], packed gcd(total_pages, pages_per_step) pages at a time in one
   `lax.map` (keys of group i from `fold_in(key(seed), i)`): one group's f32
   keys (16 MiB) beside the packed cache, not 8 GiB of them at 64 x 256K."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
   step = math.gcd(total_pages, pages_per_step)
 
   @jax.jit
@@ -42,7 +43,6 @@ def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
 def long_context_args(shape: Shape, *, seed: int = 0):
   """The kernel's 7 positional arguments for a long-context shape: q, weights
   drawn as `batch.make_inputs` draws them, the cache from `random_cache`."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   b = shape.batch()
   rng = np.random.default_rng(seed)
   t, h, d = b.num_tokens, shape.num_heads, shape.head_dim
@@ -60,7 +60,6 @@ def spot_check(shape: Shape, args) -> list:
   and last 8 query rows as chunks of 8 queries (a chunk ending at position p
   sees what the full chunk's rows see), beside an empty second sequence slot
   (jax 0.10.2's CPU compiler once miscompiled the one-slot shape)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   q, w, cache, seq_lens, page_indices, _, _ = args
   table = np.asarray(page_indices)
   pps = shape.batch().pages_per_seq
@@ -87,8 +86,6 @@ def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
   """Both settings on each shape at each k (`harness.run`, one warm-up and one
   timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
   <out_dir>/long_context.json."""
-  from streamidx import streaming  # pylint: disable=g-import-not-at-top
-
   def formula(shape):
     b = shape.batch()
     low, high = streaming.one_chunk_temp_bytes(

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
 import numpy as np
 
+from streamidx import cache as cache_lib
+from streamidx import metrics, ref
 from streamidx.semantics import causal_visible_bound
 
 
 def _on_host():
   """Eager JAX on the host CPU (the oracle never touches an accelerator)."""
-  import jax  # pylint: disable=g-import-not-at-top
   try:
     return jax.default_device(jax.local_devices(backend="cpu")[0])
   except RuntimeError:  # no CPU backend in this process (JAX_PLATFORMS)
@@ -22,7 +24,6 @@ def _on_host():
 
 def dequantize_cache(cache, head_dim: int) -> np.ndarray:
   """Cache array -> f32[total_pages, page_size, head_dim] keys, in NumPy."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
   with _on_host():
     return np.asarray(cache_lib.unpack_cache(np.asarray(cache), head_dim),
                       np.float32)
@@ -32,7 +33,6 @@ def f32_score_bound(q, indexer_weights, cache_kv) -> float:
   """Bound on |float32 score - exact score|, for any row and entry: the
   roundings of `metrics.summation_error_bound` (its derivation), from the
   arrays, its B bounded by max_t sum_h |w_th| sum_d |q_thd| * max|k|."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
   q = np.asarray(q)
   w = np.abs(np.asarray(indexer_weights, np.float64))
   num_heads, head_dim = q.shape[1], q.shape[2]
@@ -50,8 +50,6 @@ def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   arguments (any array type), like `streamindex_topk_ref`; `return_scores`:
   also the f64[T, pages_per_seq * page_size] masked scores (-inf hidden);
   `rows`: score only these query rows (the others stay -1 / -inf)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import ref  # pylint: disable=g-import-not-at-top
   q = np.asarray(np.asarray(q, np.float32), np.float64)
   w = np.asarray(indexer_weights, np.float64)
   seq_lens, cu = np.asarray(seq_lens), np.asarray(cu_q_lens)

@@ -14,6 +14,12 @@ import sys
 import time
 from typing import Sequence
 
+import jax
+import numpy as np
+
+import streamidx as si
+from streamidx import metrics, sharded
+
 
 @dataclasses.dataclass
 class LayoutCheck:
@@ -44,7 +50,6 @@ class LayoutCheck:
 def reserve_cpu_devices(n: int) -> bool:
   """Asks JAX for n + 1 CPU devices if no JAX backend has started yet (the
   count is fixed when the CPU backend starts); whether it could."""
-  import jax  # pylint: disable=g-import-not-at-top
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
   if xla_bridge._backends:  # pylint: disable=protected-access
     return False
@@ -56,7 +61,6 @@ def reserve_cpu_devices(n: int) -> bool:
 def mesh_devices(n: int):
   """(devices, description) for an n-device mesh: the TPU's when it has n,
   else CPU devices 1..n (interpreted); (None, why) when neither exists."""
-  import jax  # pylint: disable=g-import-not-at-top
   reserve_cpu_devices(n)
   if jax.default_backend() == "tpu" and len(jax.devices()) >= n:
     return jax.devices()[:n], f"{n} x {jax.devices()[0].device_kind} (compiled)"
@@ -74,12 +78,6 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
   """A `LayoutCheck` per `layouts` dict (layout, num_data, num_context, merge:
   default "all_gather") on `streamidx.make_mixed_batch(**batch_kw)` (JSON-able,
   for the subprocess), block sizes from the block-size table."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import metrics, sharded  # pylint: disable=g-import-not-at-top
-
   reserve_cpu_devices(max(int(l["num_data"]) * int(l["num_context"])
                           for l in layouts))
   v = si.VARIANTS[variant]
