@@ -16,7 +16,10 @@ import tokenize
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
-from streamidx import semantics
+import jax
+
+import streamidx as si
+from streamidx import lab, modes, semantics
 
 HEADER = "# Parameters (papermill overrides these with -p)."
 PAPERMILL_HEADER = "# Parameters"  # the first line of the cell papermill injects
@@ -192,8 +195,6 @@ def declarations(source: str | os.PathLike) -> Declarations:
 def check(decl: Declarations, values: Mapping[str, Any]) -> None:
   """Evaluates every rule of `decl` over `values` in cell order; raises
   ParameterError at the first parameter missing or breaking its rule."""
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import lab  # pylint: disable=g-import-not-at-top
   for name in decl.parameters:
     if name not in values:
       raise ParameterError(f"notebook parameter {name!r}: missing (the "
@@ -265,7 +266,6 @@ class TpuScaling:
   def line(self, machine: str | None = None) -> str:
     """The one line `check_notebook` prints (machine: describe_machine())."""
     if machine is None:
-      from streamidx import modes  # pylint: disable=g-import-not-at-top
       machine = modes.describe_machine()
     if self.note is not None:
       return f"TPU sizes ({self.reason}): none applied: {self.note}. Machine: {machine}"
@@ -327,7 +327,6 @@ def tpu_scaling(decl: Declarations, namespace: Mapping, *,
   if setting == "0":
     return None
   if backend is None:
-    import jax  # pylint: disable=g-import-not-at-top
     backend = jax.default_backend()
   if setting != "1" and backend != "tpu":
     return None
