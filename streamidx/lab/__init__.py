@@ -1,34 +1,18 @@
-"""streamidx.lab: what the notebooks, the benchmark and the studies use.
-
-Not imported by `import streamidx`; it may load matplotlib and papermill.
-ARCHITECTURE.md describes its modules (model/, studies/, bench/ and the
-rest) and where new ones go. They are importable by their short names too:
-`from streamidx.lab import tiling, plots`.
+"""streamidx.lab: what the notebooks, the benchmark and the studies use (its
+modules: ARCHITECTURE.md), importable by short names too (`from
+streamidx.lab import tiling, plots`); not imported by `import streamidx`.
 """
 
 import importlib
 
-_MODULES = {
-    "hardware": "streamidx.lab.model.hardware",
-    "roofline": "streamidx.lab.model.roofline",
-    "tiling": "streamidx.lab.model.tiling",
-    "timeline": "streamidx.lab.model.timeline",
-    "profiling": "streamidx.lab.model.profiling",
-    "scaling": "streamidx.lab.model.scaling",
-    "sharding": "streamidx.lab.sharding",
-    "cases": "streamidx.lab.studies.cases",
-    "formats": "streamidx.lab.studies.formats",
-    "addressing": "streamidx.lab.studies.addressing",
-    "quant": "streamidx.lab.studies.quant",
-    "parity": "streamidx.lab.studies.parity",
-    "costs": "streamidx.lab.studies.costs",
-    "plots": "streamidx.lab.plots",
-    "tables": "streamidx.lab.tables",
-    "params": "streamidx.lab.params",
-    "workbook": "streamidx.lab.workbook",
-    "walkthrough": "streamidx.lab.walkthrough",
-    "bench": "streamidx.lab.bench",
-}
+_MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
+    ("model.", ("hardware", "roofline", "tiling", "timeline", "profiling",
+                "scaling")),
+    ("studies.", ("cases", "formats", "addressing", "quant", "parity",
+                  "costs")),
+    ("", ("sharding", "plots", "tables", "params", "workbook",
+          "walkthrough", "bench")),
+) for name in names}
 
 
 def __getattr__(name):

@@ -16,7 +16,10 @@ import tokenize
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
-from streamidx import semantics
+import jax
+
+import streamidx as si
+from streamidx import lab, modes, semantics
 
 HEADER = "# Parameters (papermill overrides these with -p)."
 PAPERMILL_HEADER = "# Parameters"  # the first line of the cell papermill injects
@@ -75,9 +78,8 @@ def per_case(x) -> bool:
 
 
 def lanes(page_size, x) -> bool:
-  """KV block sizes in pages (an int or a list of them, each >= 1) that hold
-  whole lane rows: page_size * each is a multiple of `semantics.LANES`, as a
-  token-mode KV block must be."""
+  """KV block sizes in pages (an int or a list, each >= 1) whose page_size * each
+  is a multiple of `semantics.LANES`, as a token-mode KV block must be."""
   values = x if isinstance(x, (list, tuple)) else [x]
   return integer(page_size) and all(
       integer(v) and v >= 1 and page_size * v % semantics.LANES == 0
@@ -139,10 +141,9 @@ def cell_source(notebook: str | os.PathLike) -> str:
 
 
 def declarations(source: str | os.PathLike) -> Declarations:
-  """Parses a `parameters` cell: its source, or a notebook file (a Path).
-
-  Raises ParameterError for a cell that breaks the format (a statement
-  that is not `name = value`, a ci:/tpu: field that is not a literal)."""
+  """Parses a `parameters` cell (its source, or a notebook file as a Path);
+  ParameterError where it breaks the format (a statement not `name = value`,
+  a ci:/tpu: field not a literal)."""
   if isinstance(source, os.PathLike):
     source = cell_source(source)
   lines = source.splitlines()
@@ -194,8 +195,6 @@ def declarations(source: str | os.PathLike) -> Declarations:
 def check(decl: Declarations, values: Mapping[str, Any]) -> None:
   """Evaluates every rule of `decl` over `values` in cell order; raises
   ParameterError at the first parameter missing or breaking its rule."""
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import lab  # pylint: disable=g-import-not-at-top
   for name in decl.parameters:
     if name not in values:
       raise ParameterError(f"notebook parameter {name!r}: missing (the "
@@ -222,23 +221,17 @@ def _history(namespace: Mapping) -> list[str]:
   return [s for s in history if isinstance(s, str)] if isinstance(history, (list, tuple)) else []
 
 
-def _cell_in_history(namespace: Mapping) -> str:
-  """The last `parameters` cell this IPython kernel ran."""
-  for source in reversed(_history(namespace)):
-    if source.startswith(HEADER):
-      return source
-  raise ParameterError("check_notebook: no parameters cell (its first line "
-                       f"{HEADER!r}) has run in this kernel; pass cell=")
-
-
 def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = None,
                    *, before_backend: Callable[[], Any] | None = None) -> None:
-  """Checks a notebook's globals() against its parameters cell (`cell`:
-  source or notebook path; None: the last one this kernel ran), calls
-  `before_backend` (07 asks for virtual CPU devices there), then applies,
-  checks and prints `tpu_scaling`'s TPU sizes. Raises ParameterError naming
-  the first parameter that breaks its rule."""
-  decl = declarations(cell if cell is not None else _cell_in_history(namespace))
+  """Checks a notebook's globals() against its parameters cell (`cell`: source or
+  path; None: the last one this kernel ran), calls `before_backend` (07's CPU devices),
+  applies, checks and prints `tpu_scaling`'s sizes; ParameterError names the first broken."""
+  if cell is None:  # the last `parameters` cell this IPython kernel ran
+    cell = next((s for s in reversed(_history(namespace)) if s.startswith(HEADER)), None)
+  if cell is None:
+    raise ParameterError("check_notebook: no parameters cell (its first line "
+                         f"{HEADER!r}) has run in this kernel; pass cell=")
+  decl = declarations(cell)
   check(decl, namespace)
   if before_backend is not None:
     before_backend()
@@ -273,7 +266,6 @@ class TpuScaling:
   def line(self, machine: str | None = None) -> str:
     """The one line `check_notebook` prints (machine: describe_machine())."""
     if machine is None:
-      from streamidx import modes  # pylint: disable=g-import-not-at-top
       machine = modes.describe_machine()
     if self.note is not None:
       return f"TPU sizes ({self.reason}): none applied: {self.note}. Machine: {machine}"
@@ -287,8 +279,8 @@ class TpuScaling:
 
 
 def injected_parameters(namespace: Mapping) -> set[str]:
-  """Names papermill injected: assigned in an executed cell whose first line
-  is "# Parameters" (IPython keeps each cell's source in `In`)."""
+  """Names assigned in an executed cell whose first line is "# Parameters"
+  (papermill's, read from IPython's `In`)."""
   names: set[str] = set()
   for source in _history(namespace):
     if source.split("\n", 1)[0].strip() == PAPERMILL_HEADER:
@@ -309,8 +301,8 @@ def same(a, b) -> bool:
 
 
 def tied(decl: Declarations) -> list[set[str]]:
-  """Groups of parameters with TPU sizes that one rule ties (the rule of one
-  names the other, or one rule names both): they scale only together."""
+  """Groups of parameters with TPU sizes that one rule ties: they scale only
+  together."""
   tpu = set(decl.tpu())
   groups: list[set[str]] = []
   for p in decl.parameters.values():
@@ -325,14 +317,8 @@ def tied(decl: Declarations) -> list[set[str]]:
 def tpu_scaling(decl: Declarations, namespace: Mapping, *,
                 environ: Mapping[str, str] | None = None,
                 backend: str | None = None) -> TpuScaling | None:
-  """The TPU sizes for the run whose globals are `namespace`, or None.
-
-  On where `jax.default_backend() == "tpu"` (`backend` overrides it) or with
-  STREAMIDX_TPU_SCALE=1; never with STREAMIDX_TPU_SCALE=0. A parameter takes
-  its `tpu:` value only if its value is still the cell's default, papermill
-  did not inject it (a -p value is kept even when it equals the default),
-  and no parameter tied to it (`tied`) was set.
-  """
+  """The TPU sizes for the run whose globals are `namespace`, or None (when they
+  apply: docs/workbook.md, "Parameters"). `backend`: overrides jax's."""
   environ = os.environ if environ is None else environ
   setting = environ.get(TPU_SCALE_ENV, "").strip().lower()
   if setting not in ("", "auto", "0", "1"):
@@ -341,7 +327,6 @@ def tpu_scaling(decl: Declarations, namespace: Mapping, *,
   if setting == "0":
     return None
   if backend is None:
-    import jax  # pylint: disable=g-import-not-at-top
     backend = jax.default_backend()
   if setting != "1" and backend != "tpu":
     return None

@@ -1,10 +1,6 @@
-"""The notebooks' figures: one function per figure (or `Axes`) a notebook draws, in
-notebook order (00/01 cache and batch, 02 FP8, 05 tiling, 04 recall, 06 profiling, 07 chips).
-
-Each draws what it is given (arrays from `streamidx.batch` / `streamidx.cache` /
-`lab.studies`, a `lab.model.tiling` plan, a notebook's rows) and computes nothing of its own;
-it returns the `Figure` (or draws on the `Axes` passed in), and `save` writes a PNG under a
-notebook's `output_dir`. Matplotlib only; safe under the Agg backend.
+"""The notebooks' figures, one function per figure (or `Axes`) a notebook draws, in notebook
+order. Each draws what it is given and computes nothing of its own; it returns the `Figure` (or
+draws on the `Axes` passed in); `save` writes a PNG under a notebook's `output_dir`. Agg-safe.
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ def seq_colors(n: int) -> list:
 # Shared styling: every figure sets its axes and finishes through these.
 def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
            grid=None, legend=None):
-  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid
-  (`grid`: its keyword arguments, or an alpha) and a legend (`legend`: its keyword arguments,
-  or a fontsize) of one axes. Call it before setting ticks: a scale resets them."""
+  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid and a legend
+  (keyword arguments, or an alpha / a fontsize) of one axes; before ticks (a scale resets them)."""
   if xlog: ax.set_xscale("log", base=xlog)
   if ylog: ax.set_yscale("log", base=ylog)
   if xlabel: ax.set_xlabel(xlabel)
@@ -105,9 +100,8 @@ def _grouped(ax, groups, series, labels=None):
 
 
 def page_table_figure(batches: Sequence, titles: Sequence[str]):
-  """Notebook 01, one row per batch: its page table (sequence x local page, each cell
-  labelled with its physical page) and its pool of physical pages, each coloured by the
-  sequence that owns it (grey: free) and labelled "b:p" (sequence b, local page p)."""
+  """Notebook 01, a row per batch: its page table (cells: physical pages) and its pool of
+  physical pages, coloured by owning sequence (grey: free), labelled "seq:local page"."""
   fig, axes = plt.subplots(len(batches), 2, figsize=(13, 2.6 * len(batches)), squeeze=False,
                            gridspec_kw={"width_ratios": [1, 2.2]})
   for (ax_t, ax_p), batch, title in zip(axes, batches, titles):
@@ -176,14 +170,10 @@ def visibility_axes(ax, mask, q_positions, *, title: str, diff=None,
 
 def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title: str,
                        highlight: int | None = None, lane_names: dict | None = None):
-  """Notebook 02: a cache page `[page_size / kv_packing, kv_packing, lkv]` (uint8 FP8 bytes or
-  bf16 values) as 32-bit words, sublane rows x `lanes` ("..." marks skipped lanes).
-
-  The word at (row r, lane l) holds `page[r, j, l]` for j < kv_packing: lane l of entries
-  r * kv_packing + j, as the TPU tiles the two minor dimensions (`T(4,128)(4,1)` for uint8,
-  see `streamidx.cache`). Each part shows its entry (and, for uint8, its byte in hex);
-  `highlight`: an entry outlined red; `lane_names`: lane -> a column header (the scale lane).
-  """
+  """Notebook 02: a cache page `[page_size / kv_packing, kv_packing, lkv]` (uint8 or bf16) as
+  32-bit words, sublane rows x `lanes` ("..." marks skipped lanes); word (r, l) holds
+  `page[r, :, l]` (the tiling: `streamidx.cache`). `highlight`: an entry outlined red;
+  `lane_names`: lane -> a column header."""
   page = np.asarray(page)
   rows, lanes, names = page.shape[0], list(lanes), lane_names or {}
   cols = []  # lane or None (a gap)
@@ -217,14 +207,8 @@ def sublane_words_axes(ax, page, *, kv_packing: int, lanes: Sequence[int], title
 
 
 def batch_launch_figure(batch, plan, *, filled_rows=None):
-  """Notebook 02: the ragged batch as the kernel sees it, and the launches of `plan` (the
-  tiling model's `Plan` of the call) over it.
-
-  Top: one cell per query row (cu_q_lens order), coloured by sequence, with the
-  distribution's ranges. Below: one band per launch, each program a box over the rows it
-  scores, labelled with its index and num_bq x num_bkv blocks; `filled_rows` (bool[T], e.g.
-  rows the kernel returned an index for), if given, is a last band.
-  """
+  """Notebook 02: the ragged batch's query rows (coloured by sequence) and, a band per launch
+  of `plan` (a `tiling.Plan`), each program's rows; `filled_rows` (bool[T]): a last band."""
   colors, t, launches = seq_colors(batch.num_seqs), batch.num_tokens, plan.launches
   n_bands = 1 + len(launches) + (filled_rows is not None)
   fig, ax = plt.subplots(figsize=(max(9, t * .42), 1.2 + .62 * n_bands))
@@ -296,13 +280,9 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str):
 
 def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
                         compression_ratio: int, title: str):
-  """Notebook 00: one query row's scores, the entries the kernel returned (`chosen`, -1s
-  removed), the k-th score, and the entries the causal mask hides.
-
-  `scores`: f32[E >= entries] the row's reference scores (-inf where it may not look);
-  `unmasked`: f32[entries] the row against every entry of its sequence, no mask
-  (`ref.score_entries`); the row sees entries 0 .. n_visible - 1.
-  """
+  """Notebook 00: one query row's scores (`scores` f32[E >= entries], -inf where masked), the
+  entries the kernel returned (`chosen`), the k-th score, and the masked entries drawn at their
+  unmasked scores (`unmasked` f32[entries]); the row sees entries 0 .. n_visible - 1."""
   s, u = np.asarray(scores, np.float64), np.asarray(unmasked, np.float64)
   chosen, n_entries, visible = np.asarray(chosen, int), len(u), np.arange(n_visible)
   fig, ax = plt.subplots(figsize=(10, 4))
@@ -332,8 +312,7 @@ def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
 
 def scale_error_figure(scale_study, *, title: str | None = None):
   """Notebook 03: record error with ue8m0 vs exact float scales for the first two
-  distributions of `scale_study` (-> err_pow2, err_float, mean_err_*, amax_over_scale), and
-  where the "gaussian" amax / 2**e lands."""
+  distributions of `scale_study`, and where the "gaussian" amax / 2**e lands."""
   fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
   for ax, dist in zip(axes[:2], scale_study):
     st = scale_study[dist]
@@ -376,9 +355,8 @@ def e4m3_use_figure(positive, spacing, stored, *, title: str):
 
 
 def recall_ci_figure(summary, *, dists, contexts, ks, variants, title: str):
-  """Notebook 03: mean recall@k over seeds (`summary(dist, entries, variant, k)`: `mean`,
-  `half_width`) with its 95% interval clipped to [0, 1]; a panel per (dist, entries), a line
-  per variant over the `ks` <= entries."""
+  """Notebook 03: mean recall@k and its 95% interval in [0, 1] (`summary(dist, entries,
+  variant, k)`: mean, half_width), a panel per (dist, entries), a line per variant."""
   fig, axes = plt.subplots(len(dists), len(contexts), sharey=True, squeeze=False,
                            figsize=(4.2 * len(contexts), 3.5 * len(dists)))
   for i, dist in enumerate(dists):
@@ -451,9 +429,8 @@ def dma_timeline_axes(ax, rec, *, launches=None, title=None):
 
 
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
-  """Notebook 04: the kernel's steps (`tiling.steps(plan)` dicts) in execution order, one row
-  per sequence: a cell per sequence of the step's program, coloured by case, labelled
-  "bq,bkv", hatched where the block is past the sequence's entries (computed, masked)."""
+  """Notebook 04: the kernel's steps (`tiling.steps(plan)`) in order, a row per sequence, a
+  cell "bq,bkv" coloured by case, hatched past the sequence's entries (computed, masked)."""
   steps = list(steps)
   fig, ax = plt.subplots(figsize=(min(18, 3 + 0.28 * len(steps)), 0.5 * num_seqs + 1.6))
   for x, st in enumerate(steps):
@@ -475,9 +452,8 @@ def iteration_order_figure(steps, num_seqs: int, *, title: str):
 
 
 def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, title: str):
-  """Notebook 04: VMEM (`budget`: bytes[len(bq_choices), len(bkv_choices)]) of a launch per
-  (bq, bkv_p); the cells over each distinct limit (`limits`: generation -> bytes, up to three)
-  outlined red, one line style per limit; `production` (bq, bkv_p) in a white square."""
+  """Notebook 04: VMEM bytes[len(bq_choices), len(bkv_choices)] of a launch; cells over each
+  of up to three `limits` (generation -> bytes) outlined red, `production` in white."""
   mib = 2.0 ** 20
   budget = np.asarray(budget, float)
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -532,9 +508,8 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
 
 
 def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str = ""):
-  """Notebook 04: scheduled bundles per KV page against num_kv_pages_per_block, a panel per
-  generation (`lab.schedule.schedule_table` rows, their `roofline.PageBound`s); dashed: a
-  page's HBM time in cycles where the chip has a clock, else its break-even clock, written."""
+  """Notebook 04: scheduled bundles per KV page against bkv_p, a panel per generation (`rows`,
+  their `bounds`); dashed: a page's HBM cycles where the chip has a clock, else written."""
   gens = list(dict.fromkeys(r["generation"] for r in rows))
   fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2), sharey=True,
                            squeeze=False)
@@ -561,9 +536,8 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
 
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
                        title: str):
-  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of
-  the vendored-rule top-k score mass; a cross where the bound differs but the leaked entry
-  was not selected; dotted lines at `seq_starts`."""
+  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of the
+  vendored-rule top-k mass; x: bound differs, leak unselected; dotted: `seq_starts`."""
   live, sel = np.asarray(live, bool), np.asarray(leaked_selected, bool)
   rows = np.flatnonzero(live)
   fig, ax = plt.subplots(figsize=(10, 4))
@@ -582,9 +556,8 @@ def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_st
 
 
 def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, title: str):
-  """Notebook 05: how much of the exact token top-k the top pages hold (`coverage`: "fp8" /
-  "f32" -> "count" / "mass" -> f[len(budgets), len(page_sizes)]), by count (left) and score
-  mass (right); dotted: random pages (k / `page_entries`)."""
+  """Notebook 05: the exact token top-k's share in the top pages (`coverage`: "fp8" / "f32"
+  -> "count" / "mass" -> f[len(budgets), len(page_sizes)]); dotted: random pages."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, m in zip(axes, ("count", "mass")):
     for i, budget in enumerate(budgets):
@@ -602,13 +575,9 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, ti
 
 def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
                     generations, device_kind: str = ""):
-  """Notebook 06: device time against the roofline, and its split by stage.
-
-  `measured` (a TPU run): left, the stacked kernel / top-k / other microseconds of each
-  run-file record, the bounds of `generation` marked; right, the measured split. Otherwise:
-  left, the predicted bound of each of `generations` per sweep point (`predictions`: (mode,
-  B, L) -> generation -> seconds per stage); right, v5e's predicted split; it says so.
-  """
+  """Notebook 06: device time against the roofline, and its split by stage: `measured`, the
+  run-file `records` and `generation`'s bounds; else each of `generations`' predicted bound
+  (`predictions`: (mode, B, L) -> generation -> seconds per stage) and v5e's split, said so."""
   fig, (ax, ax_split) = plt.subplots(1, 2, figsize=(14, 4.6))
   if measured:
     x = np.arange(len(records))
@@ -648,9 +617,8 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
 
 
 def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
-  """Notebook 06: one row per kernel configuration record: its measured device time (a TPU
-  run: kernel, top-k and other stacked) beside its roofline bound (hollow bar) and its
-  static-schedule bound (a marker, where computed); without a TPU, the model only, said so."""
+  """Notebook 06: a row per kernel configuration: measured device time (a TPU run, stacked by
+  stage) beside its roofline (hollow) and static-schedule (marker) bounds; else model only."""
   y, h = np.arange(len(records)), 0.38
   fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
   if measured:
@@ -699,9 +667,8 @@ def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
 
 
 def scaling_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the modelled decode step (left) and cache per device (right) against chips
-  (`lab.model.scaling.scaling_table` rows), per generation: one chip per sequence (C = 1,
-  solid) and the best context-parallel degree (dashed, where it differs)."""
+  """Notebook 07: the modelled step and cache per device against chips (`scaling_table` rows)
+  per generation: C = 1 solid, the best context-parallel C dashed where it differs."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   chips = sorted({r["chips"] for r in rows})
   for ax, what, ylabel in ((axes[0], "step us", "modelled step (us, one layer)"),

@@ -1,12 +1,6 @@
-"""The sharded indexer compiled for a TPU slice without a TPU; its collectives.
-
-    r = compile_sharded("v6e:2x2", "context-parallel")
-    r.ok, r.collectives, r.received_bytes, r.model_received_bytes
-
-`compile_matrix` (every layout and merge per topology) is the sharded part of
-`python -m streamidx.aot` (`--no-sharded` skips it). The layouts, the default
-shapes and what the two byte counts mean: docs/multichip.md, "Compiled for a
-slice without a TPU".
+"""The sharded indexer compiled for a TPU slice without a TPU; its collectives
+(the layouts, default shapes and byte counts: docs/multichip.md, "Compiled for
+a slice without a TPU").
 """
 
 from __future__ import annotations
@@ -15,9 +9,14 @@ import dataclasses
 import re
 import time
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
-from streamidx import modes
+import streamidx as si
+from streamidx import cache as cache_lib
+from streamidx import modes, sharded
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
@@ -48,11 +47,6 @@ class Collective:
   received_bytes: int  # what one device receives (docs/multichip.md)
 
 
-def _array_shapes(text):  # scalars (async contexts), unknown types left out
-  return [(d, tuple(int(x) for x in dims.split(",")))
-          for d, dims in _SHAPE.findall(text) if d in _DTYPE_BYTES and dims]
-
-
 def collectives(hlo_text: str) -> list[Collective]:
   """The collectives of a compiled program's HLO text (`compiled.as_text()`)."""
   found = []
@@ -60,8 +54,10 @@ def collectives(hlo_text: str) -> list[Collective]:
     m = _LINE.search(line)
     if not m:
       continue
-    op = m.group("op")
-    arrays = _array_shapes(m.group("type"))
+    op = m.group("op")  # scalars (async contexts), unknown types left out:
+    arrays = [(d, tuple(int(x) for x in dims.split(",")))
+              for d, dims in _SHAPE.findall(m.group("type"))
+              if d in _DTYPE_BYTES and dims]
     if op.endswith("-start"):  # (operands..., outputs...)
       op = op[:-len("-start")]
       arrays = arrays[len(arrays) // 2:]
@@ -109,7 +105,6 @@ class ShardedCompile:
 
   @property
   def model_received_bytes(self) -> int:
-    from streamidx import sharded  # pylint: disable=g-import-not-at-top
     nc = self.mesh_shape[1]
     return self.rows_per_shard * sharded.merge_bytes_per_row(
         self.k, nc, self.merge)
@@ -130,43 +125,26 @@ class ShardedCompile:
     }
 
 
-def _mesh_shape(layout, ndev, shape_2d):
-  if layout == "sequence-parallel":
-    return (ndev, 1)
-  if layout == "context-parallel":
-    return (1, ndev)
-  if layout == "2d":
-    return shape_2d
-  raise ValueError(f"layout: must be one of {LAYOUTS} (got {layout!r})")
-
-
 def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     merge: str = "all_gather", fmt: str = "fp8",
                     num_heads: int = 64, head_dim: int = 128,
                     page_size: int = 128, seqs_per_shard: int = 8,
                     pages_per_share: int = 16, k: int | None = None,
                     **overrides) -> ShardedCompile:
-  """Compiles `streamidx.sharded.sharded_topk` for a TPU topology, no TPU.
-
-  topology: a `TOPOLOGIES` name; layout: a `LAYOUTS` name; merge:
-  "all_gather" or "tree"; seqs_per_shard: decode sequences (one query row
-  each) per data shard; pages_per_share: page-table columns per device; k:
-  default 512 (token mode) or 8 pages; **overrides: block sizes replacing the
-  table's. A compiler error is recorded in the result (`ok` False), not raised.
+  """Compiles `streamidx.sharded.sharded_topk` for a `TOPOLOGIES` slice, no
+  TPU; merge: "all_gather" or "tree"; seqs_per_shard: decode sequences (one
+  query row each) per data shard; pages_per_share: page-table columns per
+  device; k: default 512 (token mode) or 8 pages; **overrides: block sizes
+  replacing the table's. A compiler error is recorded (`ok` False), not raised.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-  from streamidx import sharded  # pylint: disable=g-import-not-at-top
-
   if topology not in TOPOLOGIES:
     raise ValueError(f"topology: must be one of {tuple(TOPOLOGIES)} "
                      f"(got {topology!r})")
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout: must be one of {LAYOUTS} (got {layout!r})")
   generation, ndev, shape_2d = TOPOLOGIES[topology]
-  nd, nc = _mesh_shape(layout, ndev, shape_2d)
+  nd, nc = {"sequence-parallel": (ndev, 1), "context-parallel": (1, ndev),
+            "2d": shape_2d}[layout]
   v = si.VARIANTS[variant]
   page = v.mode == "page"
   k = (8 if page else 512) if k is None else k

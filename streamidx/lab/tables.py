@@ -1,10 +1,6 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
-reports), and a batch as such a list.
-
-    display(Markdown(markdown(rows)))     # rows: [dict(gen="v5e", kernel_us=12.5), ...]
-    print(format_rows(rows))              # right-aligned text columns under a header
-
-Floats print with 4 significant digits, None as "-", everything else with `str`.
+reports), and a batch as such a list. Floats print with 4 significant digits, None as "-",
+everything else with `str`.
 """
 
 from __future__ import annotations
@@ -16,10 +12,6 @@ def _text(value) -> str:
   return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _cell(value) -> str:
-  return _text(value).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
   """`rows` as a GitHub-flavoured Markdown table, one line per row under a header (`|`
   escaped). `cols` picks and orders the columns (default: the first row's keys); a row
@@ -28,7 +20,8 @@ def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
     raise ValueError("rows: must not be empty")
   cols = list(cols or rows[0])
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-  lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+  lines += ["| " + " | ".join(_text(r.get(c)).replace("|", "\\|").replace("\n", " ")
+                              for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
 
@@ -45,13 +38,9 @@ def format_rows(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> s
 
 
 def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
-  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown`.
-
-  Columns: seq, range (which range of `distribution` holds it: "decode", "prefill-only" or
-  "mixed"), q_len, query rows (its rows of q: `cu_q_lens[b] .. cu_q_lens[b+1] - 1`), seq_len,
-  entries (seq_len // compression_ratio), physical pages (its page-table row, the first
-  `max_pages` pages, then "...").
-  """
+  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown`: seq, range (of
+  `distribution`), q_len, query rows (its rows of q), seq_len, entries, physical pages (its
+  page-table row, the first `max_pages`, then "...")."""
   i, j, _ = (int(x) for x in batch.distribution)
   cu = [int(x) for x in batch.cu_q_lens]
   rows = []

@@ -1,7 +1,6 @@
-"""Tooling for the kernel walkthrough notebook (03), tested in
-tests/test_walkthrough.py: `excerpt` (numbered source lines of a nested
-function) and `compile_rows` (the TPU compiler's verdict on its kernels,
-libtpu, no TPU). The kernels it teaches live in the notebook's cells.
+"""Tooling for the kernel walkthrough notebook (03): numbered source excerpts
+and the TPU compiler's verdict on its kernels. The kernels it teaches live in
+the notebook's cells.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import inspect
 import json
 from pathlib import Path
 from typing import Callable, Sequence
-
-__all__ = ["Excerpt", "excerpt", "compile_rows"]
 
 
 def _module_path(module) -> str:
@@ -45,69 +42,44 @@ class Excerpt:
     return "\n".join([head, *body])
 
 
-def _find_def(tree: ast.AST, qualname: str) -> ast.AST:
-  node = tree
-  for part in qualname.split("."):
-    found = None
-    for child in ast.walk(node):
-      if (isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                             ast.ClassDef)) and child.name == part
-          and child is not node):
-        found = child
-        break
-    if found is None:
-      raise ValueError(f"qualname: no definition {part!r} in {qualname!r}")
-    node = found
-  return node
-
-
 def excerpt(module, qualname: str, *, start: str | None = None,
             stop: str | None = None) -> Excerpt:
-  """The source of function (or class) `qualname` of `module`, numbered.
-
-  Args:
-    module: a module object, e.g. `streamidx.kernels.vendored`.
-    qualname: dotted path through nested definitions, e.g.
-      "_scores_kernel._fetch_bkv" (a function defined inside another, which
-      `inspect.getsource` cannot reach).
-    start, stop: optional substrings; the excerpt then runs from the first
-      line of the definition containing `start` to the first line after it
-      containing `stop` (both included).
-
-  Line numbers are the file's, decorators included.
-  """
+  """The source of function (or class) `qualname` of `module` (e.g.
+  `streamidx.kernels.vendored`), numbered as in the file, decorators
+  included. qualname: a dotted path through nested definitions
+  ("_scores_kernel._fetch_bkv", which `inspect.getsource` cannot reach);
+  start, stop: substrings, the excerpt then runs from the first line
+  containing `start` to the first line after it containing `stop`."""
   source = inspect.getsource(module)
   lines = source.splitlines()
-  node = _find_def(ast.parse(source), qualname)
+  node = ast.parse(source)
+  for part in qualname.split("."):  # each a definition nested in the last
+    node = next((c for c in ast.walk(node) if c is not node and isinstance(
+        c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and c.name == part), None)
+    if node is None:
+      raise ValueError(f"qualname: no definition {part!r} in {qualname!r}")
   first = min([node.lineno] + [d.lineno for d in
                                getattr(node, "decorator_list", [])])
   last = node.end_lineno
-  if start is not None:
-    hits = [n for n in range(first, last + 1) if start in lines[n - 1]]
+  for arg, text in (("start", start), ("stop", stop)):
+    if text is None:
+      continue
+    hits = [n for n in range(first, last + 1) if text in lines[n - 1]]
     if not hits:
-      raise ValueError(f"start: {start!r} not in {qualname}")
-    first = hits[0]
-  if stop is not None:
-    hits = [n for n in range(first, last + 1) if stop in lines[n - 1]]
-    if not hits:
-      raise ValueError(f"stop: {stop!r} not in {qualname} after line {first}")
-    last = hits[0]
+      raise ValueError(f"{arg}: {text!r} not in {qualname} from line {first}")
+    first, last = (hits[0], last) if arg == "start" else (first, hits[0])
   return Excerpt(_module_path(module), qualname, first, last,
                  tuple(lines[first - 1:last]))
 
 
 def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
                  generations: Sequence[str]) -> list[dict]:
-  """One table row per kernel: `{"kernel": name, <generation>: verdict}`.
-
-  `kernels`: name -> (fn, args), `fn(*args)` tracing its `pallas_call`s
-  compiled, `args` arrays made beforehand (nothing can be computed on a
-  compile-only device). `generations`: "v4" .. "v7x", compiled without a TPU
-  through `streamidx.compile_for` (libtpu), or "local" (a TPU). A verdict is
-  "compiles (Mosaic)" (the program holds a `tpu_custom_call`), "compiles,
-  but no Mosaic kernel" (it was traced interpreted), or "fails: " and the
-  compiler's error in one line (`lab.aot.summarize_error`); never raises.
-  """
+  """One table row per kernel, `{"kernel": name, <generation>: verdict}`; never
+  raises. `kernels`: name -> (fn, args), `fn(*args)` tracing its
+  `pallas_call`s compiled, `args` made beforehand (a compile-only device
+  computes nothing); `generations`: "v4" .. "v7x" (`streamidx.compile_for`,
+  no TPU) or "local" (a TPU)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top

@@ -1,12 +1,7 @@
-"""Runs the workbook's notebooks (`notebooks/NN_*.ipynb`) with papermill.
-
-    python -m streamidx.workbook [--profile ci|default] [--only NAME ...] [--html]
-                                 [--out DIR] [--timeout S] [--jobs N] [-v]
-
-What it writes (executed copies, `<out>/<stem>.kernel.log`, the landing page)
-and in what order it runs: docs/workbook.md. A configuration error is a
-`WorkbookError` before anything runs (exit 2); a failed notebook is reported
-with its cell (exit 1).
+"""Runs the workbook's notebooks (`notebooks/NN_*.ipynb`) with papermill:
+`python -m streamidx.workbook --help`; what it writes and in what order it
+runs: docs/workbook.md. A configuration error is a `WorkbookError` before
+anything runs (exit 2); a failed notebook is reported with its cell (exit 1).
 """
 
 from __future__ import annotations
@@ -190,27 +185,10 @@ def _failure_from(exc: BaseException, executed: Path, source_nb: dict) -> CellFa
   return _cell(source_nb, i - sum(injected), count, ename, evalue, source)
 
 
-def render_html(executed: Path) -> Path:
-  """Renders an executed copy to HTML beside it; returns the HTML path."""
-  import nbformat
-  from nbconvert import HTMLExporter
-  body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-  html = executed.with_suffix(".html")
-  html.write_text(body, encoding="utf-8")
-  return html
-
-
 def _heading(profile: str, out_dir: Path) -> str:
   what = ("CI-sized parameters (the ci: values of each parameters cell)"
           if profile == "ci" else "the notebooks' default parameters")
   return f"streamidx workbook ({what}): {Path(out_dir).name}/"
-
-
-def jobs_note(jobs: int) -> str:
-  """What `--jobs` > 1 does to the timings the notebooks print ("" for 1)."""
-  return "" if jobs <= 1 else (
-      f"Run {jobs} notebooks at a time: the timings they print ran beside "
-      "another notebook (--jobs 1 for timing studies).")
 
 
 def kernel_log(executed: Path) -> Path:
@@ -220,10 +198,8 @@ def kernel_log(executed: Path) -> Path:
 
 
 def _logged_kernel_manager(log: Path):
-  """Kernels that write their own stdout and stderr to `log`: what a kernel
-  writes outside a cell (cell output is captured into the notebook), chiefly
-  the asyncio "Task was destroyed" reports of its closing service loops,
-  which an inherited stderr printed between the runner's lines."""
+  """Kernels that write their own stdout and stderr (what they write outside a
+  cell: docs/workbook.md) to `log`, not between the runner's lines."""
   from jupyter_client.manager import AsyncKernelManager
 
   class LoggedKernelManager(AsyncKernelManager):
@@ -239,10 +215,9 @@ def _declared_only(record: logging.LogRecord) -> bool:
 
 
 def _quiet_logs(log_output: bool) -> None:
-  """Silences papermill's warnings about the parameters cell (it cannot read
-  a line with more than one "=", a rule's `>=`; `parameters_for` passes
-  declared parameters only) and, without `log_output`, closing kernels'
-  asyncio noise."""
+  """Silences papermill's warnings about the parameters cell (it cannot read a
+  rule's `>=`; `parameters_for` passes declared parameters only) and, without
+  `log_output`, closing kernels' asyncio noise."""
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
   if not log_output:
@@ -267,9 +242,8 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     raise WorkbookError(f"{path}: output folder is the notebooks folder")
   Path(params[OUTPUT_DIR_PARAMETER]).mkdir(parents=True, exist_ok=True)
   source_nb = _read(path)
-  executed.unlink(missing_ok=True)  # a stale copy would pass for this run's
-  executed.with_suffix(".html").unlink(missing_ok=True)
-  kernel_log(executed).unlink(missing_ok=True)
+  for stale in (executed, executed.with_suffix(".html"), kernel_log(executed)):
+    stale.unlink(missing_ok=True)  # a stale copy would pass for this run's
   import papermill
   _quiet_logs(log_output)
   failure, start = None, time.perf_counter()
@@ -282,8 +256,11 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
-  if html and executed.exists():
-    render_html(executed)
+  if html and executed.exists():  # rendered beside the executed copy
+    import nbformat
+    from nbconvert import HTMLExporter
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    executed.with_suffix(".html").write_text(body, encoding="utf-8")
   if index:
     write_index(path.parent, out_dir, heading=_heading(profile, out_dir))
   return NotebookResult(path.name, path, executed, params, seconds, failure)
@@ -347,9 +324,8 @@ padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
 
 
 def _section(source: Path, out_dir: Path, pending: str | None) -> str:
-  """The landing page's section for `source`: title, status, links,
-  question, and its executed copy's answer and machine line (not read while
-  `pending`: the copy there is an earlier run's)."""
+  """The landing page's section for `source`: title, status, links, question,
+  its executed copy's answer and machine line (unread while `pending`)."""
   esc, executed = html_lib.escape, out_dir / source.name
   rendered, nb = executed.with_suffix(".html"), None
   if not pending and executed.is_file():
@@ -388,9 +364,8 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
-  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir`
-  (`pending`: {name: "running" or "queued"}; `note`: a line under the
-  heading) through a renamed temporary file; returns its path."""
+  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir` through a
+  renamed temporary file (`pending`: {name: "running" or "queued"}); its path."""
   out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
   heading = heading or f"streamidx workbook: {out_dir.name}"
@@ -440,7 +415,7 @@ def run_order(notebooks: Sequence[Path], out_dir: Path) -> list[Path]:
   return sorted(notebooks, key=lambda p: (-seconds[p], p.name))
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m streamidx.workbook",
                                description="Execute the workbook notebooks with papermill.")
   ap.add_argument("--profile", choices=PROFILES, default="default",
@@ -459,11 +434,7 @@ def _parser() -> argparse.ArgumentParser:
                        "use --jobs 1 to time")
   ap.add_argument("-v", "--verbose", action="store_true",
                   help="log the notebooks' output while they run")
-  return ap
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  args = _parser().parse_args(argv)
+  args = ap.parse_args(argv)
   notebooks_dir = args.notebooks.resolve()
   out_dir = (args.out or notebooks_dir.parent / PROFILE_OUT[args.profile]).resolve()
   if args.verbose:
@@ -486,7 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, cell timeout "
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
   order = run_order(selected, out_dir)  # before a run removes a stale copy
-  heading, note = _heading(args.profile, out_dir), jobs_note(jobs)
+  heading = _heading(args.profile, out_dir)
+  note = "" if jobs <= 1 else (f"Run {jobs} notebooks at a time: the timings they print ran "
+                               "beside another notebook (--jobs 1 for timing studies).")
   results: dict[Path, NotebookResult] = {}
   start = time.perf_counter()
 

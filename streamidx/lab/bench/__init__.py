@@ -1,8 +1,5 @@
-"""The benchmark, `python -m streamidx.bench` (flags: `cli`; what it runs,
-checks and shows: docs/benchmarks.md). Modules: `shapes`, `memory`
-(probes), `oracle`, `harness` (worker processes, checks, `run`: one JSON
-schema), `report` (ratios, the table, bench.png), `long_context`, `topk`
-(--topk), `cli`.
+"""The benchmark, `python -m streamidx.bench` (docs/benchmarks.md; its modules:
+ARCHITECTURE.md).
 """
 
 from streamidx.lab.bench.harness import (IMPLEMENTATIONS, ORACLE_MAX_FLOPS,

@@ -1,14 +1,6 @@
-"""`python -m streamidx.bench`: the benchmark's command line.
-
-    python -m streamidx.bench                  # the sweep (make bench)
-    python -m streamidx.bench --quick          # small shapes, for CI
-    python -m streamidx.bench --shapes decode:8x16384:512 prefill:128x16384:512
-    python -m streamidx.bench --impls kernel reference
-    python -m streamidx.bench --long-context   # one chunk vs streamed, 1M tokens
-    python -m streamidx.bench --topk [...]     # streamidx.lab.bench.topk
-
-What is measured and checked: `streamidx.lab.bench` (package docstring).
-The exit status is 1 when a result erred or disagrees with the oracle.
+"""`python -m streamidx.bench`: the benchmark's command line (its runs and flags:
+docs/benchmarks.md, `--help`). Exit status 1 when a result erred or disagrees
+with the oracle.
 """
 
 from __future__ import annotations

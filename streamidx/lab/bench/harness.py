@@ -1,14 +1,13 @@
-"""The benchmark's harness: columns, worker processes, timing, checks, runs
+"""The benchmark's harness: columns, worker processes, timing, checks, `run`
 (why every measurement runs in a fresh worker, and the JSON it writes:
-docs/benchmarks.md). `run` runs the `IMPLEMENTATIONS` on shapes, checks
-every result (`oracle_agreement`, `vs_reference`) for `run_sweep` and
-`long_context.run_long_context`.
+docs/benchmarks.md, "Worker processes").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -19,12 +18,17 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
 
+import streamidx as si
 from streamidx import cache as cache_lib
+from streamidx import metrics, modes, streaming
+from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
-from streamidx.lab.bench import memory, report
+from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.bench.shapes import Shape
+from streamidx.lab.model import hardware, profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
@@ -63,12 +67,9 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str, generation):
 
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call (`lab.model.profiling`, 3 traced
-  calls: total, the kernel's ops, the top-k) and `lab.model.roofline`'s bound
-  on the vendored kernel's call from `lab.model.tiling`'s plan; the bound
-  models the vendored kernel, so `fraction_of_roofline` is the baseline
-  column's only."""
-  from streamidx.lab.model import hardware, profiling, roofline, tiling  # pylint: disable=g-import-not-at-top
+  """On a TPU: device seconds per call (3 traced calls: total, the kernel's ops,
+  the top-k) and the roofline bound of the vendored kernel's call, which only
+  the baseline column gets a `fraction_of_roofline` of."""
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
     times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
@@ -91,8 +92,6 @@ def device_times(shape: Shape, impl: str, run_call, *,
 def compile_call(fn, args, kw):
   """fn(*args, **kw) jitted and compiled ahead of time (`kw` static):
   ({compile_s, xla}, a blocking call)."""
-  import functools  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   compiled = jax.jit(functools.partial(fn, **kw)).lower(*args).compile()
   info = {"compile_s": time.perf_counter() - t0,
@@ -101,9 +100,8 @@ def compile_call(fn, args, kw):
 
 
 def measure(run_call, repeats: int):
-  """One warm-up call (the peak memory is reset just before it), then
-  `repeats` timed calls: (last output, {warmup_s, wall_s: median, min, max,
-  runs; memory})."""
+  """One warm-up call (peak memory reset just before it), then `repeats` timed
+  calls: (last output, {warmup_s, wall_s: median, min, max, runs; memory})."""
   mem = memory.PeakMemory()
   mem.start()
   t0 = time.perf_counter()
@@ -125,11 +123,8 @@ def measure(run_call, repeats: int):
 
 
 def oracle_agreement(shape: Shape, got, parts) -> dict:
-  """vs_oracle: `got[rows]` against the oracle on each part (rows, args,
-  oracle_rows: the query rows of `args` to score, None for all), tie-aware
-  within twice the part's float32 bound (`oracle.f32_score_bound`)."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.bench import oracle  # pylint: disable=g-import-not-at-top
+  """`got[rows]` against the oracle on each part (rows, args, oracle_rows: None
+  for all), tie-aware within twice its `oracle.f32_score_bound`."""
   got = np.asarray(got)
   out = {"rows_checked": 0, "atol": 0.0, "ok": True, "rows_mismatched": 0}
   for rows, args, oracle_rows in parts:
@@ -146,21 +141,14 @@ def oracle_agreement(shape: Shape, got, parts) -> dict:
 
 
 def worker(spec: dict) -> dict:
-  """One implementation on one shape, in a worker process: the inputs
-  (seed 0; `long_context_args` for a long-context spec), `compile_call`,
-  `measure`, the indices saved to `spec["save"]`; untimed, the reference's
-  scores (`save_scores`) and `oracle_agreement` (every row of up to 32, else
-  the first and last 8; long context: `spot_check`'s slices)."""
+  """One implementation on one shape, in a worker process: inputs (seed 0, or
+  `long_context_args`), `compile_call`, `measure`, indices to `spec["save"]`;
+  untimed, the reference's scores (`save_scores`) and `oracle_agreement` (all
+  of up to 32 rows, else the first and last 8; long context: `spot_check`)."""
   if spec.get("machine"):
-    from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
     total = memory.proc_bytes("MemTotal", "/proc/meminfo")
     return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
-  import jax  # pylint: disable=g-import-not-at-top
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import modes, streaming  # pylint: disable=g-import-not-at-top
-  from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.bench import long_context, oracle  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.bench import long_context  # pylint: disable=g-import-not-at-top
 
   shape, impl = Shape(**spec["shape"]), spec["impl"]
   kw = shape.kernel_kwargs()
@@ -190,10 +178,9 @@ def worker(spec: dict) -> dict:
         "oracle": (None, "oracle (loop, float64)")}[impl]
     call_args = args
   if fn is None:
-    compiled = {"compile_s": None, "xla": None}
     np_args = [np.asarray(a) for a in args]
-    def run_call():
-      return oracle.oracle_topk(*np_args, **kw)
+    compiled = {"compile_s": None, "xla": None}
+    run_call = lambda: oracle.oracle_topk(*np_args, **kw)  # pylint: disable=unnecessary-lambda-assignment
   else:
     compiled, run_call = compile_call(fn, call_args, kw)
   out, res = measure(run_call, spec["repeats"])
@@ -240,9 +227,7 @@ def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
 
 def vs_reference(got, ref) -> dict:
   """`got` against the reference's (indices, scores or None): identical, or
-  tie-aware with exact ties (atol 0) on its scores (without scores,
-  identical is required)."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
+  tie-aware with exact ties (atol 0) where scores are given."""
   idx, scores = ref
   same = bool(np.array_equal(got, idx))
   c = None if scores is None else metrics.compare_topk(got, idx, scores,
@@ -252,26 +237,13 @@ def vs_reference(got, ref) -> dict:
                               else int((got != idx).any(axis=1).sum()))}
 
 
-def _kernel_spec(shape: Shape, column: str) -> dict:
-  """The variant and cache format of a kernel column on `shape`."""
-  variant = kernel_columns().get(column)
-  if variant is None:
-    return {}
-  fmt = variant_format(variant, shape.fmt)
-  return {"variant": variant, "fmt": fmt} if fmt else {
-      "variant": variant, "skip": f"variant {variant!r} reads "
-      f"{variants_lib.get(variant).cache_formats}, no layout of {shape.fmt!r}"}
-
-
 def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         repeats: int, out: Path, long: bool = False, progress: bool = True,
         settings: dict | None = None, shape_fields=None) -> dict:
-  """Every implementation on every shape, checked; writes the JSON `out`.
-
-  The reference runs first, the others are compared with it (`vs_reference`;
-  `long`: long-context inputs and indices only, no T x E scores).
-  shape_fields: shape -> more fields of its entry in "shapes".
-  """
+  """Every implementation on every shape, checked; writes the JSON `out`. The
+  reference runs first, the others are compared with it (`vs_reference`;
+  `long`: long-context inputs, indices only); shape_fields: shape -> more
+  fields of its entry in "shapes"."""
   if unknown := sorted(set(implementations) - set(IMPLEMENTATIONS)):
     raise ValueError(f"implementations: {', '.join(map(repr, unknown))} not "
                      f"in {IMPLEMENTATIONS}")
@@ -303,11 +275,14 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
       for impl in impls:
         if progress:
           print(f"{shape.name}: {impl} ...", file=sys.stderr, flush=True)
-        kernel = _kernel_spec(shape, impl)
-        row = {"shape": shape.name, "impl": impl, "variant": kernel.get(
-            "variant"), "cache_format": kernel.get("fmt")}
-        if "skip" in kernel:
-          row.update(status="skipped", reason=kernel.pop("skip"))
+        variant = kernel_columns().get(impl)  # a kernel column's variant
+        fmt = variant and variant_format(variant, shape.fmt)
+        row = {"shape": shape.name, "impl": impl, "variant": variant,
+               "cache_format": fmt}
+        if variant and not fmt:
+          row.update(status="skipped", reason=f"variant {variant!r} reads "
+                     f"{variants_lib.get(variant).cache_formats}, no layout "
+                     f"of {shape.fmt!r}")
         elif impl == "oracle" and shape.flops() > ORACLE_MAX_FLOPS:
           row.update(status="skipped", reason=f"{shape.flops() / 1e9:.1f} "
                      f"GFLOP, over the loop's {ORACLE_MAX_FLOPS / 1e9:.0f}")
@@ -315,8 +290,8 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
           save = os.path.join(tmp, f"{n}_{impl}.npy")
           scores = os.path.join(tmp, f"{n}_scores.npy")
           row.update(run_worker(dict(
-              kernel, shape=dataclasses.asdict(shape), impl=impl, long=long,
-              repeats=repeats, save=save,
+              variant=variant, fmt=fmt, shape=dataclasses.asdict(shape),
+              impl=impl, long=long, repeats=repeats, save=save,
               save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
           row["entries_per_s"] = shape.visible_pairs() / row["wall_s"][

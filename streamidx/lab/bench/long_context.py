@@ -1,13 +1,7 @@
-"""Long context: the reference in streamed chunks and in one chunk at 1M tokens.
-
-`run_long_context` (`--long-context`) runs both settings of `streamidx.ref`'s
-engine, "streaming" (chunks of entries) and "reference" (one chunk, within
-its row-block budget), on each shape of `shapes.LONG_CONTEXT` at each k of
-`LONG_CONTEXT_KS` through `harness.run` (one warm-up and one timed call),
-beside `streaming.one_chunk_temp_bytes`' range. The inputs come from
-`long_context_args`, which builds the cache a few pages at a time
-(`random_cache`); each result is checked against the oracle on slices of
-the batch (`spot_check`).
+"""Long context (`--long-context`, docs/benchmarks.md): the reference in
+streamed chunks and in one chunk on `shapes.LONG_CONTEXT` at each of
+`LONG_CONTEXT_KS`; the cache built a few pages at a time (`random_cache`),
+the oracle on slices of the batch (`spot_check`).
 """
 
 from __future__ import annotations
@@ -16,23 +10,22 @@ import dataclasses
 import math
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from streamidx import cache as cache_lib
+from streamidx import streaming
 from streamidx.lab.bench import harness
 from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,
                  pages_per_step: int = 256):
-  """A seeded N(0, 1) cache [total_pages, page_size / kv_packing,
-  kv_packing, lkv_dim], packed (`cache.pack_cache`) a group of
-  gcd(total_pages, pages_per_step) pages at a time inside one `lax.map`
-  (group i's keys from `fold_in(key(seed), i)`): only one group's float32
-  keys (16 MiB by default) exist beside the packed cache, where float32 keys
-  for 64 x 256K entries would be 8 GiB."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+  """A seeded N(0, 1) cache [total_pages, page_size / kv_packing, kv_packing,
+  lkv_dim], packed gcd(total_pages, pages_per_step) pages at a time in one
+  `lax.map` (keys of group i from `fold_in(key(seed), i)`): one group's f32
+  keys (16 MiB) beside the packed cache, not 8 GiB of them at 64 x 256K."""
   step = math.gcd(total_pages, pages_per_step)
 
   @jax.jit
@@ -48,10 +41,8 @@ def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
 
 
 def long_context_args(shape: Shape, *, seed: int = 0):
-  """The kernel's 7 positional arguments for a long-context shape: the batch
-  of `shape.batch()`, q and the weights drawn as `batch.make_inputs` draws
-  them, the cache from `random_cache`."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  """The kernel's 7 positional arguments for a long-context shape: q, weights
+  drawn as `batch.make_inputs` draws them, the cache from `random_cache`."""
   b = shape.batch()
   rng = np.random.default_rng(seed)
   t, h, d = b.num_tokens, shape.num_heads, shape.head_dim
@@ -65,12 +56,10 @@ def long_context_args(shape: Shape, *, seed: int = 0):
 
 def spot_check(shape: Shape, args) -> list:
   """The parts `harness.oracle_agreement` checks on a long-context batch:
-  decode, sequences 0 and last with their own pages only (the oracle decodes
-  2048 pages, not the cache); prefill, the first and last 8 query rows as
-  chunks of 8 queries (a chunk ending at position p sees what the full
-  chunk's rows see), beside an empty second sequence slot (jax 0.10.2's CPU
-  compiler once miscompiled the one-slot shape: `streamidx.ref`)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  decode, sequences 0 and last with their own pages only; prefill, the first
+  and last 8 query rows as chunks of 8 queries (a chunk ending at position p
+  sees what the full chunk's rows see), beside an empty second sequence slot
+  (jax 0.10.2's CPU compiler once miscompiled the one-slot shape)."""
   q, w, cache, seq_lens, page_indices, _, _ = args
   table = np.asarray(page_indices)
   pps = shape.batch().pages_per_seq
@@ -94,13 +83,9 @@ def spot_check(shape: Shape, args) -> list:
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                      out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k: <out_dir>/long_context.json.
-
-  Each shape's entry gains `one_chunk_formula_temp_bytes` (low, high) from
-  `streaming.one_chunk_temp_bytes`, to read beside XLA's temp bytes.
-  """
-  from streamidx import streaming  # pylint: disable=g-import-not-at-top
-
+  """Both settings on each shape at each k (`harness.run`, one warm-up and one
+  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
+  <out_dir>/long_context.json."""
   def formula(shape):
     b = shape.batch()
     low, high = streaming.one_chunk_temp_bytes(

@@ -19,10 +19,9 @@ def proc_bytes(field: str, path: str = "/proc/self/status") -> int | None:
 
 
 class PeakMemory:
-  """Peak resident memory since `start()` (before it: since the process
-  started). `start()` reads VmRSS and resets VmHWM by writing 5 to
-  /proc/self/clear_refs; `peak()` reads VmHWM (tracemalloc would miss XLA's
-  C++ buffers). Off Linux: ru_maxrss since the start (`method` says which)."""
+  """Peak resident memory since `start()` (which resets VmHWM through
+  /proc/self/clear_refs) by VmHWM, not tracemalloc (it misses XLA's C++
+  buffers); off Linux ru_maxrss since the process started (`method`)."""
 
   def __init__(self):
     self.method = "VmHWM since process start (/proc/self/status)"

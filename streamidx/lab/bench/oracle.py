@@ -1,25 +1,21 @@
-"""The benchmark's oracle: a plain loop over query rows, in float64.
-
-Decode the cache (`cache.unpack_cache`, exact in float32), score each row's
-visible entries (`semantics.causal_visible_bound`) with `ref.score_entries`
-in float64 on the host CPU, take NumPy's stable argsort. It shares none of
-the reference's engine (gathers, blocks, chunks, lax.map/scan) nor its
-float32 arithmetic, so it checks the reference too at sizes the tests never
-run: a float32 result differs from it within `f32_score_bound` only.
+"""The benchmark's oracle: a plain loop over query rows, in float64, sharing
+none of the reference's engine (why: docs/benchmarks.md, "The oracle").
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import jax
 import numpy as np
 
+from streamidx import cache as cache_lib
+from streamidx import metrics, ref
 from streamidx.semantics import causal_visible_bound
 
 
 def _on_host():
   """Eager JAX on the host CPU (the oracle never touches an accelerator)."""
-  import jax  # pylint: disable=g-import-not-at-top
   try:
     return jax.default_device(jax.local_devices(backend="cpu")[0])
   except RuntimeError:  # no CPU backend in this process (JAX_PLATFORMS)
@@ -28,7 +24,6 @@ def _on_host():
 
 def dequantize_cache(cache, head_dim: int) -> np.ndarray:
   """Cache array -> f32[total_pages, page_size, head_dim] keys, in NumPy."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
   with _on_host():
     return np.asarray(cache_lib.unpack_cache(np.asarray(cache), head_dim),
                       np.float32)
@@ -38,7 +33,6 @@ def f32_score_bound(q, indexer_weights, cache_kv) -> float:
   """Bound on |float32 score - exact score|, for any row and entry: the
   roundings of `metrics.summation_error_bound` (its derivation), from the
   arrays, its B bounded by max_t sum_h |w_th| sum_d |q_thd| * max|k|."""
-  from streamidx import metrics  # pylint: disable=g-import-not-at-top
   q = np.asarray(q)
   w = np.abs(np.asarray(indexer_weights, np.float64))
   num_heads, head_dim = q.shape[1], q.shape[2]
@@ -52,15 +46,10 @@ def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
                 cu_q_lens, distribution, *, k: int, compression_ratio: int,
                 causal_rule: str = "model", return_scores: bool = False,
                 rows=None):
-  """Top-k entry ids i32[T, k] (-1 padding), like `streamindex_topk_ref`.
-
-  Takes the kernel's positional arguments (any array type). With
-  `return_scores`, also the f64[T, pages_per_seq * page_size] masked scores
-  (-inf where not visible). `rows`: score only these query rows (the others
-  stay -1 / -inf), for spot checks of large batches.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import ref  # pylint: disable=g-import-not-at-top
+  """Top-k entry ids i32[T, k] (-1 padding) of the kernel's positional
+  arguments (any array type), like `streamindex_topk_ref`; `return_scores`:
+  also the f64[T, pages_per_seq * page_size] masked scores (-inf hidden);
+  `rows`: score only these query rows (the others stay -1 / -inf)."""
   q = np.asarray(np.asarray(q, np.float32), np.float64)
   w = np.asarray(indexer_weights, np.float64)
   seq_lens, cu = np.asarray(seq_lens), np.asarray(cu_q_lens)

@@ -1,8 +1,6 @@
-"""The benchmark's reports: ratios, the text table, the plot.
-
-Everything here reads the JSON documents `harness.run` writes (bench.json,
-long_context.json) and nothing else, so a saved document can be reported
-again. Tables are `lab.tables.format_rows`'.
+"""The benchmark's reports: ratios, the text table, the plot; from the JSON
+documents `harness.run` writes and nothing else, so a saved one can be
+reported again.
 """
 
 from __future__ import annotations
@@ -48,9 +46,8 @@ def verdict(a) -> str:
 
 
 def format_table(doc) -> str:
-  """A document's results as a text table (`lab.tables.format_rows`), then
-  ratios, block sizes and (long context) the one-chunk temporaries by
-  `streaming.one_chunk_temp_bytes`' formula."""
+  """A document's results as a text table, then ratios, block sizes and (long
+  context) the one-chunk temporaries by `streaming.one_chunk_temp_bytes`."""
   rat = doc["ratios"]["time_over_reference"]
   rows = []
   for r in doc["results"]:
@@ -91,37 +88,34 @@ def plot(doc, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 
   shapes = [s["name"] for s in doc["shapes"]]
-  impls = doc["settings"]["implementations"]
+  ok = {(r["shape"], r["impl"]): r for r in doc["results"]
+        if r["status"] == "ok"}
+  rs = {i: [ok.get((s, i)) for s in shapes]
+        for i in doc["settings"]["implementations"]}
+  wall = lambda r, f: r["wall_s"][f] if r else np.nan  # pylint: disable=unnecessary-lambda-assignment
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-  width = 0.8 / len(impls)
-  x = np.arange(len(shapes))
-  for j, impl in enumerate(impls):
-    ok = {r["shape"]: r for r in doc["results"]
-          if r["impl"] == impl and r["status"] == "ok"}
-    rs = [ok.get(s) for s in shapes]
-    med = [r["wall_s"]["median"] if r else np.nan for r in rs]
-    err = [[r["wall_s"]["median"] - r["wall_s"]["min"] if r else 0 for r in rs],
-           [r["wall_s"]["max"] - r["wall_s"]["median"] if r else 0 for r in rs]]
-    mem = [r["memory"]["peak_over_inputs_bytes"] / 2**20
-           if r and r["memory"]["peak_over_inputs_bytes"] is not None
-           else np.nan for r in rs]
-    pos = x + (j - (len(impls) - 1) / 2) * width
-    axes[0].bar(pos, med, width, yerr=err, capsize=2, label=impl)
-    axes[1].bar(pos, mem, width, label=impl)
-    for p, m, r in zip(pos, med, rs):
+  bars = plots._grouped(axes[0], shapes, [(i, [wall(r, "median") for r in v],  # pylint: disable=protected-access
+      dict(yerr=[[wall(r, "median") - wall(r, "min") if r else 0 for r in v],
+                 [wall(r, "max") - wall(r, "median") if r else 0 for r in v]],
+           capsize=2)) for i, v in rs.items()])
+  plots._grouped(axes[1], shapes, [(i, np.array([  # pylint: disable=protected-access
+      r and r["memory"]["peak_over_inputs_bytes"] for r in v], float) / 2**20,
+                                    {}) for i, v in rs.items()])
+  for bar, v in zip(bars, rs.values()):
+    for patch, r in zip(bar, v):
       if r and not r["agreement"].get("vs_oracle", {"ok": True})["ok"]:
-        axes[0].annotate("wrong", (p, m), ha="center", va="bottom",
-                         fontsize=7, color="red", rotation=90)
-  axes[0].set_yscale("log")
-  axes[0].set_ylabel("wall time per call, s (median, min-max)")
+        axes[0].annotate("wrong", (patch.get_x() + patch.get_width() / 2,
+                                   patch.get_height()), ha="center",
+                         va="bottom", fontsize=7, color="red", rotation=90)
+  plots._style(axes[0], ylabel="wall time per call, s (median, min-max)",  # pylint: disable=protected-access
+               ylog=10, legend=8)
   axes[1].set_ylabel("peak RSS over inputs, MiB")
   for ax in axes:
-    ax.set_xticks(x)
     ax.set_xticklabels(shapes, rotation=20, ha="right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-  axes[0].legend(fontsize=8)
   fig.suptitle(doc["machine"]["describe"], fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

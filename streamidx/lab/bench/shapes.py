@@ -1,8 +1,5 @@
-"""The benchmark's shapes: one batch each, at DeepSeek-V4's indexer sizes.
-
-`SWEEP` (the default run), `QUICK` (CI), `LONG_CONTEXT` (the reference in
-streamed chunks and in one chunk at 1M tokens, run at each k of
-`LONG_CONTEXT_KS`), and `parse_shape` for the `--shapes` flag.
+"""The benchmark's shapes, one batch each at DeepSeek-V4's indexer sizes: `SWEEP`
+(the default run), `QUICK` (CI), `LONG_CONTEXT`, and `--shapes`' `parse_shape`.
 """
 
 from __future__ import annotations
@@ -16,9 +13,8 @@ from streamidx import semantics
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-  """One batch: `num_seqs` decode sequences of `seq_len` tokens (one query
-  each), or one prefill sequence whose last `q_len` tokens are the queries.
-  Defaults: DeepSeek-V4's indexer (64 heads, head_dim 128, ratio 4, FP8)."""
+  """One batch: `num_seqs` decode sequences of `seq_len` tokens, or one prefill
+  sequence whose last `q_len` tokens query; defaults: DeepSeek-V4's indexer."""
 
   name: str
   kind: str  # "decode" or "prefill"

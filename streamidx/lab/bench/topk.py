@@ -1,10 +1,7 @@
-"""The top-k stage: every `streamidx.topk` method timed on this machine
-(`--topk`, docs/benchmarks.md), or with `--compile` XLA's cost analysis of
-each compiled per generation (libtpu, no TPU; `lab.model.topk.compile_estimate`:
-static estimates) in <out>/topk_compile.json, which
+"""The top-k stage (`--topk`, docs/benchmarks.md): every `streamidx.topk` method
+timed on this machine, or with `--compile` XLA's cost analysis of each compiled
+per generation (libtpu, no TPU) in <out>/topk_compile.json, which
 `lab.model.topk.recommend(estimates=)` reads.
-
-    python -m streamidx.bench --topk --shapes 64x32768:512 2048x32768:512
 """
 
 from __future__ import annotations
@@ -15,10 +12,14 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from streamidx import metrics, modes, ref, topk
 from streamidx.lab import tables
 from streamidx.lab.bench import harness
+from streamidx.lab.model import topk as topk_model
 
 SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
 
@@ -65,11 +66,6 @@ def _time(fn, args, repeats):
 def run(shapes: Sequence[TopkShape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
   """Times every method and the reference on each shape; returns the doc."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import metrics, modes, ref, topk  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
-
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k
@@ -122,9 +118,6 @@ def format_table(doc) -> str:
 
 def compile_matrix(shapes, generations) -> dict:
   """`compile_estimate` for every (shape, generation, method)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from streamidx import modes, topk  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
   rows = [dict(topk_model.compile_estimate(m, s.rows, s.entries, s.k, gen),
                shape=_name(s))
           for s in shapes for gen in generations

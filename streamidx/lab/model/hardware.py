@@ -2,25 +2,7 @@
 
 Numbers live in `data/tpu_specs.json`, each with the public page it came
 from (`TpuSpec.sources`); a number no public page gave is `None`, never a
-guess. Terms used here and in `streamidx.lab.model.roofline`:
-
-- chip: what Google Cloud's spec tables describe (peak compute, HBM capacity
-  and bandwidth are per chip).
-- TensorCore: the unit a Pallas kernel runs on. A chip holds
-  `tensorcores_per_chip` of them; VMEM is per TensorCore.
-- device: what `jax.devices()` lists. v4 and v5p are "megacore" chips (both
-  TensorCores form one device); TPU7x shows each TensorCore as a device.
-- kernel rates (`kernel_*`): one TensorCore's share of the chip (a launch
-  of the kernel's "arbitrary" grid runs on one TensorCore; the even split
-  JAX's `tpu_info` uses: a model assumption, not a published number).
-- device rates (`device_*`): one JAX device's share, for XLA ops (the score
-  buffer fill, the top-k), which use every TensorCore of their device.
-- ICI bandwidth (`ici_bandwidth_bytes_per_s`): Google's bidirectional
-  inter-chip interconnect bandwidth per chip, all ports summed; None where
-  no public page gives a per-chip figure (v4).
-
-    specs = streamidx.lab.model.hardware.load_specs()       # {"v4": TpuSpec, ...}
-    gen = streamidx.lab.model.hardware.detect_generation()  # "v5e" on a v5e, None on CPU
+guess. Chip, TensorCore, device, kernel and device rates: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -82,7 +64,7 @@ class TpuSpec:
     return self.tensorcores_per_chip // self.jax_devices_per_chip
 
   # One TensorCore (a Pallas launch) and one JAX device (an XLA op): the
-  # chip's rates split evenly (model assumption; module docstring).
+  # chip's rates split evenly (model assumption; docs/tpu.md).
   def kernel_peak(self, dtype: str = "bf16") -> float | None:
     return _share(self.peak(dtype), self.tensorcores_per_chip)
 
@@ -98,9 +80,7 @@ class TpuSpec:
     return self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip
 
   @property
-  def device_ici_bandwidth(self) -> float | None:
-    """One JAX device's share of the chip's (bidirectional, all ports) ICI
-    bandwidth: TPU7x's two devices share it (model assumption). None: unpublished."""
+  def device_ici_bandwidth(self) -> float | None:  # None: unpublished
     return _share(self.ici_bandwidth_bytes_per_s, self.jax_devices_per_chip)
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:

@@ -1,16 +1,11 @@
-"""Measuring the kernel: profiler traces, per-op device times, run files.
-
-    cap = capture(lambda: streamidx.streamindex_topk(*args, **kw),
-                  log_dir="build/trace/point0", iterations=5)
-    times = stage_times(load_trace(cap.perfetto_path), iterations=cap.iterations)
-    times["kernel_s"], times["topk_s"]        # per iteration, device time
-
-Why times come from a trace, what `stage_times` sums (and reports off a TPU),
-and the run files: docs/tpu.md, "Measuring the kernel".
+"""Measuring the kernel: profiler traces, per-op device times, run files (how to
+use them, why times come from a trace, what `stage_times` sums and reports
+off a TPU: docs/tpu.md, "Measuring the kernel").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import glob as glob_lib
@@ -54,13 +49,9 @@ class Capture:
 
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
             iterations: int = 3, warmup: int = 1) -> Capture:
-  """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced.
-
-  Each traced iteration runs under a `TraceAnnotation` named
-  "streamidx_iteration" and is waited for before the next starts. The trace
-  goes to `log_dir` (`jax.profiler.trace`, with a Perfetto trace), without
-  Python frames (they swamp it when the kernel is interpreted).
-  """
+  """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced
+  into `log_dir` (Perfetto, no Python frames: they swamp an interpreted kernel),
+  each under the `ITERATION_ANNOTATION` and waited for before the next."""
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
@@ -91,9 +82,8 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
 
 @dataclasses.dataclass
 class Trace:
-  """A parsed Chrome/Perfetto JSON trace: its "X" (complete) events (dicts
-  with name, pid, tid, ts and dur in microseconds, args), processes (pid ->
-  name) and threads ((pid, tid) -> name)."""
+  """A parsed Chrome/Perfetto JSON trace: its "X" events (name, pid, tid, ts and
+  dur in microseconds, args), processes (pid -> name), threads ((pid, tid) -> name)."""
 
   events: list[dict]
   processes: dict[int, str]
@@ -101,24 +91,12 @@ class Trace:
 
   def device_pids(self) -> list[int]:
     """Processes of accelerator devices ("/device:TPU:0", ...) that recorded
-    events. A device plane without events is no device run: libtpu's
-    compile-only TPU devices (`streamidx.compile_for` earlier in the
-    process) appear in a CPU run's trace that way."""
+    events (libtpu's compile-only devices, `streamidx.compile_for` earlier in
+    the process, appear in a CPU run's trace without any)."""
     busy = {e["pid"] for e in self.events}
     return sorted(p for p, n in self.processes.items()
                   if n.startswith("/device:") and "CPU" not in n.upper()
                   and p in busy)
-
-  def device_op_events(self) -> tuple[list[dict], str]:
-    """Events of each device's "XLA Ops" thread (one per executed op, no
-    nesting), else of every thread of the device processes; and which."""
-    pids = set(self.device_pids())
-    ops = {k for k, n in self.threads.items() if k[0] in pids and n == "XLA Ops"}
-    if ops:
-      return ([e for e in self.events if (e["pid"], e.get("tid")) in ops],
-              "device 'XLA Ops' lines")
-    return ([e for e in self.events if e["pid"] in pids],
-            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
@@ -138,24 +116,12 @@ def load_trace(path: str | os.PathLike) -> Trace:
   return Trace(events, processes, threads)
 
 
-def _stage(event) -> str:
-  args = event.get("args") or {}
-  text = " ".join([event.get("name", "")]
-                  + [v for v in args.values() if isinstance(v, str)])
-  return next((stage for stage, rx in STAGE_PATTERNS if re.search(rx, text)),
-              "other")
-
-
 def stage_times(trace: Trace, *, iterations: int) -> dict:
-  """Device seconds per iteration by stage, and the op table behind them.
-
-  Returns {"device": bool, "source": str, "kernel_s", "topk_s", "other_s",
-  "total_s" (None off-device), "ops": [{"name", "stage", "count",
-  "total_us"}] sorted by time, "host_call_s": the mean host-side duration
-  of one `capture` iteration (its "streamidx_iteration" annotation: dispatch
-  to completion on the profiler's host clock; on a CPU, the whole
-  interpreted run), "host_call_events"}.
-  """
+  """Device seconds per iteration by stage, and the op table behind them:
+  {"device", "source", "kernel_s", "topk_s", "other_s", "total_s" (None
+  off-device), "ops": [{"name", "stage", "count", "total_us"}] by time,
+  "host_call_s": the mean host-clock duration of one `capture` iteration's
+  annotation (on a CPU, the interpreted run), "host_call_events"}."""
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")
   pids = set(trace.device_pids())
@@ -167,12 +133,20 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
          "ops": [], "host_call_s": host_s, "host_call_events": len(host)}
   if not pids:
     return out
-  events, source = trace.device_op_events()
+  # Each device's "XLA Ops" thread (one event per executed op, no nesting),
+  # else every thread of the device processes.
+  ops = {k for k, n in trace.threads.items() if k[0] in pids and n == "XLA Ops"}
+  events = [e for e in trace.events
+            if ((e["pid"], e.get("tid")) in ops if ops else e["pid"] in pids)]
+  source = ("device 'XLA Ops' lines" if ops else
+            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
   table: dict[str, dict] = {}
   sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
   for e in events:
-    stage = _stage(e)
-    sums[stage if stage in sums else "other"] += e.get("dur", 0.0)
+    text = " ".join([e.get("name", "")] + [v for v in (e.get("args") or {}).values()
+                                          if isinstance(v, str)])
+    stage = next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)), "other")
+    sums[stage] += e.get("dur", 0.0)
     row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
                                        "count": 0, "total_us": 0.0})
     row["count"] += 1
@@ -202,19 +176,14 @@ def machine() -> dict:
 def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
               records: Sequence[Mapping[str, Any]], notes: str = "",
               name: str | None = None) -> Path:
-  """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`; returns its path.
-
-  A run: {"schema", "created", "machine" (platform, device kind, generation,
-  kernel mode, ...), "versions", "parameters", "notes", "records": one dict
-  per measured point}.
-  """
+  """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`: {"schema",
+  "created", "machine" (`machine()`), "versions", "parameters", "notes",
+  "records": one dict per measured point}; returns its path."""
   machine_ = machine()
   versions = {"python": platform.python_version()}
   for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
-    try:
+    with contextlib.suppress(md.PackageNotFoundError):
       versions[pkg] = md.version(pkg)
-    except md.PackageNotFoundError:
-      pass
   created = datetime.datetime.now(datetime.timezone.utc)
   doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
          "machine": machine_, "versions": versions,
@@ -232,12 +201,9 @@ def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
 
 def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
               skip_invalid: bool = False) -> list[dict]:
-  """Reads run files: a glob pattern, a folder (its `run-*.json`) or paths.
-
-  Each returned run gains "path". A file that is not a run of this schema
-  raises ValueError naming it, or with `skip_invalid=True` is left out
-  (a glob over build/ may meet other tools' JSON).
-  """
+  """Reads run files (a glob pattern, a folder's `run-*.json` or paths), each with
+  its "path"; a file that is no run of this schema raises ValueError naming it,
+  or with `skip_invalid` (a glob over build/ meets other JSON) is left out."""
   if isinstance(paths, (str, os.PathLike)):
     p = Path(paths)
     files = (sorted(p.glob("run-*.json")) if p.is_dir() else
@@ -249,15 +215,14 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
   for f in files:
     try:
       doc = json.loads(Path(f).read_text(encoding="utf-8"))
+      bad = None if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else (
+          f"not a {RUN_SCHEMA} run file")
     except ValueError as e:
-      if skip_invalid:
-        continue
-      raise ValueError(f"{f}: not JSON ({e})") from e
-    if not isinstance(doc, dict) or doc.get("schema") != RUN_SCHEMA:
-      if skip_invalid:
-        continue
-      raise ValueError(f"{f}: not a {RUN_SCHEMA} run file")
-    runs.append(dict(doc, path=str(f)))
+      bad = f"not JSON ({e})"
+    if bad is None:
+      runs.append(dict(doc, path=str(f)))
+    elif not skip_invalid:
+      raise ValueError(f"{f}: {bad}")
   return runs
 
 

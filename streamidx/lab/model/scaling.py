@@ -1,11 +1,6 @@
-"""Scaling model: the indexer's decode step on 1 to many chips.
-
-A layout splits N JAX devices into D data groups x C context shares
-(`streamidx.sharded`); `step` models the busiest device's step (its local
-roofline call plus, C > 1, the top-k merge over ICI), `crossover_devices` and
-`crossover_context` find where context parallelism starts to pay. The
-model's terms, sources and what it leaves out: docs/multichip.md, "The
-scaling model". A model, not a measurement.
+"""Scaling model: the indexer's decode step on 1 to many chips, N JAX devices as
+D data groups x C context shares (`streamidx.sharded`). Its terms, sources and
+what it leaves out: docs/multichip.md, "The scaling model". Not a measurement.
 """
 
 from __future__ import annotations
@@ -26,13 +21,9 @@ CHIP_COUNTS = (1, 4, 8, 64)
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """One indexer decode step (one layer).
-
-  Defaults: DeepSeek-V4 decode as the issue states it: 64 indexer heads,
-  head_dim 128, compression ratio 4, the packed FP8 cache (256 B per entry),
-  top-512, 64 sequences of 1M tokens (256K entries, 64 MiB each per layer);
-  128-entry pages, as tpu-inference's call site uses.
-  """
+  """One indexer decode step (one layer). Defaults: DeepSeek-V4 decode as the
+  issue states it (64 sequences of 1M tokens: 256K entries, 64 MiB each per
+  layer in the packed FP8 cache), 128-entry pages as tpu-inference uses."""
 
   num_seqs: int = 64
   context_tokens: int = 1 << 20
@@ -95,10 +86,9 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
 def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
          merge: str = "all_gather", collective_latency_s: float = 0.0,
          specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
-  """The modelled decode step of `w` on `devices` JAX devices (chips x
-  jax_devices_per_chip) of `generation`, as D = devices // C data groups x C
-  = `num_context` context shares, merged by `merge` ("all_gather" or "tree",
-  `streamidx.sharded`), `collective_latency_s` per collective round."""
+  """The modelled decode step of `w` on `devices` JAX devices of `generation`,
+  D = devices // C data groups x C = `num_context` shares merged by `merge`
+  (`streamidx.sharded`), `collective_latency_s` per collective round."""
   spec = hardware.spec(generation, specs)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "
@@ -180,18 +170,14 @@ def scaling_table(w: Workload = DSV4_DECODE,
 def crossover_devices(w: Workload, generation: str, *, max_chips: int = 4096,
                       merge: str = "all_gather",
                       collective_latency_s: float = 0.0):
-  """The fewest chips (powers of two) at which some C > 1 beats C = 1.
-
-  Returns (chips, the winning StepModel, the C = 1 StepModel), or None.
-  """
+  """The fewest chips (powers of two) at which some C > 1 beats C = 1:
+  (chips, the winning StepModel, the C = 1 StepModel), or None."""
   per_chip = hardware.spec(generation).jax_devices_per_chip
-  n = 1
-  while n <= max_chips:
+  for n in (2 ** i for i in range(max_chips.bit_length())):
     ok, best, sp = _pays(w, generation, n * per_chip, merge=merge,
                          collective_latency_s=collective_latency_s)
     if ok:
       return n, best, sp
-    n *= 2
   return None
 
 
@@ -200,14 +186,9 @@ def crossover_context(w: Workload, generation: str, chips: int, *,
                       collective_latency_s: float = 0.0,
                       max_tokens: int = 1 << 26):
   """The shortest context (tokens, whole pages) at which context parallelism
-  beats one chip per sequence on `chips` chips, for `w.num_seqs` sequences.
-
-  Returns (tokens, the winning StepModel, the C = 1 StepModel), or None if
-  no context up to `max_tokens` pays (e.g. when the sequences fill every
-  device). The step times differ by a quantity that grows with the context
-  (the reads saved) less a constant (the merge), so the first context that
-  pays is found by bisection over whole pages.
-  """
+  beats one chip per sequence on `chips` chips, for `w.num_seqs` sequences:
+  (tokens, the winning StepModel, the C = 1 StepModel), or None (bisection:
+  docs/multichip.md)."""
   devices = chips * hardware.spec(generation).jax_devices_per_chip
   tokens_per_page = w.page_size * w.compression_ratio
 

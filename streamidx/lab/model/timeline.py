@@ -1,12 +1,7 @@
-"""The kernel's DMA and compute order, observed while the TPU interpreter runs it.
-
-    with streamidx.lab.model.timeline.record() as rec:
-      idx = streamidx.streamindex_topk(*inp.args, **kw)
-    events = rec.dma_events()    # comparable to tiling.expected_dma_events
-    plots.dma_timeline_axes(ax, rec)
-
-What `record()` wraps, why its x axis is issue order and not time, and the
-jax version it is written against: docs/tpu.md, "The DMA timeline".
+"""The kernel's DMA and compute order, observed while the TPU interpreter runs it
+(`with record() as rec:`; `rec.dma_events()` compares with
+`tiling.expected_dma_events`). What `record()` wraps, why its x axis is issue
+order, the jax it is written against: docs/tpu.md, "The DMA timeline".
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ import dataclasses
 import functools
 import itertools
 import threading
-from typing import Any
 
 import jax
 import numpy as np
@@ -31,6 +25,9 @@ SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}
+_LANE_NAMES = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
+               "out": "scores -> HBM", "kv_scale": "KV scales",
+               "block_max": "block maxima -> HBM"}
 
 
 @dataclasses.dataclass
@@ -50,19 +47,6 @@ class Op:
 def _range(transforms):
   from jax._src.pallas.mosaic.interpret import utils  # pylint: disable=g-import-not-at-top
   return utils.to_range(jax.tree.map(int, transforms))
-
-
-def _extent(rng, shape):
-  """Elements covered by an index range over a buffer of `shape`."""
-  n = 1
-  for i, d in enumerate(shape):
-    r = rng[i] if i < len(rng) else None
-    if r is None:
-      n *= d
-    elif isinstance(r, slice):
-      step = r.step or 1
-      n *= max(0, -(-(r.stop - r.start) // step))
-  return n
 
 
 def _first(rng):
@@ -140,8 +124,8 @@ class Recorder:
       dst = (self._space(dst_space), int(dst_id), _range(dst_tr))
       kind, slot, b = self._sems.get((self._launch, int(dst_sem)), ("?", -1, -1))
       alloc = self._buffers.get((self._launch, dst[0], dst[1]))
-      nbytes = (-1 if alloc is None else _extent(dst[2], alloc["shape"])
-                * np.dtype(alloc["dtype"]).itemsize)
+      covered = alloc and np.broadcast_to(0, alloc["shape"])[dst[2]].size
+      nbytes = -1 if alloc is None else covered * np.dtype(alloc["dtype"]).itemsize
       self._add("dma_start", sem=kind, slot=slot, batch_idx=b, nbytes=nbytes,
                 src=src, dst=dst)
     elif name == "dma_wait":
@@ -180,13 +164,9 @@ class Recorder:
     return events
 
   def lanes(self) -> list[dict]:
-    """Intervals to draw: DMAs (start..wait) and compute steps (KV load..score store).
-
-    Each dict: lane ("KV pages (slot 0)", "compute", ...), start and end
-    operation numbers, launch, count (DMAs the bar stands for: a KV bar is
-    one sequence's bkv_p page DMAs), batch_idx (the sequence's position in
-    its program) and sem.
-    """
+    """Intervals to draw, DMAs (start..wait) and compute steps (KV load..score
+    store): dicts of lane, start, end, launch, count (DMAs the bar stands for),
+    batch_idx (the sequence's position in its program) and sem."""
     vmem = {}
     for op in self.ops:
       if op.kind == "alloc" and op.info["space"] == "vmem":
@@ -199,7 +179,8 @@ class Recorder:
         pending.setdefault(key, []).append(op.seq)
       elif op.kind == "dma_wait" and pending.get(key):
         starts = pending.pop(key)
-        out.append(dict(lane=_lane(i["sem"], i["slot"]), start=min(starts),
+        name = _LANE_NAMES.get(i["sem"], i["sem"])
+        out.append(dict(lane=f"{name} (slot {i['slot']})", start=min(starts),
                         end=op.seq, launch=op.launch, count=len(starts),
                         batch_idx=i["batch_idx"], sem=i["sem"]))
       elif (op.kind == "load" and bufs and i["buffer"] == bufs[0]
@@ -215,17 +196,10 @@ class Recorder:
     return out
 
 
-def _lane(sem, slot):
-  name = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
-          "out": "scores -> HBM", "kv_scale": "KV scales",
-          "block_max": "block maxima -> HBM"}.get(sem, sem)
-  return f"{name} (slot {slot})"
-
-
 @contextlib.contextmanager
-def record(**interpret_options: Any):
-  """Runs kernel calls inside the block interpreted (further `InterpretParams`
-  fields in `interpret_options`), recording their operations; yields a `Recorder`."""
+def record():
+  """Runs kernel calls inside the block interpreted, recording their operations;
+  yields a `Recorder`."""
   reason = modes.interpreter_internals_missing("timeline")
   if reason:
     raise RuntimeError(f"streamidx.lab.model.timeline.record: {reason}")
@@ -235,8 +209,7 @@ def record(**interpret_options: Any):
   try:
     for n in _WRAPPED:
       setattr(ipc, n, rec._wrap(n, saved[n]))  # pylint: disable=protected-access
-    with modes.interpreter(grid_point_recorder=rec.on_grid_point,
-                           **interpret_options):
+    with modes.interpreter(grid_point_recorder=rec.on_grid_point):
       yield rec
   finally:
     for n, f in saved.items():

@@ -1,10 +1,6 @@
-"""The top-k stage per method: bytes, passes, comparisons, and a time bound.
-
-`cost` counts what each `streamidx.topk.select_topk` method moves through
-HBM and compares; `hbm_bound` bounds its time by that traffic alone;
-`compile_estimate` adds XLA's static cost analysis (libtpu, nothing runs);
-`approx_recall` models "approx". What each count means and what the bound
-cannot see: docs/topk-methods.md, "The model".
+"""The top-k stage per method: bytes, passes, comparisons, a time bound by HBM
+traffic alone, XLA's static cost analysis, the recall of "approx". What each
+count means and what the bound cannot see: docs/topk-methods.md, "The model".
 """
 
 from __future__ import annotations
@@ -93,11 +89,10 @@ def cost(method: str, rows: int, entries: int, k: int, *,
          chunk_size: int | None = None, block_size: int | None = None,
          radix_bits: int = 4,
          recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method)`. A method
-  with nothing to split at this shape (one chunk, at most k blocks) costs
-  what "top_k" does. "fused_blockmax" reads the dense kernel's block maxima
-  (entries / 128 a row, written in whole 128-lane rows and counted in its
-  `bytes_written`) instead of the buffer, then the k best blocks' entries."""
+  """The cost of `select_topk(f32[rows, entries], k, method)`; "top_k"'s where
+  there is nothing to split. "fused_blockmax" reads the dense kernel's block
+  maxima (entries / 128 a row, in whole 128-lane rows, counted in its
+  `bytes_written`), then the k best blocks' entries."""
   topk_lib.check_topk_method(method)
   t, n = int(rows), max(int(entries), int(k))
   buf = t * n * _F32
@@ -178,17 +173,8 @@ def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
 
 def recommend(shape: SelectShape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
-  """The exact method the model ranks first on `generation` for `shape`.
-
-  Criteria, each ranking the exact methods (lower first): "compiler
-  optimal" (XLA's optimal_seconds; methods without one rank last) and
-  "compiler bytes" (bytes accessed) where `estimates` give them, "sort work"
-  (this model's compare-exchanges), "HBM bound" (this model's bytes).
-  `estimates`: method -> `compile_estimate` result, or a compile-matrix
-  document (`python -m streamidx.bench --topk --compile`) / its result list.
-  Returns {"method": the first by the first criterion, "basis", "rankings",
-  "unambiguous": whether every criterion puts the same method first}.
-  """
+  """The exact method the model ranks first on `generation` for `shape`: {"method",
+  "basis", "rankings", "unambiguous"} (criteria, `estimates`: docs/topk-methods.md)."""
   specs = hardware.load_specs() if specs is None else specs
   exact = topk_lib.EXACT_TOPK_METHODS
   if isinstance(estimates, Mapping) and "results" in estimates:
@@ -218,15 +204,8 @@ def recommend(shape: SelectShape, generation: str, estimates=None,
 def approx_recall(scores, k: int, *,
                   recall_target: float = topk_lib.APPROX_RECALL_TARGET
                   ) -> dict:
-  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`.
-
-  bins: XLA's `ApproxTopKReductionOutputSize` for (N, k, recall_target), the
-  candidates the TPU keeps (N: nothing dropped). expected_recall: (1 -
-  1/bins)^(k - 1), the expectation XLA sizes the bins by. emulated_recall:
-  entry i to bin i mod bins (an assumption: the TPU's bin layout is not
-  documented), each bin's maximum, an exact top-k of those; recall against
-  the exact top-k, ties at the k-th score counted as hits.
-  """
+  """The recall "approx" reaches on a TPU, modelled for f32[T, N] `scores`: {"bins",
+  "expected_recall", "emulated_recall", ...} (what each is: docs/topk-methods.md)."""
   x = np.asarray(scores, np.float32)
   t, n = x.shape
   bins = _approx_bins(n, k, recall_target)
@@ -252,13 +231,11 @@ def approx_recall(scores, k: int, *,
 
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
-  """Compiles `select_topk(f32[rows, entries], k, method)` for `generation`
-  on `streamidx.compile_for`'s compile-only device (libtpu; nothing runs).
-  "fused_blockmax" gets its block maxima f32[rows, entries / 128] as a second
-  argument, as the fused kernel calls it. Returns {"ok", "compile_s",
+  """XLA's cost analysis (a static estimate) of `select_topk(f32[rows, entries],
+  k, method)` compiled for `generation` without a TPU ("fused_blockmax" with
+  its block maxima, as the fused kernel calls it): {"ok", "compile_s",
   "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
-  "flops", "temp_bytes", "error"}: XLA's cost analysis, a static estimate.
-  """
+  "flops", "temp_bytes", "error"}."""
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,

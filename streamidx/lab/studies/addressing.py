@@ -1,9 +1,5 @@
 """Causal masks (NumPy): which entries a query sees under either causal rule,
 from `streamidx.semantics.causal_visible_bound`, the rules' one definition.
-`visibility_mask` is bool[T, entries] for query positions;
-`causal_rule_difference` what the vendored "seed" rule shows and the model's
-rule hides; `prefill_chunk_masks` both over one prefill chunk's last entries
-(`ChunkMasks`, drawn by `lab.plots.causal_masks_figure`).
 """
 
 from __future__ import annotations
@@ -17,10 +13,9 @@ from streamidx.semantics import causal_visible_bound, check_causal_rule
 
 def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
                     causal_rule: str = "model", seq_len: int | None = None):
-  """bool[T, num_entries]: which sequence-local entries each query position
-  q_positions int[T] may see under `causal_rule`
-  (`semantics.causal_visible_bound`); with `seq_len`, also hiding entries at
-  or past seq_len // ratio (the kernel's length mask)."""
+  """bool[T, num_entries]: the sequence-local entries each of `q_positions`
+  int[T] may see under `causal_rule`; `seq_len`: also hiding entries at or
+  past seq_len // ratio (the kernel's length mask)."""
   check_causal_rule(causal_rule)
   pos = np.asarray(q_positions, np.int64).reshape(-1)
   bound = causal_visible_bound(pos, compression_ratio, causal_rule)
@@ -33,25 +28,19 @@ def visibility_mask(q_positions, num_entries: int, compression_ratio: int,
 
 def causal_rule_difference(q_positions, num_entries: int,
                            compression_ratio: int, seq_len: int | None = None):
-  """bool[T, E]: entries the seed's rule shows and the model's rule hides.
-
-  The model's visible set is a subset of the seed's, so this is the whole
-  difference: the block that holds the query's own (future) tokens.
-  """
-  seed = visibility_mask(q_positions, num_entries, compression_ratio, "seed",
-                         seq_len)
-  model = visibility_mask(q_positions, num_entries, compression_ratio, "model",
-                          seq_len)
-  return seed & ~model
+  """bool[T, E]: entries the seed's rule shows and the model's rule hides (the
+  whole difference, the model's set being a subset of the seed's: the block
+  that holds the query's own future tokens)."""
+  args = (q_positions, num_entries, compression_ratio)
+  return (visibility_mask(*args, "seed", seq_len)
+          & ~visibility_mask(*args, "model", seq_len))
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkMasks:
-  """The visibility of one prefill chunk's rows, over its last entries.
-
-  masks[rule] and leak are bool[q_len, n_entries - first_entry]: column c is
-  entry first_entry + c; leak marks the cells only the "seed" rule shows.
-  """
+  """One prefill chunk's visibility over its last entries: masks[rule] and leak
+  (the cells only the "seed" rule shows) are bool[q_len, n_entries -
+  first_entry], column c entry first_entry + c."""
 
   seq: int
   positions: np.ndarray

@@ -1,24 +1,6 @@
-"""The case matrix: named batches run through every registered kernel variant.
-
-One matrix serves the tests (test_kernel, test_reference, test_streaming,
-test_variants) and notebook 04's parity table: `BATCHES` (ragged batches,
-lengths in compressed entries, scaled by the ratio so a batch means the same
-at ratios 1, 2, 4), one static shape (NUM_TOKENS, MAX_NUM_SEQS, PAGE_SIZE,
-PAGES_PER_SEQ, TOTAL_NUM_PAGES, NUM_HEADS) so the kernel compiles once per
-`Case.compile_key`, `Case` (variant, batch, format, ratio, k, causal rule),
-`case_matrix(scope)` over every variant of `streamidx.VARIANTS` (registering
-one adds its rows), and `run_case` (`case_outputs` + `compare_case` ->
-`ParityRow`).
-
-`TEST_BLOCKS` (`blocks_for`), not the production table: small blocks so
-these tiny batches still run several KV and query blocks per sequence, a
-decode remainder, and every launch.
-
-Tolerance: kernel and reference compute the same f32 sums, not always in the
-same order (XLA:CPU on the interpreted kernel's block-shaped dots, Mosaic's
-MXU order on a TPU), so scores may differ by a few ulps. Ties are judged at
-`metrics.summation_atol` on every backend, derived from the arithmetic
-(`metrics.summation_error_bound`), never fitted; `ParityRow.atol` records it.
+"""The case matrix: named batches run through every registered kernel variant,
+for the tests and notebook 04's parity table. Its batches, shared shape,
+scopes, test block sizes and tolerance: docs/testing.md, "The case matrix".
 """
 
 from __future__ import annotations
@@ -39,16 +21,6 @@ from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling
 from streamidx.semantics import DEFAULT_CAUSAL_RULE, cdiv
 
-__all__ = [
-    "NUM_TOKENS", "MAX_NUM_SEQS", "PAGE_SIZE", "PAGES_PER_SEQ", "NUM_ENTRIES",
-    "TOTAL_NUM_PAGES", "NUM_HEADS", "RATIOS", "TEST_BLOCKS", "blocks_for",
-    "Batch", "BATCHES", "Case", "case_matrix", "case_by_name", "compile_keys",
-    "SCOPES", "CI_CASES", "TIES_CASE", "ParityRow", "CaseOutputs",
-    "MTP_Q_LENS", "PRODUCTION_KS", "PRODUCTION_BATCH", "mtp_cases",
-    "production_cases",
-    "case_outputs", "compare_case", "run_case", "comparison_atol",
-]
-
 # ---------------------------------------------------------------------------
 # The shared static shape.
 
@@ -62,7 +34,7 @@ TOTAL_NUM_PAGES = 2 * MAX_NUM_SEQS * PAGES_PER_SEQ
 NUM_HEADS = 4
 RATIOS = (1, 2, 4)  # token variants; page variants run at ratio 1
 
-# The small test block sizes (see the module docstring), by mode; a variant
+# The small test block sizes (why: docs/testing.md), by mode; a variant
 # whose kernel needs others adds an entry under its own name.
 TEST_BLOCKS = {
     "token": dict(num_kv_pages_per_block=(8, 16, 8),
@@ -102,18 +74,8 @@ def _seq_len(spec, ratio: int, q_len: int = 1) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """A named ragged batch; lengths in compressed entries, scaled by the ratio.
-
-    decode:  one per decode sequence, `entries` or `(entries, extra)`;
-    prefill: chunked-prefill-only sequences, `(q_len, entries[, extra])`;
-    mixed:   mixed-range sequences, `(q_len, entries[, extra])`.
-
-  A sequence gets seq_len = entries * ratio + min(extra, ratio - 1) tokens
-  (at least q_len): `extra` trailing tokens leave an incomplete block.
-  decode_q_len: query rows per decode sequence (gamma + 1 under speculative
-  decoding, M17). page_size, pages_per_seq: the shared shape's unless a
-  batch needs production pages (`PRODUCTION_BATCH`).
-  """
+  """A named ragged batch; lengths in compressed entries, scaled by the ratio
+  (the fields: docs/testing.md, "The case matrix")."""
 
   name: str
   decode: tuple = ()
@@ -217,12 +179,9 @@ TEST_SEED_RULE_BATCHES = ("prefill_only", "all_three_ranges",
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One named kernel-vs-reference case: a variant on a batch.
-
-  variant: a name of `streamidx.VARIANTS`; batch_name: a name of `BATCHES`.
-  k: the variant's result count (`k`, or `k_pages` in page mode).
-  num_kv_pages_per_block, num_queries_per_block: None: `blocks_for(variant)`.
-  """
+  """One named kernel-vs-reference case: a `streamidx.VARIANTS` variant on a
+  `BATCHES` batch; k: `k`, or `k_pages` in page mode; block sizes None:
+  `blocks_for(variant)`."""
 
   name: str
   batch_name: str
@@ -344,24 +303,8 @@ SCOPES = ("ci", "pairwise", "full", "tests")
 
 
 def case_matrix(scope: str = "pairwise") -> list[Case]:
-  """The named cases of `scope` for every variant of `streamidx.VARIANTS`;
-  cases that share a compilation are adjacent.
-
-  Token variants: `DISTRIBUTIONS` x `RATIOS` x cache formats x k (K_BELOW,
-  K_ABOVE) under the model's rule, the seed's rule on
-  `SEED_RULE_DISTRIBUTIONS` (first format, ratio 4, K_BELOW), the tie case
-  (ratio 1, one head). Page variants, ratio 1: `PAGE_DISTRIBUTIONS` x formats
-  x k_pages (K_PAGES_BELOW, K_PAGES_ABOVE).
-
-  scope: "full": every (format, ratio, k): 59 cases, 18 compilations with
-  today's two variants; "pairwise" (default): groups in which every pair of
-  axis values appears (`_pairwise`), each with every batch: 31 cases, 10
-  compilations; "ci": each token variant's tie case and one page case
-  (`all_at_once`, first format, K_PAGES_BELOW) per page variant; "tests":
-  `TEST_BATCHES` x `RATIOS` x formats at K_TESTS, the seed's rule on
-  `TEST_SEED_RULE_BATCHES` (ratios 2, 4), page variants on
-  `TEST_PAGE_BATCHES` at K_PAGES_TESTS: 68 cases.
-  """
+  """The named cases of `scope` (`SCOPES`, docs/testing.md) for every variant
+  of `streamidx.VARIANTS`; cases that share a compilation are adjacent."""
   if scope not in SCOPES:
     raise ValueError(f"scope: must be one of {SCOPES} (got {scope!r})")
   cases = []
@@ -392,19 +335,12 @@ def case_matrix(scope: str = "pairwise") -> list[Case]:
   return cases
 
 
-def compile_keys(cases) -> set:
-  """The distinct kernel compilations a list of cases needs."""
-  return {c.compile_key for c in cases}
-
-
 def case_by_name(name: str) -> Case:
   """The case called `name`, from any scope."""
-  for group in (case_matrix("full"), case_matrix("tests"), mtp_cases(),
-                production_cases()):
-    for case in group:
-      if case.name == name:
-        return case
-  raise KeyError(f"no case named {name!r}")
+  groups = (case_matrix("full"), case_matrix("tests"), mtp_cases(), production_cases())
+  if (case := next((c for g in groups for c in g if c.name == name), None)) is None:
+    raise KeyError(f"no case named {name!r}")
+  return case
 
 
 def mtp_cases() -> list[Case]:
@@ -500,8 +436,7 @@ def case_outputs(case: Case, *,
   # Wait for the interpreted kernel before dispatching more work: with it in
   # flight, the reference's and summation_atol's computations can deadlock
   # XLA:CPU.
-  got = jax.block_until_ready((kernel_fn or case.run_kernel)(inputs))
-  got = np.asarray(got)
+  got = np.asarray(jax.block_until_ready((kernel_fn or case.run_kernel)(inputs)))
   want = np.asarray(case.run_reference(inputs))
   seconds = time.perf_counter() - t0
   return CaseOutputs(inputs, got, want, np.asarray(case.scores(inputs)),
@@ -513,8 +448,7 @@ def run_case(case: Case, *, atol: float | None = None,
   """`case_outputs` compared (`compare_case`) at `atol`, by default
   `case.atol(inputs)`."""
   out = case_outputs(case, kernel_fn=kernel_fn)
-  if atol is None:
-    atol = case.atol(out.inputs)
+  atol = case.atol(out.inputs) if atol is None else atol
   return compare_case(case, out.got, out.want, out.scores, atol=atol,
                       b=out.inputs.batch, seconds=out.seconds)
 
@@ -522,10 +456,8 @@ def run_case(case: Case, *, atol: float | None = None,
 def comparison_atol(inputs: batch_lib.IndexerInputs, *,
                     compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:
-  """The tie tolerance for kernel vs reference: `metrics.summation_atol`
-  (see the module docstring). f32 queries are refused off the CPU: a
-  default-precision TPU matmul rounds them to bf16, which no summation-order
-  bound covers. mode: `Variant.mode` ("token" or "page")."""
+  """The tie tolerance for kernel vs reference, `metrics.summation_atol`;
+  f32 queries refused off the CPU (docs/testing.md). mode: `Variant.mode`."""
   if jax.default_backend() != "cpu" and inputs.q.dtype == jnp.float32:
     raise ValueError("comparison_atol: on a TPU the kernel's f32 queries are "
                      "rounded to bf16 by the MXU; use bf16 queries")

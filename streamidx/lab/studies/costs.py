@@ -1,14 +1,7 @@
-"""What a kernel call moves, counted from the DMAs the TPU interpreter executes.
-
-The workbook's three findings about the vendored kernel (issue 13), counted
-from a `lab.model.timeline.record()` of the call (DMA starts and waits with
-their bytes, grid points, launches), not modeled and not timed: bytes per
-cache entry (packed FP8 record 256 B, dense FP8 head_dim + 1:
-`bytes_moved`), KV blocks batched decode programs fetch for nothing, given
-and sorted order (`recorded_costs`, beside `tiling.block_waste`), and launches,
-grid points and DMAs per launch (`launch_counts`; beside the plan that
-models the call: `recorded_costs`, notebook 05). Interpreter runs are slow;
-the batches are small, and bytes per entry do not depend on the batch.
+"""What a kernel call moves, counted from the DMAs the TPU interpreter executes
+(a `lab.model.timeline.record()` of the call), not modelled and not timed:
+bytes per cache entry, KV blocks batched decode programs fetch for nothing,
+launches, grid points and DMAs per launch (notebooks 01 and 05).
 """
 
 from __future__ import annotations
@@ -59,11 +52,9 @@ def totals(counts: list[dict]) -> dict:
 
 
 def recorded_call(fn):
-  """(fn()'s result, its `timeline.Recorder` or None), run in the interpreter:
-  under `timeline.record()` where this JAX has the internals the recorder
-  reads (`streamidx.interpreter_internals_missing("timeline")` is None),
-  else (e.g. a Colab runtime's own JAX) under `streamidx.interpreter()` with
-  nothing recorded, so the caller skips what needs the recording."""
+  """(fn()'s result, its `timeline.Recorder`), run under `timeline.record()`;
+  where this JAX lacks the recorder's internals (a Colab runtime's own JAX),
+  (result, None) under `streamidx.interpreter()`, for the caller to skip."""
   if modes.interpreter_internals_missing("timeline") is not None:
     with modes.interpreter():
       return jax.block_until_ready(fn()), None
@@ -103,11 +94,10 @@ def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
 
 
 def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
-  """What a recording of the call the plan `p` models moved: launches,
-  grid_points, empty_launches, kv_page_dmas, bytes_per_entry
-  (`recorded_bytes`), blocks_fetched by decode launches, blocks_needed
-  (`tiling.block_waste(p)`) and waste (share fetched beyond the needed).
-  ValueError unless it ran one launch per launch of the plan."""
+  """What a recording of the call plan `p` models moved: launches, grid_points,
+  empty_launches, kv_page_dmas, bytes_per_entry, blocks_fetched by decode
+  launches, blocks_needed (`tiling.block_waste`) and waste; ValueError unless
+  it ran one launch per launch of the plan."""
   counts = launch_counts(rec)
   if len(counts) != len(p.executed):
     raise ValueError(f"{len(counts)} launches ran, the plan has "

@@ -1,8 +1,5 @@
-"""Notebook 06's measurement harness, shared by both of its loops:
-`check_topk` (kernel indices i32[T, k] against the variant's reference,
-tie-aware at `metrics.summation_atol`; an approx method by its recall) and
-`trace_point` (`fn` under the profiler, device seconds per stage from the
-trace: None off a TPU).
+"""Notebook 06's measurement harness, shared by both of its loops: the check of
+a kernel's indices and the traced calls.
 """
 
 from __future__ import annotations
@@ -10,10 +7,11 @@ from __future__ import annotations
 
 def check_topk(got, v, inputs, kw, fmt: str, ratio: int, *,
                on_tpu: bool) -> dict:
-  """`got` (kernel `v`'s indices for `inputs`, `kw`) against `v.reference`:
-  rows, rows_identical, rows_tied, rows_mismatched, atol, ok, detail, and
-  for an "approx..." `topk_method` its recall. Off a TPU an exact method
-  that differs raises AssertionError."""
+  """`got` (kernel `v`'s indices i32[T, k] for `inputs`, `kw`) against
+  `v.reference`, tie-aware at `metrics.summation_atol`: rows, rows_identical,
+  rows_tied, rows_mismatched, atol, ok, detail, and for an "approx..."
+  `topk_method` its recall. Off a TPU an exact method that differs raises
+  AssertionError."""
   from streamidx import metrics  # pylint: disable=g-import-not-at-top
   want = v.reference(*v.args(inputs, fmt), **kw)
   scores = v.scores(inputs, compression_ratio=ratio, fmt=fmt)
@@ -31,8 +29,8 @@ def check_topk(got, v, inputs, kw, fmt: str, ratio: int, *,
 
 
 def trace_point(fn, *, log_dir: str, iterations: int, warmup: int):
-  """(capture, `profiling.stage_times`, trace events parsed) of `iterations`
-  traced calls of `fn` after `warmup` untraced ones."""
+  """(capture, `profiling.stage_times` (None off a TPU), trace events parsed) of
+  `iterations` traced calls of `fn` after `warmup` untraced ones."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   cap = profiling.capture(fn, log_dir=log_dir, iterations=iterations,
                           warmup=warmup)

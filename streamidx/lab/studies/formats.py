@@ -1,8 +1,6 @@
 """Entry layouts in bytes: how one compressed key of `head_dim` values is laid
 out in HBM, for the two layouts the vendored kernel reads (`KERNEL_LAYOUTS`,
-byte counts from `streamidx.cache.record_bytes`) and the denser ones other
-indexer kernels use. `entry_layout(name, head_dim)` -> `EntryLayout`;
-`bytes_per_entry(name, head_dim)`: 256, 256, 132, 129 at head_dim 128.
+`streamidx.cache.record_bytes`) and the denser ones other indexer kernels use.
 """
 
 from __future__ import annotations
@@ -10,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 from streamidx import cache as cache_lib
-
-__all__ = ["EntryLayout", "ENTRY_LAYOUTS", "KERNEL_LAYOUTS", "QUANT_BLOCK",
-           "entry_layout", "bytes_per_entry"]
 
 QUANT_BLOCK = 128  # values per scale in the FP8 layouts
 

@@ -1,15 +1,6 @@
-"""Notebook 07's check: the sharded layouts run for real, against one device.
-
-`check_layouts(batch_kw, [dict(layout=..., num_data=D, num_context=C)])` runs
-each layout of `streamidx.sharded` on a batch, rows back in batch order,
-against the single-device reference (tie-aware, `metrics.summation_atol`):
-on a TPU with enough devices compiled, else on virtual CPU devices
-interpreted. XLA fixes the CPU device count when the CPU backend starts, so
-`reserve_cpu_devices(n)` only works before; after, `check_layouts_subprocess`
-runs it in a fresh process (`python -m streamidx.lab.studies.multichip
-'<json>'`, one JSON line out). CPU device 0 is left out of every mesh (with
-it the interpreted kernel can deadlock under `shard_map`, jax 0.10.2;
-docs/limitations.md): n devices need n + 1 CPU devices.
+"""Notebook 07's check: the sharded layouts run for real, against one device,
+in this process or a fresh one with virtual CPU devices (why, and CPU device
+0 left out): docs/multichip.md, "Run against one device".
 """
 
 from __future__ import annotations
@@ -23,13 +14,18 @@ import sys
 import time
 from typing import Sequence
 
+import jax
+import numpy as np
+
+import streamidx as si
+from streamidx import metrics, sharded
+
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (a `lab.sharding.LAYOUTS` name on a num_data x num_context mesh) run on
-  `devices` against the single-device reference: rows identical / tied
-  within `atol`, ok or the first difference, the lowered program's
-  collective, the shares, merge bytes per row, wall seconds."""
+  """One layout (`lab.sharding.LAYOUTS`, num_data x num_context) run on `devices`
+  against the single-device reference: rows identical / tied within `atol`, ok
+  or the first difference, the collective, shares, merge bytes, seconds."""
 
   layout: str
   variant: str
@@ -51,16 +47,11 @@ class LayoutCheck:
   seconds: float = 0.0
 
 
-def _backend_started() -> bool:
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  return bool(xla_bridge._backends)  # pylint: disable=protected-access
-
-
 def reserve_cpu_devices(n: int) -> bool:
   """Asks JAX for n + 1 CPU devices if no JAX backend has started yet (the
   count is fixed when the CPU backend starts); whether it could."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if _backend_started():
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge._backends:  # pylint: disable=protected-access
     return False
   jax.config.update("jax_num_cpu_devices",
                     max(n + 1, jax.config.jax_num_cpu_devices))
@@ -70,7 +61,6 @@ def reserve_cpu_devices(n: int) -> bool:
 def mesh_devices(n: int):
   """(devices, description) for an n-device mesh: the TPU's when it has n,
   else CPU devices 1..n (interpreted); (None, why) when neither exists."""
-  import jax  # pylint: disable=g-import-not-at-top
   reserve_cpu_devices(n)
   if jax.default_backend() == "tpu" and len(jax.devices()) >= n:
     return jax.devices()[:n], f"{n} x {jax.devices()[0].device_kind} (compiled)"
@@ -84,26 +74,17 @@ def mesh_devices(n: int):
 def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
                   variant: str = "vendored", fmt: str = "fp8",
                   num_heads: int = 4, k: int = 8, compression_ratio: int = 4,
-                  seed: int = 0, static: dict | None = None
-                  ) -> list[LayoutCheck]:
-  """One `LayoutCheck` per layout of `layouts` (dicts: layout, num_data,
-  num_context, optional merge, default "all_gather") on the batch
-  `streamidx.make_mixed_batch(**batch_kw)` (JSON-able, for the subprocess);
-  `static`: block sizes (default: the block-size table's row)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  import streamidx as si  # pylint: disable=g-import-not-at-top
-  from streamidx import metrics, sharded  # pylint: disable=g-import-not-at-top
-
+                  seed: int = 0) -> list[LayoutCheck]:
+  """A `LayoutCheck` per `layouts` dict (layout, num_data, num_context, merge:
+  default "all_gather") on `streamidx.make_mixed_batch(**batch_kw)` (JSON-able,
+  for the subprocess), block sizes from the block-size table."""
   reserve_cpu_devices(max(int(l["num_data"]) * int(l["num_context"])
                           for l in layouts))
   v = si.VARIANTS[variant]
   batch = si.make_mixed_batch(**batch_kw)
   inputs = si.make_inputs(batch, num_heads=num_heads, fmt=fmt, seed=seed)
-  static = dict(static or v.block_sizes(
-      cache_format=fmt, num_heads=num_heads,
-      page_size=int(batch.page_size)).kwargs())
+  static = v.block_sizes(cache_format=fmt, num_heads=num_heads,
+                         page_size=int(batch.page_size)).kwargs()
   want = np.asarray(v.run_reference(inputs, k=k,
                                     compression_ratio=compression_ratio,
                                     fmt=fmt, **static))
@@ -151,9 +132,8 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
 def check_layouts_subprocess(batch_kw: dict, layouts: Sequence[dict], *,
                              timeout_s: float = 900, **kw
                              ) -> list[LayoutCheck]:
-  """`check_layouts` in a fresh process with n + 1 virtual CPU devices (for
-  a process whose backend started with too few); RuntimeError with the
-  child's output if it fails."""
+  """`check_layouts` in a fresh process with n + 1 virtual CPU devices;
+  RuntimeError with the child's output if it fails."""
   n = max(int(l["num_data"]) * int(l["num_context"]) for l in layouts)
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +

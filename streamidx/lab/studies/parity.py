@@ -1,7 +1,5 @@
-"""Two top-k facts shared beyond notebook 05: `boundary_ties` (exact ties
-between the k-th and (k+1)-th scores of each row of masked scores f32[T, E],
--inf invisible) and `approx_topk_reduction_size` (candidates a TPU's
-ApproxTopK keeps).
+"""Two top-k facts shared beyond notebook 05: ties at the k-th boundary, and the
+candidates a TPU's ApproxTopK keeps.
 """
 
 from __future__ import annotations
@@ -13,10 +11,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryTies:
-  """rows: rows seeing more than k entries; tied_rows: i64 indices of those
-  whose k-th and (k+1)-th scores are equal (zero_tied_rows: at score 0);
-  per tied row, group_sizes (entries at the boundary score) and slots (how
-  many of them the top-k keeps)."""
+  """rows: rows seeing more than k entries; tied_rows: those whose k-th and
+  (k+1)-th scores are equal (zero_tied_rows: at 0); per tied row group_sizes
+  (entries at the boundary score) and slots (how many the top-k keeps)."""
 
   k: int
   rows: int
@@ -27,7 +24,8 @@ class BoundaryTies:
 
 
 def boundary_ties(scores, k: int) -> BoundaryTies:
-  """Finds rows whose top-k boundary falls inside a group of equal scores."""
+  """Rows of masked scores f32[T, E] (-inf invisible) whose top-k boundary
+  falls inside a group of equal scores."""
   s = np.asarray(scores)
   finite = np.isfinite(s)
   n_vis = finite.sum(axis=1)

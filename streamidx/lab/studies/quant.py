@@ -1,14 +1,10 @@
 """FP8 formats beside the vendored cache's (e4m3 values, ue8m0 scale per
-record): exact float scales, FP8 queries, Hadamard rotation, the key/query
-variants of notebook 02's recall study and its float64 check, and the
-kernel's in-register unpack on one block (also notebook 01). The studies
-themselves are cells of notebook 03.
+record) for notebooks 01 and 02; the studies themselves are notebook cells.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 from jax.experimental import pallas as pl
@@ -19,10 +15,6 @@ import numpy as np
 from streamidx import cache as cache_lib
 from streamidx import ref
 from streamidx.lab.studies import addressing
-
-__all__ = ["pow2", "quantize_ue8m0", "quantize_float_scale",
-           "quantize_queries_fp8", "hadamard", "rotate", "VARIANTS",
-           "variant_inputs", "float64_scores", "unpack_block_in_kernel"]
 
 
 def pow2(e):
@@ -53,15 +45,12 @@ _QUANTIZERS = {"ue8m0": quantize_ue8m0, "float": quantize_float_scale}
 
 def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
                          granularity: str = "head"):
-  """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]:
-  (q8 f8e4m3fn[T, H, D], folded weights f32[T, H], scales f32[T, H]).
-
-  sum_h w[t,h] ReLU(q[t,h] . k) = sum_h (w[t,h] s) ReLU(q8 . k) for q = q8 s,
-  s > 0, as DeepSeek-V3.2's indexer does. scale: "ue8m0" or "float"
-  (`_QUANTIZERS`); granularity: one scale per token and "head", or per
-  "token". Every e4m3 value is a bf16 value, so `q8.astype(bf16)` with the
-  folded weights scores the FP8 queries on the bf16 kernel input.
-  """
+  """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]
+  (sum_h w ReLU(q . k) = sum_h (w s) ReLU(q8 . k) for q = q8 s, s > 0, as
+  DeepSeek-V3.2's indexer does): (q8 f8e4m3fn[T, H, D], folded weights, scales
+  f32[T, H]). scale: "ue8m0" or "float"; granularity: a scale per token and
+  "head", or per "token". e4m3 values are bf16 values: `q8.astype(bf16)` with
+  the folded weights scores them on the bf16 kernel input."""
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
   if granularity not in ("head", "token"):
@@ -106,10 +95,9 @@ VARIANTS: dict[str, tuple[str, str]] = {
 
 def variant_inputs(inp, variant: str, *, rotated: bool = False,
                    query_scale: str = "ue8m0"):
-  """`IndexerInputs` of one key/query variant (`VARIANTS`) from `inp` with
-  float32 queries (its `keys` the float32 truth): optionally Hadamard-rotated
-  (f32) first, the cache packed by `cache.pack_cache`, queries as bf16 (FP8
-  queries as their bf16 values, `query_scale` folded into the weights)."""
+  """`IndexerInputs` of one `VARIANTS` key/query variant from `inp` (f32
+  queries, `keys` the truth): optionally Hadamard-rotated first, the cache
+  packed, queries as bf16 (FP8 ones as bf16 values, scale in the weights)."""
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
                      f"{variant!r}")
@@ -129,29 +117,27 @@ def variant_inputs(inp, variant: str, *, rotated: bool = False,
                              cache=cache_lib.pack_cache(keys, fmt), fmt=fmt)
 
 
-def _unpack_kernel(block_ref, values_ref, scales_ref, *, head_dim):
-  # The FP8 branch of the kernel's `load_bkv`, op for op.
-  bkv = block_ref[...]
-  flat_bkv = bkv.reshape(-1, bkv.shape[-1])
-  fp8_val = pltpu.bitcast(flat_bkv[:, :head_dim], jnp.float8_e4m3fn)
-  scale_val = pltpu.bitcast(flat_bkv[:, head_dim:head_dim + 1].T,
-                            jnp.float8_e8m0fnu).astype(jnp.bfloat16)
-  values_ref[...] = fp8_val.astype(jnp.float32)
-  scales_ref[...] = scale_val.astype(jnp.float32)
-
-
 def unpack_block_in_kernel(block, head_dim: int = 128):
-  """The ops of `kernels/vendored.py`'s FP8 `load_bkv` on one block u8[rows,
-  kv_packing, lkv_dim] (e.g. `cache[page]`), always in Pallas's TPU
-  interpreter: (values f32[rows * kv_packing, head_dim], scales f32[1, rows *
-  kv_packing]); entry r * kv_packing + j is row r, slot j."""
+  """The vendored FP8 `load_bkv`'s ops on one block u8[rows, kv_packing,
+  lkv_dim] in the TPU interpreter: (values f32[rows * kv_packing, head_dim],
+  scales f32[1, rows * kv_packing]); entry r * kv_packing + j: row r, slot j."""
   block = jnp.asarray(block)
   if block.dtype != jnp.uint8 or block.ndim != 3:
     raise ValueError(f"block must be u8[rows, kv_packing, lkv_dim], got "
                      f"{block.dtype}{list(block.shape)}")
   entries = block.shape[0] * block.shape[1]
+
+  def unpack(block_ref, values_ref, scales_ref):  # load_bkv's FP8 branch
+    bkv = block_ref[...]
+    flat_bkv = bkv.reshape(-1, bkv.shape[-1])
+    fp8_val = pltpu.bitcast(flat_bkv[:, :head_dim], jnp.float8_e4m3fn)
+    scale_val = pltpu.bitcast(flat_bkv[:, head_dim:head_dim + 1].T,
+                              jnp.float8_e8m0fnu).astype(jnp.bfloat16)
+    values_ref[...] = fp8_val.astype(jnp.float32)
+    scales_ref[...] = scale_val.astype(jnp.float32)
+
   call = pl.pallas_call(
-      functools.partial(_unpack_kernel, head_dim=head_dim),
+      unpack,
       out_shape=(jax.ShapeDtypeStruct((entries, head_dim), jnp.float32),
                  jax.ShapeDtypeStruct((1, entries), jnp.float32)),
       in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
@@ -163,10 +149,9 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
 
 def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
                    causal_rule: str = "model") -> np.ndarray:
-  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows
-  against its unquantized keys, scored in float64 by `ref.score_entries`
-  under `jax.enable_x64` (a check of a recall study's float32 truth); -inf
-  where `addressing.visibility_mask` hides an entry."""
+  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows against
+  its unquantized keys by `ref.score_entries` in float64 (a check of a recall
+  study's f32 truth); -inf where `addressing.visibility_mask` hides an entry."""
   b = inp.batch
   lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
   keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]

@@ -1,10 +1,5 @@
 """The tiling bounds notebooks 05 and 06 share, and notebook 05's megacore
-compile: `core_split_bound` (HBM bound with programs dealt to `num_cores`
-TensorCores, a model), `static_bound_s` (`roofline.step_bound`'s vector
-time with a compiled page schedule), `decode_page_bounds` (each variant's decode
-`roofline.PageBound` for `roofline.step_bound`, libtpu in a child process,
-no TPU), `megacore_rows` (the dense decode launch compiled with num_cores 1
-and 2). No TPU measurement here.
+compile (libtpu, no TPU). Models and compiles; no TPU measurement here.
 """
 
 from __future__ import annotations
@@ -21,12 +16,11 @@ from streamidx.lab.model import hardware, roofline, tiling
 def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
                      num_cores: int) -> float:
   """The kernel stage's HBM bound (s) with each launch's programs dealt to
-  `num_cores` TensorCores as the dense kernel does (core c runs programs c,
-  c + num_cores, ...): the busiest core's share of the bytes (by KV pages)
-  over one core's bandwidth. num_cores=1: the vendored bound. A model:
-  equal bandwidth per core, no contention."""
-  total = sum(roofline.costs(p, k=k)[1].bytes_read.values()) + sum(
-      roofline.costs(p, k=k)[1].bytes_written.values())
+  `num_cores` TensorCores as the dense kernel does (core c: programs c, c +
+  num_cores, ...): the busiest core's bytes (by KV pages) over one core's
+  bandwidth. A model: equal bandwidth per core, no contention."""
+  kernel = roofline.costs(p, k=k)[1]
+  total = sum(kernel.bytes_read.values()) + sum(kernel.bytes_written.values())
   pages = [[0] * num_cores for _ in p.executed]
   for li, l in enumerate(p.executed):
     for j, pr in enumerate(l.programs):
@@ -66,11 +60,9 @@ def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
 def megacore_rows(generations: Sequence[str] = ("v5p", "v4"), *,
                   shape: str = "dsv4-decode-4k", blocks=None,
                   timeout: float = 900.0) -> list[dict]:
-  """Per (generation, num_cores 1 and 2): the dense decode launch compiled
-  (libtpu, no TPU): TensorCores per chip, the cores the compiler targets,
-  grid and dimension semantics, whether the final bundles hold
-  `BarrierMegacore`, bundles, bundles per KV page. blocks: default the
-  table's DeepSeek-V4 row."""
+  """Per (generation, num_cores 1 and 2): the dense decode launch compiled without
+  a TPU: TensorCores per chip, the cores the compiler targets, grid, semantics,
+  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: default DSV4's."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top
