@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import streamidx as si
-from streamidx import metrics, ref
+from streamidx import metrics
 from streamidx.lab.studies import cases
 
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
@@ -61,7 +61,8 @@ class Profile:
   decode_req_batch_size: int = 4
   causal_rule: str = "model"
   q_dtype: object = jnp.bfloat16
-  variant: str = "vendored"  # token mode: any token variant reading `fmt`
+  variant: str = "vendored"  # any token variant reading `fmt` (page mode: its
+  #                             "_page" twin)
   decode_q_len: int = 1  # gamma + 1 rows per decode sequence (M17)
 
   @property
@@ -105,6 +106,12 @@ PROFILES = {
                         bq=8),
     "page-bf16": Profile("page", "bf16", 1, 8, 6, 4, 16, 2, k=5, bkv=128,
                          bq=16),
+    # The MXFP4 cache (its own layout, 8 entries per value row group).
+    "token-mxfp4-r4": Profile("token", "mxfp4", 4, 16, 10, 6, 24, 4, k=8,
+                              bkv=8, bq=(1, 4, 8), decode_req_batch_size=2,
+                              variant="fp4"),
+    "page-mxfp4": Profile("page", "mxfp4", 1, 16, 4, 5, 20, 4, k=2, bkv=128,
+                          bq=8, variant="fp4"),
     # Speculative decoding (M17): every token variant x its formats x gamma
     # + 1 in {2, 3, 4} on token-fp8-r4's shape (decode batches of 2, two KV
     # blocks), at least one decode sequence per batch.
@@ -120,6 +127,8 @@ EXAMPLES = {
     "token-fp8-r2-seedrule": 20,
     "page-fp8": 12,
     "page-bf16": 12,
+    "token-mxfp4-r4": 15,
+    "page-mxfp4": 8,
     **{name: 12 for name in PROFILES if name.startswith("mtp")},
 }
 MTP_CI = "mtp2-vendored-fp8"  # DeepSeek-V4's gamma + 1 = 2, the CI point
@@ -217,26 +226,17 @@ def check_batch(p: Profile, batch_kw, input_kw, ties):
        f"distribution={b.distribution.tolist()} "
        f"page_table={b.page_table.tolist()}")
   kw = p.kernel_kwargs()
-  if p.mode == "token":
-    v = si.VARIANTS[p.variant]
-    args = v.args(inp, p.fmt)
-    v.validate(*args, **kw)  # every batch is valid input
-    idx, scores = kernel("token", p.variant)(*args, **kw)
-    ref_idx = v.reference(*args, **kw)
-    ref_scores = v.scores(inp, compression_ratio=p.ratio, fmt=p.fmt,
-                          causal_rule=p.causal_rule)
-    bound = metrics.summation_error_bound(inp, compression_ratio=p.ratio,
-                                          causal_rule=p.causal_rule)
-  else:
-    args = inp.page_args
-    si.validate_page_topk_inputs(*args, **kw)
-    idx, scores = kernel("page")(*args, **kw)
-    ref_idx = ref.streamindex_page_topk_ref(*args, **kw)
-    ref_scores = ref.page_scores(*args, causal_rule=p.causal_rule)
-    # The page kernel runs at its default compression_ratio, 1.
-    bound = metrics.summation_error_bound(inp, compression_ratio=1,
-                                          causal_rule=p.causal_rule,
-                                          mode="page")
+  v = si.VARIANTS[p.variant + ("_page" if p.mode == "page" else "")]
+  args = v.args(inp, p.fmt)
+  v.validate(*args, **kw)  # every batch is valid input
+  idx, scores = kernel(p.mode, p.variant)(*args, **kw)
+  ref_idx = v.reference(*args, **kw)
+  ratio = p.ratio if p.mode == "token" else 1  # the page kernel's default
+  ref_scores = v.scores(inp, compression_ratio=ratio, fmt=p.fmt,
+                        causal_rule=p.causal_rule)
+  bound = metrics.summation_error_bound(inp, compression_ratio=ratio,
+                                        causal_rule=p.causal_rule,
+                                        mode=p.mode)
   assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores,
                                   score_bound=bound)
   # A sanity check that the batch exercised something: live rows have
