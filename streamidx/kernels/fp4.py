@@ -81,42 +81,45 @@ class _Mxfp4Pages(dense._TwoArrayPages):
 
   kv_packing = KV_PACKING
 
-  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, page_size):
+  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, page_size,
+               scale_keys):
     super().__init__(scales_hbm_ref, bscale_x2_ref, sems)
-    self.page_size = page_size
+    self.page_size, self.scale_keys = page_size, scale_keys
 
   def load_kv(self, flat, slot, b):
-    """u8[bkv_p * page_size // 2, D] value rows -> (the e4m3 tile
-    [bkv_sz, D] in entry order, f32 scales [G, bkv_sz])."""
+    """u8[bkv_p * page_size // 2, D] value rows -> the e4m3 tile [bkv_sz, D]
+    in entry order and its f32 scales [G, bkv_sz]; or, with `scale_keys`,
+    the keys e2m1 x 2**e in bf16 [bkv_sz, D] and None."""
     words = pltpu.bitcast(flat, jnp.uint32)
     lo = _e4m3(words & jnp.uint32(0x0F0F0F0F))
     hi = _e4m3((words >> 4) & jnp.uint32(0x0F0F0F0F))
     half, width = self.page_size // 2, flat.shape[-1]
     tile = jnp.concatenate([lo.reshape(-1, half, width),
                             hi.reshape(-1, half, width)], axis=1)
+    tile = tile.reshape(-1, width)
     raw = self.vmem[slot, b]  # u8[bkv_p, G, page_size]
     scales = pltpu.bitcast(raw, jnp.float8_e8m0fnu).astype(
         jnp.bfloat16).astype(jnp.float32)
-    return tile.reshape(-1, width), jnp.concatenate(
-        [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], axis=0)
+    if not self.scale_keys:
+      return tile, jnp.concatenate(
+          [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], 0)
+    # Entries along sublanes: each page's [G, page_size] transposed, the
+    # pages stacked; each group's column broadcast over its 32 lanes.
+    cols = jnp.swapaxes(scales, 1, 2).reshape(-1, raw.shape[1]) * E4M3_OFFSET
+    lane_group = lax.broadcasted_iota(jnp.int32, tile.shape, 1) // _GROUP
+    expanded = cols[:, :1]
+    for g in range(1, raw.shape[1]):
+      expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
+    return (tile.astype(jnp.float32) * expanded).astype(jnp.bfloat16), None
 
   @staticmethod
   def scaled_dot(scales, bq, bkv):
-    """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the
-    tile bkv [m, D] (e4m3 or widened) and scales f32[G, m]; one matmul per
-    group, the query masked to its lanes, accumulated (one [n, m] partial
-    live at a time)."""
-    if bkv.dtype != jnp.float8_e4m3fn:
-      # Widened (before TPU v5, M10): the keys e2m1 * 2**e themselves, exact
-      # in bf16 (for e >= -125), and one matmul; the partial dots' [n, m]
-      # per group do not fit v4's VMEM at 128 query rows x 64 heads.
-      lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
-      cols = scales.T * E4M3_OFFSET  # [m, G]
-      expanded = cols[:, :1]
-      for g in range(1, scales.shape[0]):
-        expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
-      keys = (bkv.astype(jnp.float32) * expanded).astype(jnp.bfloat16)
-      return jnp.einsum("nd,md->nm", bq, keys,
+    """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the e4m3
+    tile bkv [m, D] and scales f32[G, m]; one matmul per group, the query
+    masked to its lanes, accumulated (one [n, m] partial live at a time).
+    Scales None: bkv holds the scaled keys, one matmul."""
+    if scales is None:
+      return jnp.einsum("nd,md->nm", bq, bkv,
                         preferred_element_type=jnp.float32)
     lane_group = lax.broadcasted_iota(jnp.int32, bq.shape, 1) // _GROUP
     q = bq * jnp.asarray(E4M3_OFFSET, bq.dtype)
@@ -128,7 +131,7 @@ class _Mxfp4Pages(dense._TwoArrayPages):
     return out
 
 
-def _fp4_kernel(*refs, page_size, **kwargs):
+def _fp4_kernel(*refs, page_size, scale_keys, **kwargs):
   """The vendored `_scores_kernel` over the MXFP4 refs: scalar prefetch (7),
   q, weights, values, scales (HBM), the aliased score buffer, its output,
   then the scratch: bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems."""
@@ -137,8 +140,8 @@ def _fp4_kernel(*refs, page_size, **kwargs):
   vendored._scores_kernel(
       *scalars, q, weights, values, scores_in, scores, bkv_x2, bq_x2, bw_x2,
       bo_x2, sems,
-      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size),
-      **kwargs)
+      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size,
+                         scale_keys=scale_keys), **kwargs)
 
 
 def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
@@ -157,12 +160,13 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
                              cache_scales.shape[1:], seq_batch_size=b,
                              bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
                              page_mode=page_pool)
+  widen = tpu.widen_fp8_for_mxu(interpret)
   kernel = functools.partial(
-      _fp4_kernel, page_size=page_size,
+      _fp4_kernel, page_size=page_size, scale_keys=widen or page_pool,
       compression_ratio=call.compression_ratio, static_q_len=static_q_len,
       bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
       causal_rule=call.causal_rule, interpreted=interpret is not False,
-      widen_fp8=tpu.widen_fp8_for_mxu(interpret),
+      widen_fp8=widen,
       **(dict(page_pool_size=page_size,
               pool_by_lane_segments=segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
