@@ -9,7 +9,7 @@ and one e8m0 exponent per 32 values, in two arrays::
     cache_scales  u8[total_pages, head_dim // 32, page_size]     e + 127
 
 The pipeline is the vendored kernel's body (`vendored._scores_kernel`); this
-module supplies the layout hooks (M16, M18 in `kernels/LEDGER.md`):
+module supplies the layout hooks (M16, M18, M19 in `kernels/LEDGER.md`):
 
 - DMA: the values have the vendored cache's form (u8 rows of 4 x head_dim),
   so the vendored page DMA and buffers read them, 8 entries per 4 rows
@@ -23,26 +23,29 @@ module supplies the layout hooks (M16, M18 in `kernels/LEDGER.md`):
   subnormal exponent is 1 - bias). No table, no lane shuffle: the two
   nibbles of a page's rows are its two halves, joined along sublanes.
 - Scores (`scaled_dot`): one scale per 32 values cannot multiply the head
-  sum afterwards (the ReLU comes between), so the dot of each group is its
-  own: the query block, times 2**6, is masked to each group's lanes, one
-  matmul [n, D] x [D, m] per group (G = head_dim // 32) gives its partial
-  dot, scaled by the group's 2**e (lanes: entries) and summed before the
-  ReLU. The MXU takes the e4m3 tile where
-  Mosaic takes an e4m3 operand (v5e and newer); the MXU work is G times the
-  FP8 kernel's, the value bytes half of theirs. Before TPU v5 (M10's
-  `widen_fp8`) the tile is widened to bf16 and multiplied by its groups'
-  scales, lanes expanded from the transposed [m, G] scales: the keys
-  e2m1 x 2**e themselves, exact in bf16 for e >= -125 (the quantizer's
-  floor), scored by one matmul.
+  sum afterwards (the ReLU comes between). Token mode, from TPU v5: the dot
+  of each group is its own: the query block, times 2**6, is masked to each
+  group's lanes, one matmul [n, D] x [D, m] per group (G = head_dim // 32)
+  gives its partial dot, scaled by the group's 2**e (lanes: entries) and
+  summed before the ReLU; the MXU takes the e4m3 tile, G times the FP8
+  kernel's MXU work for half its value bytes. Page mode, and token mode
+  before TPU v5 (M10's `widen_fp8`): the keys e2m1 x 2**e themselves, in
+  bf16 (exact for e >= -125, the quantizer's floor), one matmul; each
+  page's scales [G, page_size] are transposed to entry rows and the pages
+  stacked ([bkv_sz, G]: pages join along sublanes), each group's column
+  broadcast over its 32 lanes; before v5 1024 entries at a time (M19).
 
 Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
-libtpu 0.0.42.1, no TPU): the token kernel lowers on v5e, v5p, v6e and v7x
-with the e4m3 tile, and on v4 through the widened path (before it, the
+libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x;
+token mode with the e4m3 tile from v5e, widened on v4 (the per-group
 partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
-16 MiB VMEM). The page kernel does not lower at GLM's 64-entry pages on any
-generation: the group scales' f32 [pages, 64] -> [1, 64 pages] shape cast is
-unsupported ("infer-vector-layout: unsupported shape cast"; the same cast of
-the e8m0 bytes fails too). It runs interpreted at any page size.
+16 MiB VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
+all five (the 8192-entry block's keys scaled whole took 19.22 MiB of v4's
+VMEM, hence M19's chunks). The group path cannot score a page block: its
+scales as lanes join each page's 64 lanes into one lane row, which Mosaic
+rejects ("infer-vector-layout: unsupported shape cast
+vector<128x1x64xf32> -> vector<1x8192xf32>"; the cast of the e8m0 bytes
+fails too); entry rows join pages along sublanes, which it lowers.
 
 `launch` is this variant's `pallas_call` (token or page mode), made per
 launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
@@ -88,38 +91,37 @@ class _Mxfp4Pages(dense._TwoArrayPages):
 
   def load_kv(self, flat, slot, b):
     """u8[bkv_p * page_size // 2, D] value rows -> the e4m3 tile [bkv_sz, D]
-    in entry order and its f32 scales [G, bkv_sz]; or, with `scale_keys`,
-    the keys e2m1 x 2**e in bf16 [bkv_sz, D] and None."""
+    in entry order and its f32 scales: [G, bkv_sz] (lanes: entries), or
+    with `scale_keys` [bkv_sz, G] x 2**6 (sublanes: entries)."""
     words = pltpu.bitcast(flat, jnp.uint32)
     lo = _e4m3(words & jnp.uint32(0x0F0F0F0F))
     hi = _e4m3((words >> 4) & jnp.uint32(0x0F0F0F0F))
     half, width = self.page_size // 2, flat.shape[-1]
     tile = jnp.concatenate([lo.reshape(-1, half, width),
                             hi.reshape(-1, half, width)], axis=1)
-    tile = tile.reshape(-1, width)
     raw = self.vmem[slot, b]  # u8[bkv_p, G, page_size]
     scales = pltpu.bitcast(raw, jnp.float8_e8m0fnu).astype(
         jnp.bfloat16).astype(jnp.float32)
-    if not self.scale_keys:
-      return tile, jnp.concatenate(
-          [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], 0)
-    # Entries along sublanes: each page's [G, page_size] transposed, the
-    # pages stacked; each group's column broadcast over its 32 lanes.
-    cols = jnp.swapaxes(scales, 1, 2).reshape(-1, raw.shape[1]) * E4M3_OFFSET
-    lane_group = lax.broadcasted_iota(jnp.int32, tile.shape, 1) // _GROUP
-    expanded = cols[:, :1]
-    for g in range(1, raw.shape[1]):
-      expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
-    return (tile.astype(jnp.float32) * expanded).astype(jnp.bfloat16), None
+    if self.scale_keys:  # each page's [G, page_size] transposed, stacked
+      return tile.reshape(-1, width), jnp.swapaxes(scales, 1, 2).reshape(
+          -1, raw.shape[1]) * E4M3_OFFSET
+    return tile.reshape(-1, width), jnp.concatenate(
+        [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], 0)
 
-  @staticmethod
-  def scaled_dot(scales, bq, bkv):
+  def scaled_dot(self, scales, bq, bkv):
     """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the e4m3
-    tile bkv [m, D] and scales f32[G, m]; one matmul per group, the query
-    masked to its lanes, accumulated (one [n, m] partial live at a time).
-    Scales None: bkv holds the scaled keys, one matmul."""
-    if scales is None:
-      return jnp.einsum("nd,md->nm", bq, bkv,
+    tile bkv [m, D] and `load_kv`'s scales. With `scale_keys`: the keys
+    e2m1 x 2**e in bf16 (exact for e >= -125), each group's scale column
+    broadcast over its 32 lanes, and one matmul. Otherwise one matmul per
+    group, the query masked to its lanes, times the group's scales (lanes:
+    entries), accumulated (one [n, m] partial live at a time)."""
+    if self.scale_keys:
+      lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
+      expanded = scales[:, :1]
+      for g in range(1, scales.shape[1]):
+        expanded = jnp.where(lane_group == g, scales[:, g:g + 1], expanded)
+      keys = (bkv.astype(jnp.float32) * expanded).astype(jnp.bfloat16)
+      return jnp.einsum("nd,md->nm", bq, keys,
                         preferred_element_type=jnp.float32)
     lane_group = lax.broadcasted_iota(jnp.int32, bq.shape, 1) // _GROUP
     q = bq * jnp.asarray(E4M3_OFFSET, bq.dtype)
