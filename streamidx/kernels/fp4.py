@@ -33,15 +33,15 @@ module supplies the layout hooks (M16, M18, M19 in `kernels/LEDGER.md`):
   bf16 (exact for e >= -125, the quantizer's floor), one matmul; each
   page's scales [G, page_size] are transposed to entry rows and the pages
   stacked ([bkv_sz, G]: pages join along sublanes), each group's column
-  broadcast over its 32 lanes; before v5 1024 entries at a time (M19).
+  broadcast over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
 
 Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
 libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x;
 token mode with the e4m3 tile from v5e, widened on v4 (the per-group
 partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
 16 MiB VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
-all five (the 8192-entry block's keys scaled whole took 19.22 MiB of v4's
-VMEM, hence M19's chunks). The group path cannot score a page block: its
+all five (the 8192-entry block scored whole took 19.22 MiB of v4's VMEM,
+hence the chunks). The group path cannot score a page block: its
 scales as lanes join each page's 64 lanes into one lane row, which Mosaic
 rejects ("infer-vector-layout: unsupported shape cast
 vector<128x1x64xf32> -> vector<1x8192xf32>"; the cast of the e8m0 bytes
@@ -88,6 +88,8 @@ class _Mxfp4Pages(dense._TwoArrayPages):
                scale_keys):
     super().__init__(scales_hbm_ref, bscale_x2_ref, sems)
     self.page_size, self.scale_keys = page_size, scale_keys
+    # M19: the scaled keys scored 1024 entries at a time (v4's VMEM, spills)
+    self.dot_chunk = tpu.WIDEN_CHUNK if scale_keys else None
 
   def load_kv(self, flat, slot, b):
     """u8[bkv_p * page_size // 2, D] value rows -> the e4m3 tile [bkv_sz, D]
