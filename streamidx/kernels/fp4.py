@@ -80,7 +80,7 @@ def _e4m3(nibbles):
 
 
 class _Mxfp4Pages(dense._TwoArrayPages):
-  """The MXFP4 layout's part of the vendored pipeline (M16, M18)."""
+  """The MXFP4 layout's part of the vendored pipeline (M16, M18, M19)."""
 
   kv_packing = KV_PACKING
 
@@ -112,11 +112,7 @@ class _Mxfp4Pages(dense._TwoArrayPages):
 
   def scaled_dot(self, scales, bq, bkv):
     """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the e4m3
-    tile bkv [m, D] and `load_kv`'s scales. With `scale_keys`: the keys
-    e2m1 x 2**e in bf16 (exact for e >= -125), each group's scale column
-    broadcast over its 32 lanes, and one matmul. Otherwise one matmul per
-    group, the query masked to its lanes, times the group's scales (lanes:
-    entries), accumulated (one [n, m] partial live at a time)."""
+    tile bkv [m, D] and `load_kv`'s scales (module docstring: "Scores")."""
     if self.scale_keys:
       lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
       expanded = scales[:, :1]
@@ -164,13 +160,12 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
                              cache_scales.shape[1:], seq_batch_size=b,
                              bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
                              page_mode=page_pool)
-  widen = tpu.widen_fp8_for_mxu(interpret)
   kernel = functools.partial(
-      _fp4_kernel, page_size=page_size, scale_keys=widen or page_pool,
+      _fp4_kernel, page_size=page_size,
+      scale_keys=page_pool or tpu.widen_fp8_for_mxu(interpret),
       compression_ratio=call.compression_ratio, static_q_len=static_q_len,
       bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
       causal_rule=call.causal_rule, interpreted=interpret is not False,
-      widen_fp8=widen,
       **(dict(page_pool_size=page_size,
               pool_by_lane_segments=segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
