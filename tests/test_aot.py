@@ -233,9 +233,12 @@ PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
                                          ("vendored_page", "bf16"),
                                          ("dense_page", "dense_fp8"),
                                          pytest.param("lean_page", "dense_fp8",
+                                                      marks=tiers.FULL),
+                                         pytest.param("fp4_page", "mxfp4",
                                                       marks=tiers.FULL)])
 def test_page_launch_compiles_on_v4(variant, fmt):
-  """M15 (and M10 for FP8): GLM's 64-entry pages pooled on v4."""
+  """M15 (and M10 for FP8, M19 for MXFP4): GLM's 64-entry pages pooled on
+  v4."""
   with si.compile_for("v4") as target:
     calls = aot.launch_calls(variant, GLM_PAGE, fmt, PAGE_BLOCKS, target)
     assert len(calls) == 1

@@ -9,7 +9,7 @@ and one e8m0 exponent per 32 values, in two arrays::
     cache_scales  u8[total_pages, head_dim // 32, page_size]     e + 127
 
 The pipeline is the vendored kernel's body (`vendored._scores_kernel`); this
-module supplies the layout hooks (M16, M18 in `kernels/LEDGER.md`):
+module supplies the layout hooks (M16, M18, M19 in `kernels/LEDGER.md`):
 
 - DMA: the values have the vendored cache's form (u8 rows of 4 x head_dim),
   so the vendored page DMA and buffers read them, 8 entries per 4 rows
@@ -23,26 +23,29 @@ module supplies the layout hooks (M16, M18 in `kernels/LEDGER.md`):
   subnormal exponent is 1 - bias). No table, no lane shuffle: the two
   nibbles of a page's rows are its two halves, joined along sublanes.
 - Scores (`scaled_dot`): one scale per 32 values cannot multiply the head
-  sum afterwards (the ReLU comes between), so the dot of each group is its
-  own: the query block, times 2**6, is masked to each group's lanes, one
-  matmul [n, D] x [D, m] per group (G = head_dim // 32) gives its partial
-  dot, scaled by the group's 2**e (lanes: entries) and summed before the
-  ReLU. The MXU takes the e4m3 tile where
-  Mosaic takes an e4m3 operand (v5e and newer); the MXU work is G times the
-  FP8 kernel's, the value bytes half of theirs. Before TPU v5 (M10's
-  `widen_fp8`) the tile is widened to bf16 and multiplied by its groups'
-  scales, lanes expanded from the transposed [m, G] scales: the keys
-  e2m1 x 2**e themselves, exact in bf16 for e >= -125 (the quantizer's
-  floor), scored by one matmul.
+  sum afterwards (the ReLU comes between). Token mode, from TPU v5: the dot
+  of each group is its own: the query block, times 2**6, is masked to each
+  group's lanes, one matmul [n, D] x [D, m] per group (G = head_dim // 32)
+  gives its partial dot, scaled by the group's 2**e (lanes: entries) and
+  summed before the ReLU; the MXU takes the e4m3 tile, G times the FP8
+  kernel's MXU work for half its value bytes. Page mode, and token mode
+  before TPU v5 (M10's `widen_fp8`): the keys e2m1 x 2**e themselves, in
+  bf16 (exact for e >= -125, the quantizer's floor), one matmul; each
+  page's scales [G, page_size] are transposed to entry rows and the pages
+  stacked ([bkv_sz, G]: pages join along sublanes), each group's column
+  broadcast over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
 
 Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
-libtpu 0.0.42.1, no TPU): the token kernel lowers on v5e, v5p, v6e and v7x
-with the e4m3 tile, and on v4 through the widened path (before it, the
+libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x;
+token mode with the e4m3 tile from v5e, widened on v4 (the per-group
 partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
-16 MiB VMEM). The page kernel does not lower at GLM's 64-entry pages on any
-generation: the group scales' f32 [pages, 64] -> [1, 64 pages] shape cast is
-unsupported ("infer-vector-layout: unsupported shape cast"; the same cast of
-the e8m0 bytes fails too). It runs interpreted at any page size.
+16 MiB VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
+all five (the 8192-entry block scored whole took 19.22 MiB of v4's VMEM,
+hence the chunks). The group path cannot score a page block: its
+scales as lanes join each page's 64 lanes into one lane row, which Mosaic
+rejects ("infer-vector-layout: unsupported shape cast
+vector<128x1x64xf32> -> vector<1x8192xf32>"; the cast of the e8m0 bytes
+fails too); entry rows join pages along sublanes, which it lowers.
 
 `launch` is this variant's `pallas_call` (token or page mode), made per
 launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
@@ -77,17 +80,21 @@ def _e4m3(nibbles):
 
 
 class _Mxfp4Pages(dense._TwoArrayPages):
-  """The MXFP4 layout's part of the vendored pipeline (M16, M18)."""
+  """The MXFP4 layout's part of the vendored pipeline (M16, M18, M19)."""
 
   kv_packing = KV_PACKING
 
-  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, page_size):
+  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, page_size,
+               scale_keys):
     super().__init__(scales_hbm_ref, bscale_x2_ref, sems)
-    self.page_size = page_size
+    self.page_size, self.scale_keys = page_size, scale_keys
+    # M19: the scaled keys scored 1024 entries at a time (v4's VMEM, spills)
+    self.dot_chunk = tpu.WIDEN_CHUNK if scale_keys else None
 
   def load_kv(self, flat, slot, b):
-    """u8[bkv_p * page_size // 2, D] value rows -> (the e4m3 tile
-    [bkv_sz, D] in entry order, f32 scales [G, bkv_sz])."""
+    """u8[bkv_p * page_size // 2, D] value rows -> the e4m3 tile [bkv_sz, D]
+    in entry order and its f32 scales: [G, bkv_sz] (lanes: entries), or
+    with `scale_keys` [bkv_sz, G] x 2**6 (sublanes: entries)."""
     words = pltpu.bitcast(flat, jnp.uint32)
     lo = _e4m3(words & jnp.uint32(0x0F0F0F0F))
     hi = _e4m3((words >> 4) & jnp.uint32(0x0F0F0F0F))
@@ -97,24 +104,20 @@ class _Mxfp4Pages(dense._TwoArrayPages):
     raw = self.vmem[slot, b]  # u8[bkv_p, G, page_size]
     scales = pltpu.bitcast(raw, jnp.float8_e8m0fnu).astype(
         jnp.bfloat16).astype(jnp.float32)
+    if self.scale_keys:  # each page's [G, page_size] transposed, stacked
+      return tile.reshape(-1, width), jnp.swapaxes(scales, 1, 2).reshape(
+          -1, raw.shape[1]) * E4M3_OFFSET
     return tile.reshape(-1, width), jnp.concatenate(
-        [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], axis=0)
+        [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], 0)
 
-  @staticmethod
-  def scaled_dot(scales, bq, bkv):
-    """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the
-    tile bkv [m, D] (e4m3 or widened) and scales f32[G, m]; one matmul per
-    group, the query masked to its lanes, accumulated (one [n, m] partial
-    live at a time)."""
-    if bkv.dtype != jnp.float8_e4m3fn:
-      # Widened (before TPU v5, M10): the keys e2m1 * 2**e themselves, exact
-      # in bf16 (for e >= -125), and one matmul; the partial dots' [n, m]
-      # per group do not fit v4's VMEM at 128 query rows x 64 heads.
+  def scaled_dot(self, scales, bq, bkv):
+    """sum_g 2**e_g (q_g . code values_g): f32[n, m] for bq [n, D], the e4m3
+    tile bkv [m, D] and `load_kv`'s scales (module docstring: "Scores")."""
+    if self.scale_keys:
       lane_group = lax.broadcasted_iota(jnp.int32, bkv.shape, 1) // _GROUP
-      cols = scales.T * E4M3_OFFSET  # [m, G]
-      expanded = cols[:, :1]
-      for g in range(1, scales.shape[0]):
-        expanded = jnp.where(lane_group == g, cols[:, g:g + 1], expanded)
+      expanded = scales[:, :1]
+      for g in range(1, scales.shape[1]):
+        expanded = jnp.where(lane_group == g, scales[:, g:g + 1], expanded)
       keys = (bkv.astype(jnp.float32) * expanded).astype(jnp.bfloat16)
       return jnp.einsum("nd,md->nm", bq, keys,
                         preferred_element_type=jnp.float32)
@@ -128,7 +131,7 @@ class _Mxfp4Pages(dense._TwoArrayPages):
     return out
 
 
-def _fp4_kernel(*refs, page_size, **kwargs):
+def _fp4_kernel(*refs, page_size, scale_keys, **kwargs):
   """The vendored `_scores_kernel` over the MXFP4 refs: scalar prefetch (7),
   q, weights, values, scales (HBM), the aliased score buffer, its output,
   then the scratch: bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems."""
@@ -137,8 +140,8 @@ def _fp4_kernel(*refs, page_size, **kwargs):
   vendored._scores_kernel(
       *scalars, q, weights, values, scores_in, scores, bkv_x2, bq_x2, bw_x2,
       bo_x2, sems,
-      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size),
-      **kwargs)
+      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size,
+                         scale_keys=scale_keys), **kwargs)
 
 
 def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
@@ -159,10 +162,10 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
                              page_mode=page_pool)
   kernel = functools.partial(
       _fp4_kernel, page_size=page_size,
+      scale_keys=page_pool or tpu.widen_fp8_for_mxu(interpret),
       compression_ratio=call.compression_ratio, static_q_len=static_q_len,
       bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
       causal_rule=call.causal_rule, interpreted=interpret is not False,
-      widen_fp8=tpu.widen_fp8_for_mxu(interpret),
       **(dict(page_pool_size=page_size,
               pool_by_lane_segments=segment_pool) if page_pool else {}))
   return tpu.pallas_launch(

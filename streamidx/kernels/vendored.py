@@ -471,10 +471,14 @@ def _scores_kernel(
 
         if hasattr(layout, "scaled_dot"):
           # streamidx (M18): the layout's scales apply inside the dot (one
-          # per group of values, not per entry); widened whole (M10).
-          s_summed = head_sum(
-              bkv.astype(jnp.bfloat16) if widen_fp8 else bkv,
-              functools.partial(layout.scaled_dot, scale_val))
+          # per group of values, not per entry). M19: the tile as unpacked
+          # (the layout widens it), `dot_chunk` entries at a time if set
+          # (rows of the tile and of its scales, entries on their axis 0).
+          step = getattr(layout, "dot_chunk", None)
+          part = lambda a, c: a if step is None else a[c:c + step]
+          s_summed = jnp.concatenate([head_sum(part(bkv, c), functools.partial(
+              layout.scaled_dot, part(scale_val, c)))
+              for c in range(0, bkv.shape[0], step or bkv.shape[0])], axis=-1)
           scale_val = None
         elif widen_fp8 and bkv.dtype == jnp.float8_e4m3fn:
           # streamidx (M10): exact, e4m3fn is a subset of bf16. Widened
