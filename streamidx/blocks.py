@@ -229,23 +229,12 @@ def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
            page_size: int, generation: str | None = None,
            decode_q_len: int = 1) -> BlockSizes:
-  """The table's block sizes for one kernel call; see the module docstring.
-
-  Callers normally go through `streamidx.block_sizes(variant, ...)` (or
-  `VARIANTS[name].block_sizes(...)`), which fills in `mode`.
-
-  Args:
-    variant: a name of `streamidx.VARIANTS`.
-    mode: its mode, "token" or "page" (token-mode KV blocks must be whole
-      128-entry lane rows).
-    cache_format, num_heads, page_size: of the call's inputs.
-    generation: the TPU generation ("v5e", ...); None matches only rows that
-      hold for any generation.
-    decode_q_len: the call's query rows per decode sequence.
-
-  Returns:
-    The matching `BlockSizes`; `.kwargs()` gives the kernel arguments and
-    `.source` where the numbers come from.
+  """The table's `BlockSizes` for one kernel call (module docstring: the
+  keys and the matching); `.kwargs()` gives the kernel arguments, `.source`
+  where the numbers come from. Callers normally go through
+  `streamidx.block_sizes(variant, ...)` (or `VARIANTS[name].block_sizes`),
+  which fills in `mode` ("token": KV blocks of whole 128-entry lane rows, or
+  "page"). generation None matches only rows for any generation.
   """
   gen = WILDCARD if generation is None else generation
   found = [r for r in TABLE if r.matches(
