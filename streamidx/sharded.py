@@ -161,9 +161,7 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
       seq_lens[d, j] = b.seq_lens[s]
       cu[d, j + 1] = cursor
     cu[d, len(o) + 1:] = cursor
-    counts = [len(c) for c in local[d]]
-    dist[d] = (counts[0], sum(counts[:-1]), len(o)) if len(counts) == 3 else (
-        0, 0, len(o))
+    dist[d] = np.cumsum([len(c) for c in local[d]])  # page mode: [2] used
 
   table = b.page_table
   pages = [[[] for _ in range(num_context)] for _ in range(num_data)]
