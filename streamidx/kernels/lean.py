@@ -159,10 +159,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     else:
       view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
       words = view.reshape(view.shape[0], view.shape[2])[...]
-    if fp8 == "fnuz":
-      keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz)
-    else:
-      keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
+    keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz if fp8 == "fnuz"
+                         else jnp.float8_e4m3fn)
     raw = bsc[slot, b]
     bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
     return keys, lax.bitcast_convert_type(bits, jnp.float32)
