@@ -73,6 +73,23 @@ class BlockSizes:
     return out
 
 
+def _token(generation, variant, cache_format, source, heads=None, page=None,
+           kv=(3, 2, 2), **kw) -> BlockSizes:
+  """A token-mode row: (1, 128, 128) query rows, 4 decode sequences."""
+  return BlockSizes(generation, variant, cache_format, heads, page,
+                    num_kv_pages_per_block=kv,
+                    num_queries_per_block=(1, 128, 128),
+                    decode_req_batch_size=4, source=source, **kw)
+
+
+def _page(variant, cache_format, source, heads=None, page=None,
+          rows=512) -> BlockSizes:
+  """A page-mode row for any generation: 128 pages per KV block."""
+  return BlockSizes(WILDCARD, variant, cache_format, heads, page,
+                    num_kv_pages_per_block=128, num_queries_per_block=rows,
+                    source=source)
+
+
 _TPU_INFERENCE = (
     "tpu-inference's DeepSeek-V4 indexer call site passes these to "
     "streamindex_topk, commented 'tuned based on microbenchmark results' "
@@ -124,10 +141,9 @@ _MTP2 = {"v4": ("570/553/546/538", "346/333"),
          "v6e": ("81/78/67/63", "70/57"), "v7x": ("67/63/58/52", "60/53")}
 _MTP2_NOTE = " (8 saves at most 11% but pads up to 1023 entries a sequence)"
 _MTP2_ROWS = tuple(
-    BlockSizes(gen, v, fmt, 64, 128, num_kv_pages_per_block=(4,) + (
-        (4, 4) if v == "vendored" and gen in ("v5e", "v6e") else (2, 2)),
-               num_queries_per_block=(1, 128, 128), decode_req_batch_size=4,
-               decode_q_len=2, source=(
+    _token(gen, v, fmt, heads=64, page=128, decode_q_len=2,
+           kv=(4,) + ((4, 4) if v == "vendored" and gen in ("v5e", "v6e")
+                      else (2, 2)), source=(
         f"static schedule (no TPU timing; python -m streamidx.lab.schedule "
         f"--variant {v} --shape dsv4-mtp2-decode-4k --kv-pages "
         f"{('2 3 4 8', '3 4')[i]}): {gen} batched MTP decode, {_MTP2[gen][i]}"
@@ -154,60 +170,23 @@ _FP4_PAGE = ("the dense FP8 page rows (num_kv_pages_per_block must be 128), "
              "kept for the MXFP4 page kernel; not tuned on a TPU")
 
 TABLE: tuple[BlockSizes, ...] = (
-    BlockSizes(WILDCARD, "vendored", WILDCARD, None, None,
-               num_kv_pages_per_block=(3, 2, 2),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_TPU_INFERENCE),
-    BlockSizes(WILDCARD, "vendored_page", WILDCARD, None, None,
-               num_kv_pages_per_block=128, num_queries_per_block=512,
-               source=_PAGE_DEFAULT),
-    BlockSizes("v5e", "vendored", WILDCARD, 64, 128,
-               num_kv_pages_per_block=(4, 4, 4),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_SCHEDULE_V5E),
-    BlockSizes("v6e", "vendored", WILDCARD, 64, 128,
-               num_kv_pages_per_block=(4, 4, 4),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_SCHEDULE_V6E),
-    BlockSizes(WILDCARD, "vendored_page", WILDCARD, 32, 64,
-               num_kv_pages_per_block=128, num_queries_per_block=32,
-               source=_SCHEDULE_GLM_PAGE),
-    BlockSizes(WILDCARD, "dense", "dense_fp8", None, None,
-               num_kv_pages_per_block=(3, 2, 2),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_DENSE),
-    BlockSizes(WILDCARD, "dense_page", "dense_fp8", None, None,
-               num_kv_pages_per_block=128, num_queries_per_block=512,
-               source=_DENSE_PAGE),
-    BlockSizes(WILDCARD, "dense_page", "dense_fp8", 32, 64,
-               num_kv_pages_per_block=128, num_queries_per_block=32,
-               source=_DENSE_PAGE_GLM),
+    _token(WILDCARD, "vendored", WILDCARD, _TPU_INFERENCE),
+    _page("vendored_page", WILDCARD, _PAGE_DEFAULT),
+    _token("v5e", "vendored", WILDCARD, _SCHEDULE_V5E, 64, 128, kv=(4, 4, 4)),
+    _token("v6e", "vendored", WILDCARD, _SCHEDULE_V6E, 64, 128, kv=(4, 4, 4)),
+    _page("vendored_page", WILDCARD, _SCHEDULE_GLM_PAGE, 32, 64, rows=32),
+    _token(WILDCARD, "dense", "dense_fp8", _DENSE),
+    _page("dense_page", "dense_fp8", _DENSE_PAGE),
+    _page("dense_page", "dense_fp8", _DENSE_PAGE_GLM, 32, 64, rows=32),
     *_MTP2_ROWS,
-    BlockSizes(WILDCARD, "lean", "dense_fp8", None, None,
-               num_kv_pages_per_block=(3, 2, 2),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_LEAN),
-    *(BlockSizes(gen, "lean", "dense_fp8", 64, 128,
-                 num_kv_pages_per_block=(8, 2, 2),
-                 num_queries_per_block=(1, 128, 128),
-                 decode_req_batch_size=4, source=_SCHEDULE_LEAN)
+    _token(WILDCARD, "lean", "dense_fp8", _LEAN),
+    *(_token(gen, "lean", "dense_fp8", _SCHEDULE_LEAN, 64, 128, kv=(8, 2, 2))
       for gen in ("v5e", "v6e", "v7x")),
-    BlockSizes(WILDCARD, "lean_page", "dense_fp8", None, None,
-               num_kv_pages_per_block=128, num_queries_per_block=512,
-               source=_DENSE_PAGE),
-    BlockSizes(WILDCARD, "lean_page", "dense_fp8", 32, 64,
-               num_kv_pages_per_block=128, num_queries_per_block=32,
-               source=_DENSE_PAGE_GLM),
-    BlockSizes(WILDCARD, "fp4", "mxfp4", None, None,
-               num_kv_pages_per_block=(3, 2, 2),
-               num_queries_per_block=(1, 128, 128),
-               decode_req_batch_size=4, source=_FP4),
-    BlockSizes(WILDCARD, "fp4_page", "mxfp4", None, None,
-               num_kv_pages_per_block=128, num_queries_per_block=512,
-               source=_FP4_PAGE),
-    BlockSizes(WILDCARD, "fp4_page", "mxfp4", 32, 64,
-               num_kv_pages_per_block=128, num_queries_per_block=32,
-               source=_FP4_PAGE),
+    _page("lean_page", "dense_fp8", _DENSE_PAGE),
+    _page("lean_page", "dense_fp8", _DENSE_PAGE_GLM, 32, 64, rows=32),
+    _token(WILDCARD, "fp4", "mxfp4", _FP4),
+    _page("fp4_page", "mxfp4", _FP4_PAGE),
+    _page("fp4_page", "mxfp4", _FP4_PAGE, 32, 64, rows=32),
 )
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
@@ -250,23 +229,12 @@ def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
            page_size: int, generation: str | None = None,
            decode_q_len: int = 1) -> BlockSizes:
-  """The table's block sizes for one kernel call; see the module docstring.
-
-  Callers normally go through `streamidx.block_sizes(variant, ...)` (or
-  `VARIANTS[name].block_sizes(...)`), which fills in `mode`.
-
-  Args:
-    variant: a name of `streamidx.VARIANTS`.
-    mode: its mode, "token" or "page" (token-mode KV blocks must be whole
-      128-entry lane rows).
-    cache_format, num_heads, page_size: of the call's inputs.
-    generation: the TPU generation ("v5e", ...); None matches only rows that
-      hold for any generation.
-    decode_q_len: the call's query rows per decode sequence.
-
-  Returns:
-    The matching `BlockSizes`; `.kwargs()` gives the kernel arguments and
-    `.source` where the numbers come from.
+  """The table's `BlockSizes` for one kernel call (module docstring: the
+  keys and the matching); `.kwargs()` gives the kernel arguments, `.source`
+  where the numbers come from. Callers normally go through
+  `streamidx.block_sizes(variant, ...)` (or `VARIANTS[name].block_sizes`),
+  which fills in `mode` ("token": KV blocks of whole 128-entry lane rows, or
+  "page"). generation None matches only rows for any generation.
   """
   gen = WILDCARD if generation is None else generation
   found = [r for r in TABLE if r.matches(

@@ -1,19 +1,9 @@
-"""Multi-chip StreamIndex: any registered variant under `jax.shard_map`
-(docs/multichip.md: the layouts, the input contract, an example).
-
-Sequence parallel (mesh axis "data"): each device holds whole sequences; no
-communication. Context parallel (axis "context", C devices): device c holds
-pages [c * P, (c + 1) * P) of every sequence (P = `pages_per_share`) and all
-query rows, and calls the kernel with seq_len_c = max(seq_len - lo * ratio,
-0), lo = c * P * page_size: its masks are the global ones restricted to the
-share (`(p - lo * ratio + 1) // ratio` is `(p + 1) // ratio - lo`, the "seed"
-rule alike; the kernel ends a sequence at its page table, M7). Each top-k
-comes back with its scores (M8), shifted to global indices; `merge_topk`
-(score desc, global index asc: exact, ties as the reference) merges them by
-`merge="all_gather"` or `"tree"` (log2(C) `ppermute` rounds, C a power of
-two). A 2-D mesh does both. Which of several entries tied at a device's own
-k-th place reaches the merge is that device's kernel's choice. Page-mode
-context parallelism needs `k_pages` <= a share's pages.
+"""Multi-chip StreamIndex: any registered variant under `jax.shard_map`,
+sequence parallel (mesh axis "data": whole sequences per device, no
+communication) and context parallel (axis "context": a share of every
+sequence's pages per device, the top-k lists merged exactly by `merge_topk`
+over `MERGES`), or both on a 2-D mesh. The layouts, the input contract, why
+a share's masks are the global ones, and an example: docs/multichip.md.
 """
 
 from __future__ import annotations
@@ -42,10 +32,22 @@ IMPLS = ("kernel", "reference")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
+def _check_int(name, value, need, why=""):
+  """`value` if an int >= need; else a ValueError naming `name` and why."""
+  if not isinstance(value, int) or isinstance(value, bool) or value < need:
+    what = "a positive int" if need == 1 and not why else f"an int >= {need}"
+    raise ValueError(f"{name}: must be {what}{why} (got {value!r})")
+  return value
+
+
+def _at_least(name, value, need):  # None: what the fullest device needs
+  return need if value is None else _check_int(
+      name, value, need, ", what the fullest device needs")
+
+
 def _check_counts(num_data, num_context):
   for name, v in (("num_data", num_data), ("num_context", num_context)):
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-      raise ValueError(f"{name}: must be a positive int (got {v!r})")
+    _check_int(name, v, 1)
 
 
 def make_mesh(num_data: int = 1, num_context: int = 1, *,
@@ -111,16 +113,12 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
                  fmt: str | None = None, pages_per_share: int | None = None,
                  slots: int | None = None, rows: int | None = None,
                  cache_pages: int | None = None) -> ShardedInputs:
-  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`: sequence b
-  to data shard b % num_data, in kernel order (decode, prefill, mixed); its
-  pages cut into context shares of `pages_per_share` columns (P, default
-  ceil(pages_per_seq / num_context), at least ceil(pages the longest
-  sequence uses / C)); device (d, c) gets the physical pages its share uses,
-  renumbered from 0 and copied (not re-quantized), as its own cache, and a
-  page table into it (unused slots at page 0).
-
-  variant: a `streamidx.VARIANTS` name or `Variant`; fmt: its cache format
-  (default its first). slots, rows, cache_pages: pad each device's sequence
+  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk` as
+  docs/multichip.md says: each device's pages copied (not re-quantized),
+  unused table slots at page 0. variant: a `streamidx.VARIANTS` name or
+  `Variant`; fmt: its cache format (default its first); pages_per_share: P,
+  default ceil(pages_per_seq / num_context), at least ceil(pages the longest
+  sequence uses / C). slots, rows, cache_pages: pad each device's sequence
   slots S, query rows T and cache pages G to these (default: what the
   fullest device needs), so one compiled function serves several batches.
   """
@@ -131,12 +129,9 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
   min_share = max(1, cdiv(int(need.max(initial=0)), num_context))
   if pages_per_share is None:
     pages_per_share = max(min_share, cdiv(b.pages_per_seq, num_context))
-  if (not isinstance(pages_per_share, int) or isinstance(pages_per_share, bool)
-      or pages_per_share < min_share):
-    raise ValueError(
-        f"pages_per_share: must be an int >= {min_share} (the longest "
-        f"sequence uses {int(need.max(initial=0))} pages over {num_context} "
-        f"shares) (got {pages_per_share!r})")
+  _check_int("pages_per_share", pages_per_share, min_share, (
+      f" (the longest sequence uses {int(need.max(initial=0))} pages over "
+      f"{num_context} shares)"))
   cache = v.cache_arrays(inputs, fmt)
   n = b.num_seqs
   q_lens = b.cu_q_lens[1:n + 1] - b.cu_q_lens[:n]
@@ -166,9 +161,7 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
       seq_lens[d, j] = b.seq_lens[s]
       cu[d, j + 1] = cursor
     cu[d, len(o) + 1:] = cursor
-    counts = [len(c) for c in local[d]]
-    dist[d] = (counts[0], sum(counts[:-1]), len(o)) if len(counts) == 3 else (
-        0, 0, len(o))
+    dist[d] = np.cumsum([len(c) for c in local[d]])  # page mode: [2] used
 
   table = b.page_table
   pages = [[[] for _ in range(num_context)] for _ in range(num_data)]
@@ -209,15 +202,6 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
                        int(b.page_size), row_of, g_loc, per_device)
 
 
-def _at_least(name, value, need):
-  if value is None:
-    return need
-  if not isinstance(value, int) or isinstance(value, bool) or value < need:
-    raise ValueError(f"{name}: must be an int >= {need}, what the fullest "
-                     f"device needs (got {value!r})")
-  return value
-
-
 # ---------------------------------------------------------------------------
 # The exact merge of per-device top-k lists.
 
@@ -246,12 +230,11 @@ def _unpack(pairs):
   return lax.bitcast_convert_type(pairs[..., 0], jnp.float32), pairs[..., 1]
 
 
-def _merge_all_gather(scores, indices, k, axis):
-  pairs = lax.all_gather(_pack(scores, indices), axis, axis=1, tiled=True)
-  return merge_topk(*_unpack(pairs), k)
-
-
-def _merge_tree(scores, indices, k, axis, size):
+def _merge(scores, indices, k, axis, size, merge):
+  """The exact top k over mesh axis `axis` (of `size` devices), by `merge`."""
+  if merge == "all_gather":
+    pairs = lax.all_gather(_pack(scores, indices), axis, axis=1, tiled=True)
+    return merge_topk(*_unpack(pairs), k)
   for r in range(int(math.log2(size))):
     perm = [(c, c ^ (1 << r)) for c in range(size)]
     other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis,
@@ -350,11 +333,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
     offset = c * share_pages if page_mode else lo_entries
     gidx = jnp.where(idx >= 0, idx + offset, -1).astype(jnp.int32)
     scores = scores.astype(jnp.float32)
-    if merge == "all_gather":
-      _, out = _merge_all_gather(scores, gidx, k, context_axis)
-    else:
-      _, out = _merge_tree(scores, gidx, k, context_axis, num_context)
-    return out
+    return _merge(scores, gidx, k, context_axis, num_context, merge)[1]
 
   rows_spec = P(data_axis)
   both = tuple(a for a in (data_axis, context_axis) if a is not None)
@@ -380,13 +359,16 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
   nd = _axis_size(mesh, data_axis)
   nc = _axis_size(mesh, context_axis)
 
-  def need(name, x, parts, what):
+  def need(name, x, parts, what="data shards", each=None):
     if x.ndim < 1 or x.shape[0] % parts:
       raise ValueError(f"{name}: first axis must split into {parts} "
                        f"{what} (got shape {tuple(x.shape)})")
+    if each is not None and x.shape[0] // parts != each:
+      raise ValueError(f"{name}: needs {each} entries per data shard (got "
+                       f"{x.shape[0] // parts})")
     return x.shape[0] // parts
 
-  need("q", q, nd, "data shards")
+  need("q", q, nd)
   if weights.shape[0] != q.shape[0]:
     raise ValueError(f"weights: must have q's rows ({q.shape[0]}) (got shape "
                      f"{tuple(weights.shape)})")
@@ -394,18 +376,12 @@ def _check_layout(v, mesh, data_axis, context_axis, q, weights, cache,
     raise ValueError("cache: the variant takes at least one cache array")
   for a in cache:
     need("cache", a, nd * nc, "devices (data x context)")
-  slots = need("seq_lens", seq_lens, nd, "data shards")
+  slots = need("seq_lens", seq_lens, nd)
   table = need("page_indices", page_indices, nd * nc, "devices")
   if table % slots:
     raise ValueError(f"page_indices: each device's table ({table}) must be "
                      f"seq_lens' {slots} slots x pages_per_share")
-  cu = need("cu_q_lens", cu_q_lens, nd, "data shards")
-  if cu != slots + 1:
-    raise ValueError(f"cu_q_lens: needs {slots} + 1 entries per data shard "
-                     f"(got {cu})")
-  per = 3 if v.mode == "token" else 1
-  got = need("distribution" if per == 3 else "num_seqs", last, nd,
-             "data shards")
-  if got != per:
-    raise ValueError(f"{'distribution' if per == 3 else 'num_seqs'}: needs "
-                     f"{per} value(s) per data shard (got {got})")
+  need("cu_q_lens", cu_q_lens, nd, each=slots + 1)
+  token = v.mode == "token"
+  need("distribution" if token else "num_seqs", last, nd,
+       each=3 if token else 1)

@@ -5,69 +5,17 @@ The same cache as `streamidx.kernels.dense` (`streamidx.cache` "dense_fp8")::
     cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
     cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
 
-and the same launches, grid and results, but its own pipeline: the dense
-kernel runs the vendored `_scores_kernel`, whose KV loop the compiler's
-static schedule finds bound by the vector and scalar units, not by HBM
-(`python -m streamidx.lab.schedule`). Each change below was kept because it
-is exact in the interpreter and pays in that schedule. Numbers: bundles per
-128-entry KV page of the decode launch of `dsv4-decode-4k` on v6e (4
-sequences per program, 64 heads, head_dim 128, 3 pages per block; libtpu
-0.0.42.1, score buffer and scales in HBM), 32.8 with these four (and
-with the three below), and with that one change undone (dense: 53.7):
-
-- values loaded as 32-bit words (42.1 without): the KV buffer (u8 [N, 4, D],
-  four entries per word row) is read through a u32 view of the ref and
-  bitcast to e4m3 in registers (`pltpu.bitcast`: word row r holds entries
-  4r..4r+3, the layout's order), which removes the relayout of four-row u8
-  tiles into FP8 vregs;
-- DMA issue and compute in one basic block (38.8 with the DMAs issued
-  before the wait): no `pl.when` around the KV prefetch or the compute. The
-  next block's DMAs are issued, unconditionally, after this block's loads;
-  past a program's last block they fetch block 0 of the program `stride`
-  sequences on (the page table is padded so those rows exist), and past the
-  launch's last block a harmless extra block that the epilogue waits for.
-  Only the score send is guarded. On hardware this shortens the DMA's lead
-  to one iteration's compute: where the compute is shorter than a block's
-  HBM time the wait is exposed; a third buffer would restore the lead. A
-  sequence without queries now fetches its blocks too (its scores are not
-  sent);
-- per-block work hoisted out of the KV loop: the page table is clamped to
-  the cache and padded once per launch, outside the kernel (so the loop does
-  no clamps), one wait per buffer covers every sequence of the program, and
-  the weights are broadcast across lanes once per query block (34.9 with
-  the broadcast in the loop). The latter changes the summation order the
-  interpreter (XLA:CPU) picks, within the derived bound
-  (`streamidx.metrics.summation_atol`): results are compared tie-aware;
-- no FP8 conversion by the compiler on v5e/v5p/v6e (51.6 with it): the
-  e4m3fn bytes are bitcast to float8_e4m3b11fnuz (bias 11: every value / 16,
-  exactly, and a native unpack; its one NaN, 0x80, is -0 in e4m3fn, which
-  the dense cache never stores, `streamidx.cache.pack_dense_fp8_cache`) and
-  the score multiplied by 16 (in the weights, below). Power-of-two scaling
-  is exact in f32 away from underflow (`tests/test_lean.py` checks all 256
-  bytes). v7x keeps its native e4m3; v4 widens to bf16 by chunks (M10's
-  `tpu.widen_fp8_for_mxu`).
-
-At 8 pages per block (the table's decode row; 24.7 with the changes above)
-the VALU binds (72% of its slots), so three per-score operations went,
-23.7 with all three (v5e 27.8, v7x 22.0), with that one undone:
-- the e8m0 scales by their bits (24.3 without: the compiler's conversion
-  spent 9 VALU ops per page): widened to u32, shifted into the f32
-  exponent. Exact for the bytes a visible entry may hold
-  (1..254, `validate` "cache_scale_range"); byte 0 gives 0 and 255 inf,
-  and a score not visible is -inf either way. At 3 pages per block it did
-  not pay (-0.1);
-- one compare per score (24.2 without): the bound min(causal bound,
-  kv_len) per query row, computed once per query block, against the block's
-  lane index shifted by the block's offset;
-- the fnuz factor 16 folded into the weights broadcast once per query block
-  (23.8 without), exact as a power of two.
-More pages per block pay little more (12 / 16 pages: v6e 23.6 / 23.2, v7x
-21.7 / 21.5, v5e 26.0 / 25.2) and pad a short sequence's last block.
-
-Tried and not kept: the sequences' score rows stacked before the scale and
-masks (no change). What did not pay per the issue's prototypes: the head
-sum on the MXU (f32 HIGHEST costs more bundles, bf16 is not exact), manual
-software pipelining of the loop, 8 sequences per program.
+and the same launches, grid and results, but its own pipeline, each change
+kept because it is exact in the interpreter and pays in the compiler's static
+schedule (bundles per 128-entry decode KV page, dsv4-decode-4k, v6e, libtpu
+0.0.42.1; docs/tpu.md, "The lean kernel's changes", says what each does):
+32.8 at 3 pages per block with the first four (dense: 53.7), each undone:
+32-bit word loads 42.1, DMA issue and compute in one basic block 38.8, per-block
+work hoisted out of the KV loop 34.9, e4m3b11fnuz instead of the compiler's
+FP8 conversion on v5e/v5p/v6e 51.6 (v7x native e4m3, v4 widens, M10); 23.7 at
+8 pages (the table's row; 24.7 without the next three; v5e 27.8, v7x 22.0),
+each undone: e8m0 scales by their bits 24.3, one compare per score 24.2, the
+fnuz factor 16 in the weights 23.8.
 
 `launch` is this variant's one `pallas_call` per launch (token or page mode,
 `streamidx.kernels.driver.KernelBody.launch`); the entry points are
@@ -211,10 +159,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     else:
       view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
       words = view.reshape(view.shape[0], view.shape[2])[...]
-    if fp8 == "fnuz":
-      keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz)
-    else:
-      keys = pltpu.bitcast(words, jnp.float8_e4m3fn)
+    keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz if fp8 == "fnuz"
+                         else jnp.float8_e4m3fn)
     raw = bsc[slot, b]
     bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
     return keys, lax.bitcast_convert_type(bits, jnp.float32)
@@ -287,7 +233,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
         wait_kv(slot)
         blocks = [keys_of(slot, b) for b in range(b_sz)]
-        kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (see above)
+        kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (docs/tpu.md)
         ids_ref[1] = 1 - slot
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
              for b in range(b_sz)]

@@ -353,11 +353,13 @@ def mtp_cases() -> list[Case]:
 
 def production_cases() -> list[Case]:
   """The production top-k sizes (`PRODUCTION_KS`) at 64 heads x 128 dims,
-  ratio 4, page size 128, FP8, vendored kernel, the production table's
-  block sizes (tpu-inference's (3, 2, 2) pages, (1, 128, 128) rows)."""
+  ratio 4, page size 128, FP8, vendored kernel, the block-size table's row
+  for any generation (tpu-inference's)."""
+  row = variants_lib.block_sizes("vendored", cache_format="fp8", num_heads=64,
+                                 page_size=128)
   return [_case(variants_lib.get("vendored"), PRODUCTION_BATCH, 4, "fp8", k,
-                num_heads=64, num_kv_pages_per_block=(3, 2, 2),
-                num_queries_per_block=(1, 128, 128))
+                num_heads=64, num_kv_pages_per_block=row.num_kv_pages_per_block,
+                num_queries_per_block=row.num_queries_per_block)
           for k in PRODUCTION_KS]
 
 

@@ -10,6 +10,7 @@ import re
 import tempfile
 from typing import Mapping, Sequence
 
+from streamidx import variants as variants_lib
 from streamidx.lab.model import hardware, roofline, tiling
 
 
@@ -62,15 +63,17 @@ def megacore_rows(generations: Sequence[str] = ("v5p", "v4"), *,
                   timeout: float = 900.0) -> list[dict]:
   """Per (generation, num_cores 1 and 2): the dense decode launch compiled without
   a TPU: TensorCores per chip, the cores the compiler targets, grid, semantics,
-  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: default DSV4's."""
+  `BarrierMegacore` in the bundles, bundles (per KV page); blocks: default the
+  block-size table's dense row at `shape`'s heads and page size."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
 
   from streamidx import modes  # pylint: disable=g-import-not-at-top
   from streamidx.lab import aot, schedule  # pylint: disable=g-import-not-at-top
 
-  blocks = dict(blocks or dict(num_kv_pages_per_block=(3, 2, 2),
-                               num_queries_per_block=(1, 128, 128)))
   shp = {s.name: s for s in aot.SHAPES}[shape]
+  blocks = dict(blocks or variants_lib.block_sizes(
+      "dense", cache_format="dense_fp8", num_heads=shp.num_heads,
+      page_size=shp.page_size).kwargs())
   specs = hardware.load_specs()
   rows = []
   for gen in generations:
