@@ -1,14 +1,8 @@
-"""The compile matrix: every variant compiled for every TPU generation, no TPU
-(docs/tpu.md). `python -m streamidx.aot [--quick] [--generations ...]
-[--formats ...] [--jobs N] [--topk-methods]` (make aot).
-
-A row is one variant x generation x cache format x block sizes x shape
-(`SHAPES`: production shapes as `ShapeDtypeStruct`s on the generation's
-compile-only device, `streamidx.compile_for`), compiled by libtpu: "compiled"
-or the compiler's error in one line, compile seconds, the largest launch's
-VMEM scratch and XLA's memory analysis. It proves the compiler accepts the
-kernel at that shape, nothing about run time. `launch_calls` /
-`compile_launch` compile one `pallas_call` alone (VMEM probes, schedules).
+"""The compile matrix: every variant compiled for every TPU generation, no TPU.
+`python -m streamidx.aot [--quick] [--generations ...] [--formats ...]
+[--jobs N] [--topk-methods]` (make aot); what a row is and proves: docs/tpu.md.
+`launch_calls` / `compile_launch` compile one `pallas_call` alone (VMEM
+probes, schedules).
 """
 
 from __future__ import annotations

@@ -99,9 +99,6 @@ class Loop:
   def bundles(self) -> int:
     return self.end - self.start + 1
 
-  def contains(self, other: "Loop") -> bool:
-    return self.start <= other.start and other.end <= self.end
-
 
 def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
   """Every loop: an "LB:" bundle starting region N up to the branch back to
@@ -250,34 +247,27 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
       raise RuntimeError(f"schedule worker failed:\n{res.stderr[-3000:]}")
     records = json.loads(res.stdout.strip().splitlines()[-1])
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
+    kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1] + ".py"
     out = []
     for rec in records:
       _, bq, bkv_p = tiling.launch_case(rec["name"])
-      common = dict(variant=variant, generation=generation, fmt=fmt,
-                    shape=shape, launch=rec["name"], case=rec["case"],
-                    seq_batch_size=rec["seq_batch_size"], bkv_p=bkv_p,
-                    bq_sz=bq, page_size=shp.page_size)
-      if rec["error"]:
-        out.append(LaunchSchedule(**common, total_bundles=0, kv=None,
-                                  error=rec["error"]))
-        continue
-      tag = re.escape(rec["tag"])
-      found = [[f for f in files if re.search(rf"-{tag}\.\d+-\d+-final_{kind}\.txt$", f)]
-               for kind in ("bundles", "hlo-static-per-bundle-utilization")]
-      if not all(found):
-        raise RuntimeError(f"no schedule dump for {rec['name']} in {out_dir}")
-      with open(found[0][0]) as fb, open(found[1][0]) as fu:
-        bundles, util = parse_bundles(fb.read()), parse_utilization(fu.read())
-      try:
-        kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1]
-        kv = kv_loop(bundles, util,
-                     pages_per_iteration=rec["seq_batch_size"] * bkv_p,
-                     kernel_file=kernel_file + ".py")
-        err = ""
-      except ValueError as e:
-        kv, err = None, str(e)
-      out.append(LaunchSchedule(**common, total_bundles=len(bundles), kv=kv,
-                                error=err))
+      bundles, kv, err = [], None, rec["error"]  # err: the compile failed
+      if not err:
+        tag = re.escape(rec["tag"])
+        found = [[f for f in files if re.search(rf"-{tag}\.\d+-\d+-final_{kind}\.txt$", f)]
+                 for kind in ("bundles", "hlo-static-per-bundle-utilization")]
+        if not all(found):
+          raise RuntimeError(f"no schedule dump for {rec['name']} in {out_dir}")
+        with open(found[0][0]) as fb, open(found[1][0]) as fu:
+          bundles, util = parse_bundles(fb.read()), parse_utilization(fu.read())
+        try:
+          kv = kv_loop(bundles, util, kernel_file=kernel_file,
+                       pages_per_iteration=rec["seq_batch_size"] * bkv_p)
+        except ValueError as e:
+          err = str(e)
+      out.append(LaunchSchedule(
+          variant, generation, fmt, shape, rec["name"], rec["case"],
+          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err))
     return out
 
 
@@ -339,8 +329,7 @@ def main(argv=None) -> int:
         sets = [dict(base, num_queries_per_block=q) for q in a.queries]
       scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
                                 launches=a.launches)
-      for s_ in scheds:
-        (row,) = schedule_table([s_])
+      for row, s_ in zip(schedule_table(scheds), scheds):
         bound = page_bounds([s_])
         row["verdict"] = bound[0].verdict if bound else ""
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)

@@ -38,7 +38,6 @@ TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 # `expected_dma_events`).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
                      "lean", "lean_page")
-_CASE_SYMBOL = {"decode": "d", "decode_rest": "d", "prefill": "p", "mixed": "m"}
 
 
 def _dtype(name):
@@ -148,8 +147,8 @@ class Launch:
 
   @property
   def name(self) -> str:  # the vendored kernel's pallas_call name (in profiles)
-    return tpu_lib.launch_name("", _CASE_SYMBOL.get(self.case, self.case),
-                               self.bq_sz, self.bkv_p)
+    symbol = self.case if self.case == "page" else self.case[0]  # "d", "p", "m"
+    return tpu_lib.launch_name("", symbol, self.bq_sz, self.bkv_p)
 
   @property
   def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
@@ -655,9 +654,7 @@ def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> di
   a program computes `num_bkv` blocks for each sequence, which needs
   `max(1, cdiv(kv_len, bkv_sz))`; the rest is fetched, multiplied, masked."""
   computed = needed = entries_computed = entries_needed = 0
-  for launch in p.launches:
-    if launch.case not in cases:
-      continue
+  for launch in (l for l in p.launches if l.case in cases):
     for pr in launch.programs:
       for kv in pr.kv_lens:
         computed += pr.num_bkv
