@@ -21,6 +21,12 @@ import sys
 import tempfile
 from typing import Sequence
 
+from streamidx import modes
+from streamidx import variants as variants_lib
+from streamidx.lab import aot
+from streamidx.lab.model import tiling
+from streamidx.lab.model.roofline import page_bounds
+
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
@@ -187,10 +193,6 @@ class LaunchSchedule:
 def _worker(spec: dict) -> list[dict]:
   """In the child: compile every launch alone (libtpu dumps to the directory
   LIBTPU_INIT_ARGS names); one record per launch."""
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
   shape = aot.SHAPES_BY_NAME[spec["shape"]]
   out = []
   with modes.compile_for(spec["generation"]) as target:
@@ -226,10 +228,6 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
   `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
   child process for all) and reads its static schedule; `launches`: only
   these cases ("decode", "decode_rest", "prefill", "mixed", "page")."""
-  from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
   shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
@@ -312,8 +310,6 @@ def main(argv=None) -> int:
                  help="only these launches (decode, decode_rest, prefill, "
                  "mixed, page)")
   a = p.parse_args(argv)
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
   shape = aot.SHAPES_BY_NAME[a.shape]
   print(f"# operands in HBM ({HBM_FLAGS}); bundles per KV page of the final "
