@@ -1,14 +1,8 @@
-"""The compile matrix: every variant compiled for every TPU generation, no TPU
-(docs/tpu.md). `python -m streamidx.aot [--quick] [--generations ...]
-[--formats ...] [--jobs N] [--topk-methods]` (make aot).
-
-A row is one variant x generation x cache format x block sizes x shape
-(`SHAPES`: production shapes as `ShapeDtypeStruct`s on the generation's
-compile-only device, `streamidx.compile_for`), compiled by libtpu: "compiled"
-or the compiler's error in one line, compile seconds, the largest launch's
-VMEM scratch and XLA's memory analysis. It proves the compiler accepts the
-kernel at that shape, nothing about run time. `launch_calls` /
-`compile_launch` compile one `pallas_call` alone (VMEM probes, schedules).
+"""The compile matrix: every variant compiled for every TPU generation, no TPU.
+`python -m streamidx.aot [--quick] [--generations ...] [--formats ...]
+[--jobs N] [--topk-methods]` (make aot); what a row is and proves: docs/tpu.md.
+`launch_calls` / `compile_launch` compile one `pallas_call` alone (VMEM
+probes, schedules).
 """
 
 from __future__ import annotations
@@ -28,7 +22,10 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from streamidx import modes, semantics
+from streamidx import cache as cache_lib
+from streamidx import modes, semantics, topk
+from streamidx.lab.model import tiling
+from streamidx.variants import VARIANTS
 
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
 
@@ -128,19 +125,13 @@ class Result:
   memory: dict = dataclasses.field(default_factory=dict)
 
 
-def _variants():
-  from streamidx import variants  # pylint: disable=g-import-not-at-top
-
-  return variants.VARIANTS
-
-
 def _blocks_key(kwargs: dict) -> tuple:
   return tuple(sorted((k, v) for k, v in kwargs.items()))
 
 
 def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
   """The block-size table's keywords for this call (`streamidx.blocks`)."""
-  v = _variants()[variant]
+  v = VARIANTS[variant]
   return v.block_sizes(
       cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
       generation=generation,
@@ -155,7 +146,7 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
   """The rows to compile. quick: the table's blocks, one shape per variant.
   topk_methods: one more row (table blocks) per method a variant takes."""
   out = []
-  for name, v in _variants().items():
+  for name, v in VARIANTS.items():
     if variants and name not in variants:
       continue
     for gen in generations or GENERATIONS:
@@ -163,11 +154,8 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
         if formats and fmt not in formats:
           continue
         for shape in SHAPES:
-          if shape.mode != v.mode:
-            continue
-          if shapes and shape.name not in shapes:
-            continue
-          if quick and not shapes and shape.name != QUICK_SHAPES[v.mode]:
+          if shape.mode != v.mode or (shape.name not in shapes if shapes else
+                                      quick and shape.name != QUICK_SHAPES[v.mode]):
             continue
           sets = [(table_blocks(name, shape, fmt, gen), True)]
           if not quick:
@@ -184,9 +172,7 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
 
 def entry_args(variant: str, shape: Shape, fmt: str, target) -> tuple:
   """The entry point's positional arguments as specs on `target`'s device."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-
-  v = _variants()[variant]
+  v = VARIANTS[variant]
   keys = jax.ShapeDtypeStruct(
       (shape.total_pages, shape.page_size, shape.head_dim), jnp.float32)
   cache = jax.eval_shape(cache_lib.CACHE_FORMATS[fmt].pack, keys)
@@ -202,7 +188,7 @@ def entry_args(variant: str, shape: Shape, fmt: str, target) -> tuple:
 
 
 def _static(variant: str, shape: Shape, blocks: dict) -> dict:
-  v = _variants()[variant]
+  v = VARIANTS[variant]
   extra = {"decode_q_len": shape.decode_q_len} if shape.decode_q_len > 1 else {}
   return {v.k_name: shape.k, "compression_ratio": shape.compression_ratio,
           **extra, **blocks}
@@ -233,9 +219,7 @@ def summarize_error(e: BaseException) -> str:
 def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
   """[(launch name, jaxpr equation)] of every `pallas_call` the entry point
   makes, traced inside `compile_for(target.generation)`."""
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
-  fn = functools.partial(_variants()[variant].kernel,
+  fn = functools.partial(VARIANTS[variant].kernel,
                          **_static(variant, shape, blocks))
   closed = jax.make_jaxpr(fn)(*entry_args(variant, shape, fmt, target))
   return [(eqn.params.get("name") or "pallas_call", eqn)
@@ -266,10 +250,6 @@ _USED = re.compile(r"Used ([\d.]+)([KMG]?) of [\d.]+[KMG]? vmem")
 _ALLOC = re.compile(r"Allocation \(size=(\d+)\) would exceed memory")
 
 
-def _parse_size(num: str, unit: str) -> float:
-  return float(num) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
-
-
 def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
   """Compiles a launch under `vmem_limit_bytes`: None if it fits, else the
   scoped VMEM bytes the compiler printed (to 0.1 KiB or 0.01 MiB): E1001's
@@ -280,7 +260,7 @@ def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
   except Exception as e:  # pylint: disable=broad-except
     m = _SIZE.search(str(e)) or _USED.search(str(e))
     if m:
-      return _parse_size(*m.groups())
+      return float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
     m = _ALLOC.search(str(e))
     if m:  # one buffer alone exceeds the chip: its size
       return float(m.group(1))
@@ -289,8 +269,6 @@ def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
 
 def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
   """`semantics.scratch_vmem_bytes` of a traced launch's declared scratch."""
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
   return semantics.scratch_vmem_bytes(
       [("", s, d) for s, d in tiling.declared_scratch(eqn)], tpu_generation)
 
@@ -306,7 +284,7 @@ def _memory(compiled) -> dict:
 def compile_row(row: Row) -> Result:
   """Compiles one row's entry point for its generation; never raises."""
   shape = SHAPES_BY_NAME[row.shape]
-  v = _variants()[row.variant]
+  v = VARIANTS[row.variant]
   t0 = time.perf_counter()
   vmem = 0
   try:
@@ -360,15 +338,11 @@ def format_table(results: Sequence[Result]) -> str:
 
 def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:
   """Compiles `rows` in `jobs` processes (1: in this process)."""
-  with contextlib.ExitStack() as st:
-    if jobs <= 1:
-      results = map(compile_row, rows)
-    else:
-      pool = st.enter_context(concurrent.futures.ProcessPoolExecutor(
-          jobs, mp_context=multiprocessing.get_context("spawn")))
-      results = pool.map(compile_row, rows)
+  with (concurrent.futures.ProcessPoolExecutor(
+      jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1
+        else contextlib.nullcontext()) as pool:
     out = []
-    for r in results:
+    for r in (pool.map if pool else map)(compile_row, rows):
       out.append(r)
       if progress:
         progress(r)
@@ -395,13 +369,11 @@ def main(argv=None) -> int:
                  help="skip the sharded rows (sequence- and context-parallel "
                  "on v6e:2x2 and tpu7x:2x2x1, streamidx.lab.sharding)")
   a = p.parse_args(argv)
+  methods = None
   if a.topk_methods is not None:
-    from streamidx import topk as topk_lib  # pylint: disable=g-import-not-at-top
     for m in a.topk_methods:
-      topk_lib.check_topk_method(m)
-    methods = tuple(a.topk_methods) or topk_lib.TOPK_METHODS
-  else:
-    methods = None
+      topk.check_topk_method(m)
+    methods = tuple(a.topk_methods) or topk.TOPK_METHODS
   rows = matrix(quick=a.quick, variants=a.variants, generations=a.generations,
                 formats=a.formats, shapes=a.shapes, topk_methods=methods)
   if not rows:

@@ -1,35 +1,11 @@
 """The static schedule of the compiled kernel: bundles per KV-loop iteration.
 
-The TPU compiler (libtpu) can dump the final VLIW schedule of every kernel it
-compiles (`LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR --xla_jf_dump_llo_text=true
---xla_jf_dump_llo_pass_label_regex=final
---xla_mosaic_enable_llo_source_annotations=true"`). Per compiled program it
-writes, among others:
-
-  <id>-<module>-03-final_bundles.txt   one line per bundle: its address, a
-        label ("LB:" opens a loop body), the ops (`;;`-separated) with their
-        source location `loc("<file>":<line>:...)`; a loop closes with the
-        branch back to its body (`sbr.rel ... target = $region<N>`, where the
-        body's bundle says "Start region <N>"), followed by 4 delay slots.
-  <id>-<module>-01-final_hlo-static-per-bundle-utilization.txt   per bundle,
-        the ops issued in each slot (MXU, XLU, VALU, VPOP, EUP, VLOAD,
-        VLOAD:FILL, VSTORE, VSTORE:SPILL, SALU) and each slot's capacity.
-
-`launch_schedules` compiles each launch alone in a child process (libtpu
-reads its flags when it loads) and parses the dumps; `kv_loop` finds the
-loop that scores KV blocks (the innermost with MXU ops): bundles per
-iteration and per KV page, the binding slot (highest issue rate against its
-capacity), spills and the kernel source lines it spends bundles on.
-
-Memory spaces: every launch is compiled with the score buffer, the dense
-scales and every other operand in HBM (`HBM_FLAGS` turn off XLA's VMEM
-placement), as in a real step; compiled alone, XLA would place small
-operands in VMEM and the score send would become a copy loop that the KV
-loop's count includes but a real step does not run.
-
-Bundles / clock is a lower bound on the compute side of one KV page (no
-stalls: DMA waits, bank conflicts, MXU latency); beside the page's HBM time
-(`roofline.page_bounds`) it says which side binds. It is not a run time.
+`launch_schedules` compiles each launch alone with libtpu's schedule dumps on
+and parses them (`parse_bundles`, `parse_utilization`); `kv_loop` finds the
+KV loop (the innermost with MXU ops): bundles per iteration and per KV page,
+the binding slot, spills and source lines. The dump files, the flags and what
+the count bounds: docs/tpu.md, "How `streamidx.lab.schedule` reads the
+schedule". A lower bound on a page's compute, not a run time.
 """
 
 from __future__ import annotations
@@ -45,6 +21,12 @@ import sys
 import tempfile
 from typing import Sequence
 
+from streamidx import modes
+from streamidx import variants as variants_lib
+from streamidx.lab import aot
+from streamidx.lab.model import tiling
+from streamidx.lab.model.roofline import page_bounds
+
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
@@ -52,9 +34,7 @@ __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedul
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
               "--xla_mosaic_enable_llo_source_annotations=true")
-# The launch as it runs: compiled alone, XLA may place the score buffer and
-# the dense scale array in VMEM, which makes the score send a copy loop the
-# schedule would count but a real step (those arrays in HBM) does not run.
+# Every operand in HBM, as in a real step (docs/tpu.md says why).
 HBM_FLAGS = ("--xla_gf_vmem_memory_space_assignment=false "
              "--xla_vf_vmem_memory_space_assignment=false")
 DELAY_SLOTS = 4  # bundles after a taken branch that still issue
@@ -125,15 +105,11 @@ class Loop:
   def bundles(self) -> int:
     return self.end - self.start + 1
 
-  def contains(self, other: "Loop") -> bool:
-    return self.start <= other.start and other.end <= self.end
-
 
 def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
   """Every loop: an "LB:" bundle starting region N up to the branch back to
   N plus its delay slots."""
-  by_addr = {b.addr: b for b in bundles}
-  last = max(by_addr) if by_addr else -1
+  last = max((b.addr for b in bundles), default=-1)
   loops = []
   for b in bundles:
     if b.label != "LB":
@@ -183,18 +159,12 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
   if not with_mxu:
     raise ValueError("no loop with MXU ops in this schedule")
   inner = min(with_mxu, key=lambda l: l.bundles)
-  use = collections.Counter()
-  for a in range(inner.start, inner.end + 1):
-    for name, n in zip(names, rows[a]):
-      use[name] += n
-  lines = collections.Counter()
+  use, lines = collections.Counter(), collections.Counter()
   by_addr = {b.addr: b for b in bundles}
   for a in range(inner.start, inner.end + 1):
-    b = by_addr.get(a)
-    if b is None:
-      continue
-    for _, line in b.source_lines(kernel_file):
-      lines[line] += 1
+    use.update(dict(zip(names, rows[a])))
+    if a in by_addr:
+      lines.update(line for _, line in by_addr[a].source_lines(kernel_file))
   spill = use.get("VSTORE:SPILL", 0) + use.get("VLOAD:FILL", 0)
   return KvLoop(inner.bundles, pages_per_iteration, dict(use),
                 dict(zip(names, capacity)), spill,
@@ -220,13 +190,9 @@ class LaunchSchedule:
   error: str = ""
 
 
-def _worker(spec: dict, out_dir: str) -> list[dict]:
-  """In the child: compile every launch alone; one record per launch."""
-  from streamidx import modes  # pylint: disable=g-import-not-at-top
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
-  del out_dir  # libtpu writes there (LIBTPU_INIT_ARGS)
+def _worker(spec: dict) -> list[dict]:
+  """In the child: compile every launch alone (libtpu dumps to the directory
+  LIBTPU_INIT_ARGS names); one record per launch."""
   shape = aot.SHAPES_BY_NAME[spec["shape"]]
   out = []
   with modes.compile_for(spec["generation"]) as target:
@@ -262,10 +228,6 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
   `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
   child process for all) and reads its static schedule; `launches`: only
   these cases ("decode", "decode_rest", "prefill", "mixed", "page")."""
-  from streamidx import variants as variants_lib  # pylint: disable=g-import-not-at-top
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-
   shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
@@ -277,45 +239,33 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                                f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS} {HBM_FLAGS}")
     res = subprocess.run(
         [sys.executable, "-m", "streamidx.lab.schedule", "--worker",
-         json.dumps(spec), out_dir], env=env, capture_output=True, text=True,
+         json.dumps(spec)], env=env, capture_output=True, text=True,
         timeout=timeout, check=False)
     if res.returncode:
       raise RuntimeError(f"schedule worker failed:\n{res.stderr[-3000:]}")
     records = json.loads(res.stdout.strip().splitlines()[-1])
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
+    kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1] + ".py"
     out = []
     for rec in records:
       _, bq, bkv_p = tiling.launch_case(rec["name"])
-      common = dict(variant=variant, generation=generation, fmt=fmt,
-                    shape=shape, launch=rec["name"], case=rec["case"],
-                    seq_batch_size=rec["seq_batch_size"], bkv_p=bkv_p,
-                    bq_sz=bq, page_size=shp.page_size)
-      if rec["error"]:
-        out.append(LaunchSchedule(**common, total_bundles=0, kv=None,
-                                  error=rec["error"]))
-        continue
-      tag = re.escape(rec["tag"])
-      bundles_f = [f for f in files if re.search(
-          rf"-{tag}\.\d+-\d+-final_bundles\.txt$", f)]
-      util_f = [f for f in files if re.search(
-          rf"-{tag}\.\d+-\d+-final_hlo-static-per-bundle-utilization\.txt$",
-          f)]
-      if not bundles_f or not util_f:
-        raise RuntimeError(f"no schedule dump for {rec['name']} in {out_dir}")
-      with open(bundles_f[0]) as fh:
-        bundles = parse_bundles(fh.read())
-      with open(util_f[0]) as fh:
-        util = parse_utilization(fh.read())
-      try:
-        kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1]
-        kv = kv_loop(bundles, util,
-                     pages_per_iteration=rec["seq_batch_size"] * bkv_p,
-                     kernel_file=kernel_file + ".py")
-        err = ""
-      except ValueError as e:
-        kv, err = None, str(e)
-      out.append(LaunchSchedule(**common, total_bundles=len(bundles), kv=kv,
-                                error=err))
+      bundles, kv, err = [], None, rec["error"]  # err: the compile failed
+      if not err:
+        tag = re.escape(rec["tag"])
+        found = [[f for f in files if re.search(rf"-{tag}\.\d+-\d+-final_{kind}\.txt$", f)]
+                 for kind in ("bundles", "hlo-static-per-bundle-utilization")]
+        if not all(found):
+          raise RuntimeError(f"no schedule dump for {rec['name']} in {out_dir}")
+        with open(found[0][0]) as fb, open(found[1][0]) as fu:
+          bundles, util = parse_bundles(fb.read()), parse_utilization(fu.read())
+        try:
+          kv = kv_loop(bundles, util, kernel_file=kernel_file,
+                       pages_per_iteration=rec["seq_batch_size"] * bkv_p)
+        except ValueError as e:
+          err = str(e)
+      out.append(LaunchSchedule(
+          variant, generation, fmt, shape, rec["name"], rec["case"],
+          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err))
     return out
 
 
@@ -341,8 +291,7 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv and argv[0] == "--worker":
-    records = _worker(json.loads(argv[1]), argv[2])
-    print(json.dumps(records))
+    print(json.dumps(_worker(json.loads(argv[1]))))
     return 0
   import argparse  # pylint: disable=g-import-not-at-top
 
@@ -361,8 +310,6 @@ def main(argv=None) -> int:
                  help="only these launches (decode, decode_rest, prefill, "
                  "mixed, page)")
   a = p.parse_args(argv)
-  from streamidx.lab import aot  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model.roofline import page_bounds  # pylint: disable=g-import-not-at-top
 
   shape = aot.SHAPES_BY_NAME[a.shape]
   print(f"# operands in HBM ({HBM_FLAGS}); bundles per KV page of the final "
@@ -378,8 +325,7 @@ def main(argv=None) -> int:
         sets = [dict(base, num_queries_per_block=q) for q in a.queries]
       scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
                                 launches=a.launches)
-      for s_ in scheds:
-        (row,) = schedule_table([s_])
+      for row, s_ in zip(schedule_table(scheds), scheds):
         bound = page_bounds([s_])
         row["verdict"] = bound[0].verdict if bound else ""
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)

@@ -9,10 +9,14 @@ production DeepSeek-V4 decode step every notebook quotes.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Mapping, Sequence
 
+import streamidx as si
+from streamidx import cache as cache_lib
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
+from streamidx.lab.model import topk as topk_model
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
            "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
@@ -28,7 +32,6 @@ class StageCost:
   bytes_read: Mapping[str, int]
   bytes_written: Mapping[str, int]
   flops: int  # MXU
-  vpu_ops: int = 0  # elementwise work, reported only
   useful_flops: int = 0
   useful_bytes: int = 0
 
@@ -75,14 +78,10 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
   # q_rows (M13) and three small arrays into SMEM.
   per_launch = 4 * (g.max_num_seqs + g.max_num_seqs * g.pages_per_seq
                     + g.max_num_seqs + 1 + g.max_num_seqs + 2 + 3 + 2)
-  flops = vpu = 0
-  for launch in p.launches:
-    for pr in launch.programs:
-      rows = launch.bq_sz * g.num_q_heads
-      per_step = 2 * rows * g.head_dim * launch.bkv_sz
-      n = pr.num_bq * pr.num_bkv * len(pr.seqs)
-      flops += n * per_step
-      vpu += n * (3 * rows * launch.bkv_sz + 4 * launch.bq_sz * launch.bkv_sz)
+  # MXU: each step multiplies bq_sz * heads rows by bkv_sz entries per sequence.
+  flops = sum(2 * l.bq_sz * g.num_q_heads * g.head_dim * l.bkv_sz
+              * pr.num_bq * pr.num_bkv * len(pr.seqs)
+              for l in p.launches for pr in l.programs)
   # Useful work: each query row against the entries of its sequence.
   useful_flops = useful_kv = 0
   for s, q_len in enumerate(p.q_lens):
@@ -95,8 +94,7 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
                   "weights": moved["w"],
                   "page_table_etc": per_launch * sum(1 for l in p.launches if l.grid)},
       bytes_written={"scores": moved["out"]},
-      flops=flops, vpu_ops=vpu, useful_flops=useful_flops,
-      useful_bytes=useful_kv)
+      flops=flops, useful_flops=useful_flops, useful_bytes=useful_kv)
   fill = StageCost("fill", "device", bytes_read={},
                    bytes_written={"scores": t * cols * 4}, flops=0)
   select_cols = cols if p.mode == "token" else g.pages_per_seq
@@ -137,10 +135,8 @@ def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
   out = {}
   for gen in generations:
     bs = bounds(sc, specs[gen], matmul_dtype=matmul_dtype)
-    row = {b.stage: b.bound for b in bs}
-    row["total"] = sum(b.bound for b in bs)
-    row["bounds"] = bs
-    out[gen] = row
+    out[gen] = {**{b.stage: b.bound for b in bs},
+                "total": sum(b.bound for b in bs), "bounds": bs}
   return out
 
 
@@ -199,8 +195,6 @@ def page_bounds(schedules, *, head_dim: int = 128,
   bytes as a TPU stores them (`cache.record_bytes`; dense FP8:
   `cache.dense_tpu_bytes_per_entry`; MXFP4: 68 B at head_dim 128 from
   128-entry pages, see `cache.pack_mxfp4_cache`)."""
-  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
-
   def entry_bytes(fmt, page_size):
     if fmt == "dense_fp8":
       return cache_lib.dense_tpu_bytes_per_entry(head_dim, page_size)
@@ -231,7 +225,6 @@ SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
 
 
 def recorded_schedule() -> dict:
-  import json  # pylint: disable=g-import-not-at-top
   return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
 
 
@@ -373,7 +366,6 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
   `q_len` queries) on `generation`, with `variant`'s block-size row for
   that chip (`StepBound.blocks` names it) and cache format (its first:
   "fp8" vendored, "dense_fp8" dense and lean)."""
-  import streamidx as si  # pylint: disable=g-import-not-at-top
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
   fmt = tiling.resolve_variant(variant).cache_formats[0]
@@ -393,7 +385,6 @@ def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
   """The public TPU7x scoring measurement (sglang-jax #1642, by others:
   `lab.model.topk.PUBLIC_TPU7X`, 64 x 1M tokens, k 512) over the kernel
   stage's bound at that shape: {"measured_s", "bound", "ratio", "shape", "source"}."""
-  from streamidx.lab.model import topk as topk_model  # pylint: disable=g-import-not-at-top
   pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
   sb = dsv4_step(generation, variant, batch=shape.num_seqs, context_tokens=shape.seq_len)
   measured = pub["decode_scoring_ms"] * 1e-3

@@ -1,49 +1,28 @@
 """How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
 
 A model of `kernels/vendored.py` (and `kernels/dense.py`: fmt="dense_fp8"),
-checked against it (tests/test_tiling.py): VMEM scratch shapes against those
-the kernel's `pallas_call`s declare, DMAs against those the Pallas TPU
-interpreter executes (`streamidx.lab.model.timeline`). Vocabulary (the kernel's):
-
-- launch: one `pallas_call`. `streamindex_topk` makes four, one per range of
-  `distribution = (i, j, n)`: "decode" ([0, i // B * B), B =
-  `decode_req_batch_size` sequences per program), "decode_rest" ([i // B * B,
-  i), one per program), "prefill" ([i, j)), "mixed" ([j, n));
-  `streamindex_page_topk` one, "page".
-- program: one grid step: `seq_batch_size` consecutive sequences, scoring
-  their query rows `q_rows` (decode: static q_len `decode_q_len`, 1 or
-  gamma + 1 under speculative decoding, all of them in one query block).
-- bq: query rows per block (decode: `decode_q_len`); a program loops over
-  `num_bq = max(1, cdiv(q_len, bq))` query blocks.
-- bkv_p: pages per KV block (page mode: 128); bkv_sz = bkv_p * page_size
-  entries; per query block `num_bkv = max(1, cdiv(max kv_len, bkv_sz))` KV
-  blocks: a decode batch's longest sequence sets it for all.
-- step: one (program, bq block, bkv block).
-- DMAs: one per KV page (dense FP8: two, values and scales), double-buffered
-  (slots 0/1, prefetched one step ahead across query blocks and programs);
-  q and weights once per query block and sequence; token mode writes each
-  step's f32 scores to HBM, page mode each query block's pooled page scores.
-
-Units: entries (compressed KV positions) unless a name says tokens or bytes.
-The launches come from `semantics.token_launches`, the list the kernel's
-wrapper loops over; block sizes not given are the block-size table's
-(`streamidx.block_sizes`).
+checked against it (tests/test_tiling.py); its vocabulary (launch, program,
+bq, bkv_p, step, DMAs) and units: docs/tpu.md, "The tiling model".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import numbers
 import re
 from typing import Iterator, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
+from streamidx import call as call_lib
 from streamidx import semantics
 from streamidx import variants as variants_lib
+from streamidx.kernels import tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
@@ -59,7 +38,6 @@ TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 # `expected_dma_events`).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
                      "lean", "lean_page")
-_CASE_SYMBOL = {"decode": "d", "decode_rest": "d", "prefill": "p", "mixed": "m"}
 
 
 def _dtype(name):
@@ -105,23 +83,11 @@ class Geometry:
 
   @property
   def record_bytes(self) -> int:  # one entry's bytes (dense: head_dim + 1)
-    if self.dense:
-      return cache_lib.CACHE_FORMATS["dense_fp8"].bytes_per_entry(
-          self.head_dim)
-    return cache_lib.record_bytes(self.fmt, self.head_dim)
+    return cache_lib.CACHE_FORMATS[self.fmt].bytes_per_entry(self.head_dim)
 
   @property
   def page_bytes(self) -> int:  # what a page's KV DMAs move
     return self.page_size * self.record_bytes
-
-  @property
-  def hbm_page_bytes(self) -> int:
-    """A page in a TPU's HBM, tile padding included (dense scale rows pad to
-    (4, 128) tiles); `page_bytes` for the packed formats."""
-    if self.dense:
-      return self.page_size * cache_lib.dense_tpu_bytes_per_entry(
-          self.head_dim, self.page_size)
-    return self.page_bytes
 
   @property
   def q_itemsize(self) -> int:
@@ -180,17 +146,19 @@ class Launch:
     return len(self.programs)
 
   @property
-  def name(self) -> str:  # the kernel's pallas_call name (in profiles)
-    if self.case == "page":
-      return f"StreamIdxPageTC-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
-    symbol = _CASE_SYMBOL[self.case]
-    return f"StreamIdxTC-{symbol}-bq_{self.bq_sz}-bkvp_{self.bkv_p}"
+  def name(self) -> str:  # the vendored kernel's pallas_call name (in profiles)
+    symbol = self.case if self.case == "page" else self.case[0]  # "d", "p", "m"
+    return tpu_lib.launch_name("", symbol, self.bq_sz, self.bkv_p)
 
   @property
   def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
-    if self.case in ("decode", "decode_rest"):
-      return f"decode[{self.seq_batch_size}]"
-    return self.case
+    return (f"decode[{self.seq_batch_size}]" if self.case.startswith("decode")
+            else self.case)
+
+  @property
+  def out_row_bytes(self) -> int:  # one query row's f32 scores DMA'd to HBM
+    return (self.num_score_sublanes * _LANES if self.case == "page"
+            else self.bkv_sz) * 4
 
   @property
   def num_steps(self) -> int:
@@ -234,11 +202,7 @@ class Plan:
     c = dict(grid_steps=0, steps=0, dma_kv=0, bytes_kv=0, dma_kv_scale=0,
              dma_q=0, bytes_q=0, dma_w=0, bytes_w=0, dma_out=0, bytes_out=0)
     for launch in self.launches:
-      b, bq = launch.seq_batch_size, launch.bq_sz
-      if launch.case == "page":
-        out_row = launch.num_score_sublanes * _LANES * 4
-      else:
-        out_row = launch.bkv_sz * 4
+      b, bq, out_row = launch.seq_batch_size, launch.bq_sz, launch.out_row_bytes
       c["grid_steps"] += launch.grid
       for pr in launch.programs:
         steps = pr.num_bq * pr.num_bkv
@@ -260,7 +224,9 @@ class Plan:
     if g.dense:  # one scale DMA per values DMA
       c["dma_kv_scale"] = c["dma_kv"]
     c["bytes_kv"] = c["dma_kv"] * g.page_bytes
-    c["hbm_bytes_kv"] = c["dma_kv"] * g.hbm_page_bytes
+    # In a TPU's HBM: the dense format's scale rows pad to (4, 128) tiles.
+    c["hbm_bytes_kv"] = c["dma_kv"] * (g.page_size * cache_lib.dense_tpu_bytes_per_entry(
+        g.head_dim, g.page_size) if g.dense else g.page_bytes)
     c["dma_total"] = (c["dma_kv"] + c["dma_kv_scale"] + c["dma_q"] + c["dma_w"]
                       + c["dma_out"])
     return c
@@ -295,10 +261,8 @@ class Plan:
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
   """The kernel's VMEM scratch (`semantics.launch_scratch`, its own list)."""
-  if case == "page":
-    out_sublanes = num_score_sublanes
-  else:
-    out_sublanes = bkv_p * g.page_size // _LANES
+  out_sublanes = (num_score_sublanes if case == "page"
+                  else bkv_p * g.page_size // _LANES)
   out = tuple((name, shape, np.dtype(dtype).name) for name, shape, dtype in
               semantics.launch_scratch(
                    seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
@@ -378,25 +342,30 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
                       page_size=int(batch.page_size),
                       generation=generation,
                       decode_q_len=dq if v.mode == "token" else 1).kwargs()
-  if num_kv_pages_per_block is None:
-    num_kv_pages_per_block = row["num_kv_pages_per_block"]
-  if num_queries_per_block is None:
-    num_queries_per_block = row["num_queries_per_block"]
-  if decode_req_batch_size is None:
-    decode_req_batch_size = row.get("decode_req_batch_size", 1)
+  blocks = {name: row.get(name, 1) if val is None else val for name, val in (
+      ("num_kv_pages_per_block", num_kv_pages_per_block),
+      ("num_queries_per_block", num_queries_per_block),
+      ("decode_req_batch_size", decode_req_batch_size))}
+  ratio = int(batch.compression_ratio)
+  # The call's own checks (`streamidx.call`); k does not change the tiling.
+  if v.mode == "token":
+    c = call_lib.TopkCall(k=1, compression_ratio=ratio, decode_q_len=dq,
+                          sort_decode=sort_decode, **blocks)
+  else:
+    del blocks["decode_req_batch_size"]
+    c = call_lib.PageCall(k=1, compression_ratio=ratio, **blocks)
+  nkv, nq, drb = (c.num_kv_pages_per_block, c.num_queries_per_block,
+                  int(c.decode_req_batch_size))
   g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
                q_dtype=q_dtype)
-  ratio = int(batch.compression_ratio)
   seq_lens = [int(x) for x in batch.seq_lens]
   page_indices = np.asarray(batch.page_indices)
   order = tuple(range(len(seq_lens)))
-  if v.mode == "token" and sort_decode and int(decode_req_batch_size) > 1:
-    nkv0 = semantics.normalize_per_case(num_kv_pages_per_block,
-                                        "num_kv_pages_per_block")[0]
+  if v.mode == "token" and sort_decode and drb > 1:
     perm, _, _ = semantics.decode_order(
         np.asarray(batch.seq_lens), int(batch.distribution[0]),
-        compression_ratio=ratio, bkv_sz=nkv0 * g.page_size,
-        decode_req_batch_size=int(decode_req_batch_size))
+        compression_ratio=ratio, bkv_sz=nkv[0] * g.page_size,
+        decode_req_batch_size=drb)
     order = tuple(int(x) for x in np.asarray(perm))
     seq_lens = [seq_lens[o] for o in order]
     page_indices = page_indices.reshape(len(order), -1)[list(order)].reshape(-1)
@@ -424,21 +393,11 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
 
   launches = []
   if v.mode == "token":
-    nkv = semantics.normalize_per_case(num_kv_pages_per_block,
-                                       "num_kv_pages_per_block")
-    nq = semantics.normalize_per_case(num_queries_per_block,
-                                      "num_queries_per_block")
-    for bkv_p in nkv:
+    for bkv_p in nkv:  # `validate.static_validate`'s rule, without arrays
       if (g.page_size * bkv_p) % _LANES:
         raise ValueError(f"num_kv_pages_per_block: page_size * bkv_p = "
                          f"{g.page_size} * {bkv_p} must be a multiple of 128")
-    if (isinstance(decode_req_batch_size, bool)
-        or not isinstance(decode_req_batch_size, numbers.Integral)
-        or decode_req_batch_size < 1):
-      raise ValueError(f"decode_req_batch_size: must be a positive int "
-                       f"(got {decode_req_batch_size!r})")
-    for tl in semantics.token_launches((d0, d1, d2),
-                                       int(decode_req_batch_size), dq):
+    for tl in semantics.token_launches((d0, d1, d2), drb, dq):
       bkv_p = nkv[tl.block_case]
       bq_sz = tl.bq_sz(nq[tl.block_case])
       bkv_sz = bkv_p * g.page_size
@@ -450,14 +409,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
           tl.static_q_len))
     num_cols = max(align_to(g.pages_per_seq, p) * g.page_size for p in nkv)
   else:
-    bkv_p = int(num_kv_pages_per_block)
-    bq_sz = int(num_queries_per_block)
-    if bkv_p != 128:
-      raise ValueError("page mode requires num_kv_pages_per_block == 128")
-    if ratio != 1:
-      raise ValueError("page mode supports compression_ratio 1 only")
-    num_bkv_max = cdiv(g.pages_per_seq, bkv_p)
-    num_cols = align_to(num_bkv_max * bkv_p, _LANES)
+    bkv_p, bq_sz = int(nkv), int(nq)
+    num_cols = align_to(cdiv(g.pages_per_seq, bkv_p) * bkv_p, _LANES)
     bkv_sz = bkv_p * g.page_size
     launches.append(Launch(
         "page", 0, d2, 1, bq_sz, bkv_p, bkv_sz, num_cols // _LANES,
@@ -492,8 +445,7 @@ class Event:
   col: int = -1
 
   def key(self) -> tuple:
-    return (self.launch, self.op, self.kind, self.slot, self.batch_idx,
-            self.nbytes, self.page, self.row, self.col)
+    return dataclasses.astuple(self)
 
 
 def expected_dma_events(p: Plan) -> list[Event]:
@@ -510,11 +462,7 @@ def expected_dma_events(p: Plan) -> list[Event]:
   # Launch numbers as the interpreter counts them: empty launches don't run.
   for li, launch in enumerate(p.executed):
     b = launch.seq_batch_size
-    bq, bkv_p = launch.bq_sz, launch.bkv_p
-    if launch.case == "page":
-      out_row_bytes = launch.num_score_sublanes * _LANES * 4
-    else:
-      out_row_bytes = launch.bkv_sz * 4
+    bq, bkv_p, out_row_bytes = launch.bq_sz, launch.bkv_p, launch.out_row_bytes
     sem = [0, 0, 0]  # bq, bkv, bo slots (sem_ids_ref)
     bo_rows = [-1, -1]  # bo_sz_ref: rows of each output slot's DMA in flight
 
@@ -669,9 +617,6 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
   nothing runs, so `args` may be production-size `jax.ShapeDtypeStruct`s.
   One dict per launch: {"case", "name", "scratch", "vmem_limit_bytes"}.
   """
-  import functools  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-
   fn = resolve_variant(variant, mode).kernel
   jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
   return [{"case": launch_case(eqn.params.get("name") or "")[0],
@@ -695,12 +640,9 @@ def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
   scratch = _scratch(case, g, seq_batch_size, bq_sz, bkv_p, num_score_sublanes)
   s = scratch_bytes(scratch)
   logits = bq_sz * g.num_q_heads * bkv_p * g.page_size * 4
-  out = dict(s)
-  out["scratch"] = sum(s.values())
-  out["scratch_tiled"] = semantics.scratch_vmem_bytes(scratch, tpu_generation)
-  out["logits"] = logits
-  out["total"] = out["scratch"] + logits
-  return out
+  return dict(s, scratch=sum(s.values()),
+              scratch_tiled=semantics.scratch_vmem_bytes(scratch, tpu_generation),
+              logits=logits, total=sum(s.values()) + logits)
 
 
 # ---------------------------------------------------------------------------
@@ -712,9 +654,7 @@ def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> di
   a program computes `num_bkv` blocks for each sequence, which needs
   `max(1, cdiv(kv_len, bkv_sz))`; the rest is fetched, multiplied, masked."""
   computed = needed = entries_computed = entries_needed = 0
-  for launch in p.launches:
-    if launch.case not in cases:
-      continue
+  for launch in (l for l in p.launches if l.case in cases):
     for pr in launch.programs:
       for kv in pr.kv_lens:
         computed += pr.num_bkv
@@ -797,8 +737,6 @@ def decode_batch_waste(seq_lens: Sequence[int], *, page_size: int,
                        fmt: str = "fp8", num_heads: int = 8) -> dict:
   """`block_waste` of a decode-only batch of `seq_lens` (tokens) in the order
   `batching_order(sort)` gives (returned as "order")."""
-  from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
-
   lens = [int(s) for s in seq_lens]
   bkv_sz = num_kv_pages_per_block * page_size
   blocks = [max(1, cdiv(s // compression_ratio, bkv_sz)) for s in lens]
