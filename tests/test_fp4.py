@@ -11,6 +11,7 @@ import pytest
 
 import streamidx as si
 from streamidx import cache, metrics
+from streamidx.lab.model import tiling, timeline
 from streamidx.lab.studies import cases, costs
 
 import tiers
@@ -116,3 +117,27 @@ def test_static_checks_name_the_mxfp4_arrays():
   v, args, static = _args(inp, ratio, scales=inp.cache[1].astype(jnp.int8))
   with pytest.raises(ValueError, match="cache_scales: must be uint8"):
     v.validate(*args, **static)
+
+
+def test_tiling_model_equals_the_fp4_kernel_s_dmas_and_scratch():
+  """The tiling model (lab.model.tiling) of the fp4 launches: the scratch
+  every launch declares (traced) and, in the full tier, every DMA the
+  interpreter executes, event by event."""
+  inp, ratio = _inputs("token")
+  blocks = cases.blocks_for("fp4")
+  p = tiling.plan(inp.batch, fmt="mxfp4", num_heads=cases.NUM_HEADS,
+                  variant="fp4", **blocks)
+  args = si.VARIANTS["fp4"].args(inp)
+  declared = tiling.kernel_scratch(args, variant="fp4", k=24,
+                                   compression_ratio=ratio, **blocks)
+  assert [d["scratch"] for d in declared] == [
+      [(s, dt) for _, s, dt in l.scratch] for l in p.launches]
+  assert p.counts()["bytes_kv"] == 68 * inp.batch.page_size * p.counts()["dma_kv"]
+  if not tiers.in_full_tier():
+    return
+  with timeline.record() as rec:
+    jax.block_until_ready(si.streamindex_topk_fp4(
+        *args, k=24, compression_ratio=ratio, **blocks))
+  assert not rec.errors()
+  assert [e.key() for e in rec.dma_events()] == [
+      e.key() for e in tiling.expected_dma_events(p)]

@@ -22,7 +22,7 @@ from streamidx import cache as cache_lib
 from streamidx import call as call_lib
 from streamidx import semantics
 from streamidx import variants as variants_lib
-from streamidx.kernels import tpu as tpu_lib
+from streamidx.kernels import fp4, tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
@@ -35,9 +35,9 @@ __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program"
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 # The kernels whose launches this module models, by `streamidx.VARIANTS` name
 # (lean: the dense layout's launches, scratch and bytes; not its DMA order,
-# `expected_dma_events`).
+# `expected_dma_events`; fp4: the vendored pipeline over two arrays).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
-                     "lean", "lean_page")
+                     "lean", "lean_page", "fp4", "fp4_page")
 
 
 def _dtype(name):
@@ -49,7 +49,7 @@ class Geometry:
   """The kernel's static shapes; heads and head_dim after its padding
   (`prepare_q_inputs`: the query dtype's packing, 128)."""
 
-  fmt: str  # cache format: "fp8", "bf16" or "dense_fp8"
+  fmt: str  # cache format: a `cache.CACHE_FORMATS` name
   page_size: int  # entries per page
   pages_per_seq: int
   max_num_seqs: int
@@ -60,8 +60,15 @@ class Geometry:
   q_dtype: str  # "bfloat16" or "float32"
 
   @property
-  def dense(self) -> bool:  # values and scales in two arrays
-    return self.fmt == "dense_fp8"
+  def dense(self) -> bool:  # values and scales in two arrays (dense, MXFP4)
+    return self.fmt in ("dense_fp8", "mxfp4")
+
+  @property
+  def scale_block(self) -> tuple[int, int]:  # a page's u8 scales (two arrays)
+    if self.fmt == "mxfp4":
+      return (self.head_dim // cache_lib.MXFP4_GROUP, self.page_size)
+    lanes = cache_lib.dense_scale_lanes(self.page_size)
+    return (self.page_size // lanes, lanes)
 
   @property
   def kv_packing(self) -> int:
@@ -73,8 +80,9 @@ class Geometry:
                                                               self.head_dim)
 
   @property
-  def page_size_per_kv_packing(self) -> int:
-    return self.page_size // self.kv_packing
+  def page_size_per_kv_packing(self) -> int:  # value rows of a page
+    return self.page_size // (fp4.KV_PACKING if self.fmt == "mxfp4"
+                              else self.kv_packing)
 
   @property
   def cache_dtype(self) -> np.dtype:
@@ -90,6 +98,10 @@ class Geometry:
     return self.page_size * self.record_bytes
 
   @property
+  def value_page_bytes(self) -> int:  # the values' DMA of a page
+    return self.page_bytes - (math.prod(self.scale_block) if self.dense else 0)
+
+  @property
   def q_itemsize(self) -> int:
     return _dtype(self.q_dtype).itemsize
 
@@ -97,8 +109,8 @@ class Geometry:
 def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
              q_dtype: str = "bfloat16") -> Geometry:
   """The kernel's static shapes for `batch` (a `RaggedBatch`)."""
-  if fmt not in cache_lib.FORMATS + ("dense_fp8",):
-    raise ValueError(f"fmt must be one of {cache_lib.FORMATS + ('dense_fp8',)}"
+  if fmt not in cache_lib.CACHE_FORMATS:
+    raise ValueError(f"fmt must be one of {tuple(cache_lib.CACHE_FORMATS)}"
                      f", got {fmt!r}")
   if q_dtype not in ("bfloat16", "float32"):
     raise ValueError(f"q_dtype must be 'bfloat16' or 'float32', got {q_dtype!r}")
@@ -207,26 +219,33 @@ class Plan:
       for pr in launch.programs:
         steps = pr.num_bq * pr.num_bkv
         c["steps"] += steps
-        c["dma_kv"] += steps * b * launch.bkv_p
-        c["dma_q"] += pr.num_bq * b
-        c["dma_w"] += pr.num_bq * b
+        # M7: a sequence without queries fetches no KV; a query block
+        # without rows moves nothing.
+        c["dma_kv"] += steps * launch.bkv_p * sum(
+            cu[s + 1] > cu[s] for s in pr.seqs)
+        blocks = sum(min(pr.num_bq, cdiv(cu[s + 1] - cu[s], bq))
+                     for s in pr.seqs)
+        c["dma_q"] += blocks
+        c["dma_w"] += blocks
         # Rows fetched over the query blocks: min(q_len, num_bq * bq) each.
         rows = sum(min(cu[s + 1] - cu[s], pr.num_bq * bq) for s in pr.seqs)
         c["bytes_q"] += rows * q_row
         c["bytes_w"] += rows * g.num_q_heads * 4
         first = min(cu[pr.seqs[0] + 1] - cu[pr.seqs[0]], pr.num_bq * bq)
+        sent = min(pr.num_bq, cdiv(first, bq))  # query blocks with rows
         if launch.case == "page":
-          c["dma_out"] += pr.num_bq
+          c["dma_out"] += sent
           c["bytes_out"] += first * out_row
         else:
-          c["dma_out"] += steps
+          c["dma_out"] += sent * pr.num_bkv
           c["bytes_out"] += pr.num_bkv * b * first * out_row
     if g.dense:  # one scale DMA per values DMA
       c["dma_kv_scale"] = c["dma_kv"]
     c["bytes_kv"] = c["dma_kv"] * g.page_bytes
-    # In a TPU's HBM: the dense format's scale rows pad to (4, 128) tiles.
-    c["hbm_bytes_kv"] = c["dma_kv"] * (g.page_size * cache_lib.dense_tpu_bytes_per_entry(
-        g.head_dim, g.page_size) if g.dense else g.page_bytes)
+    # In a TPU's HBM a page's u8 scales pad to whole (4, 128) tiles.
+    rows, lanes = g.scale_block
+    c["hbm_bytes_kv"] = c["dma_kv"] * (g.value_page_bytes + (
+        align_to(rows, 4) * align_to(lanes, _LANES) if g.dense else 0))
     c["dma_total"] = (c["dma_kv"] + c["dma_kv_scale"] + c["dma_q"] + c["dma_w"]
                       + c["dma_out"])
     return c
@@ -271,10 +290,8 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
                    cache_dtype=g.cache_dtype, num_q_heads=g.num_q_heads,
                    head_dim=g.head_dim, q_dtype=g.q_dtype,
                    weights_dtype="float32", num_out_sublanes=out_sublanes))
-  if g.dense:  # the dense FP8 kernel: a scale buffer after the values'
-    lanes = cache_lib.dense_scale_lanes(g.page_size)
-    scale = ("bscale_x2", (2, seq_batch_size, bkv_p, g.page_size // lanes,
-                           lanes), "uint8")
+  if g.dense:  # two arrays: a scale buffer after the values'
+    scale = ("bscale_x2", (2, seq_batch_size, bkv_p, *g.scale_block), "uint8")
     out = (out[0], scale) + out[1:]
   return out
 
@@ -380,6 +397,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       seqs = tuple(range(s0, s0 + b))
       kv = tuple(kv_lens[s] for s in seqs)
       num_bkv = max(1, cdiv(max(kv), bkv_sz))
+      if not any(q_lens[s] for s in seqs):
+        num_bkv = 1  # M7: one empty step, which only prefetches
       if static_q_len is None:
         num_bq = max(1, cdiv(q_lens[s0], bq_sz))
         rows = tuple((cu[s], cu[s + 1]) for s in seqs)
@@ -474,30 +493,33 @@ def expected_dma_events(p: Plan) -> list[Event]:
       for i in range(b):
         sz = q_sz(seq0 + i, bq_idx)
         op = "wait" if wait else "start"
-        out.append(Event(li, op, "q", slot, i, sz * q_row_bytes))
-        out.append(Event(li, op, "w", slot, i, sz * w_row_bytes))
+        if sz:  # M7: no zero-row DMA
+          out.append(Event(li, op, "q", slot, i, sz * q_row_bytes))
+          out.append(Event(li, op, "w", slot, i, sz * w_row_bytes))
 
     # Dense FP8: a values and a scales DMA per page, two waits per block.
-    value_bytes = g.page_size * g.head_dim if g.dense else g.page_bytes
+    value_bytes = g.value_page_bytes
 
     def fetch_bkv(seq0, bkv_idx, slot, wait):
       for i in range(b):
+        if cu[seq0 + i + 1] == cu[seq0 + i]:
+          continue  # M7: a sequence without queries fetches no KV
         if wait:
           out.append(Event(li, "wait", "kv", slot, i, bkv_p * value_bytes))
           if g.dense:
             out.append(Event(li, "wait", "kv_scale", slot, i,
-                             bkv_p * g.page_size))
+                             bkv_p * math.prod(g.scale_block)))
           continue
         off = (seq0 + i) * g.pages_per_seq + bkv_idx * bkv_p
         for j in range(bkv_p):
           page = min(int(table[min(off + j, n_idx - 1)]), g.total_num_pages - 1)
           out.append(Event(li, "start", "kv", slot, i, value_bytes, page=page))
           if g.dense:
-            out.append(Event(li, "start", "kv_scale", slot, i, g.page_size,
-                             page=page))
+            out.append(Event(li, "start", "kv_scale", slot, i,
+                             math.prod(g.scale_block), page=page))
 
     def wait_out(slot):
-      if bo_rows[slot] >= 0:
+      if bo_rows[slot] > 0:
         out.append(Event(li, "wait", "out", slot, 0, bo_rows[slot] * out_row_bytes))
 
     def start_out(slot, rows, row, col):
@@ -523,7 +545,8 @@ def expected_dma_events(p: Plan) -> list[Event]:
         token_start = cu[seq0] + bq_idx * bq
         if launch.case == "page":
           bo = sem[2]
-          wait_out(bo)
+          if sz:
+            wait_out(bo)
         for bkv_idx in range(pr.num_bkv):
           kslot = sem[1]
           nxt_bkv = bkv_idx + 1
@@ -534,14 +557,15 @@ def expected_dma_events(p: Plan) -> list[Event]:
             sem[1] = 1 - kslot
             fetch_bkv(nseq, nxt_bkv, sem[1], False)
           fetch_bkv(seq0, bkv_idx, kslot, True)
-          if launch.case != "page":
+          if launch.case != "page" and sz:  # M7: no rows, nothing sent
             bo = sem[2]
             wait_out(bo)
             start_out(bo, b * sz, token_start,
                       bkv_idx * launch.bkv_sz // _LANES)
             sem[2] = 1 - bo
         if launch.case == "page":
-          start_out(bo, sz, token_start, 0)
+          if sz:
+            start_out(bo, sz, token_start, 0)
           sem[2] = 1 - bo
       if pr.index == launch.grid - 1:  # epilogue
         for s in range(2):
