@@ -102,8 +102,9 @@ LEAN_KERNELS = {"token": KernelWithScores("token", variant="lean"),
                 "page": KernelWithScores("page", variant="lean")}
 
 
-@tiers.FULL
-@pytest.mark.parametrize("name", list(test_dense.DENSE_EXAMPLES))
+# CI: the page profile, as for the dense kernel (test_dense.DENSE_CI).
+@pytest.mark.parametrize("name", tiers.split(
+    list(test_dense.DENSE_EXAMPLES), lambda n: n in test_dense.DENSE_CI))
 def test_lean_random_batches_match_reference(name):
   p = props.PROFILES[name]
 
