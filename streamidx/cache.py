@@ -27,7 +27,7 @@ __all__ = [
     "dequantize_fp8", "pack_fp8_records", "unpack_fp8_records", "pack_cache",
     "unpack_cache", "unpack_cache_raw", "entry_location", "e8m0_scales",
     "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
-    "cache_pages", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
+    "tpu_scale_bytes", "cache_pages", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
     "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
     "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
 ]
@@ -260,9 +260,15 @@ def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
   values unpadded, a page's scale rows padded to whole (4, 128) tiles
   (docs/cache-formats.md)."""
   lanes = dense_scale_lanes(page_size)
-  rows = page_size // lanes
-  scale_bytes = -(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING * LANES
-  return padded_head_dim(head_dim) + scale_bytes // page_size
+  return (padded_head_dim(head_dim)
+          + tpu_scale_bytes(page_size // lanes, lanes) // page_size)
+
+
+def tpu_scale_bytes(rows: int, lanes: int) -> int:
+  """HBM bytes of one page's u8 scale block [rows, lanes] as a TPU stores it:
+  whole (4, 128) tiles (the dense FP8 and MXFP4 layouts' second array)."""
+  return (-(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING
+          * -(-lanes // LANES) * LANES)
 
 
 def entry_location(entry: int, page_table_row, page_size: int,

@@ -243,9 +243,8 @@ class Plan:
       c["dma_kv_scale"] = c["dma_kv"]
     c["bytes_kv"] = c["dma_kv"] * g.page_bytes
     # In a TPU's HBM a page's u8 scales pad to whole (4, 128) tiles.
-    rows, lanes = g.scale_block
     c["hbm_bytes_kv"] = c["dma_kv"] * (g.value_page_bytes + (
-        align_to(rows, 4) * align_to(lanes, _LANES) if g.dense else 0))
+        cache_lib.tpu_scale_bytes(*g.scale_block) if g.dense else 0))
     c["dma_total"] = (c["dma_kv"] + c["dma_kv_scale"] + c["dma_q"] + c["dma_w"]
                       + c["dma_out"])
     return c
