@@ -25,12 +25,13 @@ from typing import Any
 
 import jax
 from jax._src import config as _jax_config
+import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 __all__ = [
     "interpreter", "set_interpreter", "resolve_interpret", "kernel_mode",
     "describe_machine", "races_found", "race_check", "RaceReport",
-    "reset_interpreter_state", "INTERPRETER_INTERNALS",
+    "reset_interpreter_state", "numpy_callbacks", "INTERPRETER_INTERNALS",
     "INTERPRETER_INTERNALS_JAX", "interpreter_internals_missing", "on_tpu",
     "TOPOLOGIES", "CompileTarget", "compile_for", "compile_target",
     "libtpu_path",
@@ -69,13 +70,12 @@ def _forced():
 
 def resolve_interpret():
   """The `interpret=` of a `pallas_call` traced now: False (compiled
-  Mosaic) or an `InterpretParams`."""
+  Mosaic) or an `InterpretParams` (then with `numpy_callbacks` on)."""
   forced = _forced()
-  if forced is not None:
-    return forced
-  if compile_target() is not None or on_tpu():
+  if forced is None and (compile_target() is not None or on_tpu()):
     return False
-  return pltpu.InterpretParams()
+  numpy_callbacks()
+  return pltpu.InterpretParams() if forced is None else forced
 
 
 def kernel_mode() -> str:
@@ -392,6 +392,38 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
       yield report
   finally:
     ipc.RaceDetectionState = base
+
+
+def numpy_callbacks(enable: bool = True) -> bool:
+  """Hands the interpreter's host callbacks the NumPy arrays XLA passes.
+
+  JAX's `io_callback` first `device_put`s every argument onto the CPU device,
+  and the TPU interpreter's callbacks (every simulated load, store, DMA and
+  semaphore operation) read them straight back with `int()` and
+  `np.asarray`. Skipping that round trip for the callbacks of
+  `_INTERPRETER_PACKAGE` only takes about a quarter of an interpreted
+  kernel's CPU time and 40% of its wall time (ARCHITECTURE.md, "Test-suite
+  cost"); results are identical, as the interpreter copies what it keeps.
+  Every other callback keeps JAX's path. On the jax it was checked against
+  only (`INTERPRETER_INTERNALS_JAX`); `enable=False` restores JAX's
+  function. Returns whether it is on.
+  """
+  from jax._src import callback as cb  # pylint: disable=g-import-not-at-top
+  jax_impl = getattr(cb.io_callback_impl, "jax_impl", cb.io_callback_impl)
+  if not enable or jax.__version__ != INTERPRETER_INTERNALS_JAX:
+    cb.io_callback_impl = jax_impl
+    return False
+
+  def impl(*args, callback, **params):
+    func = getattr(callback.callback_func, "func", callback.callback_func)
+    if not getattr(func, "__module__", "").startswith(_INTERPRETER_PACKAGE):
+      return jax_impl(*args, callback=callback, **params)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+      return [np.asarray(x) for x in callback(*args)]
+
+  if cb.io_callback_impl is jax_impl:
+    impl.jax_impl, cb.io_callback_impl = jax_impl, impl
+  return True
 
 
 def reset_interpreter_state():
