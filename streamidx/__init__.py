@@ -41,25 +41,5 @@ streamindex_page_topk_dense_ref = VARIANTS["dense_page"].reference
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CAUSAL_RULES", "DEFAULT_VMEM_LIMIT_BYTES", "IndexerInputs", "PageCall",
-    "RaggedBatch", "TopkCall",
-    "VARIANTS", "Variant", "batch", "block_sizes", "blocks", "cache",
-    "checked_streamindex_page_topk", "checked_streamindex_page_topk_dense",
-    "checked_streamindex_topk", "checked_streamindex_topk_dense",
-    "compile_for", "describe_machine", "interpreter",
-    "interpreter_internals_missing", "kernel_mode", "make_batch",
-    "make_inputs", "make_mixed_batch", "metrics", "modes",
-    "pack_dense_fp8_cache", "pack_mxfp4_cache", "page_scores",
-    "race_check", "races_found", "ref", "reset_interpreter_state",
-    "semantics", "set_interpreter", "sharded", "streaming", "validate",
-    "validate_page_topk_dense_inputs", "validate_page_topk_inputs",
-    "validate_topk_dense_inputs", "validate_topk_inputs", "variants",
-    "streamindex_page_topk", "streamindex_page_topk_dense",
-    "streamindex_page_topk_dense_ref", "streamindex_page_topk_ref",
-    "streamindex_topk", "streamindex_topk_dense", "streamindex_topk_dense_ref",
-    "streamindex_topk_ref", "streamindex_topk_fp4",
-    "streamindex_page_topk_fp4", "streamindex_topk_lean",
-    "streamindex_page_topk_lean", "token_scores", "TOPK_METHODS", "select_topk",
-    "topk",
-]
+# Every public name above (the submodules `kernels` and `call` too).
+__all__ = sorted(n for n in dir() if not n.startswith("_"))

@@ -395,19 +395,11 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
 
 
 def numpy_callbacks(enable: bool = True) -> bool:
-  """Hands the interpreter's host callbacks the NumPy arrays XLA passes.
-
-  JAX's `io_callback` first `device_put`s every argument onto the CPU device,
-  and the TPU interpreter's callbacks (every simulated load, store, DMA and
-  semaphore operation) read them straight back with `int()` and
-  `np.asarray`. Skipping that round trip for the callbacks of
-  `_INTERPRETER_PACKAGE` only takes about a quarter of an interpreted
-  kernel's CPU time and 40% of its wall time (ARCHITECTURE.md, "Test-suite
-  cost"); results are identical, as the interpreter copies what it keeps.
-  Every other callback keeps JAX's path. On the jax it was checked against
-  only (`INTERPRETER_INTERNALS_JAX`); `enable=False` restores JAX's
-  function. Returns whether it is on.
-  """
+  """The TPU interpreter's host callbacks (its simulated loads, stores, DMAs
+  and semaphores) get the NumPy arrays XLA passes, not JAX's `io_callback`
+  round trip through `device_put` (ARCHITECTURE.md, "Test-suite cost");
+  other callbacks keep JAX's path. Locked jax only (`INTERPRETER_INTERNALS_JAX`);
+  `enable=False` restores JAX's function. Returns whether it is on."""
   from jax._src import callback as cb  # pylint: disable=g-import-not-at-top
   jax_impl = getattr(cb.io_callback_impl, "jax_impl", cb.io_callback_impl)
   if not enable or jax.__version__ != INTERPRETER_INTERNALS_JAX:
@@ -419,7 +411,7 @@ def numpy_callbacks(enable: bool = True) -> bool:
     if not getattr(func, "__module__", "").startswith(_INTERPRETER_PACKAGE):
       return jax_impl(*args, callback=callback, **params)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-      return [np.asarray(x) for x in callback(*args)]
+      return [np.asarray(x) for x in callback(*args)]  # it copies what it keeps
 
   if cb.io_callback_impl is jax_impl:
     impl.jax_impl, cb.io_callback_impl = jax_impl, impl
