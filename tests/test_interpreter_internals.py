@@ -1,5 +1,7 @@
 """`streamidx.interpreter_internals_missing`: the guard for cells that read the
-internals of JAX's Pallas TPU interpreter (a Colab runtime keeps its own jax).
+internals of JAX's Pallas TPU interpreter (a Colab runtime keeps its own jax);
+`modes.numpy_callbacks`: what it changes for the interpreter's callbacks and
+for everyone else's.
 
 A JAX without those internals is simulated by deleting names from the
 interpreter's module (monkeypatch restores them).
