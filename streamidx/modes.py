@@ -405,6 +405,8 @@ def numpy_callbacks(enable: bool = True) -> bool:
   if not enable or jax.__version__ != INTERPRETER_INTERNALS_JAX:
     cb.io_callback_impl = jax_impl
     return False
+  if cb.io_callback_impl is not jax_impl:  # on already
+    return True
 
   def impl(*args, callback, **params):
     func = getattr(callback.callback_func, "func", callback.callback_func)
@@ -413,8 +415,7 @@ def numpy_callbacks(enable: bool = True) -> bool:
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
       return [np.asarray(x) for x in callback(*args)]  # it copies what it keeps
 
-  if cb.io_callback_impl is jax_impl:
-    impl.jax_impl, cb.io_callback_impl = jax_impl, impl
+  impl.jax_impl, cb.io_callback_impl = jax_impl, impl
   return True
 
 
