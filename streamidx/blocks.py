@@ -9,7 +9,9 @@ one. Rows are only taken when their sizes are legal for the page size
 (`page_size * num_kv_pages_per_block` a multiple of 128 in token mode); when
 none is, the `heuristic` row for that page size is built (and says so).
 
-Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"), variant (a name
+Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"; a lookup
+       without one takes the chip the call runs on,
+       `modes.current_generation()`, on every path), variant (a name
        of `streamidx.VARIANTS` or "*"), cache_format ("fp8", "bf16", ...
        or "*"), num_heads and page_size (ints or None for any), and
        decode_q_len (the call's, 1 or gamma + 1; None for any: a row
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from streamidx import modes
 from streamidx.semantics import LANES, normalize_per_case
 
 WILDCARD = "*"
@@ -234,8 +237,13 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
   where the numbers come from. Callers normally go through
   `streamidx.block_sizes(variant, ...)` (or `VARIANTS[name].block_sizes`),
   which fills in `mode` ("token": KV blocks of whole 128-entry lane rows, or
-  "page"). generation None matches only rows for any generation.
+  "page"). generation None: the chip the call runs on
+  (`modes.current_generation()`: `compile_for`'s target, else the TPU
+  device's; off-TPU none, so only rows for any generation match); "*": only
+  rows for any generation.
   """
+  if generation is None:
+    generation = modes.current_generation()
   gen = WILDCARD if generation is None else generation
   found = [r for r in TABLE if r.matches(
       generation=gen, variant=variant, cache_format=cache_format,

@@ -15,34 +15,26 @@ import dataclasses
 import numbers
 from typing import Any
 
-import jax
+from streamidx import semantics, topk
 
-from streamidx import modes, semantics, topk
-
-__all__ = ["TopkCall", "PageCall", "current_generation", "MODES",
-           "MAX_DECODE_Q_LEN"]
+__all__ = ["TopkCall", "PageCall", "MODES", "MAX_DECODE_Q_LEN",
+           "SELECTION_FIELDS", "KERNEL_ONLY", "TOKEN_ONLY"]
 
 MODES = ("token", "page")
 _MIB = 1024 * 1024
 MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 
-# Substrings of `device_kind` -> generation names of `streamidx.blocks`.
-_DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
-                 ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5", "v5p"),
-                 ("v4", "v4"))
-
-
-def current_generation() -> str | None:
-  """The TPU generation a call traced now is for (`compile_for`'s target, or
-  the default TPU device's), or None off-TPU."""
-  target = modes.compile_target()
-  if target is not None:
-    return target.generation
-  if not modes.on_tpu():
-    return None
-  kind = jax.devices()[0].device_kind.lower()
-  return next((g for s, g in _DEVICE_KINDS if s in kind), None)
-
+# The roles of a call's fields, each list once.
+# Read by the selection stage and the driver's Python, never by a launch: one
+# compiled launch serves every value of them (`TopkCall.launch_view`).
+SELECTION_FIELDS = ("k", "topk_method", "return_scores", "sort_decode",
+                    "skip_empty_launches")
+# Shape the kernel's grid or launches only: the references compute the same
+# result without them and take no such argument (`Variant.reference`).
+KERNEL_ONLY = ("num_cores", "skip_empty_launches")
+# Token mode's fields that the page-mode signature lacks (`PageCall.kwargs`).
+TOKEN_ONLY = ("decode_req_batch_size", "decode_q_len", "topk_method",
+              "sort_decode")
 
 def _fail(name, rule, got):
   raise ValueError(f"{name}: {rule} (got {got})")
@@ -116,15 +108,15 @@ class TopkCall:
   def with_table_blocks(self, variant: str, *, cache_format: str,
                         num_heads: int, page_size: int) -> "TopkCall":
     """This call with the block sizes it left None from `streamidx.blocks`
-    (the row for `variant` on `current_generation()`); `block_source` says
-    which row. Sizes the call sets are kept."""
+    (the row for `variant` on the chip traced for,
+    `modes.current_generation()`); `block_source` says which row. Sizes the
+    call sets are kept."""
     if self.has_blocks:
       return self
     from streamidx import blocks  # pylint: disable=g-import-not-at-top
 
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,
                         num_heads=num_heads, page_size=page_size,
-                        generation=current_generation(),
                         decode_q_len=self.decode_q_len)
     return dataclasses.replace(
         self, block_source=row.source,
@@ -132,6 +124,13 @@ class TopkCall:
                                 or row.num_kv_pages_per_block),
         num_queries_per_block=(self.num_queries_per_block
                                or row.num_queries_per_block))
+
+  def launch_view(self) -> "TopkCall":
+    """This call as a launch reads it: its `SELECTION_FIELDS` at fixed
+    values (k 1, the class's defaults), so that calls differing only in
+    them share one compiled launch."""
+    return dataclasses.replace(self, k=1, **{
+        f: getattr(type(self), f) for f in SELECTION_FIELDS if f != "k"})
 
   def kwargs(self) -> dict:
     """The drop-in keyword arguments this call stands for."""
@@ -177,7 +176,6 @@ class PageCall(TopkCall):
 
   def kwargs(self) -> dict:
     out = super().kwargs()
-    for name in ("decode_req_batch_size", "decode_q_len", "topk_method",
-                 "sort_decode"):
+    for name in TOKEN_ONLY:
       del out[name]
     return out

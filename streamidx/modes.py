@@ -34,7 +34,7 @@ __all__ = [
     "reset_interpreter_state", "numpy_callbacks", "INTERPRETER_INTERNALS",
     "INTERPRETER_INTERNALS_JAX", "interpreter_internals_missing", "on_tpu",
     "TOPOLOGIES", "CompileTarget", "compile_for", "compile_target",
-    "libtpu_path",
+    "current_generation", "libtpu_path",
 ]
 
 
@@ -152,6 +152,25 @@ class CompileTarget:
 def compile_target() -> CompileTarget | None:
   """The `CompileTarget` of the innermost `compile_for` block, or None."""
   return _COMPILE_TARGET.value
+
+
+# Substrings of `device_kind` -> generation names (`TOPOLOGIES`' keys).
+_DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
+                 ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5", "v5p"),
+                 ("v4", "v4"))
+
+
+def current_generation() -> str | None:
+  """The TPU generation a call traced now runs on: `compile_for`'s target,
+  else the default TPU device's; None off-TPU. The one answer every
+  block-size lookup takes by default (`streamidx.blocks.lookup`)."""
+  target = compile_target()
+  if target is not None:
+    return target.generation
+  if not on_tpu():
+    return None
+  kind = jax.devices()[0].device_kind.lower()
+  return next((g for s, g in _DEVICE_KINDS if s in kind), None)
 
 
 def libtpu_path() -> str | None:

@@ -4,10 +4,14 @@ Each function takes its kernel's arguments, so either can stand in for the
 other (`streamindex_topk_ref` <-> `streamidx.streamindex_topk`; the dense
 entry points' twins are their variants' `reference`); the schedule
 arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
-`decode_q_len`, `sort_decode`, `num_cores`) are accepted and ignored, `topk_method` checked
-and ignored (the reference selects exactly). `cache_kv`: any packed cache,
-the float32 one (the exact baseline), or the dense FP8 pair `(cache_values,
-cache_scales)`, or the MXFP4 pair, scored on its dequantized keys. Row t (sequence b, absolute position p) scores entry s as
+`sort_decode`) are accepted and ignored, `topk_method` and `decode_q_len`
+checked (`TopkCall`'s rules) and otherwise ignored (the reference selects
+exactly; the rows say where each sequence's queries are). The kernel-only
+options (`call.KERNEL_ONLY`) are not arguments here: `Variant.reference`
+drops them. `cache_kv`: any packed cache, the float32 one (the exact
+baseline), or the dense FP8 pair `(cache_values, cache_scales)`, or the
+MXFP4 pair, scored on its dequantized keys. Row t (sequence b, absolute
+position p) scores entry s as
 `score_entries` where s < seq_len // ratio and s <
 `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf (-1 in the
 top-k, ties to the lowest index); padding rows are all -1; a page scores its

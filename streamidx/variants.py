@@ -114,7 +114,8 @@ class Variant:
   def block_sizes(self, *, cache_format: str, num_heads: int, page_size: int,
                   generation: str | None = None,
                   decode_q_len: int = 1) -> blocks_lib.BlockSizes:
-    """The block-size table's row for this variant and these inputs."""
+    """The block-size table's row for this variant and these inputs;
+    generation None: the chip the call runs on (`blocks.lookup`)."""
     return blocks_lib.lookup(self.name, mode=self.mode,
                              cache_format=cache_format, num_heads=num_heads,
                              page_size=page_size, generation=generation,
@@ -124,7 +125,8 @@ class Variant:
              fmt: str | None = None, generation: str | None = None,
              **overrides) -> dict:
     """The keyword arguments of a call: k, ratio, the table's block sizes
-    for `inputs` (its format, heads and page size), then `overrides`
+    for `inputs` (its format, heads and page size; `generation` None: the
+    chip the call runs on, the row the entry point takes), then `overrides`
     (`topk_method` checked against `topk_methods`)."""
     if "topk_method" in overrides and (
         overrides["topk_method"] not in self.topk_methods):

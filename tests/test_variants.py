@@ -159,6 +159,39 @@ def test_most_specific_row_wins(monkeypatch):
   assert pick(None) is generic
 
 
+@pytest.mark.parametrize("gen", ["v5e", "v6e", "v7x"])
+@pytest.mark.parametrize("variant,fmt", [("vendored", "fp8"),
+                                         ("lean", "dense_fp8")])
+def test_every_path_takes_the_block_row_of_the_chip_it_runs_on(
+    monkeypatch, gen, variant, fmt):
+  """The generation simulated through the lookup's one input
+  (`modes.current_generation`): the drop-in entry point, `Variant.static`
+  (what `run` passes), the benchmark and the tiling model take one row."""
+  from streamidx.lab.bench import harness, shapes  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(si.modes, "current_generation", lambda: gen)
+  want = si.block_sizes(variant, cache_format=fmt, num_heads=64,
+                        page_size=128, generation=gen)
+  v = si.VARIANTS[variant]
+  batch = si.make_mixed_batch(decode=[512, 300], page_size=128,
+                              compression_ratio=4)
+  inputs = si.make_inputs(batch, num_heads=64, fmt=fmt, seed=0)
+  drop_in = v.kernel.call(*v.args(inputs, fmt), k=8, compression_ratio=4)
+  static = v.static(inputs, k=8, compression_ratio=4)
+  bench = harness.kernel_blocks(
+      shapes.Shape("s", "decode", 2, 1, 2048, 8, fmt=fmt), variant, fmt)
+  plan = tiling.plan(batch, fmt=fmt, num_heads=64, variant=variant)
+  kv = tuple(want.num_kv_pages_per_block)
+  assert drop_in.block_source == want.source
+  assert tuple(drop_in.num_kv_pages_per_block) == kv
+  assert static["num_kv_pages_per_block"] == want.num_kv_pages_per_block
+  assert bench == want
+  assert tiling.table_blocks(fmt=fmt, num_heads=64, page_size=128,
+                             variant=variant)["source"] == want.source
+  assert {l.bkv_p for l in plan.launches
+          if l.case.startswith("decode")} == {kv[0]}
+
+
 def test_variant_static_takes_block_sizes_from_the_table():
   v = si.VARIANTS["vendored"]
   inp, _ = _inputs(v, "fp8")

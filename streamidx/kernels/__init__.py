@@ -7,15 +7,18 @@
     dense      the dense FP8 cache's hooks into that body (values and e8m0
                scales in two arrays, 129 B/entry), a core-parallel grid axis
                (`num_cores`) and block maxima ("fused_blockmax")
+    lean       the dense FP8 cache with its own vector-lean pipeline (word
+               loads, a one-block KV loop, e4m3b11fnuz on v5e/v6e)
     fp4        the MXFP4 cache's hooks into that body (e2m1 codes two per
-               byte, an e8m0 scale per 32 values, 68 B/entry; M17)
+               byte, an e8m0 scale per 32 values, 68 B/entry; M18, M19)
     tpu        the project's TPU helpers the bodies share (VMEM check, v4
                paths)
     driver     the wrapper pipeline every body shares (`KernelBody`, `run`,
                `checked_run`, `Entry`)
     entries    the drop-in entry points: `streamindex_topk`,
                `streamindex_page_topk`, `streamindex_topk_dense`,
-               `streamindex_page_topk_dense`, `streamindex_topk_fp4`,
+               `streamindex_page_topk_dense`, `streamindex_topk_lean`,
+               `streamindex_page_topk_lean`, `streamindex_topk_fp4`,
                `streamindex_page_topk_fp4`
 
 A body imports `streamidx.semantics` and `kernels.tpu` (dense also

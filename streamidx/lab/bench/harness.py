@@ -28,7 +28,7 @@ from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.bench.shapes import Shape
-from streamidx.lab.model import hardware, profiling, roofline, tiling
+from streamidx.lab.model import profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
@@ -57,8 +57,10 @@ def variant_format(variant: str, fmt: str) -> str | None:
       None)
 
 
-def kernel_blocks(shape: Shape, variant: str, fmt: str, generation):
-  """The block-size table's row (`BlockSizes`) for `variant` on `shape`."""
+def kernel_blocks(shape: Shape, variant: str, fmt: str,
+                  generation: str | None = None):
+  """The block-size table's row (`BlockSizes`) for `variant` on `shape`
+  (generation None: the chip the call runs on, as the entry points)."""
   return variants_lib.block_sizes(variant, cache_format=fmt,
                                   num_heads=shape.num_heads,
                                   page_size=shape.page_size,
@@ -77,7 +79,7 @@ def device_times(shape: Shape, impl: str, run_call, *,
              if cap.perfetto_path else {})
   out = {"source": times.get("source"), "device_s": times.get("total_s"),
          "kernel_s": times.get("kernel_s"), "topk_s": times.get("topk_s")}
-  gen = hardware.detect_generation()
+  gen = modes.current_generation()
   if gen is not None:
     blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)
     p = tiling.plan(shape.batch(), fmt=shape.fmt, num_heads=shape.num_heads,
@@ -167,7 +169,7 @@ def worker(spec: dict) -> dict:
     v = variants_lib.get(spec["variant"])
     fn, label = v.kernel, f"{impl} ({si.kernel_mode()})"
     call_args = v.args(inp, spec["fmt"])
-    gen = hardware.detect_generation()
+    gen = modes.current_generation()
     blocks = kernel_blocks(shape, v.name, spec["fmt"], gen)
     kw.update(blocks.kwargs())
   else:

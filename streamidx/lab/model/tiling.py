@@ -347,7 +347,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
       dense ones with fmt="dense_fp8") or a mode ("token", "page").
     num_kv_pages_per_block, num_queries_per_block, decode_req_batch_size: as
       the kernel takes them; None: the block-size table's row for
-      `generation` (None: any), as `Variant.run` takes it.
+      `generation` (None: the chip the call runs on), as the entry points
+      and `Variant.run` take it.
     sort_decode: the kernel's option: the decode range in
       `semantics.decode_order`'s order (`Plan.order`).
     decode_q_len: query rows per decode sequence (M17); None: the batch's.

@@ -354,7 +354,7 @@ def mtp_cases() -> list[Case]:
 def production_cases() -> list[Case]:
   """The production top-k sizes (`PRODUCTION_KS`) at 64 heads x 128 dims,
   ratio 4, page size 128, FP8, vendored kernel, the block-size table's row
-  for any generation (tpu-inference's)."""
+  for the chip it runs on (off-TPU: for any generation, tpu-inference's)."""
   row = variants_lib.block_sizes("vendored", cache_format="fp8", num_heads=64,
                                  page_size=128)
   return [_case(variants_lib.get("vendored"), PRODUCTION_BATCH, 4, "fp8", k,
