@@ -275,12 +275,15 @@ def test_dense_token_kernel_is_race_free(capsys):
   si.reset_interpreter_state()
 
 
-def test_dense_page_kernel_is_race_free(capsys):
+# The dense FP8 cache's page kernels: the dense body in CI, the lean body
+# (its own pipeline over the same cache) in the full tier.
+@pytest.mark.parametrize("variant", tiers.first(["dense", "lean"]))
+def test_dense_cache_page_kernel_is_race_free(variant, capsys):
   inp = _page_inputs("mixed")
   kw = dict(k_pages=3, num_queries_per_block=8)
   args = _dense_page_args(inp)
   with si.race_check(uninitialized_memory="nan") as report:
-    idx, scores = KernelWithScores("page", dense=True)(*args, **kw)
+    idx, scores = KernelWithScores("page", variant=variant)(*args, **kw)
   assert report.launches == 1 and not report.races_found, report
   assert "RACE DETECTED" not in capsys.readouterr().out
   assert_kernel_matches_reference(

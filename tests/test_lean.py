@@ -81,23 +81,8 @@ def test_lean_token_kernel_is_race_free_and_exact(num_cores, capsys):
   si.reset_interpreter_state()
 
 
-@tiers.FULL
-def test_lean_page_kernel_is_race_free_and_exact(capsys):
-  inp = test_dense._page_inputs("mixed")  # pylint: disable=protected-access
-  kw = dict(k_pages=3, num_queries_per_block=8)
-  args = test_dense._dense_page_args(inp)  # pylint: disable=protected-access
-  with si.race_check(uninitialized_memory="nan") as report:
-    idx, scores = KernelWithScores("page", variant="lean")(*args, **kw)
-  assert report.launches == 1 and not report.races_found, report
-  assert "RACE DETECTED" not in capsys.readouterr().out
-  assert_kernel_matches_reference(
-      idx, scores, si.streamindex_page_topk_dense_ref(*args, **kw),
-      ref.page_scores(*inp.page_args),
-      score_bound=metrics.summation_error_bound(inp, compression_ratio=1,
-                                                mode="page"))
-  si.reset_interpreter_state()
-
-
+# The lean page kernel's race check: test_dense.py's, parametrised over the
+# dense cache's page variants.
 LEAN_KERNELS = {"token": KernelWithScores("token", variant="lean"),
                 "page": KernelWithScores("page", variant="lean")}
 
