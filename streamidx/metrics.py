@@ -16,7 +16,8 @@ from streamidx.semantics import DEFAULT_CAUSAL_RULE
 
 __all__ = [
     "TopkComparison", "compare_topk", "assert_topk_match", "recall_at_k",
-    "score_error", "summation_error_bound", "summation_atol",
+    "score_error", "summation_error_bound", "flush_error_bound",
+    "summation_atol", "F32_TINY",
 ]
 
 
@@ -163,12 +164,36 @@ def _gamma(n: int) -> float:
   return n * F32_UNIT_ROUNDOFF / (1 - n * F32_UNIT_ROUNDOFF)
 
 
+# The smallest normal f32: XLA (CPU and TPU) flushes results below it to 0.
+F32_TINY = 2.0**-126
+
+
+def flush_error_bound(inputs) -> np.ndarray:
+  """f64[T]: per query row, a bound on what flushing subnormal f32 results
+  to zero moves a score by (docs/semantics.md): each of a head's D products
+  and D - 1 partial sums (times |w_h|), its weighted term and the H - 1
+  partial sums of the head sum lose less than `F32_TINY` each, in units of
+  the stored values, which the cache's power-of-two scale (at most s, below)
+  multiplies; the final multiply by the scale loses one more. s: 1, or
+  twice the largest |key| over E2M1_MAX (the largest scale any scaled
+  format gives these keys; MXFP4's codes are the smallest)."""
+  from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
+
+  w = np.abs(np.asarray(inputs.weights, np.float64)).sum(axis=1)
+  _, num_heads, head_dim = inputs.q.shape
+  amax = float(np.max(np.abs(np.asarray(inputs.keys, np.float64)),
+                      initial=0.0))
+  s = max(1.0, 2.0 * amax / cache_lib.E2M1_MAX)
+  return F32_TINY * (s * ((2 * head_dim - 1) * w + 2 * num_heads - 1) + 1)
+
+
 def summation_error_bound(inputs, *, compression_ratio: int,
                           causal_rule: str = DEFAULT_CAUSAL_RULE,
                           mode: str = "token") -> np.ndarray:
   """f64[T]: per query row, a bound on |f32 score - exact score|: gamma_n
   times the largest scale * sum_h |w_h| sum_d |q_hd k_d| of the row, n = D
-  + H - 1 roundings (+ D for f32 queries); docs/semantics.md derives it.
+  + H - 1 roundings (+ D for f32 queries), plus `flush_error_bound` (what
+  flushing subnormal results to zero loses); docs/semantics.md derives it.
 
   `inputs` is a `streamidx.batch.IndexerInputs`; `mode` the variant's
   (`Variant.mode`): "token" bounds entry scores, "page" pooled page scores.
@@ -192,7 +217,7 @@ def summation_error_bound(inputs, *, compression_ratio: int,
   n = head_dim + num_heads - 1
   if jnp.dtype(inputs.q.dtype) == jnp.dtype(jnp.float32):
     n += head_dim
-  return _gamma(n) * b_row
+  return _gamma(n) * b_row + flush_error_bound(inputs)
 
 
 def summation_atol(inputs, *, compression_ratio: int,

@@ -347,6 +347,36 @@ def test_summation_error_bound_bounds_the_f32_reference_error(fmt, q_dtype):
   assert np.all(bound[fin.any(axis=1)] > 0)
 
 
+def test_summation_error_bound_covers_products_flushed_below_f32_normals():
+  # bf16 keys near 1e-37 are valid inputs, but their products with the
+  # queries and weights fall below 2**-126, which XLA flushes to zero: the
+  # f32 reference then misses the float64 scores by ~3e-38, beyond the
+  # roundoff term alone (~1e-40). `metrics.flush_error_bound` is the term
+  # that covers it; ranked on those scores, the top-k matches the float64
+  # one within `summation_atol`.
+  case = dataclasses.replace(
+      cases.case_by_name("vendored/all_at_once_r2_bf16_k8"), k=64)
+  inp = case.inputs()
+  inp = dataclasses.replace(inp, keys=inp.keys * 1e-37).with_cache_format(
+      "bf16")
+  b, ratio = inp.batch, case.compression_ratio
+  exact = oracle.scores(np.asarray(inp.q, np.float32), inp.weights, inp.cache,
+                        b.seq_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
+                        ratio=ratio)
+  got = np.asarray(si.token_scores(*inp.args, compression_ratio=ratio),
+                   np.float64)
+  fin = np.isfinite(exact)
+  err = np.where(fin, np.abs(got - np.where(fin, exact, 0.0)), 0.0)
+  bound = metrics.summation_error_bound(inp, compression_ratio=ratio)
+  flush = metrics.flush_error_bound(inp)
+  assert np.any(err > (bound - flush)[:, None])  # roundoff alone misses it
+  assert np.all(err <= bound[:, None])
+  idx = si.streamindex_topk_ref(*inp.args, k=case.k, compression_ratio=ratio)
+  assert metrics.compare_topk(
+      idx, oracle.topk(exact, case.k), exact,
+      atol=metrics.summation_atol(inp, compression_ratio=ratio)).ok
+
+
 def test_comparison_atol_counts_float32_query_products_on_cpu():
   # f32 queries: the D products q * k round too, n = 2D + H - 1 roundings
   # instead of D + H - 1, so the tolerance grows.
