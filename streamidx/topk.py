@@ -26,6 +26,7 @@ from jax import lax
 
 __all__ = [
     "TOPK_METHODS", "EXACT_TOPK_METHODS", "FUSED_TOPK_METHODS",
+    "KERNEL_OUTPUTS",
     "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH", "DEFAULT_TOPK_METHOD",
     "APPROX_RECALL_TARGET", "check_topk_method", "canonical_zero", "order_key",
     "select_topk", "scores_at", "chunk_size_for", "block_size_for",
@@ -35,9 +36,11 @@ __all__ = [
 TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "fused_blockmax",
                 "radix", "approx")
 EXACT_TOPK_METHODS = tuple(m for m in TOPK_METHODS if not m.startswith("approx"))
-# Methods that need more than the score buffer from the scoring kernel: a
-# kernel takes them only if it writes what they read (the dense kernel).
-FUSED_TOPK_METHODS = ("fused_blockmax",)
+# Methods that need more than the score buffer from the scoring kernel, and
+# the kernel output each reads: a kernel body takes one only if it emits
+# that output (`kernels.driver.KernelBody.emits`, `extra_outputs`).
+KERNEL_OUTPUTS = {"fused_blockmax": "block_max"}
+FUSED_TOPK_METHODS = tuple(KERNEL_OUTPUTS)
 # The methods every token kernel takes: they select from the score buffer.
 KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
                             if m not in FUSED_TOPK_METHODS)
@@ -56,8 +59,9 @@ def check_topk_method(method, allowed=TOPK_METHODS) -> str:
   if not isinstance(method, str) or method not in allowed:
     why = ""
     if method in FUSED_TOPK_METHODS:
-      why = (f"; {method!r} reads block maxima that only a kernel fusing "
-             f"them into its scoring writes (streamindex_topk_dense)")
+      why = (f"; {method!r} reads the kernel output "
+             f"{KERNEL_OUTPUTS[method]!r}, which only a kernel body emitting "
+             f"it writes")
     raise ValueError(f"topk_method: must be one of {tuple(allowed)}{why} "
                      f"(got {method!r})")
   return method

@@ -23,14 +23,9 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx.call import MODES
+from streamidx.call import KERNEL_ONLY, MODES
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 from streamidx.kernels import driver, entries
-
-
-# Options that shape the kernel's grid or launches only; the references
-# compute the same result without them.
-_KERNEL_ONLY = ("num_cores", "skip_empty_launches")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +66,7 @@ class Variant:
     n = self.kernel.body.num_cache_arrays
 
     def call(q, w, *rest, **static):
-      for name in _KERNEL_ONLY:
+      for name in KERNEL_ONLY:
         static.pop(name, None)
       cache = rest[0] if n == 1 else tuple(rest[:n])
       return fn(q, w, cache, *rest[n:], **static)

@@ -16,6 +16,7 @@ import pytest
 
 import streamidx as si
 from streamidx import ref
+from streamidx.lab.model import topk as topk_model
 from streamidx.lab.studies import parity
 
 import oracle
@@ -84,11 +85,11 @@ def test_approx_max_k_with_recall_one_is_top_k_on_cpu():
 
 def test_tpu_approx_top_k_keeps_every_candidate_at_recall_one():
   n = 65536
-  size = parity.approx_topk_reduction_size(n, 512, 1.0)
+  size = topk_model.approx_topk_reduction_size(n, 512, 1.0)
   if size is None:
     pytest.skip("this jaxlib does not expose XLA's ApproxTopK sizing")
   assert size == n
-  assert parity.approx_topk_reduction_size(n, 64, 0.95) < n
+  assert topk_model.approx_topk_reduction_size(n, 64, 0.95) < n
 
 
 # ---------------------------------------------------------------------------

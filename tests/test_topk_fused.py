@@ -16,6 +16,7 @@ maximum of every 128-entry score row; `streamidx.topk.select_topk(...,
 - the interpreter-counted DMAs of the extra output, and the model.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -260,9 +261,9 @@ def test_vendored_kernel_refuses_fused_blockmax():
                        num_heads=cases.NUM_HEADS, fmt="fp8", seed=4)
   kw = dict(k=4, compression_ratio=4, topk_method="fused_blockmax",
             **cases.blocks_for("vendored"))
-  match = (r"topk_method: must be one of \('sort', 'top_k', 'chunked', "
-           r"'blockmax', 'radix', 'approx'\); 'fused_blockmax' reads block "
-           r"maxima .*\(got 'fused_blockmax'\)")
+  match = (r"topk_method: 'fused_blockmax' reads the kernel output "
+           r"'block_max', which the 'vendored' kernel body does not emit \(it "
+           r"emits none; got 'fused_blockmax'\)")
   for fn in (si.streamindex_topk, si.checked_streamindex_topk,
              si.validate_topk_inputs):
     with pytest.raises(ValueError, match=match):
@@ -273,6 +274,26 @@ def test_vendored_kernel_refuses_fused_blockmax():
                                    topk_method="fused_blockmax")
   assert "fused_blockmax" not in si.VARIANTS["vendored"].topk_methods
   assert "fused_blockmax" in si.VARIANTS["dense"].topk_methods
+
+
+def test_a_body_takes_a_fused_method_only_if_it_emits_its_output():
+  """The body contract: a body lists the outputs it can write beside the
+  scores (`KernelBody.emits`); its methods and the driver's one request
+  (`driver.extra_outputs`) follow, and a body without one is refused with
+  its name and the output's."""
+  from streamidx.kernels import driver  # pylint: disable=g-import-not-at-top
+  block_max = driver.Output("block_max", dense_kernel.block_max_buffer)
+  plain = driver.KernelBody("plain", launch=None, cache_format=None)
+  emitting = dataclasses.replace(plain, name="emitting", emits=(block_max,))
+  assert plain.topk_methods == topk.KERNEL_TOPK_METHODS
+  assert emitting.topk_methods == topk.TOPK_METHODS
+  fused = si.TopkCall(k=4, compression_ratio=4, topk_method="fused_blockmax")
+  assert driver.extra_outputs(fused, emitting) == (block_max,)
+  assert driver.extra_outputs(dataclasses.replace(fused, topk_method="sort"),
+                              plain) == ()
+  with pytest.raises(ValueError, match=r"'block_max', which the 'plain' "
+                     r"kernel body does not emit"):
+    driver.extra_outputs(fused, plain)
 
 
 def test_compile_matrix_rows_for_fused_blockmax():

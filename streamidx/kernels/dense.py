@@ -10,8 +10,9 @@ its hooks (M16, `kernels/LEDGER.md` describes each): the layout
 (`_TwoArrayPages`: each page's scales a second DMA into their own buffer),
 `num_cores` (a leading "parallel" grid axis) and, token mode, a selection
 fused into the scoring (`_BlockMax`, `topk_method="fused_blockmax"`: the
-maxima of every 128-lane score row in a second output, f32[max_num_tokens,
-G, 128], `block_max_rows`; docs/topk-methods.md).
+maxima of every 128-lane score row in a second output, the body's
+"block_max", f32[max_num_tokens, G, 128], `block_max_rows`;
+docs/topk-methods.md).
 
 `launch` is this variant's one `pallas_call` (token or page mode), which the
 driver (`streamidx.kernels.driver`) makes per launch; the entry points are
@@ -32,7 +33,7 @@ from streamidx import topk
 from streamidx.kernels import tpu, vendored
 from streamidx.semantics import LANES, cdiv
 
-__all__ = ["launch", "block_max_rows", "SEMAPHORE_ROWS"]
+__all__ = ["launch", "block_max_rows", "block_max_buffer", "SEMAPHORE_ROWS"]
 
 # e4m3 bytes per 32-bit word: the dense cache layout's (streamidx.cache).
 KV_PACKING = cache_lib.DENSE_KV_PACKING
@@ -61,6 +62,13 @@ def block_max_rows(num_sublanes: int, kv_blocks) -> int:
   stays -inf)."""
   extra = max(_block_max_span(n) - cdiv(n, LANES) for n in kv_blocks)
   return cdiv(num_sublanes, LANES) + extra
+
+
+def block_max_buffer(num_tokens: int, num_sublanes: int, kv_blocks):
+  """The block-max output before the launches: -inf f32[num_tokens, G, 128]
+  (G: `block_max_rows`; the driver's `Output` "block_max" buffer)."""
+  return jnp.full((num_tokens, block_max_rows(num_sublanes, kv_blocks), LANES),
+                  -jnp.inf, jnp.float32)
 
 
 class _TwoArrayPages:
@@ -171,46 +179,38 @@ def _dense_kernel(*refs, block_max: bool, **kwargs):
       block_max=hook, **kwargs)
 
 
-def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
-           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
-           case, call, interpret, segment_pool=False):
-  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
-  (`streamidx.kernels.driver.KernelBody.launch`).
-
-  bmax: None, or the block-max buffer f32[max_num_tokens, G, 128] (token
-  mode): the call then also writes the maxima of its score rows there and
-  returns (scores, bmax).
-  """
-  del num_queries_per_block
+def launch(spec, q, weights, cache, prefetch, start, end, outputs):
+  """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
+  program (`streamidx.kernels.driver.KernelBody.launch`): the scores, and
+  with "block_max" in `spec.outputs` (token mode) the maxima of its score
+  rows in the second buffer f32[max_num_tokens, G, 128]."""
   cache_values, cache_scales = cache
-  block_max = bmax is not None
-  page_pool = case == "page"
+  block_max = "block_max" in spec.outputs
+  scores = outputs[0]
+  page_pool = spec.page_mode
+  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
   num_cores = call.num_cores
-  name = (tpu.launch_name("Dense", case, bq_sz, bkv_p)
-          + ("-bmax" if block_max else ""))
-  page_size = cache_values.shape[1] * KV_PACKING
-  b = seq_batch_size
   scratch = tpu.pair_scratch(
       q, weights, scores, cache_values, cache_scales.shape[1:],
-      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=spec.page_size,
       page_mode=page_pool)
   if block_max:
-    scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
+    scratch.append(("bmax_x2", (2, b * bq_sz, outputs[1].shape[1], LANES),
                     jnp.dtype(jnp.float32)))
   kernel = functools.partial(
       _dense_kernel, block_max=block_max,
       compression_ratio=call.compression_ratio,
-      static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
+      static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
       seq_batch_size=b, causal_rule=call.causal_rule,
-      interpreted=interpret is not False,
-      widen_fp8=tpu.widen_fp8_for_mxu(interpret), num_cores=num_cores,
-      **(dict(page_pool_size=page_size,
-              pool_by_lane_segments=segment_pool) if page_pool else {}))
+      interpreted=spec.interpret is not False,
+      widen_fp8=tpu.widen_fp8_for_mxu(spec.interpret), num_cores=num_cores,
+      **(dict(page_pool_size=spec.page_size,
+              pool_by_lane_segments=spec.segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
-      kernel, name=name, scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
-      prefetch=prefetch, start=start, end=end, seq_batch_size=b,
-      num_sem_ids=_NUM_SEM_IDS, num_bo_sz=_NUM_BO_SZ,
-      inputs=(q, weights, cache_values, cache_scales),
-      outputs=(scores, bmax) if block_max else (scores,),
-      call=call, interpret=interpret, num_cores=num_cores, bkv_p=bkv_p,
-      bq_sz=bq_sz)
+      kernel, name=tpu.launch_name("Dense", spec.case, bq_sz, bkv_p,
+                                   spec.outputs),
+      scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS), prefetch=prefetch,
+      start=start, end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
+      num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, cache_values, cache_scales),
+      outputs=outputs, call=call, interpret=spec.interpret,
+      num_cores=num_cores, bkv_p=bkv_p, bq_sz=bq_sz)

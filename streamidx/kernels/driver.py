@@ -7,8 +7,12 @@
 `num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's arrays.
 The stages: `_prepare` (static checks M5, q and weights prepared as
 upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
-M4, M6), `_launch` (one `pallas_call`, skipped when empty, M14) and
-`_select` (the top-k, M12, M15; rows restored, scores M9). `_pipeline`
+M4, M6, each a `Launch` record), `_launch` (one `pallas_call`, skipped when
+empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9).
+The body contract (M20): a body's `launch` receives its `Launch` and the
+arrays and returns its output buffers; an output beyond the scores that a
+selection reads is asked for in one place, `extra_outputs`, from the
+body's `emits`. `_pipeline`
 composes them in one trace (jit, `.lower`, a TPU); interpreted and called
 eagerly, `_staged` jits them apart (one program per launch configuration,
 an empty launch not compiled) and waits for the result (docs/limitations.md).
@@ -31,7 +35,52 @@ from streamidx.kernels import tpu
 from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
 from streamidx.semantics import LANES, align_to, cdiv
 
-__all__ = ["KernelBody", "run", "checked_run", "Entry"]
+__all__ = ["KernelBody", "Output", "Launch", "extra_outputs", "run",
+           "checked_run", "Entry"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """An output a kernel body can write beside the scores, by name.
+
+  buffer: (num_tokens, score rows of 128 lanes per query row, score rows
+    of a KV block per case) -> the buffer the driver fills before the
+    launches, aliased to the output (each launch writes its own rows).
+  """
+
+  name: str
+  buffer: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """The static description of one launch: what a body's `launch` receives.
+
+  call: the call as a launch reads it (`TopkCall.launch_view`); case:
+  "decode", "decode_rest", "prefill", "mixed" (`semantics.token_launches`)
+  or "page"; seq_batch_size, static_q_len, bq_sz, bkv_p,
+  num_queries_per_block: upstream `run_topk_kernel`'s, for this launch;
+  page_size: entries per page (`KernelBody.page_size`); interpret: False
+  (compiled) or the interpreter's params; segment_pool: page mode's v4
+  pooling (M15); outputs: the extra outputs asked of it (`Output.name`s of
+  the body's `emits`), in the order of its buffers after the scores.
+  """
+
+  call: object
+  case: str
+  seq_batch_size: int
+  static_q_len: int | None
+  bq_sz: int
+  bkv_p: int
+  num_queries_per_block: int
+  page_size: int
+  interpret: object
+  segment_pool: bool = False
+  outputs: tuple[str, ...] = ()
+
+  @property
+  def page_mode(self) -> bool:
+    return self.case == "page"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,25 +89,55 @@ class KernelBody:
 
   Attributes:
     name: for error messages.
-    launch: `launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
-      seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
-      case, call, interpret, segment_pool)` -> scores f32[T, rows, 128] (or
-      (scores, bmax) when `bmax` is not None): one `pallas_call`.
-    page_size: cache tuple -> entries per page.
+    launch: `launch(spec, q, weights, cache, prefetch, start, end, outputs)`
+      -> the `outputs` buffers written (one array, or a tuple: the scores
+      f32[T, rows, 128], then one per `spec.outputs`): one `pallas_call`,
+      `spec` its `Launch`.
     cache_format: cache tuple -> its `streamidx.cache.CACHE_FORMATS` name.
-    topk_methods: the `topk_method` values its token mode takes.
-    block_max_rows: (score rows, KV-block rows) -> rows of block maxima,
-      for a body that writes them (`topk_method="fused_blockmax"`), or None.
+    entries_per_element: entries an element of the first cache array's
+      packing axis holds (1; MXFP4: 2, two e2m1 codes a byte); `page_size`
+      is the one formula of a body's page size.
+    emits: the extra `Output`s it can write (`topk.KERNEL_OUTPUTS` says
+      which selection reads which); `topk_methods` follows from them.
     num_cache_arrays: how many arrays its cache layout has.
   """
 
   name: str
   launch: Callable
-  page_size: Callable
   cache_format: Callable
-  topk_methods: tuple[str, ...] = topk.KERNEL_TOPK_METHODS
-  block_max_rows: Callable | None = None
+  entries_per_element: int = 1
+  emits: tuple[Output, ...] = ()
   num_cache_arrays: int = 1
+
+  def page_size(self, cache) -> int:
+    """Entries per page: the first array's rows per page x entries per row
+    group (its packing axis, u32 words of 4 bytes or 2 bf16)."""
+    return cache[0].shape[1] * cache[0].shape[2] * self.entries_per_element
+
+  @property
+  def topk_methods(self) -> tuple[str, ...]:
+    """The `topk_method` values its token mode takes: every method that
+    reads no kernel output, or one it emits."""
+    names = (None, *(o.name for o in self.emits))
+    return tuple(m for m in topk.TOPK_METHODS
+                 if topk.KERNEL_OUTPUTS.get(m) in names)
+
+
+def extra_outputs(call, body: KernelBody) -> tuple[Output, ...]:
+  """The outputs beyond the scores that `call`'s selection reads
+  (`topk.KERNEL_OUTPUTS`), each of which `body` must emit: the one place a
+  call asks a body for one. A ValueError names the body and the output."""
+  name = topk.KERNEL_OUTPUTS.get(call.topk_method)
+  if name is None:
+    return ()
+  found = [o for o in body.emits if o.name == name]
+  if not found:
+    raise ValueError(
+        f"topk_method: {call.topk_method!r} reads the kernel output "
+        f"{name!r}, which the {body.name!r} kernel body does not emit (it "
+        f"emits {tuple(o.name for o in body.emits) or 'none'}; got "
+        f"{call.topk_method!r})")
+  return tuple(found)
 
 
 def _geometry(call, body, cache, seq_lens, page_indices, interpret):
@@ -80,8 +159,9 @@ def _geometry(call, body, cache, seq_lens, page_indices, interpret):
 def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
              last, *, call, body, interpret):
   """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
-  bufs the -inf score buffer f32[T, rows, 128] (and the block maxima for
-  "fused_blockmax")."""
+  bufs the -inf score buffer f32[T, rows, 128], then the buffer of each
+  `extra_outputs` (the block maxima for "fused_blockmax")."""
+  outputs = extra_outputs(call, body)
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
                            page_indices, cu_q_lens, last,
                            topk_methods=body.topk_methods)
@@ -102,45 +182,46 @@ def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
         order, seq_lens, page_indices, cu_q_lens)
     prefetch = (lens, pages, cu_q_lens, q_rows)
   bufs = (jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32),)
-  if call.topk_method in topk.FUSED_TOPK_METHODS:  # "fused_blockmax" ranks
-    rows = body.block_max_rows(num_sublanes, [  # blocks by their maxima
-        p * page_size // LANES for p in call.num_kv_pages_per_block])
-    bufs += (jnp.full((num_tokens, rows, LANES), -jnp.inf, jnp.float32),)
+  if outputs:  # what the selection reads beside the scores
+    kv_rows = ([p * page_size // LANES for p in call.num_kv_pages_per_block]
+               if call.mode == "token" else [])
+    bufs += tuple(o.buffer(num_tokens, num_sublanes, kv_rows)
+                  for o in outputs)
   return q, weights, prefetch, order, bufs
 
 
 def _runs(call, body, cache, seq_lens, page_indices, last, interpret):
-  """Stage 3, the launches: [(start, end, the launch's static arguments)].
-  start and end are traced when `last` is, ints or concrete arrays if not."""
+  """Stage 3, the launches: [(start, end, its `Launch`)]. start and end
+  are traced when `last` is, ints or concrete arrays if not."""
+  page_size, _, _, segment_pool, _ = _geometry(call, body, cache, seq_lens,
+                                               page_indices, interpret)
+  common = dict(call=call.launch_view(), page_size=page_size,
+                interpret=interpret,
+                outputs=tuple(o.name for o in extra_outputs(call, body)))
   if call.mode == "page":
-    segment_pool = _geometry(call, body, cache, seq_lens, page_indices,
-                             interpret)[3]
-    return [(0, jnp.asarray(last, jnp.int32), dict(
-        seq_batch_size=1, static_q_len=None, bq_sz=call.num_queries_per_block,
-        bkv_p=call.num_kv_pages_per_block,
-        num_queries_per_block=call.num_queries_per_block, case="page",
-        segment_pool=segment_pool))]
+    return [(0, jnp.asarray(last, jnp.int32), Launch(
+        case="page", seq_batch_size=1, static_q_len=None,
+        bq_sz=call.num_queries_per_block, bkv_p=call.num_kv_pages_per_block,
+        num_queries_per_block=call.num_queries_per_block,
+        segment_pool=segment_pool, **common))]
   kv_blocks, q_blocks = call.num_kv_pages_per_block, call.num_queries_per_block
   runs = []
   for launch in semantics.token_launches(validate.distribution_array(last),
                                          call.decode_req_batch_size,
                                          call.decode_q_len):
     c = launch.block_case
-    runs.append((launch.start, launch.end, dict(
+    runs.append((launch.start, launch.end, Launch(
         seq_batch_size=launch.seq_batch_size,
         static_q_len=launch.static_q_len, bq_sz=launch.bq_sz(q_blocks[c]),
         bkv_p=kv_blocks[c], num_queries_per_block=q_blocks[c],
-        case=launch.case)))
+        case=launch.case, **common)))
   return runs
 
 
-def _launch(q, weights, cache, bufs, prefetch, start, end, *, call, body,
-            interpret, static):
+def _launch(q, weights, cache, bufs, prefetch, start, end, *, body, spec):
   """Stage 4 for one launch: its `pallas_call` (`body.launch`) -> bufs."""
-  out = body.launch(q, weights, cache, bufs[0],
-                    bufs[1] if len(bufs) > 1 else None, prefetch, start=start,
-                    end=end, call=call, interpret=interpret, **dict(static))
-  return out if len(bufs) > 1 else (out,)
+  out = body.launch(spec, q, weights, cache, prefetch, start, end, bufs)
+  return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def _select(bufs, order, cache, seq_lens, page_indices, *, call, body,
@@ -155,10 +236,11 @@ def _select(bufs, order, cache, seq_lens, page_indices, *, call, body,
       scores = tpu.unpermute_lane_segment_pages(scores, cols_per_page)
     scores = scores[:, :pages_per_seq]
     idx = topk.select_topk(scores, call.k, "top_k")
-  elif len(bufs) > 1:  # "fused_blockmax"
+  elif len(bufs) > 1:  # "fused_blockmax": the kernel's block maxima
+    (block_max,) = bufs[1:]
     idx = topk.select_topk(
         scores, call.k, call.topk_method,
-        block_max=bufs[1].reshape(num_tokens, -1)[:, :num_sublanes],
+        block_max=block_max.reshape(num_tokens, -1)[:, :num_sublanes],
         block_max_width=topk.FUSED_BLOCK_WIDTH)[:, :call.k]
   else:
     idx = topk.select_topk(scores, call.k, call.topk_method)[:, :call.k]
@@ -178,11 +260,11 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
   arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
   q, weights, prefetch, order, bufs = _prepare(*arrays, call=call, body=body,
                                                interpret=interpret)
-  for start, end, static in _runs(call, body, cache, seq_lens, page_indices,
-                                  last, interpret):
-    def step(b, start=start, end=end, static=static):
-      return _launch(q, weights, cache, b, prefetch, start, end, call=call,
-                     body=body, interpret=interpret, static=tuple(static.items()))
+  for start, end, spec in _runs(call, body, cache, seq_lens, page_indices,
+                                last, interpret):
+    def step(b, start=start, end=end, spec=spec):
+      return _launch(q, weights, cache, b, prefetch, start, end, body=body,
+                     spec=spec)
     if call.skip_empty_launches:  # M14: an empty range launches nothing
       bufs = lax.cond(end > start, step, lambda b: b, bufs)
     else:
@@ -193,19 +275,8 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
 
 _STATIC = ("call", "body", "interpret")
 _prepare_jit = jax.jit(_prepare, static_argnames=_STATIC)
-_launch_jit = jax.jit(_launch, static_argnames=_STATIC + ("static",))
+_launch_jit = jax.jit(_launch, static_argnames=("body", "spec"))
 _select_jit = jax.jit(_select, static_argnames=_STATIC)
-
-
-def _launch_call(call):
-  """The call as a launch sees it: the selection's own fields (k, method
-  unless fused, scores, decode order) at fixed values, so one compiled launch
-  serves every k and method of the same kernel configuration."""
-  fused = call.topk_method in topk.FUSED_TOPK_METHODS
-  return dataclasses.replace(
-      call, k=1, return_scores=False, sort_decode=False,
-      skip_empty_launches=True,
-      topk_method=call.topk_method if fused else type(call).topk_method)
 
 
 def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
@@ -217,14 +288,12 @@ def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
   q, weights, prefetch, order, bufs = _prepare_jit(*arrays, call=call,
                                                    body=body,
                                                    interpret=interpret)
-  launch_call = _launch_call(call)
-  for start, end, static in _runs(call, body, cache, seq_lens, page_indices,
-                                  last, interpret):
+  for start, end, spec in _runs(call, body, cache, seq_lens, page_indices,
+                                last, interpret):
     if int(end) > int(start) or not call.skip_empty_launches:
       bufs = jax.block_until_ready(_launch_jit(
           q, weights, cache, bufs, prefetch, jnp.asarray(start, jnp.int32),
-          jnp.asarray(end, jnp.int32), call=launch_call, body=body,
-          interpret=interpret, static=tuple(static.items())))
+          jnp.asarray(end, jnp.int32), body=body, spec=spec))
   return _select_jit(bufs, order, cache, seq_lens, page_indices, call=call,
                      body=body, interpret=interpret)
 
@@ -260,6 +329,7 @@ def _unchecked_result(call, num_tokens):
 
 def _checks(*arrays, call, body):
   """The static checks, then the value rules: (err, ok bool[])."""
+  extra_outputs(call, body)
   validate.static_validate(call, *arrays, topk_methods=body.topk_methods)
   checks = functools.partial(validate.check_inputs, call=call)
   return checkify.checkify(checks, errors=checkify.user_checks)(*arrays)
@@ -329,6 +399,7 @@ class Entry:
     """Checks concrete inputs of this entry, values included
     (`streamidx.validate.validate_inputs`); raises ValueError."""
     call, arrays = self.bind(*args, **kwargs)
+    extra_outputs(call, self.body)
     validate.validate_inputs(call, *arrays,
                              topk_methods=self.body.topk_methods)
 

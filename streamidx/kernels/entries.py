@@ -18,7 +18,6 @@ import inspect
 
 import jax.numpy as jnp
 
-from streamidx import cache as cache_lib
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import dense, driver, fp4, lean, vendored
 
@@ -37,21 +36,17 @@ def _packed_format(cache) -> str:
 
 VENDORED = driver.KernelBody(
     name="vendored", launch=vendored.run_topk_kernel,
-    page_size=lambda c: c[0].shape[1] * c[0].shape[2],
     cache_format=_packed_format)
 DENSE = driver.KernelBody(
-    name="dense", launch=dense.launch,
-    page_size=lambda c: c[0].shape[1] * cache_lib.DENSE_KV_PACKING,
-    cache_format=lambda c: "dense_fp8",
-    topk_methods=dense.topk.TOPK_METHODS,
-    block_max_rows=dense.block_max_rows, num_cache_arrays=2)
+    name="dense", launch=dense.launch, cache_format=lambda c: "dense_fp8",
+    emits=(driver.Output("block_max", dense.block_max_buffer),),
+    num_cache_arrays=2)
 LEAN = driver.KernelBody(
-    name="lean", launch=lean.launch, page_size=DENSE.page_size,
-    cache_format=DENSE.cache_format, num_cache_arrays=2)
+    name="lean", launch=lean.launch, cache_format=DENSE.cache_format,
+    num_cache_arrays=2)
 FP4 = driver.KernelBody(
-    name="fp4", launch=fp4.launch,
-    page_size=lambda c: c[0].shape[1] * fp4.KV_PACKING,
-    cache_format=lambda c: "mxfp4", num_cache_arrays=2)
+    name="fp4", launch=fp4.launch, cache_format=lambda c: "mxfp4",
+    entries_per_element=fp4.ENTRIES_PER_BYTE, num_cache_arrays=2)
 
 
 def _bind(cls, variant, body, cache, args: dict):

@@ -64,9 +64,10 @@ from jax.experimental.pallas import tpu as pltpu
 from streamidx import cache as cache_lib
 from streamidx.kernels import dense, tpu, vendored
 
-__all__ = ["launch", "KV_PACKING", "E4M3_OFFSET"]
+__all__ = ["launch", "KV_PACKING", "ENTRIES_PER_BYTE", "E4M3_OFFSET"]
 
-KV_PACKING = 8  # entries per 32-bit word of a value row group
+ENTRIES_PER_BYTE = 2  # two e2m1 codes a byte
+KV_PACKING = 4 * ENTRIES_PER_BYTE  # entries per 32-bit word of a row group
 E4M3_OFFSET = 64.0  # e4m3 of the moved code bits = e2m1 value * 2**-6
 _GROUP = cache_lib.MXFP4_GROUP
 
@@ -144,17 +145,14 @@ def _fp4_kernel(*refs, page_size, scale_keys, **kwargs):
                          scale_keys=scale_keys), **kwargs)
 
 
-def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
-           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
-           case, call, interpret, segment_pool=False):
-  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
-  (`streamidx.kernels.driver.KernelBody.launch`), through the shared setup
-  `tpu.pallas_launch`; returns the scores."""
-  del num_queries_per_block, bmax  # no block maxima ("fused_blockmax")
+def launch(spec, q, weights, cache, prefetch, start, end, outputs):
+  """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
+  program (`streamidx.kernels.driver.KernelBody.launch`), through the shared
+  setup `tpu.pallas_launch`; returns the scores."""
+  (scores,) = outputs  # it emits no other output
   cache_values, cache_scales = cache
-  page_pool = case == "page"
-  page_size = cache_scales.shape[2]
-  b = seq_batch_size
+  page_pool, page_size = spec.page_mode, spec.page_size
+  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
   # Value rows of head_dim bytes, 4 per 32-bit word (8 entries a word).
   scratch = tpu.pair_scratch(q, weights, scores, cache_values,
                              cache_scales.shape[1:], seq_batch_size=b,
@@ -162,16 +160,17 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
                              page_mode=page_pool)
   kernel = functools.partial(
       _fp4_kernel, page_size=page_size,
-      scale_keys=page_pool or tpu.widen_fp8_for_mxu(interpret),
-      compression_ratio=call.compression_ratio, static_q_len=static_q_len,
-      bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
-      causal_rule=call.causal_rule, interpreted=interpret is not False,
+      scale_keys=page_pool or tpu.widen_fp8_for_mxu(spec.interpret),
+      compression_ratio=call.compression_ratio,
+      static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
+      seq_batch_size=b, causal_rule=call.causal_rule,
+      interpreted=spec.interpret is not False,
       **(dict(page_pool_size=page_size,
-              pool_by_lane_segments=segment_pool) if page_pool else {}))
+              pool_by_lane_segments=spec.segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
-      kernel, name=tpu.launch_name("Fp4", case, bq_sz, bkv_p),
+      kernel, name=tpu.launch_name("Fp4", spec.case, bq_sz, bkv_p),
       scratch=scratch, num_sem_rows=len(dense.SEMAPHORE_ROWS),
       prefetch=prefetch, start=start, end=end, seq_batch_size=b,
       num_sem_ids=3, num_bo_sz=2,
-      inputs=(q, weights, cache_values, cache_scales), outputs=(scores,),
-      call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz)
+      inputs=(q, weights, cache_values, cache_scales), outputs=outputs,
+      call=call, interpret=spec.interpret, bkv_p=bkv_p, bq_sz=bq_sz)

@@ -289,19 +289,15 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       wait_send(i)
 
 
-def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
-           seq_batch_size, static_q_len, bq_sz, bkv_p, num_queries_per_block,
-           case, call, interpret, segment_pool=False):
-  """One `pallas_call` over slots [start, end), `seq_batch_size` per program
-  (`streamidx.kernels.driver.KernelBody.launch`)."""
-  del num_queries_per_block, bmax  # no "fused_blockmax" here
+def launch(spec, q, weights, cache, prefetch, start, end, outputs):
+  """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
+  program (`streamidx.kernels.driver.KernelBody.launch`); the scores."""
+  (scores,) = outputs  # it emits no other output
   values, scales = cache
-  page_mode = case == "page"
-  total_pages, rows_per_page, _, _ = values.shape
-  page_size = rows_per_page * KV_PACKING
-  b = seq_batch_size
+  page_mode, page_size = spec.page_mode, spec.page_size
+  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
+  total_pages = values.shape[0]
   num_cores = call.num_cores
-  name = tpu.launch_name("Lean", case, bq_sz, bkv_p)
   seq_lens, page_indices, cu_q_lens, q_rows = prefetch
   max_num_seqs = seq_lens.shape[0]
   pages_per_seq = page_indices.shape[0] // max_num_seqs
@@ -317,16 +313,17 @@ def launch(q, weights, cache, scores, bmax, prefetch, *, start, end,
                              page_size=page_size, page_mode=page_mode)
   kernel = functools.partial(
       _kernel, compression_ratio=call.compression_ratio,
-      static_q_len=static_q_len, bkv_p=bkv_p, bq_sz=bq_sz, seq_batch_size=b,
-      causal_rule=call.causal_rule, page_width=width,
-      max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(interpret),
+      static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
+      seq_batch_size=b, causal_rule=call.causal_rule, page_width=width,
+      max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(spec.interpret),
       num_cores=num_cores,
       page_cols=page_size // call.compression_ratio if page_mode else None,
-      segment_pool=segment_pool, interpreted=interpret is not False)
+      segment_pool=spec.segment_pool, interpreted=spec.interpret is not False)
   return tpu.pallas_launch(
-      kernel, name=name, scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      kernel, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p),
+      scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
       end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
       num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, values, scales),
-      outputs=(scores,), call=call, interpret=interpret, num_cores=num_cores,
-      bkv_p=bkv_p, bq_sz=bq_sz)
+      outputs=outputs, call=call, interpret=spec.interpret,
+      num_cores=num_cores, bkv_p=bkv_p, bq_sz=bq_sz)

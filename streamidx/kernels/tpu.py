@@ -16,13 +16,20 @@ from streamidx import semantics
 from streamidx.semantics import LANES, cdiv
 
 
-def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int) -> str:
-  """"StreamIdx<kind>TC-<case>-bq_<bq>-bkvp_<p>", or
+def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
+                outputs=()) -> str:
+  """A launch's name, upstream's spelling for every body:
+  "StreamIdx<kind>TC-<c>-bq_<bq>-bkvp_<p>", c the case's first letter
+  (upstream's `MlaCase.symbol`: d, p, m; "decode_rest" is a "d"), or
   "StreamIdx<kind>PageTC-bq_<bq>-bkvp_<p>" for page mode; kind "" is the
-  vendored body, else the variant's ("Dense", "Lean", "Fp4")."""
+  vendored body, else the variant's ("Dense", "Lean", "Fp4"); then
+  "-<name>" for each extra output it writes (`driver.Launch.outputs`). The
+  tiling model (`lab.model.tiling.launch_case`) and the static schedule
+  parse it."""
+  extra = "".join(f"-{o}" for o in outputs)
   if case == "page":
-    return f"StreamIdx{kind}PageTC-bq_{bq_sz}-bkvp_{bkv_p}"
-  return f"StreamIdx{kind}TC-{case}-bq_{bq_sz}-bkvp_{bkv_p}"
+    return f"StreamIdx{kind}PageTC-bq_{bq_sz}-bkvp_{bkv_p}{extra}"
+  return f"StreamIdx{kind}TC-{case[0]}-bq_{bq_sz}-bkvp_{bkv_p}{extra}"
 
 
 def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
@@ -30,8 +37,7 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
   """The VMEM scratch of a launch over a cache of two arrays, values
   u8[pages, rows_per_page, 4, head_dim] and their scales: the vendored
   launch's buffers (`semantics.launch_scratch`, lkv_dim = head_dim, 4 bytes
-  per 32-bit word), then the scales' double buffer "bscale_x2" [2, B, bkv_p,
-  *scale_block] right after the values'."""
+  per 32-bit word), then the scales' double buffer (`with_scale_buffer`)."""
   _, rows_per_page, kv_packing, head_dim = values.shape
   scratch = list(semantics.launch_scratch(
       seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
@@ -40,9 +46,18 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
       head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
       num_out_sublanes=(scores.shape[1] if page_mode
                         else bkv_p * page_size // LANES)))
-  scratch.insert(1, ("bscale_x2", (2, seq_batch_size, bkv_p, *scale_block),
-                     jnp.dtype(jnp.uint8)))
-  return scratch
+  return with_scale_buffer(scratch, scale_block,
+                           seq_batch_size=seq_batch_size, bkv_p=bkv_p)
+
+
+def with_scale_buffer(scratch, scale_block, *, seq_batch_size, bkv_p):
+  """`scratch` (a launch's `semantics.launch_scratch`) with a two-array
+  layout's scale double buffer, "bscale_x2" u8[2, B, bkv_p, *scale_block],
+  right after the values' (the lab's tiling model lists it from here)."""
+  out = list(scratch)
+  out.insert(1, ("bscale_x2", (2, seq_batch_size, bkv_p, *scale_block),
+                 jnp.dtype(jnp.uint8)))
+  return out
 
 
 def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,

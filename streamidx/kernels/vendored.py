@@ -762,35 +762,22 @@ def prepare_outputs(out):
 # bodies; upstream's `run_topk_kernel`, moved out of `streamindex_topk`, is
 # the one launch of this body, for token and page mode alike. The drop-in
 # entry points are `streamidx.streamindex_topk` / `streamindex_page_topk`.
-def run_topk_kernel(
-    q,
-    prepared_indexer_weights,
-    cache,
-    scores,
-    bmax,
-    prefetch,
-    *,
-    start,
-    end,
-    seq_batch_size,
-    static_q_len,
-    bq_sz,
-    bkv_p,
-    num_queries_per_block,
-    case,
-    call,
-    interpret,
-    segment_pool=False,
-):
+# streamidx (M20): its static arguments come as one record, `spec` (a
+# `driver.Launch`); it writes the scores, the only output it emits.
+def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
+                    end, outputs):
   """streamidx: one `pallas_call` over sequences [start, end) (token mode), or
   over the page-mode grid (`case` "page"); returns the scores."""
-  del bmax  # this body writes no block maxima (no "fused_blockmax")
+  (scores,) = outputs
   (cache_kv,) = cache
+  seq_batch_size, static_q_len, bq_sz, bkv_p, case, call, interpret = (
+      spec.seq_batch_size, spec.static_q_len, spec.bq_sz, spec.bkv_p,
+      spec.case, spec.call, spec.interpret)
   seq_lens, page_indices = prefetch[:2]
   _, num_q_heads, head_dim = q.shape
   lkv_dim = cache_kv.shape[-1]
   _, page_size_per_kv_packing, kv_packing, _ = cache_kv.shape
-  page_size = page_size_per_kv_packing * kv_packing
+  page_size = spec.page_size  # streamidx (M20)
   pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
   page_mode = case == "page"
   num_sublanes_total = scores.shape[1]
@@ -811,14 +798,13 @@ def run_topk_kernel(
       weights_dtype=prepared_indexer_weights.dtype,
       num_out_sublanes=num_sublanes_total if page_mode else num_sublanes_bkv)
 
+  # streamidx (M20): upstream's scope name, spelled by `tpu.launch_name`.
+  scope_name = tpu.launch_name("", case, bq_sz, bkv_p)
   if page_mode:
-    scope_name = f"StreamIdxPageTC-bq_{bq_sz}-bkvp_{bkv_p}"
     page_kwargs = dict(page_pool_size=page_size,
                        num_bkv_max=cdiv(pages_per_seq, bkv_p),
-                       pool_by_lane_segments=segment_pool)  # streamidx (M15)
+                       pool_by_lane_segments=spec.segment_pool)  # streamidx (M15)
   else:
-    scope_name = (f"StreamIdxTC-{_MLA_CASE[case].symbol}-bq_{bq_sz}-bkvp_"
-                  f"{bkv_p}")
     page_kwargs = {}
   kernel = functools.partial(
       _scores_kernel,
@@ -842,5 +828,5 @@ def run_topk_kernel(
       call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz,
       case="page" if page_mode else _MLA_CASE[case].name.lower(),
       blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
-              f"{num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
+              f"{spec.num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "
               f"sequence(s) per program"))

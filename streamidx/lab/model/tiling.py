@@ -159,8 +159,7 @@ class Launch:
 
   @property
   def name(self) -> str:  # the vendored kernel's pallas_call name (in profiles)
-    symbol = self.case if self.case == "page" else self.case[0]  # "d", "p", "m"
-    return tpu_lib.launch_name("", symbol, self.bq_sz, self.bkv_p)
+    return tpu_lib.launch_name("", self.case, self.bq_sz, self.bkv_p)
 
   @property
   def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
@@ -278,21 +277,21 @@ class Plan:
 
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
-  """The kernel's VMEM scratch (`semantics.launch_scratch`, its own list)."""
+  """The kernel's VMEM scratch (`semantics.launch_scratch`, and the scale
+  buffer of a two-array cache: `kernels.tpu.with_scale_buffer`)."""
   out_sublanes = (num_score_sublanes if case == "page"
                   else bkv_p * g.page_size // _LANES)
-  out = tuple((name, shape, np.dtype(dtype).name) for name, shape, dtype in
-              semantics.launch_scratch(
-                   seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
-                   page_size_per_kv_packing=g.page_size_per_kv_packing,
-                   kv_packing=g.kv_packing, lkv_dim=g.lkv_dim,
-                   cache_dtype=g.cache_dtype, num_q_heads=g.num_q_heads,
-                   head_dim=g.head_dim, q_dtype=g.q_dtype,
-                   weights_dtype="float32", num_out_sublanes=out_sublanes))
-  if g.dense:  # two arrays: a scale buffer after the values'
-    scale = ("bscale_x2", (2, seq_batch_size, bkv_p, *g.scale_block), "uint8")
-    out = (out[0], scale) + out[1:]
-  return out
+  out = semantics.launch_scratch(
+      seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
+      page_size_per_kv_packing=g.page_size_per_kv_packing,
+      kv_packing=g.kv_packing, lkv_dim=g.lkv_dim, cache_dtype=g.cache_dtype,
+      num_q_heads=g.num_q_heads, head_dim=g.head_dim, q_dtype=g.q_dtype,
+      weights_dtype="float32", num_out_sublanes=out_sublanes)
+  if g.dense:  # two arrays: the kernels' scale buffer (`kernels.tpu`)
+    out = tpu_lib.with_scale_buffer(out, g.scale_block,
+                                    seq_batch_size=seq_batch_size, bkv_p=bkv_p)
+  return tuple((name, shape, np.dtype(dtype).name)
+               for name, shape, dtype in out)
 
 
 def resolve_variant(variant: str | None = None, mode: str | None = None
@@ -621,12 +620,11 @@ def declared_scratch(eqn) -> list[tuple[tuple[int, ...], str]]:
 
 
 def launch_case(name: str) -> tuple[str, int, int]:
-  """A launch's (case, bq, bkv_p) from its name (`Launch.name`):
-  'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", 1, 3); the dense kernel's
-  'StreamIdxDenseTC-decode_rest-bq_1-bkvp_3' (any variant's kind,
-  `kernels.tpu.launch_name`) likewise; page kernels: "page"."""
-  m = re.match(r"StreamIdx(?:(?!Page)[A-Z][a-z0-9]*)?(Page)?TC-(?:([dpm])[a-z_]*-)?bq_(\d+)-"
-               r"bkvp_(\d+)", name)
+  """A launch's (case, bq, bkv_p) from its name (`kernels.tpu.launch_name`,
+  every body's): 'StreamIdxTC-d-bq_1-bkvp_3' -> ("decode", 1, 3), any
+  variant's kind ('StreamIdxDenseTC-d-...') likewise; page kernels: "page"."""
+  m = re.match(r"StreamIdx(?:(?!Page)[A-Z][a-z0-9]*)?(Page)?TC-(?:([dpm])-)?"
+               r"bq_(\d+)-bkvp_(\d+)", name)
   if not m:
     return ("page" if "Page" in name else name), 0, 0
   case = "page" if m.group(1) else {"d": "decode", "p": "prefill",

@@ -16,12 +16,13 @@ import jax
 import numpy as np
 
 from streamidx import modes
+from streamidx.kernels.dense import SEMAPHORE_ROWS
 from streamidx.lab.model import tiling
 
-# First axis of the kernel's `sems` scratch: what each semaphore row guards
-# (the dense FP8 kernel has a fifth row, its scale DMAs, and a sixth, its
-# block maxima under "fused_blockmax": `streamidx.kernels.dense.SEMAPHORE_ROWS`).
-SEMAPHORE_KINDS = ("kv", "q", "out", "w", "kv_scale", "block_max")
+# First axis of the kernel's `sems` scratch: what each semaphore row guards,
+# the dense layout's rows (the vendored body's first four, then its scale
+# DMAs and its block maxima under "fused_blockmax").
+SEMAPHORE_KINDS = SEMAPHORE_ROWS
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}

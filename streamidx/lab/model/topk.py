@@ -79,9 +79,20 @@ def _w(n):
   return topk_lib._sort_work(int(n))  # pylint: disable=protected-access
 
 
+def approx_topk_reduction_size(n: int, k: int, recall_target: float) -> int | None:
+  """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
+  exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
+  (private jaxlib binding; None without it). n: an exact top-k."""
+  try:
+    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+    fn = _jax.approx_top_k_reduction_output_size
+  except (ImportError, AttributeError):
+    return None
+  return int(fn(n, 2, k, recall_target, False, -1)[0])  # rank 2: [T, n] scores
+
+
 def _approx_bins(n, k, recall_target):
-  from streamidx.lab.studies import parity  # pylint: disable=g-import-not-at-top
-  size = parity.approx_topk_reduction_size(n, k, recall_target)
+  size = approx_topk_reduction_size(n, k, recall_target)
   return n if size is None else min(n, size)
 
 

@@ -1,5 +1,6 @@
-"""Two top-k facts shared beyond notebook 05: ties at the k-th boundary, and the
-candidates a TPU's ApproxTopK keeps.
+"""Ties at the top-k boundary, shared beyond notebook 05 (the candidates a
+TPU's ApproxTopK keeps are the selection model's:
+`lab.model.topk.approx_topk_reduction_size`).
 """
 
 from __future__ import annotations
@@ -44,15 +45,3 @@ def boundary_ties(scores, k: int) -> BoundaryTies:
   return BoundaryTies(k=k, rows=len(rows), tied_rows=np.asarray(tied, int),
                       zero_tied_rows=zero, group_sizes=np.asarray(groups, int),
                       slots=np.asarray(slots, int))
-
-
-def approx_topk_reduction_size(n: int, k: int, recall_target: float) -> int | None:
-  """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
-  exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
-  (private jaxlib binding; None without it). n: an exact top-k."""
-  try:
-    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-    fn = _jax.approx_top_k_reduction_output_size
-  except (ImportError, AttributeError):
-    return None
-  return int(fn(n, 2, k, recall_target, False, -1)[0])  # rank 2: [T, n] scores
