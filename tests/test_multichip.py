@@ -16,7 +16,7 @@ from streamidx.lab.studies import multichip  # pylint: disable=g-import-not-at-t
 
 import tiers  # pylint: disable=g-import-not-at-top
 
-W = scaling.DSV4_DECODE.with_(context_tokens=1 << 17)
+W = scaling.DSV4_DECODE.with_(seq_len=1 << 17)
 
 
 # Full tier (tests/tiers.py): notebook 07's CI run takes the same path (a

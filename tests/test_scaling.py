@@ -67,7 +67,7 @@ def test_crossover_context_is_the_first_context_that_pays():
                                                collective_latency_s=lat)
   assert best.num_context > 1 and best.step_s < sp.step_s
   page = W.page_size * W.compression_ratio
-  before = one.with_(context_tokens=tokens - page)
+  before = one.with_(seq_len=tokens - page)
   b = scaling.best_step(before, "v6e", 8, collective_latency_s=lat)
   assert b.num_context == 1 or b.step_s >= scaling.step(before, "v6e",
                                                          8).step_s

@@ -11,7 +11,7 @@ _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
     ("studies.", ("cases", "formats", "addressing", "quant", "parity",
                   "costs")),
     ("", ("sharding", "plots", "tables", "params", "workbook",
-          "walkthrough", "bench")),
+          "walkthrough", "bench", "shapes")),
 ) for name in names}
 
 

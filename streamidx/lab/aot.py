@@ -24,61 +24,18 @@ import jax.numpy as jnp
 
 from streamidx import cache as cache_lib
 from streamidx import modes, semantics, topk
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import tiling
 from streamidx.variants import VARIANTS
 
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-  """The static shapes of one call (query rows, sequence slots, pages per
-  sequence, cache pages): all a compile depends on; the split and the lengths
-  are runtime values."""
-
-  name: str
-  mode: str  # "token" or "page"
-  num_tokens: int  # rows of q
-  max_num_seqs: int
-  pages_per_seq: int
-  page_size: int  # entries per page
-  num_heads: int
-  head_dim: int
-  k: int  # k (token) or k_pages (page)
-  compression_ratio: int
-  note: str = ""
-  decode_q_len: int = 1  # query rows per decode sequence (M17)
-
-  @property
-  def total_pages(self) -> int:
-    return self.max_num_seqs * self.pages_per_seq
-
-
-def _decode(name, seqs, tokens, k, note, decode_q_len=1):
-  return Shape(name, "token", seqs * decode_q_len, seqs, tokens // 4 // 128,
-               128, 64, 128, k, 4, note, decode_q_len)
-
-
-# DeepSeek-V4's indexer: 64 index heads, head_dim 128, ratio 4, 128-entry
-# pages. GLM's page mode: 32 heads, ratio 1, 64-entry pages, a 2048-token
-# budget (32 pages).
-SHAPES: tuple[Shape, ...] = (
-    _decode("dsv4-decode-4k", 64, 4096, 512, "64 decode seqs x 4K tokens"),
-    _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
-    _decode("dsv4-decode-128k", 64, 131072, 2048,
-            "64 decode seqs x 128K tokens, k 2048"),
-    # Speculative decoding (M17): one draft token, 2 query rows a sequence;
-    # compiled with decode_q_len 1 instead, the same batch is all mixed.
-    _decode("dsv4-mtp2-decode-4k", 64, 4096, 512,
-            "64 decode seqs x 4K tokens x 2 query rows (MTP, gamma = 1)", 2),
-    Shape("dsv4-mixed", "token", 32 + 4 * 1024, 36, 32768 // 4 // 128, 128, 64,
-          128, 512, 4, "32 decode seqs + 4 prefill chunks of 1024 tokens, "
-          "32K context"),
-    Shape("glm-page-prefill", "page", 4096, 2, 65536 // 64, 64, 32, 128,
-          2048 // 64, 1, "2 seqs x 64K tokens, 4096 query rows, "
-          "2048-token budget (32 pages)"),
-)
-SHAPES_BY_NAME = {s.name: s for s in SHAPES}
+# The compile matrix's shapes: `lab.shapes` (Shape, SHAPES and SHAPES_BY_NAME
+# are this module's names for them).
+Shape = shapes_lib.CallShape
+SHAPES = shapes_lib.COMPILE
+SHAPES_BY_NAME = shapes_lib.COMPILE_BY_NAME
 QUICK_SHAPES = {"token": "dsv4-decode-4k", "page": "glm-page-prefill"}
 
 # Block sizes tried per mode besides the block-size table's row ("table").

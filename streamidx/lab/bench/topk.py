@@ -7,7 +7,6 @@ per generation (libtpu, no TPU) in <out>/topk_compile.json, which
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 from pathlib import Path
 from typing import Sequence
@@ -18,34 +17,39 @@ import numpy as np
 
 from streamidx import metrics, modes, ref, topk
 from streamidx.lab import tables
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.model import topk as topk_model
 
 SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
 
 
-TopkShape = collections.namedtuple("TopkShape", "rows entries k")
-# Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512).
-SHAPES = (TopkShape(64, 32768, 512), TopkShape(64, 262144, 512))
+# Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512): score
+# buffers f32[shape.rows, shape.entries].
+SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
 
 
-def parse_shape(text: str) -> TopkShape:
+def parse_shape(text: str) -> shapes_lib.Shape:
+  """'ROWSxENTRIES:K': ROWS decode rows of ENTRIES entries at ratio 4."""
   try:
     tn, k = text.split(":")
-    shape = TopkShape(*map(int, tn.split("x")), int(k))
+    rows, entries = map(int, tn.split("x"))
+    k = int(k)
   except (ValueError, TypeError):  # not ROWSxENTRIES:K
-    shape = None
-  if shape is None or min(shape.rows, shape.entries, shape.k) < 1:
+    rows = entries = k = 0
+  if min(rows, entries, k) < 1:
     raise ValueError(f"--shapes: expected ROWSxENTRIES:K, positive sizes "
                      f"(got {text!r})")
-  return shape
+  ratio = shapes_lib.DSV4.compression_ratio
+  return shapes_lib.Shape(text, "decode", rows, 1, entries * ratio, k,
+                          compression_ratio=ratio)
 
 
-def _name(shape: TopkShape) -> str:
+def _name(shape: shapes_lib.Shape) -> str:
   return f"{shape.rows}x{shape.entries}:{shape.k}"
 
 
-def score_buffer(shape: TopkShape, seed: int = 0) -> np.ndarray:
+def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   """f32[T, N]: standard normal scores, a tenth of them 0.0 (the ReLU ties),
   row r's last r * N / (2 T) entries -inf (a ragged decode batch)."""
   rng = np.random.default_rng(seed)
@@ -63,7 +67,7 @@ def _time(fn, args, repeats):
   return np.asarray(out), {"compile_s": info["compile_s"], **res["wall_s"]}
 
 
-def run(shapes: Sequence[TopkShape] = SHAPES, *, repeats: int = 5,
+def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
   """Times every method and the reference on each shape; returns the doc."""
   results = []
@@ -94,7 +98,8 @@ def run(shapes: Sequence[TopkShape] = SHAPES, *, repeats: int = 5,
   return {"schema": SCHEMA, "machine": modes.describe_machine(),
           "timings_are": ("TPU wall times (this machine)" if on_tpu else
                           "CPU timings (this machine), not TPU timings"),
-          "shapes": [s._asdict() for s in shapes],
+          "shapes": [dict(rows=s.rows, entries=s.entries, k=s.k)
+                     for s in shapes],
           "results": results}
 
 

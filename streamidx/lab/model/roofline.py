@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import streamidx as si
 from streamidx import cache as cache_lib
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 from streamidx.lab.model import topk as topk_model
@@ -352,8 +353,8 @@ def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
 
 # The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
 # (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
-# report's indexer 2048; 64 index heads, head_dim 128, ratio 4, 128-entry
-# pages, 64 sequences of 128K tokens.
+# report's indexer 2048; the indexer's geometry `lab.shapes.DSV4` (64 index
+# heads, head_dim 128, ratio 4, 128-entry pages), 64 sequences of 128K tokens.
 DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
                "DeepSeek-V3.2": 2048}
 
@@ -371,11 +372,13 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
   fmt = tiling.resolve_variant(variant).cache_formats[0]
   seqs = (dict(decode=[context_tokens] * batch) if q_len == 1
           else dict(prefill=[(q_len, context_tokens)] * batch))
-  b = si.make_mixed_batch(**seqs, page_size=128, compression_ratio=4)
-  row = si.block_sizes(variant, cache_format=fmt, num_heads=64, page_size=128,
-                       generation=generation)
-  p = tiling.plan(b, fmt=fmt, num_heads=64, head_dim=128, variant=variant,
-                  **row.kwargs())
+  g = shapes_lib.DSV4
+  b = si.make_mixed_batch(**seqs, page_size=g.page_size,
+                          compression_ratio=g.compression_ratio)
+  row = si.block_sizes(variant, cache_format=fmt, num_heads=g.num_heads,
+                       page_size=g.page_size, generation=generation)
+  p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
+                  variant=variant, **row.kwargs())
   return step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
                     blocks=f"{generation} {variant} row: {row.kwargs()} "
                     f"({row.source.split(';')[0].split('(')[0].strip()})")

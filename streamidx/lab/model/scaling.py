@@ -13,36 +13,18 @@ from typing import Mapping, Sequence
 from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
 from streamidx import sharded
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware, roofline, tiling
 from streamidx.semantics import cdiv
 
 CHIP_COUNTS = (1, 4, 8, 64)
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-  """One indexer decode step (one layer). Defaults: DeepSeek-V4 decode as the
-  issue states it (64 sequences of 1M tokens: 256K entries, 64 MiB each per
-  layer in the packed FP8 cache), 128-entry pages as tpu-inference uses."""
-
-  num_seqs: int = 64
-  context_tokens: int = 1 << 20
-  num_heads: int = 64
-  head_dim: int = 128
-  compression_ratio: int = 4
-  fmt: str = "fp8"
-  k: int = 512
-  page_size: int = 128
-  q_len: int = 1
-
-  entries = property(lambda w: w.context_tokens // w.compression_ratio)
-  pages = property(lambda w: max(1, cdiv(w.entries, w.page_size)))
-
-  def with_(self, **kw) -> "Workload":
-    return dataclasses.replace(self, **kw)
-
-
-DSV4_DECODE = Workload()
+# The workload of one indexer decode step (one layer) is a named shape
+# (`lab.shapes.Shape`); the default, DeepSeek-V4 decode as the issue states it:
+# 64 sequences of 1M tokens (256K entries, 64 MiB each per layer in the packed
+# FP8 cache), 128-entry pages as tpu-inference uses.
+DSV4_DECODE = shapes_lib.DSV4_DECODE_1M
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +52,7 @@ class StepModel:
 
 @functools.lru_cache(maxsize=4096)
 def _local_seconds(generation: str, seqs: int, share_entries: int,
-                   share_pages: int, w: Workload) -> float:
+                   share_pages: int, w: shapes_lib.Shape) -> float:
   """Roofline bound of one device's kernel call (fill + kernel + top-k)."""
   seq_len = share_entries * w.compression_ratio
   batch = batch_lib.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
@@ -83,7 +65,7 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
   return roofline.predict(p, k=w.k, generations=[generation])[generation]["total"]
 
 
-def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
+def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 1, *,
          merge: str = "all_gather", collective_latency_s: float = 0.0,
          specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
   """The modelled decode step of `w` on `devices` JAX devices of `generation`,
@@ -122,7 +104,7 @@ def step(w: Workload, generation: str, devices: int, num_context: int = 1, *,
       merge_ici_s=ici_s, merge_topk_s=topk_s, merge_latency_s=lat_s)
 
 
-def best_step(w: Workload, generation: str, devices: int, *,
+def best_step(w: shapes_lib.Shape, generation: str, devices: int, *,
               merge: str = "all_gather", collective_latency_s: float = 0.0
               ) -> StepModel:
   """The fastest layout over C in 1, 2, 4, ... dividing `devices`."""
@@ -135,13 +117,13 @@ def best_step(w: Workload, generation: str, devices: int, *,
               for c in degrees), key=lambda m: (m.step_s, m.num_context))
 
 
-def _pays(w: Workload, generation: str, devices: int, **kw):
+def _pays(w: shapes_lib.Shape, generation: str, devices: int, **kw):
   """(whether some C > 1 beats C = 1, the best StepModel, the C = 1 one)."""
   best, sp = best_step(w, generation, devices, **kw), step(w, generation, devices, 1)
   return best.num_context > 1 and best.step_s < sp.step_s, best, sp
 
 
-def scaling_table(w: Workload = DSV4_DECODE,
+def scaling_table(w: shapes_lib.Shape = DSV4_DECODE,
                   generations: Sequence[str] = hardware.GENERATIONS,
                   chips: Sequence[int] = CHIP_COUNTS, *,
                   merge: str = "all_gather",
@@ -167,7 +149,7 @@ def scaling_table(w: Workload = DSV4_DECODE,
   return rows
 
 
-def crossover_devices(w: Workload, generation: str, *, max_chips: int = 4096,
+def crossover_devices(w: shapes_lib.Shape, generation: str, *, max_chips: int = 4096,
                       merge: str = "all_gather",
                       collective_latency_s: float = 0.0):
   """The fewest chips (powers of two) at which some C > 1 beats C = 1:
@@ -181,7 +163,7 @@ def crossover_devices(w: Workload, generation: str, *, max_chips: int = 4096,
   return None
 
 
-def crossover_context(w: Workload, generation: str, chips: int, *,
+def crossover_context(w: shapes_lib.Shape, generation: str, chips: int, *,
                       merge: str = "all_gather",
                       collective_latency_s: float = 0.0,
                       max_tokens: int = 1 << 26):
@@ -193,7 +175,7 @@ def crossover_context(w: Workload, generation: str, chips: int, *,
   tokens_per_page = w.page_size * w.compression_ratio
 
   def pays(pages):
-    return _pays(w.with_(context_tokens=pages * tokens_per_page), generation,
+    return _pays(w.with_(seq_len=pages * tokens_per_page), generation,
                  devices, merge=merge, collective_latency_s=collective_latency_s)
 
   hi = max(1, max_tokens // tokens_per_page)

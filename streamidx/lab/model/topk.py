@@ -15,38 +15,16 @@ import numpy as np
 
 from streamidx import metrics, modes
 from streamidx import topk as topk_lib
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 
 _F32 = _I32 = 4
 
 
-@dataclasses.dataclass(frozen=True)
-class SelectShape:
-  """One top-k problem: the f32[rows, entries] scores of an indexer call
-  (`num_seqs` sequences of `seq_len` tokens, `q_len` queries each, `ratio`
-  tokens per entry), k kept."""
+# The selection problems modelled (`lab.shapes.SELECT`): f32[rows, entries]
+# scores of an indexer call, k kept.
+SHAPES = shapes_lib.SELECT
 
-  name: str
-  num_seqs: int
-  q_len: int
-  seq_len: int
-  k: int
-  ratio: int = 4
-  rows = property(lambda s: s.num_seqs * s.q_len)
-  entries = property(lambda s: s.seq_len // s.ratio)
-  kind = property(lambda s: "decode" if s.q_len == 1 else "prefill")
-
-
-# DeepSeek-V4's indexer keeps k = 512, GLM's DSA indexer 2048; ratio 4 for
-# both here (the issue's sizes).
-SHAPES = (
-    SelectShape("dsv4 decode B=64 1M", 64, 1, 2**20, 512),
-    SelectShape("dsv4 decode B=64 128K", 64, 1, 2**17, 512),
-    SelectShape("glm decode B=64 1M", 64, 1, 2**20, 2048),
-    SelectShape("glm decode B=64 128K", 64, 1, 2**17, 2048),
-    SelectShape("dsv4 prefill 2048 @128K", 1, 2048, 2**17, 512),
-    SelectShape("glm prefill 2048 @128K", 1, 2048, 2**17, 2048),
-)
 
 # Public numbers, TPU7x, decode B=64 x 262,144 entries, k 512 (and prefill
 # T=2048 where noted). Context only: measured by others, on their build.
@@ -172,7 +150,7 @@ def cost(method: str, rows: int, entries: int, k: int, *,
       f"max of {m} bins (recall target {recall_target}), top-{k} of them")
 
 
-def costs(shape: SelectShape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
+def costs(shape: shapes_lib.Shape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
           **options) -> list[TopkCost]:
   return [cost(m, shape.rows, shape.entries, shape.k, **options)
           for m in methods]
@@ -182,7 +160,7 @@ def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:
   return c.bytes / spec.device_bandwidth  # seconds at one JAX device's HBM rate
 
 
-def recommend(shape: SelectShape, generation: str, estimates=None,
+def recommend(shape: shapes_lib.Shape, generation: str, estimates=None,
               specs: Mapping[str, hardware.TpuSpec] | None = None) -> dict:
   """The exact method the model ranks first on `generation` for `shape`: {"method",
   "basis", "rankings", "unambiguous"} (criteria, `estimates`: docs/topk-methods.md)."""

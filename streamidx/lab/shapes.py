@@ -1,0 +1,192 @@
+"""Named shapes, in one module (tokamax's `arg_specs`): the indexer geometries
+(`DSV4`, `GLM_PAGE`), the batches the benchmark, the selection model and the
+scaling model name (`Shape`), and the static call shapes the compile matrix
+and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
+`lab.model.topk`, `lab.model.scaling` and `lab.model.roofline` import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from streamidx import semantics
+
+
+@dataclasses.dataclass(frozen=True)
+class Indexer:
+  """An indexer's geometry: index heads, head_dim, compression ratio (tokens
+  per entry) and entries per cache page."""
+
+  num_heads: int
+  head_dim: int
+  compression_ratio: int
+  page_size: int
+
+
+# DeepSeek-V4's lightning indexer as tpu-inference serves it: 64 index heads
+# of 128 dims, ratio 4, 128-entry pages. GLM's page mode: 32 heads, ratio 1,
+# 64-entry pages.
+DSV4 = Indexer(num_heads=64, head_dim=128, compression_ratio=4, page_size=128)
+GLM_PAGE = Indexer(num_heads=32, head_dim=128, compression_ratio=1,
+                   page_size=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """One batch: `num_seqs` decode sequences of `seq_len` tokens (`q_len`
+  query rows each, 1 outside speculative decoding), or one prefill sequence
+  whose last `q_len` tokens query; k kept; the geometry defaults to
+  DeepSeek-V4's (`DSV4`), the cache format to FP8."""
+
+  name: str
+  kind: str  # "decode" or "prefill"
+  num_seqs: int
+  q_len: int
+  seq_len: int
+  k: int
+  num_heads: int = DSV4.num_heads
+  head_dim: int = DSV4.head_dim
+  compression_ratio: int = DSV4.compression_ratio
+  page_size: int = DSV4.page_size
+  fmt: str = "fp8"
+
+  entries_per_seq = property(lambda s: s.seq_len // s.compression_ratio)
+  entries = entries_per_seq  # the score buffer's columns
+  num_tokens = property(lambda s: s.num_seqs * s.q_len)
+  rows = num_tokens  # the score buffer's rows
+  pages = property(lambda s: max(1, semantics.cdiv(s.entries, s.page_size)))
+
+  def with_(self, **kw) -> "Shape":
+    return dataclasses.replace(self, **kw)
+
+  def batch(self):
+    """The `RaggedBatch` (contiguous pages) this shape describes."""
+    from streamidx import batch as batch_lib  # pylint: disable=g-import-not-at-top
+    ranges = ({"decode": [self.seq_len] * self.num_seqs}
+              if self.kind == "decode"
+              else {"prefill": [(self.q_len, self.seq_len)]})
+    return batch_lib.make_mixed_batch(
+        **ranges, page_size=self.page_size,
+        compression_ratio=self.compression_ratio)
+
+  def visible_pairs(self) -> int:
+    """(query row, entry) pairs visible under the model rule."""
+    pos = self.seq_len - self.q_len + np.arange(self.q_len)
+    bound = semantics.causal_visible_bound(pos, self.compression_ratio,
+                                           "model")
+    return self.num_seqs * int(np.minimum(bound, self.entries_per_seq).sum())
+
+  def flops(self) -> int:
+    """q.k dot products of the visible pairs (2 per multiply-add)."""
+    return 2 * self.visible_pairs() * self.num_heads * self.head_dim
+
+  def kernel_kwargs(self) -> dict:
+    """The static arguments every implementation takes: k and the ratio."""
+    return dict(k=self.k, compression_ratio=self.compression_ratio)
+
+  def describe(self) -> str:
+    rows = (f"decode {self.num_seqs} seqs x" if self.kind == "decode"
+            else f"prefill {self.q_len} queries at")
+    return (f"{rows} {self.seq_len} tokens ({self.entries_per_seq} entries), "
+            f"k {self.k}")
+
+
+# The benchmark (`python -m streamidx.bench`): the default sweep, CI's, the
+# long-context run.
+SWEEP = [
+    Shape("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
+    Shape("decode_32x16K_k512", "decode", 32, 1, 16384, 512),
+    Shape("decode_8x64K_k2048", "decode", 8, 1, 65536, 2048),
+    Shape("prefill_128q_16K_k512", "prefill", 1, 128, 16384, 512),
+    Shape("prefill_512q_32K_k2048", "prefill", 1, 512, 32768, 2048),
+]
+QUICK = [
+    Shape("decode_4x4K_k512", "decode", 4, 1, 4096, 512),
+    Shape("prefill_32q_2K_k256", "prefill", 1, 32, 2048, 256),
+]
+LONG_CONTEXT = [
+    Shape("decode_64x1M", "decode", 64, 1, 2**20, 512),
+    Shape("prefill_1024q_128K", "prefill", 1, 1024, 2**17, 512),
+]
+LONG_CONTEXT_KS = (512, 2048)
+
+# The selection stage's problems (`lab.model.topk`): DeepSeek-V4's indexer
+# keeps k = 512, GLM's DSA indexer 2048; ratio 4 for both here. The first is
+# also the scaling model's default decode step (64 sequences of 1M tokens).
+DSV4_DECODE_1M = Shape("dsv4 decode B=64 1M", "decode", 64, 1, 2**20, 512)
+DSV4_DECODE_128K = Shape("dsv4 decode B=64 128K", "decode", 64, 1, 2**17, 512)
+SELECT = (
+    DSV4_DECODE_1M,
+    DSV4_DECODE_128K,
+    Shape("glm decode B=64 1M", "decode", 64, 1, 2**20, 2048),
+    Shape("glm decode B=64 128K", "decode", 64, 1, 2**17, 2048),
+    Shape("dsv4 prefill 2048 @128K", "prefill", 1, 2048, 2**17, 512),
+    Shape("glm prefill 2048 @128K", "prefill", 1, 2048, 2**17, 2048),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallShape:
+  """The static shapes of one call (query rows, sequence slots, pages per
+  sequence, cache pages): all a compile depends on; the split and the lengths
+  are runtime values."""
+
+  name: str
+  mode: str  # "token" or "page"
+  num_tokens: int  # rows of q
+  max_num_seqs: int
+  pages_per_seq: int
+  page_size: int  # entries per page
+  num_heads: int
+  head_dim: int
+  k: int  # k (token) or k_pages (page)
+  compression_ratio: int
+  note: str = ""
+  decode_q_len: int = 1  # query rows per decode sequence (M17)
+
+  @property
+  def total_pages(self) -> int:
+    return self.max_num_seqs * self.pages_per_seq
+
+
+def _dsv4(name, num_tokens, seqs, tokens, k, note, decode_q_len=1):
+  """A DeepSeek-V4 call shape: `seqs` slots of `tokens` tokens of cache."""
+  g = DSV4
+  return CallShape(name, "token", num_tokens, seqs,
+                   tokens // g.compression_ratio // g.page_size, g.page_size,
+                   g.num_heads, g.head_dim, k, g.compression_ratio, note,
+                   decode_q_len)
+
+
+def _decode(name, seqs, tokens, k, note, decode_q_len=1):
+  return _dsv4(name, seqs * decode_q_len, seqs, tokens, k, note, decode_q_len)
+
+
+# The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, and GLM's
+# page mode with a 2048-token budget (32 pages).
+COMPILE: tuple[CallShape, ...] = (
+    _decode("dsv4-decode-4k", 64, 4096, 512, "64 decode seqs x 4K tokens"),
+    _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
+    _decode("dsv4-decode-128k", 64, 131072, 2048,
+            "64 decode seqs x 128K tokens, k 2048"),
+    # Speculative decoding (M17): one draft token, 2 query rows a sequence;
+    # compiled with decode_q_len 1 instead, the same batch is all mixed.
+    _decode("dsv4-mtp2-decode-4k", 64, 4096, 512,
+            "64 decode seqs x 4K tokens x 2 query rows (MTP, gamma = 1)", 2),
+    _dsv4("dsv4-mixed", 32 + 4 * 1024, 36, 32768, 512,
+          "32 decode seqs + 4 prefill chunks of 1024 tokens, 32K context"),
+    CallShape("glm-page-prefill", "page", 4096, 2,
+              65536 // GLM_PAGE.page_size, GLM_PAGE.page_size,
+              GLM_PAGE.num_heads, GLM_PAGE.head_dim,
+              2048 // GLM_PAGE.page_size, GLM_PAGE.compression_ratio,
+              "2 seqs x 64K tokens, 4096 query rows, 2048-token budget "
+              "(32 pages)"),
+)
+COMPILE_BY_NAME = {s.name: s for s in COMPILE}
+
+__all__ = ["Indexer", "DSV4", "GLM_PAGE", "Shape", "SWEEP", "QUICK",
+           "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
+           "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
+           "COMPILE_BY_NAME"]
