@@ -19,6 +19,7 @@ from streamidx import metrics
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling
+from streamidx.lab.shapes import DSV4
 from streamidx.semantics import DEFAULT_CAUSAL_RULE, cdiv
 
 # ---------------------------------------------------------------------------
@@ -155,8 +156,9 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     # DeepSeek-V4's production top-k (k = 512, 1024, 2048; 64 heads,
     # 128-entry pages): rows above and below every k.
     Batch(PRODUCTION_BATCH, decode=(3000, 600, 2100, 100, 1500),
-          mixed=((3, 2600, 1),), page_size=128, pages_per_seq=24,
-          note="production shape: 64 heads x 128 dims, page size 128"),
+          mixed=((3, 2600, 1),), page_size=DSV4.page_size, pages_per_seq=24,
+          note="production shape: DeepSeek-V4's 64 heads x 128 dims, page "
+          "size 128"),
 )}
 
 # Which batches each scope runs.
@@ -352,13 +354,17 @@ def mtp_cases() -> list[Case]:
 
 
 def production_cases() -> list[Case]:
-  """The production top-k sizes (`PRODUCTION_KS`) at 64 heads x 128 dims,
-  ratio 4, page size 128, FP8, vendored kernel, the block-size table's row
-  for the chip it runs on (off-TPU: for any generation, tpu-inference's)."""
-  row = variants_lib.block_sizes("vendored", cache_format="fp8", num_heads=64,
-                                 page_size=128)
-  return [_case(variants_lib.get("vendored"), PRODUCTION_BATCH, 4, "fp8", k,
-                num_heads=64, num_kv_pages_per_block=row.num_kv_pages_per_block,
+  """The production top-k sizes (`PRODUCTION_KS`) at DeepSeek-V4's geometry
+  (`lab.shapes.DSV4`: 64 heads x 128 dims, ratio 4, page size 128), FP8,
+  vendored kernel, the block-size table's row for the chip it runs on
+  (off-TPU: for any generation, tpu-inference's)."""
+  row = variants_lib.block_sizes("vendored", cache_format="fp8",
+                                 num_heads=DSV4.num_heads,
+                                 page_size=DSV4.page_size)
+  return [_case(variants_lib.get("vendored"), PRODUCTION_BATCH,
+                DSV4.compression_ratio, "fp8", k, num_heads=DSV4.num_heads,
+                head_dim=DSV4.head_dim,
+                num_kv_pages_per_block=row.num_kv_pages_per_block,
                 num_queries_per_block=row.num_queries_per_block)
           for k in PRODUCTION_KS]
 
