@@ -37,9 +37,10 @@ TOPK_METHODS = ("sort", "top_k", "chunked", "blockmax", "fused_blockmax",
                 "radix", "approx")
 EXACT_TOPK_METHODS = tuple(m for m in TOPK_METHODS if not m.startswith("approx"))
 # Methods that need more than the score buffer from the scoring kernel, and
-# the kernel output each reads: a kernel body takes one only if it emits
-# that output (`kernels.driver.KernelBody.emits`, `extra_outputs`).
-KERNEL_OUTPUTS = {"fused_blockmax": "block_max"}
+# the kernel outputs each reads, in the order the kernel writes them: a
+# kernel body takes one only if it emits them all
+# (`kernels.driver.KernelBody.emits`, `extra_outputs`).
+KERNEL_OUTPUTS = {"fused_blockmax": ("block_max",)}
 FUSED_TOPK_METHODS = tuple(KERNEL_OUTPUTS)
 # The methods every token kernel takes: they select from the score buffer.
 KERNEL_TOPK_METHODS = tuple(m for m in TOPK_METHODS
@@ -59,9 +60,9 @@ def check_topk_method(method, allowed=TOPK_METHODS) -> str:
   if not isinstance(method, str) or method not in allowed:
     why = ""
     if method in FUSED_TOPK_METHODS:
-      why = (f"; {method!r} reads the kernel output "
-             f"{KERNEL_OUTPUTS[method]!r}, which only a kernel body emitting "
-             f"it writes")
+      why = (f"; {method!r} reads the kernel outputs "
+             f"{KERNEL_OUTPUTS[method]}, which only a kernel body emitting "
+             f"them writes")
     raise ValueError(f"topk_method: must be one of {tuple(allowed)}{why} "
                      f"(got {method!r})")
   return method

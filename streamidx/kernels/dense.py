@@ -194,8 +194,9 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
       q, weights, scores, cache_values, cache_scales.shape[1:],
       seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=spec.page_size,
       page_mode=page_pool)
-  if block_max:
-    scratch.append(("bmax_x2", (2, b * bq_sz, outputs[1].shape[1], LANES),
+  if block_max:  # its buffer: after the scores, in `spec.outputs`' order
+    bmax = outputs[1 + spec.outputs.index("block_max")]
+    scratch.append(("bmax_x2", (2, b * bq_sz, bmax.shape[1], LANES),
                     jnp.dtype(jnp.float32)))
   kernel = functools.partial(
       _dense_kernel, block_max=block_max,

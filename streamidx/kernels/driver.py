@@ -116,28 +116,25 @@ class KernelBody:
 
   @property
   def topk_methods(self) -> tuple[str, ...]:
-    """The `topk_method` values its token mode takes: every method that
-    reads no kernel output, or one it emits."""
-    names = (None, *(o.name for o in self.emits))
+    """The `topk_method` values its token mode takes: every method whose
+    kernel outputs (`topk.KERNEL_OUTPUTS`, none for most) it emits."""
+    names = {o.name for o in self.emits}
     return tuple(m for m in topk.TOPK_METHODS
-                 if topk.KERNEL_OUTPUTS.get(m) in names)
+                 if names.issuperset(topk.KERNEL_OUTPUTS.get(m, ())))
 
 
 def extra_outputs(call, body: KernelBody) -> tuple[Output, ...]:
   """The outputs beyond the scores that `call`'s selection reads
   (`topk.KERNEL_OUTPUTS`), each of which `body` must emit: the one place a
-  call asks a body for one. A ValueError names the body and the output."""
-  name = topk.KERNEL_OUTPUTS.get(call.topk_method)
-  if name is None:
-    return ()
-  found = [o for o in body.emits if o.name == name]
-  if not found:
-    raise ValueError(
-        f"topk_method: {call.topk_method!r} reads the kernel output "
-        f"{name!r}, which the {body.name!r} kernel body does not emit (it "
-        f"emits {tuple(o.name for o in body.emits) or 'none'}; got "
-        f"{call.topk_method!r})")
-  return tuple(found)
+  call asks a body for them. A ValueError names the body and the output."""
+  emits = {o.name: o for o in body.emits}
+  for name in topk.KERNEL_OUTPUTS.get(call.topk_method, ()):
+    if name not in emits:
+      raise ValueError(
+          f"topk_method: {call.topk_method!r} reads the kernel output "
+          f"{name!r}, which the {body.name!r} kernel body does not emit (it "
+          f"emits {tuple(emits) or 'none'}; got {call.topk_method!r})")
+  return tuple(emits[n] for n in topk.KERNEL_OUTPUTS.get(call.topk_method, ()))
 
 
 def _geometry(call, body, cache, seq_lens, page_indices, interpret):
