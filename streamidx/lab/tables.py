@@ -1,7 +1,7 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
 reports), and a batch as such a list. Numbers print readably (`number`): integers and large
-floats with thousands separators, others with 4 significant digits and never in exponent
-form; None as "-", everything else with `str`. Also `clock_note`: a model's "(no public
+floats with thousands separators, others with 4 significant digits, in exponent form only
+below 1e-4 (tolerances, errors); None as "-", everything else with `str`. Also `clock_note`: a model's "(no public
 clock ...)" note as a link to its one explanation, docs/tpu.md.
 """
 
@@ -25,11 +25,11 @@ def clock_note(text: str, *, markdown: bool = True) -> str:
 
 def number(value: float) -> str:
   """A float as a reader scans it: 10296.4 -> "10,296", 12.345 -> "12.35", 0.000123 ->
-  "0.000123"; no exponent form outside [1e-6, 1e15) in magnitude."""
+  "0.000123"; the exponent form only outside [1e-4, 1e15) in magnitude (tolerances, errors)."""
   if value != value or value in (float("inf"), float("-inf")):
     return str(value)
   mag = abs(value)
-  if mag >= 1e15 or (0 < mag < 1e-6):
+  if mag >= 1e15 or (0 < mag < 1e-4):
     return f"{value:.3g}"
   if mag >= 1000:
     return f"{value:,.0f}"
