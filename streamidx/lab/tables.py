@@ -1,8 +1,8 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
 reports), and a batch as such a list. Numbers print readably (`number`): integers and large
 floats with thousands separators, others with 4 significant digits, in exponent form only
-below 1e-4 (tolerances, errors); None as "-", everything else with `str`. Also `clock_note`: a model's "(no public
-clock ...)" note as a link to its one explanation, docs/tpu.md.
+below 1e-4 (tolerances, errors); None as "-", everything else with `str`. Also `clock_note`:
+a model's "(no public clock ...)" note as a link to its one explanation, docs/tpu.md.
 """
 
 from __future__ import annotations
