@@ -346,3 +346,10 @@ def test_index_shows_the_headline_figure_beside_the_answer_under_a_plain_title(n
   ok, nofig = page.split("<section")[1:]
   assert '<img src="01_ok/step.png"' in ok and ok.index("<strong>Answer</strong>") < ok.index("<img")
   assert "<img" not in nofig
+
+
+def test_answer_links_written_for_the_notebooks_folder_resolve_from_the_landing_page(tmp_path):
+  nbdir, out = tmp_path / "notebooks", tmp_path / "build" / "ci"
+  text = "see [clock](../docs/tpu.md#the-clock), [01](01_x.ipynb) and [web](https://x.org/a)"
+  assert workbook.rebase_links(text, nbdir, out) == (
+      "see [clock](../../docs/tpu.md#the-clock), [01](../../notebooks/01_x.ipynb) and [web](https://x.org/a)")

@@ -319,15 +319,26 @@ def markdown_to_html(text: str) -> str:
   return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:80rem;margin:2rem auto;padding:0 1rem;
 line-height:1.45;color:#222}section{border-top:1px solid #ccc;padding:.5rem 0 1rem}
 h2{font-size:1.25rem;margin-bottom:.25rem}.meta{color:#555;font-size:.9rem}
 .failed{color:#b00020;font-weight:bold}.answer{background:#f6f8fa;padding:.25rem 1rem;
 border-left:3px solid #4a7}table{border-collapse:collapse}td,th{border:1px solid #ccc;
 padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}.result{display:flex;gap:1rem;
-align-items:flex-start;flex-wrap:wrap}.result .answer{flex:1 1 28rem;min-width:0;overflow-x:auto}
-figure{flex:1 1 22rem;margin:0}figure img{width:100%;border:1px solid #ddd}
+align-items:flex-start;flex-wrap:wrap}.result .answer{flex:1 1 30rem;min-width:0;overflow-x:auto}
+figure{flex:1 1 30rem;margin:0}figure img{width:100%;border:1px solid #ddd}
 figcaption{color:#555;font-size:.85rem}"""
+
+
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)")
+
+
+def rebase_links(markdown: str, notebooks_dir: Path, out_dir: Path) -> str:
+  """`markdown` written for the notebooks folder (links such as `../docs/tpu.md#x`) with its
+  relative links rewritten to resolve from `out_dir`, where the landing page lives."""
+  return _RELATIVE_LINK.sub(lambda m: "](" + Path(os.path.relpath(
+      Path(notebooks_dir) / m.group(1).split("#")[0], out_dir)).as_posix()
+      + ("#" + m.group(1).split("#", 1)[1] if "#" in m.group(1) else "") + ")", markdown)
 
 
 def headline_figure(out_dir: Path, stem: str) -> str | None:
@@ -372,7 +383,8 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
   if nb is not None:
     answer, machine = first_markdown_output(nb), machine_line(nb)
     figure = headline_figure(out_dir, source.stem)
-    block = (f'<div class="answer">{markdown_to_html(answer)}</div>' if answer is not None
+    block = (f'<div class="answer">{markdown_to_html(rebase_links(answer, source.parent, out_dir))}</div>'
+             if answer is not None
              else "<p><em>The executed notebook has no Markdown output.</em></p>")
     if figure:
       block += (f'<figure><a href="{esc(figure, quote=True)}"><img src="{esc(figure, quote=True)}" '
@@ -483,9 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
   order = run_order(selected, out_dir)  # before a run removes a stale copy
   heading = TITLE
-  note = _profile_note(args.profile, out_dir) + ("" if jobs <= 1 else (
-      f" Run {jobs} notebooks at a time: the timings they print ran beside another notebook "
-      "(--jobs 1 for timing studies)."))
+  note = "" if jobs <= 1 else (f"Run {jobs} notebooks at a time: the timings they print ran "
+                               "beside another notebook (--jobs 1 for timing studies).")
   results: dict[Path, NotebookResult] = {}
   start = time.perf_counter()
 
@@ -497,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def index() -> None:  # the one writer of the landing page, in this thread
     left = [nb for nb in order if nb not in results]
-    write_index(notebooks_dir, out_dir, heading=heading, note=note, pending={
+    write_index(notebooks_dir, out_dir, heading=heading,
+                note=" ".join(filter(None, [_profile_note(args.profile, out_dir), note])), pending={
         nb.name: "running" if i < jobs else "queued" for i, nb in enumerate(left)})
 
   index()
