@@ -528,12 +528,13 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
     clock = pairs[0][1].clock_hz
     if clock:
       ax.axhline(pairs[0][1].t_hbm * clock, color="k", ls="--",
-                 label=f"a page's HBM time, cycles at {clock / 1e9:.2f} GHz")
+                 label="a page's HBM time, in cycles at the chip's clock")
     else:
       ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n"
               f"{min(b.break_even_clock_hz for _, b in pairs) / 1e9:.2f} GHz",
               transform=ax.transAxes, fontsize=8)
     _style(ax, "num_kv_pages_per_block (decode)", ylabel="bundles per KV page", title=gen)
+    ax.set_xticks(sorted({r["bkv_p"] for r, _ in pairs}))
     ax.set_ylim(0, 1.15 * max([r["bundles_per_page"] for r, _ in pairs]
                               + [b.t_hbm * clock for _, b in pairs[:1] if clock]))
   # Below the panels: inside, it would cover the points or the HBM line.
