@@ -409,3 +409,29 @@ def test_record_bytes_axes_colours_each_byte_by_its_role():
   assert len(colors) == 136 and colors[127] != colors[128] != colors[129] == colors[135]
   assert [t.get_text() for t in ax.texts][127:130] == ["7f", "80", "81"]
   plt.close(fig)
+
+
+def test_tables_print_large_and_small_floats_without_exponents():
+  from streamidx.lab import tables
+  assert [tables.number(v) for v in (10296.4, 1.03e4, 12.345678, 0.000123, 3.0, -45.678)] == [
+      "10,296", "10,300", "12.35", "0.000123", "3", "-45.68"]
+  assert "e+" not in tables.markdown([dict(us=1.03e4, mb=2.5e6)])
+
+
+def test_clock_note_links_the_one_explanation_of_the_missing_clock():
+  from streamidx.lab import tables
+  text = "v7x: at least 154 us, vector-bound (no public clock; the published TPU clocks are at most 1.75 GHz)"
+  linked = tables.clock_note(text)
+  assert "published TPU clocks" not in linked and tables.CLOCK_DOC in linked
+  assert tables.clock_note("memory-bound (v5e)") == "memory-bound (v5e)"
+  assert "docs/tpu.md" in tables.clock_note("below 3 GHz (no public clock)", markdown=False)
+
+
+def test_static_schedule_figure_gives_each_chip_its_own_y_range():
+  from streamidx.lab.model import roofline
+  rows = [dict(generation=g, bkv_p=3, bundles_per_page=n) for g, n in (("v5e", 520.0), ("v6e", 61.0))]
+  bounds = [roofline.page_bound(r["generation"], bundles_per_page=r["bundles_per_page"],
+                                page_bytes=32768) for r in rows]
+  v5e, v6e = plots.static_schedule_figure(rows, bounds, title="t").axes
+  assert v5e.get_ylim()[1] >= 520 and v6e.get_ylim()[1] < 100   # both points inside their panel
+  plt.close("all")

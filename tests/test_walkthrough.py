@@ -168,3 +168,11 @@ def test_the_notebooks_teaching_kernels_compile_for_v5e_and_v6e():
                               (table, lens, q, w, keys))}
   rows = walkthrough.compile_rows(kernels, ["v5e", "v6e"])
   assert all(v == "compiles (Mosaic)" for r in rows for g, v in r.items() if g != "kernel"), rows
+
+
+def test_lowering_gap_says_which_primitive_pallas_cannot_lower_without_the_message():
+  e = NotImplementedError("Unimplemented primitive in Pallas TPU lowering for tc: top_k. "
+                          "Please file an issue at https://example.invalid/issues.")
+  said = walkthrough.lowering_gap(e)
+  assert said == "Pallas has no TPU lowering for `top_k` inside a kernel"
+  assert walkthrough.lowering_gap(ValueError("block shape")) is None

@@ -325,3 +325,31 @@ def test_index_marks_running_and_queued_notebooks(nbdir, tmp_path):
   assert "ok, 12.5 s" in a and "**Answer** a" not in a and "<strong>Answer</strong> a" in a
   assert "running" in b and "stale" not in b and "href" not in b and "Machine" not in b
   assert "queued" in c and "Machine" not in c
+
+
+def test_index_shows_the_headline_figure_beside_the_answer_under_a_plain_title(nbdir, tmp_path):
+  out = tmp_path / "build" / "ci"
+  out.mkdir(parents=True)
+  make_notebook(nbdir, "01_ok.ipynb", "output_dir = 'x'")
+  make_notebook(nbdir, "02_nofig.ipynb", "output_dir = 'x'")
+  fake_executed(out, "01_ok.ipynb", question="Q?", answer="**Answer**: 1")
+  fake_executed(out, "02_nofig.ipynb", question="Q?", answer="**Answer**: 2")
+  (out / "01_ok").mkdir()
+  (out / "01_ok" / "step.png").write_bytes(b"\x89PNG")
+  (out / "01_ok" / "headline.json").write_text(json.dumps({"figure": "step.png"}))
+
+  page = workbook.write_index(nbdir, out, heading=workbook.TITLE,
+                              note=workbook._profile_note("ci", out)).read_text()
+
+  assert "<title>streamidx workbook</title>" in page and "<h1>streamidx workbook</h1>" in page
+  assert "CI-sized parameters" in page.split("<section")[0]
+  ok, nofig = page.split("<section")[1:]
+  assert '<img src="01_ok/step.png"' in ok and ok.index("<strong>Answer</strong>") < ok.index("<img")
+  assert "<img" not in nofig
+
+
+def test_answer_links_written_for_the_notebooks_folder_resolve_from_the_landing_page(tmp_path):
+  nbdir, out = tmp_path / "notebooks", tmp_path / "build" / "ci"
+  text = "see [clock](../docs/tpu.md#the-clock), [01](01_x.ipynb) and [web](https://x.org/a)"
+  assert workbook.rebase_links(text, nbdir, out) == (
+      "see [clock](../../docs/tpu.md#the-clock), [01](../../notebooks/01_x.ipynb) and [web](https://x.org/a)")

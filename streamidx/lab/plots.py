@@ -5,6 +5,7 @@ draws on the `Axes` passed in); `save` writes a PNG under a notebook's `output_d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -19,11 +20,18 @@ CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan", "prefill": "tab:
 STAGE_COLORS = (("kernel", "tab:blue"), ("topk", "tab:orange"), ("other", "tab:gray"))
 
 
-def save(fig, output_dir, name: str) -> Path:
-  """Writes `fig` to `<output_dir>/<name>.png` (folders created); the path."""
+HEADLINE_FILE = "headline.json"  # in a notebook's output_dir: its headline figure's file name
+
+
+def save(fig, output_dir, name: str, *, headline: bool = False) -> Path:
+  """Writes `fig` to `<output_dir>/<name>.png` (folders created); the path. `headline`: this
+  is the notebook's headline figure, which the landing page shows beside its answer
+  (`<output_dir>/headline.json` names it)."""
   path = Path(output_dir) / f"{name}.png"
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110, bbox_inches="tight")
+  if headline:
+    (path.parent / HEADLINE_FILE).write_text(json.dumps({"figure": path.name}), encoding="utf-8")
   return path
 
 
@@ -509,10 +517,10 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
 
 def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str = ""):
   """Notebook 04: scheduled bundles per KV page against bkv_p, a panel per generation (`rows`,
-  their `bounds`); dashed: a page's HBM cycles where the chip has a clock, else written."""
+  their `bounds`); dashed: a page's HBM cycles where the chip has a clock, else written. Each
+  panel has its own y range (the chips' bundles per page differ several-fold)."""
   gens = list(dict.fromkeys(r["generation"] for r in rows))
-  fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2), sharey=True,
-                           squeeze=False)
+  fig, axes = plt.subplots(1, len(gens), figsize=(3.2 * len(gens), 3.2), squeeze=False)
   for ax, gen in zip(axes[0], gens):
     pairs = [(r, b) for r, b in zip(rows, bounds) if r["generation"] == gen]
     ax.plot([r["bkv_p"] for r, _ in pairs], [r["bundles_per_page"] for r, _ in pairs], "o-",
@@ -520,17 +528,17 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
     clock = pairs[0][1].clock_hz
     if clock:
       ax.axhline(pairs[0][1].t_hbm * clock, color="k", ls="--",
-                 label=f"a page's HBM time, cycles at {clock / 1e9:.2f} GHz")
+                 label="a page's HBM time, in cycles at the chip's clock")
     else:
       ax.text(0.05, 0.05, f"no public clock:\nvector-bound below\n"
               f"{min(b.break_even_clock_hz for _, b in pairs) / 1e9:.2f} GHz",
               transform=ax.transAxes, fontsize=8)
-    _style(ax, "num_kv_pages_per_block (decode)", title=gen)
+    _style(ax, "num_kv_pages_per_block (decode)", ylabel="bundles per KV page", title=gen)
+    ax.set_xticks(sorted({r["bkv_p"] for r, _ in pairs}))
     ax.set_ylim(0, 1.15 * max([r["bundles_per_page"] for r, _ in pairs]
                               + [b.t_hbm * clock for _, b in pairs[:1] if clock]))
   # Below the panels: inside, it would cover the points or the HBM line.
-  _style(axes[0][0], ylabel="bundles per KV page",
-         legend=dict(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.3)))
+  _style(axes[0][0], legend=dict(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.3)))
   return _done(fig, title, size=10)
 
 

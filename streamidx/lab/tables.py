@@ -1,15 +1,46 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
-reports), and a batch as such a list. Floats print with 4 significant digits, None as "-",
-everything else with `str`.
+reports), and a batch as such a list. Numbers print readably (`number`): integers and large
+floats with thousands separators, others with 4 significant digits, in exponent form only
+below 1e-4 (tolerances, errors); None as "-", everything else with `str`. Also `clock_note`:
+a model's "(no public clock ...)" note as a link to its one explanation, docs/tpu.md.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Mapping, Sequence
+
+# Where the notebooks' missing-clock note is explained once (notebooks/ -> docs/).
+CLOCK_DOC = "../docs/tpu.md#the-clock-why-v6e-and-v7x-have-a-break-even-clock-not-a-time"
+_CLOCK_NOTE = re.compile(r"\(no public clock[^()]*\)")
+
+
+def clock_note(text: str, *, markdown: bool = True) -> str:
+  """`text` with each "(no public clock...)" note of `roofline`'s verdicts and headlines
+  replaced by a short link to docs/tpu.md (`markdown=False`: the path, for printed text)."""
+  link = f"([no public clock]({CLOCK_DOC}))" if markdown else "(no public clock: docs/tpu.md, the clock)"
+  return _CLOCK_NOTE.sub(link, text)
+
+
+def number(value: float) -> str:
+  """A float as a reader scans it: 10296.4 -> "10,296", 12.345 -> "12.35", 0.000123 ->
+  "0.000123"; the exponent form only outside [1e-4, 1e15) in magnitude (tolerances, errors)."""
+  if value != value or value in (float("inf"), float("-inf")):
+    return str(value)
+  mag = abs(value)
+  if mag >= 1e15 or (0 < mag < 1e-4):
+    return f"{value:.3g}"
+  if mag >= 1000:
+    return f"{value:,.0f}"
+  if value == int(value):
+    return f"{int(value)}"
+  digits = max(0, 3 - math.floor(math.log10(mag))) if mag else 0
+  return f"{value:.{digits}f}".rstrip("0").rstrip(".")
 
 
 def _text(value) -> str:
-  return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+  return "-" if value is None else number(value) if isinstance(value, float) else str(value)
 
 
 def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -73,6 +74,18 @@ def excerpt(module, qualname: str, *, start: str | None = None,
                  tuple(lines[first - 1:last]))
 
 
+_NO_LOWERING = re.compile(r"Unimplemented primitive in Pallas TPU lowering for \w+: (\w+)")
+
+
+def lowering_gap(e: BaseException) -> str | None:
+  """An error saying Pallas cannot lower a primitive inside a TPU kernel, in
+  one line of our own ("Pallas has no TPU lowering for `top_k` inside a
+  kernel"); None for any other error."""
+  found = _NO_LOWERING.search(str(e))
+  return (f"Pallas has no TPU lowering for `{found.group(1)}` inside a kernel"
+          if found else None)
+
+
 def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
                  generations: Sequence[str]) -> list[dict]:
   """One table row per kernel, `{"kernel": name, <generation>: verdict}`; never
@@ -93,7 +106,7 @@ def compile_rows(kernels: dict[str, tuple[Callable, tuple]],
         with modes.compile_for(generation) as target:
           compiled = jax.jit(fn).lower(*target.specs(args)).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's error is the result
-      return f"fails: {aot.summarize_error(e)}"
+      return f"fails: {lowering_gap(e) or aot.summarize_error(e)}"
     if "tpu_custom_call" in compiled.as_text():
       return "compiles (Mosaic)"
     return "compiles, but no Mosaic kernel"

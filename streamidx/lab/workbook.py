@@ -185,10 +185,14 @@ def _failure_from(exc: BaseException, executed: Path, source_nb: dict) -> CellFa
   return _cell(source_nb, i - sum(injected), count, ename, evalue, source)
 
 
-def _heading(profile: str, out_dir: Path) -> str:
-  what = ("CI-sized parameters (the ci: values of each parameters cell)"
+TITLE = "streamidx workbook"
+
+
+def _profile_note(profile: str, out_dir: Path) -> str:
+  """What the landing page says about the run under its plain title."""
+  what = ("CI-sized parameters (each parameters cell's ci: values)"
           if profile == "ci" else "the notebooks' default parameters")
-  return f"streamidx workbook ({what}): {Path(out_dir).name}/"
+  return f"Run with {what}; executed copies in {Path(out_dir).name}/."
 
 
 def kernel_log(executed: Path) -> Path:
@@ -262,7 +266,7 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
     executed.with_suffix(".html").write_text(body, encoding="utf-8")
   if index:
-    write_index(path.parent, out_dir, heading=_heading(profile, out_dir))
+    write_index(path.parent, out_dir, heading=TITLE, note=_profile_note(profile, out_dir))
   return NotebookResult(path.name, path, executed, params, seconds, failure)
 
 
@@ -315,12 +319,37 @@ def markdown_to_html(text: str) -> str:
   return mistune.create_markdown(escape=True, plugins=["table", "strikethrough"])(text)
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:80rem;margin:2rem auto;padding:0 1rem;
 line-height:1.45;color:#222}section{border-top:1px solid #ccc;padding:.5rem 0 1rem}
 h2{font-size:1.25rem;margin-bottom:.25rem}.meta{color:#555;font-size:.9rem}
 .failed{color:#b00020;font-weight:bold}.answer{background:#f6f8fa;padding:.25rem 1rem;
 border-left:3px solid #4a7}table{border-collapse:collapse}td,th{border:1px solid #ccc;
-padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}"""
+padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}.result{display:flex;gap:1rem;
+align-items:flex-start;flex-wrap:wrap}.result .answer{flex:1 1 30rem;min-width:0;overflow-x:auto}
+figure{flex:1 1 30rem;margin:0}figure img{width:100%;border:1px solid #ddd}
+figcaption{color:#555;font-size:.85rem}"""
+
+
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)")
+
+
+def rebase_links(markdown: str, notebooks_dir: Path, out_dir: Path) -> str:
+  """`markdown` written for the notebooks folder (links such as `../docs/tpu.md#x`) with its
+  relative links rewritten to resolve from `out_dir`, where the landing page lives."""
+  return _RELATIVE_LINK.sub(lambda m: "](" + Path(os.path.relpath(
+      Path(notebooks_dir) / m.group(1).split("#")[0], out_dir)).as_posix()
+      + ("#" + m.group(1).split("#", 1)[1] if "#" in m.group(1) else "") + ")", markdown)
+
+
+def headline_figure(out_dir: Path, stem: str) -> str | None:
+  """The notebook's headline figure, relative to `out_dir` (`<stem>/<file>`), as its run
+  named it (`plots.save(..., headline=True)`), if the file exists."""
+  from streamidx.lab.plots import HEADLINE_FILE  # pylint: disable=g-import-not-at-top
+  try:
+    name = json.loads((Path(out_dir) / stem / HEADLINE_FILE).read_text(encoding="utf-8"))["figure"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  return f"{stem}/{name}" if (Path(out_dir) / stem / name).is_file() else None
 
 
 def _section(source: Path, out_dir: Path, pending: str | None) -> str:
@@ -353,8 +382,15 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
            "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
   if nb is not None:
     answer, machine = first_markdown_output(nb), machine_line(nb)
-    parts.append(f'<div class="answer">{markdown_to_html(answer)}</div>' if answer is not None
-                 else "<p><em>The executed notebook has no Markdown output.</em></p>")
+    figure = headline_figure(out_dir, source.stem)
+    block = (f'<div class="answer">{markdown_to_html(rebase_links(answer, source.parent, out_dir))}</div>'
+             if answer is not None
+             else "<p><em>The executed notebook has no Markdown output.</em></p>")
+    if figure:
+      block += (f'<figure><a href="{esc(figure, quote=True)}"><img src="{esc(figure, quote=True)}" '
+                f'alt="headline figure of {esc(source.stem, quote=True)}"></a>'
+                f"<figcaption>Headline figure of this run ({esc(figure)})</figcaption></figure>")
+    parts.append(f'<div class="result">{block}</div>')
     parts.append(f'<p class="meta">Machine: {esc(machine)}</p>' if machine else
                  '<p class="meta">Machine: not printed by this run (no '
                  "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
@@ -368,12 +404,13 @@ def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
   renamed temporary file (`pending`: {name: "running" or "queued"}); its path."""
   out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
-  heading = heading or f"streamidx workbook: {out_dir.name}"
+  heading = heading or TITLE
   page = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
           f"<title>{esc(heading)}</title><style>{_STYLE}</style></head><body>",
           f"<h1>{esc(heading)}</h1>"] + ([f'<p class="meta">{esc(note)}</p>'] if note else [])
   page.append("<p>Each notebook's question, and its answer as that run computed it (the "
-              "notebook's first rendered Markdown output), with the machine it ran on.</p>")
+              "notebook's first rendered Markdown output) beside its headline figure, with the "
+              "machine it ran on.</p>")
   page += [_section(p, out_dir, (pending or {}).get(p.name)) for p in discover(Path(notebooks_dir))]
   path = out_dir / INDEX_NAME
   tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -457,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, cell timeout "
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
   order = run_order(selected, out_dir)  # before a run removes a stale copy
-  heading = _heading(args.profile, out_dir)
+  heading = TITLE
   note = "" if jobs <= 1 else (f"Run {jobs} notebooks at a time: the timings they print ran "
                                "beside another notebook (--jobs 1 for timing studies).")
   results: dict[Path, NotebookResult] = {}
@@ -471,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def index() -> None:  # the one writer of the landing page, in this thread
     left = [nb for nb in order if nb not in results]
-    write_index(notebooks_dir, out_dir, heading=heading, note=note, pending={
+    write_index(notebooks_dir, out_dir, heading=heading,
+                note=" ".join(filter(None, [_profile_note(args.profile, out_dir), note])), pending={
         nb.name: "running" if i < jobs else "queued" for i, nb in enumerate(left)})
 
   index()
