@@ -133,7 +133,7 @@ def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
   x[1, 60:] = -np.inf
   monkeypatch.setattr(jax.lax, "approx_max_k", highest_index_ties)
   for k in (5, 40, 119):
-    got = np.asarray(topk._sort(jnp.asarray(x), k))  # pylint: disable=protected-access
+    got = np.asarray(topk.sort.select(jnp.asarray(x), k))
     np.testing.assert_array_equal(got, _rule_topk(x, k), err_msg=str(k))
 
 
@@ -142,7 +142,7 @@ def test_order_key_preserves_the_float_order():
                    3e38, np.inf], np.float32)
   keys = np.asarray(topk.order_key(jnp.asarray(vals)))
   assert (np.diff(keys.astype(np.int64)) > 0).all()
-  assert keys[0] == topk._NEG_INF_KEY  # pylint: disable=protected-access
+  assert keys[0] == topk.base.NEG_INF_KEY
 
 
 def test_bad_method_and_options_are_rejected():
@@ -151,8 +151,12 @@ def test_bad_method_and_options_are_rejected():
                      r"\('sort', 'top_k'.*\(got 'heap'\)"):
     topk.select_topk(x, 2, "heap")
   for kw, match in [({"k": 0}, r"k: must be a positive int"),
-                    ({"radix_bits": 3}, r"radix_bits: must be one of"),
-                    ({"chunk_size": 0}, r"chunk_size: must be a positive"),
+                    ({"radix_bits": 3, "method": "radix"},
+                     r"radix_bits: must be one of"),
+                    ({"chunk_size": 0, "method": "chunked"},
+                     r"chunk_size: must be a positive"),
+                    ({"radix_bits": 4}, r"radix_bits: not an option of "
+                     r"topk_method 'sort' \(its options: none\)"),
                     ({"recall_target": 1.0, "method": "approx"},
                      r"recall_target: must be in \(0, 1\)")]:
     kw = {"k": 2, **kw}
@@ -284,7 +288,7 @@ def test_variant_passes_topk_method_through():
   assert static["topk_method"] == "radix"
   assert v.topk_methods == topk.KERNEL_TOPK_METHODS
   assert si.VARIANTS["dense"].topk_methods == topk.TOPK_METHODS
-  with pytest.raises(ValueError, match=r"topk_method: variant 'vendored_page'"):
+  with pytest.raises(ValueError, match=r"topk_method: must be one of \(\) for variant 'vendored_page'"):
     si.VARIANTS["vendored_page"].static(inp, k=4, compression_ratio=1,
                                         topk_method="radix")
 

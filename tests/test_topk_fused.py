@@ -103,8 +103,9 @@ def test_fused_blockmax_ignores_maxima_columns_past_the_row():
 def test_fused_blockmax_arguments_are_checked():
   x = jnp.zeros((2, 16), jnp.float32)
   m = jnp.zeros((2, 4), jnp.float32)
-  with pytest.raises(ValueError, match=r"block_max: only for method "
-                     r"'fused_blockmax' \(got method 'blockmax'\)"):
+  with pytest.raises(ValueError, match=r"block_max: only for a method that "
+                     r"reads block maxima, \('fused_blockmax',\) "
+                     r"\(got method 'blockmax'\)"):
     topk.select_topk(x, 2, "blockmax", block_max=m, block_max_width=4)
   with pytest.raises(ValueError, match=r"block_max: must be f32\[T, >= "
                      r"cdiv\(N, block_max_width\)\] = \[2, >= 4\]"):
@@ -261,14 +262,14 @@ def test_vendored_kernel_refuses_fused_blockmax():
   kw = dict(k=4, compression_ratio=4, topk_method="fused_blockmax",
             **cases.blocks_for("vendored"))
   match = (r"topk_method: must be one of \('sort', 'top_k', 'chunked', "
-           r"'blockmax', 'radix', 'approx'\); 'fused_blockmax' reads block "
-           r"maxima .*\(got 'fused_blockmax'\)")
+           r"'blockmax', 'radix', .*'approx'\); 'fused_blockmax' reads the "
+           r"kernel's extra output 'block_max'.*\(got 'fused_blockmax'\)")
   for fn in (si.streamindex_topk, si.checked_streamindex_topk,
              si.validate_topk_inputs):
     with pytest.raises(ValueError, match=match):
       fn(*inp.args, **kw)
-  with pytest.raises(ValueError, match=r"topk_method: variant 'vendored' "
-                     r"takes .*\(got 'fused_blockmax'\)"):
+  with pytest.raises(ValueError, match=r"topk_method: must be one of .* "
+                     r"for variant 'vendored'.*\(got 'fused_blockmax'\)"):
     si.VARIANTS["vendored"].static(inp, k=4, compression_ratio=4,
                                    topk_method="fused_blockmax")
   assert "fused_blockmax" not in si.VARIANTS["vendored"].topk_methods

@@ -8,6 +8,8 @@ import dataclasses
 
 import numpy as np
 
+from streamidx.topk import approx as approx_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryTies:
@@ -46,13 +48,5 @@ def boundary_ties(scores, k: int) -> BoundaryTies:
                       slots=np.asarray(slots, int))
 
 
-def approx_topk_reduction_size(n: int, k: int, recall_target: float) -> int | None:
-  """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
-  exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
-  (private jaxlib binding; None without it). n: an exact top-k."""
-  try:
-    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-    fn = _jax.approx_top_k_reduction_output_size
-  except (ImportError, AttributeError):
-    return None
-  return int(fn(n, 2, k, recall_target, False, -1)[0])  # rank 2: [T, n] scores
+# XLA's bin count for "approx" (its home: the method's module).
+approx_topk_reduction_size = approx_lib.reduction_size
