@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from streamidx.kernels import select_blocktop
 from streamidx.topk import (approx, base, blockmax, chunked, fused_blockmax,
                             radix, sort, top_k)
 
 _REGISTRY = (sort.METHOD, top_k.METHOD, chunked.METHOD, blockmax.METHOD,
-             fused_blockmax.METHOD, radix.METHOD, approx.METHOD)
+             fused_blockmax.METHOD, radix.METHOD, select_blocktop.METHOD,
+             approx.METHOD)
 
 METHODS: Mapping[str, base.Method] = {m.name: m for m in _REGISTRY}
 TOPK_METHODS = tuple(METHODS)
