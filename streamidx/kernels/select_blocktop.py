@@ -39,6 +39,7 @@ SUBLANES, LANES = 8, 128
 MAX_TILE = 8192  # entries of a row per grid step (8 x 8192 f32: 256 KiB)
 _TINY = float(jnp.finfo(jnp.float32).tiny)
 _NO_INDEX = 2**31 - 1  # the index of an empty level (ranks after every entry)
+UNROLL = 8  # vregs per loop iteration: the compare-select chains of 8 interleave
 
 
 def tile_for(n: int) -> int:
@@ -78,25 +79,37 @@ def _whole_vregs(value) -> str | None:
   return f"must be a positive multiple of {LANES}"
 
 
-def _kernel(x_ref, v_ref, i_ref, *, keep, tile):
-  """One tile: x_ref f32[8, tile] -> v_ref f32[8, keep * 128] and i_ref
-  i32[8, keep * 128], level j at lanes [j * 128, (j + 1) * 128)."""
-  j = pl.program_id(1)
-  first = j * tile + lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
+def _kernel(*refs, keep, tile, indexed):
+  """One tile: x_ref f32[8, tile] (and, `indexed`, xi_ref i32[8, tile]: the
+  entries' indices; else entry c of the tile has index tile * b + c) ->
+  v_ref f32[8, keep * 128] and i_ref i32[8, keep * 128], level j at lanes
+  [j * 128, (j + 1) * 128)."""
+  if indexed:
+    x_ref, xi_ref, v_ref, i_ref = refs
+  else:
+    (x_ref, v_ref, i_ref), xi_ref = refs, None
+  b = pl.program_id(1)
+  first = b * tile + lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
 
   def body(c, carry):
     vals, idx = carry
     start = pl.multiple_of(c * LANES, LANES)
     v = x_ref[:, pl.ds(start, LANES)]
-    v = jnp.where(jnp.abs(v) < _TINY, jnp.zeros_like(v), v)  # -0.0, subnormals
-    vi = first + c * LANES
-    beats = [v > level for level in vals]  # monotone: False..False True..True
+    if indexed:  # candidates of a round before: canonical, in any order
+      vi = xi_ref[:, pl.ds(start, LANES)]
+      beats = [(v > lv) | ((v == lv) & (vi < li)) for lv, li in zip(vals, idx)]
+    else:  # scores in index order: a new entry loses every tie
+      v = jnp.where(jnp.abs(v) < _TINY, jnp.zeros_like(v), v)  # -0.0, subnormals
+      vi = first + c * LANES
+      beats = [v > lv for lv in vals]
+    # beats is monotone over the levels (False..False True..True): the new
+    # entry goes to the first level it beats, the levels below shift down.
     new_v, new_i = [], []
     for lvl in range(keep):
       if lvl == 0:
         new_v.append(jnp.where(beats[0], v, vals[0]))
         new_i.append(jnp.where(beats[0], vi, idx[0]))
-      else:  # above inserted: shift down; at the insertion: the new entry
+      else:
         new_v.append(jnp.where(beats[lvl - 1], vals[lvl - 1],
                                jnp.where(beats[lvl], v, vals[lvl])))
         new_i.append(jnp.where(beats[lvl - 1], idx[lvl - 1],
@@ -107,77 +120,113 @@ def _kernel(x_ref, v_ref, i_ref, *, keep, tile):
                 for _ in range(keep)),
           tuple(jnp.full((SUBLANES, LANES), _NO_INDEX, jnp.int32)
                 for _ in range(keep)))
-  vals, idx = lax.fori_loop(0, tile // LANES, body, init)
+  vals, idx = lax.fori_loop(0, tile // LANES, body, init,
+                            unroll=min(UNROLL, tile // LANES))
   for lvl in range(keep):
     v_ref[:, lvl * LANES:(lvl + 1) * LANES] = vals[lvl]
     i_ref[:, lvl * LANES:(lvl + 1) * LANES] = idx[lvl]
 
 
-def block_candidates(scores, *, keep: int, tile: int):
-  """The pass: (values f32[T, B * keep * 128], indices i32[...]) of scores
-  f32[T, N], B = cdiv(N, tile) tiles; for tile b, level j, lane l (at column
-  (b * keep + j) * 128 + l) the j-th best entry of the block of lane l, -inf
-  and index 2**31 - 1 where the block has fewer visible entries."""
+def block_candidates(scores, indices=None, *, keep: int, tile: int):
+  """One round: (values f32[T, B * keep * 128], indices i32[...]) of scores
+  f32[T, N] (with `indices` i32[T, N]: candidates of a round before, their
+  entries' indices), B = cdiv(N, tile) tiles; at column (b * keep + j) *
+  128 + l the j-th best entry of block (tile b, lane l) by (score desc,
+  index asc), -inf and index 2**31 - 1 where it has fewer visible ones."""
   t, n = scores.shape
   rows = -(-t // SUBLANES) * SUBLANES
   tiles = -(-n // tile)
-  x = jnp.pad(scores.astype(jnp.float32),
-              ((0, rows - t), (0, tiles * tile - n)),
-              constant_values=base.NEG_INF)
+  pad = ((0, rows - t), (0, tiles * tile - n))
+  args = [jnp.pad(scores.astype(jnp.float32), pad,
+                  constant_values=base.NEG_INF)]
+  if indices is not None:
+    args.append(jnp.pad(indices, pad, constant_values=_NO_INDEX))
   width = keep * LANES
+  in_spec = pl.BlockSpec((SUBLANES, tile), lambda r, b: (r, b))
   out_spec = pl.BlockSpec((SUBLANES, width), lambda r, b: (r, b))
   vals, idx = pl.pallas_call(
-      functools.partial(_kernel, keep=keep, tile=tile),
+      functools.partial(_kernel, keep=keep, tile=tile,
+                        indexed=indices is not None),
       grid=(rows // SUBLANES, tiles),
-      in_specs=[pl.BlockSpec((SUBLANES, tile), lambda r, b: (r, b))],
+      in_specs=[in_spec] * len(args),
       out_specs=[out_spec, out_spec],
       out_shape=[jax.ShapeDtypeStruct((rows, tiles * width), jnp.float32),
                  jax.ShapeDtypeStruct((rows, tiles * width), jnp.int32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel")),
       interpret=modes.resolve_interpret(),
-      name=f"StreamIdxSelectBlocktop-keep_{keep}-tile_{tile}",
-  )(x)
+      name=(f"StreamIdxSelectBlocktop{'Round' if indices is not None else ''}"
+            f"-keep_{keep}-tile_{tile}"),
+  )(*args)
   return vals[:t], idx[:t]
 
 
-def select(scores, k, extra=None, *, keep=None, tile=None):
+def plan(n: int, k: int, keep: int | None = None, tile: int | None = None,
+         rounds: int | None = None) -> tuple[tuple[int, int], ...]:
+  """The rounds: ((keep, tile), ...), the first over the n scores (`keep`,
+  `tile` when given), each next over the candidates of the one before, while
+  it at least halves them (at most `rounds`, default 2); every round keeps
+  at least k candidates."""
+  out, size = [], n
+  while len(out) < (rounds or 2):
+    t = (tile if not out and tile else tile_for(size))
+    kp = min((keep if not out and keep else keep_for(size, k, t)), t // LANES)
+    cand = -(-size // t) * kp * LANES
+    if cand < k:
+      raise ValueError(f"keep: {kp} candidates in each of the "
+                       f"{-(-size // t) * LANES} blocks are fewer than k ({k})")
+    if out and (rounds is None and 2 * cand > size):
+      break
+    out.append((kp, t))
+    size = cand
+    if kp == t // LANES:  # every entry is a candidate: nothing to prune
+      break
+  return tuple(out)
+
+
+def select(scores, k, extra=None, *, keep=None, tile=None, rounds=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
-  t, n = scores.shape
-  tile = tile or tile_for(n)
-  keep = min(keep or keep_for(n, k, tile), tile // LANES)
-  if -(-n // tile) * LANES * keep < k:
-    raise ValueError(f"keep: {keep} candidates in each of the "
-                     f"{-(-n // tile) * LANES} blocks are fewer than k ({k})")
-  vals, idx = block_candidates(scores, keep=keep, tile=tile)
-  keys = base.order_key(vals)  # already canonical
+  vals, idx, lasts = scores, None, []
+  for kp, t in plan(scores.shape[1], k, keep, tile, rounds):
+    vals, idx = block_candidates(vals, idx, keep=kp, tile=t)
+    if kp < t // LANES:  # this round's keep-th candidate of every block
+      lasts.append((vals.reshape(vals.shape[0], -1, kp, LANES)[:, :, kp - 1],
+                    idx.reshape(vals.shape[0], -1, kp, LANES)[:, :, kp - 1]))
+  keys = base.order_key(vals)  # canonical already
   neg, cidx = lax.sort((~keys, idx), dimension=1, num_keys=2)
   win_key, win_idx = ~neg[:, :k], cidx[:, :k]
   out = jnp.where(win_key == base.NEG_INF_KEY, -1, win_idx).astype(jnp.int32)
-  if keep == tile // LANES:  # every entry is a candidate
+  if not lasts:
     return out
-  # The keep-th candidate of every block against the k-th winner.
-  last = keys.reshape(t, -1, keep, LANES)[:, :, keep - 1]
-  last_i = idx.reshape(t, -1, keep, LANES)[:, :, keep - 1]
-  kth, kth_i = win_key[:, k - 1, None, None], win_idx[:, k - 1, None, None]
-  before = (last > kth) | ((last == kth) & (last_i < kth_i))
-  return lax.cond(jnp.any(before), lambda: base.top_k(scores, k),
-                  lambda: out)
+  # A block whose keep-th candidate ranks before the k-th winner may have
+  # dropped a winner: then the whole batch is selected by lax.top_k.
+  kth = win_key[:, k - 1, None, None]
+  kth_i = win_idx[:, k - 1, None, None]
+  before = [(base.order_key(lv) > kth)
+            | ((base.order_key(lv) == kth) & (li < kth_i))
+            for lv, li in lasts]
+  overflow = functools.reduce(jnp.logical_or, [jnp.any(b) for b in before])
+  return lax.cond(overflow, lambda: base.top_k(scores, k), lambda: out)
 
 
-def cost(rows, entries, k, *, keep=None, tile=None):
+def cost(rows, entries, k, *, keep=None, tile=None, rounds=None):
   t, n = rows, entries
-  tile = tile or tile_for(n)
-  keep = min(keep or keep_for(n, k, tile), tile // LANES)
-  cand = -(-n // tile) * keep * LANES
+  rounds_ = plan(n, k, keep, tile, rounds)
   pair = base.F32 + base.I32
+  read, written, size, scan = t * n * base.F32, 0, n, 0
+  for kp, tl in rounds_:
+    cand = -(-size // tl) * kp * LANES
+    scan += t * size * (2 * kp + 3)
+    written += t * cand * pair
+    size = cand
+  read += written  # each round's candidates are read by the next or the sort
   return base.TopkCost(
-      "blocktop", t * n * base.F32 + t * cand * pair,
-      t * cand * pair + base.winners_bytes(t, k), 1,
-      t * base.sort_work(cand), t * n * (2 * keep + 3),
-      f"one pass keeping the {keep} best of each block of {tile // LANES} "
-      f"entries ({cand} candidates a row), one sort of the candidates")
+      "blocktop", read, written + base.winners_bytes(t, k), 1,
+      t * base.sort_work(size), scan,
+      "; ".join(f"keep {kp} of each block of {tl // LANES}"
+                for kp, tl in rounds_) + f": {size} candidates a row, one "
+      "sort of them")
 
 
 METHOD = base.Method(
@@ -185,7 +234,11 @@ METHOD = base.Method(
     doc="a Pallas pass keeping each block's best entries, then one sort of "
     "the candidates (a full top_k where a block overflows)",
     options=(base.Option("keep", None, base.positive_int,
-                         "candidates kept per block (default `keep_for`)"),
+                         "candidates kept per block in the first round "
+                         "(default `keep_for`)"),
              base.Option("tile", None, _whole_vregs,
-                         "entries of a row per grid step, a multiple of 128 "
-                         "(default `tile_for(N)`)")))
+                         "entries of a row per grid step of the first round, "
+                         "a multiple of 128 (default `tile_for(N)`)"),
+             base.Option("rounds", None, base.positive_int,
+                         "at most this many rounds (default: 2 where the "
+                         "second at least halves the candidates)")))
