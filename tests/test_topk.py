@@ -284,7 +284,7 @@ def test_variant_passes_topk_method_through():
 def test_topk_methods_are_exported():
   assert si.TOPK_METHODS == topk.TOPK_METHODS
   assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax",
-                        "fused_blockmax", "radix"}
+                        "fused_blockmax", "radix", "blocktop"}
   assert topk.DEFAULT_TOPK_METHOD == "sort"
 
 
@@ -350,10 +350,12 @@ def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
   fake = [{"rows": shape.rows, "entries": shape.entries, "k": shape.k,
            "generation": "v6e", "method": m, "ok": True,
            "optimal_seconds": sec, "bytes_accessed": 1e9}
-          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4, None))]
+          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4, None, None,
+                                    None))]
   r = topk_model.recommend(shape, "v6e", {"results": fake})
   assert r["basis"] == "compiler optimal" and r["method"] == "chunked"
-  assert r["rankings"]["compiler optimal"][-1] == "radix"  # no estimate
+  # No estimate: last, in registry order.
+  assert r["rankings"]["compiler optimal"][-2:] == list(EXACT[-2:])
   assert not r["unambiguous"]  # the sort-work model ranks radix first
   assert topk_model.recommend(shape, "v6e", fake)["rankings"] == r["rankings"]
   plain = topk_model.recommend(shape, "v6e")
