@@ -17,8 +17,8 @@ entry a block dropped ranks after that block's `keep`-th candidate; when no
 block's `keep`-th candidate ranks before the k-th winner, no dropped entry
 is in the top k, and the result is the rule's. Otherwise (a block holding
 more than `keep` of the top k: rare on scores without structure,
-`keep_for`) the batch is selected again by `lax.top_k`, whose tie rule is
-the project's, so the result is exact always; only the cost depends on it.
+`keep_for`) the batch is selected again by the "sort" method, so the
+result is exact always; only the cost depends on it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
 from streamidx.topk import base
+from streamidx.topk import sort as sort_method
 
 SUBLANES, LANES = 8, 128
 MAX_TILE = 8192  # entries of a row per grid step (8 x 8192 f32: 256 KiB)
@@ -59,7 +60,7 @@ def keep_for(n: int, k: int, tile: int | None = None) -> int:
   """Candidates kept per block: the fewest (at least 2, at most the block's
   entries) for which, were the top k spread over the row at random, a row
   would hold a block with more than that many of them with probability
-  below 1e-4 (then the check sends the batch to `lax.top_k`), and the
+  below 1e-4 (then the check sends the batch to "sort"), and the
   candidates number at least k."""
   tile = tile or tile_for(n)
   block = tile // LANES
@@ -200,14 +201,15 @@ def select(scores, k, extra=None, *, keep=None, tile=None, rounds=None):
   if not lasts:
     return out
   # A block whose keep-th candidate ranks before the k-th winner may have
-  # dropped a winner: then the whole batch is selected by lax.top_k.
+  # dropped a winner: then the whole batch is selected by "sort".
   kth = win_key[:, k - 1, None, None]
   kth_i = win_idx[:, k - 1, None, None]
   before = [(base.order_key(lv) > kth)
             | ((base.order_key(lv) == kth) & (li < kth_i))
             for lv, li in lasts]
   overflow = functools.reduce(jnp.logical_or, [jnp.any(b) for b in before])
-  return lax.cond(overflow, lambda: base.top_k(scores, k), lambda: out)
+  return lax.cond(overflow, lambda: sort_method.select(scores, k),
+                  lambda: out)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None, rounds=None):
@@ -232,7 +234,7 @@ def cost(rows, entries, k, *, keep=None, tile=None, rounds=None):
 METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas pass keeping each block's best entries, then one sort of "
-    "the candidates (a full top_k where a block overflows)",
+    "the candidates (the full sort where a block overflows)",
     options=(base.Option("keep", None, base.positive_int,
                          "candidates kept per block in the first round "
                          "(default `keep_for`)"),
