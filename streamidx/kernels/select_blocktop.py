@@ -80,155 +80,228 @@ def _whole_vregs(value) -> str | None:
   return f"must be a positive multiple of {LANES}"
 
 
-def _kernel(*refs, keep, tile, indexed):
-  """One tile: x_ref f32[8, tile] (and, `indexed`, xi_ref i32[8, tile]: the
-  entries' indices; else entry c of the tile has index tile * b + c) ->
-  v_ref f32[8, keep * 128] and i_ref i32[8, keep * 128], level j at lanes
-  [j * 128, (j + 1) * 128)."""
-  if indexed:
-    x_ref, xi_ref, v_ref, i_ref = refs
+def _insert(vals, idx, v, vi, by_index):
+  """`keep` sorted levels (f32 and i32 [8, 128] each) with one more vreg of
+  entries inserted. by_index: compare by (score, index), for entries in any
+  order; else by score, for entries with higher indices than every kept one
+  (a new entry then loses every tie)."""
+  if by_index:
+    beats = [(v > lv) | ((v == lv) & (vi < li)) for lv, li in zip(vals, idx)]
   else:
-    (x_ref, v_ref, i_ref), xi_ref = refs, None
+    beats = [v > lv for lv in vals]
+  # beats is monotone over the levels (False..False True..True): the new
+  # entry goes to the first level it beats, the levels below shift down.
+  new_v, new_i = [], []
+  for lvl in range(len(vals)):
+    if lvl == 0:
+      new_v.append(jnp.where(beats[0], v, vals[0]))
+      new_i.append(jnp.where(beats[0], vi, idx[0]))
+    else:
+      new_v.append(jnp.where(beats[lvl - 1], vals[lvl - 1],
+                             jnp.where(beats[lvl], v, vals[lvl])))
+      new_i.append(jnp.where(beats[lvl - 1], idx[lvl - 1],
+                             jnp.where(beats[lvl], vi, idx[lvl])))
+  return tuple(new_v), tuple(new_i)
+
+
+def _empty(keep):
+  return (tuple(jnp.full((SUBLANES, LANES), -jnp.inf, jnp.float32)
+                for _ in range(keep)),
+          tuple(jnp.full((SUBLANES, LANES), _NO_INDEX, jnp.int32)
+                for _ in range(keep)))
+
+
+def _store(ref, levels, first=0):
+  for lvl, x in enumerate(levels):
+    ref[:, (first + lvl) * LANES:(first + lvl + 1) * LANES] = x
+
+
+def _kernel(x_ref, *refs, keep, tile, second):
+  """Grid step (r, b): rows 8r.., tile b of x_ref f32[8, tile].
+
+  second None: writes the tile's candidates, v_ref f32[8, keep * 128] and
+  i_ref i32[8, keep * 128] (level j at lanes [j * 128, (j + 1) * 128)).
+  second (keep2, group): collects them in VMEM (cv_ref, ci_ref [tiles, 8,
+  keep * 128]) and writes the keep-th level, lv_ref / li_ref [8, 128]; the
+  row group's last step runs the second round over them (blocks: lane l of
+  `group` tiles' levels) into v_ref / i_ref [8, groups * keep2 * 128].
+  """
   b = pl.program_id(1)
   first = b * tile + lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
 
   def body(c, carry):
-    vals, idx = carry
     start = pl.multiple_of(c * LANES, LANES)
     v = x_ref[:, pl.ds(start, LANES)]
-    if indexed:  # candidates of a round before: canonical, in any order
-      vi = xi_ref[:, pl.ds(start, LANES)]
-      beats = [(v > lv) | ((v == lv) & (vi < li)) for lv, li in zip(vals, idx)]
-    else:  # scores in index order: a new entry loses every tie
-      v = jnp.where(jnp.abs(v) < _TINY, jnp.zeros_like(v), v)  # -0.0, subnormals
-      vi = first + c * LANES
-      beats = [v > lv for lv in vals]
-    # beats is monotone over the levels (False..False True..True): the new
-    # entry goes to the first level it beats, the levels below shift down.
-    new_v, new_i = [], []
-    for lvl in range(keep):
-      if lvl == 0:
-        new_v.append(jnp.where(beats[0], v, vals[0]))
-        new_i.append(jnp.where(beats[0], vi, idx[0]))
-      else:
-        new_v.append(jnp.where(beats[lvl - 1], vals[lvl - 1],
-                               jnp.where(beats[lvl], v, vals[lvl])))
-        new_i.append(jnp.where(beats[lvl - 1], idx[lvl - 1],
-                               jnp.where(beats[lvl], vi, idx[lvl])))
-    return tuple(new_v), tuple(new_i)
+    v = jnp.where(jnp.abs(v) < _TINY, jnp.zeros_like(v), v)  # -0.0, subnormals
+    return _insert(*carry, v, first + c * LANES, by_index=False)
 
-  init = (tuple(jnp.full((SUBLANES, LANES), -jnp.inf, jnp.float32)
-                for _ in range(keep)),
-          tuple(jnp.full((SUBLANES, LANES), _NO_INDEX, jnp.int32)
-                for _ in range(keep)))
-  vals, idx = lax.fori_loop(0, tile // LANES, body, init,
+  vals, idx = lax.fori_loop(0, tile // LANES, body, _empty(keep),
                             unroll=min(UNROLL, tile // LANES))
+  if second is None:
+    v_ref, i_ref = refs
+    _store(v_ref, vals)
+    _store(i_ref, idx)
+    return
+  v_ref, i_ref, lv_ref, li_ref, cv_ref, ci_ref = refs
+  keep2, group = second
+  lv_ref[...] = vals[-1]
+  li_ref[...] = idx[-1]
   for lvl in range(keep):
-    v_ref[:, lvl * LANES:(lvl + 1) * LANES] = vals[lvl]
-    i_ref[:, lvl * LANES:(lvl + 1) * LANES] = idx[lvl]
+    cv_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = vals[lvl]
+    ci_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = idx[lvl]
+  tiles = cv_ref.shape[0]
+
+  @pl.when(b == tiles - 1)
+  def _():
+    def body2(t, carry):
+      for lvl in range(keep):
+        carry = _insert(*carry, cv_ref[t, :, lvl * LANES:(lvl + 1) * LANES],
+                        ci_ref[t, :, lvl * LANES:(lvl + 1) * LANES],
+                        by_index=True)
+      return carry
+
+    for g in range(-(-tiles // group)):
+      vals2, idx2 = lax.fori_loop(g * group, min(tiles, (g + 1) * group),
+                                  body2, _empty(keep2))
+      _store(v_ref, vals2, g * keep2)
+      _store(i_ref, idx2, g * keep2)
 
 
-def block_candidates(scores, indices=None, *, keep: int, tile: int):
-  """One round: (values f32[T, B * keep * 128], indices i32[...]) of scores
-  f32[T, N] (with `indices` i32[T, N]: candidates of a round before, their
-  entries' indices), B = cdiv(N, tile) tiles; at column (b * keep + j) *
-  128 + l the j-th best entry of block (tile b, lane l) by (score desc,
-  index asc), -inf and index 2**31 - 1 where it has fewer visible ones."""
+def block_candidates(scores, *, keep: int, tile: int, second=None):
+  """The pass over scores f32[T, N], B = cdiv(N, tile) tiles.
+
+  second None: (values f32[T, B * keep * 128], indices i32[...]); at column
+  (b * keep + j) * 128 + l the j-th best entry of block (tile b, lane l) by
+  (score desc, index asc), -inf and index 2**31 - 1 where it has fewer
+  visible ones. second (keep2, group): the second round's (values,
+  indices) [T, cdiv(B, group) * keep2 * 128], the j-th best of block (tile
+  group g, lane l) of the first round's candidates at column (g * keep2 +
+  j) * 128 + l, then the first round's keep-th level (values, indices) [T,
+  B * 128].
+  """
   t, n = scores.shape
   rows = -(-t // SUBLANES) * SUBLANES
   tiles = -(-n // tile)
-  pad = ((0, rows - t), (0, tiles * tile - n))
-  args = [jnp.pad(scores.astype(jnp.float32), pad,
-                  constant_values=base.NEG_INF)]
-  if indices is not None:
-    args.append(jnp.pad(indices, pad, constant_values=_NO_INDEX))
-  width = keep * LANES
-  in_spec = pl.BlockSpec((SUBLANES, tile), lambda r, b: (r, b))
-  out_spec = pl.BlockSpec((SUBLANES, width), lambda r, b: (r, b))
-  vals, idx = pl.pallas_call(
-      functools.partial(_kernel, keep=keep, tile=tile,
-                        indexed=indices is not None),
+  x = jnp.pad(scores.astype(jnp.float32), ((0, rows - t), (0, tiles * tile - n)),
+              constant_values=base.NEG_INF)
+
+  def pair(width, index_map):
+    spec = pl.BlockSpec((SUBLANES, width), index_map)
+    cols = width * (tiles if index_map(0, 1)[1] else 1)
+    return [spec, spec], [jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+                          jax.ShapeDtypeStruct((rows, cols), jnp.int32)]
+
+  per_tile = lambda r, b: (r, b)
+  if second is None:
+    specs, shapes = pair(keep * LANES, per_tile)
+    scratch, semantics = [], ("parallel", "parallel")
+  else:
+    keep2, group = second
+    specs, shapes = pair(-(-tiles // group) * keep2 * LANES, lambda r, b: (r, 0))
+    s2, sh2 = pair(LANES, per_tile)
+    specs, shapes = specs + s2, shapes + sh2
+    scratch = [pltpu.VMEM((tiles, SUBLANES, keep * LANES), jnp.float32),
+               pltpu.VMEM((tiles, SUBLANES, keep * LANES), jnp.int32)]
+    semantics = ("parallel", "arbitrary")  # the last tile reads them all
+  out = pl.pallas_call(
+      functools.partial(_kernel, keep=keep, tile=tile, second=second),
       grid=(rows // SUBLANES, tiles),
-      in_specs=[in_spec] * len(args),
-      out_specs=[out_spec, out_spec],
-      out_shape=[jax.ShapeDtypeStruct((rows, tiles * width), jnp.float32),
-                 jax.ShapeDtypeStruct((rows, tiles * width), jnp.int32)],
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel")),
+      in_specs=[pl.BlockSpec((SUBLANES, tile), per_tile)],
+      out_specs=specs, out_shape=shapes, scratch_shapes=scratch,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
       interpret=modes.resolve_interpret(),
-      name=(f"StreamIdxSelectBlocktop{'Round' if indices is not None else ''}"
-            f"-keep_{keep}-tile_{tile}"),
-  )(*args)
-  return vals[:t], idx[:t]
+      name=(f"StreamIdxSelectBlocktop-keep_{keep}-tile_{tile}"
+            + ("" if second is None else
+               f"-keep2_{second[0]}-group_{second[1]}")),
+  )(x)
+  return tuple(o[:t] for o in out)
 
 
 def plan(n: int, k: int, keep: int | None = None, tile: int | None = None,
-         rounds: int | None = None) -> tuple[tuple[int, int], ...]:
-  """The rounds: ((keep, tile), ...), the first over the n scores (`keep`,
-  `tile` when given), each next over the candidates of the one before, while
-  it at least halves them (at most `rounds`, default 2); every round keeps
-  at least k candidates."""
-  out, size = [], n
-  while len(out) < (rounds or 2):
-    t = (tile if not out and tile else tile_for(size))
-    kp = min((keep if not out and keep else keep_for(size, k, t)), t // LANES)
-    cand = -(-size // t) * kp * LANES
-    if cand < k:
-      raise ValueError(f"keep: {kp} candidates in each of the "
-                       f"{-(-size // t) * LANES} blocks are fewer than k ({k})")
-    if out and (rounds is None and 2 * cand > size):
-      break
-    out.append((kp, t))
-    size = cand
-    if kp == t // LANES:  # every entry is a candidate: nothing to prune
-      break
-  return tuple(out)
+         rounds: int | None = None):
+  """(keep, tile, second): the first round keeps `keep` of each block of
+  tile / 128 entries; second, None or (keep2, group): the second round
+  keeps keep2 of each block of `group` tiles' candidates of one lane (about
+  as many as a first-round block), where it at least halves them (`rounds`
+  1: never; 2: where it keeps fewer than all). Each round keeps at least k
+  candidates a row."""
+  tile = tile or tile_for(n)
+  keep = min(keep or keep_for(n, k, tile), tile // LANES)
+  tiles = -(-n // tile)
+  cand = tiles * keep * LANES
+  if cand < k:
+    raise ValueError(f"keep: {keep} candidates in each of the "
+                     f"{tiles * LANES} blocks are fewer than k ({k})")
+  if keep == tile // LANES or (rounds or 2) < 2:
+    return keep, tile, None
+  group = max(1, min(tiles, (tile // LANES) // keep))
+  block = group * keep
+  keep2 = min(keep_for(cand, k, block * LANES), block)
+  cand2 = -(-tiles // group) * keep2 * LANES
+  if keep2 == block or cand2 < k or (rounds is None and 2 * cand2 > cand):
+    return keep, tile, None
+  return keep, tile, (keep2, group)
+
+
+def _before(vals, idx, kth, kth_i):
+  """Where a candidate ranks before the k-th winner (kth: its key)."""
+  keys = base.order_key(vals)
+  return (keys > kth) | ((keys == kth) & (idx < kth_i))
 
 
 def select(scores, k, extra=None, *, keep=None, tile=None, rounds=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
-  vals, idx, lasts = scores, None, []
-  for kp, t in plan(scores.shape[1], k, keep, tile, rounds):
-    vals, idx = block_candidates(vals, idx, keep=kp, tile=t)
-    if kp < t // LANES:  # this round's keep-th candidate of every block
-      lasts.append((vals.reshape(vals.shape[0], -1, kp, LANES)[:, :, kp - 1],
-                    idx.reshape(vals.shape[0], -1, kp, LANES)[:, :, kp - 1]))
+  t, n = scores.shape
+  keep, tile, second = plan(n, k, keep, tile, rounds)
+  out = block_candidates(scores, keep=keep, tile=tile, second=second)
+  vals, idx = out[:2]
+  lasts = []  # the keep-th level of every block of each pruning round
+  if second is not None:
+    keep2 = second[0]
+    lasts = [out[2:], (vals.reshape(t, -1, keep2, LANES)[:, :, -1],
+                       idx.reshape(t, -1, keep2, LANES)[:, :, -1])]
+  elif keep < tile // LANES:
+    lasts = [(vals.reshape(t, -1, keep, LANES)[:, :, -1],
+              idx.reshape(t, -1, keep, LANES)[:, :, -1])]
   keys = base.order_key(vals)  # canonical already
   neg, cidx = lax.sort((~keys, idx), dimension=1, num_keys=2)
   win_key, win_idx = ~neg[:, :k], cidx[:, :k]
-  out = jnp.where(win_key == base.NEG_INF_KEY, -1, win_idx).astype(jnp.int32)
+  res = jnp.where(win_key == base.NEG_INF_KEY, -1, win_idx).astype(jnp.int32)
   if not lasts:
-    return out
+    return res
   # A block whose keep-th candidate ranks before the k-th winner may have
   # dropped a winner: then the whole batch is selected by "sort".
-  kth = win_key[:, k - 1, None, None]
-  kth_i = win_idx[:, k - 1, None, None]
-  before = [(base.order_key(lv) > kth)
-            | ((base.order_key(lv) == kth) & (li < kth_i))
-            for lv, li in lasts]
-  overflow = functools.reduce(jnp.logical_or, [jnp.any(b) for b in before])
+  def kth(x, like):  # the k-th winner's key or index, broadcast to `like`
+    return x[:, k - 1].reshape(t, *[1] * (like.ndim - 1))
+
+  overflow = functools.reduce(jnp.logical_or, [
+      jnp.any(_before(lv, li, kth(win_key, lv), kth(win_idx, lv)))
+      for lv, li in lasts])
   return lax.cond(overflow, lambda: sort_method.select(scores, k),
-                  lambda: out)
+                  lambda: res)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None, rounds=None):
   t, n = rows, entries
-  rounds_ = plan(n, k, keep, tile, rounds)
+  keep, tile, second = plan(n, k, keep, tile, rounds)
+  tiles = -(-n // tile)
   pair = base.F32 + base.I32
-  read, written, size, scan = t * n * base.F32, 0, n, 0
-  for kp, tl in rounds_:
-    cand = -(-size // tl) * kp * LANES
-    scan += t * size * (2 * kp + 3)
-    written += t * cand * pair
-    size = cand
-  read += written  # each round's candidates are read by the next or the sort
+  cand = tiles * keep * LANES
+  scan = t * n * (2 * keep + 3)
+  detail = f"keep {keep} of each block of {tile // LANES}"
+  written = 0
+  if second is not None:
+    keep2, group = second
+    written += t * tiles * LANES * pair  # the first round's keep-th levels
+    scan += t * cand * (4 * keep2 + 3)
+    cand = -(-tiles // group) * keep2 * LANES
+    detail += f", then {keep2} of each block of {group * keep} (in VMEM)"
+  written += t * cand * pair
   return base.TopkCost(
-      "blocktop", read, written + base.winners_bytes(t, k), 1,
-      t * base.sort_work(size), scan,
-      "; ".join(f"keep {kp} of each block of {tl // LANES}"
-                for kp, tl in rounds_) + f": {size} candidates a row, one "
-      "sort of them")
+      "blocktop", t * n * base.F32 + written, written + base.winners_bytes(t, k),
+      1, t * base.sort_work(cand), scan,
+      f"one pass: {detail}; one sort of the {cand} candidates a row")
 
 
 METHOD = base.Method(
@@ -241,6 +314,6 @@ METHOD = base.Method(
              base.Option("tile", None, _whole_vregs,
                          "entries of a row per grid step of the first round, "
                          "a multiple of 128 (default `tile_for(N)`)"),
-             base.Option("rounds", None, base.positive_int,
-                         "at most this many rounds (default: 2 where the "
-                         "second at least halves the candidates)")))
+             base.Option("rounds", None, base.one_of((None, 1, 2)),
+                         "1: one round; 2: a second round in VMEM where it "
+                         "prunes (default: where it halves the candidates)")))
