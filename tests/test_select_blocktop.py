@@ -97,3 +97,13 @@ def test_blocktop_second_round_block_overflow_falls_back():
   assert sb.plan(16384, 40, keep=4, rounds=2) == (4, 8192, (5, 2))
   got = np.asarray(topk.select_topk(x, 40, "blocktop", keep=4, rounds=2))
   np.testing.assert_array_equal(got, oracle.topk_rule(x, 40))
+
+
+def test_blocktop_model_reads_the_scores_once():
+  from streamidx.lab.model import topk as topk_model
+  t, n, k = 64, 262144, 512
+  c = topk_model.cost("blocktop", t, n, k)
+  buf = t * n * 4
+  assert c.passes == 1 and buf < c.bytes_read < 1.07 * buf
+  assert c.sort_work < topk_model.cost("sort", t, n, k).sort_work / 50
+  assert "4224 candidates" in c.detail
