@@ -40,10 +40,17 @@ def test_blocktop_round_keeps_each_blocks_best_in_index_order():
   x = rng.integers(-2, 3, size=(3, 2000)).astype(np.float32)  # ties
   x[rng.random(x.shape) < 0.2] = -np.inf
   x[0, :7] = [-0.0, 1e-45, 0.0, -1e-45, 2.0, 2.0, -0.0]
-  vals, idx = sb.block_candidates(x, keep=3, tile=1024)
-  want_v, want_i = _block_best(x, 3, 1024)
-  np.testing.assert_array_equal(np.asarray(vals), want_v)
-  np.testing.assert_array_equal(np.asarray(idx), want_i)
+  vals, idx, drop_v, drop_i = sb.block_candidates(x, keep=3, tile=1024)
+  want_v, want_i = _block_best(x, 4, 1024)  # the 4th: the best dropped
+  t = x.shape[0]
+  np.testing.assert_array_equal(
+      np.asarray(vals), want_v.reshape(t, -1, 4, 128)[:, :, :3].reshape(t, -1))
+  np.testing.assert_array_equal(
+      np.asarray(idx), want_i.reshape(t, -1, 4, 128)[:, :, :3].reshape(t, -1))
+  np.testing.assert_array_equal(
+      np.asarray(drop_v), want_v.reshape(t, -1, 4, 128)[:, :, 3].reshape(t, -1))
+  np.testing.assert_array_equal(
+      np.asarray(drop_i), want_i.reshape(t, -1, 4, 128)[:, :, 3].reshape(t, -1))
 
 
 def test_blocktop_second_round_ranks_ties_by_index():
@@ -61,8 +68,8 @@ def test_blocktop_block_holding_more_winners_than_it_keeps_falls_back():
   # 16 winners and keeps 2.
   x = np.random.default_rng(2).standard_normal((2, 2048)).astype(np.float32)
   x[0, 5 + 128 * np.arange(16)] = 10 + np.arange(16)
-  vals, idx = sb.block_candidates(x, keep=2, tile=2048)
-  assert np.asarray(vals)[0, 128 + 5] >= 10  # the keep-th is a winner
+  _, _, drop_v, _ = sb.block_candidates(x, keep=2, tile=2048)
+  assert np.asarray(drop_v)[0, 5] >= 10  # it dropped a winner
   assert sb.plan(2048, 16, keep=2)[2] is None  # one round: its check
   got = np.asarray(topk.select_topk(x, 16, "blocktop", keep=2))
   np.testing.assert_array_equal(got, oracle.topk_rule(x, 16))
@@ -91,10 +98,14 @@ def test_blocktop_is_race_free():
 def test_blocktop_second_round_block_overflow_falls_back():
   # Lane 3 holds 3 winners in each of the two tiles: each first-round block
   # keeps them (4 a block), the second round's block of both tiles (8
-  # candidates, 5 kept) cannot.
+  # candidates, 5 kept) drops one.
   x = np.random.default_rng(4).standard_normal((2, 16384)).astype(np.float32)
   x[0, [3, 131, 259, 8195, 8323, 8451]] = 100 + np.arange(6)
   assert sb.plan(16384, 40, keep=4, rounds=2) == (4, 8192, (5, 2))
+  _, _, drop1, _, drop2, _ = sb.block_candidates(x, keep=4, tile=8192,
+                                                 second=(5, 2))
+  assert np.asarray(drop1)[0, [3, 131]].max() < 100  # round 1 drops none
+  assert np.asarray(drop2)[0, 3] == 100  # round 2 drops one
   got = np.asarray(topk.select_topk(x, 40, "blocktop", keep=4, rounds=2))
   np.testing.assert_array_equal(got, oracle.topk_rule(x, 40))
 

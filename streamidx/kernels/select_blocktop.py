@@ -11,14 +11,14 @@ compare-and-select (a new entry has the highest index so far, so it goes
 above the first level it beats and the levels below shift down). It writes
 the candidates, f32 and i32 [T, N / tile * keep * 128].
 
-Selection (XLA, on T x N * keep / (tile / 128) candidates): one two-key sort
-(key descending, index ascending) gives the k best candidates. Exactness: an
-entry a block dropped ranks after that block's `keep`-th candidate; when no
-block's `keep`-th candidate ranks before the k-th winner, no dropped entry
-is in the top k, and the result is the rule's. Otherwise (a block holding
-more than `keep` of the top k: rare on scores without structure,
-`keep_for`) the batch is selected again by the "sort" method, so the
-result is exact always; only the cost depends on it.
+Selection (XLA, on T x N * keep / (tile / 128) candidates, or the second
+round's fewer): one two-key sort (key descending, index ascending) gives the
+k best candidates. Exactness: each round also keeps a block's best dropped
+entry; when none ranks before the k-th winner, every entry of the top k is
+a candidate, and the result is the rule's. Otherwise (a block holding more
+than `keep` of the top k: rare on scores without structure, `keep_for`)
+the batch is selected again by the "sort" method, so the result is exact
+always; only the cost depends on it.
 """
 
 from __future__ import annotations
@@ -117,14 +117,18 @@ def _store(ref, levels, first=0):
 
 
 def _kernel(x_ref, *refs, keep, tile, second):
-  """Grid step (r, b): rows 8r.., tile b of x_ref f32[8, tile].
+  """Grid step (r, b): rows 8r.., tile b of x_ref f32[8, tile]. A round
+  keeps keep + 1 levels: the last is the best entry it drops.
 
   second None: writes the tile's candidates, v_ref f32[8, keep * 128] and
-  i_ref i32[8, keep * 128] (level j at lanes [j * 128, (j + 1) * 128)).
-  second (keep2, group): collects them in VMEM (cv_ref, ci_ref [tiles, 8,
-  keep * 128]) and writes the keep-th level, lv_ref / li_ref [8, 128]; the
-  row group's last step runs the second round over them (blocks: lane l of
-  `group` tiles' levels) into v_ref / i_ref [8, groups * keep2 * 128].
+  i_ref i32[8, keep * 128] (level j at lanes [j * 128, (j + 1) * 128)), and
+  the best dropped entries dv_ref / di_ref [8, 128].
+  second (keep2, group): collects the candidates in VMEM (cv_ref, ci_ref
+  [tiles, 8, keep * 128]) and writes the best dropped ones, dv_ref / di_ref
+  [8, 128]; the row group's last step runs the second round over them
+  (blocks: lane l of `group` tiles' levels) into v_ref / i_ref [8, groups *
+  keep2 * 128] and its best dropped ones, dv2_ref / di2_ref [8, groups *
+  128].
   """
   b = pl.program_id(1)
   first = b * tile + lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
@@ -135,20 +139,22 @@ def _kernel(x_ref, *refs, keep, tile, second):
     v = jnp.where(jnp.abs(v) < _TINY, jnp.zeros_like(v), v)  # -0.0, subnormals
     return _insert(*carry, v, first + c * LANES, by_index=False)
 
-  vals, idx = lax.fori_loop(0, tile // LANES, body, _empty(keep),
+  vals, idx = lax.fori_loop(0, tile // LANES, body, _empty(keep + 1),
                             unroll=min(UNROLL, tile // LANES))
   if second is None:
-    v_ref, i_ref = refs
-    _store(v_ref, vals)
-    _store(i_ref, idx)
+    v_ref, i_ref, dv_ref, di_ref = refs
+    _store(v_ref, vals[:keep])
+    _store(i_ref, idx[:keep])
+  else:
+    v_ref, i_ref, dv_ref, di_ref, dv2_ref, di2_ref, cv_ref, ci_ref = refs
+    for lvl in range(keep):
+      cv_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = vals[lvl]
+      ci_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = idx[lvl]
+  dv_ref[...] = vals[keep]
+  di_ref[...] = idx[keep]
+  if second is None:
     return
-  v_ref, i_ref, lv_ref, li_ref, cv_ref, ci_ref = refs
   keep2, group = second
-  lv_ref[...] = vals[-1]
-  li_ref[...] = idx[-1]
-  for lvl in range(keep):
-    cv_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = vals[lvl]
-    ci_ref[b, :, lvl * LANES:(lvl + 1) * LANES] = idx[lvl]
   tiles = cv_ref.shape[0]
 
   @pl.when(b == tiles - 1)
@@ -162,22 +168,27 @@ def _kernel(x_ref, *refs, keep, tile, second):
 
     for g in range(-(-tiles // group)):
       vals2, idx2 = lax.fori_loop(g * group, min(tiles, (g + 1) * group),
-                                  body2, _empty(keep2))
-      _store(v_ref, vals2, g * keep2)
-      _store(i_ref, idx2, g * keep2)
+                                  body2, _empty(keep2 + 1))
+      _store(v_ref, vals2[:keep2], g * keep2)
+      _store(i_ref, idx2[:keep2], g * keep2)
+      _store(dv2_ref, vals2[keep2:], g)
+      _store(di2_ref, idx2[keep2:], g)
 
 
 def block_candidates(scores, *, keep: int, tile: int, second=None):
-  """The pass over scores f32[T, N], B = cdiv(N, tile) tiles.
+  """The pass over scores f32[T, N], B = cdiv(N, tile) tiles: (values,
+  indices, dropped values, dropped indices[, the second round's dropped
+  values, indices]).
 
-  second None: (values f32[T, B * keep * 128], indices i32[...]); at column
+  second None: values f32[T, B * keep * 128], indices i32[...]; at column
   (b * keep + j) * 128 + l the j-th best entry of block (tile b, lane l) by
   (score desc, index asc), -inf and index 2**31 - 1 where it has fewer
-  visible ones. second (keep2, group): the second round's (values,
-  indices) [T, cdiv(B, group) * keep2 * 128], the j-th best of block (tile
-  group g, lane l) of the first round's candidates at column (g * keep2 +
-  j) * 128 + l, then the first round's keep-th level (values, indices) [T,
-  B * 128].
+  visible ones; dropped [T, B * 128]: each block's best entry not kept.
+  second (keep2, group): values and indices of the second round [T,
+  cdiv(B, group) * keep2 * 128], the j-th best of block (tile group g, lane
+  l) of the first round's candidates at column (g * keep2 + j) * 128 + l;
+  the first round's dropped [T, B * 128], the second's [T, cdiv(B, group)
+  * 128].
   """
   t, n = scores.shape
   rows = -(-t // SUBLANES) * SUBLANES
@@ -185,29 +196,31 @@ def block_candidates(scores, *, keep: int, tile: int, second=None):
   x = jnp.pad(scores.astype(jnp.float32), ((0, rows - t), (0, tiles * tile - n)),
               constant_values=base.NEG_INF)
 
-  def pair(width, index_map):
-    spec = pl.BlockSpec((SUBLANES, width), index_map)
-    cols = width * (tiles if index_map(0, 1)[1] else 1)
+  def pair(width, per_tile):
+    spec = pl.BlockSpec((SUBLANES, width),
+                        (lambda r, b: (r, b)) if per_tile else (lambda r, b: (r, 0)))
+    cols = width * (tiles if per_tile else 1)
     return [spec, spec], [jax.ShapeDtypeStruct((rows, cols), jnp.float32),
                           jax.ShapeDtypeStruct((rows, cols), jnp.int32)]
 
-  per_tile = lambda r, b: (r, b)
   if second is None:
-    specs, shapes = pair(keep * LANES, per_tile)
+    pairs = [pair(keep * LANES, True), pair(LANES, True)]
     scratch, semantics = [], ("parallel", "parallel")
   else:
     keep2, group = second
-    specs, shapes = pair(-(-tiles // group) * keep2 * LANES, lambda r, b: (r, 0))
-    s2, sh2 = pair(LANES, per_tile)
-    specs, shapes = specs + s2, shapes + sh2
+    groups = -(-tiles // group)
+    pairs = [pair(groups * keep2 * LANES, False), pair(LANES, True),
+             pair(groups * LANES, False)]
     scratch = [pltpu.VMEM((tiles, SUBLANES, keep * LANES), jnp.float32),
                pltpu.VMEM((tiles, SUBLANES, keep * LANES), jnp.int32)]
     semantics = ("parallel", "arbitrary")  # the last tile reads them all
   out = pl.pallas_call(
       functools.partial(_kernel, keep=keep, tile=tile, second=second),
       grid=(rows // SUBLANES, tiles),
-      in_specs=[pl.BlockSpec((SUBLANES, tile), per_tile)],
-      out_specs=specs, out_shape=shapes, scratch_shapes=scratch,
+      in_specs=[pl.BlockSpec((SUBLANES, tile), lambda r, b: (r, b))],
+      out_specs=[s for specs, _ in pairs for s in specs],
+      out_shape=[s for _, shapes in pairs for s in shapes],
+      scratch_shapes=scratch,
       compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
       interpret=modes.resolve_interpret(),
       name=(f"StreamIdxSelectBlocktop-keep_{keep}-tile_{tile}"
@@ -252,32 +265,20 @@ def _before(vals, idx, kth, kth_i):
 def select(scores, k, extra=None, *, keep=None, tile=None, rounds=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
-  t, n = scores.shape
-  keep, tile, second = plan(n, k, keep, tile, rounds)
-  out = block_candidates(scores, keep=keep, tile=tile, second=second)
-  vals, idx = out[:2]
-  lasts = []  # the keep-th level of every block of each pruning round
-  if second is not None:
-    keep2 = second[0]
-    lasts = [out[2:], (vals.reshape(t, -1, keep2, LANES)[:, :, -1],
-                       idx.reshape(t, -1, keep2, LANES)[:, :, -1])]
-  elif keep < tile // LANES:
-    lasts = [(vals.reshape(t, -1, keep, LANES)[:, :, -1],
-              idx.reshape(t, -1, keep, LANES)[:, :, -1])]
+  keep, tile, second = plan(scores.shape[1], k, keep, tile, rounds)
+  vals, idx, *dropped = block_candidates(scores, keep=keep, tile=tile,
+                                         second=second)
   keys = base.order_key(vals)  # canonical already
   neg, cidx = lax.sort((~keys, idx), dimension=1, num_keys=2)
   win_key, win_idx = ~neg[:, :k], cidx[:, :k]
   res = jnp.where(win_key == base.NEG_INF_KEY, -1, win_idx).astype(jnp.int32)
-  if not lasts:
-    return res
-  # A block whose keep-th candidate ranks before the k-th winner may have
-  # dropped a winner: then the whole batch is selected by "sort".
-  def kth(x, like):  # the k-th winner's key or index, broadcast to `like`
-    return x[:, k - 1].reshape(t, *[1] * (like.ndim - 1))
-
-  overflow = functools.reduce(jnp.logical_or, [
-      jnp.any(_before(lv, li, kth(win_key, lv), kth(win_idx, lv)))
-      for lv, li in lasts])
+  # A dropped entry ranking before the k-th winner belongs in the top k:
+  # then the whole batch is selected by "sort". Otherwise every entry of the
+  # top k is a candidate (a candidate outside it ranks after all of it).
+  kth, kth_i = win_key[:, k - 1:k], win_idx[:, k - 1:k]
+  overflow = jnp.any(_before(jnp.concatenate(dropped[0::2], axis=1),
+                             jnp.concatenate(dropped[1::2], axis=1),
+                             kth, kth_i))
   return lax.cond(overflow, lambda: sort_method.select(scores, k),
                   lambda: res)
 
@@ -288,16 +289,16 @@ def cost(rows, entries, k, *, keep=None, tile=None, rounds=None):
   tiles = -(-n // tile)
   pair = base.F32 + base.I32
   cand = tiles * keep * LANES
-  scan = t * n * (2 * keep + 3)
+  scan = t * n * (2 * keep + 5)  # keep + 1 levels: the best dropped too
   detail = f"keep {keep} of each block of {tile // LANES}"
   written = 0
   if second is not None:
     keep2, group = second
-    written += t * tiles * LANES * pair  # the first round's keep-th levels
-    scan += t * cand * (4 * keep2 + 3)
+    scan += t * cand * (4 * keep2 + 7)
     cand = -(-tiles // group) * keep2 * LANES
+    written += t * -(-tiles // group) * LANES * pair  # its best dropped
     detail += f", then {keep2} of each block of {group * keep} (in VMEM)"
-  written += t * cand * pair
+  written += t * (cand + tiles * LANES) * pair  # + round 1's best dropped
   return base.TopkCost(
       "blocktop", t * n * base.F32 + written, written + base.winners_bytes(t, k),
       1, t * base.sort_work(cand), scan,
