@@ -12,6 +12,7 @@ from streamidx import modes, topk
 from streamidx.kernels import select_blocktop as sb
 
 import oracle
+import tiers
 
 B = sb.BLOCKS
 
@@ -97,3 +98,32 @@ def test_blocktop_model_reads_the_scores_once():
   assert c.passes == 1 and buf < c.bytes_read < 1.07 * buf
   assert c.sort_work < topk_model.cost("sort", t, n, k).sort_work / 50
   assert "7168 candidates" in c.detail
+
+
+def _drops_a_winner(x, k):
+  keep, tile = sb.plan(x.shape[1], k)
+  _, _, drop_v, drop_i = sb.block_candidates(x, keep=keep, tile=tile)
+  want = oracle.topk_rule(x, k)
+  kth = np.where(want[:, -1:] >= 0,
+                 np.take_along_axis(x, np.maximum(want[:, -1:], 0), axis=1),
+                 -np.inf)
+  kth = np.where(np.abs(kth) < np.finfo(np.float32).tiny, 0, kth)
+  dv = np.asarray(drop_v)
+  return ((dv > kth) | ((dv == kth) & (np.asarray(drop_i) < want[:, -1:])
+                        & (want[:, -1:] >= 0))).any(1)
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+@tiers.FULL
+def test_blocktop_drops_no_winner_on_breaking_and_short_rows(k):
+  # The rows built to break selections, and a 4,096-entry visible prefix of
+  # random scores, at 262,144 entries: the fast path holds (no fallback).
+  from test_topk_exact import breaking_rows
+  rows = breaking_rows(262144, k, seed=k)
+  x = np.stack(list(rows.values()))
+  short = np.random.default_rng(k).standard_normal((1, 262144)).astype(
+      np.float32)
+  short[:, 4096:] = -np.inf
+  x = np.concatenate([x, short])
+  dropped = _drops_a_winner(x, k)
+  assert not dropped.any(), [n for n, d in zip([*rows, "short"], dropped) if d]
