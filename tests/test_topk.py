@@ -283,8 +283,9 @@ def test_variant_passes_topk_method_through():
 
 def test_topk_methods_are_exported():
   assert si.TOPK_METHODS == topk.TOPK_METHODS
-  assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax",
-                        "fused_blockmax", "radix", "blocktop"}
+  assert {"sort", "top_k", "chunked", "blockmax", "fused_blockmax", "radix",
+          "blocktop"} <= set(EXACT)
+  assert "approx" in topk.TOPK_METHODS and "approx" not in EXACT
   assert topk.DEFAULT_TOPK_METHOD == "sort"
 
 
@@ -345,17 +346,29 @@ def test_model_counts_reads_passes_and_work():
   assert topk_model.hbm_bound(top, spec) == top.bytes / spec.device_bandwidth
 
 
+def test_model_refuses_an_unknown_method_or_option():
+  with pytest.raises(ValueError, match=r"topk_method: must be one of .*"
+                     r"\(got 'heap'\)"):
+    topk_model.cost("heap", 64, 262144, 512)
+  with pytest.raises(ValueError, match=r"chunk_size: not an option of "
+                     r"topk_method 'radix'"):
+    topk_model.cost("radix", 64, 262144, 512, chunk_size=4096)
+
+
 def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
   shape = topk_model.SHAPES[0]
   fake = [{"rows": shape.rows, "entries": shape.entries, "k": shape.k,
            "generation": "v6e", "method": m, "ok": True,
            "optimal_seconds": sec, "bytes_accessed": 1e9}
-          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4, None, None,
-                                    None))]
+          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4))] + [
+              {"rows": shape.rows, "entries": shape.entries, "k": shape.k,
+               "generation": "v6e", "method": m, "ok": True,
+               "optimal_seconds": None, "bytes_accessed": 1e9}
+              for m in EXACT[4:]]
   r = topk_model.recommend(shape, "v6e", {"results": fake})
   assert r["basis"] == "compiler optimal" and r["method"] == "chunked"
   # No estimate: last, in registry order.
-  assert r["rankings"]["compiler optimal"][-2:] == list(EXACT[-2:])
+  assert r["rankings"]["compiler optimal"][4:] == list(EXACT[4:])
   assert not r["unambiguous"]  # the sort-work model ranks radix first
   assert topk_model.recommend(shape, "v6e", fake)["rankings"] == r["rankings"]
   plain = topk_model.recommend(shape, "v6e")
