@@ -163,9 +163,11 @@ class PageCall(TopkCall):
       _fail("compression_ratio", "page mode supports compression_ratio == 1 "
             "only (GLM); use streamindex_page_topk_ref for other ratios",
             self.compression_ratio)
-    if self.topk_method != "top_k" or self.sort_decode:
-      _fail("topk_method", "page mode selects pages with top_k, unsorted",
-            repr(self.topk_method))
+    topk.check_topk_method(self.topk_method, ("top_k",),
+                           "page mode (pages by top_k, unsorted)")
+    if self.sort_decode:
+      _fail("sort_decode", "page mode selects pages unsorted, by top_k",
+            repr(self.sort_decode))
 
   def _blocks(self, value, name):
     if name == "num_kv_pages_per_block" and value != 128:

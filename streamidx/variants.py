@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
+from streamidx import topk
 from streamidx.call import KERNEL_ONLY, MODES
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 from streamidx.kernels import driver, entries
@@ -123,12 +124,9 @@ class Variant:
     for `inputs` (its format, heads and page size; `generation` None: the
     chip the call runs on, the row the entry point takes), then `overrides`
     (`topk_method` checked against `topk_methods`)."""
-    if "topk_method" in overrides and (
-        overrides["topk_method"] not in self.topk_methods):
-      raise ValueError(
-          f"topk_method: variant {self.name!r} takes "
-          f"{self.topk_methods or 'no topk_method'} "
-          f"(got {overrides['topk_method']!r})")
+    if "topk_method" in overrides:
+      topk.check_topk_method(overrides["topk_method"], self.topk_methods,
+                             f"variant {self.name!r}")
     out = {self.k_name: k, "compression_ratio": compression_ratio}
     dq = (inputs.batch.decode_q_len if inputs is not None
           and self.mode == "token" else 1)

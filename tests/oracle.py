@@ -104,3 +104,19 @@ def f32_error_bound(q, w, cache, head_dim: int) -> float:
   heads = q.shape[1]
   return float((head_dim + heads + 2) * 2.0**-24 * mag.max(initial=0.0) *
                kmax) * 1.01
+
+
+def topk_rule(scores, k: int) -> np.ndarray:
+  """The project's top-k rule, vectorized: i64[T, k] indices of f32 `scores`
+  [T, N] by score descending, then index ascending, where -0.0 and
+  subnormals count as 0 (XLA flushes subnormals); -1 after the visible
+  (> -inf) entries, and past N when N < k."""
+  x = np.asarray(scores, np.float32).astype(np.float64)
+  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, 0.0, x)
+  t, n = x.shape
+  index = np.broadcast_to(np.arange(n), (t, n))
+  order = np.lexsort((index, -x), axis=-1)[:, :k]  # last key first
+  chosen = np.where(np.take_along_axis(x, order, axis=1) > -np.inf, order, -1)
+  out = np.full((t, k), -1, np.int64)
+  out[:, :chosen.shape[1]] = chosen
+  return out

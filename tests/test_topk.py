@@ -1,9 +1,9 @@
 """The top-k stage (`streamidx.topk`): every method against one rule.
 
-The rule (streamidx/topk.py): per row the min(k, visible) largest scores,
+The rule (streamidx/topk/base.py): per row the min(k, visible) largest scores,
 ties at the k-th score to the lowest indices, columns by score descending
-then index ascending, -1 after; -0.0 ties +0.0. `_rule_topk` spells it out
-in NumPy. Exact methods must return it bit for bit, on random scores and on
+then index ascending, -1 after; -0.0 ties +0.0. `oracle.topk_rule` spells
+it out in NumPy. Exact methods must return it bit for bit, on random scores and on
 integer scores with massive ties; through the kernel (`topk_method`) they
 must match the reference as every kernel result does (tie-aware within the
 derived summation tolerance) and equal the rule applied to the kernel's own
@@ -25,6 +25,7 @@ from streamidx.lab.model import topk as topk_model
 
 from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores
+import oracle
 import tiers
 
 EXACT = topk.EXACT_TOPK_METHODS
@@ -35,19 +36,6 @@ VARIANTS = [("sort", {}), ("top_k", {}), ("chunked", {}),
             ("blockmax", {"block_size": 4}), ("radix", {}),
             ("radix", {"radix_bits": 1}), ("radix", {"radix_bits": 2}),
             ("radix", {"radix_bits": 8})]
-
-
-def _rule_topk(scores, k):
-  """The documented rule, one row at a time in Python: float comparison,
-  subnormals and -0.0 as +0.0 (XLA flushes subnormals), lowest index first."""
-  x = np.asarray(scores, np.float64)
-  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, 0.0, x)
-  out = np.full((x.shape[0], k), -1, np.int64)
-  for r in range(x.shape[0]):
-    visible = np.flatnonzero(x[r] > -np.inf)
-    order = sorted(visible, key=lambda s: (-x[r, s], s))[:k]
-    out[r, :len(order)] = order
-  return out
 
 
 DEFAULTS = [(m, {}) for m in EXACT]
@@ -63,7 +51,7 @@ def _all_variants(scores, k, variants):
 
 
 def _assert_all_equal_rule(scores, k, variants=VARIANTS):
-  want = _rule_topk(scores, k)
+  want = oracle.topk_rule(scores, k)
   np.testing.assert_array_equal(np.asarray(si.ref.topk_from_scores(
       jnp.asarray(scores), k)), want)
   for key, got in _all_variants(scores, k, variants).items():
@@ -114,7 +102,7 @@ def test_exact_methods_agree_on_random_scores(t, n, k, variants):
 def test_exact_methods_on_edge_rows(name, scores, k):
   _assert_all_equal_rule(scores, k, DEFAULTS)
   if name == "k_above_entries":  # padded with -1 like the kernel
-    assert (_rule_topk(scores, k)[:, 6:] == -1).all()
+    assert (oracle.topk_rule(scores, k)[:, 6:] == -1).all()
 
 
 def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
@@ -133,8 +121,8 @@ def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
   x[1, 60:] = -np.inf
   monkeypatch.setattr(jax.lax, "approx_max_k", highest_index_ties)
   for k in (5, 40, 119):
-    got = np.asarray(topk._sort(jnp.asarray(x), k))  # pylint: disable=protected-access
-    np.testing.assert_array_equal(got, _rule_topk(x, k), err_msg=str(k))
+    got = np.asarray(topk.sort.select(jnp.asarray(x), k))
+    np.testing.assert_array_equal(got, oracle.topk_rule(x, k), err_msg=str(k))
 
 
 def test_order_key_preserves_the_float_order():
@@ -142,7 +130,7 @@ def test_order_key_preserves_the_float_order():
                    3e38, np.inf], np.float32)
   keys = np.asarray(topk.order_key(jnp.asarray(vals)))
   assert (np.diff(keys.astype(np.int64)) > 0).all()
-  assert keys[0] == topk._NEG_INF_KEY  # pylint: disable=protected-access
+  assert keys[0] == topk.base.NEG_INF_KEY
 
 
 def test_bad_method_and_options_are_rejected():
@@ -151,8 +139,12 @@ def test_bad_method_and_options_are_rejected():
                      r"\('sort', 'top_k'.*\(got 'heap'\)"):
     topk.select_topk(x, 2, "heap")
   for kw, match in [({"k": 0}, r"k: must be a positive int"),
-                    ({"radix_bits": 3}, r"radix_bits: must be one of"),
-                    ({"chunk_size": 0}, r"chunk_size: must be a positive"),
+                    ({"radix_bits": 3, "method": "radix"},
+                     r"radix_bits: must be one of"),
+                    ({"chunk_size": 0, "method": "chunked"},
+                     r"chunk_size: must be a positive"),
+                    ({"radix_bits": 4}, r"radix_bits: not an option of "
+                     r"topk_method 'sort' \(its options: none\)"),
                     ({"recall_target": 1.0, "method": "approx"},
                      r"recall_target: must be in \(0, 1\)")]:
     kw = {"k": 2, **kw}
@@ -184,7 +176,7 @@ def test_approx_returns_a_valid_selection_and_reports_recall():
   k = 256
   got = np.asarray(topk.select_topk(jnp.asarray(x), k, "approx",
                                     recall_target=0.9))
-  want = _rule_topk(x, k)
+  want = oracle.topk_rule(x, k)
   assert all(len(set(r.tolist())) == k for r in got)
   # Off-TPU XLA's approx_max_k falls back to an exact sort.
   if jax.default_backend() != "tpu":
@@ -247,7 +239,7 @@ def test_kernel_topk_method_matches_reference(case, method, ratio, heads):
       idx, want, scores, label=f"{case}/{method}",
       atol=metrics.summation_atol(inp, compression_ratio=ratio))
   # On the kernel's own scores every exact method returns its indices.
-  np.testing.assert_array_equal(idx, _rule_topk(kernel_scores, K))
+  np.testing.assert_array_equal(idx, oracle.topk_rule(kernel_scores, K))
   for m in EXACT:
     np.testing.assert_array_equal(
         np.asarray(topk.select_topk(jnp.asarray(kernel_scores), K, m)), idx,
@@ -284,15 +276,16 @@ def test_variant_passes_topk_method_through():
   assert static["topk_method"] == "radix"
   assert v.topk_methods == topk.KERNEL_TOPK_METHODS
   assert si.VARIANTS["dense"].topk_methods == topk.TOPK_METHODS
-  with pytest.raises(ValueError, match=r"topk_method: variant 'vendored_page'"):
+  with pytest.raises(ValueError, match=r"topk_method: must be one of \(\) for variant 'vendored_page'"):
     si.VARIANTS["vendored_page"].static(inp, k=4, compression_ratio=1,
                                         topk_method="radix")
 
 
 def test_topk_methods_are_exported():
   assert si.TOPK_METHODS == topk.TOPK_METHODS
-  assert set(EXACT) == {"sort", "top_k", "chunked", "blockmax",
-                        "fused_blockmax", "radix"}
+  assert {"sort", "top_k", "chunked", "blockmax", "fused_blockmax", "radix",
+          "blocktop"} <= set(EXACT)
+  assert "approx" in topk.TOPK_METHODS and "approx" not in EXACT
   assert topk.DEFAULT_TOPK_METHOD == "sort"
 
 
@@ -353,15 +346,29 @@ def test_model_counts_reads_passes_and_work():
   assert topk_model.hbm_bound(top, spec) == top.bytes / spec.device_bandwidth
 
 
+def test_model_refuses_an_unknown_method_or_option():
+  with pytest.raises(ValueError, match=r"topk_method: must be one of .*"
+                     r"\(got 'heap'\)"):
+    topk_model.cost("heap", 64, 262144, 512)
+  with pytest.raises(ValueError, match=r"chunk_size: not an option of "
+                     r"topk_method 'radix'"):
+    topk_model.cost("radix", 64, 262144, 512, chunk_size=4096)
+
+
 def test_recommend_ranks_by_the_compiler_first_and_flags_disagreement():
   shape = topk_model.SHAPES[0]
   fake = [{"rows": shape.rows, "entries": shape.entries, "k": shape.k,
            "generation": "v6e", "method": m, "ok": True,
            "optimal_seconds": sec, "bytes_accessed": 1e9}
-          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4, None))]
+          for m, sec in zip(EXACT, (5e-4, 4e-4, 3e-4, 6e-4))] + [
+              {"rows": shape.rows, "entries": shape.entries, "k": shape.k,
+               "generation": "v6e", "method": m, "ok": True,
+               "optimal_seconds": None, "bytes_accessed": 1e9}
+              for m in EXACT[4:]]
   r = topk_model.recommend(shape, "v6e", {"results": fake})
   assert r["basis"] == "compiler optimal" and r["method"] == "chunked"
-  assert r["rankings"]["compiler optimal"][-1] == "radix"  # no estimate
+  # No estimate: last, in registry order.
+  assert r["rankings"]["compiler optimal"][4:] == list(EXACT[4:])
   assert not r["unambiguous"]  # the sort-work model ranks radix first
   assert topk_model.recommend(shape, "v6e", fake)["rankings"] == r["rankings"]
   plain = topk_model.recommend(shape, "v6e")

@@ -6,7 +6,7 @@ maximum of every 128-entry score row; `streamidx.topk.select_topk(...,
 "blockmax"'s second stage. Checked here:
 - the selection alone, given maxima of small blocks (so that short rows have
   many blocks), returns the rule's indices bit for bit on integer scores with
-  massive ties and on random scores (`test_topk._rule_topk`);
+  massive ties and on random scores (`oracle.topk_rule`);
 - through the kernel (interpreted), on every test batch of the case matrix,
   a seeded random batch on two simulated cores and a long decode batch whose
   maxima straddle two 128-lane rows of maxima: the maxima it writes are the maxima of the scores it writes, its
@@ -33,7 +33,7 @@ from streamidx.lab.model import topk as topk_model
 from streamidx.lab.studies import cases, costs
 
 from kernel_scores import KernelWithScores
-from test_topk import _rule_topk
+import oracle
 import tiers
 
 W = topk.FUSED_BLOCK_WIDTH
@@ -73,7 +73,7 @@ def test_fused_blockmax_on_integer_scores_with_massive_ties(
   x = rng.integers(-levels, levels + 1, size=(t, n)).astype(np.float32)
   x[rng.random((t, n)) < p_neg_zero] = -0.0
   x[rng.random((t, n)) < p_hidden] = -np.inf
-  want = _rule_topk(x, k)
+  want = oracle.topk_rule(x, k)
   np.testing.assert_array_equal(_fused(x, k, *widths), want)
   # The same from the buffer alone (the references' call).
   np.testing.assert_array_equal(_fused(x, k, *widths, with_maxima=False),
@@ -85,7 +85,7 @@ def test_fused_blockmax_on_random_scores(t, n, k):
   rng = np.random.default_rng(n)
   x = rng.standard_normal((t, n)).astype(np.float32)
   x[:, rng.random(n) < 0.2] = -np.inf
-  want = _rule_topk(x, k)
+  want = oracle.topk_rule(x, k)
   for width, block in [(W, W), (W, 2 * W), (8, 16)]:
     np.testing.assert_array_equal(_fused(x, k, width, block), want,
                                   err_msg=f"{width}/{block}")
@@ -98,14 +98,15 @@ def test_fused_blockmax_ignores_maxima_columns_past_the_row():
   m = np.concatenate([_block_max(x, 4), np.full((2, 3), 1e9, np.float32)], 1)
   got = topk.select_topk(jnp.asarray(x), 2, "fused_blockmax",
                          block_max=jnp.asarray(m), block_max_width=4)
-  np.testing.assert_array_equal(got, _rule_topk(x, 2))
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, 2))
 
 
 def test_fused_blockmax_arguments_are_checked():
   x = jnp.zeros((2, 16), jnp.float32)
   m = jnp.zeros((2, 4), jnp.float32)
-  with pytest.raises(ValueError, match=r"block_max: only for method "
-                     r"'fused_blockmax' \(got method 'blockmax'\)"):
+  with pytest.raises(ValueError, match=r"block_max: only for a method that "
+                     r"reads block maxima, \('fused_blockmax',\) "
+                     r"\(got method 'blockmax'\)"):
     topk.select_topk(x, 2, "blockmax", block_max=m, block_max_width=4)
   with pytest.raises(ValueError, match=r"block_max: must be f32\[T, >= "
                      r"cdiv\(N, block_max_width\)\] = \[2, >= 4\]"):
@@ -152,7 +153,7 @@ def _check_fused_run(inp, *, k, ratio, label, **blocks):
   assert bmax.shape == rows.shape, (bmax.shape, rows.shape)
   np.testing.assert_array_equal(bmax, rows, err_msg=f"{label}: block maxima")
   # Its indices are the rule's on its own scores, bit for bit ...
-  np.testing.assert_array_equal(idx, _rule_topk(scores, k), err_msg=label)
+  np.testing.assert_array_equal(idx, oracle.topk_rule(scores, k), err_msg=label)
   # ... and the reference's, tie-aware within the derived tolerance.
   want = si.streamindex_topk_dense_ref(*args, k=k, compression_ratio=ratio,
                                        topk_method="fused_blockmax", **blocks)
@@ -268,8 +269,8 @@ def test_vendored_kernel_refuses_fused_blockmax():
              si.validate_topk_inputs):
     with pytest.raises(ValueError, match=match):
       fn(*inp.args, **kw)
-  with pytest.raises(ValueError, match=r"topk_method: variant 'vendored' "
-                     r"takes .*\(got 'fused_blockmax'\)"):
+  with pytest.raises(ValueError, match=r"topk_method: must be one of .* "
+                     r"for variant 'vendored'.*\(got 'fused_blockmax'\)"):
     si.VARIANTS["vendored"].static(inp, k=4, compression_ratio=4,
                                    topk_method="fused_blockmax")
   assert "fused_blockmax" not in si.VARIANTS["vendored"].topk_methods

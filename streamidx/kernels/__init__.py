@@ -11,6 +11,9 @@
                loads, a one-block KV loop, e4m3b11fnuz on v5e/v6e)
     fp4        the MXFP4 cache's hooks into that body (e2m1 codes two per
                byte, an e8m0 scale per 32 values, 68 B/entry; M18, M19)
+    select_blocktop  the "blocktop" top-k method: a Pallas selection
+               kernel over the score buffer (each block's best entries),
+               its `streamidx.topk` method record beside it
     tpu        the project's TPU helpers the bodies share (VMEM check, v4
                paths)
     driver     the wrapper pipeline every body shares (`KernelBody`, `run`,
@@ -26,5 +29,7 @@ A body imports `streamidx.semantics` and `kernels.tpu` (dense also
 scale DMA it reuses); the driver imports
 `streamidx.validate`, `modes`, `topk` and the vendored input preparation;
 nothing imports `entries` except `streamidx.variants` and the package's top
-level.
+level; `select_blocktop` imports `streamidx.modes` and
+`streamidx.topk`'s base and "sort" method, and only `streamidx.topk`'s
+registry imports it.
 """

@@ -78,13 +78,11 @@ def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
     results.append({"shape": _name(shape), "impl": "reference", **timing,
                     "identical_to_reference": True})
     for m in topk.TOPK_METHODS:
-      if m in topk.FUSED_TOPK_METHODS:
-        w = topk.FUSED_BLOCK_WIDTH
-        bmax = jnp.asarray(np.pad(
-            x_np, ((0, 0), (0, -x_np.shape[1] % w)),
-            constant_values=-np.inf).reshape(x_np.shape[0], -1, w).max(2))
-        got, timing = _time(lambda s, bm, m=m: topk.select_topk(
-            s, k, m, block_max=bm, block_max_width=w), (x, bmax), repeats)
+      rec = topk.get(m)
+      if rec.needs:  # its extra output as the kernel writes it
+        extra = rec.extra_ref(x, **rec.resolve({}))
+        got, timing = _time(lambda s, e, m=m: topk.select_topk(
+            s, k, m, extra=e), (x, extra), repeats)
       else:
         got, timing = _time(lambda s, m=m: topk.select_topk(s, k, m), (x,),
                             repeats)

@@ -5,7 +5,6 @@ count means and what the bound cannot see: docs/topk-methods.md, "The model".
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Mapping, Sequence
 
@@ -17,9 +16,7 @@ from streamidx import metrics, modes
 from streamidx import topk as topk_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
-
-_F32 = _I32 = 4
-
+from streamidx.topk import approx as approx_lib
 
 # The selection problems modelled (`lab.shapes.SELECT`): f32[rows, entries]
 # scores of an indexer call, k kept.
@@ -39,115 +36,25 @@ PUBLIC_TPU7X = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class TopkCost:
-  """What one method moves and compares for one shape. Bytes are totals."""
-
-  method: str
-  bytes_read: int
-  bytes_written: int
-  passes: float  # full reads of the f32 score buffer
-  sort_work: float  # compare-exchanges (bitonic network), all rows
-  scan_ops: float  # element comparisons outside sorts, all rows
-  detail: str
-  bytes = property(lambda c: c.bytes_read + c.bytes_written)
+# What one method moves and compares for one shape (its home: the method
+# record's cost model, `streamidx.topk.base`).
+TopkCost = topk_lib.base.TopkCost
 
 
-def _w(n):
-  return topk_lib._sort_work(int(n))  # pylint: disable=protected-access
+# XLA's bin count for "approx" (its home: the method's module).
+approx_topk_reduction_size = approx_lib.reduction_size
 
 
-def approx_topk_reduction_size(n: int, k: int, recall_target: float) -> int | None:
-  """Candidates the TPU's ApproxTopK (arXiv:2206.14286: bin maxima, then an
-  exact top-k of them) keeps from n: XLA's `ApproxTopKReductionOutputSize`
-  (private jaxlib binding; None without it). n: an exact top-k."""
-  try:
-    from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-    fn = _jax.approx_top_k_reduction_output_size
-  except (ImportError, AttributeError):
-    return None
-  return int(fn(n, 2, k, recall_target, False, -1)[0])  # rank 2: [T, n] scores
-
-
-def _approx_bins(n, k, recall_target):
-  size = approx_topk_reduction_size(n, k, recall_target)
-  return n if size is None else min(n, size)
-
-
-def cost(method: str, rows: int, entries: int, k: int, *,
-         chunk_size: int | None = None, block_size: int | None = None,
-         radix_bits: int = 4,
-         recall_target: float = topk_lib.APPROX_RECALL_TARGET) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method)`; "top_k"'s where
-  there is nothing to split. "fused_blockmax" reads the dense kernel's block
-  maxima (entries / 128 a row, in whole 128-lane rows, counted in its
+def cost(method: str, rows: int, entries: int, k: int, **options) -> TopkCost:
+  """The cost of `select_topk(f32[rows, entries], k, method, **options)`: the
+  registered method's own model (`streamidx.topk.METHODS[method].cost`; an
+  unknown method or option raises ValueError); "top_k"'s where there is
+  nothing to split. "fused_blockmax" reads the dense kernel's block maxima
+  (entries / 128 a row, in whole 128-lane rows, counted in its
   `bytes_written`), then the k best blocks' entries."""
-  topk_lib.check_topk_method(method)
-  t, n = int(rows), max(int(entries), int(k))
-  buf = t * n * _F32
-  won = t * k * (_F32 + 2 * _I32)  # values + indices of the k winners, the output
-  if method in ("sort", "top_k"):
-    extra = buf if method == "sort" else 0  # the tie-counting pass
-    return TopkCost(
-        method, buf + extra, won, 1 + (method == "sort"),
-        t * _w(n), t * n * (method == "sort"), "full sort of each row" + (
-            " + one pass counting ties at the k-th score (a lax.top_k again "
-            "where they straddle it)" if method == "sort" else ""))
-  if method == "chunked":
-    c = chunk_size or topk_lib.chunk_size_for(n, k)
-    chunks = -(-n // c)
-    cand = chunks * min(k, c)
-    if chunks == 1:
-      return cost("top_k", rows, entries, k)
-    return TopkCost(
-        method, buf + t * cand * (_F32 + _I32), t * cand * (_F32 + _I32)
-        + won, 1, t * (chunks * _w(c) + _w(cand)), 0,
-        f"{chunks} chunks of {c}: top-{min(k, c)} each, then top-{k} of "
-        f"{cand} candidates")
-  if method == "blockmax":
-    b = block_size or topk_lib.block_size_for(n, k)
-    blocks = -(-n // b)
-    if blocks <= k:
-      return cost("top_k", rows, entries, k)
-    return TopkCost(
-        method, buf + t * blocks * _F32 + t * k * b * _F32,
-        t * blocks * _F32 + t * k * _I32 + won, 1 + k * b / n,
-        t * (_w(blocks) + _w(k) + _w(k * b)), t * n,
-        f"max of {blocks} blocks of {b}, top-{k} blocks, top-{k} of their "
-        f"{k * b} entries")
-  if method == "fused_blockmax":
-    w = topk_lib.FUSED_BLOCK_WIDTH
-    b = block_size or topk_lib.fused_block_size_for(n, k, w)
-    blocks = -(-n // b)
-    if blocks <= k:
-      return cost("top_k", rows, entries, k)
-    maxima = -(-n // w)  # the kernel's: one per 128 entries
-    kernel_out = t * (-(-maxima // 128) * 128) * _F32  # whole 128-lane rows
-    g = b // w
-    grouped = t * blocks * _F32 if g > 1 else 0  # maxima of g maxima
-    gather = t * k * b * _F32
-    return TopkCost(
-        method, t * maxima * _F32 + grouped + gather,
-        kernel_out + grouped + t * k * _I32 + won, k * b / n,
-        t * (_w(blocks) + _w(k) + _w(k * b)), t * maxima * (g > 1),
-        f"the kernel writes {maxima} maxima of {w} entries a row"
-        + (f", grouped into {blocks} blocks of {b}" if g > 1 else "")
-        + f"; top-{k} blocks, top-{k} of their {k * b} entries")
-  if method == "radix":
-    r = int(radix_bits)
-    p = 32 // r
-    # p histogram passes; the take: count above/equal (1 read), tie ranks
-    # and slots (cumsums: 1 read, 1 write of i32), the scatter (1 read).
-    return TopkCost(
-        method, (p + 3) * buf, buf + won, p + 3, t * _w(k),
-        t * n * (p * ((1 << r) - 1) + 4),
-        f"{p} histogram passes of {1 << r} bins, then the take "
-        f"(count, cumulative ranks, scatter) and a sort of the {k} winners")
-  m = _approx_bins(n, k, recall_target)
-  return TopkCost(
-      method, buf + t * m * (_F32 + _I32), t * m * (_F32 + _I32) + won,
-      1, t * (_w(m) + _w(k)), t * n,
-      f"max of {m} bins (recall target {recall_target}), top-{k} of them")
+  m = topk_lib.get(method)
+  opts = m.resolve(options)
+  return m.cost(int(rows), max(int(entries), int(k)), int(k), **opts)
 
 
 def costs(shape: shapes_lib.Shape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
@@ -197,7 +104,7 @@ def approx_recall(scores, k: int, *,
   "expected_recall", "emulated_recall", ...} (what each is: docs/topk-methods.md)."""
   x = np.asarray(scores, np.float32)
   t, n = x.shape
-  bins = _approx_bins(n, k, recall_target)
+  bins = approx_lib.bins(n, k, recall_target)
   expected = (1.0 - 1.0 / bins) ** (k - 1) if bins < n else 1.0
   exact = np.asarray(topk_lib.select_topk(x, k, "top_k"))
   emulated = 1.0
@@ -221,8 +128,8 @@ def approx_recall(scores, k: int, *,
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
   """XLA's cost analysis (a static estimate) of `select_topk(f32[rows, entries],
-  k, method)` compiled for `generation` without a TPU ("fused_blockmax" with
-  its block maxima, as the fused kernel calls it): {"ok", "compile_s",
+  k, method)` compiled for `generation` without a TPU (a method that needs
+  an extra output from the kernel with it, as the fused kernel calls it): {"ok", "compile_s",
   "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
   "flops", "temp_bytes", "error"}."""
   out = {"method": method, "generation": generation, "rows": rows,
@@ -233,13 +140,15 @@ def compile_estimate(method: str, rows: int, entries: int, k: int,
   try:
     with modes.compile_for(generation) as target:
       spec = target.spec((rows, entries), jnp.float32)
-      if method in topk_lib.FUSED_TOPK_METHODS:
-        # The selection as the fused kernel calls it: with its block maxima.
-        w = topk_lib.FUSED_BLOCK_WIDTH
-        fn = jax.jit(lambda s, m: topk_lib.select_topk(
-            s, k, method, block_max=m, block_max_width=w, **options))
-        compiled = fn.lower(spec, target.spec((rows, -(-entries // w)),
-                                              jnp.float32)).compile()
+      rec = topk_lib.get(method)
+      if rec.needs:
+        # The selection as a fused kernel calls it: with its extra output.
+        extra = jax.eval_shape(
+            lambda s: rec.extra_ref(s, **rec.resolve(options)), spec)
+        fn = jax.jit(lambda s, e: topk_lib.select_topk(
+            s, k, method, extra=e, **options))
+        compiled = fn.lower(spec, target.spec(extra.shape,
+                                              extra.dtype)).compile()
       else:
         fn = jax.jit(lambda s: topk_lib.select_topk(s, k, method, **options))
         compiled = fn.lower(spec).compile()

@@ -1,6 +1,6 @@
 """Ties at the top-k boundary, shared beyond notebook 05 (the candidates a
 TPU's ApproxTopK keeps are the selection model's:
-`lab.model.topk.approx_topk_reduction_size`).
+`streamidx.topk.approx.reduction_size`).
 """
 
 from __future__ import annotations

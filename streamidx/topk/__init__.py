@@ -1,0 +1,85 @@
+"""The top-k stage: indices of the k largest masked scores of each row.
+
+Every token kernel (and its reference) ends with `select_topk(scores, k,
+method)` over its f32[T, N] score buffer. The methods are records in a
+registry (`registry.METHODS`; `base.Method`: name, exactness, selection,
+what it needs from the scoring kernel, cost model, options), one module
+each; `TOPK_METHODS` lists their names (docs/topk-methods.md describes and
+compares them; "approx" is the one that is not exact on a TPU). The output
+contract and tie rule: `streamidx.topk.base`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from streamidx.topk import base, registry
+from streamidx.topk.approx import APPROX_RECALL_TARGET
+from streamidx.topk.base import canonical_zero, order_key, scores_at
+from streamidx.topk.blockmax import block_size_for
+from streamidx.topk.chunked import chunk_size_for
+from streamidx.topk.fused_blockmax import (FUSED_BLOCK_WIDTH,
+                                           fused_block_size_for)
+from streamidx.topk.radix import RADIX_BITS
+from streamidx.topk.registry import (EXACT_TOPK_METHODS, FUSED_TOPK_METHODS,
+                                     KERNEL_OUTPUTS, KERNEL_TOPK_METHODS,
+                                     METHODS,
+                                     TOPK_METHODS, check_topk_method, get)
+
+__all__ = [
+    "TOPK_METHODS", "EXACT_TOPK_METHODS", "FUSED_TOPK_METHODS",
+    "KERNEL_OUTPUTS", "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH", "DEFAULT_TOPK_METHOD",
+    "APPROX_RECALL_TARGET", "RADIX_BITS", "METHODS", "get",
+    "check_topk_method", "canonical_zero", "order_key", "select_topk",
+    "scores_at", "chunk_size_for", "block_size_for", "fused_block_size_for",
+]
+
+DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (docs/topk-methods.md: why)
+
+
+def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
+                extra=None, block_max=None, **options):
+  """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
+
+  scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
+    compared as f32); k: entries per row (N < k pads with -1); method: one
+    of `TOPK_METHODS`; options: the method's own (`METHODS[method].options`,
+    e.g. chunk_size, block_size, radix_bits, recall_target), each checked
+    by its rule, the rest at their defaults. extra: the output the method
+    `needs` from the scoring kernel (None: computed from `scores` by its
+    `extra_ref`); block_max: `extra` of a method needing "block_max"
+    (f32[T, >= cdiv(N, w)], column j the maximum of scores[:, j * w:(j + 1)
+    * w], w its `block_max_width`). Returns i32[T, k], identical for every
+    exact method (`streamidx.topk.base`).
+  """
+  m = get(method)
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    raise ValueError(f"k: must be a positive int (got {k!r})")
+  if getattr(scores, "ndim", None) != 2:
+    raise ValueError(f"scores: must be a 2-D array [T, N] "
+                     f"(got shape {getattr(scores, 'shape', None)})")
+  if not jnp.issubdtype(scores.dtype, jnp.floating):
+    raise ValueError(f"scores: must be floating point (got {scores.dtype})")
+  if block_max is not None:
+    if m.needs != "block_max" or extra is not None:
+      raise ValueError(f"block_max: only for a method that reads block "
+                       f"maxima, {tuple(n for n, r in METHODS.items() if r.needs == 'block_max')} "
+                       f"(got method {m.name!r})")
+    extra = block_max
+  if extra is not None and m.needs is None:
+    raise ValueError(f"extra: method {m.name!r} reads nothing but the scores")
+  opts = m.resolve(options)
+  return _select(scores, extra, k=k, method=m.name,
+                 options=tuple(sorted(opts.items())))
+
+
+@functools.partial(jax.jit, static_argnames=("k", "method", "options"))
+def _select(scores, extra, *, k, method, options):
+  # The scope names the stage's ops in profiles (op metadata), whatever
+  # XLA fuses them into.
+  with jax.named_scope(f"select_topk_{method}"):
+    x = base.pad_to(scores.astype(jnp.float32), k)
+    return METHODS[method].select(x, k, extra, **dict(options))

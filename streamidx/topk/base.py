@@ -1,0 +1,205 @@
+"""The top-k stage's contract: the tie rule, the method record, its options.
+
+Output contract, the same for every exact method (and the reference): i32[T,
+k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
+largest scores, ties at the k-th score going to the lowest indices, ordered
+by score descending then index ascending; the rest of the row is -1 (N < k
+pads with -inf columns, as the vendored kernel does). `canonical_zero` maps
+-0.0 and subnormals to +0.0 first, so no backend's ordering of them can split
+a tie. Rows holding a NaN score get unspecified indices (the value rules
+reject the non-finite inputs that make them).
+
+A method is a `Method` record (its module under `streamidx.topk`, one entry
+in `streamidx.topk.registry`): its name, whether it is exact, its selection
+`select(scores f32[T, N >= k], k, extra, **options) -> i32[T, k]`, what it
+needs from the scoring kernel beside the score buffer (`needs`: None, or the
+name of an extra output such as "block_max") with `extra_ref`, the reference
+computation of that output from the scores, its cost model and its options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping
+
+import jax.numpy as jnp
+from jax import lax
+
+NEG_INF = float("-inf")
+F32 = I32 = 4
+
+
+def canonical_zero(scores):
+  """Every score that compares equal to 0 (-0.0, and subnormals, which XLA
+  flushes on CPU and TPU) becomes +0.0, so ranking by bits agrees with
+  ranking by float comparison."""
+  return jnp.where(scores == 0, jnp.zeros_like(scores), scores)
+
+
+def order_key(scores):
+  """i32 image of f32 scores with the same order (a < b iff key(a) <
+  key(b)): negative floats flip their 31 low bits. -0.0 and +0.0 map to -1
+  and 0 (canonicalize zeros first for float equality)."""
+  bits = lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.int32)
+  return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+NEG_INF_KEY = -(2**31) + 2**23 - 1  # order_key(-inf)
+
+
+def pad_to(scores, n):
+  """scores f32[T, N] with -inf columns up to n (unchanged when N >= n)."""
+  if scores.shape[1] >= n:
+    return scores
+  return jnp.pad(scores, ((0, 0), (0, n - scores.shape[1])),
+                 constant_values=NEG_INF)
+
+
+def finish(vals, idx):
+  """-1 where the score is -inf (invisible or padding)."""
+  return jnp.where(vals == NEG_INF, -1, idx).astype(jnp.int32)
+
+
+def order(keys, idx):
+  """The k winners of each row by key descending, index ascending, with -1
+  where the key is -inf's: i32[T, k]."""
+  # ~key reverses the order of int32 without overflow.
+  neg, idx = lax.sort((~keys, idx.astype(jnp.int32)), dimension=1,
+                      num_keys=2)
+  return jnp.where(~neg == NEG_INF_KEY, -1, idx).astype(jnp.int32)
+
+
+def top_k(scores, k):
+  """`lax.top_k` of the canonical scores, -1 at -inf: the rule itself (its
+  ties go to the lowest index)."""
+  vals, idx = lax.top_k(canonical_zero(scores), k)
+  return finish(vals, idx)
+
+
+def scores_at(scores, idx):
+  """f32[T, k]: each selected entry's score as the selection compared it
+  (-0.0 and subnormals as +0.0), -inf where the index is -1."""
+  got = jnp.take_along_axis(scores.astype(jnp.float32), jnp.maximum(idx, 0),
+                            axis=1)
+  return jnp.where(idx >= 0, canonical_zero(got), NEG_INF)
+
+
+def pow2_at_least(x: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def sort_work(n: int) -> float:
+  """Compare-exchanges of a bitonic sorting network on n (padded to 2^p)."""
+  if n <= 1:
+    return 0.0
+  p = math.ceil(math.log2(n))
+  return (1 << p) / 2 * p * (p + 1) / 2
+
+
+# -- the cost model's record ----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkCost:
+  """What one method moves and compares for one shape. Bytes are totals
+  (docs/topk-methods.md, "The model")."""
+
+  method: str
+  bytes_read: int
+  bytes_written: int
+  passes: float  # full reads of the f32 score buffer
+  sort_work: float  # compare-exchanges (bitonic network), all rows
+  scan_ops: float  # element comparisons outside sorts, all rows
+  detail: str
+  bytes = property(lambda c: c.bytes_read + c.bytes_written)
+
+
+def winners_bytes(rows: int, k: int) -> int:
+  """Values + indices of the k winners of every row, and the output."""
+  return rows * k * (F32 + 2 * I32)
+
+
+# -- options ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One option of one method: its default (None: the method picks one for
+  the shape) and `rule(value)`, the rule a value breaks or None."""
+
+  name: str
+  default: Any
+  rule: Callable[[Any], str | None]
+  doc: str
+
+
+def positive_int(value) -> str | None:
+  if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                       and value >= 1):
+    return None
+  return "must be a positive int"
+
+
+def one_of(values):
+  def rule(value):
+    return None if value in values else f"must be one of {tuple(values)}"
+  return rule
+
+
+def open_unit(value) -> str | None:
+  ok = isinstance(value, (int, float)) and 0.0 < value < 1.0
+  return None if ok else "must be in (0, 1)"
+
+
+# -- the method record ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One top-k method (module docstring).
+
+  select: (scores f32[T, N >= k], k, extra, **options) -> i32[T, k]; options
+    complete (defaults filled, None where the method picks for the shape).
+  needs: None, or the name of the extra output it reads from the scoring
+    kernel ("block_max": f32[T, >= cdiv(N, w)], column j the maximum of
+    scores[:, j * w:(j + 1) * w], w the `block_max_width` option).
+  extra_ref: (scores f32[T, N], **options) -> that output, computed from the
+    scores (what a kernel that writes it must equal); None when needs is.
+  cost: (rows, entries, k, **options) -> TopkCost (entries >= k).
+  options: the keyword options it takes, by name.
+  """
+
+  name: str
+  exact: bool
+  select: Callable
+  cost: Callable
+  doc: str
+  needs: str | None = None
+  extra_ref: Callable | None = None
+  options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if (self.needs is None) != (self.extra_ref is None):
+      raise ValueError(f"{self.name}: needs and extra_ref go together")
+    object.__setattr__(self, "options",
+                       {o.name: o for o in self.options.values()}
+                       if isinstance(self.options, Mapping)
+                       else {o.name: o for o in self.options})
+
+  def resolve(self, options: Mapping[str, Any]) -> dict:
+    """`options` checked against this method's and completed with their
+    defaults; ValueError naming the option and the rule otherwise."""
+    unknown = sorted(set(options) - set(self.options))
+    if unknown:
+      raise ValueError(
+          f"{unknown[0]}: not an option of topk_method {self.name!r} (its "
+          f"options: {tuple(self.options) or 'none'})")
+    out = {}
+    for name, opt in self.options.items():
+      value = options.get(name, opt.default)
+      why = opt.rule(value)
+      if why:
+        raise ValueError(f"{name}: {why} (got {value!r})")
+      out[name] = value
+    return out

@@ -1,0 +1,68 @@
+""""chunked": each chunk of `chunk_size` entries keeps its top-k, then one
+top-k of the candidates: i32[T, k]."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from streamidx.topk import base, top_k
+
+
+def chunk_size_for(n: int, k: int) -> int:
+  """The chunk: a power of two >= k minimizing (n / c) sorts of c plus one
+  sort of the (n / c) * k candidates (bitonic compare-exchanges)."""
+  best = None
+  c = base.pow2_at_least(k)
+  while True:
+    chunks = -(-n // c)
+    work = chunks * base.sort_work(c) + base.sort_work(chunks * min(k, c))
+    if best is None or work < best[0]:
+      best = (work, c)
+    if chunks == 1:
+      break
+    c *= 2
+  return best[1]
+
+
+def select(scores, k, extra=None, *, chunk_size=None):
+  del extra
+  t, n = scores.shape
+  c = int(chunk_size or chunk_size_for(n, k))
+  chunks = -(-n // c)
+  if chunks == 1:
+    return base.top_k(scores, k)
+  x = base.pad_to(base.canonical_zero(scores), chunks * c).reshape(t, chunks, c)
+  kc = min(k, c)
+  vals, local = lax.top_k(x, kc)  # [T, chunks, kc], ties: lowest index first
+  glob = local + (jnp.arange(chunks, dtype=jnp.int32) * c)[None, :, None]
+  # Candidates in chunk order, each chunk's in (score desc, index asc) order:
+  # among equal scores, candidate position order is global index order, so
+  # the second top_k's tie rule (lowest position) is the global one.
+  vals, pos = lax.top_k(vals.reshape(t, chunks * kc), k)
+  idx = jnp.take_along_axis(glob.reshape(t, chunks * kc), pos, axis=1)
+  return base.finish(vals, idx)
+
+
+def cost(rows, entries, k, *, chunk_size=None):
+  t, n = rows, entries
+  c = chunk_size or chunk_size_for(n, k)
+  chunks = -(-n // c)
+  cand = chunks * min(k, c)
+  if chunks == 1:
+    return top_k.cost(rows, entries, k)
+  buf = t * n * base.F32
+  pair = base.F32 + base.I32
+  return base.TopkCost(
+      "chunked", buf + t * cand * pair,
+      t * cand * pair + base.winners_bytes(t, k), 1,
+      t * (chunks * base.sort_work(c) + base.sort_work(cand)), 0,
+      f"{chunks} chunks of {c}: top-{min(k, c)} each, then top-{k} of "
+      f"{cand} candidates")
+
+
+METHOD = base.Method(
+    name="chunked", exact=True, select=select, cost=cost,
+    doc="each chunk's top-k, then one top-k of the candidates",
+    options=(base.Option("chunk_size", None, base.positive_int,
+                         "entries per chunk (default `chunk_size_for(N, k)`)"),))

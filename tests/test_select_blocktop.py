@@ -1,0 +1,129 @@
+"""The "blocktop" selection kernel (`streamidx.kernels.select_blocktop`),
+interpreted: each block's best entries and best dropped one, the checked
+fallback where a block holds more winners than it keeps, rows whose
+winners crowd a short prefix, race-freedom, the model. Its exactness on rows
+built to break selections: tests/test_topk_exact.py (every exact registered
+method)."""
+
+import numpy as np
+import pytest
+
+from streamidx import modes, topk
+from streamidx.kernels import select_blocktop as sb
+
+import oracle
+import tiers
+
+B = sb.BLOCKS
+
+
+def _block_best(x, keep):
+  """NumPy: per row and block p (entries p, p + 1024, ...) the `keep` best
+  (value, index) by value descending, index ascending (zeros canonical),
+  -inf / 2**31 - 1 after: [T, keep, 1024] each."""
+  t, n = x.shape
+  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, 0, x)
+  vals = np.full((t, keep, B), -np.inf, np.float32)
+  idx = np.full((t, keep, B), 2**31 - 1, np.int64)
+  for r in range(t):
+    for p in range(B):
+      pos = [q for q in range(p, n, B) if x[r, q] > -np.inf]
+      pos = sorted(pos, key=lambda q: (-x[r, q], q))[:keep]
+      vals[r, :len(pos), p] = x[r, pos]
+      idx[r, :len(pos), p] = pos
+  return vals, idx
+
+
+def test_blocktop_keeps_each_blocks_best_and_its_best_dropped():
+  rng = np.random.default_rng(0)
+  x = rng.integers(-2, 3, size=(3, 5000)).astype(np.float32)  # ties
+  x[rng.random(x.shape) < 0.2] = -np.inf
+  x[0, :7] = [-0.0, 1e-45, 0.0, -1e-45, 2.0, 2.0, -0.0]
+  vals, idx, drop_v, drop_i = sb.block_candidates(x, keep=2, tile=2048)
+  want_v, want_i = _block_best(x, 3)  # the third: the best dropped
+  np.testing.assert_array_equal(np.asarray(vals),
+                                want_v[:, :2].reshape(3, -1))
+  np.testing.assert_array_equal(np.asarray(idx), want_i[:, :2].reshape(3, -1))
+  np.testing.assert_array_equal(np.asarray(drop_v), want_v[:, 2])
+  np.testing.assert_array_equal(np.asarray(drop_i), want_i[:, 2])
+
+
+def test_blocktop_block_holding_more_winners_than_it_keeps_falls_back():
+  # Row 0's 4 best entries share block 5: it keeps 2 and drops a winner.
+  x = np.random.default_rng(2).standard_normal((2, 8192)).astype(np.float32)
+  x[0, 5 + B * np.arange(4)] = 10 + np.arange(4)
+  _, _, drop_v, _ = sb.block_candidates(x, keep=2, tile=4096)
+  assert np.asarray(drop_v)[0, 5] >= 10
+  got = np.asarray(topk.select_topk(x, 16, "blocktop", keep=2, tile=4096))
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, 16))
+
+
+def test_blocktop_prefix_rows_drop_no_winner():
+  # Visible entries a 4,096-entry prefix of 65,536, k 512: the winners
+  # spread over every block, as in a long row.
+  x = np.random.default_rng(5).standard_normal((2, 65536)).astype(np.float32)
+  x[:, 4096:] = -np.inf
+  keep, tile = sb.plan(65536, 512)
+  vals, idx, drop_v, drop_i = sb.block_candidates(x, keep=keep, tile=tile)
+  want = oracle.topk_rule(x, 512)
+  kth = x[np.arange(2), want[:, -1]]
+  assert (np.asarray(drop_v) < kth[:, None]).all()
+  got = np.asarray(topk.select_topk(x, 512, "blocktop"))
+  np.testing.assert_array_equal(got, want)
+
+
+def test_blocktop_options_are_checked():
+  x = np.zeros((2, 4096), np.float32)
+  with pytest.raises(ValueError, match=r"tile: must be a positive multiple "
+                     r"of 1024 \(got 100\)"):
+    topk.select_topk(x, 4, "blocktop", tile=100)
+  with pytest.raises(ValueError, match=r"keep: 1 candidates in each of the "
+                     r"1024 blocks are fewer than k \(2000\)"):
+    topk.select_topk(x, 2000, "blocktop", keep=1)
+
+
+def test_blocktop_is_race_free():
+  x = np.random.default_rng(3).standard_normal((3, 6000)).astype(np.float32)
+  with modes.race_check() as report:
+    got = np.asarray(topk.select_topk(x, 24, "blocktop", keep=2, tile=2048))
+  assert report.launches == 1 and not report.races_found, report
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, 24))
+
+
+def test_blocktop_model_reads_the_scores_once():
+  from streamidx.lab.model import topk as topk_model
+  t, n, k = 64, 262144, 512
+  c = topk_model.cost("blocktop", t, n, k)
+  buf = t * n * 4
+  assert c.passes == 1 and buf < c.bytes_read < 1.07 * buf
+  assert c.sort_work < topk_model.cost("sort", t, n, k).sort_work / 50
+  assert "7168 candidates" in c.detail
+
+
+def _drops_a_winner(x, k):
+  keep, tile = sb.plan(x.shape[1], k)
+  _, _, drop_v, drop_i = sb.block_candidates(x, keep=keep, tile=tile)
+  want = oracle.topk_rule(x, k)
+  kth = np.where(want[:, -1:] >= 0,
+                 np.take_along_axis(x, np.maximum(want[:, -1:], 0), axis=1),
+                 -np.inf)
+  kth = np.where(np.abs(kth) < np.finfo(np.float32).tiny, 0, kth)
+  dv = np.asarray(drop_v)
+  return ((dv > kth) | ((dv == kth) & (np.asarray(drop_i) < want[:, -1:])
+                        & (want[:, -1:] >= 0))).any(1)
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+@tiers.FULL
+def test_blocktop_drops_no_winner_on_breaking_and_short_rows(k):
+  # The rows built to break selections, and a 4,096-entry visible prefix of
+  # random scores, at 262,144 entries: the fast path holds (no fallback).
+  from test_topk_exact import breaking_rows
+  rows = breaking_rows(262144, k, seed=k)
+  x = np.stack(list(rows.values()))
+  short = np.random.default_rng(k).standard_normal((1, 262144)).astype(
+      np.float32)
+  short[:, 4096:] = -np.inf
+  x = np.concatenate([x, short])
+  dropped = _drops_a_winner(x, k)
+  assert not dropped.any(), [n for n, d in zip([*rows, "short"], dropped) if d]
