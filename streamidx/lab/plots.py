@@ -570,6 +570,32 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
   return _done(fig)
 
 
+def block_sweep_figure(rows: Sequence[dict], *, x: str, series: str,
+                       panels: Sequence[tuple], production=None, title: str):
+  """Notebook 05: a block-size sweep, a panel per (column, y label) of `panels`, `rows[x]` on a
+  log2 x axis, a line per value of `rows[series]`; `production`: the (x, series) of the
+  production row, ringed in every panel."""
+  n = len(panels)
+  cols = min(3, n)
+  fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.2 * cols, 3.2 * -(-n // cols)),
+                           squeeze=False)
+  for ax in axes.flat[n:]:
+    ax.axis("off")
+  values = list(dict.fromkeys(r[series] for r in rows))
+  for ax, (col, ylabel) in zip(axes.flat, panels):
+    for i, v in enumerate(values):
+      rs = [r for r in rows if r[series] == v]
+      ax.plot([r[x] for r in rs], [r[col] for r in rs], "o-", color=f"C{i}", label=f"{series} = {v}")
+    for r in rows:
+      if production is not None and (r[x], r[series]) == tuple(production):
+        ax.plot(r[x], r[col], "o", ms=13, mfc="none", mec="black", mew=1.5,
+                label="production block sizes")
+    _style(ax, x, ylabel, xlog=2, grid=.3)
+    ax.set_xticks(sorted({r[x] for r in rows}), sorted({r[x] for r in rows}))
+  axes.flat[0].legend(fontsize=7)
+  return _done(fig, title, size=10)
+
+
 def decode_waste_figure(waste, batch_sizes: Sequence[int], orders: Sequence[str], *, title: str):
   """Notebook 04: wasted share of computed KV blocks per decode batch size and order
   (`waste`: {(B, order): [fraction per batch]}): means, one standard deviation error bars."""
@@ -652,11 +678,12 @@ def topk_methods_figure(rows: Sequence[dict], *, measured: Sequence[dict] = (), 
       if m["panel"] == panel:
         axes[0][col].plot(m["us"], y[m["method"]], "*", color="tab:red", ms=12, label=m["label"])
   axes[0][0].invert_yaxis()
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  for ax in axes[0][1:]:  # the measured stars may sit in another panel
+  legend = {}  # label -> handle, over every top-row panel (the stars sit in one)
+  for ax in axes[0]:
     for h, l in zip(*ax.get_legend_handles_labels()):
-      if l not in labels: handles, labels = handles + [h], labels + [l]
-  fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+      legend.setdefault(l, h)
+  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
+             frameon=False)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout(rect=(0, .05, 1, 1))
   return fig
@@ -683,14 +710,21 @@ def mtp_step_figure(rows: Sequence[dict], *, title: str):
       for key, marker, color, label in terms:
         pts = [(r.get_x() + r.get_width() / 2, by[g, p][key]) for r, g in zip(bar, gens)
                if by[g, p][key]]
-        ax.plot([x for x, _ in pts], [v for _, v in pts], marker, color=color, ms=9, mew=2,
-                ls="none", label=label if p == paths[0] else None)
+        if pts:
+          ax.plot([x for x, _ in pts], [v for _, v in pts], marker, color=color, ms=9, mew=2,
+                  ls="none", label=label)
     _style(ax, "TPU generation", title=f"{ctx // 1024}K tokens per sequence", size=10, ylog=10,
            grid=dict(alpha=.3, axis="y", which="both"))
-  _style(axes[0][0], ylabel="microseconds (one layer, model)",
-         legend=dict(fontsize=7, loc="upper center", bbox_to_anchor=(1.05, -.16), ncol=5,
-                     frameon=False))
-  return _done(fig, title, size=10)
+  _style(axes[0][0], ylabel="microseconds (one layer, model)")
+  legend = {}  # label -> handle, over the panels (a term may be known in one only)
+  for ax in axes[0]:
+    for h, l in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(l, h)
+  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
+             frameon=False)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, .07, 1, 1))
+  return fig
 
 
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
