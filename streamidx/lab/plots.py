@@ -572,9 +572,9 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
 
 def block_sweep_figure(rows: Sequence[dict], *, x: str, series: str,
                        panels: Sequence[tuple], production=None, title: str):
-  """Notebook 05: a block-size sweep, a panel per (column, y label) of `panels`, `rows[x]` on a
-  log2 x axis, a line per value of `rows[series]`; `production`: the (x, series) of the
-  production row, ringed in every panel."""
+  """Notebook 05: a block-size sweep, a panel per (column, y label) of `panels` (y from 0),
+  `rows[x]` on a log2 x axis, a line per value of `rows[series]`; `production`: the (x, series)
+  of the production row, ringed in every panel."""
   n = len(panels)
   cols = min(3, n)
   fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.2 * cols, 3.2 * -(-n // cols)),
@@ -591,6 +591,7 @@ def block_sweep_figure(rows: Sequence[dict], *, x: str, series: str,
         ax.plot(r[x], r[col], "o", ms=13, mfc="none", mec="black", mew=1.5,
                 label="production block sizes")
     _style(ax, x, ylabel, xlog=2, grid=.3)
+    ax.set_ylim(bottom=0)  # a flat line reads as flat
     ax.set_xticks(sorted({r[x] for r in rows}), sorted({r[x] for r in rows}))
   axes.flat[0].legend(fontsize=7)
   return _done(fig, title, size=10)
