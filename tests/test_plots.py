@@ -435,3 +435,87 @@ def test_static_schedule_figure_gives_each_chip_its_own_y_range():
   v5e, v6e = plots.static_schedule_figure(rows, bounds, title="t").axes
   assert v5e.get_ylim()[1] >= 520 and v6e.get_ylim()[1] < 100   # both points inside their panel
   plt.close("all")
+
+
+def test_kv_double_buffer_figure_draws_each_fetch_on_its_slot_and_each_scoring():
+  fills = [dict(slot=0, start=2, wait=10, step=0, pages=8, seqs=2),
+           dict(slot=1, start=6, wait=14, step=1, pages=8)]
+  computes = [dict(step=0, start=10, end=11), dict(step=1, start=14, end=15)]
+  fig = plots.kv_double_buffer_figure(fills, computes, [(0, "decode")], xlabel="DMA number",
+                                      title="t")
+  ax = fig.axes[0]
+  boxes = [p for p in ax.patches if p.get_fill()]
+  assert [(b.get_x(), b.get_y(), b.get_width()) for b in boxes] == [
+      (2, .15, 8), (6, 1.15, 8), (10, 2.15, 1), (14, 2.15, 1)]
+  texts = [t.get_text() for t in ax.texts]
+  assert "step 0\n8 pages of 2 seqs" in texts and "step 1\n8 pages" in texts
+  assert "decode launch" in texts
+  plt.close(fig)
+
+
+def test_running_topk_figure_draws_the_kth_best_per_block_and_outlines_new_entries():
+  scores = np.array([3., 1., 2., -np.inf, 5., 0., 4., -np.inf])
+  history = [dict(idx=np.array([0, 2]), vals=np.array([3., 2.]), entered=[0, 2], left=[]),
+             dict(idx=np.array([4, 6]), vals=np.array([5., 4.]), entered=[4, 6], left=[0, 2])]
+  fig = plots.running_topk_figure(scores, history, bkv=4, title="t")
+  ax, buf = fig.axes
+  segments = [s for c in ax.collections for s in c.get_segments()]
+  assert [tuple(map(tuple, s)) for s in segments] == [((0, 2.), (4, 2.)), ((4, 4.), (8, 4.))]
+  outlined = [p for p in buf.patches if not p.get_fill()]
+  assert len(outlined) == 4  # every entry is new in its block here
+  assert [t.get_text() for t in buf.texts] == ["0", "2", "4", "6"]
+  dropped = [l for l in ax.lines if l.get_label().startswith("kept for a while")][0]
+  assert list(dropped.get_xdata()) == [0, 2]
+  plt.close(fig)
+
+
+def test_topk_methods_figure_puts_bound_and_sort_work_per_shape_and_stars_the_measured():
+  rows = [dict(panel=p, series=s, method=m, bound_us=b, sort_work_g=w)
+          for p in ("decode", "prefill") for s, f in (("k = 512", 1), ("k = 2048", 2))
+          for m, b, w in (("sort", 10. * f, 1.), ("radix", 50. * f, .001), ("scoring", 100., None))]
+  measured = [dict(panel="decode", method="sort", us=3600., label="measured by others")]
+  fig = plots.topk_methods_figure(rows, measured=measured, generation="v7x", title="t")
+  axes = fig.axes
+  assert len(axes) == 4 and axes[0].get_title() == "decode" and axes[1].get_title() == "prefill"
+  top = {l.get_label(): list(l.get_xdata()) for l in axes[0].lines}
+  assert top["k = 512"] == [10., 50., 100.] and top["k = 2048"] == [20., 100., 100.]
+  assert top["measured by others"] == [3600.]
+  bottom = {l.get_label(): list(l.get_xdata()) for l in axes[2].lines}
+  assert bottom["k = 512"] == [1., .001]  # the scoring row has no sort work
+  assert axes[0].get_xscale() == axes[2].get_xscale() == "log"
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+      "k = 512", "k = 2048", "measured by others"]
+  plt.close(fig)
+
+
+def test_mtp_step_figure_bars_each_path_and_marks_only_the_known_terms():
+  rows = [{"generation": g, "tokens": 131072, "path": p, "step us": s, "HBM us": 10.,
+           "MXU us": m, "vector us": v}
+          for g, v in (("v5e", 30.), ("v6e", None)) for p, s, m in (("batched", 40., 1.),
+                                                                    ("mixed", 80., 64.))]
+  fig = plots.mtp_step_figure(rows, title="t")
+  ax = fig.axes[0]
+  assert [round(p.get_height()) for p in ax.patches] == [40, 40, 80, 80]
+  marks = collections.defaultdict(list)
+  for line in ax.lines:
+    marks[line.get_label()] += list(line.get_ydata())
+  assert marks["kernel's HBM term"] == [10.] * 4
+  assert marks["kernel's MXU term"] == [1., 1., 64., 64.]
+  assert marks["kernel's vector term (static schedule)"] == [30., 30.]  # v6e has none
+  assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == sorted([
+      "predicted step, batched path", "predicted step, mixed path", "kernel's HBM term",
+      "kernel's MXU term", "kernel's vector term (static schedule)"])
+  assert ax.get_yscale() == "log"
+  plt.close(fig)
+
+
+def test_block_sweep_figure_draws_a_line_per_series_and_rings_the_production_row():
+  rows = [dict(bq=bq, bkv_p=c, MB=100 / bq * c, us=1000 / bq) for c in (1, 2) for bq in (32, 64, 128)]
+  fig = plots.block_sweep_figure(rows, x="bq", series="bkv_p", panels=[("MB", "MB"), ("us", "us")],
+                                 production=(64, 2), title="t")
+  mb = fig.axes[0]
+  lines = {l.get_label(): (list(l.get_xdata()), list(l.get_ydata())) for l in mb.lines}
+  assert lines["bkv_p = 1"] == ([32, 64, 128], [100 / 32, 100 / 64, 100 / 128])
+  assert lines["production block sizes"] == ([64], [100 / 64 * 2])
+  assert mb.get_xscale() == "log" and len(fig.axes) == 2
+  plt.close(fig)

@@ -436,6 +436,85 @@ def dma_timeline_axes(ax, rec, *, launches=None, title=None):
          "start)", title=title)
 
 
+def kv_double_buffer_figure(fills: Sequence[dict], computes: Sequence[dict],
+                            launches: Sequence[tuple], *, xlabel: str, title: str):
+  """Notebook 03: the KV double buffer of a call. `fills`: one dict per KV block fetch (slot 0/1,
+  start: its first page DMA's number, wait: its wait's, step: the KV-loop step it feeds, pages,
+  seqs: the sequences of a batched program, optional),
+  a bar on its slot's row from start to wait; `computes` (step, start, end): the step's scoring,
+  on a third row; `launches`: (first DMA number, name), a solid line each. x: `xlabel`."""
+  rows = ("KV slot 0", "KV slot 1", "compute")
+  colors = ("tab:blue", "tab:cyan", "tab:orange")
+  end = max([f["wait"] for f in fills] + [c["end"] for c in computes] + [1]) + 1
+  fig, ax = plt.subplots(figsize=(min(16, max(9, 0.09 * end + 4)), 3.3))
+  for f in fills:
+    _box(ax, f["start"], f["slot"] + .15, colors[f["slot"]], w=max(f["wait"] - f["start"], .6), h=.7,
+         ec="black", lw=.5)
+    _text(ax, (f["start"] + f["wait"]) / 2, f["slot"] + .5, f"step {f['step']}\n{f['pages']} pages"
+          + (f" of {f['seqs']} seqs" if f.get("seqs", 1) > 1 else ""), 7)
+    ax.plot(f["start"], f["slot"] + .5, ">", color="black", ms=5)
+    ax.plot(f["wait"], f["slot"] + .5, "|", color="black", ms=14, mew=2)
+  for c in computes:
+    _box(ax, c["start"], 2.15, colors[2], w=max(c["end"] - c["start"], .6), h=.7, ec="black", lw=.5)
+    _text(ax, c["start"] + max(c["end"] - c["start"], .6) / 2, 2.5, str(c["step"]), 7)
+  for x, name in launches:
+    ax.axvline(x - .5, color="black", lw=1)
+    ax.text(x, -.2, f"{name} launch", fontsize=8, va="center")
+  ax.set(xlim=(-1, end), ylim=(3, -.4))
+  ax.set_yticks(np.arange(3) + .5, rows[:2] + ("scoring (step)",))
+  ax.plot([], [], ">", color="black", label="first page DMA started")
+  ax.plot([], [], "|", color="black", ms=10, mew=2, label="wait (block in VMEM)")
+  _style(ax, xlabel, title=title, size=10,
+         legend=dict(loc="upper center", bbox_to_anchor=(.5, -.3), ncol=2, fontsize=8, frameon=False))
+  return _done(fig)
+
+
+def running_topk_figure(scores, history: Sequence[dict], *, bkv: int, title: str):
+  """Notebook 03: one query row's running top-k over its KV blocks. Left: the row's scores
+  (f32[N], -inf: masked) against the entry index, the k-th best kept after each block drawn
+  over that block, the final top-k filled, entries taken in and later dropped as crosses.
+  Right: the buffer after each block (`history`: per block, dicts of idx i32[k] and vals f32[k],
+  best first, entered/left: entry indices), a cell per rank labelled with its entry, coloured by
+  the block it came from, new entries outlined."""
+  scores = np.asarray(scores, float)
+  k, blocks = len(history[0]["idx"]), len(history)
+  colors = seq_colors(blocks)
+  fig, (ax, ax_buf) = plt.subplots(1, 2, figsize=(12, max(3.8, 0.26 * k + 1.8)),
+                                   gridspec_kw={"width_ratios": [2.3, 0.35 * blocks + .6]})
+  live = np.flatnonzero(np.isfinite(scores))
+  ax.plot(live, scores[live], ".", color="0.7", ms=3, label="score of an entry")
+  final = [i for i in history[-1]["idx"] if i >= 0]
+  dropped = sorted({i for h in history for i in h["left"]})
+  ax.plot(final, scores[final], "o", color="tab:orange", ms=5, label=f"final top-{k}")
+  ax.plot(dropped, scores[dropped], "x", color="tab:red", ms=6,
+          label="kept for a while, then dropped")
+  for j, h in enumerate(history):
+    v = np.asarray(h["vals"], float)
+    kth = v[-1] if np.isfinite(v[-1]) else np.nan
+    ax.hlines(kth, j * bkv, (j + 1) * bkv, color="black", lw=2,
+              label="k-th best kept after this block" if j == 0 else None)
+    ax.axvline(j * bkv, color="0.5", lw=.8, ls=":")
+    ax.text(j * bkv + 2, 1.0, f"block {j}\n+{len(h['entered'])} in, -{len(h['left'])} out",
+            transform=ax.get_xaxis_transform(), fontsize=7, va="top")
+  ax.set_xlim(0, blocks * bkv)
+  _style(ax, f"entry index (KV blocks of bkv = {bkv} entries)", "score (f32)",
+         "the row's scores and the running k-th best", size=9,
+         legend=dict(loc="upper center", bbox_to_anchor=(.5, -.2), ncol=2, fontsize=7,
+                     frameon=False))
+  ax.set_ylim(top=ax.get_ylim()[1] + .25 * np.ptp(ax.get_ylim()))  # room for the block notes
+  for j, h in enumerate(history):
+    for r, (i, v) in enumerate(zip(h["idx"], h["vals"])):
+      new = i in h["entered"]
+      _box(ax_buf, j, r, colors[i // bkv] if i >= 0 else FREE, str(i) if i >= 0 else "-1",
+           size=6.5, color="white" if i >= 0 else "black")
+      if new: _outline(ax_buf, j + .04, r + .04, .92, .92, lw=1.5)
+  _grid_axes(ax_buf, blocks, k, [f"after\nblock {j}" for j in range(blocks)],
+             [str(r + 1) for r in range(k)])
+  _style(ax_buf, ylabel="rank in the running top-k", title="the buffer (entry index;\n"
+         "colour: its block; outlined: new)", size=9)
+  return _done(fig, title, size=10)
+
+
 def iteration_order_figure(steps, num_seqs: int, *, title: str):
   """Notebook 04: the kernel's steps (`tiling.steps(plan)`) in order, a row per sequence, a
   cell "bq,bkv" coloured by case, hatched past the sequence's entries (computed, masked)."""
@@ -491,6 +570,33 @@ def vmem_budget_figure(budget, bq_choices, bkv_choices, limits, *, production, t
   return _done(fig)
 
 
+def block_sweep_figure(rows: Sequence[dict], *, x: str, series: str,
+                       panels: Sequence[tuple], production=None, title: str):
+  """Notebook 05: a block-size sweep, a panel per (column, y label) of `panels` (y from 0),
+  `rows[x]` on a log2 x axis, a line per value of `rows[series]`; `production`: the (x, series)
+  of the production row, ringed in every panel."""
+  n = len(panels)
+  cols = min(3, n)
+  fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.2 * cols, 3.2 * -(-n // cols)),
+                           squeeze=False)
+  for ax in axes.flat[n:]:
+    ax.axis("off")
+  values = list(dict.fromkeys(r[series] for r in rows))
+  for ax, (col, ylabel) in zip(axes.flat, panels):
+    for i, v in enumerate(values):
+      rs = [r for r in rows if r[series] == v]
+      ax.plot([r[x] for r in rs], [r[col] for r in rs], "o-", color=f"C{i}", label=f"{series} = {v}")
+    for r in rows:
+      if production is not None and (r[x], r[series]) == tuple(production):
+        ax.plot(r[x], r[col], "o", ms=13, mfc="none", mec="black", mew=1.5,
+                label="production block sizes")
+    _style(ax, x, ylabel, xlog=2, grid=.3)
+    ax.set_ylim(bottom=0)  # a flat line reads as flat
+    ax.set_xticks(sorted({r[x] for r in rows}), sorted({r[x] for r in rows}))
+  axes.flat[0].legend(fontsize=7)
+  return _done(fig, title, size=10)
+
+
 def decode_waste_figure(waste, batch_sizes: Sequence[int], orders: Sequence[str], *, title: str):
   """Notebook 04: wasted share of computed KV blocks per decode batch size and order
   (`waste`: {(B, order): [fraction per batch]}): means, one standard deviation error bars."""
@@ -540,6 +646,86 @@ def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str
   # Below the panels: inside, it would cover the points or the HBM line.
   _style(axes[0][0], legend=dict(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.3)))
   return _done(fig, title, size=10)
+
+
+def topk_methods_figure(rows: Sequence[dict], *, measured: Sequence[dict] = (), generation: str,
+                        title: str):
+  """Notebook 05: the top-k methods side by side, a column of panels per shape. `rows`: dicts of
+  panel (the shape), series (k), method, bound_us (the HBM bound on `generation`), sort_work_g
+  (G compare-exchanges; None: not a sort, e.g. the scoring kernel's row); top row the bound,
+  bottom row the sort work, both log scale, a marker per series. `measured`: dicts of panel,
+  method, us and label: a measurement by others, a red star on the top row."""
+  panels = list(dict.fromkeys(r["panel"] for r in rows))
+  methods = list(dict.fromkeys(r["method"] for r in rows))
+  series = list(dict.fromkeys(r["series"] for r in rows))
+  style = dict(zip(series, zip(("o", "s", "^", "D"), ("tab:blue", "tab:green", "tab:purple",
+                                                      "tab:brown"))))
+  fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels) + 1.5, 6.4), sharey=True,
+                           squeeze=False)
+  y = {m: i for i, m in enumerate(methods)}
+  for col, panel in enumerate(panels):
+    for row_ax, key, xlabel in ((axes[0][col], "bound_us", f"HBM bound on {generation} (us)"),
+                                (axes[1][col], "sort_work_g", "sort work (G compare-exchanges)")):
+      for i, ser in enumerate(series):
+        pts = [(r[key], y[r["method"]]) for r in rows
+               if r["panel"] == panel and r["series"] == ser and r[key]]
+        marker, color = style[ser]
+        row_ax.plot([p[0] for p in pts], [p[1] + (i - (len(series) - 1) / 2) * .18 for p in pts],
+                    marker, color=color, ls="none", ms=6, label=ser)
+      _style(row_ax, xlabel, xlog=10, grid=dict(alpha=.3, which="both", axis="x"))
+      row_ax.set_yticks(range(len(methods)), methods)
+    axes[0][col].set_title(panel, fontsize=10)
+    for m in measured:
+      if m["panel"] == panel:
+        axes[0][col].plot(m["us"], y[m["method"]], "*", color="tab:red", ms=12, label=m["label"])
+  axes[0][0].invert_yaxis()
+  legend = {}  # label -> handle, over every top-row panel (the stars sit in one)
+  for ax in axes[0]:
+    for h, l in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(l, h)
+  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
+             frameon=False)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, .05, 1, 1))
+  return fig
+
+
+def mtp_step_figure(rows: Sequence[dict], *, title: str):
+  """Notebook 05: the predicted MTP decode step per generation, a panel per context ("tokens"),
+  a bar per path ("step us") with the kernel stage's terms on it ("HBM us", "MXU us",
+  "vector us"; None: not known) as markers; log scale."""
+  contexts = list(dict.fromkeys(r["tokens"] for r in rows))
+  paths = list(dict.fromkeys(r["path"] for r in rows))
+  gens = list(dict.fromkeys(r["generation"] for r in rows))
+  fig, axes = plt.subplots(1, len(contexts), figsize=(6 * len(contexts), 3.8), sharey=True,
+                           squeeze=False)
+  terms = (("HBM us", "_", "black", "kernel's HBM term"), ("MXU us", "x", "tab:red",
+                                                          "kernel's MXU term"),
+           ("vector us", "D", "tab:purple", "kernel's vector term (static schedule)"))
+  for ax, ctx in zip(axes[0], contexts):
+    by = {(r["generation"], r["path"]): r for r in rows if r["tokens"] == ctx}
+    bars = _grouped(ax, gens, [(f"predicted step, {p} path",
+                                [by[g, p]["step us"] for g in gens], dict(alpha=.6))
+                               for p in paths])
+    for bar, p in zip(bars, paths):
+      for key, marker, color, label in terms:
+        pts = [(r.get_x() + r.get_width() / 2, by[g, p][key]) for r, g in zip(bar, gens)
+               if by[g, p][key]]
+        if pts:
+          ax.plot([x for x, _ in pts], [v for _, v in pts], marker, color=color, ms=9, mew=2,
+                  ls="none", label=label)
+    _style(ax, "TPU generation", title=f"{ctx // 1024}K tokens per sequence", size=10, ylog=10,
+           grid=dict(alpha=.3, axis="y", which="both"))
+  _style(axes[0][0], ylabel="microseconds (one layer, model)")
+  legend = {}  # label -> handle, over the panels (a term may be known in one only)
+  for ax in axes[0]:
+    for h, l in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(l, h)
+  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
+             frameon=False)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, .07, 1, 1))
+  return fig
 
 
 def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
