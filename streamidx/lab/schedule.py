@@ -1,7 +1,7 @@
 """The static schedule of the compiled kernel: bundles per KV-loop iteration.
 
 `launch_schedules` compiles each launch alone with libtpu's schedule dumps on
-and parses them (`parse_bundles`, `parse_utilization`); `kv_loop` finds the
+and parses them (the dump layer: `streamidx.lab.dump`); `kv_loop` finds the
 KV loop (the innermost with MXU ops): bundles per iteration and per KV page,
 the binding slot, spills and source lines. The dump files, the flags and what
 the count bounds: docs/tpu.md, "How `streamidx.lab.schedule` reads the
@@ -24,104 +24,14 @@ from typing import Sequence
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
+from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
+                                find_loops, parse_bundles, parse_utilization)
 from streamidx.lab.model import tiling
 from streamidx.lab.model.roofline import page_bounds
 
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
-
-DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
-              "--xla_jf_dump_llo_pass_label_regex=final "
-              "--xla_mosaic_enable_llo_source_annotations=true")
-# Every operand in HBM, as in a real step (docs/tpu.md says why).
-HBM_FLAGS = ("--xla_gf_vmem_memory_space_assignment=false "
-             "--xla_vf_vmem_memory_space_assignment=false")
-DELAY_SLOTS = 4  # bundles after a taken branch that still issue
-
-_LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
-_START = re.compile(r"Start region (\d+)")
-_BRANCH = re.compile(r"sbr\.rel[^;]*?target = \$region(\d+)")
-_LOC = re.compile(r'loc\("([^"]+)":(\d+):')
-
-
-@dataclasses.dataclass(frozen=True)
-class Bundle:
-  """One scheduled bundle of the final program."""
-
-  addr: int
-  label: str  # "LB", "LH", "LE", "PB", "PF", "CT" or ""
-  ops: str  # the text between the braces
-  comment: str  # the text after them ("Start region N", ...)
-
-  @property
-  def starts(self) -> tuple[int, ...]:
-    return tuple(int(x) for x in _START.findall(self.comment))
-
-  @property
-  def branch_target(self) -> int | None:
-    m = _BRANCH.search(self.ops)
-    return int(m.group(1)) if m else None
-
-  def source_lines(self, file_suffix: str = "") -> set[tuple[str, int]]:
-    return {(f, int(l)) for f, l in _LOC.findall(self.ops)
-            if f.endswith(file_suffix)}
-
-
-def parse_bundles(text: str) -> list[Bundle]:
-  """The bundles of a `*-final_bundles.txt` dump, in address order."""
-  out = []
-  for line in text.splitlines():
-    m = _LINE.match(line)
-    if not m:
-      continue
-    addr = int(m.group(1), 0)
-    out.append(Bundle(addr, m.group(2) or "", m.group(3), m.group(4)))
-  return out
-
-
-def parse_utilization(text: str):
-  """(slot names, capacities, one row of per-slot op counts per bundle)."""
-  lines = [l.strip() for l in text.splitlines()]
-  # (libtpu spells it CAPACTIY)
-  i = next(i for i, l in enumerate(lines) if l in ("== CAPACTIY:",
-                                                   "== CAPACITY:"))
-  names = tuple(x.strip() for x in lines[i + 1].split(","))
-  capacity = tuple(int(x) for x in lines[i + 2].split())
-  j = lines.index("== UTILIZATION:")
-  rows = [tuple(int(x) for x in l.split()) for l in lines[j + 1:] if l]
-  return names, capacity, rows
-
-
-@dataclasses.dataclass(frozen=True)
-class Loop:
-  """A loop of the schedule: bundles [start, end] (end: the last delay slot)."""
-
-  start: int
-  end: int
-  region: int
-
-  @property
-  def bundles(self) -> int:
-    return self.end - self.start + 1
-
-
-def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
-  """Every loop: an "LB:" bundle starting region N up to the branch back to
-  N plus its delay slots."""
-  last = max((b.addr for b in bundles), default=-1)
-  loops = []
-  for b in bundles:
-    if b.label != "LB":
-      continue
-    for region in b.starts:
-      back = [c.addr for c in bundles
-              if c.addr >= b.addr and c.branch_target == region]
-      if back:
-        loops.append(Loop(b.addr, min(max(back) + DELAY_SLOTS, last), region))
-        break
-  return loops
-
 
 @dataclasses.dataclass(frozen=True)
 class KvLoop:
