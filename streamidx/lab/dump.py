@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "DELAY_SLOTS", "Bundle", "Loop",
            "parse_bundles", "parse_utilization", "find_loops", "trip_count",
            "Computation", "read_computation", "Conditional", "SparseCoreCall",
-           "read_hlo", "ModuleCount", "executed", "read_module",
+           "read_hlo", "ModuleCount", "executed", "read_modules", "read_module",
            "compile_dump", "module_count"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
@@ -420,21 +420,40 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
                              and not k.startswith("<"))))
 
 
+def read_modules(dump_dir: str) -> list[tuple[dict, list, list]]:
+  """[(name -> Computation, conditionals, SparseCore calls)] of each module
+  dumped in `dump_dir`, in compile order: a module's files carry ids from
+  its top-level program's ("TLP") up to the next module's."""
+  paths = [p for p in glob.glob(os.path.join(dump_dir, "*-final_bundles.txt"))
+           if "schedule-analysis" not in p]
+  key = lambda p: int(os.path.basename(p).split("-", 1)[0])
+  paths.sort(key=key)
+  starts = sorted(key(p) for p in paths if re.search(r"-TLP-\d+-final", p))
+  out = []
+  for i, first in enumerate(starts):
+    last = starts[i + 1] if i + 1 < len(starts) else None
+    comps = {}
+    for p in paths:
+      if key(p) >= first and (last is None or key(p) < last):
+        c = read_computation(p)
+        comps[c.name] = c
+    conds, sc = [], []
+    hlo = glob.glob(os.path.join(dump_dir, f"{first}-TLP-hlo.txt"))
+    if hlo:
+      with open(hlo[0], encoding="utf-8") as f:
+        conds, sc = read_hlo(f.read())
+    out.append((comps, conds, sc))
+  return out
+
+
 def read_module(dump_dir: str) -> tuple[dict, list, list]:
   """(name -> Computation, conditionals, SparseCore calls) of the one module
-  dumped in `dump_dir`."""
-  comps = {}
-  for path in sorted(glob.glob(os.path.join(dump_dir, "*-final_bundles.txt"))):
-    if "schedule-analysis" in path:
-      continue
-    c = read_computation(path)
-    comps[c.name] = c
-  hlo = glob.glob(os.path.join(dump_dir, "*-TLP-hlo.txt"))
-  conds, sc = [], []
-  if hlo:
-    with open(hlo[0], encoding="utf-8") as f:
-      conds, sc = read_hlo(f.read())
-  return comps, conds, sc
+  dumped in `dump_dir` (ValueError if it holds more)."""
+  mods = read_modules(dump_dir)
+  if len(mods) != 1:
+    raise ValueError(f"dump_dir: must hold one module (found {len(mods)} "
+                     f"in {dump_dir})")
+  return mods[0]
 
 
 # ---------------------------------------------------------------------------

@@ -24,12 +24,14 @@ from typing import Sequence
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
+from streamidx.lab import dump
 from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
                                 find_loops, parse_bundles, parse_utilization)
 from streamidx.lab.model import tiling
 from streamidx.lab.model.roofline import page_bounds
 
-__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop",
+           "LaunchProgram", "launch_program", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
 
@@ -82,6 +84,52 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
 
 
 @dataclasses.dataclass(frozen=True)
+class LaunchProgram:
+  """The whole launch as compiled (its module: the kernel, the layout copies
+  XLA puts around it, the top-level program), its bundles executed as a
+  function of its dynamic loops (the grid over programs, the query-block
+  loop where there is one, the KV loop): `outside` once, then per program
+  `levels[0]`, per query block `levels[1]` (prefill), per KV step the last."""
+
+  outside: int
+  levels: tuple  # own bundles of each nested dynamic loop, outermost first
+  calls: tuple  # (callee, bundles per call) of the module's other programs
+
+  def executed(self, programs) -> int:
+    """Bundles for `programs` (a `tiling.Launch`'s, each with num_bq and
+    num_bkv): the KV loop's trips come from the batch, as per page."""
+    total = self.outside
+    for pr in programs:
+      if len(self.levels) == 2:
+        total += self.levels[0] + pr.num_bq * pr.num_bkv * self.levels[1]
+      else:
+        total += self.levels[0] + pr.num_bq * (
+            self.levels[1] + pr.num_bkv * self.levels[2])
+    return total
+
+
+def launch_program(comps: dict, kernel: str) -> LaunchProgram:
+  """`LaunchProgram` of a launch module (`dump.read_modules`'s computations;
+  `kernel` the name of its Pallas program): counted with each dynamic loop's
+  trips at 0 and 1 in turn."""
+  dyn = sorted((l for l in comps[kernel].loops if l.trips is None),
+               key=lambda l: l.depth)
+  if not 2 <= len(dyn) <= 3 or any(
+      not a.contains(b.start) for a, b in zip(dyn, dyn[1:])):
+    raise ValueError(f"{kernel}: expected 2 or 3 nested dynamic loops (grid, "
+                     f"[query blocks,] KV), found {[(l.start, l.depth) for l in dyn]}")
+
+  def count(ones):
+    trips = {(kernel, l.start): int(i < ones) for i, l in enumerate(dyn)}
+    return dump.executed(comps, trips=trips).total
+
+  e = [count(i) for i in range(len(dyn) + 1)]
+  calls = dump.executed(comps, trips={(kernel, l.start): 0 for l in dyn}).by_call
+  return LaunchProgram(e[0], tuple(b - a for a, b in zip(e, e[1:])),
+                       tuple((c[0], c[2]) for c in calls if c[0] != kernel))
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchSchedule:
   """The static schedule of one launch of a variant on one generation."""
 
@@ -98,6 +146,7 @@ class LaunchSchedule:
   total_bundles: int
   kv: KvLoop | None
   error: str = ""
+  program: LaunchProgram | None = None  # the whole launch module
 
 
 def _worker(spec: dict) -> list[dict]:
@@ -156,10 +205,11 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     records = json.loads(res.stdout.strip().splitlines()[-1])
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
     kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1] + ".py"
+    modules = dump.read_modules(out_dir)
     out = []
     for rec in records:
       _, bq, bkv_p = tiling.launch_case(rec["name"])
-      bundles, kv, err = [], None, rec["error"]  # err: the compile failed
+      bundles, kv, err, prog = [], None, rec["error"], None  # err: the compile failed
       if not err:
         tag = re.escape(rec["tag"])
         found = [[f for f in files if re.search(rf"-{tag}\.\d+-\d+-final_{kind}\.txt$", f)]
@@ -173,9 +223,15 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                        pages_per_iteration=rec["seq_batch_size"] * bkv_p)
         except ValueError as e:
           err = str(e)
+        mod = [m for m, _, _ in modules
+               if any(re.match(rf"{tag}(\.\d+)?$", n) for n in m)]
+        if len(mod) == 1:
+          name = next(n for n in mod[0] if re.match(rf"{tag}(\.\d+)?$", n))
+          prog = launch_program(mod[0], name)
       out.append(LaunchSchedule(
           variant, generation, fmt, shape, rec["name"], rec["case"],
-          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err))
+          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err,
+          prog))
     return out
 
 
