@@ -118,3 +118,28 @@ def test_a_register_bound_is_a_dynamic_trip_count_the_caller_supplies():
     dump.executed({"k": c}, root="k")
   got = dump.executed({"k": c}, root="k", trips={("k", 0): 5})
   assert got.total == 8 * 5 and got.dynamic == (("k", 0, 5),)
+
+
+def test_trip_counts_of_compiled_fori_loops_scale_exactly():
+  """count(N) = a + b * N at N = 3, 5, 8, and a nested pair multiplies:
+  the loops' trips read from the v7x dump are N (and M)."""
+  progs = [dict(generation="v7x", fn="streamidx.lab.dump:fori_program",
+                kwargs=dict(n=n, m=m), args=[((8, 1024), "float32")])
+           for n, m in ((3, 0), (5, 0), (8, 0), (3, 4), (5, 4), (5, 7))]
+  got = dump.module_counts(progs)
+  flat, nested = [c.total for c in got[:3]], [c.total for c in got[3:]]
+  b = (flat[1] - flat[0]) // 2
+  assert flat[1] - flat[0] == 2 * b and flat[2] - flat[1] == 3 * b and b > 0
+  a = flat[0] - 3 * b
+  assert [a + b * n for n in (3, 5, 8)] == flat
+  for c, n in zip(got[:3], (3, 5, 8)):
+    assert [l[3] for l in c.loops if l[0] == "TLP"] == [n]
+  # nested: count = a2 + N * (c + M * d); the inner body's call runs N * M times
+  for c, (n, m) in zip(got[3:], ((3, 4), (5, 4), (5, 7))):
+    assert sorted(l[3] for l in c.loops if l[0] == "TLP") == sorted([n, m])
+    calls = {r[0]: r[1] for r in c.by_call}
+    assert max(calls.values()) == n * m
+  per_outer = (nested[1] - nested[0]) // 2  # c + 4 d
+  d = (nested[2] - nested[1]) // (5 * 3)
+  assert nested[1] - nested[0] == 2 * per_outer and nested[2] - nested[1] == 15 * d
+  assert nested[0] - 3 * per_outer == nested[1] - 5 * per_outer  # the same a2

@@ -1,7 +1,7 @@
 """libtpu's final bundle dump of a compiled program: bundles, loops, trip
 counts, and the count of bundles a whole compiled module executes.
 
-`compile_dump` compiles a program for a TPU generation in a child process
+`compile_dumps` compiles programs for a TPU generation in a child process
 with the dump flags on (a jitted function with its argument shapes, or one
 `pallas_call` equation) and returns its dump directory; `read_module` parses
 every TensorCore computation in it (`*-final_bundles.txt`), `executed`
@@ -33,7 +33,7 @@ __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "DELAY_SLOTS", "Bundle", "Loop",
            "parse_bundles", "parse_utilization", "find_loops", "trip_count",
            "Computation", "read_computation", "Conditional", "SparseCoreCall",
            "read_hlo", "ModuleCount", "executed", "read_modules", "read_module",
-           "compile_dump", "module_count"]
+           "fori_program", "compile_dumps", "module_counts"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
@@ -468,31 +468,55 @@ def _resolve(path: str):
   return obj
 
 
-def _worker(spec: dict) -> dict:
-  """In the child: compile `spec["fn"]` (module:attr, called with the
-  static `spec["kwargs"]`) at `spec["args"]` ([shape, dtype] each) for
-  `spec["generation"]`."""
+def fori_program(x, *, n: int, m: int = 0):
+  """A program whose loop counts are known, for checking `trip_count`: a
+  `lax.fori_loop` of `n` iterations over f32 `x` (each with an inner loop of
+  `m` iterations when m > 0)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+
+  def inner(_, c):
+    return c * 1.0001 + jnp.sin(c)
+
+  def outer(_, c):
+    if m:
+      c = jnp.cos(lax.fori_loop(0, m, inner, c))
+      return c
+    return inner(0, c)
+
+  return lax.fori_loop(0, n, outer, x)
+
+
+def _worker(specs: list) -> list:
+  """In the child: compile each spec's `fn` (module:attr, called with the
+  static `kwargs`) at its `args` ([shape, dtype] each) for its
+  `generation`, in order (one module each in the dump)."""
   import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from streamidx import modes  # pylint: disable=g-import-not-at-top
-  fn = functools.partial(_resolve(spec["fn"]), **spec.get("kwargs", {}))
-  with modes.compile_for(spec["generation"]) as target:
-    args = [target.spec(tuple(s), jnp.dtype(d)) for s, d in spec["args"]]
-    compiled = jax.jit(fn).lower(*args).compile()
-  mem = compiled.memory_analysis()
-  return {"temp_bytes": getattr(mem, "temp_size_in_bytes", None)}
+  out = []
+  for spec in specs:
+    fn = functools.partial(_resolve(spec["fn"]), **spec.get("kwargs", {}))
+    with modes.compile_for(spec["generation"]) as target:
+      args = [target.spec(tuple(s), jnp.dtype(d)) for s, d in spec["args"]]
+      compiled = jax.jit(fn).lower(*args).compile()
+    mem = compiled.memory_analysis()
+    out.append({"temp_bytes": getattr(mem, "temp_size_in_bytes", None)})
+  return out
 
 
-def compile_dump(generation: str, fn: str, args: Sequence, kwargs=None, *,
-                 dump_dir: str, hbm: bool = True,
-                 timeout: float = 3600.0) -> dict:
-  """Compiles `fn` ("module:attr", a function of arrays; `kwargs` its
-  static keywords) at `args` ((shape, dtype) each) for `generation` in a
-  child process dumping to `dump_dir`; hbm: every operand in HBM
-  (`HBM_FLAGS`). Returns the child's record (temp bytes)."""
-  spec = dict(generation=generation, fn=fn, kwargs=dict(kwargs or {}),
-              args=[[list(s), str(d)] for s, d in args])
+def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
+                  timeout: float = 3600.0) -> list[dict]:
+  """Compiles each program ({"generation", "fn": "module:attr" of a
+  function of arrays, "kwargs": its static keywords, "args": [(shape,
+  dtype)]}) in one child process dumping to `dump_dir` (`read_modules`
+  reads them back in this order); hbm: every operand in HBM (`HBM_FLAGS`).
+  Returns the child's records (temp bytes)."""
+  specs = [dict(generation=p["generation"], fn=p["fn"],
+                kwargs=dict(p.get("kwargs") or {}),
+                args=[[list(s), str(d)] for s, d in p["args"]])
+           for p in programs]
   env = dict(os.environ)
   env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
                              f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
@@ -500,23 +524,27 @@ def compile_dump(generation: str, fn: str, args: Sequence, kwargs=None, *,
   env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   res = subprocess.run(
       [sys.executable, "-m", "streamidx.lab.dump", "--worker",
-       json.dumps(spec)], env=env, capture_output=True, text=True,
+       json.dumps(specs)], env=env, capture_output=True, text=True,
       timeout=timeout, check=False)
   if res.returncode:
     raise RuntimeError(f"dump worker failed:\n{res.stderr[-3000:]}")
   return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def module_count(generation: str, fn: str, args: Sequence, kwargs=None, *,
-                 taken=None, trips=None, dump_dir: str | None = None,
-                 hbm: bool = True) -> ModuleCount:
-  """`compile_dump` then `executed` of the module it dumped."""
+def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
+                  hbm: bool = True) -> list[ModuleCount]:
+  """`compile_dumps` then `executed` of each module (a program's "taken"
+  and "trips" keys pass to `executed`)."""
   with tempfile.TemporaryDirectory(prefix="sidx-dump-") as tmp:
     out = dump_dir or tmp
-    compile_dump(generation, fn, args, kwargs, dump_dir=out, hbm=hbm)
-    comps, conds, sc = read_module(out)
-    return executed(comps, conditionals=conds, taken=taken, trips=trips,
-                    sparsecore=sc)
+    compile_dumps(programs, dump_dir=out, hbm=hbm)
+    mods = read_modules(out)
+    if len(mods) != len(programs):
+      raise RuntimeError(f"{len(programs)} programs compiled, {len(mods)} "
+                         f"modules in the dump {out}")
+    return [executed(comps, conditionals=conds, sparsecore=sc,
+                     taken=p.get("taken"), trips=p.get("trips"))
+            for p, (comps, conds, sc) in zip(programs, mods)]
 
 
 def main(argv=None) -> int:
@@ -538,16 +566,17 @@ def main(argv=None) -> int:
   p.add_argument("--keep", help="dump into this directory (kept)")
   p.add_argument("--taken", default="{}", help="conditional -> branch (JSON)")
   a = p.parse_args(argv)
+  taken = json.loads(a.taken)
   if a.dir:
     comps, conds, sc = read_module(a.dir)
-    mc = executed(comps, conditionals=conds, sparsecore=sc,
-                  taken=json.loads(a.taken))
+    mc = executed(comps, conditionals=conds, sparsecore=sc, taken=taken)
   else:
     if not a.fn:
       p.error("--fn or --dir is required")
-    mc = module_count(a.generation, a.fn, json.loads(a.args),
-                      json.loads(a.kwargs), taken=json.loads(a.taken),
-                      dump_dir=a.keep)
+    mc, = module_counts([dict(generation=a.generation, fn=a.fn,
+                              kwargs=json.loads(a.kwargs),
+                              args=json.loads(a.args), taken=taken)],
+                        dump_dir=a.keep)
   print(json.dumps(mc.to_json(), indent=1))
   return 0
 
