@@ -413,16 +413,24 @@ class Stage:
 
 
 def selection_stages(generation: str, method: str, rows: int, entries: int,
-                     k: int, *, clock_hz: float | None) -> list[Stage]:
+                     k: int, *, clock_hz: float | None,
+                     compiled_entries: int | None = None) -> list[Stage]:
   """The selection (`select_topk(f32[rows, entries], k, method)` compiled:
   its bundles less the layout copies, the method's HBM bytes) and the
   layout copies inside its program (their bundles; the bytes they and the
   SparseCore calls read and write) on `generation`, from
-  data/step_schedule.json (bundles None where no compile is recorded)."""
+  data/step_schedule.json (bundles None where no compile is recorded);
+  `compiled_entries`: the record to read when none is at `entries` (the
+  kernel's padded buffer read at the unpadded width, said in the detail)."""
   from streamidx.lab import calibration  # pylint: disable=g-import-not-at-top
   spec = hardware.spec(generation)
   rec = calibration.selection_record(generation, method, rows, entries, k)
   cost = topk_model.cost(method, rows, entries, k)
+  note = ""
+  if rec is None and compiled_entries and compiled_entries != entries:
+    rec = calibration.selection_record(generation, method, rows,
+                                       compiled_entries, k)
+    note = f" (compiled at {compiled_entries} entries, the buffer has {entries})"
   if rec is None:
     return [Stage("selection", cost.bytes / spec.device_bandwidth, None, clock_hz,
                   detail=f"no recorded compile of {method} at [{rows}, {entries}]")]
@@ -431,7 +439,7 @@ def selection_stages(generation: str, method: str, rows: int, entries: int,
         if rec["sparsecore_calls"] else "")
   return [Stage("selection", cost.bytes / spec.device_bandwidth,
                 rec["bundles"] - rec["copy_bundles"], clock_hz,
-                detail=f"{method}: sort {rec['sort_bundles']:,} bundles"),
+                detail=f"{method}: sort {rec['sort_bundles']:,} bundles{note}"),
           Stage("copies", (rec["copy_hbm_bytes"] + rec["sparsecore_hbm_bytes"])
                 / spec.device_bandwidth, rec["copy_bundles"], clock_hz,
                 detail=f"layout copies in the selection's program{sc}")]
@@ -473,7 +481,8 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
            Stage("scoring", st["kernel"].t_mem, bundles, clock_hz,
                  t_mxu=st["kernel"].t_math, detail="; ".join(notes),
                  floor=floor)]
-          + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz))
+          + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz,
+                             compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
 
 # The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
