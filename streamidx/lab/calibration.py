@@ -136,87 +136,74 @@ def clock(chip: str) -> tuple[float | None, str]:
   return bundles / m["measured_s"], f"inferred from {name}"
 
 
-def _step(m: dict):
+def _step(m: dict, clock_hz: float):
+  """`dsv4_step` at a DeepSeek-V4 measurement's shape (decode: rows
+  sequences; prefill: one sequence of rows query rows), or None."""
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  ctx = m["context_tokens"]
-  if m["rows"] is None or ctx is None or m["model"] != "DeepSeek-V4":
+  if m["model"] != "DeepSeek-V4" or not m["rows"] or not m["context_tokens"]:
     return None
   prefill = m["rows"] > 64
   return roofline.dsv4_step(
-      m["chip"], context_tokens=ctx, batch=1 if prefill else m["rows"],
-      q_len=m["rows"] if prefill else 1, clock_hz=0.0)
+      m["chip"], context_tokens=m["context_tokens"],
+      batch=1 if prefill else m["rows"], q_len=m["rows"] if prefill else 1,
+      clock_hz=clock_hz)
 
 
-def _stages_for(m: dict) -> tuple[str, ...]:
-  return {"scoring": ("scoring",), "selection": ("selection",),
-          "copies": ("copies",)}.get(m["stage"], ("fill", "scoring",
-                                                  "selection", "copies"))
+_PARTS = {"scoring": ("scoring",), "selection": ("selection",),
+          "copies": ("copies",), "step": ("fill", "scoring", "selection", "copies")}
+
+
+def _stages(m: dict, clock_hz: float):
+  """The stages that predict measurement `m` (None: it cannot be
+  predicted), with the reason."""
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  if not m["chip"]:
+    return None, "chip not stated"
+  if m.get("selection_method") == "sparsecore_radix":
+    return None, "a SparseCore program: no bundles in the dump"
+  if m["model"] == "GLM-5.2":
+    return None, "GLM's scoring (32 heads, ratio 1) not compiled"
+  if m["stage"] == "selection" and not m["rows"]:
+    # #1607: rows not stated; the decode batch of #1642 at the same shape.
+    parts = roofline.selection_stages(m["chip"], m["selection_method"], 64,
+                                      m["entries"], m["k"], clock_hz=clock_hz)
+    note = "rows not stated: 64 assumed; the whole program (copies included)"
+  else:
+    st = _step(m, clock_hz)
+    if st is None:
+      return None, "rows or context not stated"
+    parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
+    note = ""
+  if any(s.bundles is None or s.floor for s in parts if s.name != "fill") or not parts:
+    return None, "no recorded compile at this shape"
+  return parts, note
 
 
 def _predicted_bundles(m: dict) -> int | None:
-  st = _step(m)
-  if st is None:
-    return None
-  parts = [s for s in st.stages if s.name in _stages_for(m)]
-  if any(s.bundles is None for s in parts if s.name != "fill"):
-    return None
-  return sum(s.bundles or 0 for s in parts)
-
-
-def _why_not(m: dict) -> str:
-  if not m["chip"]:
-    return "chip not stated"
-  if m.get("selection_method") == "sparsecore_radix":
-    return "a SparseCore program: no bundles in the dump"
-  if m["model"] != "DeepSeek-V4" or m["context_tokens"] is None:
-    return ("shape not compiled (GLM: 32 heads, ratio 1)" if m["model"] == "GLM-5.2"
-            else "rows or context not stated")
-  return "no recorded compile at this shape"
+  parts, _ = _stages(m, 0.0)
+  return None if parts is None else sum(s.bundles or 0 for s in parts)
 
 
 def rows() -> list[dict]:
   """One row per public measurement: its prediction at one clock per chip
-  (predicted_s None where it cannot be predicted, `why` says)."""
-  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  (predicted_s None where it cannot be predicted; `why` says why, or what
+  was assumed); `bound`: each stage's bounds."""
   out = []
   for m in measurements():
-    shape = (f"{m['rows'] or '?'} x {m['entries'] or '?'}, k {m['k'] or '?'}"
-             + (f", {m['context_tokens']:,} tokens" if m["context_tokens"] else ""))
+    shape = (f"{m['rows'] or '?'} x {m['entries'] or '?'}, k {m['k'] or '?'}")
     row = dict(source=m["source"], id=m["id"], url=m["url"], chip=m["chip"],
                stage=m["stage"], method=m.get("selection_method"), shape=shape,
-               measured_s=m["measured_s"], predicted_s=None, why="",
-               bound="")
-    st = _step(m) if m["chip"] and m.get("selection_method") != "sparsecore_radix" else None
-    if m["source"] == "sglang-jax #1607" and m["chip"]:
-      st = None
-      method = {"top_k": "top_k", "sort": "sort"}.get(m["selection_method"])
-      rec = method and selection_record(m["chip"], method, 64, m["entries"], m["k"])
-      hz, _ = clock(m["chip"])
-      if rec and hz:
-        sel = roofline.selection_stages(m["chip"], method, 64, m["entries"],
-                                        m["k"], clock_hz=hz)
-        row.update(predicted_s=sum(s.bound for s in sel),
-                   bound="; ".join(s.describe() for s in sel),
-                   why="rows not stated: 64 assumed (#1642's decode batch)")
-      else:
-        row["why"] = _why_not(m) if not rec else "no clock"
-      out.append(row)
-      continue
-    if st is None:
-      row["why"] = _why_not(m)
-      out.append(row)
-      continue
-    hz, _ = clock(m["chip"])
-    st = roofline.dsv4_step(m["chip"], context_tokens=m["context_tokens"],
-                            batch=1 if m["rows"] > 64 else m["rows"],
-                            q_len=m["rows"] if m["rows"] > 64 else 1,
-                            clock_hz=hz or 0.0)
-    parts = [s for s in st.stages if s.name in _stages_for(m)]
-    if hz is None or any(s.bundles is None for s in parts if s.name != "fill"):
-      row["why"] = "no clock" if hz is None else _why_not(m)
-    else:
+               measured_s=m["measured_s"], predicted_s=None, why="", bound="")
+    hz, src = clock(m["chip"]) if m["chip"] else (None, "")
+    parts, why = _stages(m, hz or 0.0)
+    row["why"] = why
+    if parts is not None and not hz:
+      row["why"] = f"no clock ({src})"
+    elif parts is not None:
       row.update(predicted_s=sum(s.bound for s in parts),
                  bound="; ".join(s.describe() for s in parts))
+      if INFER_FROM.get(m["chip"]) == m["id"]:
+        row["why"] = "the clock's source (1.00 by construction)"
     out.append(row)
   return out
 
