@@ -143,3 +143,19 @@ def test_trip_counts_of_compiled_fori_loops_scale_exactly():
   d = (nested[2] - nested[1]) // (5 * 3)
   assert nested[1] - nested[0] == 2 * per_outer and nested[2] - nested[1] == 15 * d
   assert nested[0] - 3 * per_outer == nested[1] - 5 * per_outer  # the same a2
+
+
+def test_recorded_launch_row_recompiles_to_the_same_counts():
+  """data/step_schedule.json's v7x decode launch (the whole module) is what
+  the compiler gives today."""
+  from streamidx.lab import aot, calibration, schedule
+
+  shape = "dsv4-decode-4k"
+  blocks = aot.table_blocks("vendored", aot.SHAPES_BY_NAME[shape], "fp8", "v7x")
+  s, = schedule.launch_schedules("vendored", "v7x", "fp8", shape, blocks,
+                                 launches=["decode"])
+  rec = calibration.launch_record("v7x", "vendored", "fp8", "decode",
+                                  s.seq_batch_size, s.bkv_p, s.bq_sz)
+  assert rec is not None and rec["compiled_shape"] == shape
+  assert (s.program.outside, list(s.program.levels)) == (rec["outside"],
+                                                         rec["levels"])
