@@ -120,6 +120,7 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
       command=command, date=date)
 
 
+@functools.lru_cache(maxsize=None)
 def clock(chip: str) -> tuple[float | None, str]:
   """(Hz, where it comes from): the public clock, else the one inferred from
   `INFER_FROM[chip]` (predicted bundles / measured time), else None."""
