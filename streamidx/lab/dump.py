@@ -329,7 +329,8 @@ class ModuleCount:
   their trips; `by_call`: (callee, calls, bundles per call, bundles) per
   inlined call; `loops`: (computation, start, bundles per iteration, trips,
   runs of the loop) per loop; `conditionals`: how each was counted;
-  `sparsecore`: the SparseCore calls (not counted: no bundles in the dump);
+  `sparsecore`: the SparseCore calls (not counted: no bundles in the dump;
+  those of a branch that does not run left out);
   `dynamic`: loops whose trip count the caller supplied."""
 
   total: int
@@ -414,7 +415,8 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
       by_call=tuple(sorted(((k, v[0], v[1], v[0] * v[1])
                             for k, v in calls.items()), key=lambda r: -r[3])),
       loops=tuple(loops), conditionals=tuple(notes),
-      sparsecore=tuple(dataclasses.astuple(s) for s in sparsecore),
+      sparsecore=tuple(dataclasses.astuple(s) for s in sparsecore
+                       if s.name not in skip),
       dynamic=tuple(dynamic),
       unreached=tuple(sorted(k for k in comps if k not in reached
                              and not k.startswith("<"))))
