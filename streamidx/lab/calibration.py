@@ -15,6 +15,8 @@ data/tpu_specs.json, else inferred from one named measurement
     python -m streamidx.lab.calibration --json    the rows as one JSON list
     python -m streamidx.lab.calibration --record-launches v7x v6e
                                                   recompile the scoring launches
+    python -m streamidx.lab.calibration --record-selection v7x sort 64 262144 512
+                                                  recompile one selection
 """
 
 from __future__ import annotations
@@ -281,10 +283,28 @@ def main(argv=None) -> int:
       description="Each public TPU measurement beside the static-schedule "
       "prediction at one clock per chip (records: data/step_schedule.json).")
   p.add_argument("--json", action="store_true", help="the rows as JSON")
+  p.add_argument("--record-selection", nargs=5,
+                 metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
+                 help="compile select_topk(f32[ROWS, ENTRIES], K, METHOD) for "
+                 "CHIP and print its row (JSON) for data/step_schedule.json")
   p.add_argument("--record-launches", nargs="+", metavar="CHIP",
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
   a = p.parse_args(argv)
+  if a.record_selection:
+    chip, method, r, e, k = a.record_selection
+    r, e, k = int(r), int(e), int(k)
+    import tempfile  # pylint: disable=g-import-not-at-top
+    with tempfile.TemporaryDirectory(prefix="sidx-sel-") as tmp:
+      dump.compile_dumps([dict(generation=chip, fn="streamidx.topk:select_topk",
+                               kwargs=dict(k=k, method=method),
+                               args=[((r, e), "float32")])], dump_dir=tmp)
+      print(json.dumps(selection_row(
+          tmp, chip=chip, method=method, rows=r, entries=e, k=k,
+          command="python -m streamidx.lab.calibration --record-selection "
+          + " ".join(a.record_selection),
+          date=datetime.date.today().isoformat()), indent=1))
+    return 0
   if a.record_launches:
     print(json.dumps(record_launches(a.record_launches), indent=1))
     return 0
