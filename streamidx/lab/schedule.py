@@ -236,7 +236,9 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
 
 
 def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
-  """One row per launch: bundles per iteration / per page, binding slot..."""
+  """One row per launch: bundles per iteration / per page, binding slot...,
+  "module": the whole launch module's bundles (`LaunchProgram`: outside,
+  per program[, per query block], per KV step)."""
   rows = []
   for s in schedules:
     row = dict(variant=s.variant, generation=s.generation, fmt=s.fmt,
@@ -250,6 +252,8 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
                  bundles_per_page=round(s.kv.bundles_per_page, 1),
                  binding=f"{slot} {rate:.0%}", spill_ops=s.kv.spill_ops,
                  top_lines=", ".join(f"{l}:{n}" for l, n in s.kv.top_lines[:3]))
+    if s.program is not None:  # the whole module: once, per program[, per bq], per KV step
+      row["module"] = "/".join(map(str, (s.program.outside,) + s.program.levels))
     rows.append(row)
   return rows
 
