@@ -89,15 +89,26 @@ class Bundle:
             if f.endswith(file_suffix)}
 
 
+_OPEN = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:L[BHE]|PB|PF|CT)?\s*:\s*>*\s*\{")
+
+
 def parse_bundles(text: str) -> list[Bundle]:
-  """The bundles of a `*-final_bundles.txt` dump, in address order."""
-  out = []
+  """The bundles of a `*-final_bundles.txt` dump, in address order (a
+  bundle whose comment spans lines, e.g. a bounds check quoting its HLO,
+  joined into one)."""
+  out, pending = [], ""
   for line in text.splitlines():
-    m = _LINE.match(line)
-    if not m:
+    if _OPEN.match(line):
+      pending = line
+    elif pending:
+      pending += " " + line.strip()
+    else:
       continue
-    out.append(Bundle(int(m.group(1), 0), m.group(2) or "", m.group(4),
-                      m.group(5), len(m.group(3))))
+    m = _LINE.match(pending)
+    if m:
+      out.append(Bundle(int(m.group(1), 0), m.group(2) or "", m.group(4),
+                        m.group(5), len(m.group(3))))
+      pending = ""
   return out
 
 
