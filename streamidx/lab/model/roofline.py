@@ -294,7 +294,10 @@ class StepBound:
 
   @property
   def at_least(self) -> bool:
-    """The binding unit has no time (no clock): `total_s` is a floor."""
+    """`total_s` is a floor: a stage has no count or no clock (staged), or
+    the binding unit has no time (no clock)."""
+    if self.stages:
+      return not self.stages_complete
     return self.t_vector is None and self.binding == "vector"
 
   @property
@@ -335,7 +338,7 @@ class StepBound:
     """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
     'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
     if self.stages:
-      floor = "" if self.stages_complete else "at least "
+      floor = "at least " if self.at_least else ""
       parts = " + ".join(f"{st.name} {st.bound * 1e6:,.0f}" for st in self.stages)
       return (f"{self.generation}: {floor}{self.total_s * 1e6:,.0f} us = {parts} us "
               f"(each stage the larger of its HBM and static-schedule bounds; "
