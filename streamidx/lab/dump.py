@@ -384,7 +384,7 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
       notes.append((c.name, f"branch {i} (the one that runs)"))
     else:
       notes.append((c.name, "every branch (upper bound)"))
-  memo, calls, loops, dynamic, missing = {}, {}, [], [], []
+  calls, loops, dynamic, missing = {}, [], [], []
 
   def count(name: str, runs: int, stack=()) -> int:
     comp = comps[name]
@@ -403,7 +403,7 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
       total += mult
       callee = b.call
       if callee and callee not in skip:
-        key = next((k for k in comps if k == callee), None)
+        key = callee if callee in comps else None
         if key is not None and key not in stack:
           sub = count(key, runs * mult, stack + (name,))
           c = calls.setdefault(key, [0, sub])
@@ -412,7 +412,6 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
     for l in comp.loops:
       loops.append((name, l.start, l.bundles, t[l.start],
                     runs * comp.multiplicity(l.start, t) // max(t[l.start], 1)))
-    memo[name] = total
     return total
 
   total = count(root, 1)
