@@ -246,11 +246,15 @@ def format_table(rs: Sequence[dict]) -> str:
   n = sum(1 for r in rs if r["predicted_s"] is not None
           and 1 / 1.5 <= r["predicted_s"] / r["measured_s"] <= 1.5)
   chips = sorted({r["chip"] for r in rs if r["chip"]})
-  clocks = []
+  clocks, none = [], []
   for c in chips:
     hz, src = clock(c)
-    clocks.append(f"{c} {hz / 1e9:.3f} GHz from {src.replace('inferred from ', '')}"
-                  if hz else f"{c} no clock")
+    if hz:
+      clocks.append(f"{c} {hz / 1e9:.3f} GHz from {src.replace('inferred from ', '')}")
+    else:
+      none.append(c)
+  if none:  # a chip without a clock predicts nothing; named after the clocks
+    clocks.append(f"no clock: {', '.join(none)}")
   return (text + f"\n{n} of {len(rs)} public measurements within 1.5x at one "
           f"clock per chip ({'; '.join(clocks)})")
 

@@ -12,7 +12,7 @@ import re
 from typing import Mapping, Sequence
 
 # Where the notebooks' missing-clock note is explained once (notebooks/ -> docs/).
-CLOCK_DOC = "../docs/tpu.md#the-clock-why-v6e-and-v7x-have-a-break-even-clock-not-a-time"
+CLOCK_DOC = "../docs/tpu.md#the-clock-public-inferred-from-one-measurement-or-a-break-even-clock"
 _CLOCK_NOTE = re.compile(r"\(no public clock[^()]*\)")
 
 
