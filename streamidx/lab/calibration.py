@@ -33,7 +33,7 @@ from streamidx.lab import dump
 from streamidx.lab.model import hardware
 
 __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM",
-           "recorded", "measurements", "selection_record", "launch_record",
+           "recorded", "provenance", "measurements", "selection_record", "launch_record",
            "selection_row", "clock", "rows", "format_table", "main"]
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
@@ -67,6 +67,17 @@ def _load(path) -> dict:
 
 def recorded() -> dict:
   return _load(STEP_SCHEDULE_PATH)
+
+
+def provenance() -> str:
+  """Where the counts and the measurements come from, with their dates: one line a notebook
+  quotes beside every number it takes from them."""
+  rec, pub = recorded(), _load(MEASUREMENTS_PATH)
+  dates = sorted({r["date"] for k in ("launches", "selection") for r in rec[k]})
+  return (f"bundles: {STEP_SCHEDULE_PATH.parent.name}/{STEP_SCHEDULE_PATH.name} (libtpu "
+          f"{rec['libtpu']}, compiled without a TPU, recorded {', '.join(dates)}); public "
+          f"measurements: {MEASUREMENTS_PATH.parent.name}/{MEASUREMENTS_PATH.name} (by others, "
+          f"collected {pub['collected']})")
 
 
 def measurements() -> list[dict]:

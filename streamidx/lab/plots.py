@@ -625,25 +625,30 @@ STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "ta
                      "copies": "tab:red"}  # roofline.Stage names
 
 
-def step_stages_figure(rows: Sequence[dict], *, title: str):
-  """Notebooks 05 and 06: the production step stage by stage, one horizontal stacked bar per
-  chip. `rows`: {"label", "stages": [(stage name, microseconds)], "at_least": bool (a stage
-  has no count or no clock: the bar is a floor, hatched), "note": text after the total}."""
-  fig, ax = plt.subplots(figsize=(8, 0.55 * len(rows) + 1.6))
-  pos = np.arange(len(rows))[::-1]
-  names = list(dict.fromkeys(n for r in rows for n, _ in r["stages"]))
+def step_stages_figure(steps: dict, *, title: str):
+  """Notebooks 05 and 06: the production step stage by stage (`roofline.dsv4_step`'s
+  `StepBound.stages`), one horizontal stacked bar per label of `steps` {label: StepBound}; a
+  floor (`at_least`: a stage without a count or a clock) is hatched and says "at least"; each
+  bar names its clock (`Stage.clock_hz`, and whether it was inferred: `clock_source`)."""
+  fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
+  pos = np.arange(len(steps))[::-1]
+  names = list(dict.fromkeys(st.name for sb in steps.values() for st in sb.stages))
+  us = lambda sb, n: 1e6 * sum(st.bound for st in sb.stages if st.name == n)
   totals = _stack(ax, pos, [(n, STEP_STAGE_COLORS.get(n, "tab:purple"),
-                             [dict(r["stages"]).get(n, 0.0) for r in rows]) for n in names],
+                             [us(sb, n) for sb in steps.values()]) for n in names],
                   horizontal=True, width=.6)
-  for y, r, t in zip(pos, rows, totals):
-    if r["at_least"]:
+  for y, sb, t in zip(pos, steps.values(), totals):
+    hz = sb.stages[0].clock_hz
+    clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
+             if hz else "no clock: bundles not timed")
+    if sb.at_least:
       ax.barh(y, t, .6, fill=False, hatch="//", ec="black", lw=0)
-    ax.text(t, y, f"  {'at least ' if r['at_least'] else ''}{t:,.0f} us {r.get('note', '')}",
-            va="center", fontsize=8)
-  ax.set_yticks(pos, [r["label"] for r in rows])
-  ax.set_xlim(0, 1.45 * max(totals))
-  _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds)",
-         title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
+    ax.text(t, y, f"  {'at least ' if sb.at_least else ''}{t:,.0f} us ({clock})", va="center",
+            fontsize=8)
+  ax.set_yticks(pos, list(steps))
+  ax.set_xlim(0, 1.5 * max(totals))
+  _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds; "
+         "hatched: a floor)", title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
   return _done(fig)
 
 
