@@ -519,3 +519,46 @@ def test_block_sweep_figure_draws_a_line_per_series_and_rings_the_production_row
   assert lines["production block sizes"] == ([64], [100 / 64 * 2])
   assert mb.get_xscale() == "log" and len(fig.axes) == 2
   plt.close(fig)
+
+
+def _stepbound(stages, *, source="1.000 GHz, public (data/tpu_specs.json)"):
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  return roofline.StepBound("vx", "vendored", "fp8", 1e-4, 0.0, 1e-6, 1, None, "", None,
+                            stages=tuple(stages), clock_source=source)
+
+
+def test_step_stages_figure_stacks_each_stage_and_hatches_a_floor():
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  done = _stepbound([roofline.Stage("fill", 10e-6, None, 1e9),
+                     roofline.Stage("scoring", 100e-6, 300_000, 1e9),    # 300 us by its bundles
+                     roofline.Stage("selection", 20e-6, 50_000, 1e9)])   # 50 us
+  floor = _stepbound([roofline.Stage("fill", 10e-6, None, None),
+                      roofline.Stage("scoring", 100e-6, 300_000, None)], source="none")
+  fig = plots.step_stages_figure({"complete": done, "floor": floor}, title="t")
+  ax = fig.axes[0]
+  filled = [p for p in ax.patches if p.get_fill()]
+  widths = {(round(p.get_y() + p.get_height() / 2), round(p.get_width() * 1e3)) for p in filled}
+  assert {(1, 10_000), (1, 300_000), (1, 50_000), (0, 10_000), (0, 100_000)} <= widths
+  hatched = [p for p in ax.patches if p.get_hatch()]
+  assert len(hatched) == 1 and round(hatched[0].get_y() + hatched[0].get_height() / 2) == 0
+  texts = [t.get_text() for t in ax.texts]
+  assert any("360 us" in t and "at least" not in t for t in texts)
+  assert any("at least 110 us" in t for t in texts)
+  plt.close(fig)
+
+
+def test_calibration_figure_draws_one_point_per_prediction_inside_its_band():
+  rows = [dict(source="a #1", chip="vx", stage="scoring", method=None, shape="64 x 8", measured_s=1e-3,
+               predicted_s=1e-3),
+          dict(source="a #1", chip="vx", stage="selection", method="sort", shape="64 x 8",
+               measured_s=4e-3, predicted_s=1e-3),
+          dict(source="b #2", chip=None, stage="step", method=None, shape="? x ?", measured_s=2e-3,
+               predicted_s=None)]
+  fig = plots.calibration_figure(rows, band=1.5, title="t")
+  ax = fig.axes[0]
+  points = [l for l in ax.lines if l.get_linestyle() == "None" and len(l.get_xdata()) == 1]
+  assert sorted((l.get_xdata()[0], l.get_ydata()[0]) for l in points) == [(1.0, 1.0), (4.0, 1.0)]
+  assert ax.get_xscale() == ax.get_yscale() == "log"
+  key = ax.texts[-1].get_text()
+  assert "a #1, vx: selection (sort), 64 x 8: 1.00 / 4.00 ms = 0.25" in key and "b #2" not in key
+  plt.close(fig)

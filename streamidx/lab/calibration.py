@@ -32,8 +32,8 @@ from typing import Sequence
 from streamidx.lab import dump
 from streamidx.lab.model import hardware
 
-__all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM",
-           "recorded", "measurements", "selection_record", "launch_record",
+__all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
+           "recorded", "provenance", "measurements", "selection_record", "launch_record",
            "selection_row", "clock", "rows", "format_table", "main"]
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
@@ -41,7 +41,9 @@ MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
 # The one measurement each chip without a public clock takes its clock from:
 # the scoring kernel alone (its KV loop is most of its bundles).
 INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring"}
-# Why a prediction is more than 1.5x off, with the evidence the dump gives;
+# A prediction within this factor of its measurement (either way) agrees with it.
+BAND = 1.5
+# Why a prediction is more than BAND off, with the evidence the dump gives;
 # a row off by more and not named here is marked "unexplained".
 EXPLAINED = {
     "copies": (
@@ -67,6 +69,17 @@ def _load(path) -> dict:
 
 def recorded() -> dict:
   return _load(STEP_SCHEDULE_PATH)
+
+
+def provenance() -> str:
+  """Where the counts and the measurements come from, with their dates: one line a notebook
+  quotes beside every number it takes from them."""
+  rec, pub = recorded(), _load(MEASUREMENTS_PATH)
+  dates = sorted({r["date"] for k in ("launches", "selection") for r in rec[k]})
+  return (f"bundles: {STEP_SCHEDULE_PATH.parent.name}/{STEP_SCHEDULE_PATH.name} (libtpu "
+          f"{rec['libtpu']}, compiled without a TPU, recorded {', '.join(dates)}); public "
+          f"measurements: {MEASUREMENTS_PATH.parent.name}/{MEASUREMENTS_PATH.name} (by others, "
+          f"collected {pub['collected']})")
 
 
 def measurements() -> list[dict]:
@@ -225,7 +238,7 @@ def rows() -> list[dict]:
       ratio = row["predicted_s"] / m["measured_s"]
       if INFER_FROM.get(m["chip"]) == m["id"]:
         row["why"] = "the clock's source (1.00 by construction)"
-      elif not 1 / 1.5 <= ratio <= 1.5:
+      elif not 1 / BAND <= ratio <= BAND:
         row["why"] = "; ".join(x for x in (why, EXPLAINED.get(m["stage"], UNEXPLAINED)) if x)
     out.append(row)
   return out
@@ -244,7 +257,7 @@ def format_table(rs: Sequence[dict]) -> str:
       "note": r["why"].split(": ")[0] if len(r["why"]) > 60 else r["why"]}
       for r in rs])
   n = sum(1 for r in rs if r["predicted_s"] is not None
-          and 1 / 1.5 <= r["predicted_s"] / r["measured_s"] <= 1.5)
+          and 1 / BAND <= r["predicted_s"] / r["measured_s"] <= BAND)
   chips = sorted({r["chip"] for r in rs if r["chip"]})
   clocks, none = [], []
   for c in chips:
@@ -255,7 +268,7 @@ def format_table(rs: Sequence[dict]) -> str:
       none.append(c)
   if none:  # a chip without a clock predicts nothing; named after the clocks
     clocks.append(f"no clock: {', '.join(none)}")
-  return (text + f"\n{n} of {len(rs)} public measurements within 1.5x at one "
+  return (text + f"\n{n} of {len(rs)} public measurements within {BAND}x at one "
           f"clock per chip ({'; '.join(clocks)})")
 
 

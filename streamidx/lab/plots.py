@@ -621,6 +621,37 @@ def decode_step_figure(rows: Sequence[dict], *, title: str):
   return _done(fig)
 
 
+STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
+                     "copies": "tab:red"}  # roofline.Stage names
+
+
+def step_stages_figure(steps: dict, *, title: str):
+  """Notebooks 05 and 06: the production step stage by stage (`roofline.dsv4_step`'s
+  `StepBound.stages`), one horizontal stacked bar per label of `steps` {label: StepBound}; a
+  floor (`at_least`: a stage without a count or a clock) is hatched and says "at least"; each
+  bar names its clock (`Stage.clock_hz`, and whether it was inferred: `clock_source`)."""
+  fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
+  pos = np.arange(len(steps))[::-1]
+  names = list(dict.fromkeys(st.name for sb in steps.values() for st in sb.stages))
+  us = lambda sb, n: 1e6 * sum(st.bound for st in sb.stages if st.name == n)
+  totals = _stack(ax, pos, [(n, STEP_STAGE_COLORS.get(n, "tab:purple"),
+                             [us(sb, n) for sb in steps.values()]) for n in names],
+                  horizontal=True, width=.6)
+  for y, sb, t in zip(pos, steps.values(), totals):
+    hz = sb.stages[0].clock_hz
+    clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
+             if hz else "no clock: bundles not timed")
+    if sb.at_least:
+      ax.barh(y, t, .6, fill=False, hatch="//", ec="black", lw=0)
+    ax.text(t, y, f"  {'at least ' if sb.at_least else ''}{t:,.0f} us ({clock})", va="center",
+            fontsize=8)
+  ax.set_yticks(pos, list(steps))
+  ax.set_xlim(0, 1.5 * max(totals))
+  _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds; "
+         "hatched: a floor)", title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
+  return _done(fig)
+
+
 def static_schedule_figure(rows: Sequence[dict], bounds: Sequence, *, title: str = ""):
   """Notebook 04: scheduled bundles per KV page against bkv_p, a panel per generation (`rows`,
   their `bounds`); dashed: a page's HBM cycles where the chip has a clock, else written. Each
@@ -808,6 +839,44 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
   _style(ax_split, "% of the step", title=split_title,
          legend=dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3))
   return _done(fig)
+
+
+def calibration_figure(rows: Sequence[dict], *, band: float, title: str):
+  """Notebook 06: predicted against measured seconds, log-log, one point per public
+  measurement with a prediction (`calibration.rows()` rows: measured_s, predicted_s, chip,
+  source, stage, method, shape), numbered, their source, stage and shape in a column beside
+  the axes; the diagonal and the x`band` band around it."""
+  rs = [r for r in rows if r["predicted_s"] is not None]
+  fig, ax = plt.subplots(figsize=(6, 5.5))
+  lo = 0.5 * min(min(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3
+  hi = 2 * max(max(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3
+  x = np.geomspace(lo, hi, 50)
+  ax.fill_between(x, x / band, x * band, color="tab:green", alpha=.15,
+                  label=f"within {band}x of measured")
+  ax.plot(x, x, "k--", lw=1, label="predicted = measured")
+  markers = {c: m for c, m in zip(sorted({r["chip"] for r in rs}), "os^Dv")}
+  color = lambda stage: STEP_STAGE_COLORS.get(stage, "tab:purple")  # purple: the whole step
+  key = []  # the points are numbered; their labels stand in a column beside the axes
+  for i, r in enumerate(sorted(rs, key=lambda r: r["measured_s"]), 1):
+    xy = (r["measured_s"] * 1e3, r["predicted_s"] * 1e3)
+    ax.plot(*xy, markers[r["chip"]], color=color(r["stage"]), ms=7)
+    ax.annotate(str(i), xy, xytext=(5, -3 if i % 2 else 3), textcoords="offset points",
+                fontsize=8, va="top" if i % 2 else "bottom")
+    method = f" ({r['method']})" if r.get("method") and r["stage"] == "selection" else ""
+    key.append(f"{i}. {r['source']}, {r['chip']}: {r['stage']}{method}, {r['shape']}: "
+               f"{xy[1]:,.2f} / {xy[0]:,.2f} ms = {xy[1] / xy[0]:.2f}")
+  ax.text(1.03, 1, "predicted / measured\n" + "\n".join(key), transform=ax.transAxes,
+          va="top", fontsize=7, family="monospace")
+  for stage in dict.fromkeys(r["stage"] for r in rs):
+    ax.plot([], [], "o", color=color(stage), label=f"stage: {stage}")
+  for chip, m in markers.items():
+    ax.plot([], [], m, color="gray", label=f"chip: {chip}")
+  ax.set_xlim(lo, hi)
+  ax.set_ylim(lo, hi)
+  _style(ax, "measured by others, ms (public)", "predicted at one clock per chip, ms", title,
+         size=10, xlog=10, ylog=10, grid=dict(visible=True, which="both", alpha=.3),
+         legend=dict(fontsize=7, loc="upper left"))
+  return fig  # no tight layout: the key beside the axes is outside them (save crops to fit)
 
 
 def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
