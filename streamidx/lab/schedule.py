@@ -1,7 +1,7 @@
 """The static schedule of the compiled kernel: bundles per KV-loop iteration.
 
 `launch_schedules` compiles each launch alone with libtpu's schedule dumps on
-and parses them (`parse_bundles`, `parse_utilization`); `kv_loop` finds the
+and parses them (the dump layer: `streamidx.lab.dump`); `kv_loop` finds the
 KV loop (the innermost with MXU ops): bundles per iteration and per KV page,
 the binding slot, spills and source lines. The dump files, the flags and what
 the count bounds: docs/tpu.md, "How `streamidx.lab.schedule` reads the
@@ -24,104 +24,16 @@ from typing import Sequence
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
+from streamidx.lab import dump
+from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
+                                find_loops, parse_bundles, parse_utilization)
 from streamidx.lab.model import tiling
 from streamidx.lab.model.roofline import page_bounds
 
-__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop", "LaunchSchedule",
+__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop",
+           "LaunchProgram", "launch_program", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
-
-DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
-              "--xla_jf_dump_llo_pass_label_regex=final "
-              "--xla_mosaic_enable_llo_source_annotations=true")
-# Every operand in HBM, as in a real step (docs/tpu.md says why).
-HBM_FLAGS = ("--xla_gf_vmem_memory_space_assignment=false "
-             "--xla_vf_vmem_memory_space_assignment=false")
-DELAY_SLOTS = 4  # bundles after a taken branch that still issue
-
-_LINE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:(L[BHE]|PB|PF|CT):)?[^{]*\{(.*)\}(.*)$")
-_START = re.compile(r"Start region (\d+)")
-_BRANCH = re.compile(r"sbr\.rel[^;]*?target = \$region(\d+)")
-_LOC = re.compile(r'loc\("([^"]+)":(\d+):')
-
-
-@dataclasses.dataclass(frozen=True)
-class Bundle:
-  """One scheduled bundle of the final program."""
-
-  addr: int
-  label: str  # "LB", "LH", "LE", "PB", "PF", "CT" or ""
-  ops: str  # the text between the braces
-  comment: str  # the text after them ("Start region N", ...)
-
-  @property
-  def starts(self) -> tuple[int, ...]:
-    return tuple(int(x) for x in _START.findall(self.comment))
-
-  @property
-  def branch_target(self) -> int | None:
-    m = _BRANCH.search(self.ops)
-    return int(m.group(1)) if m else None
-
-  def source_lines(self, file_suffix: str = "") -> set[tuple[str, int]]:
-    return {(f, int(l)) for f, l in _LOC.findall(self.ops)
-            if f.endswith(file_suffix)}
-
-
-def parse_bundles(text: str) -> list[Bundle]:
-  """The bundles of a `*-final_bundles.txt` dump, in address order."""
-  out = []
-  for line in text.splitlines():
-    m = _LINE.match(line)
-    if not m:
-      continue
-    addr = int(m.group(1), 0)
-    out.append(Bundle(addr, m.group(2) or "", m.group(3), m.group(4)))
-  return out
-
-
-def parse_utilization(text: str):
-  """(slot names, capacities, one row of per-slot op counts per bundle)."""
-  lines = [l.strip() for l in text.splitlines()]
-  # (libtpu spells it CAPACTIY)
-  i = next(i for i, l in enumerate(lines) if l in ("== CAPACTIY:",
-                                                   "== CAPACITY:"))
-  names = tuple(x.strip() for x in lines[i + 1].split(","))
-  capacity = tuple(int(x) for x in lines[i + 2].split())
-  j = lines.index("== UTILIZATION:")
-  rows = [tuple(int(x) for x in l.split()) for l in lines[j + 1:] if l]
-  return names, capacity, rows
-
-
-@dataclasses.dataclass(frozen=True)
-class Loop:
-  """A loop of the schedule: bundles [start, end] (end: the last delay slot)."""
-
-  start: int
-  end: int
-  region: int
-
-  @property
-  def bundles(self) -> int:
-    return self.end - self.start + 1
-
-
-def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
-  """Every loop: an "LB:" bundle starting region N up to the branch back to
-  N plus its delay slots."""
-  last = max((b.addr for b in bundles), default=-1)
-  loops = []
-  for b in bundles:
-    if b.label != "LB":
-      continue
-    for region in b.starts:
-      back = [c.addr for c in bundles
-              if c.addr >= b.addr and c.branch_target == region]
-      if back:
-        loops.append(Loop(b.addr, min(max(back) + DELAY_SLOTS, last), region))
-        break
-  return loops
-
 
 @dataclasses.dataclass(frozen=True)
 class KvLoop:
@@ -172,6 +84,52 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
 
 
 @dataclasses.dataclass(frozen=True)
+class LaunchProgram:
+  """The whole launch as compiled (its module: the kernel, the layout copies
+  XLA puts around it, the top-level program), its bundles executed as a
+  function of its dynamic loops (the grid over programs, the query-block
+  loop where there is one, the KV loop): `outside` once, then per program
+  `levels[0]`, per query block `levels[1]` (prefill), per KV step the last."""
+
+  outside: int
+  levels: tuple  # own bundles of each nested dynamic loop, outermost first
+  calls: tuple  # (callee, bundles per call) of the module's other programs
+
+  def executed(self, programs) -> int:
+    """Bundles for `programs` (a `tiling.Launch`'s, each with num_bq and
+    num_bkv): the KV loop's trips come from the batch, as per page."""
+    total = self.outside
+    for pr in programs:
+      if len(self.levels) == 2:
+        total += self.levels[0] + pr.num_bq * pr.num_bkv * self.levels[1]
+      else:
+        total += self.levels[0] + pr.num_bq * (
+            self.levels[1] + pr.num_bkv * self.levels[2])
+    return total
+
+
+def launch_program(comps: dict, kernel: str) -> LaunchProgram:
+  """`LaunchProgram` of a launch module (`dump.read_modules`'s computations;
+  `kernel` the name of its Pallas program): counted with each dynamic loop's
+  trips at 0 and 1 in turn."""
+  dyn = sorted((l for l in comps[kernel].loops if l.trips is None),
+               key=lambda l: l.depth)
+  if not 2 <= len(dyn) <= 3 or any(
+      not a.contains(b.start) for a, b in zip(dyn, dyn[1:])):
+    raise ValueError(f"{kernel}: expected 2 or 3 nested dynamic loops (grid, "
+                     f"[query blocks,] KV), found {[(l.start, l.depth) for l in dyn]}")
+
+  def count(ones):
+    trips = {(kernel, l.start): int(i < ones) for i, l in enumerate(dyn)}
+    return dump.executed(comps, trips=trips).total
+
+  e = [count(i) for i in range(len(dyn) + 1)]
+  calls = dump.executed(comps, trips={(kernel, l.start): 0 for l in dyn}).by_call
+  return LaunchProgram(e[0], tuple(b - a for a, b in zip(e, e[1:])),
+                       tuple((c[0], c[2]) for c in calls if c[0] != kernel))
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchSchedule:
   """The static schedule of one launch of a variant on one generation."""
 
@@ -188,6 +146,7 @@ class LaunchSchedule:
   total_bundles: int
   kv: KvLoop | None
   error: str = ""
+  program: LaunchProgram | None = None  # the whole launch module
 
 
 def _worker(spec: dict) -> list[dict]:
@@ -246,10 +205,11 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
     records = json.loads(res.stdout.strip().splitlines()[-1])
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
     kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1] + ".py"
+    modules = dump.read_modules(out_dir)
     out = []
     for rec in records:
       _, bq, bkv_p = tiling.launch_case(rec["name"])
-      bundles, kv, err = [], None, rec["error"]  # err: the compile failed
+      bundles, kv, err, prog = [], None, rec["error"], None  # err: the compile failed
       if not err:
         tag = re.escape(rec["tag"])
         found = [[f for f in files if re.search(rf"-{tag}\.\d+-\d+-final_{kind}\.txt$", f)]
@@ -263,14 +223,22 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                        pages_per_iteration=rec["seq_batch_size"] * bkv_p)
         except ValueError as e:
           err = str(e)
+        mod = [m for m, _, _ in modules
+               if any(re.match(rf"{tag}(\.\d+)?$", n) for n in m)]
+        if len(mod) == 1:
+          name = next(n for n in mod[0] if re.match(rf"{tag}(\.\d+)?$", n))
+          prog = launch_program(mod[0], name)
       out.append(LaunchSchedule(
           variant, generation, fmt, shape, rec["name"], rec["case"],
-          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err))
+          rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err,
+          prog))
     return out
 
 
 def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
-  """One row per launch: bundles per iteration / per page, binding slot..."""
+  """One row per launch: bundles per iteration / per page, binding slot...,
+  "module": the whole launch module's bundles (`LaunchProgram`: outside,
+  per program[, per query block], per KV step)."""
   rows = []
   for s in schedules:
     row = dict(variant=s.variant, generation=s.generation, fmt=s.fmt,
@@ -284,6 +252,8 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
                  bundles_per_page=round(s.kv.bundles_per_page, 1),
                  binding=f"{slot} {rate:.0%}", spill_ops=s.kv.spill_ops,
                  top_lines=", ".join(f"{l}:{n}" for l, n in s.kv.top_lines[:3]))
+    if s.program is not None:  # the whole module: once, per program[, per bq], per KV step
+      row["module"] = "/".join(map(str, (s.program.outside,) + s.program.levels))
     rows.append(row)
   return rows
 

@@ -22,7 +22,8 @@ from streamidx.lab.model import topk as topk_model
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
            "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
            "recorded_bundles", "StepBound", "step_bound", "dsv4_step",
-           "DSV4_MODELS", "public_ratio", "max_published_clock_hz"]
+           "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
+           "selection_stages", "step_stages"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -265,6 +266,10 @@ class StepBound:
   clock_hz: float | None
   vector_note: str = ""
   blocks: str = ""  # the block-size row and its source
+  # The step stage by stage (`step_stages`; dsv4_step fills them): when
+  # given, the headline is their sum, each the larger of its bounds.
+  stages: tuple = ()
+  clock_source: str = ""
 
   @property
   def bundles(self) -> float | None:
@@ -290,7 +295,10 @@ class StepBound:
 
   @property
   def at_least(self) -> bool:
-    """The binding unit has no time (no clock): `total_s` is a floor."""
+    """`total_s` is a floor: a stage has no count or no clock (staged), or
+    the binding unit has no time (no clock)."""
+    if self.stages:
+      return not self.stages_complete
     return self.t_vector is None and self.binding == "vector"
 
   @property
@@ -299,7 +307,19 @@ class StepBound:
 
   @property
   def total_s(self) -> float:
+    if self.stages:
+      return sum(st.bound for st in self.stages)
     return self.t_xla + self.kernel_s
+
+  @property
+  def stages_complete(self) -> bool:
+    """Every stage that runs compiled code has its bundle count."""
+    return all(st.bundles is not None and st.clock_hz and not st.floor
+               for st in self.stages if st.name != "fill")
+
+  def share(self, name: str) -> float:
+    """A stage's share of `total_s` (stages of that name summed)."""
+    return sum(st.bound for st in self.stages if st.name == name) / self.total_s
 
   @property
   def verdict(self) -> str:
@@ -316,7 +336,14 @@ class StepBound:
 
   @property
   def headline(self) -> str:
-    """'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
+    """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
+    'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
+    if self.stages:
+      floor = "at least " if self.at_least else ""
+      parts = " + ".join(f"{st.name} {st.bound * 1e6:,.0f}" for st in self.stages)
+      return (f"{self.generation}: {floor}{self.total_s * 1e6:,.0f} us = {parts} us "
+              f"(each stage the larger of its HBM and static-schedule bounds; "
+              f"clock {self.clock_source})")
     return (f"{self.generation}: {'at least ' if self.at_least else ''}"
             f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
 
@@ -351,6 +378,117 @@ def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
                    slot, spec.clock_hz, note, blocks)
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One stage of the step on one chip: its HBM time (bytes / bandwidth),
+  MXU time, and the bundles its compiled program executes (static
+  schedule, `streamidx.lab.dump`; None: not compiled or not recorded) at
+  `clock_hz`. Bundles are issue slots: DMA waits, stalls and SparseCore
+  time are not in them."""
+
+  name: str  # "fill", "scoring", "selection", "copies"
+  t_hbm: float
+  bundles: int | None
+  clock_hz: float | None
+  t_mxu: float = 0.0
+  detail: str = ""
+  floor: bool = False  # bundles of part of the program only (a lower bound)
+
+  @property
+  def t_bundles(self) -> float | None:
+    return None if self.bundles is None or not self.clock_hz else self.bundles / self.clock_hz
+
+  @property
+  def bound(self) -> float:
+    return max(self.t_hbm, self.t_mxu, self.t_bundles or 0.0)
+
+  @property
+  def limiter(self) -> str:
+    if self.t_bundles is not None and self.t_bundles >= max(self.t_hbm, self.t_mxu):
+      return "static schedule"
+    return "MXU" if self.t_mxu > self.t_hbm else "HBM"
+
+  def describe(self) -> str:
+    b = ("not compiled" if self.bundles is None else
+         f"{'at least ' if self.floor else ''}{self.bundles:,} bundles"
+         + (f" = {self.t_bundles * 1e6:,.0f} us" if self.t_bundles is not None else ""))
+    return (f"{self.name} {self.bound * 1e6:,.0f} us ({self.limiter}; HBM "
+            f"{self.t_hbm * 1e6:,.0f} us, {b}{'; ' + self.detail if self.detail else ''})")
+
+
+def selection_stages(generation: str, method: str, rows: int, entries: int,
+                     k: int, *, clock_hz: float | None,
+                     compiled_entries: int | None = None) -> list[Stage]:
+  """The selection (`select_topk(f32[rows, entries], k, method)` compiled:
+  its bundles less the layout copies, the method's HBM bytes) and the
+  layout copies inside its program (their bundles; the bytes they and the
+  SparseCore calls read and write) on `generation`, from
+  data/step_schedule.json (bundles None where no compile is recorded);
+  `compiled_entries`: the record to read when none is at `entries` (the
+  kernel's padded buffer read at the unpadded width, said in the detail)."""
+  from streamidx.lab import calibration  # pylint: disable=g-import-not-at-top
+  spec = hardware.spec(generation)
+  rec = calibration.selection_record(generation, method, rows, entries, k)
+  cost = topk_model.cost(method, rows, entries, k)
+  note = ""
+  if rec is None and compiled_entries and compiled_entries != entries:
+    rec = calibration.selection_record(generation, method, rows,
+                                       compiled_entries, k)
+    note = f" (compiled at {compiled_entries} entries, the buffer has {entries})"
+  if rec is None:
+    return [Stage("selection", cost.bytes / spec.device_bandwidth, None, clock_hz,
+                  detail=f"no recorded compile of {method} at [{rows}, {entries}]")]
+  sc = (f", SparseCore calls {len(rec['sparsecore_calls'])} "
+        f"({rec['sparsecore_hbm_bytes'] / 1e6:,.0f} MB moved, time not counted)"
+        if rec["sparsecore_calls"] else "")
+  return [Stage("selection", cost.bytes / spec.device_bandwidth,
+                rec["bundles"] - rec["copy_bundles"], clock_hz,
+                detail=f"{method}: sort {rec['sort_bundles']:,} bundles{note}"),
+          Stage("copies", (rec["copy_hbm_bytes"] + rec["sparsecore_hbm_bytes"])
+                / spec.device_bandwidth, rec["copy_bundles"], clock_hz,
+                detail=f"layout copies in the selection's program{sc}")]
+
+
+def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
+                method: str, clock_hz: float | None,
+                kv_floor: float | None = None) -> list[Stage]:
+  """The step of plan `p` stage by stage: the fill (HBM), the scoring
+  launches (each launch's whole module, data/step_schedule.json, its KV
+  loop's trips from the batch; HBM and MXU as `bounds`; without a launch
+  record, `kv_floor`: the KV loops' bundles alone, a floor), the selection
+  and its copies (`selection_stages`)."""
+  from streamidx.lab import calibration, schedule  # pylint: disable=g-import-not-at-top
+  spec = hardware.spec(generation)
+  st = {b.stage: b for b in bounds(costs(p, k=k), spec)}
+  g = p.geometry
+  bundles, notes = 0, []
+  for l in p.executed:
+    rec = calibration.launch_record(generation, variant, g.fmt, l.case,
+                                    l.seq_batch_size, l.bkv_p, l.bq_sz)
+    if rec is None:
+      notes.append(f"no recorded {l.label} launch")
+      bundles = None
+      continue
+    n = schedule.LaunchProgram(rec["outside"], tuple(rec["levels"]),
+                               ()).executed(l.programs)
+    notes.append(f"{l.label}: {n:,}")
+    if bundles is not None:
+      bundles += n
+  t = p.num_score_cols if p.mode == "token" else g.pages_per_seq
+  rows = len(p.cu_q_lens) and p.cu_q_lens[-1]
+  floor = bundles is None and kv_floor is not None
+  if floor:
+    bundles = int(kv_floor)
+    notes.append("the KV loops alone (data/decode_schedule.json): a floor")
+  return ([Stage("fill", st["fill"].bound, None, clock_hz,
+                 detail="XLA's -inf fill, HBM only"),
+           Stage("scoring", st["kernel"].t_mem, bundles, clock_hz,
+                 t_mxu=st["kernel"].t_math, detail="; ".join(notes),
+                 floor=floor)]
+          + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz,
+                             compiled_entries=max(p.seq_lens) // p.compression_ratio))
+
+
 # The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
 # (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
 # report's indexer 2048; the indexer's geometry `lab.shapes.DSV4` (64 index
@@ -361,12 +499,18 @@ DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
 
 def dsv4_step(generation: str, variant: str = "vendored", *,
               model: str = "DeepSeek-V4-Flash", batch: int = 64,
-              context_tokens: int = 131072, q_len: int = 1) -> StepBound:
+              context_tokens: int = 131072, q_len: int = 1,
+              clock_hz: float | None = None) -> StepBound:
   """The production step: `model`'s indexer (its k) over `batch` decode
   sequences of `context_tokens` tokens (q_len > 1: prefill chunks of
   `q_len` queries) on `generation`, with `variant`'s block-size row for
   that chip (`StepBound.blocks` names it) and cache format (its first:
-  "fp8" vendored, "dense_fp8" dense and lean)."""
+  "fp8" vendored, "dense_fp8" dense and lean). `stages`: the fill, the
+  scoring, the selection (the variant's default method) and its copies,
+  each by HBM bytes and by the bundles its compiled program executes at one
+  clock (`clock_hz`; None: `calibration.clock`, the public one or the one
+  inferred from one named public measurement; 0: none); the headline is
+  their sum."""
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
   fmt = tiling.resolve_variant(variant).cache_formats[0]
@@ -379,9 +523,20 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
                        page_size=g.page_size, generation=generation)
   p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
                   variant=variant, **row.kwargs())
-  return step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
-                    blocks=f"{generation} {variant} row: {row.kwargs()} "
-                    f"({row.source.split(';')[0].split('(')[0].strip()})")
+  sb = step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
+                  blocks=f"{generation} {variant} row: {row.kwargs()} "
+                  f"({row.source.split(';')[0].split('(')[0].strip()})")
+  if clock_hz is None:
+    from streamidx.lab import calibration  # pylint: disable=g-import-not-at-top
+    clock_hz, source = calibration.clock(generation)
+  else:
+    source = "given" if clock_hz else "none"
+  source = (f"{clock_hz / 1e9:.3f} GHz, {source}" if clock_hz else f"none ({source})")
+  method = si.topk.DEFAULT_TOPK_METHOD
+  stages = step_stages(p, generation, variant=variant, k=DSV4_MODELS[model],
+                       method=method, clock_hz=clock_hz or None,
+                       kv_floor=sb.bundles)
+  return dataclasses.replace(sb, stages=tuple(stages), clock_source=source)
 
 
 def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
