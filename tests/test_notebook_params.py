@@ -149,7 +149,7 @@ BAD = [
     ("01_cache_layout", "page_size", 6), ("03_kernel_walkthrough", "num_kv_pages_per_block", 4),
     ("02_fp8_packing", "num_records", 8), ("05_kernel_tiling", "run_kv_blocks", [8, 8, 3]),
     ("04_recall_parity", "parity_scope", "most"), ("06_tpu_profiling", "modes", ["token", "tile"]),
-    ("07_multichip", "num_context", 3),
+    ("07_multichip", "num_context", 3), ("08_topk_selection", "tie_k", 4),
 ]
 
 
