@@ -37,6 +37,9 @@ KV_PACKING = cache_lib.DENSE_KV_PACKING
 # First axis of the semaphore scratch: what each row guards.
 SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
+# The vendored body's rows are the first four; with the block maxima, its
+# row for them is this one too (M21).
+assert _MAX == vendored._BLOCK_MAX_SEM_ROW  # pylint: disable=protected-access
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo, block-max) and bo_sz (rows in
 # flight of the two score slots, then of the two block-max slots).
 _NUM_SEM_IDS, _NUM_BO_SZ = block_max_lib.NUM_SEM_IDS, block_max_lib.NUM_BO_SZ

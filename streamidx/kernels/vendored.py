@@ -772,7 +772,7 @@ def _scores_kernel_with_block_max(*refs, num_sublanes_bkv, **kwargs):
   """streamidx (M21): `_scores_kernel` with the `block_max.BlockMax` hook:
   refs as `_scores_kernel`'s, with the block-max buffer after the scores
   (aliased input and output) and its scratch "bmax_x2" before `sems`, whose
-  row 4 it uses."""
+  row `_BLOCK_MAX_SEM_ROW` it uses."""
   refs, hook = block_max_lib.split_refs(
       refs, num_prefetch=7, num_inputs=3, emits=True,
       sem_row=_BLOCK_MAX_SEM_ROW, seq_batch_size=kwargs["seq_batch_size"],
@@ -780,7 +780,10 @@ def _scores_kernel_with_block_max(*refs, num_sublanes_bkv, **kwargs):
   _scores_kernel(*refs, block_max=hook, **kwargs)
 
 
-_BLOCK_MAX_SEM_ROW = 4  # streamidx (M21): after kv, q, out, weights
+# streamidx (M21): the maxima's semaphore row, the dense layout's
+# (`dense.SEMAPHORE_ROWS`, which the lab's timeline reads; its row 4, the
+# scales', is unused here).
+_BLOCK_MAX_SEM_ROW = 5
 
 
 def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
