@@ -83,8 +83,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3, or 4
   with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
-  f32[2, B * bq, sublanes, 128], sems DMA[6, 2, B] (column 0: one wait
-  covers the program's sequences). hook: the block maxima's
+  f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
+  (column 0: one wait covers the program's sequences). hook: the block maxima's
   (`block_max.BlockMax`, token mode), or None.
   """
   del scores_in  # aliased to scores_hbm
@@ -355,7 +355,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
   return tpu.pallas_launch(
       kernel, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
                                    spec.outputs),
-      scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      scratch=scratch,  # the "block_max" row only when it writes them
+      num_sem_rows=len(SEMAPHORE_ROWS) if block_max else _MAX,
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
       end=end, seq_batch_size=b, num_sem_ids=num_sem_ids,
       num_bo_sz=num_bo_sz, inputs=(q, weights, values, scales),
