@@ -2,9 +2,9 @@
 
 Every token kernel body (vendored over its fp8 and bf16 caches, dense, lean,
 fp4) writes, besides the scores, the maximum of every 128-entry score row
-(`streamidx.kernels.block_max`) when the selection reads it; `streamidx.topk.select_topk(...,
-"fused_blockmax", block_max=...)` ranks blocks by those maxima and runs
-"blockmax"'s second stage. Checked here:
+(`streamidx.kernels.block_max`) when the selection reads it;
+`streamidx.topk.select_topk(..., "fused_blockmax", block_max=...)` ranks
+blocks by those maxima and runs "blockmax"'s second stage. Checked here:
 - the selection alone, given maxima of small blocks (so that short rows have
   many blocks), returns the rule's indices bit for bit on integer scores with
   massive ties and on random scores (`oracle.topk_rule`);

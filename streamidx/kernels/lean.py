@@ -84,8 +84,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
-  (column 0: one wait covers the program's sequences). hook: the block maxima's
-  (`block_max.BlockMax`, token mode), or None.
+  (column 0: one wait covers the program's sequences). hook: the block
+  maxima's (`block_max.BlockMax`, token mode), or None.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
