@@ -243,9 +243,10 @@ def test_fused_blockmax_is_race_free(variant, fmt):
 
 
 # Full tier (tests/tiers.py): one core's race check and the two-core dense
-# kernel's (tests/test_dense.py) run in CI.
+# kernel's (tests/test_dense.py) run in CI. The bodies that take num_cores.
 @tiers.FULL
-def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
+@pytest.mark.parametrize("variant", ["dense", "lean"])
+def test_fused_blockmax_random_batch_on_two_cores_is_race_free(variant):
   # A seeded random ragged batch (every range, fragmented pages), its
   # programs split over two simulated cores: each core's prologue resets the
   # block-max slots it inherits.
@@ -262,7 +263,7 @@ def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
                 decode_req_batch_size=2)
   with si.race_check(num_cores_or_threads=2) as report:
     _, scores, _ = _check_fused_run(inp, k=3, ratio=4, label="random",
-                                    num_cores=2, **blocks)
+                                    variant=variant, num_cores=2, **blocks)
   assert report.launches >= 3 and not report.races_found, report
   assert scores.shape[1] // W > 3  # more blocks than k: both stages ran
   si.reset_interpreter_state()
