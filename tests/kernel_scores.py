@@ -47,7 +47,7 @@ def _tap(sink, block_max_sink=None):
   def tapped(operand, k, *args, **kwargs):
     jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
     if block_max_sink is not None and kwargs.get("block_max") is not None:
-      # "fused_blockmax": the block maxima the dense kernel wrote.
+      # "fused_blockmax": the block maxima the kernel wrote.
       jax.debug.callback(lambda m: block_max_sink.append(np.asarray(m)),
                          kwargs["block_max"])
     return original(operand, k, *args, **kwargs)
@@ -94,7 +94,7 @@ class KernelWithScores:
     self._jit = jax.jit(traced, static_argnames=("call", "body"))
     self._sink: list[np.ndarray] = []
     self._block_max_sink: list[np.ndarray] = []
-    # After a "fused_blockmax" call of the dense kernel: the block maxima
+    # After a "fused_blockmax" call of a token kernel: the block maxima
     # it wrote, f32[T, score rows] (caller's row order); else None.
     self.block_max = None
 

@@ -202,8 +202,8 @@ def test_approx_returns_a_valid_selection_and_reports_recall():
 # the k-th score of many rows inside a group of exact zeros.
 BLOCKS = cases.blocks_for("vendored")
 K = cases.K_TESTS
-# The vendored kernel takes the methods that select from the score buffer
-# ("fused_blockmax" runs through the dense kernel: tests/test_topk_fused.py).
+# The methods that select from the score buffer alone ("fused_blockmax"
+# reads the kernel's block maxima too: tests/test_topk_fused.py).
 KERNEL_EXACT = tuple(m for m in EXACT if m in topk.KERNEL_TOPK_METHODS)
 KERNEL_RUNS = [(b, KERNEL_EXACT[i % len(KERNEL_EXACT)], 4, cases.NUM_HEADS)
                for i, b in enumerate(cases.TEST_BATCHES)] + [
@@ -274,7 +274,7 @@ def test_variant_passes_topk_method_through():
   inp = _inputs("decode_only_fewer_than_batch")
   static = v.static(inp, k=K, compression_ratio=4, topk_method="radix")
   assert static["topk_method"] == "radix"
-  assert v.topk_methods == topk.KERNEL_TOPK_METHODS
+  assert v.topk_methods == topk.TOPK_METHODS
   assert si.VARIANTS["dense"].topk_methods == topk.TOPK_METHODS
   with pytest.raises(ValueError, match=r"topk_method: must be one of \(\) for variant 'vendored_page'"):
     si.VARIANTS["vendored_page"].static(inp, k=4, compression_ratio=1,
@@ -389,7 +389,7 @@ def test_compile_matrix_has_a_row_per_topk_method():
   rows = aot.matrix(quick=True, variants=["vendored"], formats=["fp8"],
                     generations=["v6e"], topk_methods=topk.TOPK_METHODS)
   methods = [r.topk_method for r in rows]
-  assert methods == [None, *topk.KERNEL_TOPK_METHODS]  # the vendored's
+  assert methods == [None, *topk.TOPK_METHODS]  # the vendored's: all
   assert rows[3].static["topk_method"] == topk.TOPK_METHODS[2]
   assert all(r.table for r in rows)
   assert "topk_method" not in rows[0].static

@@ -1,18 +1,21 @@
 """The selection fused into the scoring: topk_method="fused_blockmax".
 
-The dense kernel (`streamidx.kernels.dense`) writes, besides the scores, the
-maximum of every 128-entry score row; `streamidx.topk.select_topk(...,
-"fused_blockmax", block_max=...)` ranks blocks by those maxima and runs
-"blockmax"'s second stage. Checked here:
+Every token kernel body (vendored over its fp8 and bf16 caches, dense, lean,
+fp4) writes, besides the scores, the maximum of every 128-entry score row
+(`streamidx.kernels.block_max`) when the selection reads it;
+`streamidx.topk.select_topk(..., "fused_blockmax", block_max=...)` ranks
+blocks by those maxima and runs "blockmax"'s second stage. Checked here:
 - the selection alone, given maxima of small blocks (so that short rows have
   many blocks), returns the rule's indices bit for bit on integer scores with
   massive ties and on random scores (`oracle.topk_rule`);
-- through the kernel (interpreted), on every test batch of the case matrix,
-  a seeded random batch on two simulated cores and a long decode batch whose
-  maxima straddle two 128-lane rows of maxima: the maxima it writes are the maxima of the scores it writes, its
-  indices are the rule's on its own scores and match the reference
-  tie-aware within the derived tolerance; race-free under the detector;
-- the vendored kernel (no maxima) refuses the method, naming the argument;
+- through each body (interpreted), on every test batch of the case matrix
+  (CI: dense's all, one batch for each other body), a long decode batch
+  whose maxima straddle two 128-lane rows of maxima and, dense, a seeded
+  random batch on two simulated cores: the maxima it writes are the maxima
+  of the scores it writes, its indices are the rule's on its own scores and
+  match the reference tie-aware within the derived tolerance; race-free
+  under the detector;
+- a body that emits no maxima refuses the method, naming the argument;
 - the interpreter-counted DMAs of the extra output, and the model.
 """
 
@@ -28,7 +31,8 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import metrics, topk
-from streamidx.kernels import dense as dense_kernel
+from streamidx.kernels import block_max as block_max_kernel
+from streamidx.kernels import driver, entries
 from streamidx.lab.model import topk as topk_model
 from streamidx.lab.studies import cases, costs
 
@@ -119,9 +123,15 @@ def test_fused_blockmax_arguments_are_checked():
 
 
 # ---------------------------------------------------------------------------
-# Through the dense kernel (interpreted).
+# Through the kernel bodies (interpreted).
 
 DENSE = si.VARIANTS["dense"]
+# Every token body, each over each of its cache formats.
+BODIES = tuple((v, fmt) for v in ("dense", "vendored", "lean", "fp4")
+               for fmt in si.VARIANTS[v].cache_formats)
+# CI: the dense body over the case matrix, each other body (its first cache
+# format) over one batch; the rest in the full tier (tests/tiers.py).
+CI_BATCH = "all_three_ranges"
 BLOCKS = cases.blocks_for("dense")
 # k 3 < the 4 blocks of 128 entries of the case matrix's 512 score columns:
 # the two-stage path runs (at K_TESTS it would be one top_k of the row, the
@@ -129,22 +139,28 @@ BLOCKS = cases.blocks_for("dense")
 K_FUSED = 3
 
 
+def _body_id(body):
+  return "-".join(body)
+
+
 @functools.lru_cache(maxsize=None)
-def _inputs(batch_name, ratio=4):
+def _inputs(batch_name, fmt="dense_fp8", ratio=4):
   b = cases.BATCHES[batch_name].build(ratio)
-  return si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt="dense_fp8",
-                        seed=ratio)
+  return si.make_inputs(b, num_heads=cases.NUM_HEADS, fmt=fmt, seed=ratio)
 
 
-# One instance: the case matrix's batches share their shapes, so the
-# interpreted kernel is traced once for all of them.
-_RUN = KernelWithScores("token", dense=True)
+# One instance per body: the case matrix's batches share their shapes, so
+# each interpreted kernel is traced once for all of them.
+@functools.lru_cache(maxsize=None)
+def _run(variant):
+  return KernelWithScores("token", variant=variant)
 
 
-def _check_fused_run(inp, *, k, ratio, label, **blocks):
-  run = _RUN
-  args = DENSE.args(inp)
-  idx, scores = run(*args, k=k, compression_ratio=ratio,
+def _check_fused_run(inp, *, k, ratio, label, variant="dense", fmt=None,
+                     **blocks):
+  v = si.VARIANTS[variant]
+  run = _run(variant)
+  idx, scores = run(*v.args(inp, fmt), k=k, compression_ratio=ratio,
                     topk_method="fused_blockmax", **blocks)
   bmax = run.block_max
   assert bmax is not None, "no block maxima captured"
@@ -155,64 +171,82 @@ def _check_fused_run(inp, *, k, ratio, label, **blocks):
   # Its indices are the rule's on its own scores, bit for bit ...
   np.testing.assert_array_equal(idx, oracle.topk_rule(scores, k), err_msg=label)
   # ... and the reference's, tie-aware within the derived tolerance.
-  want = si.streamindex_topk_dense_ref(*args, k=k, compression_ratio=ratio,
-                                       topk_method="fused_blockmax", **blocks)
+  want = v.run_reference(inp, k=k, compression_ratio=ratio, fmt=fmt,
+                         topk_method="fused_blockmax", **blocks)
   metrics.assert_topk_match(
-      idx, want, DENSE.scores(inp, compression_ratio=ratio),
+      idx, want, v.scores(inp, compression_ratio=ratio, fmt=fmt),
       atol=metrics.summation_atol(inp, compression_ratio=ratio), label=label)
   return idx, scores, bmax
 
 
-@pytest.mark.parametrize("case", cases.TEST_BATCHES)
-def test_dense_fused_blockmax_matches_reference(case):
-  _check_fused_run(_inputs(case), k=K_FUSED, ratio=4, label=case, **BLOCKS)
+def _matrix():
+  """(variant, fmt, batch): the dense body over the case matrix and each
+  other body's first format over `CI_BATCH` in CI, the rest full."""
+  firsts = {v: fmt for v, fmt in reversed(BODIES)}
+  return tiers.split(
+      [(v, fmt, case) for v, fmt in BODIES for case in cases.TEST_BATCHES],
+      lambda p: p[0] == "dense" or (p[2] == CI_BATCH
+                                    and firsts[p[0]] == p[1]),
+      ids=lambda p: "-".join(p))
+
+
+@pytest.mark.parametrize("variant,fmt,case", _matrix())
+def test_fused_blockmax_matches_reference(variant, fmt, case):
+  _check_fused_run(_inputs(case, fmt), k=K_FUSED, ratio=4,
+                   label=f"{variant}/{fmt}/{case}", variant=variant, fmt=fmt,
+                   **cases.blocks_for(variant))
 
 
 @functools.lru_cache(maxsize=None)
-def _long_decode():
+def _long_decode(fmt="dense_fp8"):
   # 130 score rows of 128 entries a sequence, KV blocks of 3 pages of 128
   # (3 maxima each): KV block 42's maxima are score rows 126-128, which
   # straddle the first two 128-lane rows of maxima.
   b = si.make_mixed_batch(decode=[130 * 128, 129 * 128 - 5, 700],
                           page_size=128, compression_ratio=1)
-  return si.make_inputs(b, num_heads=2, fmt="dense_fp8", seed=3)
+  return si.make_inputs(b, num_heads=2, fmt=fmt, seed=3)
 
 
 LONG_BLOCKS = dict(num_kv_pages_per_block=(3, 3, 3),
                    num_queries_per_block=(1, 8, 8))
 
 
-def test_dense_fused_blockmax_long_decode_straddling_rows():
-  inp = _long_decode()
+@pytest.mark.parametrize("variant,fmt", tiers.first(BODIES, ids=_body_id))
+def test_fused_blockmax_long_decode_straddling_rows(variant, fmt):
+  inp = _long_decode(fmt)
   _, _, bmax = _check_fused_run(inp, k=8, ratio=1, label="long decode",
-                                **LONG_BLOCKS)
+                                variant=variant, fmt=fmt, **LONG_BLOCKS)
   # 130 pages a row of the table, aligned to 3-page blocks: 132 score rows;
   # two rows of maxima, and the one a straddling KV block may touch.
   assert bmax.shape[1] == 132
-  assert dense_kernel.block_max_rows(132, [3]) == 3
+  assert block_max_kernel.rows(132, [3]) == 3
   assert np.isfinite(bmax[0, 126:129]).all()  # the straddling maxima
   assert np.isfinite(bmax[0, :130]).all() and (bmax[0, 130:] == -np.inf).all()
 
 
-def test_dense_fused_blockmax_is_race_free():
-  inp = _inputs("all_three_ranges")
+@pytest.mark.parametrize("variant,fmt", tiers.first(BODIES, ids=_body_id))
+def test_fused_blockmax_is_race_free(variant, fmt):
+  v = si.VARIANTS[variant]
+  inp = _inputs("all_three_ranges", fmt)
+  blocks = cases.blocks_for(variant)
   with si.race_check() as report:
-    got = si.VARIANTS["dense"].run(inp, k=K_FUSED, compression_ratio=4,
-                                   topk_method="fused_blockmax", **BLOCKS)
+    got = v.run(inp, k=K_FUSED, compression_ratio=4, fmt=fmt,
+                topk_method="fused_blockmax", **blocks)
   jax.block_until_ready(got)
   assert report.launches >= 3 and not report.races_found, report
-  want = si.streamindex_topk_dense_ref(*DENSE.args(inp), k=K_FUSED,
-                                       compression_ratio=4, **BLOCKS)
-  scores = DENSE.scores(inp, compression_ratio=4)
-  metrics.assert_topk_match(got, want, scores,
+  want = v.run_reference(inp, k=K_FUSED, compression_ratio=4, fmt=fmt,
+                         **blocks)
+  metrics.assert_topk_match(got, want,
+                            v.scores(inp, compression_ratio=4, fmt=fmt),
                             atol=metrics.summation_atol(inp,
                                                         compression_ratio=4))
 
 
 # Full tier (tests/tiers.py): one core's race check and the two-core dense
-# kernel's (tests/test_dense.py) run in CI.
+# kernel's (tests/test_dense.py) run in CI. The bodies that take num_cores.
 @tiers.FULL
-def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
+@pytest.mark.parametrize("variant", ["dense", "lean"])
+def test_fused_blockmax_random_batch_on_two_cores_is_race_free(variant):
   # A seeded random ragged batch (every range, fragmented pages), its
   # programs split over two simulated cores: each core's prologue resets the
   # block-max slots it inherits.
@@ -229,7 +263,7 @@ def test_dense_fused_blockmax_random_batch_on_two_cores_is_race_free():
                 decode_req_batch_size=2)
   with si.race_check(num_cores_or_threads=2) as report:
     _, scores, _ = _check_fused_run(inp, k=3, ratio=4, label="random",
-                                    num_cores=2, **blocks)
+                                    variant=variant, num_cores=2, **blocks)
   assert report.launches >= 3 and not report.races_found, report
   assert scores.shape[1] // W > 3  # more blocks than k: both stages ran
   si.reset_interpreter_state()
@@ -257,24 +291,25 @@ def test_block_maxima_dmas_are_small():
 # Who takes the method.
 
 
-def test_vendored_kernel_refuses_fused_blockmax():
+def test_a_body_that_emits_nothing_refuses_fused_blockmax():
+  """The driver's refusal, through an entry point's three doors (run,
+  checked, validate), for a body built here that emits no maxima (every
+  registered token body emits them)."""
+  silent = dataclasses.replace(entries.VENDORED, name="silent", emits=())
+  entry = driver.Entry(si.streamindex_topk.bind, silent)
   inp = si.make_inputs(cases.BATCHES["decode_only_fewer_than_batch"].build(4),
                        num_heads=cases.NUM_HEADS, fmt="fp8", seed=4)
   kw = dict(k=4, compression_ratio=4, topk_method="fused_blockmax",
             **cases.blocks_for("vendored"))
   match = (r"topk_method: 'fused_blockmax' reads the kernel output "
-           r"'block_max', which the 'vendored' kernel body does not emit \(it "
+           r"'block_max', which the 'silent' kernel body does not emit \(it "
            r"emits none; got 'fused_blockmax'\)")
-  for fn in (si.streamindex_topk, si.checked_streamindex_topk,
-             si.validate_topk_inputs):
+  for fn in (entry, entry.checked, entry.validate):
     with pytest.raises(ValueError, match=match):
       fn(*inp.args, **kw)
-  with pytest.raises(ValueError, match=r"topk_method: must be one of .* "
-                     r"for variant 'vendored'.*\(got 'fused_blockmax'\)"):
-    si.VARIANTS["vendored"].static(inp, k=4, compression_ratio=4,
-                                   topk_method="fused_blockmax")
-  assert "fused_blockmax" not in si.VARIANTS["vendored"].topk_methods
-  assert "fused_blockmax" in si.VARIANTS["dense"].topk_methods
+  assert "fused_blockmax" not in silent.topk_methods
+  for name, v in si.VARIANTS.items():
+    assert ("fused_blockmax" in v.topk_methods) == (v.mode == "token"), name
 
 
 def test_a_body_takes_a_fused_method_only_if_it_emits_its_output():
@@ -282,8 +317,7 @@ def test_a_body_takes_a_fused_method_only_if_it_emits_its_output():
   scores (`KernelBody.emits`); its methods and the driver's one request
   (`driver.extra_outputs`) follow, and a body without one is refused with
   its name and the output's."""
-  from streamidx.kernels import driver  # pylint: disable=g-import-not-at-top
-  block_max = driver.Output("block_max", dense_kernel.block_max_buffer)
+  block_max = driver.Output("block_max", block_max_kernel.buffer)
   plain = driver.KernelBody("plain", launch=None, cache_format=None)
   emitting = dataclasses.replace(plain, name="emitting", emits=(block_max,))
   assert plain.topk_methods == topk.KERNEL_TOPK_METHODS
@@ -299,14 +333,15 @@ def test_a_body_takes_a_fused_method_only_if_it_emits_its_output():
 
 def test_compile_matrix_rows_for_fused_blockmax():
   from streamidx.lab import aot
-  rows = aot.matrix(quick=True, variants=["vendored", "dense"],
-                    formats=None, generations=["v6e"],
-                    topk_methods=("fused_blockmax",))
-  by_variant = {}
+  bodies = ["vendored", "dense", "lean", "fp4"]
+  rows = aot.matrix(quick=True, variants=bodies, formats=None,
+                    generations=["v6e"], topk_methods=("fused_blockmax",))
+  by_body = {}
   for r in rows:
-    by_variant.setdefault(r.variant, []).append(r.topk_method)
-  assert by_variant["dense"] == [None, "fused_blockmax"]
-  assert all(m is None for m in by_variant["vendored"])  # not offered
+    by_body.setdefault((r.variant, r.fmt), []).append(r.topk_method)
+  # Every body, each of its cache formats: the default row, then the fused.
+  assert sorted(by_body) == sorted(BODIES)
+  assert all(m == [None, "fused_blockmax"] for m in by_body.values()), by_body
 
 
 # ---------------------------------------------------------------------------

@@ -5,8 +5,10 @@
                LEDGER.md beside it); packed FP8 or bf16 cache, one array;
                the one pipeline body, with hooks for the other variants (M16)
     dense      the dense FP8 cache's hooks into that body (values and e8m0
-               scales in two arrays, 129 B/entry), a core-parallel grid axis
-               (`num_cores`) and block maxima ("fused_blockmax")
+               scales in two arrays, 129 B/entry) and a core-parallel grid
+               axis (`num_cores`)
+    block_max  the "block_max" output every token body writes for
+               "fused_blockmax": its buffer and the one hook that writes it
     lean       the dense FP8 cache with its own vector-lean pipeline (word
                loads, a one-block KV loop, e4m3b11fnuz on v5e/v6e)
     fp4        the MXFP4 cache's hooks into that body (e2m1 codes two per
@@ -24,9 +26,9 @@
                `streamindex_page_topk_lean`, `streamindex_topk_fp4`,
                `streamindex_page_topk_fp4`
 
-A body imports `streamidx.semantics` and `kernels.tpu` (dense also
-`kernels.vendored`, whose body it runs; fp4 also `kernels.dense`, whose
-scale DMA it reuses); the driver imports
+A body imports `streamidx.semantics`, `kernels.tpu` and `kernels.block_max`
+(dense also `kernels.vendored`, whose body it runs; fp4 also
+`kernels.dense`, whose scale DMA it reuses); the driver imports
 `streamidx.validate`, `modes`, `topk` and the vendored input preparation;
 nothing imports `entries` except `streamidx.variants` and the package's top
 level; `select_blocktop` imports `streamidx.modes` and

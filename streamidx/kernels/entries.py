@@ -19,7 +19,7 @@ import inspect
 import jax.numpy as jnp
 
 from streamidx.call import PageCall, TopkCall
-from streamidx.kernels import dense, driver, fp4, lean, vendored
+from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
 
 __all__ = ["VENDORED", "DENSE", "LEAN", "streamindex_topk",
            "streamindex_page_topk", "streamindex_topk_dense",
@@ -34,19 +34,21 @@ def _packed_format(cache) -> str:
   return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
 
 
+# The extra output every body writes on request (token mode).
+BLOCK_MAX = driver.Output(block_max.NAME, block_max.buffer)
 VENDORED = driver.KernelBody(
     name="vendored", launch=vendored.run_topk_kernel,
-    cache_format=_packed_format)
+    cache_format=_packed_format, emits=(BLOCK_MAX,))
 DENSE = driver.KernelBody(
     name="dense", launch=dense.launch, cache_format=lambda c: "dense_fp8",
-    emits=(driver.Output("block_max", dense.block_max_buffer),),
-    num_cache_arrays=2)
+    emits=(BLOCK_MAX,), num_cache_arrays=2)
 LEAN = driver.KernelBody(
     name="lean", launch=lean.launch, cache_format=DENSE.cache_format,
-    num_cache_arrays=2)
+    emits=(BLOCK_MAX,), num_cache_arrays=2)
 FP4 = driver.KernelBody(
     name="fp4", launch=fp4.launch, cache_format=lambda c: "mxfp4",
-    entries_per_element=fp4.ENTRIES_PER_BYTE, num_cache_arrays=2)
+    entries_per_element=fp4.ENTRIES_PER_BYTE, emits=(BLOCK_MAX,),
+    num_cache_arrays=2)
 
 
 def _bind(cls, variant, body, cache, args: dict):
@@ -105,9 +107,10 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): entry s is visible to
       the query at position p iff s < (p + 1) // ratio (DeepSeek-V4, vLLM);
       "seed": the vendored s <= p // ratio (docs/semantics.md).
-    topk_method: streamidx (M12). One of `streamidx.topk.KERNEL_TOPK_METHODS`
-      (default "sort", the vendored selection); every exact method returns
-      the same indices (docs/topk-methods.md).
+    topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`
+      (default "sort", the vendored selection; "fused_blockmax" reads the
+      block maxima the kernel writes beside the scores, M16, M21); every
+      exact method returns the same indices (docs/topk-methods.md).
     return_scores: streamidx (M9). True: return (indices, scores), scores
       f32[T, k] the selected entries' scores, -inf where the index is -1.
     sort_decode: streamidx (M13). True (default): score the decode range in
@@ -168,7 +171,6 @@ def streamindex_topk_dense(
   page_size // 4, 4, head_dim], cache_scales u8[total_pages, page_size // L,
   L]; docs/cache-formats.md) in place of `cache_kv`.
 
-  topk_method also takes "fused_blockmax" (docs/topk-methods.md).
   num_cores: each launch's programs split over this many TensorCores (a
     leading "parallel" grid axis; 2: both cores of a v4 or v5p chip; 1, the
     default: the vendored grid). Any value gives the same indices.
@@ -221,8 +223,8 @@ def _twin(dense_fn, variant, body, doc, drop=()):
 
 streamindex_topk_lean = _twin(
     streamindex_topk_dense, "lean", LEAN,
-    """`streamindex_topk_dense` (same arguments and indices; topk_method
-  without "fused_blockmax") with the vector-lean kernel body
+    """`streamindex_topk_dense` (same arguments and indices) with the
+  vector-lean kernel body
   (`streamidx.kernels.lean`).""")
 streamindex_page_topk_lean = _twin(
     streamindex_page_topk_dense, "lean", LEAN,

@@ -32,16 +32,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
+from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
 
 __all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS"]
 
 KV_PACKING = cache_lib.DENSE_KV_PACKING
-SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out")
-_KV, _SCALE, _Q, _W, _OUT = range(len(SEMAPHORE_ROWS))
+SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out", "block_max")
+_KV, _SCALE, _Q, _W, _OUT, _MAX = range(len(SEMAPHORE_ROWS))
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
-# flight of each score buffer, -1 = none).
+# flight of each score buffer, -1 = none); with the block maxima, the
+# hook's after them (`block_max.NUM_SEM_IDS`, `NUM_BO_SZ`).
 _NUM_SEM_IDS, _NUM_BO_SZ = 3, 2
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
@@ -59,19 +61,31 @@ def fp8_mode(interpret) -> str:
   return "native" if info is not None and info.generation >= 7 else "fnuz"
 
 
+def _kernel_refs(*refs, block_max: bool, num_sublanes_bkv: int, **kwargs):
+  """`_kernel` with the block-max hook (`streamidx.kernels.block_max`) when
+  `block_max`: its buffer after the scores, its scratch before `sems`."""
+  refs, hook = block_max_lib.split_refs(
+      refs, num_prefetch=7, num_inputs=4, emits=block_max, sem_row=_MAX,
+      seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
+      num_sublanes_bkv=num_sublanes_bkv)
+  _kernel(*refs, hook=hook, **kwargs)
+
+
 def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             ids_ref, bo_sz_ref, q_hbm, w_hbm, kv_hbm, sc_hbm, scores_in,
             scores_hbm, bkv, bsc, bq, bw, bo, sems, *, compression_ratio,
             static_q_len, bkv_p, bq_sz, seq_batch_size, causal_rule,
             page_width, max_kv_len, fp8, num_cores, page_cols,
-            segment_pool, interpreted):
+            segment_pool, interpreted, hook=None):
   """One program: `seq_batch_size` sequences, their query blocks x KV blocks.
 
   Scalar prefetch: seq_lens [S], pages [(S + stride) * page_width] (clamped,
-  padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3], bo_sz
-  [2]. Scratch: bkv u8[2, B, N, 4, D], bsc u8[2, B, bkv_p, rows, L], bq
-  [2, B, bq, H, D], bw f32[2, B, bq, H], bo f32[2, B * bq, sublanes, 128],
-  sems DMA[5, 2, B] (column 0: one wait covers the program's sequences).
+  padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3, or 4
+  with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
+  u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
+  f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
+  (column 0: one wait covers the program's sequences). hook: the block
+  maxima's (`block_max.BlockMax`, token mode), or None.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -220,6 +234,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         ends.append(jnp.minimum(causal_visible_bound(
             q_pos, compression_ratio, causal_rule), kv_lens[b]))
       oslot = ids_ref[2]
+      if hook is not None:
+        hook.acquire(sz)
       if page_mode:
         @pl.when(sz > 0)
         def _():
@@ -255,10 +271,14 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             for c in range(bkv_sz // LANES):
               bo[o, pl.ds(b * bq_sz, bq_sz), c, :] = s[b][:, c * LANES:
                                                          (c + 1) * LANES]
+            if hook is not None:
+              hook.put(b, s[b], bkv_idx)
           send(o, sz, row0, bkv_idx * (bkv_sz // LANES), bkv_sz // LANES)
           ids_ref[2] = 1 - o
 
       lax.fori_loop(0, num_bkv, kv_step, None)
+      if hook is not None:
+        hook.send(sz, row0)
       if page_mode:
         @pl.when(sz > 0)
         def _():
@@ -270,9 +290,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   @pl.when(first)
   def _():
     if num_cores > 1:  # the previous core's state
-      for i in range(_NUM_SEM_IDS):
+      for i in range(ids_ref.shape[0]):
         ids_ref[i] = 0
-      for i in range(_NUM_BO_SZ):
+      for i in range(bo_sz_ref.shape[0]):
         bo_sz_ref[i] = -1
     q_copies(seq0, 0, 0, wait=False)
     kv_copies(seq0, 0, 0)
@@ -287,12 +307,17 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     wait_kv(ids_ref[1])  # the extra block past the launch's last
     for i in range(2):
       wait_send(i)
+      if hook is not None:
+        hook.wait(i)
 
 
 def launch(spec, q, weights, cache, prefetch, start, end, outputs):
   """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
-  program (`streamidx.kernels.driver.KernelBody.launch`); the scores."""
-  (scores,) = outputs  # it emits no other output
+  program (`streamidx.kernels.driver.KernelBody.launch`); the scores, and
+  with "block_max" in `spec.outputs` (token mode) the maxima of its score
+  rows (`streamidx.kernels.block_max`)."""
+  scores = outputs[0]
+  block_max = block_max_lib.NAME in spec.outputs
   values, scales = cache
   page_mode, page_size = spec.page_mode, spec.page_size
   call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
@@ -311,8 +336,16 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
                              page_size=page_size, page_mode=page_mode)
+  num_sem_ids, num_bo_sz = _NUM_SEM_IDS, _NUM_BO_SZ
+  if block_max:  # its buffer: after the scores, in `spec.outputs`' order
+    scratch.append(block_max_lib.scratch(
+        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
+        seq_batch_size=b, bq_sz=bq_sz))
+    num_sem_ids, num_bo_sz = block_max_lib.NUM_SEM_IDS, block_max_lib.NUM_BO_SZ
   kernel = functools.partial(
-      _kernel, compression_ratio=call.compression_ratio,
+      _kernel_refs, block_max=block_max,
+      num_sublanes_bkv=bkv_p * page_size // LANES,
+      compression_ratio=call.compression_ratio,
       static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
       seq_batch_size=b, causal_rule=call.causal_rule, page_width=width,
       max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(spec.interpret),
@@ -320,10 +353,12 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
       page_cols=page_size // call.compression_ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False)
   return tpu.pallas_launch(
-      kernel, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p),
-      scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS),
+      kernel, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
+                                   spec.outputs),
+      scratch=scratch,  # the "block_max" row only when it writes them
+      num_sem_rows=len(SEMAPHORE_ROWS) if block_max else _MAX,
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
-      end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
-      num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, values, scales),
+      end=end, seq_batch_size=b, num_sem_ids=num_sem_ids,
+      num_bo_sz=num_bo_sz, inputs=(q, weights, values, scales),
       outputs=outputs, call=call, interpret=spec.interpret,
       num_cores=num_cores, bkv_p=bkv_p, bq_sz=bq_sz)

@@ -35,6 +35,8 @@ from streamidx import semantics
 # streamidx (M10, M11, M15): the project's TPU helpers, shared with the other
 # kernel bodies.
 from streamidx.kernels import tpu
+# streamidx (M21): the block-max output's hook (M16), shared with them.
+from streamidx.kernels import block_max as block_max_lib
 # streamidx (M6): the shared rules come from streamidx.semantics.
 from streamidx.semantics import align_to, causal_visible_bound, cdiv
 
@@ -763,12 +765,34 @@ def prepare_outputs(out):
 # the one launch of this body, for token and page mode alike. The drop-in
 # entry points are `streamidx.streamindex_topk` / `streamindex_page_topk`.
 # streamidx (M20): its static arguments come as one record, `spec` (a
-# `driver.Launch`); it writes the scores, the only output it emits.
+# `driver.Launch`). streamidx (M21): it writes the scores, and with
+# "block_max" in `spec.outputs` (token mode) the block maxima too, through
+# the M16 hook (`_scores_kernel_with_block_max`).
+def _scores_kernel_with_block_max(*refs, num_sublanes_bkv, **kwargs):
+  """streamidx (M21): `_scores_kernel` with the `block_max.BlockMax` hook:
+  refs as `_scores_kernel`'s, with the block-max buffer after the scores
+  (aliased input and output) and its scratch "bmax_x2" before `sems`, whose
+  row `_BLOCK_MAX_SEM_ROW` it uses."""
+  refs, hook = block_max_lib.split_refs(
+      refs, num_prefetch=7, num_inputs=3, emits=True,
+      sem_row=_BLOCK_MAX_SEM_ROW, seq_batch_size=kwargs["seq_batch_size"],
+      bq_sz=kwargs["bq_sz"], num_sublanes_bkv=num_sublanes_bkv)
+  _scores_kernel(*refs, block_max=hook, **kwargs)
+
+
+# streamidx (M21): the maxima's semaphore row, the dense layout's
+# (`dense.SEMAPHORE_ROWS`, which the lab's timeline reads; its row 4, the
+# scales', is unused here).
+_BLOCK_MAX_SEM_ROW = 5
+
+
 def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
                     end, outputs):
   """streamidx: one `pallas_call` over sequences [start, end) (token mode), or
-  over the page-mode grid (`case` "page"); returns the scores."""
-  (scores,) = outputs
+  over the page-mode grid (`case` "page"); returns the scores [and, M21, the
+  block maxima]."""
+  scores = outputs[0]
+  block_max = block_max_lib.NAME in spec.outputs  # streamidx (M21)
   (cache_kv,) = cache
   seq_batch_size, static_q_len, bq_sz, bkv_p, case, call, interpret = (
       spec.seq_batch_size, spec.static_q_len, spec.bq_sz, spec.bkv_p,
@@ -798,16 +822,27 @@ def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
       weights_dtype=prepared_indexer_weights.dtype,
       num_out_sublanes=num_sublanes_total if page_mode else num_sublanes_bkv)
 
-  # streamidx (M20): upstream's scope name, spelled by `tpu.launch_name`.
-  scope_name = tpu.launch_name("", case, bq_sz, bkv_p)
+  # streamidx (M20): upstream's scope name, spelled by `tpu.launch_name`
+  # (M21: "-block_max" after it when the launch writes the maxima).
+  scope_name = tpu.launch_name("", case, bq_sz, bkv_p, spec.outputs)
   if page_mode:
     page_kwargs = dict(page_pool_size=page_size,
                        num_bkv_max=cdiv(pages_per_seq, bkv_p),
                        pool_by_lane_segments=spec.segment_pool)  # streamidx (M15)
   else:
     page_kwargs = {}
+  kernel_fn, num_sem_rows, num_sem_ids, num_bo_sz = _scores_kernel, 4, 3, 2
+  if block_max:  # streamidx (M21)
+    scratch = [*scratch, block_max_lib.scratch(
+        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
+        seq_batch_size=seq_batch_size, bq_sz=bq_sz)]
+    kernel_fn = functools.partial(_scores_kernel_with_block_max,
+                                  num_sublanes_bkv=num_sublanes_bkv)
+    num_sem_rows, num_sem_ids, num_bo_sz = (
+        _BLOCK_MAX_SEM_ROW + 1, block_max_lib.NUM_SEM_IDS,
+        block_max_lib.NUM_BO_SZ)
   kernel = functools.partial(
-      _scores_kernel,
+      kernel_fn,
       compression_ratio=call.compression_ratio,
       static_q_len=static_q_len,
       bq_sz=bq_sz,
@@ -821,10 +856,11 @@ def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
   # streamidx: the pallas_call setup every kernel body shares (scratch and
   # semaphores, scalar prefetch, grid, HBM operands, the aliased output).
   return tpu.pallas_launch(
-      kernel, name=scope_name, scratch=scratch, num_sem_rows=4,
+      kernel, name=scope_name, scratch=scratch, num_sem_rows=num_sem_rows,
       prefetch=prefetch, start=start, end=end,
-      seq_batch_size=seq_batch_size, num_sem_ids=3, num_bo_sz=2,
-      inputs=(q, prepared_indexer_weights, cache_kv), outputs=(scores,),
+      seq_batch_size=seq_batch_size, num_sem_ids=num_sem_ids,
+      num_bo_sz=num_bo_sz,  # streamidx (M21)
+      inputs=(q, prepared_indexer_weights, cache_kv), outputs=outputs,
       call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz,
       case="page" if page_mode else _MLA_CASE[case].name.lower(),
       blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="

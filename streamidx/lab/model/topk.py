@@ -49,7 +49,7 @@ def cost(method: str, rows: int, entries: int, k: int, **options) -> TopkCost:
   """The cost of `select_topk(f32[rows, entries], k, method, **options)`: the
   registered method's own model (`streamidx.topk.METHODS[method].cost`; an
   unknown method or option raises ValueError); "top_k"'s where there is
-  nothing to split. "fused_blockmax" reads the dense kernel's block maxima
+  nothing to split. "fused_blockmax" reads the scoring kernel's block maxima
   (entries / 128 a row, in whole 128-lane rows, counted in its
   `bytes_written`), then the k best blocks' entries."""
   m = topk_lib.get(method)
