@@ -42,6 +42,19 @@ def seq_colors(n: int) -> list:
 
 
 # Shared styling: every figure sets its axes and finishes through these.
+def _shared_legend(fig, axes, title: str, *, bottom: float):
+  """One legend under the panels `axes` (each label once, from whichever
+  panel has it), the figure's `title` above them."""
+  legend = {}  # label -> handle
+  for ax in axes:
+    for h, l in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(l, h)
+  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
+             frameon=False)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, bottom, 1, 1))
+
+
 def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
            grid=None, legend=None):
   """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid and a legend
@@ -710,14 +723,7 @@ def topk_methods_figure(rows: Sequence[dict], *, measured: Sequence[dict] = (), 
       if m["panel"] == panel:
         axes[0][col].plot(m["us"], y[m["method"]], "*", color="tab:red", ms=12, label=m["label"])
   axes[0][0].invert_yaxis()
-  legend = {}  # label -> handle, over every top-row panel (the stars sit in one)
-  for ax in axes[0]:
-    for h, l in zip(*ax.get_legend_handles_labels()):
-      legend.setdefault(l, h)
-  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
-             frameon=False)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, .05, 1, 1))
+  _shared_legend(fig, axes[0], title, bottom=.05)  # the stars sit in one panel
   return fig
 
 
@@ -748,14 +754,7 @@ def mtp_step_figure(rows: Sequence[dict], *, title: str):
     _style(ax, "TPU generation", title=f"{ctx // 1024}K tokens per sequence", size=10, ylog=10,
            grid=dict(alpha=.3, axis="y", which="both"))
   _style(axes[0][0], ylabel="microseconds (one layer, model)")
-  legend = {}  # label -> handle, over the panels (a term may be known in one only)
-  for ax in axes[0]:
-    for h, l in zip(*ax.get_legend_handles_labels()):
-      legend.setdefault(l, h)
-  fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), fontsize=8,
-             frameon=False)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, .07, 1, 1))
+  _shared_legend(fig, axes[0], title, bottom=.07)  # a term may be known in one panel only
   return fig
 
 
