@@ -433,3 +433,14 @@ def test_a_fused_method_gets_its_extra_output_as_a_compiled_input():
   w = topk.METHODS["fused_blockmax"].options["block_max_width"].default
   assert calibration.extra_input("fused_blockmax", 64, 262144) == (
       (64, 262144 // w), "float32")
+
+
+def test_topk_bundle_table_states_the_goals_from_the_records(capsys):
+  from streamidx.lab.bench import topk as topk_bench
+  assert topk_bench.main(["--table"]) == 0
+  out = capsys.readouterr().out
+  line = next(l for l in out.splitlines() if l.startswith("v7x decode k 512"))
+  assert "of the sort's 3,840,549 (goal 1/12: " in line
+  assert "lean scoring kernel's" in line and "goal 10%: " in line
+  with pytest.raises(SystemExit):
+    topk_bench.main(["--table", "--json"])

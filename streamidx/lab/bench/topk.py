@@ -231,12 +231,16 @@ def format_compile_table(doc) -> str:
 
 
 def format_counts(lines) -> str:
-  """The counts as a table: per shape and chip, each method's tc_bundles
-  and, for an exact method, its ratio to the sort's at the same shape."""
+  """The recorded counts as a table: per shape and chip, each method's
+  tc_bundles and, for an exact method, its ratio to the sort's at the same
+  shape; then `goal_lines`."""
   sort = {(l["generation"], l["rows"], l["entries"], l["k"]): l["tc_bundles"]
           for l in lines if l["method"] == "sort"}
   rows = []
+  missing = sum(1 for l in lines if l["source"] is None)
   for l in lines:
+    if l["source"] is None:
+      continue
     base_ = sort.get((l["generation"], l["rows"], l["entries"], l["k"]))
     ratio = ("-" if not (l["exact"] and l["tc_bundles"] and base_)
              else f"{l['tc_bundles'] / base_:.3f}")
@@ -246,12 +250,77 @@ def format_counts(lines) -> str:
                  else f"{l['tc_bundles']:,}", "/ sort": ratio,
                  "sc_bundles": "-" if l["sc_bundles"] is None
                  else l["sc_bundles"],
-                 "note": ("not recorded" if l["source"] is None else
-                          "dynamic trips" if "dynamic" in l["note"] else
+                 "note": ("dynamic trips" if "dynamic" in l["note"] else
                           "SparseCore calls" if l["sparsecore_calls"] else "")
                  + (" (fused extra not counted)" if l["fused_extra"] else "")})
   return ("TensorCore bundles executed by each compiled selection (static "
-          "schedule, libtpu dump; not a timing)\n" + tables.format_rows(rows))
+          "schedule, libtpu dump; not a timing)\n" + tables.format_rows(rows)
+          + f"\n{missing} of {len(lines)} not recorded (--json lists them, "
+          "--compile records them)\n" + "\n".join(goal_lines(lines)))
+
+
+# Issue 38's goals: decode, the best exact method at most 1/12 of the sort's
+# bundles and 10% of the lean scoring kernel's; prefill, 1/10 of the sort's.
+# The lean kernel's bundles: its decode KV loop (data/decode_schedule.json)
+# at LEAN_BKV_P pages a step, the fewest bundles a page recorded.
+LEAN_BKV_P = 8
+
+
+def lean_kernel_bundles(generation: str, shape: shapes_lib.Shape):
+  """(bundles, how): the lean scoring kernel's decode KV loop over the
+  shape's pages (bundles_per_page x rows x entries / page_size), or
+  (None, why)."""
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  rec = roofline.recorded_bundles(
+      "lean", generation, "dense_fp8", bkv_p=LEAN_BKV_P, seq_batch_size=4,
+      num_heads=shape.num_heads, head_dim=shape.head_dim,
+      page_size=shape.page_size)
+  if rec is None:
+    return None, "no recorded lean decode schedule"
+  pages = shape.rows * -(-shape.entries // shape.page_size)
+  return rec["bundles_per_page"] * pages, (
+      f"lean dense_fp8 KV loop, {rec['bundles_per_page']} bundles a page "
+      f"(bkv_p {LEAN_BKV_P}) x {pages:,} pages, data/decode_schedule.json")
+
+
+def goal_lines(lines) -> list[str]:
+  """Per chip and shape at k 512, the best recorded exact method against
+  issue 38's goals (`None` parts where a count is missing)."""
+  out = []
+  for shape in (COUNT_SHAPES[0], COUNT_SHAPES[-1]):
+    at = [l for l in lines if (l["rows"], l["entries"], l["k"]) ==
+          (shape.rows, shape.entries, shape.k)]
+    for gen in sorted({l["generation"] for l in at}):
+      here = [l for l in at if l["generation"] == gen]
+      sort = next((l["tc_bundles"] for l in here if l["method"] == "sort"),
+                  None)
+      exact = [l for l in here if l["exact"] and l["tc_bundles"]
+               and l["method"] != "sort"]
+      if not (sort and exact):
+        out.append(f"{gen} {shape.kind} k {shape.k}: not enough records "
+                   f"for the goal")
+        continue
+      best = min(exact, key=lambda l: l["tc_bundles"])
+      bound = 12 if shape.kind == "decode" else 10
+      ok = best["tc_bundles"] <= sort / bound
+      text = (f"{gen} {shape.kind} k {shape.k}: best exact {best['method']} "
+              f"{best['tc_bundles']:,} = 1/{sort / best['tc_bundles']:.2f} of "
+              f"the sort's {sort:,} (goal 1/{bound}: "
+              f"{'met' if ok else 'NOT met'})")
+      if shape.kind == "decode":
+        lean, how = lean_kernel_bundles(gen, shape)
+        if lean is None:
+          text += f"; lean kernel: {how}"
+        else:
+          share = best["tc_bundles"] / lean
+          text += (f"; {share:.1%} of the lean scoring kernel's {lean:,.0f} "
+                   f"({how}; goal 10%: "
+                   f"{'met' if share <= 0.10 else 'NOT met'})")
+      if best["sc_bundles"] is None or best["fused_extra"]:
+        text += " [" + "; ".join(x for x in (best["note"], best["fused_extra"])
+                                 if x) + "]"
+      out.append(text)
+  return out
 
 
 def main(argv=None) -> int:
@@ -274,10 +343,15 @@ def main(argv=None) -> int:
                  "JSON object a line (method, generation, rows, entries, k, "
                  "tc_bundles, sc_bundles, and notes); a shape not recorded "
                  "has tc_bundles null")
+  p.add_argument("--table", action="store_true",
+                 help="instead of timing: the recorded bundle counts as a "
+                 "table, each exact method's ratio to the sort's, and issue "
+                 "38's goals")
   p.add_argument("--compile", action="store_true",
                  help="with the counts: compile (libtpu, no TPU; minutes "
                  "each) every one not recorded and append it to "
-                 "data/step_schedule.json; without --json, a table")
+                 "data/step_schedule.json (with the command and date); "
+                 "then --json's lines, or without --json the table")
   p.add_argument("--generations", nargs="+", choices=GENERATIONS,
                  default=list(GENERATIONS), help="the counts' chips")
   p.add_argument("--methods", nargs="+", choices=topk.TOPK_METHODS,
@@ -288,15 +362,18 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   try:
     shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
-              else COUNT_SHAPES if (a.json or a.compile)
+              else COUNT_SHAPES if (a.json or a.compile or a.table)
               else SHAPES[1:] if a.cost_analysis else SHAPES)
     if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
-    if a.cost_analysis and (a.json or a.compile):
-      raise ValueError("--cost-analysis: not with --json or --compile")
+    if a.cost_analysis and (a.json or a.compile or a.table):
+      raise ValueError("--cost-analysis: not with --json, --table or "
+                       "--compile")
+    if a.json and a.table:
+      raise ValueError("--table: not with --json (one output at a time)")
   except ValueError as e:
     p.error(str(e))
-  if a.json or a.compile:
+  if a.json or a.compile or a.table:
     lines = bundle_counts(shapes, a.generations, a.methods,
                           compile_missing=a.compile,
                           progress=lambda s: print(s, file=sys.stderr,
