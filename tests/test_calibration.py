@@ -59,3 +59,14 @@ def test_selection_row_with_a_dynamic_loop_has_no_count_unless_trips_given(tmp_p
   given = calibration.selection_row(str(tmp_path), trips={("TLP", 0): 5}, **kw)
   assert given["bundles"] == 8 * 5 + 2 and "dynamic_loops" not in given
   assert given["dynamic_trips"] == [["TLP", 0, 5]]
+
+
+def test_blocktop_counts_its_outer_conditional_without_the_fallback_sort():
+  from streamidx.lab import dump
+  outer = dump.Conditional("conditional.1", (frozenset({"res"}), frozenset(
+      {"sort.1", "conditional.2"})))
+  inner = dump.Conditional("conditional.2", (frozenset({"a"}), frozenset({"b"})))
+  assert calibration.taken_branches("blocktop", [inner, outer]) == {
+      "conditional.1": 0}
+  assert calibration.taken_branches("sort", [inner]) == {"conditional.2": 1}
+  assert calibration.taken_branches("radix", [inner]) == {}

@@ -34,7 +34,7 @@ from streamidx.lab.model import hardware
 
 __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM",
            "recorded", "measurements", "selection_record", "launch_record",
-           "selection_program", "extra_input", "dynamic_loops",
+           "selection_program", "extra_input", "dynamic_loops", "taken_branches",
            "selection_row", "record_selection", "append_selection", "clock", "rows", "format_table", "main"]
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
@@ -136,6 +136,26 @@ def dynamic_loops(comps) -> list[tuple[str, int, int]]:
           for l in c.loops if l.trips is None]
 
 
+def taken_branches(method: str, conds) -> dict[str, int]:
+  """The branch of each conditional that runs on rows of distinct scores:
+  "sort", its one conditional's branch 1 (the ties all taken); "blocktop",
+  its outermost conditional's branch 0 (no block overflows, so the full
+  sort of branch 1 does not run). Other methods: none (every branch
+  counted, an upper bound)."""
+  if method == "sort":
+    if len(conds) != 1:
+      raise ValueError(f"the sort method has one conditional, found {len(conds)}")
+    return {conds[0].name: 1}
+  if method == "blocktop" and conds:
+    inner = set().union(*(b for c in conds for b in c.branches))
+    outer = [c for c in conds if c.name not in inner]
+    if len(outer) != 1:
+      raise ValueError(f"the blocktop method has one outermost conditional, "
+                       f"found {len(outer)}")
+    return {outer[0].name: 0}
+  return {}
+
+
 def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
                   entries: int, k: int, command: str, date: str,
                   trips=None, extra=None) -> dict:
@@ -149,11 +169,7 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
   and `bundles_without_dynamic` the count with them at 0 trips. extra:
   (shape, dtype) of the method's extra input, when it has one."""
   comps, conds, sc = dump.read_module(dump_dir)
-  taken = {}
-  if method == "sort":
-    if len(conds) != 1:
-      raise ValueError(f"the sort method has one conditional, found {len(conds)}")
-    taken = {conds[0].name: 1}
+  taken = taken_branches(method, conds)
   trips = dict(trips or {})
   zero = {**{d[:2]: 0 for d in dynamic_loops(comps)}, **trips}
   mc = dump.executed(comps, conditionals=conds, taken=taken, sparsecore=sc,
@@ -192,14 +208,17 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
 
 
 def record_selection(chip: str, method: str, rows: int, entries: int,
-                     k: int, *, trips=None) -> dict:
+                     k: int, *, trips=None, dump_dir: str | None = None) -> dict:
   """Compiles `selection_program` for `chip` at f32[rows, entries] (and
   the method's extra input) in a child process and returns its
-  `selection_row`, with the command that remakes it and today's date."""
+  `selection_row`, with the command that remakes it and today's date
+  (dump_dir: keep the dump there)."""
+  import contextlib  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   extra = extra_input(method, rows, entries)
   args = [((rows, entries), "float32")] + ([extra] if extra else [])
-  with tempfile.TemporaryDirectory(prefix="sidx-sel-") as tmp:
+  with (contextlib.nullcontext(dump_dir) if dump_dir else
+        tempfile.TemporaryDirectory(prefix="sidx-sel-")) as tmp:
     dump.compile_dumps([dict(
         generation=chip, fn="streamidx.lab.calibration:selection_program",
         kwargs=dict(k=k, method=method), args=args)], dump_dir=tmp)
