@@ -86,8 +86,8 @@ def bundle_line(shape: shapes_lib.Shape, generation: str, method: str,
     loops = ", ".join(f"{c} loop at {s:#x} ({b} bundles an iteration)"
                       for c, s, b in row["dynamic_loops"])
     notes.append(f"tc_bundles unknown: dynamic trip count of {loops}; "
-                 f"{row['bundles_without_dynamic']} bundles with them at 0 "
-                 f"trips")
+                 f"at least {row['bundles_without_dynamic']} (those loops at "
+                 f"0 trips)")
   if calls:
     notes.append(f"SparseCore: {len(calls)} calls, "
                  f"{row['sparsecore_hbm_bytes']} HBM bytes read and written; "
