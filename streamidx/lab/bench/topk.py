@@ -316,6 +316,10 @@ def goal_lines(lines) -> list[str]:
           text += (f"; {share:.1%} of the lean scoring kernel's {lean:,.0f} "
                    f"({how}; goal 10%: "
                    f"{'met' if share <= 0.10 else 'NOT met'})")
+      unknown = [l["method"] for l in here if l["exact"]
+                 and l["tc_bundles"] is None]
+      if unknown:
+        text += f"; no count for {', '.join(unknown)}"
       if best["sc_bundles"] is None or best["fused_extra"]:
         text += " [" + "; ".join(x for x in (best["note"], best["fused_extra"])
                                  if x) + "]"
