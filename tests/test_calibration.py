@@ -29,3 +29,44 @@ def test_calibration_json_rows_and_the_clock_source_predicts_itself(capsys):
   for r in full.values():
     if r["predicted_s"] is not None and not 1 / 1.5 <= r["predicted_s"] / r["measured_s"] <= 1.5:
       assert r["why"], r["id"]
+
+
+# A selection program whose top-level loop has a register bound (a dynamic
+# trip count, as XLA's scatter loop): 8 bundles an iteration, 2 after it.
+_DYNAMIC_TLP = """\
+   0x0 LB: > { %s2_s2 = sphi %s0_s0, %s5_s5 } /* Start region 3 */
+   0x1   : > { %s5_s5 = sadd.s32 1, %s2_s2 }
+   0x2   : > { %p9_p9 = scmp.ge.s32.totalorder %s5_s5, %s7_s7 /* loop exit test */ }
+   0x3   :  { %10 = sbr.rel (!%p9_p9) target = $region3 }
+   0x4   :  {}
+   0x5   :  {}
+   0x6   :  {}
+   0x7   :  {}
+   0x8   :  {}
+   0x9   :  {}
+"""
+
+
+def test_selection_row_with_a_dynamic_loop_has_no_count_unless_trips_given(tmp_path):
+  (tmp_path / "1-TLP-1-final_bundles.txt").write_text(_DYNAMIC_TLP)
+  (tmp_path / "1-TLP-hlo.txt").write_text("ENTRY %main (x: f32[4]) -> f32[4] {\n}\n")
+  kw = dict(chip="v7x", method="radix", rows=1, entries=4, k=1, command="c",
+            date="d")
+  row = calibration.selection_row(str(tmp_path), **kw)
+  assert row["bundles"] is None and row["bundles_every_branch"] is None
+  assert row["dynamic_loops"] == [["TLP", 0, 8]]
+  assert row["bundles_without_dynamic"] == 2
+  given = calibration.selection_row(str(tmp_path), trips={("TLP", 0): 5}, **kw)
+  assert given["bundles"] == 8 * 5 + 2 and "dynamic_loops" not in given
+  assert given["dynamic_trips"] == [["TLP", 0, 5]]
+
+
+def test_blocktop_counts_its_outer_conditional_without_the_fallback_sort():
+  from streamidx.lab import dump
+  outer = dump.Conditional("conditional.1", (frozenset({"res"}), frozenset(
+      {"sort.1", "conditional.2"})))
+  inner = dump.Conditional("conditional.2", (frozenset({"a"}), frozenset({"b"})))
+  assert calibration.taken_branches("blocktop", [inner, outer]) == {
+      "conditional.1": 0}
+  assert calibration.taken_branches("sort", [inner]) == {"conditional.2": 1}
+  assert calibration.taken_branches("radix", [inner]) == {}

@@ -11,6 +11,7 @@ score matrix exactly.
 """
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -298,7 +299,6 @@ def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
   rc = topk_bench.main(["--shapes", "4x1000:100", "--repeats", "1",
                         "--out", str(tmp_path)])
   assert rc == 0
-  import json
   doc = json.loads((tmp_path / "topk.json").read_text())
   impls = [r["impl"] for r in doc["results"]]
   assert impls == ["reference", *topk.TOPK_METHODS]
@@ -396,3 +396,51 @@ def test_compile_matrix_has_a_row_per_topk_method():
   page = aot.matrix(quick=True, variants=["vendored_page"], formats=["fp8"],
                     generations=["v6e"], topk_methods=topk.TOPK_METHODS)
   assert [r.topk_method for r in page] == [None]  # page mode takes none
+
+
+def test_topk_bundle_counts_come_from_the_records_with_the_issue_keys(
+    capsys, monkeypatch):
+  """`--topk --json`: one line per (shape, chip, registered method), read
+  from data/step_schedule.json without compiling."""
+  from streamidx.lab import calibration
+  from streamidx.lab.bench import topk as topk_bench
+
+  def no_compile(*a, **kw):
+    raise AssertionError(f"compiled {a} without --compile")
+
+  monkeypatch.setattr(calibration, "record_selection", no_compile)
+  assert topk_bench.main(["--json"]) == 0
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  shapes, gens = topk_bench.COUNT_SHAPES, topk_bench.GENERATIONS
+  assert len(lines) == len(shapes) * len(gens) * len(topk.TOPK_METHODS)
+  assert {l["method"] for l in lines} == set(topk.TOPK_METHODS)
+  for l in lines:
+    assert set(topk_bench.COUNT_KEYS) <= set(l)
+    row = calibration.selection_record(l["generation"], l["method"], l["rows"],
+                                       l["entries"], l["k"])
+    assert l["tc_bundles"] == (row and row["bundles"])
+    assert (l["source"] is None) == (row is None)
+    assert (l["fused_extra"] is None) == (topk.get(l["method"]).needs is None)
+  sort = next(l for l in lines if (l["method"], l["generation"], l["rows"],
+                                   l["k"]) == ("sort", "v7x", 64, 512))
+  assert sort["tc_bundles"] == 3840549  # a recorded row
+  assert sort["sc_bundles"] is None and sort["sparsecore_calls"] == 2
+
+
+def test_a_fused_method_gets_its_extra_output_as_a_compiled_input():
+  from streamidx.lab import calibration
+  assert calibration.extra_input("sort", 64, 262144) is None
+  w = topk.METHODS["fused_blockmax"].options["block_max_width"].default
+  assert calibration.extra_input("fused_blockmax", 64, 262144) == (
+      (64, 262144 // w), "float32")
+
+
+def test_topk_bundle_table_states_the_goals_from_the_records(capsys):
+  from streamidx.lab.bench import topk as topk_bench
+  assert topk_bench.main(["--table"]) == 0
+  out = capsys.readouterr().out
+  line = next(l for l in out.splitlines() if l.startswith("v7x decode k 512"))
+  assert "of the sort's 3,840,549 (goal 1/12: " in line
+  assert "lean scoring kernel's" in line and "goal 10%: " in line
+  with pytest.raises(SystemExit):
+    topk_bench.main(["--table", "--json"])

@@ -33,8 +33,10 @@ from streamidx.lab import dump
 from streamidx.lab.model import hardware
 
 __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
-           "recorded", "provenance", "measurements", "selection_record", "launch_record",
-           "selection_row", "clock", "rows", "format_table", "main"]
+           "recorded", "provenance", "measurements", "selection_record",
+           "launch_record", "selection_program", "extra_input", "dynamic_loops",
+           "taken_branches", "selection_row", "record_selection",
+           "append_selection", "clock", "rows", "format_table", "main"]
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
 MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
@@ -117,30 +119,90 @@ def _hlo_bytes(dump_dir: str) -> dict[str, int]:
   return out
 
 
+def selection_program(scores, *extra, k: int, method: str):
+  """The selection as one compiled program: `select_topk(scores, k,
+  method)` with, for a method that `needs` an extra output of the scoring
+  kernel, that output as a second input (as the kernel hands it over; its
+  computation inside the kernel is not part of this program)."""
+  from streamidx import topk  # pylint: disable=g-import-not-at-top
+  return topk.select_topk(scores, k, method, extra=extra[0] if extra else None)
+
+
+def extra_input(method: str, rows: int, entries: int):
+  """(shape, dtype) of the extra input `method` reads beside f32[rows,
+  entries] (its `extra_ref` on that shape), or None when it needs none."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from streamidx import topk  # pylint: disable=g-import-not-at-top
+  m = topk.get(method)
+  if m.needs is None:
+    return None
+  opts = m.resolve({})
+  out = jax.eval_shape(lambda s: m.extra_ref(s, **opts),
+                       jax.ShapeDtypeStruct((rows, entries), jnp.float32))
+  return tuple(out.shape), str(out.dtype)
+
+
+def dynamic_loops(comps) -> list[tuple[str, int, int]]:
+  """(computation, loop start, bundles per iteration) of every loop whose
+  trip count the dump does not give (a register bound)."""
+  return [(name, l.start, l.bundles) for name, c in sorted(comps.items())
+          for l in c.loops if l.trips is None]
+
+
+def taken_branches(method: str, conds) -> dict[str, int]:
+  """The branch of each conditional that runs on rows of distinct scores:
+  "sort", its one conditional's branch 1 (the ties all taken); "blocktop",
+  its outermost conditional's branch 0 (no block overflows, so the full
+  sort of branch 1 does not run). Other methods: none (every branch
+  counted, an upper bound)."""
+  if method == "sort":
+    if len(conds) != 1:
+      raise ValueError(f"the sort method has one conditional, found {len(conds)}")
+    return {conds[0].name: 1}
+  if method == "blocktop" and conds:
+    inner = set().union(*(b for c in conds for b in c.branches))
+    outer = [c for c in conds if c.name not in inner]
+    if len(outer) != 1:
+      raise ValueError(f"the blocktop method has one outermost conditional, "
+                       f"found {len(outer)}")
+    return {outer[0].name: 0}
+  return {}
+
+
 def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
-                  entries: int, k: int, command: str, date: str) -> dict:
+                  entries: int, k: int, command: str, date: str,
+                  trips=None, extra=None) -> dict:
   """The record of one selection program dumped in `dump_dir`: bundles
   executed (the "sort" method's conditional: branch 1, the ties all taken,
   as with distinct scores; every branch beside it), split into the sort
   computations, the layout copies (copy, reshape, transpose, slice: their
-  HBM bytes, read and written, and the SparseCore calls') and the rest."""
+  HBM bytes, read and written, and the SparseCore calls') and the rest.
+  trips: {(computation, loop start): n} for loops of dynamic trip count;
+  one left unknown makes `bundles` None, with the loops in `dynamic_loops`
+  and `bundles_without_dynamic` the count with them at 0 trips. extra:
+  (shape, dtype) of the method's extra input, when it has one."""
   comps, conds, sc = dump.read_module(dump_dir)
-  taken = {}
-  if method == "sort":
-    if len(conds) != 1:
-      raise ValueError(f"the sort method has one conditional, found {len(conds)}")
-    taken = {conds[0].name: 1}
-  mc = dump.executed(comps, conditionals=conds, taken=taken, sparsecore=sc)
-  upper = dump.executed(comps, conditionals=conds, sparsecore=sc).total
+  taken = taken_branches(method, conds)
+  trips = dict(trips or {})
+  zero = {**{d[:2]: 0 for d in dynamic_loops(comps)}, **trips}
+  mc = dump.executed(comps, conditionals=conds, taken=taken, sparsecore=sc,
+                     trips=zero)
+  per_trip = {d[:2]: d[2] for d in dynamic_loops(comps)}
+  unknown = [(c, s, per_trip[(c, s)]) for c, s, _ in mc.dynamic
+             if (c, s) not in trips]  # reached, trips not supplied
+  upper = dump.executed(comps, conditionals=conds, sparsecore=sc,
+                        trips=zero).total
   sizes = _hlo_bytes(dump_dir)
   sort = sum(r[3] for r in mc.by_call if r[0].startswith("sort"))
   copies = [r for r in mc.by_call if _COPY.match(r[0])]
   copy_bytes = sum(2 * sizes.get(r[0], 0) * r[1] for r in copies)
   sc_bytes = sum(2 * s[2] for s in mc.sparsecore)
-  return dict(
+  row = dict(
       chip=chip, method=method, rows=rows, entries=entries, k=k,
-      taken={n: i for n, i in taken.items()}, bundles=mc.total,
-      bundles_every_branch=upper, sort_bundles=sort,
+      taken={n: i for n, i in taken.items()},
+      bundles=None if unknown else mc.total,
+      bundles_every_branch=None if unknown else upper, sort_bundles=sort,
       copy_bundles=sum(r[3] for r in copies),
       copy_hbm_bytes=copy_bytes, sparsecore_calls=[list(s) for s in mc.sparsecore],
       sparsecore_hbm_bytes=sc_bytes,
@@ -148,6 +210,52 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
                   if c.startswith("sort") and runs],
       calls=[[r[0], r[1], r[2]] for r in mc.by_call],
       command=command, date=date)
+  if extra is not None:
+    row["extra_input"] = [list(extra[0]), extra[1]]
+  if mc.dynamic:
+    row["dynamic_trips"] = [[c, s, n] for c, s, n in mc.dynamic
+                            if (c, s) in trips]
+  if unknown:
+    row.update(bundles_without_dynamic=mc.total,
+               dynamic_loops=[list(d) for d in unknown])
+  return row
+
+
+def record_selection(chip: str, method: str, rows: int, entries: int,
+                     k: int, *, trips=None, dump_dir: str | None = None) -> dict:
+  """Compiles `selection_program` for `chip` at f32[rows, entries] (and
+  the method's extra input) in a child process and returns its
+  `selection_row`, with the command that remakes it and today's date
+  (dump_dir: keep the dump there)."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  extra = extra_input(method, rows, entries)
+  args = [((rows, entries), "float32")] + ([extra] if extra else [])
+  with (contextlib.nullcontext(dump_dir) if dump_dir else
+        tempfile.TemporaryDirectory(prefix="sidx-sel-")) as tmp:
+    dump.compile_dumps([dict(
+        generation=chip, fn="streamidx.lab.calibration:selection_program",
+        kwargs=dict(k=k, method=method), args=args)], dump_dir=tmp)
+    return selection_row(
+        tmp, chip=chip, method=method, rows=rows, entries=entries, k=k,
+        command=(f"python -m streamidx.lab.calibration --record-selection "
+                 f"{chip} {method} {rows} {entries} {k}"),
+        date=datetime.date.today().isoformat(), trips=trips, extra=extra)
+
+
+def append_selection(new_rows: Sequence[dict]) -> None:
+  """Appends selection rows to data/step_schedule.json (ValueError if one
+  is recorded already: a record is replaced by hand, never silently)."""
+  doc = json.loads(STEP_SCHEDULE_PATH.read_text(encoding="utf-8"))
+  for r in new_rows:
+    key = tuple(r[f] for f in ("chip", "method", "rows", "entries", "k"))
+    if any(key == tuple(x[f] for f in ("chip", "method", "rows", "entries",
+                                       "k")) for x in doc["selection"]):
+      raise ValueError(f"new_rows: {key} is recorded already")
+    doc["selection"].append(r)
+  STEP_SCHEDULE_PATH.write_text(json.dumps(doc, indent=1) + "\n",
+                                encoding="utf-8")
+  _load.cache_clear()
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,17 +418,8 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection
-    r, e, k = int(r), int(e), int(k)
-    import tempfile  # pylint: disable=g-import-not-at-top
-    with tempfile.TemporaryDirectory(prefix="sidx-sel-") as tmp:
-      dump.compile_dumps([dict(generation=chip, fn="streamidx.topk:select_topk",
-                               kwargs=dict(k=k, method=method),
-                               args=[((r, e), "float32")])], dump_dir=tmp)
-      print(json.dumps(selection_row(
-          tmp, chip=chip, method=method, rows=r, entries=e, k=k,
-          command="python -m streamidx.lab.calibration --record-selection "
-          + " ".join(a.record_selection),
-          date=datetime.date.today().isoformat()), indent=1))
+    print(json.dumps(record_selection(chip, method, int(r), int(e), int(k)),
+                     indent=1))
     return 0
   if a.record_launches:
     print(json.dumps(record_launches(a.record_launches), indent=1))

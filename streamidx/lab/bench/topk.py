@@ -1,13 +1,20 @@
 """The top-k stage (`--topk`, docs/benchmarks.md): every `streamidx.topk` method
-timed on this machine, or with `--compile` XLA's cost analysis of each compiled
-per generation (libtpu, no TPU) in <out>/topk_compile.json, which
+timed on this machine; with `--json` (or `--compile`) the TensorCore bundles
+each one's compiled selection program executes per generation at DeepSeek-V4's
+decode and prefill shapes (`COUNT_SHAPES`), one JSON object a line, from the
+records in data/step_schedule.json (`lab.calibration.record_selection`, the
+one instrument; `--compile` compiles the missing ones and appends them); or
+with `--cost-analysis` XLA's cost analysis of each compiled per generation
+(libtpu, no TPU) in <out>/topk_compile.json, which
 `lab.model.topk.recommend(estimates=)` reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -16,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import metrics, modes, ref, topk
-from streamidx.lab import tables
+from streamidx.lab import calibration, tables
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.model import topk as topk_model
@@ -27,6 +34,87 @@ SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measu
 # Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512): score
 # buffers f32[shape.rows, shape.entries].
 SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
+
+
+# The bundle counts' shapes (issue 38): decode, 64 rows x 262,144 entries
+# (1M tokens at ratio 4) at k 512, 1,024 and 2,048; prefill, 2,048 rows x
+# 262,144 at k 512.
+COUNT_SHAPES = (
+    shapes_lib.DSV4_DECODE_1M,
+    dataclasses.replace(shapes_lib.DSV4_DECODE_1M, k=1024),
+    dataclasses.replace(shapes_lib.DSV4_DECODE_1M, k=2048),
+    shapes_lib.Shape("dsv4 prefill 2048 @1M", "prefill", 1, 2048, 2**20, 512))
+GENERATIONS = ("v5e", "v6e", "v7x")
+COUNT_KEYS = ("method", "generation", "rows", "entries", "k", "tc_bundles",
+              "sc_bundles")
+
+
+def bundle_line(shape: shapes_lib.Shape, generation: str, method: str,
+                row: dict | None) -> dict:
+  """One JSON line of `--json`: `COUNT_KEYS` and what qualifies them, from
+  a `data/step_schedule.json` selection row (None: not recorded).
+
+  tc_bundles: the selection program's TensorCore bundles executed (None
+  where not recorded, or where a loop's trip count is dynamic: `note`).
+  sc_bundles: 0 without SparseCore calls; None with them (the dump has no
+  SparseCore bundles), their bytes in sparsecore_hbm_bytes. A method that
+  reads an extra output of the scoring kernel gets it as an input; the
+  bundles that output adds to the scoring kernel are not in tc_bundles
+  (`fused_extra`)."""
+  m = topk.METHODS[method]
+  line = dict(method=method, generation=generation, rows=shape.rows,
+              entries=shape.entries, k=shape.k, tc_bundles=None,
+              sc_bundles=None, exact=m.exact, shape=shape.kind,
+              fused_extra=None, sparsecore_calls=None,
+              sparsecore_hbm_bytes=None, note="", source=None)
+  if m.needs:
+    line["fused_extra"] = (
+        f"not counted: the scoring kernel's {m.needs!r} output is an input "
+        f"of this program; the bundles writing it inside the scoring "
+        f"kernel are not in tc_bundles")
+  if row is None:
+    line["note"] = ("not recorded (python -m streamidx.bench --topk "
+                    "--compile records it)")
+    return line
+  calls = row["sparsecore_calls"]
+  line.update(tc_bundles=row["bundles"], sc_bundles=None if calls else 0,
+              sparsecore_calls=len(calls),
+              sparsecore_hbm_bytes=row["sparsecore_hbm_bytes"],
+              source=f"{row['command']} ({row['date']})")
+  notes = []
+  if row["bundles"] is None:
+    loops = ", ".join(f"{c} loop at {s:#x} ({b} bundles an iteration)"
+                      for c, s, b in row["dynamic_loops"])
+    notes.append(f"tc_bundles unknown: dynamic trip count of {loops}; "
+                 f"at least {row['bundles_without_dynamic']} (those loops at "
+                 f"0 trips)")
+  if calls:
+    notes.append(f"SparseCore: {len(calls)} calls, "
+                 f"{row['sparsecore_hbm_bytes']} HBM bytes read and written; "
+                 f"the dump has no SparseCore bundles")
+  line["note"] = "; ".join(notes)
+  return line
+
+
+def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS,
+                  methods=None, *, compile_missing: bool = False,
+                  progress=None) -> list[dict]:
+  """`bundle_line` of every (shape, generation, registered method), from
+  the records; compile_missing: compile each one not recorded
+  (`calibration.record_selection`) and append it to the records first."""
+  out = []
+  for shape in shapes:
+    for gen in generations:
+      for m in methods or topk.TOPK_METHODS:
+        key = (gen, m, shape.rows, shape.entries, shape.k)
+        row = calibration.selection_record(*key)
+        if row is None and compile_missing:
+          if progress:
+            progress(f"compiling {key}")
+          row = calibration.record_selection(*key)
+          calibration.append_selection([row])
+        out.append(bundle_line(shape, gen, m, row))
+  return out
 
 
 def parse_shape(text: str) -> shapes_lib.Shape:
@@ -142,29 +230,166 @@ def format_compile_table(doc) -> str:
       "error": r["error"]} for r in doc["results"]])
 
 
+def format_counts(lines) -> str:
+  """The recorded counts as a table: per shape and chip, each method's
+  tc_bundles and, for an exact method, its ratio to the sort's at the same
+  shape; then `goal_lines`."""
+  sort = {(l["generation"], l["rows"], l["entries"], l["k"]): l["tc_bundles"]
+          for l in lines if l["method"] == "sort"}
+  rows = []
+  missing = sum(1 for l in lines if l["source"] is None)
+  for l in lines:
+    if l["source"] is None:
+      continue
+    base_ = sort.get((l["generation"], l["rows"], l["entries"], l["k"]))
+    ratio = ("-" if not (l["exact"] and l["tc_bundles"] and base_)
+             else f"{l['tc_bundles'] / base_:.3f}")
+    rows.append({"shape": f"{l['shape']} {l['rows']}x{l['entries']}",
+                 "k": l["k"], "chip": l["generation"], "method": l["method"],
+                 "tc_bundles": "-" if l["tc_bundles"] is None
+                 else f"{l['tc_bundles']:,}", "/ sort": ratio,
+                 "sc_bundles": "-" if l["sc_bundles"] is None
+                 else l["sc_bundles"],
+                 "note": ("dynamic trips" if "dynamic" in l["note"] else
+                          "SparseCore calls" if l["sparsecore_calls"] else "")
+                 + (" (fused extra not counted)" if l["fused_extra"] else "")})
+  return ("TensorCore bundles executed by each compiled selection (static "
+          "schedule, libtpu dump; not a timing)\n" + tables.format_rows(rows)
+          + f"\n{missing} of {len(lines)} not recorded (--json lists them, "
+          "--compile records them)\n" + "\n".join(goal_lines(lines)))
+
+
+# Issue 38's goals: decode, the best exact method at most 1/12 of the sort's
+# bundles and 10% of the lean scoring kernel's; prefill, 1/10 of the sort's.
+# The lean kernel's bundles: its decode KV loop (data/decode_schedule.json)
+# at LEAN_BKV_P pages a step, the fewest bundles a page recorded.
+LEAN_BKV_P = 8
+
+
+def lean_kernel_bundles(generation: str, shape: shapes_lib.Shape):
+  """(bundles, how): the lean scoring kernel's decode KV loop over the
+  shape's pages (bundles_per_page x rows x entries / page_size), or
+  (None, why)."""
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  rec = roofline.recorded_bundles(
+      "lean", generation, "dense_fp8", bkv_p=LEAN_BKV_P, seq_batch_size=4,
+      num_heads=shape.num_heads, head_dim=shape.head_dim,
+      page_size=shape.page_size)
+  if rec is None:
+    return None, "no recorded lean decode schedule"
+  pages = shape.rows * -(-shape.entries // shape.page_size)
+  return rec["bundles_per_page"] * pages, (
+      f"lean dense_fp8 KV loop, {rec['bundles_per_page']} bundles a page "
+      f"(bkv_p {LEAN_BKV_P}) x {pages:,} pages, data/decode_schedule.json")
+
+
+def goal_lines(lines) -> list[str]:
+  """Per chip and shape at k 512, the best recorded exact method against
+  issue 38's goals (`None` parts where a count is missing)."""
+  out = []
+  for shape in (COUNT_SHAPES[0], COUNT_SHAPES[-1]):
+    at = [l for l in lines if (l["rows"], l["entries"], l["k"]) ==
+          (shape.rows, shape.entries, shape.k)]
+    for gen in sorted({l["generation"] for l in at}):
+      here = [l for l in at if l["generation"] == gen]
+      sort = next((l["tc_bundles"] for l in here if l["method"] == "sort"),
+                  None)
+      exact = [l for l in here if l["exact"] and l["tc_bundles"]
+               and l["method"] != "sort"]
+      if not (sort and exact):
+        out.append(f"{gen} {shape.kind} k {shape.k}: not enough records "
+                   f"for the goal")
+        continue
+      best = min(exact, key=lambda l: l["tc_bundles"])
+      bound = 12 if shape.kind == "decode" else 10
+      ok = best["tc_bundles"] <= sort / bound
+      text = (f"{gen} {shape.kind} k {shape.k}: best exact {best['method']} "
+              f"{best['tc_bundles']:,} = 1/{sort / best['tc_bundles']:.2f} of "
+              f"the sort's {sort:,} (goal 1/{bound}: "
+              f"{'met' if ok else 'NOT met'})")
+      if shape.kind == "decode":
+        lean, how = lean_kernel_bundles(gen, shape)
+        if lean is None:
+          text += f"; lean kernel: {how}"
+        else:
+          share = best["tc_bundles"] / lean
+          text += (f"; {share:.1%} of the lean scoring kernel's {lean:,.0f} "
+                   f"({how}; goal 10%: "
+                   f"{'met' if share <= 0.10 else 'NOT met'})")
+      unknown = [l["method"] for l in here if l["exact"]
+                 and l["tc_bundles"] is None]
+      if unknown:
+        text += f"; no count for {', '.join(unknown)}"
+      if best["sc_bundles"] is None or best["fused_extra"]:
+        text += " [" + "; ".join(x for x in (best["note"], best["fused_extra"])
+                                 if x) + "]"
+      out.append(text)
+  return out
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
       description="Every streamidx.topk method timed on this machine beside "
-      "the reference (streamidx/lab/bench/topk.py).")
-  p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K")
+      "the reference; or (--json, --compile) the TensorCore bundles each "
+      "one's compiled selection executes on v5e, v6e and v7x at DeepSeek-V4 "
+      "decode (64 x 262,144, k 512, 1,024, 2,048) and prefill (2,048 x "
+      "262,144, k 512), from data/step_schedule.json "
+      "(streamidx/lab/bench/topk.py).")
+  p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K",
+                 help="shapes (default: the timing's or the counts' own)")
   p.add_argument("--repeats", type=int, default=5,
                  help="timed calls after the warm-up (default 5)")
   p.add_argument("--out", default="build/bench",
                  help="output folder (default build/bench)")
+  p.add_argument("--json", action="store_true",
+                 help="instead of timing: the recorded bundle counts, one "
+                 "JSON object a line (method, generation, rows, entries, k, "
+                 "tc_bundles, sc_bundles, and notes); a shape not recorded "
+                 "has tc_bundles null")
+  p.add_argument("--table", action="store_true",
+                 help="instead of timing: the recorded bundle counts as a "
+                 "table, each exact method's ratio to the sort's, and issue "
+                 "38's goals")
   p.add_argument("--compile", action="store_true",
-                 help="instead: compile every method for v5e, v6e, v7x "
-                 "(libtpu)")
+                 help="with the counts: compile (libtpu, no TPU; minutes "
+                 "each) every one not recorded and append it to "
+                 "data/step_schedule.json (with the command and date); "
+                 "then --json's lines, or without --json the table")
+  p.add_argument("--generations", nargs="+", choices=GENERATIONS,
+                 default=list(GENERATIONS), help="the counts' chips")
+  p.add_argument("--methods", nargs="+", choices=topk.TOPK_METHODS,
+                 help="the counts' methods (default: every registered one)")
+  p.add_argument("--cost-analysis", action="store_true",
+                 help="instead: XLA's cost analysis of every method compiled "
+                 "for v5e, v6e, v7x (libtpu) in <out>/topk_compile.json")
   a = p.parse_args(argv)
   try:
     shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
-              else SHAPES[1:] if a.compile else SHAPES)
+              else COUNT_SHAPES if (a.json or a.compile or a.table)
+              else SHAPES[1:] if a.cost_analysis else SHAPES)
     if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
+    if a.cost_analysis and (a.json or a.compile or a.table):
+      raise ValueError("--cost-analysis: not with --json, --table or "
+                       "--compile")
+    if a.json and a.table:
+      raise ValueError("--table: not with --json (one output at a time)")
   except ValueError as e:
     p.error(str(e))
-  if a.compile:
-    doc, name = compile_matrix(shapes, ("v5e", "v6e", "v7x")), "topk_compile"
+  if a.json or a.compile or a.table:
+    lines = bundle_counts(shapes, a.generations, a.methods,
+                          compile_missing=a.compile,
+                          progress=lambda s: print(s, file=sys.stderr,
+                                                   flush=True))
+    if a.json:
+      for line in lines:
+        print(json.dumps(line))
+    else:
+      print(format_counts(lines))
+    return 0
+  if a.cost_analysis:
+    doc, name = compile_matrix(shapes, GENERATIONS), "topk_compile"
     print(format_compile_table(doc))
     bad = [f"{r['shape']} {r['generation']} {r['method']}"
            for r in doc["results"] if not r["ok"]]
