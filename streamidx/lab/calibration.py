@@ -157,7 +157,7 @@ def clock(chip: str) -> tuple[float | None, str]:
     return spec.clock_hz, "public (data/tpu_specs.json)"
   name = INFER_FROM.get(chip)
   if name is None:
-    return None, "no public clock, no measurement to infer one from"
+    return None, "no public clock, none inferred (docs/tpu.md, the clock section)"
   m = next(x for x in measurements() if x["id"] == name)
   bundles = _predicted_bundles(m)
   if bundles is None:
