@@ -7,7 +7,8 @@ whole module (`schedule.LaunchProgram`) and each selection program
 rest), each row with the command and date that made it.
 `data/public_measurements.json` holds the public measurements (by others,
 cited). `rows()` predicts each measurement with `roofline.indexer_step`'s
-stages (its model's indexer geometry, `GEOMETRY`) at ONE clock per chip (`clock`): the public one in
+stages (its model's indexer geometry, `GEOMETRY`) at ONE clock per chip
+(`clock`): the public one in
 data/tpu_specs.json, else inferred from one named measurement
 (`INFER_FROM`) and applied to all others.
 
@@ -90,13 +91,14 @@ def launch_record(chip: str, variant: str, fmt: str, case: str,
   key = (chip, variant, fmt, case, seq_batch_size, bkv_p, bq)
   return next((r for r in recorded()["launches"] if key == tuple(
       r[f] for f in ("chip", "variant", "fmt", "case", "seq_batch_size",
-                     "bkv_p", "bq")) and _geometry(r["compiled_shape"]) == geometry),
-              None)
+                     "bkv_p", "bq"))
+              and _geometry(r["compiled_shape"]) == geometry), None)
 
 
 def _geometry(shape: str) -> shapes.Indexer:
   s = shapes.COMPILE_BY_NAME[shape]
-  return shapes.Indexer(s.num_heads, s.head_dim, s.compression_ratio, s.page_size)
+  return shapes.Indexer(s.num_heads, s.head_dim, s.compression_ratio,
+                        s.page_size)
 
 
 def _hlo_bytes(dump_dir: str) -> dict[str, int]:
@@ -168,8 +170,9 @@ def clock(chip: str) -> tuple[float | None, str]:
 # The indexer geometry each measured model's call runs (`lab.shapes`).
 GEOMETRY = {"DeepSeek-V4": shapes.DSV4, "GLM-5.2": shapes.GLM_TOKEN}
 # What a geometry's measurements do not state and the prediction assumes.
-ASSUMED = {"GLM-5.2": (f"page size not stated: GLM's {shapes.GLM_TOKEN.page_size}"
-                       "-entry pages assumed (lab.shapes.GLM_TOKEN)")}
+ASSUMED = {"GLM-5.2": ("page size not stated: GLM's "
+                       f"{shapes.GLM_TOKEN.page_size}-entry pages assumed "
+                       "(lab.shapes.GLM_TOKEN)")}
 
 
 def _step(m: dict, clock_hz: float):
@@ -177,7 +180,8 @@ def _step(m: dict, clock_hz: float):
   geometry and k (decode: rows sequences; prefill: one sequence of rows
   query rows), or None."""
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  if m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"] or not m["k"]:
+  if (m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"]
+      or not m["k"]):
     return None
   prefill = m["rows"] > 64
   return roofline.indexer_step(
@@ -333,7 +337,8 @@ def main(argv=None) -> int:
           date=datetime.date.today().isoformat()), indent=1))
     return 0
   if a.record_launches:
-    print(json.dumps(record_launches(a.record_launches, shape=a.shape), indent=1))
+    print(json.dumps(record_launches(a.record_launches, shape=a.shape),
+                     indent=1))
     return 0
   rs = rows()
   if a.json:

@@ -1,6 +1,6 @@
 """Named shapes, in one module (tokamax's `arg_specs`): the indexer geometries
-(`DSV4`, `GLM_PAGE`, `GLM_TOKEN`), the batches the benchmark, the selection model and the
-scaling model name (`Shape`), and the static call shapes the compile matrix
+(`DSV4`, `GLM_PAGE`, `GLM_TOKEN`), the batches the benchmark, the selection
+model and the scaling model name (`Shape`), and the static call shapes the compile matrix
 and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
 `lab.model.topk`, `lab.model.scaling` and `lab.model.roofline` import them.
 """
@@ -165,7 +165,8 @@ def _token(name, num_tokens, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
 
 
 def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
-  return _token(name, seqs * decode_q_len, seqs, tokens, k, note, decode_q_len, g)
+  return _token(name, seqs * decode_q_len, seqs, tokens, k, note,
+                decode_q_len, g)
 
 
 # The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, GLM-5.2's
@@ -195,7 +196,8 @@ COMPILE: tuple[CallShape, ...] = (
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
 
-__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "Shape", "SWEEP", "QUICK",
+__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "Shape", "SWEEP",
+           "QUICK",
            "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
            "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
            "COMPILE_BY_NAME"]

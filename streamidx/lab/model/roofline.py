@@ -22,7 +22,8 @@ from streamidx.lab.model import topk as topk_model
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
            "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
-           "recorded_bundles", "StepBound", "step_bound", "indexer_step", "dsv4_step",
+           "recorded_bundles", "StepBound", "step_bound", "indexer_step",
+           "dsv4_step",
            "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
            "selection_stages", "step_stages"]
 
