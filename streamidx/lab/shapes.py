@@ -1,7 +1,7 @@
 """Named shapes, in one module (tokamax's `arg_specs`): the indexer geometries
 (`DSV4`, `GLM_PAGE`, `GLM_TOKEN`), the batches the benchmark, the selection
-model and the scaling model name (`Shape`), and the static call shapes the compile matrix
-and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
+model and the scaling model name (`Shape`), and the static call shapes the
+compile matrix and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
 `lab.model.topk`, `lab.model.scaling` and `lab.model.roofline` import them.
 """
 
@@ -197,7 +197,6 @@ COMPILE: tuple[CallShape, ...] = (
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
 
 __all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "Shape", "SWEEP",
-           "QUICK",
-           "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
+           "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
            "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
            "COMPILE_BY_NAME"]
