@@ -159,7 +159,7 @@ def clock(chip: str) -> tuple[float | None, str]:
     return spec.clock_hz, "public (data/tpu_specs.json)"
   name = INFER_FROM.get(chip)
   if name is None:
-    return None, "no public clock, none inferred (docs/tpu.md, the clock section)"
+    return None, "no public clock, none inferred, docs/tpu.md"
   m = next(x for x in measurements() if x["id"] == name)
   bundles = _predicted_bundles(m)
   if bundles is None:
@@ -170,9 +170,8 @@ def clock(chip: str) -> tuple[float | None, str]:
 # The indexer geometry each measured model's call runs (`lab.shapes`).
 GEOMETRY = {"DeepSeek-V4": shapes.DSV4, "GLM-5.2": shapes.GLM_TOKEN}
 # What a geometry's measurements do not state and the prediction assumes.
-ASSUMED = {"GLM-5.2": ("page size not stated: GLM's "
-                       f"{shapes.GLM_TOKEN.page_size}-entry pages assumed "
-                       "(lab.shapes.GLM_TOKEN)")}
+ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes.GLM_TOKEN.page_size}"
+                       "-entry pages assumed, lab.shapes.GLM_TOKEN)")}
 
 
 def _step(m: dict, clock_hz: float):
