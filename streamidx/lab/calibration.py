@@ -213,8 +213,10 @@ def _stages(m: dict, clock_hz: float):
       return None, "rows or context not stated"
     parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
     note = ASSUMED.get(m["model"], "")
-  if any(s.bundles is None or s.floor for s in parts if s.name != "fill") or not parts:
-    return None, "no recorded compile at this shape"
+  missing = [s.name for s in parts
+             if s.name != "fill" and (s.bundles is None or s.floor)]
+  if missing or not parts:
+    return None, f"no recorded compile of the {' and '.join(missing)} at this shape"
   return parts, note
 
 
