@@ -40,11 +40,18 @@ def test_glm_sort_rows_are_predicted_at_glm_geometry_with_the_page_size_assumed(
   rs = calibration.rows()
   sort = _glm(rs, "sort")
   assert len(sort) == 6
+  counted = 0
   for r in sort:
+    rows = int(r["shape"].split(" x ")[0])
+    if calibration.selection_record(r["chip"], "sort", rows, 131072, 2048) is None:
+      assert r["why"] == "no recorded compile of the selection at this shape"
+      continue
+    counted += 1
     assert "page size not stated" in r["why"], r["id"]
     assert r["implied_hz"] > 0, r["id"]  # the recorded compiles, read
     hz, _ = calibration.clock(r["chip"])
     assert (r["predicted_s"] is not None) == bool(hz), r["id"]
+  assert counted >= 1
   # the SparseCore rows keep their reason: the dump has no SparseCore bundles
   for r in _glm(rs, "sparsecore_radix"):
     assert r["predicted_s"] is None
