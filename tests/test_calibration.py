@@ -70,3 +70,50 @@ def test_blocktop_counts_its_outer_conditional_without_the_fallback_sort():
       "conditional.1": 0}
   assert calibration.taken_branches("sort", [inner]) == {"conditional.2": 1}
   assert calibration.taken_branches("radix", [inner]) == {}
+
+
+def _glm(rows, method):
+  return [r for r in rows if r["id"].startswith("sglang-jax-1642-glm52-")
+          and r["method"] == method]
+
+
+def test_glm_sort_rows_are_predicted_at_glm_geometry_with_the_page_size_assumed():
+  rs = calibration.rows()
+  sort = _glm(rs, "sort")
+  assert len(sort) == 6
+  counted = 0
+  for r in sort:
+    rows = int(r["shape"].split(" x ")[0])
+    if calibration.selection_record(r["chip"], "sort", rows, 131072, 2048) is None:
+      assert r["why"] == "no recorded compile of the selection at this shape"
+      continue
+    counted += 1
+    assert "page size not stated" in r["why"], r["id"]
+    assert r["implied_hz"] > 0, r["id"]  # the recorded compiles, read
+    hz, _ = calibration.clock(r["chip"])
+    assert (r["predicted_s"] is not None) == bool(hz), r["id"]
+  assert counted >= 1
+  # the SparseCore rows keep their reason: the dump has no SparseCore bundles
+  for r in _glm(rs, "sparsecore_radix"):
+    assert r["predicted_s"] is None
+    assert r["why"] == "a SparseCore program: no bundles in the dump"
+
+
+def test_launch_records_are_keyed_by_their_compiled_geometry():
+  from streamidx.lab import shapes
+  dsv4 = calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1)
+  assert dsv4 and dsv4["compiled_shape"] == "dsv4-decode-4k"
+  assert calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1,
+                                   geometry=shapes.GLM_TOKEN) is None
+  glm = calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 6, 1,
+                                  geometry=shapes.GLM_TOKEN)
+  assert glm and glm["compiled_shape"] == "glm-decode-4k"
+
+
+def test_indexer_step_at_deepseek_v4_geometry_is_dsv4_step():
+  from streamidx.lab import shapes
+  from streamidx.lab.model import roofline
+  a = roofline.dsv4_step("v7x", batch=64, context_tokens=2**20)
+  b = roofline.indexer_step("v7x", shapes.DSV4, k=512, batch=64,
+                            context_tokens=2**20)
+  assert a.headline == b.headline and a.stages == b.stages

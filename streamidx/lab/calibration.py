@@ -6,14 +6,15 @@ whole module (`schedule.LaunchProgram`) and each selection program
 (`streamidx.topk.select_topk`, split into its sort, its layout copies and the
 rest), each row with the command and date that made it.
 `data/public_measurements.json` holds the public measurements (by others,
-cited). `rows()` predicts each measurement with `roofline.dsv4_step`'s
-stages at ONE clock per chip (`clock`): the public one in
+cited). `rows()` predicts each measurement with `roofline.indexer_step`'s
+stages (its model's indexer geometry, `GEOMETRY`) at ONE clock per chip
+(`clock`): the public one in
 data/tpu_specs.json, else inferred from one named measurement
 (`INFER_FROM`) and applied to all others.
 
     python -m streamidx.lab.calibration           the table, from the records
     python -m streamidx.lab.calibration --json    the rows as one JSON list
-    python -m streamidx.lab.calibration --record-launches v7x v6e
+    python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
                                                   recompile the scoring launches
     python -m streamidx.lab.calibration --record-selection v7x sort 64 262144 512
                                                   recompile one selection
@@ -30,13 +31,15 @@ import sys
 from typing import Sequence
 
 from streamidx.lab import dump
+from streamidx.lab import shapes
 from streamidx.lab.model import hardware
 
 __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
-           "recorded", "provenance", "measurements", "selection_record",
-           "launch_record", "selection_program", "extra_input", "dynamic_loops",
-           "taken_branches", "selection_row", "record_selection",
-           "append_selection", "clock", "rows", "format_table", "main"]
+           "GEOMETRY", "ASSUMED", "recorded", "provenance", "measurements",
+           "selection_record", "launch_record", "selection_program",
+           "extra_input", "dynamic_loops", "taken_branches", "selection_row",
+           "record_selection", "append_selection", "clock", "rows",
+           "format_table", "main"]
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
 MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
@@ -96,11 +99,21 @@ def selection_record(chip: str, method: str, rows: int, entries: int,
 
 
 def launch_record(chip: str, variant: str, fmt: str, case: str,
-                  seq_batch_size: int, bkv_p: int, bq: int) -> dict | None:
+                  seq_batch_size: int, bkv_p: int, bq: int, *,
+                  geometry: shapes.Indexer = shapes.DSV4) -> dict | None:
+  """The recorded launch module, compiled at a shape of indexer `geometry`
+  (its `compiled_shape`, a `lab.shapes.COMPILE` name), or None."""
   key = (chip, variant, fmt, case, seq_batch_size, bkv_p, bq)
   return next((r for r in recorded()["launches"] if key == tuple(
       r[f] for f in ("chip", "variant", "fmt", "case", "seq_batch_size",
-                     "bkv_p", "bq"))), None)
+                     "bkv_p", "bq"))
+              and _geometry(r["compiled_shape"]) == geometry), None)
+
+
+def _geometry(shape: str) -> shapes.Indexer:
+  s = shapes.COMPILE_BY_NAME[shape]
+  return shapes.Indexer(s.num_heads, s.head_dim, s.compression_ratio,
+                        s.page_size)
 
 
 def _hlo_bytes(dump_dir: str) -> dict[str, int]:
@@ -267,7 +280,7 @@ def clock(chip: str) -> tuple[float | None, str]:
     return spec.clock_hz, "public (data/tpu_specs.json)"
   name = INFER_FROM.get(chip)
   if name is None:
-    return None, "no public clock, no measurement to infer one from"
+    return None, "no public clock, none inferred, docs/tpu.md"
   m = next(x for x in measurements() if x["id"] == name)
   bundles = _predicted_bundles(m)
   if bundles is None:
@@ -275,15 +288,25 @@ def clock(chip: str) -> tuple[float | None, str]:
   return bundles / m["measured_s"], f"inferred from {name}"
 
 
+# The indexer geometry each measured model's call runs (`lab.shapes`).
+GEOMETRY = {"DeepSeek-V4": shapes.DSV4, "GLM-5.2": shapes.GLM_TOKEN}
+# What a geometry's measurements do not state and the prediction assumes.
+ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes.GLM_TOKEN.page_size}"
+                       "-entry pages assumed, lab.shapes.GLM_TOKEN)")}
+
+
 def _step(m: dict, clock_hz: float):
-  """`dsv4_step` at a DeepSeek-V4 measurement's shape (decode: rows
-  sequences; prefill: one sequence of rows query rows), or None."""
+  """`roofline.indexer_step` at a measurement's shape with its model's
+  geometry and k (decode: rows sequences; prefill: one sequence of rows
+  query rows), or None."""
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  if m["model"] != "DeepSeek-V4" or not m["rows"] or not m["context_tokens"]:
+  if (m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"]
+      or not m["k"]):
     return None
   prefill = m["rows"] > 64
-  return roofline.dsv4_step(
-      m["chip"], context_tokens=m["context_tokens"],
+  return roofline.indexer_step(
+      m["chip"], GEOMETRY[m["model"]], k=m["k"],
+      context_tokens=m["context_tokens"],
       batch=1 if prefill else m["rows"], q_len=m["rows"] if prefill else 1,
       clock_hz=clock_hz)
 
@@ -300,8 +323,6 @@ def _stages(m: dict, clock_hz: float):
     return None, "chip not stated"
   if m.get("selection_method") == "sparsecore_radix":
     return None, "a SparseCore program: no bundles in the dump"
-  if m["model"] == "GLM-5.2":
-    return None, "GLM's scoring (32 heads, ratio 1) not compiled"
   if m["stage"] == "selection" and not m["rows"]:
     # #1607: rows not stated; the decode batch of #1642 at the same shape.
     parts = roofline.selection_stages(m["chip"], m["selection_method"], 64,
@@ -312,9 +333,11 @@ def _stages(m: dict, clock_hz: float):
     if st is None:
       return None, "rows or context not stated"
     parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
-    note = ""
-  if any(s.bundles is None or s.floor for s in parts if s.name != "fill") or not parts:
-    return None, "no recorded compile at this shape"
+    note = ASSUMED.get(m["model"], "")
+  missing = [s.name for s in parts
+             if s.name != "fill" and (s.bundles is None or s.floor)]
+  if missing or not parts:
+    return None, f"no recorded compile of the {' and '.join(missing)} at this shape"
   return parts, note
 
 
@@ -337,8 +360,9 @@ def rows() -> list[dict]:
     hz, src = clock(m["chip"]) if m["chip"] else (None, "")
     parts, why = _stages(m, hz or 0.0)
     row["why"] = why
-    if parts is not None and not hz:
-      row["why"] = f"no clock ({src})"
+    if parts is not None and not hz:  # the clock the count implies, still
+      row["implied_hz"] = sum(s.bundles or 0 for s in parts) / m["measured_s"]
+      row["why"] = "; ".join(x for x in (f"no clock ({src})", why) if x)
     elif parts is not None:
       row.update(predicted_s=sum(s.bound for s in parts),
                  bound="; ".join(s.describe() for s in parts),
@@ -396,7 +420,8 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
           seq_batch_size=s.seq_batch_size, bkv_p=s.bkv_p, bq=s.bq_sz,
           launch=s.launch, compiled_shape=shape, outside=s.program.outside,
           levels=list(s.program.levels), calls=[list(c) for c in s.program.calls],
-          command=f"python -m streamidx.lab.calibration --record-launches {chip}",
+          command=(f"python -m streamidx.lab.calibration --record-launches {chip}"
+                   + ("" if shape == "dsv4-decode-4k" else f" --shape {shape}")),
           date=datetime.date.today().isoformat()))
   return out
 
@@ -415,6 +440,9 @@ def main(argv=None) -> int:
   p.add_argument("--record-launches", nargs="+", metavar="CHIP",
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
+  p.add_argument("--shape", default="dsv4-decode-4k",
+                 help="with --record-launches: the compile shape (a "
+                 "lab.shapes.COMPILE name; its geometry keys the rows)")
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection
@@ -422,7 +450,8 @@ def main(argv=None) -> int:
                      indent=1))
     return 0
   if a.record_launches:
-    print(json.dumps(record_launches(a.record_launches), indent=1))
+    print(json.dumps(record_launches(a.record_launches, shape=a.shape),
+                     indent=1))
     return 0
   rs = rows()
   if a.json:

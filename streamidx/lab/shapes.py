@@ -1,7 +1,7 @@
 """Named shapes, in one module (tokamax's `arg_specs`): the indexer geometries
-(`DSV4`, `GLM_PAGE`), the batches the benchmark, the selection model and the
-scaling model name (`Shape`), and the static call shapes the compile matrix
-and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
+(`DSV4`, `GLM_PAGE`, `GLM_TOKEN`), the batches the benchmark, the selection
+model and the scaling model name (`Shape`), and the static call shapes the
+compile matrix and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
 `lab.model.topk`, `lab.model.scaling` and `lab.model.roofline` import them.
 """
 
@@ -31,6 +31,10 @@ class Indexer:
 DSV4 = Indexer(num_heads=64, head_dim=128, compression_ratio=4, page_size=128)
 GLM_PAGE = Indexer(num_heads=32, head_dim=128, compression_ratio=1,
                    page_size=64)
+# GLM-5.2's token-mode decode as sglang-jax #1642 measured it (32 heads,
+# ratio 1; head_dim 128 as GLM's indexer): its page size is not stated
+# there, GLM_PAGE's 64-entry pages are assumed.
+GLM_TOKEN = GLM_PAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,21 +155,24 @@ class CallShape:
     return self.max_num_seqs * self.pages_per_seq
 
 
-def _dsv4(name, num_tokens, seqs, tokens, k, note, decode_q_len=1):
-  """A DeepSeek-V4 call shape: `seqs` slots of `tokens` tokens of cache."""
-  g = DSV4
+def _token(name, num_tokens, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
+  """A token-mode call shape of indexer `g` (DeepSeek-V4's by default):
+  `seqs` slots of `tokens` tokens of cache."""
   return CallShape(name, "token", num_tokens, seqs,
                    tokens // g.compression_ratio // g.page_size, g.page_size,
                    g.num_heads, g.head_dim, k, g.compression_ratio, note,
                    decode_q_len)
 
 
-def _decode(name, seqs, tokens, k, note, decode_q_len=1):
-  return _dsv4(name, seqs * decode_q_len, seqs, tokens, k, note, decode_q_len)
+def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
+  return _token(name, seqs * decode_q_len, seqs, tokens, k, note,
+                decode_q_len, g)
 
 
-# The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, and GLM's
-# page mode with a 2048-token budget (32 pages).
+# The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, GLM-5.2's
+# token-mode decode (the batch sglang-jax #1642 measured, at 4K tokens: the
+# scoring launches' records, `lab.calibration`) and GLM's page mode with a
+# 2048-token budget (32 pages).
 COMPILE: tuple[CallShape, ...] = (
     _decode("dsv4-decode-4k", 64, 4096, 512, "64 decode seqs x 4K tokens"),
     _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
@@ -175,8 +182,11 @@ COMPILE: tuple[CallShape, ...] = (
     # compiled with decode_q_len 1 instead, the same batch is all mixed.
     _decode("dsv4-mtp2-decode-4k", 64, 4096, 512,
             "64 decode seqs x 4K tokens x 2 query rows (MTP, gamma = 1)", 2),
-    _dsv4("dsv4-mixed", 32 + 4 * 1024, 36, 32768, 512,
+    _token("dsv4-mixed", 32 + 4 * 1024, 36, 32768, 512,
           "32 decode seqs + 4 prefill chunks of 1024 tokens, 32K context"),
+    _decode("glm-decode-4k", 64, 4096, 2048,
+            "GLM-5.2 token mode: 64 decode seqs x 4K tokens, k 2048",
+            g=GLM_TOKEN),
     CallShape("glm-page-prefill", "page", 4096, 2,
               65536 // GLM_PAGE.page_size, GLM_PAGE.page_size,
               GLM_PAGE.num_heads, GLM_PAGE.head_dim,
@@ -186,7 +196,7 @@ COMPILE: tuple[CallShape, ...] = (
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
 
-__all__ = ["Indexer", "DSV4", "GLM_PAGE", "Shape", "SWEEP", "QUICK",
-           "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
+__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "Shape", "SWEEP",
+           "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
            "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
            "COMPILE_BY_NAME"]

@@ -2,8 +2,9 @@
 
 The three stages ("fill", "kernel", "topk"), what each is charged, the rates
 used and what is not modeled: docs/tpu.md, "The roofline model". `step_bound`
-adds the vector unit from the compiler's static schedule; `dsv4_step` is the
-production DeepSeek-V4 decode step every notebook quotes.
+adds the vector unit from the compiler's static schedule; `indexer_step` is
+one token-mode call of a named indexer geometry stage by stage, `dsv4_step`
+the production DeepSeek-V4 decode step every notebook quotes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from streamidx.lab.model import topk as topk_model
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
            "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
-           "recorded_bundles", "StepBound", "step_bound", "dsv4_step",
+           "recorded_bundles", "StepBound", "step_bound", "indexer_step",
+           "dsv4_step",
            "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
            "selection_stages", "step_stages"]
 
@@ -463,8 +465,10 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   g = p.geometry
   bundles, notes = 0, []
   for l in p.executed:
-    rec = calibration.launch_record(generation, variant, g.fmt, l.case,
-                                    l.seq_batch_size, l.bkv_p, l.bq_sz)
+    rec = calibration.launch_record(
+        generation, variant, g.fmt, l.case, l.seq_batch_size, l.bkv_p, l.bq_sz,
+        geometry=shapes_lib.Indexer(g.num_q_heads, g.head_dim,
+                                    p.compression_ratio, g.page_size))
     if rec is None:
       notes.append(f"no recorded {l.label} launch")
       bundles = None
@@ -497,33 +501,34 @@ DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
                "DeepSeek-V3.2": 2048}
 
 
-def dsv4_step(generation: str, variant: str = "vendored", *,
-              model: str = "DeepSeek-V4-Flash", batch: int = 64,
-              context_tokens: int = 131072, q_len: int = 1,
-              clock_hz: float | None = None) -> StepBound:
-  """The production step: `model`'s indexer (its k) over `batch` decode
-  sequences of `context_tokens` tokens (q_len > 1: prefill chunks of
-  `q_len` queries) on `generation`, with `variant`'s block-size row for
-  that chip (`StepBound.blocks` names it) and cache format (its first:
-  "fp8" vendored, "dense_fp8" dense and lean). `stages`: the fill, the
-  scoring, the selection (the variant's default method) and its copies,
-  each by HBM bytes and by the bundles its compiled program executes at one
-  clock (`clock_hz`; None: `calibration.clock`, the public one or the one
-  inferred from one named public measurement; 0: none); the headline is
-  their sum."""
-  if model not in DSV4_MODELS:
-    raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
+def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
+                 variant: str = "vendored", batch: int = 64,
+                 context_tokens: int = 131072, q_len: int = 1,
+                 clock_hz: float | None = None) -> StepBound:
+  """One token-mode indexer call of `geometry` (a `lab.shapes.Indexer`:
+  heads, head_dim, ratio, page size) keeping `k` entries per query row,
+  over `batch` decode sequences of `context_tokens` tokens (q_len > 1:
+  prefill chunks of `q_len` queries) on `generation`, with `variant`'s
+  block-size row for that chip and geometry (`StepBound.blocks` names it)
+  and cache format (its first: "fp8" vendored, "dense_fp8" dense and lean).
+  `stages`: the fill, the scoring, the selection (the variant's default
+  method) and its copies, each by HBM bytes and by the bundles its compiled
+  program executes at one clock (`clock_hz`; None: `calibration.clock`,
+  the public one or the one inferred from one named public measurement; 0:
+  none); the headline is their sum."""
+  if k < 1:
+    raise ValueError(f"k must be >= 1, got {k}")
   fmt = tiling.resolve_variant(variant).cache_formats[0]
   seqs = (dict(decode=[context_tokens] * batch) if q_len == 1
           else dict(prefill=[(q_len, context_tokens)] * batch))
-  g = shapes_lib.DSV4
+  g = geometry
   b = si.make_mixed_batch(**seqs, page_size=g.page_size,
                           compression_ratio=g.compression_ratio)
   row = si.block_sizes(variant, cache_format=fmt, num_heads=g.num_heads,
                        page_size=g.page_size, generation=generation)
   p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
                   variant=variant, **row.kwargs())
-  sb = step_bound(p, generation, variant=variant, k=DSV4_MODELS[model],
+  sb = step_bound(p, generation, variant=variant, k=k,
                   blocks=f"{generation} {variant} row: {row.kwargs()} "
                   f"({row.source.split(';')[0].split('(')[0].strip()})")
   if clock_hz is None:
@@ -532,11 +537,24 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
   else:
     source = "given" if clock_hz else "none"
   source = (f"{clock_hz / 1e9:.3f} GHz, {source}" if clock_hz else f"none ({source})")
-  method = si.topk.DEFAULT_TOPK_METHOD
-  stages = step_stages(p, generation, variant=variant, k=DSV4_MODELS[model],
-                       method=method, clock_hz=clock_hz or None,
-                       kv_floor=sb.bundles)
+  stages = step_stages(p, generation, variant=variant, k=k,
+                       method=si.topk.DEFAULT_TOPK_METHOD,
+                       clock_hz=clock_hz or None, kv_floor=sb.bundles)
   return dataclasses.replace(sb, stages=tuple(stages), clock_source=source)
+
+
+def dsv4_step(generation: str, variant: str = "vendored", *,
+              model: str = "DeepSeek-V4-Flash", batch: int = 64,
+              context_tokens: int = 131072, q_len: int = 1,
+              clock_hz: float | None = None) -> StepBound:
+  """The production step: `indexer_step` of DeepSeek-V4's indexer
+  (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`)."""
+  if model not in DSV4_MODELS:
+    raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
+  return indexer_step(generation, shapes_lib.DSV4, k=DSV4_MODELS[model],
+                      variant=variant, batch=batch,
+                      context_tokens=context_tokens, q_len=q_len,
+                      clock_hz=clock_hz)
 
 
 def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
