@@ -5,6 +5,8 @@ import re
 
 from streamidx.lab import calibration
 
+import test_dump  # its synthetic dump text
+
 
 def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
   calibration.main([])
@@ -32,19 +34,9 @@ def test_calibration_json_rows_and_the_clock_source_predicts_itself(capsys):
 
 
 # A selection program whose top-level loop has a register bound (a dynamic
-# trip count, as XLA's scatter loop): 8 bundles an iteration, 2 after it.
-_DYNAMIC_TLP = """\
-   0x0 LB: > { %s2_s2 = sphi %s0_s0, %s5_s5 } /* Start region 3 */
-   0x1   : > { %s5_s5 = sadd.s32 1, %s2_s2 }
-   0x2   : > { %p9_p9 = scmp.ge.s32.totalorder %s5_s5, %s7_s7 /* loop exit test */ }
-   0x3   :  { %10 = sbr.rel (!%p9_p9) target = $region3 }
-   0x4   :  {}
-   0x5   :  {}
-   0x6   :  {}
-   0x7   :  {}
-   0x8   :  {}
-   0x9   :  {}
-"""
+# trip count, as XLA's scatter loop): test_dump's loop of 8 bundles an
+# iteration, then 2 bundles after it.
+_DYNAMIC_TLP = test_dump._DYNAMIC + "   0x8   :  {}\n   0x9   :  {}\n"
 
 
 def test_selection_row_with_a_dynamic_loop_has_no_count_unless_trips_given(tmp_path):
