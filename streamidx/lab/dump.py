@@ -33,7 +33,7 @@ __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "DELAY_SLOTS", "Bundle", "Loop",
            "parse_bundles", "parse_utilization", "find_loops", "trip_count",
            "Computation", "read_computation", "Conditional", "SparseCoreCall",
            "read_hlo", "ModuleCount", "executed", "read_modules", "read_module",
-           "fori_program", "compile_dumps", "module_counts"]
+           "fori_program", "compile_dumps", "run_worker", "module_counts"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
@@ -529,17 +529,27 @@ def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
                 kwargs=dict(p.get("kwargs") or {}),
                 args=[[list(s), str(d)] for s, d in p["args"]])
            for p in programs]
+  return run_worker("streamidx.lab.dump", specs, dump_dir=dump_dir, hbm=hbm,
+                    timeout=timeout)
+
+
+def run_worker(module: str, payload, *, dump_dir: str, hbm: bool = True,
+               timeout: float = 3600.0):
+  """Runs `python -m module --worker JSON(payload)` in a child process with
+  libtpu dumping its final schedules to `dump_dir` (`DUMP_FLAGS`; hbm: every
+  operand in HBM, `HBM_FLAGS`); returns the JSON its last stdout line
+  prints. The one way a compile is dumped (`compile_dumps`, the KV-loop
+  client `lab.schedule`)."""
   env = dict(os.environ)
   env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
                              f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
                              (f" {HBM_FLAGS}" if hbm else ""))
   env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   res = subprocess.run(
-      [sys.executable, "-m", "streamidx.lab.dump", "--worker",
-       json.dumps(specs)], env=env, capture_output=True, text=True,
-      timeout=timeout, check=False)
+      [sys.executable, "-m", module, "--worker", json.dumps(payload)],
+      env=env, capture_output=True, text=True, timeout=timeout, check=False)
   if res.returncode:
-    raise RuntimeError(f"dump worker failed:\n{res.stderr[-3000:]}")
+    raise RuntimeError(f"{module} worker failed:\n{res.stderr[-3000:]}")
   return json.loads(res.stdout.strip().splitlines()[-1])
 
 

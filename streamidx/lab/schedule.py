@@ -16,7 +16,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from typing import Sequence
@@ -193,16 +192,8 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
               blocks=block_sets, launches=list(launches))
   with tempfile.TemporaryDirectory(prefix="sidx-sched-") as tmp:
     out_dir = dump_dir or tmp
-    env = dict(os.environ)
-    env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
-                               f" --xla_jf_dump_to={out_dir} {DUMP_FLAGS} {HBM_FLAGS}")
-    res = subprocess.run(
-        [sys.executable, "-m", "streamidx.lab.schedule", "--worker",
-         json.dumps(spec)], env=env, capture_output=True, text=True,
-        timeout=timeout, check=False)
-    if res.returncode:
-      raise RuntimeError(f"schedule worker failed:\n{res.stderr[-3000:]}")
-    records = json.loads(res.stdout.strip().splitlines()[-1])
+    records = dump.run_worker("streamidx.lab.schedule", spec,
+                              dump_dir=out_dir, timeout=timeout)
     files = sorted(glob.glob(os.path.join(out_dir, "*")))
     kernel_file = variants_lib.get(variant).module.rsplit(".", 1)[-1] + ".py"
     modules = dump.read_modules(out_dir)
