@@ -3,6 +3,8 @@
 import json
 import re
 
+import pytest
+
 from streamidx.lab import calibration
 
 import test_dump  # its synthetic dump text
@@ -17,6 +19,9 @@ def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
                    r"clock per chip \((.*)\)", lines[-1])
   assert m and int(m.group(2)) == n and int(m.group(1)) <= n
   assert "v7x 2.075 GHz from " + calibration.INFER_FROM["v7x"] in m.group(3)
+  # every chip the table predicts has its clock: none is left without one
+  assert "v6e 1.156 GHz from " + calibration.INFER_FROM["v6e"] in m.group(3)
+  assert "no clock" not in m.group(3)
 
 
 def test_calibration_json_rows_and_the_clock_source_predicts_itself(capsys):
@@ -31,6 +36,71 @@ def test_calibration_json_rows_and_the_clock_source_predicts_itself(capsys):
   for r in full.values():
     if r["predicted_s"] is not None and not 1 / 1.5 <= r["predicted_s"] / r["measured_s"] <= 1.5:
       assert r["why"], r["id"]
+
+
+def _measurement(mid):
+  return next(m for m in calibration.measurements() if m["id"] == mid)
+
+
+def test_v6e_clock_is_its_named_whole_call_bundles_over_its_measured_time():
+  from streamidx.lab.model import roofline
+  name = calibration.INFER_FROM["v6e"]
+  m = _measurement(name)
+  assert (m["chip"], m["model"], m["rows"], m["stage"]) == ("v6e", "GLM-5.2", 64, "step")
+  # the largest v6e call: the least fixed overhead of the three
+  assert m["measured_s"] == max(x["measured_s"] for x in calibration.measurements()
+                                if x["chip"] == "v6e" and x["selection_method"] == "sort")
+  # the whole call's stages (fill, scoring, sort, copies) counted at GLM-5.2's geometry
+  st = roofline.indexer_step("v6e", calibration.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
+                             context_tokens=m["context_tokens"], clock_hz=0)
+  bundles = sum(s.bundles or 0 for s in st.stages)
+  assert all(s.bundles is not None and not s.floor for s in st.stages if s.name != "fill")
+  hz, src = calibration.clock("v6e")
+  assert hz == bundles / m["measured_s"] and src == f"inferred from {name}"
+  assert 1.15e9 < hz < 1.17e9
+  # every v6e prediction is at it: the step's stages and its headline
+  step = roofline.dsv4_step("v6e", context_tokens=2**20)
+  assert not step.at_least and all(s.clock_hz == hz for s in step.stages)
+  assert name in step.headline and "1.156 GHz" in step.headline
+
+
+def test_each_inferred_clock_source_predicts_itself_and_the_other_v6e_calls_are_predicted():
+  full = {r["id"]: r for r in calibration.rows()}
+  for chip, name in calibration.INFER_FROM.items():
+    r = full[name]
+    assert r["chip"] == chip and f"{r['predicted_s'] / r['measured_s']:.2f}" == "1.00"
+    assert r["implied_hz"] == calibration.clock(chip)[0]  # its bundles / its time
+    assert r["why"].startswith("the clock's source (1.00 by construction)")
+  # v7x's source is the scoring alone: exact. v6e's is a whole call: the measurement
+  # plus its one stage without bundles, the XLA fill, charged by its HBM bytes.
+  assert full[calibration.INFER_FROM["v7x"]]["predicted_s"] == pytest.approx(
+      full[calibration.INFER_FROM["v7x"]]["measured_s"], rel=1e-12)
+  from streamidx.lab.model import roofline
+  m = _measurement(calibration.INFER_FROM["v6e"])
+  fill = roofline.indexer_step("v6e", calibration.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
+                               context_tokens=m["context_tokens"]).stages[0]
+  assert fill.name == "fill" and fill.bundles is None
+  assert full[m["id"]]["predicted_s"] == pytest.approx(m["measured_s"] + fill.bound, rel=1e-12)
+  v6e_sort = [r for r in full.values() if r["chip"] == "v6e" and r["method"] == "sort"]
+  assert len(v6e_sort) == 3 and all(r["predicted_s"] for r in v6e_sort)
+
+
+def test_docs_quote_the_evidence_on_the_v6e_clock_as_the_table_computes_it():
+  """docs/tpu.md says what v6e's whole-call clock is worth from v7x, where the
+  same whole call sits beside the scoring alone; its numbers are these."""
+  import pathlib
+  doc = " ".join((pathlib.Path(__file__).resolve().parents[1] / "docs" / "tpu.md")
+                 .read_text(encoding="utf-8").split())
+  full = {r["id"]: r for r in calibration.rows()}
+  whole = full["sglang-jax-1642-glm52-decode-b64-v7x-sort"]["implied_hz"]
+  v7x, _ = calibration.clock("v7x")
+  v6e, _ = calibration.clock("v6e")
+  ratio = whole / v7x
+  assert 0.4 < ratio < 0.8  # a sort-bound call implies well under the scoring's clock
+  for quoted in (f"implied clock of {whole / 1e9:.2f} GHz against the {v7x / 1e9:.3f} GHz",
+                 f"{ratio:.2f} of it", f"nearer {v6e / ratio / 1e9:.1f} GHz than {v6e / 1e9:.3f} GHz",
+                 f"{_measurement(calibration.INFER_FROM['v6e'])['measured_s'] * 1e3:.1f} ms, the largest"):
+    assert quoted in doc, quoted
 
 
 # A selection program whose top-level loop has a register bound (a dynamic

@@ -1,4 +1,5 @@
-"""README.md and docs/*.md: every relative link resolves, README stays short.
+"""README.md and docs/*.md: every relative link resolves (and every link into
+docs/ from a notebook or `tables.CLOCK_DOC` names a real heading), README stays short.
 
 A link is `[text](target)` outside code; a target with a scheme (https:,
 mailto:) is not checked. A relative target must name an existing file or
@@ -6,6 +7,7 @@ folder, and a `#fragment` on a Markdown file must be one of its headings
 (GitHub's anchors: lower case, punctuation dropped, spaces to hyphens).
 """
 
+import json
 import pathlib
 import re
 
@@ -58,3 +60,20 @@ def test_readme_is_short():
   n = len((ROOT / "README.md").read_text().splitlines())
   assert n <= README_MAX_LINES, (
       f"README.md has {n} lines (at most {README_MAX_LINES}); move detail to docs/")
+
+
+# A link into docs/ from a notebook cell (Markdown, or a string a code cell
+# writes into Markdown) or from the package's one home of such a link.
+DOC_LINK = re.compile(r"docs/([\w.-]+\.md)#([\w-]+)")
+
+
+def test_notebook_and_package_links_into_docs_name_real_headings():
+  from streamidx.lab import tables
+  sources = {p.name: "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"])
+             for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+  sources["streamidx.lab.tables.CLOCK_DOC"] = tables.CLOCK_DOC
+  bad = [f"{name}: {page}#{fragment}"
+         for name, text in sources.items() for page, fragment in DOC_LINK.findall(text)
+         if not (ROOT / "docs" / page).exists()
+         or fragment not in _anchors(ROOT / "docs" / page)]
+  assert len(sources) > 1 and not bad, bad

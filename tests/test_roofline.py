@@ -3,6 +3,7 @@
 import pytest
 
 import streamidx as si
+from streamidx.lab import calibration
 from streamidx.lab.model import hardware, roofline, tiling
 
 SPECS = hardware.load_specs()
@@ -168,17 +169,30 @@ def test_step_bound_terms_by_hand():
   assert "vector-bound" in sb.verdict and "scoring" in sb.headline
 
 
-def test_without_a_clock_the_step_names_the_break_even_clock():
+def test_without_a_public_clock_the_kernel_verdict_names_the_break_even_clock():
+  # v6e publishes no clock: the kernel's terms (`step_bound`) use a published
+  # clock only, so its verdict is the break-even clock (docs/tpu.md, the clock).
   sb = roofline.dsv4_step("v6e")
   assert sb.clock_hz is None and sb.t_vector is None
   assert sb.break_even_clock_hz == pytest.approx(
       sb.bundles_per_page * sb.kv_pages / sb.t_hbm)
-  # Far above every published TPU clock: vector-bound, the time a floor.
+  # Far above every published TPU clock: vector-bound.
   assert sb.break_even_clock_hz > roofline.max_published_clock_hz()
-  assert sb.binding == "vector" and "at least" in sb.headline
+  assert sb.binding == "vector"
   assert f"{sb.break_even_clock_hz / 1e9:.2f} GHz" in sb.verdict
-  # No clock: every stage is its HBM bound, the sum a floor.
-  assert sb.total_s == pytest.approx(sum(st.t_hbm for st in sb.stages))
+  # The staged step times its bundles at v6e's one inferred clock: complete.
+  hz, src = calibration.clock("v6e")
+  assert hz and src.startswith("inferred from ")
+  assert not sb.at_least and "at least" not in sb.headline
+  assert all(st.clock_hz == hz for st in sb.stages)
+  assert sb.total_s == pytest.approx(sum(
+      max(st.t_hbm, st.t_mxu, (st.bundles or 0) / hz) for st in sb.stages))
+
+
+def test_a_staged_step_without_a_clock_is_its_hbm_bounds_and_a_floor():
+  sb = roofline.dsv4_step("v6e", clock_hz=0)  # 0: no clock
+  assert sb.at_least and "at least" in sb.headline and "clock none" in sb.headline
+  assert sb.total_s == pytest.approx(sum(max(st.t_hbm, st.t_mxu) for st in sb.stages))
 
 
 def test_a_plan_without_a_recorded_row_says_so():

@@ -43,9 +43,13 @@ __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
 
 STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
 MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
-# The one measurement each chip without a public clock takes its clock from:
-# the scoring kernel alone (its KV loop is most of its bundles).
-INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring"}
+# The one measurement each chip without a public clock takes its clock from
+# (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
+# most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
+# rows (scoring, then a full sort at k 2,048; the least fixed overhead), a
+# clock that carries the sort's stalls.
+INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
+              "v6e": "sglang-jax-1642-glm52-decode-b64-v6e-sort"}
 # A prediction within this factor of its measurement (either way) agrees with it.
 BAND = 1.5
 # Why a prediction is more than BAND off, with the evidence the dump gives;
@@ -274,7 +278,10 @@ def append_selection(new_rows: Sequence[dict]) -> None:
 @functools.lru_cache(maxsize=None)
 def clock(chip: str) -> tuple[float | None, str]:
   """(Hz, where it comes from): the public clock, else the one inferred from
-  `INFER_FROM[chip]` (predicted bundles / measured time), else None."""
+  `INFER_FROM[chip]` (its predicted bundles / its measured time; a whole
+  call's prediction is then its measurement plus the fill's HBM time, the one
+  stage without bundles), else None. What an inferred clock is worth:
+  docs/tpu.md, "The clock"."""
   spec = hardware.spec(chip)
   if spec.clock_hz:
     return spec.clock_hz, "public (data/tpu_specs.json)"
@@ -369,7 +376,7 @@ def rows() -> list[dict]:
                  implied_hz=sum(s.bundles or 0 for s in parts) / m["measured_s"])
       ratio = row["predicted_s"] / m["measured_s"]
       if INFER_FROM.get(m["chip"]) == m["id"]:
-        row["why"] = "the clock's source (1.00 by construction)"
+        row["why"] = "; ".join(x for x in ("the clock's source (1.00 by construction)", why) if x)
       elif not 1 / BAND <= ratio <= BAND:
         row["why"] = "; ".join(x for x in (why, EXPLAINED.get(m["stage"], UNEXPLAINED)) if x)
     out.append(row)
