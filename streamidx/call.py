@@ -63,6 +63,11 @@ class TopkCall:
   speculative decoding (M17), at most `MAX_DECODE_Q_LEN` (docs/semantics.md
   says why 8).
 
+  topk_method: None (the default) takes the default of the chip the call is
+  built for (`topk.defaults.lookup()`: `modes.current_generation()`, when
+  the call is built, so in a jitted caller's trace and under
+  `compile_for`); `topk_source` then gives the row's source (not hashed).
+
   physical_slots: the result's ids as physical cache slots, the page table
   applied to the k winners (`streamidx.cache.physical_slots`: page_indices
   [seq, e // page_size] * page_size + e % page_size, -1 kept), for every
@@ -77,13 +82,14 @@ class TopkCall:
   decode_req_batch_size: int = 4
   decode_q_len: int = 1
   causal_rule: str = semantics.DEFAULT_CAUSAL_RULE
-  topk_method: str = topk.DEFAULT_TOPK_METHOD
+  topk_method: str | None = None
   return_scores: bool = False
   physical_slots: bool = False
   sort_decode: bool = True
   skip_empty_launches: bool = True
   num_cores: int = 1
   block_source: str | None = dataclasses.field(default=None, compare=False)
+  topk_source: str | None = dataclasses.field(default=None, compare=False)
 
   mode = "token"
   k_name = "k"
@@ -101,6 +107,10 @@ class TopkCall:
     if self.vmem_limit_bytes is not None:
       _positive_int("vmem_limit_bytes", self.vmem_limit_bytes)
     semantics.check_causal_rule(self.causal_rule)
+    if self.topk_method is None:  # the chip's default, resolved once here
+      row = topk.defaults.lookup()
+      object.__setattr__(self, "topk_method", row.method)
+      object.__setattr__(self, "topk_source", row.source)
     topk.check_topk_method(self.topk_method)
     for name in ("return_scores", "physical_slots", "sort_decode",
                  "skip_empty_launches"):

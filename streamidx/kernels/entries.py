@@ -107,10 +107,13 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): entry s is visible to
       the query at position p iff s < (p + 1) // ratio (DeepSeek-V4, vLLM);
       "seed": the vendored s <= p // ratio (docs/semantics.md).
-    topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`
-      (default "sort", the vendored selection; "fused_blockmax" reads the
-      block maxima the kernel writes beside the scores, M16, M21); every
-      exact method returns the same indices (docs/topk-methods.md).
+    topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`;
+      None (default): the chip's default, `streamidx.topk.defaults` ("sort",
+      the vendored selection, off-TPU; where the recorded figures rank
+      another exact method fastest, that one; `.call(...).topk_source` says
+      why). "fused_blockmax" reads the block maxima the kernel writes beside
+      the scores, M16, M21; every exact method returns the same indices
+      (docs/topk-methods.md).
     return_scores: streamidx (M9). True: return (indices, scores), scores
       f32[T, k] the selected entries' scores, -inf where the index is -1.
     sort_decode: streamidx (M13). True (default): score the decode range in
