@@ -8,8 +8,8 @@
 The stages: `_prepare` (static checks M5, q and weights prepared as
 upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
 M4, M6, each a `Launch` record), `_launch` (one `pallas_call`, skipped when
-empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9, physical
-slots M22).
+empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9,
+physical slots M22).
 The body contract (M20): a body's `launch` receives its `Launch` and the
 arrays and returns its output buffers; an output beyond the scores that a
 selection reads is asked for in one place, `extra_outputs`, from the

@@ -47,8 +47,8 @@ def select_topk(scores, k: int, method: str | None = None, *,
   scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
     compared as f32); k: entries per row (N < k pads with -1); method: one
     of `TOPK_METHODS`, None: the default of the chip traced for
-    (`defaults.lookup`, resolved at this call); options: the method's own (`METHODS[method].options`,
-    e.g. chunk_size, block_size, radix_bits, recall_target), each checked
+    (`defaults.lookup`, resolved at this call); options: the method's own
+    (`METHODS[method].options`, e.g. chunk_size, block_size, radix_bits, recall_target), each checked
     by its rule, the rest at their defaults. extra: the output the method
     `needs` from the scoring kernel (None: computed from `scores` by its
     `extra_ref`); block_max: `extra` of a method needing "block_max"

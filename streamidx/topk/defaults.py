@@ -39,7 +39,8 @@ __all__ = ["Default", "TABLE", "DECODE", "VENDORED_TOPK_METHOD", "lookup",
 # tie check, M12): what the table falls back on.
 VENDORED_TOPK_METHOD = "sort"
 DECODE = (64, 262144, 512)  # rows, entries, k: DeepSeek-V4-Flash decode
-STEP_SCHEDULE = importlib.resources.files("streamidx.data") / "step_schedule.json"
+STEP_SCHEDULE = (importlib.resources.files("streamidx.data")
+                 / "step_schedule.json")
 
 _OFF_TPU = (
     "off-TPU (CPU, the TPU interpreter, CI): the vendored sort. No figure "

@@ -513,8 +513,8 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   and cache format (its first: "fp8" vendored, "dense_fp8" dense and lean).
   `stages`: the fill, the scoring, the selection (the vendored sort,
   `topk.VENDORED_TOPK_METHOD`: the production call's, whatever
-  `topk.defaults` picks for the chip) and its copies, each by HBM bytes and by the bundles its compiled
-  program executes at one clock (`clock_hz`; None: `calibration.clock`,
+  `topk.defaults` picks for the chip) and its copies, each by HBM bytes
+  and by the bundles its compiled program executes at one clock (`clock_hz`; None: `calibration.clock`,
   the public one or the one inferred from one named public measurement; 0:
   none); the headline is their sum."""
   if k < 1:

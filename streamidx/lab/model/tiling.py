@@ -29,8 +29,8 @@ from streamidx.semantics import LANES as _LANES, align_to, cdiv
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
            "Launch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
            "expected_dma_events", "steps", "scratch_bytes", "pallas_calls",
-           "declared_scratch", "launch_case", "kernel_scratch", "scoring_static",
-           "vmem_budget",
+           "declared_scratch", "launch_case", "kernel_scratch",
+           "scoring_static", "vmem_budget",
            "block_waste", "SORTS", "KERNEL_SORT", "batching_order",
            "decode_batch_waste"]
 
