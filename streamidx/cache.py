@@ -25,7 +25,8 @@ __all__ = [
     "E8M0_MIN_EXPONENT", "padded_head_dim", "cache_dtype", "kv_packing",
     "lkv_dim", "record_bytes", "ue8m0_exponent", "quantize_fp8",
     "dequantize_fp8", "pack_fp8_records", "unpack_fp8_records", "pack_cache",
-    "unpack_cache", "unpack_cache_raw", "entry_location", "e8m0_scales",
+    "unpack_cache", "unpack_cache_raw", "entry_location", "physical_slots",
+    "e8m0_scales",
     "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
     "tpu_scale_bytes", "cache_pages", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
     "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
@@ -271,16 +272,38 @@ def tpu_scale_bytes(rows: int, lanes: int) -> int:
           * -(-lanes // LANES) * LANES)
 
 
+def physical_slots(entries, page_table, seqs, page_size: int):
+  """The page table applied: sequence-local entries -> physical slots.
+
+  entries: i32[T, n] sequence-local entry ids (-1: none); page_table:
+  i32[max_num_seqs, pages_per_seq] (`page_indices` reshaped); seqs: i32[T]
+  the sequence of each row (-1: a padding row, whose entries must all be
+  -1); page_size: entries per page. Returns i32[T, n]: entry e of row t at
+  `page_table[seqs[t], e // page_size] * page_size + e % page_size`, its
+  row in the cache viewed entry-major (`[total_num_pages * page_size,
+  ...]`, vLLM's slot mapping); -1 stays -1. With page_size 1 the ids are
+  pages and the result is the physical page. JAX or NumPy arrays, traced
+  or not; the table is applied as given (no clamping).
+  """
+  e = jnp.maximum(entries, 0)
+  s = jnp.maximum(seqs, 0)[:, None]
+  slot = page_table[s, e // page_size] * page_size + e % page_size
+  return jnp.where(entries >= 0, slot, -1).astype(jnp.int32)
+
+
 def entry_location(entry: int, page_table_row, page_size: int,
                    fmt: CacheFormat):
-  """Where sequence-local entry `entry` lives: (physical page, row, slot).
+  """Where sequence-local entry `entry` lives: (physical page, row, slot in
+  the row), its `physical_slots` split by page and `kv_packing`.
 
   `page_table_row` is the sequence's row of the page table
   (`page_indices.reshape(max_num_seqs, pages_per_seq)[b]`).
   """
   packing = kv_packing(fmt)
-  page = int(np.asarray(page_table_row)[entry // page_size])
-  t = entry % page_size
+  slot = int(physical_slots(np.array([[entry]]),
+                            np.asarray(page_table_row)[None, :],
+                            np.zeros(1, np.int32), page_size)[0, 0])
+  page, t = divmod(slot, page_size)
   return page, t // packing, t % packing
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from streamidx import semantics, topk
 
 __all__ = ["TopkCall", "PageCall", "MODES", "MAX_DECODE_Q_LEN",
-           "SELECTION_FIELDS", "KERNEL_ONLY", "TOKEN_ONLY"]
+           "SELECTION_FIELDS", "KERNEL_ONLY", "TOKEN_ONLY", "check_bool"]
 
 MODES = ("token", "page")
 _MIB = 1024 * 1024
@@ -27,8 +27,8 @@ MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 # The roles of a call's fields, each list once.
 # Read by the selection stage and the driver's Python, never by a launch: one
 # compiled launch serves every value of them (`TopkCall.launch_view`).
-SELECTION_FIELDS = ("k", "topk_method", "return_scores", "sort_decode",
-                    "skip_empty_launches")
+SELECTION_FIELDS = ("k", "topk_method", "return_scores", "physical_slots",
+                    "sort_decode", "skip_empty_launches")
 # Shape the kernel's grid or launches only: the references compute the same
 # result without them and take no such argument (`Variant.reference`).
 KERNEL_ONLY = ("num_cores", "skip_empty_launches")
@@ -38,6 +38,12 @@ TOKEN_ONLY = ("decode_req_batch_size", "decode_q_len", "topk_method",
 
 def _fail(name, rule, got):
   raise ValueError(f"{name}: {rule} (got {got})")
+
+
+def check_bool(name, v):
+  """The rule of a flag argument: True or False, nothing else."""
+  if not isinstance(v, bool):
+    _fail(name, "must be True or False", repr(v))
 
 
 def _positive_int(name, v):
@@ -56,6 +62,16 @@ class TopkCall:
   decode_q_len: query rows of every decode sequence, gamma + 1 under
   speculative decoding (M17), at most `MAX_DECODE_Q_LEN` (docs/semantics.md
   says why 8).
+
+  topk_method: None (the default) takes the default of the chip the call is
+  built for (`topk.defaults.lookup()`: `modes.current_generation()`, when
+  the call is built, so in a jitted caller's trace and under
+  `compile_for`); `topk_source` then gives the row's source (not hashed).
+
+  physical_slots: the result's ids as physical cache slots, the page table
+  applied to the k winners (`streamidx.cache.physical_slots`: page_indices
+  [seq, e // page_size] * page_size + e % page_size, -1 kept), for every
+  `topk_method`; in page mode the ids are pages, so the physical page.
   """
 
   k: int
@@ -66,12 +82,14 @@ class TopkCall:
   decode_req_batch_size: int = 4
   decode_q_len: int = 1
   causal_rule: str = semantics.DEFAULT_CAUSAL_RULE
-  topk_method: str = topk.DEFAULT_TOPK_METHOD
+  topk_method: str | None = None
   return_scores: bool = False
+  physical_slots: bool = False
   sort_decode: bool = True
   skip_empty_launches: bool = True
   num_cores: int = 1
   block_source: str | None = dataclasses.field(default=None, compare=False)
+  topk_source: str | None = dataclasses.field(default=None, compare=False)
 
   mode = "token"
   k_name = "k"
@@ -89,10 +107,14 @@ class TopkCall:
     if self.vmem_limit_bytes is not None:
       _positive_int("vmem_limit_bytes", self.vmem_limit_bytes)
     semantics.check_causal_rule(self.causal_rule)
+    if self.topk_method is None:  # the chip's default, resolved once here
+      row = topk.defaults.lookup()
+      object.__setattr__(self, "topk_method", row.method)
+      object.__setattr__(self, "topk_source", row.source)
     topk.check_topk_method(self.topk_method)
-    for name in ("return_scores", "sort_decode", "skip_empty_launches"):
-      if not isinstance(getattr(self, name), bool):
-        _fail(name, "must be True or False", repr(getattr(self, name)))
+    for name in ("return_scores", "physical_slots", "sort_decode",
+                 "skip_empty_launches"):
+      check_bool(name, getattr(self, name))
     for name in ("num_kv_pages_per_block", "num_queries_per_block"):
       if getattr(self, name) is not None:
         object.__setattr__(self, name, self._blocks(getattr(self, name), name))

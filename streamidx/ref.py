@@ -42,8 +42,9 @@ import numpy as np
 
 from streamidx import cache as cache_lib
 from streamidx import topk as topk_lib
-from streamidx.call import PageCall, TopkCall
-from streamidx.semantics import cdiv, causal_visible_bound, check_causal_rule
+from streamidx.call import PageCall, TopkCall, check_bool
+from streamidx.semantics import (cdiv, causal_visible_bound, check_causal_rule,
+                                 row_sequences)
 
 __all__ = [
     "score_entries", "token_scores", "page_scores", "topk_from_scores",
@@ -100,13 +101,11 @@ def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
   if one_token_per_seq:
     seq = jnp.where(t < jnp.minimum(num_seqs, max_num_seqs), t, -1)
     return seq, seq_lens[jnp.clip(seq, 0, max_num_seqs - 1)] - 1
-  # Sequence b owns rows [cu_q_lens[b], cu_q_lens[b + 1]); among b < num_seqs.
-  seq = jnp.searchsorted(cu_q_lens[1:], t, side="right").astype(jnp.int32)
-  seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
-  live = (seq < num_seqs) & (t >= cu_q_lens[seq_c]) & (t < cu_q_lens[seq_c + 1])
+  seq = row_sequences(cu_q_lens, num_seqs, num_tokens)
+  seq_c = jnp.maximum(seq, 0)
   q_len = cu_q_lens[seq_c + 1] - cu_q_lens[seq_c]
   pos = seq_lens[seq_c] - q_len + (t - cu_q_lens[seq_c])
-  return jnp.where(live, seq, -1), pos
+  return seq, pos
 
 
 def _entry_arrays(cache_kv):
@@ -136,9 +135,10 @@ def _unpack_entries(parts, head_dim):
 def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
          num_seqs, *, compression_ratio, causal_rule, one_token_per_seq=False,
          pool_pages=False, k=None, chunk_entries=None, chunk_tokens=None,
-         chunk_bytes=DEFAULT_CHUNK_BYTES):
+         chunk_bytes=DEFAULT_CHUNK_BYTES, slots=False):
   """The engine (module docstring). k None: masked scores f32[T, E] (pooled:
-  [T, pages_per_seq]); else (ids i32[T, k], their scores f32[T, k])."""
+  [T, pages_per_seq]); else (ids i32[T, k], their scores f32[T, k]); slots:
+  the ids as `cache.physical_slots` (pooled: physical pages)."""
   check_causal_rule(causal_rule)
   num_tokens, num_heads, head_dim = q.shape
   max_num_seqs = seq_lens.shape[0]
@@ -160,11 +160,14 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
                                       head_dim, lkv, chunk_bytes)
   tc = cdiv(num_tokens, cdiv(num_tokens, tc)) if num_tokens else 1  # even
 
-  def chunk_scores(qb, wb, seq, pos, rows_table, c):
+  def chunk_scores(qb, wb, seq, pos, c):
     """f32[Tc, C] masked scores of chunk c (pooled: [Tc, C / page_size])."""
     entry = c * chunk + jnp.arange(chunk, dtype=jnp.int32)  # [C]
-    page = jnp.minimum(entry // page_size, pages_per_seq - 1)
-    flat = (rows_table[:, page] * page_size + entry % page_size).reshape(-1)
+    # Past the last entry (a partial last chunk): the last entry's record,
+    # masked below.
+    flat = cache_lib.physical_slots(
+        jnp.broadcast_to(jnp.minimum(entry, num_entries - 1), (tc, chunk)),
+        table, seq, page_size).reshape(-1)
     # Records gathered per row, behind a barrier: XLA:CPU (jax 0.10.2)
     # miscompiled indexing a sequence's whole gathered cache per row
     # (tests/test_reference.py pins the shapes).
@@ -185,13 +188,11 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
 
   def block(args):
     qb, wb, seq, pos = args  # [Tc, H, D], f32[Tc, H], i32[Tc], i32[Tc]
-    rows_table = jnp.take(table, jnp.maximum(seq, 0), axis=0)
     if k is None:
-      return chunk_scores(qb, wb, seq, pos, rows_table, 0)
+      return chunk_scores(qb, wb, seq, pos, 0)
 
     def step(carry, c):  # canonical zeros: scores tie as `streamidx.topk`
-      s = topk_lib.canonical_zero(chunk_scores(qb, wb, seq, pos, rows_table,
-                                               c))
+      s = topk_lib.canonical_zero(chunk_scores(qb, wb, seq, pos, c))
       ids = c * ids_per_chunk + jnp.arange(ids_per_chunk, dtype=jnp.int32)
       vals = jnp.concatenate([carry[0], s], axis=1)  # running first
       cand = jnp.concatenate(
@@ -203,7 +204,12 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
             jnp.full((tc, k), -1, jnp.int32))
     (vals, ids), _ = jax.lax.scan(step, init,
                                   jnp.arange(num_chunks, dtype=jnp.int32))
-    return jnp.where(vals == -jnp.inf, -1, ids).astype(jnp.int32), vals
+    ids = jnp.where(vals == -jnp.inf, -1, ids).astype(jnp.int32)
+    if slots:  # the caller's page table, as given
+      ids = cache_lib.physical_slots(
+          ids, page_indices.reshape(max_num_seqs, pages_per_seq), seq,
+          1 if pool_pages else page_size)
+    return ids, vals
 
   num_blocks = cdiv(num_tokens, tc)
 
@@ -277,14 +283,17 @@ def streamindex_topk_ref(
     causal_rule=TopkCall.causal_rule, topk_method=TopkCall.topk_method,
     return_scores=TopkCall.return_scores, sort_decode=TopkCall.sort_decode,
     chunk_entries: int | None = None, chunk_tokens: int | None = None,
-    decode_q_len=TopkCall.decode_q_len):
+    decode_q_len=TopkCall.decode_q_len,
+    physical_slots=TopkCall.physical_slots):
   """Reference twin of `streamindex_topk`: i32[T, k] sequence-local entries.
 
   q [T, H, D], indexer_weights [T, H], cache_kv (module docstring), seq_lens
   i32[S], page_indices i32[S * pages_per_seq], cu_q_lens i32[S + 1],
   distribution i32[3], as the kernel's.
 
-  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel.
+  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel;
+  `physical_slots=True` returns physical cache slots in place of the
+  indices (`streamidx.cache.physical_slots`), as the kernel.
   chunk_entries: entries scored per scan step (None: all of a sequence's, in
     one chunk; any positive int, capped at pages_per_seq * page_size);
     chunk_tokens: query rows per block (None: `rows_per_block`). Both are
@@ -294,13 +303,13 @@ def streamindex_topk_ref(
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
   _check_chunks(chunk_entries, chunk_tokens)
   TopkCall(k, compression_ratio, causal_rule=causal_rule,
-           topk_method=topk_method,
-           decode_q_len=decode_q_len)  # the call's static rules, checked once
+           topk_method=topk_method, decode_q_len=decode_q_len,
+           physical_slots=physical_slots)  # the call's static rules, once
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, distribution[2], k=k,
                      compression_ratio=compression_ratio,
                      causal_rule=causal_rule, chunk_entries=chunk_entries,
-                     chunk_tokens=chunk_tokens)
+                     chunk_tokens=chunk_tokens, slots=physical_slots)
   return (idx, scores) if return_scores else idx
 
 
@@ -313,7 +322,8 @@ def streamindex_page_topk_ref(
     vmem_limit_bytes=PageCall.vmem_limit_bytes,
     causal_rule=PageCall.causal_rule, one_token_per_seq: bool = False,
     return_scores=PageCall.return_scores, chunk_entries: int | None = None,
-    chunk_tokens: int | None = None):
+    chunk_tokens: int | None = None,
+    physical_slots=PageCall.physical_slots):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
   Arguments as `streamindex_topk_ref`'s, num_seqs i32[] for distribution.
@@ -322,17 +332,21 @@ def streamindex_page_topk_ref(
   the kernel computes). True: the decode form, row i is the single query (at
   seq_len - 1) of sequence i, `cu_q_lens` ignored. Any `compression_ratio`
   works. `return_scores=True` returns (page ids, f32[T, k_pages] scores).
+  `physical_slots=True` returns physical pages (`page_indices[seq *
+  pages_per_seq + id]`, -1 kept) in place of the sequence-local page ids.
   chunk_entries, chunk_tokens: as `streamindex_topk_ref`'s; chunk_entries a
   multiple of the page size (pages are pooled whole).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   _check_chunks(chunk_entries, chunk_tokens, cache_lib.cache_pages(cache_kv)[1])
+  check_bool("physical_slots", physical_slots)
   idx, scores = _run(q, indexer_weights, cache_kv, seq_lens, page_indices,
                      cu_q_lens, jnp.asarray(num_seqs, jnp.int32), k=k_pages,
                      compression_ratio=compression_ratio,
                      causal_rule=causal_rule,
                      one_token_per_seq=one_token_per_seq, pool_pages=True,
-                     chunk_entries=chunk_entries, chunk_tokens=chunk_tokens)
+                     chunk_entries=chunk_entries, chunk_tokens=chunk_tokens,
+                     slots=physical_slots)
   return (idx, scores) if return_scores else idx
 
 

@@ -254,6 +254,19 @@ def apply_decode_order(order, seq_lens, page_indices, cu_q_lens):
   return (seq_lens[order], table[order].reshape(-1), cu_q_lens[:-1][order])
 
 
+def row_sequences(cu_q_lens, num_seqs, num_tokens: int):
+  """i32[num_tokens]: the sequence each query row belongs to, -1 for a
+  padding row (sequence b < num_seqs owns rows [cu_q_lens[b], cu_q_lens[b +
+  1])). JAX arrays, traced or not."""
+  t = jnp.arange(num_tokens, dtype=jnp.int32)
+  max_num_seqs = cu_q_lens.shape[0] - 1
+  seq = jnp.searchsorted(cu_q_lens[1:], t, side="right").astype(jnp.int32)
+  seq_c = jnp.clip(seq, 0, max_num_seqs - 1)
+  live = ((seq < num_seqs) & (t >= cu_q_lens[seq_c])
+          & (t < cu_q_lens[seq_c + 1]))
+  return jnp.where(live, seq, -1)
+
+
 def restore_decode_rows(rows, order, decode_q_len: int = 1):
   """`rows` (i32[T, k], slot order) in the caller's order: decode sequence b
   owns token rows [Q b, Q b + Q) (Q = decode_q_len), so rows [Q order[j],

@@ -297,6 +297,11 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
   for name in (v.k_name, "return_scores"):
     if name in static:
       raise ValueError(f"{name}: set by sharded_topk, not in **static")
+  if context_axis is not None and static.get("physical_slots"):
+    raise ValueError(
+        "physical_slots: not with a context_axis (the merge ranks "
+        "sequence-local ids across the shares; apply "
+        "streamidx.cache.physical_slots to the merged result)")
   num_context = _axis_size(mesh, context_axis)
   fn = v.kernel if impl == "kernel" else v.reference
   if (context_axis is not None and merge == "tree"

@@ -287,7 +287,7 @@ def test_topk_methods_are_exported():
   assert {"sort", "top_k", "chunked", "blockmax", "fused_blockmax", "radix",
           "blocktop"} <= set(EXACT)
   assert "approx" in topk.TOPK_METHODS and "approx" not in EXACT
-  assert topk.DEFAULT_TOPK_METHOD == "sort"
+  assert topk.VENDORED_TOPK_METHOD == "sort"
 
 
 # ---------------------------------------------------------------------------

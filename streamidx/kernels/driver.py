@@ -8,7 +8,8 @@
 The stages: `_prepare` (static checks M5, q and weights prepared as
 upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
 M4, M6, each a `Launch` record), `_launch` (one `pallas_call`, skipped when
-empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9).
+empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9,
+physical slots M22).
 The body contract (M20): a body's `launch` receives its `Launch` and the
 arrays and returns its output buffers; an output beyond the scores that a
 selection reads is asked for in one place, `extra_outputs`, from the
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import checkify
 
+from streamidx import cache as cache_lib
 from streamidx import modes, semantics, topk, validate
 from streamidx.kernels import tpu
 from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
@@ -221,12 +223,13 @@ def _launch(q, weights, cache, bufs, prefetch, start, end, *, body, spec):
   return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _select(bufs, order, cache, seq_lens, page_indices, *, call, body,
-            interpret):
-  """Stages 5-6: the top-k of the scores, rows in the caller's order."""
+def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
+            call, body, interpret):
+  """Stages 5-6: the top-k of the scores, rows in the caller's order; with
+  `physical_slots`, the page table applied to the winners (`_slots`)."""
   num_tokens = bufs[0].shape[0]
-  _, pages_per_seq, num_sublanes, segment_pool, cols_per_page = _geometry(
-      call, body, cache, seq_lens, page_indices, interpret)
+  page_size, pages_per_seq, num_sublanes, segment_pool, cols_per_page = (
+      _geometry(call, body, cache, seq_lens, page_indices, interpret))
   scores = bufs[0].reshape(num_tokens, -1)
   if call.mode == "page":
     if segment_pool:  # M15
@@ -247,7 +250,21 @@ def _select(bufs, order, cache, seq_lens, page_indices, *, call, body,
     if call.return_scores:
       top_scores = semantics.restore_decode_rows(top_scores, order,
                                                  call.decode_q_len)
+  if call.physical_slots:
+    idx = _slots(idx, call, page_indices, cu_q_lens, last,
+                 page_size if call.mode == "token" else 1)
   return (idx, top_scores) if call.return_scores else idx
+
+
+def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
+  """`physical_slots`: the caller's page table applied to the k winners of
+  each row (caller's row order), a [T, k] gather after any method's
+  selection (docs/topk-methods.md, "Physical slots": why not fused)."""
+  num_seqs = (jnp.asarray(last, jnp.int32) if call.mode == "page"
+              else validate.distribution_array(last)[2])
+  seqs = semantics.row_sequences(cu_q_lens, num_seqs, idx.shape[0])
+  table = page_indices.reshape(cu_q_lens.shape[0] - 1, -1)
+  return cache_lib.physical_slots(idx, table, seqs, ids_per_page)
 
 
 def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
@@ -266,8 +283,8 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
       bufs = lax.cond(end > start, step, lambda b: b, bufs)
     else:
       bufs = step(bufs)
-  return _select(bufs, order, cache, seq_lens, page_indices, call=call,
-                 body=body, interpret=interpret)
+  return _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last,
+                 call=call, body=body, interpret=interpret)
 
 
 _STATIC = ("call", "body", "interpret")
@@ -291,8 +308,8 @@ def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
       bufs = jax.block_until_ready(_launch_jit(
           q, weights, cache, bufs, prefetch, jnp.asarray(start, jnp.int32),
           jnp.asarray(end, jnp.int32), body=body, spec=spec))
-  return _select_jit(bufs, order, cache, seq_lens, page_indices, call=call,
-                     body=body, interpret=interpret)
+  return _select_jit(bufs, order, cache, seq_lens, page_indices, cu_q_lens,
+                     last, call=call, body=body, interpret=interpret)
 
 
 _jitted = jax.jit(_pipeline, static_argnames=("call", "body"))

@@ -78,7 +78,7 @@ def streamindex_topk(
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
     topk_method=T.topk_method, return_scores=T.return_scores,
     sort_decode=T.sort_decode, skip_empty_launches=T.skip_empty_launches,
-    decode_q_len=T.decode_q_len):
+    decode_q_len=T.decode_q_len, physical_slots=T.physical_slots):
   """StreamIndex Top-K retrieval.
 
   Args:
@@ -107,10 +107,13 @@ def streamindex_topk(
     causal_rule: streamidx (M3). "model" (default): entry s is visible to
       the query at position p iff s < (p + 1) // ratio (DeepSeek-V4, vLLM);
       "seed": the vendored s <= p // ratio (docs/semantics.md).
-    topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`
-      (default "sort", the vendored selection; "fused_blockmax" reads the
-      block maxima the kernel writes beside the scores, M16, M21); every
-      exact method returns the same indices (docs/topk-methods.md).
+    topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`;
+      None (default): the chip's default, `streamidx.topk.defaults` ("sort",
+      the vendored selection, off-TPU; where the recorded figures rank
+      another exact method fastest, that one; `.call(...).topk_source` says
+      why). "fused_blockmax" reads the block maxima the kernel writes beside
+      the scores, M16, M21; every exact method returns the same indices
+      (docs/topk-methods.md).
     return_scores: streamidx (M9). True: return (indices, scores), scores
       f32[T, k] the selected entries' scores, -inf where the index is -1.
     sort_decode: streamidx (M13). True (default): score the decode range in
@@ -121,6 +124,12 @@ def streamindex_topk(
     decode_q_len: streamidx (M17), `next_n` in DeepGEMM and vLLM: query rows
       of every decode sequence, 1 (default) or gamma + 1 under speculative
       decoding, at most `streamidx.call.MAX_DECODE_Q_LEN` (docs/semantics.md).
+    physical_slots: streamidx (M22). True: return physical cache slots in
+      place of the entry indices, the page table applied to the k winners
+      (`streamidx.cache.physical_slots`: page_indices[seq * pages_per_seq +
+      e // page_size] * page_size + e % page_size, -1 kept; vLLM's slot
+      mapping), what a sparse attention over the paged cache reads. Any
+      `topk_method`; with `return_scores`, the scores are the same.
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
@@ -136,7 +145,8 @@ def streamindex_page_topk(
     num_queries_per_block=P.num_queries_per_block,
     vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
     return_scores=P.return_scores,
-    skip_empty_launches=P.skip_empty_launches):
+    skip_empty_launches=P.skip_empty_launches,
+    physical_slots=P.physical_slots):
   """Page-level lightning-indexer top-k (prefill/extend form).
 
   Pallas twin of ``ref.streamindex_page_topk_ref(one_token_per_seq=False)``:
@@ -147,7 +157,10 @@ def streamindex_page_topk(
   streamidx: compression_ratio 1 only, where both causal rules coincide;
   `streamidx.validate_page_topk_inputs` rejects the page indices past the
   cache that the kernel clamps. M9: `return_scores=True` returns (page ids,
-  f32[T, k_pages] page scores, -inf where the id is -1).
+  f32[T, k_pages] page scores, -inf where the id is -1). M22:
+  `physical_slots=True` returns physical pages (the page table applied,
+  `page_indices[seq * pages_per_seq + id]`, -1 kept) in place of the
+  sequence-local page ids: in page mode a page is the slot.
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
@@ -163,7 +176,8 @@ def streamindex_topk_dense(
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
     topk_method=T.topk_method, return_scores=T.return_scores,
     sort_decode=T.sort_decode, num_cores=T.num_cores,
-    skip_empty_launches=T.skip_empty_launches, decode_q_len=T.decode_q_len):
+    skip_empty_launches=T.skip_empty_launches, decode_q_len=T.decode_q_len,
+    physical_slots=T.physical_slots):
   """StreamIndex top-k over the dense FP8 cache: i32[max_num_tokens, k].
 
   Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
@@ -188,7 +202,8 @@ def streamindex_page_topk_dense(
     num_queries_per_block=P.num_queries_per_block,
     vmem_limit_bytes=P.vmem_limit_bytes, causal_rule=P.causal_rule,
     return_scores=P.return_scores, num_cores=P.num_cores,
-    skip_empty_launches=P.skip_empty_launches):
+    skip_empty_launches=P.skip_empty_launches,
+    physical_slots=P.physical_slots):
   """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
 
   Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128

@@ -175,9 +175,12 @@ def summarize_error(e: BaseException) -> str:
 
 def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
   """[(launch name, jaxpr equation)] of every `pallas_call` the entry point
-  makes, traced inside `compile_for(target.generation)`."""
-  fn = functools.partial(VARIANTS[variant].kernel,
-                         **_static(variant, shape, blocks))
+  makes, traced inside `compile_for(target.generation)`: its scoring
+  launches (`tiling.scoring_static`), then, where `blocks` names
+  "blocktop", its selection kernel's call."""
+  v = VARIANTS[variant]
+  fn = functools.partial(v.kernel, **tiling.scoring_static(
+      v, _static(variant, shape, blocks)))
   closed = jax.make_jaxpr(fn)(*entry_args(variant, shape, fmt, target))
   return [(eqn.params.get("name") or "pallas_call", eqn)
           for eqn in tiling.pallas_calls(closed.jaxpr)]

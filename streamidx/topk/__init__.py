@@ -6,7 +6,8 @@ registry (`registry.METHODS`; `base.Method`: name, exactness, selection,
 what it needs from the scoring kernel, cost model, options), one module
 each; `TOPK_METHODS` lists their names (docs/topk-methods.md describes and
 compares them; "approx" is the one that is not exact on a TPU). The output
-contract and tie rule: `streamidx.topk.base`.
+contract and tie rule: `streamidx.topk.base`. The default method of each
+chip: `streamidx.topk.defaults` (a table with a source per row).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from streamidx.topk import base, registry
+from streamidx.topk import base, defaults, registry
 from streamidx.topk.approx import APPROX_RECALL_TARGET
 from streamidx.topk.base import canonical_zero, order_key, scores_at
 from streamidx.topk.blockmax import block_size_for
 from streamidx.topk.chunked import chunk_size_for
+from streamidx.topk.defaults import VENDORED_TOPK_METHOD, default_method
 from streamidx.topk.fused_blockmax import (FUSED_BLOCK_WIDTH,
                                            fused_block_size_for)
 from streamidx.topk.radix import RADIX_BITS
@@ -31,23 +33,22 @@ from streamidx.topk.registry import (EXACT_TOPK_METHODS, FUSED_TOPK_METHODS,
 
 __all__ = [
     "TOPK_METHODS", "EXACT_TOPK_METHODS", "FUSED_TOPK_METHODS",
-    "KERNEL_OUTPUTS", "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH", "DEFAULT_TOPK_METHOD",
+    "KERNEL_OUTPUTS", "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH",
+    "VENDORED_TOPK_METHOD", "default_method", "defaults",
     "APPROX_RECALL_TARGET", "RADIX_BITS", "METHODS", "get",
     "check_topk_method", "canonical_zero", "order_key", "select_topk",
     "scores_at", "chunk_size_for", "block_size_for", "fused_block_size_for",
 ]
 
-DEFAULT_TOPK_METHOD = "sort"  # the vendored kernel's (docs/topk-methods.md: why)
-
-
-def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
+def select_topk(scores, k: int, method: str | None = None, *,
                 extra=None, block_max=None, **options):
   """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
 
   scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
     compared as f32); k: entries per row (N < k pads with -1); method: one
-    of `TOPK_METHODS`; options: the method's own (`METHODS[method].options`,
-    e.g. chunk_size, block_size, radix_bits, recall_target), each checked
+    of `TOPK_METHODS`, None: the default of the chip traced for
+    (`defaults.lookup`, resolved at this call); options: the method's own
+    (`METHODS[method].options`, e.g. chunk_size, block_size, radix_bits, recall_target), each checked
     by its rule, the rest at their defaults. extra: the output the method
     `needs` from the scoring kernel (None: computed from `scores` by its
     `extra_ref`); block_max: `extra` of a method needing "block_max"
@@ -55,7 +56,7 @@ def select_topk(scores, k: int, method: str = DEFAULT_TOPK_METHOD, *,
     * w], w its `block_max_width`). Returns i32[T, k], identical for every
     exact method (`streamidx.topk.base`).
   """
-  m = get(method)
+  m = get(defaults.default_method() if method is None else method)
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"k: must be a positive int (got {k!r})")
   if getattr(scores, "ndim", None) != 2:

@@ -511,9 +511,10 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   prefill chunks of `q_len` queries) on `generation`, with `variant`'s
   block-size row for that chip and geometry (`StepBound.blocks` names it)
   and cache format (its first: "fp8" vendored, "dense_fp8" dense and lean).
-  `stages`: the fill, the scoring, the selection (the variant's default
-  method) and its copies, each by HBM bytes and by the bundles its compiled
-  program executes at one clock (`clock_hz`; None: `calibration.clock`,
+  `stages`: the fill, the scoring, the selection (the vendored sort,
+  `topk.VENDORED_TOPK_METHOD`: the production call's, whatever
+  `topk.defaults` picks for the chip) and its copies, each by HBM bytes
+  and by the bundles its compiled program executes at one clock (`clock_hz`; None: `calibration.clock`,
   the public one or the one inferred from one named public measurement; 0:
   none); the headline is their sum."""
   if k < 1:
@@ -538,7 +539,7 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
     source = "given" if clock_hz else "none"
   source = (f"{clock_hz / 1e9:.3f} GHz, {source}" if clock_hz else f"none ({source})")
   stages = step_stages(p, generation, variant=variant, k=k,
-                       method=si.topk.DEFAULT_TOPK_METHOD,
+                       method=si.topk.VENDORED_TOPK_METHOD,
                        clock_hz=clock_hz or None, kv_floor=sb.bundles)
   return dataclasses.replace(sb, stages=tuple(stages), clock_source=source)
 

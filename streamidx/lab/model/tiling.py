@@ -21,6 +21,7 @@ from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
 from streamidx import call as call_lib
 from streamidx import semantics
+from streamidx import topk as topk_lib
 from streamidx import variants as variants_lib
 from streamidx.kernels import fp4, tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
@@ -28,7 +29,8 @@ from streamidx.semantics import LANES as _LANES, align_to, cdiv
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
            "Launch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
            "expected_dma_events", "steps", "scratch_bytes", "pallas_calls",
-           "declared_scratch", "launch_case", "kernel_scratch", "vmem_budget",
+           "declared_scratch", "launch_case", "kernel_scratch",
+           "scoring_static", "vmem_budget",
            "block_waste", "SORTS", "KERNEL_SORT", "batching_order",
            "decode_batch_waste"]
 
@@ -632,15 +634,27 @@ def launch_case(name: str) -> tuple[str, int, int]:
   return case, int(m.group(3)), int(m.group(4))
 
 
+def scoring_static(v: variants_lib.Variant, static: dict) -> dict:
+  """A token variant's keywords `static` traced for its scoring launches
+  alone: the vendored sort where they name no `topk_method` (the chip's
+  default may be a Pallas selection kernel, `topk.defaults`, whose call
+  would come last); a page variant's as given."""
+  if v.mode == "token" and "topk_method" not in static:
+    return {**static, "topk_method": topk_lib.VENDORED_TOPK_METHOD}
+  return dict(static)
+
+
 def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
                    **kwargs) -> list[dict]:
   """The declared VMEM scratch and vmem limit of every `pallas_call` of the
   kernel (`resolve_variant(variant, mode)`), traced with `jax.make_jaxpr`:
   nothing runs, so `args` may be production-size `jax.ShapeDtypeStruct`s.
-  One dict per launch: {"case", "name", "scratch", "vmem_limit_bytes"}.
+  One dict per scoring launch (`scoring_static`): {"case", "name",
+  "scratch", "vmem_limit_bytes"}.
   """
-  fn = resolve_variant(variant, mode).kernel
-  jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
+  v = resolve_variant(variant, mode)
+  jaxpr = jax.make_jaxpr(functools.partial(
+      v.kernel, **scoring_static(v, kwargs)))(*args)
   return [{"case": launch_case(eqn.params.get("name") or "")[0],
            "name": eqn.params.get("name") or "",
            "scratch": declared_scratch(eqn),

@@ -1,0 +1,110 @@
+"""`streamidx.topk.defaults`: the default top-k method of each chip, a table
+with a source per row, checked against the recorded figures; and the calls'
+defaults resolved through it for the chip traced for."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import modes, topk
+from streamidx.lab import aot
+from streamidx.lab.studies import cases
+from streamidx.topk import defaults
+
+import tiers
+
+needs_libtpu = pytest.mark.skipif(
+    modes.libtpu_path() is None,
+    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
+
+
+def _decode_records(chip):
+  """The file's selection rows of `chip` at DeepSeek-V4-Flash decode (64 x
+  262,144, k 512), read here without the module's helper."""
+  data = json.loads(defaults.STEP_SCHEDULE.read_text(encoding="utf-8"))
+  return {r["method"]: r for r in data["selection"] if r["chip"] == chip
+          and (r["rows"], r["entries"], r["k"]) == (64, 262144, 512)}
+
+
+def test_every_chip_and_off_tpu_has_a_row():
+  assert set(defaults.TABLE) == {None, *modes.TOPOLOGIES}
+  assert all(r.generation == g for g, r in defaults.TABLE.items())
+  assert all(r.method in topk.KERNEL_TOPK_METHODS
+             for r in defaults.TABLE.values())
+
+
+@pytest.mark.parametrize("chip", sorted(modes.TOPOLOGIES))
+def test_a_recorded_row_is_the_exact_method_with_fewest_bundles_at_decode(chip):
+  row, recs = defaults.TABLE[chip], _decode_records(chip)
+  if not row.recorded:  # then nothing recorded could have picked another
+    assert row.method == "sort" and not recs, recs.keys()
+    assert row.source == "no recorded figure: the vendored sort"
+    return
+  assert topk.METHODS[row.method].exact
+  own = recs[row.method]["bundles"]
+  assert own is not None and f"{own:,} bundles" in row.source
+  for m, r in recs.items():
+    if m == row.method or not topk.METHODS[m].exact:
+      continue
+    # A loop of data-dependent trip count has no count: its count at 0
+    # trips is a lower bound.
+    other = r["bundles"] if r["bundles"] is not None else r[
+        "bundles_without_dynamic"]
+    assert other > own, (m, other, own)
+    assert f"{m} " in row.source
+  assert "sort" in recs  # the vendored selection it replaces is recorded
+
+
+def test_off_tpu_keeps_the_vendored_sort_and_says_why():
+  assert defaults.TABLE[None].method == topk.VENDORED_TOPK_METHOD == "sort"
+  assert "off-TPU" in defaults.TABLE[None].source
+  assert defaults.lookup() is defaults.TABLE[None]  # this machine: no TPU
+
+
+def test_lookup_refuses_an_unknown_generation():
+  with pytest.raises(ValueError, match=r"generation: must be one of .*'v3'"):
+    defaults.lookup("v3")
+
+
+@pytest.mark.parametrize("gen", [None, "v4", "v6e", "v7x"])
+def test_the_calls_default_is_the_chip_traced_for(gen, monkeypatch):
+  monkeypatch.setattr(modes, "current_generation", lambda: gen)
+  row = defaults.TABLE[gen]
+  inp = si.make_inputs(cases.BATCHES["all_three_ranges"].build(4),
+                       num_heads=cases.NUM_HEADS, fmt="fp8")
+  call = si.streamindex_topk.call(*inp.args, k=8, compression_ratio=4)
+  assert (call.topk_method, call.topk_source) == (row.method, row.source)
+  given = si.streamindex_topk.call(*inp.args, k=8, compression_ratio=4,
+                                   topk_method="top_k")
+  assert (given.topk_method, given.topk_source) == ("top_k", None)
+  page = si.streamindex_page_topk.call(*inp.page_args, k_pages=2)
+  assert page.topk_method == "top_k"  # page mode's one selection
+  seen = []
+  monkeypatch.setattr(topk, "get", lambda m: seen.append(m) or
+                      topk.METHODS["sort"])
+  topk.select_topk(np.zeros((1, 16), np.float32), 4)
+  assert seen == [row.method]
+
+
+# Full tier: compiles the vendored FP8 kernel at the compile matrix's
+# dsv4-decode-4k shape for the chip (libtpu, no TPU; about a minute each).
+@tiers.FULL
+@needs_libtpu
+@pytest.mark.parametrize("gen", ["v6e", "v7x"])
+def test_blocktop_compiles_as_the_default_path_of_a_token_call(gen):
+  shape = aot.SHAPES_BY_NAME[aot.QUICK_SHAPES["token"]]
+  with si.compile_for(gen) as target:
+    args = aot.entry_args("vendored", shape, "fp8", target)
+    call = si.streamindex_topk.call(*args, k=shape.k,
+                                    compression_ratio=shape.compression_ratio)
+  assert call.topk_method == "blocktop"
+  row = aot.Row("vendored", gen, "fp8", shape.name,
+                aot._blocks_key(aot.table_blocks("vendored", shape, "fp8",
+                                                 gen)), True)
+  assert row.topk_method is None  # the call's default
+  result = aot.compile_row(row)
+  assert result.ok, result.error
