@@ -314,6 +314,16 @@ def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
     topk_bench.main(["--shapes", "4x0:1"])
 
 
+def test_count_shapes_given_by_size_keep_their_kind():
+  from streamidx.lab.bench import topk as topk_bench
+  for shape in topk_bench.COUNT_SHAPES:  # a prefill shape stays "prefill"
+    text = f"{shape.rows}x{shape.entries}:{shape.k}"
+    assert topk_bench.parse_shape(text) == shape
+  other = topk_bench.parse_shape("8x4096:64")
+  assert (other.kind, other.rows, other.entries, other.k) == (
+      "decode", 8, 4096, 64)
+
+
 def test_every_method_compiles_for_a_tpu_generation(monkeypatch):
   pytest.importorskip("libtpu")
   monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -118,7 +118,8 @@ def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS,
 
 
 def parse_shape(text: str) -> shapes_lib.Shape:
-  """'ROWSxENTRIES:K': ROWS decode rows of ENTRIES entries at ratio 4."""
+  """'ROWSxENTRIES:K': the `COUNT_SHAPES` shape of those sizes (decode or
+  prefill), else ROWS decode rows of ENTRIES entries at ratio 4."""
   try:
     tn, k = text.split(":")
     rows, entries = map(int, tn.split("x"))
@@ -128,6 +129,9 @@ def parse_shape(text: str) -> shapes_lib.Shape:
   if min(rows, entries, k) < 1:
     raise ValueError(f"--shapes: expected ROWSxENTRIES:K, positive sizes "
                      f"(got {text!r})")
+  for shape in COUNT_SHAPES:
+    if (shape.rows, shape.entries, shape.k) == (rows, entries, k):
+      return shape
   ratio = shapes_lib.DSV4.compression_ratio
   return shapes_lib.Shape(text, "decode", rows, 1, entries * ratio, k,
                           compression_ratio=ratio)
