@@ -37,6 +37,13 @@ def test_every_chip_and_off_tpu_has_a_row():
              for r in defaults.TABLE.values())
 
 
+def test_the_table_ranks_at_the_shape_the_bench_and_the_goals_name_decode():
+  from streamidx.lab import shapes
+  from streamidx.lab.bench import topk as topk_bench
+  for s in (shapes.DSV4_DECODE_1M, topk_bench.COUNT_SHAPES[0]):
+    assert (s.rows, s.entries, s.k) == defaults.DECODE
+
+
 @pytest.mark.parametrize("chip", sorted(modes.TOPOLOGIES))
 def test_a_recorded_row_is_the_exact_method_with_fewest_bundles_at_decode(chip):
   row, recs = defaults.TABLE[chip], _decode_records(chip)

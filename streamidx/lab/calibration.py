@@ -33,6 +33,7 @@ from typing import Sequence
 from streamidx.lab import dump
 from streamidx.lab import shapes
 from streamidx.lab.model import hardware
+from streamidx.topk import defaults as topk_defaults
 
 __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
            "GEOMETRY", "ASSUMED", "recorded", "provenance", "measurements",
@@ -41,7 +42,8 @@ __all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
            "record_selection", "append_selection", "clock", "rows",
            "format_table", "main"]
 
-STEP_SCHEDULE_PATH = hardware.SPECS_PATH.parent / "step_schedule.json"
+# The records file has its one home in the core (the default table reads it).
+STEP_SCHEDULE_PATH = topk_defaults.STEP_SCHEDULE
 MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
 # The one measurement each chip without a public clock takes its clock from
 # (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
