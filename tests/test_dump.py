@@ -59,6 +59,30 @@ _DYNAMIC = """\
    0x6   :  {}
    0x7   :  {}
 """
+# Two Mosaic loops as the compiler leaves them in a long kernel: a compare
+# under a predicate ("(%p0_p0), "), and an index spilled to SMEM and
+# reloaded before its exit test.
+_SPILLED = """\
+     0   :  { %s1_s1 = smov 0 /* copy for cssa */ }
+   0x1 LB: > { %s2_s2 = sphi %s1_s1, %s3_s3 } /* Start region 5 */
+   0x2   : > { %s3_s3 = sadd.s32 1, %s2_s2 }
+   0x3   : > { %p4_p4 = scmp.ge.s32.totalorder (%p0_p0), %s3_s3, 4 }
+   0x4   :  { %5 = sbr.rel (!%p4_p4) target = $region5 }
+   0x5   :  {}
+   0x6   :  {}
+   0x7   :  {}
+   0x8   :  {}
+   0x9 LB: > { %s6_s6 = sphi %s1_s1, %s8_s8 } /* Start region 6 */
+   0xa   : > { %s7_s7 = sadd.s32 1, %s6_s6 }
+   0xb   : > { %9 = sst [smem:[#allocation7_spill]] %s7_s7 }
+   0xc   : > { %s8_s8 = sld [smem:[#allocation7_spill]] }
+   0xd   : > { %p10_p10 = scmp.ge.s32.totalorder %s8_s8, 9 /* loop exit test */ }
+   0xe   :  { %11 = sbr.rel (!%p10_p10) target = $region6 }
+   0xf   :  {}
+  0x10   :  {}
+  0x11   :  {}
+  0x12   :  {}
+"""
 _HLO = """\
 %region_0 (p: f32[4]) -> s32[2] {
   ROOT %sort.1 = s32[2] sort(%p)
@@ -109,6 +133,11 @@ def test_inlined_calls_count_their_callee_per_iteration_and_conditionals():
   assert one.total == both.total - 2
   with pytest.raises(ValueError, match="taken"):
     dump.executed(comps, conditionals=conds, taken={"cond": 2})
+
+
+def test_trip_count_through_a_predicated_compare_and_a_spilled_index():
+  c = _comp("k", _SPILLED)
+  assert [(l.start, l.trips) for l in c.loops] == [(1, 4), (9, 9)]
 
 
 def test_a_register_bound_is_a_dynamic_trip_count_the_caller_supplies():

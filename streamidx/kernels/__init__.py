@@ -14,8 +14,9 @@
     fp4        the MXFP4 cache's hooks into that body (e2m1 codes two per
                byte, an e8m0 scale per 32 values, 68 B/entry; M18, M19)
     select_blocktop  the "blocktop" top-k method: a Pallas selection
-               kernel over the score buffer (each block's best entries),
-               its `streamidx.topk` method record beside it
+               kernel over the score buffer (each block's best entries,
+               then the k winners sorted in the kernel), its
+               `streamidx.topk` method record beside it
     tpu        the project's TPU helpers the bodies share (VMEM check, v4
                paths)
     driver     the wrapper pipeline every body shares (`KernelBody`, `run`,

@@ -146,18 +146,31 @@ class Loop:
     return self.start <= addr <= self.end
 
 
+_PRED = re.compile(r"^\(!?%p\w+\),?\s*")  # an op's predicate: "(%p3_p1), "
+_SPILL = re.compile(r"sst \[smem:\[(#allocation\d+_spill)\]\]\s+(%s\w+)")
+
+
 def _defs(bundles: Sequence[Bundle]) -> dict[str, tuple[str, list[str], int]]:
-  """SSA name -> (opcode, operands, address) of every scalar op."""
-  out = {}
+  """SSA name -> (opcode, operands, address) of every scalar op (without
+  its predicate). A reload of a spilled value (`sld` of a spill slot) reads
+  as the value stored there (a loop index the compiler spilled)."""
+  out, spilled = {}, {}
   for b in bundles:
     for op in b.ops.split(";;"):
+      st = _SPILL.search(op)
+      if st:
+        spilled.setdefault(st.group(1), st.group(2))
       m = _DEF.search(op.strip())
       if not m:
         continue
-      args = re.sub(r"/\*.*?\*/", "", m.group(3))
+      args = _PRED.sub("", re.sub(r"/\*.*?\*/", "", m.group(3)).strip())
       args = [a.strip() for a in args.replace("(", " ").replace(")", " ")
               .split(",") if a.strip()]
       out.setdefault(m.group(1), (m.group(2), args, b.addr))
+  for name, (op, args, addr) in list(out.items()):
+    slot = re.search(r"(#allocation\d+_spill)", " ".join(args))
+    if op == "sld" and slot and slot.group(1) in spilled:
+      out[name] = ("smov", [spilled[slot.group(1)]], addr)
   return out
 
 
@@ -198,6 +211,8 @@ def trip_count(bundles: Sequence[Bundle], loop: Loop, defs=None) -> int | None:
     if m and len(args) == 2:
       c = _const(args[1], defs)
       inc = defs.get(args[0])
+      while inc and inc[0] == "smov" and inc[1] and inc[1][0] in defs:
+        inc = defs[inc[1][0]]  # a copy (or a spilled value's reload)
       if inc and inc[0] == "sadd.s32" and len(inc[1]) == 2:
         step = _const(inc[1][0], defs)
         index = inc[1][1]

@@ -45,7 +45,7 @@ STEP_SCHEDULE = (importlib.resources.files("streamidx.data")
 _OFF_TPU = (
     "off-TPU (CPU, the TPU interpreter, CI): the vendored sort. No figure "
     "ranks the methods on a CPU, where approx_max_k is XLA's exact sort; "
-    "'blocktop' would run its Pallas pass in the TPU interpreter")
+    "'blocktop' would run its Pallas kernel in the TPU interpreter")
 _NO_FIGURE = "no recorded figure: the vendored sort"
 
 
