@@ -28,8 +28,9 @@ Finish, per 8 rows, on the keep x 1,024 candidates a row, in vregs:
 2. Compaction: the candidates ranking at or before the bound (708 = 1.4 x
    k in a random row of 262,144 entries at k 512; ties cannot inflate them:
    the bound is an entry, not a score) get their slot by an exclusive
-   prefix count (on the MXU) and move there in log2(keep x 1,024) rounds of compare and select, the
-   lowest bit of each one's move first (then no two ever meet; lane
+   prefix count (on the MXU) and move there in log2(keep x 1,024) rounds
+   of compare and select, the lowest bit of each one's move first (then
+   no two ever meet; lane
    rotations for the moves under 128). The first `capacity(k)` slots (the
    power of two >= 2k, at least 128) go on.
 3. A bitonic sort of those slots by (key descending, index ascending); the
@@ -303,8 +304,10 @@ def _bitonic(keys, idx, scratch=None):
           first = _before(K[v], I[v], K[w], I[w])
           if (v * LANES) & size:  # an ascending run
             first = ~first
-          K[v], K[w] = jnp.where(first, K[v], K[w]), jnp.where(first, K[w], K[v])
-          I[v], I[w] = jnp.where(first, I[v], I[w]), jnp.where(first, I[w], I[v])
+          K[v], K[w] = (jnp.where(first, K[v], K[w]),
+                        jnp.where(first, K[w], K[v]))
+          I[v], I[w] = (jnp.where(first, I[v], I[w]),
+                        jnp.where(first, I[w], I[v]))
       elif d >= LANES:  # the same, a loop over the pairs
         def pair(j, c, dv=d // LANES, size=size):
           v = (j // dv) * 2 * dv + j % dv
@@ -400,11 +403,12 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (HBM). refs: the
   outputs in HBM ([G, ...] each), then the scratch: buf f32[2, tile /
   chunk, 8, chunk] (two tiles), its DMA semaphores, the levels lv, li
-  (`_scan`), each output's block in VMEM and their semaphores. The grid
+  (`_scan`), each output's block in VMEM, their semaphores, and the
+  finish's own scratch (`_bitonic`'s, past `UNROLLED_SLOTS`). The grid
   step writes its outputs by DMA, so the grid loop has no pipeline stage."""
-  out_hbm, (buf, sem, lv, li), rest = (refs[:outputs], refs[outputs:outputs + 4],
-                                       refs[outputs + 4:])
-  out_vmem, out_sem, extra = rest[:outputs], rest[outputs], rest[outputs + 1:]
+  out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
+  out_vmem = refs[outputs + 4:2 * outputs + 4]
+  out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
   g = pl.program_id(0)
   rows = pl.ds(pl.multiple_of(g * SUBLANES, SUBLANES), SUBLANES)
   chunk = min(CHUNK, tile)
