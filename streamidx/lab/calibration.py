@@ -30,21 +30,18 @@ import re
 import sys
 from typing import Sequence
 
+from streamidx import records
 from streamidx.lab import dump
 from streamidx.lab import shapes
 from streamidx.lab.model import hardware
-from streamidx.topk import defaults as topk_defaults
 
-__all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
+__all__ = ["INFER_FROM", "BAND",
            "GEOMETRY", "ASSUMED", "recorded", "provenance", "measurements",
            "selection_record", "launch_record", "selection_program",
            "extra_input", "dynamic_loops", "taken_branches", "selection_row",
            "record_selection", "append_selection", "clock", "rows",
            "format_table", "main"]
 
-# The records file has its one home in the core (the default table reads it).
-STEP_SCHEDULE_PATH = topk_defaults.STEP_SCHEDULE
-MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
 # The one measurement each chip without a public clock takes its clock from
 # (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
 # most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
@@ -73,28 +70,23 @@ _COPY = re.compile(r"^(copy|reshape|transpose|slice|bitcast)(\.\d+)?(\.clone)?$"
 _INSTR_SHAPE = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path) -> dict:
-  return json.loads(path.read_text(encoding="utf-8"))
-
-
 def recorded() -> dict:
-  return _load(STEP_SCHEDULE_PATH)
+  return records.load("step_schedule")
 
 
 def provenance() -> str:
   """Where the counts and the measurements come from, with their dates: one line a notebook
   quotes beside every number it takes from them."""
-  rec, pub = recorded(), _load(MEASUREMENTS_PATH)
+  rec, pub = recorded(), records.load("public_measurements")
   dates = sorted({r["date"] for k in ("launches", "selection") for r in rec[k]})
-  return (f"bundles: {STEP_SCHEDULE_PATH.parent.name}/{STEP_SCHEDULE_PATH.name} (libtpu "
+  return (f"bundles: data/{records.FILES['step_schedule']} (libtpu "
           f"{rec['libtpu']}, compiled without a TPU, recorded {', '.join(dates)}); public "
-          f"measurements: {MEASUREMENTS_PATH.parent.name}/{MEASUREMENTS_PATH.name} (by others, "
+          f"measurements: data/{records.FILES['public_measurements']} (by others, "
           f"collected {pub['collected']})")
 
 
 def measurements() -> list[dict]:
-  return _load(MEASUREMENTS_PATH)["measurements"]
+  return records.load("public_measurements")["measurements"]
 
 
 def selection_record(chip: str, method: str, rows: int, entries: int,
@@ -265,16 +257,15 @@ def record_selection(chip: str, method: str, rows: int, entries: int,
 def append_selection(new_rows: Sequence[dict]) -> None:
   """Appends selection rows to data/step_schedule.json (ValueError if one
   is recorded already: a record is replaced by hand, never silently)."""
-  doc = json.loads(STEP_SCHEDULE_PATH.read_text(encoding="utf-8"))
+  doc = dict(records.load("step_schedule"))
+  doc["selection"] = list(doc["selection"])
   for r in new_rows:
     key = tuple(r[f] for f in ("chip", "method", "rows", "entries", "k"))
     if any(key == tuple(x[f] for f in ("chip", "method", "rows", "entries",
                                        "k")) for x in doc["selection"]):
       raise ValueError(f"new_rows: {key} is recorded already")
     doc["selection"].append(r)
-  STEP_SCHEDULE_PATH.write_text(json.dumps(doc, indent=1) + "\n",
-                                encoding="utf-8")
-  _load.cache_clear()
+  records.save("step_schedule", doc)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ import numpy as np
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, modes, streaming
+from streamidx import metrics, modes, records, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, oracle, report
@@ -69,16 +69,17 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str,
 
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call (3 traced calls: total, the kernel's ops,
-  the top-k) and the roofline bound of the vendored kernel's call, which only
-  the baseline column gets a `fraction_of_roofline` of."""
+  """On a TPU: device seconds per call (3 traced calls: the whole and its
+  parts, `profiling.stage_times`) and the roofline bound of the vendored
+  kernel's call, which only the baseline column gets a
+  `fraction_of_roofline` of."""
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
     times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
                                    iterations=3)
              if cap.perfetto_path else {})
   out = {"source": times.get("source"), "device_s": times.get("total_s"),
-         "kernel_s": times.get("kernel_s"), "topk_s": times.get("topk_s")}
+         **{f"{p}_s": times.get(f"{p}_s") for p in records.PARTS}}
   gen = modes.current_generation()
   if gen is not None:
     blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)

@@ -152,6 +152,19 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   return x
 
 
+def rule_topk(scores: np.ndarray, k: int) -> np.ndarray:
+  """The tie rule (`streamidx.topk.base`) in NumPy, on the host: i32[T, k]
+  indices of f32 `scores` [T, N] by score descending, then index ascending,
+  -0.0 and subnormals as 0.0; -1 after the visible (> -inf) entries."""
+  x = np.asarray(scores, np.float32)
+  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
+  order = np.argsort(-x, axis=1, kind="stable")[:, :k]  # ties: index order
+  kept = np.take_along_axis(x, order, axis=1) > -np.inf
+  out = np.full((x.shape[0], k), -1, np.int32)
+  out[:, :order.shape[1]] = np.where(kept, order, -1)
+  return out
+
+
 def _time(fn, args, repeats):
   """fn(*args) jitted (args are arguments, never constants to fold)."""
   info, call = harness.compile_call(fn, args, {})

@@ -10,7 +10,7 @@ the production DeepSeek-V4 decode step every notebook quotes.
 from __future__ import annotations
 
 import dataclasses
-import json
+from streamidx import records
 from typing import Mapping, Sequence
 
 import streamidx as si
@@ -21,7 +21,7 @@ from streamidx.lab.model import tiling
 from streamidx.lab.model import topk as topk_model
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
-           "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
+           "page_bound", "page_bounds", "recorded_schedule",
            "recorded_bundles", "StepBound", "step_bound", "indexer_step",
            "dsv4_step",
            "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
@@ -225,11 +225,8 @@ def page_bounds(schedules, *, head_dim: int = 128,
 # Bundles per KV page of the decode launch's KV loop, as `python -m
 # streamidx.lab.schedule` printed them (command and date in the file;
 # tests/test_aot.py recompiles one row so the table cannot rot).
-SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
-
-
 def recorded_schedule() -> dict:
-  return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
+  return records.load("decode_schedule")
 
 
 def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
