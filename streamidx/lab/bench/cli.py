@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from streamidx.lab.bench import harness, long_context, report
+from streamidx.lab.bench import harness, report
 from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
 
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     print(harness.RESULT_PREFIX + json.dumps(res), flush=True)
     return 0
   if a.long_context:
-    doc = long_context.run_long_context(out_dir=a.out,
+    doc = harness.run_long_context(out_dir=a.out,
                                         progress=not a.no_progress)
     wrote = f"{a.out}/long_context.json"
   else:

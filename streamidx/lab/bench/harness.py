@@ -27,7 +27,7 @@ from streamidx import metrics, modes, records, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.bench.shapes import Shape
+from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 from streamidx.lab.model import profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
@@ -319,3 +319,23 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
             settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
   report.plot(doc, Path(out_dir) / "bench.png")
   return doc
+
+
+def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
+                     out_dir="build/bench", progress: bool = True) -> dict:
+  """Both settings on each shape at each k (`harness.run`, one warm-up and one
+  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
+  <out_dir>/long_context.json."""
+  def formula(shape):
+    b = shape.batch()
+    low, high = streaming.one_chunk_temp_bytes(
+        num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
+        num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
+        k=shape.k)
+    return {"one_chunk_formula_temp_bytes": {"low": low, "high": high}}
+
+  configs = [dataclasses.replace(s, name=f"{s.name}_k{k}", k=k)
+             for s in shapes for k in ks]
+  return run(configs, ("reference", "streaming"), repeats=1,
+                     long=True, out=Path(out_dir) / "long_context.json",
+                     progress=progress, shape_fields=formula)

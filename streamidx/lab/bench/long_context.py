@@ -1,23 +1,19 @@
-"""Long context (`--long-context`, docs/benchmarks.md): the reference in
-streamed chunks and in one chunk on `shapes.LONG_CONTEXT` at each of
-`LONG_CONTEXT_KS`; the cache built a few pages at a time (`random_cache`),
-the oracle on slices of the batch (`spot_check`).
+"""Inputs too large for `make_inputs`' f32 keys (`--long-context`,
+`--record`): the cache built a few pages at a time in any format
+(`random_cache`), the kernel's arguments (`long_context_args`), and the
+slices of such a batch the oracle checks (`spot_check`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx import streaming
-from streamidx.lab.bench import harness
-from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
+from streamidx.lab.bench.shapes import Shape
 
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,
@@ -82,23 +78,3 @@ def spot_check(shape: Shape, args) -> list:
       q[lo:lo + n], w[lo:lo + n], cache,
       i32([shape.seq_len - shape.q_len + lo + n, 0]), two, i32([0, n, n]),
       i32([0, 1, 1])), None) for lo in (0, shape.q_len - n)]
-
-
-def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
-                     out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k (`harness.run`, one warm-up and one
-  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
-  <out_dir>/long_context.json."""
-  def formula(shape):
-    b = shape.batch()
-    low, high = streaming.one_chunk_temp_bytes(
-        num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
-        num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
-        k=shape.k)
-    return {"one_chunk_formula_temp_bytes": {"low": low, "high": high}}
-
-  configs = [dataclasses.replace(s, name=f"{s.name}_k{k}", k=k)
-             for s in shapes for k in ks]
-  return harness.run(configs, ("reference", "streaming"), repeats=1,
-                     long=True, out=Path(out_dir) / "long_context.json",
-                     progress=progress, shape_fields=formula)
