@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import glob
-import json
 import os
 import re
 import sys
@@ -23,7 +22,7 @@ from typing import Sequence
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
-from streamidx.lab import dump
+from streamidx.lab import dump, worker
 from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
                                 find_loops, parse_bundles, parse_utilization)
 from streamidx.lab.model import tiling
@@ -226,8 +225,7 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if argv and argv[0] == "--worker":
-    print(json.dumps(_worker(json.loads(argv[1]))))
+  if worker.serve(argv, _worker):
     return 0
   import argparse  # pylint: disable=g-import-not-at-top
 

@@ -6,9 +6,9 @@ with the oracle.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from streamidx.lab import worker
 from streamidx.lab.bench import harness, report
 from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
 
@@ -44,12 +44,9 @@ def main(argv=None) -> int:
       "into the chip records (its own flags: --record --help)")
   add("--records", action="store_true", help="instead: print the chip "
       "records (--json: every row as JSON)")
-  add("--worker", help=argparse.SUPPRESS)
-  a = p.parse_args(argv)
-  if a.worker is not None:
-    res = harness.worker(json.loads(a.worker))
-    print(harness.RESULT_PREFIX + json.dumps(res), flush=True)
+  if worker.serve(argv, harness.worker):
     return 0
+  a = p.parse_args(argv)
   if a.long_context:
     doc = harness.run_long_context(out_dir=a.out,
                                         progress=not a.no_progress)

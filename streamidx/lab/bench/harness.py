@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from streamidx import cache as cache_lib
 from streamidx import metrics, modes, records, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
+from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 from streamidx.lab.model import profiling, roofline, tiling
@@ -33,7 +33,6 @@ from streamidx.lab.model import profiling, roofline, tiling
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
 ORACLE_MAX_FLOPS = 2e10
-RESULT_PREFIX = "STREAMIDX_BENCH_RESULT "
 
 
 def kernel_columns() -> dict[str, str]:
@@ -209,23 +208,14 @@ def worker(spec: dict) -> dict:
 
 
 def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
-  """`spec` in a fresh `python -m streamidx.bench --worker` process: its
-  result with status "ok", or {"status": "error", "reason": ...}."""
-  root = str(Path(__file__).resolve().parents[3])  # holds this streamidx/
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      filter(None, (root, os.environ.get("PYTHONPATH")))))
-  cmd = [sys.executable, "-m", "streamidx.bench", "--worker", json.dumps(spec)]
+  """`spec` in a fresh `python -m streamidx.bench --worker` process
+  (`lab.worker`): its result with status "ok", or {"status": "error",
+  "reason": ...}."""
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
-  except subprocess.TimeoutExpired:
-    return {"status": "error", "reason": f"timed out after {timeout:.0f} s"}
-  for line in reversed(proc.stdout.splitlines()):
-    if line.startswith(RESULT_PREFIX):
-      return dict(json.loads(line[len(RESULT_PREFIX):]), status="ok")
-  tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-  return {"status": "error",
-          "reason": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return dict(lab_worker.run("streamidx.bench", spec, timeout=timeout),
+                status="ok")
+  except RuntimeError as e:
+    return {"status": "error", "reason": str(e)}
 
 
 def vs_reference(got, ref) -> dict:
