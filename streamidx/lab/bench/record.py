@@ -45,7 +45,7 @@ from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import hardware, profiling
 
 __all__ = ["Point", "POINTS", "points", "measure", "call_rows", "versions",
-           "sync_floor", "main"]
+           "sync_floor", "call_table", "summary", "main", "print_records"]
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
 # cache the point builds its cache a few pages at a time and is not checked.
@@ -287,26 +287,59 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
 # -- the command line -----------------------------------------------------
 
 
-def format_rows(rows: Sequence[dict]) -> str:
-  """The call rows as a table, each part's share of the device time."""
+def call_table(rows: Sequence[dict]) -> list[dict]:
+  """One dict per measured call (its "call" row), its parts' device times
+  beside it, in milliseconds, for `tables.markdown` / `format_rows`."""
   parts = {(r["run"], r["stage"]): r["device_s"] for r in rows}
+  ms = lambda s: None if s is None else round(s * 1e3, 3)  # pylint: disable=unnecessary-lambda-assignment
   out = []
   for r in rows:
     if r["stage"] != "call":
       continue
-    ms = lambda s: None if s is None else round(s * 1e3, 3)  # pylint: disable=unnecessary-lambda-assignment
     chk = r["check"] or {}
     out.append({
         "chip": r["chip"], "shape": r["shape"],
         "variant": r["variant"] or "-", "format": r["cache_format"] or "-",
         "method": r["method"], "k": r["k"], "device ms": ms(r["device_s"]),
         **{f"{p} ms": ms(parts.get((r["run"], p))) for p in records.PARTS},
-        "wall ms": ms(r["wall_s"]), "floor ms": ms(r["sync_floor_s"]),
+        "wall ms": ms(r["wall_s"]), "sync floor ms": ms(r["sync_floor_s"]),
         "compile s": round(r["compile_s"], 1),
         "check": ("ok" if chk.get("ok") else "not checked"
                   if chk.get("ok") is None else "WRONG"),
         "date": r["date"][:10]})
-  return tables.format_rows(out, list(out[0]) if out else [])
+  return out
+
+
+def summary() -> str:
+  """What ran on which chip, from the records: one sentence per chip (the
+  calls measured, the last `make test-tpu` run), or that none did."""
+  rows, runs = records.chip_rows(stage="call"), records.test_runs()
+  if not rows and not runs:
+    return ("No TPU measurement is recorded yet (`python -m streamidx.bench "
+            "--records`).")
+  out = []
+  for chip in sorted({r["chip"] for r in rows} | {r["chip"] for r in runs}):
+    mine = [r for r in rows if r["chip"] == chip]
+    last = [r for r in runs if r["chip"] == chip][-1:]
+    any_ = (mine or last)[0]
+    parts = [f"On a TPU {chip} ({any_['device_kind']}; jax {any_['jax']}, "
+             f"libtpu {any_['libtpu']})"]
+    if mine:
+      dates = sorted({r["date"][:10] for r in mine})
+      bad = sum(1 for r in mine if (r["check"] or {}).get("ok") is False)
+      parts.append(f"{len(mine)} calls were measured ({', '.join(dates)}; "
+                   f"{len({r['shape'] for r in mine})} shapes, "
+                   f"{sum(1 for r in mine if r['variant'])} kernel calls and "
+                   f"{sum(1 for r in mine if not r['variant'])} selections "
+                   f"alone; {bad} disagreeing with the rule or reference)")
+    if last:
+      t = last[0]
+      parts.append(f"the last `make test-tpu` ({t['date'][:10]}) had "
+                   f"{t['passed']} passed, {t['failed']} failed, "
+                   f"{t['skipped']} skipped")
+    out.append(": ".join(parts[:1]) + (": " if len(parts) > 1 else "")
+               + "; ".join(parts[1:]) + ".")
+  return " ".join(out)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -361,12 +394,17 @@ def main(argv: Sequence[str]) -> int:
 
 
 def print_records(argv: Sequence[str]) -> int:
-  """`--records [--json]`: every recorded row (JSON lines), or the calls as
-  a table."""
+  """`--records [--json | --markdown | --summary]`: every recorded row
+  (JSON lines), the calls as a Markdown table, what ran where in a
+  sentence (`summary`); by default the calls as a text table."""
   rows = records.chip_rows()
   if "--json" in argv:
     for r in rows:
       print(json.dumps(r))
+  elif "--summary" in argv:
+    print(summary())
+  elif "--markdown" in argv:
+    print(tables.markdown(call_table(rows)) if rows else "(no rows)")
   else:
-    print(format_rows(rows) if rows else "no chip measurements recorded")
+    print(tables.format_rows(call_table(rows)))
   return 0
