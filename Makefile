@@ -32,12 +32,14 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
 
-.PHONY: help venv test test-full workbook lab bench aot strip lock clean distclean
+.PHONY: help venv test test-full test-tpu workbook lab bench aot strip lock clean distclean
 
 help:
 	@echo "make venv      .venv from $(LOCK) + editable streamidx (re-runs when $(LOCK) or pyproject.toml change)"
 	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/); what CI runs"
 	@echo "make test-full make test plus the tests marked full (the whole case matrices)"
+	@echo "make test-tpu  on a TPU: every variant compiled and checked on the chip, the run recorded"
+	@echo "               (data/chip_measurements.json); one process, the checkout on PYTHONPATH"
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
 	@echo "               (2 at a time on 2+ cores, longest first; WORKBOOK_ARGS=\"--jobs 1\" for timing studies)"
 	@echo "make lab       JupyterLab on notebooks/"
@@ -69,6 +71,16 @@ test: venv
 
 test-full: venv
 	STREAMIDX_TESTS=full $(VPY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS)
+
+# On a TPU host, whose own JAX is kept: no venv (the lock's pins are its
+# versions), the checkout on PYTHONPATH, one process (one program at a time
+# holds a chip). Off a TPU the tier skips with one line saying why (pytest's
+# exit status 5: nothing collected).
+TPU_PYTHON ?= $(if $(wildcard $(VPY)),$(VPY),python3)
+test-tpu:
+	STREAMIDX_RECORD_TEST_RUN=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+	  $(TPU_PYTHON) -m pytest -q -rs -p no:xdist -p no:cacheprovider tests/test_chip.py \
+	  $(PYTEST_ARGS) || test $$? -eq 5
 
 workbook: venv
 	$(VPY) -m streamidx.workbook --profile default --html --out build/workbook $(WORKBOOK_ARGS)

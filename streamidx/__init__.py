@@ -6,7 +6,7 @@ serving engineer imports; it loads no plotting or notebook code
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
-from streamidx import sharded, streaming, topk, validate, variants
+from streamidx import records, sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
 from streamidx.cache import pack_dense_fp8_cache, pack_mxfp4_cache

@@ -1,6 +1,9 @@
 import gc
 import os
 import sys
+import time
+
+_STARTED = time.perf_counter()  # the run's wall time, for a recorded test run
 
 # How the test processes run XLA:CPU (set before JAX starts a backend; the
 # notebooks' kernels and the tests' subprocesses inherit them):
@@ -90,3 +93,35 @@ def pytest_collection_modifyitems(config, items):
   if dropped:
     config.hook.pytest_deselected(items=dropped)
     items[:] = [it for it in items if not it.get_closest_marker("full")]
+
+
+# ---------------------------------------------------------------------------
+# `make test-tpu` (STREAMIDX_RECORD_TEST_RUN=1) appends its counts to the chip
+# records (`streamidx.records`, "test_runs") when it ran on a TPU.
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  del exitstatus, config
+  if not os.environ.get("STREAMIDX_RECORD_TEST_RUN"):
+    return
+  import datetime  # pylint: disable=g-import-not-at-top
+  from streamidx import records  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  dev = jax.devices()[0]
+  chip = hardware.detect_generation(dev)
+  if chip is None:
+    terminalreporter.write_line("test run not recorded: no TPU here")
+    return
+  count = lambda *keys: sum(len(terminalreporter.stats.get(k, ()))  # pylint: disable=unnecessary-lambda-assignment
+                            for k in keys)
+  run = dict(chip=chip, device_kind=dev.device_kind, passed=count("passed"),
+             failed=count("failed", "error"), skipped=count("skipped"),
+             wall_s=time.perf_counter() - _STARTED,
+             date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                 timespec="seconds"),
+             command=" ".join(["pytest"] + sys.argv[1:]),
+             commit=os.environ.get("STREAMIDX_COMMIT"),
+             **record.versions())
+  path = records.append_chip(runs=[run])
+  terminalreporter.write_line(f"test run recorded in {path}: {run}")

@@ -140,9 +140,9 @@ def test_visible_pairs_match_the_reference_count():
 
 
 def test_random_cache_is_seeded_and_tiles_the_pages():
-  a = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  b = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  c = bench.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
+  (a,) = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (b,) = bench.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (c,) = bench.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
   assert a.shape == (12, 4, 4, 256) and a.dtype == np.uint8
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
@@ -150,6 +150,10 @@ def test_random_cache_is_seeded_and_tiles_the_pages():
   # Standard normal keys: every page drawn (gcd(12, 8) = 4 pages a step).
   assert np.all(keys.std(axis=(1, 2)) > 0.8)
   assert abs(keys.mean()) < 0.05
+  # Every format from the same keys: the dense pair decodes to them too.
+  values, scales = bench.random_cache(12, 16, 128, "dense_fp8", seed=3,
+                                      pages_per_step=8)
+  np.testing.assert_array_equal(si.cache.unpack_cache((values, scales)), keys)
 
 
 def test_device_times_off_tpu_report_no_device_lines():

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from streamidx.lab import calibration
+from streamidx.lab.model import roofline
 
 import test_dump  # its synthetic dump text
 
@@ -18,9 +19,9 @@ def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
   m = re.fullmatch(r"(\d+) of (\d+) public measurements within 1\.5x at one "
                    r"clock per chip \((.*)\)", lines[-1])
   assert m and int(m.group(2)) == n and int(m.group(1)) <= n
-  assert "v7x 2.075 GHz from " + calibration.INFER_FROM["v7x"] in m.group(3)
+  assert "v7x 2.075 GHz from " + roofline.INFER_FROM["v7x"] in m.group(3)
   # every chip the table predicts has its clock: none is left without one
-  assert "v6e 1.156 GHz from " + calibration.INFER_FROM["v6e"] in m.group(3)
+  assert "v6e 1.156 GHz from " + roofline.INFER_FROM["v6e"] in m.group(3)
   assert "no clock" not in m.group(3)
 
 
@@ -30,7 +31,7 @@ def test_calibration_json_rows_and_the_clock_source_predicts_itself(capsys):
   assert all(set(r) == {"source", "chip", "stage", "shape", "measured_s",
                         "predicted_s"} for r in rows)
   full = {r["id"]: r for r in calibration.rows()}
-  src = full[calibration.INFER_FROM["v7x"]]
+  src = full[roofline.INFER_FROM["v7x"]]
   assert abs(src["predicted_s"] / src["measured_s"] - 1) < 1e-9
   # every prediction more than 1.5x off says why (or "unexplained")
   for r in full.values():
@@ -43,19 +44,18 @@ def _measurement(mid):
 
 
 def test_v6e_clock_is_its_named_whole_call_bundles_over_its_measured_time():
-  from streamidx.lab.model import roofline
-  name = calibration.INFER_FROM["v6e"]
+  name = roofline.INFER_FROM["v6e"]
   m = _measurement(name)
   assert (m["chip"], m["model"], m["rows"], m["stage"]) == ("v6e", "GLM-5.2", 64, "step")
   # the largest v6e call: the least fixed overhead of the three
   assert m["measured_s"] == max(x["measured_s"] for x in calibration.measurements()
                                 if x["chip"] == "v6e" and x["selection_method"] == "sort")
   # the whole call's stages (fill, scoring, sort, copies) counted at GLM-5.2's geometry
-  st = roofline.indexer_step("v6e", calibration.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
+  st = roofline.indexer_step("v6e", roofline.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
                              context_tokens=m["context_tokens"], clock_hz=0)
   bundles = sum(s.bundles or 0 for s in st.stages)
   assert all(s.bundles is not None and not s.floor for s in st.stages if s.name != "fill")
-  hz, src = calibration.clock("v6e")
+  hz, src = roofline.clock("v6e")
   assert hz == bundles / m["measured_s"] and src == f"inferred from {name}"
   assert 1.15e9 < hz < 1.17e9
   # every v6e prediction is at it: the step's stages and its headline
@@ -66,18 +66,17 @@ def test_v6e_clock_is_its_named_whole_call_bundles_over_its_measured_time():
 
 def test_each_inferred_clock_source_predicts_itself_and_the_other_v6e_calls_are_predicted():
   full = {r["id"]: r for r in calibration.rows()}
-  for chip, name in calibration.INFER_FROM.items():
+  for chip, name in roofline.INFER_FROM.items():
     r = full[name]
     assert r["chip"] == chip and f"{r['predicted_s'] / r['measured_s']:.2f}" == "1.00"
-    assert r["implied_hz"] == calibration.clock(chip)[0]  # its bundles / its time
+    assert r["implied_hz"] == roofline.clock(chip)[0]  # its bundles / its time
     assert r["why"].startswith("the clock's source (1.00 by construction)")
   # v7x's source is the scoring alone: exact. v6e's is a whole call: the measurement
   # plus its one stage without bundles, the XLA fill, charged by its HBM bytes.
-  assert full[calibration.INFER_FROM["v7x"]]["predicted_s"] == pytest.approx(
-      full[calibration.INFER_FROM["v7x"]]["measured_s"], rel=1e-12)
-  from streamidx.lab.model import roofline
-  m = _measurement(calibration.INFER_FROM["v6e"])
-  fill = roofline.indexer_step("v6e", calibration.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
+  assert full[roofline.INFER_FROM["v7x"]]["predicted_s"] == pytest.approx(
+      full[roofline.INFER_FROM["v7x"]]["measured_s"], rel=1e-12)
+  m = _measurement(roofline.INFER_FROM["v6e"])
+  fill = roofline.indexer_step("v6e", roofline.GEOMETRY["GLM-5.2"], k=m["k"], batch=m["rows"],
                                context_tokens=m["context_tokens"]).stages[0]
   assert fill.name == "fill" and fill.bundles is None
   assert full[m["id"]]["predicted_s"] == pytest.approx(m["measured_s"] + fill.bound, rel=1e-12)
@@ -93,13 +92,13 @@ def test_docs_quote_the_evidence_on_the_v6e_clock_as_the_table_computes_it():
                  .read_text(encoding="utf-8").split())
   full = {r["id"]: r for r in calibration.rows()}
   whole = full["sglang-jax-1642-glm52-decode-b64-v7x-sort"]["implied_hz"]
-  v7x, _ = calibration.clock("v7x")
-  v6e, _ = calibration.clock("v6e")
+  v7x, _ = roofline.clock("v7x")
+  v6e, _ = roofline.clock("v6e")
   ratio = whole / v7x
   assert 0.4 < ratio < 0.8  # a sort-bound call implies well under the scoring's clock
   for quoted in (f"implied clock of {whole / 1e9:.2f} GHz against the {v7x / 1e9:.3f} GHz",
                  f"{ratio:.2f} of it", f"nearer {v6e / ratio / 1e9:.1f} GHz than {v6e / 1e9:.3f} GHz",
-                 f"{_measurement(calibration.INFER_FROM['v6e'])['measured_s'] * 1e3:.1f} ms, the largest"):
+                 f"{_measurement(roofline.INFER_FROM['v6e'])['measured_s'] * 1e3:.1f} ms, the largest"):
     assert quoted in doc, quoted
 
 
@@ -146,13 +145,13 @@ def test_glm_sort_rows_are_predicted_at_glm_geometry_with_the_page_size_assumed(
   counted = 0
   for r in sort:
     rows = int(r["shape"].split(" x ")[0])
-    if calibration.selection_record(r["chip"], "sort", rows, 131072, 2048) is None:
+    if roofline.selection_record(r["chip"], "sort", rows, 131072, 2048) is None:
       assert r["why"] == "no recorded compile of the selection at this shape"
       continue
     counted += 1
     assert "page size not stated" in r["why"], r["id"]
     assert r["implied_hz"] > 0, r["id"]  # the recorded compiles, read
-    hz, _ = calibration.clock(r["chip"])
+    hz, _ = roofline.clock(r["chip"])
     assert (r["predicted_s"] is not None) == bool(hz), r["id"]
   assert counted >= 1
   # the SparseCore rows keep their reason: the dump has no SparseCore bundles
@@ -163,18 +162,17 @@ def test_glm_sort_rows_are_predicted_at_glm_geometry_with_the_page_size_assumed(
 
 def test_launch_records_are_keyed_by_their_compiled_geometry():
   from streamidx.lab import shapes
-  dsv4 = calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1)
+  dsv4 = roofline.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1)
   assert dsv4 and dsv4["compiled_shape"] == "dsv4-decode-4k"
-  assert calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1,
+  assert roofline.launch_record("v7x", "vendored", "fp8", "decode", 4, 3, 1,
                                    geometry=shapes.GLM_TOKEN) is None
-  glm = calibration.launch_record("v7x", "vendored", "fp8", "decode", 4, 6, 1,
+  glm = roofline.launch_record("v7x", "vendored", "fp8", "decode", 4, 6, 1,
                                   geometry=shapes.GLM_TOKEN)
   assert glm and glm["compiled_shape"] == "glm-decode-4k"
 
 
 def test_indexer_step_at_deepseek_v4_geometry_is_dsv4_step():
   from streamidx.lab import shapes
-  from streamidx.lab.model import roofline
   a = roofline.dsv4_step("v7x", batch=64, context_tokens=2**20)
   b = roofline.indexer_step("v7x", shapes.DSV4, k=512, batch=64,
                             context_tokens=2**20)

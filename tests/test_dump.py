@@ -177,13 +177,14 @@ def test_trip_counts_of_compiled_fori_loops_scale_exactly():
 def test_recorded_launch_row_recompiles_to_the_same_counts():
   """data/step_schedule.json's v7x decode launch (the whole module) is what
   the compiler gives today."""
-  from streamidx.lab import aot, calibration, schedule
+  from streamidx.lab import aot, schedule
+  from streamidx.lab.model import roofline
 
   shape = "dsv4-decode-4k"
   blocks = aot.table_blocks("vendored", aot.SHAPES_BY_NAME[shape], "fp8", "v7x")
   s, = schedule.launch_schedules("vendored", "v7x", "fp8", shape, blocks,
                                  launches=["decode"])
-  rec = calibration.launch_record("v7x", "vendored", "fp8", "decode",
+  rec = roofline.launch_record("v7x", "vendored", "fp8", "decode",
                                   s.seq_batch_size, s.bkv_p, s.bq_sz)
   assert rec is not None and rec["compiled_shape"] == shape
   assert (s.program.outside, list(s.program.levels)) == (rec["outside"],

@@ -13,6 +13,7 @@ import json
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from streamidx import records
 from streamidx.lab.model import hardware
 
 SPECS = hardware.load_specs()
@@ -114,7 +115,7 @@ def test_kernel_rates_are_one_tensorcore_and_xla_rates_one_device():
 
 
 def _write(tmp_path, mutate):
-  doc = json.loads(hardware.SPECS_PATH.read_text())
+  doc = json.loads(records.path("tpu_specs").read_text())
   mutate(doc)
   p = tmp_path / "specs.json"
   p.write_text(json.dumps(doc))

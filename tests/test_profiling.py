@@ -13,6 +13,7 @@ import json
 import pytest
 
 import streamidx as si
+from streamidx import records
 from streamidx.lab.model import profiling
 
 
@@ -37,31 +38,41 @@ def test_trace_of_cpu_run_has_no_device_lines_and_says_so(captured):
   trace = profiling.load_trace(captured.perfetto_path)
   assert trace.events and trace.device_pids() == []
   t = profiling.stage_times(trace, iterations=captured.iterations)
-  assert t["device"] is False and t["kernel_s"] is None
+  assert t["device"] is False and t["total_s"] is None and t["scoring_s"] is None
   assert "not a TPU run" in t["source"]
   # One annotation per iteration; their mean is the host-side call time.
   assert t["host_call_events"] == 2
   assert 0 < t["host_call_s"] <= max(captured.host_wall_s) * 1.5
 
 
-def _synthetic_tpu_trace(path, iterations=2):
+def _synthetic_tpu_trace(path, iterations=2, modules=True):
+  """Two iterations of one call as a TPU trace lays them out: the module on
+  "XLA Modules", its ops on "XLA Ops", the scoring launch inside the M14
+  `conditional` that spans it (nested events on one line)."""
   ev = [
       {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:TPU:0"}},
       {"ph": "M", "pid": 1, "tid": 2, "name": "thread_name", "args": {"name": "XLA Ops"}},
       {"ph": "M", "pid": 1, "tid": 3, "name": "thread_name", "args": {"name": "XLA Modules"}},
       {"ph": "M", "pid": 9, "name": "process_name", "args": {"name": "/host:CPU"}},
   ]
+  scope = "jit(_pipeline)/jit(main)/"
   for i in range(iterations):
     t0 = 1000.0 * i
+    if modules:
+      ev.append({"ph": "X", "pid": 1, "tid": 3, "ts": t0, "dur": 500.0,
+                 "name": "jit__pipeline(123)"})
     ev += [
-        {"ph": "X", "pid": 1, "tid": 3, "ts": t0, "dur": 500.0,
-         "name": "jit_streamindex_topk(123)"},  # module line: not counted
-        {"ph": "X", "pid": 1, "tid": 2, "ts": t0, "dur": 10.0, "name": "broadcast.1"},
-        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 10, "dur": 300.0,
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0, "dur": 10.0, "name": "broadcast.1",
+         "args": {"tf_op": scope + "streamidx_fill/broadcast_in_dim"}},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 10, "dur": 305.0,
+         "name": "conditional.2", "args": {"tf_op": scope + "streamidx_scoring/cond"}},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 12, "dur": 300.0,
          "name": "custom-call.3",
          "args": {"long_name": "jit(streamindex_topk)/StreamIdxTC-d-bq_1-bkvp_3/pallas_call"}},
-        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 310, "dur": 40.0,
-         "name": "approx-top-k.2"},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 320, "dur": 20.0, "name": "copy.4"},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 340, "dur": 40.0,
+         "name": "sort.2", "args": {"tf_op": scope + "select_topk_sort/sort"}},
+        {"ph": "X", "pid": 1, "tid": 2, "ts": t0 + 380, "dur": 5.0, "name": "gather.9"},
         {"ph": "X", "pid": 9, "tid": 7, "ts": t0, "dur": 900.0,
          "name": profiling.ITERATION_ANNOTATION},
     ]
@@ -70,16 +81,28 @@ def _synthetic_tpu_trace(path, iterations=2):
   return path
 
 
-def test_stage_times_sums_device_ops_by_stage(tmp_path):
+def test_stage_times_counts_nested_ops_once_and_sums_to_the_module(tmp_path):
   trace = profiling.load_trace(_synthetic_tpu_trace(tmp_path / "t.json.gz"))
   t = profiling.stage_times(trace, iterations=2)
-  assert t["device"] is True and t["source"] == "device 'XLA Ops' lines"
-  assert t["kernel_s"] == pytest.approx(300e-6)
-  assert t["topk_s"] == pytest.approx(40e-6)
-  assert t["other_s"] == pytest.approx(10e-6)
-  assert t["total_s"] == pytest.approx(350e-6)
+  assert t["device"] is True and "XLA Modules" in t["source"]
+  assert t["total_s"] == pytest.approx(500e-6)  # the module, not 675 us of ops
+  assert t["fill_s"] == pytest.approx(10e-6)
+  assert t["scoring_s"] == pytest.approx(305e-6)  # the launch + its conditional
+  assert t["copies_s"] == pytest.approx(20e-6)
+  assert t["selection_s"] == pytest.approx(40e-6)
+  assert t["other_s"] == pytest.approx(5e-6)
+  assert t["idle_s"] == pytest.approx(120e-6)  # module time no op covers
+  assert sum(t[f"{p}_s"] for p in records.PARTS) == pytest.approx(t["total_s"])
   assert t["host_call_s"] == pytest.approx(900e-6)
-  assert [r["stage"] for r in t["ops"]] == ["kernel", "topk", "other"]
+  assert {r["name"]: r["stage"] for r in t["ops"]}["conditional.2"] == "scoring"
+
+
+def test_stage_times_without_a_module_line_is_the_busy_time(tmp_path):
+  trace = profiling.load_trace(_synthetic_tpu_trace(tmp_path / "t.json.gz",
+                                                    modules=False))
+  t = profiling.stage_times(trace, iterations=2)
+  assert "module line is missing" in t["source"]
+  assert t["total_s"] == pytest.approx(380e-6) and t["idle_s"] == 0.0
 
 
 def test_write_and_load_run_round_trip(tmp_path):

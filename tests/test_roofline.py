@@ -3,7 +3,6 @@
 import pytest
 
 import streamidx as si
-from streamidx.lab import calibration
 from streamidx.lab.model import hardware, roofline, tiling
 
 SPECS = hardware.load_specs()
@@ -181,7 +180,7 @@ def test_without_a_public_clock_the_kernel_verdict_names_the_break_even_clock():
   assert sb.binding == "vector"
   assert f"{sb.break_even_clock_hz / 1e9:.2f} GHz" in sb.verdict
   # The staged step times its bundles at v6e's one inferred clock: complete.
-  hz, src = calibration.clock("v6e")
+  hz, src = roofline.clock("v6e")
   assert hz and src.startswith("inferred from ")
   assert not sb.at_least and "at least" not in sb.headline
   assert all(st.clock_hz == hz for st in sb.stages)

@@ -413,6 +413,7 @@ def test_topk_bundle_counts_come_from_the_records_with_the_issue_keys(
   """`--topk --json`: one line per (shape, chip, registered method), read
   from data/step_schedule.json without compiling."""
   from streamidx.lab import calibration
+  from streamidx.lab.model import roofline
   from streamidx.lab.bench import topk as topk_bench
 
   def no_compile(*a, **kw):
@@ -426,7 +427,7 @@ def test_topk_bundle_counts_come_from_the_records_with_the_issue_keys(
   assert {l["method"] for l in lines} == set(topk.TOPK_METHODS)
   for l in lines:
     assert set(topk_bench.COUNT_KEYS) <= set(l)
-    row = calibration.selection_record(l["generation"], l["method"], l["rows"],
+    row = roofline.selection_record(l["generation"], l["method"], l["rows"],
                                        l["entries"], l["k"])
     assert l["tc_bundles"] == (row and row["bundles"])
     assert (l["source"] is None) == (row is None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import modes, topk
+from streamidx import modes, records, topk
 from streamidx.lab import aot
 from streamidx.lab.studies import cases
 from streamidx.topk import defaults
@@ -25,7 +25,7 @@ needs_libtpu = pytest.mark.skipif(
 def _decode_records(chip):
   """The file's selection rows of `chip` at DeepSeek-V4-Flash decode (64 x
   262,144, k 512), read here without the module's helper."""
-  data = json.loads(defaults.STEP_SCHEDULE.read_text(encoding="utf-8"))
+  data = json.loads(records.path("step_schedule").read_text(encoding="utf-8"))
   return {r["method"]: r for r in data["selection"] if r["chip"] == chip
           and (r["rows"], r["entries"], r["k"]) == (64, 262144, 512)}
 

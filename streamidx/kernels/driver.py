@@ -38,7 +38,12 @@ from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
 from streamidx.semantics import LANES, align_to, cdiv
 
 __all__ = ["KernelBody", "Output", "Launch", "extra_outputs", "run",
-           "checked_run", "Entry"]
+           "checked_run", "Entry", "STAGE_SCOPES"]
+
+# The named scopes the compiled pipeline runs its stages under, so that a
+# profile attributes each device op to its stage (`lab.model.profiling`);
+# the selection's is `select_topk`'s own.
+STAGE_SCOPES = {"fill": "streamidx_fill", "scoring": "streamidx_scoring"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,17 +277,19 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
   """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run)."""
   interpret = modes.resolve_interpret()  # M1
   arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
-  q, weights, prefetch, order, bufs = _prepare(*arrays, call=call, body=body,
-                                               interpret=interpret)
+  with jax.named_scope(STAGE_SCOPES["fill"]):
+    q, weights, prefetch, order, bufs = _prepare(*arrays, call=call,
+                                                 body=body, interpret=interpret)
   for start, end, spec in _runs(call, body, cache, seq_lens, page_indices,
                                 last, interpret):
     def step(b, start=start, end=end, spec=spec):
       return _launch(q, weights, cache, b, prefetch, start, end, body=body,
                      spec=spec)
-    if call.skip_empty_launches:  # M14: an empty range launches nothing
-      bufs = lax.cond(end > start, step, lambda b: b, bufs)
-    else:
-      bufs = step(bufs)
+    with jax.named_scope(STAGE_SCOPES["scoring"]):
+      if call.skip_empty_launches:  # M14: an empty range launches nothing
+        bufs = lax.cond(end > start, step, lambda b: b, bufs)
+      else:
+        bufs = step(bufs)
   return _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last,
                  call=call, body=body, interpret=interpret)
 

@@ -2,15 +2,15 @@
 
 `data/step_schedule.json` records, per chip, the bundles the compiled
 programs of the step execute (`streamidx.lab.dump`): each scoring launch's
-whole module (`schedule.LaunchProgram`) and each selection program
+whole module (`roofline.LaunchProgram`) and each selection program
 (`streamidx.topk.select_topk`, split into its sort, its layout copies and the
 rest), each row with the command and date that made it.
 `data/public_measurements.json` holds the public measurements (by others,
-cited). `rows()` predicts each measurement with `roofline.indexer_step`'s
-stages (its model's indexer geometry, `GEOMETRY`) at ONE clock per chip
-(`clock`): the public one in
-data/tpu_specs.json, else inferred from one named measurement
-(`INFER_FROM`) and applied to all others.
+cited). `rows()` predicts each measurement with the model's stages
+(`roofline.measurement_stages`: `roofline.indexer_step` at its model's
+indexer geometry) at ONE clock per chip (`roofline.clock`: the public one in
+data/tpu_specs.json, else inferred from one named measurement,
+`roofline.INFER_FROM`, and applied to all others).
 
     python -m streamidx.lab.calibration           the table, from the records
     python -m streamidx.lab.calibration --json    the rows as one JSON list
@@ -23,35 +23,22 @@ data/tpu_specs.json, else inferred from one named measurement
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import re
 import sys
 from typing import Sequence
 
+from streamidx import records
 from streamidx.lab import dump
-from streamidx.lab import shapes
-from streamidx.lab.model import hardware
-from streamidx.topk import defaults as topk_defaults
+from streamidx.lab.model import roofline
 
-__all__ = ["STEP_SCHEDULE_PATH", "MEASUREMENTS_PATH", "INFER_FROM", "BAND",
-           "GEOMETRY", "ASSUMED", "recorded", "provenance", "measurements",
-           "selection_record", "launch_record", "selection_program",
+__all__ = ["BAND", "recorded", "provenance", "measurements",
+           "selection_program",
            "extra_input", "dynamic_loops", "taken_branches", "selection_row",
-           "record_selection", "append_selection", "clock", "rows",
+           "record_selection", "append_selection", "rows",
            "format_table", "main"]
 
-# The records file has its one home in the core (the default table reads it).
-STEP_SCHEDULE_PATH = topk_defaults.STEP_SCHEDULE
-MEASUREMENTS_PATH = hardware.SPECS_PATH.parent / "public_measurements.json"
-# The one measurement each chip without a public clock takes its clock from
-# (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
-# most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
-# rows (scoring, then a full sort at k 2,048; the least fixed overhead), a
-# clock that carries the sort's stalls.
-INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
-              "v6e": "sglang-jax-1642-glm52-decode-b64-v6e-sort"}
 # A prediction within this factor of its measurement (either way) agrees with it.
 BAND = 1.5
 # Why a prediction is more than BAND off, with the evidence the dump gives;
@@ -73,53 +60,24 @@ _COPY = re.compile(r"^(copy|reshape|transpose|slice|bitcast)(\.\d+)?(\.clone)?$"
 _INSTR_SHAPE = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path) -> dict:
-  return json.loads(path.read_text(encoding="utf-8"))
-
-
 def recorded() -> dict:
-  return _load(STEP_SCHEDULE_PATH)
+  return records.load("step_schedule")
+
+
+def measurements() -> list[dict]:
+  """The public measurements (by others, cited): data/public_measurements.json."""
+  return records.load("public_measurements")["measurements"]
 
 
 def provenance() -> str:
   """Where the counts and the measurements come from, with their dates: one line a notebook
   quotes beside every number it takes from them."""
-  rec, pub = recorded(), _load(MEASUREMENTS_PATH)
+  rec, pub = recorded(), records.load("public_measurements")
   dates = sorted({r["date"] for k in ("launches", "selection") for r in rec[k]})
-  return (f"bundles: {STEP_SCHEDULE_PATH.parent.name}/{STEP_SCHEDULE_PATH.name} (libtpu "
+  return (f"bundles: data/{records.FILES['step_schedule']} (libtpu "
           f"{rec['libtpu']}, compiled without a TPU, recorded {', '.join(dates)}); public "
-          f"measurements: {MEASUREMENTS_PATH.parent.name}/{MEASUREMENTS_PATH.name} (by others, "
+          f"measurements: data/{records.FILES['public_measurements']} (by others, "
           f"collected {pub['collected']})")
-
-
-def measurements() -> list[dict]:
-  return _load(MEASUREMENTS_PATH)["measurements"]
-
-
-def selection_record(chip: str, method: str, rows: int, entries: int,
-                     k: int) -> dict | None:
-  key = (chip, method, rows, entries, k)
-  return next((r for r in recorded()["selection"] if key == tuple(
-      r[f] for f in ("chip", "method", "rows", "entries", "k"))), None)
-
-
-def launch_record(chip: str, variant: str, fmt: str, case: str,
-                  seq_batch_size: int, bkv_p: int, bq: int, *,
-                  geometry: shapes.Indexer = shapes.DSV4) -> dict | None:
-  """The recorded launch module, compiled at a shape of indexer `geometry`
-  (its `compiled_shape`, a `lab.shapes.COMPILE` name), or None."""
-  key = (chip, variant, fmt, case, seq_batch_size, bkv_p, bq)
-  return next((r for r in recorded()["launches"] if key == tuple(
-      r[f] for f in ("chip", "variant", "fmt", "case", "seq_batch_size",
-                     "bkv_p", "bq"))
-              and _geometry(r["compiled_shape"]) == geometry), None)
-
-
-def _geometry(shape: str) -> shapes.Indexer:
-  s = shapes.COMPILE_BY_NAME[shape]
-  return shapes.Indexer(s.num_heads, s.head_dim, s.compression_ratio,
-                        s.page_size)
 
 
 def _hlo_bytes(dump_dir: str) -> dict[str, int]:
@@ -265,94 +223,15 @@ def record_selection(chip: str, method: str, rows: int, entries: int,
 def append_selection(new_rows: Sequence[dict]) -> None:
   """Appends selection rows to data/step_schedule.json (ValueError if one
   is recorded already: a record is replaced by hand, never silently)."""
-  doc = json.loads(STEP_SCHEDULE_PATH.read_text(encoding="utf-8"))
+  doc = dict(records.load("step_schedule"))
+  doc["selection"] = list(doc["selection"])
   for r in new_rows:
     key = tuple(r[f] for f in ("chip", "method", "rows", "entries", "k"))
     if any(key == tuple(x[f] for f in ("chip", "method", "rows", "entries",
                                        "k")) for x in doc["selection"]):
       raise ValueError(f"new_rows: {key} is recorded already")
     doc["selection"].append(r)
-  STEP_SCHEDULE_PATH.write_text(json.dumps(doc, indent=1) + "\n",
-                                encoding="utf-8")
-  _load.cache_clear()
-
-
-@functools.lru_cache(maxsize=None)
-def clock(chip: str) -> tuple[float | None, str]:
-  """(Hz, where it comes from): the public clock, else the one inferred from
-  `INFER_FROM[chip]` (its predicted bundles / its measured time; a whole
-  call's prediction is then its measurement plus the fill's HBM time, the one
-  stage without bundles), else None. What an inferred clock is worth:
-  docs/tpu.md, "The clock"."""
-  spec = hardware.spec(chip)
-  if spec.clock_hz:
-    return spec.clock_hz, "public (data/tpu_specs.json)"
-  name = INFER_FROM.get(chip)
-  if name is None:
-    return None, "no public clock, none inferred, docs/tpu.md"
-  m = next(x for x in measurements() if x["id"] == name)
-  bundles = _predicted_bundles(m)
-  if bundles is None:
-    return None, f"{name} has no prediction to infer a clock from"
-  return bundles / m["measured_s"], f"inferred from {name}"
-
-
-# The indexer geometry each measured model's call runs (`lab.shapes`).
-GEOMETRY = {"DeepSeek-V4": shapes.DSV4, "GLM-5.2": shapes.GLM_TOKEN}
-# What a geometry's measurements do not state and the prediction assumes.
-ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes.GLM_TOKEN.page_size}"
-                       "-entry pages assumed, lab.shapes.GLM_TOKEN)")}
-
-
-def _step(m: dict, clock_hz: float):
-  """`roofline.indexer_step` at a measurement's shape with its model's
-  geometry and k (decode: rows sequences; prefill: one sequence of rows
-  query rows), or None."""
-  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  if (m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"]
-      or not m["k"]):
-    return None
-  prefill = m["rows"] > 64
-  return roofline.indexer_step(
-      m["chip"], GEOMETRY[m["model"]], k=m["k"],
-      context_tokens=m["context_tokens"],
-      batch=1 if prefill else m["rows"], q_len=m["rows"] if prefill else 1,
-      clock_hz=clock_hz)
-
-
-_PARTS = {"scoring": ("scoring",), "selection": ("selection",),
-          "copies": ("copies",), "step": ("fill", "scoring", "selection", "copies")}
-
-
-def _stages(m: dict, clock_hz: float):
-  """The stages that predict measurement `m` (None: it cannot be
-  predicted), with the reason."""
-  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  if not m["chip"]:
-    return None, "chip not stated"
-  if m.get("selection_method") == "sparsecore_radix":
-    return None, "a SparseCore program: no bundles in the dump"
-  if m["stage"] == "selection" and not m["rows"]:
-    # #1607: rows not stated; the decode batch of #1642 at the same shape.
-    parts = roofline.selection_stages(m["chip"], m["selection_method"], 64,
-                                      m["entries"], m["k"], clock_hz=clock_hz)
-    note = "64 rows assumed (not stated); copies included"
-  else:
-    st = _step(m, clock_hz)
-    if st is None:
-      return None, "rows or context not stated"
-    parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
-    note = ASSUMED.get(m["model"], "")
-  missing = [s.name for s in parts
-             if s.name != "fill" and (s.bundles is None or s.floor)]
-  if missing or not parts:
-    return None, f"no recorded compile of the {' and '.join(missing)} at this shape"
-  return parts, note
-
-
-def _predicted_bundles(m: dict) -> int | None:
-  parts, _ = _stages(m, 0.0)
-  return None if parts is None else sum(s.bundles or 0 for s in parts)
+  records.save("step_schedule", doc)
 
 
 def rows() -> list[dict]:
@@ -360,14 +239,14 @@ def rows() -> list[dict]:
   (predicted_s None where it cannot be predicted; `why` says why, or what
   was assumed); `bound`: each stage's bounds."""
   out = []
-  for m in measurements():
+  for m in measurements():  # pylint: disable=redefined-outer-name
     shape = (f"{m['rows'] or '?'} x {m['entries'] or '?'}, k {m['k'] or '?'}")
     row = dict(source=m["source"], id=m["id"], url=m["url"], chip=m["chip"],
                stage=m["stage"], method=m.get("selection_method"), shape=shape,
                measured_s=m["measured_s"], predicted_s=None, why="", bound="",
                implied_hz=None)
-    hz, src = clock(m["chip"]) if m["chip"] else (None, "")
-    parts, why = _stages(m, hz or 0.0)
+    hz, src = roofline.clock(m["chip"]) if m["chip"] else (None, "")
+    parts, why = roofline.measurement_stages(m, hz or 0.0)
     row["why"] = why
     if parts is not None and not hz:  # the clock the count implies, still
       row["implied_hz"] = sum(s.bundles or 0 for s in parts) / m["measured_s"]
@@ -377,7 +256,7 @@ def rows() -> list[dict]:
                  bound="; ".join(s.describe() for s in parts),
                  implied_hz=sum(s.bundles or 0 for s in parts) / m["measured_s"])
       ratio = row["predicted_s"] / m["measured_s"]
-      if INFER_FROM.get(m["chip"]) == m["id"]:
+      if roofline.INFER_FROM.get(m["chip"]) == m["id"]:
         row["why"] = "; ".join(x for x in ("the clock's source (1.00 by construction)", why) if x)
       elif not 1 / BAND <= ratio <= BAND:
         row["why"] = "; ".join(x for x in (why, EXPLAINED.get(m["stage"], UNEXPLAINED)) if x)
@@ -402,7 +281,7 @@ def format_table(rs: Sequence[dict]) -> str:
   chips = sorted({r["chip"] for r in rs if r["chip"]})
   clocks, none = [], []
   for c in chips:
-    hz, src = clock(c)
+    hz, src = roofline.clock(c)
     if hz:
       clocks.append(f"{c} {hz / 1e9:.3f} GHz from {src.replace('inferred from ', '')}")
     else:

@@ -24,10 +24,11 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from typing import Mapping, Sequence
+
+from streamidx.lab import worker
 
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "DELAY_SLOTS", "Bundle", "Loop",
            "parse_bundles", "parse_utilization", "find_loops", "trip_count",
@@ -555,17 +556,12 @@ def run_worker(module: str, payload, *, dump_dir: str, hbm: bool = True,
   operand in HBM, `HBM_FLAGS`); returns the JSON its last stdout line
   prints. The one way a compile is dumped (`compile_dumps`, the KV-loop
   client `lab.schedule`)."""
-  env = dict(os.environ)
-  env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
-                             f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
-                             (f" {HBM_FLAGS}" if hbm else ""))
-  env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  res = subprocess.run(
-      [sys.executable, "-m", module, "--worker", json.dumps(payload)],
-      env=env, capture_output=True, text=True, timeout=timeout, check=False)
-  if res.returncode:
-    raise RuntimeError(f"{module} worker failed:\n{res.stderr[-3000:]}")
-  return json.loads(res.stdout.strip().splitlines()[-1])
+  env = {"LIBTPU_INIT_ARGS": (os.environ.get("LIBTPU_INIT_ARGS", "") +
+                              f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
+                              (f" {HBM_FLAGS}" if hbm else "")),
+         "ALLOW_MULTIPLE_LIBTPU_LOAD": os.environ.get(
+             "ALLOW_MULTIPLE_LIBTPU_LOAD", "1")}
+  return worker.run(module, payload, env=env, timeout=timeout)
 
 
 def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
@@ -586,8 +582,7 @@ def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if argv and argv[0] == "--worker":
-    print(json.dumps(_worker(json.loads(argv[1]))))
+  if worker.serve(argv, _worker):
     return 0
   import argparse  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import glob
-import json
 import os
 import re
 import sys
@@ -23,14 +22,14 @@ from typing import Sequence
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
-from streamidx.lab import dump
+from streamidx.lab import dump, worker
 from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
                                 find_loops, parse_bundles, parse_utilization)
 from streamidx.lab.model import tiling
-from streamidx.lab.model.roofline import page_bounds
+from streamidx.lab.model.roofline import LaunchProgram, page_bounds
 
 __all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop",
-           "LaunchProgram", "launch_program", "LaunchSchedule",
+           "launch_program", "LaunchSchedule",
            "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
            "launch_schedules", "schedule_table"]
 
@@ -80,31 +79,6 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
   return KvLoop(inner.bundles, pages_per_iteration, dict(use),
                 dict(zip(names, capacity)), spill,
                 tuple(lines.most_common(top)))
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchProgram:
-  """The whole launch as compiled (its module: the kernel, the layout copies
-  XLA puts around it, the top-level program), its bundles executed as a
-  function of its dynamic loops (the grid over programs, the query-block
-  loop where there is one, the KV loop): `outside` once, then per program
-  `levels[0]`, per query block `levels[1]` (prefill), per KV step the last."""
-
-  outside: int
-  levels: tuple  # own bundles of each nested dynamic loop, outermost first
-  calls: tuple  # (callee, bundles per call) of the module's other programs
-
-  def executed(self, programs) -> int:
-    """Bundles for `programs` (a `tiling.Launch`'s, each with num_bq and
-    num_bkv): the KV loop's trips come from the batch, as per page."""
-    total = self.outside
-    for pr in programs:
-      if len(self.levels) == 2:
-        total += self.levels[0] + pr.num_bq * pr.num_bkv * self.levels[1]
-      else:
-        total += self.levels[0] + pr.num_bq * (
-            self.levels[1] + pr.num_bkv * self.levels[2])
-    return total
 
 
 def launch_program(comps: dict, kernel: str) -> LaunchProgram:
@@ -251,8 +225,7 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if argv and argv[0] == "--worker":
-    print(json.dumps(_worker(json.loads(argv[1]))))
+  if worker.serve(argv, _worker):
     return 0
   import argparse  # pylint: disable=g-import-not-at-top
 

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
-import json
 
-from streamidx import modes
+from streamidx import modes, records
 
 __all__ = ["Default", "TABLE", "DECODE", "VENDORED_TOPK_METHOD", "lookup",
            "default_method", "decode_records"]
@@ -39,8 +37,6 @@ __all__ = ["Default", "TABLE", "DECODE", "VENDORED_TOPK_METHOD", "lookup",
 # tie check, M12): what the table falls back on.
 VENDORED_TOPK_METHOD = "sort"
 DECODE = (64, 262144, 512)  # rows, entries, k: DeepSeek-V4-Flash decode
-STEP_SCHEDULE = (importlib.resources.files("streamidx.data")
-                 / "step_schedule.json")
 
 _OFF_TPU = (
     "off-TPU (CPU, the TPU interpreter, CI): the vendored sort. No figure "
@@ -49,14 +45,9 @@ _OFF_TPU = (
 _NO_FIGURE = "no recorded figure: the vendored sort"
 
 
-@functools.lru_cache(maxsize=None)
-def _recorded() -> dict:
-  return json.loads(STEP_SCHEDULE.read_text(encoding="utf-8"))
-
-
 def decode_records(generation: str) -> dict[str, dict]:
   """The "selection" records of `generation` at `DECODE`, by method."""
-  return {r["method"]: r for r in _recorded()["selection"]
+  return {r["method"]: r for r in records.load("step_schedule")["selection"]
           if r["chip"] == generation
           and (r["rows"], r["entries"], r["k"]) == DECODE}
 
@@ -106,7 +97,7 @@ def _source(row: Default) -> str:
         f"SparseCore calls, not counted" if own["sparsecore_calls"] else "")
   return (
       f"recorded static schedule (no TPU timing; data/step_schedule.json, "
-      f"libtpu {_recorded()['libtpu']}, {own['date']}): {row.generation} "
+      f"libtpu {records.load('step_schedule')['libtpu']}, {own['date']}): {row.generation} "
       f"{rows} x {entries:,} entries, k {k}: {row.method} executes "
       f"{own['bundles']:,} bundles (a conditional: the branch rows of "
       f"distinct scores take), the fewest of the exact methods recorded "

@@ -3,8 +3,8 @@ ARCHITECTURE.md).
 """
 
 from streamidx.lab.bench.harness import (IMPLEMENTATIONS, ORACLE_MAX_FLOPS,
-                                         SCHEMA, run_sweep)
-from streamidx.lab.bench.long_context import random_cache, run_long_context
+                                         SCHEMA, run_long_context, run_sweep)
+from streamidx.lab.bench.long_context import random_cache
 from streamidx.lab.bench.report import format_table
 from streamidx.lab.bench.shapes import (LONG_CONTEXT, LONG_CONTEXT_KS, QUICK,
                                         SWEEP, Shape, parse_shape)

@@ -6,10 +6,10 @@ with the oracle.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from streamidx.lab.bench import harness, long_context, report
+from streamidx.lab import worker
+from streamidx.lab.bench import harness, report
 from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
 
 
@@ -18,6 +18,11 @@ def main(argv=None) -> int:
   if "--topk" in argv:  # the top-k stage's own benchmark and flags
     from streamidx.lab.bench import topk as topk_bench  # pylint: disable=g-import-not-at-top
     return topk_bench.main([x for x in argv if x != "--topk"])
+  if "--record" in argv or "--records" in argv:  # the chip records
+    from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
+    if "--records" in argv:
+      return record.print_records([x for x in argv if x != "--records"])
+    return record.main([x for x in argv if x != "--record"])
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench",
       description="Kernel variants, reference (one chunk), streaming "
@@ -35,14 +40,15 @@ def main(argv=None) -> int:
   add("--no-progress", action="store_true")
   add("--topk", action="store_true", help="instead: the top-k stage "
       "(its own flags: --topk --help)")
-  add("--worker", help=argparse.SUPPRESS)
-  a = p.parse_args(argv)
-  if a.worker is not None:
-    res = harness.worker(json.loads(a.worker))
-    print(harness.RESULT_PREFIX + json.dumps(res), flush=True)
+  add("--record", action="store_true", help="instead: measure on this TPU "
+      "into the chip records (its own flags: --record --help)")
+  add("--records", action="store_true", help="instead: print the chip "
+      "records (--json: every row as JSON)")
+  if worker.serve(argv, harness.worker):
     return 0
+  a = p.parse_args(argv)
   if a.long_context:
-    doc = long_context.run_long_context(out_dir=a.out,
+    doc = harness.run_long_context(out_dir=a.out,
                                         progress=not a.no_progress)
     wrote = f"{a.out}/long_context.json"
   else:

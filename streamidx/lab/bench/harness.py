@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,17 +22,17 @@ import numpy as np
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, modes, streaming
+from streamidx import metrics, modes, records, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
+from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.bench.shapes import Shape
+from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 from streamidx.lab.model import profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
 ORACLE_MAX_FLOPS = 2e10
-RESULT_PREFIX = "STREAMIDX_BENCH_RESULT "
 
 
 def kernel_columns() -> dict[str, str]:
@@ -69,16 +68,17 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str,
 
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call (3 traced calls: total, the kernel's ops,
-  the top-k) and the roofline bound of the vendored kernel's call, which only
-  the baseline column gets a `fraction_of_roofline` of."""
+  """On a TPU: device seconds per call (3 traced calls: the whole and its
+  parts, `profiling.stage_times`) and the roofline bound of the vendored
+  kernel's call, which only the baseline column gets a
+  `fraction_of_roofline` of."""
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
     times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
                                    iterations=3)
              if cap.perfetto_path else {})
   out = {"source": times.get("source"), "device_s": times.get("total_s"),
-         "kernel_s": times.get("kernel_s"), "topk_s": times.get("topk_s")}
+         **{f"{p}_s": times.get(f"{p}_s") for p in records.PARTS}}
   gen = modes.current_generation()
   if gen is not None:
     blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)
@@ -208,23 +208,14 @@ def worker(spec: dict) -> dict:
 
 
 def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
-  """`spec` in a fresh `python -m streamidx.bench --worker` process: its
-  result with status "ok", or {"status": "error", "reason": ...}."""
-  root = str(Path(__file__).resolve().parents[3])  # holds this streamidx/
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      filter(None, (root, os.environ.get("PYTHONPATH")))))
-  cmd = [sys.executable, "-m", "streamidx.bench", "--worker", json.dumps(spec)]
+  """`spec` in a fresh `python -m streamidx.bench --worker` process
+  (`lab.worker`): its result with status "ok", or {"status": "error",
+  "reason": ...}."""
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
-  except subprocess.TimeoutExpired:
-    return {"status": "error", "reason": f"timed out after {timeout:.0f} s"}
-  for line in reversed(proc.stdout.splitlines()):
-    if line.startswith(RESULT_PREFIX):
-      return dict(json.loads(line[len(RESULT_PREFIX):]), status="ok")
-  tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-  return {"status": "error",
-          "reason": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return dict(lab_worker.run("streamidx.bench", spec, timeout=timeout),
+                status="ok")
+  except RuntimeError as e:
+    return {"status": "error", "reason": str(e)}
 
 
 def vs_reference(got, ref) -> dict:
@@ -318,3 +309,23 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
             settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
   report.plot(doc, Path(out_dir) / "bench.png")
   return doc
+
+
+def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
+                     out_dir="build/bench", progress: bool = True) -> dict:
+  """Both settings on each shape at each k (`harness.run`, one warm-up and one
+  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
+  <out_dir>/long_context.json."""
+  def formula(shape):
+    b = shape.batch()
+    low, high = streaming.one_chunk_temp_bytes(
+        num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
+        num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
+        k=shape.k)
+    return {"one_chunk_formula_temp_bytes": {"low": low, "high": high}}
+
+  configs = [dataclasses.replace(s, name=f"{s.name}_k{k}", k=k)
+             for s in shapes for k in ks]
+  return run(configs, ("reference", "streaming"), repeats=1,
+                     long=True, out=Path(out_dir) / "long_context.json",
+                     progress=progress, shape_fields=formula)

@@ -1,48 +1,47 @@
-"""Long context (`--long-context`, docs/benchmarks.md): the reference in
-streamed chunks and in one chunk on `shapes.LONG_CONTEXT` at each of
-`LONG_CONTEXT_KS`; the cache built a few pages at a time (`random_cache`),
-the oracle on slices of the batch (`spot_check`).
+"""Inputs too large for `make_inputs`' f32 keys (`--long-context`,
+`--record`): the cache built a few pages at a time in any format
+(`random_cache`), the kernel's arguments (`long_context_args`), and the
+slices of such a batch the oracle checks (`spot_check`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx import streaming
-from streamidx.lab.bench import harness
-from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
+from streamidx.lab.bench.shapes import Shape
 
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,
-                 pages_per_step: int = 256):
-  """A seeded N(0, 1) cache [total_pages, page_size / kv_packing, kv_packing,
-  lkv_dim], packed gcd(total_pages, pages_per_step) pages at a time in one
-  `lax.map` (keys of group i from `fold_in(key(seed), i)`): one group's f32
-  keys (16 MiB) beside the packed cache, not 8 GiB of them at 64 x 256K."""
+                 pages_per_step: int = 256) -> tuple:
+  """A seeded N(0, 1) cache in `fmt` (`cache.CACHE_FORMATS`): the tuple of
+  its arrays, packed gcd(total_pages, pages_per_step) pages at a time in one
+  `lax.map` (keys of group i from `fold_in(key(seed), i)`, the same keys in
+  every format): one group's f32 keys (16 MiB) beside the packed cache, not
+  8 GiB of them at 64 x 256K entries."""
   step = math.gcd(total_pages, pages_per_step)
+  layout = cache_lib.CACHE_FORMATS[fmt]
 
   @jax.jit
   def build(key):
     def group(i):
       keys = jax.random.normal(jax.random.fold_in(key, i),
                                (step, page_size, head_dim), jnp.float32)
-      return cache_lib.pack_cache(keys, fmt)
+      return tuple(layout.pack(keys))
     out = jax.lax.map(group, jnp.arange(total_pages // step))
-    return out.reshape((total_pages,) + out.shape[2:])
+    return tuple(a.reshape((total_pages,) + a.shape[2:]) for a in out)
 
   return build(jax.random.key(seed))
 
 
 def long_context_args(shape: Shape, *, seed: int = 0):
   """The kernel's 7 positional arguments for a long-context shape: q, weights
-  drawn as `batch.make_inputs` draws them, the cache from `random_cache`."""
+  drawn as `batch.make_inputs` draws them, the cache from `random_cache`
+  (one array, or the tuple of a multi-array format)."""
   b = shape.batch()
   rng = np.random.default_rng(seed)
   t, h, d = b.num_tokens, shape.num_heads, shape.head_dim
@@ -50,8 +49,8 @@ def long_context_args(shape: Shape, *, seed: int = 0):
   w = np.abs(rng.standard_normal((t, h), np.float32)) / np.sqrt(h)
   cache = random_cache(b.total_num_pages, shape.page_size, d, shape.fmt,
                        seed=seed + 1)
-  return (jnp.asarray(q).astype(jnp.bfloat16), jnp.asarray(w), cache,
-          *b.kernel_arrays())
+  return (jnp.asarray(q).astype(jnp.bfloat16), jnp.asarray(w),
+          cache[0] if len(cache) == 1 else cache, *b.kernel_arrays())
 
 
 def spot_check(shape: Shape, args) -> list:
@@ -79,23 +78,3 @@ def spot_check(shape: Shape, args) -> list:
       q[lo:lo + n], w[lo:lo + n], cache,
       i32([shape.seq_len - shape.q_len + lo + n, 0]), two, i32([0, n, n]),
       i32([0, 1, 1])), None) for lo in (0, shape.q_len - n)]
-
-
-def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
-                     out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k (`harness.run`, one warm-up and one
-  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
-  <out_dir>/long_context.json."""
-  def formula(shape):
-    b = shape.batch()
-    low, high = streaming.one_chunk_temp_bytes(
-        num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
-        num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
-        k=shape.k)
-    return {"one_chunk_formula_temp_bytes": {"low": low, "high": high}}
-
-  configs = [dataclasses.replace(s, name=f"{s.name}_k{k}", k=k)
-             for s in shapes for k in ks]
-  return harness.run(configs, ("reference", "streaming"), repeats=1,
-                     long=True, out=Path(out_dir) / "long_context.json",
-                     progress=progress, shape_fields=formula)

@@ -26,6 +26,7 @@ from streamidx import metrics, modes, ref, topk
 from streamidx.lab import calibration, tables
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
+from streamidx.lab.model import roofline
 from streamidx.lab.model import topk as topk_model
 
 SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
@@ -107,7 +108,7 @@ def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS,
     for gen in generations:
       for m in methods or topk.TOPK_METHODS:
         key = (gen, m, shape.rows, shape.entries, shape.k)
-        row = calibration.selection_record(*key)
+        row = roofline.selection_record(*key)
         if row is None and compile_missing:
           if progress:
             progress(f"compiling {key}")
@@ -150,6 +151,19 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   for r in range(shape.rows):
     x[r, shape.entries - r * shape.entries // (2 * shape.rows):] = -np.inf
   return x
+
+
+def rule_topk(scores: np.ndarray, k: int) -> np.ndarray:
+  """The tie rule (`streamidx.topk.base`) in NumPy, on the host: i32[T, k]
+  indices of f32 `scores` [T, N] by score descending, then index ascending,
+  -0.0 and subnormals as 0.0; -1 after the visible (> -inf) entries."""
+  x = np.asarray(scores, np.float32)
+  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
+  order = np.argsort(-x, axis=1, kind="stable")[:, :k]  # ties: index order
+  kept = np.take_along_axis(x, order, axis=1) > -np.inf
+  out = np.full((x.shape[0], k), -1, np.int32)
+  out[:, :order.shape[1]] = np.where(kept, order, -1)
+  return out
 
 
 def _time(fn, args, repeats):
@@ -274,7 +288,6 @@ def lean_kernel_bundles(generation: str, shape: shapes_lib.Shape):
   """(bundles, how): the lean scoring kernel's decode KV loop over the
   shape's pages (bundles_per_page x rows x entries / page_size), or
   (None, why)."""
-  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
   rec = roofline.recorded_bundles(
       "lean", generation, "dense_fp8", bkv_p=LEAN_BKV_P, seq_batch_size=4,
       num_heads=shape.num_heads, head_dim=shape.head_dim,

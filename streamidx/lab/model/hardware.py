@@ -8,15 +8,13 @@ guess. Chip, TensorCore, device, kernel and device rates: docs/tpu.md.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from streamidx import records
+
 GENERATIONS: tuple[str, ...] = ("v4", "v5e", "v5p", "v6e", "v7x")
-# Shipped in the wheel: the checkout's data/ folder is the package
-# `streamidx.data` (pyproject.toml), so an installed wheel finds it too.
-SPECS_PATH = importlib.resources.files("streamidx.data") / "tpu_specs.json"
 
 _FIELDS = ("tensorcores_per_chip", "jax_devices_per_chip", "hbm_capacity_bytes",
            "hbm_bandwidth_bytes_per_s", "vmem_bytes_per_tensorcore",
@@ -148,10 +146,13 @@ def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
 
 
 def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
-  """Reads the packaged `tpu_specs.json` (or `path`): {generation: TpuSpec}.
-  FileNotFoundError names a missing `path`; ValueError the field of a
-  malformed entry (a number without a source, ...)."""
-  path = Path(path) if path is not None else SPECS_PATH
+  """Reads the recorded TPU table (`records`' "tpu_specs", or the file
+  `path`): {generation: TpuSpec}. FileNotFoundError names a missing `path`;
+  ValueError the field of a malformed entry (a number without a source,
+  ...)."""
+  if path is None:
+    return _parse(records.load("tpu_specs"), records.path("tpu_specs"))
+  path = Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"TPU spec table not found at {path}")
   return _parse(json.loads(path.read_text(encoding="utf-8")), path)

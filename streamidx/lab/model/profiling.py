@@ -23,16 +23,22 @@ import jax
 import numpy as np
 
 from streamidx import modes
+from streamidx.kernels.driver import STAGE_SCOPES
 from streamidx.lab.model import hardware
 
 RUN_SCHEMA = "streamidx.profile_run/1"
 ITERATION_ANNOTATION = "streamidx_iteration"
-# Stage of a device op, by regex over its name and its string args (first
-# match wins). The kernel's pallas_calls run under jax.named_scope
-# "StreamIdxTC-..." / "StreamIdxPageTC-..." (kernel.py).
+# The part of the call a device op belongs to (`records.PARTS`), by regex:
+# "copies" over the op's own name (a layout copy wherever it runs), the
+# others over its name and string args, where its named scope (op metadata)
+# is: the driver runs its stages under `driver.STAGE_SCOPES`, `select_topk` under
+# "select_topk_<method>", and the scoring kernels' pallas_calls are named
+# "StreamIdxTC-..." / "StreamIdxPageTC-...". First match wins; else "other".
+COPY_OPS = r"^(copy|transpose|bitcast|reshape)([.-]|$)"
 STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("kernel", r"StreamIdx"),
-    ("topk", r"(?i)approx[-_ ]?(max|top)|top[-_ ]?k|\bsort"),
+    ("selection", r"select_topk_"),
+    ("scoring", r"StreamIdx|" + STAGE_SCOPES["scoring"]),
+    ("fill", STAGE_SCOPES["fill"]),
 )
 
 
@@ -116,12 +122,46 @@ def load_trace(path: str | os.PathLike) -> Trace:
   return Trace(events, processes, threads)
 
 
+def stage_of(event: Mapping[str, Any]) -> str:
+  """The part (`records.PARTS`, not "idle") a device op event belongs to."""
+  if re.match(COPY_OPS, event.get("name", "")):
+    return "copies"
+  text = " ".join([event.get("name", "")] + [
+      v for v in (event.get("args") or {}).values() if isinstance(v, str)])
+  return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)),
+              "other")
+
+
+def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
+  """Each event's own duration on one line: its `dur` less the events
+  nested in it (a `conditional` or `while` op spans the ops of its body),
+  so that the line's self times sum to its busy time once."""
+  order = sorted(range(len(events)),
+                 key=lambda i: (events[i]["ts"], -events[i].get("dur", 0.0)))
+  own = [float(e.get("dur", 0.0)) for e in events]
+  stack: list[int] = []
+  for i in order:
+    ts = events[i]["ts"]
+    while stack and ts >= events[stack[-1]]["ts"] + events[stack[-1]].get(
+        "dur", 0.0):
+      stack.pop()
+    if stack:
+      own[stack[-1]] -= events[i].get("dur", 0.0)  # its direct parent
+    stack.append(i)
+  return own
+
+
 def stage_times(trace: Trace, *, iterations: int) -> dict:
-  """Device seconds per iteration by stage, and the op table behind them:
-  {"device", "source", "kernel_s", "topk_s", "other_s", "total_s" (None
-  off-device), "ops": [{"name", "stage", "count", "total_us"}] by time,
-  "host_call_s": the mean host-clock duration of one `capture` iteration's
-  annotation (on a CPU, the interpreted run), "host_call_events"}."""
+  """Device seconds per iteration: the whole and its parts, which sum to it.
+
+  {"device", "source", "total_s" (the device's "XLA Modules" line: the
+  programs' own durations; without that line, the ops' busy time), one
+  "<part>_s" per `records.PARTS` (each op's self time, `self_times`, by
+  `stage_of`; "idle_s" the module time no op covers), "ops": [{"name",
+  "stage", "count", "self_us"}] by time, "host_call_s": the mean host-clock
+  duration of one `capture` iteration's annotation, "host_call_events"};
+  every time None off-device (a CPU trace has no device lines)."""
+  from streamidx import records  # pylint: disable=g-import-not-at-top
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")
   pids = set(trace.device_pids())
@@ -129,32 +169,40 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
           if e["pid"] not in pids and e["name"] == ITERATION_ANNOTATION]
   host_s = sum(e.get("dur", 0.0) for e in host) / 1e6 / len(host) if host else None
   out = {"device": False, "source": "no device lines in the trace (not a TPU run)",
-         "kernel_s": None, "topk_s": None, "other_s": None, "total_s": None,
+         "total_s": None, **{f"{p}_s": None for p in records.PARTS},
          "ops": [], "host_call_s": host_s, "host_call_events": len(host)}
   if not pids:
     return out
-  # Each device's "XLA Ops" thread (one event per executed op, no nesting),
-  # else every thread of the device processes.
-  ops = {k for k, n in trace.threads.items() if k[0] in pids and n == "XLA Ops"}
-  events = [e for e in trace.events
-            if ((e["pid"], e.get("tid")) in ops if ops else e["pid"] in pids)]
-  source = ("device 'XLA Ops' lines" if ops else
-            "all device lines (no 'XLA Ops' line found: nested events may overlap)")
+  lines = {k: n for k, n in trace.threads.items() if k[0] in pids}
+  op_lines = [k for k, n in lines.items() if n == "XLA Ops"]
+  module_lines = [k for k, n in lines.items() if n == "XLA Modules"]
+  if not op_lines:
+    raise ValueError(f"trace: no 'XLA Ops' line on the device processes "
+                     f"{sorted(pids)} (lines: {sorted(set(lines.values()))})")
+  sums = dict.fromkeys(records.PARTS, 0.0)
   table: dict[str, dict] = {}
-  sums = {"kernel": 0.0, "topk": 0.0, "other": 0.0}
-  for e in events:
-    text = " ".join([e.get("name", "")] + [v for v in (e.get("args") or {}).values()
-                                          if isinstance(v, str)])
-    stage = next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)), "other")
-    sums[stage] += e.get("dur", 0.0)
-    row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
-                                       "count": 0, "total_us": 0.0})
-    row["count"] += 1
-    row["total_us"] += e.get("dur", 0.0)
-  out.update(device=True, source=source,
-             ops=sorted(table.values(), key=lambda r: -r["total_us"]),
+  for line in op_lines:
+    events = [e for e in trace.events if (e["pid"], e.get("tid")) == line]
+    for e, own in zip(events, self_times(events)):
+      stage = stage_of(e)
+      sums[stage] += own
+      row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
+                                         "count": 0, "self_us": 0.0})
+      row["count"] += 1
+      row["self_us"] += own
+  busy = sum(sums.values())
+  module_events = [e for e in trace.events
+                   if (e["pid"], e.get("tid")) in module_lines]
+  modules = sum(e.get("dur", 0.0) for e in module_events)
+  if module_events and modules >= busy:
+    whole, source = modules, "device 'XLA Modules' and 'XLA Ops' lines"
+  else:  # no module line, or ops past their modules' ends
+    whole, source = busy, ("device 'XLA Ops' lines (busy time: the module "
+                           f"line {'is missing' if not module_events else 'is shorter'})")
+  sums["idle"] = whole - busy
+  out.update(device=True, source=source, total_s=whole / 1e6 / iterations,
+             ops=sorted(table.values(), key=lambda r: -r["self_us"]),
              **{f"{k}_s": v / 1e6 / iterations for k, v in sums.items()})
-  out["total_s"] = out["kernel_s"] + out["topk_s"] + out["other_s"]
   return out
 
 

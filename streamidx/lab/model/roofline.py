@@ -10,18 +10,19 @@ the production DeepSeek-V4 decode step every notebook quotes.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 from typing import Mapping, Sequence
 
 import streamidx as si
 from streamidx import cache as cache_lib
+from streamidx import records
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 from streamidx.lab.model import topk as topk_model
 
 __all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
-           "page_bound", "page_bounds", "SCHEDULE_PATH", "recorded_schedule",
+           "page_bound", "page_bounds", "recorded_schedule",
            "recorded_bundles", "StepBound", "step_bound", "indexer_step",
            "dsv4_step",
            "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
@@ -225,11 +226,8 @@ def page_bounds(schedules, *, head_dim: int = 128,
 # Bundles per KV page of the decode launch's KV loop, as `python -m
 # streamidx.lab.schedule` printed them (command and date in the file;
 # tests/test_aot.py recompiles one row so the table cannot rot).
-SCHEDULE_PATH = hardware.SPECS_PATH.parent / "decode_schedule.json"
-
-
 def recorded_schedule() -> dict:
-  return json.loads(SCHEDULE_PATH.read_text(encoding="utf-8"))
+  return records.load("decode_schedule")
 
 
 def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
@@ -418,6 +416,61 @@ class Stage:
             f"{self.t_hbm * 1e6:,.0f} us, {b}{'; ' + self.detail if self.detail else ''})")
 
 
+# ---------------------------------------------------------------------------
+# The records the step reads (data/step_schedule.json): the compiled launch
+# modules and selection programs, counted by `streamidx.lab.dump`.
+
+@dataclasses.dataclass(frozen=True)
+class LaunchProgram:
+  """The whole launch as compiled (its module: the kernel, the layout copies
+  XLA puts around it, the top-level program), its bundles executed as a
+  function of its dynamic loops (the grid over programs, the query-block
+  loop where there is one, the KV loop): `outside` once, then per program
+  `levels[0]`, per query block `levels[1]` (prefill), per KV step the last."""
+
+  outside: int
+  levels: tuple  # own bundles of each nested dynamic loop, outermost first
+  calls: tuple  # (callee, bundles per call) of the module's other programs
+
+  def executed(self, programs) -> int:
+    """Bundles for `programs` (a `tiling.Launch`'s, each with num_bq and
+    num_bkv): the KV loop's trips come from the batch, as per page."""
+    total = self.outside
+    for pr in programs:
+      if len(self.levels) == 2:
+        total += self.levels[0] + pr.num_bq * pr.num_bkv * self.levels[1]
+      else:
+        total += self.levels[0] + pr.num_bq * (
+            self.levels[1] + pr.num_bkv * self.levels[2])
+    return total
+
+
+def selection_record(chip: str, method: str, rows: int, entries: int,
+                     k: int) -> dict | None:
+  """The recorded selection program (data/step_schedule.json), or None."""
+  key = (chip, method, rows, entries, k)
+  return next((r for r in records.load("step_schedule")["selection"] if key == tuple(
+      r[f] for f in ("chip", "method", "rows", "entries", "k"))), None)
+
+
+def launch_record(chip: str, variant: str, fmt: str, case: str,
+                  seq_batch_size: int, bkv_p: int, bq: int, *,
+                  geometry: shapes_lib.Indexer = shapes_lib.DSV4) -> dict | None:
+  """The recorded launch module, compiled at a shape of indexer `geometry`
+  (its `compiled_shape`, a `lab.shapes.COMPILE` name), or None."""
+  key = (chip, variant, fmt, case, seq_batch_size, bkv_p, bq)
+  return next((r for r in records.load("step_schedule")["launches"] if key == tuple(
+      r[f] for f in ("chip", "variant", "fmt", "case", "seq_batch_size",
+                     "bkv_p", "bq"))
+              and _geometry(r["compiled_shape"]) == geometry), None)
+
+
+def _geometry(shape: str) -> shapes_lib.Indexer:
+  s = shapes_lib.COMPILE_BY_NAME[shape]
+  return shapes_lib.Indexer(s.num_heads, s.head_dim, s.compression_ratio,
+                        s.page_size)
+
+
 def selection_stages(generation: str, method: str, rows: int, entries: int,
                      k: int, *, clock_hz: float | None,
                      compiled_entries: int | None = None) -> list[Stage]:
@@ -428,13 +481,12 @@ def selection_stages(generation: str, method: str, rows: int, entries: int,
   data/step_schedule.json (bundles None where no compile is recorded);
   `compiled_entries`: the record to read when none is at `entries` (the
   kernel's padded buffer read at the unpadded width, said in the detail)."""
-  from streamidx.lab import calibration  # pylint: disable=g-import-not-at-top
   spec = hardware.spec(generation)
-  rec = calibration.selection_record(generation, method, rows, entries, k)
+  rec = selection_record(generation, method, rows, entries, k)
   cost = topk_model.cost(method, rows, entries, k)
   note = ""
   if rec is None and compiled_entries and compiled_entries != entries:
-    rec = calibration.selection_record(generation, method, rows,
+    rec = selection_record(generation, method, rows,
                                        compiled_entries, k)
     note = f" (compiled at {compiled_entries} entries, the buffer has {entries})"
   if rec is None:
@@ -459,13 +511,12 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   loop's trips from the batch; HBM and MXU as `bounds`; without a launch
   record, `kv_floor`: the KV loops' bundles alone, a floor), the selection
   and its copies (`selection_stages`)."""
-  from streamidx.lab import calibration, schedule  # pylint: disable=g-import-not-at-top
   spec = hardware.spec(generation)
   st = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
   bundles, notes = 0, []
   for l in p.executed:
-    rec = calibration.launch_record(
+    rec = launch_record(
         generation, variant, g.fmt, l.case, l.seq_batch_size, l.bkv_p, l.bq_sz,
         geometry=shapes_lib.Indexer(g.num_q_heads, g.head_dim,
                                     p.compression_ratio, g.page_size))
@@ -473,7 +524,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
       notes.append(f"no recorded {l.label} launch")
       bundles = None
       continue
-    n = schedule.LaunchProgram(rec["outside"], tuple(rec["levels"]),
+    n = LaunchProgram(rec["outside"], tuple(rec["levels"]),
                                ()).executed(l.programs)
     notes.append(f"{l.label}: {n:,}")
     if bundles is not None:
@@ -514,7 +565,7 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   `stages`: the fill, the scoring, the selection (the vendored sort,
   `topk.VENDORED_TOPK_METHOD`: the production call's, whatever
   `topk.defaults` picks for the chip) and its copies, each by HBM bytes
-  and by the bundles its compiled program executes at one clock (`clock_hz`; None: `calibration.clock`,
+  and by the bundles its compiled program executes at one clock (`clock_hz`; None: `clock`,
   the public one or the one inferred from one named public measurement; 0:
   none); the headline is their sum."""
   if k < 1:
@@ -533,8 +584,7 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
                   blocks=f"{generation} {variant} row: {row.kwargs()} "
                   f"({row.source.split(';')[0].split('(')[0].strip()})")
   if clock_hz is None:
-    from streamidx.lab import calibration  # pylint: disable=g-import-not-at-top
-    clock_hz, source = calibration.clock(generation)
+    clock_hz, source = clock(generation)
   else:
     source = "given" if clock_hz else "none"
   source = (f"{clock_hz / 1e9:.3f} GHz, {source}" if clock_hz else f"none ({source})")
@@ -568,3 +618,91 @@ def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
   return dict(measured_s=measured, bound=sb, ratio=measured / sb.kernel_s,
               shape=f"{shape.num_seqs} x {shape.seq_len:,} tokens, k {shape.k}",
               source=pub["source"])
+
+
+# ---------------------------------------------------------------------------
+# One clock per chip: the public one, else inferred from one named public
+# measurement (docs/tpu.md, "The clock"); the prediction of a measurement.
+
+# The one measurement each chip without a public clock takes its clock from
+# (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
+# most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
+# rows (scoring, then a full sort at k 2,048; the least fixed overhead), a
+# clock that carries the sort's stalls.
+INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
+              "v6e": "sglang-jax-1642-glm52-decode-b64-v6e-sort"}
+@functools.lru_cache(maxsize=None)
+def clock(chip: str) -> tuple[float | None, str]:
+  """(Hz, where it comes from): the public clock, else the one inferred from
+  `INFER_FROM[chip]` (its predicted bundles / its measured time; a whole
+  call's prediction is then its measurement plus the fill's HBM time, the one
+  stage without bundles), else None. What an inferred clock is worth:
+  docs/tpu.md, "The clock"."""
+  spec = hardware.spec(chip)
+  if spec.clock_hz:
+    return spec.clock_hz, "public (data/tpu_specs.json)"
+  name = INFER_FROM.get(chip)
+  if name is None:
+    return None, "no public clock, none inferred, docs/tpu.md"
+  m = next(x for x in records.load("public_measurements")["measurements"]
+           if x["id"] == name)
+  bundles = _predicted_bundles(m)
+  if bundles is None:
+    return None, f"{name} has no prediction to infer a clock from"
+  return bundles / m["measured_s"], f"inferred from {name}"
+
+
+# The indexer geometry each measured model's call runs (`lab.shapes`).
+GEOMETRY = {"DeepSeek-V4": shapes_lib.DSV4, "GLM-5.2": shapes_lib.GLM_TOKEN}
+# What a geometry's measurements do not state and the prediction assumes.
+ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes_lib.GLM_TOKEN.page_size}"
+                       "-entry pages assumed, lab.shapes_lib.GLM_TOKEN)")}
+
+
+def _step(m: dict, clock_hz: float):
+  """`indexer_step` at a measurement's shape with its model's
+  geometry and k (decode: rows sequences; prefill: one sequence of rows
+  query rows), or None."""
+  if (m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"]
+      or not m["k"]):
+    return None
+  prefill = m["rows"] > 64
+  return indexer_step(
+      m["chip"], GEOMETRY[m["model"]], k=m["k"],
+      context_tokens=m["context_tokens"],
+      batch=1 if prefill else m["rows"], q_len=m["rows"] if prefill else 1,
+      clock_hz=clock_hz)
+
+
+_PARTS = {"scoring": ("scoring",), "selection": ("selection",),
+          "copies": ("copies",), "step": ("fill", "scoring", "selection", "copies")}
+
+
+def measurement_stages(m: dict, clock_hz: float):
+  """The stages that predict measurement `m` (None: it cannot be
+  predicted), with the reason."""
+  if not m["chip"]:
+    return None, "chip not stated"
+  if m.get("selection_method") == "sparsecore_radix":
+    return None, "a SparseCore program: no bundles in the dump"
+  if m["stage"] == "selection" and not m["rows"]:
+    # #1607: rows not stated; the decode batch of #1642 at the same shape.
+    parts = selection_stages(m["chip"], m["selection_method"], 64,
+                                      m["entries"], m["k"], clock_hz=clock_hz)
+    note = "64 rows assumed (not stated); copies included"
+  else:
+    st = _step(m, clock_hz)
+    if st is None:
+      return None, "rows or context not stated"
+    parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
+    note = ASSUMED.get(m["model"], "")
+  missing = [s.name for s in parts
+             if s.name != "fill" and (s.bundles is None or s.floor)]
+  if missing or not parts:
+    return None, f"no recorded compile of the {' and '.join(missing)} at this shape"
+  return parts, note
+
+
+def _predicted_bundles(m: dict) -> int | None:
+  parts, _ = measurement_stages(m, 0.0)
+  return None if parts is None else sum(s.bundles or 0 for s in parts)

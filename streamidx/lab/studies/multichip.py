@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import subprocess
 import sys
 import time
 from typing import Sequence
@@ -19,6 +17,7 @@ import numpy as np
 
 import streamidx as si
 from streamidx import metrics, sharded
+from streamidx.lab import worker
 
 
 @dataclasses.dataclass
@@ -135,28 +134,23 @@ def check_layouts_subprocess(batch_kw: dict, layouts: Sequence[dict], *,
   """`check_layouts` in a fresh process with n + 1 virtual CPU devices;
   RuntimeError with the child's output if it fails."""
   n = max(int(l["num_data"]) * int(l["num_context"]) for l in layouts)
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={n + 1}"))
-  request = json.dumps({"batch_kw": batch_kw, "layouts": list(layouts), **kw})
-  p = subprocess.run([sys.executable, "-m", __name__, request], env=env,
-                     capture_output=True, text=True, timeout=timeout_s,
-                     check=False)
-  lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-  if p.returncode or not lines:
-    raise RuntimeError(f"multichip check subprocess failed (exit "
-                       f"{p.returncode}):\n{p.stdout[-2000:]}\n"
-                       f"{p.stderr[-2000:]}")
-  return [LayoutCheck(**r) for r in json.loads(lines[-1])["checks"]]
+  env = {"JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") +
+                       f" --xla_force_host_platform_device_count={n + 1}")}
+  request = {"batch_kw": batch_kw, "layouts": list(layouts), **kw}
+  return [LayoutCheck(**r) for r in worker.run(__name__, request, env=env,
+                                                timeout=timeout_s)]
+
+
+def _serve(request: dict) -> list[dict]:
+  checks = check_layouts(request.pop("batch_kw"), request.pop("layouts"),
+                         **request)
+  return [dataclasses.asdict(c) for c in checks]
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  request = json.loads(argv[0])
-  checks = check_layouts(request.pop("batch_kw"), request.pop("layouts"),
-                         **request)
-  print(json.dumps({"checks": [dataclasses.asdict(c) for c in checks]}))
-  return 0 if all(c.ok for c in checks) else 1
+  return 0 if worker.serve(sys.argv[1:] if argv is None else argv,
+                           _serve) else 2
 
 
 if __name__ == "__main__":

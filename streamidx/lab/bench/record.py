@@ -1,0 +1,410 @@
+"""Measuring on a TPU into the records (`python -m streamidx.bench --record`).
+
+A point is one call at one shape: a kernel variant with a cache format and a
+top-k method, or the selection alone (`select_topk` over a score buffer).
+`measure` compiles it (timed), checks its result (a call against its
+reference, tie-aware at `metrics.summation_atol`; a selection against the
+rule's NumPy oracle, `topk_bench.rule_topk`), times `repeats` synchronous
+calls (wall, beside the process's sync floor: an empty jitted call) and
+profiles `iterations` more (`profiling.stage_times`: the device time and
+its parts), and returns the rows `streamidx.records` keeps: one "call" row
+and one per part (`records.PARTS`), which sum to it.
+
+    python -m streamidx.bench --record [--points NAME ...] [--dry-run]
+    python -m streamidx.bench --records [--json]     what is recorded
+
+`POINTS` names every point the records are meant to hold (the chip issue's
+list); `--points` takes names or shell-style patterns of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fnmatch
+import functools
+import importlib.metadata as md
+import json
+import statistics
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import streamidx as si
+from streamidx import metrics, records, topk
+from streamidx import variants as variants_lib
+from streamidx.lab import shapes as shapes_lib
+from streamidx.lab import tables
+from streamidx.lab.bench import harness, long_context
+from streamidx.lab.bench import topk as topk_bench
+from streamidx.lab.model import hardware, profiling
+
+__all__ = ["Point", "POINTS", "points", "measure", "call_rows", "versions",
+           "sync_floor", "call_table", "summary", "main", "print_records"]
+
+# make_inputs keeps the f32 keys on the device: past this many entries of
+# cache the point builds its cache a few pages at a time and is not checked.
+CHECK_MAX_ENTRIES = 2**23
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """What one measurement runs: `shape` (a `lab.shapes.Shape`: decode
+  sequences or a prefill chunk; for a selection alone, its rows and
+  entries), `variant` and `cache_format` (None: the selection alone over a
+  score buffer), `method` (page mode: "top_k")."""
+
+  shape: shapes_lib.Shape
+  variant: str | None
+  cache_format: str | None
+  method: str
+
+  @property
+  def mode(self) -> str:
+    if self.variant is None:
+      return "selection"
+    return "page" if variants_lib.get(self.variant).mode == "page" else (
+        self.shape.kind)
+
+  @property
+  def name(self) -> str:
+    what = (f"{self.variant}:{self.cache_format}" if self.variant
+            else "select")
+    return f"{self.shape.name}/{what}/{self.method}/k{self.shape.k}"
+
+
+def _decode(seqs, tokens, k=512, **kw):
+  return shapes_lib.Shape(f"dsv4-decode-{seqs}x{tokens}", "decode", seqs, 1,
+                          tokens, k, **kw)
+
+
+def _select(rows, entries, k):
+  return shapes_lib.Shape(f"select-{rows}x{entries}", "decode", rows, 1,
+                          entries * shapes_lib.DSV4.compression_ratio, k)
+
+
+_TOKEN = (("vendored", "fp8"), ("dense", "dense_fp8"), ("lean", "dense_fp8"),
+          ("fp4", "mxfp4"))
+_PAGE = (("vendored_page", "fp8"), ("dense_page", "dense_fp8"),
+         ("lean_page", "dense_fp8"), ("fp4_page", "mxfp4"))
+_GLM = shapes_lib.GLM_PAGE
+GLM_PAGE_DECODE = shapes_lib.Shape(
+    "glm-page-decode-64x65536", "decode", 64, 1, 65536, 2048 // _GLM.page_size,
+    num_heads=_GLM.num_heads, head_dim=_GLM.head_dim,
+    compression_ratio=_GLM.compression_ratio, page_size=_GLM.page_size)
+
+# The points the records are meant to hold, in the order to measure them.
+POINTS: tuple[Point, ...] = (
+    *(Point(_select(r, e, k), None, None, m)
+      for r, e in ((64, 65536), (64, 262144), (64, 16384), (2048, 262144))
+      for k in (512, 2048) for m in topk.EXACT_TOPK_METHODS),
+    *(Point(s, v, f, m)
+      for s in (_decode(64, 262144), _decode(64, 65536), _decode(64, 2**20),
+                shapes_lib.Shape("dsv4-prefill-2048x1048576", "prefill", 1,
+                                 2048, 2**20, 512))
+      for m in ("blocktop", "sort") for v, f in _TOKEN),
+    *(Point(GLM_PAGE_DECODE, v, f, "top_k") for v, f in _PAGE),
+)
+
+
+def points(patterns: Sequence[str] | None = None) -> list[Point]:
+  """The `POINTS` whose name matches one of `patterns` (fnmatch; None: all);
+  ValueError naming a pattern that matches none."""
+  if not patterns:
+    return list(POINTS)
+  out = []
+  for pat in patterns:
+    hit = [p for p in POINTS if fnmatch.fnmatchcase(p.name, pat)]
+    if not hit:
+      raise ValueError(f"--points: {pat!r} matches no point (see --dry-run)")
+    out += [p for p in hit if p not in out]
+  return out
+
+
+# -- inputs ---------------------------------------------------------------
+
+
+def _inputs(point: Point):
+  """(kernel arguments, `IndexerInputs` to check against or None)."""
+  s, v = point.shape, variants_lib.get(point.variant)
+  b = s.batch()
+  if b.total_num_pages * s.page_size <= CHECK_MAX_ENTRIES:
+    inp = si.make_inputs(b, num_heads=s.num_heads, head_dim=s.head_dim,
+                         fmt=point.cache_format)
+    return v.args(inp, point.cache_format), inp
+  q, w, cache, *meta = long_context.long_context_args(
+      dataclasses.replace(s, fmt=point.cache_format))
+  cache = cache if isinstance(cache, tuple) else (cache,)
+  last = meta[-1] if v.mode == "token" else jnp.int32(b.num_seqs)
+  return (q, w, *cache, *meta[:-1], last), None
+
+
+def _check_call(point: Point, got, inputs, kw) -> dict:
+  """The call's indices against its reference, tie-aware (None: not
+  checked, with why)."""
+  if inputs is None:
+    return {"ok": None, "detail": f"not checked: over {CHECK_MAX_ENTRIES:,} "
+            "cache entries the f32 keys do not fit beside the cache"}
+  v = variants_lib.get(point.variant)
+  fmt = point.cache_format
+  want = v.reference(*v.args(inputs, fmt), **kw)
+  scores = v.scores(inputs, compression_ratio=point.shape.compression_ratio,
+                    fmt=fmt)
+  atol = metrics.summation_atol(inputs,
+                                compression_ratio=point.shape.compression_ratio,
+                                mode=v.mode)
+  c = metrics.compare_topk(got, want, scores, atol=atol)
+  return {"ok": bool(c.ok), "rows": c.rows, "rows_identical": c.rows_identical,
+          "rows_tied": c.rows_tied, "rows_mismatched": c.rows_mismatched,
+          "atol": atol, "detail": "" if c.ok else c.detail}
+
+
+def _check_selection(point: Point, got, scores_np) -> dict:
+  want = topk_bench.rule_topk(scores_np, point.shape.k)
+  same = (np.asarray(got) == want).all(axis=1)
+  out = {"ok": bool(same.all()), "rows": int(same.size),
+         "rows_identical": int(same.sum())}
+  if not topk.METHODS[point.method].exact:
+    out.update(ok=None, recall=metrics.recall_at_k(got, want, scores_np))
+  return out
+
+
+# -- measuring ------------------------------------------------------------
+
+
+def versions() -> dict:
+  out = {"jax": jax.__version__, "libtpu": None}
+  for pkg in ("libtpu", "libtpu-nightly"):
+    try:
+      out["libtpu"] = md.version(pkg)
+      break
+    except md.PackageNotFoundError:
+      pass
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def sync_floor(repeats: int = 50) -> float:
+  """Median wall seconds of an empty jitted call, waited for: what every
+  synchronous call costs this host whatever it does."""
+  f = jax.jit(lambda x: x + 1)
+  x = jnp.zeros((8, 128), jnp.float32)
+  jax.block_until_ready(f(x))
+  walls = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    walls.append(time.perf_counter() - t0)
+  return statistics.median(walls)
+
+
+def _compiled(point: Point):
+  """(compile seconds, the blocking call, the check's inputs) of `point`."""
+  s = point.shape
+  if point.variant is None:
+    x = topk_bench.score_buffer(s)
+    args, kw = (jnp.asarray(x),), {}
+    fn = functools.partial(topk.select_topk, k=s.k, method=point.method)
+    check = functools.partial(_check_selection, point, scores_np=x)
+  else:
+    args, inputs = _inputs(point)
+    v = variants_lib.get(point.variant)
+    kw = dict(s.kernel_kwargs())
+    if v.mode == "page":
+      kw = {"k_pages": s.k, "compression_ratio": s.compression_ratio}
+    else:
+      kw["topk_method"] = point.method
+    fn = v.kernel
+    check = functools.partial(_check_call, point, inputs=inputs, kw=kw)
+  info, call = harness.compile_call(fn, args, kw)
+  return info["compile_s"], call, check
+
+
+def call_rows(point: Point, times: dict, *, wall: dict, compile_s: float,
+              floor: float, repeats: int, iterations: int, check: dict,
+              run: str, date: str, command: str, chip: str | None,
+              device_kind: str, versions: dict, blocks=None) -> list[dict]:
+  """The records' rows of one measured call: "call" (device, wall and
+  compile time, the check) and one per part of `times`
+  (`profiling.stage_times`), which sum to the call's device time."""
+  s = point.shape
+  page = point.mode == "page"
+  common = dict(
+      run=run, chip=chip, device_kind=device_kind, shape=s.name,
+      mode=point.mode, variant=point.variant, cache_format=point.cache_format,
+      method=point.method, rows=s.rows,
+      tokens=None if point.variant is None else s.seq_len,
+      entries=s.pages if page else s.entries, k=s.k,
+      num_heads=None if point.variant is None else s.num_heads,
+      blocks=blocks, date=date, command=command, **versions)
+  out = [dict(common, stage="call", device_s=times["total_s"],
+              wall_s=wall["median"], sync_floor_s=floor, compile_s=compile_s,
+              repeats={"wall": repeats, "device": iterations}, check=check)]
+  out += [dict(common, stage=p, device_s=times[f"{p}_s"], wall_s=None,
+               sync_floor_s=None, compile_s=None, repeats=None, check=None)
+          for p in records.PARTS]
+  return [{f: r[f] for f in records.CHIP_FIELDS} for r in out]
+
+
+def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
+            command: str = "", run: str | None = None,
+            trace_dir: str | None = None) -> tuple[list[dict], dict]:
+  """(the records' rows, the profile's op table) of one point on this
+  machine. Off a TPU the device times are None (the profile has no device
+  lines) and `records.append_chip` refuses the rows."""
+  dev = jax.devices()[0]
+  chip = hardware.detect_generation(dev)
+  date = datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec="seconds")
+  compile_s, call, check = _compiled(point)
+  got, res = harness.measure(call, repeats)
+  got = got[0] if isinstance(got, tuple) else got
+  checked = check(np.asarray(got))
+  with tempfile.TemporaryDirectory(dir=trace_dir) as d:
+    cap = profiling.capture(call, log_dir=d, iterations=iterations, warmup=0)
+    times = profiling.stage_times(profiling.load_trace(cap.perfetto_path),
+                                  iterations=iterations)
+  blocks = None
+  if point.variant is not None:
+    s = point.shape
+    blocks = harness.kernel_blocks(s, point.variant, point.cache_format,
+                                   chip).kwargs()
+  rows = call_rows(point, times, wall=res["wall_s"], compile_s=compile_s,
+                   floor=sync_floor(), repeats=repeats, iterations=iterations,
+                   check=checked, run=run or f"{date} {point.name}", date=date,
+                   command=command, chip=chip,
+                   device_kind=getattr(dev, "device_kind", ""),
+                   versions=versions(), blocks=blocks)
+  return rows, {"point": point.name, "source": times["source"],
+                "ops": times["ops"][:40]}
+
+
+# -- the command line -----------------------------------------------------
+
+
+def call_table(rows: Sequence[dict]) -> list[dict]:
+  """One dict per measured call (its "call" row), its parts' device times
+  beside it, in milliseconds, for `tables.markdown` / `format_rows`."""
+  parts = {(r["run"], r["stage"]): r["device_s"] for r in rows}
+  ms = lambda s: None if s is None else round(s * 1e3, 3)  # pylint: disable=unnecessary-lambda-assignment
+  out = []
+  for r in rows:
+    if r["stage"] != "call":
+      continue
+    chk = r["check"] or {}
+    out.append({
+        "chip": r["chip"], "shape": r["shape"],
+        "variant": r["variant"] or "-", "format": r["cache_format"] or "-",
+        "method": r["method"], "k": r["k"], "device ms": ms(r["device_s"]),
+        **{f"{p} ms": ms(parts.get((r["run"], p))) for p in records.PARTS},
+        "wall ms": ms(r["wall_s"]), "sync floor ms": ms(r["sync_floor_s"]),
+        "compile s": round(r["compile_s"], 1),
+        "check": ("ok" if chk.get("ok") else "not checked"
+                  if chk.get("ok") is None else "WRONG"),
+        "date": r["date"][:10]})
+  return out
+
+
+def summary() -> str:
+  """What ran on which chip, from the records: one sentence per chip (the
+  calls measured, the last `make test-tpu` run), or that none did."""
+  rows, runs = records.chip_rows(stage="call"), records.test_runs()
+  if not rows and not runs:
+    return ("No TPU measurement is recorded yet (`python -m streamidx.bench "
+            "--records`).")
+  out = []
+  for chip in sorted({r["chip"] for r in rows} | {r["chip"] for r in runs}):
+    mine = [r for r in rows if r["chip"] == chip]
+    last = [r for r in runs if r["chip"] == chip][-1:]
+    any_ = (mine or last)[0]
+    parts = [f"On a TPU {chip} ({any_['device_kind']}; jax {any_['jax']}, "
+             f"libtpu {any_['libtpu']})"]
+    if mine:
+      dates = sorted({r["date"][:10] for r in mine})
+      bad = sum(1 for r in mine if (r["check"] or {}).get("ok") is False)
+      parts.append(f"{len(mine)} calls were measured ({', '.join(dates)}; "
+                   f"{len({r['shape'] for r in mine})} shapes, "
+                   f"{sum(1 for r in mine if r['variant'])} kernel calls and "
+                   f"{sum(1 for r in mine if not r['variant'])} selections "
+                   f"alone; {bad} disagreeing with the rule or reference)")
+    if last:
+      t = last[0]
+      parts.append(f"the last `make test-tpu` ({t['date'][:10]}) had "
+                   f"{t['passed']} passed, {t['failed']} failed, "
+                   f"{t['skipped']} skipped")
+    out.append(": ".join(parts[:1]) + (": " if len(parts) > 1 else "")
+               + "; ".join(parts[1:]) + ".")
+  return " ".join(out)
+
+
+def main(argv: Sequence[str]) -> int:
+  import argparse  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(
+      prog="python -m streamidx.bench --record",
+      description="Measure points on this TPU and append them to the chip "
+      "records (streamidx/lab/bench/record.py); --records prints them.")
+  p.add_argument("--points", nargs="+", metavar="NAME",
+                 help="point names or fnmatch patterns (default: all)")
+  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--iterations", type=int, default=5)
+  p.add_argument("--dry-run", action="store_true",
+                 help="list the points, measure nothing")
+  p.add_argument("--ops", metavar="FILE", help="also write each point's "
+                 "profile op table (JSON lines) to FILE")
+  a = p.parse_args(argv)
+  try:
+    todo = points(a.points)
+  except ValueError as e:
+    p.error(str(e))
+  if a.dry_run:
+    print("\n".join(pt.name for pt in todo))
+    return 0
+  dev = jax.devices()[0]
+  if hardware.detect_generation(dev) is None:
+    p.error(f"measures on a TPU: this process's device is {dev.platform} "
+            f"({getattr(dev, 'device_kind', '')}); the records hold chip "
+            f"measurements only")
+  command = " ".join(["python -m streamidx.bench --record", *argv])
+  bad = 0
+  for pt in todo:
+    t0 = time.perf_counter()
+    try:
+      rows, ops = measure(pt, repeats=a.repeats, iterations=a.iterations,
+                          command=command)
+    except Exception as e:  # pylint: disable=broad-except
+      print(f"{pt.name}: FAILED {type(e).__name__}: {str(e)[:400]}",
+            file=sys.stderr, flush=True)
+      bad += 1
+      continue
+    records.append_chip(rows)
+    if a.ops:
+      with open(a.ops, "a", encoding="utf-8") as f:
+        f.write(json.dumps(ops) + "\n")
+    ok = rows[0]["check"]["ok"]
+    bad += ok is False
+    print(f"{pt.name}: device {rows[0]['device_s'] * 1e3:.3f} ms, wall "
+          f"{rows[0]['wall_s'] * 1e3:.3f} ms, compile {rows[0]['compile_s']:.1f}"
+          f" s, check {ok} ({time.perf_counter() - t0:.0f} s)", flush=True)
+  return 1 if bad else 0
+
+
+def print_records(argv: Sequence[str]) -> int:
+  """`--records [--json | --markdown | --summary]`: every recorded row
+  (JSON lines), the calls as a Markdown table, what ran where in a
+  sentence (`summary`); by default the calls as a text table."""
+  rows = records.chip_rows()
+  if "--json" in argv:
+    for r in rows:
+      print(json.dumps(r))
+  elif "--summary" in argv:
+    print(summary())
+  elif "--markdown" in argv:
+    print(tables.markdown(call_table(rows)) if rows else "(no rows)")
+  else:
+    print(tables.format_rows(call_table(rows)))
+  return 0

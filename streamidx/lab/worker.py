@@ -1,0 +1,55 @@
+"""One child process per compile or measurement: `python -m MODULE --worker
+JSON`. The child answers with one line, `RESULT_PREFIX` + JSON, on its
+stdout; `run` starts it (with the caller's environment changes) and returns
+that answer, `serve` is the child's side in a module's `main`.
+
+Why a child: libtpu's dump flags, a fresh backend, virtual CPU devices or a
+peak-memory probe are set per process (`lab.dump`, `lab.schedule`, the
+benchmark, `lab.studies.multichip`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["RESULT_PREFIX", "run", "serve"]
+
+RESULT_PREFIX = "STREAMIDX_WORKER_RESULT "
+_ROOT = str(Path(__file__).resolve().parents[2])  # holds this streamidx/
+
+
+def run(module: str, payload: Any, *, env: Mapping[str, str] | None = None,
+        timeout: float = 3600.0) -> Any:
+  """`python -m module --worker JSON(payload)` with os.environ updated by
+  `env` (this checkout first on PYTHONPATH): the JSON it answered.
+  RuntimeError with the tail of its output if it fails or times out."""
+  full = dict(os.environ, **(env or {}))
+  full["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT,
+                                                     full.get("PYTHONPATH"))))
+  cmd = [sys.executable, "-m", module, "--worker", json.dumps(payload)]
+  try:
+    p = subprocess.run(cmd, env=full, capture_output=True, text=True,
+                       timeout=timeout, check=False)
+  except subprocess.TimeoutExpired:
+    raise RuntimeError(f"{module} worker timed out after {timeout:.0f} s") from None
+  for line in reversed(p.stdout.splitlines()):
+    if line.startswith(RESULT_PREFIX):
+      return json.loads(line[len(RESULT_PREFIX):])
+  tail = (p.stderr or p.stdout).strip().splitlines()[-8:]
+  raise RuntimeError(f"{module} worker failed (exit {p.returncode}): "
+                     + " | ".join(tail))
+
+
+def serve(argv: Sequence[str], fn: Callable[[Any], Any]) -> bool:
+  """In a module's `main`: when `argv` is `--worker JSON`, prints
+  `RESULT_PREFIX` + JSON(fn(payload)) and returns True (the caller exits);
+  else False."""
+  if len(argv) != 2 or argv[0] != "--worker":
+    return False
+  print(RESULT_PREFIX + json.dumps(fn(json.loads(argv[1]))), flush=True)
+  return True

@@ -1,0 +1,189 @@
+"""What the project records: every data file's path, reader, writer and rule.
+
+The files live in the checkout's `data/`, shipped in the wheel as the package
+`streamidx.data`; this module is the one place that names them:
+
+    tpu_specs            the TPU table, every number with its public source
+                         (`streamidx.lab.model.hardware` parses it)
+    decode_schedule      bundles per KV page of the decode launches' KV loop
+                         (compiled without a TPU: a static schedule)
+    step_schedule        bundles each compiled program of the step executes
+                         ("selection" and "launches" rows, each with its
+                         command; compiled without a TPU)
+    public_measurements  others' TPU measurements of the pipeline, cited
+    chip                 this project's own measurements on a TPU: "rows"
+                         (`CHIP_FIELDS`, one per stage of one measured call)
+                         and "test_runs" (`TEST_RUN_FIELDS`, `make test-tpu`)
+
+`load(name)` reads a file once per process; `save(name, doc)` writes it (one
+JSON layout for every file the project writes) and forgets the read.
+`chip_rows(**match)` filters the chip's rows; `append_chip(rows, runs)` checks
+each against its schema (`chip_problems`) before writing anything.
+
+A chip row is one stage of one measured call (`stage`): "call" is the whole
+(device time by the profiler, wall time, compile time); "fill", "scoring",
+"selection", "copies", "other" and "idle" are its device-time parts, which
+sum to the call's `device_s` (`streamidx.lab.model.profiling.stage_times`).
+A call measured alone on the selection (`variant` None) has the same parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+__all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "STAGES", "PARTS",
+           "path", "load", "save", "chip_rows", "test_runs", "chip_problems",
+           "append_chip"]
+
+FILES = {
+    "tpu_specs": "tpu_specs.json",
+    "decode_schedule": "decode_schedule.json",
+    "step_schedule": "step_schedule.json",
+    "public_measurements": "public_measurements.json",
+    "chip": "chip_measurements.json",
+}
+
+# The device-time parts of a measured call, in the order they run; they sum
+# to its "call" row's device_s.
+PARTS = ("fill", "scoring", "selection", "copies", "other", "idle")
+STAGES = ("call",) + PARTS
+
+# Every chip row's keys: what ran, where, and what it took. None where a
+# key does not apply (a selection alone has no variant or cache format; a
+# part has no wall or compile time of its own).
+CHIP_FIELDS: Mapping[str, str] = {
+    "run": "the measured call this row belongs to (its rows share it)",
+    "stage": f"one of {STAGES}",
+    "chip": "TPU generation (v5e, ...)",
+    "device_kind": "jax's device_kind",
+    "shape": "the shape's name (lab.bench.record.SHAPES)",
+    "mode": "decode, prefill, page or selection",
+    "variant": "streamidx.VARIANTS name; None for a selection alone",
+    "cache_format": "streamidx.cache.CACHE_FORMATS name; None likewise",
+    "method": "topk_method; page mode: top_k",
+    "rows": "query rows (score-buffer rows)",
+    "tokens": "context tokens per sequence (None for a selection alone)",
+    "entries": "entries (page mode: pages) per score-buffer row",
+    "k": "k (page mode: k_pages)",
+    "num_heads": "index heads (None for a selection alone)",
+    "blocks": "the block sizes the call took (None: not a kernel call)",
+    "device_s": "device seconds per call (the profiler), this stage's",
+    "wall_s": "median host wall seconds per call (call rows only)",
+    "sync_floor_s": "median wall seconds of an empty jitted call, same "
+                    "process: the host's floor under wall_s (call rows)",
+    "compile_s": "seconds to lower and compile the call (call rows)",
+    "repeats": "timed calls behind wall_s; profiled calls behind device_s",
+    "check": "the result against the rule or the reference (call rows)",
+    "date": "UTC time of the measurement (ISO 8601)",
+    "command": "the command that measured it",
+    "jax": "jax version", "libtpu": "libtpu version",
+}
+TEST_RUN_FIELDS: Mapping[str, str] = {
+    "chip": "TPU generation", "device_kind": "jax's device_kind",
+    "passed": "tests passed", "failed": "tests failed (errors included)",
+    "skipped": "tests skipped", "wall_s": "wall seconds of the run",
+    "date": "UTC time (ISO 8601)", "command": "the command",
+    "jax": "jax version", "libtpu": "libtpu version",
+    "commit": "git commit of the checkout, or None",
+}
+_MODES = ("decode", "prefill", "page", "selection")
+
+
+def path(name: str) -> Path:
+  """The file `name` (a key of `FILES`) as a filesystem path: in the
+  installed package `streamidx.data`, else (a checkout on PYTHONPATH, as on
+  a TPU host) in the checkout's `data/`."""
+  if name not in FILES:
+    raise ValueError(f"name: must be one of {tuple(FILES)} (got {name!r})")
+  try:
+    folder = Path(str(importlib.resources.files("streamidx.data")))
+  except ModuleNotFoundError:
+    folder = Path(__file__).resolve().parents[1] / "data"
+  return folder / FILES[name]
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> dict:
+  """The parsed file `name`, read once per process (`save` forgets it)."""
+  return json.loads(path(name).read_text(encoding="utf-8"))
+
+
+def save(name: str, doc: Mapping[str, Any]) -> Path:
+  """Writes `doc` as file `name` (indent 1, UTF-8, a final newline)."""
+  p = path(name)
+  p.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
+               encoding="utf-8")
+  load.cache_clear()
+  return p
+
+
+def chip_rows(**match) -> list[dict]:
+  """The chip's rows whose fields equal every `match` (a value, or a tuple
+  of accepted values), in recorded order."""
+  def ok(row):
+    return all(row.get(f) in (v if isinstance(v, tuple) else (v,))
+               for f, v in match.items())
+  return [r for r in load("chip")["rows"] if ok(r)]
+
+
+def test_runs() -> list[dict]:
+  """Every recorded `make test-tpu` run, oldest first."""
+  return list(load("chip")["test_runs"])
+
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+
+def chip_problems(row: Mapping[str, Any], fields=CHIP_FIELDS) -> list[str]:
+  """What is wrong with one chip row (or, with `TEST_RUN_FIELDS`, one test
+  run): missing or unknown keys, a stage or mode outside its set, a time
+  that is not a non-negative number; [] when it is right."""
+  out = [f"missing {f!r}" for f in fields if f not in row]
+  out += [f"unknown key {f!r}" for f in row if f not in fields]
+  if fields is TEST_RUN_FIELDS:
+    return out + [f"{f}: not a count" for f in ("passed", "failed", "skipped")
+                  if f in row and not isinstance(row[f], int)]
+  if row.get("stage") not in STAGES:
+    out.append(f"stage: must be one of {STAGES} (got {row.get('stage')!r})")
+  if row.get("mode") not in _MODES:
+    out.append(f"mode: must be one of {_MODES} (got {row.get('mode')!r})")
+  if not _number(row.get("device_s")):
+    out.append(f"device_s: must be seconds (got {row.get('device_s')!r})")
+  call = row.get("stage") == "call"
+  for f in ("wall_s", "sync_floor_s", "compile_s"):
+    v = row.get(f)
+    if (call and not _number(v)) or (not call and v is not None):
+      out.append(f"{f}: {'seconds on a call row' if call else 'None on a part'}"
+                 f" (got {v!r})")
+  return out
+
+
+def append_chip(rows: Iterable[Mapping[str, Any]] = (),
+                runs: Iterable[Mapping[str, Any]] = ()) -> Path:
+  """Appends chip rows and test runs to the chip file, after checking every
+  one (ValueError naming the first bad row and its problems; nothing is
+  written then). A call's parts must sum to its device time."""
+  rows, runs = [dict(r) for r in rows], [dict(r) for r in runs]
+  for i, r in enumerate(rows):
+    if bad := chip_problems(r):
+      raise ValueError(f"rows[{i}]: {'; '.join(bad)}")
+  for i, r in enumerate(runs):
+    if bad := chip_problems(r, TEST_RUN_FIELDS):
+      raise ValueError(f"runs[{i}]: {'; '.join(bad)}")
+  for run in {r["run"] for r in rows if r["stage"] == "call"}:
+    whole = next(r["device_s"] for r in rows
+                 if r["run"] == run and r["stage"] == "call")
+    parts = sum(r["device_s"] for r in rows
+                if r["run"] == run and r["stage"] != "call")
+    if abs(parts - whole) > 1e-9 + 1e-6 * whole:
+      raise ValueError(f"rows: the parts of run {run!r} sum to {parts} s, "
+                       f"not its device_s {whole} s")
+  doc = dict(load("chip"))
+  doc["rows"] = doc["rows"] + rows
+  doc["test_runs"] = doc["test_runs"] + runs
+  return save("chip", doc)

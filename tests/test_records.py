@@ -1,0 +1,182 @@
+"""The records: every data file in its one home (`streamidx.records`), the
+chip measurements' schema, and the command that writes and prints them."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from streamidx import records
+from streamidx.lab import shapes
+from streamidx.lab.bench import record
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_data_file_is_named_once_and_loads():
+  on_disk = sorted(p.name for p in (ROOT / "data").glob("*.json"))
+  assert sorted(records.FILES.values()) == on_disk
+  for name in records.FILES:
+    assert isinstance(records.load(name), dict), name
+
+
+def test_no_module_but_records_names_a_data_file():
+  """One home: no other module of the package spells a data file's name or
+  opens `streamidx.data` itself."""
+  names = "|".join(re.escape(f) for f in records.FILES.values())
+  offenders = []
+  for py in sorted((ROOT / "streamidx").rglob("*.py")):
+    if py.name == "records.py":
+      continue
+    text = py.read_text(encoding="utf-8")
+    code = "\n".join(line.split("#")[0] for line in text.splitlines())
+    if re.search(r"streamidx\.data\b|files\(", code) or re.search(
+        rf"[\"']({names})[\"']", code):
+      offenders.append(str(py.relative_to(ROOT)))
+  assert not offenders, offenders
+
+
+def test_recorded_chip_rows_follow_the_schema_and_their_parts_sum():
+  rows = records.chip_rows()
+  for r in rows:
+    assert records.chip_problems(r) == [], r
+  for run in {r["run"] for r in rows}:
+    mine = {r["stage"]: r["device_s"] for r in rows if r["run"] == run}
+    assert set(mine) == set(records.STAGES), run
+    assert sum(mine[p] for p in records.PARTS) == pytest.approx(mine["call"])
+  for r in records.test_runs():
+    assert records.chip_problems(r, records.TEST_RUN_FIELDS) == [], r
+
+
+def test_the_last_recorded_tpu_test_run_passed():
+  runs = records.test_runs()
+  if not runs:
+    pytest.skip("no `make test-tpu` run recorded yet")
+  last = runs[-1]
+  assert last["failed"] == 0, last
+
+
+def _rows(device_s=1e-3):
+  s = shapes.Shape("tiny", "decode", 2, 1, 512, 8, num_heads=4, page_size=16)
+  parts = dict.fromkeys(records.PARTS, device_s / len(records.PARTS))
+  times = {"total_s": device_s, **{f"{p}_s": v for p, v in parts.items()}}
+  return record.call_rows(
+      record.Point(s, "vendored", "fp8", "sort"), times,
+      wall={"median": 2e-3}, compile_s=3.0, floor=5e-4, repeats=4,
+      iterations=2, check={"ok": True}, run="r1", date="2026-12-05T00:00:00",
+      command="python -m streamidx.bench --record", chip="v5e",
+      device_kind="TPU v5 lite", versions={"jax": "0.10.2", "libtpu": "x"})
+
+
+def test_call_rows_are_a_call_and_its_parts(tmp_path, monkeypatch):
+  rows = _rows()
+  assert [r["stage"] for r in rows] == list(records.STAGES)
+  assert all(records.chip_problems(r) == [] for r in rows)
+  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
+  (tmp_path / "chip.json").write_text(json.dumps({"rows": [],
+                                                  "test_runs": []}))
+  records.load.cache_clear()
+  try:
+    records.append_chip(rows)
+    assert len(records.chip_rows(run="r1", stage=("call", "idle"))) == 2
+  finally:
+    records.load.cache_clear()
+
+
+def test_append_refuses_a_bad_row_and_parts_that_miss_the_whole(tmp_path,
+                                                                 monkeypatch):
+  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
+  (tmp_path / "chip.json").write_text('{"rows": [], "test_runs": []}')
+  records.load.cache_clear()
+  try:
+    rows = _rows()
+    with pytest.raises(ValueError, match=r"rows\[0\]: .*wall_s"):
+      records.append_chip([dict(rows[0], wall_s=None)] + rows[1:])
+    with pytest.raises(ValueError, match="parts of run 'r1' sum to"):
+      records.append_chip([dict(rows[0], device_s=2e-3)] + rows[1:])
+    with pytest.raises(ValueError, match="stage: must be one of"):
+      records.append_chip([dict(rows[1], stage="kernel")])
+    assert records.chip_rows() == []  # nothing written
+  finally:
+    records.load.cache_clear()
+
+
+def test_points_cover_the_chip_issue_list_and_patterns_select_them():
+  names = [p.name for p in record.POINTS]
+  assert len(names) == len(set(names))
+  for shape in ("dsv4-decode-64x65536", "dsv4-decode-64x262144",
+                "dsv4-decode-64x1048576", "dsv4-prefill-2048x1048576"):
+    for v in ("vendored:fp8", "dense:dense_fp8", "lean:dense_fp8",
+              "fp4:mxfp4"):
+      for m in ("sort", "blocktop"):
+        assert f"{shape}/{v}/{m}/k512" in names
+  for rows, entries in ((64, 16384), (64, 65536), (64, 262144),
+                        (2048, 262144)):
+    for k in (512, 2048):
+      assert f"select-{rows}x{entries}/select/blocktop/k{k}" in names
+  assert any(n.startswith("glm-page-") for n in names)
+  got = record.points(["select-64x262144/*/k512"])
+  assert {p.method for p in got} == set(record.topk.EXACT_TOPK_METHODS)
+  with pytest.raises(ValueError, match="matches no point"):
+    record.points(["nothing*"])
+
+
+def test_measure_off_a_tpu_runs_the_point_but_has_no_device_time():
+  """The whole path (inputs, compile, check, timing, profile, rows) on a
+  tiny interpreted point; its device times are None, which the records
+  refuse."""
+  s = shapes.Shape("tiny", "decode", 2, 1, 512, 8, num_heads=4, page_size=16)
+  rows, ops = record.measure(record.Point(s, "vendored", "fp8", "sort"),
+                             repeats=1, iterations=1)
+  call = rows[0]
+  assert call["check"]["ok"] is True and call["compile_s"] > 0
+  assert call["wall_s"] > 0 and call["device_s"] is None
+  assert "not a TPU run" in ops["source"]
+  assert records.chip_problems(call)  # device_s None: not a measurement
+
+
+def test_records_command_prints_every_row_as_json():
+  out = subprocess.run(
+      [sys.executable, "-m", "streamidx.bench", "--records", "--json"],
+      capture_output=True, text=True, check=True, cwd=ROOT).stdout
+  lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+  assert len(lines) == len(records.chip_rows())
+  for line in lines:
+    for key in ("chip", "stage", "variant", "cache_format", "method", "rows",
+                "tokens", "entries", "k", "device_s", "wall_s", "compile_s",
+                "date", "command", "jax", "libtpu"):
+      assert key in line
+
+
+def test_record_refuses_to_run_off_a_tpu():
+  proc = subprocess.run(
+      [sys.executable, "-m", "streamidx.bench", "--record", "--points",
+       "select-64x16384/select/sort/k512"],
+      capture_output=True, text=True, cwd=ROOT, check=False)
+  assert proc.returncode == 2 and "measures on a TPU" in proc.stderr
+
+
+def _quote_tool():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "quote_records", ROOT / "tools" / "quote_records.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_docs_quote_the_chip_records_as_the_command_prints_them():
+  """Every chip figure in README.md and docs/ is a quote of the records
+  (`tools/quote_records.py` writes them): none is stale, and the README and
+  docs/limitations.md say what ran on which chip."""
+  tool = _quote_tool()
+  stale = [str(p.relative_to(ROOT)) for p in tool.pages()
+           if tool.quoted(p.read_text(encoding="utf-8"))
+           != p.read_text(encoding="utf-8")]
+  assert not stale, f"run `python tools/quote_records.py`: {stale}"
+  for page in ("README.md", "docs/limitations.md"):
+    assert "<!-- records: --summary -->" in (ROOT / page).read_text(
+        encoding="utf-8"), page
