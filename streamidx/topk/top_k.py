@@ -14,6 +14,7 @@ def cost(rows, entries, k):
 
 
 METHOD = base.Method(
-    name="top_k", exact=True, select=lambda scores, k, extra: base.top_k(
-        scores, k), cost=cost, doc="`lax.top_k` (a full sort of each row), its ties at the k-th "
-    "score made canonical")
+    name="top_k", exact=True,
+    select=lambda scores, k, extra: base.top_k(scores, k), cost=cost,
+    doc="`lax.top_k` (a full sort of each row), its ties at the k-th score "
+    "made canonical")
