@@ -166,7 +166,7 @@ class TopkCall:
 class PageCall(TopkCall):
   """The static arguments of one page-mode call (`streamindex_page_topk`):
   `k` pages (`k_pages`), compression ratio 1, 128 pages per KV block, one
-  int of query rows per block, the selection `lax.top_k`."""
+  int of query rows per block, the selection `select_topk(..., "top_k")`."""
 
   compression_ratio: int = 1
   num_kv_pages_per_block: Any = 128

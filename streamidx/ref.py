@@ -24,12 +24,15 @@ One engine (`_run`) computes everything here and in `streamidx.streaming`:
       for each chunk of C entries (here C = all E of them)      (lax.scan)
         gather the chunk's records through the page table       [Tc, C, lkv]
         unpack (`cache.unpack_cache_raw`), score, mask          [Tc, C]
-        running = top_k(concat(running, chunk), k)              [Tc, k + C]
+        running = rule_top_k(concat(running, chunk), k, ids)    [Tc, k + C]
 
-The indices are those of one `top_k` over the row, ties included: in
-concat(running, chunk) position order is id order among equal scores, and an
-element of the top k of (prefix + chunk) is in the prefix's top k or in the
-chunk (`tests/test_streaming.py` checks equality).
+The indices are the rule's over the whole row (`streamidx.topk.base`), ties
+included: the merge is `topk.base.rule_top_k` with the candidates' ids
+(running ids, then the chunk's), which ranks by (score desc, id asc)
+whatever `lax.top_k` does with ties, and an element of the top k of (prefix
++ chunk) is in the prefix's top k or in the chunk (`tests/test_streaming.py`
+checks equality, and the rule with a `lax.top_k` that breaks ties the other
+way).
 """
 
 from __future__ import annotations
@@ -191,14 +194,13 @@ def _run(q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     if k is None:
       return chunk_scores(qb, wb, seq, pos, 0)
 
-    def step(carry, c):  # canonical zeros: scores tie as `streamidx.topk`
-      s = topk_lib.canonical_zero(chunk_scores(qb, wb, seq, pos, c))
+    def step(carry, c):
+      s = chunk_scores(qb, wb, seq, pos, c)
       ids = c * ids_per_chunk + jnp.arange(ids_per_chunk, dtype=jnp.int32)
-      vals = jnp.concatenate([carry[0], s], axis=1)  # running first
+      vals = jnp.concatenate([carry[0], s], axis=1)
       cand = jnp.concatenate(
           [carry[1], jnp.broadcast_to(ids, (tc, ids_per_chunk))], axis=1)
-      vals, at = jax.lax.top_k(vals, k)
-      return (vals, jnp.take_along_axis(cand, at, axis=1)), None
+      return topk_lib.base.rule_top_k(vals, k, ids=cand), None
 
     init = (jnp.full((tc, k), -jnp.inf, jnp.float32),
             jnp.full((tc, k), -1, jnp.int32))
@@ -266,7 +268,8 @@ def _check_chunks(chunk_entries, chunk_tokens, page_size=None):
 
 
 def topk_from_scores(scores, k: int, *, return_scores: bool = False):
-  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf:
+  """Exact top-k indices i32[T, k] of masked scores, -1 where -inf, by the
+  rule (`streamidx.topk.base`, whatever `lax.top_k` does with ties):
   `streamidx.topk.select_topk(scores, k, "top_k")`, as every exact method.
   With `return_scores`: (indices, f32[T, k] `streamidx.topk.scores_at`)."""
   idx = topk_lib.select_topk(scores, k, "top_k")

@@ -63,6 +63,34 @@ def _release_compiled_programs():
   gc.collect()
 
 
+_LAX_TOP_K = jax.lax.top_k
+
+
+def _highest_index_ties(operand, k, **kwargs):
+  """`lax.top_k`'s values with ties the other way: equal scores by index
+  descending, so the highest-index ones take the k-th place."""
+  del kwargs  # approx_max_k's recall_target, ...
+  vals, idx = _LAX_TOP_K(operand[..., ::-1], k)
+  return vals, operand.shape[-1] - 1 - idx
+
+
+@pytest.fixture
+def ties_backwards(monkeypatch):
+  """For one test, `jax.lax.top_k` and `jax.lax.approx_max_k` break ties
+  the other way (`_highest_index_ties`): the right values, the tie order
+  of no backend in particular (a TPU's `lax.top_k` is not index-ascending
+  either). Every module reaches them as `lax.top_k` (`from jax import
+  lax`), so the patch reaches every caller. The compiled programs are
+  dropped before (none traced with the real ops is reused) and after (none
+  traced with these outlives the test)."""
+  monkeypatch.setattr(jax.lax, "top_k", _highest_index_ties)
+  monkeypatch.setattr(jax.lax, "approx_max_k", _highest_index_ties)
+  jax.clear_caches()
+  yield
+  monkeypatch.undo()
+  jax.clear_caches()
+
+
 # ---------------------------------------------------------------------------
 # Two tiers. `make test` (CI, and what README.md calls the tests) runs the
 # "ci" tier: every module, every variant, cache format, launch and top-k

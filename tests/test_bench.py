@@ -223,6 +223,25 @@ def test_oracle_decodes_like_the_cache_module():
     np.testing.assert_allclose(keys, np.asarray(inp.keys), rtol=rel, atol=2.0**-9)
 
 
+def test_oracle_topk_rule_equals_the_tests_oracle_on_tied_rows():
+  """`bench.oracle.topk_rule` (what `--topk` checks every method against)
+  is the rule: the tests' own oracle, row by row, on ties, zeros of both
+  signs, subnormals, -inf and k above the entries."""
+  from streamidx.lab.bench import oracle as bench_oracle
+  import oracle
+  rng = np.random.default_rng(3)
+  x = rng.integers(-2, 3, (7, 300)).astype(np.float32)
+  x[1] = rng.choice(np.array([0.0, -0.0, 1e-45, -1e-45, 1.0], np.float32), 300)
+  x[2, 40:] = -np.inf
+  x[3] = -np.inf
+  x[4] = rng.standard_normal(300).astype(np.float32)
+  for k in (1, 7, 64, 300, 310):
+    np.testing.assert_array_equal(bench_oracle.topk_rule(x, k, rows_per_step=3),
+                                  oracle.topk_rule(x, k), err_msg=str(k))
+  with pytest.raises(ValueError, match="scores: the rule orders no NaN"):
+    bench_oracle.topk_rule(np.full((1, 4), np.nan, np.float32), 2)
+
+
 def test_long_context_runs_both_settings_and_checks_them(tmp_path):
   """--long-context's path on small shapes: one chunk and streamed chunks
   identical on every row, each within the oracle's bound on its slices."""

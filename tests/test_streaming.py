@@ -23,6 +23,7 @@ from streamidx.lab.bench import oracle as bench_oracle
 from streamidx import metrics, streaming
 
 from streamidx.lab.studies import cases
+import oracle
 
 K = cases.K_TESTS
 K_SMALL = cases.K_BELOW
@@ -125,6 +126,32 @@ def test_ties_across_chunks_resolve_to_the_lower_entry_like_one_shot(pattern):
       n = min(150, int(visible[r]))
       np.testing.assert_array_equal(want[r, :n], np.arange(n))
       assert (want[r, n:] == -1).all()
+
+
+def test_references_keep_the_rule_whatever_top_k_does_with_ties(
+    ties_backwards):
+  """`lax.top_k` breaks ties index-descending here (the fixture); the
+  one-chunk and streaming references, tokens and pages, still return the
+  rule over their own scores (`oracle.topk_rule`), ties across chunks
+  included: the merge ranks by (score, id), not by position."""
+  del ties_backwards
+  inp = _inputs("all_three_ranges", 4, "fp8")
+  for pattern in (None, (0,), (0, 1, 2)):
+    args = list(inp.args)
+    if pattern:
+      args[2] = _tied_cache(inp.cache, pattern)
+    kw = dict(k=150, compression_ratio=4)  # k spans two chunks of 100
+    want = oracle.topk_rule(si.token_scores(*args, compression_ratio=4), 150)
+    np.testing.assert_array_equal(si.streamindex_topk_ref(*args, **kw), want,
+                                  err_msg=f"one chunk, {pattern}")
+    np.testing.assert_array_equal(streaming.streamindex_topk_streaming(
+        *args, chunk_entries=100, **kw), want, err_msg=f"chunks, {pattern}")
+    page_args = args[:6] + [inp.page_args[6]]
+    want = oracle.topk_rule(si.page_scores(*page_args, compression_ratio=4), 5)
+    for chunk in (None, 2 * PAGE_SIZE):
+      np.testing.assert_array_equal(si.streamindex_page_topk_ref(
+          *page_args, k_pages=5, compression_ratio=4, chunk_entries=chunk),
+          want, err_msg=f"pages, chunk {chunk}, {pattern}")
 
 
 @pytest.mark.parametrize("one_token_per_seq,k_pages,chunk_entries", [

@@ -107,20 +107,16 @@ def test_exact_methods_on_edge_rows(name, scores, k):
 
 
 def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
-    monkeypatch):
+    ties_backwards):
   """approx_max_k's comparator leaves ties unordered; XLA:CPU happens to
-  return the lowest indices, so a sort that returns the highest ones stands
-  in for a TPU's here: "sort" must still give the rule's indices."""
-  def highest_index_ties(operand, k, **kwargs):
-    del kwargs
-    vals, idx = jax.lax.top_k(operand[:, ::-1], k)
-    return vals, operand.shape[1] - 1 - idx
-
+  return the lowest indices, so a sort that returns the highest ones (the
+  fixture's) stands in for a TPU's here: "sort" must still give the rule's
+  indices."""
+  del ties_backwards
   rng = np.random.default_rng(7)
   x = rng.integers(-2, 3, size=(4, 120)).astype(np.float32)
   x[0] = 1.0  # one row of a single value
   x[1, 60:] = -np.inf
-  monkeypatch.setattr(jax.lax, "approx_max_k", highest_index_ties)
   for k in (5, 40, 119):
     got = np.asarray(topk.sort.select(jnp.asarray(x), k))
     np.testing.assert_array_equal(got, oracle.topk_rule(x, k), err_msg=str(k))
@@ -300,12 +296,23 @@ def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
                         "--out", str(tmp_path)])
   assert rc == 0
   doc = json.loads((tmp_path / "topk.json").read_text())
+  assert doc["schema"] == topk_bench.SCHEMA
   impls = [r["impl"] for r in doc["results"]]
   assert impls == ["reference", *topk.TOPK_METHODS]
-  assert all(r["identical_to_reference"] for r in doc["results"]
-             if r["impl"] in EXACT)
+  # Each one against the rule's NumPy oracle, not against the reference.
+  for r in doc["results"]:
+    assert r["exact"] == (r["impl"] == "reference" or r["impl"] in EXACT)
+    assert r["rows"] == 4
+    if r["exact"]:
+      assert r["rows_identical"] == 4, r
+  assert topk_bench.failures(doc) == []
   approx = doc["results"][-1]
+  assert not approx["exact"] and 0.0 < approx["recall_here"] <= 1.0
   assert 0.0 < approx["tpu_recall_model"]["emulated_recall"] <= 1.0
+  # A method (or the reference) off the rule on a row fails the run.
+  doc["results"][0]["rows_identical"] = 3
+  assert topk_bench.failures(doc) == ["4x1000:100 reference"]
+  assert "rule: DIFFERS (3/4 rows identical)" in topk_bench.format_table(doc)
   if jax.default_backend() != "tpu":
     assert doc["timings_are"].startswith("CPU timings")
   assert "CPU timings" in capsys.readouterr().out or (

@@ -1,15 +1,17 @@
-"""Every exact registered top-k method against the independent oracle
-(`oracle.topk_rule`: NumPy, score descending then index ascending, -0.0 and
-subnormals as 0, -1 after the visible entries), on rows built to break a
-selection at its k-th place. The methods come from the registry
-(`streamidx.topk.METHODS`, exact ones at their default options), so a new
-method is tested here by being registered.
+"""Every exact registered top-k method and the reference
+(`ref.topk_from_scores`) against the independent oracle (`oracle.topk_rule`:
+NumPy, score descending then index ascending, -0.0 and subnormals as 0, -1
+after the visible entries), on rows built to break a selection at its k-th
+place; then again with a `lax.top_k` that breaks ties the other way. The
+methods come from the registry (`streamidx.topk.METHODS`, exact ones at
+their default options), so a new method is tested here by being registered.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from streamidx import topk
+from streamidx import ref, topk
 
 import oracle
 import tiers
@@ -72,12 +74,14 @@ def _assert_exact(n, k, seed=0):
   names = list(rows)
   x = np.stack([rows[r] for r in names])
   want = oracle.topk_rule(x, k)
-  for m in EXACT:
-    got = np.asarray(topk.select_topk(x, k, m.name))
-    assert got.dtype == np.int32 and got.shape == want.shape, m.name
+  got = {m.name: topk.select_topk(x, k, m.name) for m in EXACT}
+  got["reference"] = ref.topk_from_scores(jnp.asarray(x), k)
+  for name, idx in got.items():
+    idx = np.asarray(idx)
+    assert idx.dtype == np.int32 and idx.shape == want.shape, name
     bad = [names[r] for r in range(len(names))
-           if not np.array_equal(got[r], want[r])]
-    assert not bad, f"{m.name}: differs from the oracle on {bad}"
+           if not np.array_equal(idx[r], want[r])]
+    assert not bad, f"{name}: differs from the oracle on {bad}"
 
 
 @pytest.mark.parametrize("n,k", [(2048, 8), (16384, 100)])
@@ -95,3 +99,14 @@ def test_oracle_orders_zeros_subnormals_and_ties_by_index():
   x = np.array([[-0.0, 1e-45, 0.0, 2.0, -np.inf, -1e-45, 2.0]], np.float32)
   np.testing.assert_array_equal(oracle.topk_rule(x, 8),
                                 [[3, 6, 0, 1, 2, 5, -1, -1]])
+
+
+def test_exact_methods_and_the_reference_keep_the_rule_whatever_top_k_does_with_ties(
+    ties_backwards):
+  """`lax.top_k` and `approx_max_k` break ties index-descending here (the
+  fixture: the k-th place goes to the highest tied indices); every exact
+  method and the reference still return the rule. Among them "top_k", the
+  page kernel's selection, and "sort", the fallback of "blocktop" (whose
+  kernel calls neither)."""
+  del ties_backwards
+  _assert_exact(2048, 8)

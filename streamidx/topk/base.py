@@ -9,6 +9,16 @@ pads with -inf columns, as the vendored kernel does). `canonical_zero` maps
 a tie. Rows holding a NaN score get unspecified indices (the value rules
 reject the non-finite inputs that make them).
 
+No backend's top-k op is trusted with ties: `lax.top_k`'s order among equal
+scores is not index-ascending on a TPU (this project saw it on a v5e), and
+`approx_max_k`'s comparator leaves them unordered. `rule_top_k`, the rule's
+one exact primitive, takes only the values such an op finds and makes the
+membership and the order the rule's; every method built on such an op and
+the reference (`streamidx.ref`) select through it ("radix" and "blocktop"'s
+kernel rank by the rule themselves); tests/test_topk_exact.py and
+tests/test_streaming.py check them with a `lax.top_k` that breaks ties the
+other way (tests/conftest.py, `ties_backwards`).
+
 A method is a `Method` record (its module under `streamidx.topk`, one entry
 in `streamidx.topk.registry`): its name, whether it is exact, its selection
 `select(scores f32[T, N >= k], k, extra, **options) -> i32[T, k]`, what it
@@ -56,25 +66,73 @@ def pad_to(scores, n):
                  constant_values=NEG_INF)
 
 
+def score_of_key(keys):
+  """The f32 scores of `order_key` images (its inverse)."""
+  bits = jnp.where(keys < 0, keys ^ jnp.int32(0x7FFFFFFF), keys)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def finish(vals, idx):
   """-1 where the score is -inf (invisible or padding)."""
   return jnp.where(vals == NEG_INF, -1, idx).astype(jnp.int32)
 
 
+def ranked(keys, ids, k: int):
+  """Each row's first k (key, id) pairs by key descending, id ascending:
+  (i32[T, k], i32[T, k]), a two-key sort of keys, ids i32[T, N >= k]."""
+  # ~key reverses the order of int32 without overflow.
+  neg, ids = lax.sort((~keys, ids.astype(jnp.int32)), dimension=1,
+                      num_keys=2)
+  return ~neg[:, :k], ids[:, :k]
+
+
 def order(keys, idx):
   """The k winners of each row by key descending, index ascending, with -1
   where the key is -inf's: i32[T, k]."""
-  # ~key reverses the order of int32 without overflow.
-  neg, idx = lax.sort((~keys, idx.astype(jnp.int32)), dimension=1,
-                      num_keys=2)
-  return jnp.where(~neg == NEG_INF_KEY, -1, idx).astype(jnp.int32)
+  keys, idx = ranked(keys, idx, keys.shape[1])
+  return jnp.where(keys == NEG_INF_KEY, -1, idx).astype(jnp.int32)
 
 
-def top_k(scores, k):
-  """`lax.top_k` of the canonical scores, -1 at -inf: the rule itself (its
-  ties go to the lowest index)."""
-  vals, idx = lax.top_k(canonical_zero(scores), k)
-  return finish(vals, idx)
+def rule_top_k(scores, k: int, ids=None, found=None):
+  """The rule's k winners of each row: (their scores f32[T, k], -0.0 and
+  subnormals as +0.0; their ids i32[T, k]), by score descending, id
+  ascending. Where a score is -inf its id is any of the row's (`finish`
+  makes it -1).
+
+  scores: f32[T, N >= k]. ids: i32[T, N], each entry's id, distinct in a
+  row among its scores above -inf (None: the column). found: (values,
+  positions) [T, k], k entries of each row holding its k largest scores
+  (None: `lax.top_k` of the canonical scores).
+
+  Of what the top-k op found only the values are trusted, never which of
+  equal scores it holds nor their order. One pass counts each row's entries
+  tied at the k-th score: where the op found them all (or that score is
+  -inf), its k are the rule's, and a two-key sort of the k orders them.
+  Where the ties straddle the k-th place in some row, the batch is ranked
+  by a two-key sort of each whole row instead.
+  """
+  x = canonical_zero(scores)
+  t, n = x.shape
+  vals, pos = lax.top_k(x, k) if found is None else found
+  keys = order_key(x)
+  win = order_key(canonical_zero(vals))
+  kth = jnp.min(win, axis=1)
+  taken = jnp.sum(win == kth[:, None], axis=1, dtype=jnp.int32)
+  tied = jnp.sum(keys == kth[:, None], axis=1, dtype=jnp.int32)
+  canonical = (taken == tied) | (kth == NEG_INF_KEY)
+  if ids is None:
+    win_ids = pos
+    ids = lax.broadcasted_iota(jnp.int32, (t, n), 1)
+  else:
+    win_ids = jnp.take_along_axis(ids, pos, axis=1)
+  keys, ids = lax.cond(jnp.all(canonical), lambda: ranked(win, win_ids, k),
+                       lambda: ranked(keys, ids, k))
+  return score_of_key(keys), ids
+
+
+def top_k(scores, k: int, ids=None):
+  """`rule_top_k`'s ids, -1 where the score is -inf: i32[T, k]."""
+  return finish(*rule_top_k(scores, k, ids))
 
 
 def scores_at(scores, idx):

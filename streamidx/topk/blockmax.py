@@ -5,7 +5,6 @@ blockmax is exact")."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from streamidx.topk import base, top_k
 
@@ -41,18 +40,21 @@ def select_blocks(scores, block_max, k, b):
 
   scores: f32[T, N]; block_max: f32[T, blocks], blocks = cdiv(N, b) > k, the
   maximum of entries [j * b, (j + 1) * b) of each row. The k best blocks by
-  (maximum desc, block index asc), then one `top_k` over their entries.
+  (maximum desc, block index asc), then the k best of their entries, both
+  by `base.rule_top_k`.
   """
   t, _ = scores.shape
   blocks = block_max.shape[1]
-  # Zeros of both signs tie (canonical_zero is monotone: the maximum of the
-  # canonical scores is the canonical maximum).
-  _, best = lax.top_k(base.canonical_zero(block_max), k)  # lowest block first
+  # The k best blocks by the rule (maximum desc, block asc: zeros of both
+  # signs tie, as the maximum of the canonical scores is the canonical
+  # maximum), in block order: their entries' positions among the
+  # candidates are in global index order, so the rule over the positions
+  # is the rule over the entries.
+  _, best = base.rule_top_k(block_max, k)
   best = jnp.sort(best, axis=1)
   x = base.pad_to(scores, blocks * b).reshape(t, blocks, b)
-  cand = base.canonical_zero(
-      jnp.take_along_axis(x, best[:, :, None], axis=1))  # [T, k, b]
-  vals, pos = lax.top_k(cand.reshape(t, k * b), k)
+  cand = jnp.take_along_axis(x, best[:, :, None], axis=1)  # [T, k, b]
+  vals, pos = base.rule_top_k(cand.reshape(t, k * b), k)
   idx = jnp.take_along_axis(best, pos // b, axis=1) * b + pos % b
   return base.finish(vals, idx)
 

@@ -1,10 +1,9 @@
 """"chunked": each chunk of `chunk_size` entries keeps its top-k, then one
-top-k of the candidates: i32[T, k]."""
+top-k of the candidates, both by the rule (`base.rule_top_k`): i32[T, k]."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from streamidx.topk import base, top_k
 
@@ -32,16 +31,16 @@ def select(scores, k, extra=None, *, chunk_size=None):
   chunks = -(-n // c)
   if chunks == 1:
     return base.top_k(scores, k)
-  x = base.pad_to(base.canonical_zero(scores), chunks * c).reshape(t, chunks, c)
+  x = base.pad_to(scores, chunks * c).reshape(t * chunks, c)
   kc = min(k, c)
-  vals, local = lax.top_k(x, kc)  # [T, chunks, kc], ties: lowest index first
-  glob = local + (jnp.arange(chunks, dtype=jnp.int32) * c)[None, :, None]
-  # Candidates in chunk order, each chunk's in (score desc, index asc) order:
-  # among equal scores, candidate position order is global index order, so
-  # the second top_k's tie rule (lowest position) is the global one.
-  vals, pos = lax.top_k(vals.reshape(t, chunks * kc), k)
-  idx = jnp.take_along_axis(glob.reshape(t, chunks * kc), pos, axis=1)
-  return base.finish(vals, idx)
+  # Each chunk's k by the rule: every entry of the row's top k is among its
+  # chunk's (the rule is a total order); then the rule over the candidates,
+  # by their global ids.
+  vals, local = base.rule_top_k(x, kc)  # [T * chunks, kc]
+  glob = (local.reshape(t, chunks, kc)
+          + (jnp.arange(chunks, dtype=jnp.int32) * c)[None, :, None])
+  return base.top_k(vals.reshape(t, chunks * kc), k,
+                    ids=glob.reshape(t, chunks * kc))
 
 
 def cost(rows, entries, k, *, chunk_size=None):

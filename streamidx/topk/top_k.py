@@ -1,5 +1,6 @@
-""""top_k": `lax.top_k` of the canonical scores, whose tie rule (lowest index
-first) is the project's: i32[T, k]."""
+""""top_k": `lax.top_k` of the canonical scores, its ties at the k-th score
+made canonical (`base.rule_top_k`: its tie order is not the rule's on a
+TPU): i32[T, k]."""
 
 from __future__ import annotations
 
@@ -13,5 +14,7 @@ def cost(rows, entries, k):
 
 
 METHOD = base.Method(
-    name="top_k", exact=True, select=lambda scores, k, extra: base.top_k(
-        scores, k), cost=cost, doc="`lax.top_k`: a full sort of each row")
+    name="top_k", exact=True,
+    select=lambda scores, k, extra: base.top_k(scores, k), cost=cost,
+    doc="`lax.top_k` (a full sort of each row), its ties at the k-th score "
+    "made canonical")

@@ -75,3 +75,39 @@ def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
         out[t, :len(top)] = top
         scores[t, :n] = s
   return (out, scores) if return_scores else out
+
+
+def topk_rule(scores, k: int, rows_per_step: int = 64) -> np.ndarray:
+  """The top-k rule (`streamidx.topk.base`) in NumPy, no JAX: i32[T, k],
+  each row's entries by score descending, then index ascending, -0.0 and
+  subnormals as 0, -1 after the visible (> -inf) entries and past N.
+
+  scores: f32[T, N]. Per row: the k-th largest score (a partition), every
+  entry above it and the lowest-index ones equal to it (a running count),
+  those k in index order, then a stable sort by score descending. O(N) a
+  row, `rows_per_step` rows at a time.
+  """
+  x = np.asarray(scores, np.float32)
+  if np.isnan(x).any():
+    raise ValueError("scores: the rule orders no NaN (the value rules "
+                     "reject the inputs that make one)")
+  t, n = x.shape
+  m = min(k, n)
+  out = np.full((t, k), -1, np.int32)
+  if m == 0:
+    return out
+  for lo in range(0, t, rows_per_step):
+    s = x[lo:lo + rows_per_step]
+    s = np.where(np.abs(s) < np.finfo(np.float32).tiny, np.float32(0), s)
+    kth = -np.partition(-s, m - 1, axis=1)[:, m - 1:m]
+    above = s > kth
+    tied = s == kth
+    room = m - above.sum(axis=1, keepdims=True)
+    take = above | (tied & (np.cumsum(tied, axis=1) <= room))
+    idx = np.nonzero(take)[1].reshape(len(s), m)  # m a row, index order
+    vals = np.take_along_axis(s, idx, axis=1)
+    top = np.take_along_axis(idx, np.argsort(-vals, axis=1, kind="stable"),
+                             axis=1)
+    visible = np.take_along_axis(s, top, axis=1) > -np.inf
+    out[lo:lo + len(s), :m] = np.where(visible, top, -1)
+  return out

@@ -4,7 +4,7 @@ A point is one call at one shape: a kernel variant with a cache format and a
 top-k method, or the selection alone (`select_topk` over a score buffer).
 `measure` compiles it (timed), checks its result (a call against its
 reference, tie-aware at `metrics.summation_atol`; a selection against the
-rule's NumPy oracle, `topk_bench.rule_topk`), times `repeats` synchronous
+rule's NumPy oracle, `bench.oracle.topk_rule`), times `repeats` synchronous
 calls (wall, beside the process's sync floor: an empty jitted call) and
 profiles `iterations` more (`profiling.stage_times`: the device time and
 its parts), and returns the rows `streamidx.records` keeps: one "call" row
@@ -40,7 +40,7 @@ from streamidx import metrics, records, topk
 from streamidx import variants as variants_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
-from streamidx.lab.bench import harness, long_context
+from streamidx.lab.bench import harness, long_context, oracle
 from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import hardware, profiling
 
@@ -165,7 +165,7 @@ def _check_call(point: Point, got, inputs, kw) -> dict:
 
 
 def _check_selection(point: Point, got, scores_np) -> dict:
-  want = topk_bench.rule_topk(scores_np, point.shape.k)
+  want = oracle.topk_rule(scores_np, point.shape.k)
   same = (np.asarray(got) == want).all(axis=1)
   out = {"ok": bool(same.all()), "rows": int(same.size),
          "rows_identical": int(same.sum())}

@@ -1,9 +1,12 @@
-"""The top-k stage (`--topk`, docs/benchmarks.md): every `streamidx.topk` method
-timed on this machine; with `--json` (or `--compile`) the TensorCore bundles
-each one's compiled selection program executes per generation at DeepSeek-V4's
-decode and prefill shapes (`COUNT_SHAPES`), one JSON object a line, from the
-records in data/step_schedule.json (`lab.calibration.record_selection`, the
-one instrument; `--compile` compiles the missing ones and appends them); or
+"""The top-k stage (`--topk`, docs/benchmarks.md): the reference and every
+`streamidx.topk` method timed on this machine, each checked row by row
+against the rule's NumPy oracle (`bench.oracle.topk_rule`; no method is the
+check: `lax.top_k`'s tie order is not the rule's on a TPU); with `--json`
+(or `--compile`) the TensorCore bundles each one's compiled selection
+program executes per generation at DeepSeek-V4's decode and prefill shapes
+(`COUNT_SHAPES`), one JSON object a line, from the records in
+data/step_schedule.json (`lab.calibration.record_selection`, the one
+instrument; `--compile` compiles the missing ones and appends them); or
 with `--cost-analysis` XLA's cost analysis of each compiled per generation
 (libtpu, no TPU) in <out>/topk_compile.json, which
 `lab.model.topk.recommend(estimates=)` reads.
@@ -25,11 +28,14 @@ import numpy as np
 from streamidx import metrics, modes, ref, topk
 from streamidx.lab import calibration, tables
 from streamidx.lab import shapes as shapes_lib
-from streamidx.lab.bench import harness
+from streamidx.lab.bench import harness, oracle
 from streamidx.lab.model import roofline
 from streamidx.lab.model import topk as topk_model
 
-SCHEMA = "streamidx.bench.topk/2"  # /2: median, min, max, runs as harness.measure
+# /2: median, min, max, runs as harness.measure; /3: every result (the
+# reference's too) checked against the rule's NumPy oracle, `rows_identical`
+# of `rows`, instead of against the reference (`identical_to_reference`).
+SCHEMA = "streamidx.bench.topk/3"
 
 
 # Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512): score
@@ -153,19 +159,6 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   return x
 
 
-def rule_topk(scores: np.ndarray, k: int) -> np.ndarray:
-  """The tie rule (`streamidx.topk.base`) in NumPy, on the host: i32[T, k]
-  indices of f32 `scores` [T, N] by score descending, then index ascending,
-  -0.0 and subnormals as 0.0; -1 after the visible (> -inf) entries."""
-  x = np.asarray(scores, np.float32)
-  x = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
-  order = np.argsort(-x, axis=1, kind="stable")[:, :k]  # ties: index order
-  kept = np.take_along_axis(x, order, axis=1) > -np.inf
-  out = np.full((x.shape[0], k), -1, np.int32)
-  out[:, :order.shape[1]] = np.where(kept, order, -1)
-  return out
-
-
 def _time(fn, args, repeats):
   """fn(*args) jitted (args are arguments, never constants to fold)."""
   info, call = harness.compile_call(fn, args, {})
@@ -175,14 +168,26 @@ def _time(fn, args, repeats):
 
 def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
-  """Times every method and the reference on each shape; returns the doc."""
+  """Times the reference and every method on each shape and checks each
+  one against the rule (`bench.oracle.topk_rule`, NumPy): `rows_identical`
+  of `rows`; "approx" also its recall. Returns the doc."""
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k
+    want = oracle.topk_rule(x_np, k)
     x = jnp.asarray(x_np)
-    want, timing = _time(lambda s: ref.topk_from_scores(s, k), (x,), repeats)
-    results.append({"shape": _name(shape), "impl": "reference", **timing,
-                    "identical_to_reference": True})
+
+    def checked(impl, got, timing, exact=True):
+      row = {"shape": _name(shape), "impl": impl, **timing, "exact": exact,
+             "rows": int(want.shape[0]),
+             "rows_identical": int((got == want).all(axis=1).sum())}
+      if not exact:
+        row["recall_here"] = metrics.recall_at_k(got, want, x_np)
+        row["tpu_recall_model"] = topk_model.approx_recall(x_np, k)
+      return row
+
+    results.append(checked("reference", *_time(
+        lambda s: ref.topk_from_scores(s, k), (x,), repeats)))
     for m in topk.TOPK_METHODS:
       rec = topk.get(m)
       if rec.needs:  # its extra output as the kernel writes it
@@ -192,19 +197,23 @@ def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
       else:
         got, timing = _time(lambda s, m=m: topk.select_topk(s, k, m), (x,),
                             repeats)
-      row = {"shape": _name(shape), "impl": m, **timing,
-             "identical_to_reference": bool(np.array_equal(got, want))}
-      if m not in topk.EXACT_TOPK_METHODS:
-        row["recall_here"] = metrics.recall_at_k(got, want, x_np)
-        row["tpu_recall_model"] = topk_model.approx_recall(x_np, k)
-      results.append(row)
+      results.append(checked(m, got, timing, rec.exact))
   on_tpu = jax.default_backend() == "tpu"
   return {"schema": SCHEMA, "machine": modes.describe_machine(),
           "timings_are": ("TPU wall times (this machine)" if on_tpu else
                           "CPU timings (this machine), not TPU timings"),
+          "checked_against": ("the rule's NumPy oracle "
+                              "(streamidx.lab.bench.oracle.topk_rule)"),
           "shapes": [dict(rows=s.rows, entries=s.entries, k=s.k)
                      for s in shapes],
           "results": results}
+
+
+def failures(doc) -> list[str]:
+  """'shape impl' of each exact result (the reference's too) that differs
+  from the rule on some row."""
+  return [f"{r['shape']} {r['impl']}" for r in doc["results"]
+          if r["exact"] and r["rows_identical"] < r["rows"]]
 
 
 def format_table(doc) -> str:
@@ -212,17 +221,20 @@ def format_table(doc) -> str:
            if r["impl"] == "reference"}
   rows = []
   for r in doc["results"]:
-    check = "identical" if r["identical_to_reference"] else "DIFFERS"
-    if "recall_here" in r:
+    same = f"{r['rows_identical']}/{r['rows']} rows"
+    check = (f"rule: identical ({same})" if r["rows_identical"] == r["rows"]
+             else f"rule: DIFFERS ({same} identical)")
+    if not r["exact"]:
       m = r["tpu_recall_model"]
-      check = (f"recall {r['recall_here']:.4f} here; TPU model "
-               f"{m['emulated_recall']:.4f} ({m['bins']} bins)")
+      check = (f"recall {r['recall_here']:.4f} here ({same} identical); TPU "
+               f"model {m['emulated_recall']:.4f} ({m['bins']} bins)")
     rows.append({"shape": r["shape"], "method": r["impl"],
                  "median ms": r["median"] * 1e3,
                  "min-max ms": f"{r['min'] * 1e3:.2f}-{r['max'] * 1e3:.2f}",
                  "vs ref": f"{r['median'] / ref_t[r['shape']]:.2f}x",
                  "compile s": r["compile_s"], "check": check})
-  return doc["timings_are"] + "\n" + tables.format_rows(rows)
+  return (doc["timings_are"] + "; checked against " + doc["checked_against"]
+          + "\n" + tables.format_rows(rows))
 
 
 def compile_matrix(shapes, generations) -> dict:
@@ -348,7 +360,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
       description="Every streamidx.topk method timed on this machine beside "
-      "the reference; or (--json, --compile) the TensorCore bundles each "
+      "the reference, each checked against the rule's NumPy oracle; or (--json, --compile) the TensorCore bundles each "
       "one's compiled selection executes on v5e, v6e and v7x at DeepSeek-V4 "
       "decode (64 x 262,144, k 512, 1,024, 2,048) and prefill (2,048 x "
       "262,144, k 512), from data/step_schedule.json "
@@ -414,8 +426,7 @@ def main(argv=None) -> int:
     doc, name = run(shapes, repeats=a.repeats), "topk"
     print(doc["machine"])
     print(format_table(doc))
-    bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
-           if "recall_here" not in r and not r["identical_to_reference"]]
+    bad = failures(doc)
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
