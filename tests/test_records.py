@@ -82,6 +82,10 @@ def test_call_rows_are_a_call_and_its_parts(tmp_path, monkeypatch):
   try:
     records.append_chip(rows)
     assert len(records.chip_rows(run="r1", stage=("call", "idle"))) == 2
+    (call,) = record.calls(chip="v5e", variant="vendored")
+    assert call["stage"] == "call" and call["device_s"] == 1e-3
+    assert sum(call["parts"].values()) == pytest.approx(1e-3)
+    assert record.calls(chip="v6e") == []
   finally:
     records.load.cache_clear()
 

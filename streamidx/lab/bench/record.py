@@ -45,7 +45,8 @@ from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import hardware, profiling
 
 __all__ = ["Point", "POINTS", "points", "measure", "call_rows", "versions",
-           "sync_floor", "call_table", "summary", "main", "print_records"]
+           "sync_floor", "calls", "call_table", "summary", "main",
+           "print_records"]
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
 # cache the point builds its cache a few pages at a time and is not checked.
@@ -285,6 +286,17 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
 
 
 # -- the command line -----------------------------------------------------
+
+
+def calls(**match) -> list[dict]:
+  """The recorded calls whose "call" row matches `match` (`records.chip_rows`'
+  rule), each that row with "parts": {part: device seconds}, the newest
+  last: what a notebook quotes as measured."""
+  parts: dict = {}
+  for r in records.chip_rows():
+    parts.setdefault(r["run"], {})[r["stage"]] = r["device_s"]
+  return [dict(r, parts={p: parts[r["run"]].get(p) for p in records.PARTS})
+          for r in records.chip_rows(stage="call", **match)]
 
 
 def call_table(rows: Sequence[dict]) -> list[dict]:
