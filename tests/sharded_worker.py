@@ -65,7 +65,7 @@ CASES = (
 # The CI tier's cases (tests/tiers.py; the rest are the full tier's): the
 # data-only layout, the 2D layout (a context axis too) with the tree merge,
 # and page mode with the all-gather merge: both formats, both merges, both
-# modes. Notebook 07's CI run adds a context-parallel layout (1 x 2, in a
+# modes. Notebook 09's CI run adds a context-parallel layout (1 x 2, in a
 # fresh process).
 CI_CASES = ("sequence-parallel-8/token/bf16", "2d-2x4/token/fp8/tree",
             "2d-2x4/page/fp8/all_gather")

@@ -1,7 +1,7 @@
-"""lab.studies.device_timing (notebook 06's harness): the check of a call
+"""lab.studies.device_timing (notebook 08's harness): the check of a call
 against its reference at the derived tolerance, and its trace.
 
-The sweep, the configurations and the text built from them are notebook 06's
+The sweep, the configurations and the text built from them are notebook 08's
 cells; its own asserts check them (CI runs it)."""
 
 import jax.numpy as jnp

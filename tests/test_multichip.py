@@ -1,6 +1,6 @@
-"""lab.studies.multichip (notebook 07): layouts run against one device;
+"""lab.studies.multichip (notebook 09): layouts run against one device;
 lab.plots' scaling figures. The crossover rows, titles and answers are
-notebook 07's cells, checked by its own asserts."""
+notebook 09's cells, checked by its own asserts."""
 
 import matplotlib
 
@@ -19,7 +19,7 @@ import tiers  # pylint: disable=g-import-not-at-top
 W = scaling.DSV4_DECODE.with_(seq_len=1 << 17)
 
 
-# Full tier (tests/tiers.py): notebook 07's CI run takes the same path (a
+# Full tier (tests/tiers.py): notebook 09's CI run takes the same path (a
 # 1 x 2 context-parallel layout through check_layouts_subprocess) and
 # asserts every check ok; this test pins the rows' fields too.
 @tiers.FULL

@@ -45,7 +45,7 @@ def test_the_cell_after_parameters_is_one_check_notebook_call(path):
   code = [l for l in "".join(cell["source"]).splitlines()
           if l.strip() and not l.lstrip().startswith("#")]
   assert cell["cell_type"] == "code"
-  if path.stem == "07_multichip":  # its virtual CPU devices, before JAX starts
+  if path.stem == "09_multichip":  # its virtual CPU devices, before JAX starts
     assert code[1] == "from streamidx.lab.studies.multichip import reserve_cpu_devices"
     assert code[2] == ("check_notebook(globals(), before_backend=lambda: "
                        "reserve_cpu_devices(num_data * num_context))")
@@ -148,8 +148,8 @@ BAD = [
     ("00_quickstart", "k", 0), ("00_quickstart", "fmt", "fp16"),
     ("01_cache_layout", "page_size", 6), ("03_kernel_walkthrough", "num_kv_pages_per_block", 4),
     ("02_fp8_packing", "num_records", 8), ("05_kernel_tiling", "run_kv_blocks", [8, 8, 3]),
-    ("04_recall_parity", "parity_scope", "most"), ("06_tpu_profiling", "modes", ["token", "tile"]),
-    ("07_multichip", "num_context", 3), ("08_topk_selection", "tie_k", 4),
+    ("04_recall_parity", "parity_scope", "most"), ("08_tpu_profiling", "modes", ["token", "tile"]),
+    ("09_multichip", "num_context", 3), ("07_topk_selection", "tie_k", 4),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The bounds notebooks 05 and 06 share (streamidx.lab.studies.tiling_study).
+"""The bounds notebooks 05 and 08 share (streamidx.lab.studies.tiling_study).
 
 The tables notebook 05 builds from the tiling model are checked by the
 notebook's own asserts (CI runs it); `megacore_rows` and `decode_page_bounds`

@@ -224,7 +224,7 @@ def _history(namespace: Mapping) -> list[str]:
 def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = None,
                    *, before_backend: Callable[[], Any] | None = None) -> None:
   """Checks a notebook's globals() against its parameters cell (`cell`: source or
-  path; None: the last one this kernel ran), calls `before_backend` (07's CPU devices),
+  path; None: the last one this kernel ran), calls `before_backend` (09's CPU devices),
   applies, checks and prints `tpu_scaling`'s sizes; ParameterError names the first broken."""
   if cell is None:  # the last `parameters` cell this IPython kernel ran
     cell = next((s for s in reversed(_history(namespace)) if s.startswith(HEADER)), None)

@@ -639,7 +639,7 @@ STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "ta
 
 
 def step_stages_figure(steps: dict, *, title: str):
-  """Notebooks 05 and 06: the production step stage by stage (`roofline.dsv4_step`'s
+  """Notebooks 05 and 08: the production step stage by stage (`roofline.dsv4_step`'s
   `StepBound.stages`), one horizontal stacked bar per label of `steps` {label: StepBound}; a
   floor (`at_least`: a stage without a count or a clock) is hatched and says "at least"; each
   bar names its clock (`Stage.clock_hz`, and whether it was inferred: `clock_source`)."""
@@ -799,7 +799,7 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, ti
 
 def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
                     generations, device_kind: str = ""):
-  """Notebook 06: device time against the roofline, and its split by stage: `measured`, the
+  """Notebook 08: device time against the roofline, and its split by stage: `measured`, the
   run-file `records` and `generation`'s bounds; else each of `generations`' predicted bound
   (`predictions`: (mode, B, L) -> generation -> seconds per stage) and v5e's split, said so."""
   fig, (ax, ax_split) = plt.subplots(1, 2, figsize=(14, 4.6))
@@ -841,7 +841,7 @@ def roofline_figure(records, predictions, *, measured: bool, generation: str | N
 
 
 def calibration_figure(rows: Sequence[dict], *, band: float, title: str):
-  """Notebook 06: predicted against measured seconds, log-log, one point per public
+  """Notebook 08: predicted against measured seconds, log-log, one point per public
   measurement with a prediction (`calibration.rows()` rows: measured_s, predicted_s, chip,
   source, stage, method, shape), numbered, their source, stage and shape in a column beside
   the axes; the diagonal and the x`band` band around it."""
@@ -879,7 +879,7 @@ def calibration_figure(rows: Sequence[dict], *, band: float, title: str):
 
 
 def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
-  """Notebook 06: a row per kernel configuration: measured device time (a TPU run, stacked by
+  """Notebook 08: a row per kernel configuration: measured device time (a TPU run, stacked by
   stage) beside its roofline (hollow) and static-schedule (marker) bounds; else model only."""
   y, h = np.arange(len(records)), 0.38
   fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
@@ -904,7 +904,7 @@ def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str
 
 
 def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
-  """Notebook 06: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
+  """Notebook 08: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
   device times) per sweep point, a bar per run, its roofline bound a black tick."""
   from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
   if not (runs := list(timed_runs)[-last:]):
@@ -929,7 +929,7 @@ def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
 
 
 def scaling_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the modelled step and cache per device against chips (`scaling_table` rows)
+  """Notebook 09: the modelled step and cache per device against chips (`scaling_table` rows)
   per generation: C = 1 solid, the best context-parallel C dashed where it differs."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   chips = sorted({r["chips"] for r in rows})
@@ -950,7 +950,7 @@ def scaling_figure(rows: Sequence[dict], *, title: str = ""):
 
 
 def crossover_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 07: the shortest context from which context parallelism pays ("tokens"; None:
+  """Notebook 09: the shortest context from which context parallelism pays ("tokens"; None:
   never, left out) against the assumed collective latency, a line per (generation, chips)."""
   fig, ax = plt.subplots(figsize=(7, 4))
   for gen, chips in dict.fromkeys((r["generation"], r["chips"]) for r in rows):

@@ -35,9 +35,9 @@ INDEX_NAME = "index.html"
 # (2026-12-01): the start order only, where no earlier copy gives its own.
 TYPICAL_SECONDS = {
     "05_kernel_tiling.ipynb": 210, "04_recall_parity.ipynb": 205,
-    "02_fp8_packing.ipynb": 70, "07_multichip.ipynb": 65,
-    "06_tpu_profiling.ipynb": 65, "01_cache_layout.ipynb": 40,
-    "03_kernel_walkthrough.ipynb": 30, "08_topk_selection.ipynb": 20, "00_quickstart.ipynb": 15,
+    "02_fp8_packing.ipynb": 70, "09_multichip.ipynb": 65,
+    "08_tpu_profiling.ipynb": 65, "01_cache_layout.ipynb": 40,
+    "03_kernel_walkthrough.ipynb": 30, "07_topk_selection.ipynb": 20, "00_quickstart.ipynb": 15,
 }
 # What `streamidx.describe_machine()` prints: "CPU (cpu), jax 0.10.2: <mode>".
 MACHINE_PATTERN = re.compile(r"\b(?:CPU|TPU|GPU|CUDA|ROCM|METAL) \([^()\n]*\), "

@@ -1,4 +1,4 @@
-"""Notebook 06's measurement harness, shared by both of its loops: the check of
+"""Notebook 08's measurement harness, shared by both of its loops: the check of
 a kernel's indices and the traced calls.
 """
 

@@ -1,4 +1,4 @@
-"""Notebook 07's check: the sharded layouts run for real, against one device,
+"""Notebook 09's check: the sharded layouts run for real, against one device,
 in this process or a fresh one with virtual CPU devices (why, and CPU device
 0 left out): docs/multichip.md, "Run against one device".
 """

@@ -1,4 +1,4 @@
-"""The tiling bounds notebooks 05 and 06 share, and notebook 05's megacore
+"""The tiling bounds notebooks 05 and 08 share, and notebook 05's megacore
 compile (libtpu, no TPU). Models and compiles; no TPU measurement here.
 """
 
