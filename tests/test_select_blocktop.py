@@ -94,15 +94,16 @@ def test_blocktop_candidates_at_the_bound_fit_the_slots(k, mean):
   assert max(live) < 0.8 * sb.capacity(k)
 
 
-def test_blocktop_sort_looped_over_vmem_matches_the_unrolled_one(monkeypatch):
-  # Beyond UNROLLED_SLOTS (4,096 slots at k 2,048) the bitonic steps loop
-  # over the vregs in VMEM; here at 256 slots (k 100): two vregs, so both
-  # the pairs of whole vregs and the lane steps run looped.
+def test_blocktop_sort_in_chunks_matches_the_rule(monkeypatch):
+  # At k 2,048 the sort's 32 vregs go through registers 16 at a time: steps
+  # between two chunks, a loop over the chunks. Here the same code at 512
+  # slots (k 200, 4 vregs) in chunks of 2 vregs (the compaction's rounds 1
+  # vreg a loop step).
   x = np.random.default_rng(7).integers(-3, 4, (3, 6000)).astype(np.float32)
-  monkeypatch.setattr(sb, "UNROLLED_SLOTS", 128)
-  looped, bad = sb.block_select(x, 100, keep=3, tile=2048)
+  monkeypatch.setattr(sb, "_CHUNK", 1)
+  got, bad = sb.block_select(x, 200, keep=3, tile=2048)
   assert not np.asarray(bad).any()
-  np.testing.assert_array_equal(np.asarray(looped), oracle.topk_rule(x, 100))
+  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
 
 
 def test_blocktop_prefix_rows_drop_no_winner():

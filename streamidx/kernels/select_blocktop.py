@@ -1,7 +1,7 @@
 """The "blocktop" top-k method: one Pallas TensorCore kernel reads the
 f32[T, N] score buffer once and writes each row's k winners in the rule's
-order; no sort of the row, no XLA sort (the full sort only where the
-kernel's check fails).
+order; no sort of the row, no XLA sort (`lax.top_k` of the batch only where
+the kernel's check fails).
 
 Layout. A grid step holds 8 rows and streams them in tiles of `tile`
 entries (double-buffered DMAs of [8, 8192]). A vreg is [8 rows, 128
@@ -20,7 +20,8 @@ Any 1,024 consecutive entries fall in 1,024 different blocks, so a row
 whose visible entries are a short prefix, or whose winners crowd a window,
 spreads them over the blocks as a long random row does.
 
-Finish, per 8 rows, on the keep x 1,024 candidates a row, in vregs:
+Finish, per 8 rows, on the keep x 1,024 candidates a row; every step a
+loop over vregs of VMEM, so the program is about the same size at any k:
 1. The bound: the (key, index) of the k-th best entry of the first `bound`
    levels (`bound_levels`: 2k entries). k entries rank at or before it, so
    every winner does. Found bit by bit by counting: 32 counts for the
@@ -30,18 +31,23 @@ Finish, per 8 rows, on the keep x 1,024 candidates a row, in vregs:
    the bound is an entry, not a score) get their slot by an exclusive
    prefix count (on the MXU) and move there in log2(keep x 1,024) rounds
    of compare and select, the lowest bit of each one's move first (then
-   no two ever meet; lane
-   rotations for the moves under 128). The first `capacity(k)` slots (the
-   power of two >= 2k, at least 128) go on.
-3. A bitonic sort of those slots by (key descending, index ascending); the
-   first k are the winners, -1 where none is visible.
+   no two ever meet; lane rotations for the moves under 128), each round
+   from one pair of VMEM buffers to the other. The first `capacity(k)`
+   slots (the power of two >= 2k, at least 128: nv vregs) go on.
+3. A bitonic sort of those slots by (key descending, index ascending),
+   position p at lane p // nv of vreg p % nv: partners fewer than nv apart
+   are whole vregs (compare and select), farther ones lanes of a vreg (a
+   lane gather). Rank r lands at lane r // nv of vreg r % nv; each vreg of
+   128 winners gathers its lanes from the sorted vregs, -1 where none is
+   visible.
 
 Exactness. When no block's best dropped entry ranks before the k-th winner
 and at most `capacity(k)` candidates rank at or before the bound, every
 entry of the top k was a candidate and was sorted, and the result is the
 rule's (a dropped entry of the top k would rank before the k-th winner
 found). Otherwise the kernel flags the row, and the batch is selected again
-by "sort": exact always, only the cost depends on it (`keep_for`).
+by the rule itself (`base.top_k`, a `lax.top_k`): exact always, only the
+cost depends on it (`keep_for`).
 
 Shapes: scores f32[T, N] -> i32[T, k]; the kernel pads T to a multiple of
 8 and N to a multiple of `tile` with -inf.
@@ -60,7 +66,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
 from streamidx.topk import base
-from streamidx.topk import sort as sort_method
 
 SUBLANES, LANES = 8, 128
 BLOCKS = SUBLANES * LANES  # blocks a row: 8 vregs of 128 lanes
@@ -91,7 +96,7 @@ def keep_for(n: int, k: int) -> int:
   n / 1024 entries) that number at least k a row and for which, were the
   top k spread over the row at random, a row would hold a block with more
   of them with probability below 1e-4 (then the check sends the batch to
-  "sort")."""
+  `lax.top_k`)."""
   block = -(-n // BLOCKS)
   p = min(1.0, k / max(1, n))
   for keep in range(2, block):
@@ -160,6 +165,13 @@ def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int):
 
 
 # -- the finish -------------------------------------------------------------
+#
+# Each step of the finish is a loop over vregs of VMEM (`finish_scratch`), a
+# few vregs a loop step, so its program hardly grows with k: the compiler
+# and the interpreter see each step's code once or a few times.
+
+_CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
+_UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
 
 
 def _total(masks):
@@ -205,184 +217,266 @@ def _move_bits(candidate_vregs: int, width: int) -> int:
   return max(1, (max(candidate_vregs, width) * LANES - 1).bit_length())
 
 
-def _compact(keys, idx, live, width: int):
-  """The live entries (position v * 128 + l: vreg v, lane l) moved, in
-  order, to the first positions: `width` vregs of keys (-inf's key where
-  none) and of indices, and how many are live a row, i32[8, 1].
+def _loop(n: int, body, carry=0):
+  """`body(v, carry)` for v in [0, n), a loop of static trip count (8
+  iterations a trip where 8 divides n)."""
+  return lax.fori_loop(0, n, body, carry, unroll=8 if n % 8 == 0 else 1)
+
+
+def _iota(shape, axis):
+  return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _mark(lv, li, ck, cw, key, index, n: int):
+  """Candidate vreg v (level v // 8, unit v % 8) in [0, n): its order key
+  to ck[v], whether it ranks at or before the bound (key, index) to cw[v]
+  (1 or 0)."""
+
+  def body(v, c):
+    kk = _key(lv[v])
+    ck[v] = kk
+    cw[v] = jnp.where((kk > _DEAD) & ~_before(key, index, kk, li[v]), 1, 0)
+    return c
+
+  _loop(n, body)
+
+
+def _compact(li, bufs, n: int, width: int):
+  """The live entries of vregs [0, n) of bufs[0] (keys, words: 1 where
+  live; position v * 128 + l: vreg v, lane l) moved, in order, to the first
+  positions. bufs: two pairs of (key, word) buffers i32[N + 9, 8, 128],
+  empty from vreg n on. Returns (the pair now holding their keys and
+  indices in its first `width` vregs, -inf's key and `_NO_INDEX` past them;
+  how many are live a row, i32[8, 1]).
 
   Each one's move is its position less its slot (the exclusive prefix count
   of the live); it moves in rounds, the move's lowest bit first, so no two
   ever meet. What moves is its key and one word: the index's high bits
   (index // 1024; the low bits, its block, follow from where it started:
-  slot + move), a live bit and the move."""
-  lane = lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
-  n = max(len(keys), width)
-  sb = _move_bits(len(keys), width)
+  slot + move), a live bit and the move. A round reads one pair of buffers
+  and writes the other (`_round`)."""
+  (ck, cw), lane = bufs[0], _iota((SUBLANES, LANES), 1)
+  sb = _move_bits(n, width)
   alive = 1 << sb
   # The prefix counts on the MXU: [live of every vreg] @ [j <= i | 1]
   # gives each lane the live at or before it in its vreg, and the vreg's
-  # total (0 and 1 in bf16, summed in f32: exact).
-  ones = [jnp.where(m, 1.0, 0.0).astype(jnp.bfloat16) for m in live]
-  row = lax.broadcasted_iota(jnp.int32, (LANES, 2 * LANES), 0)
-  col = lax.broadcasted_iota(jnp.int32, (LANES, 2 * LANES), 1)
-  tri = jnp.where((row <= col) | (col >= LANES), 1.0, 0.0).astype(
-      jnp.bfloat16)
-  counts = jnp.dot(jnp.concatenate(ones, axis=0), tri,
+  # total (0 and 1 in bf16, summed in f32: exact), held in the other pair
+  # of buffers until the first round.
+  ones = jnp.where(cw[0:n] != 0, 1.0, 0.0).reshape(n * SUBLANES, LANES)
+  row, col = _iota((LANES, 2 * LANES), 0), _iota((LANES, 2 * LANES), 1)
+  tri = jnp.where((row <= col) | (col >= LANES), 1.0, 0.0)
+  counts = jnp.dot(ones.astype(jnp.bfloat16), tri.astype(jnp.bfloat16),
                    preferred_element_type=jnp.float32).astype(jnp.int32)
-  before = jnp.zeros((SUBLANES, LANES), jnp.int32)  # live in earlier vregs
-  ks, ws = [], []
-  for v, m in enumerate(live):
-    c = counts[v * SUBLANES:(v + 1) * SUBLANES]
-    incl, vreg_total = c[:, :LANES], c[:, LANES:]
-    move = v * LANES + lane - (before + incl - jnp.where(m, 1, 0))
-    before = before + vreg_total
-    ks.append(keys[v])
-    high = (idx[v] >> _BLOCK_BITS) << (sb + 1)
-    ws.append(jnp.where(m, high | alive | move, 0))
-  total = before[:, :1]
-  empty = jnp.zeros((SUBLANES, LANES), jnp.int32)
-  ks, ws = ks + [empty] * (n - len(ks)), ws + [empty] * (n - len(ws))
+  incl, tot = bufs[1]
+  incl[0:n] = counts[:, :LANES].reshape(n, SUBLANES, LANES)
+  tot[0:n] = counts[:, LANES:].reshape(n, SUBLANES, LANES)
+
+  def word(v, before):  # before: the live in earlier vregs
+    m = cw[v] != 0
+    move = v * LANES + lane - (before + incl[v] - jnp.where(m, 1, 0))
+    high = (li[v] >> _BLOCK_BITS) << (sb + 1)
+    cw[v] = jnp.where(m, high | alive | move, 0)
+    return before + tot[v]
+
+  total = _loop(n, word, jnp.zeros((SUBLANES, LANES), jnp.int32))[:, :1]
+  big = ck.shape[0] - _CHUNK - 1  # positions moved: vregs [0, big)
   for b in range(sb):
-    bit = 1 << b
-    moves = [(w & bit) != 0 for w in ws]  # a dead word (0) never moves
-    if bit >= LANES:  # whole vregs: vreg v + m moves to v
-      m = bit // LANES
-      src = [(ks[v + m], ws[v + m], moves[v + m]) if v + m < n else None
-             for v in range(n)]
-    else:  # lane l of vreg v takes position l + bit: vreg v or v + 1
-      hi = lane >= LANES - bit
-      rk = [pltpu.roll(k_, LANES - bit, 1) for k_ in ks]
-      rw = [pltpu.roll(w, LANES - bit, 1) for w in ws]
-      src = []
-      for v in range(n):
-        sk = jnp.where(hi, rk[v + 1], rk[v]) if v + 1 < n else rk[v]
-        sw = jnp.where(hi, rw[v + 1] if v + 1 < n else 0, rw[v])
-        src.append((sk, sw, (sw & bit) != 0))
-    for v in range(n):
-      stay = jnp.where(moves[v], 0, ws[v])  # moved out: the slot is dead
-      if src[v] is not None:
-        sk, sw, take = src[v]
-        ks[v] = jnp.where(take, sk, ks[v])
-        ws[v] = jnp.where(take, sw, stay)
-      else:
-        ws[v] = stay
-  out_k, out_i = [], []
-  for v in range(width):
-    w = ws[v]
+    _round(bufs[b % 2], bufs[1 - b % 2], b, big)
+  ck, cw = bufs[sb % 2]
+
+  def decode(v, c):
+    w = cw[v]
     start = v * LANES + lane + (w & (alive - 1))  # where it came from
     block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
-    live_v = (w & alive) != 0
-    out_k.append(jnp.where(live_v, ks[v], _DEAD))
-    out_i.append(jnp.where(live_v, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
-                           _NO_INDEX))
-  return out_k, out_i, total
+    live = (w & alive) != 0
+    ck[v] = jnp.where(live, ck[v], _DEAD)
+    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
+                      _NO_INDEX)
+    return c
+
+  _loop(width, decode)
+  return bufs[sb % 2], total
 
 
-def _bitonic(keys, idx, scratch=None):
-  """Sorts the positions v * 128 + l of the vregs keys, idx (lists of
-  i32[8, 128]) by key descending, index ascending, each row: a bitonic
-  network. With `scratch` (two VMEM refs of [vregs, 8, 128]) each step
-  loops over the vregs there instead of unrolling them: the same network,
-  a graph the interpreter can still compile at 4,096 slots."""
-  K, I = list(keys), list(idx)
-  lane = lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
-  nv = len(K)
-  if scratch is not None:
-    sk, si = scratch
-    for v in range(nv):
-      sk[v], si[v] = K[v], I[v]
-  size = 2
-  while size <= nv * LANES:
-    d = size // 2
-    while d >= 1:
-      if d >= LANES and scratch is None:  # pairs of whole vregs
-        dv = d // LANES
-        for v in range(nv):
-          if v & dv:
-            continue
-          w = v + dv
-          first = _before(K[v], I[v], K[w], I[w])
-          if (v * LANES) & size:  # an ascending run
-            first = ~first
-          K[v], K[w] = (jnp.where(first, K[v], K[w]),
-                        jnp.where(first, K[w], K[v]))
-          I[v], I[w] = (jnp.where(first, I[v], I[w]),
-                        jnp.where(first, I[w], I[v]))
-      elif d >= LANES:  # the same, a loop over the pairs
-        def pair(j, c, dv=d // LANES, size=size):
-          v = (j // dv) * 2 * dv + j % dv
-          w = v + dv
-          ka, ia, kb, ib = sk[v], si[v], sk[w], si[w]
-          first = _before(ka, ia, kb, ib) ^ _ascending(lane, v, size)
-          sk[v], sk[w] = jnp.where(first, ka, kb), jnp.where(first, kb, ka)
-          si[v], si[w] = jnp.where(first, ia, ib), jnp.where(first, ib, ia)
-          return c
-        lax.fori_loop(0, nv // 2, pair, 0, unroll=8)
-      else:  # partners d lanes apart in one vreg
-        lower = (lane & d) == 0
+def _round(src, dst, b: int, big: int):
+  """Round b of `_compact`: position p of dst takes position p + 2**b of
+  src where that one moves by bit b, and is empty where its own entry
+  moves; 8 vregs a loop step over [0, big) (src: empty vregs from `big`
+  on). Bits 2**b = 128 m take vreg v + m; bits under 128 take vreg v,
+  lanes l + 2**b, and the lanes past 128 from vreg v + 1 (each vreg rolled
+  by 128 - 2**b once: lane l holds lane l + 2**b)."""
+  (sk, sw), (dk, dw) = src, dst
+  bit = 1 << b
 
-        def step(k_, i_, want, d=d, lower=lower):
-          pk = jnp.where(lower, pltpu.roll(k_, LANES - d, 1),
-                         pltpu.roll(k_, d, 1))
-          pi = jnp.where(lower, pltpu.roll(i_, LANES - d, 1),
-                         pltpu.roll(i_, d, 1))
-          keep = ~(_before(k_, i_, pk, pi) ^ want)
-          return jnp.where(keep, k_, pk), jnp.where(keep, i_, pi)
+  def merge(v, tk, tw):
+    w = sw[pl.ds(v, _CHUNK)]
+    take = (tw & bit) != 0  # a dead word (0) never moves
+    dk[pl.ds(v, _CHUNK)] = jnp.where(take, tk, sk[pl.ds(v, _CHUNK)])
+    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw,
+                                     jnp.where((w & bit) != 0, 0, w))
 
-        if scratch is None:
-          for v in range(nv):
-            if size < LANES:
-              want = ~(lower ^ ((lane & size) == 0))
-            else:
-              want = ~lower if (v * LANES) & size else lower
-            K[v], I[v] = step(K[v], I[v], want)
-        else:
-          def one(v, c, size=size, lower=lower, step=step):
-            if size < LANES:
-              want = ~(lower ^ ((lane & size) == 0))
-            else:
-              want = lower ^ _ascending(lane, v, size)
-            sk[v], si[v] = step(sk[v], si[v], want)
-            return c
-          lax.fori_loop(0, nv, one, 0, unroll=8)
+  if bit >= LANES:
+    def step(c, carry):
+      v = pl.multiple_of(c * _CHUNK, _CHUNK)
+      a = pl.ds(jnp.minimum(v + bit // LANES, big), _CHUNK)
+      merge(v, sk[a], sw[a])
+      return carry
+
+    lax.fori_loop(0, big // _CHUNK, step, 0, unroll=_UNROLL)
+    return
+
+  hi = _iota((1, SUBLANES, LANES), 2) >= LANES - bit
+
+  def roll(x):
+    return pltpu.roll(x, LANES - bit, 2)
+
+  def step(c, first):  # first: vregs v of sk and sw, rolled
+    v = pl.multiple_of(c * _CHUNK, _CHUNK)
+    nxt = pl.ds(v + 1, _CHUNK)
+    rk, rw = roll(sk[nxt]), roll(sw[nxt])  # vregs v + 1 ... v + 8
+    rk0 = jnp.concatenate([first[0], rk[:-1]])
+    rw0 = jnp.concatenate([first[1], rw[:-1]])
+    merge(v, jnp.where(hi, rk, rk0), jnp.where(hi, rw, rw0))
+    return rk[-1:], rw[-1:]
+
+  lax.fori_loop(0, big // _CHUNK, step, (roll(sk[0:1]), roll(sw[0:1])),
+                unroll=_UNROLL)
+
+
+def _bitonic(sk, si, nv: int):
+  """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by
+  key descending, index ascending, each row: a bitonic network whose
+  position p is lane p // nv of vreg p % nv (rank r lands there). Per
+  stage (runs of `size` positions sorted, a static loop), from the farthest
+  partners down: those >= nv apart are in one vreg, d / nv lanes apart (a
+  loop over them, each a lane gather of lane l ^ d / nv); those < nv apart
+  are vregs apart, compared and selected whole. The vregs go through
+  registers in chunks of up to 16, all stages at once when one chunk holds
+  them."""
+  ch = min(2 * _CHUNK, nv)
+  shape = (ch, SUBLANES, LANES)
+  lane = _iota(shape, 2)
+
+  def descending(v, size):  # where the run of `size` sorts reversed
+    return ((lane * nv + v + _iota(shape, 0)) & size) != 0
+
+  def exchange(ka, ia, kb, ib, flip):  # (a, b) in order, reversed on flip
+    first = _before(ka, ia, kb, ib) ^ flip
+    return (jnp.where(first, ka, kb), jnp.where(first, ia, ib),
+            jnp.where(first, kb, ka), jnp.where(first, ib, ia))
+
+  def lanes(v, ks, is_, size):  # partners d >= nv apart: d / nv lanes
+    def step(t, c):
+      k_, i_ = c
+      e = lax.shift_right_logical(jnp.int32(size // 2 // nv), t)
+      partner = lane ^ e
+      pk = jnp.take_along_axis(k_, partner, 2, mode="promise_in_bounds")
+      pi = jnp.take_along_axis(i_, partner, 2, mode="promise_in_bounds")
+      keep = ~(_before(k_, i_, pk, pi) ^ ((lane & e) == 0)
+               ^ descending(v, size))
+      return jnp.where(keep, k_, pk), jnp.where(keep, i_, pi)
+
+    steps = (size // 2 // nv).bit_length()
+    return lax.fori_loop(0, steps, step, (ks, is_)) if steps else (ks, is_)
+
+  def near(v, ks, is_, size):  # partners d < min(size, ch) vregs apart
+    flip = descending(v, size)
+    ks, is_ = [ks[j] for j in range(ch)], [is_[j] for j in range(ch)]
+    d = min(size, ch) // 2
+    while d:
+      for j in range(ch):
+        if not j & d:
+          ks[j], is_[j], ks[j + d], is_[j + d] = exchange(
+              ks[j], is_[j], ks[j + d], is_[j + d], flip[j])
       d //= 2
-    size *= 2
-  if scratch is not None:
-    K, I = [sk[v] for v in range(nv)], [si[v] for v in range(nv)]
-  return K, I
+    return jnp.stack(ks), jnp.stack(is_)
+
+  def passes(stages):  # [(size, what)] in registers, chunk by chunk
+    def body(v):
+      ks, is_ = sk[pl.ds(v, ch)], si[pl.ds(v, ch)]
+      for size, what in stages:
+        ks, is_ = what(v, ks, is_, size)
+      sk[pl.ds(v, ch)], si[pl.ds(v, ch)] = ks, is_
+
+    if nv == ch:
+      body(0)
+    else:
+      _loop(nv // ch, lambda c, x: body(pl.multiple_of(c * ch, ch)) or x)
+
+  todo = []
+  for s in range(1, (nv * LANES).bit_length()):
+    size = 1 << s
+    todo += [(size, lanes)]
+    if min(size, nv) // 2 >= ch:  # partners >= ch vregs apart: two chunks
+      passes(todo)
+      todo = []
+      d = min(size, nv) // 2
+      while d >= ch:
+        for c in range(nv // (2 * ch)):
+          v = (c * ch // d) * 2 * d + c * ch % d
+          a, b = pl.ds(v, ch), pl.ds(v + d, ch)
+          sk[a], si[a], sk[b], si[b] = exchange(
+              sk[a], si[a], sk[b], si[b], descending(v, size))
+        d //= 2
+    todo += [(size, near)]
+  passes(todo)
 
 
-def _ascending(lane, v, size):
-  """A mask, everywhere v's run of `size` is ascending (v: a loop index)."""
-  return (lane * 0 + ((v * LANES) & size)) != 0
+def _winners(sk, si, k: int, nv: int):
+  """The first k ranks of `_bitonic`'s order (rank r: lane r // nv of vreg r
+  % nv): their indices, -1 where empty, as k / 128 vregs of 128 ranks; and
+  the k-th's key and index, i32[8, 1] each. A vreg of ranks takes its lanes
+  from min(nv, 128) vregs of the sort (a lane gather each)."""
+  lane = _iota((SUBLANES, LANES), 1)
+  out = []
+  for o in range(-(-k // LANES)):
+    rank = o * LANES + lane
+    first = o * LANES % nv  # the vregs [first, first + min(nv, 128))
+
+    def take(t, got, rank=rank, first=first):
+      v = first + t
+      g = jnp.take_along_axis(jnp.where(sk[v] > _DEAD, si[v], -1), rank // nv,
+                              1, mode="promise_in_bounds")
+      return jnp.where(rank % nv == v, g, got)
+
+    out.append(_loop(min(nv, LANES), take,
+                     jnp.full((SUBLANES, LANES), -1, jnp.int32)))
+  v, l = (k - 1) % nv, (k - 1) // nv
+  return out, sk[v][:, l:l + 1], si[v][:, l:l + 1]
 
 
-# Slots a finish sorts unrolled; more loop over VMEM (`_bitonic`).
-UNROLLED_SLOTS = 2048
-
-
-def _finish(lv, li, out_ref, flag_ref, *scratch, keep, k, idx_bits):
+def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
+            idx_bits):
   """The k winners of 8 rows from their levels (module docstring): out_ref
   i32[8, k rounded up to 128 lanes], flag_ref i32[8, 128] (1: the row's
-  check failed)."""
+  check failed); the scratch: `finish_scratch`."""
   n = keep * UNITS
-  keys = [_key(lv[v]) for v in range(n)]
-  idx = [li[v] for v in range(n)]
-  bound = bound_levels(k, keep) * UNITS
-  key, index = _kth(keys[:bound], idx[:bound], k, idx_bits)
-  live = [(kk > _DEAD) & ~_before(key, index, kk, ii)
-          for kk, ii in zip(keys, idx)]
   width = capacity(k) // LANES
-  K, I, total = _compact(keys, idx, live, width)
-  K, I = _bitonic(K, I, scratch or None)
-  for v in range(-(-k // LANES)):
-    out_ref[:, v * LANES:(v + 1) * LANES] = jnp.where(K[v] > _DEAD, I[v], -1)
-  v, l = divmod(k - 1, LANES)
-  kth_key, kth_idx = K[v][:, l:l + 1], I[v][:, l:l + 1]
+  bound = bound_levels(k, keep) * UNITS
+  key, index = _kth([_key(lv[v]) for v in range(bound)],
+                    [li[v] for v in range(bound)], k, idx_bits)
+  for ck, cw in ((k0, w0), (k1, w1)):  # empty past the candidates
+    rest = pl.ds(n, ck.shape[0] - n)
+    ck[rest] = jnp.full((ck.shape[0] - n, SUBLANES, LANES), _DEAD, jnp.int32)
+    cw[rest] = jnp.zeros((ck.shape[0] - n, SUBLANES, LANES), jnp.int32)
+  _mark(lv, li, k0, w0, key, index, n)
+  (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
+  _bitonic(ck, cw, width)
+  out, kth_key, kth_idx = _winners(ck, cw, k, width)
+  for o, got in enumerate(out):
+    out_ref[:, o * LANES:(o + 1) * LANES] = got
   dropped = _total([_before(_key(lv[n + u]), li[n + u], kth_key,
                             kth_idx) for u in range(UNITS)])
   bad = (dropped > 0) | (total > width * LANES)
   flag_ref[...] = jnp.broadcast_to(jnp.where(bad, 1, 0), (SUBLANES, LANES))
+
+
+def finish_scratch(keep: int, k: int) -> list:
+  """The finish's VMEM scratch: two pairs of key and word buffers, i32[N +
+  9, 8, 128] each (N = max(keep x 8 candidate vregs, the capacity's), 9
+  empty vregs past them)."""
+  big = max(keep * UNITS, capacity(k) // LANES) + _CHUNK + 1
+  return [pltpu.VMEM((big, SUBLANES, LANES), jnp.int32)] * 4
 
 
 def _key(v):
@@ -404,7 +498,7 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
   outputs in HBM ([G, ...] each), then the scratch: buf f32[2, tile /
   chunk, 8, chunk] (two tiles), its DMA semaphores, the levels lv, li
   (`_scan`), each output's block in VMEM, their semaphores, and the
-  finish's own scratch (`_bitonic`'s, past `UNROLLED_SLOTS`). The grid
+  finish's own scratch (`finish_scratch`). The grid
   step writes its outputs by DMA, so the grid loop has no pipeline stage."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
@@ -464,9 +558,7 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool):
     fin = functools.partial(_finish, keep=keep, k=k, idx_bits=idx_bits)
     blocks = [((SUBLANES, -(-k // LANES) * LANES), jnp.int32),
               ((SUBLANES, LANES), jnp.int32)]
-    width = capacity(k) // LANES
-    extra = ([pltpu.VMEM((width, SUBLANES, LANES), jnp.int32)] * 2
-             if capacity(k) > UNROLLED_SLOTS else [])
+    extra = finish_scratch(keep, k)
   else:
     fin, extra = _levels, []
     blocks = [((levels * UNITS, SUBLANES, LANES), dt)
@@ -545,7 +637,10 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   del extra
   keep, tile = plan(scores.shape[1], k, keep, tile)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
-  return lax.cond(jnp.any(bad), lambda: sort_method.select(scores, k),
+  # The fallback is the rule itself (`base.top_k`): the sort method's
+  # program (a full sort, its ties checked, `lax.top_k` where they
+  # straddle the k-th place) would compile twice the XLA code.
+  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k),
                   lambda: winners)
 
 
@@ -564,7 +659,7 @@ def cost(rows, entries, k, *, keep=None, tile=None):
 METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
-    "candidates that can win (the full sort where its check fails)",
+    "candidates that can win (`lax.top_k` where its check fails)",
     options=(base.Option("keep", None, base.positive_int,
                          "candidates kept per block (default `keep_for`)"),
              base.Option("tile", None, _whole_vregs,
