@@ -1,7 +1,7 @@
 """The "blocktop" top-k method: one Pallas TensorCore kernel reads the
 f32[T, N] score buffer once and writes each row's k winners in the rule's
-order; no sort of the row, no XLA sort (`lax.top_k` of the batch only where
-the kernel's check fails).
+order; no sort of the row, no XLA sort (the rule's `top_k` of the batch
+only where the kernel's check fails).
 
 Layout. A grid step holds 8 rows and streams them in tiles of `tile`
 entries (double-buffered DMAs of [8, 8192]). A vreg is [8 rows, 128
@@ -46,7 +46,8 @@ and at most `capacity(k)` candidates rank at or before the bound, every
 entry of the top k was a candidate and was sorted, and the result is the
 rule's (a dropped entry of the top k would rank before the k-th winner
 found). Otherwise the kernel flags the row, and the batch is selected again
-by the rule itself (`base.top_k`, a `lax.top_k`): exact always, only the
+by the rule itself (`base.top_k`: `lax.top_k`'s values, the membership
+and order of their ties made the rule's): exact always, only the
 cost depends on it (`keep_for`).
 
 Shapes: scores f32[T, N] -> i32[T, k]; the kernel pads T to a multiple of
@@ -96,7 +97,7 @@ def keep_for(n: int, k: int) -> int:
   n / 1024 entries) that number at least k a row and for which, were the
   top k spread over the row at random, a row would hold a block with more
   of them with probability below 1e-4 (then the check sends the batch to
-  `lax.top_k`)."""
+  `base.top_k`)."""
   block = -(-n // BLOCKS)
   p = min(1.0, k / max(1, n))
   for keep in range(2, block):
@@ -638,8 +639,8 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   keep, tile = plan(scores.shape[1], k, keep, tile)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
   # The fallback is the rule itself (`base.top_k`): the sort method's
-  # program (a full sort, its ties checked, `lax.top_k` where they
-  # straddle the k-th place) would compile twice the XLA code.
+  # program (a full sort, then the rule's tie check) would compile twice
+  # the XLA code.
   return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k),
                   lambda: winners)
 
@@ -659,7 +660,7 @@ def cost(rows, entries, k, *, keep=None, tile=None):
 METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
-    "candidates that can win (`lax.top_k` where its check fails)",
+    "candidates that can win (the rule's `top_k` where its check fails)",
     options=(base.Option("keep", None, base.positive_int,
                          "candidates kept per block (default `keep_for`)"),
              base.Option("tile", None, _whole_vregs,
