@@ -92,9 +92,10 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
                                page_size=w.page_size, pages_per_seq=share_pages,
                                compression_ratio=w.compression_ratio)
   # Block sizes: the table's row for this generation (`streamidx.blocks`).
+  # The sequences are equal, so `sort_decode`'s order changes nothing.
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
-                  generation=generation)
+                  generation=generation, sort_decode=False)
   pred = roofline.predict(p, k=w.k, generations=[generation])[generation]
   select, _ = selection_seconds(generation, seqs * w.q_len, share_entries, w.k)
   return pred["fill"] + pred["kernel"], select
