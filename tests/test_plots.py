@@ -201,39 +201,6 @@ def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
   plt.close(fig)
 
 
-def _prediction(kernel, topk, fill):
-  return {"kernel": kernel, "topk": topk, "fill": fill,
-          "total": kernel + topk + fill}
-
-
-def test_roofline_figure_off_tpu_draws_the_predicted_bounds():
-  gens = ("v5e", "v6e")
-  preds = {("token", 8, 16384): {g: _prediction(1e-5 * (i + 1), 2e-6, 1e-6)
-                                 for i, g in enumerate(gens)}}
-  fig = plots.roofline_figure([], preds, measured=False, generation=None,
-                              generations=gens)
-  left, right = fig.axes
-  np.testing.assert_allclose(_bar_heights(left), [13., 23.])  # microseconds
-  assert "need a TPU" in left.texts[0].get_text()
-  np.testing.assert_allclose([p.get_width() for p in right.patches],
-                             [1000 / 13, 200 / 13, 100 / 13])  # % of v5e's bound
-  plt.close(fig)
-
-
-def test_roofline_figure_on_tpu_stacks_the_measured_stages():
-  rec = dict(mode="token", batch_size=8, context_tokens=16384, kernel_us=30.,
-             topk_us=10., other_us=10.,
-             predicted_us={"v5e": dict(kernel=20., total=25.)})
-  fig = plots.roofline_figure([rec], {}, measured=True, generation="v5e",
-                              generations=("v5e",), device_kind="TPU v5 lite")
-  left, right = fig.axes
-  np.testing.assert_allclose(_bar_heights(left), [30., 10., 10.])
-  assert [c.get_offsets()[0][1] for c in left.collections] == [25., 20.]
-  np.testing.assert_allclose([p.get_width() for p in right.patches], [60, 20, 20])
-  assert "TPU v5 lite" in left.get_title()
-  plt.close(fig)
-
-
 def test_tables_markdown_escapes_pipes_and_marks_missing_cells():
   from streamidx.lab import tables
   text = tables.markdown([dict(a=1, b=0.123456), dict(a="x|y"), dict(a=None, b=12.345678)])
@@ -348,37 +315,6 @@ def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
   assert rows[3]["query rows"] == f"{batch.cu_q_lens[3]}..{batch.cu_q_lens[4] - 1}"
   assert [r["entries"] for r in rows] == [int(x) for x in batch.num_entries[:5]]
   assert rows[0]["physical pages"].endswith(", ...")  # 90 tokens: 3 pages of 8 entries
-
-
-def test_runs_figure_draws_the_last_runs_kernel_time_and_rejects_none():
-  def run(name, us):
-    rec = dict(mode="token", batch_size=8, context_tokens=16384, kernel_us=us,
-               predicted_us={"v5e": {"kernel": 10.0, "total": 12.0}})
-    return dict(path=f"/tmp/{name}.json", machine=dict(device_kind="TPU v5 lite", generation="v5e"),
-                records=[rec])
-  fig = plots.runs_figure([run(f"r{i}", 20.0 + i) for i in range(8)], last=3)
-  ax = fig.axes[0]
-  heights = [p.get_height() for c in ax.containers if isinstance(c, BarContainer) for p in c]
-  assert heights == [25.0, 26.0, 27.0]
-  assert ax.get_title().startswith("Kernel device time of 3 TPU run(s)")
-  plt.close(fig)
-  with pytest.raises(ValueError, match="timed_runs"):
-    plots.runs_figure([])
-
-
-def test_variant_figure_draws_the_model_only_without_a_tpu():
-  recs = [{"label": label, "generation": "v5e", "roofline us": bound,
-           "static schedule us": None, "kernel_us": None, "topk_us": None,
-           "other_us": None, "total_us": None}
-          for label, bound in (("vendored", 3.0), ("dense", 2.0),
-                               ("vendored, topk_method=approx", 2.5))]
-  fig = plots.variant_timing_figure(recs, measured=False, title="t")
-  ax = fig.axes[0]
-  assert len(ax.patches) == len(recs)  # hollow roofline bars only
-  assert [p.get_width() for p in ax.patches] == pytest.approx(
-      [r["roofline us"] for r in recs])
-  assert any("no device timing" in t.get_text() for t in ax.texts)
-  plt.close(fig)
 
 
 def test_decode_waste_figure_bars_the_mean_waste_with_its_spread():
@@ -544,21 +480,4 @@ def test_step_stages_figure_stacks_each_stage_and_hatches_a_floor():
   texts = [t.get_text() for t in ax.texts]
   assert any("360 us" in t and "at least" not in t for t in texts)
   assert any("at least 110 us" in t for t in texts)
-  plt.close(fig)
-
-
-def test_calibration_figure_draws_one_point_per_prediction_inside_its_band():
-  rows = [dict(source="a #1", chip="vx", stage="scoring", method=None, shape="64 x 8", measured_s=1e-3,
-               predicted_s=1e-3),
-          dict(source="a #1", chip="vx", stage="selection", method="sort", shape="64 x 8",
-               measured_s=4e-3, predicted_s=1e-3),
-          dict(source="b #2", chip=None, stage="step", method=None, shape="? x ?", measured_s=2e-3,
-               predicted_s=None)]
-  fig = plots.calibration_figure(rows, band=1.5, title="t")
-  ax = fig.axes[0]
-  points = [l for l in ax.lines if l.get_linestyle() == "None" and len(l.get_xdata()) == 1]
-  assert sorted((l.get_xdata()[0], l.get_ydata()[0]) for l in points) == [(1.0, 1.0), (4.0, 1.0)]
-  assert ax.get_xscale() == ax.get_yscale() == "log"
-  key = ax.texts[-1].get_text()
-  assert "a #1, vx: selection (sort), 64 x 8: 1.00 / 4.00 ms = 0.25" in key and "b #2" not in key
   plt.close(fig)

@@ -1,4 +1,4 @@
-"""Trace capture and parsing, and run files.
+"""Trace capture and parsing.
 
 The capture test runs a tiny interpreted kernel call under `jax.profiler` on
 this CPU and parses the trace it writes. The device-line parser is checked on
@@ -103,39 +103,6 @@ def test_stage_times_without_a_module_line_is_the_busy_time(tmp_path):
   t = profiling.stage_times(trace, iterations=2)
   assert "module line is missing" in t["source"]
   assert t["total_s"] == pytest.approx(380e-6) and t["idle_s"] == 0.0
-
-
-def test_write_and_load_run_round_trip(tmp_path):
-  records = [{"mode": "token", "batch_size": 2, "context_tokens": 400,
-              "kernel_us": None, "host_call_us": 1234.5,
-              "predicted_us": {"v5e": {"kernel": 1.5, "total": 2.0}}}]
-  path = profiling.write_run(tmp_path, parameters={"batch_sizes": (1, 2)},
-                             records=records, notes="unit test")
-  assert path.name.startswith("run-cpu-") and path.suffix == ".json"
-  (run,) = profiling.load_runs(tmp_path)
-  assert run["schema"] == profiling.RUN_SCHEMA
-  assert run["records"] == records
-  assert run["parameters"] == {"batch_sizes": [1, 2]}
-  assert run["machine"]["platform"] == "cpu"
-  assert run["machine"]["kernel_mode"] == "interpreted"
-  assert run["versions"]["jax"]
-  assert profiling.load_runs(str(tmp_path / "run-*.json"))[0]["records"] == records
-  rows = profiling.runs_table([run])
-  assert rows[0]["host_call_us"] == 1234.5 and rows[0]["bound_kernel_us"] is None
-
-
-def test_load_runs_rejects_other_json(tmp_path):
-  (tmp_path / "run-x.json").write_text(json.dumps({"schema": "other"}))
-  with pytest.raises(ValueError, match="run-x.json: not a streamidx.profile_run"):
-    profiling.load_runs(tmp_path)
-
-
-def test_load_runs_can_skip_other_json(tmp_path):
-  (tmp_path / "run-x.json").write_text(json.dumps({"schema": "other"}))
-  (tmp_path / "run-y.json").write_text("not json")
-  good = profiling.write_run(tmp_path, parameters={}, records=[], name="run-z.json")
-  runs = profiling.load_runs(str(tmp_path / "run-*.json"), skip_invalid=True)
-  assert [r["path"] for r in runs] == [str(good)]
 
 
 def test_compile_only_tpu_devices_are_not_device_lines(tmp_path):

@@ -3,7 +3,9 @@
 import pytest
 
 from streamidx import sharded
-from streamidx.lab.model import hardware, scaling
+from streamidx.lab.model import hardware, roofline, scaling
+from streamidx.lab.model import topk as topk_model
+from streamidx.topk import defaults
 
 W = scaling.DSV4_DECODE
 SPECS = hardware.load_specs()
@@ -19,15 +21,36 @@ def test_dsv4_decode_workload_is_the_issues():
 
 
 @pytest.mark.parametrize("gen", ["v5e", "v6e", "v7x"])
-def test_one_chip_step_is_the_cache_read_plus_the_score_buffer(gen):
+def test_one_chip_step_is_the_cache_read_the_score_buffer_and_the_selection(gen):
   m = scaling.step(W, gen, SPECS[gen].jax_devices_per_chip)
   per_device = W.num_seqs // m.num_data
   assert m.cache_bytes_per_device == per_device * W.entries * 256
   t_read = m.cache_bytes_per_device / SPECS[gen].kernel_bandwidth
-  # The roofline adds the f32 score buffer (fill and top-k: ~3%) and block
-  # rounding; nothing else.
-  assert t_read <= m.local_s <= 1.1 * t_read
+  # The roofline adds the f32 score buffer (its fill and writes: ~3%) and
+  # block rounding to the read; the selection is charged apart.
+  assert t_read <= m.local_s - m.selection_s <= 1.1 * t_read
+  assert m.selection_s == scaling.selection_seconds(gen, per_device, W.entries,
+                                                    W.k)[0] > 0
   assert m.merge_s == 0 and m.merge_bytes_per_device == 0
+
+
+def test_the_selection_is_the_default_methods_recorded_bundles_by_elements():
+  """At DeepSeek-V4 decode (the records' shape) the default method's
+  recorded bundles at the chip's one clock; half the rows, half the time; a
+  chip with no recorded compile of its default, the HBM bound, said so."""
+  rows, entries, k = defaults.DECODE
+  for gen in ("v5e", "v6e", "v7x"):
+    method = defaults.default_method(gen)
+    rec = roofline.selection_record(gen, method, rows, entries, k)
+    t, src = scaling.selection_seconds(gen, rows, entries, k)
+    assert t == pytest.approx(rec["bundles"] / roofline.clock(gen)[0])
+    assert src.startswith(f"{method}: {rec['bundles']:,} bundles")
+    assert scaling.selection_seconds(gen, rows // 2, entries, k)[0] == (
+        pytest.approx(t / 2))
+  t, src = scaling.selection_seconds("v4", rows, entries, k)
+  cost = topk_model.cost(defaults.default_method("v4"), rows, entries, k)
+  assert t == topk_model.hbm_bound(cost, SPECS["v4"])
+  assert "HBM bytes only (no recorded compile" in src
 
 
 def test_merge_bytes_are_the_sharded_merges():

@@ -73,6 +73,26 @@ def test_tpu_batches_of_the_token_kernel_fit_vmem():
   assert 0 < plan.vmem_bytes <= VMEM_BYTES, plan.vmem_bytes
 
 
+def test_tpu_points_of_08_are_token_calls_that_fit_a_v5e():
+  """08 measures its `points` on a TPU: every token variant at DeepSeek-V4
+  decode with 64 heads, with v5e's default method and with the sort; no
+  page-mode point (at 64 heads it overflowed a v5e's VMEM); each call's plan
+  at v5e's block-size row fits VMEM by the tiling model."""
+  from streamidx.lab.bench import record
+  d = decl("08_tpu_profiling")
+  points = record.points({**d.defaults(), **d.tpu()}["points"])
+  assert {p.variant for p in points} == {"vendored", "dense", "lean", "fp4"}
+  assert {p.method for p in points} == {si.topk.default_method("v5e"), "sort"}
+  for p in points:
+    s = p.shape
+    assert p.mode == "decode" and s.num_heads == 64 and s.k == 512, p.name
+    row = si.block_sizes(p.variant, cache_format=p.cache_format, num_heads=s.num_heads,
+                         page_size=s.page_size, generation="v5e")
+    plan = tiling.plan(s.batch(), fmt=p.cache_format, num_heads=s.num_heads, head_dim=s.head_dim,
+                       variant=p.variant, **row.kwargs())
+    assert 0 < plan.vmem_bytes <= VMEM_BYTES, (p.name, plan.vmem_bytes)
+
+
 def test_one_rule_ties_parameters_to_scale_together():
   assert params.tied(decl("00_quickstart")) == [{"page_size", "num_kv_pages_per_block"}]
   assert params.tied(decl("04_recall_parity")) == [{"page_entries", "page_rows"}]

@@ -12,6 +12,7 @@ _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
                   "costs")),
     ("", ("sharding", "plots", "tables", "params", "workbook",
           "walkthrough", "bench", "shapes")),
+    ("bench.", ("record",)),
 ) for name in names}
 
 

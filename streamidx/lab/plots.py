@@ -17,7 +17,6 @@ import numpy as np
 FREE = "#eeeeee"  # a free page or an empty cell
 CASE_COLORS = {"decode": "tab:blue", "decode_rest": "tab:cyan", "prefill": "tab:green",
                "mixed": "tab:orange"}
-STAGE_COLORS = (("kernel", "tab:blue"), ("topk", "tab:orange"), ("other", "tab:gray"))
 
 
 HEADLINE_FILE = "headline.json"  # in a notebook's output_dir: its headline figure's file name
@@ -639,7 +638,7 @@ STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "ta
 
 
 def step_stages_figure(steps: dict, *, title: str):
-  """Notebooks 05 and 08: the production step stage by stage (`roofline.dsv4_step`'s
+  """Notebook 05: the production step stage by stage (`roofline.dsv4_step`'s
   `StepBound.stages`), one horizontal stacked bar per label of `steps` {label: StepBound}; a
   floor (`at_least`: a stage without a count or a clock) is hatched and says "at least"; each
   bar names its clock (`Stage.clock_hz`, and whether it was inferred: `clock_source`)."""
@@ -795,168 +794,3 @@ def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, ti
     ax.set_xticks(page_sizes, page_sizes)
   _style(axes[0], ylabel="share inside the top-k_pages pages", legend=7)
   return _done(fig, title, size=9)
-
-
-def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
-                    generations, device_kind: str = ""):
-  """Notebook 08: device time against the roofline, and its split by stage: `measured`, the
-  run-file `records` and `generation`'s bounds; else each of `generations`' predicted bound
-  (`predictions`: (mode, B, L) -> generation -> seconds per stage) and v5e's split, said so."""
-  fig, (ax, ax_split) = plt.subplots(1, 2, figsize=(14, 4.6))
-  if measured:
-    x = np.arange(len(records))
-    _stack(ax, x, [(f"measured {s}", c, [r[f"{s}_us"] for r in records])
-                   for s, c in STAGE_COLORS])
-    if generation:
-      for part, color, label in (("total", "black", f"roofline bound, {generation} (whole call)"),
-                                 ("kernel", "tab:blue", "roofline bound, kernel")):
-        ax.scatter(x, [r["predicted_us"][generation][part] for r in records], marker="_",
-                   s=500, color=color, zorder=3, label=label)
-    ax.set_title(f"Measured on {device_kind} vs roofline")
-    ax.set_xticks(x, [f"{r['mode']}\nB={r['batch_size']}\nL={r['context_tokens']}"
-                      for r in records], fontsize=8)
-    split = [(f"{r['mode']} B={r['batch_size']} L={r['context_tokens']}", r["kernel_us"],
-              r["topk_us"], r["other_us"]) for r in records]
-    split_title = "Measured split of the device time"
-  else:
-    keys = list(predictions)
-    _grouped(ax, keys, [(g, [predictions[kk][g]["total"] * 1e6 for kk in keys], {})
-                        for g in generations], labels=[f"{m}\nB={b}\nL={l}" for m, b, l in keys])
-    ax.tick_params(axis="x", labelsize=8)
-    ax.set_title("No TPU here: predicted bounds (model) at the TPU sweep sizes")
-    ax.text(0.01, 0.97, "device timings need a TPU", transform=ax.transAxes, va="top",
-            fontsize=9, color="darkred")
-    split = [(f"{m} B={b} L={l}", pr["v5e"]["kernel"], pr["v5e"]["topk"], pr["v5e"]["fill"])
-             for (m, b, l), pr in predictions.items()]
-    split_title = "Predicted split of the bound (v5e, model)"
-  _style(ax, ylabel="microseconds per call", ylog=10, legend=7)
-  tot = np.array([sum(s[1:]) for s in split])
-  _stack(ax_split, [s[0] for s in split],
-         [(label, c, np.array([s[1 + j] for s in split]) / tot * 100) for j, (label, c) in
-          enumerate((("scoring (kernel)", "tab:blue"), ("top-k", "tab:orange"),
-                     ("other (fill, pad)", "tab:gray")))], horizontal=True)
-  _style(ax_split, "% of the step", title=split_title,
-         legend=dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3))
-  return _done(fig)
-
-
-def calibration_figure(rows: Sequence[dict], *, band: float, title: str):
-  """Notebook 08: predicted against measured seconds, log-log, one point per public
-  measurement with a prediction (`calibration.rows()` rows: measured_s, predicted_s, chip,
-  source, stage, method, shape), numbered, their source, stage and shape in a column beside
-  the axes; the diagonal and the x`band` band around it."""
-  rs = [r for r in rows if r["predicted_s"] is not None]
-  fig, ax = plt.subplots(figsize=(6, 5.5))
-  lo = 0.5 * min(min(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3
-  hi = 2 * max(max(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3
-  x = np.geomspace(lo, hi, 50)
-  ax.fill_between(x, x / band, x * band, color="tab:green", alpha=.15,
-                  label=f"within {band}x of measured")
-  ax.plot(x, x, "k--", lw=1, label="predicted = measured")
-  markers = {c: m for c, m in zip(sorted({r["chip"] for r in rs}), "os^Dv")}
-  color = lambda stage: STEP_STAGE_COLORS.get(stage, "tab:purple")  # purple: the whole step
-  key = []  # the points are numbered; their labels stand in a column beside the axes
-  for i, r in enumerate(sorted(rs, key=lambda r: r["measured_s"]), 1):
-    xy = (r["measured_s"] * 1e3, r["predicted_s"] * 1e3)
-    ax.plot(*xy, markers[r["chip"]], color=color(r["stage"]), ms=7)
-    ax.annotate(str(i), xy, xytext=(5, -3 if i % 2 else 3), textcoords="offset points",
-                fontsize=8, va="top" if i % 2 else "bottom")
-    method = f" ({r['method']})" if r.get("method") and r["stage"] == "selection" else ""
-    key.append(f"{i}. {r['source']}, {r['chip']}: {r['stage']}{method}, {r['shape']}: "
-               f"{xy[1]:,.2f} / {xy[0]:,.2f} ms = {xy[1] / xy[0]:.2f}")
-  ax.text(1.03, 1, "predicted / measured\n" + "\n".join(key), transform=ax.transAxes,
-          va="top", fontsize=7, family="monospace")
-  for stage in dict.fromkeys(r["stage"] for r in rs):
-    ax.plot([], [], "o", color=color(stage), label=f"stage: {stage}")
-  for chip, m in markers.items():
-    ax.plot([], [], m, color="gray", label=f"chip: {chip}")
-  ax.set_xlim(lo, hi)
-  ax.set_ylim(lo, hi)
-  _style(ax, "measured by others, ms (public)", "predicted at one clock per chip, ms", title,
-         size=10, xlog=10, ylog=10, grid=dict(visible=True, which="both", alpha=.3),
-         legend=dict(fontsize=7, loc="upper left"))
-  return fig  # no tight layout: the key beside the axes is outside them (save crops to fit)
-
-
-def variant_timing_figure(records: Sequence[dict], *, measured: bool, title: str = ""):
-  """Notebook 08: a row per kernel configuration: measured device time (a TPU run, stacked by
-  stage) beside its roofline (hollow) and static-schedule (marker) bounds; else model only."""
-  y, h = np.arange(len(records)), 0.38
-  fig, ax = plt.subplots(figsize=(10, 0.45 * len(records) + 1.6))
-  if measured:
-    _stack(ax, y - h / 2, [(f"measured: {name}", c, [r[f"{s}_us"] or 0.0 for r in records])
-                           for (s, c), name in zip(STAGE_COLORS, ("kernel", "top-k", "other"))],
-           width=h, horizontal=True)
-  gen, ym = (records[0]["generation"] if records else ""), y + (h / 2 if measured else 0)
-  ax.barh(ym, [r["roofline us"] for r in records], h, fill=False, edgecolor="black",
-          label=f"model: roofline bound ({gen})")
-  if st := [i for i, r in enumerate(records) if r["static schedule us"] is not None]:
-    ax.scatter([records[i]["static schedule us"] for i in st], ym[st], marker="D",
-               color="tab:red", zorder=3, label=f"model: static-schedule bound ({gen})")
-  if not measured:
-    ax.text(0.99, 0.02, "no TPU: no device timing exists; model only", transform=ax.transAxes,
-            ha="right", fontsize=8, color="darkred")
-  ax.set_yticks(y, [r["label"] for r in records], fontsize=8)
-  ax.invert_yaxis()
-  _style(ax, "microseconds per call", title=title, size=10,
-         legend=dict(fontsize=7, loc="lower right" if measured else "upper right"))
-  return _done(fig)
-
-
-def runs_figure(timed_runs: Sequence[dict], *, last: int = 6):
-  """Notebook 08: kernel device time of the `last` TPU runs (`profiling.load_runs` files with
-  device times) per sweep point, a bar per run, its roofline bound a black tick."""
-  from streamidx.lab.model import profiling  # pylint: disable=g-import-not-at-top
-  if not (runs := list(timed_runs)[-last:]):
-    raise ValueError("timed_runs: must hold at least one run with device times")
-  points = list(dict.fromkeys(profiling._point(r) for run in runs for r in run["records"]))  # pylint: disable=protected-access
-  recs = [{profiling._point(r): r for r in reversed(run["records"])} for run in runs]  # pylint: disable=protected-access
-  fig, ax = plt.subplots(figsize=(11, 4))
-  bars = _grouped(ax, points, [(f"{run['machine'].get('device_kind')} ({Path(run['path']).name})",
-                                [rec.get(p, {}).get("kernel_us", np.nan) for p in points], {})
-                               for run, rec in zip(runs, recs)],
-                  [f"{m}\nB={b}\nL={c}" for m, b, c in points])
-  for run, rec, bar in zip(runs, recs, bars):
-    bounds = [profiling._bound(run, rec.get(p, {}), "kernel") for p in points]  # pylint: disable=protected-access
-    if any(b is not None for b in bounds):
-      ax.scatter([r.get_x() + r.get_width() / 2 for r in bar], [np.nan if b is None else b for b in bounds],
-                 marker="_", s=400, color="black", zorder=3,
-                 label=f"roofline bound ({run['machine'].get('generation')})")
-  ax.tick_params(axis="x", labelsize=8)
-  _style(ax, ylabel="microseconds per call", ylog=10, legend=7,
-         title=f"Kernel device time of {len(runs)} TPU run(s) against each one's roofline bound")
-  return fig
-
-
-def scaling_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 09: the modelled step and cache per device against chips (`scaling_table` rows)
-  per generation: C = 1 solid, the best context-parallel C dashed where it differs."""
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-  chips = sorted({r["chips"] for r in rows})
-  for ax, what, ylabel in ((axes[0], "step us", "modelled step (us, one layer)"),
-                           (axes[1], "cache MiB/device", "cache per JAX device (MiB, one layer)")):
-    for i, gen in enumerate(dict.fromkeys(r["generation"] for r in rows)):
-      rs = [r for r in rows if r["generation"] == gen]
-      one, best = [r[f"{what} (C=1)"] for r in rs], [r[f"{what} (best)"] for r in rs]
-      ax.plot([r["chips"] for r in rs], one, "o-", color=f"C{i}",
-              label=f"{gen}, one chip per sequence")
-      if best != one:
-        ax.plot([r["chips"] for r in rs], best, "s--", color=f"C{i}",
-                label=f"{gen}, best context-parallel C")
-    _style(ax, "chips", ylabel, xlog=2, ylog=10, grid=dict(visible=True, which="both", alpha=0.3))
-    ax.set_xticks(chips, [str(n) for n in chips])
-  axes[0].legend(fontsize=7)
-  return _done(fig, title, size=10)
-
-
-def crossover_figure(rows: Sequence[dict], *, title: str = ""):
-  """Notebook 09: the shortest context from which context parallelism pays ("tokens"; None:
-  never, left out) against the assumed collective latency, a line per (generation, chips)."""
-  fig, ax = plt.subplots(figsize=(7, 4))
-  for gen, chips in dict.fromkeys((r["generation"], r["chips"]) for r in rows):
-    rs = [r for r in rows if (r["generation"], r["chips"]) == (gen, chips) and r["tokens"]]
-    ax.plot([r["latency us"] for r in rs], [r["tokens"] for r in rs], "o-",
-            label=f"{gen}, 1 sequence on {chips} chip(s)")
-  _style(ax, "assumed latency per collective round (us)", "shortest context that pays (tokens)",
-         title, size=10, ylog=2, grid=dict(visible=True, which="both", alpha=0.3), legend=7)
-  return _done(fig)

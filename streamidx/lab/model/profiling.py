@@ -1,23 +1,21 @@
-"""Measuring the kernel: profiler traces, per-op device times, run files (how to
-use them, why times come from a trace, what `stage_times` sums and reports
-off a TPU: docs/tpu.md, "Measuring the kernel").
+"""Measuring the kernel: profiler traces and per-op device times, split into
+the parts `records.PARTS` (how to use them, why times come from a trace, what
+`stage_times` sums and reports off a TPU: docs/tpu.md, "Measuring the
+kernel"; the records they feed: `streamidx.lab.bench.record`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import glob as glob_lib
 import gzip
-import importlib.metadata as md
 import json
 import os
 import platform
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -26,7 +24,6 @@ from streamidx import modes
 from streamidx.kernels.driver import STAGE_SCOPES
 from streamidx.lab.model import hardware
 
-RUN_SCHEMA = "streamidx.profile_run/1"
 ITERATION_ANNOTATION = "streamidx_iteration"
 # The part of the call a device op belongs to (`records.PARTS`), by regex:
 # "copies" over the op's own name (a layout copy wherever it runs), the
@@ -206,9 +203,6 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
   return out
 
 
-# -- run files ----------------------------------------------------------------
-
-
 def machine() -> dict:
   """This process's machine: device, kernel mode, TPU generation, host, versions."""
   dev = jax.devices()[0]
@@ -219,77 +213,3 @@ def machine() -> dict:
       "generation": hardware.detect_generation(dev), "cpu_count": os.cpu_count(),
       "jax": jax.__version__, "numpy": np.__version__,
       "python": platform.python_version(), "host": platform.platform()}
-
-
-def write_run(out_dir: str | os.PathLike, *, parameters: Mapping[str, Any],
-              records: Sequence[Mapping[str, Any]], notes: str = "",
-              name: str | None = None) -> Path:
-  """Writes `<out_dir>/run-<generation or platform>-<UTC time>.json`: {"schema",
-  "created", "machine" (`machine()`), "versions", "parameters", "notes",
-  "records": one dict per measured point}; returns its path."""
-  machine_ = machine()
-  versions = {"python": platform.python_version()}
-  for pkg in ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy", "streamidx"):
-    with contextlib.suppress(md.PackageNotFoundError):
-      versions[pkg] = md.version(pkg)
-  created = datetime.datetime.now(datetime.timezone.utc)
-  doc = {"schema": RUN_SCHEMA, "created": created.isoformat(timespec="seconds"),
-         "machine": machine_, "versions": versions,
-         "parameters": dict(parameters), "notes": notes,
-         "records": [dict(r) for r in records]}
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  tag = machine_["generation"] or machine_["platform"]
-  path = out_dir / (name or f"run-{tag}-{created.strftime('%Y%m%dT%H%M%SZ')}.json")
-  path.write_text(json.dumps(doc, indent=1, sort_keys=True,
-                             default=lambda x: x.item()),  # NumPy scalars
-                  encoding="utf-8")
-  return path
-
-
-def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
-              skip_invalid: bool = False) -> list[dict]:
-  """Reads run files (a glob pattern, a folder's `run-*.json` or paths), each with
-  its "path"; a file that is no run of this schema raises ValueError naming it,
-  or with `skip_invalid` (a glob over build/ meets other JSON) is left out."""
-  if isinstance(paths, (str, os.PathLike)):
-    p = Path(paths)
-    files = (sorted(p.glob("run-*.json")) if p.is_dir() else
-             sorted(glob_lib.glob(str(p), recursive=True))
-             if any(ch in str(p) for ch in "*?[") else [p])
-  else:
-    files = list(paths)
-  runs = []
-  for f in files:
-    try:
-      doc = json.loads(Path(f).read_text(encoding="utf-8"))
-      bad = None if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else (
-          f"not a {RUN_SCHEMA} run file")
-    except ValueError as e:
-      bad = f"not JSON ({e})"
-    if bad is None:
-      runs.append(dict(doc, path=str(f)))
-    elif not skip_invalid:
-      raise ValueError(f"{f}: {bad}")
-  return runs
-
-
-def _point(r: Mapping[str, Any]) -> tuple:
-  return r.get("mode"), r.get("batch_size"), r.get("context_tokens")
-
-
-def _bound(run, r, which: str):
-  return ((r.get("predicted_us") or {}).get(run["machine"].get("generation") or "",
-                                            {}).get(which))
-
-
-def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[dict]:
-  """One row per (run, record): machine, point, measured and predicted times."""
-  return [{"run": Path(run["path"]).name, "machine": run["machine"].get("device_kind"),
-           **dict(zip(("mode", "batch", "context"), _point(r))),
-           **{k: r.get(k) for k in ("kernel_us", "topk_us", "other_us",
-                                    "host_call_us")},
-           "bound_kernel_us": _bound(run, r, "kernel"),
-           "bound_total_us": _bound(run, r, "total")}
-          for run in runs for r in run["records"]]
-

@@ -1,6 +1,8 @@
 """Scaling model: the indexer's decode step on 1 to many chips, N JAX devices as
-D data groups x C context shares (`streamidx.sharded`). Its terms, sources and
-what it leaves out: docs/multichip.md, "The scaling model". Not a measurement.
+D data groups x C context shares (`streamidx.sharded`), each device's call the
+roofline of its fill and scoring plus its selection by the chip's default
+method (`selection_seconds`). Its terms, sources and what it leaves out:
+docs/multichip.md, "The scaling model". Not a measurement.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from streamidx import cache as cache_lib
 from streamidx import sharded
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware, roofline, tiling
+from streamidx.lab.model import topk as topk_model
+from streamidx.topk import defaults
 from streamidx.semantics import cdiv
 
 CHIP_COUNTS = (1, 4, 8, 64)
@@ -40,7 +44,8 @@ class StepModel:
   seqs_per_device: int
   share_pages: int
   cache_bytes_per_device: int
-  local_s: float
+  local_s: float  # the device's call: fill + scoring + selection_s
+  selection_s: float  # its selection (`selection_seconds`)
   merge_bytes_per_device: int
   merge_ici_s: float
   merge_topk_s: float
@@ -51,18 +56,49 @@ class StepModel:
 
 
 @functools.lru_cache(maxsize=4096)
+def selection_seconds(generation: str, rows: int, entries: int,
+                      k: int) -> tuple[float, str]:
+  """(seconds, what they rest on) of one device's selection of f32[rows,
+  entries], k kept, by `generation`'s default method (`topk.defaults`): the
+  larger of its HBM bound (`lab.model.topk`) and the bundles its compiled
+  program executes at DeepSeek-V4 decode (`topk.defaults.DECODE`, recorded
+  in data/step_schedule.json at this k), scaled by score elements (rows x
+  entries) and timed at the chip's one clock (`roofline.clock`). The scaling
+  is the model's assumption (the methods pass over every element; a
+  method's fixed cost per row is scaled with it); where no compile or no
+  clock is recorded, the HBM bound alone, said so."""
+  method = defaults.default_method(generation)
+  hbm = topk_model.hbm_bound(topk_model.cost(method, rows, entries, k),
+                             hardware.spec(generation))
+  rows0, entries0, _ = defaults.DECODE
+  rec = roofline.selection_record(generation, method, rows0, entries0, k)
+  hz, clock_src = roofline.clock(generation)
+  if rec is None or rec["bundles"] is None or not hz:
+    why = "no clock" if rec and rec["bundles"] is not None else (
+        f"no recorded compile at [{rows0}, {entries0}], k {k}")
+    return hbm, f"{method}: HBM bytes only ({why})"
+  t = rec["bundles"] * (rows * entries) / (rows0 * entries0) / hz
+  return max(hbm, t), (f"{method}: {rec['bundles']:,} bundles at [{rows0}, "
+                       f"{entries0}] scaled by elements, at {hz / 1e9:.3f} GHz "
+                       f"({clock_src})")
+
+
+@functools.lru_cache(maxsize=4096)
 def _local_seconds(generation: str, seqs: int, share_entries: int,
-                   share_pages: int, w: shapes_lib.Shape) -> float:
-  """Roofline bound of one device's kernel call (fill + kernel + top-k)."""
+                   share_pages: int, w: shapes_lib.Shape) -> tuple[float, float]:
+  """(roofline bound of one device's fill + kernel, its selection's seconds)."""
   seq_len = share_entries * w.compression_ratio
   batch = batch_lib.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
                                page_size=w.page_size, pages_per_seq=share_pages,
                                compression_ratio=w.compression_ratio)
   # Block sizes: the table's row for this generation (`streamidx.blocks`).
+  # The sequences are equal, so `sort_decode`'s order changes nothing.
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
-                  generation=generation)
-  return roofline.predict(p, k=w.k, generations=[generation])[generation]["total"]
+                  generation=generation, sort_decode=False)
+  pred = roofline.predict(p, k=w.k, generations=[generation])[generation]
+  select, _ = selection_seconds(generation, seqs * w.q_len, share_entries, w.k)
+  return pred["fill"] + pred["kernel"], select
 
 
 def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 1, *,
@@ -80,7 +116,8 @@ def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 
   share_pages = max(1, cdiv(w.pages, num_context))
   share_entries = min(w.entries, share_pages * w.page_size)
   record = cache_lib.record_bytes(w.fmt, w.head_dim)
-  local = _local_seconds(generation, seqs, share_entries, share_pages, w)
+  scored, select = _local_seconds(generation, seqs, share_entries,
+                                 share_pages, w)
   rows = seqs * w.q_len
   merge_bytes = ici_s = topk_s = lat_s = 0.0
   if num_context > 1:
@@ -100,7 +137,8 @@ def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 
       devices=devices, num_data=num_data, num_context=num_context,
       merge=merge, seqs_per_device=seqs, share_pages=share_pages,
       cache_bytes_per_device=seqs * share_pages * w.page_size * record,
-      local_s=local, merge_bytes_per_device=int(merge_bytes),
+      local_s=scored + select, selection_s=select,
+      merge_bytes_per_device=int(merge_bytes),
       merge_ici_s=ici_s, merge_topk_s=topk_s, merge_latency_s=lat_s)
 
 
@@ -140,6 +178,7 @@ def scaling_table(w: shapes_lib.Shape = DSV4_DECODE,
           "generation": gen, "chips": n, "devices": devices,
           "cache MiB/device (C=1)": round(sp.cache_bytes_per_device / 2**20, 1),
           "step us (C=1)": round(sp.step_s * 1e6, 1),
+          "selection us (C=1)": round(sp.selection_s * 1e6, 1),
           "best C": best.num_context if spec.device_ici_bandwidth else "n/a",
           "cache MiB/device (best)": round(best.cache_bytes_per_device / 2**20, 1),
           "merge KiB/device": round(best.merge_bytes_per_device / 2**10, 1),

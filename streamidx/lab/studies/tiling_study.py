@@ -1,4 +1,4 @@
-"""The tiling bounds notebooks 05 and 08 share, and notebook 05's megacore
+"""Notebook 05's tiling bounds (the static-schedule bound of its decode pages) and its megacore
 compile (libtpu, no TPU). Models and compiles; no TPU measurement here.
 """
 
