@@ -174,33 +174,6 @@ def test_vmem_budget_figure_shows_the_budget_and_outlines_cells_over_the_limit()
   plt.close(fig)
 
 
-def test_causal_leak_figure_bars_only_rows_that_selected_the_leaked_entry():
-  live = np.array([1, 1, 1, 1, 1, 0], bool)
-  selected = np.array([0, 1, 0, 1, 0, 0], bool)
-  mass = np.array([.5, .2, .5, .1, .5, .5])
-  bound = np.array([1, 1, 1, 1, 0, 0], bool)
-  fig = plots.causal_leak_figure(live, selected, mass, bound, [3], title="t")
-  ax = fig.axes[0]
-  np.testing.assert_allclose(_bar_heights(ax), [0, .2, 0, .1, 0])
-  crosses, start = ax.get_lines()
-  assert list(crosses.get_xdata()) == [0, 2]
-  assert list(start.get_xdata()) == [2.5, 2.5]
-  plt.close(fig)
-
-
-
-def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
-  coverage = {f: {m: np.array([[.5, .4, .3]]) * (2 if f == "f32" else 1)
-                  for m in ("count", "mass")} for f in ("fp8", "f32")}
-  fig = plots.page_coverage_figure(coverage, [16, 32, 64], [512],
-                                   page_entries=4096, title="t")
-  fp8, f32, random_pages = fig.axes[1].get_lines()
-  np.testing.assert_allclose(fp8.get_ydata(), [.5, .4, .3])
-  np.testing.assert_allclose(f32.get_ydata(), [1., .8, .6])
-  assert list(random_pages.get_ydata()) == [512 / 4096] * 2
-  plt.close(fig)
-
-
 def _prediction(kernel, topk, fill):
   return {"kernel": kernel, "topk": topk, "fill": fill,
           "total": kernel + topk + fill}
@@ -257,35 +230,6 @@ def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exi
   hbm = v5e.get_lines()[1].get_ydata()[0]
   assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
   assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
-  plt.close(fig)
-
-
-def test_query_scores_figure_marks_selected_masked_entries_and_the_kth_score():
-  rng = np.random.default_rng(0)
-  unmasked = rng.random(20).astype(np.float32)
-  scores = np.full(24, -np.inf, np.float32)
-  scores[:15] = unmasked[:15]
-  chosen = np.argsort(-scores[:15], kind="stable")[:4]
-  fig = plots.query_scores_figure(scores, unmasked, chosen, k=4, n_visible=15,
-                                  compression_ratio=4, title="t")
-  ax = fig.axes[0]
-  lines = {l.get_label().split(" (")[0]: l for l in ax.get_lines()}
-  np.testing.assert_array_equal(lines["returned by the kernel"].get_xdata(), chosen)
-  masked = lines["masked by causality"]
-  np.testing.assert_array_equal(masked.get_xdata(), np.arange(15, 20))
-  np.testing.assert_allclose(masked.get_ydata(), unmasked[15:])
-  kth = np.sort(scores[:15])[::-1][3]
-  np.testing.assert_allclose(lines["k-th best visible score"].get_ydata(), [kth, kth])
-  plt.close(fig)
-
-
-def test_query_scores_figure_draws_no_kth_line_when_the_row_sees_fewer_than_k():
-  scores = np.array([1.0, 2.0, -np.inf, -np.inf], np.float32)
-  fig = plots.query_scores_figure(scores, np.array([1.0, 2.0, 3.0]), [1, 0],
-                                  k=4, n_visible=2, compression_ratio=4,
-                                  title="t")
-  labels = [l.get_label() for l in fig.axes[0].get_lines()]
-  assert not any(l.startswith("k-th") for l in labels)
   plt.close(fig)
 
 

@@ -299,38 +299,6 @@ def decode_step_time_figure(rows: Sequence[dict], *, title: str):
   return _done(fig)
 
 
-def query_scores_figure(scores, unmasked, chosen, *, k: int, n_visible: int,
-                        compression_ratio: int, title: str):
-  """Notebook 00: one query row's scores (`scores` f32[E >= entries], -inf where masked), the
-  entries the kernel returned (`chosen`), the k-th score, and the masked entries drawn at their
-  unmasked scores (`unmasked` f32[entries]); the row sees entries 0 .. n_visible - 1."""
-  s, u = np.asarray(scores, np.float64), np.asarray(unmasked, np.float64)
-  chosen, n_entries, visible = np.asarray(chosen, int), len(u), np.arange(n_visible)
-  fig, ax = plt.subplots(figsize=(10, 4))
-  ax.plot(visible, s[visible], ".", ms=4, color="0.45", label=f"visible entries ({n_visible})")
-  ax.plot(chosen, s[chosen], "o", ms=6, mfc="none", mew=1.3, color="tab:red",
-          label=f"returned by the kernel ({len(chosen)})")
-  if n_entries > n_visible:
-    hidden = np.arange(n_visible, n_entries)
-    ax.axvspan(n_visible - .5, n_entries - .5, color="0.85", zorder=0)
-    ax.plot(hidden, u[hidden], "x", ms=7, mew=1.6, color="0.3",
-            label=f"masked by causality ({len(hidden)}): drawn at the score they would have")
-  if n_visible >= k:
-    kth = float(np.sort(s[visible])[::-1][k - 1])
-    ax.axhline(kth, color="tab:red", ls="--", lw=1,
-               label=f"k-th best visible score ({kth:.3g}): the cut")
-  ax.axvline(n_visible - .5, color="k", lw=1,
-             label=f"causal bound (p + 1) // {compression_ratio} = {n_visible}")
-  ax.axvline(n_entries - .5, color="tab:blue", lw=1.5, ls=":",
-             label=f"sequence end seq_len // {compression_ratio} = {n_entries}")
-  ax.set_xlim(-1, n_entries + 1)
-  _style(ax, "compressed entry s (sequence-local index)",
-         "index score sum_h w[h] ReLU(q[h] . k[s])", title, size=10, grid=.3,
-         legend=dict(loc="upper center", bbox_to_anchor=(.5, -.16), ncol=2, fontsize=8,
-                     frameon=False))
-  return _done(fig)
-
-
 def scale_error_figure(scale_study, *, title: str | None = None):
   """Notebook 03: record error with ue8m0 vs exact float scales for the first two
   distributions of `scale_study`, and where the "gaussian" amax / 2**e lands."""
@@ -756,45 +724,6 @@ def mtp_step_figure(rows: Sequence[dict], *, title: str):
   _style(axes[0][0], ylabel="microseconds (one layer, model)")
   _shared_legend(fig, axes[0], title, bottom=.07)  # a term may be known in one panel only
   return fig
-
-
-def causal_leak_figure(live, leaked_selected, leaked_mass, bound_differs, seq_starts, *,
-                       title: str):
-  """Notebook 05: per live query row (bool[T] masks, f[T] mass), the leaked entry's share of the
-  vendored-rule top-k mass; x: bound differs, leak unselected; dotted: `seq_starts`."""
-  live, sel = np.asarray(live, bool), np.asarray(leaked_selected, bool)
-  rows = np.flatnonzero(live)
-  fig, ax = plt.subplots(figsize=(10, 4))
-  ax.bar(rows, np.where(sel, np.asarray(leaked_mass), 0)[rows], color="tab:red",
-         label="leaked entry's share of the vendored-rule top-k score mass")
-  only = rows[np.asarray(bound_differs, bool)[rows] & ~sel[rows]]
-  ax.plot(only, np.zeros(len(only)), "x", color="0.4",
-          label="bound differs, leaked entry not selected")
-  for start in seq_starts:
-    ax.axvline(start - 0.5, color="k", lw=0.8, ls=":")
-  ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-  _style(ax, "query row (sequences separated by dotted lines)", "share of top-k score", title,
-         legend=dict(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
-                     frameon=False))
-  return _done(fig)
-
-
-def page_coverage_figure(coverage, page_sizes, budgets, *, page_entries: int, title: str):
-  """Notebook 05: the exact token top-k's share in the top pages (`coverage`: "fp8" / "f32"
-  -> "count" / "mass" -> f[len(budgets), len(page_sizes)]); dotted: random pages."""
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  for ax, m in zip(axes, ("count", "mass")):
-    for i, budget in enumerate(budgets):
-      c = plt.cm.viridis(i / max(1, len(budgets)))
-      ax.plot(page_sizes, coverage["fp8"][m][i], "o-", color=c, label=f"FP8 pages, k = {budget}")
-      ax.plot(page_sizes, coverage["f32"][m][i], "s--", color=c, mfc="none",
-              label=f"f32 pages, k = {budget}")
-      ax.axhline(budget / page_entries, color=c, lw=0.8, ls=":")
-    _style(ax, "page size (entries per page; k_pages = k / page size)",
-           title=f"coverage of the exact token top-k, by {m}", xlog=2, grid=0.3)
-    ax.set_xticks(page_sizes, page_sizes)
-  _style(axes[0], ylabel="share inside the top-k_pages pages", legend=7)
-  return _done(fig, title, size=9)
 
 
 def roofline_figure(records, predictions, *, measured: bool, generation: str | None,
