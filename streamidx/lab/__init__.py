@@ -8,7 +8,7 @@ import importlib
 _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
     ("model.", ("hardware", "roofline", "tiling", "timeline", "profiling",
                 "scaling")),
-    ("studies.", ("cases", "formats", "addressing", "quant", "costs")),
+    ("studies.", ("cases", "addressing", "quant", "costs")),
     ("", ("sharding", "plots", "tables", "params", "workbook",
           "walkthrough", "bench", "shapes")),
 ) for name in names}
