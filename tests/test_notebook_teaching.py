@@ -7,6 +7,7 @@ which also checks every notebook's prose >= code, question and exercises)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,27 @@ def test_never_calls_the_vendored_kernel_the_seed(name):
   for c in _cells(name):
     if c["cell_type"] == "markdown":
       assert "the seed's" not in _src(c) and "the seed " not in _src(c)
+
+
+# --------------------------------------------------------------------------
+# Checked value exercises (issue 47): the reader's cell (`my_x = None  #
+# EXERCISE`), the check in the very next cell, the worked answer after it.
+
+CHECKED = ["00_quickstart.ipynb", "01_cache_layout.ipynb", "02_fp8_packing.ipynb",
+           "04_recall_parity.ipynb", "07_topk_selection.ipynb"]
+GAP = re.compile(r"(?m)^(my_\w+) = None\s+# EXERCISE")
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_each_value_exercise_is_checked_in_the_next_cell_and_answered_after(name):
+  cells = _cells(name)
+  gaps = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and GAP.search(_src(c))]
+  assert len(gaps) >= 1 + (name == "07_topk_selection.ipynb"), name
+  for i in gaps:
+    mine, check = GAP.search(_src(cells[i])).group(1), _src(cells[i + 1])
+    assert f"exercises.check(" in check and mine in check, (name, mine)
+    assert "assert exercises.check(" not in check, (name, mine)  # the answer comes later
+    assert any("assert exercises.check(" in _src(c) for c in cells[i + 2:]), (name, mine)
 
 
 # --------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""streamidx.lab.studies.parity (boundary ties, XLA's ApproxTopK sizing) and
-the reference facts notebook 04's studies rest on: the two causal rules differ
-by one entry, approx_max_k(recall_target=1.0) is top_k off TPU, one sequence
-slot scores right. No kernel runs here.
+"""The reference facts notebook 04's studies rest on: the two causal rules
+differ by one entry, approx_max_k(recall_target=1.0) is top_k off TPU, XLA's
+ApproxTopK sizing keeps every candidate at recall 1.0, one sequence slot
+scores right. No kernel runs here.
 
 Notebook 04 asserts the rest on every run: the parity loop's tables, the
 causal-rule analysis against its prediction, `page_coverage` on a hand-made
-example and on every page, `tie_breaks` on a hand-made row.
+example and on every page, `boundary_ties` and `tie_breaks` on hand-made rows.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pytest
 import streamidx as si
 from streamidx import ref
 from streamidx.lab.model import topk as topk_model
-from streamidx.lab.studies import parity
 
 import oracle
 
@@ -53,23 +52,6 @@ def test_the_seed_rule_adds_exactly_the_block_p_over_ratio_where_it_is_cached(ra
 
 # ---------------------------------------------------------------------------
 # Ties and approx_max_k.
-
-
-def test_boundary_ties_on_hand_checked_rows():
-  scores = np.array([[5.0, 3.0, 3.0, 3.0, 1.0, -np.inf],
-                     [4.0, 3.0, 2.0, 1.0, 0.0, 0.0],
-                     [2.0, 0.0, 0.0, -np.inf, -np.inf, -np.inf]])
-  t = parity.boundary_ties(scores, 2)
-  # Row 0: 2nd (3) == 3rd (3); row 1: 3 > 2; row 2: 0 == 0 (a ReLU tie).
-  np.testing.assert_array_equal(t.tied_rows, [0, 2])
-  assert t.rows == 3 and t.zero_tied_rows == 1
-  np.testing.assert_array_equal(t.group_sizes, [3, 2])
-  np.testing.assert_array_equal(t.slots, [1, 1])
-
-
-def test_rows_seeing_k_or_fewer_entries_have_no_boundary():
-  scores = np.array([[1.0, 1.0, -np.inf]])
-  assert parity.boundary_ties(scores, 2).rows == 0
 
 
 def test_approx_max_k_with_recall_one_is_top_k_on_cpu():

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-from matplotlib import colors as mcolors  # pylint: disable=g-import-not-at-top
 from matplotlib.container import BarContainer  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 import streamidx as si  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import quant  # pylint: disable=g-import-not-at-top
 import collections  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
 from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
 from streamidx.lab.model import tiling  # pylint: disable=g-import-not-at-top
-from streamidx.lab.studies import addressing  # pylint: disable=g-import-not-at-top
 
 
 def _batch(allocation):
@@ -28,43 +26,14 @@ def _batch(allocation):
                              compression_ratio=4, allocation=allocation)
 
 
-@pytest.mark.parametrize("allocation", ["contiguous", "fragmented"])
-def test_page_table_figure_colours_each_physical_page_by_its_owner(allocation):
-  batch = _batch(allocation)
-  fig = plots.page_table_figure([batch], [allocation])
-  pool = fig.axes[1]
-  assert len(pool.patches) == batch.total_num_pages
-  colors = plots.seq_colors(batch.num_seqs)
-  owner = np.full(batch.total_num_pages, -1)
-  for b in range(batch.num_seqs):
-    owner[batch.page_table[b, :batch.num_pages_used[b]]] = b
-  for page, patch in enumerate(pool.patches):
-    want = colors[owner[page]] if owner[page] >= 0 else plots.FREE
-    assert mcolors.same_color(patch.get_facecolor(), want), page
-  plt.close(fig)
-
-
-def test_batch_launch_figure_draws_one_box_per_program(tmp_path):
-  batch = _batch("contiguous")
-  plan = tiling.plan(batch, num_kv_pages_per_block=16,
-                     num_queries_per_block=(1, 4, 4), decode_req_batch_size=2)
-  fig = plots.batch_launch_figure(batch, plan)
-  outlines = [p for p in fig.axes[0].patches if not p.get_fill()]
-  assert len(outlines) == len(plan.grid_points()) == sum(
-      l.grid for l in plan.launches)
-  path = plots.save(fig, tmp_path / "out", "launches")
-  assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  plt.close(fig)
-
-
-def test_visibility_axes_outlines_exactly_the_difference_cells():
-  positions = np.arange(20, 28)
-  mask = addressing.visibility_mask(positions, 8, 4, "seed", seq_len=28)
-  diff = addressing.causal_rule_difference(positions, 8, 4, seq_len=28)
+def test_save_writes_a_png_and_names_the_headline(tmp_path):
   fig, ax = plt.subplots()
-  plots.visibility_axes(ax, mask, positions, diff=diff, title="t")
-  cells = sorted((int(p.get_y()), int(p.get_x())) for p in ax.patches)
-  assert cells == sorted(zip(*np.nonzero(diff)))
+  ax.plot([0, 1])
+  path = plots.save(fig, tmp_path / "out", "fig")
+  assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert not (tmp_path / "out" / plots.HEADLINE_FILE).exists()
+  plots.save(fig, tmp_path / "out", "head", headline=True)
+  assert json.loads((tmp_path / "out" / plots.HEADLINE_FILE).read_text()) == {"figure": "head.png"}
   plt.close(fig)
 
 
@@ -74,75 +43,6 @@ def test_visibility_axes_outlines_exactly_the_difference_cells():
 
 def _bar_heights(ax):
   return [p.get_height() for p in ax.patches]
-
-
-def test_scale_error_figure_histograms_every_record():
-  rng = np.random.default_rng(0)
-  study = {d: dict(err_pow2=rng.random(50) * .05, err_float=rng.random(50) * .04,
-                   mean_err_ue8m0=.025, mean_err_float=.02,
-                   amax_over_scale=rng.uniform(224, 448, 50))
-           for d in ("gaussian", "outliers")}
-  fig = plots.scale_error_figure(study)
-  for ax in fig.axes[:2]:  # two histograms of 50 records each, 59 bins
-    heights = _bar_heights(ax)
-    assert len(heights) == 2 * 59 and sum(heights) == 100
-  assert sum(_bar_heights(fig.axes[2])) == 50
-  plt.close(fig)
-
-
-
-
-CI = collections.namedtuple("CI", "mean half_width")  # a mean and its interval
-
-
-def test_e4m3_use_figure_shares_stored_values_by_binade_and_draws_the_spacing():
-  grid = np.asarray(jnp.arange(256, dtype=jnp.uint8).view(jnp.float8_e4m3fn)
-                    .astype(jnp.float32))
-  positive = np.unique(grid[np.isfinite(grid) & (grid > 0)])
-  spacing = np.diff(positive) / positive[:-1]
-  stored = np.array([0.0, 2.0**-8, 1.5, 1.75, 300.0])  # the zero is left out
-  fig = plots.e4m3_use_figure(positive, spacing, stored, title="finding")
-  (bars,) = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)]
-  heights = [p.get_height() for p in bars]
-  assert sum(heights) == pytest.approx(1) and max(heights) == pytest.approx(.5)
-  (line,) = fig.axes[1].get_lines()
-  np.testing.assert_array_equal(line.get_ydata(), spacing)
-  assert fig._suptitle.get_text() == "finding"
-  assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
-  plt.close(fig)
-
-
-def test_recall_ci_figure_draws_the_mean_and_clips_the_interval_to_one():
-  recall = {("gaussian", 256, v, k): np.array([[1.0, 1.0], [.9, 1.0], [1.0, 1.0]])
-            for v in ("bf16", "fp8") for k in (64, 128)}
-  per_seed = {key: r.mean(axis=1) for key, r in recall.items()}
-  summary = lambda d, e, v, k: CI(per_seed[(d, e, v, k)].mean(), 0.1)
-  fig = plots.recall_ci_figure(summary, dists=("gaussian",), contexts=[256],
-                               ks=(64, 128, 512), variants=["bf16", "fp8"],
-                               title="t")
-  ax = fig.axes[0]
-  line = ax.get_lines()[0]
-  np.testing.assert_array_equal(line.get_xdata(), [64, 128])  # k <= 256
-  np.testing.assert_allclose(line.get_ydata(), [59 / 60, 59 / 60])  # seeds 1, .95, 1
-  tops = [seg[1][1] for c in ax.collections for seg in c.get_segments()]
-  assert max(tops) == pytest.approx(1.0)  # the interval stops at recall 1
-  plt.close(fig)
-
-
-def test_rotation_figure_draws_both_keys_and_differences_around_zero():
-  key = np.ones(128)
-  key[:4] = 20.0
-  rotated = np.asarray(quant.rotate(key))
-  diffs = [("gaussian, fp8", CI(0.0, .02)), ("outliers, fp8", CI(.03, .02))]
-  fig = plots.rotation_figure(key, rotated, diffs, outlier_channels=4, title="t")
-  before, after = fig.axes[0].get_lines()
-  np.testing.assert_allclose(before.get_ydata(), np.abs(key))
-  np.testing.assert_allclose(after.get_ydata(), np.abs(rotated), rtol=1e-6)
-  (bars,) = [c for c in fig.axes[1].containers if isinstance(c, BarContainer)]
-  widths = [p.get_width() for p in bars]
-  np.testing.assert_allclose(widths, [0.0, .03], atol=1e-12)
-  assert [l.get_xdata()[0] for l in fig.axes[1].get_lines()][-1] == 0  # the zero line
-  plt.close(fig)
 
 
 def test_iteration_order_figure_draws_one_cell_per_step_and_sequence():
@@ -174,30 +74,6 @@ def test_vmem_budget_figure_shows_the_budget_and_outlines_cells_over_the_limit()
   plt.close(fig)
 
 
-def test_causal_leak_figure_bars_only_rows_that_selected_the_leaked_entry():
-  live = np.array([1, 1, 1, 1, 1, 0], bool)
-  selected = np.array([0, 1, 0, 1, 0, 0], bool)
-  mass = np.array([.5, .2, .5, .1, .5, .5])
-  bound = np.array([1, 1, 1, 1, 0, 0], bool)
-  fig = plots.causal_leak_figure(live, selected, mass, bound, [3], title="t")
-  ax = fig.axes[0]
-  np.testing.assert_allclose(_bar_heights(ax), [0, .2, 0, .1, 0])
-  crosses, start = ax.get_lines()
-  assert list(crosses.get_xdata()) == [0, 2]
-  assert list(start.get_xdata()) == [2.5, 2.5]
-  plt.close(fig)
-
-
-
-def test_page_coverage_figure_draws_coverage_and_the_random_baseline():
-  coverage = {f: {m: np.array([[.5, .4, .3]]) * (2 if f == "f32" else 1)
-                  for m in ("count", "mass")} for f in ("fp8", "f32")}
-  fig = plots.page_coverage_figure(coverage, [16, 32, 64], [512],
-                                   page_entries=4096, title="t")
-  fp8, f32, random_pages = fig.axes[1].get_lines()
-  np.testing.assert_allclose(fp8.get_ydata(), [.5, .4, .3])
-  np.testing.assert_allclose(f32.get_ydata(), [1., .8, .6])
-  assert list(random_pages.get_ydata()) == [512 / 4096] * 2
   plt.close(fig)
 
 
@@ -224,76 +100,6 @@ def test_static_schedule_figure_draws_bundles_and_the_hbm_line_where_a_clock_exi
   hbm = v5e.get_lines()[1].get_ydata()[0]
   assert hbm == pytest.approx(32768 / 8.19e11 * 1.503e9)
   assert len(v6e.get_lines()) == 1 and "no public clock" in v6e.texts[0].get_text()
-  plt.close(fig)
-
-
-def test_query_scores_figure_marks_selected_masked_entries_and_the_kth_score():
-  rng = np.random.default_rng(0)
-  unmasked = rng.random(20).astype(np.float32)
-  scores = np.full(24, -np.inf, np.float32)
-  scores[:15] = unmasked[:15]
-  chosen = np.argsort(-scores[:15], kind="stable")[:4]
-  fig = plots.query_scores_figure(scores, unmasked, chosen, k=4, n_visible=15,
-                                  compression_ratio=4, title="t")
-  ax = fig.axes[0]
-  lines = {l.get_label().split(" (")[0]: l for l in ax.get_lines()}
-  np.testing.assert_array_equal(lines["returned by the kernel"].get_xdata(), chosen)
-  masked = lines["masked by causality"]
-  np.testing.assert_array_equal(masked.get_xdata(), np.arange(15, 20))
-  np.testing.assert_allclose(masked.get_ydata(), unmasked[15:])
-  kth = np.sort(scores[:15])[::-1][3]
-  np.testing.assert_allclose(lines["k-th best visible score"].get_ydata(), [kth, kth])
-  plt.close(fig)
-
-
-def test_query_scores_figure_draws_no_kth_line_when_the_row_sees_fewer_than_k():
-  scores = np.array([1.0, 2.0, -np.inf, -np.inf], np.float32)
-  fig = plots.query_scores_figure(scores, np.array([1.0, 2.0, 3.0]), [1, 0],
-                                  k=4, n_visible=2, compression_ratio=4,
-                                  title="t")
-  labels = [l.get_label() for l in fig.axes[0].get_lines()]
-  assert not any(l.startswith("k-th") for l in labels)
-  plt.close(fig)
-
-
-@pytest.mark.parametrize("fmt,packing", [("fp8", 4), ("bf16", 2)])
-def test_sublane_words_axes_draws_one_word_per_row_and_lane_split_by_entry(fmt, packing):
-  keys = np.random.default_rng(1).standard_normal((1, 8, 128)).astype(np.float32)
-  page = np.asarray(si.cache.pack_cache(keys, fmt)[0])
-  lanes = [0, 1, 127]
-  fig, ax = plt.subplots()
-  plots.sublane_words_axes(ax, page, kv_packing=packing, lanes=lanes,
-                           highlight=5, title="t")
-  rows = 8 // packing
-  words = [p for p in ax.patches if not p.get_fill() and p.get_edgecolor()[:3] == (0, 0, 0)]
-  parts = [p for p in ax.patches if p.get_fill()]
-  red = [p for p in ax.patches if not p.get_fill() and mcolors.same_color(p.get_edgecolor(), "red")]
-  assert len(words) == rows * len(lanes) and len(parts) == rows * len(lanes) * packing
-  assert len(red) == len(lanes)  # entry 5 once per drawn lane
-  assert {(p.get_y(), p.get_x() % 1) for p in red} == {(5 // packing, (5 % packing) / packing)}
-  texts = [t.get_text() for t in ax.texts]
-  if fmt == "fp8":
-    assert f"e0\n{page[0, 0, 0]:02x}" in texts
-  assert "..." in texts  # the gap between lanes 1 and 127
-  plt.close(fig)
-
-
-def test_decode_step_time_figure_draws_one_bar_per_format_and_generation():
-  rows = [dict(fmt=f, generation=g, step_us=10.0 * i + j + 1, stored_bytes=b)
-          for i, (f, b) in enumerate((("fp8", 256), ("dense_fp8", 132), ("bf16", 256)))
-          for j, g in enumerate(("v5e", "v6e"))]
-  fig = plots.decode_step_time_figure(rows, title="t")
-  ax = fig.axes[0]
-  np.testing.assert_allclose(_bar_heights(ax), [r["step_us"] for r in rows])
-  assert "model" in ax.get_ylabel()
-  plt.close(fig)
-
-
-def test_causal_masks_figure_outlines_the_chunks_leak_cells():
-  batch = _batch("contiguous")
-  chunk = addressing.prefill_chunk_masks(batch, int(batch.distribution[0]), window=6)
-  fig = plots.causal_masks_figure(chunk, compression_ratio=4)
-  assert len(fig.axes[1].patches) == chunk.leak_cells and not fig.axes[0].patches
   plt.close(fig)
 
 
@@ -334,16 +140,6 @@ def test_decode_step_figure_stacks_fill_kernel_and_topk():
   bars = fig.axes[0].patches
   np.testing.assert_allclose([p.get_height() for p in bars], [1, 1, 10, 5, 2, 2])
   np.testing.assert_allclose([p.get_y() for p in bars], [0, 0, 1, 1, 11, 6])
-  plt.close(fig)
-
-
-def test_record_bytes_axes_colours_each_byte_by_its_role():
-  record = np.arange(136, dtype=np.uint8)  # head_dim 128: 128 values, 1 scale, 7 padding
-  fig, ax = plt.subplots()
-  plots.record_bytes_axes(ax, record, 128, title="t")
-  colors = [mcolors.to_hex(p.get_facecolor()) for p in ax.patches]
-  assert len(colors) == 136 and colors[127] != colors[128] != colors[129] == colors[135]
-  assert [t.get_text() for t in ax.texts][127:130] == ["7f", "80", "81"]
   plt.close(fig)
 
 

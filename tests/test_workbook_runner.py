@@ -44,13 +44,23 @@ OK_CODE = ("from pathlib import Path\n"
            "print('done')")
 
 
+LINKED_CODE = ("from IPython.display import Markdown, display\n"
+               "display(Markdown('see [the clock](../docs/tpu.md#the-clock)'))")
+
+
 def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
-  ok = make_notebook(nbdir, "01_ok.ipynb", "output_dir = 'out'", OK_CODE)
+  ok = make_notebook(nbdir, "01_ok.ipynb", "output_dir = 'out'", OK_CODE, LINKED_CODE)
+  nb = nbformat.read(str(ok), as_version=4)  # a Markdown cell linking the docs, as notebooks do
+  nb.cells.append(nbformat.v4.new_markdown_cell("[usage](../docs/usage.md) and [02](02_fail.ipynb)"))
+  nbformat.write(nb, str(ok))
   make_notebook(nbdir, "02_fail.ipynb", "output_dir = 'out'",
                 "raise ValueError('deliberate failure in code cell 2')",
                 "print('never runs')")
   source_before = ok.read_text()
   out = tmp_path / "build" / "ci"
+  (out / "01_ok").mkdir(parents=True)  # an earlier run's headline: not this run's
+  (out / "01_ok" / "headline.json").write_text(json.dumps({"figure": "old.png"}))
+  (out / "01_ok" / "old.png").write_bytes(b"\x89PNG")
 
   code = workbook.main(["--profile", "ci", "--notebooks", str(nbdir),
                         "--out", str(out), "--html", "--timeout", "60"])
@@ -70,6 +80,16 @@ def test_passing_and_failing_notebooks_via_cli(nbdir, tmp_path, capsys):
   assert (out / "01_ok.html").read_text().lstrip().startswith("<!DOCTYPE html>")
   assert (out / "02_fail.html").exists()
   assert (out / "01_ok" / "result.txt").read_text() == "ok"
+  assert not (out / "01_ok" / "headline.json").exists()  # removed before the run
+  # The executed copy's links, written for notebooks/, resolve from build/ci/ (cells and
+  # Markdown outputs, so the HTML's too); the source keeps its own.
+  text = "\n".join([c.source for c in executed.cells if c.cell_type == "markdown"]
+                   + [o["data"]["text/markdown"] for c in executed.cells if c.cell_type == "code"
+                      for o in c.outputs if "text/markdown" in o.get("data", {})])
+  assert "](../../docs/tpu.md#the-clock)" in text and "](../../docs/usage.md)" in text
+  assert "](../../notebooks/02_fail.ipynb)" in text and "](../docs/" not in text
+  html = (out / "01_ok.html").read_text()
+  assert 'href="../../docs/usage.md"' in html and 'href="../../docs/tpu.md#the-clock"' in html
   # The landing page, rewritten after each run, lists both with their status.
   index = (out / workbook.INDEX_NAME).read_text()
   assert '<a href="01_ok.html">rendered notebook</a>' in index
@@ -200,7 +220,7 @@ def test_index_lists_question_answer_machine_and_links(nbdir, tmp_path):
 
   assert page.startswith("<!DOCTYPE html>") and "<title>Workbook &lt;ci&gt;</title>" in page
   ok, failed, never, silent = page.split("<section")[1:]
-  assert "Title of 01_ok.ipynb" in ok
+  assert "01 · Title of 01_ok.ipynb" in ok  # numbered from the file name
   assert ("<strong>Question.</strong> How many bytes does an <code>entry</code> "
           "cost &amp; why?") in ok
   assert "<strong>Answer</strong> (computed on x): 256 B" in ok
@@ -353,3 +373,35 @@ def test_answer_links_written_for_the_notebooks_folder_resolve_from_the_landing_
   text = "see [clock](../docs/tpu.md#the-clock), [01](01_x.ipynb) and [web](https://x.org/a)"
   assert workbook.rebase_links(text, nbdir, out) == (
       "see [clock](../../docs/tpu.md#the-clock), [01](../../notebooks/01_x.ipynb) and [web](https://x.org/a)")
+
+
+def test_the_landing_page_numbers_each_title_by_its_file():
+  assert workbook.numbered_title("Kernel walkthrough: the steps", "03_k.ipynb") == (
+      "03 · Kernel walkthrough: the steps")
+  assert workbook.numbered_title("08 · The selection stage", "07_topk.ipynb") == (
+      "07 · The selection stage")
+  assert workbook.numbered_title("", "05_x.ipynb") == "05"
+
+
+def test_the_landing_page_headline_is_the_model_step_when_no_chip_measured(nbdir, tmp_path):
+  # The chip records are empty in this checkout: the figure is the model, titled so.
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  out = tmp_path / "out"
+  page = workbook.write_index(nbdir, out).read_text()
+  head = page.split("<section")[0]
+  assert f'<img src="{workbook.STEP_FIGURE}"' in head
+  assert (out / workbook.STEP_FIGURE).read_bytes().startswith(b"\x89PNG")
+  assert "by the model" in head and "no chip measurement is recorded" in head
+  assert "lean + blocktop" in head and "vendored pipeline" in head
+
+
+def test_step_rows_take_the_newest_measured_call_per_variant_and_method():
+  call = lambda v, m, dev, sc, sel: dict(variant=v, method=m, device_s=dev,
+                                         parts=dict(scoring=sc, selection=sel))
+  rows, measured = workbook.step_rows([call("lean", "blocktop", 9.0, 1.0, 1.0),
+                                       call("lean", "blocktop", 3.0, 2.0, 0.5),
+                                       call("vendored", "sort", 6.0, 3.0, 2.0),
+                                       call("lean", "top_k", 1.0, 0.5, 0.5)])
+  assert measured
+  assert rows == [dict(variant="lean", method="blocktop", floors=(), scoring=2.0, selection=0.5, rest=0.5),
+                  dict(variant="vendored", method="sort", floors=(), scoring=3.0, selection=2.0, rest=1.0)]

@@ -8,8 +8,7 @@ import importlib
 _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
     ("model.", ("hardware", "roofline", "tiling", "timeline", "profiling",
                 "scaling")),
-    ("studies.", ("cases", "formats", "addressing", "quant", "parity",
-                  "costs")),
+    ("studies.", ("cases", "addressing", "quant", "costs")),
     ("", ("sharding", "plots", "tables", "params", "workbook",
           "walkthrough", "bench", "shapes")),
     ("bench.", ("record",)),

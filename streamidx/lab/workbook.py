@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import html as html_lib
 import json
 import logging
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -246,8 +249,10 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     raise WorkbookError(f"{path}: output folder is the notebooks folder")
   Path(params[OUTPUT_DIR_PARAMETER]).mkdir(parents=True, exist_ok=True)
   source_nb = _read(path)
-  for stale in (executed, executed.with_suffix(".html"), kernel_log(executed)):
-    stale.unlink(missing_ok=True)  # a stale copy would pass for this run's
+  from streamidx.lab.plots import HEADLINE_FILE  # pylint: disable=g-import-not-at-top
+  for stale in (executed, executed.with_suffix(".html"), kernel_log(executed),
+                Path(params[OUTPUT_DIR_PARAMETER]) / HEADLINE_FILE):
+    stale.unlink(missing_ok=True)  # a stale copy (or headline) would pass for this run's
   import papermill
   _quiet_logs(log_output)
   failure, start = None, time.perf_counter()
@@ -260,11 +265,15 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
-  if html and executed.exists():  # rendered beside the executed copy
+  if executed.exists():
     import nbformat
-    from nbconvert import HTMLExporter
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-    executed.with_suffix(".html").write_text(body, encoding="utf-8")
+    copy = nbformat.read(str(executed), as_version=4)
+    if rebase_notebook(copy, path.parent, out_dir):  # its links resolve from out_dir
+      nbformat.write(copy, str(executed))
+    if html:  # rendered beside the executed copy
+      from nbconvert import HTMLExporter
+      body, _ = HTMLExporter().from_notebook_node(copy)
+      executed.with_suffix(".html").write_text(body, encoding="utf-8")
   if index:
     write_index(path.parent, out_dir, heading=TITLE, note=_profile_note(profile, out_dir))
   return NotebookResult(path.name, path, executed, params, seconds, failure)
@@ -327,7 +336,7 @@ border-left:3px solid #4a7}table{border-collapse:collapse}td,th{border:1px solid
 padding:.15rem .5rem}code{background:#eee;padding:0 .2rem}.result{display:flex;gap:1rem;
 align-items:flex-start;flex-wrap:wrap}.result .answer{flex:1 1 30rem;min-width:0;overflow-x:auto}
 figure{flex:1 1 30rem;margin:0}figure img{width:100%;border:1px solid #ddd}
-figcaption{color:#555;font-size:.85rem}"""
+figcaption{color:#555;font-size:.85rem}figure.step{max-width:56rem;margin:1rem 0}"""
 
 
 _RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)")
@@ -339,6 +348,28 @@ def rebase_links(markdown: str, notebooks_dir: Path, out_dir: Path) -> str:
   return _RELATIVE_LINK.sub(lambda m: "](" + Path(os.path.relpath(
       Path(notebooks_dir) / m.group(1).split("#")[0], out_dir)).as_posix()
       + ("#" + m.group(1).split("#", 1)[1] if "#" in m.group(1) else "") + ")", markdown)
+
+
+def rebase_notebook(nb, notebooks_dir: Path, out_dir: Path) -> int:
+  """Rewrites, in place, the relative links of an executed copy `nb` (an nbformat node) written
+  into `out_dir`: its Markdown cells and Markdown outputs, written for the notebooks folder
+  (`../docs/x.md`), then resolve from `out_dir` (`rebase_links`); how many texts changed."""
+  changed = 0
+  for cell in nb.cells:
+    texts = [cell] if cell.cell_type == "markdown" else []
+    holders = [o["data"] for o in cell.get("outputs", []) if "text/markdown" in o.get("data", {})]
+    for holder, key in [(c, "source") for c in texts] + [(d, "text/markdown") for d in holders]:
+      new = rebase_links(_text(holder[key]), notebooks_dir, out_dir)
+      if new != _text(holder[key]):
+        holder[key], changed = new, changed + 1
+  return changed
+
+
+def numbered_title(title: str, name: str) -> str:
+  """A notebook's title as the landing page shows it: "NN · title", NN its file's number,
+  whatever number (or none) its first heading carries."""
+  rest = re.sub(r"^\d+\s*[·.:-]\s*", "", title).strip()
+  return f"{name[:2]} · {rest}" if rest else name[:2]
 
 
 def headline_figure(out_dir: Path, stem: str) -> str | None:
@@ -375,15 +406,18 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
     items.append(" · ".join(f'<a href="{esc(f.name, quote=True)}">{label}</a>' for f, label in
                             ((rendered, "rendered notebook"), (executed, "executed .ipynb"))
                             if f.is_file()))
+  if nb is None and question:  # the source's words, written for the notebooks folder
+    question = rebase_links(question, source.parent, out_dir)
   parts = [f'<section id="{esc(source.stem, quote=True)}">',
-           f"<h2>{esc(title or source.stem)} <small>({esc(source.name)})</small></h2>",
+           f"<h2>{esc(numbered_title(title or source.stem, source.name))} "
+           f"<small>({esc(source.name)})</small></h2>",
            f'<p class="meta">{"; ".join(items)}</p>',
            markdown_to_html(f"**Question.** {question}") if question else
            "<p><em>No <strong>Question.</strong> paragraph in its first Markdown cell.</em></p>"]
   if nb is not None:
     answer, machine = first_markdown_output(nb), machine_line(nb)
     figure = headline_figure(out_dir, source.stem)
-    block = (f'<div class="answer">{markdown_to_html(rebase_links(answer, source.parent, out_dir))}</div>'
+    block = (f'<div class="answer">{markdown_to_html(answer)}</div>'  # the copy's links: rebased
              if answer is not None
              else "<p><em>The executed notebook has no Markdown output.</em></p>")
     if figure:
@@ -395,6 +429,118 @@ def _section(source: Path, out_dir: Path, pending: str | None) -> str:
                  '<p class="meta">Machine: not printed by this run (no '
                  "<code>streamidx.describe_machine()</code> line in its outputs)</p>")
   return "\n".join(parts + ["</section>"])
+
+
+# --------------------------------------------------------------------------
+# The workbook's headline: the DeepSeek-V4 decode step on v5e per variant and
+# top-k method, measured (the chip records) where a chip ran it, else the model.
+
+STEP_CHIP = "v5e"
+STEP_SHAPE = "dsv4-decode-64x1048576"  # a point of the records (lab.bench.record.POINTS)
+STEP_VARIANTS = ("vendored", "dense", "lean", "fp4")
+STEP_METHODS = ("sort", "blocktop")
+STEP_FIGURE = "step_v5e.png"  # beside index.html
+_PART_COLORS = {"scoring": "tab:blue", "selection": "tab:orange", "rest": "tab:gray"}
+_PART_LABELS = {"scoring": "scoring", "selection": "selection", "rest": "fill, copies, other"}
+
+
+def step_rows(calls: Sequence[dict]) -> tuple[list[dict], bool]:
+  """(one row per variant and method: its step's "scoring", "selection" and "rest" in seconds
+  and "floors", the parts that are a floor; measured?). `calls`: `lab.bench.record.calls(chip=STEP_CHIP,
+  shape=STEP_SHAPE)`, the newest call of each variant and method taken; with none of them
+  recorded, the model's step at that shape (`roofline.dsv4_step`: a floor where a stage has
+  no compiled count)."""
+  newest = {(c["variant"], c["method"]): c for c in calls if c["variant"] in STEP_VARIANTS
+            and c["method"] in STEP_METHODS}
+  if newest:
+    return [dict(variant=v, method=m, floors=(), scoring=c["parts"]["scoring"] or 0.0,
+                 selection=c["parts"]["selection"] or 0.0, rest=c["device_s"]
+                 - (c["parts"]["scoring"] or 0.0) - (c["parts"]["selection"] or 0.0))
+            for (v, m), c in newest.items()], True
+  from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
+  tokens = int(STEP_SHAPE.rsplit("x", 1)[1])
+  rows = []
+  for v in STEP_VARIANTS:
+    for m in STEP_METHODS:
+      sb = roofline.indexer_step(STEP_CHIP, DSV4, k=512, variant=v, batch=64,
+                                 context_tokens=tokens, method=m)
+      part = {s.name: s.bound for s in sb.stages}
+      floors = tuple(s.name if s.name in _PART_COLORS else "rest" for s in sb.stages
+                     if s.floor or (s.bundles is None and s.name != "fill"))
+      rows.append(dict(variant=v, method=m, floors=floors, scoring=part["scoring"],
+                       selection=part["selection"],
+                       rest=sb.total_s - part["scoring"] - part["selection"]))
+  return rows, False
+
+
+def step_figure(path: str | os.PathLike) -> str:
+  """Draws the workbook's headline (`step_rows` of the chip records) to `path`; its caption."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
+  rows, measured = step_rows(record.calls(chip=STEP_CHIP, shape=STEP_SHAPE))
+  total = {(r["variant"], r["method"]): r["scoring"] + r["selection"] + r["rest"] for r in rows}
+  fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
+  for y, r in enumerate(rows):
+    left = 0.0
+    for part, color in _PART_COLORS.items():
+      ax.barh(y, r[part] * 1e3, left=left, color=color, hatch="//" if part in r["floors"] else None,
+              label=_PART_LABELS[part] if y == 0 else None)
+      left += r[part] * 1e3
+    ax.text(left, y, f" {'at least ' if r['floors'] else ''}{left:,.2f} ms", va="center", fontsize=8)
+  ax.set_yticks(range(len(rows)), [f"{r['variant']} + {r['method']}" for r in rows])
+  ax.invert_yaxis()
+  ax.set_xlim(right=1.3 * max(total.values()) * 1e3)
+  ax.set_xlabel("ms per call" + (" (device time, the profiler)" if measured else " (model)"))
+  ax.legend(fontsize=8, loc="lower right")
+  floor = {(r["variant"], r["method"]): "at least " if r["floors"] else "" for r in rows}
+  key, vkey = ("lean", "blocktop"), ("vendored", "sort")
+  versus = (f"lean + blocktop {floor[key]}{total[key] * 1e3:,.2f} ms against the vendored pipeline "
+            f"(vendored + sort) {floor[vkey]}{total[vkey] * 1e3:,.2f} ms" if key in total and vkey in total
+            else "lean + blocktop or the vendored pipeline: not recorded")
+  what = (f"measured on a TPU {STEP_CHIP} (device time, the chip records)" if measured else
+          "THE MODEL, not a measurement: no chip measurement is recorded\n"
+          "(`python -m streamidx.bench --record` on a TPU writes it); hatched: a floor (no compiled count)")
+  ax.set_title(f"DeepSeek-V4 decode step on {STEP_CHIP}, 64 x 1M tokens, k 512, per variant and top-k method\n"
+               f"{what}\n{versus}", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return (f"The step per variant and top-k method on {STEP_CHIP} at {STEP_SHAPE}, "
+          + ("measured (device time by the profiler, from the chip records). " if measured else
+             "by the model (`roofline.dsv4_step`: HBM bytes and compiled bundles at the chip's clock; "
+             "hatched: a floor where a stage has no compiled count): no chip measurement is recorded "
+             "(`python -m streamidx.bench --record` on a TPU writes it). ") + versus + ".")
+
+
+_STEP_CHILD = ("import json, sys; from streamidx.lab import workbook; "
+               "print(json.dumps(workbook.step_figure(sys.argv[1])))")
+
+
+@functools.lru_cache(maxsize=1)
+def _step_png() -> tuple[bytes | None, str]:
+  """(the headline's PNG, its caption), drawn once per process in a child that sees the CPU
+  only (the model must not take the TPU the notebooks' kernels need); (None, why) if it failed."""
+  with tempfile.TemporaryDirectory() as d:
+    png = Path(d) / STEP_FIGURE
+    r = subprocess.run([sys.executable, "-c", _STEP_CHILD, str(png)], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"), check=False)
+    if r.returncode or not png.is_file():
+      why = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+      return None, f"The step figure was not drawn: {why}"
+    return png.read_bytes(), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _step_section(out_dir: Path) -> str:
+  """The landing page's headline figure, written beside index.html."""
+  png, caption = _step_png()
+  if png is None:
+    return f'<p class="meta">{html_lib.escape(caption)}</p>'
+  (out_dir / STEP_FIGURE).write_bytes(png)
+  return (f'<figure class="step"><img src="{STEP_FIGURE}" alt="the step on {STEP_CHIP} per variant '
+          f'and method"><figcaption>{markdown_to_html(caption)}</figcaption></figure>')
 
 
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -411,6 +557,7 @@ def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
   page.append("<p>Each notebook's question, and its answer as that run computed it (the "
               "notebook's first rendered Markdown output) beside its headline figure, with the "
               "machine it ran on.</p>")
+  page.append(_step_section(out_dir))
   page += [_section(p, out_dir, (pending or {}).get(p.name)) for p in discover(Path(notebooks_dir))]
   path = out_dir / INDEX_NAME
   tmp = path.with_name(f".{INDEX_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")

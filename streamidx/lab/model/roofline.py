@@ -555,16 +555,17 @@ DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
 def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
                  variant: str = "vendored", batch: int = 64,
                  context_tokens: int = 131072, q_len: int = 1,
-                 clock_hz: float | None = None) -> StepBound:
+                 clock_hz: float | None = None,
+                 method: str | None = None) -> StepBound:
   """One token-mode indexer call of `geometry` (a `lab.shapes.Indexer`:
   heads, head_dim, ratio, page size) keeping `k` entries per query row,
   over `batch` decode sequences of `context_tokens` tokens (q_len > 1:
   prefill chunks of `q_len` queries) on `generation`, with `variant`'s
   block-size row for that chip and geometry (`StepBound.blocks` names it)
   and cache format (its first: "fp8" vendored, "dense_fp8" dense and lean).
-  `stages`: the fill, the scoring, the selection (the vendored sort,
-  `topk.VENDORED_TOPK_METHOD`: the production call's, whatever
-  `topk.defaults` picks for the chip) and its copies, each by HBM bytes
+  `stages`: the fill, the scoring, the selection (`method`; None: the
+  vendored sort, `topk.VENDORED_TOPK_METHOD`, the production call's,
+  whatever `topk.defaults` picks for the chip) and its copies, each by HBM bytes
   and by the bundles its compiled program executes at one clock (`clock_hz`; None: `clock`,
   the public one or the one inferred from one named public measurement; 0:
   none); the headline is their sum."""
@@ -579,7 +580,7 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   row = si.block_sizes(variant, cache_format=fmt, num_heads=g.num_heads,
                        page_size=g.page_size, generation=generation)
   p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
-                  variant=variant, **row.kwargs())
+                  variant=variant, generation=generation, **row.kwargs())
   sb = step_bound(p, generation, variant=variant, k=k,
                   blocks=f"{generation} {variant} row: {row.kwargs()} "
                   f"({row.source.split(';')[0].split('(')[0].strip()})")
@@ -589,7 +590,7 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
     source = "given" if clock_hz else "none"
   source = (f"{clock_hz / 1e9:.3f} GHz, {source}" if clock_hz else f"none ({source})")
   stages = step_stages(p, generation, variant=variant, k=k,
-                       method=si.topk.VENDORED_TOPK_METHOD,
+                       method=method or si.topk.VENDORED_TOPK_METHOD,
                        clock_hz=clock_hz or None, kv_floor=sb.bundles)
   return dataclasses.replace(sb, stages=tuple(stages), clock_source=source)
 
@@ -597,7 +598,8 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
 def dsv4_step(generation: str, variant: str = "vendored", *,
               model: str = "DeepSeek-V4-Flash", batch: int = 64,
               context_tokens: int = 131072, q_len: int = 1,
-              clock_hz: float | None = None) -> StepBound:
+              clock_hz: float | None = None,
+              method: str | None = None) -> StepBound:
   """The production step: `indexer_step` of DeepSeek-V4's indexer
   (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`)."""
   if model not in DSV4_MODELS:
@@ -605,7 +607,7 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
   return indexer_step(generation, shapes_lib.DSV4, k=DSV4_MODELS[model],
                       variant=variant, batch=batch,
                       context_tokens=context_tokens, q_len=q_len,
-                      clock_hz=clock_hz)
+                      clock_hz=clock_hz, method=method)
 
 
 def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
