@@ -361,38 +361,6 @@ def test_clock_note_links_the_one_explanation_of_the_missing_clock():
   assert "docs/tpu.md" in tables.clock_note("below 3 GHz (no public clock)", markdown=False)
 
 
-def test_kv_double_buffer_figure_draws_each_fetch_on_its_slot_and_each_scoring():
-  fills = [dict(slot=0, start=2, wait=10, step=0, pages=8, seqs=2),
-           dict(slot=1, start=6, wait=14, step=1, pages=8)]
-  computes = [dict(step=0, start=10, end=11), dict(step=1, start=14, end=15)]
-  fig = plots.kv_double_buffer_figure(fills, computes, [(0, "decode")], xlabel="DMA number",
-                                      title="t")
-  ax = fig.axes[0]
-  boxes = [p for p in ax.patches if p.get_fill()]
-  assert [(b.get_x(), b.get_y(), b.get_width()) for b in boxes] == [
-      (2, .15, 8), (6, 1.15, 8), (10, 2.15, 1), (14, 2.15, 1)]
-  texts = [t.get_text() for t in ax.texts]
-  assert "step 0\n8 pages of 2 seqs" in texts and "step 1\n8 pages" in texts
-  assert "decode launch" in texts
-  plt.close(fig)
-
-
-def test_running_topk_figure_draws_the_kth_best_per_block_and_outlines_new_entries():
-  scores = np.array([3., 1., 2., -np.inf, 5., 0., 4., -np.inf])
-  history = [dict(idx=np.array([0, 2]), vals=np.array([3., 2.]), entered=[0, 2], left=[]),
-             dict(idx=np.array([4, 6]), vals=np.array([5., 4.]), entered=[4, 6], left=[0, 2])]
-  fig = plots.running_topk_figure(scores, history, bkv=4, title="t")
-  ax, buf = fig.axes
-  segments = [s for c in ax.collections for s in c.get_segments()]
-  assert [tuple(map(tuple, s)) for s in segments] == [((0, 2.), (4, 2.)), ((4, 4.), (8, 4.))]
-  outlined = [p for p in buf.patches if not p.get_fill()]
-  assert len(outlined) == 4  # every entry is new in its block here
-  assert [t.get_text() for t in buf.texts] == ["0", "2", "4", "6"]
-  dropped = [l for l in ax.lines if l.get_label().startswith("kept for a while")][0]
-  assert list(dropped.get_xdata()) == [0, 2]
-  plt.close(fig)
-
-
 def _stepbound(stages, *, source="1.000 GHz, public (data/tpu_specs.json)"):
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
   return roofline.StepBound("vx", "vendored", "fp8", 1e-4, 0.0, 1e-6, 1, None, "", None,

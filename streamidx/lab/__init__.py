@@ -10,8 +10,8 @@ _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
                 "scaling")),
     ("studies.", ("cases", "formats", "addressing", "quant", "parity",
                   "costs")),
-    ("", ("sharding", "plots", "tables", "params", "workbook",
-          "walkthrough", "bench", "shapes")),
+    ("", ("sharding", "plots", "tables", "params", "workbook", "bench",
+          "shapes")),
 ) for name in names}
 
 
