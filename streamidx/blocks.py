@@ -102,7 +102,7 @@ _PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
 # Rows chosen from the compiler's static schedule (streamidx.lab.schedule:
 # bundles per KV page of the compiled KV loop, a compute-side lower bound;
 # no TPU timing exists for them). Numbers: FP8 cache, 64 heads, 128-entry
-# pages, libtpu 0.0.42.1; notebook 05 section 7 recomputes them.
+# pages, libtpu 0.0.42.1; notebook 06 section 1 recomputes them.
 _SCHEDULE_V5E = (
     "static schedule (no TPU timing; python -m streamidx.lab.schedule): v5e "
     "decode KV loop 118 bundles per page at 4 pages per block vs 128 at 3 "

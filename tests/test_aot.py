@@ -300,7 +300,7 @@ def test_seed_default_limit_above_a_chips_vmem_is_bounded_by_the_chip():
 
 
 @needs_libtpu
-# CI: v6e (notebook 05's VMEM cell probes the compiler's count on v5e in
+# CI: v6e (notebook 06's VMEM cell probes the compiler's count on v5e in
 # its CI run); the full tier both.
 @pytest.mark.parametrize("gen", [pytest.param("v5e", marks=tiers.FULL), "v6e"])
 def test_scratch_bytes_are_the_compilers_count_on_a_grid(gen):
@@ -333,11 +333,11 @@ def test_scratch_bytes_are_the_compilers_count_on_a_grid(gen):
 
 
 @needs_libtpu
-@tiers.FULL  # notebook 05 compiles the same row through aot.run in its CI run
+@tiers.FULL  # notebook 06 compiles the same row through aot.run in its CI run
 def test_quick_compile_matrix_command_compiles_every_row():
   """`python -m streamidx.aot --quick`, cut to one row (full tier): the token
   variant's FP8 cache on v4 (widened, M10), the row that needed a kernel
-  modification. One compiler process (`--jobs 1`): notebook 05's CI run
+  modification. One compiler process (`--jobs 1`): notebook 06's CI run
   compiles through `aot.run`'s process pool, and the other generations'
   compiles of the same launch are this module's VMEM and schedule tests'.
   `make aot` runs the whole matrix."""

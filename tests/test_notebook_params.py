@@ -150,6 +150,7 @@ BAD = [
     ("02_fp8_packing", "num_records", 8), ("05_kernel_tiling", "run_kv_blocks", [8, 8, 3]),
     ("04_recall_parity", "parity_scope", "most"), ("08_tpu_profiling", "chip", "v9"),
     ("09_multichip", "num_context", 3), ("07_topk_selection", "tie_k", 4),
+    ("06_compiled_variants", "aot_generations", ["v9"]),
 ]
 
 

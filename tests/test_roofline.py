@@ -227,3 +227,32 @@ def test_public_measurement_is_set_against_its_bound():
   assert r["measured_s"] == pytest.approx(3.3e-3)
   assert r["ratio"] == pytest.approx(3.3e-3 / r["bound"].kernel_s)
   assert 1 < r["ratio"] < 10  # above the bound, as a measurement must be
+
+
+def test_step_bound_with_a_compiled_page_is_pages_fetched_times_compute_per_page():
+  b = si.make_mixed_batch(decode=[4096] * 4, page_size=128, compression_ratio=4)
+  p = tiling.plan(b, fmt="fp8", num_heads=8, num_kv_pages_per_block=(2, 2, 2),
+                  num_queries_per_block=(1, 128, 128))
+  bound = roofline.page_bound("v5e", bundles_per_page=120.0,
+                              page_bytes=128 * 256, binding_slot="VALU")
+  pages = p.counts()["hbm_bytes_kv"] / (128 * 256)
+  assert pages == 4 * 8  # 1024 entries = 8 pages of 128 per sequence
+  assert pages == p.counts()["dma_kv"]  # one DMA per page
+  sb = roofline.step_bound(p, "v5e", variant="vendored", k=64, page=bound)
+  assert (sb.kv_pages, sb.binding_slot) == (pages, "VALU")
+  assert sb.t_vector == pytest.approx(pages * 120.0 / bound.clock_hz)
+  # No public clock (v6e): no vector time in seconds, the break-even clock.
+  v6e = roofline.step_bound(p, "v6e", variant="vendored", k=64, page=roofline.page_bound(
+      "v6e", bundles_per_page=120.0, page_bytes=128 * 256))
+  assert v6e.t_vector is None
+  assert v6e.break_even_clock_hz == pytest.approx(pages * 120.0 / v6e.t_hbm)
+
+
+def test_a_compiled_page_schedules_every_launch_and_counts_the_pages_it_fetches():
+  b = si.make_mixed_batch(decode=[4096, 300, 2000], prefill=[(64, 3000)],
+                          mixed=[(2, 5000), (2, 700)], page_size=16, compression_ratio=4)
+  p = tiling.plan(b, fmt="fp8", num_heads=8, num_kv_pages_per_block=(16, 8, 8),
+                  num_queries_per_block=(1, 16, 16))
+  page = roofline.page_bound("v5e", bundles_per_page=50.0, page_bytes=16 * 256)
+  sb = roofline.step_bound(p, "v5e", variant="vendored", k=8, page=page)
+  assert sb.kv_pages == p.counts()["dma_kv"] == 400 and not sb.vector_note

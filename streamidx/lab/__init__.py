@@ -9,8 +9,8 @@ _MODULES = {name: f"streamidx.lab.{folder}{name}" for folder, names in (
     ("model.", ("hardware", "roofline", "tiling", "timeline", "profiling",
                 "scaling")),
     ("studies.", ("cases", "addressing", "quant", "costs")),
-    ("", ("sharding", "plots", "tables", "params", "workbook",
-          "walkthrough", "bench", "shapes")),
+    ("", ("sharding", "plots", "tables", "params", "workbook", "bench",
+          "shapes")),
     ("bench.", ("record",)),
 ) for name in names}
 

@@ -37,7 +37,8 @@ INDEX_NAME = "index.html"
 # Roughly each notebook's seconds at its defaults on an idle 2-core CPU
 # (2026-12-01): the start order only, where no earlier copy gives its own.
 TYPICAL_SECONDS = {
-    "05_kernel_tiling.ipynb": 210, "04_recall_parity.ipynb": 205,
+    "04_recall_parity.ipynb": 205, "06_compiled_variants.ipynb": 150,
+    "05_kernel_tiling.ipynb": 60,
     "02_fp8_packing.ipynb": 70, "09_multichip.ipynb": 65,
     "08_tpu_profiling.ipynb": 65, "01_cache_layout.ipynb": 40,
     "03_kernel_walkthrough.ipynb": 30, "07_topk_selection.ipynb": 20, "00_quickstart.ipynb": 15,

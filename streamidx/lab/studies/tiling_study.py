@@ -1,4 +1,4 @@
-"""Notebook 05's tiling bounds (the static-schedule bound of its decode pages) and its megacore
+"""Notebook 06's tiling bounds (the static-schedule bound of its decode pages) and its megacore
 compile (libtpu, no TPU). Models and compiles; no TPU measurement here.
 """
 
@@ -11,32 +11,7 @@ import tempfile
 from typing import Mapping, Sequence
 
 from streamidx import variants as variants_lib
-from streamidx.lab.model import hardware, roofline, tiling
-
-
-def core_split_bound(p: tiling.Plan, spec: hardware.TpuSpec, *, k: int,
-                     num_cores: int) -> float:
-  """The kernel stage's HBM bound (s) with each launch's programs dealt to
-  `num_cores` TensorCores as the dense kernel does (core c: programs c, c +
-  num_cores, ...): the busiest core's bytes (by KV pages) over one core's
-  bandwidth. A model: equal bandwidth per core, no contention."""
-  kernel = roofline.costs(p, k=k)[1]
-  total = sum(kernel.bytes_read.values()) + sum(kernel.bytes_written.values())
-  pages = [[0] * num_cores for _ in p.executed]
-  for li, l in enumerate(p.executed):
-    for j, pr in enumerate(l.programs):
-      pages[li][j % num_cores] += pr.num_bq * pr.num_bkv * len(pr.seqs) * l.bkv_p
-  all_pages = sum(map(sum, pages))
-  if not all_pages:
-    return 0.0
-  busiest = sum(max(row) for row in pages)
-  return total * busiest / all_pages / spec.kernel_bandwidth
-
-
-def static_bound_s(p: tiling.Plan, bound: roofline.PageBound | None) -> float | None:
-  """`roofline.step_bound`'s vector time of `p` with `bound`'s schedule for
-  every launch (s); None without a bound or a published clock."""
-  return bound and roofline.step_bound(p, bound.generation, variant="", k=1, page=bound).t_vector
+from streamidx.lab.model import hardware, roofline
 
 
 def decode_page_bounds(generation: str, variants: Sequence[tuple[str, str]],
