@@ -20,17 +20,67 @@ Sizes: num_kv_pages_per_block, num_queries_per_block (an int or a
        (decode, prefill, mixed) triple, as the kernels take them),
        decode_req_batch_size (token mode) and vmem_limit_bytes (None: the
        kernel's default).
+
+Page mode's generic rows leave num_queries_per_block None: the lookup
+derives it for the call (`page_query_rows`): the most query rows (a power
+of two, at most the vendored 512) whose f32 scores of one KV block, over
+all heads and summed over them, are within `PAGE_SCORE_BLOCK_BYTES` and
+`PAGE_SUMMED_BLOCK_BYTES` (GLM's row) and whose launch's VMEM scratch
+(cache format, head_dim, heads, pages per sequence) fits the generation's
+VMEM; `check_page_rows` is the two bounds as a rule, which
+`streamidx.validate` applies to every page-mode call, with
+`check_page_kv_block` (the MXFP4 page kernel's KV block).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
-from streamidx import modes
-from streamidx.semantics import LANES, normalize_per_case
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+from streamidx import cache as cache_lib
+from streamidx import modes, semantics
+from streamidx.semantics import LANES, cdiv, normalize_per_case
 
 WILDCARD = "*"
+
+# Page mode (`page_query_rows`, `check_page_rows`).
+PAGE_KV_PAGES = 128  # pages per KV block: one lane row of page maxima
+PAGE_MAX_QUERY_ROWS = 512  # the vendored streamindex_page_topk's default
+# Per KV block the kernel computes, unrolled whole by Mosaic, the f32 scores
+# of every query row, head and entry (the score block: rows x heads x 128
+# pages x page_size x 4 B), then their weighted head sums (the summed
+# block, rows x 128 pages x page_size x 4 B), which it max-pools by page:
+# the program the compiler schedules, and the VMEM it spills to, grow with
+# both. Bounds: GLM's row, 32 query rows x 32 heads x 8192 entries.
+PAGE_SCORE_BLOCK_BYTES = 32 * 2**20
+PAGE_SUMMED_BLOCK_BYTES = 1 * 2**20
+PAGE_BLOCK_SOURCE = (
+    "GLM's row, 32 query rows x 32 heads x 8192 entries (the compile matrix "
+    "and static schedule: 64 rows compiled in 45 s and 128 rows in 139 s on "
+    "v6e, 32 rows in 11 s); compiled for v5e, no TPU, libtpu 0.0.42.1, one "
+    "launch: the vendored 512 rows ran out of scoped VMEM (E1001) at 64 "
+    "heads (at 128-entry pages no result after 16 CPU-min) and at 16 heads "
+    "of 64-entry FP8 pages (65.29 MiB of 64 MiB), and took 67-147 CPU-s at "
+    "16 heads of 64- and 128-entry pages; at one head "
+    "compile time grows with the summed block (64-entry pages: 11.6 CPU-s "
+    "at 64 rows, 62-entry pages 6.7 at 32 and 12.8 at 64; 512 rows took "
+    "over 5 CPU-min and 11 GB), at 64 heads with the score block too "
+    "(128-entry pages: 13.1 CPU-s at 8 rows, 20.8 at 32)")
+# The MXFP4 page kernel unpacks a whole KV block in VMEM (e4m3 values, f32
+# scale rows: kernels/fp4.py), whatever the query rows: its values per
+# block, 128 pages x page_size x head_dim padded to 128, at most this.
+PAGE_MXFP4_BLOCK_VALUES = 4 * 2**20
+PAGE_MXFP4_BLOCK_SOURCE = (
+    "compiled, no TPU, libtpu 0.0.42.1, one launch at 4 heads: 256-entry "
+    "pages at head_dim 128 and 128-entry pages at head_dim 256 (4 Mi "
+    "values) compiled on v5e, v6e and v7x; on v6e 192-entry pages at "
+    "head_dim 256 (6 Mi) needed 79.80 MiB of scoped VMEM of 64 MiB (E1001) "
+    "at 8 query rows, 256-entry pages (8 Mi) 114.19 MiB at one row")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,19 +136,26 @@ def _token(generation, variant, cache_format, source, heads=None, page=None,
 
 
 def _page(variant, cache_format, source, heads=None, page=None,
-          rows=512) -> BlockSizes:
-  """A page-mode row for any generation: 128 pages per KV block."""
+          rows=None) -> BlockSizes:
+  """A page-mode row for any generation: 128 pages per KV block; rows
+  None: derived for each call (`page_query_rows`)."""
   return BlockSizes(WILDCARD, variant, cache_format, heads, page,
-                    num_kv_pages_per_block=128, num_queries_per_block=rows,
-                    source=source)
+                    num_kv_pages_per_block=PAGE_KV_PAGES,
+                    num_queries_per_block=rows, source=source)
 
 
 _TPU_INFERENCE = (
     "tpu-inference's DeepSeek-V4 indexer call site passes these to "
     "streamindex_topk, commented 'tuned based on microbenchmark results' "
     "(generation not stated); page size 128 entries there")
-_PAGE_DEFAULT = ("the vendored streamindex_page_topk's own defaults "
-                 "(num_kv_pages_per_block must be 128 there)")
+_PAGE_DERIVED = (
+    "derived (streamidx.blocks.page_query_rows): 128 pages per KV block "
+    "(page mode's only size); query rows the most, a power of two <= 512 "
+    "(the vendored streamindex_page_topk's default), whose f32 scores of a "
+    "KV block, over all heads and summed over them, are within GLM's row "
+    "(PAGE_SCORE_BLOCK_BYTES, PAGE_SUMMED_BLOCK_BYTES; PAGE_BLOCK_SOURCE) "
+    "and whose launch's VMEM scratch fits the generation's VMEM (this row "
+    "was that default, 512 rows, for every call before)")
 # Rows chosen from the compiler's static schedule (streamidx.lab.schedule:
 # bundles per KV page of the compiled KV loop, a compute-side lower bound;
 # no TPU timing exists for them). Numbers: FP8 cache, 64 heads, 128-entry
@@ -125,8 +182,6 @@ _DENSE = ("the vendored rows (tpu-inference's production sizes), kept for "
           "the dense FP8 kernel: same launches and grid, so the same KV "
           "blocks in entries; its per-block VMEM is smaller (129 instead of "
           "256 B per entry); not tuned on a TPU")
-_DENSE_PAGE = ("the vendored page-mode defaults, kept for the dense FP8 page "
-               "kernel (num_kv_pages_per_block must be 128 there too)")
 _DENSE_PAGE_GLM = (
     "the vendored page variant's GLM row (32 query rows per block; its "
     "source: the compile matrix and static schedule), kept for the dense FP8 "
@@ -169,26 +224,26 @@ _SCHEDULE_LEAN = (
     "v7x; prefill and mixed blocks kept at the dense rows' 2")
 _FP4 = ("the vendored rows, kept for the MXFP4 kernel: same launches and "
         "grid; 68 instead of 256 B per entry of KV block; not tuned on a TPU")
-_FP4_PAGE = ("the dense FP8 page rows (num_kv_pages_per_block must be 128), "
+_FP4_PAGE = ("the dense FP8 page kernel's GLM row (32 query rows per block), "
              "kept for the MXFP4 page kernel; not tuned on a TPU")
 
 TABLE: tuple[BlockSizes, ...] = (
     _token(WILDCARD, "vendored", WILDCARD, _TPU_INFERENCE),
-    _page("vendored_page", WILDCARD, _PAGE_DEFAULT),
+    _page("vendored_page", WILDCARD, _PAGE_DERIVED),
     _token("v5e", "vendored", WILDCARD, _SCHEDULE_V5E, 64, 128, kv=(4, 4, 4)),
     _token("v6e", "vendored", WILDCARD, _SCHEDULE_V6E, 64, 128, kv=(4, 4, 4)),
     _page("vendored_page", WILDCARD, _SCHEDULE_GLM_PAGE, 32, 64, rows=32),
     _token(WILDCARD, "dense", "dense_fp8", _DENSE),
-    _page("dense_page", "dense_fp8", _DENSE_PAGE),
+    _page("dense_page", "dense_fp8", _PAGE_DERIVED),
     _page("dense_page", "dense_fp8", _DENSE_PAGE_GLM, 32, 64, rows=32),
     *_MTP2_ROWS,
     _token(WILDCARD, "lean", "dense_fp8", _LEAN),
     *(_token(gen, "lean", "dense_fp8", _SCHEDULE_LEAN, 64, 128, kv=(8, 2, 2))
       for gen in ("v5e", "v6e", "v7x")),
-    _page("lean_page", "dense_fp8", _DENSE_PAGE),
+    _page("lean_page", "dense_fp8", _PAGE_DERIVED),
     _page("lean_page", "dense_fp8", _DENSE_PAGE_GLM, 32, 64, rows=32),
     _token(WILDCARD, "fp4", "mxfp4", _FP4),
-    _page("fp4_page", "mxfp4", _FP4_PAGE),
+    _page("fp4_page", "mxfp4", _PAGE_DERIVED),
     _page("fp4_page", "mxfp4", _FP4_PAGE, 32, 64, rows=32),
 )
 
@@ -229,9 +284,164 @@ def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
               f"entries per block, whole lane rows)"))
 
 
+def page_block_bytes(rows: int, num_heads: int, page_size: int
+                     ) -> tuple[int, int]:
+  """(score block, summed block) bytes of page mode's f32 scores of one KV
+  block at `rows` query rows: rows x heads x 128 pages x page_size x 4,
+  and the same without heads (`PAGE_SCORE_BLOCK_BYTES`,
+  `PAGE_SUMMED_BLOCK_BYTES` bound them)."""
+  summed = rows * PAGE_KV_PAGES * page_size * 4
+  return summed * num_heads, summed
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.2f} MiB"
+
+
+def _page_rows_fit(rows: int, num_heads: int, page_size: int) -> bool:
+  score, summed = page_block_bytes(rows, num_heads, page_size)
+  return score <= PAGE_SCORE_BLOCK_BYTES and summed <= PAGE_SUMMED_BLOCK_BYTES
+
+
+def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
+  """The page-mode rule (`streamidx.validate` applies it to every page-mode
+  call): the score and summed blocks of `rows` query rows within
+  `PAGE_SCORE_BLOCK_BYTES` and `PAGE_SUMMED_BLOCK_BYTES`; a ValueError
+  naming num_queries_per_block, or q's heads and the page size where not
+  even one row fits."""
+  if _page_rows_fit(rows, num_heads, page_size):
+    return
+  score, summed = page_block_bytes(rows, num_heads, page_size)
+  rule = (f"page mode's f32 scores of one KV block must be <= "
+          f"{_mib(PAGE_SCORE_BLOCK_BYTES)} over all heads (query rows x "
+          f"num_q_heads x {PAGE_KV_PAGES} pages x page_size x 4 B) and <= "
+          f"{_mib(PAGE_SUMMED_BLOCK_BYTES)} summed over heads (query rows x "
+          f"{PAGE_KV_PAGES} x page_size x 4 B): GLM's row, the work the "
+          f"compiler unrolls (streamidx.blocks.PAGE_BLOCK_SOURCE)")
+  if not _page_rows_fit(1, num_heads, page_size):
+    one = page_block_bytes(1, num_heads, page_size)
+    raise ValueError(
+        f"q: {rule}; at one query row: fewer heads or smaller pages (got "
+        f"{num_heads} heads, page_size {page_size}: {_mib(one[0])} and "
+        f"{_mib(one[1])})")
+  most = max(r for r in range(1, rows) if _page_rows_fit(r, num_heads,
+                                                         page_size))
+  raise ValueError(
+      f"num_queries_per_block: {rule}: at most {most} query rows at "
+      f"{num_heads} heads and page_size {page_size} (got {rows}: "
+      f"{_mib(score)} and {_mib(summed)})")
+
+
+def check_page_kv_block(cache_format: str, page_size: int,
+                        head_dim: int) -> None:
+  """Page mode's KV block over the MXFP4 cache: at most
+  `PAGE_MXFP4_BLOCK_VALUES` values; a ValueError naming cache_values."""
+  if cache_format != "mxfp4":
+    return
+  values = PAGE_KV_PAGES * page_size * cache_lib.padded_head_dim(head_dim)
+  if values > PAGE_MXFP4_BLOCK_VALUES:
+    raise ValueError(
+        f"cache_values: page mode over the MXFP4 cache unpacks a whole "
+        f"{PAGE_KV_PAGES}-page KV block in VMEM, {PAGE_KV_PAGES} x page_size "
+        f"x head_dim padded to 128 must be <= {PAGE_MXFP4_BLOCK_VALUES} "
+        f"values (streamidx.blocks.PAGE_MXFP4_BLOCK_SOURCE) (got "
+        f"{PAGE_KV_PAGES} x {page_size} x "
+        f"{cache_lib.padded_head_dim(head_dim)} = {values})")
+
+
+@functools.lru_cache(maxsize=None)
+def _page_layout(cache_format: str, page_size: int, head_dim: int):
+  """One page of the cache format's arrays (`CACHE_FORMATS[...].pack` on a
+  shape): ((rows, packing, lkv) and dtype of the values, the scales' block
+  or None)."""
+  keys = jax.ShapeDtypeStruct((1, page_size, head_dim), jnp.float32)
+  arrays = jax.eval_shape(cache_lib.CACHE_FORMATS[cache_format].pack, keys)
+  values = arrays[0]
+  scales = tuple(arrays[1].shape[1:]) if len(arrays) == 2 else None
+  return tuple(values.shape[1:]), jnp.dtype(values.dtype), scales
+
+
+def page_scratch_bytes(rows: int, *, cache_format: str, num_heads: int,
+                       page_size: int, head_dim: int = 128,
+                       pages_per_seq: int | None = None,
+                       tpu_generation: int = 5) -> int:
+  """VMEM bytes (tiled) of a page-mode launch's scratch at `rows` query rows
+  (`semantics.launch_scratch`, a two-array format's scale buffer beside it:
+  `kernels.tpu.with_scale_buffer`): the query block taken as float32 (the
+  larger query dtype), score rows for `pages_per_seq` (None: one KV block)."""
+  from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
+  (rows_per_page, packing, lkv), dtype, scales = _page_layout(
+      cache_format, page_size, head_dim)
+  scratch = semantics.launch_scratch(
+      seq_batch_size=1, bq_sz=rows, bkv_p=PAGE_KV_PAGES,
+      page_size_per_kv_packing=rows_per_page, kv_packing=packing,
+      lkv_dim=lkv, cache_dtype=dtype, num_q_heads=num_heads,
+      head_dim=cache_lib.padded_head_dim(head_dim), q_dtype=jnp.float32,
+      weights_dtype=jnp.float32,
+      num_out_sublanes=cdiv(pages_per_seq or PAGE_KV_PAGES, PAGE_KV_PAGES))
+  if scales is not None:
+    scratch = tpu.with_scale_buffer(scratch, scales, seq_batch_size=1,
+                                    bkv_p=PAGE_KV_PAGES)
+  return semantics.scratch_vmem_bytes(scratch, tpu_generation)
+
+
+def page_vmem_budget(generation: str | None) -> tuple[int, int, str]:
+  """(bytes, TPU generation number, what): the VMEM a page-mode launch's
+  scratch may take on `generation`: `PageCall`'s default vmem_limit_bytes,
+  or the chip's VMEM per TensorCore where smaller (`pltpu`'s table; None or
+  "*": the limit alone)."""
+  from streamidx.call import PageCall  # pylint: disable=g-import-not-at-top
+  limit = PageCall.vmem_limit_bytes
+  if generation in (None, WILDCARD):
+    return limit, 5, f"page mode's vmem_limit_bytes {_mib(limit)}"
+  info = pltpu.get_tpu_info_for_chip(
+      pltpu.ChipVersion({"v7x": "7x"}.get(generation, generation)), 1)
+  capacity = int(info.vmem_capacity_bytes)
+  return (min(limit, capacity), int(info.generation),
+          f"{generation}: the least of page mode's vmem_limit_bytes "
+          f"{_mib(limit)} and {_mib(capacity)} of VMEM per TensorCore")
+
+
+def page_query_rows(*, generation: str | None, cache_format: str,
+                    num_heads: int, page_size: int, head_dim: int = 128,
+                    pages_per_seq: int | None = None) -> tuple[int, str]:
+  """(query rows per block, why) for a page-mode call: the most, a power of
+  two <= `PAGE_MAX_QUERY_ROWS`, whose f32 score and summed blocks are
+  within their bounds (`check_page_rows`) and whose launch's scratch
+  (`page_scratch_bytes`) fits `page_vmem_budget(generation)`. Raises a
+  ValueError when one row does not fit."""
+  check_page_rows(1, num_heads, page_size)
+  check_page_kv_block(cache_format, page_size, head_dim)
+  budget, tpu_gen, budget_what = page_vmem_budget(generation)
+  geometry = dict(cache_format=cache_format, num_heads=num_heads,
+                  page_size=page_size, head_dim=head_dim,
+                  pages_per_seq=pages_per_seq, tpu_generation=tpu_gen)
+  rows = PAGE_MAX_QUERY_ROWS
+  while rows > 1 and (not _page_rows_fit(rows, num_heads, page_size)
+                      or page_scratch_bytes(rows, **geometry) > budget):
+    rows //= 2
+  scratch = page_scratch_bytes(rows, **geometry)
+  if scratch > budget:
+    raise ValueError(
+        f"cache: a page-mode launch's VMEM scratch at one query row (the "
+        f"{PAGE_KV_PAGES}-page KV block, {cache_format}, head_dim {head_dim}"
+        f", {num_heads} heads, {pages_per_seq or PAGE_KV_PAGES} pages per "
+        f"sequence) must fit {_mib(budget)} ({budget_what}) (got page_size "
+        f"{page_size}: {_mib(scratch)})")
+  score, summed = page_block_bytes(rows, num_heads, page_size)
+  why = (f"{rows} query rows at {num_heads} heads and page_size "
+         f"{page_size}: score block {_mib(score)} (of "
+         f"{_mib(PAGE_SCORE_BLOCK_BYTES)}), summed block {_mib(summed)} (of "
+         f"{_mib(PAGE_SUMMED_BLOCK_BYTES)}), scratch {_mib(scratch)} "
+         f"({cache_format}, head_dim {head_dim}) of {_mib(budget)} "
+         f"({budget_what})")
+  return rows, why
+
+
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
            page_size: int, generation: str | None = None,
-           decode_q_len: int = 1) -> BlockSizes:
+           decode_q_len: int = 1, head_dim: int = 128,
+           pages_per_seq: int | None = None) -> BlockSizes:
   """The table's `BlockSizes` for one kernel call (module docstring: the
   keys and the matching); `.kwargs()` gives the kernel arguments, `.source`
   where the numbers come from. Callers normally go through
@@ -240,7 +450,9 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
   "page"). generation None: the chip the call runs on
   (`modes.current_generation()`: `compile_for`'s target, else the TPU
   device's; off-TPU none, so only rows for any generation match); "*": only
-  rows for any generation.
+  rows for any generation. head_dim and pages_per_seq: a page-mode row
+  that leaves num_queries_per_block None takes `page_query_rows` for them
+  (None pages per sequence: one KV block's score rows).
   """
   if generation is None:
     generation = modes.current_generation()
@@ -256,9 +468,16 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
     return max(enumerate(rs), key=lambda ir: (ir[1].specificity, ir[0]))[1]
 
   legal = [r for r in found if _legal(r, page_size, mode)]
-  if legal:
-    return most_specific(legal)
-  return heuristic(variant, page_size, most_specific(found))
+  if not legal:
+    return heuristic(variant, page_size, most_specific(found))
+  row = most_specific(legal)
+  if row.num_queries_per_block is None:  # page mode, derived for the call
+    rows, why = page_query_rows(
+        generation=gen, cache_format=cache_format, num_heads=num_heads,
+        page_size=page_size, head_dim=head_dim, pages_per_seq=pages_per_seq)
+    row = dataclasses.replace(row, num_queries_per_block=rows,
+                              source=f"{row.source}: {why}")
+  return row
 
 
 def rows(variant: str | None = None) -> list[BlockSizes]:
@@ -267,4 +486,8 @@ def rows(variant: str | None = None) -> list[BlockSizes]:
 
 
 __all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD",
-           "STATIC_SCHEDULE_SOURCES"]
+           "STATIC_SCHEDULE_SOURCES", "PAGE_KV_PAGES", "PAGE_MAX_QUERY_ROWS",
+           "PAGE_SCORE_BLOCK_BYTES", "PAGE_SUMMED_BLOCK_BYTES",
+           "PAGE_MXFP4_BLOCK_VALUES", "page_block_bytes", "check_page_rows",
+           "check_page_kv_block", "page_scratch_bytes", "page_vmem_budget",
+           "page_query_rows"]

@@ -128,18 +128,21 @@ class TopkCall:
             and self.num_queries_per_block is not None)
 
   def with_table_blocks(self, variant: str, *, cache_format: str,
-                        num_heads: int, page_size: int) -> "TopkCall":
+                        num_heads: int, page_size: int, head_dim: int = 128,
+                        pages_per_seq: int | None = None) -> "TopkCall":
     """This call with the block sizes it left None from `streamidx.blocks`
     (the row for `variant` on the chip traced for,
-    `modes.current_generation()`); `block_source` says which row. Sizes the
-    call sets are kept."""
+    `modes.current_generation()`; page mode's query rows derived for
+    head_dim and pages_per_seq too); `block_source` says which row. Sizes
+    the call sets are kept."""
     if self.has_blocks:
       return self
     from streamidx import blocks  # pylint: disable=g-import-not-at-top
 
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,
                         num_heads=num_heads, page_size=page_size,
-                        decode_q_len=self.decode_q_len)
+                        decode_q_len=self.decode_q_len, head_dim=head_dim,
+                        pages_per_seq=pages_per_seq)
     return dataclasses.replace(
         self, block_source=row.source,
         num_kv_pages_per_block=(self.num_kv_pages_per_block
@@ -166,11 +169,13 @@ class TopkCall:
 class PageCall(TopkCall):
   """The static arguments of one page-mode call (`streamindex_page_topk`):
   `k` pages (`k_pages`), compression ratio 1, 128 pages per KV block, one
-  int of query rows per block, the selection `select_topk(..., "top_k")`."""
+  int of query rows per block (None: derived for the call's shapes,
+  `streamidx.blocks.page_query_rows`; the vendored default was 512), the
+  selection `select_topk(..., "top_k")`."""
 
   compression_ratio: int = 1
-  num_kv_pages_per_block: Any = 128
-  num_queries_per_block: Any = 512
+  num_kv_pages_per_block: Any = None
+  num_queries_per_block: Any = None
   vmem_limit_bytes: int | None = 64 * _MIB
   decode_req_batch_size: int = 1
   topk_method: str = "top_k"

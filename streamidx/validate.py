@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from streamidx import blocks
 from streamidx import cache as cache_lib
 from streamidx import semantics
 from streamidx import topk
@@ -274,6 +275,10 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
       _fail("k_pages", f"must be <= pages_per_seq ({pages_per_seq}), the "
             "page-table columns per sequence", call.k)
     _check_block_arithmetic(page_size, pages_per_seq, 128)
+    # A KV block's scores and (MXFP4) values: streamidx.blocks' bounds.
+    blocks.check_page_rows(call.num_queries_per_block, q.shape[1], page_size)
+    if cache_lib.is_mxfp4(cache):
+      blocks.check_page_kv_block("mxfp4", page_size, q.shape[2])
     return
   _check_distribution(last)
   topk.check_topk_method(call.topk_method, topk_methods)

@@ -108,14 +108,17 @@ class Variant:
             seq_lens, page_indices, cu_q_lens, last)
 
   def block_sizes(self, *, cache_format: str, num_heads: int, page_size: int,
-                  generation: str | None = None,
-                  decode_q_len: int = 1) -> blocks_lib.BlockSizes:
+                  generation: str | None = None, decode_q_len: int = 1,
+                  head_dim: int = 128, pages_per_seq: int | None = None
+                  ) -> blocks_lib.BlockSizes:
     """The block-size table's row for this variant and these inputs;
-    generation None: the chip the call runs on (`blocks.lookup`)."""
+    generation None: the chip the call runs on (`blocks.lookup`; page
+    mode's query rows derived for head_dim and pages_per_seq too)."""
     return blocks_lib.lookup(self.name, mode=self.mode,
                              cache_format=cache_format, num_heads=num_heads,
                              page_size=page_size, generation=generation,
-                             decode_q_len=decode_q_len)
+                             decode_q_len=decode_q_len, head_dim=head_dim,
+                             pages_per_seq=pages_per_seq)
 
   def static(self, inputs=None, *, k: int, compression_ratio: int,
              fmt: str | None = None, generation: str | None = None,
@@ -137,7 +140,8 @@ class Variant:
           cache_format=fmt or self.cache_formats[0],
           num_heads=int(inputs.q.shape[1]),
           page_size=int(inputs.batch.page_size), generation=generation,
-          decode_q_len=dq)
+          decode_q_len=dq, head_dim=int(inputs.q.shape[2]),
+          pages_per_seq=int(inputs.batch.pages_per_seq))
       out.update(row.kwargs())
     out.update(overrides)
     return out
@@ -225,9 +229,12 @@ def get(name) -> Variant:
 
 def block_sizes(variant: str, *, cache_format: str, num_heads: int,
                 page_size: int, generation: str | None = None,
-                decode_q_len: int = 1) -> blocks_lib.BlockSizes:
+                decode_q_len: int = 1, head_dim: int = 128,
+                pages_per_seq: int | None = None) -> blocks_lib.BlockSizes:
   """The block-size table's row for `variant` (see `streamidx.blocks`)."""
   return get(variant).block_sizes(cache_format=cache_format,
                                   num_heads=num_heads, page_size=page_size,
                                   generation=generation,
-                                  decode_q_len=decode_q_len)
+                                  decode_q_len=decode_q_len,
+                                  head_dim=head_dim,
+                                  pages_per_seq=pages_per_seq)

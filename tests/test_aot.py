@@ -484,3 +484,26 @@ def test_speculative_decode_shape_traces_batched_mtp_launches():
                                             target)]
   assert names == ["StreamIdxTC-d-bq_2-bkvp_4", "StreamIdxTC-d-bq_2-bkvp_4",
                    "StreamIdxTC-p-bq_128-bkvp_2", "StreamIdxTC-m-bq_128-bkvp_2"]
+
+
+# The calls that did not compile before (docs/tpu.md, "What compiles"), at
+# the compile matrix's shapes with the block-size table's sizes: README's
+# batch in the MXFP4 token kernel (16-entry pages: its scales' lane join),
+# page mode at 64 heads (the vendored 512 query rows: E1001). CI: the page
+# row (tests/test_compile_coverage.py compiles MXFP4 at small pages).
+@needs_libtpu
+@pytest.mark.parametrize("variant,fmt,shape,gen", tiers.first([
+    ("dense_page", "dense_fp8", "page-64h-prefill", "v6e"),
+    ("fp4", "mxfp4", "readme-quickstart", "v5e"),
+    ("fp4", "mxfp4", "readme-quickstart", "v6e"),
+    ("fp4", "mxfp4", "readme-quickstart", "v7x"),
+    ("vendored_page", "fp8", "page-64h-prefill", "v5e"),
+    ("lean_page", "dense_fp8", "page-64h-prefill", "v7x"),
+    ("fp4_page", "mxfp4", "page-64h-prefill", "v5e")]))
+def test_shapes_that_failed_to_compile_compile_with_the_table_rows(
+    variant, fmt, shape, gen):
+  rows = aot.matrix(variants=[variant], generations=[gen], formats=[fmt],
+                    shapes=[shape], quick=True)
+  assert len(rows) == 1 and rows[0].table
+  (result,) = aot.run(rows)
+  assert result.ok, result.error

@@ -4,6 +4,8 @@ Its parity with the reference over the case matrix is tests/test_kernel.py's
 (registry-driven); its v4 code, tests/test_v4_paths.py's.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +56,29 @@ def test_fp4_moves_68_bytes_per_entry():
   t = moved["totals"]
   assert t["bytes"]["kv"] == 64 * moved["entries_fetched"]
   assert t["bytes"]["kv_scale"] == 4 * moved["entries_fetched"]
+
+
+# Pages narrower than a lane row: the group path's scales join along
+# sublanes and transpose (kernels/fp4.py, "Scores"); 16-entry pages are the
+# case matrix's (tests/test_kernel.py). One or two heads: the masked query
+# block under 8 heads, which compiles as a product with a 0 / 2**6 mask.
+@pytest.mark.parametrize("page_size,num_heads", tiers.first(
+    [(32, 2), (8, 1), (64, 4)]))
+def test_fp4_kernel_matches_the_reference_at_small_pages(page_size,
+                                                         num_heads):
+  b = si.make_mixed_batch(decode=[300, 517], prefill=[(9, 200)],
+                          mixed=[(5, 120)], page_size=page_size,
+                          compression_ratio=4, allocation="fragmented")
+  inp = si.make_inputs(b, num_heads=num_heads, fmt="mxfp4", seed=7)
+  v = si.VARIANTS["fp4"]
+  pages = 128 // page_size  # one 128-entry KV block per case
+  static = dict(num_kv_pages_per_block=pages,
+                num_queries_per_block=(1, 8, 8))
+  got = v.run(inp, k=24, compression_ratio=4, **static)
+  want = v.run_reference(inp, k=24, compression_ratio=4, **static)
+  metrics.assert_topk_match(
+      got, want, v.scores(inp, compression_ratio=4), label=f"page {page_size}",
+      atol=metrics.summation_atol(inp, compression_ratio=4))
 
 
 def _args(inp, ratio, values=None, scales=None):
@@ -107,6 +132,26 @@ def test_value_rules_reject_products_out_of_float32_range():
                           scales=jnp.asarray(scales))
   with pytest.raises(ValueError, match="q: each head's dot product"):
     v.validate(*args, **static)
+
+
+def test_page_mode_refuses_a_kv_block_it_cannot_unpack_in_vmem():
+  """streamidx.blocks.check_page_kv_block: 128 pages of 256 entries at
+  head_dim 256 (8 Mi values; v6e: 114.19 MiB of 64 MiB of scoped VMEM)."""
+  spec = jax.ShapeDtypeStruct
+  keys = spec((4, 256, 256), jnp.float32)
+  values, scales = jax.eval_shape(si.pack_mxfp4_cache, keys)
+  args = (spec((8, 2, 256), jnp.bfloat16), spec((8, 2), jnp.float32),
+          values, scales, spec((2,), jnp.int32), spec((4,), jnp.int32),
+          spec((3,), jnp.int32), spec((), jnp.int32))
+  with pytest.raises(ValueError, match=r"^cache_values: page mode over the "
+                     r"MXFP4 cache .* \(got 128 x 256 x 256 = 8388608\)"):
+    jax.eval_shape(functools.partial(si.streamindex_page_topk_fp4,
+                                     k_pages=1), *args)
+  keys = spec((4, 256, 128), jnp.float32)  # 4 Mi values: accepted
+  values, scales = jax.eval_shape(si.pack_mxfp4_cache, keys)
+  si.streamindex_page_topk_fp4.call(
+      args[0].update(shape=(8, 2, 128)), args[1], values, scales, *args[4:],
+      k_pages=1)
 
 
 def test_static_checks_name_the_mxfp4_arrays():

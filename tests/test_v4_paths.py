@@ -30,7 +30,7 @@ VARIANT_FORMATS = [(name, fmt) for name, v in sorted(si.VARIANTS.items())
                    if (fmt != "bf16" or v.mode == "page") and name != "vendored"]
 
 
-@pytest.mark.parametrize("cols_per_page", [1, 2, 8, 16, 64])
+@pytest.mark.parametrize("cols_per_page", [1, 2, 8, 16, 64, 128, 256])
 def test_lane_segment_pooling_is_the_page_max(cols_per_page):
   rng = np.random.default_rng(cols_per_page)
   rows = 16
@@ -63,7 +63,10 @@ def test_force_v4_paths_selects_both_modifications():
   with tpu.force_v4_paths():
     assert tpu.widen_fp8_for_mxu(True)
     assert tpu.pool_by_lane_segments_for(64, True)
-    assert not tpu.pool_by_lane_segments_for(128, True)
+    assert tpu.pool_by_lane_segments_for(256, True)
+    with pytest.raises(ValueError, match=r"^cache: page mode before TPU v5 "
+                       r"pools pages .* \(got page_size 96\)"):
+      tpu.pool_by_lane_segments_for(96, True)
   assert not tpu.widen_fp8_for_mxu(True)
 
 

@@ -273,6 +273,18 @@ PAGE_STATIC = [
     StaticCase("vmem_limit_bytes_negative", edit(vmem_limit_bytes=-1),
                "vmem_limit_bytes: must be a positive int (got -1)",
                edit(vmem_limit_bytes=None)),
+    # streamidx.blocks.check_page_rows: 256 rows x 4 heads x 128 pages x 16
+    # entries x 4 B = 8 MiB, summed over heads 2 MiB (of 1 MiB).
+    StaticCase("q_block_past_the_page_score_bounds",
+               edit(num_queries_per_block=256),
+               "num_queries_per_block: page mode's f32 scores of one KV block "
+               "must be <= 32.00 MiB over all heads (query rows x num_q_heads "
+               "x 128 pages x page_size x 4 B) and <= 1.00 MiB summed over "
+               "heads (query rows x 128 x page_size x 4 B): GLM's row, the "
+               "work the compiler unrolls (streamidx.blocks.PAGE_BLOCK_SOURCE)"
+               ": at most 128 query rows at 4 heads and page_size 16 (got "
+               "256: 8.00 MiB and 2.00 MiB)",
+               edit(num_queries_per_block=128)),
 ]
 
 

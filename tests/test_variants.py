@@ -115,7 +115,66 @@ def test_block_table_gives_the_vendored_production_sizes():
   page = si.block_sizes("vendored_page", cache_format="bf16", num_heads=16,
                         page_size=64)
   assert page.kwargs() == dict(num_kv_pages_per_block=128,
-                               num_queries_per_block=512)
+                               num_queries_per_block=32)
+  assert page.source.startswith("derived (streamidx.blocks.page_query_rows)")
+
+
+@pytest.mark.parametrize("variant,fmt", [("vendored_page", "fp8"),
+                                         ("dense_page", "dense_fp8"),
+                                         ("lean_page", "dense_fp8"),
+                                         ("fp4_page", "mxfp4")])
+def test_page_rows_are_derived_for_the_call_s_heads(variant, fmt):
+  """Page mode's query rows from the bounds on a KV block's scores (GLM's
+  row: 32 rows of 32 heads at 64-entry pages): 64 heads take 16 rows at
+  64-entry pages and 8 at 128-entry pages, which the vendored 512 rows
+  exceeded (E1001 on v5e); few heads and small pages take more rows, up to
+  the vendored 512; every derived row passes the static rule."""
+  rows = lambda heads, page, gen="v5e": si.block_sizes(  # noqa: E731
+      variant, cache_format=fmt, num_heads=heads, page_size=page,
+      generation=gen).num_queries_per_block
+  assert rows(32, 64) == 32
+  assert rows(64, 64) == 16 and rows(64, 128) == 8
+  assert rows(16, 128) == 16 and rows(4, 16) == 128 and rows(2, 8) == 256
+  assert rows(1, 2 if fmt == "bf16" else 8) <= blocks.PAGE_MAX_QUERY_ROWS
+  for heads, page in ((1, 8), (3, 24), (12, 40), (64, 128), (128, 256)):
+    r = rows(heads, page, "v7x")
+    blocks.check_page_rows(r, heads, page)
+    with pytest.raises(ValueError, match=r"^num_queries_per_block: page "
+                       r"mode's f32 scores .* at most \d+ query rows"):
+      blocks.check_page_rows(2 * r, heads, page)  # r: a power of two
+
+
+def test_page_rows_that_cannot_fit_are_refused_naming_the_limit():
+  """No row fits: one query row's scores of a 128-page block over too many
+  heads, or a launch's KV block beyond the chip's VMEM; a ValueError before
+  anything is compiled, naming the argument and the limit."""
+  with pytest.raises(ValueError, match=r"^q: page mode's f32 scores .* <= "
+                     r"32.00 MiB over all heads .* \(got 512 heads, "
+                     r"page_size 256: 64.00 MiB"):
+    si.block_sizes("vendored_page", cache_format="fp8", num_heads=512,
+                   page_size=256, generation="v6e")
+  with pytest.raises(ValueError, match=r"^cache: a page-mode launch's VMEM "
+                     r"scratch at one query row .* must fit 16.00 MiB \(v4:"):
+    si.block_sizes("vendored_page", cache_format="fp8", num_heads=1,
+                   page_size=512, generation="v4")
+  assert si.block_sizes("vendored_page", cache_format="fp8", num_heads=1,
+                        page_size=512, generation="v5e"
+                        ).num_queries_per_block == 4
+
+
+def test_page_rows_leave_room_for_a_long_sequence_s_score_rows():
+  """The launch's scratch holds a query block's page scores of the longest
+  sequence: at 1M tokens of 8-entry pages (131072 pages per sequence) the
+  derived rows shrink until it fits the chip (M11 would refuse more)."""
+  key = dict(cache_format="bf16", num_heads=1, page_size=8)
+  short = si.block_sizes("vendored_page", **key, generation="v7x")
+  long = si.block_sizes("vendored_page", **key, generation="v7x",
+                        pages_per_seq=2**20 // 8)
+  assert short.num_queries_per_block == 256
+  assert long.num_queries_per_block < short.num_queries_per_block
+  assert blocks.page_scratch_bytes(
+      long.num_queries_per_block, **key, pages_per_seq=2**20 // 8,
+      tpu_generation=7) <= blocks.page_vmem_budget("v7x")[0]
 
 
 def test_rows_from_the_static_schedule_say_so():

@@ -62,12 +62,15 @@ def _bind(cls, variant, body, cache, args: dict):
     args["k"] = args.pop("k_pages")
   call = cls(**args)
   q = arrays[0]
-  if not call.has_blocks and all(len(getattr(c, "shape", ())) == 4 - i
-                                 for i, c in enumerate(cache)):
+  if not call.has_blocks and len(getattr(q, "shape", ())) == 3 and all(
+      len(getattr(c, "shape", ())) == 4 - i for i, c in enumerate(cache)):
+    seqs, pages = (getattr(a, "shape", ()) for a in arrays[2:4])
     call = call.with_table_blocks(
         variant + ("_page" if cls is PageCall else ""),
         cache_format=body.cache_format(cache), num_heads=int(q.shape[1]),
-        page_size=int(body.page_size(cache)))
+        page_size=int(body.page_size(cache)), head_dim=int(q.shape[2]),
+        pages_per_seq=(int(pages[0]) // int(seqs[0]) if len(seqs) == len(
+            pages) == 1 and seqs[0] else None))
   return call, (arrays[0], arrays[1], cache, *arrays[2:], last)
 
 
@@ -154,7 +157,12 @@ def streamindex_page_topk(
   ``[T, pages_per_seq]`` ever reaches HBM, no ``[T, max_kv]`` token-score
   materialization), then a cheap ``top_k`` over pages selects the budget.
 
-  streamidx: compression_ratio 1 only, where both causal rules coincide;
+  streamidx (M23): num_kv_pages_per_block None or 128; num_queries_per_block
+  None (the default; the vendored one was 512) takes the block-size table's
+  row, derived for the call's heads, head_dim, page size, cache format and
+  chip (`streamidx.blocks.page_query_rows`); every size keeps a KV block's
+  f32 scores within `streamidx.blocks`' bounds (a ValueError otherwise).
+  compression_ratio 1 only, where both causal rules coincide;
   `streamidx.validate_page_topk_inputs` rejects the page indices past the
   cache that the kernel clamps. M9: `return_scores=True` returns (page ids,
   f32[T, k_pages] page scores, -inf where the id is -1). M22:

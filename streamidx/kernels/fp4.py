@@ -30,24 +30,32 @@ in token mode, for `topk_method="fused_blockmax"`, its block-max hook
   group's lanes, one matmul [n, D] x [D, m] per group (G = head_dim // 32)
   gives its partial dot, scaled by the group's 2**e (lanes: entries) and
   summed before the ReLU; the MXU takes the e4m3 tile, G times the FP8
-  kernel's MXU work for half its value bytes. Page mode, and token mode
-  before TPU v5 (M10's `widen_fp8`): the keys e2m1 x 2**e themselves, in
-  bf16 (exact for e >= -125, the quantizer's floor), one matmul; each
-  page's scales [G, page_size] are transposed to entry rows and the pages
-  stacked ([bkv_sz, G]: pages join along sublanes), each group's column
-  broadcast over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
+  kernel's MXU work for half its value bytes. Its scales as lanes: at page
+  sizes that are multiples of 128, each page's [G, page_size] rows join
+  along lanes as they are; a page narrower than a lane row cannot join
+  another's lanes (Mosaic at 16-entry pages on v5e: "infer-vector-layout:
+  unsupported shape cast vector<24x1x16xf32> -> vector<1x384xf32>"), so
+  there the pages join along sublanes as below ([bkv_sz, G]) and one
+  transpose gives [G, bkv_sz]. Page mode, and token mode before TPU v5
+  (M10's `widen_fp8`): the keys e2m1 x 2**e themselves, in bf16 (exact
+  for e >= -125, the quantizer's floor), one matmul; each page's scales
+  [G, page_size] are transposed to entry rows and the pages stacked
+  ([bkv_sz, G]: pages join along sublanes), each group's column broadcast
+  over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
 
 Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
-libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x;
-token mode with the e4m3 tile from v5e, widened on v4 (the per-group
-partial dots of a 128-row prefill block over 64 heads took 28 MiB of v4's
-16 MiB VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
+libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x
+(tests/test_compile_coverage.py: at random page sizes too); token mode
+with the e4m3 tile from v5e, widened on v4 (the per-group partial dots
+of a 128-row prefill block over 64 heads took 28 MiB of v4's 16 MiB
+VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
 all five (the 8192-entry block scored whole took 19.22 MiB of v4's VMEM,
-hence the chunks). The group path cannot score a page block: its
-scales as lanes join each page's 64 lanes into one lane row, which Mosaic
-rejects ("infer-vector-layout: unsupported shape cast
+hence the chunks). Page mode took the scaled keys because the group
+path's scales as lanes joined each page's 64 lanes into one lane row, which
+Mosaic rejects ("infer-vector-layout: unsupported shape cast
 vector<128x1x64xf32> -> vector<1x8192xf32>"; the cast of the e8m0 bytes
-fails too); entry rows join pages along sublanes, which it lowers.
+fails too); entry rows join pages along sublanes, which it lowers (token
+mode's group path now transposes them at such pages, above).
 
 `launch` is this variant's `pallas_call` (token or page mode), made per
 launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
@@ -109,10 +117,16 @@ class _Mxfp4Pages(dense._TwoArrayPages):
     raw = self.vmem[slot, b]  # u8[bkv_p, G, page_size]
     scales = pltpu.bitcast(raw, jnp.float8_e8m0fnu).astype(
         jnp.bfloat16).astype(jnp.float32)
-    if self.scale_keys:  # each page's [G, page_size] transposed, stacked
-      return tile.reshape(-1, width), jnp.swapaxes(scales, 1, 2).reshape(
-          -1, raw.shape[1]) * E4M3_OFFSET
-    return tile.reshape(-1, width), jnp.concatenate(
+    tile = tile.reshape(-1, width)
+    if self.scale_keys or self.page_size % LANES:
+      # each page's [G, page_size] transposed, the pages stacked along
+      # sublanes: [bkv_sz, G] (a page narrower than a lane row cannot join
+      # another's lanes: module docstring, "Scores")
+      rows = jnp.swapaxes(scales, 1, 2).reshape(-1, raw.shape[1])
+      if self.scale_keys:
+        return tile, rows * E4M3_OFFSET
+      return tile, rows.T  # [G, bkv_sz]: one transpose, no lane join
+    return tile, jnp.concatenate(  # whole lane rows join along lanes
         [scales[:, g, :].reshape(1, -1) for g in range(raw.shape[1])], 0)
 
   def scaled_dot(self, scales, bq, bkv):
@@ -127,10 +141,13 @@ class _Mxfp4Pages(dense._TwoArrayPages):
       return jnp.einsum("nd,md->nm", bq, keys,
                         preferred_element_type=jnp.float32)
     lane_group = lax.broadcasted_iota(jnp.int32, bq.shape, 1) // _GROUP
-    q = bq * jnp.asarray(E4M3_OFFSET, bq.dtype)
     out = None
     for g in range(scales.shape[0]):
-      s = jnp.einsum("nd,md->nm", jnp.where(lane_group == g, q, 0), bkv,
+      # group g's lanes of the query block, times 2**6: a product with a
+      # 0 / 2**6 mask (a select of the block against 0 does not lower on
+      # v6e and v7x under 8 heads: "Not implemented: Sublane broadcast")
+      mask = jnp.where(lane_group == g, E4M3_OFFSET, 0.0).astype(bq.dtype)
+      s = jnp.einsum("nd,md->nm", bq * mask, bkv,
                      preferred_element_type=jnp.float32) * scales[g:g + 1]
       out = s if out is None else out + s
     return out

@@ -211,16 +211,27 @@ def _compiled_before_v5(interpret) -> bool:
 def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
   """streamidx (M15, LEDGER.md: Mosaic's error on v4): pool pages by lane
   segments (`pool_pages_by_lane_segments`)? True when compiled for a chip
-  before TPU v5 (or `force_v4_paths`) and a page is narrower than a 128-lane
-  row; read at trace time; False when interpreted."""
-  return cols_per_page < 128 and _compiled_before_v5(interpret)
+  before TPU v5 (or `force_v4_paths`); read at trace time; False when
+  interpreted. There a page must divide a 128-lane row or be whole lane
+  rows (the plain pooling of either splits or reduces lanes, which v4's
+  Mosaic cannot place back in lanes); another size is a ValueError."""
+  if not _compiled_before_v5(interpret):
+    return False
+  if 128 % cols_per_page and cols_per_page % 128:
+    raise ValueError(
+        f"cache: page mode before TPU v5 pools pages whose size divides 128 "
+        f"or is a multiple of 128 (M15: no lane split or sublane gather "
+        f"there) (got page_size {cols_per_page})")
+  return True
 
 
 def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
   """streamidx (M15): the page max-pool of one KV block without a lane split.
 
   s_summed: f32[rows, bkv] token scores, bkv = 128 pages x `cols_per_page`
-  (a divisor of 128). The block is viewed as [rows, cols_per_page, 128]
+  (a divisor of 128; a multiple of 128: each page's lane rows max-reduced
+  first, then pooled as 128-entry pages). The block is viewed as [rows,
+  cols_per_page, 128]
   (whole lane rows: a reshape every TPU generation lowers), so lane segment j
   of lane row r holds page g*r + j (g = 128 // cols_per_page pages per lane
   row). Stacking the g segment-masked copies along the second-minor axis
@@ -236,7 +247,12 @@ def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
   max is exact in any order, so the values equal the seed's pooling.
   """
   rows, bkv = s_summed.shape
-  assert 128 % cols_per_page == 0 and bkv == 128 * cols_per_page
+  assert bkv == 128 * cols_per_page
+  if cols_per_page % 128 == 0:  # whole lane rows a page: their max first
+    s_summed = s_summed.reshape(rows, 128, cols_per_page // 128, 128).max(
+        axis=2).reshape(rows, 128 * 128)
+    cols_per_page = 128  # one segment: the columns stay in page order
+  assert 128 % cols_per_page == 0
   g = 128 // cols_per_page
 
   def pool(x):  # [r, bkv] -> [r, 128]
@@ -259,6 +275,8 @@ def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
   `pool_pages_by_lane_segments` wrote it. Returns the same values with
   column p = page p of the block.
   """
+  if cols_per_page % 128 == 0:  # one segment a block: already page order
+    return page_scores
   t, n = page_scores.shape
   g = 128 // cols_per_page
   x = page_scores.reshape(t, n // 128, g, cols_per_page)

@@ -1,8 +1,9 @@
 """The compile matrix: every variant compiled for every TPU generation, no TPU.
 `python -m streamidx.aot [--quick] [--generations ...] [--formats ...]
 [--jobs N] [--topk-methods]` (make aot); what a row is and proves: docs/tpu.md.
-`launch_calls` / `compile_launch` compile one `pallas_call` alone (VMEM
-probes, schedules).
+`compile_entry` compiles one entry point at any `CallShape` (the compile
+coverage test's random calls); `launch_calls` / `compile_launch` compile
+one `pallas_call` alone (VMEM probes, schedules).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ BLOCK_SETS: dict[str, tuple[dict, ...]] = {
         dict(num_kv_pages_per_block=(8, 4, 4),
              num_queries_per_block=(1, 256, 256)),
     ),
-    "page": (
-        dict(num_kv_pages_per_block=128, num_queries_per_block=256),
-        dict(num_kv_pages_per_block=128, num_queries_per_block=1024),
+    "page": (  # fewer rows than the table's (its rows' bound: blocks.py)
+        dict(num_kv_pages_per_block=128, num_queries_per_block=4),
+        dict(num_kv_pages_per_block=128, num_queries_per_block=8),
     ),
 }
 
@@ -92,7 +93,8 @@ def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
   return v.block_sizes(
       cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
       generation=generation,
-      decode_q_len=shape.decode_q_len if v.mode == "token" else 1).kwargs()
+      decode_q_len=shape.decode_q_len if v.mode == "token" else 1,
+      head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq).kwargs()
 
 
 def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
@@ -127,24 +129,26 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
   return out
 
 
-def entry_args(variant: str, shape: Shape, fmt: str, target) -> tuple:
-  """The entry point's positional arguments as specs on `target`'s device."""
+def entry_args(variant: str, shape: Shape, fmt: str, target=None) -> tuple:
+  """The entry point's positional arguments as specs on `target`'s device
+  (None: `jax.ShapeDtypeStruct`s without one)."""
   v = VARIANTS[variant]
+  spec = target.spec if target is not None else jax.ShapeDtypeStruct
   keys = jax.ShapeDtypeStruct(
       (shape.total_pages, shape.page_size, shape.head_dim), jnp.float32)
   cache = jax.eval_shape(cache_lib.CACHE_FORMATS[fmt].pack, keys)
   t, n = shape.num_tokens, shape.max_num_seqs
-  last = target.spec((3,), jnp.int32) if v.mode == "token" else target.spec(
-      (), jnp.int32)
-  return (target.spec((t, shape.num_heads, shape.head_dim), jnp.bfloat16),
-          target.spec((t, shape.num_heads), jnp.float32),
-          *target.specs(tuple(cache)),
-          target.spec((n,), jnp.int32),
-          target.spec((n * shape.pages_per_seq,), jnp.int32),
-          target.spec((n + 1,), jnp.int32), last)
+  last = spec((3,), jnp.int32) if v.mode == "token" else spec((), jnp.int32)
+  return (spec((t, shape.num_heads, shape.head_dim), jnp.bfloat16),
+          spec((t, shape.num_heads), jnp.float32),
+          *(spec(a.shape, a.dtype) for a in cache),
+          spec((n,), jnp.int32), spec((n * shape.pages_per_seq,), jnp.int32),
+          spec((n + 1,), jnp.int32), last)
 
 
-def _static(variant: str, shape: Shape, blocks: dict) -> dict:
+def entry_static(variant: str, shape: Shape, blocks: dict) -> dict:
+  """The entry point's keyword arguments at `shape`: k (or k_pages), the
+  ratio, decode_q_len where above 1, then `blocks` (any static keywords)."""
   v = VARIANTS[variant]
   extra = {"decode_q_len": shape.decode_q_len} if shape.decode_q_len > 1 else {}
   return {v.k_name: shape.k, "compression_ratio": shape.compression_ratio,
@@ -180,7 +184,7 @@ def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
   "blocktop", its selection kernel's call."""
   v = VARIANTS[variant]
   fn = functools.partial(v.kernel, **tiling.scoring_static(
-      v, _static(variant, shape, blocks)))
+      v, entry_static(variant, shape, blocks)))
   closed = jax.make_jaxpr(fn)(*entry_args(variant, shape, fmt, target))
   return [(eqn.params.get("name") or "pallas_call", eqn)
           for eqn in tiling.pallas_calls(closed.jaxpr)]
@@ -241,6 +245,19 @@ def _memory(compiled) -> dict:
           ("argument", "output", "temp", "generated_code")}
 
 
+def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
+                  **static):
+  """Lowers and compiles `variant`'s entry point for `generation` on
+  `shape`'s abstract arrays (`entry_args`), with `static` keywords beside k
+  and the ratio (block sizes left out: the table's, as a call that leaves
+  them None gets them); returns the executable, raises the compiler's (or
+  streamidx's) error."""
+  with modes.compile_for(generation) as target:
+    args = entry_args(variant, shape, fmt, target)
+    return VARIANTS[variant].kernel.lower(
+        *args, **entry_static(variant, shape, static)).compile()
+
+
 def compile_row(row: Row) -> Result:
   """Compiles one row's entry point for its generation; never raises."""
   shape = SHAPES_BY_NAME[row.shape]
@@ -250,7 +267,7 @@ def compile_row(row: Row) -> Result:
   try:
     with modes.compile_for(row.generation) as target:
       args = entry_args(row.variant, shape, row.fmt, target)
-      static = _static(row.variant, shape, row.static)
+      static = entry_static(row.variant, shape, row.static)
       for _, eqn in launch_calls(row.variant, shape, row.fmt, row.static,
                                  target):
         vmem = max(vmem, launch_scratch_bytes(eqn, target.tpu_generation))

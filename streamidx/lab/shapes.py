@@ -164,6 +164,15 @@ def _token(name, num_tokens, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
                    decode_q_len)
 
 
+def _page(name, g, note, *, num_tokens=4096, seqs=2, tokens=65536,
+          budget=2048):
+  """A page-mode call shape of indexer `g` (ratio 1): `seqs` slots of
+  `tokens` tokens, k_pages the pages of a `budget`-token budget."""
+  return CallShape(name, "page", num_tokens, seqs, tokens // g.page_size,
+                   g.page_size, g.num_heads, g.head_dim,
+                   budget // g.page_size, g.compression_ratio, note)
+
+
 def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
   return _token(name, seqs * decode_q_len, seqs, tokens, k, note,
                 decode_q_len, g)
@@ -171,8 +180,13 @@ def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
 
 # The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, GLM-5.2's
 # token-mode decode (the batch sglang-jax #1642 measured, at 4K tokens: the
-# scoring launches' records, `lab.calibration`) and GLM's page mode with a
-# 2048-token budget (32 pages).
+# scoring launches' records, `lab.calibration`), README's quickstart batch
+# (16-entry pages, 16 heads), GLM's page mode with a 2048-token budget (32
+# pages) and page mode at DeepSeek-V4's 64 heads and 128-entry pages.
+README = Indexer(num_heads=16, head_dim=128, compression_ratio=4,
+                 page_size=16)
+PAGE_64_HEADS = Indexer(num_heads=DSV4.num_heads, head_dim=DSV4.head_dim,
+                        compression_ratio=1, page_size=DSV4.page_size)
 COMPILE: tuple[CallShape, ...] = (
     _decode("dsv4-decode-4k", 64, 4096, 512, "64 decode seqs x 4K tokens"),
     _decode("dsv4-decode-32k", 64, 32768, 512, "64 decode seqs x 32K tokens"),
@@ -187,16 +201,21 @@ COMPILE: tuple[CallShape, ...] = (
     _decode("glm-decode-4k", 64, 4096, 2048,
             "GLM-5.2 token mode: 64 decode seqs x 4K tokens, k 2048",
             g=GLM_TOKEN),
-    CallShape("glm-page-prefill", "page", 4096, 2,
-              65536 // GLM_PAGE.page_size, GLM_PAGE.page_size,
-              GLM_PAGE.num_heads, GLM_PAGE.head_dim,
-              2048 // GLM_PAGE.page_size, GLM_PAGE.compression_ratio,
-              "2 seqs x 64K tokens, 4096 query rows, 2048-token budget "
-              "(32 pages)"),
+    # README's quickstart: decode [900, 2048], prefill (24, 700), mixed
+    # (12, 400): 38 query rows, 4 slots, 2048 tokens = 32 pages of 16.
+    _token("readme-quickstart", 2 + 24 + 12, 4, 2048, 32,
+           "README's batch: 16 heads, 16-entry pages, k 32", g=README),
+    _page("glm-page-prefill", GLM_PAGE,
+          "2 seqs x 64K tokens, 4096 query rows, 2048-token budget "
+          "(32 pages)"),
+    _page("page-64h-prefill", PAGE_64_HEADS,
+          "GLM's batch at 64 heads and 128-entry pages: 2 seqs x 64K "
+          "tokens, 4096 query rows, 2048-token budget (16 pages)"),
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
 
-__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "Shape", "SWEEP",
+__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "README",
+           "PAGE_64_HEADS", "Shape", "SWEEP",
            "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
            "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
            "COMPILE_BY_NAME"]

@@ -359,7 +359,9 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
                       page_size=int(batch.page_size),
                       generation=generation,
-                      decode_q_len=dq if v.mode == "token" else 1).kwargs()
+                      decode_q_len=dq if v.mode == "token" else 1,
+                      head_dim=int(head_dim),
+                      pages_per_seq=int(batch.pages_per_seq)).kwargs()
   blocks = {name: row.get(name, 1) if val is None else val for name, val in (
       ("num_kv_pages_per_block", num_kv_pages_per_block),
       ("num_queries_per_block", num_queries_per_block),
