@@ -10,9 +10,11 @@ sizes left to the block-size table, as a call that leaves them None gets
 them. A compiler error fails the test; so does a ValueError, since every
 draw is a call the API accepts.
 
-CI: one draw per variant and generation with small shapes, in this one
-process, the selection stage "sort"; the full tier (tests/tiers.py) adds
-`FULL_DRAWS` larger draws of each, with any selection the variant takes.
+CI: one draw per variant with small shapes, the generations in turn, in
+this one process, the selection the chip's default (`topk_method` None:
+"blocktop" on all three); the full tier (tests/tiers.py) adds every other
+variant and generation, and `FULL_DRAWS` larger draws of each with any
+selection the variant takes.
 The compile matrix (`python -m streamidx.aot`) compiles the named
 production shapes.
 """
@@ -51,7 +53,7 @@ class Domain:
   max_tokens: int  # a sequence's tokens, at most
   max_q: int  # a prefill or mixed sequence's query rows, at most
   decode_q_lens: tuple[int, ...]
-  any_topk_method: bool  # else "sort"
+  any_topk_method: bool  # else the chip's default (topk_method None)
 
 
 # CI: pages of 16 to 64 entries, powers of two (the full tier takes any size
@@ -156,8 +158,10 @@ def _candidate(variant: str, rng, domain: Domain) -> "Draw":
       k, ratio, batch.describe(), dq)
   static = {}
   if v.mode == "token":
+    # CI: the chip's default method (None: `topk.defaults`, "blocktop" on
+    # v5e, v6e and v7x), what a call that names none compiles.
     static["topk_method"] = (pick(v.topk_methods) if domain.any_topk_method
-                             else "sort")
+                             else None)
   return Draw(variant, fmt, shape, static)
 
 
@@ -185,11 +189,19 @@ def test_draws_are_valid_calls_of_every_variant():
     assert call.has_blocks and call.block_source, d
 
 
+# CI: every variant once, the generations taken in turn (each of v5e, v6e
+# and v7x compiles a third of the variants); the full tier compiles every
+# variant on every generation.
+_CI_PAIRS = [(v, GENERATIONS[i % len(GENERATIONS)])
+             for i, v in enumerate(si.VARIANTS)]
+
+
 @needs_libtpu
-@pytest.mark.parametrize("generation", GENERATIONS)
-@pytest.mark.parametrize("variant", list(si.VARIANTS))
+@pytest.mark.parametrize("variant,generation", tiers.split(
+    [(v, g) for v in si.VARIANTS for g in GENERATIONS],
+    lambda vg: vg in _CI_PAIRS))
 def test_a_random_call_compiles(variant, generation):
-  """CI: one small draw per variant and generation (seeded by both)."""
+  """One small draw per variant and generation (seeded by both)."""
   assert_compiles(draw(variant, _seed(variant, generation)), generation)
 
 

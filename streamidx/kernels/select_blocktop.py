@@ -344,6 +344,17 @@ def _round(src, dst, b: int, big: int):
                 unroll=_UNROLL)
 
 
+def _lane_gather(x, lanes):
+  """x[c, s, lanes[c, s, l]] of [ch, 8, 128] arrays: a lane gather. Mosaic
+  takes one vreg's only as a 2-D gather ("Only take_along_axis-like gathers
+  supported" for [1, 8, 128]), so a chunk of one vreg is gathered as
+  [8, 128]."""
+  if x.shape[0] == 1:
+    return jnp.take_along_axis(x[0], lanes[0], 1,
+                               mode="promise_in_bounds")[None]
+  return jnp.take_along_axis(x, lanes, 2, mode="promise_in_bounds")
+
+
 def _bitonic(sk, si, nv: int):
   """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by
   key descending, index ascending, each row: a bitonic network whose
@@ -371,8 +382,7 @@ def _bitonic(sk, si, nv: int):
       k_, i_ = c
       e = lax.shift_right_logical(jnp.int32(size // 2 // nv), t)
       partner = lane ^ e
-      pk = jnp.take_along_axis(k_, partner, 2, mode="promise_in_bounds")
-      pi = jnp.take_along_axis(i_, partner, 2, mode="promise_in_bounds")
+      pk, pi = _lane_gather(k_, partner), _lane_gather(i_, partner)
       keep = ~(_before(k_, i_, pk, pi) ^ ((lane & e) == 0)
                ^ descending(v, size))
       return jnp.where(keep, k_, pk), jnp.where(keep, i_, pi)
