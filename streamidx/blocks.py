@@ -366,10 +366,9 @@ def page_scratch_bytes(rows: int, *, cache_format: str, num_heads: int,
                        pages_per_seq: int | None = None,
                        tpu_generation: int = 5) -> int:
   """VMEM bytes (tiled) of a page-mode launch's scratch at `rows` query rows
-  (`semantics.launch_scratch`, a two-array format's scale buffer beside it:
-  `kernels.tpu.with_scale_buffer`): the query block taken as float32 (the
-  larger query dtype), score rows for `pages_per_seq` (None: one KV block)."""
-  from streamidx.kernels import tpu  # pylint: disable=g-import-not-at-top
+  (`semantics.launch_scratch`, a two-array format's scale buffer beside
+  it): the query block taken as float32 (the larger query dtype), score
+  rows for `pages_per_seq` (None: one KV block)."""
   (rows_per_page, packing, lkv), dtype, scales = _page_layout(
       cache_format, page_size, head_dim)
   scratch = semantics.launch_scratch(
@@ -378,10 +377,8 @@ def page_scratch_bytes(rows: int, *, cache_format: str, num_heads: int,
       lkv_dim=lkv, cache_dtype=dtype, num_q_heads=num_heads,
       head_dim=cache_lib.padded_head_dim(head_dim), q_dtype=jnp.float32,
       weights_dtype=jnp.float32,
-      num_out_sublanes=cdiv(pages_per_seq or PAGE_KV_PAGES, PAGE_KV_PAGES))
-  if scales is not None:
-    scratch = tpu.with_scale_buffer(scratch, scales, seq_batch_size=1,
-                                    bkv_p=PAGE_KV_PAGES)
+      num_out_sublanes=cdiv(pages_per_seq or PAGE_KV_PAGES, PAGE_KV_PAGES),
+      scale_block=scales)
   return semantics.scratch_vmem_bytes(scratch, tpu_generation)
 
 
@@ -390,8 +387,7 @@ def page_vmem_budget(generation: str | None) -> tuple[int, int, str]:
   scratch may take on `generation`: `PageCall`'s default vmem_limit_bytes,
   or the chip's VMEM per TensorCore where smaller (`pltpu`'s table; None or
   "*": the limit alone)."""
-  from streamidx.call import PageCall  # pylint: disable=g-import-not-at-top
-  limit = PageCall.vmem_limit_bytes
+  limit = semantics.PAGE_VMEM_LIMIT_BYTES
   if generation in (None, WILDCARD):
     return limit, 5, f"page mode's vmem_limit_bytes {_mib(limit)}"
   info = pltpu.get_tpu_info_for_chip(

@@ -12,7 +12,7 @@ values, zeros to `padded_head_dim`, the e8m0 scale byte e + 127, zero padding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,8 @@ __all__ = [
     "unpack_cache", "unpack_cache_raw", "entry_location", "physical_slots",
     "e8m0_scales",
     "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
-    "tpu_scale_bytes", "cache_pages", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
+    "tpu_scale_bytes", "cache_pages", "PageGeometry", "page_geometry",
+    "format_of", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
     "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
     "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
 ]
@@ -206,12 +207,42 @@ def e8m0_scales(scale_bytes):
 
 
 def cache_pages(cache) -> tuple[int, int]:
-  """(total_num_pages, page_size) of a cache array or a dense FP8 pair."""
-  if isinstance(cache, (tuple, list)):
-    values = cache[0]
-    per_row = 8 if is_mxfp4(cache) else values.shape[2]
-    return int(values.shape[0]), int(values.shape[1] * per_row)
-  return int(cache.shape[0]), int(cache.shape[1] * cache.shape[2])
+  """(total_num_pages, page_size) of a kernel's cache: one array, or the
+  tuple of its layout's arrays (`format_of`). The one formula of a page's
+  entries: the first array's rows per page x its packing axis (u32 words
+  of 4 bytes or 2 bf16) x entries per element (MXFP4: two e2m1 codes a
+  byte)."""
+  pair = isinstance(cache, (tuple, list)) and len(cache) == 2
+  values = cache[0] if isinstance(cache, (tuple, list)) else cache
+  per_element = 2 if pair and is_mxfp4(cache) else 1
+  return (int(values.shape[0]),
+          int(values.shape[1] * values.shape[2] * per_element))
+
+
+class PageGeometry(NamedTuple):
+  """A paged cache's static sizes (`page_geometry`)."""
+
+  total_pages: int
+  page_size: int  # entries per page (`cache_pages`)
+  pages_per_seq: int  # page-table columns per sequence
+
+
+def page_geometry(cache, seq_lens, page_indices) -> PageGeometry:
+  """The cache's pages and page size (`cache_pages`) and the page table's
+  columns per sequence, page_indices [max_num_seqs * pages_per_seq] over
+  seq_lens [max_num_seqs] (arrays or shapes)."""
+  total_pages, page_size = cache_pages(cache)
+  return PageGeometry(total_pages, page_size,
+                      int(page_indices.shape[0]) // int(seq_lens.shape[0]))
+
+
+def format_of(cache) -> str:
+  """The `CACHE_FORMATS` name of a kernel's cache, the tuple of its
+  arrays: one array, uint8 ("fp8") or bf16; two, "mxfp4" (`is_mxfp4`) or
+  "dense_fp8"."""
+  if len(cache) == 2:
+    return "mxfp4" if is_mxfp4(cache) else "dense_fp8"
+  return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
 
 
 def unpack_cache(cache, head_dim: int = 128):
@@ -398,14 +429,16 @@ class CacheLayout:
   description, `pack` (f32 keys [total_num_pages, page_size, head_dim] ->
   the tuple of cache arrays a kernel takes), `bytes_per_entry` (head_dim ->
   bytes of one entry's data, what a DMA moves; `dense_tpu_bytes_per_entry`
-  adds the TPU tile padding) and `decodes_as` (the format whose decoded keys,
-  scores and summation bound this one's equal)."""
+  adds the TPU tile padding), `decodes_as` (the format whose decoded keys,
+  scores and summation bound this one's equal) and `arrays` (the names of
+  its arrays in the kernels' signatures)."""
 
   name: str
   description: str
   pack: Callable[..., tuple]
   bytes_per_entry: Callable[[int], int]
   decodes_as: str = ""
+  arrays: tuple[str, ...] = ("cache_kv",)
 
 
 CACHE_FORMATS: dict[str, CacheLayout] = {
@@ -423,13 +456,14 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
         "head_dim] and e8m0 scale bytes u8[pages, page_size/L, L] in two "
         "arrays, 129 B/entry (132 B with the TPU's tile padding at page 128)",
         pack_dense_fp8_cache, lambda head_dim: padded_head_dim(head_dim) + 1,
-        "fp8"),
+        "fp8", ("cache_values", "cache_scales")),
     "mxfp4": CacheLayout(
         "mxfp4", "MXFP4: e2m1 values two per byte u8[pages, page_size/8, 4, "
         "head_dim] and e8m0 bytes per 32 values u8[pages, head_dim/32, "
         "page_size], 68 B/entry (no tile padding at page sizes of 128k)",
         pack_mxfp4_cache,
         lambda head_dim: (padded_head_dim(head_dim) // 2
-                          + padded_head_dim(head_dim) // MXFP4_GROUP), "mxfp4"),
+                          + padded_head_dim(head_dim) // MXFP4_GROUP), "mxfp4",
+        ("cache_values", "cache_scales")),
 }
 

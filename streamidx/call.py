@@ -4,10 +4,11 @@
 `k` pages per query row, `k_pages` in the drop-in signature) are frozen,
 hashable dataclasses, the jitted driver's static argument (ARCHITECTURE.md,
 "One call, one driver"). Their defaults are the vendored kernel's;
-`__post_init__` checks what needs no arrays and normalises the per-case
-block sizes. Block sizes left None come from `streamidx.blocks` for the chip
+`__post_init__` checks what needs no arrays, resolves `topk_method`'s
+default and normalises the per-case block sizes: the one place each
+happens. Block sizes left None come from `streamidx.blocks` for the chip
 traced for (`with_table_blocks`); `block_source` names the row (not hashed).
-"""
+""" 
 
 from __future__ import annotations
 
@@ -15,20 +16,17 @@ import dataclasses
 import numbers
 from typing import Any
 
-from streamidx import semantics, topk
+from streamidx import blocks, semantics, topk
 
 __all__ = ["TopkCall", "PageCall", "MODES", "MAX_DECODE_Q_LEN",
-           "SELECTION_FIELDS", "KERNEL_ONLY", "TOKEN_ONLY", "check_bool"]
+           "KERNEL_ONLY", "TOKEN_ONLY", "check_bool"]
 
 MODES = ("token", "page")
-_MIB = 1024 * 1024
 MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 
-# The roles of a call's fields, each list once.
-# Read by the selection stage and the driver's Python, never by a launch: one
-# compiled launch serves every value of them (`TopkCall.launch_view`).
-SELECTION_FIELDS = ("k", "topk_method", "return_scores", "physical_slots",
-                    "sort_decode", "skip_empty_launches")
+# The roles of a call's fields, each list once (a launch reads the fields
+# `kernels.driver.Launch` names, no other: one compiled launch serves every
+# value of the rest).
 # Shape the kernel's grid or launches only: the references compute the same
 # result without them and take no such argument (`Variant.reference`).
 KERNEL_ONLY = ("num_cores", "skip_empty_launches")
@@ -67,6 +65,9 @@ class TopkCall:
   built for (`topk.defaults.lookup()`: `modes.current_generation()`, when
   the call is built, so in a jitted caller's trace and under
   `compile_for`); `topk_source` then gives the row's source (not hashed).
+  It is checked here, against the `topk_methods` of `body` (not a field:
+  the kernel body the call is built for, a `kernels.driver.KernelBody`;
+  None: every registered method), and read by name at the selection.
 
   physical_slots: the result's ids as physical cache slots, the page table
   applied to the k winners (`streamidx.cache.physical_slots`: page_indices
@@ -90,11 +91,12 @@ class TopkCall:
   num_cores: int = 1
   block_source: str | None = dataclasses.field(default=None, compare=False)
   topk_source: str | None = dataclasses.field(default=None, compare=False)
+  body: dataclasses.InitVar[Any] = None
 
   mode = "token"
   k_name = "k"
 
-  def __post_init__(self):
+  def __post_init__(self, body):
     _positive_int(self.k_name, self.k)
     _positive_int("compression_ratio", self.compression_ratio)
     _positive_int("decode_req_batch_size", self.decode_req_batch_size)
@@ -111,13 +113,19 @@ class TopkCall:
       row = topk.defaults.lookup()
       object.__setattr__(self, "topk_method", row.method)
       object.__setattr__(self, "topk_source", row.source)
-    topk.check_topk_method(self.topk_method)
+    topk.check_topk_method(self.topk_method, *self._methods(body))
     for name in ("return_scores", "physical_slots", "sort_decode",
                  "skip_empty_launches"):
       check_bool(name, getattr(self, name))
     for name in ("num_kv_pages_per_block", "num_queries_per_block"):
       if getattr(self, name) is not None:
         object.__setattr__(self, name, self._blocks(getattr(self, name), name))
+
+  def _methods(self, body):
+    """(the `topk_method` values allowed, where) for `check_topk_method`."""
+    if body is None:
+      return topk.TOPK_METHODS, ""
+    return body.topk_methods, f"the {body.name!r} kernel body"
 
   def _blocks(self, value, name):
     return semantics.normalize_per_case(value, name)
@@ -137,8 +145,6 @@ class TopkCall:
     the call sets are kept."""
     if self.has_blocks:
       return self
-    from streamidx import blocks  # pylint: disable=g-import-not-at-top
-
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,
                         num_heads=num_heads, page_size=page_size,
                         decode_q_len=self.decode_q_len, head_dim=head_dim,
@@ -149,13 +155,6 @@ class TopkCall:
                                 or row.num_kv_pages_per_block),
         num_queries_per_block=(self.num_queries_per_block
                                or row.num_queries_per_block))
-
-  def launch_view(self) -> "TopkCall":
-    """This call as a launch reads it: its `SELECTION_FIELDS` at fixed
-    values (k 1, the class's defaults), so that calls differing only in
-    them share one compiled launch."""
-    return dataclasses.replace(self, k=1, **{
-        f: getattr(type(self), f) for f in SELECTION_FIELDS if f != "k"})
 
   def kwargs(self) -> dict:
     """The drop-in keyword arguments this call stands for."""
@@ -176,7 +175,7 @@ class PageCall(TopkCall):
   compression_ratio: int = 1
   num_kv_pages_per_block: Any = None
   num_queries_per_block: Any = None
-  vmem_limit_bytes: int | None = 64 * _MIB
+  vmem_limit_bytes: int | None = semantics.PAGE_VMEM_LIMIT_BYTES
   decode_req_batch_size: int = 1
   topk_method: str = "top_k"
   sort_decode: bool = False
@@ -184,17 +183,18 @@ class PageCall(TopkCall):
   mode = "page"
   k_name = "k_pages"
 
-  def __post_init__(self):
-    super().__post_init__()
+  def __post_init__(self, body):
+    super().__post_init__(body)
     if self.compression_ratio != 1:
       _fail("compression_ratio", "page mode supports compression_ratio == 1 "
             "only (GLM); use streamindex_page_topk_ref for other ratios",
             self.compression_ratio)
-    topk.check_topk_method(self.topk_method, ("top_k",),
-                           "page mode (pages by top_k, unsorted)")
     if self.sort_decode:
       _fail("sort_decode", "page mode selects pages unsorted, by top_k",
             repr(self.sort_decode))
+
+  def _methods(self, body):
+    return ("top_k",), "page mode (pages by top_k, unsorted)"
 
   def _blocks(self, value, name):
     if name == "num_kv_pages_per_block" and value != 128:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 LANES = 128  # the TPU vector lane count: the kernel's row and score width
 DEFAULT_VMEM_LIMIT_BYTES = 100 * 1024 * 1024  # the vendored kernel's default
+PAGE_VMEM_LIMIT_BYTES = 64 * 1024 * 1024  # its page-mode default
 
 CAUSAL_RULES = ("model", "seed")
 DEFAULT_CAUSAL_RULE = CAUSAL_RULES[0]  # the model's rule (local modification M3)
@@ -136,18 +137,38 @@ def token_launches(distribution, decode_req_batch_size: int,
 _dtype = jnp.dtype
 
 
+def score_rows(mode: str, pages_per_seq: int, page_size: int,
+               num_kv_pages_per_block) -> int:
+  """128-lane rows of one query row's f32 score buffer: token mode, the
+  page table's columns in whole KV blocks of each case's
+  num_kv_pages_per_block (a triple), the widest; page mode, the pooled page
+  maxima, pages_per_seq in whole KV blocks and 128-lane rows."""
+  if mode == "token":
+    return max(align_to(pages_per_seq, p) * page_size // LANES
+               for p in num_kv_pages_per_block)
+  bkv_p = num_kv_pages_per_block
+  return align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES) // LANES
+
+
 def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
                    page_size_per_kv_packing: int, kv_packing: int,
                    lkv_dim: int, cache_dtype, num_q_heads: int, head_dim: int,
-                   q_dtype, weights_dtype, num_out_sublanes: int):
+                   q_dtype, weights_dtype, num_out_sublanes: int,
+                   scale_block: tuple[int, ...] | None = None):
   """((name, shape, dtype), ...): the VMEM scratch of one launch, in
   `_scores_kernel`'s order (the DMA semaphores are not VMEM).
   `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in
-  token mode, the pooled page columns // 128 in page mode)."""
+  token mode, the pooled page columns // 128 in page mode). scale_block: a
+  page's scales in a two-array cache layout (dense FP8, MXFP4), whose
+  double buffer "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the
+  values'."""
   b = seq_batch_size
+  scales = (() if scale_block is None else (
+      ("bscale_x2", (2, b, bkv_p, *scale_block), _dtype("uint8")),))
   return (
       ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
        _dtype(cache_dtype)),
+      *scales,
       ("bq_x2", (2, b, bq_sz, num_q_heads, head_dim), _dtype(q_dtype)),
       ("bq_weights_x2", (2, b, bq_sz, num_q_heads), _dtype(weights_dtype)),
       ("scores_block_x2", (2, b * bq_sz, num_out_sublanes, LANES),

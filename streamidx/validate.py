@@ -23,7 +23,6 @@ from jax.experimental import checkify
 from streamidx import blocks
 from streamidx import cache as cache_lib
 from streamidx import semantics
-from streamidx import topk
 
 __all__ = [
     "static_validate", "validate_inputs", "check_inputs", "distribution_array",
@@ -117,8 +116,7 @@ def _check_u8(name, x, what):
 
 
 def _check_pair(cache, head_dim, mxfp4):
-  """The dense FP8 or the MXFP4 pair (cache_values, cache_scales);
-  returns page_size."""
+  """The dense FP8 or the MXFP4 pair (cache_values, cache_scales)."""
   if len(cache) != 2:
     _fail("cache", "a dense FP8 cache is the pair (cache_values, "
           "cache_scales)", f"{len(cache)} arrays")
@@ -139,7 +137,7 @@ def _check_pair(cache, head_dim, mxfp4):
   if width != padded:
     _fail("cache_values", f"last axis must be q's head_dim padded to 128 "
           f"lanes ({head_dim} -> {padded})", width)
-  page_size = rows * per_row
+  page_size = cache_lib.cache_pages(cache)[1]
   if mxfp4:
     want = (pages, padded // cache_lib.MXFP4_GROUP, page_size)
     layout = "[total_num_pages, padded head_dim // 32, page_size]"
@@ -155,7 +153,6 @@ def _check_pair(cache, head_dim, mxfp4):
           f"size {page_size} (streamidx.pack_"
           f"{'mxfp4' if mxfp4 else 'dense_fp8'}_cache)",
           f"shape {tuple(scales.shape)}")
-  return page_size
 
 
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
@@ -182,16 +179,15 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
           f"{(num_tokens, num_heads)}", tuple(indexer_weights.shape))
 
   if isinstance(cache_kv, (tuple, list)):
-    page_size = _check_pair(cache_kv, head_dim, cache_lib.is_mxfp4(cache_kv))
+    _check_pair(cache_kv, head_dim, cache_lib.is_mxfp4(cache_kv))
   else:
-    page_size = _check_packed_cache(cache_kv, head_dim)
+    _check_packed_cache(cache_kv, head_dim)
   _check_metadata(seq_lens, page_indices, cu_q_lens)
-  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
-  return page_size, pages_per_seq
+  return cache_lib.page_geometry(cache_kv, seq_lens, page_indices)[1:]
 
 
 def _check_packed_cache(cache_kv, head_dim):
-  """The packed FP8 or bf16 cache array; returns page_size."""
+  """The packed FP8 or bf16 cache array."""
   # The kernel pads q to 128 lanes (`prepare_q_inputs`) and reads that many
   # key values per record; the record is laid out for the padded width.
   padded = cache_lib.padded_head_dim(head_dim)
@@ -219,7 +215,6 @@ def _check_packed_cache(cache_kv, head_dim):
           "as the kernel pads q)" + (f" and the e8m0 scale at byte {padded}: "
                                      f"{padded + 1} bytes" if fp8 else ""),
           f"lkv_dim {lkv}")
-  return rows * packing
 
 
 def _check_metadata(seq_lens, page_indices, cu_q_lens):
@@ -252,15 +247,13 @@ def _check_num_seqs(num_seqs):
 
 
 def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last, *,
-                    topk_methods=topk.KERNEL_TOPK_METHODS):
+                    cu_q_lens, last):
   """The static rules of a call; raises ValueError naming the argument.
 
   call: a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
-    `num_seqs`), its own rules checked when it was built. Arrays may be
-    concrete, tracers or `jax.ShapeDtypeStruct`s; `cache` one array, the
-    dense FP8 pair, or a tuple of one array. topk_methods: the
-    `topk_method` values the kernel body takes.
+    `num_seqs`), its own rules (`topk_method` among them) checked when it
+    was built. Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s;
+    `cache` one array, the dense FP8 pair, or a tuple of one array.
   """
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
@@ -281,7 +274,6 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
       blocks.check_page_kv_block("mxfp4", page_size, q.shape[2])
     return
   _check_distribution(last)
-  topk.check_topk_method(call.topk_method, topk_methods)
   cases = list(zip(semantics.CASES, call.num_kv_pages_per_block))
   for case, bkv_p in cases:  # every case's tiles before any int32 limit
     if (page_size * bkv_p) % semantics.LANES:
@@ -494,8 +486,8 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   i32 = lambda x: jnp.asarray(x, jnp.int32)
   num_tokens = q.shape[0]
   max_num_seqs = seq_lens.shape[0]
-  total_num_pages, page_size = cache_lib.cache_pages(cache_kv)
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
+  total_num_pages, page_size, pages_per_seq = cache_lib.page_geometry(
+      cache_kv, seq_lens, page_indices)
   seq_lens = i32(seq_lens)
   cu_q_lens = i32(cu_q_lens)
   page_indices = i32(page_indices)
@@ -627,12 +619,11 @@ def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last, *,
-                    topk_methods=topk.KERNEL_TOPK_METHODS):
+                    cu_q_lens, last):
   """`static_validate`, then the mode's value rules in order on concrete
   inputs (not inside `jit`); the first broken rule raises ValueError."""
   static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
-                  cu_q_lens, last, topk_methods=topk_methods)
+                  cu_q_lens, last)
   results, order = _rules(call, _evaluate_value_rules, q, indexer_weights,
                           cache, seq_lens, page_indices, cu_q_lens, last)
   results = jax.device_get(results)

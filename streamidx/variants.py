@@ -8,8 +8,9 @@
         got = v.run(inputs, k=16, compression_ratio=4, fmt=fmt)
         want = v.run_reference(inputs, k=16, compression_ratio=4, fmt=fmt)
 
-Adding a variant: ARCHITECTURE.md ("Where things go"); its twins follow
-from its mode and cache layout.
+Adding a variant: ARCHITECTURE.md ("Where things go"); a `Variant` is an
+entry point of `kernels.entries.ENTRIES` (a kernel body in one mode), its
+twins follow from its mode and cache layout.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import jax.numpy as jnp
 from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
-from streamidx import topk
 from streamidx.call import KERNEL_ONLY, MODES
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 from streamidx.kernels import driver, entries
@@ -32,16 +32,25 @@ from streamidx.kernels import driver, entries
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """One kernel variant: `kernel(q, weights, *cache, <metadata>, **static)`
-  (a `driver.Entry`), its mode ("token": entry indices, `k`; "page": page
-  indices, `k_pages`) and the `cache.CACHE_FORMATS` it reads. Derived:
+  (a `driver.Entry`: a kernel body in one mode). Derived: its name (the
+  body's, "_page" in page mode), mode ("token": entry indices, `k`;
+  "page": page indices, `k_pages`), the `cache.CACHE_FORMATS` it reads,
   `reference` (its mode's exact reference, same arguments), `validate`,
   `checked` (checkify: (err, idx)), `topk_methods`."""
 
-  name: str
-  description: str  # one line, for tables
-  mode: str
   kernel: driver.Entry
-  cache_formats: tuple[str, ...]
+
+  @property
+  def name(self) -> str:
+    return self.kernel.variant
+
+  @property
+  def mode(self) -> str:
+    return self.kernel.mode
+
+  @property
+  def cache_formats(self) -> tuple[str, ...]:
+    return self.kernel.body.cache_formats
 
   @property
   def topk_methods(self) -> tuple[str, ...]:
@@ -64,7 +73,7 @@ class Variant:
   def _regrouped(self, fn):
     """`fn` (a reference: the cache as one argument, an array or a tuple,
     and no kernel-only option) on the kernel's arguments."""
-    n = self.kernel.body.num_cache_arrays
+    n = len(self.kernel.body.cache_args)
 
     def call(q, w, *rest, **static):
       for name in KERNEL_ONLY:
@@ -126,10 +135,7 @@ class Variant:
     """The keyword arguments of a call: k, ratio, the table's block sizes
     for `inputs` (its format, heads and page size; `generation` None: the
     chip the call runs on, the row the entry point takes), then `overrides`
-    (`topk_method` checked against `topk_methods`)."""
-    if "topk_method" in overrides:
-      topk.check_topk_method(overrides["topk_method"], self.topk_methods,
-                             f"variant {self.name!r}")
+    (the kernel's call checks them)."""
     out = {self.k_name: k, "compression_ratio": compression_ratio}
     dq = (inputs.batch.decode_q_len if inputs is not None
           and self.mode == "token" else 1)
@@ -175,38 +181,7 @@ class Variant:
                                causal_rule=causal_rule)
 
 
-def _variant(name, kernel, cache_formats, description):
-  """A `Variant` whose mode follows from its name ("..._page": page mode)."""
-  mode = "page" if name.endswith("_page") else "token"
-  return Variant(name, description, mode, kernel, cache_formats)
-
-
-_REGISTRY = (
-    _variant("vendored", entries.streamindex_topk, ("fp8", "bf16"),
-             "the vendored streamindex_topk: token top-k over the packed FP8 "
-             "(256 B/entry) or bf16 cache"),
-    _variant("vendored_page", entries.streamindex_page_topk, ("fp8", "bf16"),
-             "the vendored streamindex_page_topk: page top-k (max-pooled "
-             "token scores), ratio 1 (GLM)"),
-    _variant("dense", entries.streamindex_topk_dense, ("dense_fp8",),
-             "streamindex_topk_dense: token top-k over the dense FP8 cache "
-             "(e4m3 values + separate e8m0 scales, 129 B/entry)"),
-    _variant("dense_page", entries.streamindex_page_topk_dense, ("dense_fp8",),
-             "streamindex_page_topk_dense: page top-k over the dense FP8 "
-             "cache, ratio 1 (GLM)"),
-    _variant("lean", entries.streamindex_topk_lean, ("dense_fp8",),
-             "streamindex_topk_lean: the dense FP8 cache's token top-k with "
-             "a vector-lean KV loop"),
-    _variant("lean_page", entries.streamindex_page_topk_lean, ("dense_fp8",),
-             "streamindex_page_topk_lean: the dense FP8 cache's page top-k "
-             "with a vector-lean KV loop, ratio 1 (GLM)"),
-    _variant("fp4", entries.streamindex_topk_fp4, ("mxfp4",),
-             "streamindex_topk_fp4: token top-k over the MXFP4 cache (e2m1 "
-             "values + an e8m0 scale per 32, 68 B/entry)"),
-    _variant("fp4_page", entries.streamindex_page_topk_fp4, ("mxfp4",),
-             "streamindex_page_topk_fp4: page top-k over the MXFP4 cache, "
-             "ratio 1 (GLM)"),
-)
+_REGISTRY = tuple(Variant(entry) for entry in entries.ENTRIES)
 
 VARIANTS: Mapping[str, Variant] = {v.name: v for v in _REGISTRY}
 

@@ -1,10 +1,10 @@
 """Test helper: run a kernel and see the score matrix it ranked.
 
 The kernels return indices only; their score matrix (the operand of the
-final `streamidx.topk.select_topk` of `streamindex_topk` and
+final selection (`streamidx.topk.select`) of `streamindex_topk` and
 `streamindex_page_topk`) never leaves them. `KernelWithScores` re-jits the
 kernel's own Python function (the driver's pipeline,
-`streamidx.kernels.driver`, unmodified) while `select_topk` is replaced by
+`streamidx.kernels.driver`, unmodified) while `topk.select` is replaced by
 one that also sends its operand to the host (`jax.debug.callback`). The
 callback is compiled into this private jit only; `streamidx`'s own jitted
 kernels are never traced with it.
@@ -42,21 +42,21 @@ from streamidx.kernels import driver
 
 @contextlib.contextmanager
 def _tap(sink, block_max_sink=None):
-  original = topk_lib.select_topk
+  original = topk_lib.select  # the driver's selection stage
 
-  def tapped(operand, k, *args, **kwargs):
+  def tapped(operand, k, method, extra=None, **options):
     jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
-    if block_max_sink is not None and kwargs.get("block_max") is not None:
+    if block_max_sink is not None and method.needs == "block_max":
       # "fused_blockmax": the block maxima the kernel wrote.
       jax.debug.callback(lambda m: block_max_sink.append(np.asarray(m)),
-                         kwargs["block_max"])
-    return original(operand, k, *args, **kwargs)
+                         extra)
+    return original(operand, k, method, extra, **options)
 
-  topk_lib.select_topk = tapped
+  topk_lib.select = tapped
   try:
     yield
   finally:
-    topk_lib.select_topk = original
+    topk_lib.select = original
 
 
 class KernelWithScores:
@@ -84,7 +84,7 @@ class KernelWithScores:
     if mode not in ("token", "page"):
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")
     self._entry = token if mode == "token" else page
-    self._cache_args = self._entry.body.num_cache_arrays
+    self._cache_args = len(self._entry.body.cache_args)
     # A function of this instance's own: jax shares traces between jit
     # objects of one function, so jitting the driver's pipeline itself could
     # reuse a trace made without the tap (or with another instance's sink).
@@ -110,22 +110,21 @@ class KernelWithScores:
     self.block_max = (self._block_max_sink[0] if self._block_max_sink
                       else None)
     if self._mode == "token":
-      scores = _caller_row_order(scores, args, kwargs, self._cache_args,
-                                 self._entry.body)
+      scores = _caller_row_order(scores, args, kwargs, self._cache_args)
       if self.block_max is not None:
         self.block_max = _caller_row_order(self.block_max, args, kwargs,
-                                           self._cache_args, self._entry.body)
+                                           self._cache_args)
     return idx, scores
 
 
-def _caller_row_order(scores, args, kwargs, cache_args, body):
+def _caller_row_order(scores, args, kwargs, cache_args):
   """The token kernel's score rows (slot order) in the caller's order."""
   d = kwargs.get("decode_req_batch_size", 4)
   if not kwargs.get("sort_decode", True) or d == 1:
     return scores
   seq_lens, distribution = args[2 + cache_args], args[5 + cache_args]
-  # The body's own page size (the MXFP4 values pack 8 entries a sublane).
-  page_size = int(body.page_size(tuple(args[2:2 + cache_args])))
+  # The cache's page size (the MXFP4 values pack 8 entries a sublane).
+  page_size = si.cache.cache_pages(tuple(args[2:2 + cache_args]))[1]
   bkv_p = semantics.normalize_per_case(kwargs["num_kv_pages_per_block"],
                                        "num_kv_pages_per_block")[0]
   order, _, _ = semantics.decode_order(

@@ -28,9 +28,6 @@ from streamidx.lab.studies import cases
 from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers
 
-needs_libtpu = pytest.mark.skipif(
-    modes.libtpu_path() is None,
-    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 
 DECODE = aot.SHAPES[0]  # dsv4-decode-4k: 64 seqs x 4K tokens, 64 heads
 SEED_BLOCKS = dict(num_kv_pages_per_block=(3, 2, 2),
@@ -146,7 +143,7 @@ def _decode_calls(target, fmt="fp8", blocks=SEED_BLOCKS):
   return aot.launch_calls("vendored", DECODE, fmt, blocks, target)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_compile_for_traces_compiled_mode_and_keys_the_jit_cache():
   traces = []
 
@@ -171,7 +168,7 @@ def test_compile_for_traces_compiled_mode_and_keys_the_jit_cache():
   assert traces == ["interpreted", "compiled"]
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_fp8_is_widened_exactly_where_the_mxu_lacks_e4m3():
   seen = {}
   for gen in aot.GENERATIONS:
@@ -181,7 +178,7 @@ def test_fp8_is_widened_exactly_where_the_mxu_lacks_e4m3():
                   "v7x": False}
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_fp8_decode_launch_compiles_on_v4():
   with si.compile_for("v4") as target:
     calls = _decode_calls(target)
@@ -190,7 +187,7 @@ def test_fp8_decode_launch_compiles_on_v4():
       aot.compile_launch(eqn, target, name=name)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_tpu_compiles_are_not_written_to_the_persistent_cache():
   """A compile-only client's executable cannot be loaded back by a later
   process (which then warns and compiles again): compile_for writes none.
@@ -213,7 +210,7 @@ def test_tpu_compiles_are_not_written_to_the_persistent_cache():
   assert files() - before, "the CPU compile should be cached"
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_without_widening_v4_rejects_the_fp8_matmul(monkeypatch):
   """The error M10 exists for, still raised by the compiler."""
   monkeypatch.setattr(tpu, "widen_fp8_for_mxu", lambda interpret: False)
@@ -228,7 +225,7 @@ GLM_PAGE = aot.SHAPES_BY_NAME["glm-page-prefill"]  # 64-entry pages, 32 heads
 PAGE_BLOCKS = dict(num_kv_pages_per_block=128, num_queries_per_block=8)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 @pytest.mark.parametrize("variant,fmt", [("vendored_page", "fp8"),
                                          ("vendored_page", "bf16"),
                                          ("dense_page", "dense_fp8"),
@@ -245,7 +242,7 @@ def test_page_launch_compiles_on_v4(variant, fmt):
     aot.compile_launch(calls[0][1], target, name=calls[0][0])
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_without_lane_segment_pooling_v4_rejects_the_page_max_pool(
     monkeypatch):
   """The error M15 exists for, still raised by the compiler."""
@@ -259,7 +256,7 @@ def test_without_lane_segment_pooling_v4_rejects_the_page_max_pool(
       aot.compile_launch(eqn, target, name=name)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_block_size_over_the_vmem_limit_is_refused_before_compiling():
   """The decode launch at 3 pages per block needs 916 KiB of scratch: with
   vmem_limit_bytes = 512 KiB the compiler rejects it (E1001), and streamidx
@@ -281,7 +278,7 @@ def test_block_size_over_the_vmem_limit_is_refused_before_compiling():
       aot.compile_launch(eqn, target, vmem_limit_bytes=limit, name=name)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_seed_default_limit_above_a_chips_vmem_is_bounded_by_the_chip():
   """vmem_limit_bytes = 100 MiB (the seed's default) on v4's 16 MiB: the
   compiler accepts the limit and the chip's VMEM is the bound; streamidx
@@ -299,7 +296,7 @@ def test_seed_default_limit_above_a_chips_vmem_is_bounded_by_the_chip():
       si.streamindex_topk.lower(*args, k=512, compression_ratio=4, **blocks)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 # CI: v6e (notebook 06's VMEM cell probes the compiler's count on v5e in
 # its CI run); the full tier both.
 @pytest.mark.parametrize("gen", [pytest.param("v5e", marks=tiers.FULL), "v6e"])
@@ -332,7 +329,7 @@ def test_scratch_bytes_are_the_compilers_count_on_a_grid(gen):
     assert abs(theirs - (ours + gap)) <= rounding, (gap, found)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 @tiers.FULL  # notebook 06 compiles the same row through aot.run in its CI run
 def test_quick_compile_matrix_command_compiles_every_row():
   """`python -m streamidx.aot --quick`, cut to one row (full tier): the token
@@ -421,7 +418,7 @@ def test_page_bound_verdicts():
   assert "no public clock" in v6e.verdict
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_static_schedule_of_the_decode_launch():
   """The decode launch's KV loop in the compiler's schedule on v6e: it holds
   the MXU ops and the einsum's source line, and 4 pages per block take more
@@ -454,7 +451,7 @@ def test_static_schedule_of_the_decode_launch():
   assert rec["binding_slot"] == four.kv.binding_slot[0]
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_a_process_that_loaded_libtpu_stays_quiet_on_sigterm():
   """libtpu's failure-signal handler would print a stack trace when a
   notebook kernel is shut down; compile_for restores SIGTERM's handler."""
@@ -467,7 +464,7 @@ def test_a_process_that_loaded_libtpu_stays_quiet_on_sigterm():
   assert out.stderr == "", out.stderr
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_speculative_decode_shape_traces_batched_mtp_launches():
   """The compile matrix's MTP shape (M17: 64 sequences x 2 query rows)
   traces a batched decode launch of bq 2 (B = 4) beside the mixed launch
@@ -491,7 +488,7 @@ def test_speculative_decode_shape_traces_batched_mtp_launches():
 # batch in the MXFP4 token kernel (16-entry pages: its scales' lane join),
 # page mode at 64 heads (the vendored 512 query rows: E1001). CI: the page
 # row (tests/test_compile_coverage.py compiles MXFP4 at small pages).
-@needs_libtpu
+@tiers.needs_libtpu
 @pytest.mark.parametrize("variant,fmt,shape,gen", tiers.first([
     ("dense_page", "dense_fp8", "page-64h-prefill", "v6e"),
     ("fp4", "mxfp4", "readme-quickstart", "v5e"),

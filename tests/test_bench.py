@@ -168,8 +168,11 @@ def test_device_times_off_tpu_report_no_device_lines():
 def test_every_token_variant_gets_a_kernel_column(monkeypatch):
   """A variant registered in streamidx.VARIANTS shows up with no bench edit."""
   import dataclasses
-  base = si.VARIANTS["vendored"]
-  extra = dataclasses.replace(base, name="fp8_twin", cache_formats=("fp8",))
+  from streamidx.kernels import driver
+  base = si.VARIANTS["vendored"].kernel
+  body = dataclasses.replace(base.body, name="fp8_twin",
+                             cache_formats=("fp8",))
+  extra = si.Variant(driver.Entry(base.spell, body, "token", "fp8_twin"))
   monkeypatch.setitem(si.variants.VARIANTS, "fp8_twin", extra)
   cols = harness.kernel_columns()
   assert list(cols)[0] == "kernel" and cols["kernel"] == "vendored"

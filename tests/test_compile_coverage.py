@@ -28,14 +28,11 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import cache, modes
+from streamidx import cache
 from streamidx.lab import aot, shapes
 
 import tiers
 
-needs_libtpu = pytest.mark.skipif(
-    modes.libtpu_path() is None,
-    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 
 GENERATIONS = ("v5e", "v6e", "v7x")
 FULL_DRAWS = 2  # per variant and generation, full tier
@@ -116,7 +113,7 @@ def refused(d: "Draw") -> str | None:
     call, arrays = v.kernel.bind(
         *aot.entry_args(d.variant, d.shape, d.fmt),
         **aot.entry_static(d.variant, d.shape, d.static))
-    si.validate.static_validate(call, *arrays, topk_methods=v.topk_methods)
+    si.validate.static_validate(call, *arrays)
   except ValueError as e:
     return str(e)
   return None
@@ -196,7 +193,7 @@ _CI_PAIRS = [(v, GENERATIONS[i % len(GENERATIONS)])
              for i, v in enumerate(si.VARIANTS)]
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 @pytest.mark.parametrize("variant,generation", tiers.split(
     [(v, g) for v in si.VARIANTS for g in GENERATIONS],
     lambda vg: vg in _CI_PAIRS))
@@ -210,7 +207,7 @@ def _seed(variant, generation, n=0):
       generation)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 @tiers.FULL
 @pytest.mark.parametrize("n", range(1, 1 + FULL_DRAWS))
 @pytest.mark.parametrize("generation", GENERATIONS)

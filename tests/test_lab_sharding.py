@@ -9,8 +9,8 @@ layout).
 
 import pytest
 
-from streamidx import modes
 from streamidx.lab import sharding
+import tiers
 
 HLO = """
   %all-gather.1 = s32[8,2048,2]{2,1,0:T(8,128)S(1)} all-gather(%fusion.3), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={1}, use_global_device_ids=true
@@ -39,12 +39,9 @@ def test_unknown_layout_and_topology_are_rejected():
     sharding.compile_sharded("v9:2x2", "context-parallel")
 
 
-needs_libtpu = pytest.mark.skipif(
-    modes.libtpu_path() is None,
-    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 @pytest.mark.parametrize("topology,layout,variant,kw", [
     ("v6e:2x2", "2d", "vendored", {}),
     ("tpu7x:2x2x1", "context-parallel", "vendored_page",

@@ -1,4 +1,4 @@
-"""The "blocktop" selection kernel (`streamidx.kernels.select_blocktop`),
+"""The "blocktop" selection kernel (`streamidx.topk.blocktop`),
 interpreted: each block's best entries and best dropped one, the checked
 fallbacks (a block holding more winners than it keeps; more candidates at
 the bound than the slots sorted), rows whose winners crowd a short prefix,
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from streamidx import modes, topk
-from streamidx.kernels import select_blocktop as sb
+from streamidx.topk import blocktop as sb
 
 import oracle
 import tiers

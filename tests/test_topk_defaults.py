@@ -17,9 +17,6 @@ from streamidx.topk import defaults
 
 import tiers
 
-needs_libtpu = pytest.mark.skipif(
-    modes.libtpu_path() is None,
-    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 
 
 def _decode_records(chip):
@@ -100,7 +97,7 @@ def test_the_calls_default_is_the_chip_traced_for(gen, monkeypatch):
 # Full tier: compiles the vendored FP8 kernel at the compile matrix's
 # dsv4-decode-4k shape for the chip (libtpu, no TPU; about a minute each).
 @tiers.FULL
-@needs_libtpu
+@tiers.needs_libtpu
 @pytest.mark.parametrize("gen", ["v6e", "v7x"])
 def test_blocktop_compiles_as_the_default_path_of_a_token_call(gen):
   shape = aot.SHAPES_BY_NAME[aot.QUICK_SHAPES["token"]]

@@ -292,19 +292,20 @@ def test_block_maxima_dmas_are_small():
 
 
 def test_a_body_that_emits_nothing_refuses_fused_blockmax():
-  """The driver's refusal, through an entry point's three doors (run,
-  checked, validate), for a body built here that emits no maxima (every
+  """The call's refusal, through an entry point's doors (run, checked,
+  validate, call), for a body built here that emits no maxima (every
   registered token body emits them)."""
   silent = dataclasses.replace(entries.VENDORED, name="silent", emits=())
-  entry = driver.Entry(si.streamindex_topk.bind, silent)
+  entry = driver.Entry(si.streamindex_topk.spell, silent, "token", "silent")
   inp = si.make_inputs(cases.BATCHES["decode_only_fewer_than_batch"].build(4),
                        num_heads=cases.NUM_HEADS, fmt="fp8", seed=4)
   kw = dict(k=4, compression_ratio=4, topk_method="fused_blockmax",
             **cases.blocks_for("vendored"))
-  match = (r"topk_method: 'fused_blockmax' reads the kernel output "
-           r"'block_max', which the 'silent' kernel body does not emit \(it "
-           r"emits none; got 'fused_blockmax'\)")
-  for fn in (entry, entry.checked, entry.validate):
+  match = (r"topk_method: must be one of \('sort', .*\) for the 'silent' "
+           r"kernel body; 'fused_blockmax' reads the kernel's extra output "
+           r"'block_max', which only a kernel writing it beside its scores "
+           r"gives \(got 'fused_blockmax'\)")
+  for fn in (entry, entry.checked, entry.validate, entry.call):
     with pytest.raises(ValueError, match=match):
       fn(*inp.args, **kw)
   assert "fused_blockmax" not in silent.topk_methods
@@ -314,21 +315,24 @@ def test_a_body_that_emits_nothing_refuses_fused_blockmax():
 
 def test_a_body_takes_a_fused_method_only_if_it_emits_its_output():
   """The body contract: a body lists the outputs it can write beside the
-  scores (`KernelBody.emits`); its methods and the driver's one request
-  (`driver.extra_outputs`) follow, and a body without one is refused with
-  its name and the output's."""
+  scores (`KernelBody.emits`); its methods follow, and a call for a body
+  without the output its method needs is refused when it is built, with
+  the body's name."""
   block_max = driver.Output("block_max", block_max_kernel.buffer)
-  plain = driver.KernelBody("plain", launch=None, cache_format=None)
+  plain = driver.KernelBody("plain", launch=None, cache_formats=("fp8",))
   emitting = dataclasses.replace(plain, name="emitting", emits=(block_max,))
   assert plain.topk_methods == topk.KERNEL_TOPK_METHODS
   assert emitting.topk_methods == topk.TOPK_METHODS
-  fused = si.TopkCall(k=4, compression_ratio=4, topk_method="fused_blockmax")
-  assert driver.extra_outputs(fused, emitting) == (block_max,)
-  assert driver.extra_outputs(dataclasses.replace(fused, topk_method="sort"),
-                              plain) == ()
-  with pytest.raises(ValueError, match=r"'block_max', which the 'plain' "
-                     r"kernel body does not emit"):
-    driver.extra_outputs(fused, plain)
+  fused = si.TopkCall(k=4, compression_ratio=4, topk_method="fused_blockmax",
+                      body=emitting)
+  assert fused == si.TopkCall(k=4, compression_ratio=4,
+                              topk_method="fused_blockmax")  # not a field
+  si.TopkCall(k=4, compression_ratio=4, topk_method="sort", body=plain)
+  with pytest.raises(ValueError, match=r"for the 'plain' kernel body; "
+                     r"'fused_blockmax' reads the kernel's extra output "
+                     r"'block_max'"):
+    si.TopkCall(k=4, compression_ratio=4, topk_method="fused_blockmax",
+                body=plain)
 
 
 def test_compile_matrix_rows_for_fused_blockmax():

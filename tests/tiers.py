@@ -1,5 +1,6 @@
 """Marks for the two test tiers (see conftest.py: `make test` runs "ci",
-`make test-full` adds the tests marked `full`).
+`make test-full` adds the tests marked `full`), and `needs_libtpu` for the
+tests that compile for a TPU generation without a TPU.
 
 A parametrized test keeps a representative subset in the CI tier and the
 rest of its points in the full tier: every point is an interpreted kernel
@@ -10,7 +11,13 @@ import os
 
 import pytest
 
+from streamidx import modes
+
 FULL = pytest.mark.full
+# libtpu's compile-only devices (`streamidx.compile_for`), where installed.
+needs_libtpu = pytest.mark.skipif(
+    modes.libtpu_path() is None,
+    reason="libtpu is not installed (make venv puts it in .venv/tpu-compile)")
 TIERS = ("ci", "full")
 # The tier this run is (conftest.py refuses another value).
 TIER = os.environ.get("STREAMIDX_TESTS", "ci")

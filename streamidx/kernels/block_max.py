@@ -1,19 +1,23 @@
 """The kernel output "block_max": the maximum of every 128-entry score row.
 
 Every token-mode body writes it beside the scores when the selection reads
-it (`topk_method="fused_blockmax"`, `topk.KERNEL_OUTPUTS`): the driver's
+it (`topk_method="fused_blockmax"`, whose method `needs` it): the driver's
 `Output` "block_max", f32[max_num_tokens, G, 128] (`rows`, the
 -inf `buffer`), row t's maximum j the maximum of scores[t, 128 j:128 (j+1)]
 as the kernel wrote them (`entries` declares the `Output` of each body
 from `NAME` and `buffer`). The write is one hook (`BlockMax`): the vendored
 pipeline (`vendored._scores_kernel`, M16) calls it, so the vendored, dense
 and fp4 bodies get it by declaring the output; the lean body calls it from
-its own loop. `split_refs` takes the hook's refs out of a launch's.
+its own loop. Every body's launch takes its share of the `pallas_call`
+setup from `launch_kwargs`, and its kernel the hook's refs from
+`split_refs`.
 
-The hook's state, after a body's own: scalar-prefetch slot `sem_ids[3]`
-(`NUM_SEM_IDS` = 4 in all), rows in flight `bo_sz[2 + slot]` (`NUM_BO_SZ` =
-4), one semaphore row of the body's choosing (`sem_row`); its scratch the
-double buffer "bmax_x2" f32[2, B * bq_sz, G, 128] (`scratch`), last.
+The hook's state, after a body's own (3 sem_ids, 2 bo_sz): scalar-prefetch
+slot `sem_ids[3]` (`NUM_SEM_IDS` = 4 in all), rows in flight `bo_sz[2 +
+slot]` (`NUM_BO_SZ` = 4), semaphore row `SEM_ROW` (5, after a two-array
+layout's five: `dense.SEMAPHORE_ROWS`, `lean.SEMAPHORE_ROWS`; the vendored
+body leaves row 4 unused); its scratch the double buffer "bmax_x2" f32[2,
+B * bq_sz, G, 128], last.
 """
 
 from __future__ import annotations
@@ -26,15 +30,16 @@ from jax.experimental.pallas import tpu as pltpu
 from streamidx import topk
 from streamidx.semantics import LANES, cdiv
 
-__all__ = ["NAME", "rows", "buffer", "scratch", "split_refs",
-           "BlockMax", "NUM_SEM_IDS", "NUM_BO_SZ"]
+__all__ = ["NAME", "rows", "buffer", "launch_kwargs", "split_refs",
+           "BlockMax", "NUM_SEM_IDS", "NUM_BO_SZ", "SEM_ROW"]
 
 NAME = "block_max"
 assert topk.FUSED_BLOCK_WIDTH == LANES  # one maximum per 128-lane score row
 # The hook's scalar-prefetch slots, after a body's three sem_ids and two
-# bo_sz: sem_ids[3], bo_sz[2], bo_sz[3].
+# bo_sz: sem_ids[3], bo_sz[2], bo_sz[3]; its semaphore row.
 NUM_SEM_IDS, NUM_BO_SZ = 4, 4
 _SEM_ID, _BO_SZ = 3, 2
+SEM_ROW = 5
 
 
 def _span(num_sublanes_bkv):
@@ -62,17 +67,25 @@ def buffer(num_tokens: int, num_sublanes: int, kv_blocks):
                   -jnp.inf, jnp.float32)
 
 
-
-def scratch(out, *, seq_batch_size: int, bq_sz: int):
-  """The hook's VMEM double buffer for the output `out` [T, G, 128]:
-  ("bmax_x2", (2, B * bq_sz, G, 128), f32), a launch's last scratch."""
-  return ("bmax_x2", (2, seq_batch_size * bq_sz, out.shape[1], LANES),
-          jnp.dtype(jnp.float32))
+def launch_kwargs(spec, outputs, scratch, *, num_sem_rows: int) -> dict:
+  """A body launch's scratch and scalar slots for `tpu.pallas_launch`: its
+  own `scratch` and `num_sem_rows` semaphore rows (3 sem_ids, 2 bo_sz), and
+  with `NAME` in `spec.outputs` (a `driver.Launch`) the hook's: the double
+  buffer "bmax_x2" f32[2, B * bq_sz, G, 128] for its output (in `outputs`
+  after the scores, in `spec.outputs`' order) last, semaphore rows through
+  `SEM_ROW`, `NUM_SEM_IDS` and `NUM_BO_SZ` slots."""
+  if NAME not in spec.outputs:
+    return dict(scratch=list(scratch), num_sem_rows=num_sem_rows,
+                num_sem_ids=3, num_bo_sz=2)
+  out = outputs[1 + spec.outputs.index(NAME)]
+  bmax_x2 = ("bmax_x2", (2, spec.seq_batch_size * spec.bq_sz, out.shape[1],
+                         LANES), jnp.dtype(jnp.float32))
+  return dict(scratch=[*scratch, bmax_x2], num_sem_rows=SEM_ROW + 1,
+              num_sem_ids=NUM_SEM_IDS, num_bo_sz=NUM_BO_SZ)
 
 
 def split_refs(refs, *, num_prefetch: int, num_inputs: int, emits: bool,
-               sem_row: int, seq_batch_size: int, bq_sz: int,
-               num_sublanes_bkv: int):
+               seq_batch_size: int, bq_sz: int, num_sublanes_bkv: int):
   """A launch's kernel refs without the hook's, and the hook (None unless
   `emits`): refs are the scalar prefetch, the inputs, the aliased outputs
   (scores[, block_max]), the outputs, the scratch [, bmax_x2], the
@@ -86,7 +99,7 @@ def split_refs(refs, *, num_prefetch: int, num_inputs: int, emits: bool,
   del refs[first_out + 3], refs[first_out + 1]  # its output and its alias
   del refs[-2]
   return refs, BlockMax(bmax_hbm, bmax_x2, sems, sem_ids, bo_sz,
-                        sem_row=sem_row, seq_batch_size=seq_batch_size,
+                        seq_batch_size=seq_batch_size,
                         bq_sz=bq_sz, num_sublanes_bkv=num_sublanes_bkv)
 
 
@@ -100,9 +113,9 @@ class BlockMax:
   token_start)` after the loop and `wait(slot)` for both slots at its end."""
 
   def __init__(self, bmax_hbm_ref, bmax_x2_ref, sems, sem_ids_ref, bo_sz_ref,
-               *, sem_row, seq_batch_size, bq_sz, num_sublanes_bkv):
+               *, seq_batch_size, bq_sz, num_sublanes_bkv):
     self.hbm, self.vmem, self.sems = bmax_hbm_ref, bmax_x2_ref, sems
-    self.sem_ids, self.bo_sz, self.sem_row = sem_ids_ref, bo_sz_ref, sem_row
+    self.sem_ids, self.bo_sz = sem_ids_ref, bo_sz_ref
     self.b_sz, self.bq_sz, self.n = seq_batch_size, bq_sz, num_sublanes_bkv
     self.slot = None
 
@@ -113,7 +126,7 @@ class BlockMax:
     def _():
       dst = self.vmem.at[slot, pl.ds(0, self.b_sz * old)]
       pltpu.make_async_copy(dst, dst,
-                            self.sems.at[self.sem_row, slot, 0]).wait()
+                            self.sems.at[SEM_ROW, slot, 0]).wait()
 
   def acquire(self, sz):
     self.slot = slot = self.sem_ids[_SEM_ID]
@@ -149,5 +162,5 @@ class BlockMax:
       pltpu.make_async_copy(
           self.vmem.at[slot, pl.ds(0, self.b_sz * sz)],
           self.hbm.at[pl.ds(token_start, self.b_sz * sz)],
-          self.sems.at[self.sem_row, slot, 0]).start()
+          self.sems.at[SEM_ROW, slot, 0]).start()
       self.sem_ids[_SEM_ID] = 1 - slot

@@ -30,19 +30,16 @@ from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import tpu, vendored
 from streamidx.semantics import LANES
 
-__all__ = ["launch", "SEMAPHORE_ROWS"]
+__all__ = ["launch", "pair_launch", "SEMAPHORE_ROWS"]
 
 # e4m3 bytes per 32-bit word: the dense cache layout's (streamidx.cache).
 KV_PACKING = cache_lib.DENSE_KV_PACKING
 # First axis of the semaphore scratch: what each row guards.
 SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
-# The vendored body's rows are the first four; with the block maxima, its
-# row for them is this one too (M21).
-assert _MAX == vendored._BLOCK_MAX_SEM_ROW  # pylint: disable=protected-access
-# Scalar-prefetch slots: sem_ids (bq, bkv, bo, block-max) and bo_sz (rows in
-# flight of the two score slots, then of the two block-max slots).
-_NUM_SEM_IDS, _NUM_BO_SZ = block_max_lib.NUM_SEM_IDS, block_max_lib.NUM_BO_SZ
+# The vendored body's rows are the first four; the block maxima's row is
+# the hook's (M21).
+assert _MAX == block_max_lib.SEM_ROW
 
 
 class _TwoArrayPages:
@@ -69,57 +66,65 @@ class _TwoArrayPages:
     return scales.astype(jnp.bfloat16)
 
 
-def _dense_kernel(*refs, block_max: bool, num_sublanes_bkv: int, **kwargs):
-  """The vendored `_scores_kernel` over the dense layout's refs: scalar
+def _pair_kernel(*refs, layout, block_max: bool, num_sublanes_bkv: int,
+                 **kwargs):
+  """The vendored `_scores_kernel` over a two-array layout's refs: scalar
   prefetch (7), q, weights, values, scales (HBM), the aliased score buffer
   [and block-max buffer], their outputs, then the scratch: bkv_x2,
-  bscale_x2, bq_x2, bw_x2, bo_x2 [, bmax_x2], sems DMA[6, 2, B]."""
+  bscale_x2, bq_x2, bw_x2, bo_x2 [, bmax_x2], sems DMA[5 or 6, 2, B];
+  `layout(scales, bscale_x2, sems)` its M16 hook."""
   refs, hook = block_max_lib.split_refs(
-      refs, num_prefetch=7, num_inputs=4, emits=block_max, sem_row=_MAX,
+      refs, num_prefetch=7, num_inputs=4, emits=block_max,
       seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
       num_sublanes_bkv=num_sublanes_bkv)
   scalars, (q, weights, values, scales), rest = refs[:7], refs[7:11], refs[11:]
   scores_in, scores, bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems = rest
   vendored._scores_kernel(
       *scalars, q, weights, values, scores_in, scores, bkv_x2, bq_x2, bw_x2,
-      bo_x2, sems, layout=_TwoArrayPages(scales, bscale_x2, sems),
-      block_max=hook, **kwargs)
+      bo_x2, sems, layout=layout(scales, bscale_x2, sems), block_max=hook,
+      **kwargs)
 
 
-def launch(spec, q, weights, cache, prefetch, start, end, outputs):
-  """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
-  program (`streamidx.kernels.driver.KernelBody.launch`): the scores, and
-  with "block_max" in `spec.outputs` (token mode) the maxima of its score
-  rows in the second buffer f32[max_num_tokens, G, 128]."""
+def pair_launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
+                kind: str, layout, **kernel_kwargs):
+  """One `pallas_call` of the vendored pipeline over a two-array cache
+  (values, scales) (`streamidx.kernels.driver.KernelBody.launch`), slots
+  [start, end), `spec.seq_batch_size` per program: the scores, and with
+  "block_max" in `spec.outputs` (token mode) the maxima of its score rows
+  in the second buffer f32[max_num_tokens, G, 128]. kind: its launch name's
+  (`tpu.launch_name`); layout: `(scales_hbm, bscale_x2, sems) ->` its M16
+  layout hook; kernel_kwargs: `_scores_kernel`'s others (num_cores,
+  widen_fp8)."""
   cache_values, cache_scales = cache
-  block_max = block_max_lib.NAME in spec.outputs
-  scores = outputs[0]
-  page_pool = spec.page_mode
-  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
-  num_cores = call.num_cores
+  page_pool, page_size = spec.page_mode, spec.page_size
+  b, bq_sz, bkv_p = spec.seq_batch_size, spec.bq_sz, spec.bkv_p
   scratch = tpu.pair_scratch(
-      q, weights, scores, cache_values, cache_scales.shape[1:],
-      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=spec.page_size,
+      q, weights, outputs[0], cache_values, cache_scales.shape[1:],
+      seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
       page_mode=page_pool)
-  if block_max:  # its buffer: after the scores, in `spec.outputs`' order
-    scratch.append(block_max_lib.scratch(
-        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
-        seq_batch_size=b, bq_sz=bq_sz))
   kernel = functools.partial(
-      _dense_kernel, block_max=block_max,
-      num_sublanes_bkv=bkv_p * spec.page_size // LANES,
-      compression_ratio=call.compression_ratio,
+      _pair_kernel, layout=layout,
+      block_max=block_max_lib.NAME in spec.outputs,
+      num_sublanes_bkv=bkv_p * page_size // LANES,
+      compression_ratio=spec.compression_ratio,
       static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-      seq_batch_size=b, causal_rule=call.causal_rule,
-      interpreted=spec.interpret is not False,
-      widen_fp8=tpu.widen_fp8_for_mxu(spec.interpret), num_cores=num_cores,
-      **(dict(page_pool_size=spec.page_size,
+      seq_batch_size=b, causal_rule=spec.causal_rule,
+      interpreted=spec.interpret is not False, **kernel_kwargs,
+      **(dict(page_pool_size=page_size,
               pool_by_lane_segments=spec.segment_pool) if page_pool else {}))
   return tpu.pallas_launch(
-      kernel, name=tpu.launch_name("Dense", spec.case, bq_sz, bkv_p,
-                                   spec.outputs),
-      scratch=scratch, num_sem_rows=len(SEMAPHORE_ROWS), prefetch=prefetch,
-      start=start, end=end, seq_batch_size=b, num_sem_ids=_NUM_SEM_IDS,
-      num_bo_sz=_NUM_BO_SZ, inputs=(q, weights, cache_values, cache_scales),
-      outputs=outputs, call=call, interpret=spec.interpret,
-      num_cores=num_cores, bkv_p=bkv_p, bq_sz=bq_sz)
+      kernel, spec, name=tpu.launch_name(kind, spec.case, bq_sz, bkv_p,
+                                         spec.outputs),
+      prefetch=prefetch, start=start, end=end,
+      **block_max_lib.launch_kwargs(spec, outputs, scratch,
+                                    num_sem_rows=_MAX),
+      inputs=(q, weights, cache_values, cache_scales), outputs=outputs,
+      num_cores=kernel_kwargs.get("num_cores", 1))
+
+
+def launch(spec, *arrays):
+  """This body's launch (`pair_launch`): the dense layout's scale DMA, the
+  call's `num_cores`, M10's widening on v4."""
+  return pair_launch(spec, *arrays, kind="Dense", layout=_TwoArrayPages,
+                     num_cores=spec.num_cores,
+                     widen_fp8=tpu.widen_fp8_for_mxu(spec.interpret))

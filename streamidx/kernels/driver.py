@@ -7,13 +7,14 @@
 `num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's arrays.
 The stages: `_prepare` (static checks M5, q and weights prepared as
 upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
-M4, M6, each a `Launch` record), `_launch` (one `pallas_call`, skipped when
-empty, M14) and `_select` (the top-k, M12, M15; rows restored, scores M9,
-physical slots M22).
+M4, M6, each a `Launch` record: `launches`), `_launch` (one `pallas_call`,
+skipped when empty, M14) and `_select` (the top-k by `call.topk_method`'s
+`topk.METHODS` record, M12, M15; rows restored, scores M9, physical slots
+M22). An entry point (`Entry`) builds the call once (`bind_call`), its
+`topk_method` checked against the body's `topk_methods` there.
 The body contract (M20): a body's `launch` receives its `Launch` and the
-arrays and returns its output buffers; an output beyond the scores that a
-selection reads is asked for in one place, `extra_outputs`, from the
-body's `emits`. `_pipeline`
+arrays and returns its output buffers; the output beyond the scores that
+the call's method `needs` is asked of the body's `emits`. `_pipeline`
 composes them in one trace (jit, `.lower`, a TPU); interpreted and called
 eagerly, `_staged` jits them apart (one program per launch configuration,
 an empty launch not compiled) and waits for the result (docs/limitations.md).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Callable
 
 import jax
@@ -35,10 +37,10 @@ from streamidx import cache as cache_lib
 from streamidx import modes, semantics, topk, validate
 from streamidx.kernels import tpu
 from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
-from streamidx.semantics import LANES, align_to, cdiv
+from streamidx.semantics import LANES
 
-__all__ = ["KernelBody", "Output", "Launch", "extra_outputs", "run",
-           "checked_run", "Entry", "STAGE_SCOPES"]
+__all__ = ["KernelBody", "Output", "Launch", "launches", "run", "checked_run",
+           "Entry", "bind_call", "STAGE_SCOPES"]
 
 # The named scopes the compiled pipeline runs its stages under, so that a
 # profile attributes each device op to its stage (`lab.model.profiling`);
@@ -61,19 +63,21 @@ class Output:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-  """The static description of one launch: what a body's `launch` receives.
+  """The static description of one launch: what a body's `launch` receives
+  (the tiling model's `lab.model.tiling.PlannedLaunch` holds one too).
 
-  call: the call as a launch reads it (`TopkCall.launch_view`); case:
-  "decode", "decode_rest", "prefill", "mixed" (`semantics.token_launches`)
-  or "page"; seq_batch_size, static_q_len, bq_sz, bkv_p,
-  num_queries_per_block: upstream `run_topk_kernel`'s, for this launch;
-  page_size: entries per page (`KernelBody.page_size`); interpret: False
-  (compiled) or the interpreter's params; segment_pool: page mode's v4
-  pooling (M15); outputs: the extra outputs asked of it (`Output.name`s of
-  the body's `emits`), in the order of its buffers after the scores.
+  case: "decode", "decode_rest", "prefill", "mixed"
+  (`semantics.token_launches`) or "page"; seq_batch_size, static_q_len,
+  bq_sz, bkv_p, num_queries_per_block: upstream `run_topk_kernel`'s, for
+  this launch; page_size: entries per page (`cache.cache_pages`);
+  compression_ratio, causal_rule, num_cores, vmem_limit_bytes: the call's,
+  the only fields of it a launch reads (calls differing in the others share
+  one compiled launch); interpret: False (compiled) or the interpreter's
+  params; segment_pool: page mode's v4 pooling (M15); outputs: the extra
+  outputs asked of it (`Output.name`s of the body's `emits`), in the order
+  of its buffers after the scores.
   """
 
-  call: object
   case: str
   seq_batch_size: int
   static_q_len: int | None
@@ -81,7 +85,11 @@ class Launch:
   bkv_p: int
   num_queries_per_block: int
   page_size: int
-  interpret: object
+  compression_ratio: int
+  causal_rule: str
+  num_cores: int = 1
+  vmem_limit_bytes: int | None = None
+  interpret: object = False
   segment_pool: bool = False
   outputs: tuple[str, ...] = ()
 
@@ -95,66 +103,52 @@ class KernelBody:
   """A kernel body and its cache layout, as the driver needs them.
 
   Attributes:
-    name: for error messages.
+    name: its variants' ("<name>", "<name>_page") and error messages'.
     launch: `launch(spec, q, weights, cache, prefetch, start, end, outputs)`
       -> the `outputs` buffers written (one array, or a tuple: the scores
       f32[T, rows, 128], then one per `spec.outputs`): one `pallas_call`,
       `spec` its `Launch`.
-    cache_format: cache tuple -> its `streamidx.cache.CACHE_FORMATS` name.
-    entries_per_element: entries an element of the first cache array's
-      packing axis holds (1; MXFP4: 2, two e2m1 codes a byte); `page_size`
-      is the one formula of a body's page size.
-    emits: the extra `Output`s it can write (`topk.KERNEL_OUTPUTS` says
-      which selection reads which); `topk_methods` follows from them.
-    num_cache_arrays: how many arrays its cache layout has.
+    cache_formats: the `streamidx.cache.CACHE_FORMATS` it reads, one
+      layout's (`cache.format_of` tells a cache's).
+    emits: the extra `Output`s it can write (a method's `needs` says which
+      selection reads which); `topk_methods` follows from them.
   """
 
   name: str
   launch: Callable
-  cache_format: Callable
-  entries_per_element: int = 1
+  cache_formats: tuple[str, ...]
   emits: tuple[Output, ...] = ()
-  num_cache_arrays: int = 1
 
-  def page_size(self, cache) -> int:
-    """Entries per page: the first array's rows per page x entries per row
-    group (its packing axis, u32 words of 4 bytes or 2 bf16)."""
-    return cache[0].shape[1] * cache[0].shape[2] * self.entries_per_element
+  @property
+  def cache_args(self) -> tuple[str, ...]:
+    """Its cache arrays' names in the drop-in signature."""
+    return cache_lib.CACHE_FORMATS[self.cache_formats[0]].arrays
 
   @property
   def topk_methods(self) -> tuple[str, ...]:
-    """The `topk_method` values its token mode takes: every method whose
-    kernel outputs (`topk.KERNEL_OUTPUTS`, none for most) it emits."""
-    names = {o.name for o in self.emits}
-    return tuple(m for m in topk.TOPK_METHODS
-                 if names.issuperset(topk.KERNEL_OUTPUTS.get(m, ())))
+    """The `topk_method` values its token mode takes: every method that
+    needs nothing beside the scores or an output it emits."""
+    names = {None, *(o.name for o in self.emits)}
+    return tuple(m for m in topk.TOPK_METHODS if topk.METHODS[m].needs in names)
 
 
-def extra_outputs(call, body: KernelBody) -> tuple[Output, ...]:
-  """The outputs beyond the scores that `call`'s selection reads
-  (`topk.KERNEL_OUTPUTS`), each of which `body` must emit: the one place a
-  call asks a body for them. A ValueError names the body and the output."""
-  emits = {o.name: o for o in body.emits}
-  for name in topk.KERNEL_OUTPUTS.get(call.topk_method, ()):
-    if name not in emits:
-      raise ValueError(
-          f"topk_method: {call.topk_method!r} reads the kernel output "
-          f"{name!r}, which the {body.name!r} kernel body does not emit (it "
-          f"emits {tuple(emits) or 'none'}; got {call.topk_method!r})")
-  return tuple(emits[n] for n in topk.KERNEL_OUTPUTS.get(call.topk_method, ()))
+def _outputs(call, body: KernelBody) -> tuple[Output, ...]:
+  """The output beyond the scores that `call`'s selection reads (its
+  method's `needs`), from `body.emits` (the call's `topk_method` was
+  checked against `body.topk_methods` when it was built)."""
+  needs = topk.METHODS[call.topk_method].needs
+  return tuple(o for o in body.emits if o.name == needs)
 
 
-def _geometry(call, body, cache, seq_lens, page_indices, interpret):
+def _geometry(call, cache, seq_lens, page_indices, interpret):
   """Static sizes: (page_size, pages_per_seq, score rows of 128 lanes per
   query row, M15 lane-segment pooling, page columns per page)."""
-  page_size = body.page_size(cache)
-  pages_per_seq = page_indices.shape[0] // seq_lens.shape[0]
+  _, page_size, pages_per_seq = cache_lib.page_geometry(cache, seq_lens,
+                                                        page_indices)
+  num_sublanes = semantics.score_rows(call.mode, pages_per_seq, page_size,
+                                      call.num_kv_pages_per_block)
   if call.mode == "token":
-    num_sublanes = max(align_to(pages_per_seq, p) * page_size // LANES
-                       for p in call.num_kv_pages_per_block)
     return page_size, pages_per_seq, num_sublanes, False, None
-  bkv_p = call.num_kv_pages_per_block
-  num_sublanes = align_to(cdiv(pages_per_seq, bkv_p) * bkv_p, LANES) // LANES
   cols_per_page = page_size // call.compression_ratio
   segment_pool = tpu.pool_by_lane_segments_for(cols_per_page, interpret)
   return page_size, pages_per_seq, num_sublanes, segment_pool, cols_per_page
@@ -163,16 +157,15 @@ def _geometry(call, body, cache, seq_lens, page_indices, interpret):
 def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
              last, *, call, body, interpret):
   """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
-  bufs the -inf score buffer f32[T, rows, 128], then the buffer of each
-  `extra_outputs` (the block maxima for "fused_blockmax")."""
-  outputs = extra_outputs(call, body)
+  bufs the -inf score buffer f32[T, rows, 128], then the buffer of the
+  output the selection reads beside it (the block maxima for
+  "fused_blockmax")."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
-                           page_indices, cu_q_lens, last,
-                           topk_methods=body.topk_methods)
+                           page_indices, cu_q_lens, last)
   num_tokens = q.shape[0]
   weights = prepare_index_weights(indexer_weights, q.dtype)
   q = prepare_q_inputs(q)
-  page_size, _, num_sublanes, _, _ = _geometry(call, body, cache, seq_lens,
+  page_size, _, num_sublanes, _, _ = _geometry(call, cache, seq_lens,
                                                page_indices, interpret)
   prefetch, order = (seq_lens, page_indices, cu_q_lens, cu_q_lens[:-1]), None
   if (call.mode == "token" and call.sort_decode
@@ -186,22 +179,23 @@ def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
         order, seq_lens, page_indices, cu_q_lens)
     prefetch = (lens, pages, cu_q_lens, q_rows)
   bufs = (jnp.full((num_tokens, num_sublanes, LANES), -jnp.inf, jnp.float32),)
-  if outputs:  # what the selection reads beside the scores
-    kv_rows = ([p * page_size // LANES for p in call.num_kv_pages_per_block]
-               if call.mode == "token" else [])
-    bufs += tuple(o.buffer(num_tokens, num_sublanes, kv_rows)
-                  for o in outputs)
+  kv_rows = ([p * page_size // LANES for p in call.num_kv_pages_per_block]
+             if call.mode == "token" else [])
+  bufs += tuple(o.buffer(num_tokens, num_sublanes, kv_rows)
+                for o in _outputs(call, body))
   return q, weights, prefetch, order, bufs
 
 
-def _runs(call, body, cache, seq_lens, page_indices, last, interpret):
-  """Stage 3, the launches: [(start, end, its `Launch`)]. start and end
-  are traced when `last` is, ints or concrete arrays if not."""
-  page_size, _, _, segment_pool, _ = _geometry(call, body, cache, seq_lens,
-                                               page_indices, interpret)
-  common = dict(call=call.launch_view(), page_size=page_size,
-                interpret=interpret,
-                outputs=tuple(o.name for o in extra_outputs(call, body)))
+def launches(call, last, *, page_size: int, interpret=False,
+             segment_pool: bool = False, outputs: tuple[str, ...] = ()):
+  """Stage 3, the launches of `call`: [(start, end, its `Launch`)]; `last`
+  the distribution (i, j, n) (an i32[3] or three ints; page mode: num_seqs).
+  start and end are traced when `last` is, ints or concrete arrays if not.
+  The tiling model plans these (`lab.model.tiling.plan`)."""
+  common = dict(page_size=page_size, interpret=interpret, outputs=outputs,
+                compression_ratio=call.compression_ratio,
+                causal_rule=call.causal_rule, num_cores=call.num_cores,
+                vmem_limit_bytes=call.vmem_limit_bytes)
   if call.mode == "page":
     return [(0, jnp.asarray(last, jnp.int32), Launch(
         case="page", seq_batch_size=1, static_q_len=None,
@@ -209,17 +203,24 @@ def _runs(call, body, cache, seq_lens, page_indices, last, interpret):
         num_queries_per_block=call.num_queries_per_block,
         segment_pool=segment_pool, **common))]
   kv_blocks, q_blocks = call.num_kv_pages_per_block, call.num_queries_per_block
-  runs = []
-  for launch in semantics.token_launches(validate.distribution_array(last),
-                                         call.decode_req_batch_size,
-                                         call.decode_q_len):
-    c = launch.block_case
-    runs.append((launch.start, launch.end, Launch(
-        seq_batch_size=launch.seq_batch_size,
-        static_q_len=launch.static_q_len, bq_sz=launch.bq_sz(q_blocks[c]),
-        bkv_p=kv_blocks[c], num_queries_per_block=q_blocks[c],
-        case=launch.case, **common)))
-  return runs
+  return [(launch.start, launch.end, Launch(
+      case=launch.case, seq_batch_size=launch.seq_batch_size,
+      static_q_len=launch.static_q_len,
+      bq_sz=launch.bq_sz(q_blocks[launch.block_case]),
+      bkv_p=kv_blocks[launch.block_case],
+      num_queries_per_block=q_blocks[launch.block_case], **common))
+          for launch in semantics.token_launches(
+              last, call.decode_req_batch_size, call.decode_q_len)]
+
+
+def _runs(call, body, cache, seq_lens, page_indices, last, interpret):
+  """`launches` for the call's arrays."""
+  page_size, _, _, segment_pool, _ = _geometry(call, cache, seq_lens,
+                                               page_indices, interpret)
+  return launches(
+      call, last if call.mode == "page" else validate.distribution_array(last),
+      page_size=page_size, interpret=interpret, segment_pool=segment_pool,
+      outputs=tuple(o.name for o in _outputs(call, body)))
 
 
 def _launch(q, weights, cache, bufs, prefetch, start, end, *, body, spec):
@@ -234,21 +235,17 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
   `physical_slots`, the page table applied to the winners (`_slots`)."""
   num_tokens = bufs[0].shape[0]
   page_size, pages_per_seq, num_sublanes, segment_pool, cols_per_page = (
-      _geometry(call, body, cache, seq_lens, page_indices, interpret))
+      _geometry(call, cache, seq_lens, page_indices, interpret))
   scores = bufs[0].reshape(num_tokens, -1)
+  if segment_pool:  # M15
+    scores = tpu.unpermute_lane_segment_pages(scores, cols_per_page)
   if call.mode == "page":
-    if segment_pool:  # M15
-      scores = tpu.unpermute_lane_segment_pages(scores, cols_per_page)
     scores = scores[:, :pages_per_seq]
-    idx = topk.select_topk(scores, call.k, "top_k")
-  elif len(bufs) > 1:  # "fused_blockmax": the kernel's block maxima
-    (block_max,) = bufs[1:]
-    idx = topk.select_topk(
-        scores, call.k, call.topk_method,
-        block_max=block_max.reshape(num_tokens, -1)[:, :num_sublanes],
-        block_max_width=topk.FUSED_BLOCK_WIDTH)[:, :call.k]
-  else:
-    idx = topk.select_topk(scores, call.k, call.topk_method)[:, :call.k]
+  method = topk.METHODS[call.topk_method]  # "top_k" in page mode
+  extra = None
+  if method.needs == "block_max":  # the kernel's block maxima (M16, M21)
+    extra = bufs[1].reshape(num_tokens, -1)[:, :num_sublanes]
+  idx = topk.select(scores, call.k, method, extra)[:, :call.k]
   top_scores = topk.scores_at(scores, idx) if call.return_scores else None
   if order is not None:  # M13: the caller's row order
     idx = semantics.restore_decode_rows(idx, order, call.decode_q_len)
@@ -350,8 +347,8 @@ def _unchecked_result(call, num_tokens):
 
 def _checks(*arrays, call, body):
   """The static checks, then the value rules: (err, ok bool[])."""
-  extra_outputs(call, body)
-  validate.static_validate(call, *arrays, topk_methods=body.topk_methods)
+  del body  # a static argument of the jitted twin, as of `_pipeline`
+  validate.static_validate(call, *arrays)
   checks = functools.partial(validate.check_inputs, call=call)
   return checkify.checkify(checks, errors=checkify.user_checks)(*arrays)
 
@@ -386,20 +383,40 @@ def checked_run(call, body, *arrays):
 
 
 class Entry:
-  """A public entry point: `bind(*args, **kwargs) -> (call, arrays)` spells
-  the drop-in signature; calling it runs the driver (`run`, or `checked_run`
+  """A public entry point: `spell(body, *args, **kwargs)` spells the
+  drop-in signature (less `drop`, and `body` first) and builds its call
+  (`bind_call`); calling the entry runs the driver (`run`, or `checked_run`
   when `checked`). `lower`, `trace` and `eval_shape` are the jitted
-  driver's, for the same arguments."""
+  driver's, for the same arguments. mode: "token" or "page"; its variant is
+  "<body.name>" or "<body.name>_page"."""
 
-  def __init__(self, bind, body: KernelBody, *, checked: bool = False):
-    functools.update_wrapper(self, bind)
-    self.bind, self.body, self.is_checked = bind, body, checked
+  def __init__(self, spell, body: KernelBody, mode: str, name: str, doc=None,
+               *, drop=(), checked: bool = False):
+    sig = inspect.signature(spell)
+    self.__signature__ = sig.replace(parameters=[
+        p for p in list(sig.parameters.values())[1:] if p.name not in drop])
+    self.__name__ = self.__qualname__ = name
+    self.__doc__ = doc or spell.__doc__
+    self.__module__ = spell.__module__
+    self.spell, self.body, self.mode, self.is_checked = (spell, body, mode,
+                                                         checked)
+    self._init = (spell, body, mode, name, doc, drop)
     self._jit = _checked_jitted if checked else _jitted
     # Instance attributes: `jax.jit(entry)` (what `jax.eval_shape(entry,
     # ...)` makes) copies them onto the jitted function, so its `trace`
     # keeps the keyword arguments static.
-    for name in ("lower", "trace", "eval_shape"):
-      setattr(self, name, functools.partial(self._jit_method, name))
+    for method in ("lower", "trace", "eval_shape"):
+      setattr(self, method, functools.partial(self._jit_method, method))
+
+  @property
+  def variant(self) -> str:
+    return self.body.name + ("_page" if self.mode == "page" else "")
+
+  def bind(self, *args, **kwargs):
+    """(call, arrays) for these arguments (a TypeError for arguments the
+    signature lacks)."""
+    self.__signature__.bind(*args, **kwargs)
+    return self.spell(self.body, *args, **kwargs)
 
   def call(self, *args, **kwargs):
     """The `TopkCall` / `PageCall` these arguments make (block sizes from
@@ -414,16 +431,39 @@ class Entry:
   def checked(self) -> "Entry":
     """This entry behind the value rules: returns (err, out), see
     `checked_run`."""
-    return Entry(self.bind, self.body, checked=True)
+    spell, body, mode, name, doc, drop = self._init
+    return Entry(spell, body, mode, name, doc, drop=drop, checked=True)
 
   def validate(self, *args, **kwargs) -> None:
     """Checks concrete inputs of this entry, values included
     (`streamidx.validate.validate_inputs`); raises ValueError."""
     call, arrays = self.bind(*args, **kwargs)
-    extra_outputs(call, self.body)
-    validate.validate_inputs(call, *arrays,
-                             topk_methods=self.body.topk_methods)
+    validate.validate_inputs(call, *arrays)
 
   def _jit_method(self, name, *args, **kwargs):
     call, arrays = self.bind(*args, **kwargs)
     return getattr(self._jit, name)(*arrays, call=call, body=self.body)
+
+
+def bind_call(cls, body: KernelBody, arrays, **fields):
+  """(call, arrays): the `cls` call (`TopkCall` or `PageCall`) of an entry
+  point's keyword arguments `fields`, its `topk_method` checked against
+  `body.topk_methods`, block sizes left None from the block-size table for
+  the variant, the arrays' cache format, heads, head_dim and page size
+  (when their ranks are right: `validate` refuses the others with their
+  rules). arrays: (q, weights, cache tuple, seq_lens, page_indices,
+  cu_q_lens, distribution or num_seqs)."""
+  call = cls(**fields, body=body)
+  q, _, cache, seq_lens, page_indices = arrays[:5]
+  if not call.has_blocks and len(getattr(q, "shape", ())) == 3 and all(
+      len(getattr(c, "shape", ())) == 4 - i for i, c in enumerate(cache)):
+    seqs, pages = (getattr(a, "shape", ()) for a in (seq_lens, page_indices))
+    pages_per_seq = (cache_lib.page_geometry(cache, seq_lens, page_indices)
+                     .pages_per_seq if len(seqs) == len(pages) == 1
+                     and seqs[0] else None)
+    call = call.with_table_blocks(
+        body.name + ("_page" if call.mode == "page" else ""),
+        cache_format=cache_lib.format_of(cache), num_heads=int(q.shape[1]),
+        page_size=cache_lib.cache_pages(cache)[1], head_dim=int(q.shape[2]),
+        pages_per_seq=pages_per_seq)
+  return call, arrays

@@ -6,76 +6,41 @@
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
 Each is a `streamidx.kernels.driver.Entry` (its `call`, `checked` and
-`validate` are the driver's, for every body alike): the vendored function's
-signature (tpu-inference's tests call it; the dense one spelled out, lean and
-fp4 derived from it by `_twin`), defaults the fields of `TopkCall` /
-`PageCall`; a call builds that config and runs the one jitted driver.
+`validate` are the driver's, for every body alike): a kernel body in token
+or page mode with the signature of its cache layout (the vendored
+function's, which tpu-inference's tests call, for the one-array caches; the
+dense one for the pairs, fp4 without `num_cores`), defaults the fields of
+`TopkCall` / `PageCall`. A signature passes each argument by name to
+`driver.bind_call`, which builds that call; calling the entry runs the one
+jitted driver. `ENTRIES` is the one table of bodies x modes
+(`streamidx.variants` registers it).
 """
 
 from __future__ import annotations
 
-import inspect
-
-import jax.numpy as jnp
-
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
+from streamidx.kernels.driver import bind_call
 
-__all__ = ["VENDORED", "DENSE", "LEAN", "streamindex_topk",
+__all__ = ["VENDORED", "DENSE", "LEAN", "FP4", "ENTRIES", "streamindex_topk",
            "streamindex_page_topk", "streamindex_topk_dense",
            "streamindex_page_topk_dense", "streamindex_topk_lean",
-           "streamindex_page_topk_lean", "FP4", "streamindex_topk_fp4",
+           "streamindex_page_topk_lean", "streamindex_topk_fp4",
            "streamindex_page_topk_fp4"]
 
 T, P = TopkCall, PageCall  # the defaults below are their fields'
 
-
-def _packed_format(cache) -> str:
-  return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
-
-
 # The extra output every body writes on request (token mode).
 BLOCK_MAX = driver.Output(block_max.NAME, block_max.buffer)
-VENDORED = driver.KernelBody(
-    name="vendored", launch=vendored.run_topk_kernel,
-    cache_format=_packed_format, emits=(BLOCK_MAX,))
-DENSE = driver.KernelBody(
-    name="dense", launch=dense.launch, cache_format=lambda c: "dense_fp8",
-    emits=(BLOCK_MAX,), num_cache_arrays=2)
-LEAN = driver.KernelBody(
-    name="lean", launch=lean.launch, cache_format=DENSE.cache_format,
-    emits=(BLOCK_MAX,), num_cache_arrays=2)
-FP4 = driver.KernelBody(
-    name="fp4", launch=fp4.launch, cache_format=lambda c: "mxfp4",
-    entries_per_element=fp4.ENTRIES_PER_BYTE, emits=(BLOCK_MAX,),
-    num_cache_arrays=2)
+VENDORED = driver.KernelBody("vendored", vendored.run_topk_kernel,
+                             ("fp8", "bf16"), (BLOCK_MAX,))
+DENSE = driver.KernelBody("dense", dense.launch, ("dense_fp8",), (BLOCK_MAX,))
+LEAN = driver.KernelBody("lean", lean.launch, ("dense_fp8",), (BLOCK_MAX,))
+FP4 = driver.KernelBody("fp4", fp4.launch, ("mxfp4",), (BLOCK_MAX,))
 
 
-def _bind(cls, variant, body, cache, args: dict):
-  """(call, arrays) from a drop-in call's arguments (`locals()`)."""
-  arrays = [args.pop(n) for n in ("q", "indexer_weights", "seq_lens",
-                                  "page_indices", "cu_q_lens")]
-  last = args.pop("distribution" if cls is TopkCall else "num_seqs")
-  for name in ("cache_kv", "cache_values", "cache_scales"):
-    args.pop(name, None)
-  if "k_pages" in args:
-    args["k"] = args.pop("k_pages")
-  call = cls(**args)
-  q = arrays[0]
-  if not call.has_blocks and len(getattr(q, "shape", ())) == 3 and all(
-      len(getattr(c, "shape", ())) == 4 - i for i, c in enumerate(cache)):
-    seqs, pages = (getattr(a, "shape", ()) for a in arrays[2:4])
-    call = call.with_table_blocks(
-        variant + ("_page" if cls is PageCall else ""),
-        cache_format=body.cache_format(cache), num_heads=int(q.shape[1]),
-        page_size=int(body.page_size(cache)), head_dim=int(q.shape[2]),
-        pages_per_seq=(int(pages[0]) // int(seqs[0]) if len(seqs) == len(
-            pages) == 1 and seqs[0] else None))
-  return call, (arrays[0], arrays[1], cache, *arrays[2:], last)
-
-
-def streamindex_topk(
-    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+def _packed_token(
+    body, q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     distribution, *, k, compression_ratio, num_kv_pages_per_block=None,
     num_queries_per_block=None, vmem_limit_bytes=T.vmem_limit_bytes,
     decode_req_batch_size=T.decode_req_batch_size, causal_rule=T.causal_rule,
@@ -138,11 +103,21 @@ def streamindex_topk(
     Top-K indices (in compressed space): i32[T, k], by score descending,
     equal scores by index ascending, -1 past the visible entries.
   """
-  return _bind(TopkCall, "vendored", VENDORED, (cache_kv,), locals())
+  return bind_call(
+      TopkCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
+                       cu_q_lens, distribution),
+      k=k, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes,
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      topk_method=topk_method, return_scores=return_scores,
+      sort_decode=sort_decode, skip_empty_launches=skip_empty_launches,
+      decode_q_len=decode_q_len, physical_slots=physical_slots)
 
 
-def streamindex_page_topk(
-    q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
+def _packed_page(
+    body, q, indexer_weights, cache_kv, seq_lens, page_indices, cu_q_lens,
     num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
     num_kv_pages_per_block=P.num_kv_pages_per_block,
     num_queries_per_block=P.num_queries_per_block,
@@ -173,11 +148,19 @@ def streamindex_page_topk(
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
   """
-  return _bind(PageCall, "vendored", VENDORED, (cache_kv,), locals())
+  return bind_call(
+      PageCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
+                       cu_q_lens, num_seqs),
+      k=k_pages, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
+      return_scores=return_scores, skip_empty_launches=skip_empty_launches,
+      physical_slots=physical_slots)
 
 
-def streamindex_topk_dense(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+def _pair_token(
+    body, q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
     cu_q_lens, distribution, *, k, compression_ratio,
     num_kv_pages_per_block=None, num_queries_per_block=None,
     vmem_limit_bytes=T.vmem_limit_bytes,
@@ -199,12 +182,22 @@ def streamindex_topk_dense(
 
   The same keys packed as "fp8" give the same indices (`streamindex_topk`).
   """
-  return _bind(TopkCall, "dense", DENSE, (cache_values, cache_scales),
-               locals())
+  return bind_call(
+      TopkCall, body, (q, indexer_weights, (cache_values, cache_scales),
+                       seq_lens, page_indices, cu_q_lens, distribution),
+      k=k, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes,
+      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
+      topk_method=topk_method, return_scores=return_scores,
+      sort_decode=sort_decode, num_cores=num_cores,
+      skip_empty_launches=skip_empty_launches, decode_q_len=decode_q_len,
+      physical_slots=physical_slots)
 
 
-def streamindex_page_topk_dense(
-    q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
+def _pair_page(
+    body, q, indexer_weights, cache_values, cache_scales, seq_lens, page_indices,
     cu_q_lens, num_seqs, *, k_pages, compression_ratio=P.compression_ratio,
     num_kv_pages_per_block=P.num_kv_pages_per_block,
     num_queries_per_block=P.num_queries_per_block,
@@ -219,42 +212,38 @@ def streamindex_page_topk_dense(
   dense FP8 pair in place of `cache_kv`; `num_cores` as for
   `streamindex_topk_dense`.
   """
-  return _bind(PageCall, "dense", DENSE, (cache_values, cache_scales),
-               locals())
+  return bind_call(
+      PageCall, body, (q, indexer_weights, (cache_values, cache_scales),
+                       seq_lens, page_indices, cu_q_lens, num_seqs),
+      k=k_pages, compression_ratio=compression_ratio,
+      num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block,
+      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
+      return_scores=return_scores, num_cores=num_cores,
+      skip_empty_launches=skip_empty_launches, physical_slots=physical_slots)
 
 
-def _twin(dense_fn, variant, body, doc, drop=()):
-  """A drop-in function with `dense_fn`'s signature, less the arguments in
-  `drop` (bound and checked as a spelled-out signature would be), that runs
-  `body` and builds its call with `variant`'s block-size rows."""
-  sig = inspect.signature(dense_fn)
-  sig = sig.replace(parameters=[p for p in sig.parameters.values()
-                                if p.name not in drop])
-  cls = TopkCall if "distribution" in sig.parameters else PageCall
-
-  def fn(*args, **kwargs):
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    args = dict(bound.arguments)
-    return _bind(cls, variant, body,
-                 (args["cache_values"], args["cache_scales"]), args)
-
-  fn.__signature__, fn.__doc__ = sig, doc
-  fn.__name__ = fn.__qualname__ = dense_fn.__name__.replace("dense", variant)
-  return fn
-
-
-streamindex_topk_lean = _twin(
-    streamindex_topk_dense, "lean", LEAN,
+# The one table of kernel bodies x modes: each entry point, its body, mode
+# and signature (`streamidx.variants` registers them by body and mode).
+Entry = driver.Entry
+streamindex_topk = Entry(_packed_token, VENDORED, "token", "streamindex_topk")
+streamindex_page_topk = Entry(_packed_page, VENDORED, "page",
+                              "streamindex_page_topk")
+streamindex_topk_dense = Entry(_pair_token, DENSE, "token",
+                               "streamindex_topk_dense")
+streamindex_page_topk_dense = Entry(_pair_page, DENSE, "page",
+                                    "streamindex_page_topk_dense")
+streamindex_topk_lean = Entry(
+    _pair_token, LEAN, "token", "streamindex_topk_lean",
     """`streamindex_topk_dense` (same arguments and indices) with the
   vector-lean kernel body
   (`streamidx.kernels.lean`).""")
-streamindex_page_topk_lean = _twin(
-    streamindex_page_topk_dense, "lean", LEAN,
+streamindex_page_topk_lean = Entry(
+    _pair_page, LEAN, "page", "streamindex_page_topk_lean",
     """`streamindex_page_topk_dense` (same arguments and page ids) with the
   vector-lean kernel body (`streamidx.kernels.lean`).""")
-streamindex_topk_fp4 = _twin(
-    streamindex_topk_dense, "fp4", FP4,
+streamindex_topk_fp4 = Entry(
+    _pair_token, FP4, "token", "streamindex_topk_fp4",
     """StreamIndex top-k over the MXFP4 cache: i32[max_num_tokens, k].
 
   Arguments and result as `streamidx.streamindex_topk`, with the MXFP4 pair
@@ -262,20 +251,14 @@ streamindex_topk_fp4 = _twin(
   page_size // 8, 4, head_dim], cache_scales u8[total_pages, head_dim // 32,
   page_size]; docs/cache-formats.md) in place of `cache_kv`.
   """, drop=("num_cores",))
-streamindex_page_topk_fp4 = _twin(
-    streamindex_page_topk_dense, "fp4", FP4,
+streamindex_page_topk_fp4 = Entry(
+    _pair_page, FP4, "page", "streamindex_page_topk_fp4",
     """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages].
 
   Arguments and result as `streamidx.streamindex_page_topk`, with the MXFP4
   pair (`streamindex_topk_fp4`) in place of `cache_kv`.
   """, drop=("num_cores",))
-
-
-streamindex_topk = driver.Entry(streamindex_topk, VENDORED)
-streamindex_page_topk = driver.Entry(streamindex_page_topk, VENDORED)
-streamindex_topk_dense = driver.Entry(streamindex_topk_dense, DENSE)
-streamindex_page_topk_dense = driver.Entry(streamindex_page_topk_dense, DENSE)
-streamindex_topk_lean = driver.Entry(streamindex_topk_lean, LEAN)
-streamindex_page_topk_lean = driver.Entry(streamindex_page_topk_lean, LEAN)
-streamindex_topk_fp4 = driver.Entry(streamindex_topk_fp4, FP4)
-streamindex_page_topk_fp4 = driver.Entry(streamindex_page_topk_fp4, FP4)
+ENTRIES = (streamindex_topk, streamindex_page_topk, streamindex_topk_dense,
+           streamindex_page_topk_dense, streamindex_topk_lean,
+           streamindex_page_topk_lean, streamindex_topk_fp4,
+           streamindex_page_topk_fp4)

@@ -72,8 +72,7 @@ from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
-from streamidx.kernels import block_max as block_max_lib
-from streamidx.kernels import dense, tpu, vendored
+from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES
 
 __all__ = ["launch", "KV_PACKING", "ENTRIES_PER_BYTE", "E4M3_OFFSET"]
@@ -153,63 +152,11 @@ class _Mxfp4Pages(dense._TwoArrayPages):
     return out
 
 
-def _fp4_kernel(*refs, page_size, scale_keys, block_max, num_sublanes_bkv,
-                **kwargs):
-  """The vendored `_scores_kernel` over the MXFP4 refs: scalar prefetch (7),
-  q, weights, values, scales (HBM), the aliased score buffer [and block-max
-  buffer], their outputs, then the scratch: bkv_x2, bscale_x2, bq_x2,
-  bw_x2, bo_x2 [, bmax_x2], sems (the dense body's rows)."""
-  refs, hook = block_max_lib.split_refs(
-      refs, num_prefetch=7, num_inputs=4, emits=block_max,
-      sem_row=dense.SEMAPHORE_ROWS.index(block_max_lib.NAME),
-      seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
-      num_sublanes_bkv=num_sublanes_bkv)
-  scalars, (q, weights, values, scales), rest = refs[:7], refs[7:11], refs[11:]
-  scores_in, scores, bkv_x2, bscale_x2, bq_x2, bw_x2, bo_x2, sems = rest
-  vendored._scores_kernel(
-      *scalars, q, weights, values, scores_in, scores, bkv_x2, bq_x2, bw_x2,
-      bo_x2, sems,
-      layout=_Mxfp4Pages(scales, bscale_x2, sems, page_size=page_size,
-                         scale_keys=scale_keys), block_max=hook, **kwargs)
-
-
-def launch(spec, q, weights, cache, prefetch, start, end, outputs):
-  """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
-  program (`streamidx.kernels.driver.KernelBody.launch`), through the shared
-  setup `tpu.pallas_launch`; returns the scores, and with "block_max" in
-  `spec.outputs` (token mode) the maxima of its score rows
-  (`streamidx.kernels.block_max`)."""
-  scores = outputs[0]
-  block_max = block_max_lib.NAME in spec.outputs
-  cache_values, cache_scales = cache
-  page_pool, page_size = spec.page_mode, spec.page_size
-  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
-  # Value rows of head_dim bytes, 4 per 32-bit word (8 entries a word).
-  scratch = tpu.pair_scratch(q, weights, scores, cache_values,
-                             cache_scales.shape[1:], seq_batch_size=b,
-                             bq_sz=bq_sz, bkv_p=bkv_p, page_size=page_size,
-                             page_mode=page_pool)
-  num_sem_ids, num_bo_sz = 3, 2
-  if block_max:  # its buffer: after the scores, in `spec.outputs`' order
-    scratch.append(block_max_lib.scratch(
-        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
-        seq_batch_size=b, bq_sz=bq_sz))
-    num_sem_ids, num_bo_sz = block_max_lib.NUM_SEM_IDS, block_max_lib.NUM_BO_SZ
-  kernel = functools.partial(
-      _fp4_kernel, page_size=page_size, block_max=block_max,
-      num_sublanes_bkv=bkv_p * page_size // LANES,
-      scale_keys=page_pool or tpu.widen_fp8_for_mxu(spec.interpret),
-      compression_ratio=call.compression_ratio,
-      static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-      seq_batch_size=b, causal_rule=call.causal_rule,
-      interpreted=spec.interpret is not False,
-      **(dict(page_pool_size=page_size,
-              pool_by_lane_segments=spec.segment_pool) if page_pool else {}))
-  return tpu.pallas_launch(
-      kernel, name=tpu.launch_name("Fp4", spec.case, bq_sz, bkv_p,
-                                   spec.outputs),
-      scratch=scratch, num_sem_rows=len(dense.SEMAPHORE_ROWS),
-      prefetch=prefetch, start=start, end=end, seq_batch_size=b,
-      num_sem_ids=num_sem_ids, num_bo_sz=num_bo_sz,
-      inputs=(q, weights, cache_values, cache_scales), outputs=outputs,
-      call=call, interpret=spec.interpret, bkv_p=bkv_p, bq_sz=bq_sz)
+def launch(spec, *arrays):
+  """This body's launch: the dense body's (`dense.pair_launch`: scores, and
+  with "block_max" in `spec.outputs` the maxima of its score rows) over the
+  MXFP4 layout, its keys scaled in page mode and before TPU v5 (M19)."""
+  layout = functools.partial(
+      _Mxfp4Pages, page_size=spec.page_size,
+      scale_keys=spec.page_mode or tpu.widen_fp8_for_mxu(spec.interpret))
+  return dense.pair_launch(spec, *arrays, kind="Fp4", layout=layout)

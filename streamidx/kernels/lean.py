@@ -41,10 +41,10 @@ __all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS"]
 KV_PACKING = cache_lib.DENSE_KV_PACKING
 SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out", "block_max")
 _KV, _SCALE, _Q, _W, _OUT, _MAX = range(len(SEMAPHORE_ROWS))
+assert _MAX == block_max_lib.SEM_ROW
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
 # flight of each score buffer, -1 = none); with the block maxima, the
-# hook's after them (`block_max.NUM_SEM_IDS`, `NUM_BO_SZ`).
-_NUM_SEM_IDS, _NUM_BO_SZ = 3, 2
+# hook's after them (`block_max.launch_kwargs`).
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
@@ -65,8 +65,7 @@ def _kernel_refs(*refs, block_max: bool, num_sublanes_bkv: int, **kwargs):
   """`_kernel` with the block-max hook (`streamidx.kernels.block_max`) when
   `block_max`: its buffer after the scores, its scratch before `sems`."""
   refs, hook = block_max_lib.split_refs(
-      refs, num_prefetch=7, num_inputs=4, emits=block_max, sem_row=_MAX,
-      seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
+      refs, num_prefetch=7, num_inputs=4, emits=block_max, seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
       num_sublanes_bkv=num_sublanes_bkv)
   _kernel(*refs, hook=hook, **kwargs)
 
@@ -320,12 +319,12 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
   block_max = block_max_lib.NAME in spec.outputs
   values, scales = cache
   page_mode, page_size = spec.page_mode, spec.page_size
-  call, b, bq_sz, bkv_p = spec.call, spec.seq_batch_size, spec.bq_sz, spec.bkv_p
-  total_pages = values.shape[0]
-  num_cores = call.num_cores
+  b, bq_sz, bkv_p = spec.seq_batch_size, spec.bq_sz, spec.bkv_p
+  num_cores, ratio = spec.num_cores, spec.compression_ratio
   seq_lens, page_indices, cu_q_lens, q_rows = prefetch
+  total_pages, _, pages_per_seq = cache_lib.page_geometry(
+      cache, seq_lens, page_indices)
   max_num_seqs = seq_lens.shape[0]
-  pages_per_seq = page_indices.shape[0] // max_num_seqs
   # Hoisted out of the KV loop: the table clamped to the cache, its rows
   # padded to whole KV blocks, and `stride` rows more for the prefetch past
   # the last program (page 0: a harmless fetch).
@@ -336,29 +335,20 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
                              page_size=page_size, page_mode=page_mode)
-  num_sem_ids, num_bo_sz = _NUM_SEM_IDS, _NUM_BO_SZ
-  if block_max:  # its buffer: after the scores, in `spec.outputs`' order
-    scratch.append(block_max_lib.scratch(
-        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
-        seq_batch_size=b, bq_sz=bq_sz))
-    num_sem_ids, num_bo_sz = block_max_lib.NUM_SEM_IDS, block_max_lib.NUM_BO_SZ
   kernel = functools.partial(
       _kernel_refs, block_max=block_max,
       num_sublanes_bkv=bkv_p * page_size // LANES,
-      compression_ratio=call.compression_ratio,
+      compression_ratio=ratio,
       static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
-      seq_batch_size=b, causal_rule=call.causal_rule, page_width=width,
+      seq_batch_size=b, causal_rule=spec.causal_rule, page_width=width,
       max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(spec.interpret),
       num_cores=num_cores,
-      page_cols=page_size // call.compression_ratio if page_mode else None,
+      page_cols=page_size // ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False)
   return tpu.pallas_launch(
-      kernel, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
-                                   spec.outputs),
-      scratch=scratch,  # the "block_max" row only when it writes them
-      num_sem_rows=len(SEMAPHORE_ROWS) if block_max else _MAX,
+      kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
+                                         spec.outputs),
+      **block_max_lib.launch_kwargs(spec, outputs, scratch, num_sem_rows=_MAX),
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
-      end=end, seq_batch_size=b, num_sem_ids=num_sem_ids,
-      num_bo_sz=num_bo_sz, inputs=(q, weights, values, scales),
-      outputs=outputs, call=call, interpret=spec.interpret,
-      num_cores=num_cores, bkv_p=bkv_p, bq_sz=bq_sz)
+      end=end, inputs=(q, weights, values, scales), outputs=outputs,
+      num_cores=num_cores)

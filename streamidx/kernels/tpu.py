@@ -37,43 +37,33 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
   """The VMEM scratch of a launch over a cache of two arrays, values
   u8[pages, rows_per_page, 4, head_dim] and their scales: the vendored
   launch's buffers (`semantics.launch_scratch`, lkv_dim = head_dim, 4 bytes
-  per 32-bit word), then the scales' double buffer (`with_scale_buffer`)."""
+  per 32-bit word) with the scales' double buffer."""
   _, rows_per_page, kv_packing, head_dim = values.shape
-  scratch = list(semantics.launch_scratch(
+  return list(semantics.launch_scratch(
       seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
       page_size_per_kv_packing=rows_per_page, kv_packing=kv_packing,
       lkv_dim=head_dim, cache_dtype=jnp.uint8, num_q_heads=q.shape[1],
       head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
       num_out_sublanes=(scores.shape[1] if page_mode
-                        else bkv_p * page_size // LANES)))
-  return with_scale_buffer(scratch, scale_block,
-                           seq_batch_size=seq_batch_size, bkv_p=bkv_p)
+                        else bkv_p * page_size // LANES),
+      scale_block=scale_block))
 
 
-def with_scale_buffer(scratch, scale_block, *, seq_batch_size, bkv_p):
-  """`scratch` (a launch's `semantics.launch_scratch`) with a two-array
-  layout's scale double buffer, "bscale_x2" u8[2, B, bkv_p, *scale_block],
-  right after the values' (the lab's tiling model lists it from here)."""
-  out = list(scratch)
-  out.insert(1, ("bscale_x2", (2, seq_batch_size, bkv_p, *scale_block),
-                 jnp.dtype(jnp.uint8)))
-  return out
-
-
-def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
-                  end, seq_batch_size, num_sem_ids, num_bo_sz, inputs,
-                  outputs, call, interpret, bkv_p, bq_sz, blocks=None,
-                  case=None, num_cores=1):
+def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,
+                  start, end, num_sem_ids, num_bo_sz, inputs, outputs,
+                  blocks=None, case=None, num_cores=1):
   """One launch of a kernel body (each `KernelBody.launch` calls this): its
-  `pallas_call`, made and called, with the setup every body shares:
+  `pallas_call`, made and called, with the setup every body shares (`spec`
+  the launch's `driver.Launch`: its sequences per program B, blocks,
+  vmem_limit_bytes, interpret mode):
 
   - compiled, the scratch is checked against the chip's VMEM (M11);
   - scratch: `scratch` ((name, shape, dtype), ...) in VMEM, then the DMA
-    semaphores `DMA[num_sem_rows, 2, seq_batch_size]`;
+    semaphores `DMA[num_sem_rows, 2, B]`;
   - scalar prefetch: `prefetch` (seq_lens, page_indices, cu_q_lens, q_rows),
     i32[2] (start, end), i32[num_sem_ids] zeros (the double-buffer slots),
     i32[num_bo_sz] of -1 (rows in flight of the output DMAs);
-  - grid: (end - start) // seq_batch_size programs ("arbitrary"), or
+  - grid: (end - start) // B programs ("arbitrary"), or
     (num_cores, cdiv(programs, num_cores)) with a leading "parallel" axis;
   - operands `inputs` then `outputs`, all in HBM; output i is aliased to
     the i-th of `outputs` (the driver's -inf score buffers).
@@ -83,12 +73,12 @@ def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
   (default: KV pages, query rows, sequences per program). Returns the
   outputs (one array, or a tuple for more than one).
   """
-  b = seq_batch_size
-  blocks = blocks or (f"num_kv_pages_per_block={bkv_p}, query rows per "
-                      f"block {bq_sz}, {b} sequence(s) per program")
+  b, interpret = spec.seq_batch_size, spec.interpret
+  blocks = blocks or (f"num_kv_pages_per_block={spec.bkv_p}, query rows per "
+                      f"block {spec.bq_sz}, {b} sequence(s) per program")
   if interpret is False:
     check_launch_vmem(scratch, case=case or name, blocks=blocks,
-                      vmem_limit_bytes=call.vmem_limit_bytes)
+                      vmem_limit_bytes=spec.vmem_limit_bytes)
   scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
   scratch_shapes.append(pltpu.SemaphoreType.DMA((num_sem_rows, 2, b)))
   start, end = jnp.asarray(start, jnp.int32), jnp.asarray(end, jnp.int32)
@@ -113,7 +103,7 @@ def pallas_launch(kernel, *, name, scratch, num_sem_rows, prefetch, start,
           out_specs=hbm if one else [hbm] * len(outputs),
           grid=grid, scratch_shapes=scratch_shapes),
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=dims, vmem_limit_bytes=call.vmem_limit_bytes,
+          dimension_semantics=dims, vmem_limit_bytes=spec.vmem_limit_bytes,
           disable_bounds_checks=True),
       out_shape=out_shape[0] if one else tuple(out_shape),
       input_output_aliases={first_out + i: i for i in range(len(outputs))},

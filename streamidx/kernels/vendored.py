@@ -772,18 +772,12 @@ def _scores_kernel_with_block_max(*refs, num_sublanes_bkv, **kwargs):
   """streamidx (M21): `_scores_kernel` with the `block_max.BlockMax` hook:
   refs as `_scores_kernel`'s, with the block-max buffer after the scores
   (aliased input and output) and its scratch "bmax_x2" before `sems`, whose
-  row `_BLOCK_MAX_SEM_ROW` it uses."""
+  row `block_max.SEM_ROW` it uses."""
   refs, hook = block_max_lib.split_refs(
       refs, num_prefetch=7, num_inputs=3, emits=True,
-      sem_row=_BLOCK_MAX_SEM_ROW, seq_batch_size=kwargs["seq_batch_size"],
-      bq_sz=kwargs["bq_sz"], num_sublanes_bkv=num_sublanes_bkv)
+      seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
+      num_sublanes_bkv=num_sublanes_bkv)
   _scores_kernel(*refs, block_max=hook, **kwargs)
-
-
-# streamidx (M21): the maxima's semaphore row, the dense layout's
-# (`dense.SEMAPHORE_ROWS`, which the lab's timeline reads; its row 4, the
-# scales', is unused here).
-_BLOCK_MAX_SEM_ROW = 5
 
 
 def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
@@ -794,9 +788,9 @@ def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs  # streamidx (M21)
   (cache_kv,) = cache
-  seq_batch_size, static_q_len, bq_sz, bkv_p, case, call, interpret = (
+  seq_batch_size, static_q_len, bq_sz, bkv_p, case, interpret = (
       spec.seq_batch_size, spec.static_q_len, spec.bq_sz, spec.bkv_p,
-      spec.case, spec.call, spec.interpret)
+      spec.case, spec.interpret)
   seq_lens, page_indices = prefetch[:2]
   _, num_q_heads, head_dim = q.shape
   lkv_dim = cache_kv.shape[-1]
@@ -831,37 +825,29 @@ def run_topk_kernel(spec, q, prepared_indexer_weights, cache, prefetch, start,
                        pool_by_lane_segments=spec.segment_pool)  # streamidx (M15)
   else:
     page_kwargs = {}
-  kernel_fn, num_sem_rows, num_sem_ids, num_bo_sz = _scores_kernel, 4, 3, 2
+  kernel_fn = _scores_kernel
   if block_max:  # streamidx (M21)
-    scratch = [*scratch, block_max_lib.scratch(
-        outputs[1 + spec.outputs.index(block_max_lib.NAME)],
-        seq_batch_size=seq_batch_size, bq_sz=bq_sz)]
     kernel_fn = functools.partial(_scores_kernel_with_block_max,
                                   num_sublanes_bkv=num_sublanes_bkv)
-    num_sem_rows, num_sem_ids, num_bo_sz = (
-        _BLOCK_MAX_SEM_ROW + 1, block_max_lib.NUM_SEM_IDS,
-        block_max_lib.NUM_BO_SZ)
   kernel = functools.partial(
       kernel_fn,
-      compression_ratio=call.compression_ratio,
+      compression_ratio=spec.compression_ratio,
       static_q_len=static_q_len,
       bq_sz=bq_sz,
       bkv_p=bkv_p,
       seq_batch_size=seq_batch_size,
-      causal_rule=call.causal_rule,
+      causal_rule=spec.causal_rule,
       interpreted=interpret is not False,
       widen_fp8=tpu.widen_fp8_for_mxu(interpret),  # streamidx (M10)
       **page_kwargs,
   )
   # streamidx: the pallas_call setup every kernel body shares (scratch and
-  # semaphores, scalar prefetch, grid, HBM operands, the aliased output).
+  # semaphores, scalar prefetch, grid, HBM operands, the aliased output);
+  # streamidx (M21): the block maxima's scratch and slots, when written.
   return tpu.pallas_launch(
-      kernel, name=scope_name, scratch=scratch, num_sem_rows=num_sem_rows,
-      prefetch=prefetch, start=start, end=end,
-      seq_batch_size=seq_batch_size, num_sem_ids=num_sem_ids,
-      num_bo_sz=num_bo_sz,  # streamidx (M21)
+      kernel, spec, name=scope_name, prefetch=prefetch, start=start, end=end,
+      **block_max_lib.launch_kwargs(spec, outputs, scratch, num_sem_rows=4),
       inputs=(q, prepared_indexer_weights, cache_kv), outputs=outputs,
-      call=call, interpret=interpret, bkv_p=bkv_p, bq_sz=bq_sz,
       case="page" if page_mode else _MLA_CASE[case].name.lower(),
       blocks=(f"num_kv_pages_per_block={bkv_p}, num_queries_per_block="
               f"{spec.num_queries_per_block} (bq {bq_sz}), {seq_batch_size} "

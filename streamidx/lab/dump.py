@@ -17,6 +17,7 @@ program's count").
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import importlib
@@ -581,10 +582,8 @@ def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
   if worker.serve(argv, _worker):
     return 0
-  import argparse  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(
       prog="python -m streamidx.lab.dump",
       description="Bundles a compiled program executes (libtpu's final "

@@ -10,6 +10,7 @@ schedule". A lower bound on a page's compute, not a run time.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import glob
@@ -224,11 +225,8 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
   if worker.serve(argv, _worker):
     return 0
-  import argparse  # pylint: disable=g-import-not-at-top
-
   p = argparse.ArgumentParser(
       prog="python -m streamidx.lab.schedule",
       description="Static schedule (bundles per KV page) of each launch.")

@@ -45,10 +45,11 @@ def run(module: str, payload: Any, *, env: Mapping[str, str] | None = None,
                      + " | ".join(tail))
 
 
-def serve(argv: Sequence[str], fn: Callable[[Any], Any]) -> bool:
-  """In a module's `main`: when `argv` is `--worker JSON`, prints
-  `RESULT_PREFIX` + JSON(fn(payload)) and returns True (the caller exits);
-  else False."""
+def serve(argv: Sequence[str] | None, fn: Callable[[Any], Any]) -> bool:
+  """In a module's `main`: when `argv` (None: `sys.argv[1:]`) is `--worker
+  JSON`, prints `RESULT_PREFIX` + JSON(fn(payload)) and returns True (the
+  caller exits); else False."""
+  argv = sys.argv[1:] if argv is None else argv
   if len(argv) != 2 or argv[0] != "--worker":
     return False
   print(RESULT_PREFIX + json.dumps(fn(json.loads(argv[1]))), flush=True)

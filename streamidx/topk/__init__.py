@@ -27,17 +27,17 @@ from streamidx.topk.fused_blockmax import (FUSED_BLOCK_WIDTH,
                                            fused_block_size_for)
 from streamidx.topk.radix import RADIX_BITS
 from streamidx.topk.registry import (EXACT_TOPK_METHODS, FUSED_TOPK_METHODS,
-                                     KERNEL_OUTPUTS, KERNEL_TOPK_METHODS,
-                                     METHODS,
+                                     KERNEL_TOPK_METHODS, METHODS,
                                      TOPK_METHODS, check_topk_method, get)
 
 __all__ = [
     "TOPK_METHODS", "EXACT_TOPK_METHODS", "FUSED_TOPK_METHODS",
-    "KERNEL_OUTPUTS", "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH",
+    "KERNEL_TOPK_METHODS", "FUSED_BLOCK_WIDTH",
     "VENDORED_TOPK_METHOD", "default_method", "defaults",
     "APPROX_RECALL_TARGET", "RADIX_BITS", "METHODS", "get",
     "check_topk_method", "canonical_zero", "order_key", "select_topk",
-    "scores_at", "chunk_size_for", "block_size_for", "fused_block_size_for",
+    "select", "scores_at", "chunk_size_for", "block_size_for",
+    "fused_block_size_for",
 ]
 
 def select_topk(scores, k: int, method: str | None = None, *,
@@ -72,8 +72,15 @@ def select_topk(scores, k: int, method: str | None = None, *,
     extra = block_max
   if extra is not None and m.needs is None:
     raise ValueError(f"extra: method {m.name!r} reads nothing but the scores")
-  opts = m.resolve(options)
-  return _select(scores, extra, k=k, method=m.name,
+  return select(scores, k, m, extra, **options)
+
+
+def select(scores, k: int, method: base.Method, extra=None, **options):
+  """`select_topk` by a `METHODS` record, its arguments taken as checked
+  (the kernels' selection stage: their call checked `topk_method` when it
+  was built); the options are checked (`Method.resolve`)."""
+  opts = method.resolve(options)
+  return _select(scores, extra, k=k, method=method.name,
                  options=tuple(sorted(opts.items())))
 
 

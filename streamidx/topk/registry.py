@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from streamidx.kernels import select_blocktop
-from streamidx.topk import (approx, base, blockmax, chunked, fused_blockmax,
-                            radix, sort, top_k)
+from streamidx.topk import (approx, base, blockmax, blocktop, chunked,
+                            fused_blockmax, radix, sort, top_k)
 
 _REGISTRY = (sort.METHOD, top_k.METHOD, chunked.METHOD, blockmax.METHOD,
-             fused_blockmax.METHOD, radix.METHOD, select_blocktop.METHOD,
+             fused_blockmax.METHOD, radix.METHOD, blocktop.METHOD,
              approx.METHOD)
 
 METHODS: Mapping[str, base.Method] = {m.name: m for m in _REGISTRY}
@@ -21,11 +20,6 @@ EXACT_TOPK_METHODS = tuple(m.name for m in _REGISTRY if m.exact)
 # Methods that need more than the score buffer from the scoring kernel: a
 # kernel takes them only if it writes what they read.
 FUSED_TOPK_METHODS = tuple(m.name for m in _REGISTRY if m.needs is not None)
-# The kernel outputs each such method reads, in the order the kernel writes
-# them: a kernel body takes the method only if it emits them all
-# (`kernels.driver.KernelBody.emits`, `extra_outputs`).
-KERNEL_OUTPUTS: Mapping[str, tuple[str, ...]] = {
-    m.name: (m.needs,) for m in _REGISTRY if m.needs is not None}
 # The methods every token kernel takes: they select from the score buffer.
 KERNEL_TOPK_METHODS = tuple(m.name for m in _REGISTRY if m.needs is None)
 

@@ -433,7 +433,7 @@ class LaunchProgram:
   calls: tuple  # (callee, bundles per call) of the module's other programs
 
   def executed(self, programs) -> int:
-    """Bundles for `programs` (a `tiling.Launch`'s, each with num_bq and
+    """Bundles for `programs` (a `tiling.PlannedLaunch`'s, each with num_bq and
     num_bkv): the KV loop's trips come from the batch, as per page."""
     total = self.outside
     for pr in programs:

@@ -23,11 +23,12 @@ from streamidx import call as call_lib
 from streamidx import semantics
 from streamidx import topk as topk_lib
 from streamidx import variants as variants_lib
+from streamidx.kernels import driver as driver_lib
 from streamidx.kernels import fp4, tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
-           "Launch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
+           "PlannedLaunch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
            "expected_dma_events", "steps", "scratch_bytes", "pallas_calls",
            "declared_scratch", "launch_case", "kernel_scratch",
            "scoring_static", "vmem_budget",
@@ -140,20 +141,29 @@ class Program:
 
 
 @dataclasses.dataclass(frozen=True)
-class Launch:
-  """One `pallas_call` of the kernel."""
+class PlannedLaunch:
+  """One `pallas_call` of the kernel as the model plans it: the driver's
+  description of it, `spec` (`kernels.driver.Launch`, what the body's
+  launch receives: case, sequences per program, blocks, page size), the
+  sequences [start_seq, end_seq) it covers, and what the model adds: its
+  programs and VMEM scratch."""
 
-  case: str  # "decode", "decode_rest", "prefill", "mixed" or "page"
+  spec: driver_lib.Launch
   start_seq: int
   end_seq: int
-  seq_batch_size: int
-  bq_sz: int
-  bkv_p: int
-  bkv_sz: int  # entries per KV block = bkv_p * page_size
   num_score_sublanes: int  # page mode: 128-lane rows of the pooled output
   programs: tuple[Program, ...]
   scratch: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype)
-  static_q_len: int | None = None  # 1 for the decode launches, else None
+
+  case = property(lambda self: self.spec.case)
+  seq_batch_size = property(lambda self: self.spec.seq_batch_size)
+  bq_sz = property(lambda self: self.spec.bq_sz)
+  bkv_p = property(lambda self: self.spec.bkv_p)
+  static_q_len = property(lambda self: self.spec.static_q_len)
+
+  @property
+  def bkv_sz(self) -> int:  # entries per KV block = bkv_p * page_size
+    return self.bkv_p * self.spec.page_size
 
   @property
   def grid(self) -> int:
@@ -188,7 +198,7 @@ class Plan:
 
   mode: str  # "token" or "page"
   geometry: Geometry
-  launches: tuple[Launch, ...]
+  launches: tuple[PlannedLaunch, ...]
   seq_lens: tuple[int, ...]
   q_lens: tuple[int, ...]
   cu_q_lens: tuple[int, ...]
@@ -200,7 +210,7 @@ class Plan:
   order: tuple[int, ...] = ()
 
   @property
-  def executed(self) -> tuple["Launch", ...]:
+  def executed(self) -> tuple[PlannedLaunch, ...]:
     """The launches with programs (an empty range launches nothing, M14)."""
     return tuple(l for l in self.launches if l.grid)
 
@@ -279,8 +289,8 @@ class Plan:
 
 
 def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
-  """The kernel's VMEM scratch (`semantics.launch_scratch`, and the scale
-  buffer of a two-array cache: `kernels.tpu.with_scale_buffer`)."""
+  """The kernel's VMEM scratch (`semantics.launch_scratch`, with the scale
+  buffer of a two-array cache)."""
   out_sublanes = (num_score_sublanes if case == "page"
                   else bkv_p * g.page_size // _LANES)
   out = semantics.launch_scratch(
@@ -288,10 +298,8 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
       page_size_per_kv_packing=g.page_size_per_kv_packing,
       kv_packing=g.kv_packing, lkv_dim=g.lkv_dim, cache_dtype=g.cache_dtype,
       num_q_heads=g.num_q_heads, head_dim=g.head_dim, q_dtype=g.q_dtype,
-      weights_dtype="float32", num_out_sublanes=out_sublanes)
-  if g.dense:  # two arrays: the kernels' scale buffer (`kernels.tpu`)
-    out = tpu_lib.with_scale_buffer(out, g.scale_block,
-                                    seq_batch_size=seq_batch_size, bkv_p=bkv_p)
+      weights_dtype="float32", num_out_sublanes=out_sublanes,
+      scale_block=g.scale_block if g.dense else None)
   return tuple((name, shape, np.dtype(dtype).name)
                for name, shape, dtype in out)
 
@@ -413,31 +421,24 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
                          num_bkv, rows))
     return tuple(out)
 
-  launches = []
   if v.mode == "token":
     for bkv_p in nkv:  # `validate.static_validate`'s rule, without arrays
       if (g.page_size * bkv_p) % _LANES:
         raise ValueError(f"num_kv_pages_per_block: page_size * bkv_p = "
                          f"{g.page_size} * {bkv_p} must be a multiple of 128")
-    for tl in semantics.token_launches((d0, d1, d2), drb, dq):
-      bkv_p = nkv[tl.block_case]
-      bq_sz = tl.bq_sz(nq[tl.block_case])
-      bkv_sz = bkv_p * g.page_size
-      launches.append(Launch(
-          tl.case, tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_p, bkv_sz,
-          0, programs(tl.start, tl.end, tl.seq_batch_size, bq_sz, bkv_sz,
-                      tl.static_q_len),
-          _scratch(tl.case, g, tl.seq_batch_size, bq_sz, bkv_p, 0),
-          tl.static_q_len))
-    num_cols = max(align_to(g.pages_per_seq, p) * g.page_size for p in nkv)
-  else:
-    bkv_p, bq_sz = int(nkv), int(nq)
-    num_cols = align_to(cdiv(g.pages_per_seq, bkv_p) * bkv_p, _LANES)
-    bkv_sz = bkv_p * g.page_size
-    launches.append(Launch(
-        "page", 0, d2, 1, bq_sz, bkv_p, bkv_sz, num_cols // _LANES,
-        programs(0, d2, 1, bq_sz, bkv_sz, None),
-        _scratch("page", g, 1, bq_sz, bkv_p, num_cols // _LANES)))
+  rows = semantics.score_rows(v.mode, g.pages_per_seq, g.page_size, nkv)
+  num_cols = rows * _LANES
+  out_rows = rows if v.mode == "page" else 0
+  launches = []  # the driver's, with the model's programs and scratch
+  for start, end, spec in driver_lib.launches(
+      c, (d0, d1, d2) if v.mode == "token" else d2, page_size=g.page_size):
+    start, end = int(start), int(end)
+    launches.append(PlannedLaunch(
+        spec, start, end, out_rows,
+        programs(start, end, spec.seq_batch_size, spec.bq_sz,
+                 spec.bkv_p * g.page_size, spec.static_q_len),
+        _scratch(spec.case, g, spec.seq_batch_size, spec.bq_sz, spec.bkv_p,
+                 out_rows)))
   return Plan(v.mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
               tuple(cu), page_indices, ratio, num_cols, order)
 
