@@ -35,10 +35,8 @@ VMEM; `check_page_rows` is the two bounds as a rule, which
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
@@ -349,18 +347,6 @@ def check_page_kv_block(cache_format: str, page_size: int,
         f"{cache_lib.padded_head_dim(head_dim)} = {values})")
 
 
-@functools.lru_cache(maxsize=None)
-def _page_layout(cache_format: str, page_size: int, head_dim: int):
-  """One page of the cache format's arrays (`CACHE_FORMATS[...].pack` on a
-  shape): ((rows, packing, lkv) and dtype of the values, the scales' block
-  or None)."""
-  keys = jax.ShapeDtypeStruct((1, page_size, head_dim), jnp.float32)
-  arrays = jax.eval_shape(cache_lib.CACHE_FORMATS[cache_format].pack, keys)
-  values = arrays[0]
-  scales = tuple(arrays[1].shape[1:]) if len(arrays) == 2 else None
-  return tuple(values.shape[1:]), jnp.dtype(values.dtype), scales
-
-
 def page_scratch_bytes(rows: int, *, cache_format: str, num_heads: int,
                        page_size: int, head_dim: int = 128,
                        pages_per_seq: int | None = None,
@@ -369,16 +355,15 @@ def page_scratch_bytes(rows: int, *, cache_format: str, num_heads: int,
   (`semantics.launch_scratch`, a two-array format's scale buffer beside
   it): the query block taken as float32 (the larger query dtype), score
   rows for `pages_per_seq` (None: one KV block)."""
-  (rows_per_page, packing, lkv), dtype, scales = _page_layout(
-      cache_format, page_size, head_dim)
+  layout = cache_lib.page_layout(cache_format, page_size, head_dim)
   scratch = semantics.launch_scratch(
       seq_batch_size=1, bq_sz=rows, bkv_p=PAGE_KV_PAGES,
-      page_size_per_kv_packing=rows_per_page, kv_packing=packing,
-      lkv_dim=lkv, cache_dtype=dtype, num_q_heads=num_heads,
+      page_size_per_kv_packing=layout.rows, kv_packing=layout.packing,
+      lkv_dim=layout.width, cache_dtype=layout.dtype, num_q_heads=num_heads,
       head_dim=cache_lib.padded_head_dim(head_dim), q_dtype=jnp.float32,
       weights_dtype=jnp.float32,
       num_out_sublanes=cdiv(pages_per_seq or PAGE_KV_PAGES, PAGE_KV_PAGES),
-      scale_block=scales)
+      scale_block=layout.scale_block)
   return semantics.scratch_vmem_bytes(scratch, tpu_generation)
 
 

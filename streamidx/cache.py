@@ -12,7 +12,8 @@ values, zeros to `padded_head_dim`, the e8m0 scale byte e + 127, zero padding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal, NamedTuple
+import functools
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,7 @@ __all__ = [
     "e8m0_scales",
     "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
     "tpu_scale_bytes", "cache_pages", "PageGeometry", "page_geometry",
-    "format_of", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
+    "format_of", "PageLayout", "page_layout", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
     "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
     "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
 ]
@@ -466,4 +467,24 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
                           + padded_head_dim(head_dim) // MXFP4_GROUP), "mxfp4",
         ("cache_values", "cache_scales")),
 }
+
+
+class PageLayout(NamedTuple):
+  """One page of a cache format's arrays (`page_layout`)."""
+
+  rows: int  # value rows of a page (page_size_per_kv_packing)
+  packing: int  # the packing axis (kv_packing)
+  width: int  # a row's elements (lkv_dim; the pairs: head_dim padded)
+  dtype: Any  # the values' (or records') dtype
+  scale_block: tuple[int, ...] | None  # a page's scales (two arrays)
+
+
+@functools.lru_cache(maxsize=None)
+def page_layout(fmt: str, page_size: int, head_dim: int = 128) -> PageLayout:
+  """One page of `CACHE_FORMATS[fmt].pack`'s arrays, shapes only: the
+  formats' one definition of their layout, read by the models."""
+  keys = jax.ShapeDtypeStruct((1, page_size, head_dim), jnp.float32)
+  arrays = jax.eval_shape(CACHE_FORMATS[fmt].pack, keys)
+  scales = tuple(arrays[1].shape[1:]) if len(arrays) == 2 else None
+  return PageLayout(*arrays[0].shape[1:], jnp.dtype(arrays[0].dtype), scales)
 

@@ -16,7 +16,7 @@ The body contract (M20): a body's `launch` receives its `Launch` and the
 arrays and returns its output buffers; the output beyond the scores that
 the call's method `needs` is asked of the body's `emits`. `_pipeline`
 composes them in one trace (jit, `.lower`, a TPU); interpreted and called
-eagerly, `_staged` jits them apart (one program per launch configuration,
+eagerly, it jits them apart (`staged`) (one program per launch configuration,
 an empty launch not compiled) and waits for the result (docs/limitations.md).
 `checked_run` is the same call behind the value rules (checkify).
 """
@@ -118,6 +118,10 @@ class KernelBody:
   launch: Callable
   cache_formats: tuple[str, ...]
   emits: tuple[Output, ...] = ()
+
+  def variant(self, mode: str) -> str:
+    """Its variant's name in `mode`: "<name>", or "<name>_page"."""
+    return self.name + ("_page" if mode == "page" else "")
 
   @property
   def cache_args(self) -> tuple[str, ...]:
@@ -270,50 +274,39 @@ def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
 
 
 def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
-              last, *, call, body):
-  """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run)."""
+              last, *, call, body, staged=False):
+  """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run);
+  `staged` (interpreted and called eagerly): its stages jitted apart, each
+  launch waited for, an empty one not made (module docstring)."""
   interpret = modes.resolve_interpret()  # M1
+  prepare, launch, select = ((_prepare_jit, _launch_jit, _select_jit)
+                             if staged else (_prepare, _launch, _select))
   arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
   with jax.named_scope(STAGE_SCOPES["fill"]):
-    q, weights, prefetch, order, bufs = _prepare(*arrays, call=call,
-                                                 body=body, interpret=interpret)
+    q, weights, prefetch, order, bufs = prepare(*arrays, call=call,
+                                                body=body, interpret=interpret)
   for start, end, spec in _runs(call, body, cache, seq_lens, page_indices,
                                 last, interpret):
     def step(b, start=start, end=end, spec=spec):
-      return _launch(q, weights, cache, b, prefetch, start, end, body=body,
-                     spec=spec)
+      return launch(q, weights, cache, b, prefetch,
+                    jnp.asarray(start, jnp.int32), jnp.asarray(end, jnp.int32),
+                    body=body, spec=spec)
     with jax.named_scope(STAGE_SCOPES["scoring"]):
-      if call.skip_empty_launches:  # M14: an empty range launches nothing
+      if staged:
+        if int(end) > int(start) or not call.skip_empty_launches:
+          bufs = jax.block_until_ready(step(bufs))
+      elif call.skip_empty_launches:  # M14: an empty range launches nothing
         bufs = lax.cond(end > start, step, lambda b: b, bufs)
       else:
         bufs = step(bufs)
-  return _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last,
-                 call=call, body=body, interpret=interpret)
+  return select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last,
+                call=call, body=body, interpret=interpret)
 
 
 _STATIC = ("call", "body", "interpret")
 _prepare_jit = jax.jit(_prepare, static_argnames=_STATIC)
 _launch_jit = jax.jit(_launch, static_argnames=("body", "spec"))
 _select_jit = jax.jit(_select, static_argnames=_STATIC)
-
-
-def _staged(call, body, q, indexer_weights, cache, seq_lens, page_indices,
-            cu_q_lens, last):
-  """The same pipeline, interpreted and called eagerly, its stages jitted
-  apart (module docstring); each interpreted launch is waited for."""
-  interpret = modes.resolve_interpret()
-  arrays = (q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens, last)
-  q, weights, prefetch, order, bufs = _prepare_jit(*arrays, call=call,
-                                                   body=body,
-                                                   interpret=interpret)
-  for start, end, spec in _runs(call, body, cache, seq_lens, page_indices,
-                                last, interpret):
-    if int(end) > int(start) or not call.skip_empty_launches:
-      bufs = jax.block_until_ready(_launch_jit(
-          q, weights, cache, bufs, prefetch, jnp.asarray(start, jnp.int32),
-          jnp.asarray(end, jnp.int32), body=body, spec=spec))
-  return _select_jit(bufs, order, cache, seq_lens, page_indices, cu_q_lens,
-                     last, call=call, body=body, interpret=interpret)
 
 
 _jitted = jax.jit(_pipeline, static_argnames=("call", "body"))
@@ -334,7 +327,8 @@ def run(call, body, *arrays):
   """The kernel call: i32[T, k] indices (and f32[T, k] scores when
   `call.return_scores`). Interpreted and eager, the staged pipeline."""
   if _eager_interpreted(arrays):
-    return jax.block_until_ready(_staged(call, body, *arrays))
+    return jax.block_until_ready(_pipeline(*arrays, call=call, body=body,
+                                           staged=True))
   return _jitted(*arrays, call=call, body=body)
 
 
@@ -377,7 +371,8 @@ def checked_run(call, body, *arrays):
   if _eager_interpreted(arrays):
     err, ok = _checks_jit(*arrays, call=call, body=body)
     if bool(ok):
-      return err, jax.block_until_ready(_staged(call, body, *arrays))
+      return err, jax.block_until_ready(
+          _pipeline(*arrays, call=call, body=body, staged=True))
     return err, _unchecked_result(call, arrays[0].shape[0])
   return _checked_jitted(*arrays, call=call, body=body)
 
@@ -410,7 +405,7 @@ class Entry:
 
   @property
   def variant(self) -> str:
-    return self.body.name + ("_page" if self.mode == "page" else "")
+    return self.body.variant(self.mode)
 
   def bind(self, *args, **kwargs):
     """(call, arrays) for these arguments (a TypeError for arguments the
@@ -462,7 +457,7 @@ def bind_call(cls, body: KernelBody, arrays, **fields):
                      .pages_per_seq if len(seqs) == len(pages) == 1
                      and seqs[0] else None)
     call = call.with_table_blocks(
-        body.name + ("_page" if call.mode == "page" else ""),
+        body.variant(call.mode),
         cache_format=cache_lib.format_of(cache), num_heads=int(q.shape[1]),
         page_size=cache_lib.cache_pages(cache)[1], head_dim=int(q.shape[2]),
         pages_per_seq=pages_per_seq)

@@ -24,7 +24,7 @@ from streamidx import semantics
 from streamidx import topk as topk_lib
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver as driver_lib
-from streamidx.kernels import fp4, tpu as tpu_lib
+from streamidx.kernels import tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 __all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
@@ -63,34 +63,17 @@ class Geometry:
   q_dtype: str  # "bfloat16" or "float32"
 
   @property
-  def dense(self) -> bool:  # values and scales in two arrays (dense, MXFP4)
-    return self.fmt in ("dense_fp8", "mxfp4")
+  def layout(self) -> cache_lib.PageLayout:  # one page of its arrays
+    return cache_lib.page_layout(self.fmt, self.page_size, self.head_dim)
 
-  @property
-  def scale_block(self) -> tuple[int, int]:  # a page's u8 scales (two arrays)
-    if self.fmt == "mxfp4":
-      return (self.head_dim // cache_lib.MXFP4_GROUP, self.page_size)
-    lanes = cache_lib.dense_scale_lanes(self.page_size)
-    return (self.page_size // lanes, lanes)
-
-  @property
-  def kv_packing(self) -> int:
-    return 4 if self.dense else cache_lib.kv_packing(self.fmt)
-
-  @property
-  def lkv_dim(self) -> int:  # elements per row of the values/records array
-    return self.head_dim if self.dense else cache_lib.lkv_dim(self.fmt,
-                                                              self.head_dim)
-
-  @property
-  def page_size_per_kv_packing(self) -> int:  # value rows of a page
-    return self.page_size // (fp4.KV_PACKING if self.fmt == "mxfp4"
-                              else self.kv_packing)
-
-  @property
-  def cache_dtype(self) -> np.dtype:
-    return (np.dtype(np.uint8) if self.dense
-            else np.dtype(cache_lib.cache_dtype(self.fmt)))
+  # The layout's: values and scales in two arrays (dense, MXFP4), a page's
+  # u8 scales, the packing axis, a row's elements, a page's value rows.
+  dense = property(lambda self: self.layout.scale_block is not None)
+  scale_block = property(lambda self: self.layout.scale_block)
+  kv_packing = property(lambda self: self.layout.packing)
+  lkv_dim = property(lambda self: self.layout.width)
+  page_size_per_kv_packing = property(lambda self: self.layout.rows)
+  cache_dtype = property(lambda self: np.dtype(self.layout.dtype))
 
   @property
   def record_bytes(self) -> int:  # one entry's bytes (dense: head_dim + 1)
@@ -299,7 +282,7 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
       kv_packing=g.kv_packing, lkv_dim=g.lkv_dim, cache_dtype=g.cache_dtype,
       num_q_heads=g.num_q_heads, head_dim=g.head_dim, q_dtype=g.q_dtype,
       weights_dtype="float32", num_out_sublanes=out_sublanes,
-      scale_block=g.scale_block if g.dense else None)
+      scale_block=g.scale_block)
   return tuple((name, shape, np.dtype(dtype).name)
                for name, shape, dtype in out)
 
