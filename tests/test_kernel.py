@@ -12,6 +12,7 @@ derived from the arithmetic.
 """
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +236,9 @@ def test_public_functions_keep_the_jit_methods():
   abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inp.args]
   traced = si.streamindex_topk.trace(*abstract, **SEED_KWARGS)
   assert traced.out_info.shape == (NUM_TOKENS, K)
-  assert si.streamindex_topk.__wrapped__.__name__ == "streamindex_topk"
+  assert si.streamindex_topk.__name__ == "streamindex_topk"
+  assert list(inspect.signature(si.streamindex_topk).parameters)[:3] == [
+      "q", "indexer_weights", "cache_kv"]
 
 
 def test_eval_shape_with_seed_keyword_arguments():

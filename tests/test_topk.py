@@ -273,9 +273,10 @@ def test_variant_passes_topk_method_through():
   assert static["topk_method"] == "radix"
   assert v.topk_methods == topk.TOPK_METHODS
   assert si.VARIANTS["dense"].topk_methods == topk.TOPK_METHODS
-  with pytest.raises(ValueError, match=r"topk_method: must be one of \(\) for variant 'vendored_page'"):
-    si.VARIANTS["vendored_page"].static(inp, k=4, compression_ratio=1,
-                                        topk_method="radix")
+  page = si.VARIANTS["vendored_page"]
+  assert page.topk_methods == ()  # pages by top_k: no such argument
+  with pytest.raises(TypeError, match="topk_method"):
+    page.kernel.call(*inp.page_args, k_pages=4, topk_method="radix")
 
 
 def test_topk_methods_are_exported():
