@@ -79,6 +79,15 @@ PAGE_MXFP4_BLOCK_SOURCE = (
     "values) compiled on v5e, v6e and v7x; on v6e 192-entry pages at "
     "head_dim 256 (6 Mi) needed 79.80 MiB of scoped VMEM of 64 MiB (E1001) "
     "at 8 query rows, 256-entry pages (8 Mi) 114.19 MiB at one row")
+# TPU v4's packed FP8 page kernel widens its KV block to bf16 (M10) and pools
+# its pages by lane segments (M15): at most this many entries a KV block.
+PAGE_V4_FP8_BLOCK_ENTRIES = 8192
+PAGE_V4_FP8_BLOCK_SOURCE = (
+    "compiled for v4, no TPU, libtpu 0.0.42.1 (python -m streamidx.aot "
+    "--generations v4 --variants vendored_page --formats fp8 --shapes "
+    "glm-page-prefill page-64h-prefill): 64-entry pages (8,192 entries a "
+    "block) compiled; 128-entry pages (16,384) ran out of VMEM, 26.7-27.0 "
+    "MiB of 16 MiB, at 8, 16, 32 and 64 heads and 4 or 8 query rows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,10 +339,22 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
       f"{_mib(score)} and {_mib(summed)})")
 
 
-def check_page_kv_block(cache_format: str, page_size: int,
-                        head_dim: int) -> None:
-  """Page mode's KV block over the MXFP4 cache: at most
-  `PAGE_MXFP4_BLOCK_VALUES` values; a ValueError naming cache_values."""
+def check_page_kv_block(cache_format: str, page_size: int, head_dim: int,
+                        generation: str | None = None) -> None:
+  """Page mode's KV block: over the MXFP4 cache at most
+  `PAGE_MXFP4_BLOCK_VALUES` values, over the packed FP8 cache on TPU v4 at
+  most `PAGE_V4_FP8_BLOCK_ENTRIES` entries; a ValueError naming the
+  argument."""
+  entries = PAGE_KV_PAGES * page_size
+  if (cache_format == "fp8" and generation == "v4"
+      and entries > PAGE_V4_FP8_BLOCK_ENTRIES):
+    raise ValueError(
+        f"page_size: on TPU v4 the packed FP8 page kernel widens its "
+        f"{PAGE_KV_PAGES}-page KV block to bf16 in VMEM, {PAGE_KV_PAGES} x "
+        f"page_size must be <= {PAGE_V4_FP8_BLOCK_ENTRIES} entries "
+        f"(streamidx.blocks.PAGE_V4_FP8_BLOCK_SOURCE; the bf16 and dense FP8 "
+        f"caches have no such bound) (got {PAGE_KV_PAGES} x {page_size} = "
+        f"{entries})")
   if cache_format != "mxfp4":
     return
   values = PAGE_KV_PAGES * page_size * cache_lib.padded_head_dim(head_dim)
@@ -392,7 +413,7 @@ def page_query_rows(*, generation: str | None, cache_format: str,
   (`page_scratch_bytes`) fits `page_vmem_budget(generation)`. Raises a
   ValueError when one row does not fit."""
   check_page_rows(1, num_heads, page_size)
-  check_page_kv_block(cache_format, page_size, head_dim)
+  check_page_kv_block(cache_format, page_size, head_dim, generation)
   budget, tpu_gen, budget_what = page_vmem_budget(generation)
   geometry = dict(cache_format=cache_format, num_heads=num_heads,
                   page_size=page_size, head_dim=head_dim,

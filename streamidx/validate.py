@@ -22,6 +22,7 @@ from jax.experimental import checkify
 
 from streamidx import blocks
 from streamidx import cache as cache_lib
+from streamidx import modes
 from streamidx import semantics
 
 __all__ = [
@@ -270,8 +271,12 @@ def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
     _check_block_arithmetic(page_size, pages_per_seq, 128)
     # A KV block's scores and (MXFP4) values: streamidx.blocks' bounds.
     blocks.check_page_rows(call.num_queries_per_block, q.shape[1], page_size)
-    if cache_lib.is_mxfp4(cache):
-      blocks.check_page_kv_block("mxfp4", page_size, q.shape[2])
+    fmt = ("mxfp4" if cache_lib.is_mxfp4(cache) else
+           "fp8" if not isinstance(cache, (tuple, list))
+           and cache.dtype == jnp.uint8 else None)
+    if fmt:
+      blocks.check_page_kv_block(fmt, page_size, q.shape[2],
+                                 modes.current_generation())
     return
   _check_distribution(last)
   cases = list(zip(semantics.CASES, call.num_kv_pages_per_block))

@@ -217,3 +217,22 @@ def test_a_larger_random_call_compiles(variant, generation, n):
   generation, any page size the format packs, any selection."""
   assert_compiles(draw(variant, _seed(variant, generation, n), FULL),
                   generation)
+
+
+@needs_libtpu
+def test_v4_refuses_the_packed_fp8_page_kernel_past_its_block_bound():
+  """TPU v4 (M10's bf16 widening, M15's pooling): 128-entry pages of packed
+  FP8 overflow its VMEM at any head count or rows; refused before the
+  compiler, naming the argument and the bound. The aot matrix reports
+  the row as refused."""
+  shape = shapes.COMPILE_BY_NAME["page-64h-prefill"]
+  with si.compile_for("v4") as target:
+    args = aot.entry_args("vendored_page", shape, "fp8", target)
+    with pytest.raises(ValueError, match=r"page_size: on TPU v4 .* <= 8192"):
+      si.streamindex_page_topk.lower(*args, k_pages=shape.k,
+                                     num_queries_per_block=4)
+  (row,) = aot.matrix(quick=False, variants=["vendored_page"],
+                      generations=["v4"], formats=["fp8"],
+                      shapes=["page-64h-prefill"])
+  assert row.refused.startswith("ValueError: page_size: on TPU v4")
+  assert aot.compile_row(row).ok

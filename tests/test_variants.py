@@ -155,6 +155,11 @@ def test_page_rows_that_cannot_fit_are_refused_naming_the_limit():
                    page_size=256, generation="v6e")
   with pytest.raises(ValueError, match=r"^cache: a page-mode launch's VMEM "
                      r"scratch at one query row .* must fit 16.00 MiB \(v4:"):
+    si.block_sizes("vendored_page", cache_format="bf16", num_heads=1,
+                   page_size=512, generation="v4")
+  # v4's packed FP8 page kernel: its widened KV block's bound comes first.
+  with pytest.raises(ValueError, match=r"^page_size: on TPU v4 the packed FP8 "
+                     r"page kernel .* \(got 128 x 512 = 65536\)"):
     si.block_sizes("vendored_page", cache_format="fp8", num_heads=1,
                    page_size=512, generation="v4")
   assert si.block_sizes("vendored_page", cache_format="fp8", num_heads=1,

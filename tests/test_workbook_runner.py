@@ -405,3 +405,45 @@ def test_step_rows_take_the_newest_measured_call_per_variant_and_method():
   assert measured
   assert rows == [dict(variant="lean", method="blocktop", floors=(), scoring=2.0, selection=0.5, rest=0.5),
                   dict(variant="vendored", method="sort", floors=(), scoring=3.0, selection=2.0, rest=1.0)]
+
+
+def test_kernels_run_over_unix_sockets_where_no_tcp_socket_opens(nbdir, tmp_path,
+                                                                monkeypatch):
+  """A TPU host here allows no TCP socket, loopback included: the runner
+  then talks to its kernels over ZeroMQ's ipc transport ("auto" picks it).
+  Where `unshare -n` works (a network namespace whose loopback is down), a
+  whole run is made there, over ipc, end to end."""
+  import shutil
+  import socket
+  import subprocess
+  import sys
+
+  class NoTCP(socket.socket):
+    def bind(self, address):
+      if self.family == socket.AF_INET:
+        raise OSError(97, "Address family not supported by protocol")
+      return super().bind(address)
+
+  assert workbook.kernel_transport("auto") == "tcp"
+  with monkeypatch.context() as m:
+    m.setattr(socket, "socket", NoTCP)
+    assert workbook.kernel_transport("auto") == "ipc"
+  with pytest.raises(workbook.WorkbookError, match="--transport: must be one"):
+    workbook.kernel_transport("udp")
+
+  path = make_notebook(nbdir, "01_ipc.ipynb", "output_dir = 'out'", OK_CODE)
+  unshare = shutil.which("unshare")
+  if not (unshare and subprocess.run([unshare, "-n", "true"], check=False,
+                                     capture_output=True).returncode == 0):
+    result = workbook.run_notebook(path, profile="ci", out_dir=tmp_path,
+                                   timeout=60, transport="ipc")
+    assert result.ok, result.describe()
+    pytest.skip("no network namespace here (unshare -n): an ipc run with "
+                "the network up was the check")
+  out = subprocess.run(
+      [unshare, "-n", sys.executable, "-m", "streamidx.workbook", "--profile",
+       "ci", "--notebooks", str(nbdir), "--out", str(tmp_path / "nonet"),
+       "--only", "01"], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "1 passed, 0 failed" in out.stdout

@@ -64,6 +64,7 @@ class Row:
   blocks: tuple  # sorted (name, value) pairs of the block-size keywords
   table: bool  # blocks are the block-size table's row
   topk_method: str | None = None  # None: the kernel's default
+  refused: str = ""  # the table's rule refuses the call (its ValueError)
 
   @property
   def static(self) -> dict:
@@ -116,7 +117,12 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
           if shape.mode != v.mode or (shape.name not in shapes if shapes else
                                       quick and shape.name != QUICK_SHAPES[v.mode]):
             continue
-          sets = [(table_blocks(name, shape, fmt, gen), True)]
+          try:
+            sets = [(table_blocks(name, shape, fmt, gen), True)]
+          except ValueError as e:  # refused before the compiler: a result
+            out.append(Row(name, gen, fmt, shape.name, (), True,
+                           refused=summarize_error(e)))
+            continue
           if not quick:
             sets += [(b, False) for b in BLOCK_SETS[v.mode]]
           for kw, is_table in sets:
@@ -259,7 +265,10 @@ def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
 
 
 def compile_row(row: Row) -> Result:
-  """Compiles one row's entry point for its generation; never raises."""
+  """Compiles one row's entry point for its generation; never raises. A
+  refused row is a result as it is (ok: refusing is the rule's answer)."""
+  if row.refused:
+    return Result(row, True, row.refused)
   shape = SHAPES_BY_NAME[row.shape]
   v = VARIANTS[row.variant]
   t0 = time.perf_counter()
@@ -305,7 +314,8 @@ def format_table(results: Sequence[Result]) -> str:
   return tables.format_rows([{
       "variant": r.row.variant, "gen": r.row.generation, "fmt": r.row.fmt,
       "shape": r.row.shape, "blocks": _label(r.row),
-      "result": "compiled" if r.ok else r.error[:90],
+      "result": (("refused: " + r.error[12:90]) if r.row.refused else
+                 "compiled" if r.ok else r.error[:90]),
       "compile s": f"{r.compile_s:.1f}", "VMEM scratch MiB": _mib(r.vmem_scratch),
       "HBM temp MiB": _mib(r.memory.get("temp")),
       "HBM args MiB": _mib(r.memory.get("argument")),
@@ -361,7 +371,7 @@ def main(argv=None) -> int:
         flush=True)
 
   def progress(r):
-    print(f"  {'compiled' if r.ok else 'FAILED  '} {r.row.variant} "
+    print(f"  {'refused ' if r.row.refused else 'compiled' if r.ok else 'FAILED  '} {r.row.variant} "
           f"{r.row.generation} {r.row.fmt} {r.row.shape} {_label(r.row)} "
           f"({r.compile_s:.1f} s)", flush=True)
 
@@ -370,7 +380,9 @@ def main(argv=None) -> int:
   print()
   print(format_table(results))
   bad = [r for r in results if not r.ok and r.row.table]
-  print(f"\naot: {sum(r.ok for r in results)}/{len(results)} compiled in "
+  refused = sum(1 for r in results if r.row.refused)
+  print(f"\naot: {sum(r.ok for r in results) - refused}/{len(results)} "
+        f"compiled, {refused} refused before the compiler (the table's rules), in "
         f"{time.perf_counter() - t0:.0f} s; rows with the block-size table's "
         f"sizes that failed: {len(bad)}")
   sharded_bad = 0

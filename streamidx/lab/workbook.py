@@ -205,12 +205,44 @@ def kernel_log(executed: Path) -> Path:
   return executed.with_suffix(".kernel.log")
 
 
-def _logged_kernel_manager(log: Path):
+TRANSPORTS = ("auto", "tcp", "ipc")
+
+
+def kernel_transport(transport: str = "auto") -> str:
+  """How the runner talks to a notebook's kernel: "tcp" (Jupyter's
+  default: ZeroMQ over loopback ports), "ipc" (ZeroMQ over Unix sockets,
+  where no TCP socket can be opened, as on this project's TPU hosts);
+  "auto": "tcp" if a loopback TCP connection can be made, else "ipc"."""
+  if transport not in TRANSPORTS:
+    raise WorkbookError(f"--transport: must be one of {TRANSPORTS} (got "
+                        f"{transport!r})")
+  if transport != "auto":
+    return transport
+  import socket  # pylint: disable=g-import-not-at-top
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+      server.bind(("127.0.0.1", 0))
+      server.listen(1)
+      socket.create_connection(server.getsockname(), timeout=2).close()
+    return "tcp"
+  except OSError:
+    return "ipc"
+
+
+def _logged_kernel_manager(log: Path, transport: str = "tcp"):
   """Kernels that write their own stdout and stderr (what they write outside a
-  cell: docs/workbook.md) to `log`, not between the runner's lines."""
+  cell: docs/workbook.md) to `log`, not between the runner's lines, over
+  `transport` ("ipc": Unix sockets in a fresh temporary folder)."""
   from jupyter_client.manager import AsyncKernelManager
 
   class LoggedKernelManager(AsyncKernelManager):
+    def __init__(self, **kw):
+      super().__init__(**kw)
+      if transport == "ipc":
+        self.transport = "ipc"
+        self.ip = os.path.join(tempfile.mkdtemp(prefix="streamidx-kernel-"),
+                               "kernel")
+
     async def start_kernel(self, **kw):
       with open(log, "ab") as f:  # the kernel holds its own descriptor
         await super().start_kernel(stdout=f, stderr=f, **kw)
@@ -235,10 +267,12 @@ def _quiet_logs(log_output: bool) -> None:
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  out_dir: str | os.PathLike | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, *, html: bool = False,
-                 log_output: bool = False, index: bool = True) -> NotebookResult:
+                 log_output: bool = False, index: bool = True,
+                 transport: str = "auto") -> NotebookResult:
   """Executes one notebook with papermill (`parameters_for`) into `out_dir`
   (default: the profile's build folder); `index`: rewrite the landing page
-  after it (concurrent callers pass False and write it from one thread)."""
+  after it (concurrent callers pass False and write it from one thread);
+  `transport`: the kernel's (`kernel_transport`)."""
   path = Path(path).resolve()
   if not path.is_file():
     raise WorkbookError(f"{path}: no such notebook")
@@ -262,7 +296,8 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
         str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
         language="python", cwd=str(path.parent), execution_timeout=timeout,
         log_output=log_output, progress_bar=False,
-        kernel_manager_class=_logged_kernel_manager(kernel_log(executed)))
+        kernel_manager_class=_logged_kernel_manager(
+            kernel_log(executed), kernel_transport(transport)))
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
     failure = _failure_from(e, executed, source_nb)
   seconds = time.perf_counter() - start
@@ -619,6 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "use --jobs 1 to time")
   ap.add_argument("-v", "--verbose", action="store_true",
                   help="log the notebooks' output while they run")
+  ap.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                  help="the kernels' ZeroMQ transport (default auto: tcp, or "
+                  "ipc where no loopback TCP socket can be opened, as on a "
+                  "TPU host that allows none)")
   args = ap.parse_args(argv)
   notebooks_dir = args.notebooks.resolve()
   out_dir = (args.out or notebooks_dir.parent / PROFILE_OUT[args.profile]).resolve()
@@ -652,7 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
       print(f"--- {nb.name}", flush=True)
     return run_notebook(nb, args.profile, out_dir, args.timeout, html=args.html,
-                        log_output=args.verbose, index=False)
+                        log_output=args.verbose, index=False,
+                        transport=args.transport)
 
   def index() -> None:  # the one writer of the landing page, in this thread
     left = [nb for nb in order if nb not in results]
