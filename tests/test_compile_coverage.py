@@ -219,7 +219,7 @@ def test_a_larger_random_call_compiles(variant, generation, n):
                   generation)
 
 
-@needs_libtpu
+@tiers.needs_libtpu
 def test_v4_refuses_the_packed_fp8_page_kernel_past_its_block_bound():
   """TPU v4 (M10's bf16 widening, M15's pooling): 128-entry pages of packed
   FP8 overflow its VMEM at any head count or rows; refused before the

@@ -1,7 +1,6 @@
 """The dump layer (streamidx.lab.dump) on synthetic dump text, and the
 trip-count check on compiled loops whose counts are known."""
 
-import json
 
 import pytest
 

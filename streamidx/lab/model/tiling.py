@@ -365,7 +365,7 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
   else:
     del blocks["decode_req_batch_size"]
     c = call_lib.PageCall(k=1, compression_ratio=ratio, **blocks)
-  nkv, nq, drb = (c.num_kv_pages_per_block, c.num_queries_per_block,
+  nkv, drb = (c.num_kv_pages_per_block,
                   int(c.decode_req_batch_size))
   g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
                q_dtype=q_dtype)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import collections
 
 import jax
-import numpy as np
 
 from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab.model import tiling, timeline
-from streamidx.semantics import cdiv
 
 _KV_KINDS = ("kv", "kv_scale")
 
