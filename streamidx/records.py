@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -113,10 +114,13 @@ def load(name: str) -> dict:
 
 
 def save(name: str, doc: Mapping[str, Any]) -> Path:
-  """Writes `doc` as file `name` (indent 1, UTF-8, a final newline)."""
+  """Writes `doc` as file `name` (indent 1, UTF-8, a final newline), whole
+  or not at all (a run stopped mid-write leaves the last complete file)."""
   p = path(name)
-  p.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
-               encoding="utf-8")
+  tmp = p.with_name(p.name + ".tmp")
+  tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
+                 encoding="utf-8")
+  os.replace(tmp, p)
   load.cache_clear()
   return p
 
