@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import fnmatch
 import functools
+import gc
 import importlib.metadata as md
 import json
 import statistics
@@ -402,6 +403,7 @@ def main(argv: Sequence[str]) -> int:
   command = " ".join(["python -m streamidx.bench --record", *argv])
   bad = 0
   for pt in todo:
+    gc.collect()  # the last point's arrays: HBM holds one point at a time
     t0 = time.perf_counter()
     try:
       rows, ops = measure(pt, repeats=a.repeats, iterations=a.iterations,
