@@ -36,6 +36,10 @@ STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("selection", r"select_topk_"),
     ("scoring", r"StreamIdx|" + STAGE_SCOPES["scoring"]),
     ("fill", STAGE_SCOPES["fill"]),
+    # XLA's TPU sort passes make new sort instructions without the op's
+    # scope (the v5e's profile: "sort.16" with no name of its own); the
+    # fill's and the kernel's ops sort nothing unscoped, the selection does.
+    ("selection", r"^sort([.-]|$)"),
 )
 
 
