@@ -383,16 +383,31 @@ def test_the_landing_page_numbers_each_title_by_its_file():
   assert workbook.numbered_title("", "05_x.ipynb") == "05"
 
 
-def test_the_landing_page_headline_is_the_model_step_when_no_chip_measured(nbdir, tmp_path):
-  # The chip records are empty in this checkout: the figure is the model, titled so.
+def test_the_landing_page_headline_is_the_measured_step_else_the_model(nbdir, tmp_path):
+  # The committed chip records decide: measured where they hold the step's
+  # shape on the chip, else the model, titled so.
+  from streamidx.lab.bench import record
+  measured = bool(record.calls(chip=workbook.STEP_CHIP, shape=workbook.STEP_SHAPE))
   make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
   out = tmp_path / "out"
   page = workbook.write_index(nbdir, out).read_text()
   head = page.split("<section")[0]
   assert f'<img src="{workbook.STEP_FIGURE}"' in head
   assert (out / workbook.STEP_FIGURE).read_bytes().startswith(b"\x89PNG")
-  assert "by the model" in head and "no chip measurement is recorded" in head
+  if measured:
+    assert "measured (device time by the profiler, from the chip records)" in head
+    assert "by the model" not in head
+  else:
+    assert "by the model" in head and "no chip measurement is recorded" in head
   assert "lean + blocktop" in head and "vendored pipeline" in head
+
+
+def test_step_rows_without_a_measured_call_are_the_models_step():
+  rows, measured = workbook.step_rows([])
+  assert not measured
+  assert {(r["variant"], r["method"]) for r in rows} == {
+      (v, m) for v in workbook.STEP_VARIANTS for m in workbook.STEP_METHODS}
+  assert all(r["scoring"] > 0 and r["selection"] > 0 for r in rows)
 
 
 def test_step_rows_take_the_newest_measured_call_per_variant_and_method():

@@ -530,7 +530,7 @@ def step_figure(path: str | os.PathLike) -> str:
   ax.invert_yaxis()
   ax.set_xlim(right=1.3 * max(total.values()) * 1e3)
   ax.set_xlabel("ms per call" + (" (device time, the profiler)" if measured else " (model)"))
-  ax.legend(fontsize=8, loc="lower right")
+  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(rows) - 0.12), ncol=3)  # below: no bar hidden
   floor = {(r["variant"], r["method"]): "at least " if r["floors"] else "" for r in rows}
   key, vkey = ("lean", "blocktop"), ("vendored", "sort")
   versus = (f"lean + blocktop {floor[key]}{total[key] * 1e3:,.2f} ms against the vendored pipeline "
