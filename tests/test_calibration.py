@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from streamidx import records
 from streamidx.lab import calibration
 from streamidx.lab.model import roofline
 
@@ -13,9 +14,18 @@ import test_dump  # its synthetic dump text
 
 def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
   calibration.main([])
-  lines = capsys.readouterr().out.strip().splitlines()
+  public, chip = capsys.readouterr().out.strip().split("\n\n")
+  lines = public.splitlines()
   n = len(calibration.measurements())
   assert len(lines) == n + 2  # header, one row each, the last line
+  # then this project's measured token calls, each beside the model
+  mine = chip.splitlines()
+  calls = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"])
+           for r in records.chip_rows(stage="call", mode=("decode", "prefill"))}
+  assert len(mine) == len(calls) + 2
+  m = re.search(r"(\d+) of (\d+) calls within 1\.2x of the model; the "
+                r"scoring alone (\d+) of (\d+)$", mine[-1])
+  assert m and int(m.group(2)) == int(m.group(4)) == len(calls)
   m = re.fullmatch(r"(\d+) of (\d+) public measurements within 1\.5x at one "
                    r"clock per chip \((.*)\)", lines[-1])
   assert m and int(m.group(2)) == n and int(m.group(1)) <= n

@@ -12,7 +12,9 @@ indexer geometry) at ONE clock per chip (`roofline.clock`: the public one in
 data/tpu_specs.json, else inferred from one named measurement,
 `roofline.INFER_FROM`, and applied to all others).
 
-    python -m streamidx.lab.calibration           the table, from the records
+    python -m streamidx.lab.calibration           the tables, from the records:
+                                                  the public measurements, then
+                                                  this project's chip records
     python -m streamidx.lab.calibration --json    the rows as one JSON list
     python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
                                                   recompile the scoring launches
@@ -37,10 +39,13 @@ __all__ = ["BAND", "recorded", "provenance", "measurements",
            "selection_program",
            "extra_input", "dynamic_loops", "taken_branches", "selection_row",
            "record_selection", "append_selection", "rows",
-           "format_table", "main"]
+           "format_table", "CHIP_BAND", "chip_rows", "format_chip_table",
+           "main"]
 
 # A prediction within this factor of its measurement (either way) agrees with it.
 BAND = 1.5
+# The same for this project's own chip measurements (the chip records).
+CHIP_BAND = 1.2
 # Why a prediction is more than BAND off, with the evidence the dump gives;
 # a row off by more and not named here is marked "unexplained".
 EXPLAINED = {
@@ -292,6 +297,54 @@ def format_table(rs: Sequence[dict]) -> str:
           f"clock per chip ({'; '.join(clocks)})")
 
 
+def chip_rows() -> list[dict]:
+  """This project's measured token calls (`records.chip_rows`, the newest
+  of each chip, shape, variant, method and k) beside the model's step
+  (`roofline.indexer_step` at DeepSeek-V4's geometry and the chip's
+  clock): the call's device time and its scoring part, each with the
+  model's."""
+  from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
+  newest = {}
+  for r in records.chip_rows(stage="call", mode=("decode", "prefill")):
+    newest[r["chip"], r["shape"], r["variant"], r["method"], r["k"]] = r
+  parts = {(r["run"]): r["device_s"]
+           for r in records.chip_rows(stage="scoring")}
+  out = []
+  for (chip, shape, variant, method, k), r in newest.items():
+    prefill = r["mode"] == "prefill"
+    sb = roofline.indexer_step(
+        chip, DSV4, k=k, variant=variant, method=method,
+        batch=1 if prefill else r["rows"], q_len=r["rows"] if prefill else 1,
+        context_tokens=r["tokens"])
+    scoring = next(st.bound for st in sb.stages if st.name == "scoring")
+    out.append(dict(chip=chip, shape=shape, variant=variant, method=method,
+                    k=k, measured_s=r["device_s"], predicted_s=sb.total_s,
+                    scoring_s=parts[r["run"]], scoring_predicted_s=scoring,
+                    clock=sb.clock_source, date=r["date"]))
+  return out
+
+
+def format_chip_table(rs: Sequence[dict]) -> str:
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  ms = lambda s: f"{s * 1e3:.3f} ms"
+  text = tables.format_rows([{
+      "chip": r["chip"], "shape": r["shape"], "variant": r["variant"],
+      "method": r["method"], "measured": ms(r["measured_s"]),
+      "model": ms(r["predicted_s"]),
+      "ratio": f"{r['predicted_s'] / r['measured_s']:.2f}",
+      "scoring measured": ms(r["scoring_s"]),
+      "scoring model": ms(r["scoring_predicted_s"]),
+      "scoring ratio": f"{r['scoring_predicted_s'] / r['scoring_s']:.2f}"}
+      for r in rs])
+  within = lambda a, b: 1 / CHIP_BAND <= a / b <= CHIP_BAND
+  n = sum(within(r["predicted_s"], r["measured_s"]) for r in rs)
+  ns = sum(within(r["scoring_predicted_s"], r["scoring_s"]) for r in rs)
+  chips = sorted({r["chip"] for r in rs})
+  return (text + f"\n{', '.join(chips) or 'no chip'} (this project's "
+          f"measurements, the chip records): {n} of {len(rs)} calls within "
+          f"{CHIP_BAND}x of the model; the scoring alone {ns} of {len(rs)}")
+
+
 def record_launches(chips: Sequence[str], *, variant: str = "vendored",
                     fmt: str = "fp8", shape: str = "dsv4-decode-4k") -> list[dict]:
   """Recompiles every launch of `variant` at `shape` (the table's blocks)
@@ -348,6 +401,8 @@ def main(argv=None) -> int:
                       for r in rs]))
     return 0
   print(format_table(rs))
+  print()
+  print(format_chip_table(chip_rows()))
   return 0
 
 
