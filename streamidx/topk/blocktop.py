@@ -671,8 +671,7 @@ METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
     "candidates that can win (the rule's `top_k` where its check fails)",
-    options=(base.Option("keep", None, base.positive_int,
+    options=(base.Option("keep",
                          "candidates kept per block (default `keep_for`)"),
-             base.Option("tile", None, _whole_vregs,
-                         "entries of a row per tile, a multiple of 1,024 "
-                         "(default `tile_for(N)`)")))
+             base.Option("tile", "entries of a row per tile, a multiple of "
+                         "1,024 (default `tile_for(N)`)", rule=_whole_vregs)))
