@@ -16,10 +16,6 @@ FP8 conversion on v5e/v5p/v6e 51.6 (v7x native e4m3, v4 widens, M10); 23.7 at
 8 pages (the table's row; 24.7 without the next three; v5e 27.8, v7x 22.0),
 each undone: e8m0 scales by their bits 24.3, one compare per score 24.2, the
 fnuz factor 16 in the weights 23.8.
-
-`launch` is this variant's one `pallas_call` per launch (token or page mode,
-`streamidx.kernels.driver.KernelBody.launch`); the entry points are
-`streamidx.streamindex_topk_lean` / `streamindex_page_topk_lean`.
 """
 
 from __future__ import annotations

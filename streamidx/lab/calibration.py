@@ -22,6 +22,7 @@ data/tpu_specs.json, else inferred from one named measurement,
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -315,11 +316,8 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
 
 
 def main(argv=None) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(
-      prog="python -m streamidx.lab.calibration",
-      description="Each public TPU measurement beside the static-schedule "
-      "prediction at one clock per chip (records: data/step_schedule.json).")
+  p = argparse.ArgumentParser(prog="python -m streamidx.lab.calibration",
+                              description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="the rows as JSON")
   p.add_argument("--record-selection", nargs=5,
                  metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
