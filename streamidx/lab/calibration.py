@@ -32,6 +32,7 @@ from typing import Sequence
 
 from streamidx import records
 from streamidx.lab import dump
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
 
 __all__ = ["BAND", "recorded", "provenance", "measurements",
@@ -327,8 +328,9 @@ def main(argv=None) -> int:
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
   p.add_argument("--shape", default="dsv4-decode-4k",
-                 help="with --record-launches: the compile shape (a "
-                 "lab.shapes.COMPILE name; its geometry keys the rows)")
+                 choices=sorted(shapes_lib.COMPILE_BY_NAME), help="with "
+                 "--record-launches: the compile shape (its geometry keys "
+                 "the rows)")
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection
