@@ -89,11 +89,9 @@ def _packed_token(
       of every decode sequence, 1 (default) or gamma + 1 under speculative
       decoding, at most `streamidx.call.MAX_DECODE_Q_LEN` (docs/semantics.md).
     physical_slots: streamidx (M22). True: return physical cache slots in
-      place of the entry indices, the page table applied to the k winners
-      (`streamidx.cache.physical_slots`: page_indices[seq * pages_per_seq +
-      e // page_size] * page_size + e % page_size, -1 kept; vLLM's slot
-      mapping), what a sparse attention over the paged cache reads. Any
-      `topk_method`; with `return_scores`, the scores are the same.
+      place of the entry indices (`streamidx.cache.physical_slots`, vLLM's
+      slot mapping), what a sparse attention over the paged cache reads.
+      Any `topk_method`; with `return_scores`, the scores are the same.
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
