@@ -305,6 +305,12 @@ def _mib(n: int) -> str:
   return f"{n / 2**20:.2f} MiB"
 
 
+def _page_blocks(rows: int, num_heads: int, page_size: int) -> str:
+  score, summed = page_block_bytes(rows, num_heads, page_size)
+  return (f"score block {_mib(score)} (of {_mib(PAGE_SCORE_BLOCK_BYTES)}), "
+          f"summed block {_mib(summed)} (of {_mib(PAGE_SUMMED_BLOCK_BYTES)})")
+
+
 def _page_rows_fit(rows: int, num_heads: int, page_size: int) -> bool:
   score, summed = page_block_bytes(rows, num_heads, page_size)
   return score <= PAGE_SCORE_BLOCK_BYTES and summed <= PAGE_SUMMED_BLOCK_BYTES
@@ -318,7 +324,6 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
   even one row fits."""
   if _page_rows_fit(rows, num_heads, page_size):
     return
-  score, summed = page_block_bytes(rows, num_heads, page_size)
   rule = (f"page mode's f32 scores of one KV block must be <= "
           f"{_mib(PAGE_SCORE_BLOCK_BYTES)} over all heads (query rows x "
           f"num_q_heads x {PAGE_KV_PAGES} pages x page_size x 4 B) and <= "
@@ -326,17 +331,16 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
           f"{PAGE_KV_PAGES} x page_size x 4 B): GLM's row, the work the "
           f"compiler unrolls (streamidx.blocks.PAGE_BLOCK_SOURCE)")
   if not _page_rows_fit(1, num_heads, page_size):
-    one = page_block_bytes(1, num_heads, page_size)
     raise ValueError(
         f"q: {rule}; at one query row: fewer heads or smaller pages (got "
-        f"{num_heads} heads, page_size {page_size}: {_mib(one[0])} and "
-        f"{_mib(one[1])})")
+        f"{num_heads} heads, page_size {page_size}: "
+        f"{_page_blocks(1, num_heads, page_size)})")
   most = max(r for r in range(1, rows) if _page_rows_fit(r, num_heads,
                                                          page_size))
   raise ValueError(
       f"num_queries_per_block: {rule}: at most {most} query rows at "
       f"{num_heads} heads and page_size {page_size} (got {rows}: "
-      f"{_mib(score)} and {_mib(summed)})")
+      f"{_page_blocks(rows, num_heads, page_size)})")
 
 
 def check_page_kv_block(cache_format: str, page_size: int, head_dim: int,
@@ -430,13 +434,10 @@ def page_query_rows(*, generation: str | None, cache_format: str,
         f", {num_heads} heads, {pages_per_seq or PAGE_KV_PAGES} pages per "
         f"sequence) must fit {_mib(budget)} ({budget_what}) (got page_size "
         f"{page_size}: {_mib(scratch)})")
-  score, summed = page_block_bytes(rows, num_heads, page_size)
   why = (f"{rows} query rows at {num_heads} heads and page_size "
-         f"{page_size}: score block {_mib(score)} (of "
-         f"{_mib(PAGE_SCORE_BLOCK_BYTES)}), summed block {_mib(summed)} (of "
-         f"{_mib(PAGE_SUMMED_BLOCK_BYTES)}), scratch {_mib(scratch)} "
-         f"({cache_format}, head_dim {head_dim}) of {_mib(budget)} "
-         f"({budget_what})")
+         f"{page_size}: {_page_blocks(rows, num_heads, page_size)}, scratch "
+         f"{_mib(scratch)} ({cache_format}, head_dim {head_dim}) of "
+         f"{_mib(budget)} ({budget_what})")
   return rows, why
 
 

@@ -69,10 +69,8 @@ class TopkCall:
   the kernel body the call is built for, a `kernels.driver.KernelBody`;
   None: every registered method), and read by name at the selection.
 
-  physical_slots: the result's ids as physical cache slots, the page table
-  applied to the k winners (`streamidx.cache.physical_slots`: page_indices
-  [seq, e // page_size] * page_size + e % page_size, -1 kept), for every
-  `topk_method`; in page mode the ids are pages, so the physical page.
+  physical_slots: the result's ids as physical cache slots
+  (`streamidx.cache.physical_slots`); in page mode, physical pages.
   """
 
   k: int

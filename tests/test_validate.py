@@ -283,7 +283,8 @@ PAGE_STATIC = [
                "heads (query rows x 128 x page_size x 4 B): GLM's row, the "
                "work the compiler unrolls (streamidx.blocks.PAGE_BLOCK_SOURCE)"
                ": at most 128 query rows at 4 heads and page_size 16 (got "
-               "256: 8.00 MiB and 2.00 MiB)",
+               "256: score block 8.00 MiB (of 32.00 MiB), summed block 2.00 MiB (of "
+               "1.00 MiB))",
                edit(num_queries_per_block=128)),
 ]
 

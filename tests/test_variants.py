@@ -150,7 +150,7 @@ def test_page_rows_that_cannot_fit_are_refused_naming_the_limit():
   anything is compiled, naming the argument and the limit."""
   with pytest.raises(ValueError, match=r"^q: page mode's f32 scores .* <= "
                      r"32.00 MiB over all heads .* \(got 512 heads, "
-                     r"page_size 256: 64.00 MiB"):
+                     r"page_size 256: score block 64.00 MiB"):
     si.block_sizes("vendored_page", cache_format="fp8", num_heads=512,
                    page_size=256, generation="v6e")
   with pytest.raises(ValueError, match=r"^cache: a page-mode launch's VMEM "

@@ -12,10 +12,6 @@ its hooks (M16, `kernels/LEDGER.md` describes each): the layout
 fused into the scoring (`block_max.BlockMax`, `topk_method="fused_blockmax"`:
 the maxima of every 128-lane score row in a second output, "block_max",
 f32[max_num_tokens, G, 128]; docs/topk-methods.md).
-
-`launch` is this variant's one `pallas_call` (token or page mode), which the
-driver (`streamidx.kernels.driver`) makes per launch; the entry points are
-`streamidx.streamindex_topk_dense` / `streamindex_page_topk_dense`.
 """
 
 from __future__ import annotations
@@ -32,13 +28,11 @@ from streamidx.semantics import LANES
 
 __all__ = ["launch", "pair_launch", "SEMAPHORE_ROWS"]
 
-# e4m3 bytes per 32-bit word: the dense cache layout's (streamidx.cache).
-KV_PACKING = cache_lib.DENSE_KV_PACKING
-# First axis of the semaphore scratch: what each row guards.
+KV_PACKING = cache_lib.DENSE_KV_PACKING  # e4m3 bytes per 32-bit word
+# The semaphore scratch's rows: the vendored body's four, then the scales'
+# and the block maxima's (the hook's, M21).
 SEMAPHORE_ROWS = ("kv", "q", "out", "w", "kv_scale", "block_max")
 _KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
-# The vendored body's rows are the first four; the block maxima's row is
-# the hook's (M21).
 assert _MAX == block_max_lib.SEM_ROW
 
 

@@ -1,24 +1,18 @@
-"""The one kernel driver: the wrapper pipeline every kernel body shares
-(ARCHITECTURE.md, "One call, one driver", lists its stages).
+"""The one kernel driver: the pipeline every kernel body shares
+(ARCHITECTURE.md, "One call, one driver", lists its stages and marks).
 
     run(call, body, q, weights, cache, seq_lens, page_indices, cu_q_lens, last)
 
 `call` is a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
-`num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's arrays.
-The stages: `_prepare` (static checks M5, q and weights prepared as
-upstream's, the decode order M13, the -inf buffers), `_runs` (the launches,
-M4, M6, each a `Launch` record: `launches`), `_launch` (one `pallas_call`,
-skipped when empty, M14) and `_select` (the top-k by `call.topk_method`'s
-`topk.METHODS` record, M12, M15; rows restored, scores M9, physical slots
-M22). An entry point (`Entry`) builds the call once (`bind_call`), its
-`topk_method` checked against the body's `topk_methods` there.
-The body contract (M20): a body's `launch` receives its `Launch` and the
-arrays and returns its output buffers; the output beyond the scores that
-the call's method `needs` is asked of the body's `emits`. `_pipeline`
+`num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's
+arrays. The stages: `_prepare`, `_runs` (each launch a `Launch` record:
+`launches`), `_launch` and `_select`; a body's `launch` receives its
+`Launch` and the arrays and returns its output buffers (M20). `_pipeline`
 composes them in one trace (jit, `.lower`, a TPU); interpreted and called
-eagerly, it jits them apart (`staged`) (one program per launch configuration,
-an empty launch not compiled) and waits for the result (docs/limitations.md).
-`checked_run` is the same call behind the value rules (checkify).
+eagerly, it jits them apart (`staged`: one program per launch
+configuration, an empty launch not compiled) and waits for the result
+(docs/limitations.md). `checked_run` is the same call behind the value
+rules (checkify); an `Entry` builds its call once (`bind_call`).
 """
 
 from __future__ import annotations

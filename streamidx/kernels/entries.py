@@ -5,15 +5,11 @@
     streamindex_topk_lean / streamindex_page_topk_lean    its vector-lean body
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
-Each is a `streamidx.kernels.driver.Entry` (its `call`, `checked` and
-`validate` are the driver's, for every body alike): a kernel body in token
-or page mode with the signature of its cache layout (the vendored
-function's, which tpu-inference's tests call, for the one-array caches; the
-dense one for the pairs, fp4 without `num_cores`), defaults the fields of
-`TopkCall` / `PageCall`. A signature passes each argument by name to
-`driver.bind_call`, which builds that call; calling the entry runs the one
-jitted driver. `ENTRIES` is the one table of bodies x modes
-(`streamidx.variants` registers it).
+Each is a `driver.Entry`: a kernel body in token or page mode with its cache
+layout's signature (the vendored function's for the one-array caches, the
+dense one for the pairs, fp4 without `num_cores`), whose defaults are
+`TopkCall`'s / `PageCall`'s fields; it passes each argument by name to
+`driver.bind_call`. `ENTRIES` is the one table of bodies x modes.
 """
 
 from __future__ import annotations
@@ -93,11 +89,9 @@ def _packed_token(
       of every decode sequence, 1 (default) or gamma + 1 under speculative
       decoding, at most `streamidx.call.MAX_DECODE_Q_LEN` (docs/semantics.md).
     physical_slots: streamidx (M22). True: return physical cache slots in
-      place of the entry indices, the page table applied to the k winners
-      (`streamidx.cache.physical_slots`: page_indices[seq * pages_per_seq +
-      e // page_size] * page_size + e % page_size, -1 kept; vLLM's slot
-      mapping), what a sparse attention over the paged cache reads. Any
-      `topk_method`; with `return_scores`, the scores are the same.
+      place of the entry indices (`streamidx.cache.physical_slots`, vLLM's
+      slot mapping), what a sparse attention over the paged cache reads.
+      Any `topk_method`; with `return_scores`, the scores are the same.
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,

@@ -43,24 +43,11 @@ in token mode, for `topk_method="fused_blockmax"`, its block-max hook
   ([bkv_sz, G]: pages join along sublanes), each group's column broadcast
   over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
 
-Compile matrix (`python -m streamidx.aot --quick --variants fp4 fp4_page`,
-libtpu 0.0.42.1, no TPU): both kernels lower on v4, v5e, v5p, v6e and v7x
-(tests/test_compile_coverage.py: at random page sizes too); token mode
-with the e4m3 tile from v5e, widened on v4 (the per-group partial dots
-of a 128-row prefill block over 64 heads took 28 MiB of v4's 16 MiB
-VMEM); page mode, at GLM's 64-entry pages, with the scaled keys on
-all five (the 8192-entry block scored whole took 19.22 MiB of v4's VMEM,
-hence the chunks). Page mode took the scaled keys because the group
-path's scales as lanes joined each page's 64 lanes into one lane row, which
-Mosaic rejects ("infer-vector-layout: unsupported shape cast
-vector<128x1x64xf32> -> vector<1x8192xf32>"; the cast of the e8m0 bytes
-fails too); entry rows join pages along sublanes, which it lowers (token
-mode's group path now transposes them at such pages, above).
-
-`launch` is this variant's `pallas_call` (token or page mode), made per
-launch by the driver; the entry points are `streamidx.streamindex_topk_fp4`
-/ `streamindex_page_topk_fp4`, whose reference is `streamidx.ref`'s on the
-dequantized keys (`cache.unpack_cache`).
+Both modes compile for v4, v5e, v5p, v6e and v7x (libtpu, no TPU;
+tests/test_compile_coverage.py). Page mode scales the keys because the
+group path's scales as lanes would join GLM's 64-entry pages into one lane
+row, a shape cast Mosaic rejects; why in chunks: `kernels/LEDGER.md` (M19).
+Its reference is `streamidx.ref`'s on the dequantized keys.
 """
 
 from __future__ import annotations

@@ -5,21 +5,13 @@ The same cache as `streamidx.kernels.dense` (`streamidx.cache` "dense_fp8")::
     cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
     cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
 
-and the same launches, grid and results, but its own pipeline, each change
-kept because it is exact in the interpreter and pays in the compiler's static
-schedule (bundles per 128-entry decode KV page, dsv4-decode-4k, v6e, libtpu
-0.0.42.1; docs/tpu.md, "The lean kernel's changes", says what each does):
-32.8 at 3 pages per block with the first four (dense: 53.7), each undone:
-32-bit word loads 42.1, DMA issue and compute in one basic block 38.8, per-block
-work hoisted out of the KV loop 34.9, e4m3b11fnuz instead of the compiler's
-FP8 conversion on v5e/v5p/v6e 51.6 (v7x native e4m3, v4 widens, M10); 23.7 at
-8 pages (the table's row; 24.7 without the next three; v5e 27.8, v7x 22.0),
-each undone: e8m0 scales by their bits 24.3, one compare per score 24.2, the
-fnuz factor 16 in the weights 23.8.
-
-`launch` is this variant's one `pallas_call` per launch (token or page mode,
-`streamidx.kernels.driver.KernelBody.launch`); the entry points are
-`streamidx.streamindex_topk_lean` / `streamindex_page_topk_lean`.
+and the same launches, grid and results, but its own pipeline: 32-bit word
+loads, DMA issue and compute in one basic block, per-block work hoisted out
+of the KV loop, e4m3b11fnuz instead of the compiler's FP8 conversion on
+v5e/v5p/v6e (M10), e8m0 scales by their bits, one compare per score, the
+fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
+the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
+gives each one's bundles per KV page.
 """
 
 from __future__ import annotations

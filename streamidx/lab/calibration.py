@@ -24,6 +24,7 @@ data/tpu_specs.json, else inferred from one named measurement,
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -33,6 +34,7 @@ from typing import Sequence
 
 from streamidx import records
 from streamidx.lab import dump
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
 
 __all__ = ["BAND", "recorded", "provenance", "measurements",
@@ -368,11 +370,8 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
 
 
 def main(argv=None) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(
-      prog="python -m streamidx.lab.calibration",
-      description="Each public TPU measurement beside the static-schedule "
-      "prediction at one clock per chip (records: data/step_schedule.json).")
+  p = argparse.ArgumentParser(prog="python -m streamidx.lab.calibration",
+                              description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="the rows as JSON")
   p.add_argument("--record-selection", nargs=5,
                  metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
@@ -382,8 +381,9 @@ def main(argv=None) -> int:
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
   p.add_argument("--shape", default="dsv4-decode-4k",
-                 help="with --record-launches: the compile shape (a "
-                 "lab.shapes.COMPILE name; its geometry keys the rows)")
+                 choices=sorted(shapes_lib.COMPILE_BY_NAME), help="with "
+                 "--record-launches: the compile shape (its geometry keys "
+                 "the rows)")
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection

@@ -48,5 +48,5 @@ def cost(rows, entries, k, *, recall_target=APPROX_RECALL_TARGET):
 METHOD = base.Method(
     name="approx", exact=False, select=select, cost=cost,
     doc="`approx_max_k` at a recall target below 1 (not exact on a TPU)",
-    options=(base.Option("recall_target", APPROX_RECALL_TARGET,
-                         base.open_unit, "the recall XLA sizes its bins for"),))
+    options=(base.Option("recall_target", "the recall XLA sizes its bins for",
+                         APPROX_RECALL_TARGET, base.open_unit),))

@@ -181,22 +181,23 @@ def winners_bytes(rows: int, k: int) -> int:
 # -- options ----------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
-  """One option of one method: its default (None: the method picks one for
-  the shape) and `rule(value)`, the rule a value breaks or None."""
-
-  name: str
-  default: Any
-  rule: Callable[[Any], str | None]
-  doc: str
-
-
 def positive_int(value) -> str | None:
   if value is None or (isinstance(value, int) and not isinstance(value, bool)
                        and value >= 1):
     return None
   return "must be a positive int"
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One option of one method: its default (None: the method picks one for
+  the shape) and `rule(value)`, the rule a value breaks or None (default:
+  None or a positive int)."""
+
+  name: str
+  doc: str
+  default: Any = None
+  rule: Callable[[Any], str | None] = positive_int
 
 
 def one_of(values):

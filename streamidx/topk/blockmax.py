@@ -92,15 +92,16 @@ def cost(rows, entries, k, *, block_size=None):
     return top_k.cost(rows, entries, k)
   w = base.sort_work
   return base.TopkCost(
-      "blockmax", t * n * base.F32 + t * blocks * base.F32 + t * k * b * base.F32,
-      t * blocks * base.F32 + t * k * base.I32 + base.winners_bytes(t, k),
-      1 + k * b / n, t * (w(blocks) + w(k) + w(k * b)), t * n,
-      f"max of {blocks} blocks of {b}, top-{k} blocks, top-{k} of their "
-      f"{k * b} entries")
+      "blockmax", bytes_read=t * (n + blocks + k * b) * base.F32,
+      bytes_written=(t * blocks * base.F32 + t * k * base.I32
+                     + base.winners_bytes(t, k)),
+      passes=1 + k * b / n, sort_work=t * (w(blocks) + w(k) + w(k * b)),
+      scan_ops=t * n, detail=f"max of {blocks} blocks of {b}, top-{k} "
+      f"blocks, top-{k} of their {k * b} entries")
 
 
 METHOD = base.Method(
     name="blockmax", exact=True, select=select, cost=cost,
     doc="the k best blocks by their maxima, then one top-k of their entries",
-    options=(base.Option("block_size", None, base.positive_int,
-                         "entries per block (default `block_size_for(N, k)`)"),))
+    options=(base.Option(
+        "block_size", "entries per block (default `block_size_for(N, k)`)"),))

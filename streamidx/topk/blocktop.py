@@ -1,54 +1,18 @@
 """The "blocktop" top-k method: one Pallas TensorCore kernel reads the
 f32[T, N] score buffer once and writes each row's k winners in the rule's
-order; no sort of the row, no XLA sort (the rule's `top_k` of the batch
-only where the kernel's check fails).
+order; no sort of the row, no XLA sort. docs/topk-methods.md ("blocktop")
+describes each step.
 
-Layout. A grid step holds 8 rows and streams them in tiles of `tile`
-entries (double-buffered DMAs of [8, 8192]). A vreg is [8 rows, 128
-entries]. Block p (p in [0, 1024)) of a row is its entries at p, p + 1024,
-p + 2048, ... (N / 1024 of them, in index order): unit p // 128, lane p %
-128.
-
-Pass. Per block the kernel keeps the `keep` best entries by (score
-descending, index ascending), -0.0 and subnormals as 0 (it adds 0.0 to
-each score: -0.0 becomes +0.0, and XLA, on CPU and TPU, flushes
-subnormals; the finish canonicalizes what it kept), in `keep` sorted
-levels, plus one level more: the best entry it dropped. Each vreg is
-inserted by compare and select (a new entry has the highest index so far,
-so it goes above the first level it beats; the levels below shift down).
-Any 1,024 consecutive entries fall in 1,024 different blocks, so a row
-whose visible entries are a short prefix, or whose winners crowd a window,
-spreads them over the blocks as a long random row does.
-
-Finish, per 8 rows, on the keep x 1,024 candidates a row; every step a
-loop over vregs of VMEM, so the program is about the same size at any k:
-1. The bound: the (key, index) of the k-th best entry of the first `bound`
-   levels (`bound_levels`: 2k entries). k entries rank at or before it, so
-   every winner does. Found bit by bit by counting: 32 counts for the
-   order key, log2(N) for the index among its ties.
-2. Compaction: the candidates ranking at or before the bound (708 = 1.4 x
-   k in a random row of 262,144 entries at k 512; ties cannot inflate them:
-   the bound is an entry, not a score) get their slot by an exclusive
-   prefix count (on the MXU) and move there in log2(keep x 1,024) rounds
-   of compare and select, the lowest bit of each one's move first (then
-   no two ever meet; lane rotations for the moves under 128), each round
-   from one pair of VMEM buffers to the other. The first `capacity(k)`
-   slots (the power of two >= 2k, at least 128: nv vregs) go on.
-3. A bitonic sort of those slots by (key descending, index ascending),
-   position p at lane p // nv of vreg p % nv: partners fewer than nv apart
-   are whole vregs (compare and select), farther ones lanes of a vreg (a
-   lane gather). Rank r lands at lane r // nv of vreg r % nv; each vreg of
-   128 winners gathers its lanes from the sorted vregs, -1 where none is
-   visible.
-
-Exactness. When no block's best dropped entry ranks before the k-th winner
-and at most `capacity(k)` candidates rank at or before the bound, every
-entry of the top k was a candidate and was sorted, and the result is the
-rule's (a dropped entry of the top k would rank before the k-th winner
-found). Otherwise the kernel flags the row, and the batch is selected again
-by the rule itself (`base.top_k`: `lax.top_k`'s values, the membership
-and order of their ties made the rule's): exact always, only the
-cost depends on it (`keep_for`).
+A grid step holds 8 rows, streamed in tiles of `tile` entries; block p (p
+in [0, 1024)) of a row is its entries p, p + 1024, ... The pass keeps each
+block's `keep` best entries (score descending, index ascending, -0.0 and
+subnormals as 0) and the best one it dropped; the finish finds the bound
+(the k-th best of the first `bound_levels`), compacts the candidates at or
+before it into `capacity(k)` slots and sorts them (bitonic). Where a
+block's best dropped entry ranks before the k-th winner or more candidates
+than slots reach the bound, the row is flagged and the batch is selected by
+the rule itself (`base.top_k`): exact always, only the cost depends on
+`keep_for`.
 
 Shapes: scores f32[T, N] -> i32[T, k]; the kernel pads T to a multiple of
 8 and N to a multiple of `tile` with -inf.
@@ -458,9 +422,9 @@ def _winners(sk, si, k: int, nv: int):
 
 def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
             idx_bits):
-  """The k winners of 8 rows from their levels (module docstring): out_ref
-  i32[8, k rounded up to 128 lanes], flag_ref i32[8, 128] (1: the row's
-  check failed); the scratch: `finish_scratch`."""
+  """The k winners of 8 rows from their levels (docs/topk-methods.md):
+  out_ref i32[8, k rounded up to 128 lanes], flag_ref i32[8, 128] (1: the
+  row's check failed); the scratch: `finish_scratch`."""
   n = keep * UNITS
   width = capacity(k) // LANES
   bound = bound_levels(k, keep) * UNITS
@@ -671,8 +635,7 @@ METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
     "candidates that can win (the rule's `top_k` where its check fails)",
-    options=(base.Option("keep", None, base.positive_int,
+    options=(base.Option("keep",
                          "candidates kept per block (default `keep_for`)"),
-             base.Option("tile", None, _whole_vregs,
-                         "entries of a row per tile, a multiple of 1,024 "
-                         "(default `tile_for(N)`)")))
+             base.Option("tile", "entries of a row per tile, a multiple of "
+                         "1,024 (default `tile_for(N)`)", rule=_whole_vregs)))

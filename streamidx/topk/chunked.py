@@ -50,18 +50,17 @@ def cost(rows, entries, k, *, chunk_size=None):
   cand = chunks * min(k, c)
   if chunks == 1:
     return top_k.cost(rows, entries, k)
-  buf = t * n * base.F32
   pair = base.F32 + base.I32
   return base.TopkCost(
-      "chunked", buf + t * cand * pair,
-      t * cand * pair + base.winners_bytes(t, k), 1,
-      t * (chunks * base.sort_work(c) + base.sort_work(cand)), 0,
-      f"{chunks} chunks of {c}: top-{min(k, c)} each, then top-{k} of "
-      f"{cand} candidates")
+      "chunked", bytes_read=t * n * base.F32 + t * cand * pair,
+      bytes_written=t * cand * pair + base.winners_bytes(t, k), passes=1,
+      sort_work=t * (chunks * base.sort_work(c) + base.sort_work(cand)),
+      scan_ops=0, detail=f"{chunks} chunks of {c}: top-{min(k, c)} each, "
+      f"then top-{k} of {cand} candidates")
 
 
 METHOD = base.Method(
     name="chunked", exact=True, select=select, cost=cost,
     doc="each chunk's top-k, then one top-k of the candidates",
-    options=(base.Option("chunk_size", None, base.positive_int,
-                         "entries per chunk (default `chunk_size_for(N, k)`)"),))
+    options=(base.Option(
+        "chunk_size", "entries per chunk (default `chunk_size_for(N, k)`)"),))

@@ -69,9 +69,8 @@ METHOD = base.Method(
     name="fused_blockmax", exact=True, select=select, cost=cost,
     needs="block_max", extra_ref=extra_ref,
     doc="blockmax ranked by the block maxima the scoring kernel writes",
-    options=(base.Option("block_size", None, base.positive_int,
-                         "entries per block, a multiple of block_max_width "
-                         "(default `fused_block_size_for(N, k)`)"),
-             base.Option("block_max_width", FUSED_BLOCK_WIDTH,
-                         base.positive_int,
-                         "entries per block maximum the kernel writes")))
+    options=(base.Option("block_size", "entries per block, a multiple of "
+                         "block_max_width (default `fused_block_size_for(N, "
+                         "k)`)"),
+             base.Option("block_max_width", "entries per block maximum the "
+                         "kernel writes", FUSED_BLOCK_WIDTH)))

@@ -84,5 +84,5 @@ def cost(rows, entries, k, *, radix_bits=4):
 METHOD = base.Method(
     name="radix", exact=True, select=select, cost=cost,
     doc="radix select on the order-preserving int32 image, then the take",
-    options=(base.Option("radix_bits", 4, base.one_of(RADIX_BITS),
-                         "bits a digit (32 / radix_bits passes)"),))
+    options=(base.Option("radix_bits", "bits a digit (32 / radix_bits passes)",
+                         4, base.one_of(RADIX_BITS)),))
