@@ -357,7 +357,8 @@ def call_table(rows: Sequence[dict]) -> list[dict]:
 
 def summary() -> str:
   """What ran on which chip, from the records: one sentence per chip (the
-  calls measured, the last `make test-tpu` run), or that none did."""
+  calls measured, the last `make test-tpu` run; a line each), or that none
+  did."""
   rows, runs = records.chip_rows(stage="call"), records.test_runs()
   if not rows and not runs:
     return ("No TPU measurement is recorded yet (`python -m streamidx.bench "
@@ -386,9 +387,9 @@ def summary() -> str:
                    + (f", only the tests `-k {sub.group(1)}`" if sub else "")
                    + f") had {t['passed']} passed, {t['failed']} failed, "
                    f"{t['skipped']} skipped in {t['wall_s']:.0f} s")
-    out.append(": ".join(parts[:1]) + (": " if len(parts) > 1 else "")
-               + "; ".join(parts[1:]) + ".")
-  return " ".join(out)
+    out.append(f"{parts[0]}: " + ";\n  ".join(parts[1:]) + "."
+               if len(parts) > 1 else parts[0] + ".")
+  return "\n".join(out)
 
 
 def main(argv: Sequence[str]) -> int:
