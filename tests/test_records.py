@@ -187,3 +187,14 @@ def test_docs_quote_the_chip_records_as_the_command_prints_them():
   for page in ("README.md", "docs/limitations.md"):
     assert "<!-- records: --summary -->" in (ROOT / page).read_text(
         encoding="utf-8"), page
+
+
+def test_missing_points_are_the_ones_without_a_recorded_call_on_the_chip():
+  rows = records.chip_rows(stage="call", chip="v5e")
+  todo = record.points(None)
+  left = record.missing(todo, "v5e")
+  names = {p.name for p in todo} - {p.name for p in left}
+  assert len(names) == len({(r["shape"], r["variant"], r["cache_format"],
+                             r["method"], r["k"]) for r in rows
+                            if any(r["shape"] == p.shape.name for p in todo)})
+  assert record.missing(todo, "no-such-chip") == todo

@@ -46,8 +46,8 @@ from streamidx.lab.bench import harness, long_context, oracle
 from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import hardware, profiling
 
-__all__ = ["Point", "POINTS", "points", "measure", "call_rows", "versions",
-           "sync_floor", "calls", "call_table", "summary", "main",
+__all__ = ["Point", "POINTS", "points", "missing", "measure", "call_rows",
+           "versions", "sync_floor", "calls", "call_table", "summary", "main",
            "print_records"]
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
@@ -138,6 +138,15 @@ def points(patterns: Sequence[str] | None = None) -> list[Point]:
       raise ValueError(f"--points: {pat!r} matches no point (see --dry-run)")
     out += [p for p in hit if p not in out]
   return out
+
+
+def missing(todo: Sequence[Point], chip: str) -> list[Point]:
+  """The points of `todo` with no "call" row recorded on `chip`: what a run
+  interrupted (or a session's device time) left to measure."""
+  done = {(r["shape"], r["variant"], r["cache_format"], r["method"], r["k"])
+          for r in records.chip_rows(stage="call", chip=chip)}
+  return [p for p in todo if (p.shape.name, p.variant, p.cache_format,
+                              p.method, p.shape.k) not in done]
 
 
 # -- inputs ---------------------------------------------------------------
@@ -402,6 +411,9 @@ def main(argv: Sequence[str]) -> int:
                  help="point names or fnmatch patterns (default: all)")
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--iterations", type=int, default=5)
+  p.add_argument("--missing", metavar="CHIP",
+                 help="only the points with no call recorded on CHIP "
+                 "(e.g. v5e): resume where the records stop")
   p.add_argument("--dry-run", action="store_true",
                  help="list the points, measure nothing")
   p.add_argument("--ops", metavar="FILE", help="also write each point's "
@@ -411,6 +423,8 @@ def main(argv: Sequence[str]) -> int:
     todo = points(a.points)
   except ValueError as e:
     p.error(str(e))
+  if a.missing:
+    todo = missing(todo, a.missing)
   if a.dry_run:
     print("\n".join(pt.name for pt in todo))
     return 0
