@@ -97,6 +97,18 @@ def test_stage_times_counts_nested_ops_once_and_sums_to_the_module(tmp_path):
   assert {r["name"]: r["stage"] for r in t["ops"]}["conditional.2"] == "scoring"
 
 
+def test_an_unscoped_sort_is_the_selection_and_unnamed_ops_go_where_told(tmp_path):
+  """XLA's TPU sort passes drop the op's scope: an unscoped "sort" is the
+  selection's; a program of one stage names where the rest goes."""
+  assert profiling.stage_of({"name": "sort.16"}) == "selection"
+  assert profiling.stage_of({"name": "gather.9"}) == "other"
+  assert profiling.stage_of({"name": "gather.9"}, "selection") == "selection"
+  trace = profiling.load_trace(_synthetic_tpu_trace(tmp_path / "t.json.gz"))
+  t = profiling.stage_times(trace, iterations=2, unnamed="selection")
+  assert t["other_s"] == 0.0 and t["selection_s"] == pytest.approx(45e-6)
+  assert {r["name"]: r["stage"] for r in t["ops"]}["gather.9"] == "selection"
+
+
 def test_stage_times_without_a_module_line_is_the_busy_time(tmp_path):
   trace = profiling.load_trace(_synthetic_tpu_trace(tmp_path / "t.json.gz",
                                                     modules=False))

@@ -305,13 +305,11 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
   checked = check(np.asarray(got))
   with tempfile.TemporaryDirectory(dir=trace_dir) as d:
     cap = profiling.capture(call, log_dir=d, iterations=iterations, warmup=0)
-    times = profiling.stage_times(profiling.load_trace(cap.perfetto_path),
-                                  iterations=iterations)
-  if point.variant is None and times["other_s"] is not None:
-    # a program of `select_topk` alone (off a TPU: no device time): what no
-    # scope names (radix's scatter, XLA's sort passes) is the selection's
-    times["selection_s"] += times["other_s"]
-    times["other_s"] = 0.0
+    # A program of `select_topk` alone: what no scope names (radix's
+    # scatter) is the selection's.
+    times = profiling.stage_times(
+        profiling.load_trace(cap.perfetto_path), iterations=iterations,
+        unnamed="selection" if point.variant is None else "other")
   blocks = None
   if point.variant is not None:
     s = point.shape

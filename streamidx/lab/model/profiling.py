@@ -123,14 +123,15 @@ def load_trace(path: str | os.PathLike) -> Trace:
   return Trace(events, processes, threads)
 
 
-def stage_of(event: Mapping[str, Any]) -> str:
-  """The part (`records.PARTS`, not "idle") a device op event belongs to."""
+def stage_of(event: Mapping[str, Any], unnamed: str = "other") -> str:
+  """The part (`records.PARTS`, not "idle") a device op event belongs to;
+  `unnamed` where no pattern names it (a program of one stage: that stage)."""
   if re.match(COPY_OPS, event.get("name", "")):
     return "copies"
   text = " ".join([event.get("name", "")] + [
       v for v in (event.get("args") or {}).values() if isinstance(v, str)])
   return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)),
-              "other")
+              unnamed)
 
 
 def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -152,13 +153,15 @@ def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
   return own
 
 
-def stage_times(trace: Trace, *, iterations: int) -> dict:
+def stage_times(trace: Trace, *, iterations: int,
+                unnamed: str = "other") -> dict:
   """Device seconds per iteration: the whole and its parts, which sum to it.
 
   {"device", "source", "total_s" (the device's "XLA Modules" line: the
   programs' own durations; without that line, the ops' busy time), one
   "<part>_s" per `records.PARTS` (each op's self time, `self_times`, by
-  `stage_of`; "idle_s" the module time no op covers), "ops": [{"name",
+  `stage_of`, `unnamed` the part of an op no pattern names; "idle_s" the
+  module time no op covers), "ops": [{"name",
   "stage", "count", "self_us"}] by time, "host_call_s": the mean host-clock
   duration of one `capture` iteration's annotation, "host_call_events"};
   every time None off-device (a CPU trace has no device lines)."""
@@ -185,7 +188,7 @@ def stage_times(trace: Trace, *, iterations: int) -> dict:
   for line in op_lines:
     events = [e for e in trace.events if (e["pid"], e.get("tid")) == line]
     for e, own in zip(events, self_times(events)):
-      stage = stage_of(e)
+      stage = stage_of(e, unnamed)
       sums[stage] += own
       row = table.setdefault(e["name"], {"name": e["name"], "stage": stage,
                                          "count": 0, "self_us": 0.0})
