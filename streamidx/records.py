@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 __all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "STAGES", "PARTS",
-           "path", "load", "save", "chip_rows", "test_runs", "chip_problems",
+           "path", "load", "save", "chip_rows", "calls", "test_runs", "chip_problems",
            "append_chip"]
 
 FILES = {
@@ -132,6 +132,17 @@ def chip_rows(**match) -> list[dict]:
     return all(row.get(f) in (v if isinstance(v, tuple) else (v,))
                for f, v in match.items())
   return [r for r in load("chip")["rows"] if ok(r)]
+
+
+def calls(**match) -> list[dict]:
+  """The recorded calls whose "call" row matches `match` (`chip_rows`'
+  rule), each that row with "parts": {part: device seconds}, the newest
+  last: what a notebook quotes as measured."""
+  parts: dict = {}
+  for r in chip_rows():
+    parts.setdefault(r["run"], {})[r["stage"]] = r["device_s"]
+  return [dict(r, parts={p: parts[r["run"]].get(p) for p in PARTS})
+          for r in chip_rows(stage="call", **match)]
 
 
 def test_runs() -> list[dict]:

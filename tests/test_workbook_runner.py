@@ -386,8 +386,8 @@ def test_the_landing_page_numbers_each_title_by_its_file():
 def test_the_landing_page_headline_is_the_measured_step_else_the_model(nbdir, tmp_path):
   # The committed chip records decide: measured where they hold the step's
   # shape on the chip, else the model, titled so.
-  from streamidx.lab.bench import record
-  measured = bool(record.calls(chip=workbook.STEP_CHIP, shape=workbook.STEP_SHAPE))
+  from streamidx import records
+  measured = bool(records.calls(chip=workbook.STEP_CHIP, shape=workbook.STEP_SHAPE))
   make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
   out = tmp_path / "out"
   page = workbook.write_index(nbdir, out).read_text()

@@ -300,29 +300,26 @@ def format_table(rs: Sequence[dict]) -> str:
 
 
 def chip_rows() -> list[dict]:
-  """This project's measured token calls (`records.chip_rows`, the newest
-  of each chip, shape, variant, method and k) beside the model's step
-  (`roofline.indexer_step` at DeepSeek-V4's geometry and the chip's
-  clock): the call's device time and its scoring part, each with the
-  model's."""
+  """This project's measured token calls (`records.calls`, the newest of
+  each chip, shape, variant, method and k) beside the model's step at
+  their shape (`roofline.indexer_step` at DeepSeek-V4's geometry and the
+  chip's clock): the call's device time and its scoring part, each with
+  the model's; "model" the `StepBound`."""
   from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
-  newest = {}
-  for r in records.chip_rows(stage="call", mode=("decode", "prefill")):
-    newest[r["chip"], r["shape"], r["variant"], r["method"], r["k"]] = r
-  parts = {(r["run"]): r["device_s"]
-           for r in records.chip_rows(stage="scoring")}
+  newest = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"]): r
+            for r in records.calls(mode=("decode", "prefill"))}
   out = []
-  for (chip, shape, variant, method, k), r in newest.items():
+  for r in newest.values():
     prefill = r["mode"] == "prefill"
     sb = roofline.indexer_step(
-        chip, DSV4, k=k, variant=variant, method=method,
+        r["chip"], DSV4, k=r["k"], variant=r["variant"], method=r["method"],
         batch=1 if prefill else r["rows"], q_len=r["rows"] if prefill else 1,
         context_tokens=r["tokens"])
     scoring = next(st.bound for st in sb.stages if st.name == "scoring")
-    out.append(dict(chip=chip, shape=shape, variant=variant, method=method,
-                    k=k, measured_s=r["device_s"], predicted_s=sb.total_s,
-                    scoring_s=parts[r["run"]], scoring_predicted_s=scoring,
-                    clock=sb.clock_source, date=r["date"]))
+    out.append(dict(chip=r["chip"], shape=r["shape"], variant=r["variant"],
+                    method=r["method"], k=r["k"], measured_s=r["device_s"],
+                    predicted_s=sb.total_s, scoring_s=r["parts"]["scoring"],
+                    scoring_predicted_s=scoring, model=sb, call=r))
   return out
 
 

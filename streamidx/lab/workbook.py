@@ -482,7 +482,7 @@ _PART_LABELS = {"scoring": "scoring", "selection": "selection", "rest": "fill, c
 
 def step_rows(calls: Sequence[dict]) -> tuple[list[dict], bool]:
   """(one row per variant and method: its step's "scoring", "selection" and "rest" in seconds
-  and "floors", the parts that are a floor; measured?). `calls`: `lab.bench.record.calls(chip=STEP_CHIP,
+  and "floors", the parts that are a floor; measured?). `calls`: `records.calls(chip=STEP_CHIP,
   shape=STEP_SHAPE)`, the newest call of each variant and method taken; with none of them
   recorded, the model's step at that shape (`roofline.dsv4_step`: a floor where a stage has
   no compiled count)."""
@@ -515,8 +515,8 @@ def step_figure(path: str | os.PathLike) -> str:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
-  calls = record.calls(chip=STEP_CHIP, shape=STEP_SHAPE)
+  from streamidx import records  # pylint: disable=g-import-not-at-top
+  calls = records.calls(chip=STEP_CHIP, shape=STEP_SHAPE)
   rows, measured = step_rows(calls)
   unchecked = sum(1 for c in calls if (c["check"] or {}).get("ok") is None)
   total = {(r["variant"], r["method"]): r["scoring"] + r["selection"] + r["rest"] for r in rows}

@@ -39,6 +39,7 @@ import numpy as np
 
 import streamidx as si
 from streamidx import metrics, records, topk
+from streamidx.records import calls  # what notebooks quote as `record.calls`
 from streamidx import variants as variants_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
@@ -326,17 +327,6 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
 
 
 # -- the command line -----------------------------------------------------
-
-
-def calls(**match) -> list[dict]:
-  """The recorded calls whose "call" row matches `match` (`records.chip_rows`'
-  rule), each that row with "parts": {part: device seconds}, the newest
-  last: what a notebook quotes as measured."""
-  parts: dict = {}
-  for r in records.chip_rows():
-    parts.setdefault(r["run"], {})[r["stage"]] = r["device_s"]
-  return [dict(r, parts={p: parts[r["run"]].get(p) for p in records.PARTS})
-          for r in records.chip_rows(stage="call", **match)]
 
 
 def call_table(rows: Sequence[dict]) -> list[dict]:
