@@ -45,8 +45,11 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 gc.freeze()
 gc.set_threshold(20_000, 50, 50)
 
-# Test helpers (oracle.py, cases.py, kernel_scores.py) are plain modules.
+# Test helpers (oracle.py, cases.py, kernel_scores.py) are plain modules, and
+# so are the project's tools (tools/colab.py, strip_notebooks.py, ...).
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tools"))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -45,7 +45,6 @@ wheel.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -57,6 +56,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import colab  # tools/ (conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CLONE_DIR = "streamidx-repo"  # where the cell clones to, relative to /content
@@ -67,15 +68,7 @@ def install_cell(path: Path) -> str:
   return next(c for c in nb.cells if c.cell_type == "code").source
 
 
-def _colab():
-  spec = importlib.util.spec_from_file_location("colab", ROOT / "tools" / "colab.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_every_notebook_has_the_install_cell_of_tools_colab():
-  colab = _colab()
   different = [p.name for p in NOTEBOOKS if install_cell(p) != colab.INSTALL_CELL]
   assert not different, f"install cell is not tools/colab.py's (run `make strip`): {different}"
   compile(colab.INSTALL_CELL, "install cell", "exec")  # plain Python: no magics
@@ -239,7 +232,7 @@ def test_install_cell_pip_installs_a_git_url_set_once(tmp_path):
   repo = _repository(tmp_path)
   content = tmp_path / "content"
   content.mkdir()
-  cell = _colab().install_cell("git+" + repo.as_uri())
+  cell = colab.install_cell("git+" + repo.as_uri())
   assert cell.count("git+" + repo.as_uri()) == 1
   run = _run_in_content(python, content, cell + "\n" + cell + CHECK, None)
 

@@ -17,7 +17,6 @@ failure names the notebook and the cell.
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import nbformat
@@ -26,6 +25,8 @@ import re
 import pytest
 
 from streamidx.lab import workbook
+
+import strip_notebooks  # tools/ (conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -36,15 +37,7 @@ COLAB_KEYS = {"colab", "executionInfo", "outputId"}
 INSTALL_MARK = "# Install streamidx where this kernel cannot import it"
 
 
-def _strip_tool():
-  spec = importlib.util.spec_from_file_location(
-      "strip_notebooks", ROOT / "tools" / "strip_notebooks.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-STRIP = _strip_tool()
+STRIP = strip_notebooks
 
 by_name = pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: p.name)
 

@@ -13,6 +13,8 @@ from streamidx import records
 from streamidx.lab import shapes
 from streamidx.lab.bench import record
 
+import quote_records  # tools/ (conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -166,20 +168,11 @@ def test_record_refuses_to_run_off_a_tpu():
   assert proc.returncode == 2 and "measures on a TPU" in proc.stderr
 
 
-def _quote_tool():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "quote_records", ROOT / "tools" / "quote_records.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
 def test_docs_quote_the_chip_records_as_the_command_prints_them():
   """Every chip figure in README.md and docs/ is a quote of the records
   (`tools/quote_records.py` writes them): none is stale, and the README and
   docs/limitations.md say what ran on which chip."""
-  tool = _quote_tool()
+  tool = quote_records
   stale = [str(p.relative_to(ROOT)) for p in tool.pages()
            if tool.quoted(p.read_text(encoding="utf-8"))
            != p.read_text(encoding="utf-8")]
