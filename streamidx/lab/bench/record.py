@@ -122,7 +122,7 @@ POINTS: tuple[Point, ...] = (
       for s in (_decode(64, 262144), _decode(64, 65536), _decode(64, 2**20),
                 shapes_lib.Shape("dsv4-prefill-2048x1048576", "prefill", 1,
                                  2048, 2**20, 512))
-      for m in ("blocktop", "sort") for v, f in _TOKEN),
+      for v, f in _TOKEN for m in ("blocktop", "sort")),
     *(Point(GLM_PAGE_DECODE, v, f, "top_k") for v, f in _PAGE),
 )
 
@@ -153,16 +153,20 @@ def missing(todo: Sequence[Point], chip: str) -> list[Point]:
 # -- inputs ---------------------------------------------------------------
 
 
-def _inputs(point: Point):
+# A call's inputs and its reference's answer are kept for the next point of
+# the same shape, variant and format (POINTS orders them so: one of each
+# method), and only for it: HBM holds one call's inputs at a time.
+@functools.lru_cache(maxsize=1)
+def _inputs(s: shapes_lib.Shape, variant: str, fmt: str):
   """(kernel arguments, `IndexerInputs` to check against or None)."""
-  s, v = point.shape, variants_lib.get(point.variant)
+  v = variants_lib.get(variant)
   b = s.batch()
-  if b.total_num_pages * s.page_size <= _check_max(point.cache_format):
+  if b.total_num_pages * s.page_size <= _check_max(fmt):
     inp = si.make_inputs(b, num_heads=s.num_heads, head_dim=s.head_dim,
-                         fmt=point.cache_format)
-    return v.args(inp, point.cache_format), inp
+                         fmt=fmt)
+    return v.args(inp, fmt), inp
   q, w, cache, *meta = long_context.long_context_args(
-      dataclasses.replace(s, fmt=point.cache_format))
+      dataclasses.replace(s, fmt=fmt))
   cache = cache if isinstance(cache, tuple) else (cache,)
   last = meta[-1] if v.mode == "token" else jnp.int32(b.num_seqs)
   return (q, w, *cache, *meta[:-1], last), None
@@ -175,18 +179,25 @@ def _check_call(point: Point, got, inputs, kw) -> dict:
     return {"ok": None, "detail": f"not checked: over "
             f"{_check_max(point.cache_format):,} "
             "cache entries the f32 keys do not fit beside the cache"}
-  v = variants_lib.get(point.variant)
-  fmt = point.cache_format
-  want = v.reference(*v.args(inputs, fmt), **kw)
-  scores = v.scores(inputs, compression_ratio=point.shape.compression_ratio,
-                    fmt=fmt)
-  atol = metrics.summation_atol(inputs,
-                                compression_ratio=point.shape.compression_ratio,
-                                mode=v.mode)
+  kw = {n: x for n, x in kw.items() if n != "topk_method"}  # not the ref's
+  want, scores, atol = _expected(point.shape, point.variant,
+                                 point.cache_format, **kw)
   c = metrics.compare_topk(got, want, scores, atol=atol)
   return {"ok": bool(c.ok), "rows": c.rows, "rows_identical": c.rows_identical,
           "rows_tied": c.rows_tied, "rows_mismatched": c.rows_mismatched,
           "atol": atol, "detail": "" if c.ok else c.detail}
+
+
+@functools.lru_cache(maxsize=1)
+def _expected(s: shapes_lib.Shape, variant: str, fmt: str, **kw):
+  """(the reference's indices, its masked scores, the tie tolerance) of the
+  call `_inputs(s, variant, fmt)` makes with keywords `kw`."""
+  v, inputs = variants_lib.get(variant), _inputs(s, variant, fmt)[1]
+  return (np.asarray(v.reference(*v.args(inputs, fmt), **kw)),
+          np.asarray(v.scores(inputs, compression_ratio=s.compression_ratio,
+                              fmt=fmt)),
+          metrics.summation_atol(inputs, compression_ratio=s.compression_ratio,
+                                 mode=v.mode))
 
 
 @functools.lru_cache(maxsize=1)
@@ -251,7 +262,7 @@ def _compiled(point: Point):
     fn = functools.partial(topk.select_topk, k=s.k, method=point.method)
     check = functools.partial(_check_selection, point, scores_np=x)
   else:
-    args, inputs = _inputs(point)
+    args, inputs = _inputs(s, point.variant, point.cache_format)
     v = variants_lib.get(point.variant)
     kw = dict(s.kernel_kwargs())
     if v.mode == "page":
@@ -423,8 +434,11 @@ def main(argv: Sequence[str]) -> int:
             f"measurements only")
   command = " ".join(["python -m streamidx.bench --record", *argv])
   bad = 0
-  for pt in todo:
-    gc.collect()  # the last point's arrays: HBM holds one point at a time
+  for i, pt in enumerate(todo):
+    if i and (pt.shape, pt.variant) != (todo[i - 1].shape, todo[i - 1].variant):
+      _inputs.cache_clear()  # HBM holds one call's inputs at a time
+      _expected.cache_clear()
+    gc.collect()  # the last point's arrays
     t0 = time.perf_counter()
     try:
       rows, ops = measure(pt, repeats=a.repeats, iterations=a.iterations,
