@@ -12,12 +12,15 @@ The files live in the checkout's `data/`, shipped in the wheel as the package
                          command; compiled without a TPU)
     public_measurements  others' TPU measurements of the pipeline, cited
     chip                 this project's own measurements on a TPU: "rows"
-                         (`CHIP_FIELDS`, one per stage of one measured call)
-                         and "test_runs" (`TEST_RUN_FIELDS`, `make test-tpu`)
+                         (`CHIP_FIELDS`, one per stage of one measured call),
+                         "test_runs" (`TEST_RUN_FIELDS`, `make test-tpu`) and
+                         "experiments" (`EXPERIMENT_FIELDS`, the lean
+                         kernel taken apart: `lab.bench.ablate`)
 
 `load(name)` reads a file once per process; `save(name, doc)` writes it (one
 JSON layout for every file the project writes) and forgets the read.
-`chip_rows(**match)` filters the chip's rows; `append_chip(rows, runs)` checks
+`chip_rows(**match)` filters the chip's rows (or another list of it);
+`append_chip(rows, runs, experiments)` checks
 each against its schema (`chip_problems`) before writing anything.
 
 A chip row is one stage of one measured call (`stage`): "call" is the whole
@@ -36,9 +39,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "STAGES", "PARTS",
-           "path", "load", "save", "chip_rows", "calls", "test_runs", "chip_problems",
-           "append_chip"]
+__all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "EXPERIMENT_FIELDS",
+           "STAGES", "PARTS", "path", "load", "save", "chip_rows", "calls",
+           "test_runs", "chip_problems", "append_chip"]
 
 FILES = {
     "tpu_specs": "tpu_specs.json",
@@ -91,6 +94,23 @@ TEST_RUN_FIELDS: Mapping[str, str] = {
     "jax": "jax version", "libtpu": "libtpu version",
     "commit": "git commit of the checkout, or None",
 }
+# One experiment on the lean kernel's scoring launches (`lab.bench.ablate`).
+EXPERIMENT_FIELDS: Mapping[str, str] = {
+    "experiment": "its name (lab.bench.ablate.EXPERIMENTS)",
+    "removed": "the pieces of work left out (kernels.lean.ABLATIONS)",
+    **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape",
+                                   "variant", "cache_format")},
+    "device_s": "device seconds per call of the scoring ops (profiler)",
+    "ops": "[name, calls, device seconds] per call of each scoring op",
+    "grid_steps": "programs (lab.model.tiling.plan)",
+    "kv_steps": "KV-loop trips (the plan's)", "kv_step_s": "device s / step",
+    "hbm_bytes": "HBM bytes the shipped kernel moves at these blocks "
+                 "(lab.model.roofline.costs, its kernel stage)",
+    "hbm_s": "their time at the chip's HBM bandwidth (roofline.bounds)",
+    "ratio": "device_s / hbm_s",
+    **{f: CHIP_FIELDS[f] for f in ("compile_s", "repeats", "date", "command",
+                                   "jax", "libtpu")},
+}
 _MODES = ("decode", "prefill", "page", "selection")
 
 
@@ -125,13 +145,14 @@ def save(name: str, doc: Mapping[str, Any]) -> Path:
   return p
 
 
-def chip_rows(**match) -> list[dict]:
-  """The chip's rows whose fields equal every `match` (a value, or a tuple
-  of accepted values), in recorded order."""
+def chip_rows(of: str = "rows", **match) -> list[dict]:
+  """The chip's rows (list `of`: "rows" or "experiments") whose fields
+  equal every `match` (a value, or a tuple of accepted values), in
+  recorded order."""
   def ok(row):
     return all(row.get(f) in (v if isinstance(v, tuple) else (v,))
                for f, v in match.items())
-  return [r for r in load("chip")["rows"] if ok(r)]
+  return [r for r in load("chip").get(of, []) if ok(r)]
 
 
 def calls(**match) -> list[dict]:
@@ -155,11 +176,16 @@ def _number(v) -> bool:
 
 
 def chip_problems(row: Mapping[str, Any], fields=CHIP_FIELDS) -> list[str]:
-  """What is wrong with one chip row (or, with `TEST_RUN_FIELDS`, one test
-  run): missing or unknown keys, a stage or mode outside its set, a time
-  that is not a non-negative number; [] when it is right."""
+  """What is wrong with one chip row (or, with `TEST_RUN_FIELDS` or
+  `EXPERIMENT_FIELDS`, one test run or experiment): missing or unknown
+  keys, a stage or mode outside its set, a time that is not a non-negative
+  number; [] when it is right."""
   out = [f"missing {f!r}" for f in fields if f not in row]
   out += [f"unknown key {f!r}" for f in row if f not in fields]
+  if fields is EXPERIMENT_FIELDS:
+    return out + [f"{f}: must be a non-negative number (got {row.get(f)!r})"
+                  for f in ("device_s", "hbm_s", "ratio", "kv_step_s")
+                  if not _number(row.get(f))]
   if fields is TEST_RUN_FIELDS:
     return out + [f"{f}: not a count" for f in ("passed", "failed", "skipped")
                   if f in row and not isinstance(row[f], int)]
@@ -179,17 +205,19 @@ def chip_problems(row: Mapping[str, Any], fields=CHIP_FIELDS) -> list[str]:
 
 
 def append_chip(rows: Iterable[Mapping[str, Any]] = (),
-                runs: Iterable[Mapping[str, Any]] = ()) -> Path:
-  """Appends chip rows and test runs to the chip file, after checking every
-  one (ValueError naming the first bad row and its problems; nothing is
-  written then). A call's parts must sum to its device time."""
+                runs: Iterable[Mapping[str, Any]] = (),
+                experiments: Iterable[Mapping[str, Any]] = ()) -> Path:
+  """Appends chip rows, test runs and experiments to the chip file, after
+  checking every one (ValueError naming the first bad row and its problems;
+  nothing is written then). A call's parts must sum to its device time."""
   rows, runs = [dict(r) for r in rows], [dict(r) for r in runs]
-  for i, r in enumerate(rows):
-    if bad := chip_problems(r):
-      raise ValueError(f"rows[{i}]: {'; '.join(bad)}")
-  for i, r in enumerate(runs):
-    if bad := chip_problems(r, TEST_RUN_FIELDS):
-      raise ValueError(f"runs[{i}]: {'; '.join(bad)}")
+  exps = [dict(r) for r in experiments]
+  for name, rs, fields in (("rows", rows, CHIP_FIELDS),
+                           ("runs", runs, TEST_RUN_FIELDS),
+                           ("experiments", exps, EXPERIMENT_FIELDS)):
+    for i, r in enumerate(rs):
+      if bad := chip_problems(r, fields):
+        raise ValueError(f"{name}[{i}]: {'; '.join(bad)}")
   for run in {r["run"] for r in rows if r["stage"] == "call"}:
     whole = next(r["device_s"] for r in rows
                  if r["run"] == run and r["stage"] == "call")
@@ -201,4 +229,5 @@ def append_chip(rows: Iterable[Mapping[str, Any]] = (),
   doc = dict(load("chip"))
   doc["rows"] = doc["rows"] + rows
   doc["test_runs"] = doc["test_runs"] + runs
+  doc["experiments"] = doc.get("experiments", []) + exps
   return save("chip", doc)

@@ -33,8 +33,8 @@ from streamidx.kernels import tpu
 from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
 from streamidx.semantics import LANES
 
-__all__ = ["KernelBody", "Output", "Launch", "launches", "run", "checked_run",
-           "Entry", "bind_call", "STAGE_SCOPES"]
+__all__ = ["KernelBody", "Output", "Launch", "launches", "run", "scoring",
+           "checked_run", "Entry", "bind_call", "STAGE_SCOPES"]
 
 # The named scopes the compiled pipeline runs its stages under, so that a
 # profile attributes each device op to its stage (`lab.model.profiling`);
@@ -268,10 +268,11 @@ def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
 
 
 def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
-              last, *, call, body, staged=False):
+              last, *, call, body, staged=False, scores_only=False):
   """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run);
   `staged` (interpreted and called eagerly): its stages jitted apart, each
-  launch waited for, an empty one not made (module docstring)."""
+  launch waited for, an empty one not made (module docstring);
+  `scores_only`: stages 1-4 (`scoring`)."""
   interpret = modes.resolve_interpret()  # M1
   prepare, launch, select = ((_prepare_jit, _launch_jit, _select_jit)
                              if staged else (_prepare, _launch, _select))
@@ -293,6 +294,8 @@ def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
         bufs = lax.cond(end > start, step, lambda b: b, bufs)
       else:
         bufs = step(bufs)
+  if scores_only:
+    return bufs
   return select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last,
                 call=call, body=body, interpret=interpret)
 
@@ -324,6 +327,13 @@ def run(call, body, *arrays):
     return jax.block_until_ready(_pipeline(*arrays, call=call, body=body,
                                            staged=True))
   return _jitted(*arrays, call=call, body=body)
+
+
+def scoring(call, body, *arrays):
+  """Stages 1-4 traced without the selection (jit it): the buffers the
+  launches wrote, the scores f32[T, rows, 128] (decode rows in slot order,
+  M13) then one per extra output; what `lab.bench.ablate` times."""
+  return _pipeline(*arrays, call=call, body=body, scores_only=True)
 
 
 def _unchecked_result(call, num_tokens):

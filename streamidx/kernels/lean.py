@@ -12,6 +12,10 @@ v5e/v5p/v6e (M10), e8m0 scales by their bits, one compare per score, the
 fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
+
+`launch(..., ablate=...)` leaves pieces of its work out (`ABLATIONS`, read
+at trace time) to time each on a chip (`python -m streamidx.bench --ablate`);
+empty, the default every entry point runs, the program is the same.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
 
-__all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS"]
+__all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS", "ABLATIONS"]
 
 KV_PACKING = cache_lib.DENSE_KV_PACKING
 SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out", "block_max")
@@ -37,6 +41,9 @@ assert _MAX == block_max_lib.SEM_ROW
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
 # flight of each score buffer, -1 = none); with the block maxima, the
 # hook's after them (`block_max.launch_kwargs`).
+# What `ablate` can remove (with their waits; docs/chip.md): the scores'
+# DMAs, the KV blocks' DMAs, the KV loop's compute, the KV loop's trips.
+ABLATIONS = ("score_write", "kv_dma", "compute", "kv_loop")
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
@@ -67,7 +74,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             scores_hbm, bkv, bsc, bq, bw, bo, sems, *, compression_ratio,
             static_q_len, bkv_p, bq_sz, seq_batch_size, causal_rule,
             page_width, max_kv_len, fp8, num_cores, page_cols,
-            segment_pool, interpreted, hook=None):
+            segment_pool, interpreted, hook=None, ablate=frozenset()):
   """One program: `seq_batch_size` sequences, their query blocks x KV blocks.
 
   Scalar prefetch: seq_lens [S], pages [(S + stride) * page_width] (clamped,
@@ -76,7 +83,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
   (column 0: one wait covers the program's sequences). hook: the block
-  maxima's (`block_max.BlockMax`, token mode), or None.
+  maxima's (`block_max.BlockMax`, token mode), or None. ablate: a subset
+  of `ABLATIONS`, the pieces left out.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -102,9 +110,12 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   q_lens = [cu_q_ref[seq0 + b + 1] - cu_q_ref[seq0 + b] for b in range(b_sz)]
   seq_lens = [seq_lens_ref[seq0 + b] for b in range(b_sz)]
   kv_lens = [jnp.minimum(s // compression_ratio, max_kv_len) for s in seq_lens]
+  scored = 0 if "compute" in ablate else b_sz  # sequences the KV loop scores
 
   def kv_copies(seq, bkv_idx, slot):
     """The DMAs of one KV block: values and scales of each page."""
+    if "kv_dma" in ablate:
+      return
     base = seq * page_width + bkv_idx * bkv_p
     for b in range(b_sz):
       def page(i, carry, b=b):
@@ -123,6 +134,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
           page(i, None)
 
   def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
+    if "kv_dma" in ablate:
+      return
     for row, ref in ((_KV, bkv), (_SCALE, bsc)):
       dst = ref.at[slot]
       pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
@@ -142,6 +155,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
           cp.wait() if wait else cp.start()
 
   def wait_send(slot):
+    if "score_write" in ablate:
+      return
     old = bo_sz_ref[slot]
 
     @pl.when(old > 0)  # no DMA was started for zero rows (M7)
@@ -151,6 +166,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
 
   def send(slot, sz, row0, sublane0, sublanes):
     bo_sz_ref[slot] = sz
+    if "score_write" in ablate:
+      return
     pltpu.make_async_copy(
         bo.at[slot, pl.ds(0, b_sz * sz)],
         scores_hbm.at[pl.ds(row0, b_sz * sz), pl.ds(sublane0, sublanes)],
@@ -196,6 +213,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     kv_max = functools.reduce(jnp.maximum, kv_lens)
     has_queries = functools.reduce(jnp.logical_or, [q > 0 for q in q_lens])
     num_bkv = jnp.where(has_queries, jnp.maximum(1, cdiv(kv_max, bkv_sz)), 1)
+    if "kv_loop" in ablate:
+      num_bkv = 0
     num_bq = (jnp.maximum(1, cdiv(q_lens[0], bq_sz)) if static_q_len is None
               else cdiv(static_q_len, bq_sz))
 
@@ -239,11 +258,11 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
         nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
         wait_kv(slot)
-        blocks = [keys_of(slot, b) for b in range(b_sz)]
+        blocks = [keys_of(slot, b) for b in range(scored)]
         kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (docs/tpu.md)
         ids_ref[1] = 1 - slot
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
-             for b in range(b_sz)]
+             for b in range(scored)]
         if page_mode:
           s = s[0]
           pooled = (tpu.pool_pages_by_lane_segments(s, page_cols)
@@ -258,7 +277,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         @pl.when(sz > 0)  # the only guard in the loop (M7)
         def _():
           wait_send(o)
-          for b in range(b_sz):
+          for b in range(scored):
             for c in range(bkv_sz // LANES):
               bo[o, pl.ds(b * bq_sz, bq_sz), c, :] = s[b][:, c * LANES:
                                                          (c + 1) * LANES]
@@ -302,11 +321,16 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         hook.wait(i)
 
 
-def launch(spec, q, weights, cache, prefetch, start, end, outputs):
+def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
+           ablate=frozenset()):
   """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
   program (`streamidx.kernels.driver.KernelBody.launch`); the scores, and
   with "block_max" in `spec.outputs` (token mode) the maxima of its score
-  rows (`streamidx.kernels.block_max`)."""
+  rows (`streamidx.kernels.block_max`). ablate: `ABLATIONS` to leave out
+  (the module docstring; token mode)."""
+  if not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode):
+    raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only "
+                     f"(got {sorted(ablate)}, {spec.case})")
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs
   values, scales = cache
@@ -336,7 +360,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs):
       max_kv_len=pages_per_seq * page_size, fp8=fp8_mode(spec.interpret),
       num_cores=num_cores,
       page_cols=page_size // ratio if page_mode else None,
-      segment_pool=spec.segment_pool, interpreted=spec.interpret is not False)
+      segment_pool=spec.segment_pool, interpreted=spec.interpret is not False,
+      ablate=frozenset(ablate))
   return tpu.pallas_launch(
       kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
                                          spec.outputs),

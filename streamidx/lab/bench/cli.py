@@ -18,9 +18,12 @@ def main(argv=None) -> int:
   if "--topk" in argv:  # the top-k stage's own benchmark and flags
     from streamidx.lab.bench import topk as topk_bench  # pylint: disable=g-import-not-at-top
     return topk_bench.main([x for x in argv if x != "--topk"])
-  if "--record" in argv or "--records" in argv:  # the chip records
+  if "--ablate" in argv:  # the lean kernel taken apart on a TPU
+    from streamidx.lab.bench import ablate  # pylint: disable=g-import-not-at-top
+    return ablate.main([x for x in argv if x != "--ablate"])
+  if {"--record", "--records", "--experiments"} & set(argv):  # the records
     from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
-    if "--records" in argv:
+    if "--records" in argv or "--experiments" in argv:
       return record.print_records([x for x in argv if x != "--records"])
     return record.main([x for x in argv if x != "--record"])
   p = argparse.ArgumentParser(
@@ -44,6 +47,9 @@ def main(argv=None) -> int:
       "into the chip records (its own flags: --record --help)")
   add("--records", action="store_true", help="instead: print the chip "
       "records (--json: every row as JSON)")
+  add("--ablate", action="store_true", help="instead: time the lean "
+      "kernel with one piece removed on this TPU (its own flags: --ablate "
+      "--help); --experiments prints them")
   if worker.serve(argv, harness.worker):
     return 0
   a = p.parse_args(argv)

@@ -48,8 +48,8 @@ from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import hardware, profiling
 
 __all__ = ["Point", "POINTS", "points", "missing", "measure", "call_rows",
-           "versions", "sync_floor", "calls", "call_table", "summary", "main",
-           "print_records"]
+           "versions", "sync_floor", "calls", "call_table", "experiment_table",
+           "summary", "main", "print_records"]
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
 # cache the point builds its cache a few pages at a time and is not checked.
@@ -363,6 +363,21 @@ def call_table(rows: Sequence[dict]) -> list[dict]:
   return out
 
 
+def experiment_table(rows: Sequence[dict]) -> list[dict]:
+  """One dict per recorded experiment (`lab.bench.ablate`)."""
+  return [{
+      "chip": r["chip"], "experiment": r["experiment"],
+      "removed": ", ".join(r["removed"]) or "-",
+      "kv pages": r["blocks"]["num_kv_pages_per_block"][0],
+      "batch": r["blocks"]["decode_req_batch_size"],
+      "device ms": round(r["device_s"] * 1e3, 3),
+      "HBM ms": round(r["hbm_s"] * 1e3, 3), "/ HBM": round(r["ratio"], 2),
+      "grid steps": r["grid_steps"], "KV steps": r["kv_steps"],
+      "us / KV step": round(r["kv_step_s"] * 1e6, 3),
+      "compile s": round(r["compile_s"], 1), "date": r["date"][:10]}
+          for r in rows]
+
+
 def summary() -> str:
   """What ran on which chip, from the records: one sentence per chip (the
   calls measured, the last `make test-tpu` run; a line each), or that none
@@ -461,10 +476,20 @@ def main(argv: Sequence[str]) -> int:
 
 
 def print_records(argv: Sequence[str]) -> int:
-  """`--records [--json | --markdown | --summary]`: every recorded row
-  (JSON lines), the calls as a Markdown table, what ran where in a
-  sentence (`summary`); by default the calls as a text table."""
+  """`--records [--json | --markdown | --summary | --experiments [--json]]`:
+  every recorded row (JSON lines), the calls as a Markdown table, what ran
+  where in a sentence (`summary`), the experiments (`lab.bench.ablate`) as
+  a Markdown table (or JSON lines); by default the calls as a text table."""
   rows = records.chip_rows()
+  if "--experiments" in argv:
+    rows = records.chip_rows("experiments")
+    if "--json" in argv:
+      print("\n".join(json.dumps(r) for r in rows))
+    else:
+      print(tables.markdown(experiment_table(rows)) if rows else
+            "(no experiment recorded yet: `python -m streamidx.bench "
+            "--ablate` on a TPU)")
+    return 0
   if "--json" in argv:
     for r in rows:
       print(json.dumps(r))

@@ -1,0 +1,172 @@
+"""Where the lean kernel's time goes: `python -m streamidx.bench --ablate
+[--only NAME ...] [--budget-s S] [--again] [--dry-run]` on a TPU (docs/chip.md).
+
+Each experiment times the lean kernel's scoring launches alone
+(`kernels.driver.scoring`) at `SHAPE` (the records' decode 64 x 262,144)
+with ONE change from the shipped call: pieces of its work removed
+(`kernels.lean.ABLATIONS`), or its KV block or decode batch size. Its row
+(`records.EXPERIMENT_FIELDS`) is appended to the chip records when measured;
+one already recorded on the chip is skipped (`--records --experiments`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+import jax
+
+from streamidx import records
+from streamidx import variants as variants_lib
+from streamidx.kernels import driver, lean
+from streamidx.lab.bench import harness, long_context
+from streamidx.lab.bench import record
+from streamidx.lab.model import hardware, profiling, roofline, tiling
+
+__all__ = ["SHAPE", "Experiment", "EXPERIMENTS", "inputs", "program",
+           "measure", "row", "main"]
+
+SHAPE = next(p.shape for p in record.POINTS
+             if p.shape.name == "dsv4-decode-64x262144").with_(fmt="dense_fp8")
+VARIANT = "lean"
+ITERATIONS = 5  # profiled calls per experiment
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """The shipped call less `removed` (`lean.ABLATIONS`), or with `kv_pages`
+  pages per KV block or `batch` sequences per decode program."""
+
+  name: str
+  removed: tuple[str, ...] = ()
+  kv_pages: int | None = None
+  batch: int | None = None
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment("baseline"),
+    Experiment("no_score_write", ("score_write",)),
+    Experiment("no_kv_dma", ("kv_dma",)),
+    Experiment("no_compute", ("compute",)),
+    Experiment("no_kv_loop", ("kv_loop",)),
+    Experiment("kv_reads_only", ("compute", "score_write")),
+    Experiment("compute_only", ("kv_dma", "score_write")),
+    *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
+    *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
+)
+
+
+def inputs(shape=SHAPE) -> tuple:
+  """The lean entry point's positional arrays at `shape`."""
+  q, w, cache, *meta = long_context.long_context_args(shape)
+  return (q, w, *cache, *meta)
+
+
+def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
+  """(blocks, fn, arrays): `fn(*arrays)` the experiment's scoring launches,
+  to jit, at the lean entry point's positional arrays `args` (or specs)."""
+  entry = variants_lib.get(VARIANT).kernel
+  body = entry.body
+  if exp.removed:
+    body = dataclasses.replace(body, launch=functools.partial(
+        lean.launch, ablate=frozenset(exp.removed)))
+  blocks = harness.kernel_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
+  if exp.kv_pages:
+    blocks["num_kv_pages_per_block"] = ((exp.kv_pages,)
+                                        + blocks["num_kv_pages_per_block"][1:])
+  if exp.batch:
+    blocks["decode_req_batch_size"] = exp.batch
+  call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
+                            topk_method="sort", **blocks)  # needing no extra
+  return blocks, functools.partial(driver.scoring, call, body), arrays
+
+
+def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
+            iterations: int = ITERATIONS) -> tuple[dict, dict, float]:
+  """(blocks, `profiling.stage_times`, compile seconds) on this machine."""
+  blocks, fn, arrays = program(exp, args, chip, shape)
+  info, run = harness.compile_call(fn, arrays, {})
+  with tempfile.TemporaryDirectory() as d:
+    cap = profiling.capture(run, log_dir=d, iterations=iterations, warmup=1)
+    times = profiling.stage_times(profiling.load_trace(cap.perfetto_path),
+                                  iterations=iterations)
+  return blocks, times, info["compile_s"]
+
+
+def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
+        device_kind: str, compile_s: float, command: str, shape=SHAPE,
+        iterations: int = ITERATIONS) -> dict:
+  """The records' row of one measurement: the scoring part of `times`
+  beside the plan's steps and its kernel stage's HBM time (`roofline`)."""
+  p = tiling.plan(shape.batch(), fmt=shape.fmt, num_heads=shape.num_heads,
+                  head_dim=shape.head_dim, variant=VARIANT, generation=chip,
+                  **blocks)
+  cost = roofline.costs(p, k=shape.k)[1]  # the kernel stage
+  hbm_s = roofline.bounds([cost], hardware.spec(chip))[0].t_mem
+  steps, device_s = p.counts(), times["scoring_s"]
+  return dict(
+      experiment=exp.name, removed=list(exp.removed), blocks=blocks,
+      chip=chip, device_kind=device_kind, shape=shape.name, variant=VARIANT,
+      cache_format=shape.fmt, device_s=device_s,
+      ops=[[o["name"], o["count"] / iterations, o["self_us"] / iterations / 1e6]
+           for o in times["ops"] if o["stage"] == "scoring"],
+      grid_steps=steps["grid_steps"], kv_steps=steps["steps"],
+      kv_step_s=device_s / steps["steps"], hbm_bytes=cost.bytes, hbm_s=hbm_s,
+      ratio=device_s / hbm_s, compile_s=compile_s, repeats=iterations,
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"), command=command, **record.versions())
+
+
+def main(argv: Sequence[str]) -> int:
+  t0 = time.perf_counter()
+  names = [e.name for e in EXPERIMENTS]
+  p = argparse.ArgumentParser(prog="python -m streamidx.bench --ablate",
+                              description=__doc__.split("\n\n")[1])
+  p.add_argument("--only", nargs="+", choices=names, metavar="NAME",
+                 help=f"of {', '.join(names)}")
+  p.add_argument("--again", action="store_true", help="also those recorded")
+  p.add_argument("--budget-s", type=float, default=None,
+                 help="start none after this many seconds")
+  p.add_argument("--dry-run", action="store_true")
+  a = p.parse_args(argv)
+  todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
+  dev = jax.devices()[0]
+  chip = hardware.detect_generation(dev)
+  if not a.again:
+    done = {r["experiment"]
+            for r in records.chip_rows("experiments", chip=chip)}
+    todo = [e for e in todo if e.name not in done]
+  if a.dry_run:
+    print("\n".join(e.name for e in todo))
+    return 0
+  if chip is None:
+    print(f"--ablate measures on a TPU: this process's device is "
+          f"{dev.device_kind}; nothing was run", file=sys.stderr)
+    return 2
+  args = inputs()
+  command = " ".join(["python -m streamidx.bench --ablate", *argv])
+  bad = 0
+  for e in todo:
+    if a.budget_s is not None and time.perf_counter() - t0 > a.budget_s:
+      print(f"--budget-s spent: {e.name} and after not started", flush=True)
+      break
+    try:
+      blocks, times, compile_s = measure(e, args, chip=chip)
+      r = row(e, blocks, times, chip=chip, device_kind=dev.device_kind,
+              compile_s=compile_s, command=command)
+      records.append_chip(experiments=[r])
+    except Exception as ex:  # pylint: disable=broad-except
+      print(f"{e.name}: FAILED {type(ex).__name__}: {str(ex)[:400]}",
+            file=sys.stderr, flush=True)
+      bad += 1
+      continue
+    print(f"{e.name}: {r['device_s'] * 1e3:.3f} ms, {r['ratio']:.2f}x HBM, "
+          f"compile {compile_s:.1f} s ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
+  return 1 if bad else 0

@@ -1,0 +1,163 @@
+"""The lean kernel taken apart (`streamidx.lab.bench.ablate`, `kernels.lean`'s
+`ablate`): without a TPU, every experiment's program compiles for v5e at
+the chip run's shape, the empty ablation is the shipped program, each
+ablated program waits for every DMA it starts (interpreted: a wait nothing
+signals hangs the chip), and a measurement's row follows the records."""
+
+import collections
+import dataclasses
+import functools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import streamidx as si
+from streamidx import records
+from streamidx.kernels import driver, lean
+from streamidx.lab import aot, shapes
+from streamidx.lab.bench import ablate, harness, record
+from streamidx.lab.model import roofline, timeline
+
+from tiers import FULL, needs_libtpu
+
+S = ablate.SHAPE
+ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
+# What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
+NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
+          "compute": set(), "kv_loop": {"out"}}
+
+
+@functools.lru_cache(maxsize=None)
+def _lowered(name: str, empty_ablate: bool = False,
+             compile_: bool = False) -> str:
+  """The experiment's scoring program lowered (and with `compile_`,
+  compiled) for v5e at `ablate.SHAPE` (with `empty_ablate`, through
+  `lean.launch(ablate=frozenset())`)."""
+  exp = next(e for e in ablate.EXPERIMENTS if e.name == name)
+  spec = shapes.CallShape(S.name, "token", S.num_tokens, S.num_seqs, S.pages,
+                          S.page_size, S.num_heads, S.head_dim, S.k,
+                          S.compression_ratio)
+  with si.compile_for("v5e") as target:
+    args = aot.entry_args(ablate.VARIANT, spec, S.fmt, target)
+    _, fn, arrays = ablate.program(exp, args, "v5e")
+    if empty_ablate:
+      call, body = fn.args
+      fn = functools.partial(driver.scoring, call, dataclasses.replace(
+          body, launch=functools.partial(lean.launch, ablate=frozenset())))
+    low = jax.jit(fn).lower(*arrays)
+    if compile_:
+      low.compile()
+    return low.as_text()
+
+
+@needs_libtpu
+def test_an_empty_ablation_is_the_shipped_program():
+  assert _lowered("baseline", empty_ablate=True) == _lowered("baseline")
+
+
+@needs_libtpu
+def test_each_ablation_changes_the_program():
+  assert len({_lowered(e.name) for e in ablate.EXPERIMENTS if e.removed}
+             | {_lowered("baseline")}) == len(ABLATED) + 1
+
+
+@FULL
+@needs_libtpu
+@pytest.mark.parametrize("name", [e.name for e in ablate.EXPERIMENTS])
+def test_each_experiment_compiles_for_v5e(name):
+  _lowered(name, compile_=True)
+
+
+def _dma_bytes(exp, args, tiny):
+  """Interpreted: ({(launch, row, slot): started - waited bytes}, the rows
+  with DMAs, the score buffer)."""
+  _, fn, arrays = ablate.program(exp, args, "v5e", tiny)
+  with timeline.record() as rec:
+    out = jax.block_until_ready(jax.jit(fn)(*arrays))
+  left, rows = collections.Counter(), set()
+  for op in rec.ops:
+    if op.kind in ("dma_start", "dma_wait"):
+      # The timeline names semaphore rows in the dense kernel's order.
+      row = lean.SEMAPHORE_ROWS[timeline.SEMAPHORE_KINDS.index(op.info["sem"])]
+      rows.add(row)
+      left[(op.launch, row, op.info["slot"])] += op.info["nbytes"] * (
+          1 if op.kind == "dma_start" else -1)
+  return {k: v for k, v in left.items() if v}, rows, np.asarray(out[0])
+
+
+@FULL
+def test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece():
+  tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)  # 2 KV blocks each
+  args = ablate.inputs(tiny)
+  left, everything, _ = _dma_bytes(ablate.EXPERIMENTS[0], args, tiny)
+  assert not left and everything == {"kv", "kv_scale", "q", "w", "out"}
+  for exp in ABLATED:
+    left, rows, scores = _dma_bytes(exp, args, tiny)
+    assert not left, (exp.name, left)
+    gone = set().union(*(NO_DMA[r] for r in exp.removed))
+    assert rows == everything - gone, exp.name
+    # Scores reach the buffer only through the output DMAs.
+    assert np.isneginf(scores).all() == ("out" in gone), exp.name
+
+
+def _row():
+  """The baseline's row at 1.5 ms of scoring (4 profiled calls)."""
+  exp = ablate.EXPERIMENTS[0]
+  times = {"scoring_s": 1.5e-3, "ops": [
+      {"name": "StreamIdxLeanTC-d", "stage": "scoring", "count": 4,
+       "self_us": 5800.0},
+      {"name": "sort.1", "stage": "selection", "count": 2, "self_us": 9.0}]}
+  blocks = harness.kernel_blocks(S, ablate.VARIANT, S.fmt, "v5e").kwargs()
+  return ablate.row(exp, blocks, times, chip="v5e", device_kind="TPU v5 lite",
+                    compile_s=4.0, iterations=4,
+                    command="python -m streamidx.bench --ablate")
+
+
+def test_a_measurement_row_follows_the_records_and_appends(tmp_path,
+                                                           monkeypatch):
+  r = _row()
+  assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == []
+  # The shipped call's plan at v5e's table row: the HBM bound of the
+  # roofline's kernel stage, as the model quotes it for the records' call.
+  sb = roofline.indexer_step(
+      "v5e", shapes.DSV4, k=S.k, variant="lean", batch=S.num_seqs,
+      context_tokens=S.seq_len)
+  assert r["hbm_s"] == pytest.approx(sb.kernel_s)
+  assert r["ratio"] == pytest.approx(1.5e-3 / sb.kernel_s)
+  assert r["kv_step_s"] * r["kv_steps"] == pytest.approx(1.5e-3)
+  assert r["ops"] == [["StreamIdxLeanTC-d", 1.0, pytest.approx(1.45e-3)]]
+  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
+  (tmp_path / "chip.json").write_text('{"rows": [], "test_runs": []}')
+  records.load.cache_clear()
+  try:
+    with pytest.raises(ValueError, match=r"experiments\[0\]: .*device_s"):
+      records.append_chip(experiments=[dict(r, device_s=None)])
+    records.append_chip(experiments=[r])
+    got = records.chip_rows("experiments", chip="v5e", experiment="baseline")
+    assert got == [json.loads(json.dumps(r))]
+    (got,) = record.experiment_table(records.chip_rows("experiments"))
+    assert got["kv pages"] == 8 and got["/ HBM"] == round(r["ratio"], 2)
+  finally:
+    records.load.cache_clear()
+
+
+def test_recorded_experiments_follow_the_schema():
+  names = {e.name for e in ablate.EXPERIMENTS}
+  for r in records.chip_rows("experiments"):
+    assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == [], r
+    assert r["experiment"] in names and set(r["removed"]) <= set(
+        lean.ABLATIONS), r
+
+
+def test_ablate_refuses_to_run_off_a_tpu(capsys):
+  assert ablate.main(["--only", "baseline"]) == 2
+  assert "measures on a TPU" in capsys.readouterr().err
+
+
+def test_lean_refuses_an_unknown_ablation():
+  spec = driver.Launch("decode", 1, 1, 1, 1, 1, 16, 4, "model")
+  with pytest.raises(ValueError, match="ablate: a subset of"):
+    lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
+                ablate={"everything"})
