@@ -97,28 +97,13 @@ class KernelWithScores:
     # After a "fused_blockmax" call of a token kernel: the block maxima
     # it wrote, f32[T, score rows] (caller's row order); else None.
     self.block_max = None
-    # `lower(...).compile()` of the arguments this instance is called with,
-    # when its owner compiled it ahead (on another thread); else None.
-    self.compiled = None
-
-  def lower(self, *args, **kwargs):
-    """The program `__call__(*args, **kwargs)` runs, lowered (the tap traced
-    in; the patch is global: lower on one thread at a time). Its
-    `.compile()` releases the GIL: set `compiled` to it, and calls with
-    these arguments run it instead of compiling."""
-    call, arrays = self._entry.bind(*args, **kwargs)
-    with _tap(self._sink, self._block_max_sink):
-      return self._jit.lower(*arrays, call=call, body=self._entry.body)
 
   def __call__(self, *args, **kwargs):
     self._sink.clear()
     self._block_max_sink.clear()
-    call, arrays = self._entry.bind(*args, **kwargs)
-    if self.compiled is not None:
-      idx = np.asarray(self.compiled(*arrays))
-    else:
-      with _tap(self._sink, self._block_max_sink):
-        idx = np.asarray(self._jit(*arrays, call=call, body=self._entry.body))
+    with _tap(self._sink, self._block_max_sink):
+      call, arrays = self._entry.bind(*args, **kwargs)
+      idx = np.asarray(self._jit(*arrays, call=call, body=self._entry.body))
     jax.effects_barrier()
     assert len(self._sink) == 1, f"{len(self._sink)} score matrices captured"
     scores = self._sink[0]

@@ -14,15 +14,11 @@ the chip this process holds, against its reference.
 - `physical_slots` in both modes, and bad input refused before it runs.
 
 `make test-tpu` runs it in one process (one program at a time holds a chip)
-and compiles every selected test's programs first, on all the host's cores
-(`_compiled_ahead`), then runs the tests one by one; it appends its counts to the chip records (`streamidx.records`, "test_runs";
+and appends its counts to the chip records (`streamidx.records`, "test_runs";
 conftest.py). Off a TPU the module skips, with one line saying why.
 """
 
-import concurrent.futures
 import functools
-import os
-import time
 
 import jax
 import numpy as np
@@ -90,90 +86,16 @@ def _reference(variant: str, name: str, fmt: str):
                                         mode=v.mode))
 
 
-def _call(variant: str, name: str, fmt: str, method: str | None):
-  """(the kernel, its arguments, its keyword arguments) of one test."""
+def _run(variant: str, name: str, fmt: str, **extra):
   v = si.VARIANTS[variant]
   kw, heads, k = {**TOKEN_BATCHES, **PAGE_BATCHES}[name]
+  inputs = _inputs(name, fmt)
   blocks = v.block_sizes(cache_format=fmt, num_heads=heads,
                          page_size=kw["page_size"]).kwargs()
-  extra = {} if method is None else {"topk_method": method}
-  kernel = _kernel(variant, name, fmt, method)
-  return kernel, v.args(_inputs(name, fmt), fmt), dict(
-      {v.k_name: k}, compression_ratio=kw["compression_ratio"], **blocks,
-      **extra)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(variant: str, name: str, fmt: str, method: str | None):
-  del name, fmt, method  # one instance (and compiled program) per test
-  return KernelWithScores(si.VARIANTS[variant].mode,
-                          variant=variant.removesuffix("_page"))
-
-
-def _run(variant: str, name: str, fmt: str, method: str | None = None):
-  kernel, args, kwargs = _call(variant, name, fmt, method)
-  return kernel(*args, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_scores(k: int):
-  s = shapes.DSV4_DECODE_1M
-  return topk_bench.score_buffer(shapes.Shape("decode", "decode", s.rows, 1,
-                                              s.seq_len, k))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compiled_ahead(request):
-  """Compiles the programs of the selected tests before the first runs.
-
-  Compiling is most of this tier's time and runs on the host's CPU, while
-  one process holds the chip: lowering needs the GIL (and the score tap is a
-  global patch), so the kernels are lowered here one by one; their
-  `.compile()`, and the references and selections (traced, compiled and run:
-  jit's cache, then the persistent one, keeps them), go to a pool of the
-  host's cores. Each test then runs its compiled program as before.
-  """
-  kernels, jobs = [], []
-  for item in request.session.items:
-    p = getattr(item, "callspec", None)
-    if p is None or item.module.__name__ != __name__:
-      continue
-    p = p.params
-    if "variant" in p:  # a token or page variant's test, physical_slots'
-      kernels.append((p["variant"], p["name"], p.get("fmt", "fp8"),
-                      p.get("method")))
-    elif "k" in p:  # an exact method against the rule
-      x = jax.numpy.asarray(_decode_scores(p["k"]))
-      method = "top_k" if p["method"] == "reference" else p["method"]
-      jobs.append(functools.partial(topk.select_topk, x, p["k"], method))
-  t0 = time.perf_counter()
-  lowered = []
-  for key in dict.fromkeys(kernels):
-    kernel, args, kwargs = _call(*key)
-    try:
-      lowered.append((kernel, kernel.lower(*args, **kwargs)))
-    except Exception:  # pylint: disable=broad-exception-caught
-      pass  # its test traces it again and reports why
-  jobs += [functools.partial(_reference, *key[:3]) for key in
-           dict.fromkeys(k[:3] for k in kernels)]
-  t1 = time.perf_counter()
-
-  def compile_(kernel, low):
-    kernel.compiled = low.compile()
-
-  # A program that fails here is left to its test, which repeats the error.
-  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-    done = [pool.submit(compile_, *kl) for kl in lowered]
-    done += [pool.submit(lambda f: jax.block_until_ready(f()), f)
-             for f in jobs]
-    failed = sum(f.exception() is not None for f in done)
-  plugins = request.config.pluginmanager
-  with plugins.get_plugin("capturemanager").global_and_fixture_disabled():
-    plugins.get_plugin("terminalreporter").write_line(
-        f"\n{len(lowered)} kernels lowered in {t1 - t0:.0f} s; they, "
-        f"{len(jobs)} references and selections compiled (and those run) "
-        f"in {time.perf_counter() - t1:.0f} s on {os.cpu_count()} cores; "
-        f"{failed} failed (their tests report why)")
+  base = variant.removesuffix("_page")
+  kernel = KernelWithScores(v.mode, variant=base)
+  return kernel(*v.args(inputs, fmt), **{v.k_name: k},
+                compression_ratio=kw["compression_ratio"], **blocks, **extra)
 
 
 @pytest.mark.parametrize("method", topk.EXACT_TOPK_METHODS)
@@ -181,7 +103,7 @@ def _compiled_ahead(request):
 @pytest.mark.parametrize("name", TOKEN_BATCHES)
 def test_token_variant_matches_reference_on_the_chip(name, variant, fmt,
                                                      method):
-  idx, scores = _run(variant, name, fmt, method)
+  idx, scores = _run(variant, name, fmt, topk_method=method)
   ref_idx, ref_scores, bound = _reference(variant, name, fmt)
   assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores,
                                   score_bound=bound,
@@ -196,6 +118,13 @@ def test_page_variant_matches_reference_on_the_chip(name, variant, fmt):
   assert_kernel_matches_reference(idx, scores, ref_idx, ref_scores,
                                   score_bound=bound,
                                   label=f"{name} {variant} {fmt}")
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_scores(k: int):
+  s = shapes.DSV4_DECODE_1M
+  return topk_bench.score_buffer(shapes.Shape("decode", "decode", s.rows, 1,
+                                              s.seq_len, k))
 
 
 @pytest.mark.parametrize("k", [512, 2048])
