@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
-from streamidx import modes, semantics
+from streamidx import modes, records, semantics
 from streamidx.semantics import LANES, cdiv, normalize_per_case
 
 WILDCARD = "*"
@@ -253,6 +253,35 @@ TABLE: tuple[BlockSizes, ...] = (
     _page("fp4_page", "mxfp4", _PAGE_DERIVED),
     _page("fp4_page", "mxfp4", _FP4_PAGE, 32, 64, rows=32),
 )
+
+
+
+def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
+  """Rows measured on a chip, from the records (`streamidx.records`): per
+  chip, the blocks of `variant`'s fastest recorded scoring experiment that
+  removed nothing (`python -m streamidx.bench --ablate`: DeepSeek-V4 decode,
+  64 heads, 128-entry pages). Later in `TABLE` than the static schedule's
+  row for the same call, so they win where a chip measured."""
+  best: dict[str, list[dict]] = {}
+  for r in records.chip_rows("experiments", variant=variant):
+    if not r["removed"]:
+      best.setdefault(r["chip"], []).append(r)
+  out = []
+  for chip, rs in sorted(best.items()):
+    r = min(rs, key=lambda r: r["device_s"])
+    b = {k: tuple(v) if isinstance(v, list) else v
+         for k, v in r["blocks"].items()}
+    out.append(BlockSizes(
+        chip, variant, r["cache_format"], 64, 128, source=(
+            f"measured on {chip} ({r['device_kind']}; jax {r['jax']}, libtpu "
+            f"{r['libtpu']}; {r['date'][:10]}; `{r['command']}`): the "
+            f"scoring launches at {r['shape']} took {r['device_s'] * 1e3:.3f}"
+            f" ms at these blocks (experiment {r['experiment']!r}), the least"
+            f" of the {len(rs)} block sizes recorded there"), **b))
+  return tuple(out)
+
+
+TABLE += _measured()
 
 # Which rows came from the compiler's static schedule rather than a TPU run.
 STATIC_SCHEDULE_SOURCES = (_SCHEDULE_V5E, _SCHEDULE_V6E, _SCHEDULE_GLM_PAGE,

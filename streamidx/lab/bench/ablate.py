@@ -59,6 +59,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("compute_only", ("kv_dma", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
+    # Both at once, around the fastest of the above.
+    *(Experiment(f"kv_pages_{p}_batch_{b}", kv_pages=p, batch=b)
+      for p, b in ((16, 8), (32, 8), (64, 4), (16, 16))),
 )
 
 
