@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import records
+from streamidx import blocks, records
 from streamidx.kernels import driver, lean
 from streamidx.lab import aot, shapes
 from streamidx.lab.bench import ablate, harness, record
@@ -138,7 +138,8 @@ def test_a_measurement_row_follows_the_records_and_appends(tmp_path,
     got = records.chip_rows("experiments", chip="v5e", experiment="baseline")
     assert got == [json.loads(json.dumps(r))]
     (got,) = record.experiment_table(records.chip_rows("experiments"))
-    assert got["kv pages"] == 8 and got["/ HBM"] == round(r["ratio"], 2)
+    assert got["kv pages"] == r["blocks"]["num_kv_pages_per_block"][0]
+    assert got["/ HBM"] == round(r["ratio"], 2)
   finally:
     records.load.cache_clear()
 
@@ -161,3 +162,23 @@ def test_lean_refuses_an_unknown_ablation():
   with pytest.raises(ValueError, match="ablate: a subset of"):
     lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
                 ablate={"everything"})
+
+
+def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
+  """Where `--ablate` ran, lean's decode row is the blocks of the fastest
+  recorded experiment that removed nothing; elsewhere the static
+  schedule's."""
+  full = [r for r in records.chip_rows("experiments", variant="lean")
+          if not r["removed"]]
+  for chip in ("v5e", "v6e", "v7x"):
+    row = si.block_sizes("lean", cache_format="dense_fp8", num_heads=64,
+                         page_size=128, generation=chip)
+    mine = [r for r in full if r["chip"] == chip]
+    if not mine:
+      assert row.source in blocks.STATIC_SCHEDULE_SOURCES
+      continue
+    best = min(mine, key=lambda r: r["device_s"])
+    assert row.kwargs() == {n: tuple(v) if isinstance(v, list) else v
+                            for n, v in best["blocks"].items()}
+    assert row.source.startswith(f"measured on {chip}")
+    assert repr(best["experiment"]) in row.source

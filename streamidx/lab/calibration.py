@@ -302,8 +302,8 @@ def format_table(rs: Sequence[dict]) -> str:
 def chip_rows() -> list[dict]:
   """This project's measured token calls (`records.calls`, the newest of
   each chip, shape, variant, method and k) beside the model's step at
-  their shape (`roofline.indexer_step` at DeepSeek-V4's geometry and the
-  chip's clock): the call's device time and its scoring part, each with
+  their shape and blocks (`roofline.indexer_step` at DeepSeek-V4's
+  geometry and the chip's clock): the call's device time and its scoring part, each with
   the model's; "model" the `StepBound`."""
   from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
   newest = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"]): r
@@ -314,7 +314,7 @@ def chip_rows() -> list[dict]:
     sb = roofline.indexer_step(
         r["chip"], DSV4, k=r["k"], variant=r["variant"], method=r["method"],
         batch=1 if prefill else r["rows"], q_len=r["rows"] if prefill else 1,
-        context_tokens=r["tokens"])
+        context_tokens=r["tokens"], blocks=r["blocks"])
     scoring = next(st.bound for st in sb.stages if st.name == "scoring")
     out.append(dict(chip=r["chip"], shape=r["shape"], variant=r["variant"],
                     method=r["method"], k=r["k"], measured_s=r["device_s"],

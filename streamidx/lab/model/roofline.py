@@ -556,7 +556,8 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
                  variant: str = "vendored", batch: int = 64,
                  context_tokens: int = 131072, q_len: int = 1,
                  clock_hz: float | None = None,
-                 method: str | None = None) -> StepBound:
+                 method: str | None = None,
+                 blocks: dict | None = None) -> StepBound:
   """One token-mode indexer call of `geometry` (a `lab.shapes.Indexer`:
   heads, head_dim, ratio, page size) keeping `k` entries per query row,
   over `batch` decode sequences of `context_tokens` tokens (q_len > 1:
@@ -568,7 +569,8 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   whatever `topk.defaults` picks for the chip) and its copies, each by HBM bytes
   and by the bundles its compiled program executes at one clock (`clock_hz`; None: `clock`,
   the public one or the one inferred from one named public measurement; 0:
-  none); the headline is their sum."""
+  none); the headline is their sum. blocks: the kernel's block-size
+  keywords (a recorded call's; None: the table's row)."""
   if k < 1:
     raise ValueError(f"k must be >= 1, got {k}")
   fmt = tiling.resolve_variant(variant).cache_formats[0]
@@ -577,13 +579,18 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
   g = geometry
   b = si.make_mixed_batch(**seqs, page_size=g.page_size,
                           compression_ratio=g.compression_ratio)
-  row = si.block_sizes(variant, cache_format=fmt, num_heads=g.num_heads,
-                       page_size=g.page_size, generation=generation)
+  if blocks is None:
+    row = si.block_sizes(variant, cache_format=fmt, num_heads=g.num_heads,
+                         page_size=g.page_size, generation=generation)
+    blocks, why = row.kwargs(), row.source.split(";")[0].split("(")[0].strip()
+  else:
+    blocks = {n: tuple(v) if isinstance(v, list) else v  # from JSON
+              for n, v in blocks.items()}
+    why = "the call's own"
   p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
-                  variant=variant, generation=generation, **row.kwargs())
+                  variant=variant, generation=generation, **blocks)
   sb = step_bound(p, generation, variant=variant, k=k,
-                  blocks=f"{generation} {variant} row: {row.kwargs()} "
-                  f"({row.source.split(';')[0].split('(')[0].strip()})")
+                  blocks=f"{generation} {variant} row: {blocks} ({why})")
   if clock_hz is None:
     clock_hz, source = clock(generation)
   else:
