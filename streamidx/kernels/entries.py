@@ -8,15 +8,15 @@
 Each is a `driver.Entry`: a kernel body in token or page mode with its cache
 layout's signature (the vendored function's for the one-array caches, the
 dense one for the pairs, fp4 without `num_cores`), whose defaults are
-`TopkCall`'s / `PageCall`'s fields; it passes each argument by name to
-`driver.bind_call`. `ENTRIES` is the one table of bodies x modes.
+`TopkCall`'s / `PageCall`'s fields (a spell function is its signature and
+docstring: `Entry.bind` builds the call). `ENTRIES` is the one table of
+bodies x modes.
 """
 
 from __future__ import annotations
 
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
-from streamidx.kernels.driver import bind_call
 
 __all__ = ["VENDORED", "DENSE", "LEAN", "FP4", "ENTRIES", "streamindex_topk",
            "streamindex_page_topk", "streamindex_topk_dense",
@@ -97,17 +97,6 @@ def _packed_token(
     Top-K indices (in compressed space): i32[T, k], by score descending,
     equal scores by index ascending, -1 past the visible entries.
   """
-  return bind_call(
-      TopkCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
-                       cu_q_lens, distribution),
-      k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, return_scores=return_scores,
-      sort_decode=sort_decode, skip_empty_launches=skip_empty_launches,
-      decode_q_len=decode_q_len, physical_slots=physical_slots)
 
 
 def _packed_page(
@@ -142,15 +131,6 @@ def _packed_page(
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
   """
-  return bind_call(
-      PageCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
-                       cu_q_lens, num_seqs),
-      k=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
-      return_scores=return_scores, skip_empty_launches=skip_empty_launches,
-      physical_slots=physical_slots)
 
 
 def _pair_token(
@@ -176,18 +156,6 @@ def _pair_token(
 
   The same keys packed as "fp8" give the same indices (`streamindex_topk`).
   """
-  return bind_call(
-      TopkCall, body, (q, indexer_weights, (cache_values, cache_scales),
-                       seq_lens, page_indices, cu_q_lens, distribution),
-      k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, return_scores=return_scores,
-      sort_decode=sort_decode, num_cores=num_cores,
-      skip_empty_launches=skip_empty_launches, decode_q_len=decode_q_len,
-      physical_slots=physical_slots)
 
 
 def _pair_page(
@@ -206,15 +174,6 @@ def _pair_page(
   dense FP8 pair in place of `cache_kv`; `num_cores` as for
   `streamindex_topk_dense`.
   """
-  return bind_call(
-      PageCall, body, (q, indexer_weights, (cache_values, cache_scales),
-                       seq_lens, page_indices, cu_q_lens, num_seqs),
-      k=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
-      return_scores=return_scores, num_cores=num_cores,
-      skip_empty_launches=skip_empty_launches, physical_slots=physical_slots)
 
 
 # The one table of kernel bodies x modes: each entry point, its body, mode
