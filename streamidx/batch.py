@@ -27,63 +27,30 @@ Allocation = Literal["contiguous", "shuffled", "fragmented"]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RaggedBatch:
-  """A ragged paged batch, as NumPy arrays (int32).
+  """A ragged paged batch, as NumPy arrays (int32)."""
 
-  Attributes:
-    q_lens: [num_seqs] query tokens per sequence.
-    seq_lens: [max_num_seqs] tokens in the cache per sequence (0 = padding).
-    cu_q_lens: [max_num_seqs + 1] cumulative query lengths.
-    distribution: [3] (num decode, decode + prefill-only, num_seqs).
-    page_indices: [max_num_seqs * pages_per_seq] flattened page table.
-    page_size: entries per page.
-    compression_ratio: tokens per compressed entry.
-    num_tokens: rows of q (>= cu_q_lens[num_seqs]; the rest is padding).
-    total_num_pages: physical pages in the cache.
-    decode_q_len: query rows of each decode sequence (the kernels'
-      `decode_q_len`, which `streamidx.VARIANTS[...].run` passes on).
-  """
+  q_lens: np.ndarray  # [num_seqs] query tokens per sequence
+  seq_lens: np.ndarray  # [max_num_seqs] tokens in the cache (0 = padding)
+  cu_q_lens: np.ndarray  # [max_num_seqs + 1] cumulative query lengths
+  distribution: np.ndarray  # [3] (decode, decode + prefill-only, num_seqs)
+  page_indices: np.ndarray  # [max_num_seqs * pages_per_seq] page table
+  page_size: int  # entries per page
+  compression_ratio: int  # tokens per compressed entry
+  num_tokens: int  # rows of q (>= cu_q_lens[num_seqs]; the rest padding)
+  total_num_pages: int  # physical pages in the cache
+  decode_q_len: int = TopkCall.decode_q_len  # query rows of a decode sequence
 
-  q_lens: np.ndarray
-  seq_lens: np.ndarray
-  cu_q_lens: np.ndarray
-  distribution: np.ndarray
-  page_indices: np.ndarray
-  page_size: int
-  compression_ratio: int
-  num_tokens: int
-  total_num_pages: int
-  decode_q_len: int = TopkCall.decode_q_len
-
-  @property
-  def num_seqs(self) -> int:
-    return int(self.distribution[2])
-
-  @property
-  def max_num_seqs(self) -> int:
-    return int(self.seq_lens.shape[0])
-
-  @property
-  def pages_per_seq(self) -> int:
-    return int(self.page_indices.shape[0] // self.max_num_seqs)
-
-  @property
-  def page_table(self) -> np.ndarray:
-    """[max_num_seqs, pages_per_seq] view of `page_indices`."""
-    return self.page_indices.reshape(self.max_num_seqs, self.pages_per_seq)
-
-  @property
-  def num_entries(self) -> np.ndarray:
-    """[max_num_seqs] compressed entries per sequence."""
-    return self.seq_lens // self.compression_ratio
-
-  @property
-  def num_pages_used(self) -> np.ndarray:
-    """[max_num_seqs] pages holding at least one entry, per sequence."""
-    return -(-self.num_entries // self.page_size)
-
-  @property
-  def num_query_tokens(self) -> int:
-    return int(self.cu_q_lens[self.num_seqs])
+  num_seqs = property(lambda self: int(self.distribution[2]))
+  max_num_seqs = property(lambda self: int(self.seq_lens.shape[0]))
+  pages_per_seq = property(
+      lambda self: int(self.page_indices.shape[0] // self.max_num_seqs))
+  # [max_num_seqs, pages_per_seq] view of `page_indices`.
+  page_table = property(lambda self: self.page_indices.reshape(
+      self.max_num_seqs, self.pages_per_seq))
+  # [max_num_seqs] compressed entries, and pages holding one, per sequence.
+  num_entries = property(lambda self: self.seq_lens // self.compression_ratio)
+  num_pages_used = property(lambda self: -(-self.num_entries // self.page_size))
+  num_query_tokens = property(lambda self: int(self.cu_q_lens[self.num_seqs]))
 
   def token_seq_ids(self) -> np.ndarray:
     """[num_tokens] the sequence each query row belongs to (-1: padding)."""
@@ -130,29 +97,15 @@ def make_batch(
     seed: int = 0,
     decode_q_len: int = TopkCall.decode_q_len,
 ) -> RaggedBatch:
-  """Builds a ragged paged batch from (q_len, seq_len) pairs.
-
-  Args:
-    pairs: one (q_len, seq_len) per sequence, in kernel order.
-    page_size: entries per page.
-    compression_ratio: tokens per compressed entry.
-    distribution: (i, j, n); default: the leading q_len == decode_q_len
-      sequences are decode, the rest mixed (i, i, n).
-    allocation: how physical pages are handed out. "contiguous": sequence
-      after sequence, in order; "shuffled": the same pages in a random order;
-      "fragmented": a random subset of a pool twice as large, so free pages
-      lie between a sequence's pages.
-    pages_per_seq: page-table columns (default: what the longest needs, >= 1).
-    max_num_seqs: rows of the page table (default: len(pairs)); extra rows
-      are padding sequences with seq_len 0.
-    num_tokens: rows of q (default: total query tokens, at least 1).
-    extra_pages: unused physical pages added to the cache.
-    total_num_pages: pad the cache to exactly this many physical pages (>=
-      what the allocation needs); fixes the cache shape across batches, so
-      that one compiled kernel serves them all.
-    seed: for "shuffled" and "fragmented".
-    decode_q_len: query rows of every decode sequence (1, or gamma + 1);
-      the decode range [0, i) must have exactly that many each.
+  """Builds a ragged paged batch from (q_len, seq_len) pairs, in kernel
+  order. distribution (i, j, n) default: the leading q_len == decode_q_len
+  sequences decode, the rest mixed. allocation: "contiguous" (in order),
+  "shuffled" (the same pages in a random order) or "fragmented" (a random
+  subset of a pool twice as large). Defaults: pages_per_seq what the
+  longest needs, max_num_seqs len(pairs) (more: padding sequences),
+  num_tokens the query tokens (>= 1); extra_pages unused pages added;
+  total_num_pages pads the cache to exactly that many (one compiled kernel
+  then serves several batches); seed for the random allocations.
   """
   q_lens = np.array([p[0] for p in pairs], np.int64).reshape(-1)
   seq_lens = np.array([p[1] for p in pairs], np.int64).reshape(-1)
@@ -308,14 +261,10 @@ def make_inputs(
     outlier_channels: int = 4,
     outlier_scale: float = 20.0,
 ) -> IndexerInputs:
-  """Seeded random queries, weights and keys for `batch`, with the cache.
-
-  Queries and keys are standard normal; "outliers" multiplies
-  `outlier_channels` fixed key channels by `outlier_scale` (the activation
-  outliers that make per-record FP8 scaling lossy). Weights are positive,
-  |N(0, 1)| / sqrt(num_heads), as a softmax-free gate would be. Padding rows of
-  q and of the weights are zero.
-  """
+  """Seeded random queries, weights and keys for `batch`, with the cache:
+  queries and keys standard normal ("outliers": `outlier_channels` key
+  channels times `outlier_scale`), weights |N(0, 1)| / sqrt(num_heads);
+  padding rows zero."""
   rng = np.random.default_rng(seed)
   t = batch.num_tokens
   q = rng.standard_normal((t, num_heads, head_dim), np.float32)

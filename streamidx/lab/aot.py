@@ -66,12 +66,8 @@ class Row:
   topk_method: str | None = None  # None: the kernel's default
   refused: str = ""  # the table's rule refuses the call (its ValueError)
 
-  @property
-  def static(self) -> dict:
-    out = dict(self.blocks)
-    if self.topk_method is not None:
-      out["topk_method"] = self.topk_method
-    return out
+  static = property(lambda self: dict(self.blocks, **(
+      {} if self.topk_method is None else {"topk_method": self.topk_method})))
 
 
 @dataclasses.dataclass
@@ -85,7 +81,7 @@ class Result:
 
 
 def _blocks_key(kwargs: dict) -> tuple:
-  return tuple(sorted((k, v) for k, v in kwargs.items()))
+  return tuple(sorted(kwargs.items()))
 
 
 def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
@@ -253,11 +249,10 @@ def _memory(compiled) -> dict:
 
 def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
                   **static):
-  """Lowers and compiles `variant`'s entry point for `generation` on
-  `shape`'s abstract arrays (`entry_args`), with `static` keywords beside k
-  and the ratio (block sizes left out: the table's, as a call that leaves
-  them None gets them); returns the executable, raises the compiler's (or
-  streamidx's) error."""
+  """`variant`'s entry point compiled for `generation` on `shape`'s
+  abstract arrays, with `static` keywords beside k and the ratio (block
+  sizes left out: the table's); raises the compiler's (or streamidx's)
+  error."""
   with modes.compile_for(generation) as target:
     args = entry_args(variant, shape, fmt, target)
     return VARIANTS[variant].kernel.lower(
@@ -270,20 +265,17 @@ def compile_row(row: Row) -> Result:
   if row.refused:
     return Result(row, True, row.refused)
   shape = SHAPES_BY_NAME[row.shape]
-  v = VARIANTS[row.variant]
-  t0 = time.perf_counter()
-  vmem = 0
+  t0, vmem = time.perf_counter(), 0
   try:
     with modes.compile_for(row.generation) as target:
-      args = entry_args(row.variant, shape, row.fmt, target)
-      static = entry_static(row.variant, shape, row.static)
       for _, eqn in launch_calls(row.variant, shape, row.fmt, row.static,
                                  target):
         vmem = max(vmem, launch_scratch_bytes(eqn, target.tpu_generation))
-      t0 = time.perf_counter()
-      compiled = v.kernel.lower(*args, **static).compile()
-      return Result(row, True, compile_s=time.perf_counter() - t0,
-                    vmem_scratch=vmem, memory=_memory(compiled))
+    t0 = time.perf_counter()
+    compiled = compile_entry(row.variant, shape, row.fmt, row.generation,
+                             **row.static)
+    return Result(row, True, compile_s=time.perf_counter() - t0,
+                  vmem_scratch=vmem, memory=_memory(compiled))
   except Exception as e:  # pylint: disable=broad-except
     return Result(row, False, summarize_error(e), time.perf_counter() - t0,
                   vmem)
@@ -298,9 +290,8 @@ def _label(row: Row) -> str:
                             ("decode_req_batch_size", "B"),
                             ("vmem_limit_bytes", "vmem"))
            for v in [d.get(k)] if k in d]
-  parts += ["(table)"] * row.table
-  if row.topk_method is not None:
-    parts.append(f"topk_method={row.topk_method}")
+  parts += ["(table)"] * row.table + [f"topk_method={row.topk_method}"] * (
+      row.topk_method is not None)
   return " ".join(parts)
 
 
