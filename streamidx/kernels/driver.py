@@ -5,14 +5,10 @@
 
 `call` is a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
 `num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's
-arrays. The stages: `_prepare`, `_runs` (each launch a `Launch` record:
-`launches`), `_launch` and `_select`; a body's `launch` receives its
-`Launch` and the arrays and returns its output buffers (M20). `_pipeline`
-composes them in one trace (jit, `.lower`, a TPU); interpreted and called
-eagerly, it jits them apart (`staged`: one program per launch
-configuration, an empty launch not compiled) and waits for the result
-(docs/limitations.md). `checked_run` is the same call behind the value
-rules (checkify); an `Entry` builds its call once (`bind_call`).
+arrays. `_pipeline` composes the stages (`_prepare`, the `launches`, each
+`_launch`, `_select`) in one trace; interpreted and called eagerly, it jits
+them apart and waits for the result (docs/limitations.md). `checked_run` is
+the same call behind the value rules; an `Entry` builds its call once.
 """
 
 from __future__ import annotations
