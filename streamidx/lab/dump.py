@@ -282,13 +282,14 @@ _INSTR = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (.*)$")
 _REFS = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _SHAPE = re.compile(r"(pred|[subf]\d+|bf16)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
-          "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8}
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+               "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+               "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 
 
 def array_bytes(dtype: str, dims: str) -> int:
   """Bytes of an HLO array type, e.g. ("f32", "64,2048")."""
-  return math.prod(int(d) for d in dims.split(",") if d) * _BYTES.get(dtype, 4)
+  return math.prod(int(d) for d in dims.split(",") if d) * DTYPE_BYTES.get(dtype, 4)
 
 
 def read_hlo(text: str) -> tuple[list[Conditional], list[SparseCoreCall]]:

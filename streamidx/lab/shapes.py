@@ -214,8 +214,3 @@ COMPILE: tuple[CallShape, ...] = (
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
 
-__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "README",
-           "PAGE_64_HEADS", "Shape", "SWEEP",
-           "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
-           "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
-           "COMPILE_BY_NAME"]

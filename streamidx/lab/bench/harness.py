@@ -27,7 +27,7 @@ from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
+from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 from streamidx.lab.model import profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
