@@ -19,9 +19,6 @@ import numpy as np
 from streamidx import cache as cache_lib
 from streamidx.call import TopkCall
 
-__all__ = ["Allocation", "RaggedBatch", "make_batch", "make_mixed_batch",
-           "IndexerInputs", "make_inputs"]
-
 Allocation = Literal["contiguous", "shuffled", "fragmented"]
 
 

@@ -461,10 +461,3 @@ def rows(variant: str | None = None) -> list[BlockSizes]:
   """The table's rows (of one variant, wildcard rows included)."""
   return [r for r in TABLE if variant is None or r.variant in (WILDCARD, variant)]
 
-
-__all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD",
-           "STATIC_SCHEDULE_SOURCES", "PAGE_KV_PAGES", "PAGE_MAX_QUERY_ROWS",
-           "PAGE_SCORE_BLOCK_BYTES", "PAGE_SUMMED_BLOCK_BYTES",
-           "PAGE_MXFP4_BLOCK_VALUES", "page_block_bytes", "check_page_rows",
-           "check_page_kv_block", "page_scratch_bytes", "page_vmem_budget",
-           "page_query_rows"]

@@ -21,20 +21,6 @@ import numpy as np
 
 from streamidx.semantics import LANES
 
-__all__ = [
-    "CacheFormat", "FORMATS", "REFERENCE_FORMATS", "E4M3_MAX", "E8M0_BIAS",
-    "E8M0_MIN_EXPONENT", "padded_head_dim", "cache_dtype", "kv_packing",
-    "lkv_dim", "record_bytes", "ue8m0_exponent", "quantize_fp8",
-    "dequantize_fp8", "pack_fp8_records", "unpack_fp8_records", "pack_cache",
-    "unpack_cache", "unpack_cache_raw", "entry_location", "physical_slots",
-    "e8m0_scales",
-    "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
-    "tpu_scale_bytes", "cache_pages", "PageGeometry", "page_geometry",
-    "format_of", "PageLayout", "page_layout", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
-    "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
-    "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
-]
-
 CacheFormat = Literal["fp8", "bf16", "f32"]
 # Formats the kernel reads. "f32" (unquantized float32 records) is accepted
 # by `pack_cache` and the reference only: the exact baseline of recall studies.

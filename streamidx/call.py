@@ -16,9 +16,6 @@ from typing import Any
 
 from streamidx import blocks, semantics, topk
 
-__all__ = ["TopkCall", "PageCall", "MODES", "MAX_DECODE_Q_LEN",
-           "KERNEL_ONLY", "TOKEN_ONLY", "check_bool"]
-
 MODES = ("token", "page")
 MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 

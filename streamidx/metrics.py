@@ -14,12 +14,6 @@ import numpy as np
 
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
 
-__all__ = [
-    "TopkComparison", "compare_topk", "assert_topk_match", "recall_at_k",
-    "score_error", "summation_error_bound", "flush_error_bound",
-    "summation_atol", "F32_TINY",
-]
-
 
 @dataclasses.dataclass
 class TopkComparison:

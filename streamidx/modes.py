@@ -28,15 +28,6 @@ from jax._src import config as _jax_config
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-__all__ = [
-    "interpreter", "set_interpreter", "resolve_interpret", "kernel_mode",
-    "describe_machine", "races_found", "race_check", "RaceReport",
-    "reset_interpreter_state", "numpy_callbacks", "INTERPRETER_INTERNALS",
-    "INTERPRETER_INTERNALS_JAX", "interpreter_internals_missing", "on_tpu",
-    "TOPOLOGIES", "CompileTarget", "compile_for", "compile_target",
-    "current_generation", "libtpu_path",
-]
-
 
 def on_tpu() -> bool:
   """True when JAX's default backend is a TPU."""

@@ -41,12 +41,6 @@ from streamidx.call import PageCall, TopkCall, check_bool
 from streamidx.semantics import (cdiv, causal_visible_bound, check_causal_rule,
                                  row_sequences)
 
-__all__ = [
-    "score_entries", "token_scores", "page_scores", "topk_from_scores",
-    "visible_counts", "rows_per_block", "streamindex_topk_ref",
-    "streamindex_page_topk_ref",
-]
-
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 
 

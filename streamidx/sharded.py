@@ -22,11 +22,6 @@ from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.semantics import cdiv
 
-__all__ = [
-    "MERGES", "IMPLS", "make_mesh", "ShardedInputs", "shard_inputs",
-    "merge_topk", "sharded_topk", "merge_bytes_per_row",
-]
-
 MERGES = ("all_gather", "tree")
 IMPLS = ("kernel", "reference")
 _INT32_MAX = np.iinfo(np.int32).max

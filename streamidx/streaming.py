@@ -14,11 +14,6 @@ import functools
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
 
-__all__ = [
-    "DEFAULT_CHUNK_ENTRIES", "streamindex_topk_streaming",
-    "streamindex_page_topk_streaming", "one_chunk_temp_bytes",
-]
-
 DEFAULT_CHUNK_ENTRIES = 4096
 
 

@@ -25,12 +25,6 @@ from streamidx import cache as cache_lib
 from streamidx import modes
 from streamidx import semantics
 
-__all__ = [
-    "static_validate", "validate_inputs", "check_inputs", "distribution_array",
-    "ValueRule", "VALUE_RULES", "TOPK_VALUE_RULES", "PAGE_TOPK_VALUE_RULES",
-    "KERNEL_QUERY_DTYPES", "KERNEL_CACHE_DTYPES",
-]
-
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
 _INDEX_DTYPE = jnp.int32

@@ -22,9 +22,6 @@ from jax.experimental.pallas import tpu as pltpu
 from streamidx import topk
 from streamidx.semantics import LANES, cdiv
 
-__all__ = ["NAME", "rows", "buffer", "launch_kwargs", "split_refs",
-           "BlockMax", "NUM_SEM_IDS", "NUM_BO_SZ", "SEM_ROW"]
-
 NAME = "block_max"
 assert topk.FUSED_BLOCK_WIDTH == LANES  # one maximum per 128-lane score row
 # The hook's scalar-prefetch slots, after a body's three sem_ids and two

@@ -20,8 +20,6 @@ from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import tpu, vendored
 from streamidx.semantics import LANES
 
-__all__ = ["launch", "pair_launch", "SEMAPHORE_ROWS"]
-
 KV_PACKING = cache_lib.DENSE_KV_PACKING  # e4m3 bytes per 32-bit word
 # The semaphore scratch's rows: the vendored body's four, then the scales'
 # and the block maxima's (the hook's, M21).

@@ -18,12 +18,6 @@ from __future__ import annotations
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
 
-__all__ = ["VENDORED", "DENSE", "LEAN", "FP4", "ENTRIES", "streamindex_topk",
-           "streamindex_page_topk", "streamindex_topk_dense",
-           "streamindex_page_topk_dense", "streamindex_topk_lean",
-           "streamindex_page_topk_lean", "streamindex_topk_fp4",
-           "streamindex_page_topk_fp4"]
-
 T, P = TopkCall, PageCall  # the defaults below are their fields'
 
 # The extra output every body writes on request (token mode).

@@ -62,8 +62,6 @@ from streamidx import cache as cache_lib
 from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES
 
-__all__ = ["launch", "KV_PACKING", "ENTRIES_PER_BYTE", "E4M3_OFFSET"]
-
 ENTRIES_PER_BYTE = 2  # two e2m1 codes a byte
 KV_PACKING = 4 * ENTRIES_PER_BYTE  # entries per 32-bit word of a row group
 E4M3_OFFSET = 64.0  # e4m3 of the moved code bits = e2m1 value * 2**-6

@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["RESULT_PREFIX", "run", "serve"]
-
 RESULT_PREFIX = "STREAMIDX_WORKER_RESULT "
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds this streamidx/
 

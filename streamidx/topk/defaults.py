@@ -20,9 +20,6 @@ import functools
 
 from streamidx import modes, records
 
-__all__ = ["Default", "TABLE", "DECODE", "VENDORED_TOPK_METHOD", "lookup",
-           "default_method", "decode_records"]
-
 # The vendored kernel's selection (approx_max_k(recall_target=1.0), then the
 # tie check, M12): what the table falls back on.
 VENDORED_TOPK_METHOD = "sort"
