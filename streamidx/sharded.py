@@ -108,15 +108,11 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
                  fmt: str | None = None, pages_per_share: int | None = None,
                  slots: int | None = None, rows: int | None = None,
                  cache_pages: int | None = None) -> ShardedInputs:
-  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk` as
-  docs/multichip.md says: each device's pages copied (not re-quantized),
-  unused table slots at page 0. variant: a `streamidx.VARIANTS` name or
-  `Variant`; fmt: its cache format (default its first); pages_per_share: P,
-  default ceil(pages_per_seq / num_context), at least ceil(pages the longest
-  sequence uses / C). slots, rows, cache_pages: pad each device's sequence
-  slots S, query rows T and cache pages G to these (default: what the
-  fullest device needs), so one compiled function serves several batches.
-  """
+  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`
+  (docs/multichip.md): each device's pages copied, unused table slots at
+  page 0. pages_per_share: default ceil(pages_per_seq / num_context);
+  slots, rows, cache_pages: pad each device's sequence slots, query rows
+  and cache pages to these (default: the fullest device's)."""
   v = variants_lib.get(variant)
   _check_counts(num_data, num_context)
   b = inputs.batch
@@ -262,18 +258,12 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
                  context_axis: str | None = None, k: int,
                  compression_ratio: int, merge: str = "all_gather",
                  impl: str = "kernel", **static) -> Callable:
-  """A jitted function of the stacked arguments: the variant over `mesh`.
-
-  `variant` is a `streamidx.VARIANTS` name or `Variant` (token or page
-  mode); sequences are split over mesh axis `data_axis`, each sequence's
-  entries over `context_axis` (None: not split), merged by `merge` (one of
-  `MERGES`). `k` is the variant's `k` / `k_pages`; `**static` its other
-  keyword arguments (an MTP batch's `decode_q_len` too). impl: "kernel", or
-  "reference" (its exact twin, same layout and merge: checks the sharding
-  without the interpreter).
-  Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
-  -> i32[D * T, k], on `ShardedInputs.args`.
-  """
+  """The variant over `mesh`, jitted: sequences split over `data_axis`,
+  each sequence's entries over `context_axis` (None: not split), merged by
+  `merge` (`MERGES`); `k` the variant's k / k_pages, `static` its other
+  keywords; impl "reference": its exact twin, same layout and merge.
+  fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last) ->
+  i32[D * T, k], on `ShardedInputs.args`."""
   v = variants_lib.get(variant)
   if data_axis is None and context_axis is None:
     raise ValueError("data_axis, context_axis: at least one must name a mesh "
