@@ -460,4 +460,3 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
 def rows(variant: str | None = None) -> list[BlockSizes]:
   """The table's rows (of one variant, wildcard rows included)."""
   return [r for r in TABLE if variant is None or r.variant in (WILDCARD, variant)]
-

@@ -473,4 +473,3 @@ def page_layout(fmt: str, page_size: int, head_dim: int = 128) -> PageLayout:
   arrays = jax.eval_shape(CACHE_FORMATS[fmt].pack, keys)
   scales = tuple(arrays[1].shape[1:]) if len(arrays) == 2 else None
   return PageLayout(*arrays[0].shape[1:], jnp.dtype(arrays[0].dtype), scales)
-

@@ -213,4 +213,3 @@ COMPILE: tuple[CallShape, ...] = (
           "tokens, 4096 query rows, 2048-token budget (16 pages)"),
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
-

@@ -202,4 +202,3 @@ def compile_matrix(topologies=tuple(TOPOLOGIES), *, quick: bool = False
                                     page_size=16, pages_per_share=128,
                                     num_queries_per_block=8))
   return runs
-

@@ -1,11 +1,7 @@
-"""One child process per compile or measurement: `python -m MODULE --worker
-JSON`. The child answers with one line, `RESULT_PREFIX` + JSON, on its
-stdout; `run` starts it (with the caller's environment changes) and returns
-that answer, `serve` is the child's side in a module's `main`.
-
-Why a child: libtpu's dump flags, a fresh backend, virtual CPU devices or a
-peak-memory probe are set per process (`lab.dump`, `lab.schedule`, the
-benchmark, `lab.studies.multichip`).
+"""One child process per compile or measurement (libtpu's dump flags, a fresh
+backend, virtual CPU devices, a memory probe are per process): `python -m
+MODULE --worker JSON` answers `RESULT_PREFIX` + JSON on stdout; `run` starts
+it, `serve` is the child's side in a module's `main`.
 """
 
 from __future__ import annotations

@@ -183,4 +183,3 @@ def detect_generation(device=None) -> str | None:
   if getattr(device, "platform", None) != "tpu":
     return None
   return generation_from_device_kind(getattr(device, "device_kind", ""))
-

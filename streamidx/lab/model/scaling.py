@@ -218,4 +218,3 @@ def crossover_context(w: shapes_lib.Shape, generation: str, chips: int, *,
       lo = mid
   _, best, sp = pays(hi)
   return hi * tokens_per_page, best, sp
-
