@@ -1,14 +1,10 @@
-"""Input checks for the StreamIndex kernels: where the kernels' contract ends
-(docs/validation.md: the rules, the layers and the numeric range).
+"""Input checks for the StreamIndex kernels (docs/validation.md).
 
 Each bad input raises `ValueError("<argument>: <rule> (got <what>)")`:
 `static_validate(call, *arrays)` checks shapes, dtypes, block sizes and
-options (tracer-safe: the driver runs it at trace time); `validate_inputs`
-(a variant's `validate`) then evaluates `VALUE_RULES` in the mode's order
-(`TOPK_VALUE_RULES`, `PAGE_TOPK_VALUE_RULES`) on concrete arrays; inside
-`jit`, `check_inputs` issues them as `checkify.check`s (a variant's
-`checked`). The value rules are written once (`_value_rules`, traceable
-JAX), so both report the same message for the same input.
+options (tracer-safe); `validate_inputs` then evaluates `VALUE_RULES` in the
+mode's order on concrete arrays; inside `jit`, `check_inputs` issues them as
+`checkify.check`s. The value rules are written once (`_value_rules`).
 """
 
 from __future__ import annotations
@@ -243,13 +239,9 @@ def _check_num_seqs(num_seqs):
 
 def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
                     cu_q_lens, last):
-  """The static rules of a call; raises ValueError naming the argument.
-
-  call: a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
-    `num_seqs`), its own rules (`topk_method` among them) checked when it
-    was built. Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s;
-    `cache` one array, the dense FP8 pair, or a tuple of one array.
-  """
+  """The static rules of a `TopkCall` (`last`: distribution) or `PageCall`
+  (`last`: num_seqs) on arrays, tracers or `ShapeDtypeStruct`s; raises
+  ValueError naming the argument."""
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
   if not call.has_blocks:
@@ -430,15 +422,9 @@ def _log2_sum_exp2(logs, axis):
 
 
 def _entry_stats(cache_kv, head_dim):
-  """Per cache entry: what the kernel reads, reduced to what the numeric
-  rules need.
-
-  Returns (bad_value, scale_byte, log2_max_abs, log2_scale), each
-  [total_num_pages, page_size]: whether a value lane the kernel reads (the
-  first padded_head_dim) is NaN/inf; the FP8 scale byte (127 = 2**0 for
-  bf16); log2 max_d<head_dim |stored value| (-inf when all are 0, NaN lanes
-  ignored); log2 of the scale.
-  """
+  """Per cache entry, [total_num_pages, page_size] each: (a value lane the
+  kernel reads is NaN/inf, the scale byte (127 for bf16), log2 max |stored
+  value| (NaN lanes ignored), log2 of the scale)."""
   padded = cache_lib.padded_head_dim(head_dim)
   if cache_lib.is_mxfp4(cache_kv):  # no NaN codes; the worst group's byte
     codes, e = cache_lib.unpack_mxfp4_cache(cache_kv)

@@ -1,5 +1,4 @@
-"""The one kernel driver: the pipeline every kernel body shares
-(ARCHITECTURE.md, "One call, one driver", lists its stages and marks).
+"""The one kernel driver (ARCHITECTURE.md, "One call, one driver"):
 
     run(call, body, q, weights, cache, seq_lens, page_indices, cu_q_lens, last)
 
@@ -100,9 +99,8 @@ class KernelBody:
 
 
 def _outputs(call, body: KernelBody) -> tuple[Output, ...]:
-  """The output beyond the scores that `call`'s selection reads (its
-  method's `needs`), from `body.emits` (the call's `topk_method` was
-  checked against `body.topk_methods` when it was built)."""
+  """The output beyond the scores that `call`'s selection reads, from
+  `body.emits`."""
   needs = topk.METHODS[call.topk_method].needs
   return tuple(o for o in body.emits if o.name == needs)
 
@@ -124,9 +122,7 @@ def _geometry(call, cache, seq_lens, page_indices, interpret):
 def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
              last, *, call, body, interpret):
   """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
-  bufs the -inf score buffer f32[T, rows, 128], then the buffer of the
-  output the selection reads beside it (the block maxima for
-  "fused_blockmax")."""
+  bufs the -inf score buffer f32[T, rows, 128] [and the block maxima's]."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
                            page_indices, cu_q_lens, last)
   num_tokens = q.shape[0]
@@ -156,9 +152,7 @@ def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
 def launches(call, last, *, page_size: int, interpret=False,
              segment_pool: bool = False, outputs: tuple[str, ...] = ()):
   """Stage 3, the launches of `call`: [(start, end, its `Launch`)]; `last`
-  the distribution (i, j, n) (an i32[3] or three ints; page mode: num_seqs).
-  start and end are traced when `last` is, ints or concrete arrays if not.
-  The tiling model plans these (`lab.model.tiling.plan`)."""
+  the distribution (i, j, n) (page mode: num_seqs), traced or not."""
   common = dict(page_size=page_size, interpret=interpret, outputs=outputs,
                 compression_ratio=call.compression_ratio,
                 causal_rule=call.causal_rule, num_cores=call.num_cores,
@@ -227,8 +221,7 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
 
 def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
   """`physical_slots`: the caller's page table applied to the k winners of
-  each row (caller's row order), a [T, k] gather after any method's
-  selection (docs/topk-methods.md, "Physical slots": why not fused)."""
+  each row (docs/topk-methods.md, "Physical slots")."""
   num_seqs = (jnp.asarray(last, jnp.int32) if call.mode == "page"
               else validate.distribution_array(last)[2])
   seqs = semantics.row_sequences(cu_q_lens, num_seqs, idx.shape[0])
@@ -238,9 +231,8 @@ def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
 
 def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
               last, *, call, body, staged=False):
-  """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run);
-  `staged` (interpreted and called eagerly): its stages jitted apart, each
-  launch waited for, an empty one not made (module docstring)."""
+  """The whole call in one trace; `staged` (interpreted, eager): its stages
+  jitted apart, each launch waited for, an empty one not made."""
   interpret = modes.resolve_interpret()  # M1
   prepare, launch, select = ((_prepare_jit, _launch_jit, _select_jit)
                              if staged else (_prepare, _launch, _select))
@@ -332,13 +324,10 @@ def checked_run(call, body, *arrays):
 
 class Entry:
   """A public entry point: `spell(body, *arrays, **fields)` spells the
-  drop-in signature (less `drop`, and `body` first): its positional
-  parameters the arrays, its keyword-only ones the call's fields (page
-  mode's `k_pages` the call's k); `bind` builds the call (`bind_call`);
-  calling the entry runs the driver (`run`, or `checked_run` when
-  `checked`). `lower`, `trace` and `eval_shape` are the jitted driver's,
-  for the same arguments. mode: "token" or "page"; its variant is
-  "<body.name>" or "<body.name>_page"."""
+  drop-in signature (less `drop`): its positional parameters the arrays,
+  its keyword-only ones the call's fields (`k_pages`: k); `bind` builds the
+  call; calling it runs the driver (`run`, or `checked_run` when
+  `checked`); `lower`, `trace`, `eval_shape` are the jitted driver's."""
 
   def __init__(self, spell, body: KernelBody, mode: str, name: str, doc=None,
                *, drop=(), checked: bool = False):

@@ -1,9 +1,7 @@
-"""The project's TPU helpers the kernel bodies share (not upstream code): a
-launch's name, the scratch of a two-array cache layout, the one
-`pallas_call` setup (`pallas_launch`), the compiled-mode VMEM check (M11),
-and TPU v4's code paths (M10, M15; `force_v4_paths` traces them on any
-target). Every decision is made at trace time from the target chip;
-interpreted, the v5+ paths run unless `force_v4_paths()` is active.
+"""The project's TPU helpers the kernel bodies share: a launch's name, the
+one `pallas_call` setup (`pallas_launch`), the compiled-mode VMEM check
+(M11), and TPU v4's code paths (M10, M15), decided at trace time from the
+target chip (interpreted: the v5+ paths unless `force_v4_paths()`).
 """
 
 import jax
@@ -30,10 +28,8 @@ def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
 
 def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
                  bq_sz, bkv_p, page_size, page_mode):
-  """The VMEM scratch of a launch over a cache of two arrays, values
-  u8[pages, rows_per_page, 4, head_dim] and their scales: the vendored
-  launch's buffers (`semantics.launch_scratch`, lkv_dim = head_dim, 4 bytes
-  per 32-bit word) with the scales' double buffer."""
+  """The VMEM scratch of a launch over a two-array cache (values u8[pages,
+  rows_per_page, 4, head_dim], scales): `semantics.launch_scratch`'s."""
   _, rows_per_page, kv_packing, head_dim = values.shape
   return list(semantics.launch_scratch(
       seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
@@ -100,10 +96,8 @@ def _mib(n: int) -> str:
 
 
 def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
-  """streamidx (M11, LEDGER.md): compiled, raises a ValueError naming the
-  blocks where the launch's tiled scratch exceeds the chip traced for's
-  VMEM or `vmem_limit_bytes` (where Mosaic would fail after compiling; it
-  adds internal scratch of its own, so a launch that passes can still fail)."""
+  """streamidx (M11): compiled, a ValueError naming the blocks where the
+  launch's tiled scratch exceeds the chip's VMEM or `vmem_limit_bytes`."""
   info = target_tpu_info()
   if info is None:  # a chip JAX's table does not know: the compiler judges
     return
@@ -161,9 +155,8 @@ WIDEN_CHUNK = 1024
 
 
 def widen_fp8_for_mxu(interpret) -> bool:
-  """streamidx (M10, LEDGER.md: Mosaic's error on v4): widen the e4m3 KV
-  tile to bf16 for the matmul? True when compiled for a chip before TPU v5
-  (read at trace time from the target chip); False when interpreted."""
+  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul? True
+  when compiled for a chip before TPU v5 (or `force_v4_paths`)."""
   return _compiled_before_v5(interpret)
 
 
@@ -178,12 +171,9 @@ def _compiled_before_v5(interpret) -> bool:
 
 
 def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
-  """streamidx (M15, LEDGER.md: Mosaic's error on v4): pool pages by lane
-  segments (`pool_pages_by_lane_segments`)? True when compiled for a chip
-  before TPU v5 (or `force_v4_paths`); read at trace time; False when
-  interpreted. There a page must divide a 128-lane row or be whole lane
-  rows (the plain pooling of either splits or reduces lanes, which v4's
-  Mosaic cannot place back in lanes); another size is a ValueError."""
+  """streamidx (M15): pool pages by lane segments? True when compiled for a
+  chip before TPU v5 (or `force_v4_paths`); there a page must divide a
+  128-lane row or be whole lane rows (a ValueError otherwise)."""
   if not _compiled_before_v5(interpret):
     return False
   if 128 % cols_per_page and cols_per_page % 128:
@@ -229,12 +219,8 @@ def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
 
 
 def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
-  """streamidx (M15): segment-major page columns back to page order.
-
-  page_scores: f32[T, n * 128], each 128-column block as
-  `pool_pages_by_lane_segments` wrote it. Returns the same values with
-  column p = page p of the block.
-  """
+  """streamidx (M15): segment-major page columns f32[T, n * 128] (as
+  `pool_pages_by_lane_segments` wrote them) back to page order."""
   if cols_per_page % 128 == 0:  # one segment a block: already page order
     return page_scores
   t, n = page_scores.shape
