@@ -79,21 +79,13 @@ class RaggedBatch:
             f"{self.total_num_pages} physical pages")
 
 
-def make_batch(
-    pairs: Sequence[tuple[int, int]],
-    *,
-    page_size: int,
-    compression_ratio: int,
-    distribution: Sequence[int] | None = None,
-    allocation: Allocation = "contiguous",
-    pages_per_seq: int | None = None,
-    max_num_seqs: int | None = None,
-    num_tokens: int | None = None,
-    extra_pages: int = 0,
-    total_num_pages: int | None = None,
-    seed: int = 0,
-    decode_q_len: int = TopkCall.decode_q_len,
-) -> RaggedBatch:
+def make_batch(pairs: Sequence[tuple[int, int]], *, page_size: int,
+               compression_ratio: int, distribution: Sequence[int] | None = None,
+               allocation: Allocation = "contiguous",
+               pages_per_seq: int | None = None, max_num_seqs: int | None = None,
+               num_tokens: int | None = None, extra_pages: int = 0,
+               total_num_pages: int | None = None, seed: int = 0,
+               decode_q_len: int = TopkCall.decode_q_len) -> RaggedBatch:
   """Builds a ragged paged batch from (q_len, seq_len) pairs, in kernel
   order. distribution (i, j, n) default: the leading q_len == decode_q_len
   sequences decode, the rest mixed. allocation: "contiguous" (in order),
@@ -176,60 +168,39 @@ def make_batch(
                      int(decode_q_len))
 
 
-def make_mixed_batch(
-    *,
-    decode: Sequence[int] = (),
-    prefill: Sequence[tuple[int, int]] = (),
-    mixed: Sequence[tuple[int, int]] = (),
-    decode_q_len: int = TopkCall.decode_q_len,
-    **kwargs,
-) -> RaggedBatch:
-  """A batch from its three ranges: decode seq_lens, prefill and mixed pairs.
-
-  Each decode sequence gets `decode_q_len` query rows (gamma + 1 under
-  speculative decoding; its seq_len must be at least that). Keyword
-  arguments are those of `make_batch` (page_size, ...).
-  """
-  pairs = ([(decode_q_len, s) for s in decode] + list(prefill)
-           + list(mixed))
-  i = len(decode)
-  j = i + len(prefill)
+def make_mixed_batch(*, decode: Sequence[int] = (),
+                     prefill: Sequence[tuple[int, int]] = (),
+                     mixed: Sequence[tuple[int, int]] = (),
+                     decode_q_len: int = TopkCall.decode_q_len,
+                     **kwargs) -> RaggedBatch:
+  """A batch from its three ranges: decode seq_lens (`decode_q_len` query
+  rows each), prefill and mixed (q_len, seq_len) pairs; `make_batch`'s
+  keyword arguments."""
+  pairs = [(decode_q_len, s) for s in decode] + list(prefill) + list(mixed)
+  i, j = len(decode), len(decode) + len(prefill)
   return make_batch(pairs, distribution=(i, j, len(pairs)),
                     decode_q_len=decode_q_len, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class IndexerInputs:
-  """A batch with its queries, weights, keys and packed cache.
-
-  `args` are the kernel's positional arguments for `streamindex_topk`
-  (and `streamindex_topk_ref`); `page_args` those for the page variants.
-  """
+  """A batch with its queries, weights, keys and packed cache; `args`: the
+  positional arguments of `streamindex_topk` (and its reference),
+  `page_args` those of the page variants."""
 
   batch: RaggedBatch
   q: jnp.ndarray  # [num_tokens, num_heads, head_dim] (bf16 by default)
   weights: jnp.ndarray  # f32[num_tokens, num_heads]
   keys: jnp.ndarray  # f32[total_num_pages, page_size, head_dim], unquantized
-  # [total_num_pages, page_size / kv_packing, kv_packing, lkv], or for
-  # "dense_fp8" the pair (cache_values, cache_scales)
-  cache: jnp.ndarray | tuple
+  cache: jnp.ndarray | tuple  # one array, or the pair of a two-array format
   fmt: str
 
-  @property
-  def args(self):
-    seq_lens, page_indices, cu_q_lens, distribution = self.batch.kernel_arrays()
-    return (self.q, self.weights, self.cache, seq_lens, page_indices,
-            cu_q_lens, distribution)
-
-  @property
-  def page_args(self):
-    seq_lens, page_indices, cu_q_lens, _ = self.batch.kernel_arrays()
-    return (self.q, self.weights, self.cache, seq_lens, page_indices,
-            cu_q_lens, jnp.int32(self.batch.num_seqs))
-
-  @property
-  def head_dim(self) -> int:
-    return int(self.q.shape[-1])
+  args = property(lambda self: (self.q, self.weights, self.cache,
+                                *self.batch.kernel_arrays()))
+  page_args = property(lambda self: (
+      self.q, self.weights, self.cache, *self.batch.kernel_arrays()[:3],
+      jnp.int32(self.batch.num_seqs)))
+  head_dim = property(lambda self: int(self.q.shape[-1]))
 
   def with_cache_format(self, fmt: str) -> "IndexerInputs":
     """The same keys packed in another cache format."""
@@ -237,27 +208,18 @@ class IndexerInputs:
 
 
 def _pack(keys, fmt: str):
-  """The cache of `keys` in `fmt`: one array, or the tuple of a multi-array
-  format of `cache.CACHE_FORMATS` ("dense_fp8": (cache_values,
-  cache_scales)); the references take either as `cache_kv`."""
+  """The cache of `keys` in `fmt`: one array, or a two-array format's tuple."""
   if fmt in cache_lib.CACHE_FORMATS:
     arrays = cache_lib.CACHE_FORMATS[fmt].pack(keys)
     return arrays[0] if len(arrays) == 1 else tuple(arrays)
   return cache_lib.pack_cache(keys, fmt)  # "f32", the reference's baseline
 
 
-def make_inputs(
-    batch: RaggedBatch,
-    *,
-    num_heads: int = 8,
-    head_dim: int = 128,
-    fmt: str = "fp8",
-    seed: int = 0,
-    q_dtype=jnp.bfloat16,
-    key_distribution: Literal["gaussian", "outliers"] = "gaussian",
-    outlier_channels: int = 4,
-    outlier_scale: float = 20.0,
-) -> IndexerInputs:
+def make_inputs(batch: RaggedBatch, *, num_heads: int = 8, head_dim: int = 128,
+                fmt: str = "fp8", seed: int = 0, q_dtype=jnp.bfloat16,
+                key_distribution: Literal["gaussian", "outliers"] = "gaussian",
+                outlier_channels: int = 4,
+                outlier_scale: float = 20.0) -> IndexerInputs:
   """Seeded random queries, weights and keys for `batch`, with the cache:
   queries and keys standard normal ("outliers": `outlier_channels` key
   channels times `outlier_scale`), weights |N(0, 1)| / sqrt(num_heads);
