@@ -109,10 +109,8 @@ class TopkCall:
   def _blocks(self, value, name):
     return semantics.normalize_per_case(value, name)
 
-  @property
-  def has_blocks(self) -> bool:
-    return (self.num_kv_pages_per_block is not None
-            and self.num_queries_per_block is not None)
+  has_blocks = property(lambda self: self.num_kv_pages_per_block is not None
+                        and self.num_queries_per_block is not None)
 
   def with_table_blocks(self, variant: str, *, cache_format: str,
                         num_heads: int, page_size: int, head_dim: int = 128,

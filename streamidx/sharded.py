@@ -81,10 +81,8 @@ class ShardedInputs:
   cache_pages: int
   cache_bytes_per_device: int
 
-  @property
-  def share_entries(self) -> int:
-    """Entries of each sequence per context share (P * page_size)."""
-    return self.pages_per_share * self.page_size
+  # Entries of each sequence per context share.
+  share_entries = property(lambda self: self.pages_per_share * self.page_size)
 
   def gather_rows(self, out) -> np.ndarray:
     """The stacked result [D * T, k] in the batch's row order (padding rows

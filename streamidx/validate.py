@@ -289,10 +289,9 @@ class ValueRule(NamedTuple):
   rule: str
   got: str
 
-  @property
-  def template(self) -> str:
-    """The message as a `str.format` (and `checkify.check`) template."""
-    return f"{self.argument}: {self.rule} (got {self.got})"
+  # The message as a `str.format` (and `checkify.check`) template.
+  template = property(lambda self: f"{self.argument}: {self.rule} (got "
+                      f"{self.got})")
 
   def message(self, **values) -> str:
     return self.template.format(**values)

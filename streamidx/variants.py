@@ -65,10 +65,9 @@ class Variant:
 
     return functools.update_wrapper(call, fn)  # its keywords are fn's
 
-  @property
-  def reference(self):
-    return self._regrouped(ref_lib.streamindex_topk_ref if self.mode == "token"
-                           else ref_lib.streamindex_page_topk_ref)
+  reference = property(lambda self: self._regrouped(  # pylint: disable=protected-access
+      ref_lib.streamindex_topk_ref if self.mode == "token"
+      else ref_lib.streamindex_page_topk_ref))
 
   # -- driving it from a logical batch ------------------------------------
 

@@ -150,9 +150,7 @@ class CallShape:
   note: str = ""
   decode_q_len: int = 1  # query rows per decode sequence (M17)
 
-  @property
-  def total_pages(self) -> int:
-    return self.max_num_seqs * self.pages_per_seq
+  total_pages = property(lambda self: self.max_num_seqs * self.pages_per_seq)
 
 
 def _token(name, num_tokens, seqs, tokens, k, note, decode_q_len=1, g=DSV4):

@@ -56,11 +56,8 @@ class Default:
   recorded: bool = False
   note: str = _NO_FIGURE
 
-  @property
-  def source(self) -> str:
-    """Where the row comes from: the records it rests on, or why it is the
-    vendored sort."""
-    return _source(self)
+  # Where the row comes from: the records it rests on, or why the vendored sort.
+  source = property(lambda self: _source(self))
 
 
 @functools.lru_cache(maxsize=None)

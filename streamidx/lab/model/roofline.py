@@ -285,11 +285,10 @@ class StepBound:
   total_s = property(lambda self: sum(st.bound for st in self.stages)
                      if self.stages else self.t_xla + self.kernel_s)
 
-  @property
-  def stages_complete(self) -> bool:
-    """Every stage that runs compiled code has its bundle count."""
-    return all(st.bundles is not None and st.clock_hz and not st.floor
-               for st in self.stages if st.name != "fill")
+  # Every stage that runs compiled code has its bundle count.
+  stages_complete = property(lambda self: all(
+      st.bundles is not None and st.clock_hz and not st.floor
+      for st in self.stages if st.name != "fill"))
 
   def share(self, name: str) -> float:
     """A stage's share of `total_s` (stages of that name summed)."""

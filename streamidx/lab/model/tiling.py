@@ -54,9 +54,8 @@ class Geometry:
   head_dim: int
   q_dtype: str  # "bfloat16" or "float32"
 
-  @property
-  def layout(self) -> cache_lib.PageLayout:  # one page of its arrays
-    return cache_lib.page_layout(self.fmt, self.page_size, self.head_dim)
+  layout = property(lambda self: cache_lib.page_layout(  # one page's arrays
+      self.fmt, self.page_size, self.head_dim))
 
   # The layout's: values and scales in two arrays (dense, MXFP4), a page's
   # u8 scales, the packing axis, a row's elements, a page's value rows.
@@ -130,19 +129,14 @@ class PlannedLaunch:
   bkv_sz = property(lambda self: self.bkv_p * self.spec.page_size)  # entries
   grid = property(lambda self: len(self.programs))
 
-  @property
-  def name(self) -> str:  # the vendored kernel's pallas_call name (in profiles)
-    return tpu_lib.launch_name("", self.case, self.bq_sz, self.bkv_p)
-
-  @property
-  def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
-    return (f"decode[{self.seq_batch_size}]" if self.case.startswith("decode")
-            else self.case)
-
-  @property
-  def out_row_bytes(self) -> int:  # one query row's f32 scores DMA'd to HBM
-    return (self.num_score_sublanes * _LANES if self.case == "page"
-            else self.bkv_sz) * 4
+  # The vendored kernel's pallas_call name (in profiles); "decode[B]" (B
+  # sequences a program) or the case; a query row's f32 scores DMA'd to HBM.
+  name = property(lambda self: tpu_lib.launch_name(
+      "", self.case, self.bq_sz, self.bkv_p))
+  label = property(lambda self: f"decode[{self.seq_batch_size}]"
+                   if self.case.startswith("decode") else self.case)
+  out_row_bytes = property(lambda self: 4 * (
+      self.num_score_sublanes * _LANES if self.case == "page" else self.bkv_sz))
 
   num_steps = property(lambda self: sum(p.num_bq * p.num_bkv
                                         for p in self.programs))
