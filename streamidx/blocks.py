@@ -328,9 +328,8 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
 def check_page_kv_block(cache_format: str, page_size: int, head_dim: int,
                         generation: str | None = None) -> None:
   """Page mode's KV block: over the MXFP4 cache at most
-  `PAGE_MXFP4_BLOCK_VALUES` values, over the packed FP8 cache on TPU v4 at
-  most `PAGE_V4_FP8_BLOCK_ENTRIES` entries; a ValueError naming the
-  argument."""
+  `PAGE_MXFP4_BLOCK_VALUES` values, over the packed FP8 cache on TPU v4 at most
+  `PAGE_V4_FP8_BLOCK_ENTRIES` entries; a ValueError naming the argument."""
   entries = PAGE_KV_PAGES * page_size
   if (cache_format == "fp8" and generation == "v4"
       and entries > PAGE_V4_FP8_BLOCK_ENTRIES):

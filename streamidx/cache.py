@@ -65,9 +65,8 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
-  """Elements per record: FP8 the padded value bytes + 1 scale byte in
-  whole 128 lanes (256 at head_dim 128); bf16 the padded head_dim; f32
-  head_dim."""
+  """Elements per record: FP8 the padded value bytes + 1 scale byte in whole 128
+  lanes (256 at head_dim 128); bf16 the padded head_dim; f32 head_dim."""
   _check_format(fmt)
   if fmt == "fp8":
     return -(-(padded_head_dim(head_dim) + 1) // LANES) * LANES
@@ -165,8 +164,7 @@ def unpack_cache_raw(cache, head_dim: int = 128):
   flat = arr.reshape(pages, rows * packing, width)
   if arr.dtype != jnp.uint8:
     return flat[..., :head_dim], None
-  values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
-                                        jnp.float8_e4m3fn)
+  values = jax.lax.bitcast_convert_type(flat[..., :head_dim], jnp.float8_e4m3fn)
   scale_bytes = (jnp.asarray(cache[1]).reshape(pages, -1) if dense
                  else flat[..., padded_head_dim(head_dim)])
   return values, e8m0_scales(scale_bytes)

@@ -115,11 +115,10 @@ class TopkCall:
   def with_table_blocks(self, variant: str, *, cache_format: str,
                         num_heads: int, page_size: int, head_dim: int = 128,
                         pages_per_seq: int | None = None) -> "TopkCall":
-    """This call with the block sizes it left None from `streamidx.blocks`
-    (the row for `variant` on the chip traced for,
-    `modes.current_generation()`; page mode's query rows derived for
-    head_dim and pages_per_seq too); `block_source` says which row. Sizes
-    the call sets are kept."""
+    """This call with the block sizes it left None from `streamidx.blocks` (the
+    row for `variant` on the chip traced for, `modes.current_generation()`; page
+    mode's query rows derived for head_dim and pages_per_seq too);
+    `block_source` says which row. Sizes the call sets are kept."""
     if self.has_blocks:
       return self
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,

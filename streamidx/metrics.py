@@ -31,11 +31,10 @@ class TopkComparison:
 
 def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
   """Tie-aware comparison of got and want, i32[T, k], on the masked scores
-  f32[T, E] `want` was selected from: a row matches when both hold as many
-  valid indices, none repeated, all visible, and the sets are equal or
-  every index of their symmetric difference scores the boundary score (the
-  smallest `want` selected) within `atol` (kernel vs reference:
-  `summation_atol`)."""
+  f32[T, E] `want` was selected from: a row matches when both hold as many valid
+  indices, none repeated, all visible, and the sets are equal or every index of
+  their symmetric difference scores the boundary score (the smallest `want`
+  selected) within `atol` (kernel vs reference: `summation_atol`)."""
   got = np.asarray(got)
   want = np.asarray(want)
   scores = np.asarray(scores, np.float64)
@@ -161,8 +160,7 @@ def flush_error_bound(inputs) -> np.ndarray:
 
   w = np.abs(np.asarray(inputs.weights, np.float64)).sum(axis=1)
   _, num_heads, head_dim = inputs.q.shape
-  amax = float(np.max(np.abs(np.asarray(inputs.keys, np.float64)),
-                      initial=0.0))
+  amax = float(np.max(np.abs(np.asarray(inputs.keys, np.float64)), initial=0.0))
   s = max(1.0, 2.0 * amax / cache_lib.E2M1_MAX)
   return F32_TINY * (s * ((2 * head_dim - 1) * w + 2 * num_heads - 1) + 1)
 

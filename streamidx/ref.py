@@ -1,16 +1,15 @@
 """Exact pure-JAX reference for the StreamIndex top-k kernels.
 
-Each function takes its kernel's arguments, so either can stand in for the
-other (`streamindex_topk_ref` <-> `streamidx.streamindex_topk`); schedule
-arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
-`sort_decode`) are accepted and ignored, `topk_method` and `decode_q_len`
-checked and otherwise ignored; kernel-only options (`call.KERNEL_ONLY`) are
-not arguments. `cache_kv`: any packed cache (float32 too: the exact
-baseline), the dense FP8 pair or the MXFP4 pair (its dequantized keys). Row
-t (sequence b, position p) scores entry s by `score_entries` where s <
-seq_len // ratio and s < `semantics.causal_visible_bound(p, ratio,
-causal_rule)`, else -inf (-1 in the top-k); padding rows are all -1; a page
-scores its entries' max.
+Each function takes its kernel's arguments, so either can stand in for the other
+(`streamindex_topk_ref` <-> `streamidx.streamindex_topk`); schedule arguments
+(block sizes, `vmem_limit_bytes`, `decode_req_batch_size`, `sort_decode`) are
+accepted and ignored, `topk_method` and `decode_q_len` checked and otherwise
+ignored; kernel-only options (`call.KERNEL_ONLY`) are not arguments. `cache_kv`:
+any packed cache (float32 too: the exact baseline), the dense FP8 pair or the
+MXFP4 pair (its dequantized keys). Row t (sequence b, position p) scores entry s
+by `score_entries` where s < seq_len // ratio and s <
+`semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf (-1 in the
+top-k); padding rows are all -1; a page scores its entries' max.
 
 One engine (`_run`) computes everything here and in `streamidx.streaming`:
 

@@ -140,11 +140,10 @@ def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
                    scale_block: tuple[int, ...] | None = None):
   """((name, shape, dtype), ...): the VMEM scratch of one launch, in
   `_scores_kernel`'s order (the DMA semaphores are not VMEM).
-  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in
-  token mode, the pooled page columns // 128 in page mode). scale_block: a
-  page's scales in a two-array cache layout (dense FP8, MXFP4), whose
-  double buffer "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the
-  values'."""
+  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in token
+  mode, the pooled page columns // 128 in page mode). scale_block: a page's
+  scales in a two-array cache layout (dense FP8, MXFP4), whose double buffer
+  "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the values'."""
   b = seq_batch_size
   scales = (() if scale_block is None else (
       ("bscale_x2", (2, b, bkv_p, *scale_block), _dtype("uint8")),))
@@ -199,8 +198,7 @@ def _batched_cost(blocks_in_order, num_decode, d: int):
   padded = jnp.pad(blocks_in_order, (0, (-s) % d)).reshape(-1, d)
   group = jnp.arange(padded.shape[0], dtype=jnp.int32)
   heads = jnp.where(group * d < grouped, padded.max(axis=1), 0)
-  alone = jnp.where((slot >= grouped) & (slot < num_decode), blocks_in_order,
-                    0)
+  alone = jnp.where((slot >= grouped) & (slot < num_decode), blocks_in_order, 0)
   return d * jnp.sum(heads) + jnp.sum(alone)
 
 

@@ -226,8 +226,7 @@ def _merge(scores, indices, k, axis, size, merge):
     return merge_topk(*_unpack(pairs), k)
   for r in range(int(math.log2(size))):
     perm = [(c, c ^ (1 << r)) for c in range(size)]
-    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis,
-                                            perm))
+    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis, perm))
     scores, indices = merge_topk(jnp.concatenate([scores, other_s], axis=1),
                                  jnp.concatenate([indices, other_i], axis=1),
                                  k)
@@ -291,8 +290,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
       and num_context & (num_context - 1)):
     raise ValueError(f"merge: 'tree' needs a power-of-two context axis "
                      f"(got {context_axis!r} of size {num_context})")
-  call_static = {v.k_name: k, "compression_ratio": compression_ratio,
-                 **static}
+  call_static = {v.k_name: k, "compression_ratio": compression_ratio, **static}
   page_mode = v.mode == "page"
 
   def body(q, weights, *rest):

@@ -187,8 +187,7 @@ def _check_packed_cache(cache_kv, head_dim):
               "lkv_dim]")
   cdt = jnp.dtype(cache_kv.dtype)
   if cdt not in [jnp.dtype(d) for d in KERNEL_CACHE_DTYPES]:
-    _fail("cache_kv", "dtype must be uint8 (packed FP8) or bfloat16",
-          cdt.name)
+    _fail("cache_kv", "dtype must be uint8 (packed FP8) or bfloat16", cdt.name)
   pages, rows, packing, lkv = cache_kv.shape
   want_packing = 32 // (cdt.itemsize * 8)
   if packing != want_packing:
@@ -406,8 +405,7 @@ def _log2_l1(x, axis):
   a = jnp.abs(x.astype(jnp.float32))
   m = jnp.max(a, axis=axis, keepdims=True)
   safe = jnp.where(m > 0, m, 1.0)
-  l1 = jnp.log2(jnp.squeeze(m, axis)) + jnp.log2(
-      jnp.sum(a / safe, axis=axis))
+  l1 = jnp.log2(jnp.squeeze(m, axis)) + jnp.log2(jnp.sum(a / safe, axis=axis))
   return jnp.where(jnp.squeeze(m, axis) > 0, l1, -jnp.inf)
 
 
@@ -556,8 +554,7 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
       where, padded=i32(cache_lib.padded_head_dim(head_dim))))
   byte = at(scale_byte)
   ok, where = first_entry(seen & ((byte < 1) | (byte > 254)))
-  out["cache_scale_range"] = (~ok, dict(where, v=byte[where["b"],
-                                                       where["s"]]))
+  out["cache_scale_range"] = (~ok, dict(where, v=byte[where["b"], where["s"]]))
 
   # Per sequence, the largest stored key value and the largest scaled one
   # (log2); per query row, its heads' L1 norms and the weighted sum of them.
@@ -578,8 +575,7 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   ok, t = _first(live_row & (dot >= SCORE_LOG2_LIMIT))
   out["dot_range"] = (~ok, dict(t=t, b=row_seq[t], e=_log2_report(dot[t])))
   ok, t = _first(live_row & (score >= SCORE_LOG2_LIMIT))
-  out["score_range"] = (~ok, dict(t=t, b=row_seq[t],
-                                  e=_log2_report(score[t])))
+  out["score_range"] = (~ok, dict(t=t, b=row_seq[t], e=_log2_report(score[t])))
   return out
 
 

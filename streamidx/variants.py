@@ -150,8 +150,7 @@ class Variant:
   def scores(self, inputs, *, compression_ratio: int, fmt: str | None = None,
              causal_rule: str = DEFAULT_CAUSAL_RULE):
     """Exact masked scores the results are compared on: f32[T, entries or pages]."""
-    fn = (ref_lib.token_scores if self.mode == "token"
-          else ref_lib.page_scores)
+    fn = (ref_lib.token_scores if self.mode == "token" else ref_lib.page_scores)
     return self._regrouped(fn)(*self.args(inputs, fmt),
                                compression_ratio=compression_ratio,
                                causal_rule=causal_rule)

@@ -1,15 +1,14 @@
 """The kernel output "block_max": the maximum of every 128-entry score row.
 
-Every token-mode body writes it beside the scores when the selection reads
-it (`topk_method="fused_blockmax"`): f32[max_num_tokens, G, 128] (`rows`,
-the -inf `buffer`), maximum j of row t that of scores[t, 128 j:128 (j+1)].
-The write is one hook (`BlockMax`), which the vendored pipeline calls (M16,
-so the vendored, dense and fp4 bodies get it) and the lean body calls from
-its own loop; a launch takes its setup from `launch_kwargs` and the hook's
-refs from `split_refs`. The hook's state, after a body's own: the slot
-`sem_ids[3]`, rows in flight `bo_sz[2 + slot]`, semaphore row `SEM_ROW`
-(after a two-array layout's five), scratch "bmax_x2" f32[2, B * bq_sz, G,
-128], last.
+Every token-mode body writes it beside the scores when the selection reads it
+(`topk_method="fused_blockmax"`): f32[max_num_tokens, G, 128] (`rows`, the -inf
+`buffer`), maximum j of row t that of scores[t, 128 j:128 (j+1)]. The write is
+one hook (`BlockMax`), which the vendored pipeline calls (M16, so the vendored,
+dense and fp4 bodies get it) and the lean body calls from its own loop; a launch
+takes its setup from `launch_kwargs` and the hook's refs from `split_refs`. The
+hook's state, after a body's own: the slot `sem_ids[3]`, rows in flight `bo_sz[2
++ slot]`, semaphore row `SEM_ROW` (after a two-array layout's five), scratch
+"bmax_x2" f32[2, B * bq_sz, G, 128], last.
 """
 
 from __future__ import annotations
@@ -109,8 +108,7 @@ class BlockMax:
     @pl.when(old > 0)  # no DMA was started for zero rows (M7)
     def _():
       dst = self.vmem.at[slot, pl.ds(0, self.b_sz * old)]
-      pltpu.make_async_copy(dst, dst,
-                            self.sems.at[SEM_ROW, slot, 0]).wait()
+      pltpu.make_async_copy(dst, dst, self.sems.at[SEM_ROW, slot, 0]).wait()
 
   def acquire(self, sz):
     self.slot = slot = self.sem_ids[_SEM_ID]

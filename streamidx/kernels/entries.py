@@ -6,11 +6,10 @@
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
 Each is a `driver.Entry`: a kernel body in token or page mode with its cache
-layout's signature (the vendored function's for the one-array caches, the
-dense one for the pairs, fp4 without `num_cores`), whose defaults are
-`TopkCall`'s / `PageCall`'s fields (a spell function is its signature and
-docstring: `Entry.bind` builds the call). `ENTRIES` is the one table of
-bodies x modes.
+layout's signature (the vendored function's for the one-array caches, the dense
+one for the pairs, fp4 without `num_cores`), whose defaults are `TopkCall`'s /
+`PageCall`'s fields (a spell function is its signature and docstring:
+`Entry.bind` builds the call). `ENTRIES` is the one table of bodies x modes.
 """
 
 from __future__ import annotations

@@ -249,10 +249,9 @@ def _memory(compiled) -> dict:
 
 def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
                   **static):
-  """`variant`'s entry point compiled for `generation` on `shape`'s
-  abstract arrays, with `static` keywords beside k and the ratio (block
-  sizes left out: the table's); raises the compiler's (or streamidx's)
-  error."""
+  """`variant`'s entry point compiled for `generation` on `shape`'s abstract
+  arrays, with `static` keywords beside k and the ratio (block sizes left out:
+  the table's); raises the compiler's (or streamidx's) error."""
   with modes.compile_for(generation) as target:
     args = entry_args(variant, shape, fmt, target)
     return VARIANTS[variant].kernel.lower(

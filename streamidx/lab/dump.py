@@ -503,10 +503,9 @@ def _worker(specs: list) -> list:
 
 def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
                   timeout: float = 3600.0) -> list[dict]:
-  """Compiles each program ({"generation", "fn": "module:attr" of a
-  function of arrays, "kwargs": its static keywords, "args": [(shape,
-  dtype)]}) in one child process dumping to `dump_dir`, in order; the
-  child's records (temp bytes)."""
+  """Compiles each program ({"generation", "fn": "module:attr" of a function of
+  arrays, "kwargs": its static keywords, "args": [(shape, dtype)]}) in one child
+  process dumping to `dump_dir`, in order; the child's records (temp bytes)."""
   specs = [dict(generation=p["generation"], fn=p["fn"],
                 kwargs=dict(p.get("kwargs") or {}),
                 args=[[list(s), str(d)] for s, d in p["args"]])

@@ -78,8 +78,7 @@ class Shape:
   def visible_pairs(self) -> int:
     """(query row, entry) pairs visible under the model rule."""
     pos = self.seq_len - self.q_len + np.arange(self.q_len)
-    bound = semantics.causal_visible_bound(pos, self.compression_ratio,
-                                           "model")
+    bound = semantics.causal_visible_bound(pos, self.compression_ratio, "model")
     return self.num_seqs * int(np.minimum(bound, self.entries_per_seq).sum())
 
   def flops(self) -> int:
@@ -181,8 +180,7 @@ def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
 # scoring launches' records, `lab.calibration`), README's quickstart batch
 # (16-entry pages, 16 heads), GLM's page mode with a 2048-token budget (32
 # pages) and page mode at DeepSeek-V4's 64 heads and 128-entry pages.
-README = Indexer(num_heads=16, head_dim=128, compression_ratio=4,
-                 page_size=16)
+README = Indexer(num_heads=16, head_dim=128, compression_ratio=4, page_size=16)
 PAGE_64_HEADS = Indexer(num_heads=DSV4.num_heads, head_dim=DSV4.head_dim,
                         compression_ratio=1, page_size=DSV4.page_size)
 COMPILE: tuple[CallShape, ...] = (

@@ -20,10 +20,7 @@ from streamidx.lab import dump
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
-TOPOLOGIES = {
-    "v6e:2x2": ("v6e", 4, (2, 2)),
-    "tpu7x:2x2x1": ("v7x", 8, (2, 4)),
-}
+TOPOLOGIES = {"v6e:2x2": ("v6e", 4, (2, 2)), "tpu7x:2x2x1": ("v7x", 8, (2, 4)),}
 
 _OPS = ("all-gather", "collective-permute", "all-reduce", "all-to-all",
         "reduce-scatter")

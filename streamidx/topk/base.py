@@ -69,8 +69,7 @@ def ranked(keys, ids, k: int):
   """Each row's first k (key, id) pairs by key descending, id ascending:
   (i32[T, k], i32[T, k]), a two-key sort of keys, ids i32[T, N >= k]."""
   # ~key reverses the order of int32 without overflow.
-  neg, ids = lax.sort((~keys, ids.astype(jnp.int32)), dimension=1,
-                      num_keys=2)
+  neg, ids = lax.sort((~keys, ids.astype(jnp.int32)), dimension=1, num_keys=2)
   return ~neg[:, :k], ids[:, :k]
 
 

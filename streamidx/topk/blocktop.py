@@ -238,8 +238,7 @@ def _compact(li, bufs, n: int, width: int):
     block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
     live = (w & alive) != 0
     ck[v] = jnp.where(live, ck[v], _DEAD)
-    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
-                      _NO_INDEX)
+    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block, _NO_INDEX)
     return c
 
   _loop(width, decode)
@@ -260,8 +259,7 @@ def _round(src, dst, b: int, big: int):
     w = sw[pl.ds(v, _CHUNK)]
     take = (tw & bit) != 0  # a dead word (0) never moves
     dk[pl.ds(v, _CHUNK)] = jnp.where(take, tk, sk[pl.ds(v, _CHUNK)])
-    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw,
-                                     jnp.where((w & bit) != 0, 0, w))
+    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
 
   if bit >= LANES:
     def step(c, carry):
@@ -301,15 +299,14 @@ def _lane_gather(x, lanes):
 
 
 def _bitonic(sk, si, nv: int):
-  """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by
-  key descending, index ascending, each row: a bitonic network whose
-  position p is lane p // nv of vreg p % nv (rank r lands there). Per
-  stage (runs of `size` positions sorted, a static loop), from the farthest
-  partners down: those >= nv apart are in one vreg, d / nv lanes apart (a
-  loop over them, each a lane gather of lane l ^ d / nv); those < nv apart
-  are vregs apart, compared and selected whole. The vregs go through
-  registers in chunks of up to 16, all stages at once when one chunk holds
-  them."""
+  """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by key
+  descending, index ascending, each row: a bitonic network whose position p is
+  lane p // nv of vreg p % nv (rank r lands there). Per stage (runs of `size`
+  positions sorted, a static loop), from the farthest partners down: those >= nv
+  apart are in one vreg, d / nv lanes apart (a loop over them, each a lane
+  gather of lane l ^ d / nv); those < nv apart are vregs apart, compared and
+  selected whole. The vregs go through registers in chunks of up to 16, all
+  stages at once when one chunk holds them."""
   ch = min(2 * _CHUNK, nv)
   shape = (ch, SUBLANES, LANES)
   lane = _iota(shape, 2)
@@ -588,8 +585,7 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   # The fallback is the rule itself (`base.top_k`): the sort method's
   # program (a full sort, then the rule's tie check) would compile twice
   # the XLA code.
-  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k),
-                  lambda: winners)
+  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k), lambda: winners)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):

@@ -101,8 +101,7 @@ TABLE: dict[str | None, Default] = {
 
 def lookup(generation: str | None = None) -> Default:
   """The table's row for `generation` (None: the chip traced for,
-  `modes.current_generation()`, None off-TPU or on a TPU it does not
-  name)."""
+  `modes.current_generation()`, None off-TPU or on a TPU it does not name)."""
   if generation is None:
     generation = modes.current_generation()
   if generation not in TABLE:

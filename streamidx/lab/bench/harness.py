@@ -280,8 +280,7 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
               impl=impl, long=long, repeats=repeats, save=save,
               save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
-          row["entries_per_s"] = shape.visible_pairs() / row["wall_s"][
-              "median"]
+          row["entries_per_s"] = shape.visible_pairs() / row["wall_s"]["median"]
           row["agreement"] = {"vs_oracle": row.pop("vs_oracle")}
           if ref is not None:
             row["agreement"]["vs_reference"] = vs_reference(np.load(save), ref)

@@ -141,10 +141,9 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
 
 def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
-  """Times the reference and every method on each shape (jitted, the
-  scores an argument) and checks each against the rule
-  (`bench.oracle.topk_rule`): `rows_identical` of `rows`; "approx" also its
-  recall. Returns the doc."""
+  """Times the reference and every method on each shape (jitted, the scores an
+  argument) and checks each against the rule (`bench.oracle.topk_rule`):
+  `rows_identical` of `rows`; "approx" also its recall. Returns the doc."""
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k

@@ -121,8 +121,7 @@ def stage_of(event: Mapping[str, Any], unnamed: str = "other") -> str:
     return "copies"
   text = " ".join([event.get("name", "")] + [
       v for v in (event.get("args") or {}).values() if isinstance(v, str)])
-  return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)),
-              unnamed)
+  return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)), unnamed)
 
 
 def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:

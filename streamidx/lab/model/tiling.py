@@ -602,11 +602,10 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
 def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
                 case: str = "prefill", num_score_sublanes: int = 0,
                 tpu_generation: int = 5) -> dict:
-  """VMEM bytes of one launch configuration: per scratch buffer, their
-  logical total `scratch`, `scratch_tiled` (as Mosaic lays them out, what
-  the VMEM check and the compiler count), `logits` (the f32 [bq_sz *
-  num_q_heads, bkv_sz] block product: an estimate of Mosaic's internal
-  scratch) and `total`."""
+  """VMEM bytes of one launch configuration: per scratch buffer, their logical
+  total `scratch`, `scratch_tiled` (as Mosaic lays them out, what the VMEM check
+  and the compiler count), `logits` (the f32 [bq_sz * num_q_heads, bkv_sz] block
+  product: an estimate of Mosaic's internal scratch) and `total`."""
   scratch = _scratch(case, g, seq_batch_size, bq_sz, bkv_p, num_score_sublanes)
   s = scratch_bytes(scratch)
   logits = bq_sz * g.num_q_heads * bkv_p * g.page_size * 4
