@@ -509,10 +509,8 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                              compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
 
-# The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
-# (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
-# report's indexer 2048; the indexer's geometry `lab.shapes.DSV4` (64 index
-# heads, head_dim 128, ratio 4, 128-entry pages), 64 sequences of 128K tokens.
+# The production DeepSeek-V4 decode step's index_topk: V4-Flash 512 (maxtext
+# configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2 report's 2048.
 DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
                "DeepSeek-V3.2": 2048}
 
@@ -584,14 +582,9 @@ def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
 
 
 # ---------------------------------------------------------------------------
-# One clock per chip: the public one, else inferred from one named public
-# measurement (docs/tpu.md, "The clock"); the prediction of a measurement.
-
-# The one measurement each chip without a public clock takes its clock from
-# (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
-# most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
-# rows (scoring, then a full sort at k 2,048; the least fixed overhead), a
-# clock that carries the sort's stalls.
+# One clock per chip: the public one, else inferred from the one measurement
+# named here (docs/tpu.md, "The clock": why these); the prediction of a
+# measurement.
 INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
               "v6e": "sglang-jax-1642-glm52-decode-b64-v6e-sort"}
 @functools.lru_cache(maxsize=None)
@@ -613,9 +606,8 @@ def clock(chip: str) -> tuple[float | None, str]:
   return bundles / m["measured_s"], f"inferred from {name}"
 
 
-# The indexer geometry each measured model's call runs (`lab.shapes`).
+# Each measured model's indexer geometry, and what its measurements do not state.
 GEOMETRY = {"DeepSeek-V4": shapes_lib.DSV4, "GLM-5.2": shapes_lib.GLM_TOKEN}
-# What a geometry's measurements do not state and the prediction assumes.
 ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes_lib.GLM_TOKEN.page_size}"
                        "-entry pages assumed, lab.shapes_lib.GLM_TOKEN)")}
 

@@ -1,8 +1,5 @@
-"""How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
-
-A model of `kernels/vendored.py` (and `kernels/dense.py`: fmt="dense_fp8"),
-checked against it (tests/test_tiling.py); its vocabulary (launch, program,
-bq, bkv_p, step, DMAs) and units: docs/tpu.md, "The tiling model".
+"""How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM; a model
+of the kernels checked against them (docs/tpu.md, "The tiling model").
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ from streamidx.kernels import tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
-# The kernels whose launches this module models, by `streamidx.VARIANTS` name
-# (lean: the dense layout's launches, scratch and bytes; not its DMA order,
-# `expected_dma_events`; fp4: the vendored pipeline over two arrays).
+# The kernels this module models (lean: not its DMA order).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
                      "lean", "lean_page", "fp4", "fp4_page")
 
