@@ -19,71 +19,35 @@ import numpy as np
 from streamidx import cache as cache_lib
 from streamidx.call import TopkCall
 
-__all__ = ["Allocation", "RaggedBatch", "make_batch", "make_mixed_batch",
-           "IndexerInputs", "make_inputs"]
-
 Allocation = Literal["contiguous", "shuffled", "fragmented"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RaggedBatch:
-  """A ragged paged batch, as NumPy arrays (int32).
+  """A ragged paged batch, as NumPy arrays (int32)."""
 
-  Attributes:
-    q_lens: [num_seqs] query tokens per sequence.
-    seq_lens: [max_num_seqs] tokens in the cache per sequence (0 = padding).
-    cu_q_lens: [max_num_seqs + 1] cumulative query lengths.
-    distribution: [3] (num decode, decode + prefill-only, num_seqs).
-    page_indices: [max_num_seqs * pages_per_seq] flattened page table.
-    page_size: entries per page.
-    compression_ratio: tokens per compressed entry.
-    num_tokens: rows of q (>= cu_q_lens[num_seqs]; the rest is padding).
-    total_num_pages: physical pages in the cache.
-    decode_q_len: query rows of each decode sequence (the kernels'
-      `decode_q_len`, which `streamidx.VARIANTS[...].run` passes on).
-  """
+  q_lens: np.ndarray  # [num_seqs] query tokens per sequence
+  seq_lens: np.ndarray  # [max_num_seqs] tokens in the cache (0 = padding)
+  cu_q_lens: np.ndarray  # [max_num_seqs + 1] cumulative query lengths
+  distribution: np.ndarray  # [3] (decode, decode + prefill-only, num_seqs)
+  page_indices: np.ndarray  # [max_num_seqs * pages_per_seq] page table
+  page_size: int  # entries per page
+  compression_ratio: int  # tokens per compressed entry
+  num_tokens: int  # rows of q (>= cu_q_lens[num_seqs]; the rest padding)
+  total_num_pages: int  # physical pages in the cache
+  decode_q_len: int = TopkCall.decode_q_len  # query rows of a decode sequence
 
-  q_lens: np.ndarray
-  seq_lens: np.ndarray
-  cu_q_lens: np.ndarray
-  distribution: np.ndarray
-  page_indices: np.ndarray
-  page_size: int
-  compression_ratio: int
-  num_tokens: int
-  total_num_pages: int
-  decode_q_len: int = TopkCall.decode_q_len
-
-  @property
-  def num_seqs(self) -> int:
-    return int(self.distribution[2])
-
-  @property
-  def max_num_seqs(self) -> int:
-    return int(self.seq_lens.shape[0])
-
-  @property
-  def pages_per_seq(self) -> int:
-    return int(self.page_indices.shape[0] // self.max_num_seqs)
-
-  @property
-  def page_table(self) -> np.ndarray:
-    """[max_num_seqs, pages_per_seq] view of `page_indices`."""
-    return self.page_indices.reshape(self.max_num_seqs, self.pages_per_seq)
-
-  @property
-  def num_entries(self) -> np.ndarray:
-    """[max_num_seqs] compressed entries per sequence."""
-    return self.seq_lens // self.compression_ratio
-
-  @property
-  def num_pages_used(self) -> np.ndarray:
-    """[max_num_seqs] pages holding at least one entry, per sequence."""
-    return -(-self.num_entries // self.page_size)
-
-  @property
-  def num_query_tokens(self) -> int:
-    return int(self.cu_q_lens[self.num_seqs])
+  num_seqs = property(lambda self: int(self.distribution[2]))
+  max_num_seqs = property(lambda self: int(self.seq_lens.shape[0]))
+  pages_per_seq = property(
+      lambda self: int(self.page_indices.shape[0] // self.max_num_seqs))
+  # [max_num_seqs, pages_per_seq] view of `page_indices`.
+  page_table = property(lambda self: self.page_indices.reshape(
+      self.max_num_seqs, self.pages_per_seq))
+  # [max_num_seqs] compressed entries, and pages holding one, per sequence.
+  num_entries = property(lambda self: self.seq_lens // self.compression_ratio)
+  num_pages_used = property(lambda self: -(-self.num_entries // self.page_size))
+  num_query_tokens = property(lambda self: int(self.cu_q_lens[self.num_seqs]))
 
   def token_seq_ids(self) -> np.ndarray:
     """[num_tokens] the sequence each query row belongs to (-1: padding)."""
@@ -115,44 +79,22 @@ class RaggedBatch:
             f"{self.total_num_pages} physical pages")
 
 
-def make_batch(
-    pairs: Sequence[tuple[int, int]],
-    *,
-    page_size: int,
-    compression_ratio: int,
-    distribution: Sequence[int] | None = None,
-    allocation: Allocation = "contiguous",
-    pages_per_seq: int | None = None,
-    max_num_seqs: int | None = None,
-    num_tokens: int | None = None,
-    extra_pages: int = 0,
-    total_num_pages: int | None = None,
-    seed: int = 0,
-    decode_q_len: int = TopkCall.decode_q_len,
-) -> RaggedBatch:
-  """Builds a ragged paged batch from (q_len, seq_len) pairs.
-
-  Args:
-    pairs: one (q_len, seq_len) per sequence, in kernel order.
-    page_size: entries per page.
-    compression_ratio: tokens per compressed entry.
-    distribution: (i, j, n); default: the leading q_len == decode_q_len
-      sequences are decode, the rest mixed (i, i, n).
-    allocation: how physical pages are handed out. "contiguous": sequence
-      after sequence, in order; "shuffled": the same pages in a random order;
-      "fragmented": a random subset of a pool twice as large, so free pages
-      lie between a sequence's pages.
-    pages_per_seq: page-table columns (default: what the longest needs, >= 1).
-    max_num_seqs: rows of the page table (default: len(pairs)); extra rows
-      are padding sequences with seq_len 0.
-    num_tokens: rows of q (default: total query tokens, at least 1).
-    extra_pages: unused physical pages added to the cache.
-    total_num_pages: pad the cache to exactly this many physical pages (>=
-      what the allocation needs); fixes the cache shape across batches, so
-      that one compiled kernel serves them all.
-    seed: for "shuffled" and "fragmented".
-    decode_q_len: query rows of every decode sequence (1, or gamma + 1);
-      the decode range [0, i) must have exactly that many each.
+def make_batch(pairs: Sequence[tuple[int, int]], *, page_size: int,
+               compression_ratio: int, distribution: Sequence[int] | None = None,
+               allocation: Allocation = "contiguous",
+               pages_per_seq: int | None = None, max_num_seqs: int | None = None,
+               num_tokens: int | None = None, extra_pages: int = 0,
+               total_num_pages: int | None = None, seed: int = 0,
+               decode_q_len: int = TopkCall.decode_q_len) -> RaggedBatch:
+  """Builds a ragged paged batch from (q_len, seq_len) pairs, in kernel
+  order. distribution (i, j, n) default: the leading q_len == decode_q_len
+  sequences decode, the rest mixed. allocation: "contiguous" (in order),
+  "shuffled" (the same pages in a random order) or "fragmented" (a random
+  subset of a pool twice as large). Defaults: pages_per_seq what the
+  longest needs, max_num_seqs len(pairs) (more: padding sequences),
+  num_tokens the query tokens (>= 1); extra_pages unused pages added;
+  total_num_pages pads the cache to exactly that many (one compiled kernel
+  then serves several batches); seed for the random allocations.
   """
   q_lens = np.array([p[0] for p in pairs], np.int64).reshape(-1)
   seq_lens = np.array([p[1] for p in pairs], np.int64).reshape(-1)
@@ -226,60 +168,39 @@ def make_batch(
                      int(decode_q_len))
 
 
-def make_mixed_batch(
-    *,
-    decode: Sequence[int] = (),
-    prefill: Sequence[tuple[int, int]] = (),
-    mixed: Sequence[tuple[int, int]] = (),
-    decode_q_len: int = TopkCall.decode_q_len,
-    **kwargs,
-) -> RaggedBatch:
-  """A batch from its three ranges: decode seq_lens, prefill and mixed pairs.
-
-  Each decode sequence gets `decode_q_len` query rows (gamma + 1 under
-  speculative decoding; its seq_len must be at least that). Keyword
-  arguments are those of `make_batch` (page_size, ...).
-  """
-  pairs = ([(decode_q_len, s) for s in decode] + list(prefill)
-           + list(mixed))
-  i = len(decode)
-  j = i + len(prefill)
+def make_mixed_batch(*, decode: Sequence[int] = (),
+                     prefill: Sequence[tuple[int, int]] = (),
+                     mixed: Sequence[tuple[int, int]] = (),
+                     decode_q_len: int = TopkCall.decode_q_len,
+                     **kwargs) -> RaggedBatch:
+  """A batch from its three ranges: decode seq_lens (`decode_q_len` query
+  rows each), prefill and mixed (q_len, seq_len) pairs; `make_batch`'s
+  keyword arguments."""
+  pairs = [(decode_q_len, s) for s in decode] + list(prefill) + list(mixed)
+  i, j = len(decode), len(decode) + len(prefill)
   return make_batch(pairs, distribution=(i, j, len(pairs)),
                     decode_q_len=decode_q_len, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class IndexerInputs:
-  """A batch with its queries, weights, keys and packed cache.
-
-  `args` are the kernel's positional arguments for `streamindex_topk`
-  (and `streamindex_topk_ref`); `page_args` those for the page variants.
-  """
+  """A batch with its queries, weights, keys and packed cache; `args`: the
+  positional arguments of `streamindex_topk` (and its reference),
+  `page_args` those of the page variants."""
 
   batch: RaggedBatch
   q: jnp.ndarray  # [num_tokens, num_heads, head_dim] (bf16 by default)
   weights: jnp.ndarray  # f32[num_tokens, num_heads]
   keys: jnp.ndarray  # f32[total_num_pages, page_size, head_dim], unquantized
-  # [total_num_pages, page_size / kv_packing, kv_packing, lkv], or for
-  # "dense_fp8" the pair (cache_values, cache_scales)
-  cache: jnp.ndarray | tuple
+  cache: jnp.ndarray | tuple  # one array, or the pair of a two-array format
   fmt: str
 
-  @property
-  def args(self):
-    seq_lens, page_indices, cu_q_lens, distribution = self.batch.kernel_arrays()
-    return (self.q, self.weights, self.cache, seq_lens, page_indices,
-            cu_q_lens, distribution)
-
-  @property
-  def page_args(self):
-    seq_lens, page_indices, cu_q_lens, _ = self.batch.kernel_arrays()
-    return (self.q, self.weights, self.cache, seq_lens, page_indices,
-            cu_q_lens, jnp.int32(self.batch.num_seqs))
-
-  @property
-  def head_dim(self) -> int:
-    return int(self.q.shape[-1])
+  args = property(lambda self: (self.q, self.weights, self.cache,
+                                *self.batch.kernel_arrays()))
+  page_args = property(lambda self: (
+      self.q, self.weights, self.cache, *self.batch.kernel_arrays()[:3],
+      jnp.int32(self.batch.num_seqs)))
+  head_dim = property(lambda self: int(self.q.shape[-1]))
 
   def with_cache_format(self, fmt: str) -> "IndexerInputs":
     """The same keys packed in another cache format."""
@@ -287,35 +208,22 @@ class IndexerInputs:
 
 
 def _pack(keys, fmt: str):
-  """The cache of `keys` in `fmt`: one array, or the tuple of a multi-array
-  format of `cache.CACHE_FORMATS` ("dense_fp8": (cache_values,
-  cache_scales)); the references take either as `cache_kv`."""
+  """The cache of `keys` in `fmt`: one array, or a two-array format's tuple."""
   if fmt in cache_lib.CACHE_FORMATS:
     arrays = cache_lib.CACHE_FORMATS[fmt].pack(keys)
     return arrays[0] if len(arrays) == 1 else tuple(arrays)
   return cache_lib.pack_cache(keys, fmt)  # "f32", the reference's baseline
 
 
-def make_inputs(
-    batch: RaggedBatch,
-    *,
-    num_heads: int = 8,
-    head_dim: int = 128,
-    fmt: str = "fp8",
-    seed: int = 0,
-    q_dtype=jnp.bfloat16,
-    key_distribution: Literal["gaussian", "outliers"] = "gaussian",
-    outlier_channels: int = 4,
-    outlier_scale: float = 20.0,
-) -> IndexerInputs:
-  """Seeded random queries, weights and keys for `batch`, with the cache.
-
-  Queries and keys are standard normal; "outliers" multiplies
-  `outlier_channels` fixed key channels by `outlier_scale` (the activation
-  outliers that make per-record FP8 scaling lossy). Weights are positive,
-  |N(0, 1)| / sqrt(num_heads), as a softmax-free gate would be. Padding rows of
-  q and of the weights are zero.
-  """
+def make_inputs(batch: RaggedBatch, *, num_heads: int = 8, head_dim: int = 128,
+                fmt: str = "fp8", seed: int = 0, q_dtype=jnp.bfloat16,
+                key_distribution: Literal["gaussian", "outliers"] = "gaussian",
+                outlier_channels: int = 4,
+                outlier_scale: float = 20.0) -> IndexerInputs:
+  """Seeded random queries, weights and keys for `batch`, with the cache:
+  queries and keys standard normal ("outliers": `outlier_channels` key
+  channels times `outlier_scale`), weights |N(0, 1)| / sqrt(num_heads);
+  padding rows zero."""
   rng = np.random.default_rng(seed)
   t = batch.num_tokens
   q = rng.standard_normal((t, num_heads, head_dim), np.float32)

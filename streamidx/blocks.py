@@ -1,35 +1,21 @@
 """Block sizes as data: one table, keyed by what they depend on, with sources.
 
-Every caller that needs block sizes (the benchmark, the compile matrix, the
-notebooks, a serving engineer) asks `streamidx.block_sizes(...)`; nobody writes
-`(3, 2, 2)` again. A row matches a call when each of its keys equals the
-call's or is a wildcard (`"*"` / `None`); the most specific matching row
-wins (most non-wildcard keys), and among equally specific rows the later
-one. Rows are only taken when their sizes are legal for the page size
-(`page_size * num_kv_pages_per_block` a multiple of 128 in token mode); when
-none is, the `heuristic` row for that page size is built (and says so).
+Every caller asks `streamidx.block_sizes(...)`. A row matches a call when
+each of its keys equals the call's or is a wildcard (`"*"` / `None`); the
+most specific matching row wins (most non-wildcard keys; then the later).
+Rows are only taken when legal for the page size (token mode: `page_size *
+num_kv_pages_per_block` a multiple of 128); else `heuristic` builds one.
 
-Keys:  generation ("v4", "v5e", "v5p", "v6e", "v7x" or "*"; a lookup
-       without one takes the chip the call runs on,
-       `modes.current_generation()`, on every path), variant (a name
-       of `streamidx.VARIANTS` or "*"), cache_format ("fp8", "bf16", ...
-       or "*"), num_heads and page_size (ints or None for any), and
-       decode_q_len (the call's, 1 or gamma + 1; None for any: a row
-       without it serves every decode_q_len unless a keyed row matches).
+Keys:  generation (None at lookup: `modes.current_generation()`), variant,
+       cache_format, num_heads, page_size, decode_q_len (None: any).
 Sizes: num_kv_pages_per_block, num_queries_per_block (an int or a
-       (decode, prefill, mixed) triple, as the kernels take them),
-       decode_req_batch_size (token mode) and vmem_limit_bytes (None: the
-       kernel's default).
+       (decode, prefill, mixed) triple), decode_req_batch_size (token mode)
+       and vmem_limit_bytes (None: the kernel's default).
 
-Page mode's generic rows leave num_queries_per_block None: the lookup
-derives it for the call (`page_query_rows`): the most query rows (a power
-of two, at most the vendored 512) whose f32 scores of one KV block, over
-all heads and summed over them, are within `PAGE_SCORE_BLOCK_BYTES` and
-`PAGE_SUMMED_BLOCK_BYTES` (GLM's row) and whose launch's VMEM scratch
-(cache format, head_dim, heads, pages per sequence) fits the generation's
-VMEM; `check_page_rows` is the two bounds as a rule, which
-`streamidx.validate` applies to every page-mode call, with
-`check_page_kv_block` (the MXFP4 page kernel's KV block).
+Page mode's generic rows leave num_queries_per_block None: `lookup` derives
+it for the call (`page_query_rows`: the most rows, a power of two <= 512,
+within `check_page_rows`' bounds and the chip's VMEM); `streamidx.validate`
+applies `check_page_rows` and `check_page_kv_block` to every page-mode call.
 """
 
 from __future__ import annotations
@@ -106,12 +92,10 @@ class BlockSizes:
   source: str = ""
   decode_q_len: int | None = None
 
-  @property
-  def specificity(self) -> int:
-    keys = (self.generation, self.variant, self.cache_format)
-    return (sum(k != WILDCARD for k in keys)
-            + (self.num_heads is not None) + (self.page_size is not None)
-            + (self.decode_q_len is not None))
+  specificity = property(lambda self: sum(
+      k != WILDCARD for k in (self.generation, self.variant, self.cache_format)
+  ) + sum(k is not None for k in (self.num_heads, self.page_size,
+                                  self.decode_q_len)))
 
   def matches(self, *, generation, variant, cache_format, num_heads,
               page_size, decode_q_len=1) -> bool:
@@ -301,11 +285,9 @@ def _legal(row: BlockSizes, page_size: int | None, mode: str) -> bool:
 
 
 def heuristic(variant: str, page_size: int, base: BlockSizes) -> BlockSizes:
-  """`base` with KV blocks of about the vendored number of entries.
-
-  Per case, the smallest number of pages holding at least 384 / 256 / 256
-  entries whose block is a whole number of 128-entry lane rows.
-  """
+  """`base` with KV blocks of about the vendored number of entries: per
+  case, the fewest pages holding at least 384 / 256 / 256 entries in whole
+  128-entry lane rows."""
   pages = []
   for entries in _HEURISTIC_ENTRIES:
     p = max(1, -(-entries // page_size))
@@ -375,9 +357,8 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
 def check_page_kv_block(cache_format: str, page_size: int, head_dim: int,
                         generation: str | None = None) -> None:
   """Page mode's KV block: over the MXFP4 cache at most
-  `PAGE_MXFP4_BLOCK_VALUES` values, over the packed FP8 cache on TPU v4 at
-  most `PAGE_V4_FP8_BLOCK_ENTRIES` entries; a ValueError naming the
-  argument."""
+  `PAGE_MXFP4_BLOCK_VALUES` values, over the packed FP8 cache on TPU v4 at most
+  `PAGE_V4_FP8_BLOCK_ENTRIES` entries; a ValueError naming the argument."""
   entries = PAGE_KV_PAGES * page_size
   if (cache_format == "fp8" and generation == "v4"
       and entries > PAGE_V4_FP8_BLOCK_ENTRIES):
@@ -474,18 +455,11 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
            page_size: int, generation: str | None = None,
            decode_q_len: int = 1, head_dim: int = 128,
            pages_per_seq: int | None = None) -> BlockSizes:
-  """The table's `BlockSizes` for one kernel call (module docstring: the
-  keys and the matching); `.kwargs()` gives the kernel arguments, `.source`
-  where the numbers come from. Callers normally go through
-  `streamidx.block_sizes(variant, ...)` (or `VARIANTS[name].block_sizes`),
-  which fills in `mode` ("token": KV blocks of whole 128-entry lane rows, or
-  "page"). generation None: the chip the call runs on
-  (`modes.current_generation()`: `compile_for`'s target, else the TPU
-  device's; off-TPU none, so only rows for any generation match); "*": only
-  rows for any generation. head_dim and pages_per_seq: a page-mode row
-  that leaves num_queries_per_block None takes `page_query_rows` for them
-  (None pages per sequence: one KV block's score rows).
-  """
+  """The table's `BlockSizes` for one kernel call (module docstring);
+  `.kwargs()` the kernel arguments, `.source` where they come from.
+  `streamidx.block_sizes(variant, ...)` fills in `mode`. generation None:
+  the chip the call runs on (off-TPU none: only wildcard rows match); "*":
+  only wildcard rows. head_dim, pages_per_seq: for `page_query_rows`."""
   if generation is None:
     generation = modes.current_generation()
   gen = WILDCARD if generation is None else generation
@@ -496,9 +470,8 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
     raise ValueError(f"variant: no block-size row for {variant!r} "
                      f"(cache_format={cache_format!r}, generation={generation!r})")
 
-  def most_specific(rs):
-    return max(enumerate(rs), key=lambda ir: (ir[1].specificity, ir[0]))[1]
-
+  most_specific = lambda rs: max(enumerate(rs), key=lambda ir: (  # pylint: disable=unnecessary-lambda-assignment
+      ir[1].specificity, ir[0]))[1]
   legal = [r for r in found if _legal(r, page_size, mode)]
   if not legal:
     return heuristic(variant, page_size, most_specific(found))
@@ -515,11 +488,3 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
 def rows(variant: str | None = None) -> list[BlockSizes]:
   """The table's rows (of one variant, wildcard rows included)."""
   return [r for r in TABLE if variant is None or r.variant in (WILDCARD, variant)]
-
-
-__all__ = ["BlockSizes", "TABLE", "lookup", "heuristic", "rows", "WILDCARD",
-           "STATIC_SCHEDULE_SOURCES", "PAGE_KV_PAGES", "PAGE_MAX_QUERY_ROWS",
-           "PAGE_SCORE_BLOCK_BYTES", "PAGE_SUMMED_BLOCK_BYTES",
-           "PAGE_MXFP4_BLOCK_VALUES", "page_block_bytes", "check_page_rows",
-           "check_page_kv_block", "page_scratch_bytes", "page_vmem_budget",
-           "page_query_rows"]

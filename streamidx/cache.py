@@ -1,12 +1,9 @@
 """The indexer's paged KV cache: FP8 and MXFP4 quantization, packing and
-unpacking, and the cache formats the kernels read (`CACHE_FORMATS`).
-
-Terms (entry, page, record, kv_packing) and every layout byte by byte, with
-why the two-array layouts are shaped as they are: docs/cache-formats.md
-("Layouts byte by byte"). Packed cache array: `[total_num_pages, page_size
-// kv_packing, kv_packing, lkv_dim]`, entry t of physical page P at
-`cache[P, t // kv_packing, t % kv_packing, :]`; an FP8 record is the e4m3
-values, zeros to `padded_head_dim`, the e8m0 scale byte e + 127, zero padding.
+unpacking, and the cache formats the kernels read (`CACHE_FORMATS`); every
+layout byte by byte: docs/cache-formats.md. Packed cache array:
+`[total_num_pages, page_size // kv_packing, kv_packing, lkv_dim]`, entry t
+of page P at `cache[P, t // kv_packing, t % kv_packing, :]`; an FP8 record
+is the e4m3 values, zeros to `padded_head_dim`, the e8m0 byte e + 127.
 """
 
 from __future__ import annotations
@@ -21,31 +18,14 @@ import numpy as np
 
 from streamidx.semantics import LANES
 
-__all__ = [
-    "CacheFormat", "FORMATS", "REFERENCE_FORMATS", "E4M3_MAX", "E8M0_BIAS",
-    "E8M0_MIN_EXPONENT", "padded_head_dim", "cache_dtype", "kv_packing",
-    "lkv_dim", "record_bytes", "ue8m0_exponent", "quantize_fp8",
-    "dequantize_fp8", "pack_fp8_records", "unpack_fp8_records", "pack_cache",
-    "unpack_cache", "unpack_cache_raw", "entry_location", "physical_slots",
-    "e8m0_scales",
-    "dense_scale_lanes", "pack_dense_fp8_cache", "dense_tpu_bytes_per_entry",
-    "tpu_scale_bytes", "cache_pages", "PageGeometry", "page_geometry",
-    "format_of", "PageLayout", "page_layout", "CacheLayout", "CACHE_FORMATS", "E2M1_VALUES",
-    "mxfp4_exponent", "quantize_mxfp4", "dequantize_mxfp4",
-    "pack_mxfp4_cache", "unpack_mxfp4_cache", "is_mxfp4",
-]
-
 CacheFormat = Literal["fp8", "bf16", "f32"]
-# Formats the kernel reads. "f32" (unquantized float32 records) is accepted
-# by `pack_cache` and the reference only: the exact baseline of recall studies.
+# The kernel reads the first two; "f32", the exact baseline, the reference only.
 FORMATS: tuple[str, ...] = ("fp8", "bf16")
 REFERENCE_FORMATS: tuple[str, ...] = ("fp8", "bf16", "f32")
 
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
-# The smallest exponent the quantizer emits, float32's smallest normal: e8m0
-# byte 0 (2**-127) is flushed to zero (docs/validation.md, numeric range).
-E8M0_MIN_EXPONENT = -126
+E8M0_MIN_EXPONENT = -126  # float32's smallest normal: byte 0 is flushed to 0
 E8M0_MAX_EXPONENT = 127
 
 
@@ -85,9 +65,8 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def lkv_dim(fmt: CacheFormat, head_dim: int = 128) -> int:
-  """Elements per record: FP8 the padded head_dim value bytes + 1 scale
-  byte, rounded up to 128 lanes (256 for head_dim <= 128, 384 for 256);
-  bf16 the padded head_dim; f32 (reference only) head_dim."""
+  """Elements per record: FP8 the padded value bytes + 1 scale byte in whole 128
+  lanes (256 at head_dim 128); bf16 the padded head_dim; f32 head_dim."""
   _check_format(fmt)
   if fmt == "fp8":
     return -(-(padded_head_dim(head_dim) + 1) // LANES) * LANES
@@ -102,14 +81,9 @@ def record_bytes(fmt: CacheFormat, head_dim: int = 128) -> int:
 
 
 def ue8m0_exponent(amax):
-  """Smallest e with 2**e >= amax / 448, clamped to [-126, 127].
-
-  Exact (no floating-point log or division): with amax = m * 2**x,
-  m in [0.5, 1), and 448 = 0.875 * 2**9, e = x - 9 + (m > 0.875). An
-  all-zero record gets e = 0. Keys with amax below 448 * 2**-126 keep the
-  lowest scale and lose precision (docs/validation.md); the upper end never
-  binds for float32 keys (e <= 120).
-  """
+  """Smallest e with 2**e >= amax / 448, clamped to [-126, 127], exactly:
+  with amax = m * 2**x, m in [0.5, 1), e = x - 9 + (m > 0.875). An all-zero
+  record gets e = 0."""
   amax = jnp.asarray(amax, jnp.float32)
   mant, exp = jnp.frexp(amax)
   e = exp - 9 + (mant > 0.875).astype(exp.dtype)
@@ -162,8 +136,7 @@ def unpack_fp8_records(records, head_dim: int = 128):
 def pack_cache(keys, fmt: CacheFormat):
   """The kernel's cache array, [total_num_pages, page_size // kv_packing,
   kv_packing, lkv_dim] of `cache_dtype(fmt)`, from keys f32[total_num_pages,
-  page_size, head_dim] (keys[P, t]: entry t of physical page P); fmt "fp8"
-  (packed uint8 records), "bf16" or "f32" (the reference's baseline)."""
+  page_size, head_dim] (keys[P, t]: entry t of physical page P)."""
   _check_format(fmt)
   packing = kv_packing(fmt)
   keys = _as_keys(keys, fmt, packing, "kv_packing = ")
@@ -179,11 +152,10 @@ def pack_cache(keys, fmt: CacheFormat):
 
 
 def unpack_cache_raw(cache, head_dim: int = 128):
-  """A cache (one array, the dense FP8 pair or the MXFP4 pair) -> the
-  kernel's operands per entry: (values [total_num_pages, page_size,
-  head_dim], scales or None). FP8: the e4m3 values and the f32 scales 2**e
-  [pages, page_size], read as the kernel does; bf16: the keys and None;
-  MXFP4: the dequantized f32 keys and None."""
+  """A cache (one array or a pair) -> the kernel's operands per entry:
+  (values [total_num_pages, page_size, head_dim], f32 scales [pages,
+  page_size] or None): FP8 the e4m3 values and 2**e; bf16 the keys; MXFP4
+  the dequantized f32 keys."""
   if is_mxfp4(cache):  # dequantized here: its scales are per group
     return dequantize_mxfp4(*unpack_mxfp4_cache(cache))[..., :head_dim], None
   dense = isinstance(cache, (tuple, list))
@@ -192,8 +164,7 @@ def unpack_cache_raw(cache, head_dim: int = 128):
   flat = arr.reshape(pages, rows * packing, width)
   if arr.dtype != jnp.uint8:
     return flat[..., :head_dim], None
-  values = jax.lax.bitcast_convert_type(flat[..., :head_dim],
-                                        jnp.float8_e4m3fn)
+  values = jax.lax.bitcast_convert_type(flat[..., :head_dim], jnp.float8_e4m3fn)
   scale_bytes = (jnp.asarray(cache[1]).reshape(pages, -1) if dense
                  else flat[..., padded_head_dim(head_dim)])
   return values, e8m0_scales(scale_bytes)
@@ -208,11 +179,9 @@ def e8m0_scales(scale_bytes):
 
 
 def cache_pages(cache) -> tuple[int, int]:
-  """(total_num_pages, page_size) of a kernel's cache: one array, or the
-  tuple of its layout's arrays (`format_of`). The one formula of a page's
-  entries: the first array's rows per page x its packing axis (u32 words
-  of 4 bytes or 2 bf16) x entries per element (MXFP4: two e2m1 codes a
-  byte)."""
+  """(total_num_pages, page_size) of a kernel's cache (one array or the
+  tuple of its layout's): the one formula of a page's entries, rows x
+  packing axis x entries per element (MXFP4: two codes a byte)."""
   pair = isinstance(cache, (tuple, list)) and len(cache) == 2
   values = cache[0] if isinstance(cache, (tuple, list)) else cache
   per_element = 2 if pair and is_mxfp4(cache) else 1
@@ -229,18 +198,15 @@ class PageGeometry(NamedTuple):
 
 
 def page_geometry(cache, seq_lens, page_indices) -> PageGeometry:
-  """The cache's pages and page size (`cache_pages`) and the page table's
-  columns per sequence, page_indices [max_num_seqs * pages_per_seq] over
-  seq_lens [max_num_seqs] (arrays or shapes)."""
+  """`cache_pages` and the page table's columns per sequence (arrays or
+  shapes)."""
   total_pages, page_size = cache_pages(cache)
   return PageGeometry(total_pages, page_size,
                       int(page_indices.shape[0]) // int(seq_lens.shape[0]))
 
 
 def format_of(cache) -> str:
-  """The `CACHE_FORMATS` name of a kernel's cache, the tuple of its
-  arrays: one array, uint8 ("fp8") or bf16; two, "mxfp4" (`is_mxfp4`) or
-  "dense_fp8"."""
+  """The `CACHE_FORMATS` name of a kernel's cache, the tuple of its arrays."""
   if len(cache) == 2:
     return "mxfp4" if is_mxfp4(cache) else "dense_fp8"
   return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
@@ -268,10 +234,9 @@ def dense_scale_lanes(page_size: int) -> int:
 
 
 def pack_dense_fp8_cache(keys):
-  """The dense FP8 pair (cache_values, cache_scales) (docs/cache-formats.md) of
-  keys f32[total_num_pages, page_size, head_dim] (page_size a multiple of 4):
-  `quantize_fp8(keys)`'s values and exponents, as the packed "fp8" format's,
-  so both decode to identical keys."""
+  """The dense FP8 pair (cache_values, cache_scales) of keys f32[pages,
+  page_size, head_dim]: the packed "fp8" format's values and exponents, so
+  both decode to identical keys."""
   keys = _as_keys(keys, "dense_fp8", DENSE_KV_PACKING)
   total_pages, page_size, head_dim = keys.shape
   values, exponents = quantize_fp8(keys)
@@ -289,9 +254,8 @@ def pack_dense_fp8_cache(keys):
 
 
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
-  """HBM bytes per entry of the dense FP8 cache as a TPU stores it: the
-  values unpadded, a page's scale rows padded to whole (4, 128) tiles
-  (docs/cache-formats.md)."""
+  """HBM bytes per entry of the dense FP8 cache as a TPU stores it (the
+  scale rows padded to whole (4, 128) tiles)."""
   lanes = dense_scale_lanes(page_size)
   return (padded_head_dim(head_dim)
           + tpu_scale_bytes(page_size // lanes, lanes) // page_size)
@@ -305,18 +269,11 @@ def tpu_scale_bytes(rows: int, lanes: int) -> int:
 
 
 def physical_slots(entries, page_table, seqs, page_size: int):
-  """The page table applied: sequence-local entries -> physical slots.
-
-  entries: i32[T, n] sequence-local entry ids (-1: none); page_table:
-  i32[max_num_seqs, pages_per_seq] (`page_indices` reshaped); seqs: i32[T]
-  the sequence of each row (-1: a padding row, whose entries must all be
-  -1); page_size: entries per page. Returns i32[T, n]: entry e of row t at
-  `page_table[seqs[t], e // page_size] * page_size + e % page_size`, its
-  row in the cache viewed entry-major (`[total_num_pages * page_size,
-  ...]`, vLLM's slot mapping); -1 stays -1. With page_size 1 the ids are
-  pages and the result is the physical page. JAX or NumPy arrays, traced
-  or not; the table is applied as given (no clamping).
-  """
+  """The page table applied: sequence-local entries i32[T, n] (-1: none)
+  of rows whose sequences are seqs i32[T] -> i32[T, n] slots,
+  `page_table[seqs[t], e // page_size] * page_size + e % page_size` (vLLM's
+  slot mapping; page_size 1: pages), -1 kept, the table i32[max_num_seqs,
+  pages_per_seq] applied as given."""
   e = jnp.maximum(entries, 0)
   s = jnp.maximum(seqs, 0)[:, None]
   slot = page_table[s, e // page_size] * page_size + e % page_size
@@ -325,12 +282,8 @@ def physical_slots(entries, page_table, seqs, page_size: int):
 
 def entry_location(entry: int, page_table_row, page_size: int,
                    fmt: CacheFormat):
-  """Where sequence-local entry `entry` lives: (physical page, row, slot in
-  the row), its `physical_slots` split by page and `kv_packing`.
-
-  `page_table_row` is the sequence's row of the page table
-  (`page_indices.reshape(max_num_seqs, pages_per_seq)[b]`).
-  """
+  """Where sequence-local entry `entry` of a sequence (its page-table row)
+  lives: (physical page, row, slot in the row)."""
   packing = kv_packing(fmt)
   slot = int(physical_slots(np.array([[entry]]),
                             np.asarray(page_table_row)[None, :],
@@ -340,9 +293,7 @@ def entry_location(entry: int, page_table_row, page_size: int,
 
 
 # ---------------------------------------------------------------------------
-# The MXFP4 cache ("mxfp4"): e2m1 values two per byte, one ue8m0 scale per
-# group of 32 values, in two arrays (docs/cache-formats.md: the shapes, why,
-# and the quantizer's rounding). The Hadamard rotation is the caller's.
+# The MXFP4 cache: e2m1 values two per byte, one ue8m0 scale per 32 values.
 
 MXFP4_GROUP = 32
 E2M1_MAX = 6.0
@@ -355,9 +306,8 @@ MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT = -125, 125
 
 
 def mxfp4_exponent(amax):
-  """Smallest e with 2**e >= amax / 6, clamped to [-125, 125]: with amax =
-  m * 2**x, m in [0.5, 1), and 6 = 0.75 * 2**3, e = x - 3 + (m > 0.75).
-  An all-zero group gets e = 0."""
+  """Smallest e with 2**e >= amax / 6, clamped to [-125, 125]: e = x - 3 +
+  (m > 0.75) for amax = m * 2**x, m in [0.5, 1); 0 for an all-zero group."""
   mant, exp = jnp.frexp(jnp.asarray(amax, jnp.float32))
   e = jnp.where(amax > 0, exp - 3 + (mant > 0.75).astype(exp.dtype), 0)
   return jnp.clip(e, MXFP4_MIN_EXPONENT, MXFP4_MAX_EXPONENT).astype(jnp.int32)
@@ -426,20 +376,14 @@ def unpack_mxfp4_cache(cache):
 
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
-  """A cache format: its name (the key in `CACHE_FORMATS`), a one-line
-  description, `pack` (f32 keys [total_num_pages, page_size, head_dim] ->
-  the tuple of cache arrays a kernel takes), `bytes_per_entry` (head_dim ->
-  bytes of one entry's data, what a DMA moves; `dense_tpu_bytes_per_entry`
-  adds the TPU tile padding), `decodes_as` (the format whose decoded keys,
-  scores and summation bound this one's equal) and `arrays` (the names of
-  its arrays in the kernels' signatures)."""
+  """A cache format, by name (its key in `CACHE_FORMATS`)."""
 
   name: str
   description: str
-  pack: Callable[..., tuple]
-  bytes_per_entry: Callable[[int], int]
-  decodes_as: str = ""
-  arrays: tuple[str, ...] = ("cache_kv",)
+  pack: Callable[..., tuple]  # f32 keys [pages, page_size, D] -> arrays
+  bytes_per_entry: Callable[[int], int]  # head_dim -> what a DMA moves
+  decodes_as: str = ""  # the format whose decoded keys this one's equal
+  arrays: tuple[str, ...] = ("cache_kv",)  # names in the signatures
 
 
 CACHE_FORMATS: dict[str, CacheLayout] = {
@@ -481,10 +425,8 @@ class PageLayout(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def page_layout(fmt: str, page_size: int, head_dim: int = 128) -> PageLayout:
-  """One page of `CACHE_FORMATS[fmt].pack`'s arrays, shapes only: the
-  formats' one definition of their layout, read by the models."""
+  """One page of `CACHE_FORMATS[fmt].pack`'s arrays, shapes only."""
   keys = jax.ShapeDtypeStruct((1, page_size, head_dim), jnp.float32)
   arrays = jax.eval_shape(CACHE_FORMATS[fmt].pack, keys)
   scales = tuple(arrays[1].shape[1:]) if len(arrays) == 2 else None
   return PageLayout(*arrays[0].shape[1:], jnp.dtype(arrays[0].dtype), scales)
-

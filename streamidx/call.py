@@ -2,13 +2,11 @@
 
 `TopkCall` (token mode: `k` entries per query row) and `PageCall` (page mode:
 `k` pages per query row, `k_pages` in the drop-in signature) are frozen,
-hashable dataclasses, the jitted driver's static argument (ARCHITECTURE.md,
-"One call, one driver"). Their defaults are the vendored kernel's;
-`__post_init__` checks what needs no arrays, resolves `topk_method`'s
-default and normalises the per-case block sizes: the one place each
-happens. Block sizes left None come from `streamidx.blocks` for the chip
-traced for (`with_table_blocks`); `block_source` names the row (not hashed).
-""" 
+hashable dataclasses, the jitted driver's static argument. `__post_init__`
+checks what needs no arrays, resolves `topk_method`'s default and
+normalises the per-case block sizes; block sizes left None come from
+`streamidx.blocks` (`with_table_blocks`; `block_source` names the row).
+"""
 
 from __future__ import annotations
 
@@ -18,17 +16,11 @@ from typing import Any
 
 from streamidx import blocks, semantics, topk
 
-__all__ = ["TopkCall", "PageCall", "MODES", "MAX_DECODE_Q_LEN",
-           "KERNEL_ONLY", "TOKEN_ONLY", "check_bool"]
-
 MODES = ("token", "page")
 MAX_DECODE_Q_LEN = 8  # TopkCall.decode_q_len's bound (docs/semantics.md: why)
 
-# The roles of a call's fields, each list once (a launch reads the fields
-# `kernels.driver.Launch` names, no other: one compiled launch serves every
-# value of the rest).
-# Shape the kernel's grid or launches only: the references compute the same
-# result without them and take no such argument (`Variant.reference`).
+# Fields that shape the kernel's grid or launches only: the references take
+# no such argument (`Variant.reference`).
 KERNEL_ONLY = ("num_cores", "skip_empty_launches")
 # Token mode's fields that the page-mode signature lacks (`PageCall.kwargs`).
 TOKEN_ONLY = ("decode_req_batch_size", "decode_q_len", "topk_method",
@@ -56,21 +48,10 @@ class TopkCall:
   Fields are the drop-in keyword arguments (see `streamindex_topk`);
   num_kv_pages_per_block / num_queries_per_block are (decode, prefill,
   mixed) triples after construction, or None until `with_table_blocks`.
-
-  decode_q_len: query rows of every decode sequence, gamma + 1 under
-  speculative decoding (M17), at most `MAX_DECODE_Q_LEN` (docs/semantics.md
-  says why 8).
-
-  topk_method: None (the default) takes the default of the chip the call is
-  built for (`topk.defaults.lookup()`: `modes.current_generation()`, when
-  the call is built, so in a jitted caller's trace and under
-  `compile_for`); `topk_source` then gives the row's source (not hashed).
-  It is checked here, against the `topk_methods` of `body` (not a field:
-  the kernel body the call is built for, a `kernels.driver.KernelBody`;
-  None: every registered method), and read by name at the selection.
-
-  physical_slots: the result's ids as physical cache slots
-  (`streamidx.cache.physical_slots`); in page mode, physical pages.
+  topk_method None takes the default of the chip the call is built for
+  (`topk.defaults.lookup()`; `topk_source` its row, not hashed), checked
+  against the `topk_methods` of `body` (not a field: the
+  `kernels.driver.KernelBody` the call is built for; None: every method).
   """
 
   k: int
@@ -128,19 +109,16 @@ class TopkCall:
   def _blocks(self, value, name):
     return semantics.normalize_per_case(value, name)
 
-  @property
-  def has_blocks(self) -> bool:
-    return (self.num_kv_pages_per_block is not None
-            and self.num_queries_per_block is not None)
+  has_blocks = property(lambda self: self.num_kv_pages_per_block is not None
+                        and self.num_queries_per_block is not None)
 
   def with_table_blocks(self, variant: str, *, cache_format: str,
                         num_heads: int, page_size: int, head_dim: int = 128,
                         pages_per_seq: int | None = None) -> "TopkCall":
-    """This call with the block sizes it left None from `streamidx.blocks`
-    (the row for `variant` on the chip traced for,
-    `modes.current_generation()`; page mode's query rows derived for
-    head_dim and pages_per_seq too); `block_source` says which row. Sizes
-    the call sets are kept."""
+    """This call with the block sizes it left None from `streamidx.blocks` (the
+    row for `variant` on the chip traced for, `modes.current_generation()`; page
+    mode's query rows derived for head_dim and pages_per_seq too);
+    `block_source` says which row. Sizes the call sets are kept."""
     if self.has_blocks:
       return self
     row = blocks.lookup(variant, mode=self.mode, cache_format=cache_format,

@@ -1,9 +1,6 @@
-"""Comparing top-k results: tie-aware parity, recall, score error.
-
-All functions take NumPy-convertible arrays and return NumPy values.
-Index arrays are i32[T, k] with -1 padding (the kernels' output form);
-score arrays are f32[T, entries] masked scores with -inf for invisible
-entries (`streamidx.ref.token_scores` / `page_scores`).
+"""Comparing top-k results: tie-aware parity, recall, score error. Index
+arrays i32[T, k] (-1 padding), score arrays f32[T, entries] masked with -inf
+(`streamidx.ref.token_scores` / `page_scores`); NumPy values out.
 """
 
 from __future__ import annotations
@@ -13,12 +10,6 @@ import dataclasses
 import numpy as np
 
 from streamidx.semantics import DEFAULT_CAUSAL_RULE
-
-__all__ = [
-    "TopkComparison", "compare_topk", "assert_topk_match", "recall_at_k",
-    "score_error", "summation_error_bound", "flush_error_bound",
-    "summation_atol", "F32_TINY",
-]
 
 
 @dataclasses.dataclass
@@ -35,24 +26,15 @@ class TopkComparison:
   first_bad_row: int  # -1: none
   detail: str  # a sentence on the first mismatch ("" if none)
 
-  @property
-  def ok(self) -> bool:
-    return self.rows_mismatched == 0
+  ok = property(lambda self: self.rows_mismatched == 0)
 
 
 def compare_topk(got, want, scores, *, atol: float = 0.0) -> TopkComparison:
-  """Tie-aware comparison of two top-k results against one score matrix.
-
-  A row matches when both selections have the same number of valid (>= 0)
-  indices, no index repeats, every selected entry is visible, and the two
-  sets are equal, or every index in their symmetric difference has the same
-  score as the boundary score (the smallest score `want` selected), within
-  `atol` (0: exact ties only).
-
-  got, want: i32[T, k] indices under test and reference indices; scores:
-  f32[T, E] masked scores `want` was selected from; kernel vs reference uses
-  atol=`summation_atol` (the f32 sums may be ordered differently).
-  """
+  """Tie-aware comparison of got and want, i32[T, k], on the masked scores
+  f32[T, E] `want` was selected from: a row matches when both hold as many valid
+  indices, none repeated, all visible, and the sets are equal or every index of
+  their symmetric difference scores the boundary score (the smallest `want`
+  selected) within `atol` (kernel vs reference: `summation_atol`)."""
   got = np.asarray(got)
   want = np.asarray(want)
   scores = np.asarray(scores, np.float64)
@@ -170,19 +152,15 @@ F32_TINY = 2.0**-126
 
 def flush_error_bound(inputs) -> np.ndarray:
   """f64[T]: per query row, a bound on what flushing subnormal f32 results
-  to zero moves a score by (docs/semantics.md): each of a head's D products
-  and D - 1 partial sums (times |w_h|), its weighted term and the H - 1
-  partial sums of the head sum lose less than `F32_TINY` each, in units of
-  the stored values, which the cache's power-of-two scale (at most s, below)
-  multiplies; the final multiply by the scale loses one more. s: 1, or
-  twice the largest |key| over E2M1_MAX (the largest scale any scaled
-  format gives these keys; MXFP4's codes are the smallest)."""
+  to zero moves a score by (docs/semantics.md): each of the 2D - 1 product
+  and sum steps of a head (times |w_h|) and the 2H - 1 of the head sum lose
+  under `F32_TINY` in stored units, times the largest scale s (1, or twice
+  the largest |key| over E2M1_MAX); the final scale multiply one more."""
   from streamidx import cache as cache_lib  # pylint: disable=g-import-not-at-top
 
   w = np.abs(np.asarray(inputs.weights, np.float64)).sum(axis=1)
   _, num_heads, head_dim = inputs.q.shape
-  amax = float(np.max(np.abs(np.asarray(inputs.keys, np.float64)),
-                      initial=0.0))
+  amax = float(np.max(np.abs(np.asarray(inputs.keys, np.float64)), initial=0.0))
   s = max(1.0, 2.0 * amax / cache_lib.E2M1_MAX)
   return F32_TINY * (s * ((2 * head_dim - 1) * w + 2 * num_heads - 1) + 1)
 
@@ -190,14 +168,10 @@ def flush_error_bound(inputs) -> np.ndarray:
 def summation_error_bound(inputs, *, compression_ratio: int,
                           causal_rule: str = DEFAULT_CAUSAL_RULE,
                           mode: str = "token") -> np.ndarray:
-  """f64[T]: per query row, a bound on |f32 score - exact score|: gamma_n
-  times the largest scale * sum_h |w_h| sum_d |q_hd k_d| of the row, n = D
-  + H - 1 roundings (+ D for f32 queries), plus `flush_error_bound` (what
-  flushing subnormal results to zero loses); docs/semantics.md derives it.
-
-  `inputs` is a `streamidx.batch.IndexerInputs`; `mode` the variant's
-  (`Variant.mode`): "token" bounds entry scores, "page" pooled page scores.
-  """
+  """f64[T]: per query row of `inputs` (`IndexerInputs`), a bound on |f32
+  score - exact score|: gamma_n times the row's largest scale * sum_h |w_h|
+  sum_d |q_hd k_d|, n = D + H - 1 roundings (+ D for f32 queries), plus
+  `flush_error_bound` (docs/semantics.md); mode "page": pooled page scores."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from streamidx import ref as ref_lib  # pylint: disable=g-import-not-at-top

@@ -2,13 +2,9 @@
 
 When a call is traced, the mode is: the innermost of `interpreter(...)` and
 `compile_for(generation)` (compiled Mosaic for that TPU generation, on any
-host), or `set_interpreter(...)` (process-wide), if any; else compiled Mosaic
-when JAX's default backend is a TPU; else Pallas's TPU interpreter with
-default `pltpu.InterpretParams()`. The forced interpreter (JAX's
-`pallas_tpu_interpret_mode`) and the compile target are part of the jit cache
-key, so a function traced in one mode is never reused in another. Examples:
-docs/usage.md, docs/tpu.md; why interpreted calls wait for their result:
-docs/limitations.md.
+host), or `set_interpreter(...)` (process-wide); else compiled Mosaic on a
+TPU backend; else Pallas's TPU interpreter. Both are part of the jit cache
+key (docs/usage.md, docs/tpu.md).
 """
 
 from __future__ import annotations
@@ -27,15 +23,6 @@ import jax
 from jax._src import config as _jax_config
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
-
-__all__ = [
-    "interpreter", "set_interpreter", "resolve_interpret", "kernel_mode",
-    "describe_machine", "races_found", "race_check", "RaceReport",
-    "reset_interpreter_state", "numpy_callbacks", "INTERPRETER_INTERNALS",
-    "INTERPRETER_INTERNALS_JAX", "interpreter_internals_missing", "on_tpu",
-    "TOPOLOGIES", "CompileTarget", "compile_for", "compile_target",
-    "current_generation", "libtpu_path",
-]
 
 
 def on_tpu() -> bool:
@@ -133,10 +120,7 @@ class CompileTarget:
   devices: tuple  # every device of the topology
   tpu_generation: int  # the chip's generation number (4, 5, 6, 7)
 
-  @property
-  def device(self):
-    """The device kernels compile for (the topology's first)."""
-    return self.devices[0]
+  device = property(lambda self: self.devices[0])  # the one compiled for
 
   def spec(self, shape, dtype) -> jax.ShapeDtypeStruct:
     """A `ShapeDtypeStruct` on the target device."""
@@ -176,8 +160,7 @@ def current_generation() -> str | None:
 def libtpu_path() -> str | None:
   """The libtpu `compile_for` loads, or None: `$TPU_LIBRARY_PATH`, an
   importable `libtpu` package, or `<venv>/tpu-compile/libtpu/libtpu.so`
-  (`make venv`; off the import path, so that JAX's backend start-up never
-  tries a TPU on hosts without one)."""
+  (`make venv`: off the import path)."""
   env = os.environ.get("TPU_LIBRARY_PATH")
   if env and os.path.isfile(env):
     return env
@@ -279,10 +262,8 @@ def no_persistent_cache_writes():
 def compile_for(generation: str):
   """Traces the kernels compiled (Mosaic) for TPU `generation` (one of
   `TOPOLOGIES`), on any host; yields a `CompileTarget`. Inside, JAX's default
-  device is the target's (Pallas reads the chip from it), an outer forced
-  interpreter does not apply (an inner `interpreter(...)` does), nothing goes
-  to the persistent cache. Lower and compile there (docs/tpu.md); the
-  compiler's errors are that chip's. Needs libtpu (`libtpu_path`)."""
+  device is the target's, an outer forced interpreter does not apply, nothing
+  goes to the persistent cache (docs/tpu.md). Needs libtpu."""
   topo = _topology(generation)
   devices = tuple(topo.devices)
   with jax.default_device(devices[0]):
@@ -374,13 +355,9 @@ class RaceReport:
   def __init__(self):
     self.states = []
 
-  @property
-  def launches(self) -> int:
-    return len(self.states)
-
-  @property
-  def races_found(self) -> bool:
-    return any(bool(s.races_found) for s in self.states)
+  launches = property(lambda self: len(self.states))
+  races_found = property(lambda self: any(bool(s.races_found)
+                                          for s in self.states))
 
   def __repr__(self):
     return (f"RaceReport(launches={self.launches}, "
@@ -414,11 +391,9 @@ def race_check(params: pltpu.InterpretParams | None = None, **options):
 
 
 def numpy_callbacks(enable: bool = True) -> bool:
-  """The TPU interpreter's host callbacks (its simulated loads, stores, DMAs
-  and semaphores) get the NumPy arrays XLA passes, not JAX's `io_callback`
-  round trip through `device_put` (ARCHITECTURE.md, "Test-suite cost");
-  other callbacks keep JAX's path. Locked jax only (`INTERPRETER_INTERNALS_JAX`);
-  `enable=False` restores JAX's function. Returns whether it is on."""
+  """The TPU interpreter's host callbacks get the NumPy arrays XLA passes,
+  not JAX's `io_callback` round trip (ARCHITECTURE.md, "Test-suite cost");
+  locked jax only; `enable=False` restores JAX's. Whether it is on."""
   from jax._src import callback as cb  # pylint: disable=g-import-not-at-top
   jax_impl = getattr(cb.io_callback_impl, "jax_impl", cb.io_callback_impl)
   if not enable or jax.__version__ != INTERPRETER_INTERNALS_JAX:

@@ -1,21 +1,15 @@
 """Exact pure-JAX reference for the StreamIndex top-k kernels.
 
-Each function takes its kernel's arguments, so either can stand in for the
-other (`streamindex_topk_ref` <-> `streamidx.streamindex_topk`; the dense
-entry points' twins are their variants' `reference`); the schedule
-arguments (block sizes, `vmem_limit_bytes`, `decode_req_batch_size`,
-`sort_decode`) are accepted and ignored, `topk_method` and `decode_q_len`
-checked (`TopkCall`'s rules) and otherwise ignored (the reference selects
-exactly; the rows say where each sequence's queries are). The kernel-only
-options (`call.KERNEL_ONLY`) are not arguments here: `Variant.reference`
-drops them. `cache_kv`: any packed cache, the float32 one (the exact
-baseline), or the dense FP8 pair `(cache_values, cache_scales)`, or the
-MXFP4 pair, scored on its dequantized keys. Row t (sequence b, absolute
-position p) scores entry s as
-`score_entries` where s < seq_len // ratio and s <
+Each function takes its kernel's arguments, so either can stand in for the other
+(`streamindex_topk_ref` <-> `streamidx.streamindex_topk`); schedule arguments
+(block sizes, `vmem_limit_bytes`, `decode_req_batch_size`, `sort_decode`) are
+accepted and ignored, `topk_method` and `decode_q_len` checked and otherwise
+ignored; kernel-only options (`call.KERNEL_ONLY`) are not arguments. `cache_kv`:
+any packed cache (float32 too: the exact baseline), the dense FP8 pair or the
+MXFP4 pair (its dequantized keys). Row t (sequence b, position p) scores entry s
+by `score_entries` where s < seq_len // ratio and s <
 `semantics.causal_visible_bound(p, ratio, causal_rule)`, else -inf (-1 in the
-top-k, ties to the lowest index); padding rows are all -1; a page scores its
-entries' max.
+top-k); padding rows are all -1; a page scores its entries' max.
 
 One engine (`_run`) computes everything here and in `streamidx.streaming`:
 
@@ -26,13 +20,10 @@ One engine (`_run`) computes everything here and in `streamidx.streaming`:
         unpack (`cache.unpack_cache_raw`), score, mask          [Tc, C]
         running = rule_top_k(concat(running, chunk), k, ids)    [Tc, k + C]
 
-The indices are the rule's over the whole row (`streamidx.topk.base`), ties
-included: the merge is `topk.base.rule_top_k` with the candidates' ids
-(running ids, then the chunk's), which ranks by (score desc, id asc)
-whatever `lax.top_k` does with ties, and an element of the top k of (prefix
-+ chunk) is in the prefix's top k or in the chunk (`tests/test_streaming.py`
-checks equality, and the rule with a `lax.top_k` that breaks ties the other
-way).
+The indices are the rule's over the whole row, ties included: the merge is
+`topk.base.rule_top_k` with the candidates' ids, which ranks by (score
+desc, id asc), and an element of the top k of (prefix + chunk) is in the
+prefix's top k or in the chunk (tests/test_streaming.py).
 """
 
 from __future__ import annotations
@@ -49,12 +40,6 @@ from streamidx.call import PageCall, TopkCall, check_bool
 from streamidx.semantics import (cdiv, causal_visible_bound, check_causal_rule,
                                  row_sequences)
 
-__all__ = [
-    "score_entries", "token_scores", "page_scores", "topk_from_scores",
-    "visible_counts", "rows_per_block", "streamindex_topk_ref",
-    "streamindex_page_topk_ref",
-]
-
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 
 
@@ -67,12 +52,9 @@ def jit_static_keywords(fn):
 
 def score_entries(qt, wt, kv, scale):
   """[E] unmasked scores of one query row, in the kernel's arithmetic order:
-  dot of qt [H, D] (q's dtype) with the stored values kv [E, D] (e4m3fn,
-  bf16, f32 or f64), ReLU, weighted sum over wt [H], then scale [E] (the FP8
-  power-of-two scales; None: 1). Float32 accumulation, or float64 where an
-  input is float64 (under `jax.enable_x64(True)`); products and the scale
-  are exact, so this equals scoring dequantized keys.
-  """
+  dot of qt [H, D] with the stored values kv [E, D], ReLU, weighted sum over
+  wt [H], then scale [E] (the FP8 power-of-two scales; None: 1). Float32
+  accumulation (float64 where an input is float64)."""
   wide = any(jnp.dtype(x.dtype) == jnp.float64 for x in (qt, wt, kv))
   acc = jnp.float64 if wide else jnp.float32
   s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=acc)
@@ -292,15 +274,9 @@ def streamindex_topk_ref(
 
   q [T, H, D], indexer_weights [T, H], cache_kv (module docstring), seq_lens
   i32[S], page_indices i32[S * pages_per_seq], cu_q_lens i32[S + 1],
-  distribution i32[3], as the kernel's.
-
-  `return_scores=True` returns (indices, f32[T, k] scores), as the kernel;
-  `physical_slots=True` returns physical cache slots in place of the
-  indices (`streamidx.cache.physical_slots`), as the kernel.
-  chunk_entries: entries scored per scan step (None: all of a sequence's, in
-    one chunk; any positive int, capped at pages_per_seq * page_size);
-    chunk_tokens: query rows per block (None: `rows_per_block`). Both are
-    the streaming reference's (`streamidx.streaming`); the indices are equal.
+  distribution i32[3]; `return_scores`, `physical_slots` as the kernel's.
+  chunk_entries (None: all of a sequence's) and chunk_tokens (None:
+  `rows_per_block`): the streaming reference's; the indices are equal.
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   del decode_req_batch_size, sort_decode  # drop-in only (module docstring)
@@ -329,16 +305,10 @@ def streamindex_page_topk_ref(
     physical_slots=PageCall.physical_slots):
   """Reference twin of `streamindex_page_topk`: i32[T, k_pages] local pages.
 
-  Arguments as `streamindex_topk_ref`'s, num_seqs i32[] for distribution.
-
-  one_token_per_seq=False: rows assigned to sequences by `cu_q_lens` (what
-  the kernel computes). True: the decode form, row i is the single query (at
-  seq_len - 1) of sequence i, `cu_q_lens` ignored. Any `compression_ratio`
-  works. `return_scores=True` returns (page ids, f32[T, k_pages] scores).
-  `physical_slots=True` returns physical pages (`page_indices[seq *
-  pages_per_seq + id]`, -1 kept) in place of the sequence-local page ids.
-  chunk_entries, chunk_tokens: as `streamindex_topk_ref`'s; chunk_entries a
-  multiple of the page size (pages are pooled whole).
+  Arguments as `streamindex_topk_ref`'s, num_seqs i32[] for distribution
+  (chunk_entries a multiple of the page size). one_token_per_seq=True: the
+  decode form, row i the single query (at seq_len - 1) of sequence i,
+  `cu_q_lens` ignored (False: rows by `cu_q_lens`, as the kernel).
   """
   del num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes
   _check_chunks(chunk_entries, chunk_tokens, cache_lib.cache_pages(cache_kv)[1])

@@ -1,12 +1,8 @@
-"""The rules every kernel, reference, validator and model shares: causal
-visibility, per-case block sizes, the launches of `streamindex_topk`, the
-length-sorted decode order (`sort_decode`), a launch's VMEM scratch, and the
-integer helpers. One home per rule: the kernels, references, validation and
-the lab's models import these; none restates one. Everything works on
-Python ints, NumPy and (where it says so) traced JAX values alike.
-
-Vocabulary (the vendored kernel's: ratio, page_size, bkv_p / bkv_sz, bq_sz,
-distribution, decode_req_batch_size): docs/semantics.md.
+"""The rules every kernel, reference, validator and model shares (one home
+each): causal visibility, per-case block sizes, the launches of
+`streamindex_topk`, the length-sorted decode order (`sort_decode`), a
+launch's VMEM scratch, the integer helpers; on Python ints, NumPy and
+(where it says so) traced JAX values. Vocabulary: docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -43,12 +39,9 @@ def check_causal_rule(causal_rule) -> None:
 
 
 def causal_visible_bound(q_pos, compression_ratio, causal_rule):
-  """Entry s is causally visible to the query at absolute token position
-  `q_pos` (`seq_len - q_len + i` for a sequence's i-th query) iff `s <
-  causal_visible_bound(q_pos, ratio, rule)`: "model" (q_pos + 1) // ratio
-  (the default, DeepSeek-V4's and vLLM's), "seed" q_pos // ratio + 1 (the
-  vendored `s <= q_pos // ratio`); docs/semantics.md compares them.
-  """
+  """Entry s is causally visible to the query at absolute position `q_pos`
+  iff s < this bound: "model" (q_pos + 1) // ratio (DeepSeek-V4's, vLLM's),
+  "seed" q_pos // ratio + 1 (the vendored s <= q_pos // ratio)."""
   if causal_rule == "model":
     return (q_pos + 1) // compression_ratio
   if causal_rule == "seed":
@@ -61,10 +54,8 @@ def _is_int(v) -> bool:
 
 
 def normalize_per_case(value, name: str) -> tuple[int, int, int]:
-  """A positive int or a (decode, prefill, mixed) triple -> three ints (the
-  block sizes' form). A NumPy integer is refused: the vendored kernel tells
-  an int from a triple with `isinstance(v, int)`, and jit's static arguments
-  must hash alike."""
+  """A positive int or a (decode, prefill, mixed) triple -> three ints. A
+  NumPy integer is refused (the vendored kernel tests `isinstance(v, int)`)."""
   if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
     raise ValueError(
         f"{name}: must be a Python int or a (decode, prefill, mixed) tuple; "
@@ -106,19 +97,11 @@ class TokenLaunch:
 
 def token_launches(distribution, decode_req_batch_size: int,
                    decode_q_len: int = 1) -> tuple[TokenLaunch, ...]:
-  """The four launches `streamindex_topk` makes, in its order.
-
-  With distribution (i, j, n), d = decode_req_batch_size and Q =
-  decode_q_len (1, or gamma + 1 under speculative decoding):
-
-    1. decode:       [0, i // d * d), d sequences per program, q_len Q;
-    2. decode_rest:  [i // d * d, i), one sequence per program, q_len Q;
-    3. prefill:      [i, j), one per program, dynamic q_len, prefill blocks
-                     (local modification M4: the seed sent these to decode);
-    4. mixed:        [j, n), one per program, dynamic q_len.
-
-  `distribution` may be a traced int32[3] (the bounds are then traced).
-  """
+  """The four launches `streamindex_topk` makes, in its order, for
+  distribution (i, j, n) (maybe traced), d = decode_req_batch_size, Q =
+  decode_q_len: decode [0, i // d * d) d sequences a program, decode_rest
+  [i // d * d, i) one, q_len Q; prefill [i, j) (M4) and mixed [j, n) one
+  sequence a program, dynamic q_len."""
   i, j, n = distribution[0], distribution[1], distribution[2]
   d = decode_req_batch_size
   decode_end = i // d * d
@@ -157,11 +140,10 @@ def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
                    scale_block: tuple[int, ...] | None = None):
   """((name, shape, dtype), ...): the VMEM scratch of one launch, in
   `_scores_kernel`'s order (the DMA semaphores are not VMEM).
-  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in
-  token mode, the pooled page columns // 128 in page mode). scale_block: a
-  page's scales in a two-array cache layout (dense FP8, MXFP4), whose
-  double buffer "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the
-  values'."""
+  `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in token
+  mode, the pooled page columns // 128 in page mode). scale_block: a page's
+  scales in a two-array cache layout (dense FP8, MXFP4), whose double buffer
+  "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the values'."""
   b = seq_batch_size
   scales = (() if scale_block is None else (
       ("bscale_x2", (2, b, bkv_p, *scale_block), _dtype("uint8")),))
@@ -216,24 +198,19 @@ def _batched_cost(blocks_in_order, num_decode, d: int):
   padded = jnp.pad(blocks_in_order, (0, (-s) % d)).reshape(-1, d)
   group = jnp.arange(padded.shape[0], dtype=jnp.int32)
   heads = jnp.where(group * d < grouped, padded.max(axis=1), 0)
-  alone = jnp.where((slot >= grouped) & (slot < num_decode), blocks_in_order,
-                    0)
+  alone = jnp.where((slot >= grouped) & (slot < num_decode), blocks_in_order, 0)
   return d * jnp.sum(heads) + jnp.sum(alone)
 
 
 def decode_order(seq_lens, num_decode, *, compression_ratio: int, bkv_sz: int,
                  decode_req_batch_size: int):
   """The order `sort_decode` scores the decode range [0, i) in
-  (docs/semantics.md: the candidates and why the result is never worse).
-
-  Returns (order i32[max_num_seqs], blocks_given i32[], blocks_sorted i32[]):
-  slot j of the decode launches scores sequence order[j] (order[j] = j for
-  j >= i, and when nothing is gained), and the KV blocks the decode launches
-  compute in the given order and in `order`. Candidate c (0 <= c <= i % d)
-  of the i sequences sorted by blocks, longest first (stable), runs the c
-  longest and the i % d - c shortest alone; the cheapest wins, the given
-  order on ties. seq_lens and num_decode (i) may be traced; bkv_sz is
-  `num_kv_pages_per_block[0] * page_size`, d `decode_req_batch_size`.
+  (docs/semantics.md): (order i32[max_num_seqs], blocks_given i32[],
+  blocks_sorted i32[]); slot j scores sequence order[j] (j itself past i
+  and when nothing is gained). Candidate c (0 <= c <= i % d) of the
+  sequences sorted longest first runs the c longest and the i % d - c
+  shortest alone; the cheapest wins, the given order on ties. seq_lens and
+  num_decode may be traced; bkv_sz is the decode KV block's entries.
   """
   d = int(decode_req_batch_size)
   seq_lens = jnp.asarray(seq_lens, jnp.int32)

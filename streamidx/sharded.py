@@ -22,11 +22,6 @@ from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.semantics import cdiv
 
-__all__ = [
-    "MERGES", "IMPLS", "make_mesh", "ShardedInputs", "shard_inputs",
-    "merge_topk", "sharded_topk", "merge_bytes_per_row",
-]
-
 MERGES = ("all_gather", "tree")
 IMPLS = ("kernel", "reference")
 _INT32_MAX = np.iinfo(np.int32).max
@@ -86,10 +81,8 @@ class ShardedInputs:
   cache_pages: int
   cache_bytes_per_device: int
 
-  @property
-  def share_entries(self) -> int:
-    """Entries of each sequence per context share (P * page_size)."""
-    return self.pages_per_share * self.page_size
+  # Entries of each sequence per context share.
+  share_entries = property(lambda self: self.pages_per_share * self.page_size)
 
   def gather_rows(self, out) -> np.ndarray:
     """The stacked result [D * T, k] in the batch's row order (padding rows
@@ -113,15 +106,11 @@ def shard_inputs(inputs, variant, *, num_data: int = 1, num_context: int = 1,
                  fmt: str | None = None, pages_per_share: int | None = None,
                  slots: int | None = None, rows: int | None = None,
                  cache_pages: int | None = None) -> ShardedInputs:
-  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk` as
-  docs/multichip.md says: each device's pages copied (not re-quantized),
-  unused table slots at page 0. variant: a `streamidx.VARIANTS` name or
-  `Variant`; fmt: its cache format (default its first); pages_per_share: P,
-  default ceil(pages_per_seq / num_context), at least ceil(pages the longest
-  sequence uses / C). slots, rows, cache_pages: pad each device's sequence
-  slots S, query rows T and cache pages G to these (default: what the
-  fullest device needs), so one compiled function serves several batches.
-  """
+  """Lays out `inputs` (an `IndexerInputs`) for `sharded_topk`
+  (docs/multichip.md): each device's pages copied, unused table slots at
+  page 0. pages_per_share: default ceil(pages_per_seq / num_context);
+  slots, rows, cache_pages: pad each device's sequence slots, query rows
+  and cache pages to these (default: the fullest device's)."""
   v = variants_lib.get(variant)
   _check_counts(num_data, num_context)
   b = inputs.batch
@@ -237,8 +226,7 @@ def _merge(scores, indices, k, axis, size, merge):
     return merge_topk(*_unpack(pairs), k)
   for r in range(int(math.log2(size))):
     perm = [(c, c ^ (1 << r)) for c in range(size)]
-    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis,
-                                            perm))
+    other_s, other_i = _unpack(lax.ppermute(_pack(scores, indices), axis, perm))
     scores, indices = merge_topk(jnp.concatenate([scores, other_s], axis=1),
                                  jnp.concatenate([indices, other_i], axis=1),
                                  k)
@@ -267,18 +255,12 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
                  context_axis: str | None = None, k: int,
                  compression_ratio: int, merge: str = "all_gather",
                  impl: str = "kernel", **static) -> Callable:
-  """A jitted function of the stacked arguments: the variant over `mesh`.
-
-  `variant` is a `streamidx.VARIANTS` name or `Variant` (token or page
-  mode); sequences are split over mesh axis `data_axis`, each sequence's
-  entries over `context_axis` (None: not split), merged by `merge` (one of
-  `MERGES`). `k` is the variant's `k` / `k_pages`; `**static` its other
-  keyword arguments (an MTP batch's `decode_q_len` too). impl: "kernel", or
-  "reference" (its exact twin, same layout and merge: checks the sharding
-  without the interpreter).
-  Returns fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last)
-  -> i32[D * T, k], on `ShardedInputs.args`.
-  """
+  """The variant over `mesh`, jitted: sequences split over `data_axis`,
+  each sequence's entries over `context_axis` (None: not split), merged by
+  `merge` (`MERGES`); `k` the variant's k / k_pages, `static` its other
+  keywords; impl "reference": its exact twin, same layout and merge.
+  fn(q, weights, *cache, seq_lens, page_indices, cu_q_lens, last) ->
+  i32[D * T, k], on `ShardedInputs.args`."""
   v = variants_lib.get(variant)
   if data_axis is None and context_axis is None:
     raise ValueError("data_axis, context_axis: at least one must name a mesh "
@@ -308,8 +290,7 @@ def sharded_topk(variant, mesh: Mesh, *, data_axis: str | None = "data",
       and num_context & (num_context - 1)):
     raise ValueError(f"merge: 'tree' needs a power-of-two context axis "
                      f"(got {context_axis!r} of size {num_context})")
-  call_static = {v.k_name: k, "compression_ratio": compression_ratio,
-                 **static}
+  call_static = {v.k_name: k, "compression_ratio": compression_ratio, **static}
   page_mode = v.mode == "page"
 
   def body(q, weights, *rest):

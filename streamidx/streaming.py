@@ -1,10 +1,6 @@
-"""Streaming exact reference: `streamidx.ref`'s engine over chunks of entries.
-
-The reference scores all of a sequence's entries in one chunk; this runs
-the same loop with chunks of `chunk_entries` and a running top-k merge, so
-a step holds Tc x (chunk + k), not Tc x entries (`one_chunk_temp_bytes`;
-tests/test_streaming.py checks XLA's buffer assignment), and returns the
-same indices, ties included (the proof is in `streamidx.ref`).
+"""Streaming exact reference: `streamidx.ref`'s engine over chunks of
+`chunk_entries` entries with a running top-k merge, so a step holds Tc x
+(chunk + k), not Tc x entries; the same indices, ties included.
 """
 
 from __future__ import annotations
@@ -14,11 +10,6 @@ import functools
 from streamidx import cache as cache_lib
 from streamidx import ref as ref_lib
 
-__all__ = [
-    "DEFAULT_CHUNK_ENTRIES", "streamindex_topk_streaming",
-    "streamindex_page_topk_streaming", "one_chunk_temp_bytes",
-]
-
 DEFAULT_CHUNK_ENTRIES = 4096
 
 
@@ -26,14 +17,9 @@ def one_chunk_temp_bytes(*, num_tokens: int, num_entries: int,
                          num_heads: int, head_dim: int, fmt: str, k: int,
                          chunk_bytes: int = ref_lib.DEFAULT_CHUNK_BYTES
                          ) -> tuple[int, int]:
-  """(low, high): the one-chunk reference's temporary buffers, in bytes.
-
-  One step holds W = Tc x `ref.step_bytes_per_row(num_entries, ...)` (Tc =
-  `ref.rows_per_block`); XLA fuses part of it: (low, high) = (W / 2, W)
-  (tests/test_streaming.py checks it against XLA's buffer assignment at the
-  benchmark's shapes). The cache and the T x k result come on top; with
-  chunks of C entries a step is C / E of W.
-  """
+  """(low, high): the one-chunk reference's temporary buffers, in bytes:
+  a step holds W = Tc x `ref.step_bytes_per_row(num_entries, ...)`, of which
+  XLA fuses part: (W / 2, W) (tests/test_streaming.py checks it)."""
   lkv = cache_lib.record_bytes(fmt, head_dim)
   tc = ref_lib.rows_per_block(num_tokens, num_entries, num_heads, head_dim,
                               lkv, chunk_bytes)

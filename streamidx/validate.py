@@ -1,14 +1,10 @@
-"""Input checks for the StreamIndex kernels: where the kernels' contract ends
-(docs/validation.md: the rules, the layers and the numeric range).
+"""Input checks for the StreamIndex kernels (docs/validation.md).
 
 Each bad input raises `ValueError("<argument>: <rule> (got <what>)")`:
 `static_validate(call, *arrays)` checks shapes, dtypes, block sizes and
-options (tracer-safe: the driver runs it at trace time); `validate_inputs`
-(a variant's `validate`) then evaluates `VALUE_RULES` in the mode's order
-(`TOPK_VALUE_RULES`, `PAGE_TOPK_VALUE_RULES`) on concrete arrays; inside
-`jit`, `check_inputs` issues them as `checkify.check`s (a variant's
-`checked`). The value rules are written once (`_value_rules`, traceable
-JAX), so both report the same message for the same input.
+options (tracer-safe); `validate_inputs` then evaluates `VALUE_RULES` in the
+mode's order on concrete arrays; inside `jit`, `check_inputs` issues them as
+`checkify.check`s. The value rules are written once (`_value_rules`).
 """
 
 from __future__ import annotations
@@ -24,12 +20,6 @@ from streamidx import blocks
 from streamidx import cache as cache_lib
 from streamidx import modes
 from streamidx import semantics
-
-__all__ = [
-    "static_validate", "validate_inputs", "check_inputs", "distribution_array",
-    "ValueRule", "VALUE_RULES", "TOPK_VALUE_RULES", "PAGE_TOPK_VALUE_RULES",
-    "KERNEL_QUERY_DTYPES", "KERNEL_CACHE_DTYPES",
-]
 
 KERNEL_QUERY_DTYPES = (jnp.bfloat16, jnp.float32)
 KERNEL_CACHE_DTYPES = (jnp.uint8, jnp.bfloat16)
@@ -197,8 +187,7 @@ def _check_packed_cache(cache_kv, head_dim):
               "lkv_dim]")
   cdt = jnp.dtype(cache_kv.dtype)
   if cdt not in [jnp.dtype(d) for d in KERNEL_CACHE_DTYPES]:
-    _fail("cache_kv", "dtype must be uint8 (packed FP8) or bfloat16",
-          cdt.name)
+    _fail("cache_kv", "dtype must be uint8 (packed FP8) or bfloat16", cdt.name)
   pages, rows, packing, lkv = cache_kv.shape
   want_packing = 32 // (cdt.itemsize * 8)
   if packing != want_packing:
@@ -249,13 +238,9 @@ def _check_num_seqs(num_seqs):
 
 def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
                     cu_q_lens, last):
-  """The static rules of a call; raises ValueError naming the argument.
-
-  call: a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
-    `num_seqs`), its own rules (`topk_method` among them) checked when it
-    was built. Arrays may be concrete, tracers or `jax.ShapeDtypeStruct`s;
-    `cache` one array, the dense FP8 pair, or a tuple of one array.
-  """
+  """The static rules of a `TopkCall` (`last`: distribution) or `PageCall`
+  (`last`: num_seqs) on arrays, tracers or `ShapeDtypeStruct`s; raises
+  ValueError naming the argument."""
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
   if not call.has_blocks:
@@ -303,10 +288,9 @@ class ValueRule(NamedTuple):
   rule: str
   got: str
 
-  @property
-  def template(self) -> str:
-    """The message as a `str.format` (and `checkify.check`) template."""
-    return f"{self.argument}: {self.rule} (got {self.got})"
+  # The message as a `str.format` (and `checkify.check`) template.
+  template = property(lambda self: f"{self.argument}: {self.rule} (got "
+                      f"{self.got})")
 
   def message(self, **values) -> str:
     return self.template.format(**values)
@@ -421,8 +405,7 @@ def _log2_l1(x, axis):
   a = jnp.abs(x.astype(jnp.float32))
   m = jnp.max(a, axis=axis, keepdims=True)
   safe = jnp.where(m > 0, m, 1.0)
-  l1 = jnp.log2(jnp.squeeze(m, axis)) + jnp.log2(
-      jnp.sum(a / safe, axis=axis))
+  l1 = jnp.log2(jnp.squeeze(m, axis)) + jnp.log2(jnp.sum(a / safe, axis=axis))
   return jnp.where(jnp.squeeze(m, axis) > 0, l1, -jnp.inf)
 
 
@@ -436,15 +419,9 @@ def _log2_sum_exp2(logs, axis):
 
 
 def _entry_stats(cache_kv, head_dim):
-  """Per cache entry: what the kernel reads, reduced to what the numeric
-  rules need.
-
-  Returns (bad_value, scale_byte, log2_max_abs, log2_scale), each
-  [total_num_pages, page_size]: whether a value lane the kernel reads (the
-  first padded_head_dim) is NaN/inf; the FP8 scale byte (127 = 2**0 for
-  bf16); log2 max_d<head_dim |stored value| (-inf when all are 0, NaN lanes
-  ignored); log2 of the scale.
-  """
+  """Per cache entry, [total_num_pages, page_size] each: (a value lane the
+  kernel reads is NaN/inf, the scale byte (127 for bf16), log2 max |stored
+  value| (NaN lanes ignored), log2 of the scale)."""
   padded = cache_lib.padded_head_dim(head_dim)
   if cache_lib.is_mxfp4(cache_kv):  # no NaN codes; the worst group's byte
     codes, e = cache_lib.unpack_mxfp4_cache(cache_kv)
@@ -577,8 +554,7 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
       where, padded=i32(cache_lib.padded_head_dim(head_dim))))
   byte = at(scale_byte)
   ok, where = first_entry(seen & ((byte < 1) | (byte > 254)))
-  out["cache_scale_range"] = (~ok, dict(where, v=byte[where["b"],
-                                                       where["s"]]))
+  out["cache_scale_range"] = (~ok, dict(where, v=byte[where["b"], where["s"]]))
 
   # Per sequence, the largest stored key value and the largest scaled one
   # (log2); per query row, its heads' L1 norms and the weighted sum of them.
@@ -599,8 +575,7 @@ def _value_rules(q, indexer_weights, cache_kv, seq_lens, page_indices,
   ok, t = _first(live_row & (dot >= SCORE_LOG2_LIMIT))
   out["dot_range"] = (~ok, dict(t=t, b=row_seq[t], e=_log2_report(dot[t])))
   ok, t = _first(live_row & (score >= SCORE_LOG2_LIMIT))
-  out["score_range"] = (~ok, dict(t=t, b=row_seq[t],
-                                  e=_log2_report(score[t])))
+  out["score_range"] = (~ok, dict(t=t, b=row_seq[t], e=_log2_report(score[t])))
   return out
 
 

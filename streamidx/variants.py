@@ -8,9 +8,8 @@
         got = v.run(inputs, k=16, compression_ratio=4, fmt=fmt)
         want = v.run_reference(inputs, k=16, compression_ratio=4, fmt=fmt)
 
-Adding a variant: ARCHITECTURE.md ("Where things go"); a `Variant` is an
-entry point of `kernels.entries.ENTRIES` (a kernel body in one mode), its
-twins follow from its mode and cache layout.
+A `Variant` is an entry point of `kernels.entries.ENTRIES`; its twins follow
+from its mode and cache layout (adding one: ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -40,35 +39,18 @@ class Variant:
 
   kernel: driver.Entry
 
-  @property
-  def name(self) -> str:
-    return self.kernel.variant
-
-  @property
-  def mode(self) -> str:
-    return self.kernel.mode
-
-  @property
-  def cache_formats(self) -> tuple[str, ...]:
-    return self.kernel.body.cache_formats
-
-  @property
-  def topk_methods(self) -> tuple[str, ...]:
-    """The kernel body's `topk_method`s; page mode has none (top_k of pages)."""
-    return self.kernel.body.topk_methods if self.mode == "token" else ()
-
-  @property
-  def module(self) -> str:
-    """The module holding the kernel body (for docs and schedule dumps)."""
-    return self.kernel.body.launch.__module__
-
-  @property
-  def checked(self) -> driver.Entry:
-    return self.kernel.checked
-
-  @property
-  def validate(self):
-    return self.kernel.validate
+  name = property(lambda self: self.kernel.variant)
+  mode = property(lambda self: self.kernel.mode)
+  cache_formats = property(lambda self: self.kernel.body.cache_formats)
+  # The kernel body's `topk_method`s; page mode has none (top_k of pages).
+  topk_methods = property(lambda self: self.kernel.body.topk_methods
+                          if self.mode == "token" else ())
+  # The module holding the kernel body (for docs and schedule dumps).
+  module = property(lambda self: self.kernel.body.launch.__module__)
+  checked = property(lambda self: self.kernel.checked)
+  validate = property(lambda self: self.kernel.validate)
+  # The keyword that sets the number of results: "k" or "k_pages".
+  k_name = property(lambda self: "k" if self.mode == "token" else "k_pages")
 
   def _regrouped(self, fn):
     """`fn` (a reference: the cache as one argument, an array or a tuple,
@@ -83,15 +65,9 @@ class Variant:
 
     return functools.update_wrapper(call, fn)  # its keywords are fn's
 
-  @property
-  def reference(self):
-    return self._regrouped(ref_lib.streamindex_topk_ref if self.mode == "token"
-                           else ref_lib.streamindex_page_topk_ref)
-
-  @property
-  def k_name(self) -> str:
-    """The keyword that sets the number of results: "k" or "k_pages"."""
-    return "k" if self.mode == "token" else "k_pages"
+  reference = property(lambda self: self._regrouped(  # pylint: disable=protected-access
+      ref_lib.streamindex_topk_ref if self.mode == "token"
+      else ref_lib.streamindex_page_topk_ref))
 
   # -- driving it from a logical batch ------------------------------------
 
@@ -174,8 +150,7 @@ class Variant:
   def scores(self, inputs, *, compression_ratio: int, fmt: str | None = None,
              causal_rule: str = DEFAULT_CAUSAL_RULE):
     """Exact masked scores the results are compared on: f32[T, entries or pages]."""
-    fn = (ref_lib.token_scores if self.mode == "token"
-          else ref_lib.page_scores)
+    fn = (ref_lib.token_scores if self.mode == "token" else ref_lib.page_scores)
     return self._regrouped(fn)(*self.args(inputs, fmt),
                                compression_ratio=compression_ratio,
                                causal_rule=causal_rule)
@@ -207,9 +182,7 @@ def block_sizes(variant: str, *, cache_format: str, num_heads: int,
                 decode_q_len: int = 1, head_dim: int = 128,
                 pages_per_seq: int | None = None) -> blocks_lib.BlockSizes:
   """The block-size table's row for `variant` (see `streamidx.blocks`)."""
-  return get(variant).block_sizes(cache_format=cache_format,
-                                  num_heads=num_heads, page_size=page_size,
-                                  generation=generation,
-                                  decode_q_len=decode_q_len,
-                                  head_dim=head_dim,
-                                  pages_per_seq=pages_per_seq)
+  return get(variant).block_sizes(
+      cache_format=cache_format, num_heads=num_heads, page_size=page_size,
+      generation=generation, decode_q_len=decode_q_len, head_dim=head_dim,
+      pages_per_seq=pages_per_seq)

@@ -1,23 +1,14 @@
 """The kernel output "block_max": the maximum of every 128-entry score row.
 
-Every token-mode body writes it beside the scores when the selection reads
-it (`topk_method="fused_blockmax"`, whose method `needs` it): the driver's
-`Output` "block_max", f32[max_num_tokens, G, 128] (`rows`, the
--inf `buffer`), row t's maximum j the maximum of scores[t, 128 j:128 (j+1)]
-as the kernel wrote them (`entries` declares the `Output` of each body
-from `NAME` and `buffer`). The write is one hook (`BlockMax`): the vendored
-pipeline (`vendored._scores_kernel`, M16) calls it, so the vendored, dense
-and fp4 bodies get it by declaring the output; the lean body calls it from
-its own loop. Every body's launch takes its share of the `pallas_call`
-setup from `launch_kwargs`, and its kernel the hook's refs from
-`split_refs`.
-
-The hook's state, after a body's own (3 sem_ids, 2 bo_sz): scalar-prefetch
-slot `sem_ids[3]` (`NUM_SEM_IDS` = 4 in all), rows in flight `bo_sz[2 +
-slot]` (`NUM_BO_SZ` = 4), semaphore row `SEM_ROW` (5, after a two-array
-layout's five: `dense.SEMAPHORE_ROWS`, `lean.SEMAPHORE_ROWS`; the vendored
-body leaves row 4 unused); its scratch the double buffer "bmax_x2" f32[2,
-B * bq_sz, G, 128], last.
+Every token-mode body writes it beside the scores when the selection reads it
+(`topk_method="fused_blockmax"`): f32[max_num_tokens, G, 128] (`rows`, the -inf
+`buffer`), maximum j of row t that of scores[t, 128 j:128 (j+1)]. The write is
+one hook (`BlockMax`), which the vendored pipeline calls (M16, so the vendored,
+dense and fp4 bodies get it) and the lean body calls from its own loop; a launch
+takes its setup from `launch_kwargs` and the hook's refs from `split_refs`. The
+hook's state, after a body's own: the slot `sem_ids[3]`, rows in flight `bo_sz[2
++ slot]`, semaphore row `SEM_ROW` (after a two-array layout's five), scratch
+"bmax_x2" f32[2, B * bq_sz, G, 128], last.
 """
 
 from __future__ import annotations
@@ -29,9 +20,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import topk
 from streamidx.semantics import LANES, cdiv
-
-__all__ = ["NAME", "rows", "buffer", "launch_kwargs", "split_refs",
-           "BlockMax", "NUM_SEM_IDS", "NUM_BO_SZ", "SEM_ROW"]
 
 NAME = "block_max"
 assert topk.FUSED_BLOCK_WIDTH == LANES  # one maximum per 128-lane score row
@@ -69,11 +57,8 @@ def buffer(num_tokens: int, num_sublanes: int, kv_blocks):
 
 def launch_kwargs(spec, outputs, scratch, *, num_sem_rows: int) -> dict:
   """A body launch's scratch and scalar slots for `tpu.pallas_launch`: its
-  own `scratch` and `num_sem_rows` semaphore rows (3 sem_ids, 2 bo_sz), and
-  with `NAME` in `spec.outputs` (a `driver.Launch`) the hook's: the double
-  buffer "bmax_x2" f32[2, B * bq_sz, G, 128] for its output (in `outputs`
-  after the scores, in `spec.outputs`' order) last, semaphore rows through
-  `SEM_ROW`, `NUM_SEM_IDS` and `NUM_BO_SZ` slots."""
+  own (3 sem_ids, 2 bo_sz), and with `NAME` in `spec.outputs` the hook's
+  ("bmax_x2" last, semaphore rows through `SEM_ROW`)."""
   if NAME not in spec.outputs:
     return dict(scratch=list(scratch), num_sem_rows=num_sem_rows,
                 num_sem_ids=3, num_bo_sz=2)
@@ -104,13 +89,11 @@ def split_refs(refs, *, num_prefetch: int, num_inputs: int, emits: bool,
 
 
 class BlockMax:
-  """The hook (token mode): the maximum of every 128-lane score row
-  collects in `bmax_x2_ref` [2, B * bq_sz, G, 128] over a query block's KV
-  loop and goes to `bmax_hbm_ref` in one DMA after it (a DMA writes whole
-  128-lane rows; a KV block holds only a few maxima). A body calls
+  """The hook (token mode): the maxima collect in `bmax_x2_ref` over a query
+  block's KV loop and go to `bmax_hbm_ref` in one DMA after it. A body calls
   `acquire(sz)` before the KV loop of a query block of sz rows, `put(b,
-  scores, bkv_idx)` for each KV block with rows (sz > 0), `send(sz,
-  token_start)` after the loop and `wait(slot)` for both slots at its end."""
+  scores, bkv_idx)` for each KV block with rows, `send(sz, token_start)`
+  after the loop and `wait(slot)` for both slots at its end."""
 
   def __init__(self, bmax_hbm_ref, bmax_x2_ref, sems, sem_ids_ref, bo_sz_ref,
                *, seq_batch_size, bq_sz, num_sublanes_bkv):
@@ -125,8 +108,7 @@ class BlockMax:
     @pl.when(old > 0)  # no DMA was started for zero rows (M7)
     def _():
       dst = self.vmem.at[slot, pl.ds(0, self.b_sz * old)]
-      pltpu.make_async_copy(dst, dst,
-                            self.sems.at[SEM_ROW, slot, 0]).wait()
+      pltpu.make_async_copy(dst, dst, self.sems.at[SEM_ROW, slot, 0]).wait()
 
   def acquire(self, sz):
     self.slot = slot = self.sem_ids[_SEM_ID]

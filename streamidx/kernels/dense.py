@@ -1,17 +1,11 @@
 """StreamIndex top-k over the dense FP8 cache (129 B per entry, not 256).
 
-The vendored kernel reads the packed FP8 record (128 e4m3 bytes, one e8m0
-scale byte, 127 bytes of padding per entry); this one reads the same values
-and scales from two arrays (`streamidx.cache.pack_dense_fp8_cache`; shapes:
-docs/cache-formats.md), two DMAs per page, head_dim + 1 bytes per entry. The
-pipeline is the vendored kernel's own body (`vendored._scores_kernel`, local
-modifications included); this module supplies only what differs, through
-its hooks (M16, `kernels/LEDGER.md` describes each): the layout
-(`_TwoArrayPages`: each page's scales a second DMA into their own buffer),
-`num_cores` (a leading "parallel" grid axis) and, token mode, a selection
-fused into the scoring (`block_max.BlockMax`, `topk_method="fused_blockmax"`:
-the maxima of every 128-lane score row in a second output, "block_max",
-f32[max_num_tokens, G, 128]; docs/topk-methods.md).
+The packed FP8 record's values and scales in two arrays
+(`streamidx.cache.pack_dense_fp8_cache`), two DMAs per page. The pipeline
+is the vendored kernel's own body (`vendored._scores_kernel`); this module
+supplies what differs through its hooks (M16): the layout (`_TwoArrayPages`:
+each page's scales a second DMA into their own buffer) and `num_cores` (a
+leading "parallel" grid axis).
 """
 
 from __future__ import annotations
@@ -25,8 +19,6 @@ from streamidx import cache as cache_lib
 from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import tpu, vendored
 from streamidx.semantics import LANES
-
-__all__ = ["launch", "pair_launch", "SEMAPHORE_ROWS"]
 
 KV_PACKING = cache_lib.DENSE_KV_PACKING  # e4m3 bytes per 32-bit word
 # The semaphore scratch's rows: the vendored body's four, then the scales'
@@ -82,13 +74,9 @@ def _pair_kernel(*refs, layout, block_max: bool, num_sublanes_bkv: int,
 def pair_launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
                 kind: str, layout, **kernel_kwargs):
   """One `pallas_call` of the vendored pipeline over a two-array cache
-  (values, scales) (`streamidx.kernels.driver.KernelBody.launch`), slots
-  [start, end), `spec.seq_batch_size` per program: the scores, and with
-  "block_max" in `spec.outputs` (token mode) the maxima of its score rows
-  in the second buffer f32[max_num_tokens, G, 128]. kind: its launch name's
-  (`tpu.launch_name`); layout: `(scales_hbm, bscale_x2, sems) ->` its M16
-  layout hook; kernel_kwargs: `_scores_kernel`'s others (num_cores,
-  widen_fp8)."""
+  (values, scales), slots [start, end) (`KernelBody.launch`). kind: its
+  launch name's; layout: `(scales_hbm, bscale_x2, sems) ->` its M16 layout
+  hook; kernel_kwargs: `_scores_kernel`'s others."""
   cache_values, cache_scales = cache
   page_pool, page_size = spec.page_mode, spec.page_size
   b, bq_sz, bkv_p = spec.seq_batch_size, spec.bq_sz, spec.bkv_p

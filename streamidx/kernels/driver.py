@@ -1,18 +1,13 @@
-"""The one kernel driver: the pipeline every kernel body shares
-(ARCHITECTURE.md, "One call, one driver", lists its stages and marks).
+"""The one kernel driver (ARCHITECTURE.md, "One call, one driver"):
 
     run(call, body, q, weights, cache, seq_lens, page_indices, cu_q_lens, last)
 
 `call` is a `TopkCall` (`last` is `distribution`) or `PageCall` (`last` is
 `num_seqs`), `body` a `KernelBody`, `cache` the tuple of its layout's
-arrays. The stages: `_prepare`, `_runs` (each launch a `Launch` record:
-`launches`), `_launch` and `_select`; a body's `launch` receives its
-`Launch` and the arrays and returns its output buffers (M20). `_pipeline`
-composes them in one trace (jit, `.lower`, a TPU); interpreted and called
-eagerly, it jits them apart (`staged`: one program per launch
-configuration, an empty launch not compiled) and waits for the result
-(docs/limitations.md). `checked_run` is the same call behind the value
-rules (checkify); an `Entry` builds its call once (`bind_call`).
+arrays. `_pipeline` composes the stages (`_prepare`, the `launches`, each
+`_launch`, `_select`) in one trace; interpreted and called eagerly, it jits
+them apart and waits for the result (docs/limitations.md). `checked_run` is
+the same call behind the value rules; an `Entry` builds its call once.
 """
 
 from __future__ import annotations
@@ -29,12 +24,10 @@ from jax.experimental import checkify
 
 from streamidx import cache as cache_lib
 from streamidx import modes, semantics, topk, validate
+from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import tpu
 from streamidx.kernels.vendored import prepare_index_weights, prepare_q_inputs
 from streamidx.semantics import LANES
-
-__all__ = ["KernelBody", "Output", "Launch", "launches", "run", "scoring",
-           "checked_run", "Entry", "bind_call", "STAGE_SCOPES"]
 
 # The named scopes the compiled pipeline runs its stages under, so that a
 # profile attributes each device op to its stage (`lab.model.profiling`);
@@ -44,12 +37,9 @@ STAGE_SCOPES = {"fill": "streamidx_fill", "scoring": "streamidx_scoring"}
 
 @dataclasses.dataclass(frozen=True)
 class Output:
-  """An output a kernel body can write beside the scores, by name.
-
-  buffer: (num_tokens, score rows of 128 lanes per query row, score rows
-    of a KV block per case) -> the buffer the driver fills before the
-    launches, aliased to the output (each launch writes its own rows).
-  """
+  """An output a kernel body can write beside the scores, by name; `buffer`
+  (num_tokens, score rows of 128 lanes per query row, score rows of a KV
+  block per case) -> the buffer aliased to it (each launch writes its rows)."""
 
   name: str
   buffer: Callable
@@ -58,69 +48,47 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class Launch:
   """The static description of one launch: what a body's `launch` receives
-  (the tiling model's `lab.model.tiling.PlannedLaunch` holds one too).
+  (the tiling model's `PlannedLaunch` holds one too). The block fields are
+  upstream `run_topk_kernel`'s for this launch; the call's fields are the
+  only ones a launch reads (calls differing in others share a compile)."""
 
-  case: "decode", "decode_rest", "prefill", "mixed"
-  (`semantics.token_launches`) or "page"; seq_batch_size, static_q_len,
-  bq_sz, bkv_p, num_queries_per_block: upstream `run_topk_kernel`'s, for
-  this launch; page_size: entries per page (`cache.cache_pages`);
-  compression_ratio, causal_rule, num_cores, vmem_limit_bytes: the call's,
-  the only fields of it a launch reads (calls differing in the others share
-  one compiled launch); interpret: False (compiled) or the interpreter's
-  params; segment_pool: page mode's v4 pooling (M15); outputs: the extra
-  outputs asked of it (`Output.name`s of the body's `emits`), in the order
-  of its buffers after the scores.
-  """
-
-  case: str
+  case: str  # "decode", "decode_rest", "prefill", "mixed" or "page"
   seq_batch_size: int
   static_q_len: int | None
   bq_sz: int
   bkv_p: int
   num_queries_per_block: int
-  page_size: int
-  compression_ratio: int
+  page_size: int  # entries per page
+  compression_ratio: int  # the call's, as the next three
   causal_rule: str
   num_cores: int = 1
   vmem_limit_bytes: int | None = None
-  interpret: object = False
-  segment_pool: bool = False
-  outputs: tuple[str, ...] = ()
+  interpret: object = False  # False (compiled) or the interpreter's params
+  segment_pool: bool = False  # page mode's v4 pooling (M15)
+  outputs: tuple[str, ...] = ()  # extra outputs, buffers after the scores
 
-  @property
-  def page_mode(self) -> bool:
-    return self.case == "page"
+  page_mode = property(lambda self: self.case == "page")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelBody:
-  """A kernel body and its cache layout, as the driver needs them.
+  """A kernel body and its cache layout, as the driver needs them. `launch`
+  (spec, q, weights, cache, prefetch, start, end, outputs) -> the buffers
+  written (the scores f32[T, rows, 128], then one per `spec.outputs`): one
+  `pallas_call`, `spec` its `Launch`."""
 
-  Attributes:
-    name: its variants' ("<name>", "<name>_page") and error messages'.
-    launch: `launch(spec, q, weights, cache, prefetch, start, end, outputs)`
-      -> the `outputs` buffers written (one array, or a tuple: the scores
-      f32[T, rows, 128], then one per `spec.outputs`): one `pallas_call`,
-      `spec` its `Launch`.
-    cache_formats: the `streamidx.cache.CACHE_FORMATS` it reads, one
-      layout's (`cache.format_of` tells a cache's).
-    emits: the extra `Output`s it can write (a method's `needs` says which
-      selection reads which); `topk_methods` follows from them.
-  """
-
-  name: str
+  name: str  # its variants' ("<name>", "<name>_page") and errors'
   launch: Callable
-  cache_formats: tuple[str, ...]
-  emits: tuple[Output, ...] = ()
+  cache_formats: tuple[str, ...]  # the `CACHE_FORMATS` it reads, one layout's
+  emits: tuple[Output, ...] = ()  # the extra outputs it can write
 
   def variant(self, mode: str) -> str:
     """Its variant's name in `mode`: "<name>", or "<name>_page"."""
     return self.name + ("_page" if mode == "page" else "")
 
-  @property
-  def cache_args(self) -> tuple[str, ...]:
-    """Its cache arrays' names in the drop-in signature."""
-    return cache_lib.CACHE_FORMATS[self.cache_formats[0]].arrays
+  # Its cache arrays' names in the drop-in signature.
+  cache_args = property(
+      lambda self: cache_lib.CACHE_FORMATS[self.cache_formats[0]].arrays)
 
   @property
   def topk_methods(self) -> tuple[str, ...]:
@@ -131,9 +99,8 @@ class KernelBody:
 
 
 def _outputs(call, body: KernelBody) -> tuple[Output, ...]:
-  """The output beyond the scores that `call`'s selection reads (its
-  method's `needs`), from `body.emits` (the call's `topk_method` was
-  checked against `body.topk_methods` when it was built)."""
+  """The output beyond the scores that `call`'s selection reads, from
+  `body.emits`."""
   needs = topk.METHODS[call.topk_method].needs
   return tuple(o for o in body.emits if o.name == needs)
 
@@ -155,9 +122,7 @@ def _geometry(call, cache, seq_lens, page_indices, interpret):
 def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
              last, *, call, body, interpret):
   """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
-  bufs the -inf score buffer f32[T, rows, 128], then the buffer of the
-  output the selection reads beside it (the block maxima for
-  "fused_blockmax")."""
+  bufs the -inf score buffer f32[T, rows, 128] [and the block maxima's]."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
                            page_indices, cu_q_lens, last)
   num_tokens = q.shape[0]
@@ -187,9 +152,7 @@ def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
 def launches(call, last, *, page_size: int, interpret=False,
              segment_pool: bool = False, outputs: tuple[str, ...] = ()):
   """Stage 3, the launches of `call`: [(start, end, its `Launch`)]; `last`
-  the distribution (i, j, n) (an i32[3] or three ints; page mode: num_seqs).
-  start and end are traced when `last` is, ints or concrete arrays if not.
-  The tiling model plans these (`lab.model.tiling.plan`)."""
+  the distribution (i, j, n) (page mode: num_seqs), traced or not."""
   common = dict(page_size=page_size, interpret=interpret, outputs=outputs,
                 compression_ratio=call.compression_ratio,
                 causal_rule=call.causal_rule, num_cores=call.num_cores,
@@ -258,8 +221,7 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
 
 def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
   """`physical_slots`: the caller's page table applied to the k winners of
-  each row (caller's row order), a [T, k] gather after any method's
-  selection (docs/topk-methods.md, "Physical slots": why not fused)."""
+  each row (docs/topk-methods.md, "Physical slots")."""
   num_seqs = (jnp.asarray(last, jnp.int32) if call.mode == "page"
               else validate.distribution_array(last)[2])
   seqs = semantics.row_sequences(cu_q_lens, num_seqs, idx.shape[0])
@@ -269,9 +231,8 @@ def _slots(idx, call, page_indices, cu_q_lens, last, ids_per_page):
 
 def _pipeline(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
               last, *, call, body, staged=False, scores_only=False):
-  """The whole call in one trace (what `jax.jit`, `.lower` and TPUs run);
-  `staged` (interpreted and called eagerly): its stages jitted apart, each
-  launch waited for, an empty one not made (module docstring);
+  """The whole call in one trace; `staged` (interpreted, eager): its stages
+  jitted apart, each launch waited for, an empty one not made;
   `scores_only`: stages 1-4 (`scoring`)."""
   interpret = modes.resolve_interpret()  # M1
   prepare, launch, select = ((_prepare_jit, _launch_jit, _select_jit)
@@ -304,20 +265,15 @@ _STATIC = ("call", "body", "interpret")
 _prepare_jit = jax.jit(_prepare, static_argnames=_STATIC)
 _launch_jit = jax.jit(_launch, static_argnames=("body", "spec"))
 _select_jit = jax.jit(_select, static_argnames=_STATIC)
-
-
 _jitted = jax.jit(_pipeline, static_argnames=("call", "body"))
-
-
-def _is_traced(tree) -> bool:
-  return any(isinstance(leaf, jax.core.Tracer)
-             for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def _eager_interpreted(arrays) -> bool:
   """Interpreted with concrete arrays: the staged pipeline, waited for (an
   interpreted call under a trace returns tracers, nothing to wait for)."""
-  return modes.kernel_mode() == "interpreted" and not _is_traced(arrays)
+  return modes.kernel_mode() == "interpreted" and not any(
+      isinstance(leaf, jax.core.Tracer)
+      for leaf in jax.tree_util.tree_leaves(arrays))
 
 
 def run(call, body, *arrays):
@@ -363,15 +319,10 @@ _checks_jit = jax.jit(_checks, static_argnames=("call", "body"))
 
 
 def checked_run(call, body, *arrays):
-  """`run` behind the value rules (`validate.VALUE_RULES`), usable in `jit`.
-
-  Returns (err, out): `err` a `checkify.Error` (`err.throw()` raises the
-  first broken rule's message, `err.get()` returns it, None when all hold);
-  `out` as `run`'s when every rule holds, all -1 (scores -inf) when one
-  fails: the kernel is not launched then (`lax.cond`; interpreted and
-  eager, the rules are evaluated first and the staged pipeline runs only
-  when they hold).
-  """
+  """`run` behind the value rules (`validate.VALUE_RULES`), usable in `jit`:
+  (err, out), `err` a `checkify.Error` (`err.throw()` raises the first
+  broken rule's message), `out` as `run`'s when every rule holds, else all
+  -1 (scores -inf) and the kernel not launched."""
   if _eager_interpreted(arrays):
     err, ok = _checks_jit(*arrays, call=call, body=body)
     if bool(ok):
@@ -382,12 +333,11 @@ def checked_run(call, body, *arrays):
 
 
 class Entry:
-  """A public entry point: `spell(body, *args, **kwargs)` spells the
-  drop-in signature (less `drop`, and `body` first) and builds its call
-  (`bind_call`); calling the entry runs the driver (`run`, or `checked_run`
-  when `checked`). `lower`, `trace` and `eval_shape` are the jitted
-  driver's, for the same arguments. mode: "token" or "page"; its variant is
-  "<body.name>" or "<body.name>_page"."""
+  """A public entry point: `spell(body, *arrays, **fields)` spells the
+  drop-in signature (less `drop`): its positional parameters the arrays,
+  its keyword-only ones the call's fields (`k_pages`: k); `bind` builds the
+  call; calling it runs the driver (`run`, or `checked_run` when
+  `checked`); `lower`, `trace`, `eval_shape` are the jitted driver's."""
 
   def __init__(self, spell, body: KernelBody, mode: str, name: str, doc=None,
                *, drop=(), checked: bool = False):
@@ -407,15 +357,23 @@ class Entry:
     for method in ("lower", "trace", "eval_shape"):
       setattr(self, method, functools.partial(self._jit_method, method))
 
-  @property
-  def variant(self) -> str:
-    return self.body.variant(self.mode)
+  variant = property(lambda self: self.body.variant(self.mode))
 
   def bind(self, *args, **kwargs):
     """(call, arrays) for these arguments (a TypeError for arguments the
     signature lacks)."""
-    self.__signature__.bind(*args, **kwargs)
-    return self.spell(self.body, *args, **kwargs)
+    bound = self.__signature__.bind(*args, **kwargs)
+    bound.apply_defaults()
+    params = self.__signature__.parameters
+    q, w, *cache, seq_lens, pages, cu_q_lens, last = (
+        v for n, v in bound.arguments.items()
+        if params[n].kind is not inspect.Parameter.KEYWORD_ONLY)
+    fields = {"k" if n == "k_pages" else n: v
+              for n, v in bound.arguments.items()
+              if params[n].kind is inspect.Parameter.KEYWORD_ONLY}
+    return bind_call(TopkCall if self.mode == "token" else PageCall,
+                     self.body, (q, w, tuple(cache), seq_lens, pages,
+                                 cu_q_lens, last), **fields)
 
   def call(self, *args, **kwargs):
     """The `TopkCall` / `PageCall` these arguments make (block sizes from
@@ -446,12 +404,11 @@ class Entry:
 
 def bind_call(cls, body: KernelBody, arrays, **fields):
   """(call, arrays): the `cls` call (`TopkCall` or `PageCall`) of an entry
-  point's keyword arguments `fields`, its `topk_method` checked against
-  `body.topk_methods`, block sizes left None from the block-size table for
-  the variant, the arrays' cache format, heads, head_dim and page size
-  (when their ranks are right: `validate` refuses the others with their
-  rules). arrays: (q, weights, cache tuple, seq_lens, page_indices,
-  cu_q_lens, distribution or num_seqs)."""
+  point's keyword arguments `fields` (built for `body`), block sizes left
+  None from the block-size table for the arrays' format, heads, head_dim
+  and page size (when their ranks are right: `validate` refuses others).
+  arrays: (q, weights, cache tuple, seq_lens, page_indices, cu_q_lens,
+  distribution or num_seqs)."""
   call = cls(**fields, body=body)
   q, _, cache, seq_lens, page_indices = arrays[:5]
   if not call.has_blocks and len(getattr(q, "shape", ())) == 3 and all(

@@ -6,23 +6,16 @@
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
 Each is a `driver.Entry`: a kernel body in token or page mode with its cache
-layout's signature (the vendored function's for the one-array caches, the
-dense one for the pairs, fp4 without `num_cores`), whose defaults are
-`TopkCall`'s / `PageCall`'s fields; it passes each argument by name to
-`driver.bind_call`. `ENTRIES` is the one table of bodies x modes.
+layout's signature (the vendored function's for the one-array caches, the dense
+one for the pairs, fp4 without `num_cores`), whose defaults are `TopkCall`'s /
+`PageCall`'s fields (a spell function is its signature and docstring:
+`Entry.bind` builds the call). `ENTRIES` is the one table of bodies x modes.
 """
 
 from __future__ import annotations
 
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
-from streamidx.kernels.driver import bind_call
-
-__all__ = ["VENDORED", "DENSE", "LEAN", "FP4", "ENTRIES", "streamindex_topk",
-           "streamindex_page_topk", "streamindex_topk_dense",
-           "streamindex_page_topk_dense", "streamindex_topk_lean",
-           "streamindex_page_topk_lean", "streamindex_topk_fp4",
-           "streamindex_page_topk_fp4"]
 
 T, P = TopkCall, PageCall  # the defaults below are their fields'
 
@@ -62,52 +55,33 @@ def _packed_token(
     compression_ratio: KV cache compression ratio.
     num_kv_pages_per_block: number of kv pages to be processed in one block in
       the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
-      streamidx: None (with num_queries_per_block None) takes the block-size
-      table's row for this chip, cache format, heads and page size
-      (`streamidx.block_sizes`; `streamindex_topk.call(...).block_source`).
+      streamidx: None takes the block-size table's row for this chip
+      (`streamidx.block_sizes`; `.call(...).block_source` names it).
     num_queries_per_block: number of queries to be processed in one block in
       the pallas kernel. This is a tuple of (decode, prefill, mixed) cases.
     vmem_limit_bytes: the vmem limit for the pallas kernel.
     causal_rule: streamidx (M3). "model" (default): entry s is visible to
-      the query at position p iff s < (p + 1) // ratio (DeepSeek-V4, vLLM);
-      "seed": the vendored s <= p // ratio (docs/semantics.md).
+      the query at position p iff s < (p + 1) // ratio; "seed": the vendored
+      s <= p // ratio (docs/semantics.md).
     topk_method: streamidx (M12). One of `streamidx.topk.TOPK_METHODS`;
-      None (default): the chip's default, `streamidx.topk.defaults` ("sort",
-      the vendored selection, off-TPU; where the recorded figures rank
-      another exact method fastest, that one; `.call(...).topk_source` says
-      why). "fused_blockmax" reads the block maxima the kernel writes beside
-      the scores, M16, M21; every exact method returns the same indices
-      (docs/topk-methods.md).
-    return_scores: streamidx (M9). True: return (indices, scores), scores
-      f32[T, k] the selected entries' scores, -inf where the index is -1.
-    sort_decode: streamidx (M13). True (default): score the decode range in
-      `streamidx.semantics.decode_order`'s order, rows returned in the
-      caller's order (docs/semantics.md). False: the given order.
+      None: the chip's default (`streamidx.topk.defaults`;
+      `.call(...).topk_source` says why); every exact method returns the
+      same indices (docs/topk-methods.md).
+    return_scores: streamidx (M9). True: return (indices, f32[T, k] scores),
+      -inf where the index is -1.
+    sort_decode: streamidx (M13). True (default): score the decode range
+      length-sorted, rows returned in the caller's order.
     skip_empty_launches: streamidx (M14). True (default): a launch whose
       range is empty is not made (`lax.cond`).
-    decode_q_len: streamidx (M17), `next_n` in DeepGEMM and vLLM: query rows
-      of every decode sequence, 1 (default) or gamma + 1 under speculative
-      decoding, at most `streamidx.call.MAX_DECODE_Q_LEN` (docs/semantics.md).
-    physical_slots: streamidx (M22). True: return physical cache slots in
-      place of the entry indices (`streamidx.cache.physical_slots`, vLLM's
-      slot mapping), what a sparse attention over the paged cache reads.
-      Any `topk_method`; with `return_scores`, the scores are the same.
+    decode_q_len: streamidx (M17): query rows of every decode sequence, 1 or
+      gamma + 1 under speculative decoding (`next_n` in vLLM).
+    physical_slots: streamidx (M22). True: physical cache slots in place of
+      the entry indices (`streamidx.cache.physical_slots`).
 
   Returns:
     Top-K indices (in compressed space): i32[T, k], by score descending,
     equal scores by index ascending, -1 past the visible entries.
   """
-  return bind_call(
-      TopkCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
-                       cu_q_lens, distribution),
-      k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, return_scores=return_scores,
-      sort_decode=sort_decode, skip_empty_launches=skip_empty_launches,
-      decode_q_len=decode_q_len, physical_slots=physical_slots)
 
 
 def _packed_page(
@@ -123,34 +97,16 @@ def _packed_page(
 
   Pallas twin of ``ref.streamindex_page_topk_ref(one_token_per_seq=False)``:
   scores are max-pooled to page granularity inside the kernel (only
-  ``[T, pages_per_seq]`` ever reaches HBM, no ``[T, max_kv]`` token-score
-  materialization), then a cheap ``top_k`` over pages selects the budget.
+  ``[T, pages_per_seq]`` ever reaches HBM), then a ``top_k`` over pages.
 
   streamidx (M23): num_kv_pages_per_block None or 128; num_queries_per_block
-  None (the default; the vendored one was 512) takes the block-size table's
-  row, derived for the call's heads, head_dim, page size, cache format and
-  chip (`streamidx.blocks.page_query_rows`); every size keeps a KV block's
-  f32 scores within `streamidx.blocks`' bounds (a ValueError otherwise).
-  compression_ratio 1 only, where both causal rules coincide;
-  `streamidx.validate_page_topk_inputs` rejects the page indices past the
-  cache that the kernel clamps. M9: `return_scores=True` returns (page ids,
-  f32[T, k_pages] page scores, -inf where the id is -1). M22:
-  `physical_slots=True` returns physical pages (the page table applied,
-  `page_indices[seq * pages_per_seq + id]`, -1 kept) in place of the
-  sequence-local page ids: in page mode a page is the slot.
+  None takes the block-size table's row (`streamidx.blocks.page_query_rows`),
+  any size within `streamidx.blocks`' bounds. compression_ratio 1 only.
+  return_scores (M9), physical_slots (M22: physical pages) as in token mode.
 
   Returns:
     i32[T, k_pages] seq-local page ids per query token; -1 for padding.
   """
-  return bind_call(
-      PageCall, body, (q, indexer_weights, (cache_kv,), seq_lens, page_indices,
-                       cu_q_lens, num_seqs),
-      k=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
-      return_scores=return_scores, skip_empty_launches=skip_empty_launches,
-      physical_slots=physical_slots)
 
 
 def _pair_token(
@@ -168,26 +124,9 @@ def _pair_token(
   Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
   pair (`streamidx.pack_dense_fp8_cache(keys)`: cache_values u8[total_pages,
   page_size // 4, 4, head_dim], cache_scales u8[total_pages, page_size // L,
-  L]; docs/cache-formats.md) in place of `cache_kv`.
-
-  num_cores: each launch's programs split over this many TensorCores (a
-    leading "parallel" grid axis; 2: both cores of a v4 or v5p chip; 1, the
-    default: the vendored grid). Any value gives the same indices.
-
-  The same keys packed as "fp8" give the same indices (`streamindex_topk`).
+  L]) in place of `cache_kv`; num_cores: each launch's programs split over
+  this many TensorCores (2: both cores of a v4 or v5p chip), same indices.
   """
-  return bind_call(
-      TopkCall, body, (q, indexer_weights, (cache_values, cache_scales),
-                       seq_lens, page_indices, cu_q_lens, distribution),
-      k=k, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes,
-      decode_req_batch_size=decode_req_batch_size, causal_rule=causal_rule,
-      topk_method=topk_method, return_scores=return_scores,
-      sort_decode=sort_decode, num_cores=num_cores,
-      skip_empty_launches=skip_empty_launches, decode_q_len=decode_q_len,
-      physical_slots=physical_slots)
 
 
 def _pair_page(
@@ -201,20 +140,9 @@ def _pair_page(
     physical_slots=P.physical_slots):
   """Page-level top-k over the dense FP8 cache: i32[max_num_tokens, k_pages].
 
-  Arguments and result as `streamidx.streamindex_page_topk` (ratio 1, 128
-  pages per KV block, one launch over the num_seqs sequences), with the
-  dense FP8 pair in place of `cache_kv`; `num_cores` as for
-  `streamindex_topk_dense`.
+  Arguments and result as `streamidx.streamindex_page_topk`, with the dense
+  FP8 pair in place of `cache_kv`; `num_cores` as `streamindex_topk_dense`'s.
   """
-  return bind_call(
-      PageCall, body, (q, indexer_weights, (cache_values, cache_scales),
-                       seq_lens, page_indices, cu_q_lens, num_seqs),
-      k=k_pages, compression_ratio=compression_ratio,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, causal_rule=causal_rule,
-      return_scores=return_scores, num_cores=num_cores,
-      skip_empty_launches=skip_empty_launches, physical_slots=physical_slots)
 
 
 # The one table of kernel bodies x modes: each entry point, its body, mode
@@ -230,8 +158,7 @@ streamindex_page_topk_dense = Entry(_pair_page, DENSE, "page",
 streamindex_topk_lean = Entry(
     _pair_token, LEAN, "token", "streamindex_topk_lean",
     """`streamindex_topk_dense` (same arguments and indices) with the
-  vector-lean kernel body
-  (`streamidx.kernels.lean`).""")
+  vector-lean kernel body (`streamidx.kernels.lean`).""")
 streamindex_page_topk_lean = Entry(
     _pair_page, LEAN, "page", "streamindex_page_topk_lean",
     """`streamindex_page_topk_dense` (same arguments and page ids) with the
@@ -243,15 +170,12 @@ streamindex_topk_fp4 = Entry(
   Arguments and result as `streamidx.streamindex_topk`, with the MXFP4 pair
   (`streamidx.pack_mxfp4_cache(keys)`: cache_values u8[total_pages,
   page_size // 8, 4, head_dim], cache_scales u8[total_pages, head_dim // 32,
-  page_size]; docs/cache-formats.md) in place of `cache_kv`.
-  """, drop=("num_cores",))
+  page_size]) in place of `cache_kv`.""", drop=("num_cores",))
 streamindex_page_topk_fp4 = Entry(
     _pair_page, FP4, "page", "streamindex_page_topk_fp4",
-    """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages].
-
-  Arguments and result as `streamidx.streamindex_page_topk`, with the MXFP4
-  pair (`streamindex_topk_fp4`) in place of `cache_kv`.
-  """, drop=("num_cores",))
+    """Page-level top-k over the MXFP4 cache: i32[max_num_tokens, k_pages],
+  `streamidx.streamindex_page_topk` with the MXFP4 pair in place of
+  `cache_kv`.""", drop=("num_cores",))
 ENTRIES = (streamindex_topk, streamindex_page_topk, streamindex_topk_dense,
            streamindex_page_topk_dense, streamindex_topk_lean,
            streamindex_page_topk_lean, streamindex_topk_fp4,

@@ -8,46 +8,21 @@ and one e8m0 exponent per 32 values, in two arrays::
                   (high nibbles)
     cache_scales  u8[total_pages, head_dim // 32, page_size]     e + 127
 
-The pipeline is the vendored kernel's body (`vendored._scores_kernel`); this
-module supplies the layout hooks (M16, M18, M19 in `kernels/LEDGER.md`), and
-in token mode, for `topk_method="fused_blockmax"`, its block-max hook
-(`streamidx.kernels.block_max`, as the dense body):
+The pipeline is the vendored kernel's body; this module supplies the layout
+hooks (M16, M18, M19 in `kernels/LEDGER.md`):
 
-- DMA: the values have the vendored cache's form (u8 rows of 4 x head_dim),
-  so the vendored page DMA and buffers read them, 8 entries per 4 rows
-  (`kv_packing = 8`); each page's scales are a second DMA into their own
-  buffer [2, B, bkv_p, head_dim // 32, page_size], as the dense layout's
-  (`dense._TwoArrayPages`, whose DMA this reuses).
-- Unpack (`load_kv`): the e2m1 code c of each nibble becomes an e4m3 byte
-  with three 32-bit integer ops per word of 4 bytes, the bits of c moved
-  into e4m3's exponent and mantissa: e4m3((c & 7) << 2 | (c & 8) << 4) is
-  c's value times 2**-6, exactly, subnormal 0.5 included (both formats'
-  subnormal exponent is 1 - bias). No table, no lane shuffle: the two
-  nibbles of a page's rows are its two halves, joined along sublanes.
-- Scores (`scaled_dot`): one scale per 32 values cannot multiply the head
-  sum afterwards (the ReLU comes between). Token mode, from TPU v5: the dot
-  of each group is its own: the query block, times 2**6, is masked to each
-  group's lanes, one matmul [n, D] x [D, m] per group (G = head_dim // 32)
-  gives its partial dot, scaled by the group's 2**e (lanes: entries) and
-  summed before the ReLU; the MXU takes the e4m3 tile, G times the FP8
-  kernel's MXU work for half its value bytes. Its scales as lanes: at page
-  sizes that are multiples of 128, each page's [G, page_size] rows join
-  along lanes as they are; a page narrower than a lane row cannot join
-  another's lanes (Mosaic at 16-entry pages on v5e: "infer-vector-layout:
-  unsupported shape cast vector<24x1x16xf32> -> vector<1x384xf32>"), so
-  there the pages join along sublanes as below ([bkv_sz, G]) and one
-  transpose gives [G, bkv_sz]. Page mode, and token mode before TPU v5
-  (M10's `widen_fp8`): the keys e2m1 x 2**e themselves, in bf16 (exact
-  for e >= -125, the quantizer's floor), one matmul; each page's scales
-  [G, page_size] are transposed to entry rows and the pages stacked
-  ([bkv_sz, G]: pages join along sublanes), each group's column broadcast
-  over its 32 lanes, 1024 entries at a time (M19's `dot_chunk`).
-
-Both modes compile for v4, v5e, v5p, v6e and v7x (libtpu, no TPU;
-tests/test_compile_coverage.py). Page mode scales the keys because the
-group path's scales as lanes would join GLM's 64-entry pages into one lane
-row, a shape cast Mosaic rejects; why in chunks: `kernels/LEDGER.md` (M19).
-Its reference is `streamidx.ref`'s on the dequantized keys.
+- DMA: the values in the vendored cache's form, 8 entries per 4 rows
+  (`kv_packing = 8`); each page's scales a second DMA, as the dense layout's.
+- Unpack (`load_kv`): code c becomes the e4m3 byte (c & 7) << 2 | (c & 8)
+  << 4, c's value times 2**-6 exactly, with three integer ops per word; a
+  page's two nibble halves join along sublanes.
+- Scores (`scaled_dot`): a scale per 32 values cannot multiply the head sum
+  (the ReLU comes between). Token mode from TPU v5: the query block, times
+  2**6, masked to each group's lanes, one matmul per group scaled by its
+  2**e (its scales as lanes; pages narrower than a lane row joined along
+  sublanes and transposed: Mosaic rejects that lane join) and summed before
+  the ReLU. Page mode, and token mode before v5: the keys e2m1 x 2**e in
+  bf16 (exact for e >= -125), one matmul, 1024 entries at a time (M19).
 """
 
 from __future__ import annotations
@@ -61,8 +36,6 @@ from jax.experimental.pallas import tpu as pltpu
 from streamidx import cache as cache_lib
 from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES
-
-__all__ = ["launch", "KV_PACKING", "ENTRIES_PER_BYTE", "E4M3_OFFSET"]
 
 ENTRIES_PER_BYTE = 2  # two e2m1 codes a byte
 KV_PACKING = 4 * ENTRIES_PER_BYTE  # entries per 32-bit word of a row group

@@ -1,9 +1,7 @@
-"""The project's TPU helpers the kernel bodies share (not upstream code): a
-launch's name, the scratch of a two-array cache layout, the one
-`pallas_call` setup (`pallas_launch`), the compiled-mode VMEM check (M11),
-and TPU v4's code paths (M10, M15; `force_v4_paths` traces them on any
-target). Every decision is made at trace time from the target chip;
-interpreted, the v5+ paths run unless `force_v4_paths()` is active.
+"""The project's TPU helpers the kernel bodies share: a launch's name, the
+one `pallas_call` setup (`pallas_launch`), the compiled-mode VMEM check
+(M11), and TPU v4's code paths (M10, M15), decided at trace time from the
+target chip (interpreted: the v5+ paths unless `force_v4_paths()`).
 """
 
 import jax
@@ -19,13 +17,9 @@ from streamidx.semantics import LANES, cdiv
 def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
                 outputs=()) -> str:
   """A launch's name, upstream's spelling for every body:
-  "StreamIdx<kind>TC-<c>-bq_<bq>-bkvp_<p>", c the case's first letter
-  (upstream's `MlaCase.symbol`: d, p, m; "decode_rest" is a "d"), or
-  "StreamIdx<kind>PageTC-bq_<bq>-bkvp_<p>" for page mode; kind "" is the
-  vendored body, else the variant's ("Dense", "Lean", "Fp4"); then
-  "-<name>" for each extra output it writes (`driver.Launch.outputs`). The
-  tiling model (`lab.model.tiling.launch_case`) and the static schedule
-  parse it."""
+  "StreamIdx<kind>TC-<c>-bq_<bq>-bkvp_<p>" (c: d, p, m), or
+  "StreamIdx<kind>PageTC-bq_<bq>-bkvp_<p>"; kind "" for the vendored body,
+  else "Dense", "Lean", "Fp4"; then "-<name>" per extra output."""
   extra = "".join(f"-{o}" for o in outputs)
   if case == "page":
     return f"StreamIdx{kind}PageTC-bq_{bq_sz}-bkvp_{bkv_p}{extra}"
@@ -34,10 +28,8 @@ def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
 
 def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
                  bq_sz, bkv_p, page_size, page_mode):
-  """The VMEM scratch of a launch over a cache of two arrays, values
-  u8[pages, rows_per_page, 4, head_dim] and their scales: the vendored
-  launch's buffers (`semantics.launch_scratch`, lkv_dim = head_dim, 4 bytes
-  per 32-bit word) with the scales' double buffer."""
+  """The VMEM scratch of a launch over a two-array cache (values u8[pages,
+  rows_per_page, 4, head_dim], scales): `semantics.launch_scratch`'s."""
   _, rows_per_page, kv_packing, head_dim = values.shape
   return list(semantics.launch_scratch(
       seq_batch_size=seq_batch_size, bq_sz=bq_sz, bkv_p=bkv_p,
@@ -52,27 +44,14 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
 def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,
                   start, end, num_sem_ids, num_bo_sz, inputs, outputs,
                   blocks=None, case=None, num_cores=1):
-  """One launch of a kernel body (each `KernelBody.launch` calls this): its
-  `pallas_call`, made and called, with the setup every body shares (`spec`
-  the launch's `driver.Launch`: its sequences per program B, blocks,
-  vmem_limit_bytes, interpret mode):
-
-  - compiled, the scratch is checked against the chip's VMEM (M11);
-  - scratch: `scratch` ((name, shape, dtype), ...) in VMEM, then the DMA
-    semaphores `DMA[num_sem_rows, 2, B]`;
-  - scalar prefetch: `prefetch` (seq_lens, page_indices, cu_q_lens, q_rows),
-    i32[2] (start, end), i32[num_sem_ids] zeros (the double-buffer slots),
-    i32[num_bo_sz] of -1 (rows in flight of the output DMAs);
-  - grid: (end - start) // B programs ("arbitrary"), or
-    (num_cores, cdiv(programs, num_cores)) with a leading "parallel" axis;
-  - operands `inputs` then `outputs`, all in HBM; output i is aliased to
-    the i-th of `outputs` (the driver's -inf score buffers).
-
-  `kernel` is the body's kernel function with its static arguments bound;
-  the VMEM error names the launch `case` (default `name`) and its `blocks`
-  (default: KV pages, query rows, sequences per program). Returns the
-  outputs (one array, or a tuple for more than one).
-  """
+  """One launch of a kernel body (`spec` its `driver.Launch`): its
+  `pallas_call`, made and called, with the setup every body shares:
+  compiled, the VMEM check (M11); scratch `scratch` ((name, shape, dtype),
+  ...) then DMA semaphores [num_sem_rows, 2, B]; scalar prefetch
+  `prefetch`, i32[2] (start, end), i32[num_sem_ids] zeros, i32[num_bo_sz]
+  of -1; grid (end - start) // B programs (num_cores > 1: a leading
+  "parallel" axis); operands `inputs` then `outputs` in HBM, output i
+  aliased to `outputs[i]`. Returns the outputs (one array, or a tuple)."""
   b, interpret = spec.seq_batch_size, spec.interpret
   blocks = blocks or (f"num_kv_pages_per_block={spec.bkv_p}, query rows per "
                       f"block {spec.bq_sz}, {b} sequence(s) per program")
@@ -117,10 +96,8 @@ def _mib(n: int) -> str:
 
 
 def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
-  """streamidx (M11, LEDGER.md): compiled, raises a ValueError naming the
-  blocks where the launch's tiled scratch exceeds the chip traced for's
-  VMEM or `vmem_limit_bytes` (where Mosaic would fail after compiling; it
-  adds internal scratch of its own, so a launch that passes can still fail)."""
+  """streamidx (M11): compiled, a ValueError naming the blocks where the
+  launch's tiled scratch exceeds the chip's VMEM or `vmem_limit_bytes`."""
   info = target_tpu_info()
   if info is None:  # a chip JAX's table does not know: the compiler judges
     return
@@ -156,13 +133,9 @@ _FORCE_V4_PATHS = False
 
 
 class force_v4_paths:
-  """streamidx (M10, M15): trace the kernels with v4's code on any target.
-
-  A context manager for tests and the walkthrough: the CPU interpreter then
-  runs what TPU v4 compiles (the FP8 tile widened to bf16 in chunks, M10;
-  pages pooled by lane segments, M15), so its parity is checked here.
-  Read at trace time; entering and leaving it clears JAX's caches.
-  """
+  """streamidx (M10, M15): trace the kernels with v4's code on any target
+  (the interpreter then runs what TPU v4 compiles); entering and leaving
+  clears JAX's caches."""
 
   def __enter__(self):
     global _FORCE_V4_PATHS
@@ -182,9 +155,8 @@ WIDEN_CHUNK = 1024
 
 
 def widen_fp8_for_mxu(interpret) -> bool:
-  """streamidx (M10, LEDGER.md: Mosaic's error on v4): widen the e4m3 KV
-  tile to bf16 for the matmul? True when compiled for a chip before TPU v5
-  (read at trace time from the target chip); False when interpreted."""
+  """streamidx (M10): widen the e4m3 KV tile to bf16 for the matmul? True
+  when compiled for a chip before TPU v5 (or `force_v4_paths`)."""
   return _compiled_before_v5(interpret)
 
 
@@ -199,12 +171,9 @@ def _compiled_before_v5(interpret) -> bool:
 
 
 def pool_by_lane_segments_for(cols_per_page: int, interpret) -> bool:
-  """streamidx (M15, LEDGER.md: Mosaic's error on v4): pool pages by lane
-  segments (`pool_pages_by_lane_segments`)? True when compiled for a chip
-  before TPU v5 (or `force_v4_paths`); read at trace time; False when
-  interpreted. There a page must divide a 128-lane row or be whole lane
-  rows (the plain pooling of either splits or reduces lanes, which v4's
-  Mosaic cannot place back in lanes); another size is a ValueError."""
+  """streamidx (M15): pool pages by lane segments? True when compiled for a
+  chip before TPU v5 (or `force_v4_paths`); there a page must divide a
+  128-lane row or be whole lane rows (a ValueError otherwise)."""
   if not _compiled_before_v5(interpret):
     return False
   if 128 % cols_per_page and cols_per_page % 128:
@@ -219,22 +188,13 @@ def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
   """streamidx (M15): the page max-pool of one KV block without a lane split.
 
   s_summed: f32[rows, bkv] token scores, bkv = 128 pages x `cols_per_page`
-  (a divisor of 128; a multiple of 128: each page's lane rows max-reduced
-  first, then pooled as 128-entry pages). The block is viewed as [rows,
-  cols_per_page, 128]
-  (whole lane rows: a reshape every TPU generation lowers), so lane segment j
-  of lane row r holds page g*r + j (g = 128 // cols_per_page pages per lane
-  row). Stacking the g segment-masked copies along the second-minor axis
-  gives [rows, 128, 128] whose row i = j * cols_per_page + r holds page
-  g*r + j (other lanes -inf); a transpose of the last two axes and a
-  max over the second-minor axis (a sublane reduction, which lands in lanes)
-  pool each page. Lane reductions would put the result in sublanes, and
-  moving it to lanes is the sublane gather v4 lacks.
-
-  Returns f32[rows, 128] in *segment-major* order: column j * cols_per_page
-  + r holds page g*r + j; `unpermute_lane_segment_pages` restores page order
-  outside the kernel (an XLA transpose of the small [T, pages] buffer). A
-  max is exact in any order, so the values equal the seed's pooling.
+  (a divisor or a multiple of 128). Viewed as [rows, cols_per_page, 128],
+  lane segment j of lane row r holds page g*r + j (g = 128 //
+  cols_per_page); the g segment-masked copies stacked along the
+  second-minor axis, transposed, and max-reduced over sublanes (which lands
+  in lanes: a lane reduction would need the sublane gather v4 lacks) pool
+  each page. Returns f32[rows, 128] segment-major (column j * cols_per_page
+  + r: page g*r + j; `unpermute_lane_segment_pages` restores page order).
   """
   rows, bkv = s_summed.shape
   assert bkv == 128 * cols_per_page
@@ -259,12 +219,8 @@ def pool_pages_by_lane_segments(s_summed, cols_per_page: int):
 
 
 def unpermute_lane_segment_pages(page_scores, cols_per_page: int):
-  """streamidx (M15): segment-major page columns back to page order.
-
-  page_scores: f32[T, n * 128], each 128-column block as
-  `pool_pages_by_lane_segments` wrote it. Returns the same values with
-  column p = page p of the block.
-  """
+  """streamidx (M15): segment-major page columns f32[T, n * 128] (as
+  `pool_pages_by_lane_segments` wrote them) back to page order."""
   if cols_per_page % 128 == 0:  # one segment a block: already page order
     return page_scores
   t, n = page_scores.shape

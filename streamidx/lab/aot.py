@@ -1,9 +1,7 @@
-"""The compile matrix: every variant compiled for every TPU generation, no TPU.
-`python -m streamidx.aot [--quick] [--generations ...] [--formats ...]
-[--jobs N] [--topk-methods]` (make aot); what a row is and proves: docs/tpu.md.
-`compile_entry` compiles one entry point at any `CallShape` (the compile
-coverage test's random calls); `launch_calls` / `compile_launch` compile
-one `pallas_call` alone (VMEM probes, schedules).
+"""The compile matrix: every variant compiled for every TPU generation, no TPU
+(`python -m streamidx.aot`, make aot; docs/tpu.md). `compile_entry` compiles
+one entry point at any `CallShape`; `launch_calls` / `compile_launch` one
+`pallas_call` alone (VMEM probes, schedules).
 """
 
 from __future__ import annotations
@@ -32,9 +30,7 @@ from streamidx.variants import VARIANTS
 GENERATIONS: tuple[str, ...] = tuple(modes.TOPOLOGIES)
 
 
-# The compile matrix's shapes: `lab.shapes` (Shape, SHAPES and SHAPES_BY_NAME
-# are this module's names for them).
-Shape = shapes_lib.CallShape
+Shape = shapes_lib.CallShape  # the compile matrix's shapes, `lab.shapes`'
 SHAPES = shapes_lib.COMPILE
 SHAPES_BY_NAME = shapes_lib.COMPILE_BY_NAME
 QUICK_SHAPES = {"token": "dsv4-decode-4k", "page": "glm-page-prefill"}
@@ -66,12 +62,8 @@ class Row:
   topk_method: str | None = None  # None: the kernel's default
   refused: str = ""  # the table's rule refuses the call (its ValueError)
 
-  @property
-  def static(self) -> dict:
-    out = dict(self.blocks)
-    if self.topk_method is not None:
-      out["topk_method"] = self.topk_method
-    return out
+  static = property(lambda self: dict(self.blocks, **(
+      {} if self.topk_method is None else {"topk_method": self.topk_method})))
 
 
 @dataclasses.dataclass
@@ -85,7 +77,7 @@ class Result:
 
 
 def _blocks_key(kwargs: dict) -> tuple:
-  return tuple(sorted((k, v) for k, v in kwargs.items()))
+  return tuple(sorted(kwargs.items()))
 
 
 def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
@@ -222,8 +214,8 @@ _ALLOC = re.compile(r"Allocation \(size=(\d+)\) would exceed memory")
 
 def scoped_vmem_probe(eqn, target, vmem_limit_bytes: int) -> float | None:
   """Compiles a launch under `vmem_limit_bytes`: None if it fits, else the
-  scoped VMEM bytes the compiler printed (to 0.1 KiB or 0.01 MiB): E1001's
-  "size", or beyond the chip's VMEM its out-of-memory "Used" (spills too)."""
+  scoped VMEM bytes the compiler printed (E1001's "size", or its
+  out-of-memory "Used")."""
   try:
     compile_launch(eqn, target, vmem_limit_bytes=vmem_limit_bytes)
     return None
@@ -253,11 +245,9 @@ def _memory(compiled) -> dict:
 
 def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
                   **static):
-  """Lowers and compiles `variant`'s entry point for `generation` on
-  `shape`'s abstract arrays (`entry_args`), with `static` keywords beside k
-  and the ratio (block sizes left out: the table's, as a call that leaves
-  them None gets them); returns the executable, raises the compiler's (or
-  streamidx's) error."""
+  """`variant`'s entry point compiled for `generation` on `shape`'s abstract
+  arrays, with `static` keywords beside k and the ratio (block sizes left out:
+  the table's); raises the compiler's (or streamidx's) error."""
   with modes.compile_for(generation) as target:
     args = entry_args(variant, shape, fmt, target)
     return VARIANTS[variant].kernel.lower(
@@ -270,20 +260,17 @@ def compile_row(row: Row) -> Result:
   if row.refused:
     return Result(row, True, row.refused)
   shape = SHAPES_BY_NAME[row.shape]
-  v = VARIANTS[row.variant]
-  t0 = time.perf_counter()
-  vmem = 0
+  t0, vmem = time.perf_counter(), 0
   try:
     with modes.compile_for(row.generation) as target:
-      args = entry_args(row.variant, shape, row.fmt, target)
-      static = entry_static(row.variant, shape, row.static)
       for _, eqn in launch_calls(row.variant, shape, row.fmt, row.static,
                                  target):
         vmem = max(vmem, launch_scratch_bytes(eqn, target.tpu_generation))
-      t0 = time.perf_counter()
-      compiled = v.kernel.lower(*args, **static).compile()
-      return Result(row, True, compile_s=time.perf_counter() - t0,
-                    vmem_scratch=vmem, memory=_memory(compiled))
+    t0 = time.perf_counter()
+    compiled = compile_entry(row.variant, shape, row.fmt, row.generation,
+                             **row.static)
+    return Result(row, True, compile_s=time.perf_counter() - t0,
+                  vmem_scratch=vmem, memory=_memory(compiled))
   except Exception as e:  # pylint: disable=broad-except
     return Result(row, False, summarize_error(e), time.perf_counter() - t0,
                   vmem)
@@ -298,9 +285,8 @@ def _label(row: Row) -> str:
                             ("decode_req_batch_size", "B"),
                             ("vmem_limit_bytes", "vmem"))
            for v in [d.get(k)] if k in d]
-  parts += ["(table)"] * row.table
-  if row.topk_method is not None:
-    parts.append(f"topk_method={row.topk_method}")
+  parts += ["(table)"] * row.table + [f"topk_method={row.topk_method}"] * (
+      row.topk_method is not None)
   return " ".join(parts)
 
 
@@ -341,20 +327,19 @@ def main(argv=None) -> int:
       prog="python -m streamidx.aot",
       description="Compile every kernel variant for every TPU generation "
       "(no TPU needed; see streamidx/lab/aot.py).")
-  p.add_argument("--quick", action="store_true",
-                 help="one shape per variant and generation, table blocks")
-  p.add_argument("--variants", nargs="+")
-  p.add_argument("--generations", nargs="+", choices=GENERATIONS)
-  p.add_argument("--formats", nargs="+")
-  p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES_BY_NAME))
-  p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
-                 help="compiler processes (default: min(4, CPUs))")
-  p.add_argument("--topk-methods", nargs="*", metavar="METHOD",
-                 help="also one row per streamidx.topk method (all of "
-                 "TOPK_METHODS when given no names) at the table's blocks")
-  p.add_argument("--no-sharded", action="store_true",
-                 help="skip the sharded rows (sequence- and context-parallel "
-                 "on v6e:2x2 and tpu7x:2x2x1, streamidx.lab.sharding)")
+  add = p.add_argument
+  add("--quick", action="store_true",
+      help="one shape per variant and generation, table blocks")
+  add("--variants", nargs="+")
+  add("--generations", nargs="+", choices=GENERATIONS)
+  add("--formats", nargs="+")
+  add("--shapes", nargs="+", choices=sorted(SHAPES_BY_NAME))
+  add("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+      help="compiler processes (default: min(4, CPUs))")
+  add("--topk-methods", nargs="*", metavar="METHOD", help="also one row per "
+      "topk method (all when given no names) at the table's blocks")
+  add("--no-sharded", action="store_true", help="skip the sharded rows "
+      "(streamidx.lab.sharding)")
   a = p.parse_args(argv)
   methods = None
   if a.topk_methods is not None:
@@ -386,9 +371,7 @@ def main(argv=None) -> int:
         f"{time.perf_counter() - t0:.0f} s; rows with the block-size table's "
         f"sizes that failed: {len(bad)}")
   sharded_bad = 0
-  if not a.no_sharded:
-    # The sharded functions on TPU slices: the kernel and the collectives in
-    # one compiled program; bytes each device receives, from its HLO.
+  if not a.no_sharded:  # the sharded layouts on TPU slices, collectives' bytes
     from streamidx.lab import sharding, tables  # pylint: disable=g-import-not-at-top
     t0 = time.perf_counter()
     runs = sharding.compile_matrix(quick=a.quick)

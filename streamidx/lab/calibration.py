@@ -2,15 +2,11 @@
 
 `data/step_schedule.json` records, per chip, the bundles the compiled
 programs of the step execute (`streamidx.lab.dump`): each scoring launch's
-whole module (`roofline.LaunchProgram`) and each selection program
-(`streamidx.topk.select_topk`, split into its sort, its layout copies and the
-rest), each row with the command and date that made it.
-`data/public_measurements.json` holds the public measurements (by others,
-cited). `rows()` predicts each measurement with the model's stages
-(`roofline.measurement_stages`: `roofline.indexer_step` at its model's
-indexer geometry) at ONE clock per chip (`roofline.clock`: the public one in
-data/tpu_specs.json, else inferred from one named measurement,
-`roofline.INFER_FROM`, and applied to all others).
+whole module (`roofline.LaunchProgram`) and each selection program (split
+into its sort, its layout copies and the rest), each row with the command
+and date that made it. `rows()` predicts each public measurement
+(data/public_measurements.json, by others) with the model's stages
+(`roofline.measurement_stages`) at ONE clock per chip (`roofline.clock`).
 
     python -m streamidx.lab.calibration           the tables, from the records:
                                                   the public measurements, then
@@ -26,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import re
@@ -36,13 +33,6 @@ from streamidx import records
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
-
-__all__ = ["BAND", "recorded", "provenance", "measurements",
-           "selection_program",
-           "extra_input", "dynamic_loops", "taken_branches", "selection_row",
-           "record_selection", "append_selection", "rows",
-           "format_table", "CHIP_BAND", "chip_rows", "format_chip_table",
-           "main"]
 
 # A prediction within this factor of its measurement (either way) agrees with it.
 BAND = 1.5
@@ -90,16 +80,10 @@ def provenance() -> str:
 def _hlo_bytes(dump_dir: str) -> dict[str, int]:
   """Output bytes of each HLO instruction of the module's top-level HLO."""
   out = {}
-  for path in os.listdir(dump_dir):
-    if path.endswith("-TLP-hlo.txt"):
-      with open(os.path.join(dump_dir, path), encoding="utf-8") as f:
-        for line in f:
-          m = _INSTR_SHAPE.match(line)
-          if m:
-            n = 1
-            for d in m.group(3).split(","):
-              n *= int(d) if d else 1
-            out[m.group(1)] = n * dump._BYTES.get(m.group(2), 4)  # pylint: disable=protected-access
+  for path in glob.glob(os.path.join(dump_dir, "*-TLP-hlo.txt")):
+    with open(path, encoding="utf-8") as f:
+      for m in filter(None, map(_INSTR_SHAPE.match, f)):
+        out[m.group(1)] = dump.array_bytes(m.group(2), m.group(3))
   return out
 
 
@@ -158,14 +142,11 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
                   entries: int, k: int, command: str, date: str,
                   trips=None, extra=None) -> dict:
   """The record of one selection program dumped in `dump_dir`: bundles
-  executed (the "sort" method's conditional: branch 1, the ties all taken,
-  as with distinct scores; every branch beside it), split into the sort
-  computations, the layout copies (copy, reshape, transpose, slice: their
-  HBM bytes, read and written, and the SparseCore calls') and the rest.
-  trips: {(computation, loop start): n} for loops of dynamic trip count;
-  one left unknown makes `bundles` None, with the loops in `dynamic_loops`
-  and `bundles_without_dynamic` the count with them at 0 trips. extra:
-  (shape, dtype) of the method's extra input, when it has one."""
+  executed (`taken_branches`; every branch beside it), split into the sort
+  computations, the layout copies (their HBM bytes, and the SparseCore
+  calls') and the rest. trips: {(computation, loop start): n} of dynamic
+  loops; one left unknown makes `bundles` None (`bundles_without_dynamic`:
+  with them at 0 trips). extra: (shape, dtype) of the method's extra input."""
   comps, conds, sc = dump.read_module(dump_dir)
   taken = taken_branches(method, conds)
   trips = dict(trips or {})
@@ -207,10 +188,9 @@ def selection_row(dump_dir: str, *, chip: str, method: str, rows: int,
 
 def record_selection(chip: str, method: str, rows: int, entries: int,
                      k: int, *, trips=None, dump_dir: str | None = None) -> dict:
-  """Compiles `selection_program` for `chip` at f32[rows, entries] (and
-  the method's extra input) in a child process and returns its
-  `selection_row`, with the command that remakes it and today's date
-  (dump_dir: keep the dump there)."""
+  """`selection_row` of `selection_program` compiled for `chip` at
+  f32[rows, entries] (and the method's extra input) in a child process,
+  with the command that remakes it and today's date."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   extra = extra_input(method, rows, entries)

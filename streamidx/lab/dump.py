@@ -2,23 +2,20 @@
 counts, and the count of bundles a whole compiled module executes.
 
 `compile_dumps` compiles programs for a TPU generation in a child process
-with the dump flags on (a jitted function with its argument shapes, or one
-`pallas_call` equation) and returns its dump directory; `read_module` parses
-every TensorCore computation in it (`*-final_bundles.txt`), `executed`
-counts the bundles the module issues: each bundle once per trip of every
-loop around it (nested loops multiplied), each `inlined_call` as its
-callee's count, static trip counts read from the dump (`trip_count`),
-dynamic ones supplied by the caller. SparseCore calls (XLA's async calls on
-the "sparsecore" thread) have no bundles in the dump: `ModuleCount.sparsecore`
-lists them with their bytes. Bundles are issue slots, not time: the count
-cannot see DMA waits, stalls or SparseCore time (docs/tpu.md, "The whole
-program's count").
+with the dump flags on; `read_module` parses every TensorCore computation
+of the dump (`*-final_bundles.txt`); `executed` counts the bundles the
+module issues: each once per trip of every loop around it, each
+`inlined_call` as its callee's count, trip counts read from the dump
+(`trip_count`) or, dynamic, given. SparseCore calls have no bundles in the
+dump (`ModuleCount.sparsecore` lists their bytes). Bundles are issue
+slots, not time (docs/tpu.md, "The whole program's count").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import importlib
 import json
@@ -30,12 +27,6 @@ import tempfile
 from typing import Mapping, Sequence
 
 from streamidx.lab import worker
-
-__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "DELAY_SLOTS", "Bundle", "Loop",
-           "parse_bundles", "parse_utilization", "find_loops", "trip_count",
-           "Computation", "read_computation", "Conditional", "SparseCoreCall",
-           "read_hlo", "ModuleCount", "executed", "read_modules", "read_module",
-           "fori_program", "compile_dumps", "run_worker", "module_counts"]
 
 DUMP_FLAGS = ("--xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final "
@@ -65,20 +56,14 @@ class Bundle:
   comment: str  # the text after them ("Start region N", ...)
   depth: int = 0  # loops around it, as the dump marks them (">", ">>")
 
-  @property
-  def starts(self) -> tuple[int, ...]:
-    return tuple(int(x) for x in _START.findall(self.comment))
+  starts = property(lambda self: tuple(
+      int(x) for x in _START.findall(self.comment)))
 
   @property
   def branch(self) -> tuple[str, bool, int] | None:
     """(predicate, negated, target region) of its branch, or None."""
     m = _BRANCH.search(self.ops)
     return (m.group(2), m.group(1) == "!", int(m.group(3))) if m else None
-
-  @property
-  def branch_target(self) -> int | None:
-    b = self.branch
-    return b[2] if b else None
 
   @property
   def call(self) -> str | None:
@@ -140,9 +125,7 @@ class Loop:
   trips: int | None = None
   depth: int = 1
 
-  @property
-  def bundles(self) -> int:
-    return self.end - self.start + 1
+  bundles = property(lambda self: self.end - self.start + 1)
 
   def contains(self, addr: int) -> bool:
     return self.start <= addr <= self.end
@@ -245,7 +228,7 @@ def find_loops(bundles: Sequence[Bundle]) -> list[Loop]:
       continue
     for region in b.starts:
       back = [c.addr for c in bundles
-              if c.addr >= b.addr and c.branch_target == region]
+              if c.addr >= b.addr and (c.branch or (0, 0, None))[2] == region]
       if back:
         loop = Loop(b.addr, min(max(back) + DELAY_SLOTS, last), region,
                     max(back), None, max(b.depth, 1))
@@ -264,13 +247,9 @@ class Computation:
   loops: tuple
 
   def multiplicity(self, addr: int, trips: Mapping[int, int]) -> int:
-    """How often the bundle at `addr` issues per run: the product of the
-    trips of the loops around it (`trips`: loop start -> trips)."""
-    n = 1
-    for l in self.loops:
-      if l.contains(addr):
-        n *= trips[l.start]
-    return n
+    """How often the bundle at `addr` issues per run (`trips`: loop start
+    -> trips)."""
+    return math.prod(trips[l.start] for l in self.loops if l.contains(addr))
 
 
 def read_computation(path: str) -> Computation:
@@ -303,8 +282,14 @@ _INSTR = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (.*)$")
 _REFS = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _SHAPE = re.compile(r"(pred|[subf]\d+|bf16)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
-          "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8}
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+               "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+               "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def array_bytes(dtype: str, dims: str) -> int:
+  """Bytes of an HLO array type, e.g. ("f32", "64,2048")."""
+  return math.prod(int(d) for d in dims.split(",") if d) * DTYPE_BYTES.get(dtype, 4)
 
 
 def read_hlo(text: str) -> tuple[list[Conditional], list[SparseCoreCall]]:
@@ -329,8 +314,7 @@ def read_hlo(text: str) -> tuple[list[Conditional], list[SparseCoreCall]]:
       refs[cur].update(x for _, bs in conds[-1:] for x in bs)
     if 'async_execution_thread="sparsecore"' in rest and " call-start(" in rest:
       out = rest.split(" call-start(")[0]
-      sizes = [(math.prod(int(d) for d in dims.split(",") if d)
-                * _BYTES.get(dt, 4), f"{dt}[{dims}]")
+      sizes = [(array_bytes(dt, dims), f"{dt}[{dims}]")
                for dt, dims in _SHAPE.findall(out)]
       size, shape = max(sizes) if sizes else (0, "")
       sc.append(SparseCoreCall(name, shape, int(size)))
@@ -351,27 +335,16 @@ def read_hlo(text: str) -> tuple[list[Conditional], list[SparseCoreCall]]:
 
 @dataclasses.dataclass(frozen=True)
 class ModuleCount:
-  """Bundles one run of a compiled module issues on its TensorCore.
+  """Bundles one run of a compiled module issues on its TensorCore."""
 
-  total: every computation reached from the top-level program, loops by
-  their trips; `by_call`: (callee, calls, bundles per call, bundles) per
-  inlined call; `loops`: (computation, start, bundles per iteration, trips,
-  runs of the loop) per loop; `conditionals`: how each was counted;
-  `sparsecore`: the SparseCore calls (not counted: no bundles in the dump;
-  those of a branch that does not run left out);
-  `dynamic`: loops whose trip count the caller supplied."""
-
-  total: int
+  total: int  # every computation reached from the top level, loops by trips
   top_level: int
-  by_call: tuple
-  loops: tuple
-  conditionals: tuple
-  sparsecore: tuple
-  dynamic: tuple = ()
+  by_call: tuple  # (callee, calls, bundles per call, bundles) per callee
+  loops: tuple  # (computation, start, bundles per iteration, trips, runs)
+  conditionals: tuple  # how each was counted
+  sparsecore: tuple  # its SparseCore calls (no bundles; a skipped branch's out)
+  dynamic: tuple = ()  # loops whose trip count the caller supplied
   unreached: tuple = ()
-
-  def to_json(self) -> dict:
-    return dataclasses.asdict(self)
 
 
 def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
@@ -380,10 +353,9 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
              trips: Mapping[tuple[str, int], int] | None = None,
              sparsecore: Sequence[SparseCoreCall] = ()) -> ModuleCount:
   """The bundles the module issues from `root` (`comps`: name ->
-  Computation). `trips`: (computation, loop start) -> trips for loops whose
-  bound the dump does not give (ValueError naming them otherwise); `taken`:
-  conditional -> the branch that runs (default: every branch counted, an
-  upper bound)."""
+  Computation). `trips`: (computation, loop start) -> trips of the loops
+  the dump does not bound (ValueError naming them otherwise); `taken`:
+  conditional -> the branch that runs (default: every branch, a bound)."""
   taken = dict(taken or {})
   trips = dict(trips or {})
   for name in taken:
@@ -489,14 +461,6 @@ def read_module(dump_dir: str) -> tuple[dict, list, list]:
 # Compiling in a child process (libtpu reads its dump flags once per process).
 
 
-def _resolve(path: str):
-  mod, _, attr = path.partition(":")
-  obj = importlib.import_module(mod)
-  for part in attr.split("."):
-    obj = getattr(obj, part)
-  return obj
-
-
 def fori_program(x, *, n: int, m: int = 0):
   """A program whose loop counts are known, for checking `trip_count`: a
   `lax.fori_loop` of `n` iterations over f32 `x` (each with an inner loop of
@@ -520,13 +484,15 @@ def _worker(specs: list) -> list:
   """In the child: compile each spec's `fn` (module:attr, called with the
   static `kwargs`) at its `args` ([shape, dtype] each) for its
   `generation`, in order (one module each in the dump)."""
-  import functools  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from streamidx import modes  # pylint: disable=g-import-not-at-top
   out = []
   for spec in specs:
-    fn = functools.partial(_resolve(spec["fn"]), **spec.get("kwargs", {}))
+    mod, _, attr = spec["fn"].partition(":")
+    fn = functools.reduce(getattr, attr.split("."),
+                          importlib.import_module(mod))
+    fn = functools.partial(fn, **spec.get("kwargs", {}))
     with modes.compile_for(spec["generation"]) as target:
       args = [target.spec(tuple(s), jnp.dtype(d)) for s, d in spec["args"]]
       compiled = jax.jit(fn).lower(*args).compile()
@@ -537,11 +503,9 @@ def _worker(specs: list) -> list:
 
 def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
                   timeout: float = 3600.0) -> list[dict]:
-  """Compiles each program ({"generation", "fn": "module:attr" of a
-  function of arrays, "kwargs": its static keywords, "args": [(shape,
-  dtype)]}) in one child process dumping to `dump_dir` (`read_modules`
-  reads them back in this order); hbm: every operand in HBM (`HBM_FLAGS`).
-  Returns the child's records (temp bytes)."""
+  """Compiles each program ({"generation", "fn": "module:attr" of a function of
+  arrays, "kwargs": its static keywords, "args": [(shape, dtype)]}) in one child
+  process dumping to `dump_dir`, in order; the child's records (temp bytes)."""
   specs = [dict(generation=p["generation"], fn=p["fn"],
                 kwargs=dict(p.get("kwargs") or {}),
                 args=[[list(s), str(d)] for s, d in p["args"]])
@@ -552,11 +516,9 @@ def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
 
 def run_worker(module: str, payload, *, dump_dir: str, hbm: bool = True,
                timeout: float = 3600.0):
-  """Runs `python -m module --worker JSON(payload)` in a child process with
-  libtpu dumping its final schedules to `dump_dir` (`DUMP_FLAGS`; hbm: every
-  operand in HBM, `HBM_FLAGS`); returns the JSON its last stdout line
-  prints. The one way a compile is dumped (`compile_dumps`, the KV-loop
-  client `lab.schedule`)."""
+  """`lab.worker.run(module, payload)` with libtpu dumping its final
+  schedules to `dump_dir` (`DUMP_FLAGS`; hbm: every operand in HBM,
+  `HBM_FLAGS`): the one way a compile is dumped."""
   env = {"LIBTPU_INIT_ARGS": (os.environ.get("LIBTPU_INIT_ARGS", "") +
                               f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
                               (f" {HBM_FLAGS}" if hbm else "")),
@@ -608,7 +570,7 @@ def main(argv=None) -> int:
                               kwargs=json.loads(a.kwargs),
                               args=json.loads(a.args), taken=taken)],
                         dump_dir=a.keep)
-  print(json.dumps(mc.to_json(), indent=1))
+  print(json.dumps(dataclasses.asdict(mc), indent=1))
   return 0
 
 

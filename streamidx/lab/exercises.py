@@ -1,10 +1,6 @@
-"""Exercises that check the reader: a value (a number, a list of numbers, or a short string)
-the reader writes in a notebook cell, compared with what the notebook computed.
-
-A checked exercise is three cells: the reader's cell (`my_x = None  # EXERCISE ...`), a cell
-that calls `check(name, my_x, expected, hint=...)`, and a worked solution (collapsed) that
-asserts `check(name + " (worked solution)", formula, expected)`, so every run of the notebook,
-CI included, checks the solution against the same computed value.
+"""Exercises that check the reader: a value the reader writes in a notebook cell (`my_x =
+None  # EXERCISE ...`), checked by `check(name, my_x, expected, hint=...)`; the worked
+solution asserts `check(name + " (worked solution)", formula, expected)` on every run.
 """
 
 from __future__ import annotations
@@ -35,10 +31,9 @@ def _off(got: Any, want: Any) -> str:
 
 
 def check(name: str, answer: Any, expected: Any, *, rel: float = 1e-3, hint: str = "") -> bool | None:
-  """Prints the verdict on the reader's `answer` and returns it: None while the answer is
-  still None (not answered), True when it matches `expected` (numbers within `rel`,
-  relative; lists element by element; strings ignoring case and surrounding space), else
-  False, printing how far off a number is and `hint`."""
+  """Prints the verdict on the reader's `answer` and returns it: None (not answered), True
+  when it matches `expected` (numbers within `rel`, lists element by element, strings
+  ignoring case and space), else False with how far off and `hint`."""
   if not 0 <= rel < 1:
     raise ValueError(f"rel: must be in [0, 1) (got {rel})")
   if answer is None:
@@ -50,4 +45,3 @@ def check(name: str, answer: Any, expected: Any, *, rel: float = 1e-3, hint: str
     return True
   print(f"{name}: not yet: {answer!r}{_off(answer, expected)}" + (f". Hint: {hint}" if hint else ""))
   return False
-

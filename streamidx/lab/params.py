@@ -1,7 +1,5 @@
 """A notebook's parameters: declared once, in its `parameters` cell, checked
-before anything runs, and scaled up on a TPU. The cell's format (`ci:`,
-`tpu:`, `rule:` fields; the `# TPU:` header), what a rule may name and the
-`check_notebook(globals())` call after it: docs/workbook.md, "Parameters".
+before anything runs, and scaled up on a TPU (docs/workbook.md, "Parameters").
 """
 
 from __future__ import annotations
@@ -33,23 +31,19 @@ class ParameterError(ValueError):
 # --------------------------------------------------------------------------
 # The helpers a rule may call: each returns True or False, never raises.
 
-def integer(x) -> bool:
-  """An int (not a bool)."""
+def integer(x) -> bool:  # an int, not a bool
   return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def number(x) -> bool:
-  """An int or a float (not a bool)."""
+def number(x) -> bool:  # an int or a float, not a bool
   return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def boolean(x) -> bool:
-  """True or False."""
   return isinstance(x, bool)
 
 
-def string(x) -> bool:
-  """A non-empty string."""
+def string(x) -> bool:  # non-empty
   return isinstance(x, str) and bool(x)
 
 
@@ -72,14 +66,13 @@ def choices(x, options) -> bool:
 
 
 def per_case(x) -> bool:
-  """Per-case block sizes as a list: one int >= 1 for each of
-  `semantics.CASES` (decode, prefill, mixed)."""
+  """Per-case block sizes: one int >= 1 for each of `semantics.CASES`."""
   return integers(x) and len(x) == len(semantics.CASES) and min(x) >= 1
 
 
 def lanes(page_size, x) -> bool:
-  """KV block sizes in pages (an int or a list, each >= 1) whose page_size * each
-  is a multiple of `semantics.LANES`, as a token-mode KV block must be."""
+  """KV block sizes in pages (an int or a list) each a whole token-mode KV
+  block: page_size * each a multiple of `semantics.LANES`."""
   values = x if isinstance(x, (list, tuple)) else [x]
   return integer(page_size) and all(
       integer(v) and v >= 1 and page_size * v % semantics.LANES == 0
@@ -114,11 +107,14 @@ class Declarations:
   parameters: dict[str, Parameter]
   tpu_why: str | None
 
+  def _given(self, key: str) -> dict[str, Any]:
+    return {n: p.given[key] for n, p in self.parameters.items() if key in p.given}
+
   def ci(self) -> dict[str, Any]:
-    return {n: p.given["ci"] for n, p in self.parameters.items() if "ci" in p.given}
+    return self._given("ci")
 
   def tpu(self) -> dict[str, Any]:
-    return {n: p.given["tpu"] for n, p in self.parameters.items() if "tpu" in p.given}
+    return self._given("tpu")
 
   def defaults(self) -> dict[str, Any]:
     return {n: p.default for n, p in self.parameters.items()}
@@ -142,8 +138,7 @@ def cell_source(notebook: str | os.PathLike) -> str:
 
 def declarations(source: str | os.PathLike) -> Declarations:
   """Parses a `parameters` cell (its source, or a notebook file as a Path);
-  ParameterError where it breaks the format (a statement not `name = value`,
-  a ci:/tpu: field not a literal)."""
+  ParameterError where it breaks the format."""
   if isinstance(source, os.PathLike):
     source = cell_source(source)
   lines = source.splitlines()
@@ -253,15 +248,14 @@ def check_notebook(namespace: MutableMapping, cell: str | os.PathLike | None = N
 
 @dataclasses.dataclass
 class TpuScaling:
-  """What `tpu_scaling` decided: values to apply (replaced: what they had),
-  kept (name -> why), at_tpu (already at it), note (why none apply)."""
+  """What `tpu_scaling` decided."""
 
   reason: str
-  values: dict[str, Any] = dataclasses.field(default_factory=dict)
-  replaced: dict[str, Any] = dataclasses.field(default_factory=dict)
-  kept: dict[str, str] = dataclasses.field(default_factory=dict)
-  at_tpu: list[str] = dataclasses.field(default_factory=list)
-  note: str | None = None
+  values: dict[str, Any] = dataclasses.field(default_factory=dict)  # to apply
+  replaced: dict[str, Any] = dataclasses.field(default_factory=dict)  # had
+  kept: dict[str, str] = dataclasses.field(default_factory=dict)  # name: why
+  at_tpu: list[str] = dataclasses.field(default_factory=list)  # already at it
+  note: str | None = None  # why none apply
 
   def line(self, machine: str | None = None) -> str:
     """The one line `check_notebook` prints (machine: describe_machine())."""
@@ -301,8 +295,7 @@ def same(a, b) -> bool:
 
 
 def tied(decl: Declarations) -> list[set[str]]:
-  """Groups of parameters with TPU sizes that one rule ties: they scale only
-  together."""
+  """Groups of parameters with TPU sizes one rule ties (scaled together)."""
   tpu = set(decl.tpu())
   groups: list[set[str]] = []
   for p in decl.parameters.values():

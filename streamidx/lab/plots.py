@@ -1,6 +1,5 @@
-"""The notebooks' figures, one function per figure (or `Axes`) a notebook draws, in notebook
-order. Each draws what it is given and computes nothing of its own; it returns the `Figure` (or
-draws on the `Axes` passed in); `save` writes a PNG under a notebook's `output_dir`. Agg-safe.
+"""The notebooks' figures: each draws what it is given and computes nothing of its own; `save`
+writes a PNG under a notebook's `output_dir`. Agg-safe.
 """
 
 from __future__ import annotations
@@ -57,14 +56,6 @@ def _done(fig, title=None, size=11):
   return fig
 
 
-
-
-
-
-
-
-
-
 def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
   """Stacked bars at `pos`: `parts` is [(label, colour, values)]; the totals."""
   base = np.zeros(len(pos))
@@ -91,12 +82,9 @@ STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "ta
 
 
 def step_stages_figure(steps: dict, *, title: str):
-  """Notebook 05: the production step stage by stage (`roofline.dsv4_step`'s
-  `StepBound.stages`), one horizontal stacked bar per label of `steps` {label: StepBound}; a
-  floor (`at_least`: a stage without a count or a clock) is hatched and says "at least"; each
-  bar names its clock (`Stage.clock_hz`, and whether it was inferred: `clock_source`). A bar
-  over 2.5x the next longest is cut at 1.8x that one, its length written on it (a chip's floor
-  would otherwise squash the others)."""
+  """Notebook 05: the step stage by stage, one stacked bar per label of `steps` {label:
+  `roofline.StepBound`}; a floor (`at_least`) hatched, each bar's clock named; a bar over 2.5x
+  the next longest cut at 1.8x that one, its length written on it."""
   fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
   pos = np.arange(len(steps))[::-1]
   names = list(dict.fromkeys(st.name for sb in steps.values() for st in sb.stages))
@@ -124,5 +112,3 @@ def step_stages_figure(steps: dict, *, title: str):
   _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds; "
          "hatched: a floor)", title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
   return _done(fig)
-
-

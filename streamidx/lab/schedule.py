@@ -1,11 +1,10 @@
 """The static schedule of the compiled kernel: bundles per KV-loop iteration.
 
 `launch_schedules` compiles each launch alone with libtpu's schedule dumps on
-and parses them (the dump layer: `streamidx.lab.dump`); `kv_loop` finds the
-KV loop (the innermost with MXU ops): bundles per iteration and per KV page,
-the binding slot, spills and source lines. The dump files, the flags and what
-the count bounds: docs/tpu.md, "How `streamidx.lab.schedule` reads the
-schedule". A lower bound on a page's compute, not a run time.
+and parses them (`streamidx.lab.dump`); `kv_loop` finds the KV loop (the
+innermost with MXU ops): bundles per iteration and per KV page, the binding
+slot, spills and source lines (docs/tpu.md, "How `streamidx.lab.schedule`
+reads the schedule"). A lower bound on a page's compute, not a run time.
 """
 
 from __future__ import annotations
@@ -24,15 +23,10 @@ from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
 from streamidx.lab import dump, worker
-from streamidx.lab.dump import (DUMP_FLAGS, HBM_FLAGS, Bundle, Loop,
-                                find_loops, parse_bundles, parse_utilization)
+from streamidx.lab.dump import (HBM_FLAGS, Bundle, find_loops, parse_bundles,
+                                parse_utilization)
 from streamidx.lab.model import tiling
 from streamidx.lab.model.roofline import LaunchProgram, page_bounds
-
-__all__ = ["DUMP_FLAGS", "HBM_FLAGS", "Bundle", "Loop", "KvLoop",
-           "launch_program", "LaunchSchedule",
-           "parse_bundles", "parse_utilization", "find_loops", "kv_loop",
-           "launch_schedules", "schedule_table"]
 
 @dataclasses.dataclass(frozen=True)
 class KvLoop:
@@ -45,9 +39,8 @@ class KvLoop:
   spill_ops: int  # VSTORE:SPILL + VLOAD:FILL ops per iteration
   top_lines: tuple  # ((line, bundles), ...) of the kernel file, most first
 
-  @property
-  def bundles_per_page(self) -> float:
-    return self.bundles / self.pages_per_iteration
+  bundles_per_page = property(
+      lambda self: self.bundles / self.pages_per_iteration)
 
   @property
   def binding_slot(self) -> tuple[str, float]:
@@ -84,8 +77,7 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
 
 def launch_program(comps: dict, kernel: str) -> LaunchProgram:
   """`LaunchProgram` of a launch module (`dump.read_modules`'s computations;
-  `kernel` the name of its Pallas program): counted with each dynamic loop's
-  trips at 0 and 1 in turn."""
+  `kernel` its Pallas program's name): each dynamic loop at 0, then 1 trip."""
   dyn = sorted((l for l in comps[kernel].loops if l.trips is None),
                key=lambda l: l.depth)
   if not 2 <= len(dyn) <= 3 or any(
@@ -160,7 +152,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
   """Compiles each launch of `variant` alone for `generation` (`shape`: an
   `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
   child process for all) and reads its static schedule; `launches`: only
-  these cases ("decode", "decode_rest", "prefill", "mixed", "page")."""
+  these cases."""
   shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
@@ -203,8 +195,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
 
 def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
   """One row per launch: bundles per iteration / per page, binding slot...,
-  "module": the whole launch module's bundles (`LaunchProgram`: outside,
-  per program[, per query block], per KV step)."""
+  "module": the whole launch module's (`LaunchProgram`)."""
   rows = []
   for s in schedules:
     row = dict(variant=s.variant, generation=s.generation, fmt=s.fmt,

@@ -1,8 +1,6 @@
-"""Named shapes, in one module (tokamax's `arg_specs`): the indexer geometries
-(`DSV4`, `GLM_PAGE`, `GLM_TOKEN`), the batches the benchmark, the selection
-model and the scaling model name (`Shape`), and the static call shapes the
-compile matrix and the static schedule compile (`CallShape`). `lab.aot`, `lab.bench`,
-`lab.model.topk`, `lab.model.scaling` and `lab.model.roofline` import them.
+"""Named shapes, in one module: the indexer geometries (`DSV4`, `GLM_PAGE`,
+`GLM_TOKEN`), the batches the benchmark and the models name (`Shape`), and
+the static call shapes the compile matrix compiles (`CallShape`).
 """
 
 from __future__ import annotations
@@ -25,24 +23,20 @@ class Indexer:
   page_size: int
 
 
-# DeepSeek-V4's lightning indexer as tpu-inference serves it: 64 index heads
-# of 128 dims, ratio 4, 128-entry pages. GLM's page mode: 32 heads, ratio 1,
-# 64-entry pages.
+# DeepSeek-V4's lightning indexer as tpu-inference serves it; GLM's page mode.
 DSV4 = Indexer(num_heads=64, head_dim=128, compression_ratio=4, page_size=128)
 GLM_PAGE = Indexer(num_heads=32, head_dim=128, compression_ratio=1,
                    page_size=64)
-# GLM-5.2's token-mode decode as sglang-jax #1642 measured it (32 heads,
-# ratio 1; head_dim 128 as GLM's indexer): its page size is not stated
-# there, GLM_PAGE's 64-entry pages are assumed.
+# GLM-5.2's token-mode decode as sglang-jax #1642 measured it (page size not
+# stated there: GLM_PAGE's assumed).
 GLM_TOKEN = GLM_PAGE
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
   """One batch: `num_seqs` decode sequences of `seq_len` tokens (`q_len`
-  query rows each, 1 outside speculative decoding), or one prefill sequence
-  whose last `q_len` tokens query; k kept; the geometry defaults to
-  DeepSeek-V4's (`DSV4`), the cache format to FP8."""
+  query rows each), or one prefill sequence whose last `q_len` tokens query;
+  k kept; DeepSeek-V4's geometry and FP8 by default."""
 
   name: str
   kind: str  # "decode" or "prefill"
@@ -78,8 +72,7 @@ class Shape:
   def visible_pairs(self) -> int:
     """(query row, entry) pairs visible under the model rule."""
     pos = self.seq_len - self.q_len + np.arange(self.q_len)
-    bound = semantics.causal_visible_bound(pos, self.compression_ratio,
-                                           "model")
+    bound = semantics.causal_visible_bound(pos, self.compression_ratio, "model")
     return self.num_seqs * int(np.minimum(bound, self.entries_per_seq).sum())
 
   def flops(self) -> int:
@@ -97,8 +90,7 @@ class Shape:
             f"k {self.k}")
 
 
-# The benchmark (`python -m streamidx.bench`): the default sweep, CI's, the
-# long-context run.
+# The benchmark's default sweep, CI's, the long-context run.
 SWEEP = [
     Shape("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
     Shape("decode_32x16K_k512", "decode", 32, 1, 16384, 512),
@@ -116,9 +108,8 @@ LONG_CONTEXT = [
 ]
 LONG_CONTEXT_KS = (512, 2048)
 
-# The selection stage's problems (`lab.model.topk`): DeepSeek-V4's indexer
-# keeps k = 512, GLM's DSA indexer 2048; ratio 4 for both here. The first is
-# also the scaling model's default decode step (64 sequences of 1M tokens).
+# The selection stage's problems (`lab.model.topk`): DeepSeek-V4 keeps 512,
+# GLM's DSA indexer 2048 (ratio 4 here); the first is the scaling model's.
 DSV4_DECODE_1M = Shape("dsv4 decode B=64 1M", "decode", 64, 1, 2**20, 512)
 DSV4_DECODE_128K = Shape("dsv4 decode B=64 128K", "decode", 64, 1, 2**17, 512)
 SELECT = (
@@ -133,9 +124,7 @@ SELECT = (
 
 @dataclasses.dataclass(frozen=True)
 class CallShape:
-  """The static shapes of one call (query rows, sequence slots, pages per
-  sequence, cache pages): all a compile depends on; the split and the lengths
-  are runtime values."""
+  """The static shapes of one call: all a compile depends on."""
 
   name: str
   mode: str  # "token" or "page"
@@ -150,9 +139,7 @@ class CallShape:
   note: str = ""
   decode_q_len: int = 1  # query rows per decode sequence (M17)
 
-  @property
-  def total_pages(self) -> int:
-    return self.max_num_seqs * self.pages_per_seq
+  total_pages = property(lambda self: self.max_num_seqs * self.pages_per_seq)
 
 
 def _token(name, num_tokens, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
@@ -179,12 +166,9 @@ def _decode(name, seqs, tokens, k, note, decode_q_len=1, g=DSV4):
 
 
 # The compile matrix's shapes (`lab.aot`): DeepSeek-V4's indexer, GLM-5.2's
-# token-mode decode (the batch sglang-jax #1642 measured, at 4K tokens: the
-# scoring launches' records, `lab.calibration`), README's quickstart batch
-# (16-entry pages, 16 heads), GLM's page mode with a 2048-token budget (32
-# pages) and page mode at DeepSeek-V4's 64 heads and 128-entry pages.
-README = Indexer(num_heads=16, head_dim=128, compression_ratio=4,
-                 page_size=16)
+# token-mode decode (`lab.calibration`'s launch records), README's batch,
+# GLM's page mode and page mode at DeepSeek-V4's 64 heads and 128-entry pages.
+README = Indexer(num_heads=16, head_dim=128, compression_ratio=4, page_size=16)
 PAGE_64_HEADS = Indexer(num_heads=DSV4.num_heads, head_dim=DSV4.head_dim,
                         compression_ratio=1, page_size=DSV4.page_size)
 COMPILE: tuple[CallShape, ...] = (
@@ -213,9 +197,3 @@ COMPILE: tuple[CallShape, ...] = (
           "tokens, 4096 query rows, 2048-token budget (16 pages)"),
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
-
-__all__ = ["Indexer", "DSV4", "GLM_PAGE", "GLM_TOKEN", "README",
-           "PAGE_64_HEADS", "Shape", "SWEEP",
-           "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS", "DSV4_DECODE_1M",
-           "DSV4_DECODE_128K", "SELECT", "CallShape", "COMPILE",
-           "COMPILE_BY_NAME"]

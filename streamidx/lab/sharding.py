@@ -12,22 +12,16 @@ import time
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-import numpy as np
 
 import streamidx as si
 from streamidx import cache as cache_lib
 from streamidx import modes, sharded
+from streamidx.lab import dump
 
 LAYOUTS = ("sequence-parallel", "context-parallel", "2d")
 # Slices to compile for: name -> (generation, devices, 2-D mesh shape).
-TOPOLOGIES = {
-    "v6e:2x2": ("v6e", 4, (2, 2)),
-    "tpu7x:2x2x1": ("v7x", 8, (2, 4)),
-}
+TOPOLOGIES = {"v6e:2x2": ("v6e", 4, (2, 2)), "tpu7x:2x2x1": ("v7x", 8, (2, 4)),}
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2,
-                "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
-                "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
 _OPS = ("all-gather", "collective-permute", "all-reduce", "all-to-all",
         "reduce-scatter")
 _LINE = re.compile(
@@ -55,13 +49,12 @@ def collectives(hlo_text: str) -> list[Collective]:
     if not m:
       continue
     op = m.group("op")  # scalars (async contexts), unknown types left out:
-    arrays = [(d, tuple(int(x) for x in dims.split(",")))
-              for d, dims in _SHAPE.findall(m.group("type"))
-              if d in _DTYPE_BYTES and dims]
+    arrays = [(d, dims) for d, dims in _SHAPE.findall(m.group("type"))
+              if d in dump.DTYPE_BYTES and dims]
     if op.endswith("-start"):  # (operands..., outputs...)
       op = op[:-len("-start")]
       arrays = arrays[len(arrays) // 2:]
-    nbytes = sum(_DTYPE_BYTES[d] * int(np.prod(s)) for d, s in arrays)
+    nbytes = sum(dump.array_bytes(d, dims) for d, dims in arrays)
     if op == "collective-permute":
       group, received = 2, nbytes
     else:
@@ -69,9 +62,8 @@ def collectives(hlo_text: str) -> list[Collective]:
       group = len(g.group(1).split(",")) if g and g.group(1) else 1
       received = (nbytes * (group - 1) // group if op == "all-gather"
                   else nbytes)
-    found.append(Collective(op, tuple(f"{d}[{','.join(map(str, s))}]"
-                                      for d, s in arrays), nbytes, group,
-                            received))
+    found.append(Collective(op, tuple(f"{d}[{s}]" for d, s in arrays),
+                            nbytes, group, received))
   return found
 
 
@@ -94,20 +86,15 @@ class ShardedCompile:
   collectives: list[Collective] = dataclasses.field(default_factory=list)
   cache_bytes_per_device: int = 0
 
-  @property
-  def name(self) -> str:  # e.g. "2d/vendored/tree/v6e:2x2"
-    return f"{self.layout}/{self.variant}/{self.merge}/{self.topology}"
-
-  @property
-  def received_bytes(self) -> int:
-    """Bytes one device receives per step, summed over the collectives."""
-    return sum(c.received_bytes for c in self.collectives)
-
-  @property
-  def model_received_bytes(self) -> int:
-    nc = self.mesh_shape[1]
-    return self.rows_per_shard * sharded.merge_bytes_per_row(
-        self.k, nc, self.merge)
+  # E.g. "2d/vendored/tree/v6e:2x2".
+  name = property(lambda self: "/".join(
+      (self.layout, self.variant, self.merge, self.topology)))
+  # Bytes one device receives per step, compiled and modelled.
+  received_bytes = property(lambda self: sum(
+      c.received_bytes for c in self.collectives))
+  model_received_bytes = property(lambda self: self.rows_per_shard
+                                  * sharded.merge_bytes_per_row(
+                                      self.k, self.mesh_shape[1], self.merge))
 
   def row(self) -> dict:
     return {
@@ -132,11 +119,9 @@ def compile_sharded(topology: str, layout: str, *, variant: str = "vendored",
                     pages_per_share: int = 16, k: int | None = None,
                     **overrides) -> ShardedCompile:
   """Compiles `streamidx.sharded.sharded_topk` for a `TOPOLOGIES` slice, no
-  TPU; merge: "all_gather" or "tree"; seqs_per_shard: decode sequences (one
-  query row each) per data shard; pages_per_share: page-table columns per
-  device; k: default 512 (token mode) or 8 pages; **overrides: block sizes
-  replacing the table's. A compiler error is recorded (`ok` False), not raised.
-  """
+  TPU: `seqs_per_shard` decode sequences per data shard, `pages_per_share`
+  page-table columns per device, k default 512 (token mode) or 8 pages,
+  `overrides` the block sizes. A compiler error is recorded (`ok` False)."""
   if topology not in TOPOLOGIES:
     raise ValueError(f"topology: must be one of {tuple(TOPOLOGIES)} "
                      f"(got {topology!r})")
@@ -214,4 +199,3 @@ def compile_matrix(topologies=tuple(TOPOLOGIES), *, quick: bool = False
                                     page_size=16, pages_per_share=128,
                                     num_queries_per_block=8))
   return runs
-

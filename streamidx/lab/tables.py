@@ -1,8 +1,5 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
-reports), and a batch as such a list. Numbers print readably (`number`): integers and large
-floats with thousands separators, others with 4 significant digits, in exponent form only
-below 1e-4 (tolerances, errors); None as "-", everything else with `str`. Also `clock_note`:
-a model's "(no public clock ...)" note as a link to its one explanation, docs/tpu.md.
+reports), numbers as `number` prints them, None as "-"; a batch as such a list; `clock_note`.
 """
 
 from __future__ import annotations
@@ -44,9 +41,8 @@ def _text(value) -> str:
 
 
 def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
-  """`rows` as a GitHub-flavoured Markdown table, one line per row under a header (`|`
-  escaped). `cols` picks and orders the columns (default: the first row's keys); a row
-  without a column shows "-" there."""
+  """`rows` as a GitHub-flavoured Markdown table; `cols` picks and orders the columns
+  (default: the first row's keys)."""
   if not rows:
     raise ValueError("rows: must not be empty")
   cols = list(cols or rows[0])
@@ -57,8 +53,7 @@ def markdown(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
 
 
 def format_rows(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> str:
-  """`rows` as an aligned text table (cells as `markdown` writes them, unescaped), each column
-  right-aligned to its widest cell or header; "(no rows)" for none."""
+  """`rows` as an aligned text table (cells as `markdown` writes them), right-aligned."""
   if not rows:
     return "(no rows)"
   cols = list(cols or rows[0])
@@ -69,9 +64,8 @@ def format_rows(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> s
 
 
 def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
-  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown`: seq, range (of
-  `distribution`), q_len, query rows (its rows of q), seq_len, entries, physical pages (its
-  page-table row, the first `max_pages`, then "...")."""
+  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown` (its first `max_pages`
+  physical pages)."""
   i, j, _ = (int(x) for x in batch.distribution)
   cu = [int(x) for x in batch.cu_q_lens]
   rows = []

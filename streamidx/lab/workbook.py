@@ -36,13 +36,11 @@ INJECTED_TAG = "injected-parameters"
 INDEX_NAME = "index.html"
 # Roughly each notebook's seconds at its defaults on an idle 2-core CPU
 # (2026-12-01): the start order only, where no earlier copy gives its own.
-TYPICAL_SECONDS = {
-    "04_recall_parity.ipynb": 205, "06_compiled_variants.ipynb": 150,
-    "05_kernel_tiling.ipynb": 60,
-    "02_fp8_packing.ipynb": 70, "09_multichip.ipynb": 65,
-    "08_tpu_profiling.ipynb": 65, "01_cache_layout.ipynb": 40,
-    "03_kernel_walkthrough.ipynb": 30, "07_topk_selection.ipynb": 20, "00_quickstart.ipynb": 15,
-}
+TYPICAL_SECONDS = {f"{name}.ipynb": s for name, s in (
+    ("04_recall_parity", 205), ("06_compiled_variants", 150), ("05_kernel_tiling", 60),
+    ("02_fp8_packing", 70), ("09_multichip", 65), ("08_tpu_profiling", 65),
+    ("01_cache_layout", 40), ("03_kernel_walkthrough", 30), ("07_topk_selection", 20),
+    ("00_quickstart", 15))}
 # What `streamidx.describe_machine()` prints: "CPU (cpu), jax 0.10.2: <mode>".
 MACHINE_PATTERN = re.compile(r"\b(?:CPU|TPU|GPU|CUDA|ROCM|METAL) \([^()\n]*\), "
                              r"jax \d[\w.+-]*: [^\n]+")
@@ -55,13 +53,11 @@ class WorkbookError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class CellFailure:
-  """Where a notebook failed: cell_index into the SOURCE notebook's cells,
-  code_cell 1-based among its code cells (both None for papermill's
-  injected cell or outside any cell), exec_count: `In [n]` of the copy."""
+  """Where a notebook failed (None: the injected cell or outside any cell)."""
 
-  cell_index: int | None
-  code_cell: int | None
-  exec_count: int | None
+  cell_index: int | None  # into the SOURCE notebook's cells
+  code_cell: int | None  # 1-based among its code cells
+  exec_count: int | None  # `In [n]` of the copy
   ename: str
   evalue: str
   source: str
@@ -93,9 +89,7 @@ class NotebookResult:
   seconds: float
   failure: CellFailure | None
 
-  @property
-  def ok(self) -> bool:
-    return self.failure is None
+  ok = property(lambda self: self.failure is None)
 
   def line(self) -> str:
     return f"{self.name:<44} {self.seconds:8.1f}s  {'ok' if self.ok else 'FAILED'}"
@@ -164,8 +158,7 @@ def _cell(source_nb: dict, index: int, exec_count, ename, evalue, source) -> Cel
 
 def _failure_from(exc: BaseException, executed: Path, source_nb: dict) -> CellFailure:
   """Where the run failed: a cell error (papermill's index counts its
-  injected cell, right after `parameters`), else a timeout or a dead kernel
-  (the last cell the executed copy records as started was running)."""
+  injected cell), else a timeout or a dead kernel (the last started cell)."""
   if hasattr(exc, "cell_index"):
     injected = parameters_cell_index(source_nb) + 1
     if exc.cell_index == injected:
@@ -193,15 +186,14 @@ TITLE = "streamidx workbook"
 
 
 def _profile_note(profile: str, out_dir: Path) -> str:
-  """What the landing page says about the run under its plain title."""
+  """What the landing page says about the run under its title."""
   what = ("CI-sized parameters (each parameters cell's ci: values)"
           if profile == "ci" else "the notebooks' default parameters")
   return f"Run with {what}; executed copies in {Path(out_dir).name}/."
 
 
 def kernel_log(executed: Path) -> Path:
-  """Where the kernel of the run that writes `executed` writes its stdout
-  and stderr: `<out>/<stem>.kernel.log`."""
+  """Where the run's kernel writes its stdout and stderr."""
   return executed.with_suffix(".kernel.log")
 
 
@@ -209,10 +201,9 @@ TRANSPORTS = ("auto", "tcp", "ipc")
 
 
 def kernel_transport(transport: str = "auto") -> str:
-  """How the runner talks to a notebook's kernel: "tcp" (Jupyter's
-  default: ZeroMQ over loopback ports), "ipc" (ZeroMQ over Unix sockets,
-  where no TCP socket can be opened, as on this project's TPU hosts);
-  "auto": "tcp" if a loopback TCP connection can be made, else "ipc"."""
+  """How the runner talks to a notebook's kernel: "tcp" (ZeroMQ over
+  loopback ports) or "ipc" (Unix sockets, where no TCP socket can be
+  opened); "auto": "tcp" if a loopback connection can be made."""
   if transport not in TRANSPORTS:
     raise WorkbookError(f"--transport: must be one of {TRANSPORTS} (got "
                         f"{transport!r})")
@@ -230,9 +221,8 @@ def kernel_transport(transport: str = "auto") -> str:
 
 
 def _logged_kernel_manager(log: Path, transport: str = "tcp"):
-  """Kernels that write their own stdout and stderr (what they write outside a
-  cell: docs/workbook.md) to `log`, not between the runner's lines, over
-  `transport` ("ipc": Unix sockets in a fresh temporary folder)."""
+  """Kernels that write their own stdout and stderr to `log` (docs/workbook.md),
+  over `transport` ("ipc": Unix sockets in a fresh temporary folder)."""
   from jupyter_client.manager import AsyncKernelManager
 
   class LoggedKernelManager(AsyncKernelManager):
@@ -256,8 +246,7 @@ def _declared_only(record: logging.LogRecord) -> bool:
 
 def _quiet_logs(log_output: bool) -> None:
   """Silences papermill's warnings about the parameters cell (it cannot read a
-  rule's `>=`; `parameters_for` passes declared parameters only) and, without
-  `log_output`, closing kernels' asyncio noise."""
+  rule's `>=`) and, without `log_output`, closing kernels' asyncio noise."""
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
   if not log_output:
@@ -271,8 +260,7 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  transport: str = "auto") -> NotebookResult:
   """Executes one notebook with papermill (`parameters_for`) into `out_dir`
   (default: the profile's build folder); `index`: rewrite the landing page
-  after it (concurrent callers pass False and write it from one thread);
-  `transport`: the kernel's (`kernel_transport`)."""
+  after it; `transport`: the kernel's (`kernel_transport`)."""
   path = Path(path).resolve()
   if not path.is_file():
     raise WorkbookError(f"{path}: no such notebook")
@@ -341,8 +329,8 @@ def first_markdown_output(nb: dict) -> str | None:
 
 
 def machine_line(nb: dict) -> str | None:
-  """The first `describe_machine()` line in the notebook's outputs (printed,
-  or quoted in Markdown: cut at the first parenthesis it did not open)."""
+  """The first `describe_machine()` line in the notebook's outputs (cut at
+  the first parenthesis it did not open)."""
   outputs = _outputs(nb)
   texts = ([_text(o.get("text")) for o in outputs if o.get("output_type") == "stream"]
            + [_text(o.get("data", {}).get(m)) for o in outputs
@@ -379,17 +367,15 @@ _RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)")
 
 
 def rebase_links(markdown: str, notebooks_dir: Path, out_dir: Path) -> str:
-  """`markdown` written for the notebooks folder (links such as `../docs/tpu.md#x`) with its
-  relative links rewritten to resolve from `out_dir`, where the landing page lives."""
+  """`markdown` written for the notebooks folder, its relative links resolving from `out_dir`."""
   return _RELATIVE_LINK.sub(lambda m: "](" + Path(os.path.relpath(
       Path(notebooks_dir) / m.group(1).split("#")[0], out_dir)).as_posix()
       + ("#" + m.group(1).split("#", 1)[1] if "#" in m.group(1) else "") + ")", markdown)
 
 
 def rebase_notebook(nb, notebooks_dir: Path, out_dir: Path) -> int:
-  """Rewrites, in place, the relative links of an executed copy `nb` (an nbformat node) written
-  into `out_dir`: its Markdown cells and Markdown outputs, written for the notebooks folder
-  (`../docs/x.md`), then resolve from `out_dir` (`rebase_links`); how many texts changed."""
+  """`rebase_links` of an executed copy `nb`'s (an nbformat node) Markdown cells and outputs,
+  in place; how many texts changed."""
   changed = 0
   for cell in nb.cells:
     texts = [cell] if cell.cell_type == "markdown" else []
@@ -402,15 +388,13 @@ def rebase_notebook(nb, notebooks_dir: Path, out_dir: Path) -> int:
 
 
 def numbered_title(title: str, name: str) -> str:
-  """A notebook's title as the landing page shows it: "NN · title", NN its file's number,
-  whatever number (or none) its first heading carries."""
+  """A notebook's title as the landing page shows it: "NN · title", NN its file's number."""
   rest = re.sub(r"^\d+\s*[·.:-]\s*", "", title).strip()
   return f"{name[:2]} · {rest}" if rest else name[:2]
 
 
 def headline_figure(out_dir: Path, stem: str) -> str | None:
-  """The notebook's headline figure, relative to `out_dir` (`<stem>/<file>`), as its run
-  named it (`plots.save(..., headline=True)`), if the file exists."""
+  """The notebook's headline figure (`plots.save(..., headline=True)`), relative to `out_dir`."""
   from streamidx.lab.plots import HEADLINE_FILE  # pylint: disable=g-import-not-at-top
   try:
     name = json.loads((Path(out_dir) / stem / HEADLINE_FILE).read_text(encoding="utf-8"))["figure"]
@@ -420,8 +404,7 @@ def headline_figure(out_dir: Path, stem: str) -> str | None:
 
 
 def _section(source: Path, out_dir: Path, pending: str | None) -> str:
-  """The landing page's section for `source`: title, status, links, question,
-  its executed copy's answer and machine line (unread while `pending`)."""
+  """The landing page's section for `source` (its copy unread while `pending`)."""
   esc, executed = html_lib.escape, out_dir / source.name
   rendered, nb = executed.with_suffix(".html"), None
   if not pending and executed.is_file():
@@ -481,11 +464,9 @@ _PART_LABELS = {"scoring": "scoring", "selection": "selection", "rest": "fill, c
 
 
 def step_rows(calls: Sequence[dict]) -> tuple[list[dict], bool]:
-  """(one row per variant and method: its step's "scoring", "selection" and "rest" in seconds
-  and "floors", the parts that are a floor; measured?). `calls`: `records.calls(chip=STEP_CHIP,
-  shape=STEP_SHAPE)`, the newest call of each variant and method taken; with none of them
-  recorded, the model's step at that shape (`roofline.dsv4_step`: a floor where a stage has
-  no compiled count)."""
+  """(one row per variant and method: "scoring", "selection", "rest" seconds and the "floors";
+  measured?) from `calls` (`records.calls(chip=STEP_CHIP, shape=STEP_SHAPE)`, the newest of
+  each), else from the model's step at that shape (`roofline.indexer_step`)."""
   newest = {(c["variant"], c["method"]): c for c in calls if c["variant"] in STEP_VARIANTS
             and c["method"] in STEP_METHODS}
   if newest:
@@ -562,7 +543,7 @@ _STEP_CHILD = ("import json, sys; from streamidx.lab import workbook; "
 @functools.lru_cache(maxsize=1)
 def _step_png() -> tuple[bytes | None, str]:
   """(the headline's PNG, its caption), drawn once per process in a child that sees the CPU
-  only (the model must not take the TPU the notebooks' kernels need); (None, why) if it failed."""
+  only (the notebooks' kernels need the TPU); (None, why) if it failed."""
   with tempfile.TemporaryDirectory() as d:
     png = Path(d) / STEP_FIGURE
     r = subprocess.run([sys.executable, "-c", _STEP_CHILD, str(png)], capture_output=True,
@@ -586,8 +567,8 @@ def _step_section(out_dir: Path) -> str:
 def write_index(notebooks_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 heading: str | None = None, note: str = "",
                 pending: dict[str, str] | None = None) -> Path:
-  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir` through a
-  renamed temporary file (`pending`: {name: "running" or "queued"}); its path."""
+  """Writes `<out_dir>/index.html` for every notebook of `notebooks_dir` (`pending`: {name:
+  "running" or "queued"}); its path."""
   out_dir, esc = Path(out_dir), html_lib.escape
   out_dir.mkdir(parents=True, exist_ok=True)
   heading = heading or TITLE
@@ -621,8 +602,7 @@ def _select(notebooks: list[Path], only: Sequence[str]) -> list[Path]:
 
 
 def expected_seconds(source: Path, out_dir: Path) -> float:
-  """The duration of the previous passing copy in `out_dir`, else
-  `TYPICAL_SECONDS` (0 if unlisted)."""
+  """The previous passing copy's duration in `out_dir`, else `TYPICAL_SECONDS`."""
   try:
     meta = json.loads((Path(out_dir) / Path(source).name).read_text(
         encoding="utf-8"))["metadata"]["papermill"]

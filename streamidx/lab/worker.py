@@ -1,11 +1,7 @@
-"""One child process per compile or measurement: `python -m MODULE --worker
-JSON`. The child answers with one line, `RESULT_PREFIX` + JSON, on its
-stdout; `run` starts it (with the caller's environment changes) and returns
-that answer, `serve` is the child's side in a module's `main`.
-
-Why a child: libtpu's dump flags, a fresh backend, virtual CPU devices or a
-peak-memory probe are set per process (`lab.dump`, `lab.schedule`, the
-benchmark, `lab.studies.multichip`).
+"""One child process per compile or measurement (libtpu's dump flags, a fresh
+backend, virtual CPU devices, a memory probe are per process): `python -m
+MODULE --worker JSON` answers `RESULT_PREFIX` + JSON on stdout; `run` starts
+it, `serve` is the child's side in a module's `main`.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
-
-__all__ = ["RESULT_PREFIX", "run", "serve"]
 
 RESULT_PREFIX = "STREAMIDX_WORKER_RESULT "
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds this streamidx/

@@ -1,13 +1,10 @@
 """The top-k stage: indices of the k largest masked scores of each row.
 
 Every token kernel (and its reference) ends with `select_topk(scores, k,
-method)` over its f32[T, N] score buffer. The methods are records in a
-registry (`registry.METHODS`; `base.Method`: name, exactness, selection,
-what it needs from the scoring kernel, cost model, options), one module
-each; `TOPK_METHODS` lists their names (docs/topk-methods.md describes and
-compares them; "approx" is the one that is not exact on a TPU). The output
-contract and tie rule: `streamidx.topk.base`. The default method of each
-chip: `streamidx.topk.defaults` (a table with a source per row).
+method)` over its f32[T, N] score buffer. The methods are `base.Method`
+records in a registry (`registry.METHODS`), one module each; `TOPK_METHODS`
+lists them (docs/topk-methods.md). The output contract and tie rule:
+`streamidx.topk.base`; each chip's default: `streamidx.topk.defaults`.
 """
 
 from __future__ import annotations
@@ -44,17 +41,12 @@ def select_topk(scores, k: int, method: str | None = None, *,
                 extra=None, block_max=None, **options):
   """Top-k indices of masked scores: i32[T, k], -1 where the score is -inf.
 
-  scores: f32[T, N] masked scores (-inf: not visible; any float dtype,
-    compared as f32); k: entries per row (N < k pads with -1); method: one
-    of `TOPK_METHODS`, None: the default of the chip traced for
-    (`defaults.lookup`, resolved at this call); options: the method's own
-    (`METHODS[method].options`, e.g. chunk_size, block_size, radix_bits, recall_target), each checked
-    by its rule, the rest at their defaults. extra: the output the method
-    `needs` from the scoring kernel (None: computed from `scores` by its
-    `extra_ref`); block_max: `extra` of a method needing "block_max"
-    (f32[T, >= cdiv(N, w)], column j the maximum of scores[:, j * w:(j + 1)
-    * w], w its `block_max_width`). Returns i32[T, k], identical for every
-    exact method (`streamidx.topk.base`).
+  scores: f32[T, N] (-inf: not visible); k: entries per row (N < k pads
+  with -1); method: one of `TOPK_METHODS`, None: the chip's default
+  (`defaults.lookup`); options: the method's own (`METHODS[method].options`),
+  each checked. extra (or block_max, for "block_max"): the output the method
+  `needs` from the scoring kernel (None: its `extra_ref` of `scores`).
+  Identical for every exact method.
   """
   m = get(defaults.default_method() if method is None else method)
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:

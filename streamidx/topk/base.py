@@ -3,28 +3,16 @@
 Output contract, the same for every exact method (and the reference): i32[T,
 k]; row t holds the min(k, #{s: scores[t, s] > -inf}) entries with the
 largest scores, ties at the k-th score going to the lowest indices, ordered
-by score descending then index ascending; the rest of the row is -1 (N < k
-pads with -inf columns, as the vendored kernel does). `canonical_zero` maps
--0.0 and subnormals to +0.0 first, so no backend's ordering of them can split
-a tie. Rows holding a NaN score get unspecified indices (the value rules
-reject the non-finite inputs that make them).
+by score descending then index ascending; the rest of the row is -1.
+`canonical_zero` maps -0.0 and subnormals to +0.0 first. Rows holding a NaN
+score get unspecified indices.
 
-No backend's top-k op is trusted with ties: `lax.top_k`'s order among equal
-scores is not index-ascending on a TPU (this project saw it on a v5e), and
-`approx_max_k`'s comparator leaves them unordered. `rule_top_k`, the rule's
-one exact primitive, takes only the values such an op finds and makes the
-membership and the order the rule's; every method built on such an op and
-the reference (`streamidx.ref`) select through it ("radix" and "blocktop"'s
-kernel rank by the rule themselves); tests/test_topk_exact.py and
-tests/test_streaming.py check them with a `lax.top_k` that breaks ties the
-other way (tests/conftest.py, `ties_backwards`).
-
-A method is a `Method` record (its module under `streamidx.topk`, one entry
-in `streamidx.topk.registry`): its name, whether it is exact, its selection
-`select(scores f32[T, N >= k], k, extra, **options) -> i32[T, k]`, what it
-needs from the scoring kernel beside the score buffer (`needs`: None, or the
-name of an extra output such as "block_max") with `extra_ref`, the reference
-computation of that output from the scores, its cost model and its options.
+No backend's top-k op is trusted with ties (`lax.top_k`'s order among equal
+scores is not index-ascending on a TPU): `rule_top_k`, the rule's one exact
+primitive, takes only the values such an op finds and makes the membership
+and the order the rule's; tests/test_topk_exact.py checks every method with
+a `lax.top_k` that breaks ties the other way. A method is a `Method` record
+(its module under `streamidx.topk`, one entry in `registry`).
 """
 
 from __future__ import annotations
@@ -81,8 +69,7 @@ def ranked(keys, ids, k: int):
   """Each row's first k (key, id) pairs by key descending, id ascending:
   (i32[T, k], i32[T, k]), a two-key sort of keys, ids i32[T, N >= k]."""
   # ~key reverses the order of int32 without overflow.
-  neg, ids = lax.sort((~keys, ids.astype(jnp.int32)), dimension=1,
-                      num_keys=2)
+  neg, ids = lax.sort((~keys, ids.astype(jnp.int32)), dimension=1, num_keys=2)
   return ~neg[:, :k], ids[:, :k]
 
 
@@ -94,22 +81,13 @@ def order(keys, idx):
 
 
 def rule_top_k(scores, k: int, ids=None, found=None):
-  """The rule's k winners of each row: (their scores f32[T, k], -0.0 and
-  subnormals as +0.0; their ids i32[T, k]), by score descending, id
-  ascending. Where a score is -inf its id is any of the row's (`finish`
-  makes it -1).
-
-  scores: f32[T, N >= k]. ids: i32[T, N], each entry's id, distinct in a
-  row among its scores above -inf (None: the column). found: (values,
-  positions) [T, k], k entries of each row holding its k largest scores
-  (None: `lax.top_k` of the canonical scores).
-
-  Of what the top-k op found only the values are trusted, never which of
-  equal scores it holds nor their order. One pass counts each row's entries
-  tied at the k-th score: where the op found them all (or that score is
-  -inf), its k are the rule's, and a two-key sort of the k orders them.
-  Where the ties straddle the k-th place in some row, the batch is ranked
-  by a two-key sort of each whole row instead.
+  """The rule's k winners of each row: (their scores f32[T, k], canonical;
+  their ids i32[T, k]), by score descending, id ascending (a -inf score's
+  id is any; `finish` makes it -1). scores: f32[T, N >= k]; ids: i32[T, N]
+  (None: the column); found: (values, positions) [T, k] holding each row's
+  k largest scores (None: `lax.top_k`). Only found's values are trusted:
+  where a row's ties at the k-th score straddle the k-th place, the batch
+  is ranked by a two-key sort of each whole row instead of the k.
   """
   x = canonical_zero(scores)
   t, n = x.shape
@@ -216,18 +194,12 @@ def open_unit(value) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """One top-k method (module docstring).
-
-  select: (scores f32[T, N >= k], k, extra, **options) -> i32[T, k]; options
-    complete (defaults filled, None where the method picks for the shape).
-  needs: None, or the name of the extra output it reads from the scoring
-    kernel ("block_max": f32[T, >= cdiv(N, w)], column j the maximum of
-    scores[:, j * w:(j + 1) * w], w the `block_max_width` option).
-  extra_ref: (scores f32[T, N], **options) -> that output, computed from the
-    scores (what a kernel that writes it must equal); None when needs is.
-  cost: (rows, entries, k, **options) -> TopkCost (entries >= k).
-  options: the keyword options it takes, by name.
-  """
+  """One top-k method. select: (scores f32[T, N >= k], k, extra, **options)
+  -> i32[T, k] (options complete); needs: None, or the name of the extra
+  output it reads from the scoring kernel ("block_max": f32[T, >= cdiv(N,
+  w)], column j the maximum of scores[:, j * w:(j + 1) * w]); extra_ref:
+  (scores, **options) -> that output (what a kernel must equal); cost:
+  (rows, entries, k, **options) -> TopkCost."""
 
   name: str
   exact: bool

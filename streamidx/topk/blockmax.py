@@ -10,11 +10,9 @@ from streamidx.topk import base, top_k
 
 
 def block_size_for(n: int, k: int) -> int:
-  """The block: a power of two in [128, 1024] (whole 128-lane rows: a
-  narrower block pads each to 128 lanes in a TPU's layout) minimizing a sort
-  of the n / b block maxima plus one of the k * b candidates; n (one block)
-  when no such block leaves more than k blocks: the method is then one
-  `top_k`."""
+  """The block: a power of two in [128, 1024] minimizing a sort of the n / b
+  block maxima plus one of the k * b candidates; n (one `top_k`) when none
+  leaves more than k blocks."""
   best = None
   for p in range(7, 11):
     b = 1 << p
@@ -36,13 +34,9 @@ def block_maxima(scores, width: int):
 
 
 def select_blocks(scores, block_max, k, b):
-  """The second stage of "blockmax" and "fused_blockmax": i32[T, k].
-
-  scores: f32[T, N]; block_max: f32[T, blocks], blocks = cdiv(N, b) > k, the
-  maximum of entries [j * b, (j + 1) * b) of each row. The k best blocks by
-  (maximum desc, block index asc), then the k best of their entries, both
-  by `base.rule_top_k`.
-  """
+  """The second stage of "blockmax" and "fused_blockmax": i32[T, k], the k
+  best blocks of scores f32[T, N] by their maxima block_max f32[T, cdiv(N,
+  b) > k], then the k best of their entries, both by `base.rule_top_k`."""
   t, _ = scores.shape
   blocks = block_max.shape[1]
   # The k best blocks by the rule (maximum desc, block asc: zeros of both

@@ -1,21 +1,14 @@
 """The "blocktop" top-k method: one Pallas TensorCore kernel reads the
-f32[T, N] score buffer once and writes each row's k winners in the rule's
-order; no sort of the row, no XLA sort. docs/topk-methods.md ("blocktop")
-describes each step.
+f32[T, N] score buffer once and writes each row's k winners i32[T, k] in the
+rule's order (docs/topk-methods.md, "blocktop").
 
 A grid step holds 8 rows, streamed in tiles of `tile` entries; block p (p
 in [0, 1024)) of a row is its entries p, p + 1024, ... The pass keeps each
-block's `keep` best entries (score descending, index ascending, -0.0 and
-subnormals as 0) and the best one it dropped; the finish finds the bound
-(the k-th best of the first `bound_levels`), compacts the candidates at or
-before it into `capacity(k)` slots and sorts them (bitonic). Where a
-block's best dropped entry ranks before the k-th winner or more candidates
-than slots reach the bound, the row is flagged and the batch is selected by
-the rule itself (`base.top_k`): exact always, only the cost depends on
-`keep_for`.
-
-Shapes: scores f32[T, N] -> i32[T, k]; the kernel pads T to a multiple of
-8 and N to a multiple of `tile` with -inf.
+block's `keep` best entries and the best one it dropped; the finish finds
+the bound (the k-th best of the first `bound_levels`), compacts the
+candidates at or before it into `capacity(k)` slots and sorts them
+(bitonic). Where a dropped entry ranks before the k-th winner or the
+candidates overflow the slots, the batch is selected by `base.top_k`.
 """
 
 from __future__ import annotations
@@ -57,11 +50,8 @@ def _overflow_probability(block: int, p: float, keep: int) -> float:
 
 
 def keep_for(n: int, k: int) -> int:
-  """Candidates kept per block: the fewest (at least 2, at most the block's
-  n / 1024 entries) that number at least k a row and for which, were the
-  top k spread over the row at random, a row would hold a block with more
-  of them with probability below 1e-4 (then the check sends the batch to
-  `base.top_k`)."""
+  """Candidates kept per block: the fewest (>= 2) that number at least k a
+  row and overflow (top k spread at random) with probability below 1e-4."""
   block = -(-n // BLOCKS)
   p = min(1.0, k / max(1, n))
   for keep in range(2, block):
@@ -93,8 +83,7 @@ def _whole_vregs(value) -> str | None:
 
 def _insert(vals, idx, v, vi):
   """Sorted levels (f32 and i32 [8, 128] each) with one more vreg of entries
-  inserted, entries with higher indices than every kept one (a new entry
-  loses every tie)."""
+  inserted (higher indices than every kept one: it loses every tie)."""
   beats = [v > lv for lv in vals]
   # beats is monotone over the levels (False..False True..True): the new
   # entry goes to the first level it beats, the levels below shift down.
@@ -109,9 +98,9 @@ def _insert(vals, idx, v, vi):
 
 
 def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int):
-  """Inserts a tile (buf: f32[chunks, 8, chunk], entries first, first + 1,
-  ... of 8 rows) into the levels lv, li (f32 and i32 [levels * 8, 8, 128]:
-  level l of unit u at l * 8 + u), unit by unit, in index order."""
+  """Inserts a tile (buf: f32[chunks, 8, chunk] of 8 rows from entry `first`)
+  into the levels lv, li ([levels * 8, 8, 128]: level l of unit u at l * 8 +
+  u), in index order."""
   lane = lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
   for u in range(UNITS):
     def body(c, carry, u=u):
@@ -129,11 +118,8 @@ def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int):
       li[l * UNITS + u] = idx[l]
 
 
-# -- the finish -------------------------------------------------------------
-#
-# Each step of the finish is a loop over vregs of VMEM (`finish_scratch`), a
-# few vregs a loop step, so its program hardly grows with k: the compiler
-# and the interpreter see each step's code once or a few times.
+# -- the finish: each step a loop over vregs of VMEM, so its program hardly
+# grows with k.
 
 _CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
 _UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
@@ -154,9 +140,8 @@ def _before(ka, ia, kb, ib):
 
 
 def _kth(keys, idx, k: int, idx_bits: int):
-  """The (key, index) of the k-th best of the entries, i32[8, 1] each: the
-  key bit by bit (the largest with at least k entries at or above it), then
-  the index among the entries of that key."""
+  """The (key, index) of the k-th best of the entries, i32[8, 1] each, bit
+  by bit: the key, then the index among the entries of that key."""
   sign = jnp.int32(-2**31)
 
   def key_bit(i, ans):  # ans: the key's bits so far, sign bit flipped
@@ -183,8 +168,7 @@ def _move_bits(candidate_vregs: int, width: int) -> int:
 
 
 def _loop(n: int, body, carry=0):
-  """`body(v, carry)` for v in [0, n), a loop of static trip count (8
-  iterations a trip where 8 divides n)."""
+  """`body(v, carry)` for v in [0, n), unrolled by 8 where 8 divides n."""
   return lax.fori_loop(0, n, body, carry, unroll=8 if n % 8 == 0 else 1)
 
 
@@ -193,9 +177,8 @@ def _iota(shape, axis):
 
 
 def _mark(lv, li, ck, cw, key, index, n: int):
-  """Candidate vreg v (level v // 8, unit v % 8) in [0, n): its order key
-  to ck[v], whether it ranks at or before the bound (key, index) to cw[v]
-  (1 or 0)."""
+  """Candidate vreg v in [0, n): its order key to ck[v], whether it ranks
+  at or before the bound (key, index) to cw[v]."""
 
   def body(v, c):
     kk = _key(lv[v])
@@ -255,8 +238,7 @@ def _compact(li, bufs, n: int, width: int):
     block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
     live = (w & alive) != 0
     ck[v] = jnp.where(live, ck[v], _DEAD)
-    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
-                      _NO_INDEX)
+    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block, _NO_INDEX)
     return c
 
   _loop(width, decode)
@@ -277,8 +259,7 @@ def _round(src, dst, b: int, big: int):
     w = sw[pl.ds(v, _CHUNK)]
     take = (tw & bit) != 0  # a dead word (0) never moves
     dk[pl.ds(v, _CHUNK)] = jnp.where(take, tk, sk[pl.ds(v, _CHUNK)])
-    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw,
-                                     jnp.where((w & bit) != 0, 0, w))
+    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
 
   if bit >= LANES:
     def step(c, carry):
@@ -309,10 +290,8 @@ def _round(src, dst, b: int, big: int):
 
 
 def _lane_gather(x, lanes):
-  """x[c, s, lanes[c, s, l]] of [ch, 8, 128] arrays: a lane gather. Mosaic
-  takes one vreg's only as a 2-D gather ("Only take_along_axis-like gathers
-  supported" for [1, 8, 128]), so a chunk of one vreg is gathered as
-  [8, 128]."""
+  """x[c, s, lanes[c, s, l]] of [ch, 8, 128] arrays (one vreg's as a 2-D
+  gather: Mosaic takes no [1, 8, 128] one)."""
   if x.shape[0] == 1:
     return jnp.take_along_axis(x[0], lanes[0], 1,
                                mode="promise_in_bounds")[None]
@@ -320,15 +299,14 @@ def _lane_gather(x, lanes):
 
 
 def _bitonic(sk, si, nv: int):
-  """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by
-  key descending, index ascending, each row: a bitonic network whose
-  position p is lane p // nv of vreg p % nv (rank r lands there). Per
-  stage (runs of `size` positions sorted, a static loop), from the farthest
-  partners down: those >= nv apart are in one vreg, d / nv lanes apart (a
-  loop over them, each a lane gather of lane l ^ d / nv); those < nv apart
-  are vregs apart, compared and selected whole. The vregs go through
-  registers in chunks of up to 16, all stages at once when one chunk holds
-  them."""
+  """Sorts the entries of sk[0:nv], si[0:nv] (i32[8, 128] vregs of VMEM) by key
+  descending, index ascending, each row: a bitonic network whose position p is
+  lane p // nv of vreg p % nv (rank r lands there). Per stage (runs of `size`
+  positions sorted, a static loop), from the farthest partners down: those >= nv
+  apart are in one vreg, d / nv lanes apart (a loop over them, each a lane
+  gather of lane l ^ d / nv); those < nv apart are vregs apart, compared and
+  selected whole. The vregs go through registers in chunks of up to 16, all
+  stages at once when one chunk holds them."""
   ch = min(2 * _CHUNK, nv)
   shape = (ch, SUBLANES, LANES)
   lane = _iota(shape, 2)
@@ -399,9 +377,8 @@ def _bitonic(sk, si, nv: int):
 
 def _winners(sk, si, k: int, nv: int):
   """The first k ranks of `_bitonic`'s order (rank r: lane r // nv of vreg r
-  % nv): their indices, -1 where empty, as k / 128 vregs of 128 ranks; and
-  the k-th's key and index, i32[8, 1] each. A vreg of ranks takes its lanes
-  from min(nv, 128) vregs of the sort (a lane gather each)."""
+  % nv): their indices (-1: empty) as k / 128 vregs, and the k-th's key and
+  index, i32[8, 1] each."""
   lane = _iota((SUBLANES, LANES), 1)
   out = []
   for o in range(-(-k // LANES)):
@@ -422,9 +399,8 @@ def _winners(sk, si, k: int, nv: int):
 
 def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
             idx_bits):
-  """The k winners of 8 rows from their levels (docs/topk-methods.md):
-  out_ref i32[8, k rounded up to 128 lanes], flag_ref i32[8, 128] (1: the
-  row's check failed); the scratch: `finish_scratch`."""
+  """The k winners of 8 rows from their levels: out_ref i32[8, k rounded up
+  to 128], flag_ref i32[8, 128] (1: the row's check failed)."""
   n = keep * UNITS
   width = capacity(k) // LANES
   bound = bound_levels(k, keep) * UNITS
@@ -448,8 +424,7 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
 
 def finish_scratch(keep: int, k: int) -> list:
   """The finish's VMEM scratch: two pairs of key and word buffers, i32[N +
-  9, 8, 128] each (N = max(keep x 8 candidate vregs, the capacity's), 9
-  empty vregs past them)."""
+  9, 8, 128] each (N: the candidate or capacity vregs)."""
   big = max(keep * UNITS, capacity(k) // LANES) + _CHUNK + 1
   return [pltpu.VMEM((big, SUBLANES, LANES), jnp.int32)] * 4
 
@@ -469,12 +444,9 @@ def _levels(lv, li, vals_ref, idx_ref):
 
 
 def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
-  """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (HBM). refs: the
-  outputs in HBM ([G, ...] each), then the scratch: buf f32[2, tile /
-  chunk, 8, chunk] (two tiles), its DMA semaphores, the levels lv, li
-  (`_scan`), each output's block in VMEM, their semaphores, and the
-  finish's own scratch (`finish_scratch`). The grid
-  step writes its outputs by DMA, so the grid loop has no pipeline stage."""
+  """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N]. refs: the outputs in
+  HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
+  li, each output's block in VMEM, their semaphores, the finish's scratch."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
@@ -564,10 +536,8 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool):
 
 def block_candidates(scores, *, keep: int, tile: int):
   """The pass alone over scores f32[T, N]: (values f32[T, keep * 1024],
-  indices i32[...], dropped values f32[T, 1024], dropped indices i32[...]).
-  Column j * 1024 + p: the j-th best entry of block p by (score desc, index
-  asc), -inf and index 2**31 - 1 where it has fewer visible ones; dropped
-  column p: the best entry block p did not keep."""
+  indices, dropped values f32[T, 1024], dropped indices); column j * 1024 +
+  p: the j-th best entry of block p (-inf, 2**31 - 1 where none)."""
   t = scores.shape[0]
   vals, idx = _call(scores, 1, keep, tile, finish=False)
 
@@ -615,8 +585,7 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   # The fallback is the rule itself (`base.top_k`): the sort method's
   # program (a full sort, then the rule's tie check) would compile twice
   # the XLA code.
-  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k),
-                  lambda: winners)
+  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k), lambda: winners)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):

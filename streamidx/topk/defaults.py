@@ -2,25 +2,15 @@
 
 A call's `topk_method` and `select_topk`'s `method` left None take the row
 of the chip the call is traced for (`lookup()`, through
-`modes.current_generation()`, as `streamidx.blocks`' block sizes do): None
-off-TPU (CPU, the TPU interpreter, CI), else "v4", "v5e", "v5p", "v6e" or
-"v7x" (`compile_for`'s target, or the TPU device's). `lookup` is the one
-place a default is resolved; `TopkCall` does it when the call is built (in
-the trace of a jitted caller, under `compile_for` when compiling for a
-chip) and keeps the row's source in `topk_source`.
+`modes.current_generation()`; `TopkCall` resolves it when the call is
+built and keeps the row's source in `topk_source`).
 
-The rule a recorded row follows: of the exact methods that need nothing
-beside the score buffer (`KERNEL_TOPK_METHODS`: every token kernel takes
-them), the one with the fewest TensorCore bundles executed at
-DeepSeek-V4-Flash decode (`DECODE`: 64 rows x 262,144 entries, k 512) on
-that chip, fewer than every exact method recorded there
-(`data/step_schedule.json`, "selection": `streamidx.lab.dump`'s count of the
-compiled `select_topk`, a static schedule compiled without a TPU, not a
-timing). A row names the method; its `source` quotes the records it rests
-on from the data file, so no number is typed twice, and
-tests/test_topk_defaults.py checks every row's claim against the file. A
-chip without such records, and off-TPU, takes the vendored selection,
-`VENDORED_TOPK_METHOD`.
+A recorded row's rule: of the exact methods that need nothing beside the
+score buffer (`KERNEL_TOPK_METHODS`), the one with the fewest TensorCore
+bundles executed at DeepSeek-V4-Flash decode (`DECODE`) on that chip
+(data/step_schedule.json, "selection": a static schedule, not a timing);
+its `source` quotes those records (tests/test_topk_defaults.py checks
+them). Without records, and off-TPU: `VENDORED_TOPK_METHOD`.
 """
 
 from __future__ import annotations
@@ -29,9 +19,6 @@ import dataclasses
 import functools
 
 from streamidx import modes, records
-
-__all__ = ["Default", "TABLE", "DECODE", "VENDORED_TOPK_METHOD", "lookup",
-           "default_method", "decode_records"]
 
 # The vendored kernel's selection (approx_max_k(recall_target=1.0), then the
 # tie check, M12): what the table falls back on.
@@ -69,11 +56,8 @@ class Default:
   recorded: bool = False
   note: str = _NO_FIGURE
 
-  @property
-  def source(self) -> str:
-    """Where the row comes from: the records it rests on, or why it is the
-    vendored sort."""
-    return _source(self)
+  # Where the row comes from: the records it rests on, or why the vendored sort.
+  source = property(lambda self: _source(self))
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,8 +101,7 @@ TABLE: dict[str | None, Default] = {
 
 def lookup(generation: str | None = None) -> Default:
   """The table's row for `generation` (None: the chip traced for,
-  `modes.current_generation()`, None off-TPU or on a TPU it does not
-  name)."""
+  `modes.current_generation()`, None off-TPU or on a TPU it does not name)."""
   if generation is None:
     generation = modes.current_generation()
   if generation not in TABLE:

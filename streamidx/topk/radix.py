@@ -12,13 +12,8 @@ RADIX_BITS = (1, 2, 4, 8)
 
 
 def kth_largest_key(keys, k, radix_bits):
-  """Per row, the k-th largest key (i32[T]), by digit histograms.
-
-  Works on the unsigned image (key ^ 2**31, same order) from the most
-  significant digit down: each pass counts, among the entries that match the
-  digits found so far, those with each digit value or more, and keeps the
-  largest digit value whose count still reaches the rank sought.
-  """
+  """Per row, the k-th largest key (i32[T]), by digit histograms of the
+  unsigned image (key ^ 2**31), most significant digit first."""
   t, _ = keys.shape
   ukey = lax.bitcast_convert_type(keys ^ jnp.int32(-2**31), jnp.uint32)
   bins = 1 << radix_bits

@@ -25,10 +25,8 @@ KERNEL_TOPK_METHODS = tuple(m.name for m in _REGISTRY if m.needs is None)
 
 
 def check_topk_method(method, allowed=TOPK_METHODS, where: str = "") -> str:
-  """Returns `method`, or raises the one ValueError for a `topk_method`:
-  naming the `allowed` ones (default: every registered method; a kernel
-  takes its `topk_methods`), `where` they are allowed, and what a method
-  outside them needs."""
+  """Returns `method`, or raises the one ValueError for a `topk_method`
+  naming the `allowed` ones, `where`, and what a method outside them needs."""
   if not isinstance(method, str) or method not in allowed:
     why = ""
     if isinstance(method, str) and method in METHODS and METHODS[method].needs:

@@ -29,9 +29,6 @@ from streamidx.lab.bench import harness, long_context
 from streamidx.lab.bench import record
 from streamidx.lab.model import hardware, profiling, roofline, tiling
 
-__all__ = ["SHAPE", "Experiment", "EXPERIMENTS", "inputs", "program",
-           "measure", "row", "main"]
-
 SHAPE = next(p.shape for p in record.POINTS
              if p.shape.name == "dsv4-decode-64x262144").with_(fmt="dense_fp8")
 VARIANT = "lean"

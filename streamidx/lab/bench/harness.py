@@ -1,6 +1,5 @@
 """The benchmark's harness: columns, worker processes, timing, checks, `run`
-(why every measurement runs in a fresh worker, and the JSON it writes:
-docs/benchmarks.md, "Worker processes").
+(docs/benchmarks.md, "Worker processes").
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.bench.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
+from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
 from streamidx.lab.model import profiling, roofline, tiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
@@ -47,9 +46,8 @@ IMPLEMENTATIONS = (*kernel_columns(), "reference", "streaming", "oracle")
 
 
 def variant_format(variant: str, fmt: str) -> str | None:
-  """The cache format `variant` reads for a shape stored as `fmt`: `fmt`
-  itself, else the variant's first layout that decodes to `fmt`'s keys
-  (`CacheLayout.decodes_as`: "dense_fp8" for "fp8"); None if neither."""
+  """The cache format `variant` reads for a shape stored as `fmt`: `fmt`,
+  else its first layout that decodes to `fmt`'s keys, else None."""
   formats = variants_lib.get(variant).cache_formats
   return fmt if fmt in formats else next(
       (f for f in formats if cache_lib.CACHE_FORMATS[f].decodes_as == fmt),
@@ -68,10 +66,8 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str,
 
 def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call (3 traced calls: the whole and its
-  parts, `profiling.stage_times`) and the roofline bound of the vendored
-  kernel's call, which only the baseline column gets a
-  `fraction_of_roofline` of."""
+  """On a TPU: device seconds per call and its parts (`stage_times`) and the
+  vendored kernel's roofline bound (the baseline: `fraction_of_roofline`)."""
   with tempfile.TemporaryDirectory() as d:
     cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
     times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
@@ -143,10 +139,9 @@ def oracle_agreement(shape: Shape, got, parts) -> dict:
 
 
 def worker(spec: dict) -> dict:
-  """One implementation on one shape, in a worker process: inputs (seed 0, or
-  `long_context_args`), `compile_call`, `measure`, indices to `spec["save"]`;
-  untimed, the reference's scores (`save_scores`) and `oracle_agreement` (all
-  of up to 32 rows, else the first and last 8; long context: `spot_check`)."""
+  """One implementation on one shape, in a worker process: `compile_call`,
+  `measure`, indices to `spec["save"]`; untimed, the reference's scores and
+  `oracle_agreement` (up to 32 rows, else the first and last 8)."""
   if spec.get("machine"):
     total = memory.proc_bytes("MemTotal", "/proc/meminfo")
     return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
@@ -208,9 +203,8 @@ def worker(spec: dict) -> dict:
 
 
 def run_worker(spec: dict, timeout: float = 3600.0) -> dict:
-  """`spec` in a fresh `python -m streamidx.bench --worker` process
-  (`lab.worker`): its result with status "ok", or {"status": "error",
-  "reason": ...}."""
+  """`spec` in a fresh worker process: its result with status "ok", or
+  {"status": "error", "reason": ...}."""
   try:
     return dict(lab_worker.run("streamidx.bench", spec, timeout=timeout),
                 status="ok")
@@ -233,10 +227,9 @@ def vs_reference(got, ref) -> dict:
 def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
         repeats: int, out: Path, long: bool = False, progress: bool = True,
         settings: dict | None = None, shape_fields=None) -> dict:
-  """Every implementation on every shape, checked; writes the JSON `out`. The
-  reference runs first, the others are compared with it (`vs_reference`;
-  `long`: long-context inputs, indices only); shape_fields: shape -> more
-  fields of its entry in "shapes"."""
+  """Every implementation on every shape, checked against the reference
+  (run first) and the oracle; writes the JSON `out`. shape_fields: shape ->
+  more fields of its entry in "shapes"."""
   if unknown := sorted(set(implementations) - set(IMPLEMENTATIONS)):
     raise ValueError(f"implementations: {', '.join(map(repr, unknown))} not "
                      f"in {IMPLEMENTATIONS}")
@@ -287,8 +280,7 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
               impl=impl, long=long, repeats=repeats, save=save,
               save_scores=impl == "reference" and not long and scores)))
         if row["status"] == "ok":
-          row["entries_per_s"] = shape.visible_pairs() / row["wall_s"][
-              "median"]
+          row["entries_per_s"] = shape.visible_pairs() / row["wall_s"]["median"]
           row["agreement"] = {"vs_oracle": row.pop("vs_oracle")}
           if ref is not None:
             row["agreement"]["vs_reference"] = vs_reference(np.load(save), ref)
@@ -313,9 +305,8 @@ def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
                      out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k (`harness.run`, one warm-up and one
-  timed call), each shape with `streaming.one_chunk_temp_bytes`' (low, high):
-  <out_dir>/long_context.json."""
+  """Both settings on each shape at each k, one timed call, beside
+  `streaming.one_chunk_temp_bytes`: <out_dir>/long_context.json."""
   def formula(shape):
     b = shape.batch()
     low, high = streaming.one_chunk_temp_bytes(

@@ -26,8 +26,7 @@ def ratios(doc) -> dict:
           for i in doc["settings"]["implementations"]}
   geo = {i: {"geomean": statistics.geometric_mean(v), "shapes": len(v)}
          for i, v in vals.items() if v}
-  return {"time_over_reference": per_shape,
-          "geomean_time_over_reference": geo}
+  return {"time_over_reference": per_shape, "geomean_time_over_reference": geo}
 
 
 def verdict(a) -> str:

@@ -4,11 +4,7 @@
 
 from __future__ import annotations
 
-from streamidx.lab.shapes import (LONG_CONTEXT, LONG_CONTEXT_KS, QUICK, SWEEP,
-                                  Shape)
-
-__all__ = ["Shape", "SWEEP", "QUICK", "LONG_CONTEXT", "LONG_CONTEXT_KS",
-           "parse_shape"]
+from streamidx.lab.shapes import QUICK, SWEEP, Shape
 
 
 def parse_shape(text: str) -> Shape:

@@ -1,15 +1,10 @@
 """The top-k stage (`--topk`, docs/benchmarks.md): the reference and every
 `streamidx.topk` method timed on this machine, each checked row by row
-against the rule's NumPy oracle (`bench.oracle.topk_rule`; no method is the
-check: `lax.top_k`'s tie order is not the rule's on a TPU); with `--json`
-(or `--compile`) the TensorCore bundles each one's compiled selection
-program executes per generation at DeepSeek-V4's decode and prefill shapes
-(`COUNT_SHAPES`), one JSON object a line, from the records in
-data/step_schedule.json (`lab.calibration.record_selection`, the one
-instrument; `--compile` compiles the missing ones and appends them); or
-with `--cost-analysis` XLA's cost analysis of each compiled per generation
-(libtpu, no TPU) in <out>/topk_compile.json, which
-`lab.model.topk.recommend(estimates=)` reads.
+against the rule's NumPy oracle (`bench.oracle.topk_rule`); `--json`,
+`--table`: the TensorCore bundles each one's compiled selection executes
+per generation at `COUNT_SHAPES`, from data/step_schedule.json
+(`--compile` records the missing ones); `--cost-analysis`: XLA's cost
+analysis of each, in <out>/topk_compile.json.
 """
 
 from __future__ import annotations
@@ -32,20 +27,12 @@ from streamidx.lab.bench import harness, oracle
 from streamidx.lab.model import roofline
 from streamidx.lab.model import topk as topk_model
 
-# /2: median, min, max, runs as harness.measure; /3: every result (the
-# reference's too) checked against the rule's NumPy oracle, `rows_identical`
-# of `rows`, instead of against the reference (`identical_to_reference`).
+# /3: every result checked against the rule's NumPy oracle (`rows_identical`).
 SCHEMA = "streamidx.bench.topk/3"
-
-
-# Decode B=64 at 128K and 1M tokens, ratio 4 (DeepSeek-V4 k=512): score
-# buffers f32[shape.rows, shape.entries].
+# The timing's shapes: decode B=64 at 128K and 1M tokens, ratio 4, k 512.
 SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
-
-
-# The bundle counts' shapes (issue 38): decode, 64 rows x 262,144 entries
-# (1M tokens at ratio 4) at k 512, 1,024 and 2,048; prefill, 2,048 rows x
-# 262,144 at k 512.
+# The bundle counts' (issue 38): decode, 64 rows x 262,144 entries at k 512,
+# 1,024 and 2,048; prefill, 2,048 rows x 262,144 at k 512.
 COUNT_SHAPES = (
     shapes_lib.DSV4_DECODE_1M,
     dataclasses.replace(shapes_lib.DSV4_DECODE_1M, k=1024),
@@ -59,15 +46,9 @@ COUNT_KEYS = ("method", "generation", "rows", "entries", "k", "tc_bundles",
 def bundle_line(shape: shapes_lib.Shape, generation: str, method: str,
                 row: dict | None) -> dict:
   """One JSON line of `--json`: `COUNT_KEYS` and what qualifies them, from
-  a `data/step_schedule.json` selection row (None: not recorded).
-
-  tc_bundles: the selection program's TensorCore bundles executed (None
-  where not recorded, or where a loop's trip count is dynamic: `note`).
-  sc_bundles: 0 without SparseCore calls; None with them (the dump has no
-  SparseCore bundles), their bytes in sparsecore_hbm_bytes. A method that
-  reads an extra output of the scoring kernel gets it as an input; the
-  bundles that output adds to the scoring kernel are not in tc_bundles
-  (`fused_extra`)."""
+  a data/step_schedule.json selection row (None: not recorded). tc_bundles
+  None: not recorded, or a dynamic trip count (`note`); sc_bundles 0
+  without SparseCore calls, None with them (not in the dump)."""
   m = topk.METHODS[method]
   line = dict(method=method, generation=generation, rows=shape.rows,
               entries=shape.entries, k=shape.k, tc_bundles=None,
@@ -144,8 +125,7 @@ def parse_shape(text: str) -> shapes_lib.Shape:
                           compression_ratio=ratio)
 
 
-def _name(shape: shapes_lib.Shape) -> str:
-  return f"{shape.rows}x{shape.entries}:{shape.k}"
+_name = lambda s: f"{s.rows}x{s.entries}:{s.k}"  # pylint: disable=unnecessary-lambda-assignment
 
 
 def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
@@ -159,45 +139,32 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   return x
 
 
-def _time(fn, args, repeats):
-  """fn(*args) jitted (args are arguments, never constants to fold)."""
-  info, call = harness.compile_call(fn, args, {})
-  out, res = harness.measure(call, repeats)
-  return np.asarray(out), {"compile_s": info["compile_s"], **res["wall_s"]}
-
-
 def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
-  """Times the reference and every method on each shape and checks each
-  one against the rule (`bench.oracle.topk_rule`, NumPy): `rows_identical`
-  of `rows`; "approx" also its recall. Returns the doc."""
+  """Times the reference and every method on each shape (jitted, the scores an
+  argument) and checks each against the rule (`bench.oracle.topk_rule`):
+  `rows_identical` of `rows`; "approx" also its recall. Returns the doc."""
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k
     want = oracle.topk_rule(x_np, k)
     x = jnp.asarray(x_np)
-
-    def checked(impl, got, timing, exact=True):
-      row = {"shape": _name(shape), "impl": impl, **timing, "exact": exact,
-             "rows": int(want.shape[0]),
+    for m in ("reference", *topk.TOPK_METHODS):
+      rec = None if m == "reference" else topk.get(m)
+      args = (x,) + ((rec.extra_ref(x, **rec.resolve({})),)
+                     if rec and rec.needs else ())  # as the kernel writes it
+      fn = (lambda s: ref.topk_from_scores(s, k)) if rec is None else (
+          lambda s, *e, m=m: topk.select_topk(s, k, m, extra=e[0] if e else None))
+      info, call = harness.compile_call(fn, args, {})
+      got, res = harness.measure(call, repeats)
+      got, exact = np.asarray(got), rec is None or rec.exact
+      row = {"shape": _name(shape), "impl": m, "compile_s": info["compile_s"],
+             **res["wall_s"], "exact": exact, "rows": int(want.shape[0]),
              "rows_identical": int((got == want).all(axis=1).sum())}
       if not exact:
         row["recall_here"] = metrics.recall_at_k(got, want, x_np)
         row["tpu_recall_model"] = topk_model.approx_recall(x_np, k)
-      return row
-
-    results.append(checked("reference", *_time(
-        lambda s: ref.topk_from_scores(s, k), (x,), repeats)))
-    for m in topk.TOPK_METHODS:
-      rec = topk.get(m)
-      if rec.needs:  # its extra output as the kernel writes it
-        extra = rec.extra_ref(x, **rec.resolve({}))
-        got, timing = _time(lambda s, e, m=m: topk.select_topk(
-            s, k, m, extra=e), (x, extra), repeats)
-      else:
-        got, timing = _time(lambda s, m=m: topk.select_topk(s, k, m), (x,),
-                            repeats)
-      results.append(checked(m, got, timing, rec.exact))
+      results.append(row)
   on_tpu = jax.default_backend() == "tpu"
   return {"schema": SCHEMA, "machine": modes.describe_machine(),
           "timings_are": ("TPU wall times (this machine)" if on_tpu else
@@ -261,9 +228,8 @@ def format_compile_table(doc) -> str:
 
 
 def format_counts(lines) -> str:
-  """The recorded counts as a table: per shape and chip, each method's
-  tc_bundles and, for an exact method, its ratio to the sort's at the same
-  shape; then `goal_lines`."""
+  """The recorded counts as a table (each exact method's tc_bundles over
+  the sort's at the same shape), then `goal_lines`."""
   sort = {(l["generation"], l["rows"], l["entries"], l["k"]): l["tc_bundles"]
           for l in lines if l["method"] == "sort"}
   rows = []
@@ -290,16 +256,15 @@ def format_counts(lines) -> str:
 
 
 # Issue 38's goals: decode, the best exact method at most 1/12 of the sort's
-# bundles and 10% of the lean scoring kernel's; prefill, 1/10 of the sort's.
-# The lean kernel's bundles: its decode KV loop (data/decode_schedule.json)
-# at LEAN_BKV_P pages a step, the fewest bundles a page recorded.
+# bundles and 10% of the lean scoring kernel's (its decode KV loop at
+# LEAN_BKV_P pages a step, data/decode_schedule.json); prefill, 1/10 of the
+# sort's.
 LEAN_BKV_P = 8
 
 
 def lean_kernel_bundles(generation: str, shape: shapes_lib.Shape):
-  """(bundles, how): the lean scoring kernel's decode KV loop over the
-  shape's pages (bundles_per_page x rows x entries / page_size), or
-  (None, why)."""
+  """(bundles, how): the lean kernel's decode KV loop over the shape's
+  pages, or (None, why)."""
   rec = roofline.recorded_bundles(
       "lean", generation, "dense_fp8", bkv_p=LEAN_BKV_P, seq_batch_size=4,
       num_heads=shape.num_heads, head_dim=shape.head_dim,
@@ -359,32 +324,20 @@ def goal_lines(lines) -> list[str]:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
-      description="Every streamidx.topk method timed on this machine beside "
-      "the reference, each checked against the rule's NumPy oracle; or (--json, --compile) the TensorCore bundles each "
-      "one's compiled selection executes on v5e, v6e and v7x at DeepSeek-V4 "
-      "decode (64 x 262,144, k 512, 1,024, 2,048) and prefill (2,048 x "
-      "262,144, k 512), from data/step_schedule.json "
-      "(streamidx/lab/bench/topk.py).")
+      description=__doc__.split("\n\n")[0].replace("`", ""))
   p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K",
                  help="shapes (default: the timing's or the counts' own)")
   p.add_argument("--repeats", type=int, default=5,
                  help="timed calls after the warm-up (default 5)")
   p.add_argument("--out", default="build/bench",
                  help="output folder (default build/bench)")
-  p.add_argument("--json", action="store_true",
-                 help="instead of timing: the recorded bundle counts, one "
-                 "JSON object a line (method, generation, rows, entries, k, "
-                 "tc_bundles, sc_bundles, and notes); a shape not recorded "
-                 "has tc_bundles null")
-  p.add_argument("--table", action="store_true",
-                 help="instead of timing: the recorded bundle counts as a "
-                 "table, each exact method's ratio to the sort's, and issue "
-                 "38's goals")
+  p.add_argument("--json", action="store_true", help="instead of timing: "
+                 "the recorded bundle counts, one JSON object a line")
+  p.add_argument("--table", action="store_true", help="instead of timing: "
+                 "the recorded counts as a table, with issue 38's goals")
   p.add_argument("--compile", action="store_true",
                  help="with the counts: compile (libtpu, no TPU; minutes "
-                 "each) every one not recorded and append it to "
-                 "data/step_schedule.json (with the command and date); "
-                 "then --json's lines, or without --json the table")
+                 "each) and record every one not recorded")
   p.add_argument("--generations", nargs="+", choices=GENERATIONS,
                  default=list(GENERATIONS), help="the counts' chips")
   p.add_argument("--methods", nargs="+", choices=topk.TOPK_METHODS,

@@ -1,8 +1,6 @@
-"""The hardware model: what each TPU generation offers, with its sources.
-
-Numbers live in `data/tpu_specs.json`, each with the public page it came
-from (`TpuSpec.sources`); a number no public page gave is `None`, never a
-guess. Chip, TensorCore, device, kernel and device rates: docs/tpu.md.
+"""The hardware model: what each TPU generation offers, from
+`data/tpu_specs.json`, each number with its source (`TpuSpec.sources`; None:
+no public page gave it). The rates: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -57,29 +55,23 @@ class TpuSpec:
       raise ValueError(f"dtype must be one of {tuple(_PEAK_FIELD)}, got {dtype!r}")
     return getattr(self, _PEAK_FIELD[dtype])
 
-  @property
-  def tensorcores_per_device(self) -> int:
-    return self.tensorcores_per_chip // self.jax_devices_per_chip
+  tensorcores_per_device = property(
+      lambda self: self.tensorcores_per_chip // self.jax_devices_per_chip)
 
   # One TensorCore (a Pallas launch) and one JAX device (an XLA op): the
   # chip's rates split evenly (model assumption; docs/tpu.md).
   def kernel_peak(self, dtype: str = "bf16") -> float | None:
     return _share(self.peak(dtype), self.tensorcores_per_chip)
 
-  @property
-  def kernel_bandwidth(self) -> float:
-    return self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip
-
   def device_peak(self, dtype: str = "bf16") -> float | None:
     return _share(self.peak(dtype), self.jax_devices_per_chip)
 
-  @property
-  def device_bandwidth(self) -> float:
-    return self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip
-
-  @property
-  def device_ici_bandwidth(self) -> float | None:  # None: unpublished
-    return _share(self.ici_bandwidth_bytes_per_s, self.jax_devices_per_chip)
+  kernel_bandwidth = property(
+      lambda self: self.hbm_bandwidth_bytes_per_s / self.tensorcores_per_chip)
+  device_bandwidth = property(
+      lambda self: self.hbm_bandwidth_bytes_per_s / self.jax_devices_per_chip)
+  device_ici_bandwidth = property(lambda self: _share(  # None: unpublished
+      self.ici_bandwidth_bytes_per_s, self.jax_devices_per_chip))
 
   def ridge_point(self, dtype: str = "bf16") -> float | None:
     """FLOPs per HBM byte above which a kernel is compute-bound (peak / bandwidth)."""
@@ -146,10 +138,8 @@ def _parse(doc: Mapping[str, Any], path) -> dict[str, TpuSpec]:
 
 
 def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
-  """Reads the recorded TPU table (`records`' "tpu_specs", or the file
-  `path`): {generation: TpuSpec}. FileNotFoundError names a missing `path`;
-  ValueError the field of a malformed entry (a number without a source,
-  ...)."""
+  """{generation: TpuSpec} of the recorded TPU table (or the file `path`);
+  ValueError names the field of a malformed entry."""
   if path is None:
     return _parse(records.load("tpu_specs"), records.path("tpu_specs"))
   path = Path(path)
@@ -183,4 +173,3 @@ def detect_generation(device=None) -> str | None:
   if getattr(device, "platform", None) != "tpu":
     return None
   return generation_from_device_kind(getattr(device, "device_kind", ""))
-

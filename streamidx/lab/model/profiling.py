@@ -1,7 +1,5 @@
 """Measuring the kernel: profiler traces and per-op device times, split into
-the parts `records.PARTS` (how to use them, why times come from a trace, what
-`stage_times` sums and reports off a TPU: docs/tpu.md, "Measuring the
-kernel"; the records they feed: `streamidx.lab.bench.record`).
+the parts `records.PARTS` (docs/tpu.md, "Measuring the kernel").
 """
 
 from __future__ import annotations
@@ -26,19 +24,15 @@ from streamidx.lab.model import hardware
 
 ITERATION_ANNOTATION = "streamidx_iteration"
 # The part of the call a device op belongs to (`records.PARTS`), by regex:
-# "copies" over the op's own name (a layout copy wherever it runs), the
-# others over its name and string args, where its named scope (op metadata)
-# is: the driver runs its stages under `driver.STAGE_SCOPES`, `select_topk` under
-# "select_topk_<method>", and the scoring kernels' pallas_calls are named
-# "StreamIdxTC-..." / "StreamIdxPageTC-...". First match wins; else "other".
+# "copies" over the op's own name, the others over its name and string args
+# (its named scope: `driver.STAGE_SCOPES`, "select_topk_<method>", the
+# kernels' "StreamIdx..." names). First match wins; else "other".
 COPY_OPS = r"^(copy|transpose|bitcast|reshape)([.-]|$)"
 STAGE_PATTERNS: tuple[tuple[str, str], ...] = (
     ("selection", r"select_topk_"),
     ("scoring", r"StreamIdx|" + STAGE_SCOPES["scoring"]),
     ("fill", STAGE_SCOPES["fill"]),
-    # XLA's TPU sort passes make new sort instructions without the op's
-    # scope (the v5e's profile: "sort.16" with no name of its own); the
-    # fill's and the kernel's ops sort nothing unscoped, the selection does.
+    # XLA's TPU sort passes make sort instructions without the op's scope.
     ("selection", r"^sort([.-]|$)"),
 )
 
@@ -56,9 +50,8 @@ class Capture:
 
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
             iterations: int = 3, warmup: int = 1) -> Capture:
-  """Runs `fn` `warmup` times untraced (compile), then `iterations` times traced
-  into `log_dir` (Perfetto, no Python frames: they swamp an interpreted kernel),
-  each under the `ITERATION_ANNOTATION` and waited for before the next."""
+  """Runs `fn` `warmup` times untraced, then `iterations` times traced into
+  `log_dir` (Perfetto, no Python frames), each under `ITERATION_ANNOTATION`."""
   if iterations < 1 or warmup < 0:
     raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
                      f"{iterations}, {warmup}")
@@ -89,17 +82,15 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
 
 @dataclasses.dataclass
 class Trace:
-  """A parsed Chrome/Perfetto JSON trace: its "X" events (name, pid, tid, ts and
-  dur in microseconds, args), processes (pid -> name), threads ((pid, tid) -> name)."""
+  """A parsed Chrome/Perfetto JSON trace: "X" events (ts, dur in us),
+  processes (pid -> name), threads ((pid, tid) -> name)."""
 
   events: list[dict]
   processes: dict[int, str]
   threads: dict[tuple[int, int], str]
 
   def device_pids(self) -> list[int]:
-    """Processes of accelerator devices ("/device:TPU:0", ...) that recorded
-    events (libtpu's compile-only devices, `streamidx.compile_for` earlier in
-    the process, appear in a CPU run's trace without any)."""
+    """Processes of accelerator devices ("/device:TPU:0", ...) with events."""
     busy = {e["pid"] for e in self.events}
     return sorted(p for p, n in self.processes.items()
                   if n.startswith("/device:") and "CPU" not in n.upper()
@@ -130,14 +121,12 @@ def stage_of(event: Mapping[str, Any], unnamed: str = "other") -> str:
     return "copies"
   text = " ".join([event.get("name", "")] + [
       v for v in (event.get("args") or {}).values() if isinstance(v, str)])
-  return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)),
-              unnamed)
+  return next((st for st, rx in STAGE_PATTERNS if re.search(rx, text)), unnamed)
 
 
 def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
   """Each event's own duration on one line: its `dur` less the events
-  nested in it (a `conditional` or `while` op spans the ops of its body),
-  so that the line's self times sum to its busy time once."""
+  nested in it, so that the self times sum to the busy time."""
   order = sorted(range(len(events)),
                  key=lambda i: (events[i]["ts"], -events[i].get("dur", 0.0)))
   own = [float(e.get("dur", 0.0)) for e in events]
@@ -155,16 +144,11 @@ def self_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
 
 def stage_times(trace: Trace, *, iterations: int,
                 unnamed: str = "other") -> dict:
-  """Device seconds per iteration: the whole and its parts, which sum to it.
-
-  {"device", "source", "total_s" (the device's "XLA Modules" line: the
-  programs' own durations; without that line, the ops' busy time), one
-  "<part>_s" per `records.PARTS` (each op's self time, `self_times`, by
-  `stage_of`, `unnamed` the part of an op no pattern names; "idle_s" the
-  module time no op covers), "ops": [{"name",
-  "stage", "count", "self_us"}] by time, "host_call_s": the mean host-clock
-  duration of one `capture` iteration's annotation, "host_call_events"};
-  every time None off-device (a CPU trace has no device lines)."""
+  """Device seconds per iteration, the whole and its parts: {"device",
+  "source", "total_s" (the "XLA Modules" line, else the ops' busy time), one
+  "<part>_s" per `records.PARTS` (ops' self times by `stage_of`; "idle_s"
+  what no op covers), "ops" by time, "host_call_s", "host_call_events"};
+  every time None off-device."""
   from streamidx import records  # pylint: disable=g-import-not-at-top
   if iterations < 1:
     raise ValueError(f"iterations must be >= 1, got {iterations}")

@@ -21,12 +21,6 @@ from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
 from streamidx.lab.model import topk as topk_model
 
-__all__ = ["StageCost", "Bound", "costs", "bounds", "predict", "PageBound",
-           "page_bound", "page_bounds", "recorded_schedule",
-           "recorded_bundles", "StepBound", "step_bound", "indexer_step",
-           "dsv4_step",
-           "DSV4_MODELS", "public_ratio", "max_published_clock_hz", "Stage",
-           "selection_stages", "step_stages"]
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
@@ -40,14 +34,11 @@ class StageCost:
   useful_flops: int = 0
   useful_bytes: int = 0
 
-  @property
-  def bytes(self) -> int:
-    return sum(self.bytes_read.values()) + sum(self.bytes_written.values())
-
-  @property
-  def intensity(self) -> float:
-    """FLOPs per HBM byte."""
-    return self.flops / self.bytes if self.bytes else 0.0
+  bytes = property(lambda self: sum(self.bytes_read.values())
+                   + sum(self.bytes_written.values()))
+  # FLOPs per HBM byte.
+  intensity = property(lambda self: self.flops / self.bytes if self.bytes
+                       else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +52,9 @@ class Bound:
   bandwidth: float  # bytes/s used
   peak: float | None  # FLOP/s used (None: no MXU work)
 
-  @property
-  def bound(self) -> float:
-    return max(self.t_mem, self.t_math)
-
-  @property
-  def limiter(self) -> str:
-    return "memory" if self.t_mem >= self.t_math else "compute"
+  bound = property(lambda self: max(self.t_mem, self.t_math))
+  limiter = property(lambda self: "memory" if self.t_mem >= self.t_math
+                     else "compute")
 
 
 def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
@@ -164,13 +151,11 @@ class PageBound:
   t_hbm: float
   clock_hz: float | None
 
-  @property
-  def t_compute(self) -> float | None:
-    return None if self.clock_hz is None else self.bundles_per_page / self.clock_hz
-
-  @property
-  def break_even_clock_hz(self) -> float:  # schedule time == HBM time
-    return self.bundles_per_page / self.t_hbm
+  t_compute = property(lambda self: None if self.clock_hz is None
+                       else self.bundles_per_page / self.clock_hz)
+  # The clock at which the schedule's time equals the HBM time.
+  break_even_clock_hz = property(lambda self: self.bundles_per_page
+                                 / self.t_hbm)
 
   @property
   def verdict(self) -> str:
@@ -223,10 +208,9 @@ def page_bounds(schedules, *, head_dim: int = 128,
 # ---------------------------------------------------------------------------
 # The step with the vector unit: HBM, MXU and static-schedule time, one call.
 
-# Bundles per KV page of the decode launch's KV loop, as `python -m
-# streamidx.lab.schedule` printed them (command and date in the file;
-# tests/test_aot.py recompiles one row so the table cannot rot).
 def recorded_schedule() -> dict:
+  """Bundles per KV page of the decode launches' KV loop, as `python -m
+  streamidx.lab.schedule` printed them (data/decode_schedule.json)."""
   return records.load("decode_schedule")
 
 
@@ -271,18 +255,13 @@ class StepBound:
   stages: tuple = ()
   clock_source: str = ""
 
-  @property
-  def bundles(self) -> float | None:
-    """Scheduled bundles: two calls' vector times compare as these, clock or not."""
-    return None if self.bundles_per_page is None else self.bundles_per_page * self.kv_pages
-
-  @property
-  def t_vector(self) -> float | None:
-    return None if not (self.clock_hz and self.bundles) else self.bundles / self.clock_hz
-
-  @property
-  def break_even_clock_hz(self) -> float | None:
-    return self.bundles / self.t_hbm if self.bundles and self.t_hbm else None
+  # Scheduled bundles: two calls' vector times compare as these, clock or not.
+  bundles = property(lambda self: None if self.bundles_per_page is None
+                     else self.bundles_per_page * self.kv_pages)
+  t_vector = property(lambda self: None if not (self.clock_hz and self.bundles)
+                      else self.bundles / self.clock_hz)
+  break_even_clock_hz = property(lambda self: self.bundles / self.t_hbm
+                                 if self.bundles and self.t_hbm else None)
 
   @property
   def binding(self) -> str:
@@ -301,21 +280,15 @@ class StepBound:
       return not self.stages_complete
     return self.t_vector is None and self.binding == "vector"
 
-  @property
-  def kernel_s(self) -> float:
-    return max(t for t in (self.t_hbm, self.t_mxu, self.t_vector) if t is not None)
+  kernel_s = property(lambda self: max(
+      t for t in (self.t_hbm, self.t_mxu, self.t_vector) if t is not None))
+  total_s = property(lambda self: sum(st.bound for st in self.stages)
+                     if self.stages else self.t_xla + self.kernel_s)
 
-  @property
-  def total_s(self) -> float:
-    if self.stages:
-      return sum(st.bound for st in self.stages)
-    return self.t_xla + self.kernel_s
-
-  @property
-  def stages_complete(self) -> bool:
-    """Every stage that runs compiled code has its bundle count."""
-    return all(st.bundles is not None and st.clock_hz and not st.floor
-               for st in self.stages if st.name != "fill")
+  # Every stage that runs compiled code has its bundle count.
+  stages_complete = property(lambda self: all(
+      st.bundles is not None and st.clock_hz and not st.floor
+      for st in self.stages if st.name != "fill"))
 
   def share(self, name: str) -> float:
     """A stage's share of `total_s` (stages of that name summed)."""
@@ -394,13 +367,10 @@ class Stage:
   detail: str = ""
   floor: bool = False  # bundles of part of the program only (a lower bound)
 
-  @property
-  def t_bundles(self) -> float | None:
-    return None if self.bundles is None or not self.clock_hz else self.bundles / self.clock_hz
-
-  @property
-  def bound(self) -> float:
-    return max(self.t_hbm, self.t_mxu, self.t_bundles or 0.0)
+  t_bundles = property(lambda self: None if self.bundles is None
+                       or not self.clock_hz else self.bundles / self.clock_hz)
+  bound = property(lambda self: max(self.t_hbm, self.t_mxu,
+                                    self.t_bundles or 0.0))
 
   @property
   def limiter(self) -> str:
@@ -422,19 +392,17 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class LaunchProgram:
-  """The whole launch as compiled (its module: the kernel, the layout copies
-  XLA puts around it, the top-level program), its bundles executed as a
-  function of its dynamic loops (the grid over programs, the query-block
-  loop where there is one, the KV loop): `outside` once, then per program
-  `levels[0]`, per query block `levels[1]` (prefill), per KV step the last."""
+  """The whole launch as compiled (the kernel, XLA's layout copies, the
+  top-level program), its bundles as a function of its dynamic loops:
+  `outside` once, per program `levels[0]`, per query block `levels[1]`
+  (prefill), per KV step the last."""
 
   outside: int
   levels: tuple  # own bundles of each nested dynamic loop, outermost first
   calls: tuple  # (callee, bundles per call) of the module's other programs
 
   def executed(self, programs) -> int:
-    """Bundles for `programs` (a `tiling.PlannedLaunch`'s, each with num_bq and
-    num_bkv): the KV loop's trips come from the batch, as per page."""
+    """Bundles for `programs` (a `tiling.PlannedLaunch`'s)."""
     total = self.outside
     for pr in programs:
       if len(self.levels) == 2:
@@ -476,18 +444,16 @@ def selection_stages(generation: str, method: str, rows: int, entries: int,
                      compiled_entries: int | None = None) -> list[Stage]:
   """The selection (`select_topk(f32[rows, entries], k, method)` compiled:
   its bundles less the layout copies, the method's HBM bytes) and the
-  layout copies inside its program (their bundles; the bytes they and the
-  SparseCore calls read and write) on `generation`, from
-  data/step_schedule.json (bundles None where no compile is recorded);
-  `compiled_entries`: the record to read when none is at `entries` (the
-  kernel's padded buffer read at the unpadded width, said in the detail)."""
+  layout copies in its program (their bundles and bytes, the SparseCore
+  calls' too) on `generation`, from data/step_schedule.json (bundles None:
+  no compile recorded); `compiled_entries`: the record to read when none is
+  at `entries`."""
   spec = hardware.spec(generation)
   rec = selection_record(generation, method, rows, entries, k)
   cost = topk_model.cost(method, rows, entries, k)
   note = ""
   if rec is None and compiled_entries and compiled_entries != entries:
-    rec = selection_record(generation, method, rows,
-                                       compiled_entries, k)
+    rec = selection_record(generation, method, rows, compiled_entries, k)
     note = f" (compiled at {compiled_entries} entries, the buffer has {entries})"
   if rec is None:
     return [Stage("selection", cost.bytes / spec.device_bandwidth, None, clock_hz,
@@ -507,10 +473,9 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                 method: str, clock_hz: float | None,
                 kv_floor: float | None = None) -> list[Stage]:
   """The step of plan `p` stage by stage: the fill (HBM), the scoring
-  launches (each launch's whole module, data/step_schedule.json, its KV
-  loop's trips from the batch; HBM and MXU as `bounds`; without a launch
-  record, `kv_floor`: the KV loops' bundles alone, a floor), the selection
-  and its copies (`selection_stages`)."""
+  launches (each one's whole module, data/step_schedule.json; without a
+  record, `kv_floor`: the KV loops alone, a floor), the selection and its
+  copies (`selection_stages`)."""
   spec = hardware.spec(generation)
   st = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
@@ -524,8 +489,8 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
       notes.append(f"no recorded {l.label} launch")
       bundles = None
       continue
-    n = LaunchProgram(rec["outside"], tuple(rec["levels"]),
-                               ()).executed(l.programs)
+    n = LaunchProgram(rec["outside"], tuple(rec["levels"]), ()).executed(
+        l.programs)
     notes.append(f"{l.label}: {n:,}")
     if bundles is not None:
       bundles += n
@@ -544,10 +509,8 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                              compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
 
-# The production DeepSeek-V4 decode step. index_topk: DeepSeek-V4-Flash 512
-# (maxtext configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2
-# report's indexer 2048; the indexer's geometry `lab.shapes.DSV4` (64 index
-# heads, head_dim 128, ratio 4, 128-entry pages), 64 sequences of 128K tokens.
+# The production DeepSeek-V4 decode step's index_topk: V4-Flash 512 (maxtext
+# configs/models/deepseek4-284b.yml), V4-Pro 1024, the V3.2 report's 2048.
 DSV4_MODELS = {"DeepSeek-V4-Flash": 512, "DeepSeek-V4-Pro": 1024,
                "DeepSeek-V3.2": 2048}
 
@@ -558,19 +521,15 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
                  clock_hz: float | None = None,
                  method: str | None = None,
                  blocks: dict | None = None) -> StepBound:
-  """One token-mode indexer call of `geometry` (a `lab.shapes.Indexer`:
-  heads, head_dim, ratio, page size) keeping `k` entries per query row,
-  over `batch` decode sequences of `context_tokens` tokens (q_len > 1:
-  prefill chunks of `q_len` queries) on `generation`, with `variant`'s
-  block-size row for that chip and geometry (`StepBound.blocks` names it)
-  and cache format (its first: "fp8" vendored, "dense_fp8" dense and lean).
-  `stages`: the fill, the scoring, the selection (`method`; None: the
-  vendored sort, `topk.VENDORED_TOPK_METHOD`, the production call's,
-  whatever `topk.defaults` picks for the chip) and its copies, each by HBM bytes
-  and by the bundles its compiled program executes at one clock (`clock_hz`; None: `clock`,
-  the public one or the one inferred from one named public measurement; 0:
-  none); the headline is their sum. blocks: the kernel's block-size
-  keywords (a recorded call's; None: the table's row)."""
+  """One token-mode call of `geometry` (a `lab.shapes.Indexer`) keeping `k`
+  entries per row, over `batch` decode sequences of `context_tokens`
+  tokens (q_len > 1: prefill chunks of `q_len` queries) on `generation`,
+  with `variant`'s block-size row (or `blocks`, the kernel's block-size
+  keywords: a recorded call's) and first cache format. `stages`: the
+  fill, the scoring, the selection (`method`; None: the vendored sort,
+  whatever `topk.defaults` picks) and its copies, each by HBM bytes and by
+  its compiled bundles at one clock (`clock_hz`; None: `clock(generation)`;
+  0: none); the headline is their sum."""
   if k < 1:
     raise ValueError(f"k must be >= 1, got {k}")
   fmt = tiling.resolve_variant(variant).cache_formats[0]
@@ -618,9 +577,9 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
 
 
 def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
-  """The public TPU7x scoring measurement (sglang-jax #1642, by others:
-  `lab.model.topk.PUBLIC_TPU7X`, 64 x 1M tokens, k 512) over the kernel
-  stage's bound at that shape: {"measured_s", "bound", "ratio", "shape", "source"}."""
+  """The public TPU7x scoring measurement (`lab.model.topk.PUBLIC_TPU7X`,
+  by others) over the kernel stage's bound at its shape: {"measured_s",
+  "bound", "ratio", "shape", "source"}."""
   pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
   sb = dsv4_step(generation, variant, batch=shape.num_seqs, context_tokens=shape.seq_len)
   measured = pub["decode_scoring_ms"] * 1e-3
@@ -630,23 +589,16 @@ def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
 
 
 # ---------------------------------------------------------------------------
-# One clock per chip: the public one, else inferred from one named public
-# measurement (docs/tpu.md, "The clock"); the prediction of a measurement.
-
-# The one measurement each chip without a public clock takes its clock from
-# (docs/tpu.md, "The clock"). v7x: the scoring kernel alone (its KV loop is
-# most of its bundles). v6e: its largest public call, GLM-5.2's decode at 64
-# rows (scoring, then a full sort at k 2,048; the least fixed overhead), a
-# clock that carries the sort's stalls.
+# One clock per chip: the public one, else inferred from the one measurement
+# named here (docs/tpu.md, "The clock": why these); the prediction of a
+# measurement.
 INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
               "v6e": "sglang-jax-1642-glm52-decode-b64-v6e-sort"}
 @functools.lru_cache(maxsize=None)
 def clock(chip: str) -> tuple[float | None, str]:
   """(Hz, where it comes from): the public clock, else the one inferred from
-  `INFER_FROM[chip]` (its predicted bundles / its measured time; a whole
-  call's prediction is then its measurement plus the fill's HBM time, the one
-  stage without bundles), else None. What an inferred clock is worth:
-  docs/tpu.md, "The clock"."""
+  `INFER_FROM[chip]` (its predicted bundles / its measured time), else
+  None (docs/tpu.md, "The clock")."""
   spec = hardware.spec(chip)
   if spec.clock_hz:
     return spec.clock_hz, "public (data/tpu_specs.json)"
@@ -661,17 +613,14 @@ def clock(chip: str) -> tuple[float | None, str]:
   return bundles / m["measured_s"], f"inferred from {name}"
 
 
-# The indexer geometry each measured model's call runs (`lab.shapes`).
+# Each measured model's indexer geometry, and what its measurements do not state.
 GEOMETRY = {"DeepSeek-V4": shapes_lib.DSV4, "GLM-5.2": shapes_lib.GLM_TOKEN}
-# What a geometry's measurements do not state and the prediction assumes.
 ASSUMED = {"GLM-5.2": (f"page size not stated ({shapes_lib.GLM_TOKEN.page_size}"
                        "-entry pages assumed, lab.shapes_lib.GLM_TOKEN)")}
 
 
 def _step(m: dict, clock_hz: float):
-  """`indexer_step` at a measurement's shape with its model's
-  geometry and k (decode: rows sequences; prefill: one sequence of rows
-  query rows), or None."""
+  """`indexer_step` at a measurement's shape, geometry and k, or None."""
   if (m["model"] not in GEOMETRY or not m["rows"] or not m["context_tokens"]
       or not m["k"]):
     return None
@@ -697,7 +646,7 @@ def measurement_stages(m: dict, clock_hz: float):
   if m["stage"] == "selection" and not m["rows"]:
     # #1607: rows not stated; the decode batch of #1642 at the same shape.
     parts = selection_stages(m["chip"], m["selection_method"], 64,
-                                      m["entries"], m["k"], clock_hz=clock_hz)
+                             m["entries"], m["k"], clock_hz=clock_hz)
     note = "64 rows assumed (not stated); copies included"
   else:
     st = _step(m, clock_hz)

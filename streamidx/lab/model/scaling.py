@@ -24,10 +24,7 @@ from streamidx.semantics import cdiv
 CHIP_COUNTS = (1, 4, 8, 64)
 
 
-# The workload of one indexer decode step (one layer) is a named shape
-# (`lab.shapes.Shape`); the default, DeepSeek-V4 decode as the issue states it:
-# 64 sequences of 1M tokens (256K entries, 64 MiB each per layer in the packed
-# FP8 cache), 128-entry pages as tpu-inference uses.
+# The default workload of one decode step (one layer): 64 sequences of 1M tokens.
 DSV4_DECODE = shapes_lib.DSV4_DECODE_1M
 
 
@@ -59,14 +56,10 @@ class StepModel:
 def selection_seconds(generation: str, rows: int, entries: int,
                       k: int) -> tuple[float, str]:
   """(seconds, what they rest on) of one device's selection of f32[rows,
-  entries], k kept, by `generation`'s default method (`topk.defaults`): the
-  larger of its HBM bound (`lab.model.topk`) and the bundles its compiled
-  program executes at DeepSeek-V4 decode (`topk.defaults.DECODE`, recorded
-  in data/step_schedule.json at this k), scaled by score elements (rows x
-  entries) and timed at the chip's one clock (`roofline.clock`). The scaling
-  is the model's assumption (the methods pass over every element; a
-  method's fixed cost per row is scaled with it); where no compile or no
-  clock is recorded, the HBM bound alone, said so."""
+  entries] by `generation`'s default method: the larger of its HBM bound
+  and its recorded bundles at `topk.defaults.DECODE` scaled by score
+  elements (the model's assumption) at `roofline.clock`; without a record
+  or a clock, the HBM bound alone, said so."""
   method = defaults.default_method(generation)
   hbm = topk_model.hbm_bound(topk_model.cost(method, rows, entries, k),
                              hardware.spec(generation))
@@ -91,8 +84,7 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
   batch = batch_lib.make_batch([(w.q_len, max(seq_len, w.q_len))] * seqs,
                                page_size=w.page_size, pages_per_seq=share_pages,
                                compression_ratio=w.compression_ratio)
-  # Block sizes: the table's row for this generation (`streamidx.blocks`).
-  # The sequences are equal, so `sort_decode`'s order changes nothing.
+  # The table's blocks; equal sequences: `sort_decode` changes nothing.
   p = tiling.plan(batch, fmt=w.fmt, num_heads=w.num_heads,
                   head_dim=w.head_dim, variant="vendored",
                   generation=generation, sort_decode=False)
@@ -207,16 +199,13 @@ def crossover_context(w: shapes_lib.Shape, generation: str, chips: int, *,
                       collective_latency_s: float = 0.0,
                       max_tokens: int = 1 << 26):
   """The shortest context (tokens, whole pages) at which context parallelism
-  beats one chip per sequence on `chips` chips, for `w.num_seqs` sequences:
-  (tokens, the winning StepModel, the C = 1 StepModel), or None (bisection:
-  docs/multichip.md)."""
+  beats one chip per sequence on `chips` chips: (tokens, the winning
+  StepModel, the C = 1 StepModel), or None (bisection: docs/multichip.md)."""
   devices = chips * hardware.spec(generation).jax_devices_per_chip
   tokens_per_page = w.page_size * w.compression_ratio
-
-  def pays(pages):
-    return _pays(w.with_(seq_len=pages * tokens_per_page), generation,
-                 devices, merge=merge, collective_latency_s=collective_latency_s)
-
+  pays = lambda pages: _pays(  # pylint: disable=unnecessary-lambda-assignment
+      w.with_(seq_len=pages * tokens_per_page), generation, devices,
+      merge=merge, collective_latency_s=collective_latency_s)
   hi = max(1, max_tokens // tokens_per_page)
   if not pays(hi)[0]:
     return None
@@ -229,4 +218,3 @@ def crossover_context(w: shapes_lib.Shape, generation: str, chips: int, *,
       lo = mid
   _, best, sp = pays(hi)
   return hi * tokens_per_page, best, sp
-

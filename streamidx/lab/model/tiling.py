@@ -1,8 +1,5 @@
-"""How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM.
-
-A model of `kernels/vendored.py` (and `kernels/dense.py`: fmt="dense_fp8"),
-checked against it (tests/test_tiling.py); its vocabulary (launch, program,
-bq, bkv_p, step, DMAs) and units: docs/tpu.md, "The tiling model".
+"""How the kernel tiles a batch: launches, grid, loops, DMAs and VMEM; a model
+of the kernels checked against them (docs/tpu.md, "The tiling model").
 """
 
 from __future__ import annotations
@@ -27,18 +24,8 @@ from streamidx.kernels import driver as driver_lib
 from streamidx.kernels import tpu as tpu_lib
 from streamidx.semantics import LANES as _LANES, align_to, cdiv
 
-__all__ = ["TOKEN_CASES", "MODELLED_VARIANTS", "Geometry", "geometry", "Program",
-           "PlannedLaunch", "Plan", "resolve_variant", "table_blocks", "plan", "Event",
-           "expected_dma_events", "steps", "scratch_bytes", "pallas_calls",
-           "declared_scratch", "launch_case", "kernel_scratch",
-           "scoring_static", "vmem_budget",
-           "block_waste", "SORTS", "KERNEL_SORT", "batching_order",
-           "decode_batch_waste"]
-
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
-# The kernels whose launches this module models, by `streamidx.VARIANTS` name
-# (lean: the dense layout's launches, scratch and bytes; not its DMA order,
-# `expected_dma_events`; fp4: the vendored pipeline over two arrays).
+# The kernels this module models (lean: not its DMA order).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
                      "lean", "lean_page", "fp4", "fp4_page")
 
@@ -62,9 +49,8 @@ class Geometry:
   head_dim: int
   q_dtype: str  # "bfloat16" or "float32"
 
-  @property
-  def layout(self) -> cache_lib.PageLayout:  # one page of its arrays
-    return cache_lib.page_layout(self.fmt, self.page_size, self.head_dim)
+  layout = property(lambda self: cache_lib.page_layout(  # one page's arrays
+      self.fmt, self.page_size, self.head_dim))
 
   # The layout's: values and scales in two arrays (dense, MXFP4), a page's
   # u8 scales, the packing axis, a row's elements, a page's value rows.
@@ -75,21 +61,14 @@ class Geometry:
   page_size_per_kv_packing = property(lambda self: self.layout.rows)
   cache_dtype = property(lambda self: np.dtype(self.layout.dtype))
 
-  @property
-  def record_bytes(self) -> int:  # one entry's bytes (dense: head_dim + 1)
-    return cache_lib.CACHE_FORMATS[self.fmt].bytes_per_entry(self.head_dim)
-
-  @property
-  def page_bytes(self) -> int:  # what a page's KV DMAs move
-    return self.page_size * self.record_bytes
-
-  @property
-  def value_page_bytes(self) -> int:  # the values' DMA of a page
-    return self.page_bytes - (math.prod(self.scale_block) if self.dense else 0)
-
-  @property
-  def q_itemsize(self) -> int:
-    return _dtype(self.q_dtype).itemsize
+  # One entry's bytes (dense: head_dim + 1); what a page's KV DMAs move;
+  # the values' DMA of a page; a query element's bytes.
+  record_bytes = property(lambda self: cache_lib.CACHE_FORMATS[
+      self.fmt].bytes_per_entry(self.head_dim))
+  page_bytes = property(lambda self: self.page_size * self.record_bytes)
+  value_page_bytes = property(lambda self: self.page_bytes - (
+      math.prod(self.scale_block) if self.dense else 0))
+  q_itemsize = property(lambda self: _dtype(self.q_dtype).itemsize)
 
 
 def geometry(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
@@ -125,11 +104,9 @@ class Program:
 
 @dataclasses.dataclass(frozen=True)
 class PlannedLaunch:
-  """One `pallas_call` of the kernel as the model plans it: the driver's
-  description of it, `spec` (`kernels.driver.Launch`, what the body's
-  launch receives: case, sequences per program, blocks, page size), the
-  sequences [start_seq, end_seq) it covers, and what the model adds: its
-  programs and VMEM scratch."""
+  """One `pallas_call` as the model plans it: the driver's `spec`
+  (`kernels.driver.Launch`), the sequences [start_seq, end_seq) it covers,
+  its programs and VMEM scratch."""
 
   spec: driver_lib.Launch
   start_seq: int
@@ -144,35 +121,23 @@ class PlannedLaunch:
   bkv_p = property(lambda self: self.spec.bkv_p)
   static_q_len = property(lambda self: self.spec.static_q_len)
 
-  @property
-  def bkv_sz(self) -> int:  # entries per KV block = bkv_p * page_size
-    return self.bkv_p * self.spec.page_size
+  bkv_sz = property(lambda self: self.bkv_p * self.spec.page_size)  # entries
+  grid = property(lambda self: len(self.programs))
 
-  @property
-  def grid(self) -> int:
-    return len(self.programs)
+  # The vendored kernel's pallas_call name (in profiles); "decode[B]" (B
+  # sequences a program) or the case; a query row's f32 scores DMA'd to HBM.
+  name = property(lambda self: tpu_lib.launch_name(
+      "", self.case, self.bq_sz, self.bkv_p))
+  label = property(lambda self: f"decode[{self.seq_batch_size}]"
+                   if self.case.startswith("decode") else self.case)
+  out_row_bytes = property(lambda self: 4 * (
+      self.num_score_sublanes * _LANES if self.case == "page" else self.bkv_sz))
 
-  @property
-  def name(self) -> str:  # the vendored kernel's pallas_call name (in profiles)
-    return tpu_lib.launch_name("", self.case, self.bq_sz, self.bkv_p)
-
-  @property
-  def label(self) -> str:  # "decode[B]" (B sequences per program), "prefill"
-    return (f"decode[{self.seq_batch_size}]" if self.case.startswith("decode")
-            else self.case)
-
-  @property
-  def out_row_bytes(self) -> int:  # one query row's f32 scores DMA'd to HBM
-    return (self.num_score_sublanes * _LANES if self.case == "page"
-            else self.bkv_sz) * 4
-
-  @property
-  def num_steps(self) -> int:
-    return sum(p.num_bq * p.num_bkv for p in self.programs)
-
-  @property
-  def vmem_bytes(self) -> int:  # scratch bytes, logical shapes (no padding)
-    return sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in self.scratch)
+  num_steps = property(lambda self: sum(p.num_bq * p.num_bkv
+                                        for p in self.programs))
+  # Scratch bytes, logical shapes (no padding).
+  vmem_bytes = property(lambda self: sum(math.prod(s) * np.dtype(d).itemsize
+                                         for _, s, d in self.scratch))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,10 +157,8 @@ class Plan:
   # in slot order.
   order: tuple[int, ...] = ()
 
-  @property
-  def executed(self) -> tuple[PlannedLaunch, ...]:
-    """The launches with programs (an empty range launches nothing, M14)."""
-    return tuple(l for l in self.launches if l.grid)
+  # The launches with programs (an empty range launches nothing, M14).
+  executed = property(lambda self: tuple(l for l in self.launches if l.grid))
 
   def counts(self) -> dict:
     """DMA starts ("dma_kv", "dma_kv_scale", "dma_q", "dma_w", "dma_out"),
@@ -243,9 +206,9 @@ class Plan:
                       + c["dma_out"])
     return c
 
-  @property
-  def vmem_bytes(self) -> int:  # the largest launch's (one runs at a time)
-    return max((l.vmem_bytes for l in self.launches if l.grid), default=0)
+  # The largest launch's (one runs at a time).
+  vmem_bytes = property(lambda self: max(
+      (l.vmem_bytes for l in self.executed), default=0))
 
   def programs(self) -> Iterator[tuple[int, Program]]:
     """(launch index, program) for every program, in execution order."""
@@ -310,9 +273,8 @@ def resolve_variant(variant: str | None = None, mode: str | None = None
 def table_blocks(*, fmt: str, num_heads: int, page_size: int,
                  variant: str = "vendored", generation: str | None = None
                  ) -> dict:
-  """The block-size table's row `plan` takes, as notebooks tabulate it:
-  per-case lists [decode, prefill, mixed] (page variants: two ints), B and
-  "source"."""
+  """The block-size table's row `plan` takes, per-case lists [decode,
+  prefill, mixed] (page variants: ints), B and "source"."""
   v = resolve_variant(variant)
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
                       page_size=int(page_size), generation=generation)
@@ -330,21 +292,12 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
          num_queries_per_block=None, decode_req_batch_size: int | None = None,
          generation: str | None = None, sort_decode: bool = True,
          decode_q_len: int | None = None) -> Plan:
-  """The launches, programs and loop trip counts of one kernel call.
-
-  Args:
-    batch: a `streamidx.RaggedBatch`.
-    fmt, num_heads, head_dim, q_dtype: the call's inputs (`make_inputs`).
-    mode, variant: a `MODELLED_VARIANTS` name (default "vendored"; the
-      dense ones with fmt="dense_fp8") or a mode ("token", "page").
-    num_kv_pages_per_block, num_queries_per_block, decode_req_batch_size: as
-      the kernel takes them; None: the block-size table's row for
-      `generation` (None: the chip the call runs on), as the entry points
-      and `Variant.run` take it.
-    sort_decode: the kernel's option: the decode range in
-      `semantics.decode_order`'s order (`Plan.order`).
-    decode_q_len: query rows per decode sequence (M17); None: the batch's.
-  """
+  """The launches, programs and loop trip counts of one kernel call on
+  `batch` (a `RaggedBatch`) with the inputs `make_inputs` makes (fmt,
+  num_heads, head_dim, q_dtype): `variant` (a `MODELLED_VARIANTS` name) or
+  `mode`'s first; block sizes as the kernel takes them (None: the table's
+  row for `generation`, None: this chip); `sort_decode` as the kernel's
+  (`Plan.order`); `decode_q_len` None: the batch's (M17)."""
   v = resolve_variant(variant, mode)
   dq = int(batch.decode_q_len if decode_q_len is None else decode_q_len)
   row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
@@ -365,8 +318,7 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
   else:
     del blocks["decode_req_batch_size"]
     c = call_lib.PageCall(k=1, compression_ratio=ratio, **blocks)
-  nkv, drb = (c.num_kv_pages_per_block,
-                  int(c.decode_req_batch_size))
+  nkv, drb = c.num_kv_pages_per_block, int(c.decode_req_batch_size)
   g = geometry(batch, fmt=fmt, num_heads=num_heads, head_dim=head_dim,
                q_dtype=q_dtype)
   seq_lens = [int(x) for x in batch.seq_lens]
@@ -432,22 +384,16 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-  """One DMA start or wait, as the kernel issues it.
-
-  kind: "kv" (a page), "kv_scale" (dense), "q", "w" (weights), "out" (scores
-  to HBM); slot: the buffer (0/1); batch_idx: the sequence's place in its
-  program; page: a "kv" start's physical page (clamped); row, col: an "out"
-  start's first HBM row and 128-lane column group.
-  """
+  """One DMA start or wait, as the kernel issues it."""
 
   launch: int
   op: str  # "start" or "wait"
-  kind: str
-  slot: int
-  batch_idx: int
+  kind: str  # "kv" (a page), "kv_scale" (dense), "q", "w", "out" (scores)
+  slot: int  # the buffer (0/1)
+  batch_idx: int  # the sequence's place in its program
   nbytes: int
-  page: int = -1
-  row: int = -1
+  page: int = -1  # a "kv" start's physical page (clamped)
+  row: int = -1  # an "out" start's first HBM row, 128-lane column group
   col: int = -1
 
   def key(self) -> tuple:
@@ -651,14 +597,10 @@ def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
 def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
                 case: str = "prefill", num_score_sublanes: int = 0,
                 tpu_generation: int = 5) -> dict:
-  """VMEM bytes of one launch configuration.
-
-  Per scratch buffer, their logical total `scratch`, `scratch_tiled` (as
-  Mosaic lays them out, `semantics.scratch_vmem_bytes`: what the kernel's VMEM
-  check and the compiler count; tests/test_aot.py), `logits` (the f32
-  [bq_sz * num_q_heads, bkv_sz] block product, the largest value the body
-  computes: an estimate of Mosaic's internal scratch) and `total`.
-  """
+  """VMEM bytes of one launch configuration: per scratch buffer, their logical
+  total `scratch`, `scratch_tiled` (as Mosaic lays them out, what the VMEM check
+  and the compiler count), `logits` (the f32 [bq_sz * num_q_heads, bkv_sz] block
+  product: an estimate of Mosaic's internal scratch) and `total`."""
   scratch = _scratch(case, g, seq_batch_size, bq_sz, bkv_p, num_score_sublanes)
   s = scratch_bytes(scratch)
   logits = bq_sz * g.num_q_heads * bkv_p * g.page_size * 4
@@ -683,15 +625,13 @@ def block_waste(p: Plan, cases: Sequence[str] = ("decode", "decode_rest")) -> di
         needed += max(1, cdiv(kv, launch.bkv_sz))
         entries_computed += pr.num_bkv * launch.bkv_sz
         entries_needed += kv
-  return {
-      "blocks_computed": computed,
-      "blocks_needed": needed,
-      "blocks_wasted": computed - needed,
-      "waste_fraction": (computed - needed) / computed if computed else 0.0,
-      "entries_computed": entries_computed,
-      "entries_needed": entries_needed,
-      "entry_efficiency": entries_needed / entries_computed if entries_computed else 1.0,
-  }
+  return dict(
+      blocks_computed=computed, blocks_needed=needed,
+      blocks_wasted=computed - needed,
+      waste_fraction=(computed - needed) / computed if computed else 0.0,
+      entries_computed=entries_computed, entries_needed=entries_needed,
+      entry_efficiency=(entries_needed / entries_computed
+                        if entries_computed else 1.0))
 
 
 SORTS = ("none", "ascending", "descending", "optimal")
@@ -702,16 +642,12 @@ KERNEL_SORT = "kernel"
 
 def batching_order(blocks: Sequence[int], decode_req_batch_size: int,
                    sort: str = "optimal") -> list[int]:
-  """An order of decode sequences for the kernel's consecutive grouping.
-
-  `blocks[i]`: KV blocks sequence i needs. The kernel runs [0, n // B * B)
-  in groups of B, each computing B x its largest, and the last n % B alone.
-  sort: "none", "ascending", "descending" (by blocks; "ascending" leaves the
-  longest to run alone and can cost more than "none"), "optimal" (fewest
-  blocks: dynamic programming over the descending lengths choosing the n % B
-  singles; checked by brute force in tests/test_tiling.py) or `KERNEL_SORT`
-  (`semantics.decode_order`, what `sort_decode` picks).
-  """
+  """An order of decode sequences (`blocks[i]`: KV blocks sequence i
+  needs) for the kernel's grouping: [0, n // B * B) in groups of B, each
+  computing B x its largest, the last n % B alone. sort: "none",
+  "ascending", "descending" (by blocks), "optimal" (fewest blocks: dynamic
+  programming choosing the n % B singles) or `KERNEL_SORT`
+  (`semantics.decode_order`, what `sort_decode` picks)."""
   if sort not in SORTS + (KERNEL_SORT,):
     raise ValueError(f"sort must be one of {SORTS + (KERNEL_SORT,)}, got "
                      f"{sort!r}")

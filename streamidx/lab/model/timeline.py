@@ -1,7 +1,6 @@
 """The kernel's DMA and compute order, observed while the TPU interpreter runs it
 (`with record() as rec:`; `rec.dma_events()` compares with
-`tiling.expected_dma_events`). What `record()` wraps, why its x axis is issue
-order, the jax it is written against: docs/tpu.md, "The DMA timeline".
+`tiling.expected_dma_events`; docs/tpu.md, "The DMA timeline").
 """
 
 from __future__ import annotations
@@ -19,10 +18,7 @@ from streamidx import modes
 from streamidx.kernels.dense import SEMAPHORE_ROWS
 from streamidx.lab.model import tiling
 
-# First axis of the kernel's `sems` scratch: what each semaphore row guards,
-# the dense layout's rows (the vendored body's first four, then its scale
-# DMAs and its block maxima under "fused_blockmax").
-SEMAPHORE_KINDS = SEMAPHORE_ROWS
+SEMAPHORE_KINDS = SEMAPHORE_ROWS  # what each row of the kernel's `sems` guards
 _WRAPPED = ("_initialize_shared_memory", "_allocate_buffer",
             "_allocate_semaphores", "dma_start", "dma_wait", "get", "swap")
 _SPACE = {"vmem": "vmem", "smem": "smem", "hbm": "hbm", "any": "hbm"}
@@ -33,11 +29,8 @@ _LANE_NAMES = {"kv": "KV pages", "q": "q + weights", "w": "q + weights",
 
 @dataclasses.dataclass
 class Op:
-  """One recorded interpreter operation. kind: "launch", "alloc" (info:
-  space, buffer id, shape, dtype), "sems", "grid", "dma_start" / "dma_wait"
-  (sem kind, slot, batch_idx, nbytes; a start's src/dst: (memory space,
-  buffer id, index range)), "load" / "store" (buffer id, shape, range),
-  "error"."""
+  """One recorded interpreter operation: kind "launch", "alloc", "sems",
+  "grid", "dma_start" / "dma_wait", "load" / "store" or "error"."""
 
   seq: int
   launch: int
@@ -166,8 +159,7 @@ class Recorder:
 
   def lanes(self) -> list[dict]:
     """Intervals to draw, DMAs (start..wait) and compute steps (KV load..score
-    store): dicts of lane, start, end, launch, count (DMAs the bar stands for),
-    batch_idx (the sequence's position in its program) and sem."""
+    store): dicts of lane, start, end, launch, count, batch_idx and sem."""
     vmem = {}
     for op in self.ops:
       if op.kind == "alloc" and op.info["space"] == "vmem":
@@ -199,8 +191,7 @@ class Recorder:
 
 @contextlib.contextmanager
 def record():
-  """Runs kernel calls inside the block interpreted, recording their operations;
-  yields a `Recorder`."""
+  """Runs kernel calls inside the block interpreted, recorded; a `Recorder`."""
   reason = modes.interpreter_internals_missing("timeline")
   if reason:
     raise RuntimeError(f"streamidx.lab.model.timeline.record: {reason}")

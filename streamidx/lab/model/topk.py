@@ -1,6 +1,6 @@
 """The top-k stage per method: bytes, passes, comparisons, a time bound by HBM
-traffic alone, XLA's static cost analysis, the recall of "approx". What each
-count means and what the bound cannot see: docs/topk-methods.md, "The model".
+traffic alone, XLA's static cost analysis, the recall of "approx"
+(docs/topk-methods.md, "The model").
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 from streamidx.topk import approx as approx_lib
 
-# The selection problems modelled (`lab.shapes.SELECT`): f32[rows, entries]
-# scores of an indexer call, k kept.
-SHAPES = shapes_lib.SELECT
+SHAPES = shapes_lib.SELECT  # the selection problems modelled
 
-
-# Public numbers, TPU7x, decode B=64 x 262,144 entries, k 512 (and prefill
-# T=2048 where noted). Context only: measured by others, on their build.
+# Public numbers, TPU7x, decode B=64 x 262,144 entries, k 512 (prefill T=2048
+# where noted): measured by others, on their build.
 PUBLIC_TPU7X = {
     "source": ("sglang-jax #1642 (vendored pipeline: scoring + approx_max_k"
                "(recall_target=1.0)) and #1607 (top-k alternatives on the "
@@ -36,22 +33,13 @@ PUBLIC_TPU7X = {
 }
 
 
-# What one method moves and compares for one shape (its home: the method
-# record's cost model, `streamidx.topk.base`).
-TopkCost = topk_lib.base.TopkCost
-
-
-# XLA's bin count for "approx" (its home: the method's module).
-approx_topk_reduction_size = approx_lib.reduction_size
+TopkCost = topk_lib.base.TopkCost  # home: `streamidx.topk.base`
+approx_topk_reduction_size = approx_lib.reduction_size  # XLA's bin count
 
 
 def cost(method: str, rows: int, entries: int, k: int, **options) -> TopkCost:
-  """The cost of `select_topk(f32[rows, entries], k, method, **options)`: the
-  registered method's own model (`streamidx.topk.METHODS[method].cost`; an
-  unknown method or option raises ValueError); "top_k"'s where there is
-  nothing to split. "fused_blockmax" reads the scoring kernel's block maxima
-  (entries / 128 a row, in whole 128-lane rows, counted in its
-  `bytes_written`), then the k best blocks' entries."""
+  """The cost of `select_topk(f32[rows, entries], k, method, **options)`:
+  the method's own model (`streamidx.topk.METHODS[method].cost`)."""
   m = topk_lib.get(method)
   opts = m.resolve(options)
   return m.cost(int(rows), max(int(entries), int(k)), int(k), **opts)
@@ -127,11 +115,10 @@ def approx_recall(scores, k: int, *,
 
 def compile_estimate(method: str, rows: int, entries: int, k: int,
                      generation: str, **options) -> dict:
-  """XLA's cost analysis (a static estimate) of `select_topk(f32[rows, entries],
-  k, method)` compiled for `generation` without a TPU (a method that needs
-  an extra output from the kernel with it, as the fused kernel calls it): {"ok", "compile_s",
-  "optimal_seconds" (None where the compiler gives none), "bytes_accessed",
-  "flops", "temp_bytes", "error"}."""
+  """XLA's cost analysis (a static estimate) of `select_topk(f32[rows,
+  entries], k, method)` (and its extra input) compiled for `generation`:
+  {"ok", "compile_s", "optimal_seconds", "bytes_accessed", "flops",
+  "temp_bytes", "error"}."""
   out = {"method": method, "generation": generation, "rows": rows,
          "entries": entries, "k": k, "ok": False, "compile_s": None,
          "optimal_seconds": None, "bytes_accessed": None, "flops": None,

@@ -50,13 +50,8 @@ class ChunkMasks:
   masks: dict
   leak: np.ndarray
 
-  @property
-  def leak_rows(self) -> int:
-    return int(self.leak.any(axis=1).sum())
-
-  @property
-  def leak_cells(self) -> int:
-    return int(self.leak.sum())
+  leak_rows = property(lambda self: int(self.leak.any(axis=1).sum()))
+  leak_cells = property(lambda self: int(self.leak.sum()))
 
 
 def prefill_chunk_masks(batch, seq: int, *, window: int) -> ChunkMasks:

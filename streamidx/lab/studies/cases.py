@@ -1,6 +1,5 @@
 """The case matrix: named batches run through every registered kernel variant,
-for the tests and notebook 04's parity table. Its batches, shared shape,
-scopes, test block sizes and tolerance: docs/testing.md, "The case matrix".
+for the tests and notebook 04's parity table (docs/testing.md, "The case matrix").
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ TOTAL_NUM_PAGES = 2 * MAX_NUM_SEQS * PAGES_PER_SEQ
 NUM_HEADS = 4
 RATIOS = (1, 2, 4)  # token variants; page variants run at ratio 1
 
-# The small test block sizes (why: docs/testing.md), by mode; a variant
-# whose kernel needs others adds an entry under its own name.
+# The small test block sizes (docs/testing.md), by mode (or variant name).
 TEST_BLOCKS = {
     "token": dict(num_kv_pages_per_block=(8, 16, 8),
                   num_queries_per_block=(1, 8, 8)),
@@ -50,9 +48,8 @@ def blocks_for(variant: variants_lib.Variant | str) -> dict:
   return dict(TEST_BLOCKS.get(v.name, TEST_BLOCKS[v.mode]))
 
 
-# k per scope: the notebook scopes one below most rows' visible counts and
-# one above every row's and the kernel's score columns (512 with
-# TEST_BLOCKS: then -1 padding); the tests one with live rows on both sides.
+# k per scope: the notebook's one below most rows' visible counts and one
+# above all (then -1 padding); the tests' with live rows on both sides.
 K_BELOW = 8
 K_ABOVE = 2 * NUM_ENTRIES + 44
 K_PAGES_BELOW = 3
@@ -75,8 +72,7 @@ def _seq_len(spec, ratio: int, q_len: int = 1) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """A named ragged batch; lengths in compressed entries, scaled by the ratio
-  (the fields: docs/testing.md, "The case matrix")."""
+  """A named ragged batch; lengths in compressed entries, scaled by the ratio."""
 
   name: str
   decode: tuple = ()
@@ -119,11 +115,8 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     Batch("all_at_once", decode=(37, 64, 100, 250, 45),
           prefill=((7, 50, 1), (12, 3)), mixed=((1, 77), (12, 60, 2)),
           note="all three ranges in one call, padding rows and sequence slots"),
-    # Exact ties on purpose (with one head, TIES_CASE): an entry scores
-    # exactly 0 whenever its single dot product is negative (half of them),
-    # so rows that see a few more than k entries have their k-th boundary
-    # inside a group of zeros (the from-scratch prefill's rows see 1..30
-    # entries). All four launches run.
+    # Exact ties on purpose (one head, TIES_CASE): half the entries score
+    # exactly 0, so rows seeing a few more than k entries tie at the k-th.
     Batch("ties_at_zero_all_launches", decode=(37, 64, 100, 250, 45),
           prefill=((30, 30), (6, 20)), mixed=((1, 77), (6, 12))),
     # Kernel-vs-reference coverage (the tests).
@@ -145,16 +138,13 @@ BATCHES: dict[str, Batch] = {b.name: b for b in (
     Batch("empty_and_tiny_sequences", decode=(0, 1, 0, 2),
           mixed=((0, 0), (0, 10), (1, 0), (3, 1, 1))),
     # Speculative decoding (M17): gamma + 1 rows per decode sequence, 7 of
-    # them (one batched program of 4, a remainder of 3, reordered by
-    # length), an empty one (0 entries) and several shorter than one decode
-    # KV block, beside a prefill and a mixed sequence.
+    # them (a batched program of 4, a remainder of 3), an empty one, short ones.
     *(Batch(f"mtp{q}_decode_with_empty_and_short", decode=(
         0, 37, (64, 3), 100, 250, 1, 384), prefill=((5, 40, 1),),
         mixed=((1, 77),), decode_q_len=q, allocation="shuffled",
         note=f"gamma + 1 = {q} query rows per decode sequence")
       for q in MTP_Q_LENS),
-    # DeepSeek-V4's production top-k (k = 512, 1024, 2048; 64 heads,
-    # 128-entry pages): rows above and below every k.
+    # DeepSeek-V4's production top-k: rows above and below every k.
     Batch(PRODUCTION_BATCH, decode=(3000, 600, 2100, 100, 1500),
           mixed=((3, 2600, 1),), page_size=DSV4.page_size, pages_per_seq=24,
           note="production shape: DeepSeek-V4's 64 heads x 128 dims, page "
@@ -181,9 +171,8 @@ TEST_SEED_RULE_BATCHES = ("prefill_only", "all_three_ranges",
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One named kernel-vs-reference case: a `streamidx.VARIANTS` variant on a
-  `BATCHES` batch; k: `k`, or `k_pages` in page mode; block sizes None:
-  `blocks_for(variant)`."""
+  """One named kernel-vs-reference case: a variant on a `BATCHES` batch (k:
+  `k_pages` in page mode; block sizes None: `blocks_for(variant)`)."""
 
   name: str
   batch_name: str
@@ -199,13 +188,8 @@ class Case:
   num_kv_pages_per_block: int | tuple | None = None
   num_queries_per_block: int | tuple | None = None
 
-  @property
-  def v(self) -> variants_lib.Variant:
-    return variants_lib.get(self.variant)
-
-  @property
-  def mode(self) -> str:
-    return self.v.mode
+  v = property(lambda self: variants_lib.get(self.variant))
+  mode = property(lambda self: self.v.mode)
 
   @property
   def compile_key(self) -> tuple:
@@ -222,8 +206,7 @@ class Case:
             **{n: b for n, b in given.items() if b is not None}}
 
   def static(self) -> dict:
-    """The keyword arguments of `Variant.run` / `run_reference` (the rest
-    comes from the block-size table)."""
+    """The keyword arguments of `Variant.run` / `run_reference`."""
     return dict(k=self.k, compression_ratio=self.compression_ratio,
                 fmt=self.fmt, causal_rule=self.causal_rule, **self.blocks())
 
@@ -249,7 +232,7 @@ class Case:
                          fmt=self.fmt, causal_rule=self.causal_rule)
 
   def atol(self, inputs) -> float:
-    """`comparison_atol` for this case (`metrics.summation_atol`): > 0."""
+    """`comparison_atol` for this case."""
     return comparison_atol(inputs, compression_ratio=self.compression_ratio,
                            causal_rule=self.causal_rule, mode=self.mode)
 
@@ -261,8 +244,7 @@ class Case:
                        **self.blocks())
 
   def launches(self, b: batch_lib.RaggedBatch | None = None) -> str:
-    """The kernel launches that do work, with their program counts
-    (`tiling.Plan.summary`), e.g. "decode[4] x1, decode[1] x1, prefill x2"."""
+    """`tiling.Plan.summary` of the kernel's launches, e.g. "decode[4] x1"."""
     if self.variant not in tiling.MODELLED_VARIANTS:
       return f"(no tiling model of {self.variant})"
     return self.plan(b).summary()
@@ -354,10 +336,8 @@ def mtp_cases() -> list[Case]:
 
 
 def production_cases() -> list[Case]:
-  """The production top-k sizes (`PRODUCTION_KS`) at DeepSeek-V4's geometry
-  (`lab.shapes.DSV4`: 64 heads x 128 dims, ratio 4, page size 128), FP8,
-  vendored kernel, the block-size table's row for the chip it runs on
-  (off-TPU: for any generation, tpu-inference's)."""
+  """The production top-k sizes (`PRODUCTION_KS`) at DeepSeek-V4's geometry,
+  FP8, vendored kernel, the block-size table's row for this chip."""
   row = variants_lib.block_sizes("vendored", cache_format="fp8",
                                  num_heads=DSV4.num_heads,
                                  page_size=DSV4.page_size)
@@ -379,27 +359,22 @@ CI_CASES = tuple(c.name for c in case_matrix("ci"))
 @dataclasses.dataclass(frozen=True)
 class ParityRow:
   """One row of the parity table (`compare_case`; `metrics.compare_topk`'s
-  counts): rows compared (padding included), live rows that see fewer than k
-  entries, the largest score difference at differing positions, whether
-  every index set agrees, differing and tied positions, rows not explained
-  by ties, the tie tolerance, the first mismatch, and wall seconds."""
+  counts)."""
 
   case: str
   launches: str
-  rows: int
-  rows_k_over_visible: int
+  rows: int  # compared, padding included
+  rows_k_over_visible: int  # live rows that see fewer than k entries
   max_score_diff: float
   sets_agree: bool
   differing_positions: int
   tied_positions: int
-  rows_mismatched: int
+  rows_mismatched: int  # not explained by ties
   atol: float
-  detail: str
+  detail: str  # the first mismatch
   seconds: float
 
-  @property
-  def ok(self) -> bool:
-    return self.rows_mismatched == 0
+  ok = property(lambda self: self.rows_mismatched == 0)
 
   def as_dict(self) -> dict:
     return dict(dataclasses.asdict(self), ok=self.ok)
@@ -441,9 +416,8 @@ def case_outputs(case: Case, *,
   and reference on its inputs."""
   t0 = time.perf_counter()
   inputs = case.inputs()
-  # Wait for the interpreted kernel before dispatching more work: with it in
-  # flight, the reference's and summation_atol's computations can deadlock
-  # XLA:CPU.
+  # Wait for the interpreted kernel first: with it in flight, more work can
+  # deadlock XLA:CPU.
   got = np.asarray(jax.block_until_ready((kernel_fn or case.run_kernel)(inputs)))
   want = np.asarray(case.run_reference(inputs))
   seconds = time.perf_counter() - t0
@@ -465,7 +439,7 @@ def comparison_atol(inputs: batch_lib.IndexerInputs, *,
                     compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:
   """The tie tolerance for kernel vs reference, `metrics.summation_atol`;
-  f32 queries refused off the CPU (docs/testing.md). mode: `Variant.mode`."""
+  f32 queries refused off the CPU (docs/testing.md)."""
   if jax.default_backend() != "cpu" and inputs.q.dtype == jnp.float32:
     raise ValueError("comparison_atol: on a TPU the kernel's f32 queries are "
                      "rounded to bf16 by the MXU; use bf16 queries")

@@ -1,7 +1,6 @@
 """What a kernel call moves, counted from the DMAs the TPU interpreter executes
-(a `lab.model.timeline.record()` of the call), not modelled and not timed:
-bytes per cache entry, KV blocks batched decode programs fetch for nothing,
-launches, grid points and DMAs per launch (notebooks 01 and 05).
+(`lab.model.timeline.record()`): bytes per entry, KV blocks fetched for
+nothing, launches, grid points and DMAs per launch.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ _KV_KINDS = ("kv", "kv_scale")
 
 
 def launch_counts(rec: timeline.Recorder) -> list[dict]:
-  """Per launch that ran: grid_points, dma_starts and bytes {kind: n} (kind:
-  "kv" cache values or records, "kv_scale" dense FP8 scales, "q", "w",
-  "out"), kv_blocks (the "kv" waits: one per sequence per step)."""
+  """Per launch that ran: grid_points, dma_starts and bytes {kind: n},
+  kv_blocks (the "kv" waits: one per sequence per step)."""
   out = []
   for op in rec.ops:
     if op.kind == "launch":
@@ -50,9 +48,8 @@ def totals(counts: list[dict]) -> dict:
 
 
 def recorded_call(fn):
-  """(fn()'s result, its `timeline.Recorder`), run under `timeline.record()`;
-  where this JAX lacks the recorder's internals (a Colab runtime's own JAX),
-  (result, None) under `streamidx.interpreter()`, for the caller to skip."""
+  """(fn()'s result, its `timeline.Recorder`); where this JAX lacks the
+  recorder's internals, (result, None), for the caller to skip."""
   if modes.interpreter_internals_missing("timeline") is not None:
     with modes.interpreter():
       return jax.block_until_ready(fn()), None
@@ -64,8 +61,7 @@ def recorded_call(fn):
 
 
 def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
-  """(indices, recorder) of `VARIANTS[variant].run(inputs, fmt=, **static)`
-  (`recorded_call`; static: k or k_pages, compression_ratio, block sizes)."""
+  """`recorded_call` of `VARIANTS[variant].run(inputs, fmt=, **static)`."""
   return recorded_call(
       lambda: variants_lib.get(variant).run(inputs, fmt=fmt, **static))
 
@@ -78,8 +74,7 @@ def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
 
 
 def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
-  """HBM bytes a recording's DMAs moved: kv_bytes (cache values, records,
-  scales), kv_pages (page DMAs), entries_fetched (kv_pages * page_size),
+  """HBM bytes a recording's DMAs moved: kv_bytes, kv_pages, entries_fetched,
   bytes_per_entry, read (kv + q + weights), written (scores), totals."""
   t = totals(launch_counts(rec))
   kv = sum(t["bytes"].get(k, 0) for k in _KV_KINDS)
@@ -92,10 +87,9 @@ def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
 
 
 def recorded_costs(rec: timeline.Recorder, p: tiling.Plan) -> dict:
-  """What a recording of the call plan `p` models moved: launches, grid_points,
-  empty_launches, kv_page_dmas, bytes_per_entry, blocks_fetched by decode
-  launches, blocks_needed (`tiling.block_waste`) and waste; ValueError unless
-  it ran one launch per launch of the plan."""
+  """What a recording of the call plan `p` models moved (launches, DMAs,
+  decode blocks fetched and needed, waste); ValueError unless it ran one
+  launch per launch of the plan."""
   counts = launch_counts(rec)
   if len(counts) != len(p.executed):
     raise ValueError(f"{len(counts)} launches ran, the plan has "

@@ -22,9 +22,8 @@ from streamidx.lab import worker
 
 @dataclasses.dataclass
 class LayoutCheck:
-  """One layout (`lab.sharding.LAYOUTS`, num_data x num_context) run on `devices`
-  against the single-device reference: rows identical / tied within `atol`, ok
-  or the first difference, the collective, shares, merge bytes, seconds."""
+  """One layout (`lab.sharding.LAYOUTS`) run on `devices` against the
+  single-device reference."""
 
   layout: str
   variant: str
@@ -74,9 +73,8 @@ def check_layouts(batch_kw: dict, layouts: Sequence[dict], *,
                   variant: str = "vendored", fmt: str = "fp8",
                   num_heads: int = 4, k: int = 8, compression_ratio: int = 4,
                   seed: int = 0) -> list[LayoutCheck]:
-  """A `LayoutCheck` per `layouts` dict (layout, num_data, num_context, merge:
-  default "all_gather") on `streamidx.make_mixed_batch(**batch_kw)` (JSON-able,
-  for the subprocess), block sizes from the block-size table."""
+  """A `LayoutCheck` per `layouts` dict (layout, num_data, num_context[,
+  merge]) on `streamidx.make_mixed_batch(**batch_kw)`."""
   reserve_cpu_devices(max(int(l["num_data"]) * int(l["num_context"])
                           for l in layouts))
   v = si.VARIANTS[variant]

@@ -46,11 +46,9 @@ _QUANTIZERS = {"ue8m0": quantize_ue8m0, "float": quantize_float_scale}
 def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
                          granularity: str = "head"):
   """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]
-  (sum_h w ReLU(q . k) = sum_h (w s) ReLU(q8 . k) for q = q8 s, s > 0, as
-  DeepSeek-V3.2's indexer does): (q8 f8e4m3fn[T, H, D], folded weights, scales
-  f32[T, H]). scale: "ue8m0" or "float"; granularity: a scale per token and
-  "head", or per "token". e4m3 values are bf16 values: `q8.astype(bf16)` with
-  the folded weights scores them on the bf16 kernel input."""
+  (w ReLU(q . k) = (w s) ReLU(q8 . k), s > 0): (q8 f8e4m3fn[T, H, D], folded
+  weights, scales f32[T, H]); scale "ue8m0" or "float", one per token and
+  "head" or per "token"."""
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
   if granularity not in ("head", "token"):
@@ -96,8 +94,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
 def variant_inputs(inp, variant: str, *, rotated: bool = False,
                    query_scale: str = "ue8m0"):
   """`IndexerInputs` of one `VARIANTS` key/query variant from `inp` (f32
-  queries, `keys` the truth): optionally Hadamard-rotated first, the cache
-  packed, queries as bf16 (FP8 ones as bf16 values, scale in the weights)."""
+  queries), optionally Hadamard-rotated first."""
   if variant not in VARIANTS:
     raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
                      f"{variant!r}")
@@ -150,8 +147,7 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
 def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
                    causal_rule: str = "model") -> np.ndarray:
   """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows against
-  its unquantized keys by `ref.score_entries` in float64 (a check of a recall
-  study's f32 truth); -inf where `addressing.visibility_mask` hides an entry."""
+  its unquantized keys in float64; -inf where an entry is hidden."""
   b = inp.batch
   lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
   keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]
