@@ -191,3 +191,27 @@ def test_missing_points_are_the_ones_without_a_recorded_call_on_the_chip():
                              r["method"], r["k"]) for r in rows
                             if any(r["shape"] == p.shape.name for p in todo)})
   assert record.missing(todo, "no-such-chip") == todo
+
+
+def test_summary_gives_the_newest_run_of_each_part_of_the_tier(tmp_path,
+                                                                monkeypatch):
+  """The tier runs in parts (`-k`) where a session cannot compile it all:
+  each part's newest run is quoted, the whole tier's as the whole."""
+  def run(sub, passed, date):
+    cmd = "pytest -q tests/test_chip.py" + (f" -k {sub} -p no:randomly"
+                                            if sub else "")
+    return dict(chip="v5e", device_kind="TPU v5 lite", passed=passed,
+                failed=0, skipped=0, wall_s=60.0, date=date, command=cmd,
+                commit="abc", jax="0.10.2", libtpu="x")
+  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
+  (tmp_path / "chip.json").write_text(json.dumps({"rows": [], "test_runs": [
+      run("readme", 30, "2026-12-06"), run("dsv4_decode", 35, "2026-12-06"),
+      run("readme", 33, "2026-12-07")]}))
+  records.load.cache_clear()
+  try:
+    text = record.summary()
+  finally:
+    records.load.cache_clear()
+  assert "`-k readme`) had 33 passed" in text
+  assert "`-k dsv4_decode`) had 35 passed" in text
+  assert "30 passed" not in text

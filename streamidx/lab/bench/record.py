@@ -380,8 +380,9 @@ def experiment_table(rows: Sequence[dict]) -> list[dict]:
 
 def summary() -> str:
   """What ran on which chip, from the records: one sentence per chip (the
-  calls measured, the last `make test-tpu` run; a line each), or that none
-  did."""
+  calls measured, the newest `make test-tpu` run of each selection of its
+  tests: the whole tier, or each part run alone with `-k`; a line each), or
+  that none did."""
   rows, runs = records.chip_rows(stage="call"), records.test_runs()
   if not rows and not runs:
     return ("No TPU measurement is recorded yet (`python -m streamidx.bench "
@@ -389,8 +390,12 @@ def summary() -> str:
   out = []
   for chip in sorted({r["chip"] for r in rows} | {r["chip"] for r in runs}):
     mine = [r for r in rows if r["chip"] == chip]
-    last = [r for r in runs if r["chip"] == chip][-1:]
-    any_ = (mine or last)[0]
+    newest = {}  # -k expression (None: the whole tier) -> its newest run
+    for t in (r for r in runs if r["chip"] == chip):
+      sub = re.search(r" -k (.+?)(?: -p |$)", t["command"])
+      newest.pop(sub and sub.group(1), None)
+      newest[sub and sub.group(1)] = t
+    any_ = (mine or list(newest.values()))[0]
     parts = [f"On a TPU {chip} ({any_['device_kind']}; jax {any_['jax']}, "
              f"libtpu {any_['libtpu']})"]
     if mine:
@@ -403,11 +408,9 @@ def summary() -> str:
                    f"alone, of the {len(POINTS)} points `--record` names; "
                    f"{oks.count(False)} disagreeing with the rule or "
                    f"reference, {oks.count(None)} not checked)")
-    if last:
-      t = last[0]
-      sub = re.search(r" -k (.+?)(?: -p |$)", t["command"])
+    for sub, t in newest.items():
       parts.append(f"the last `make test-tpu` ({t['date'][:10]}"
-                   + (f", only the tests `-k {sub.group(1)}`" if sub else "")
+                   + (f", only the tests `-k {sub}`" if sub else "")
                    + f") had {t['passed']} passed, {t['failed']} failed, "
                    f"{t['skipped']} skipped in {t['wall_s']:.0f} s")
     out.append(f"{parts[0]}: " + ";\n  ".join(parts[1:]) + "."
