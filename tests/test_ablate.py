@@ -79,8 +79,7 @@ def _dma_bytes(exp, args, tiny):
   left, rows = collections.Counter(), set()
   for op in rec.ops:
     if op.kind in ("dma_start", "dma_wait"):
-      # The timeline names semaphore rows in the dense kernel's order.
-      row = lean.SEMAPHORE_ROWS[timeline.SEMAPHORE_KINDS.index(op.info["sem"])]
+      row = op.info["sem"]
       rows.add(row)
       left[(op.launch, row, op.info["slot"])] += op.info["nbytes"] * (
           1 if op.kind == "dma_start" else -1)

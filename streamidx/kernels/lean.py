@@ -29,14 +29,16 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
 from streamidx.kernels import block_max as block_max_lib
-from streamidx.kernels import tpu
+from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
 
 __all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS", "ABLATIONS"]
 
 KV_PACKING = cache_lib.DENSE_KV_PACKING
-SEMAPHORE_ROWS = ("kv", "kv_scale", "q", "w", "out", "block_max")
-_KV, _SCALE, _Q, _W, _OUT, _MAX = range(len(SEMAPHORE_ROWS))
+# The semaphore rows in the dense kernel's order (one table for the
+# timeline, `lab.model.timeline`, whichever kernel ran).
+SEMAPHORE_ROWS = dense.SEMAPHORE_ROWS
+_KV, _Q, _OUT, _W, _SCALE, _MAX = range(len(SEMAPHORE_ROWS))
 assert _MAX == block_max_lib.SEM_ROW
 # Scalar-prefetch slots: sem_ids (bq, bkv, bo buffer) and bo_sz (rows in
 # flight of each score buffer, -1 = none); with the block maxima, the

@@ -43,8 +43,8 @@ def _range(transforms):
   return utils.to_range(jax.tree.map(int, transforms))
 
 
-def _first(rng):
-  r = rng[0]
+def _first(rng, axis=0):
+  r = rng[axis]
   return r.start if isinstance(r, slice) else int(r)
 
 
@@ -151,7 +151,7 @@ class Recorder:
     for op in (o for o in self.ops if o.kind in ("dma_start", "dma_wait")):
       i, start = op.info, op.kind == "dma_start"
       page = _first(i["src"][2]) if start and i["sem"] in ("kv", "kv_scale") else -1
-      row, col = ((_first(i["dst"][2]), i["dst"][2][1].start)
+      row, col = ((_first(i["dst"][2]), _first(i["dst"][2], 1))
                   if start and i["sem"] == "out" else (-1, -1))
       events.append(tiling.Event(op.launch, op.kind[4:], i["sem"], i["slot"],
                                  i["batch_idx"], i["nbytes"], page, row, col))
