@@ -13,12 +13,10 @@ slots, not time (docs/tpu.md, "The whole program's count").
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import glob
 import importlib
-import json
 import math
 import os
 import re
@@ -544,34 +542,8 @@ def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
 
 
 def main(argv=None) -> int:
-  if worker.serve(argv, _worker):
-    return 0
-  p = argparse.ArgumentParser(
-      prog="python -m streamidx.lab.dump",
-      description="Bundles a compiled program executes (libtpu's final "
-      "bundle dump, no TPU). Either compile (--fn) or read a dump (--dir).")
-  p.add_argument("--generation", default="v7x")
-  p.add_argument("--fn", help="module:attr of a function of arrays")
-  p.add_argument("--kwargs", default="{}", help="its static keywords (JSON)")
-  p.add_argument("--args", default="[]",
-                 help='argument shapes, JSON: [[[64, 262144], "float32"]]')
-  p.add_argument("--dir", help="read this dump directory instead")
-  p.add_argument("--keep", help="dump into this directory (kept)")
-  p.add_argument("--taken", default="{}", help="conditional -> branch (JSON)")
-  a = p.parse_args(argv)
-  taken = json.loads(a.taken)
-  if a.dir:
-    comps, conds, sc = read_module(a.dir)
-    mc = executed(comps, conditionals=conds, sparsecore=sc, taken=taken)
-  else:
-    if not a.fn:
-      p.error("--fn or --dir is required")
-    mc, = module_counts([dict(generation=a.generation, fn=a.fn,
-                              kwargs=json.loads(a.kwargs),
-                              args=json.loads(a.args), taken=taken)],
-                        dump_dir=a.keep)
-  print(json.dumps(dataclasses.asdict(mc), indent=1))
-  return 0
+  """The child process of `compile_dumps` (`--worker JSON`)."""
+  return 0 if worker.serve(argv, _worker) else 2
 
 
 if __name__ == "__main__":

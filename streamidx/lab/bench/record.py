@@ -213,17 +213,6 @@ def _rule(rows: int, entries: int, k: int) -> np.ndarray:
   return oracle.topk_rule(_score_buffer(rows, entries)[0], k)
 
 
-def _check_selection(point: Point, got, scores_np) -> dict:
-  s = point.shape
-  want = _rule(s.rows, s.entries, s.k)
-  same = (np.asarray(got) == want).all(axis=1)
-  out = {"ok": bool(same.all()), "rows": int(same.size),
-         "rows_identical": int(same.sum())}
-  if not topk.METHODS[point.method].exact:
-    out.update(ok=None, recall=metrics.recall_at_k(got, want, scores_np))
-  return out
-
-
 # -- measuring ------------------------------------------------------------
 
 
@@ -258,9 +247,10 @@ def _compiled(point: Point):
   s = point.shape
   if point.variant is None:
     x, x_dev = _score_buffer(s.rows, s.entries)
-    args, kw = (x_dev,), {}
-    fn = functools.partial(topk.select_topk, k=s.k, method=point.method)
-    check = functools.partial(_check_selection, point, scores_np=x)
+    (fn, args), kw = topk_bench.selection_call(x_dev, s.k, point.method), {}
+    check = functools.partial(topk_bench.check_selection,
+                              want=_rule(s.rows, s.entries, s.k), scores=x,
+                              method=point.method)
   else:
     args, inputs = _inputs(s, point.variant, point.cache_format)
     v = variants_lib.get(point.variant)

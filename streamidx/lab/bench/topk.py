@@ -3,14 +3,14 @@
 against the rule's NumPy oracle (`bench.oracle.topk_rule`); `--json`,
 `--table`: the TensorCore bundles each one's compiled selection executes
 per generation at `COUNT_SHAPES`, from data/step_schedule.json
-(`--compile` records the missing ones); `--cost-analysis`: XLA's cost
-analysis of each, in <out>/topk_compile.json.
+(`--compile` records the missing ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -27,8 +27,9 @@ from streamidx.lab.bench import harness, oracle
 from streamidx.lab.model import roofline
 from streamidx.lab.model import topk as topk_model
 
-# /3: every result checked against the rule's NumPy oracle (`rows_identical`).
-SCHEMA = "streamidx.bench.topk/3"
+# /4: every result checked against the rule's NumPy oracle (`check_selection`:
+# `ok`, `rows_identical`; "approx" its `recall`).
+SCHEMA = "streamidx.bench.topk/4"
 # The timing's shapes: decode B=64 at 128K and 1M tokens, ratio 4, k 512.
 SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
 # The bundle counts' (issue 38): decode, 64 rows x 262,144 entries at k 512,
@@ -139,30 +140,50 @@ def score_buffer(shape: shapes_lib.Shape, seed: int = 0) -> np.ndarray:
   return x
 
 
+def selection_call(x, k: int, method: str):
+  """(function, args) of one selection over the device scores f32[T, N] `x`:
+  `select_topk(x, k, method)`, a method that `needs` a kernel output given
+  it as the kernel writes it (`extra_ref`); "reference":
+  `ref.topk_from_scores`."""
+  if method == "reference":
+    return (lambda s: ref.topk_from_scores(s, k)), (x,)
+  rec = topk.get(method)
+  if rec.needs is None:
+    return functools.partial(topk.select_topk, k=k, method=method), (x,)
+  extra = rec.extra_ref(x, **rec.resolve({}))
+  return (lambda s, e: topk.select_topk(s, k, method, extra=e)), (x, extra)
+
+
+def check_selection(got, want: np.ndarray, scores: np.ndarray,
+                    method: str) -> dict:
+  """i32[T, k] `got` against the rule's `want` (`bench.oracle.topk_rule` of
+  f32[T, N] `scores`): {"ok", "rows", "rows_identical"}; a method that is
+  not exact: "ok" None and its "recall" (`metrics.recall_at_k`)."""
+  same = (np.asarray(got) == want).all(axis=1)
+  out = {"ok": bool(same.all()), "rows": int(same.size),
+         "rows_identical": int(same.sum())}
+  if method != "reference" and not topk.METHODS[method].exact:
+    out.update(ok=None, recall=metrics.recall_at_k(got, want, scores))
+  return out
+
+
 def run(shapes: Sequence[shapes_lib.Shape] = SHAPES, *, repeats: int = 5,
         seed: int = 0) -> dict:
   """Times the reference and every method on each shape (jitted, the scores an
-  argument) and checks each against the rule (`bench.oracle.topk_rule`):
-  `rows_identical` of `rows`; "approx" also its recall. Returns the doc."""
+  argument) and checks each against the rule (`check_selection`); "approx"
+  also its modelled TPU recall. Returns the doc."""
   results = []
   for shape in shapes:
     x_np, k = score_buffer(shape, seed), shape.k
     want = oracle.topk_rule(x_np, k)
     x = jnp.asarray(x_np)
     for m in ("reference", *topk.TOPK_METHODS):
-      rec = None if m == "reference" else topk.get(m)
-      args = (x,) + ((rec.extra_ref(x, **rec.resolve({})),)
-                     if rec and rec.needs else ())  # as the kernel writes it
-      fn = (lambda s: ref.topk_from_scores(s, k)) if rec is None else (
-          lambda s, *e, m=m: topk.select_topk(s, k, m, extra=e[0] if e else None))
-      info, call = harness.compile_call(fn, args, {})
+      info, call = harness.compile_call(*selection_call(x, k, m), {})
       got, res = harness.measure(call, repeats)
-      got, exact = np.asarray(got), rec is None or rec.exact
       row = {"shape": _name(shape), "impl": m, "compile_s": info["compile_s"],
-             **res["wall_s"], "exact": exact, "rows": int(want.shape[0]),
-             "rows_identical": int((got == want).all(axis=1).sum())}
-      if not exact:
-        row["recall_here"] = metrics.recall_at_k(got, want, x_np)
+             **res["wall_s"], "exact": m == "reference" or topk.get(m).exact,
+             **check_selection(got, want, x_np, m)}
+      if not row["exact"]:
         row["tpu_recall_model"] = topk_model.approx_recall(x_np, k)
       results.append(row)
   on_tpu = jax.default_backend() == "tpu"
@@ -193,7 +214,7 @@ def format_table(doc) -> str:
              else f"rule: DIFFERS ({same} identical)")
     if not r["exact"]:
       m = r["tpu_recall_model"]
-      check = (f"recall {r['recall_here']:.4f} here ({same} identical); TPU "
+      check = (f"recall {r['recall']:.4f} here ({same} identical); TPU "
                f"model {m['emulated_recall']:.4f} ({m['bins']} bins)")
     rows.append({"shape": r["shape"], "method": r["impl"],
                  "median ms": r["median"] * 1e3,
@@ -202,29 +223,6 @@ def format_table(doc) -> str:
                  "compile s": r["compile_s"], "check": check})
   return (doc["timings_are"] + "; checked against " + doc["checked_against"]
           + "\n" + tables.format_rows(rows))
-
-
-def compile_matrix(shapes, generations) -> dict:
-  """`compile_estimate` for every (shape, generation, method)."""
-  rows = [dict(topk_model.compile_estimate(m, s.rows, s.entries, s.k, gen),
-               shape=_name(s))
-          for s in shapes for gen in generations
-          for m in topk.TOPK_METHODS]
-  return {"schema": SCHEMA + "/compile", "jax": jax.__version__,
-          "libtpu": modes.libtpu_path(),
-          "estimates_are": ("XLA TPU compiler cost analysis of programs "
-                            "compiled without a TPU: static estimates, not "
-                            "measurements"), "results": rows}
-
-
-def format_compile_table(doc) -> str:
-  return doc["estimates_are"] + "\n" + tables.format_rows([{
-      "shape": r["shape"], "generation": r["generation"],
-      "method": r["method"], "compiled": "ok" if r["ok"] else "FAILED",
-      "compile s": r["compile_s"], "optimal us": r["optimal_seconds"] and (
-          r["optimal_seconds"] * 1e6),
-      "accessed MB": r["bytes_accessed"] and r["bytes_accessed"] / 1e6,
-      "error": r["error"]} for r in doc["results"]])
 
 
 def format_counts(lines) -> str:
@@ -342,19 +340,13 @@ def main(argv=None) -> int:
                  default=list(GENERATIONS), help="the counts' chips")
   p.add_argument("--methods", nargs="+", choices=topk.TOPK_METHODS,
                  help="the counts' methods (default: every registered one)")
-  p.add_argument("--cost-analysis", action="store_true",
-                 help="instead: XLA's cost analysis of every method compiled "
-                 "for v5e, v6e, v7x (libtpu) in <out>/topk_compile.json")
   a = p.parse_args(argv)
   try:
     shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
               else COUNT_SHAPES if (a.json or a.compile or a.table)
-              else SHAPES[1:] if a.cost_analysis else SHAPES)
+              else SHAPES)
     if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
-    if a.cost_analysis and (a.json or a.compile or a.table):
-      raise ValueError("--cost-analysis: not with --json, --table or "
-                       "--compile")
     if a.json and a.table:
       raise ValueError("--table: not with --json (one output at a time)")
   except ValueError as e:
@@ -370,20 +362,14 @@ def main(argv=None) -> int:
     else:
       print(format_counts(lines))
     return 0
-  if a.cost_analysis:
-    doc, name = compile_matrix(shapes, GENERATIONS), "topk_compile"
-    print(format_compile_table(doc))
-    bad = [f"{r['shape']} {r['generation']} {r['method']}"
-           for r in doc["results"] if not r["ok"]]
-  else:
-    doc, name = run(shapes, repeats=a.repeats), "topk"
-    print(doc["machine"])
-    print(format_table(doc))
-    bad = failures(doc)
+  doc = run(shapes, repeats=a.repeats)
+  print(doc["machine"])
+  print(format_table(doc))
+  bad = failures(doc)
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
-  print(f"\nwrote {out / name}.json")
+  (out / "topk.json").write_text(json.dumps(doc, indent=1))
+  print(f"\nwrote {out / 'topk.json'}")
   if bad:
     print("FAILED: " + ", ".join(bad))
   return 1 if bad else 0

@@ -576,18 +576,6 @@ def dsv4_step(generation: str, variant: str = "vendored", *,
                       clock_hz=clock_hz, method=method)
 
 
-def public_ratio(generation: str = "v7x", variant: str = "vendored") -> dict:
-  """The public TPU7x scoring measurement (`lab.model.topk.PUBLIC_TPU7X`,
-  by others) over the kernel stage's bound at its shape: {"measured_s",
-  "bound", "ratio", "shape", "source"}."""
-  pub, shape = topk_model.PUBLIC_TPU7X, topk_model.SHAPES[0]
-  sb = dsv4_step(generation, variant, batch=shape.num_seqs, context_tokens=shape.seq_len)
-  measured = pub["decode_scoring_ms"] * 1e-3
-  return dict(measured_s=measured, bound=sb, ratio=measured / sb.kernel_s,
-              shape=f"{shape.num_seqs} x {shape.seq_len:,} tokens, k {shape.k}",
-              source=pub["source"])
-
-
 # ---------------------------------------------------------------------------
 # One clock per chip: the public one, else inferred from the one measurement
 # named here (docs/tpu.md, "The clock": why these); the prediction of a
