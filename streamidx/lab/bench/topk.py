@@ -227,7 +227,7 @@ def format_table(doc) -> str:
 
 def format_counts(lines) -> str:
   """The recorded counts as a table (each exact method's tc_bundles over
-  the sort's at the same shape), then `goal_lines`."""
+  the sort's at the same shape)."""
   sort = {(l["generation"], l["rows"], l["entries"], l["k"]): l["tc_bundles"]
           for l in lines if l["method"] == "sort"}
   rows = []
@@ -250,73 +250,7 @@ def format_counts(lines) -> str:
   return ("TensorCore bundles executed by each compiled selection (static "
           "schedule, libtpu dump; not a timing)\n" + tables.format_rows(rows)
           + f"\n{missing} of {len(lines)} not recorded (--json lists them, "
-          "--compile records them)\n" + "\n".join(goal_lines(lines)))
-
-
-# Issue 38's goals: decode, the best exact method at most 1/12 of the sort's
-# bundles and 10% of the lean scoring kernel's (its decode KV loop at
-# LEAN_BKV_P pages a step, data/decode_schedule.json); prefill, 1/10 of the
-# sort's.
-LEAN_BKV_P = 8
-
-
-def lean_kernel_bundles(generation: str, shape: shapes_lib.Shape):
-  """(bundles, how): the lean kernel's decode KV loop over the shape's
-  pages, or (None, why)."""
-  rec = roofline.recorded_bundles(
-      "lean", generation, "dense_fp8", bkv_p=LEAN_BKV_P, seq_batch_size=4,
-      num_heads=shape.num_heads, head_dim=shape.head_dim,
-      page_size=shape.page_size)
-  if rec is None:
-    return None, "no recorded lean decode schedule"
-  pages = shape.rows * -(-shape.entries // shape.page_size)
-  return rec["bundles_per_page"] * pages, (
-      f"lean dense_fp8 KV loop, {rec['bundles_per_page']} bundles a page "
-      f"(bkv_p {LEAN_BKV_P}) x {pages:,} pages, data/decode_schedule.json")
-
-
-def goal_lines(lines) -> list[str]:
-  """Per chip and shape at k 512, the best recorded exact method against
-  issue 38's goals (`None` parts where a count is missing)."""
-  out = []
-  for shape in (COUNT_SHAPES[0], COUNT_SHAPES[-1]):
-    at = [l for l in lines if (l["rows"], l["entries"], l["k"]) ==
-          (shape.rows, shape.entries, shape.k)]
-    for gen in sorted({l["generation"] for l in at}):
-      here = [l for l in at if l["generation"] == gen]
-      sort = next((l["tc_bundles"] for l in here if l["method"] == "sort"),
-                  None)
-      exact = [l for l in here if l["exact"] and l["tc_bundles"]
-               and l["method"] != "sort"]
-      if not (sort and exact):
-        out.append(f"{gen} {shape.kind} k {shape.k}: not enough records "
-                   f"for the goal")
-        continue
-      best = min(exact, key=lambda l: l["tc_bundles"])
-      bound = 12 if shape.kind == "decode" else 10
-      ok = best["tc_bundles"] <= sort / bound
-      text = (f"{gen} {shape.kind} k {shape.k}: best exact {best['method']} "
-              f"{best['tc_bundles']:,} = 1/{sort / best['tc_bundles']:.2f} of "
-              f"the sort's {sort:,} (goal 1/{bound}: "
-              f"{'met' if ok else 'NOT met'})")
-      if shape.kind == "decode":
-        lean, how = lean_kernel_bundles(gen, shape)
-        if lean is None:
-          text += f"; lean kernel: {how}"
-        else:
-          share = best["tc_bundles"] / lean
-          text += (f"; {share:.1%} of the lean scoring kernel's {lean:,.0f} "
-                   f"({how}; goal 10%: "
-                   f"{'met' if share <= 0.10 else 'NOT met'})")
-      unknown = [l["method"] for l in here if l["exact"]
-                 and l["tc_bundles"] is None]
-      if unknown:
-        text += f"; no count for {', '.join(unknown)}"
-      if best["sc_bundles"] is None or best["fused_extra"]:
-        text += " [" + "; ".join(x for x in (best["note"], best["fused_extra"])
-                                 if x) + "]"
-      out.append(text)
-  return out
+          "--compile records them)")
 
 
 def main(argv=None) -> int:
@@ -332,7 +266,7 @@ def main(argv=None) -> int:
   p.add_argument("--json", action="store_true", help="instead of timing: "
                  "the recorded bundle counts, one JSON object a line")
   p.add_argument("--table", action="store_true", help="instead of timing: "
-                 "the recorded counts as a table, with issue 38's goals")
+                 "the recorded counts as a table")
   p.add_argument("--compile", action="store_true",
                  help="with the counts: compile (libtpu, no TPU; minutes "
                  "each) and record every one not recorded")
