@@ -2,6 +2,10 @@
 trip-count check on compiled loops whose counts are known."""
 
 
+import os
+
+import jax.numpy as jnp
+from jax import lax
 import pytest
 
 from streamidx.lab import dump
@@ -148,10 +152,28 @@ def test_a_register_bound_is_a_dynamic_trip_count_the_caller_supplies():
   assert got.total == 8 * 5 and got.dynamic == (("k", 0, 5),)
 
 
-def test_trip_counts_of_compiled_fori_loops_scale_exactly():
+def fori_program(x, *, n: int, m: int = 0):
+  """A program whose loop counts are known, for checking `trip_count`: a
+  `lax.fori_loop` of `n` iterations over f32 `x` (each with an inner loop of
+  `m` iterations when m > 0). `dump.compile_dumps`'s child imports it
+  as test_dump:fori_program (tests/ on its PYTHONPATH)."""
+  def inner(_, c):
+    return c * 1.0001 + jnp.sin(c)
+
+  def outer(_, c):
+    if m:
+      c = jnp.cos(lax.fori_loop(0, m, inner, c))
+      return c
+    return inner(0, c)
+
+  return lax.fori_loop(0, n, outer, x)
+
+
+def test_trip_counts_of_compiled_fori_loops_scale_exactly(monkeypatch):
   """count(N) = a + b * N at N = 3, 5, 8, and a nested pair multiplies:
   the loops' trips read from the v7x dump are N (and M)."""
-  progs = [dict(generation="v7x", fn="streamidx.lab.dump:fori_program",
+  monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
+  progs = [dict(generation="v7x", fn="test_dump:fori_program",
                 kwargs=dict(n=n, m=m), args=[((8, 1024), "float32")])
            for n, m in ((3, 0), (5, 0), (8, 0), (3, 4), (5, 4), (5, 7))]
   got = dump.module_counts(progs)

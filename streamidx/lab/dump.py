@@ -459,25 +459,6 @@ def read_module(dump_dir: str) -> tuple[dict, list, list]:
 # Compiling in a child process (libtpu reads its dump flags once per process).
 
 
-def fori_program(x, *, n: int, m: int = 0):
-  """A program whose loop counts are known, for checking `trip_count`: a
-  `lax.fori_loop` of `n` iterations over f32 `x` (each with an inner loop of
-  `m` iterations when m > 0)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax import lax  # pylint: disable=g-import-not-at-top
-
-  def inner(_, c):
-    return c * 1.0001 + jnp.sin(c)
-
-  def outer(_, c):
-    if m:
-      c = jnp.cos(lax.fori_loop(0, m, inner, c))
-      return c
-    return inner(0, c)
-
-  return lax.fori_loop(0, n, outer, x)
-
-
 def _worker(specs: list) -> list:
   """In the child: compile each spec's `fn` (module:attr, called with the
   static `kwargs`) at its `args` ([shape, dtype] each) for its
