@@ -10,7 +10,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import multiprocessing
 import os
 import re
@@ -176,16 +175,11 @@ def summarize_error(e: BaseException) -> str:
 
 
 def launch_calls(variant: str, shape: Shape, fmt: str, blocks: dict, target):
-  """[(launch name, jaxpr equation)] of every `pallas_call` the entry point
-  makes, traced inside `compile_for(target.generation)`: its scoring
-  launches (`tiling.scoring_static`), then, where `blocks` names
-  "blocktop", its selection kernel's call."""
-  v = VARIANTS[variant]
-  fn = functools.partial(v.kernel, **tiling.scoring_static(
-      v, entry_static(variant, shape, blocks)))
-  closed = jax.make_jaxpr(fn)(*entry_args(variant, shape, fmt, target))
-  return [(eqn.params.get("name") or "pallas_call", eqn)
-          for eqn in tiling.pallas_calls(closed.jaxpr)]
+  """`tiling.traced_launches` of the entry point at `shape` on `target`:
+  its scoring launches, then, where `blocks` names "blocktop", its
+  selection kernel's call."""
+  return tiling.traced_launches(VARIANTS[variant], entry_args(
+      variant, shape, fmt, target), entry_static(variant, shape, blocks))
 
 
 def compile_launch(eqn, target, *, vmem_limit_bytes: Any = "keep",

@@ -576,22 +576,26 @@ def scoring_static(v: variants_lib.Variant, static: dict) -> dict:
   return dict(static)
 
 
+def traced_launches(v: variants_lib.Variant, args, static: dict) -> list:
+  """[(launch name, equation)] of every `pallas_call` variant `v` makes at
+  `args` with keywords `static` (`scoring_static`), traced with
+  `jax.make_jaxpr`: nothing runs, so `args` may be production-size
+  `jax.ShapeDtypeStruct`s."""
+  fn = functools.partial(v.kernel, **scoring_static(v, static))
+  return [(eqn.params.get("name") or "pallas_call", eqn)
+          for eqn in pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr)]
+
+
 def kernel_scratch(args, *, mode: str | None = None, variant: str | None = None,
                    **kwargs) -> list[dict]:
-  """The declared VMEM scratch and vmem limit of every `pallas_call` of the
-  kernel (`resolve_variant(variant, mode)`), traced with `jax.make_jaxpr`:
-  nothing runs, so `args` may be production-size `jax.ShapeDtypeStruct`s.
-  One dict per scoring launch (`scoring_static`): {"case", "name",
-  "scratch", "vmem_limit_bytes"}.
-  """
-  v = resolve_variant(variant, mode)
-  jaxpr = jax.make_jaxpr(functools.partial(
-      v.kernel, **scoring_static(v, kwargs)))(*args)
-  return [{"case": launch_case(eqn.params.get("name") or "")[0],
-           "name": eqn.params.get("name") or "",
+  """The declared VMEM scratch and vmem limit of every `traced_launches` of
+  the kernel (`resolve_variant(variant, mode)`): {"case", "name", "scratch",
+  "vmem_limit_bytes"} each."""
+  return [{"case": launch_case(name)[0], "name": name,
            "scratch": declared_scratch(eqn),
            "vmem_limit_bytes": eqn.params["compiler_params"].vmem_limit_bytes}
-          for eqn in pallas_calls(jaxpr.jaxpr)]
+          for name, eqn in traced_launches(resolve_variant(variant, mode),
+                                           args, kwargs)]
 
 
 def vmem_budget(g: Geometry, *, bq_sz: int, bkv_p: int, seq_batch_size: int = 1,
