@@ -132,3 +132,11 @@ def test_compile_only_tpu_devices_are_not_device_lines(tmp_path):
   assert trace.device_pids() == []
   assert profiling.stage_times(trace, iterations=1)["device"] is False
 
+
+
+def test_profile_of_a_cpu_run_is_the_stage_times_without_device_lines(tmp_path):
+  import jax.numpy as jnp
+  t = profiling.profile(lambda: jnp.ones(8) + 1, iterations=2,
+                        trace_dir=str(tmp_path))
+  assert t["device"] is False and t["total_s"] is None
+  assert t["host_call_events"] == 2 and list(tmp_path.iterdir()) == []

@@ -16,7 +16,6 @@ import dataclasses
 import datetime
 import functools
 import sys
-import tempfile
 import time
 from typing import Sequence
 
@@ -92,10 +91,7 @@ def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
   """(blocks, `profiling.stage_times`, compile seconds) on this machine."""
   blocks, fn, arrays = program(exp, args, chip, shape)
   info, run = harness.compile_call(fn, arrays, {})
-  with tempfile.TemporaryDirectory() as d:
-    cap = profiling.capture(run, log_dir=d, iterations=iterations, warmup=1)
-    times = profiling.stage_times(profiling.load_trace(cap.perfetto_path),
-                                  iterations=iterations)
+  times = profiling.profile(run, iterations=iterations, warmup=1)
   return blocks, times, info["compile_s"]
 
 

@@ -68,13 +68,9 @@ def device_times(shape: Shape, impl: str, run_call, *,
                  variant: str = BASELINE_VARIANT) -> dict:
   """On a TPU: device seconds per call and its parts (`stage_times`) and the
   vendored kernel's roofline bound (the baseline: `fraction_of_roofline`)."""
-  with tempfile.TemporaryDirectory() as d:
-    cap = profiling.capture(run_call, log_dir=d, iterations=3, warmup=0)
-    times = (profiling.stage_times(profiling.load_trace(cap.perfetto_path),
-                                   iterations=3)
-             if cap.perfetto_path else {})
-  out = {"source": times.get("source"), "device_s": times.get("total_s"),
-         **{f"{p}_s": times.get(f"{p}_s") for p in records.PARTS}}
+  times = profiling.profile(run_call, iterations=3)
+  out = {"source": times["source"], "device_s": times["total_s"],
+         **{f"{p}_s": times[f"{p}_s"] for p in records.PARTS}}
   gen = modes.current_generation()
   if gen is not None:
     blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)

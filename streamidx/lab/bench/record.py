@@ -29,7 +29,6 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 import time
 from typing import Sequence
 
@@ -305,13 +304,11 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
   got, res = harness.measure(call, repeats)
   got = got[0] if isinstance(got, tuple) else got
   checked = check(np.asarray(got))
-  with tempfile.TemporaryDirectory(dir=trace_dir) as d:
-    cap = profiling.capture(call, log_dir=d, iterations=iterations, warmup=0)
-    # A program of `select_topk` alone: what no scope names (radix's
-    # scatter) is the selection's.
-    times = profiling.stage_times(
-        profiling.load_trace(cap.perfetto_path), iterations=iterations,
-        unnamed="selection" if point.variant is None else "other")
+  # A program of `select_topk` alone: what no scope names (radix's
+  # scatter) is the selection's.
+  times = profiling.profile(
+      call, iterations=iterations, trace_dir=trace_dir,
+      unnamed="selection" if point.variant is None else "other")
   blocks = None
   if point.variant is not None:
     s = point.shape

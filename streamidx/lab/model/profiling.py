@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -192,6 +193,18 @@ def stage_times(trace: Trace, *, iterations: int,
              ops=sorted(table.values(), key=lambda r: -r["self_us"]),
              **{f"{k}_s": v / 1e6 / iterations for k, v in sums.items()})
   return out
+
+
+def profile(fn: Callable[[], Any], *, iterations: int, warmup: int = 0,
+            unnamed: str = "other", trace_dir: str | None = None) -> dict:
+  """`stage_times` of `fn` under `capture` (`warmup` untraced runs, then
+  `iterations` traced) into a temporary folder (in `trace_dir`): a trace
+  without a Perfetto file counts as one without device lines."""
+  with tempfile.TemporaryDirectory(dir=trace_dir) as d:
+    cap = capture(fn, log_dir=d, iterations=iterations, warmup=warmup)
+    trace = (load_trace(cap.perfetto_path) if cap.perfetto_path
+             else Trace([], {}, {}))
+    return stage_times(trace, iterations=iterations, unnamed=unnamed)
 
 
 def machine() -> dict:
