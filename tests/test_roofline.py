@@ -126,7 +126,7 @@ def test_page_mode_writes_pooled_pages_not_token_scores():
 
 
 def test_recorded_schedule_names_its_command_and_date():
-  doc = roofline.recorded_schedule()
+  doc = si.records.load("decode_schedule")
   assert doc["command"].startswith("python -m streamidx.lab.schedule")
   assert doc["date"] and doc["libtpu"]
   keys = {(r["variant"], r["generation"], r["fmt"], r["bkv_p"]) for r in doc["rows"]}

@@ -57,19 +57,10 @@ _COPY = re.compile(r"^(copy|reshape|transpose|slice|bitcast)(\.\d+)?(\.clone)?$"
 _INSTR_SHAPE = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
 
 
-def recorded() -> dict:
-  return records.load("step_schedule")
-
-
-def measurements() -> list[dict]:
-  """The public measurements (by others, cited): data/public_measurements.json."""
-  return records.load("public_measurements")["measurements"]
-
-
 def provenance() -> str:
   """Where the counts and the measurements come from, with their dates: one line a notebook
   quotes beside every number it takes from them."""
-  rec, pub = recorded(), records.load("public_measurements")
+  rec, pub = records.load("step_schedule"), records.load("public_measurements")
   dates = sorted({r["date"] for k in ("launches", "selection") for r in rec[k]})
   return (f"bundles: data/{records.FILES['step_schedule']} (libtpu "
           f"{rec['libtpu']}, compiled without a TPU, recorded {', '.join(dates)}); public "
@@ -226,7 +217,7 @@ def rows() -> list[dict]:
   (predicted_s None where it cannot be predicted; `why` says why, or what
   was assumed); `bound`: each stage's bounds."""
   out = []
-  for m in measurements():  # pylint: disable=redefined-outer-name
+  for m in records.load("public_measurements")["measurements"]:
     shape = (f"{m['rows'] or '?'} x {m['entries'] or '?'}, k {m['k'] or '?'}")
     row = dict(source=m["source"], id=m["id"], url=m["url"], chip=m["chip"],
                stage=m["stage"], method=m.get("selection_method"), shape=shape,

@@ -208,17 +208,11 @@ def page_bounds(schedules, *, head_dim: int = 128,
 # ---------------------------------------------------------------------------
 # The step with the vector unit: HBM, MXU and static-schedule time, one call.
 
-def recorded_schedule() -> dict:
-  """Bundles per KV page of the decode launches' KV loop, as `python -m
-  streamidx.lab.schedule` printed them (data/decode_schedule.json)."""
-  return records.load("decode_schedule")
-
-
 def recorded_bundles(variant: str, generation: str, fmt: str, *, bkv_p: int,
                      seq_batch_size: int, num_heads: int, head_dim: int,
                      page_size: int) -> dict | None:
   """The recorded decode row of this launch, or None (none recorded)."""
-  doc = recorded_schedule()
+  doc = records.load("decode_schedule")
   if (num_heads, head_dim, page_size) != (doc["num_heads"], doc["head_dim"],
                                           doc["page_size"]):
     return None
