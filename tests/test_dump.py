@@ -169,14 +169,19 @@ def fori_program(x, *, n: int, m: int = 0):
   return lax.fori_loop(0, n, outer, x)
 
 
-def test_trip_counts_of_compiled_fori_loops_scale_exactly(monkeypatch):
+def test_trip_counts_of_compiled_fori_loops_scale_exactly(monkeypatch,
+                                                          tmp_path):
   """count(N) = a + b * N at N = 3, 5, 8, and a nested pair multiplies:
   the loops' trips read from the v7x dump are N (and M)."""
   monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
   progs = [dict(generation="v7x", fn="test_dump:fori_program",
                 kwargs=dict(n=n, m=m), args=[((8, 1024), "float32")])
            for n, m in ((3, 0), (5, 0), (8, 0), (3, 4), (5, 4), (5, 7))]
-  got = dump.module_counts(progs)
+  dump.compile_dumps(progs, dump_dir=str(tmp_path))
+  mods = dump.read_modules(str(tmp_path))
+  assert len(mods) == len(progs)
+  got = [dump.executed(comps, conditionals=conds, sparsecore=sc)
+         for comps, conds, sc in mods]
   flat, nested = [c.total for c in got[:3]], [c.total for c in got[3:]]
   b = (flat[1] - flat[0]) // 2
   assert flat[1] - flat[0] == 2 * b and flat[2] - flat[1] == 3 * b and b > 0

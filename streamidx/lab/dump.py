@@ -21,7 +21,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from typing import Mapping, Sequence
 
 from streamidx.lab import worker
@@ -504,22 +503,6 @@ def run_worker(module: str, payload, *, dump_dir: str, hbm: bool = True,
          "ALLOW_MULTIPLE_LIBTPU_LOAD": os.environ.get(
              "ALLOW_MULTIPLE_LIBTPU_LOAD", "1")}
   return worker.run(module, payload, env=env, timeout=timeout)
-
-
-def module_counts(programs: Sequence[dict], *, dump_dir: str | None = None,
-                  hbm: bool = True) -> list[ModuleCount]:
-  """`compile_dumps` then `executed` of each module (a program's "taken"
-  and "trips" keys pass to `executed`)."""
-  with tempfile.TemporaryDirectory(prefix="sidx-dump-") as tmp:
-    out = dump_dir or tmp
-    compile_dumps(programs, dump_dir=out, hbm=hbm)
-    mods = read_modules(out)
-    if len(mods) != len(programs):
-      raise RuntimeError(f"{len(programs)} programs compiled, {len(mods)} "
-                         f"modules in the dump {out}")
-    return [executed(comps, conditionals=conds, sparsecore=sc,
-                     taken=p.get("taken"), trips=p.get("trips"))
-            for p, (comps, conds, sc) in zip(programs, mods)]
 
 
 def main(argv=None) -> int:

@@ -227,8 +227,6 @@ def main(argv=None) -> int:
   p.add_argument("--shape", default="dsv4-decode-4k")
   p.add_argument("--kv-pages", nargs="+", type=int, default=None,
                  help="decode num_kv_pages_per_block values (token mode)")
-  p.add_argument("--queries", nargs="+", type=int, default=None,
-                 help="num_queries_per_block values (page mode)")
   p.add_argument("--launches", nargs="+", default=(),
                  help="only these launches (decode, decode_rest, prefill, "
                  "mixed, page)")
@@ -244,8 +242,6 @@ def main(argv=None) -> int:
       if a.kv_pages:
         sets = [dict(base, num_kv_pages_per_block=(p,) + tuple(
             base["num_kv_pages_per_block"][1:])) for p in a.kv_pages]
-      if a.queries:
-        sets = [dict(base, num_queries_per_block=q) for q in a.queries]
       scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
                                 launches=a.launches)
       for row, s_ in zip(schedule_table(scheds), scheds):

@@ -244,19 +244,18 @@ def _declared_only(record: logging.LogRecord) -> bool:
   return not record.getMessage().startswith("Passed unknown parameter")
 
 
-def _quiet_logs(log_output: bool) -> None:
+def _quiet_logs() -> None:
   """Silences papermill's warnings about the parameters cell (it cannot read a
-  rule's `>=`) and, without `log_output`, closing kernels' asyncio noise."""
+  rule's `>=`) and closing kernels' asyncio noise."""
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
-  if not log_output:
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
                  out_dir: str | os.PathLike | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, *, html: bool = False,
-                 log_output: bool = False, index: bool = True,
+                 index: bool = True,
                  transport: str = "auto") -> NotebookResult:
   """Executes one notebook with papermill (`parameters_for`) into `out_dir`
   (default: the profile's build folder); `index`: rewrite the landing page
@@ -277,13 +276,13 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
                 Path(params[OUTPUT_DIR_PARAMETER]) / HEADLINE_FILE):
     stale.unlink(missing_ok=True)  # a stale copy (or headline) would pass for this run's
   import papermill
-  _quiet_logs(log_output)
+  _quiet_logs()
   failure, start = None, time.perf_counter()
   try:
     papermill.execute_notebook(
         str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
         language="python", cwd=str(path.parent), execution_timeout=timeout,
-        log_output=log_output, progress_bar=False,
+        progress_bar=False,
         kernel_manager_class=_logged_kernel_manager(
             kernel_log(executed), kernel_transport(transport)))
   except Exception as e:  # noqa: BLE001 - cell errors, timeouts, dead kernels
@@ -636,8 +635,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--jobs", "-j", type=int, default=DEFAULT_JOBS, metavar="N",
                   help=f"notebooks at once, longest first (default {DEFAULT_JOBS}); "
                        "use --jobs 1 to time")
-  ap.add_argument("-v", "--verbose", action="store_true",
-                  help="log the notebooks' output while they run")
   ap.add_argument("--transport", choices=TRANSPORTS, default="auto",
                   help="the kernels' ZeroMQ transport (default auto: tcp, or "
                   "ipc where no loopback TCP socket can be opened, as on a "
@@ -645,8 +642,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = ap.parse_args(argv)
   notebooks_dir = args.notebooks.resolve()
   out_dir = (args.out or notebooks_dir.parent / PROFILE_OUT[args.profile]).resolve()
-  if args.verbose:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
   try:
     if not notebooks_dir.is_dir():
       raise WorkbookError(f"{notebooks_dir}: no such folder")
@@ -672,10 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   start = time.perf_counter()
 
   def run(nb: Path) -> NotebookResult:
-    if args.verbose:
-      print(f"--- {nb.name}", flush=True)
     return run_notebook(nb, args.profile, out_dir, args.timeout, html=args.html,
-                        log_output=args.verbose, index=False,
+                        index=False,
                         transport=args.transport)
 
   def index() -> None:  # the one writer of the landing page, in this thread

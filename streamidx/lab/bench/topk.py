@@ -85,16 +85,15 @@ def bundle_line(shape: shapes_lib.Shape, generation: str, method: str,
   return line
 
 
-def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS,
-                  methods=None, *, compile_missing: bool = False,
-                  progress=None) -> list[dict]:
+def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS, *,
+                  compile_missing: bool = False, progress=None) -> list[dict]:
   """`bundle_line` of every (shape, generation, registered method), from
   the records; compile_missing: compile each one not recorded
   (`calibration.record_selection`) and append it to the records first."""
   out = []
   for shape in shapes:
     for gen in generations:
-      for m in methods or topk.TOPK_METHODS:
+      for m in topk.TOPK_METHODS:
         key = (gen, m, shape.rows, shape.entries, shape.k)
         row = roofline.selection_record(*key)
         if row is None and compile_missing:
@@ -272,8 +271,6 @@ def main(argv=None) -> int:
                  "each) and record every one not recorded")
   p.add_argument("--generations", nargs="+", choices=GENERATIONS,
                  default=list(GENERATIONS), help="the counts' chips")
-  p.add_argument("--methods", nargs="+", choices=topk.TOPK_METHODS,
-                 help="the counts' methods (default: every registered one)")
   a = p.parse_args(argv)
   try:
     shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
@@ -286,7 +283,7 @@ def main(argv=None) -> int:
   except ValueError as e:
     p.error(str(e))
   if a.json or a.compile or a.table:
-    lines = bundle_counts(shapes, a.generations, a.methods,
+    lines = bundle_counts(shapes, a.generations,
                           compile_missing=a.compile,
                           progress=lambda s: print(s, file=sys.stderr,
                                                    flush=True))
