@@ -458,14 +458,13 @@ def read_module(dump_dir: str) -> tuple[dict, list, list]:
 # Compiling in a child process (libtpu reads its dump flags once per process).
 
 
-def _worker(specs: list) -> list:
+def _worker(specs: list) -> int:
   """In the child: compile each spec's `fn` (module:attr, called with the
   static `kwargs`) at its `args` ([shape, dtype] each) for its
-  `generation`, in order (one module each in the dump)."""
+  `generation`, in order (one module each in the dump); how many."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from streamidx import modes  # pylint: disable=g-import-not-at-top
-  out = []
   for spec in specs:
     mod, _, attr = spec["fn"].partition(":")
     fn = functools.reduce(getattr, attr.split("."),
@@ -473,33 +472,28 @@ def _worker(specs: list) -> list:
     fn = functools.partial(fn, **spec.get("kwargs", {}))
     with modes.compile_for(spec["generation"]) as target:
       args = [target.spec(tuple(s), jnp.dtype(d)) for s, d in spec["args"]]
-      compiled = jax.jit(fn).lower(*args).compile()
-    mem = compiled.memory_analysis()
-    out.append({"temp_bytes": getattr(mem, "temp_size_in_bytes", None)})
-  return out
+      jax.jit(fn).lower(*args).compile()
+  return len(specs)
 
 
-def compile_dumps(programs: Sequence[dict], *, dump_dir: str, hbm: bool = True,
-                  timeout: float = 3600.0) -> list[dict]:
+def compile_dumps(programs: Sequence[dict], *, dump_dir: str) -> None:
   """Compiles each program ({"generation", "fn": "module:attr" of a function of
   arrays, "kwargs": its static keywords, "args": [(shape, dtype)]}) in one child
-  process dumping to `dump_dir`, in order; the child's records (temp bytes)."""
+  process dumping to `dump_dir`, in order."""
   specs = [dict(generation=p["generation"], fn=p["fn"],
                 kwargs=dict(p.get("kwargs") or {}),
                 args=[[list(s), str(d)] for s, d in p["args"]])
            for p in programs]
-  return run_worker("streamidx.lab.dump", specs, dump_dir=dump_dir, hbm=hbm,
-                    timeout=timeout)
+  run_worker("streamidx.lab.dump", specs, dump_dir=dump_dir)
 
 
-def run_worker(module: str, payload, *, dump_dir: str, hbm: bool = True,
-               timeout: float = 3600.0):
+def run_worker(module: str, payload, *, dump_dir: str, timeout: float = 3600.0):
   """`lab.worker.run(module, payload)` with libtpu dumping its final
-  schedules to `dump_dir` (`DUMP_FLAGS`; hbm: every operand in HBM,
-  `HBM_FLAGS`): the one way a compile is dumped."""
+  schedules to `dump_dir` (`DUMP_FLAGS`), every operand in HBM
+  (`HBM_FLAGS`): the one way a compile is dumped."""
   env = {"LIBTPU_INIT_ARGS": (os.environ.get("LIBTPU_INIT_ARGS", "") +
-                              f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS}" +
-                              (f" {HBM_FLAGS}" if hbm else "")),
+                              f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS} "
+                              f"{HBM_FLAGS}"),
          "ALLOW_MULTIPLE_LIBTPU_LOAD": os.environ.get(
              "ALLOW_MULTIPLE_LIBTPU_LOAD", "1")}
   return worker.run(module, payload, env=env, timeout=timeout)
