@@ -302,13 +302,20 @@ class StepBound:
             f"{max_published_clock_hz() / 1e9:.2f} GHz)")
 
   @property
+  def sum_text(self) -> str:
+    """'[at least ]9,120 us = fill 36 + scoring ... us': the total and the
+    stages that round to 1 us or more (with `stages`)."""
+    parts = " + ".join(f"{st.name} {st.bound * 1e6:,.0f}" for st in self.stages
+                       if st.bound * 1e6 >= .5)
+    return (f"{'at least ' if self.at_least else ''}{self.total_s * 1e6:,.0f} "
+            f"us = {parts} us")
+
+  @property
   def headline(self) -> str:
     """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
     'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
     if self.stages:
-      floor = "at least " if self.at_least else ""
-      parts = " + ".join(f"{st.name} {st.bound * 1e6:,.0f}" for st in self.stages)
-      return (f"{self.generation}: {floor}{self.total_s * 1e6:,.0f} us = {parts} us "
+      return (f"{self.generation}: {self.sum_text} "
               f"(each stage the larger of its HBM and static-schedule bounds; "
               f"clock {self.clock_source})")
     return (f"{self.generation}: {'at least ' if self.at_least else ''}"
