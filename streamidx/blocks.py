@@ -242,26 +242,26 @@ TABLE: tuple[BlockSizes, ...] = (
 
 def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
   """Rows measured on a chip, from the records (`streamidx.records`): per
-  chip, the blocks of `variant`'s fastest recorded scoring experiment that
-  removed nothing (`python -m streamidx.bench --ablate`: DeepSeek-V4 decode,
-  64 heads, 128-entry pages). Later in `TABLE` than the static schedule's
+  chip, cache format, heads and page size, the blocks of `variant`'s
+  fastest recorded scoring experiment that removed nothing (`python -m
+  streamidx.bench --ablate`). Later in `TABLE` than the static schedule's
   row for the same call, so they win where a chip measured."""
-  best: dict[str, list[dict]] = {}
+  best: dict[tuple, list[dict]] = {}
   for r in records.chip_rows("experiments", variant=variant):
     if not r["removed"]:
-      best.setdefault(r["chip"], []).append(r)
+      key = (r["chip"], r["cache_format"], r["num_heads"], r["page_size"])
+      best.setdefault(key, []).append(r)
   out = []
-  for chip, rs in sorted(best.items()):
+  for (chip, fmt, heads, page), rs in sorted(best.items()):
     r = min(rs, key=lambda r: r["device_s"])
-    b = {k: tuple(v) if isinstance(v, list) else v
-         for k, v in r["blocks"].items()}
     out.append(BlockSizes(
-        chip, variant, r["cache_format"], 64, 128, source=(
+        chip, variant, fmt, heads, page, source=(
             f"measured on {chip} ({r['device_kind']}; jax {r['jax']}, libtpu "
             f"{r['libtpu']}; {r['date'][:10]}; `{r['command']}`): the "
             f"scoring launches at {r['shape']} took {r['device_s'] * 1e3:.3f}"
             f" ms at these blocks (experiment {r['experiment']!r}), the least"
-            f" of the {len(rs)} block sizes recorded there"), **b))
+            f" of the {len(rs)} block sizes recorded there"),
+        **records.block_kwargs(r)))
   return tuple(out)
 
 

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "EXPERIMENT_FIELDS",
            "STAGES", "PARTS", "path", "load", "save", "chip_rows", "calls",
+           "block_kwargs",
            "test_runs", "chip_problems", "append_chip"]
 
 FILES = {
@@ -99,7 +100,8 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
     "experiment": "its name (lab.bench.ablate.EXPERIMENTS)",
     "removed": "the pieces of work left out (kernels.lean.ABLATIONS)",
     **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape",
-                                   "variant", "cache_format")},
+                                   "variant", "cache_format", "num_heads")},
+    "page_size": "entries per cache page",
     "device_s": "device seconds per call of the scoring ops (profiler)",
     "ops": "[name, calls, device seconds] per call of each scoring op",
     "grid_steps": "programs (lab.model.tiling.plan)",
@@ -164,6 +166,14 @@ def calls(**match) -> list[dict]:
     parts.setdefault(r["run"], {})[r["stage"]] = r["device_s"]
   return [dict(r, parts={p: parts[r["run"]].get(p) for p in PARTS})
           for r in chip_rows(stage="call", **match)]
+
+
+def block_kwargs(row: Mapping[str, Any]) -> dict | None:
+  """A recorded row's `blocks` as the kernels take them (JSON's lists as
+  tuples), or None where it has none."""
+  b = row.get("blocks")
+  return None if b is None else {
+      n: tuple(v) if isinstance(v, list) else v for n, v in b.items()}
 
 
 def test_runs() -> list[dict]:

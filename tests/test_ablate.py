@@ -89,7 +89,7 @@ def _dma_bytes(exp, args, tiny):
 @FULL
 def test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece():
   tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)  # 2 KV blocks each
-  args = ablate.inputs(tiny)
+  args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
   left, everything, _ = _dma_bytes(ablate.EXPERIMENTS[0], args, tiny)
   assert not left and everything == {"kv", "kv_scale", "q", "w", "out"}
   for exp in ABLATED:
@@ -177,7 +177,6 @@ def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
       assert row.source in blocks.STATIC_SCHEDULE_SOURCES
       continue
     best = min(mine, key=lambda r: r["device_s"])
-    assert row.kwargs() == {n: tuple(v) if isinstance(v, list) else v
-                            for n, v in best["blocks"].items()}
+    assert row.kwargs() == records.block_kwargs(best)
     assert row.source.startswith(f"measured on {chip}")
     assert repr(best["experiment"]) in row.source

@@ -285,7 +285,7 @@ def chip_rows() -> list[dict]:
     sb = roofline.indexer_step(
         r["chip"], DSV4, k=r["k"], variant=r["variant"], method=r["method"],
         batch=1 if prefill else r["rows"], q_len=r["rows"] if prefill else 1,
-        context_tokens=r["tokens"], blocks=r["blocks"])
+        context_tokens=r["tokens"], blocks=records.block_kwargs(r))
     scoring = next(st.bound for st in sb.stages if st.name == "scoring")
     out.append(dict(chip=r["chip"], shape=r["shape"], variant=r["variant"],
                     method=r["method"], k=r["k"], measured_s=r["device_s"],

@@ -24,7 +24,7 @@ import jax
 from streamidx import records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, lean
-from streamidx.lab.bench import harness, long_context
+from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
 from streamidx.lab.model import hardware, profiling, roofline, tiling
 
@@ -59,12 +59,6 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     *(Experiment(f"kv_pages_{p}_batch_{b}", kv_pages=p, batch=b)
       for p, b in ((16, 8), (32, 8), (64, 4), (16, 16))),
 )
-
-
-def inputs(shape=SHAPE) -> tuple:
-  """The lean entry point's positional arrays at `shape`."""
-  q, w, cache, *meta = long_context.long_context_args(shape)
-  return (q, w, *cache, *meta)
 
 
 def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
@@ -109,7 +103,8 @@ def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
   return dict(
       experiment=exp.name, removed=list(exp.removed), blocks=blocks,
       chip=chip, device_kind=device_kind, shape=shape.name, variant=VARIANT,
-      cache_format=shape.fmt, device_s=device_s,
+      cache_format=shape.fmt, num_heads=shape.num_heads,
+      page_size=shape.page_size, device_s=device_s,
       ops=[[o["name"], o["count"] / iterations, o["self_us"] / iterations / 1e6]
            for o in times["ops"] if o["stage"] == "scoring"],
       grid_steps=steps["grid_steps"], kv_steps=steps["steps"],
@@ -145,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"--ablate measures on a TPU: this process's device is "
           f"{dev.device_kind}; nothing was run", file=sys.stderr)
     return 2
-  args = inputs()
+  args = record.entry_args(SHAPE, VARIANT, SHAPE.fmt)
   command = " ".join(["python -m streamidx.bench --ablate", *argv])
   bad = 0
   for e in todo:

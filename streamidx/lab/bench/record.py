@@ -164,11 +164,19 @@ def _inputs(s: shapes_lib.Shape, variant: str, fmt: str):
     inp = si.make_inputs(b, num_heads=s.num_heads, head_dim=s.head_dim,
                          fmt=fmt)
     return v.args(inp, fmt), inp
+  return entry_args(s, variant, fmt), None
+
+
+def entry_args(s: shapes_lib.Shape, variant: str, fmt: str) -> tuple:
+  """`variant`'s entry-point arguments at shape `s` in format `fmt`, built
+  on the device with no f32 keys beside the cache (nothing to check
+  against: `lab.bench.long_context`)."""
   q, w, cache, *meta = long_context.long_context_args(
       dataclasses.replace(s, fmt=fmt))
   cache = cache if isinstance(cache, tuple) else (cache,)
-  last = meta[-1] if v.mode == "token" else jnp.int32(b.num_seqs)
-  return (q, w, *cache, *meta[:-1], last), None
+  last = (meta[-1] if variants_lib.get(variant).mode == "token"
+          else jnp.int32(s.batch().num_seqs))
+  return (q, w, *cache, *meta[:-1], last)
 
 
 def _check_call(point: Point, got, inputs, kw) -> dict:

@@ -544,8 +544,6 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
                          page_size=g.page_size, generation=generation)
     blocks, why = row.kwargs(), row.source.split(";")[0].split("(")[0].strip()
   else:
-    blocks = {n: tuple(v) if isinstance(v, list) else v  # from JSON
-              for n, v in blocks.items()}
     why = "the call's own"
   p = tiling.plan(b, fmt=fmt, num_heads=g.num_heads, head_dim=g.head_dim,
                   variant=variant, generation=generation, **blocks)
