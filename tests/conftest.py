@@ -132,8 +132,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-  del exitstatus, config
+  del config
   if not os.environ.get("STREAMIDX_RECORD_TEST_RUN"):
+    return
+  if exitstatus == pytest.ExitCode.INTERRUPTED:  # a part cut short is no run
+    terminalreporter.write_line("test run not recorded: it was interrupted")
     return
   import datetime  # pylint: disable=g-import-not-at-top
   from streamidx import records  # pylint: disable=g-import-not-at-top
