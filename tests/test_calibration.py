@@ -23,9 +23,11 @@ def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
   calls = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"])
            for r in records.chip_rows(stage="call", mode=("decode", "prefill"))}
   assert len(mine) == len(calls) + 2
-  m = re.search(r"(\d+) of (\d+) calls within 1\.2x of the model; the "
+  m = re.search(r"(\d+) of (\d+) calls within 1\.2x of the model \((\d+) "
+                r"with the selection's own time measured alone in it\); the "
                 r"scoring alone (\d+) of (\d+)$", mine[-1])
-  assert m and int(m.group(2)) == int(m.group(4)) == len(calls)
+  assert m and int(m.group(2)) == int(m.group(5)) == len(calls)
+  assert int(m.group(3)) <= len(calls)
   m = re.fullmatch(r"(\d+) of (\d+) public measurements within 1\.5x at one "
                    r"clock per chip \((.*)\)", lines[-1])
   assert m and int(m.group(2)) == n and int(m.group(1)) <= n
@@ -191,3 +193,44 @@ def test_indexer_step_at_deepseek_v4_geometry_is_dsv4_step():
   b = roofline.indexer_step("v7x", shapes.DSV4, k=512, batch=64,
                             context_tokens=2**20)
   assert a.headline == b.headline and a.stages == b.stages
+
+
+def test_the_chips_kv_step_costs_reproduce_its_experiments():
+  """v5e's grid-step cost and DMA rate: fitted to its block-size
+  experiments (nothing removed), each reproduced within `worst` (< 10%);
+  a chip with no experiments has none."""
+  c = roofline.kv_step_costs("v5e")
+  ex = [e for e in records.load("chip")["experiments"]
+        if e["chip"] == "v5e" and not e["removed"]]
+  assert c and set(c.experiments) == {e["experiment"] for e in ex}
+  for e in ex:
+    fit = e["kv_steps"] * c.step_s + e["hbm_bytes"] / c.dma_bandwidth
+    assert abs(fit / e["device_s"] - 1) <= c.worst + 1e-12
+  assert c.worst < 0.1 and 0 < c.step_s < 2e-6
+  # slower than the HBM peak, as measured, not faster
+  assert c.dma_bandwidth < roofline.hardware.spec("v5e").device_bandwidth
+  assert roofline.kv_step_costs("v6e") is None
+
+
+def test_v5e_step_adds_measured_step_costs_and_reads_measured_selections():
+  """On v5e the scoring stage is its grid steps at the measured cost plus
+  the larger of its bytes at the measured DMA rate and its bundles; the
+  selection, where the records measured it alone at that shape, is that
+  time; v6e (no experiments, no records) keeps the bounds alone."""
+  c = roofline.kv_step_costs("v5e")
+  sb = roofline.dsv4_step("v5e", "lean", context_tokens=262144,
+                          method="blocktop")
+  st = {s.name: s for s in sb.stages}
+  sc = st["scoring"]
+  assert sc.t_dma > sc.t_hbm and sc.limiter == "DMA"
+  assert sc.bound == pytest.approx(sc.t_steps + max(sc.t_dma, sc.t_mxu,
+                                                    sc.t_bundles or 0))
+  assert sc.t_steps == pytest.approx(256 * c.step_s)  # 64 x 512 pages / 128
+  alone = records.calls(chip="v5e", mode="selection", method="blocktop",
+                        rows=64, entries=65536, k=512)[-1]
+  assert st["selection"].t_chip == alone["device_s"] == st["selection"].bound
+  assert "copies" not in st and "measured alone" in sb.headline
+  v6e = roofline.dsv4_step("v6e", "lean", context_tokens=262144,
+                           method="blocktop")
+  assert all(s.t_steps == 0 and s.t_dma is None and s.t_chip is None
+             for s in v6e.stages)

@@ -315,9 +315,15 @@ class StepBound:
     """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
     'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
     if self.stages:
+      measured = [f"the {st.name} measured alone" for st in self.stages
+                  if st.t_chip is not None]
+      if any(st.t_steps for st in self.stages):
+        measured.insert(0, "the scoring's grid-step cost and DMA rate measured")
       return (f"{self.generation}: {self.sum_text} "
-              f"(each stage the larger of its HBM and static-schedule bounds; "
-              f"clock {self.clock_source})")
+              f"(each stage the larger of its HBM and static-schedule bounds"
+              + "".join(f"; {m}" for m in measured)
+              + (f" on {self.generation}, the chip records" if measured else "")
+              + f"; clock {self.clock_source})")
     return (f"{self.generation}: {'at least ' if self.at_least else ''}"
             f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
 
@@ -358,7 +364,12 @@ class Stage:
   MXU time, and the bundles its compiled program executes (static
   schedule, `streamidx.lab.dump`; None: not compiled or not recorded) at
   `clock_hz`. Bundles are issue slots: DMA waits, stalls and SparseCore
-  time are not in them."""
+  time are not in them. Where the chip's records measured what the
+  bundles leave out (`kv_step_costs`), the scoring stage adds its grid
+  steps' fixed cost (`t_steps`) and reads its bytes at the DMA rate
+  measured (`t_dma`, in place of `t_hbm`); where the chip measured the
+  stage alone (`t_chip`: the selection, `selection_stages`), that time is
+  the stage's, measured, not modelled."""
 
   name: str  # "fill", "scoring", "selection", "copies"
   t_hbm: float
@@ -367,24 +378,76 @@ class Stage:
   t_mxu: float = 0.0
   detail: str = ""
   floor: bool = False  # bundles of part of the program only (a lower bound)
+  t_steps: float = 0.0  # grid steps x the chip's measured cost of a step
+  t_dma: float | None = None  # bytes at the chip's measured DMA rate
+  t_chip: float | None = None  # measured alone on the chip (records)
 
   t_bundles = property(lambda self: None if self.bundles is None
                        or not self.clock_hz else self.bundles / self.clock_hz)
-  bound = property(lambda self: max(self.t_hbm, self.t_mxu,
-                                    self.t_bundles or 0.0))
+  t_bytes = property(lambda self: self.t_hbm if self.t_dma is None
+                     else self.t_dma)
+
+  @property
+  def bound(self) -> float:
+    if self.t_chip is not None:
+      return self.t_chip
+    return self.t_steps + max(self.t_bytes, self.t_mxu, self.t_bundles or 0.0)
 
   @property
   def limiter(self) -> str:
-    if self.t_bundles is not None and self.t_bundles >= max(self.t_hbm, self.t_mxu):
+    if self.t_chip is not None:
+      return "measured alone"
+    if self.t_bundles is not None and self.t_bundles >= max(self.t_bytes, self.t_mxu):
       return "static schedule"
-    return "MXU" if self.t_mxu > self.t_hbm else "HBM"
+    return ("MXU" if self.t_mxu > self.t_bytes
+            else "HBM" if self.t_dma is None else "DMA")
 
   def describe(self) -> str:
     b = ("not compiled" if self.bundles is None else
          f"{'at least ' if self.floor else ''}{self.bundles:,} bundles"
          + (f" = {self.t_bundles * 1e6:,.0f} us" if self.t_bundles is not None else ""))
+    extra = ((f"; DMA {self.t_dma * 1e6:,.0f} us" if self.t_dma is not None else "")
+             + (f"; + grid steps {self.t_steps * 1e6:,.0f} us" if self.t_steps else ""))
     return (f"{self.name} {self.bound * 1e6:,.0f} us ({self.limiter}; HBM "
-            f"{self.t_hbm * 1e6:,.0f} us, {b}{'; ' + self.detail if self.detail else ''})")
+            f"{self.t_hbm * 1e6:,.0f} us, {b}{extra}"
+            f"{'; ' + self.detail if self.detail else ''})")
+
+
+@dataclasses.dataclass(frozen=True)
+class KvStepCosts:
+  """What a chip's scoring kernel costs beyond its bundles, measured: its
+  block-size experiments (the chip records' "experiments" with nothing
+  removed, `python -m streamidx.bench --ablate`: one kernel at one shape,
+  its KV steps and bytes varied by the block size and decode batch) fitted
+  by device time = kv_steps * step_s + bytes / dma_bandwidth (least
+  squares, relative). docs/chip.md, "The model against the chip"."""
+
+  chip: str
+  step_s: float  # a KV grid step's fixed cost (DMA issue, waits, the step)
+  dma_bandwidth: float  # bytes/s the kernel's page DMAs reach
+  experiments: tuple[str, ...]
+  worst: float  # the largest |fit / measured - 1| among them
+  source: str  # the shape and kernel they ran
+
+
+@functools.lru_cache(maxsize=None)
+def kv_step_costs(chip: str) -> KvStepCosts | None:
+  """`KvStepCosts` from `chip`'s recorded experiments, or None (fewer than
+  three with nothing removed: nothing measured to add)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  ex = [e for e in records.load("chip")["experiments"]
+        if e["chip"] == chip and not e["removed"]]
+  if len(ex) < 3:
+    return None
+  a = np.array([[e["kv_steps"], e["hbm_bytes"]] for e in ex], float)
+  y = np.array([e["device_s"] for e in ex])
+  (step_s, per_byte), *_ = np.linalg.lstsq(a / y[:, None], np.ones(len(ex)),
+                                           rcond=None)
+  worst = float(np.abs(a @ (step_s, per_byte) / y - 1).max())
+  return KvStepCosts(chip, float(step_s), float(1 / per_byte),
+                     tuple(e["experiment"] for e in ex), worst,
+                     ", ".join(sorted({f"{e['variant']} at {e['shape']}"
+                                       for e in ex})))
 
 
 # ---------------------------------------------------------------------------
@@ -448,7 +511,9 @@ def selection_stages(generation: str, method: str, rows: int, entries: int,
   layout copies in its program (their bundles and bytes, the SparseCore
   calls' too) on `generation`, from data/step_schedule.json (bundles None:
   no compile recorded); `compiled_entries`: the record to read when none is
-  at `entries`."""
+  at `entries`. Where the chip records measured this selection alone (at
+  `entries` or `compiled_entries`), one stage of that time (`t_chip`),
+  its copies in it."""
   spec = hardware.spec(generation)
   rec = selection_record(generation, method, rows, entries, k)
   cost = topk_model.cost(method, rows, entries, k)
@@ -456,6 +521,15 @@ def selection_stages(generation: str, method: str, rows: int, entries: int,
   if rec is None and compiled_entries and compiled_entries != entries:
     rec = selection_record(generation, method, rows, compiled_entries, k)
     note = f" (compiled at {compiled_entries} entries, the buffer has {entries})"
+  measured = [m for e in {entries, compiled_entries or entries}
+              for m in records.calls(chip=generation, mode="selection",
+                                     method=method, rows=rows, entries=e, k=k)]
+  if measured:  # the chip's own time for the selection alone, copies in
+    m = measured[-1]
+    return [Stage("selection", cost.bytes / spec.device_bandwidth,
+                  rec and rec["bundles"], clock_hz, t_chip=m["device_s"],
+                  detail=f"{method} at [{m['rows']}, {m['entries']}] measured "
+                  f"alone on {generation} ({m['date'][:10]}, the chip records)")]
   if rec is None:
     return [Stage("selection", cost.bytes / spec.device_bandwidth, None, clock_hz,
                   detail=f"no recorded compile of {method} at [{rows}, {entries}]")]
@@ -501,11 +575,21 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   if floor:
     bundles = int(kv_floor)
     notes.append("the KV loops alone (data/decode_schedule.json): a floor")
+  chip = kv_step_costs(generation)
+  if chip:
+    notes.append(f"{sum(l.num_steps for l in p.executed):,} KV steps x "
+                 f"{chip.step_s * 1e6:.3f} us and bytes at "
+                 f"{chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
+                 f"({chip.source})")
+  kernel = st["kernel"]
   return ([Stage("fill", st["fill"].bound, None, clock_hz,
                  detail="XLA's -inf fill, HBM only"),
-           Stage("scoring", st["kernel"].t_mem, bundles, clock_hz,
-                 t_mxu=st["kernel"].t_math, detail="; ".join(notes),
-                 floor=floor)]
+           Stage("scoring", kernel.t_mem, bundles, clock_hz,
+                 t_mxu=kernel.t_math, detail="; ".join(notes), floor=floor,
+                 t_steps=chip.step_s * sum(l.num_steps for l in p.executed)
+                 if chip else 0.0,
+                 t_dma=kernel.t_mem * kernel.bandwidth / chip.dma_bandwidth
+                 if chip else None)]
           + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz,
                              compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
