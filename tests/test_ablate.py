@@ -156,6 +156,20 @@ def test_ablate_refuses_to_run_off_a_tpu(capsys):
   assert "measures on a TPU" in capsys.readouterr().err
 
 
+def test_recorded_experiments_are_skipped_per_shape(monkeypatch, capsys):
+  """--dry-run lists what a run would measure: at the records' shape, the
+  experiments not yet recorded on the chip; at another shape, all."""
+  monkeypatch.setattr(ablate.hardware, "detect_generation", lambda d: "v5e")
+  recorded = {r["experiment"] for r in records.chip_rows(
+      "experiments", chip="v5e", shape=ablate.SHAPE.name)}
+  names = [e.name for e in ablate.EXPERIMENTS]
+  assert ablate.main(["--dry-run"]) == 0
+  assert capsys.readouterr().out.split() == [n for n in names
+                                             if n not in recorded]
+  assert ablate.main(["--dry-run", "--shape", "dsv4-decode-64x1048576"]) == 0
+  assert capsys.readouterr().out.split() == names
+
+
 def test_lean_refuses_an_unknown_ablation():
   spec = driver.Launch("decode", 1, 1, 1, 1, 1, 16, 4, "model")
   with pytest.raises(ValueError, match="ablate: a subset of"):

@@ -1,12 +1,14 @@
 """Where the lean kernel's time goes: `python -m streamidx.bench --ablate
-[--only NAME ...] [--budget-s S] [--again] [--dry-run]` on a TPU (docs/chip.md).
+[--only NAME ...] [--shape NAME] [--budget-s S] [--again] [--dry-run]` on a
+TPU (docs/chip.md).
 
 Each experiment times the lean kernel's scoring launches alone
-(`kernels.driver.scoring`) at `SHAPE` (the records' decode 64 x 262,144)
-with ONE change from the shipped call: pieces of its work removed
-(`kernels.lean.ABLATIONS`), or its KV block or decode batch size. Its row
-(`records.EXPERIMENT_FIELDS`) is appended to the chip records when measured;
-one already recorded on the chip is skipped (`--records --experiments`).
+(`kernels.driver.scoring`) at `SHAPE` (the records' decode 64 x 262,144;
+`--shape`: another of their decode shapes) with ONE change from the
+shipped call: pieces of its work removed (`kernels.lean.ABLATIONS`), or its
+KV block or decode batch size. Its row (`records.EXPERIMENT_FIELDS`) is
+appended to the chip records when measured; one already recorded on the
+chip at that shape is skipped (`--records --experiments`).
 """
 
 from __future__ import annotations
@@ -121,17 +123,23 @@ def main(argv: Sequence[str]) -> int:
                               description=__doc__.split("\n\n")[1])
   p.add_argument("--only", nargs="+", choices=names, metavar="NAME",
                  help=f"of {', '.join(names)}")
+  decode = sorted({q.shape.name for q in record.POINTS
+                   if q.shape.kind == "decode" and q.variant == VARIANT})
+  p.add_argument("--shape", choices=decode, default=SHAPE.name,
+                 help=f"the decode shape (default {SHAPE.name})")
   p.add_argument("--again", action="store_true", help="also those recorded")
   p.add_argument("--budget-s", type=float, default=None,
                  help="start none after this many seconds")
   p.add_argument("--dry-run", action="store_true")
   a = p.parse_args(argv)
   todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
+  shape = next(q.shape for q in record.POINTS
+               if q.shape.name == a.shape).with_(fmt=SHAPE.fmt)
   dev = jax.devices()[0]
   chip = hardware.detect_generation(dev)
   if not a.again:
-    done = {r["experiment"]
-            for r in records.chip_rows("experiments", chip=chip)}
+    done = {r["experiment"] for r in records.chip_rows(
+        "experiments", chip=chip, shape=shape.name)}
     todo = [e for e in todo if e.name not in done]
   if a.dry_run:
     print("\n".join(e.name for e in todo))
@@ -140,7 +148,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"--ablate measures on a TPU: this process's device is "
           f"{dev.device_kind}; nothing was run", file=sys.stderr)
     return 2
-  args = record.entry_args(SHAPE, VARIANT, SHAPE.fmt)
+  args = record.entry_args(shape, VARIANT, shape.fmt)
   command = " ".join(["python -m streamidx.bench --ablate", *argv])
   bad = 0
   for e in todo:
@@ -148,9 +156,9 @@ def main(argv: Sequence[str]) -> int:
       print(f"--budget-s spent: {e.name} and after not started", flush=True)
       break
     try:
-      blocks, times, compile_s = measure(e, args, chip=chip)
+      blocks, times, compile_s = measure(e, args, chip=chip, shape=shape)
       r = row(e, blocks, times, chip=chip, device_kind=dev.device_kind,
-              compile_s=compile_s, command=command)
+              compile_s=compile_s, command=command, shape=shape)
       records.append_chip(experiments=[r])
     except Exception as ex:  # pylint: disable=broad-except
       print(f"{e.name}: FAILED {type(ex).__name__}: {str(ex)[:400]}",
