@@ -94,6 +94,12 @@ TEST_RUN_FIELDS: Mapping[str, str] = {
     "date": "UTC time (ISO 8601)", "command": "the command",
     "jax": "jax version", "libtpu": "libtpu version",
     "commit": "git commit of the checkout, or None",
+    "interrupted": "cut short (a timeout, Ctrl-C): its counts are the tests "
+                   "that finished",
+    "tier_tests": "the tier's tests, those deselected by -k included (None: "
+                  "not recorded)",
+    "outcomes": "{test id: 'passed' | 'failed' | 'skipped'} of the tests that "
+                "finished (None: not recorded)",
 }
 # One experiment on the lean kernel's scoring launches (`lab.bench.ablate`).
 EXPERIMENT_FIELDS: Mapping[str, str] = {
@@ -197,8 +203,16 @@ def chip_problems(row: Mapping[str, Any], fields=CHIP_FIELDS) -> list[str]:
                   for f in ("device_s", "hbm_s", "ratio", "kv_step_s")
                   if not _number(row.get(f))]
   if fields is TEST_RUN_FIELDS:
+    outcomes = row.get("outcomes") or {}
     return out + [f"{f}: not a count" for f in ("passed", "failed", "skipped")
-                  if f in row and not isinstance(row[f], int)]
+                  if f in row and not isinstance(row[f], int)] + [
+        f"outcomes: {t!r} is {o!r}, not passed, failed or skipped"
+        for t, o in outcomes.items() if o not in ("passed", "failed",
+                                                  "skipped")] + (
+        ["outcomes: its counts differ from passed, failed and skipped"]
+        if outcomes and [row.get(f) for f in ("passed", "failed", "skipped")]
+        != [sum(o == f for o in outcomes.values())
+            for f in ("passed", "failed", "skipped")] else [])
   if row.get("stage") not in STAGES:
     out.append(f"stage: must be one of {STAGES} (got {row.get('stage')!r})")
   if row.get("mode") not in _MODES:

@@ -127,16 +127,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---------------------------------------------------------------------------
-# `make test-tpu` (STREAMIDX_RECORD_TEST_RUN=1) appends its counts to the chip
-# records (`streamidx.records`, "test_runs") when it ran on a TPU.
+# `make test-tpu` (STREAMIDX_RECORD_TEST_RUN=1) appends its counts and each
+# finished test's outcome to the chip records (`streamidx.records`,
+# "test_runs") when it ran on a TPU; a run cut short says so.
+
+_SELECTED = []  # the tests this run selected (after -k)
+
+
+def pytest_collection_finish(session):
+  _SELECTED[:] = [it.nodeid for it in session.items]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
   del config
   if not os.environ.get("STREAMIDX_RECORD_TEST_RUN"):
-    return
-  if exitstatus == pytest.ExitCode.INTERRUPTED:  # a part cut short is no run
-    terminalreporter.write_line("test run not recorded: it was interrupted")
     return
   import datetime  # pylint: disable=g-import-not-at-top
   from streamidx import records  # pylint: disable=g-import-not-at-top
@@ -147,15 +151,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
   if chip is None:
     terminalreporter.write_line("test run not recorded: no TPU here")
     return
-  count = lambda *keys: sum(len(terminalreporter.stats.get(k, ()))  # pylint: disable=unnecessary-lambda-assignment
-                            for k in keys)
-  run = dict(chip=chip, device_kind=dev.device_kind, passed=count("passed"),
-             failed=count("failed", "error"), skipped=count("skipped"),
+  outcomes = {}  # test id -> its outcome; a failed setup is a failure
+  for key, outcome in (("passed", "passed"), ("skipped", "skipped"),
+                       ("failed", "failed"), ("error", "failed")):
+    for rep in terminalreporter.stats.get(key, ()):
+      if getattr(rep, "nodeid", None) and (key != "passed"
+                                           or rep.when == "call"):
+        outcomes[rep.nodeid.split("::", 1)[-1]] = outcome
+  n = lambda o: sum(v == o for v in outcomes.values())  # pylint: disable=unnecessary-lambda-assignment
+  run = dict(chip=chip, device_kind=dev.device_kind, passed=n("passed"),
+             failed=n("failed"), skipped=n("skipped"),
              wall_s=time.perf_counter() - _STARTED,
              date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                  timespec="seconds"),
              command=" ".join(["pytest"] + sys.argv[1:]),
              commit=os.environ.get("STREAMIDX_COMMIT"),
-             **record.versions())
+             interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+             tier_tests=len(_SELECTED) + len(
+                 terminalreporter.stats.get("deselected", ())),
+             outcomes=outcomes, **record.versions())
   path = records.append_chip(runs=[run])
   terminalreporter.write_line(f"test run recorded in {path}: {run}")

@@ -59,6 +59,10 @@ def test_the_last_recorded_tpu_test_run_passed():
     pytest.skip("no `make test-tpu` run recorded yet")
   last = runs[-1]
   assert last["failed"] == 0, last
+  newest = {}  # and no tier test's newest result on the chip is a failure
+  for r in runs:
+    newest.update(r["outcomes"] or {})
+  assert [t for t, o in newest.items() if o == "failed"] == []
 
 
 def _rows(device_s=1e-3):
@@ -215,3 +219,39 @@ def test_summary_gives_the_newest_run_of_each_part_of_the_tier(tmp_path,
   assert "`-k readme`) had 33 passed" in text
   assert "`-k dsv4_decode`) had 35 passed" in text
   assert "30 passed" not in text
+
+
+def test_summary_counts_each_tier_test_by_its_newest_result(tmp_path,
+                                                          monkeypatch):
+  """A run cut short still counts the tests it finished; a test's newest
+  outcome wins; a run without outcomes (recorded before they were) is in
+  no count; an interrupted run is no part's "last run"."""
+  def run(outcomes, date, interrupted=False, sub="readme"):
+    n = lambda o: sum(v == o for v in (outcomes or {}).values())
+    return dict(chip="v5e", device_kind="TPU v5 lite", passed=n("passed"),
+                failed=n("failed"), skipped=n("skipped"), wall_s=60.0,
+                date=date, command=f"pytest -q tests/test_chip.py -k {sub}",
+                commit="abc", jax="0.10.2", libtpu="x",
+                interrupted=interrupted, tier_tests=None if outcomes is None
+                else 10, outcomes=outcomes)
+  runs = [run(None, "2026-12-05", sub="old"),
+          run({"a": "failed", "b": "passed"}, "2026-12-06"),
+          run({"a": "passed", "c": "skipped"}, "2026-12-07", True, "dsv4")]
+  for r in runs:
+    assert records.chip_problems(r, records.TEST_RUN_FIELDS) == [], r
+  bad = dict(runs[1], passed=2)
+  assert records.chip_problems(bad, records.TEST_RUN_FIELDS) == [
+      "outcomes: its counts differ from passed, failed and skipped"]
+  assert record.tier_coverage(runs) == [
+      "the TPU tier's 10 tests, each one's newest result on the chip: "
+      "2 passed, 0 failed, 1 skipped, 7 not yet run (2 runs, 1 cut short; "
+      "2026-12-06, 2026-12-07; commit abc)"]
+  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
+  (tmp_path / "chip.json").write_text(json.dumps({"rows": [],
+                                                  "test_runs": runs}))
+  records.load.cache_clear()
+  try:
+    text = record.summary()
+  finally:
+    records.load.cache_clear()
+  assert "`-k dsv4`" not in text and "`-k readme`) had 1 passed" in text

@@ -373,6 +373,29 @@ def experiment_table(rows: Sequence[dict]) -> list[dict]:
           for r in rows]
 
 
+def tier_coverage(runs: Sequence[dict]) -> list[str]:
+  """[] or one sentence: each tier test's newest outcome over `runs` (one
+  chip's, oldest first; those that recorded outcomes, interrupted ones
+  included: a test that finished is a result)."""
+  runs = [r for r in runs if r.get("outcomes") is not None]
+  if not runs:
+    return []
+  newest = {}
+  for r in runs:
+    newest.update(r["outcomes"])
+  count = lambda o: sum(v == o for v in newest.values())  # pylint: disable=unnecessary-lambda-assignment
+  total = runs[-1]["tier_tests"]
+  dates = sorted({r["date"][:10] for r in runs})
+  commits = sorted({r["commit"] or "?" for r in runs})
+  return [f"the TPU tier's {total} tests, each one's newest result on the "
+          f"chip: {count('passed')} passed, {count('failed')} failed, "
+          f"{count('skipped')} skipped, {total - len(newest)} not yet run "
+          f"({len(runs)} run{'s' * (len(runs) > 1)}, "
+          f"{sum(bool(r['interrupted']) for r in runs)} cut short; "
+          f"{', '.join(dates)}; commit "
+          f"{', '.join(commits)})"]
+
+
 def summary() -> str:
   """What ran on which chip, from the records: one sentence per chip (the
   calls measured, the newest `make test-tpu` run of each selection of its
@@ -386,7 +409,8 @@ def summary() -> str:
   for chip in sorted({r["chip"] for r in rows} | {r["chip"] for r in runs}):
     mine = [r for r in rows if r["chip"] == chip]
     newest = {}  # -k expression (None: the whole tier) -> its newest run
-    for t in (r for r in runs if r["chip"] == chip):
+    for t in (r for r in runs if r["chip"] == chip
+              and not r.get("interrupted")):
       sub = re.search(r" -k (.+?)(?: -p |$)", t["command"])
       newest.pop(sub and sub.group(1), None)
       newest[sub and sub.group(1)] = t
@@ -410,6 +434,7 @@ def summary() -> str:
                    + (f", only the tests `-k {sub}`" if sub else "")
                    + f") had {t['passed']} passed, {t['failed']} failed, "
                    f"{t['skipped']} skipped in {t['wall_s']:.0f} s")
+    parts += tier_coverage([r for r in runs if r["chip"] == chip])
     out.append(f"{parts[0]}: " + ";\n  ".join(parts[1:]) + "."
                if len(parts) > 1 else parts[0] + ".")
   return "\n".join(out)
