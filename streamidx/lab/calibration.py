@@ -14,8 +14,12 @@ and date that made it. `rows()` predicts each public measurement
     python -m streamidx.lab.calibration --json    the rows as one JSON list
     python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
                                                   recompile the scoring launches
+    python -m streamidx.lab.calibration --selection [--json]
+                                                  the recorded selection counts
+                                                  (`selection_counts`)
     python -m streamidx.lab.calibration --record-selection v7x sort 64 262144 512
-                                                  recompile one selection
+                                                  compile one selection and
+                                                  append its row to the records
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import re
 import sys
 from typing import Sequence
 
-from streamidx import records
+from streamidx import records, topk
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
@@ -83,7 +87,6 @@ def selection_program(scores, *extra, k: int, method: str):
   method)` with, for a method that `needs` an extra output of the scoring
   kernel, that output as a second input (as the kernel hands it over; its
   computation inside the kernel is not part of this program)."""
-  from streamidx import topk  # pylint: disable=g-import-not-at-top
   return topk.select_topk(scores, k, method, extra=extra[0] if extra else None)
 
 
@@ -92,7 +95,6 @@ def extra_input(method: str, rows: int, entries: int):
   entries] (its `extra_ref` on that shape), or None when it needs none."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import topk  # pylint: disable=g-import-not-at-top
   m = topk.get(method)
   if m.needs is None:
     return None
@@ -210,6 +212,75 @@ def append_selection(new_rows: Sequence[dict]) -> None:
       raise ValueError(f"new_rows: {key} is recorded already")
     doc["selection"].append(r)
   records.save("step_schedule", doc)
+
+
+# The shapes `selection_counts` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
+# entries at k 512 (`topk.defaults.DECODE`), 1,024 and 2,048; prefill, 2,048 rows at k 512.
+SELECTION_SHAPES = (("decode", *topk.defaults.DECODE), ("decode", 64, 262144, 1024),
+                    ("decode", 64, 262144, 2048), ("prefill", 2048, 262144, 512))
+SELECTION_CHIPS = ("v5e", "v6e", "v7x")
+
+
+def selection_counts(chips: Sequence[str] = SELECTION_CHIPS) -> list[dict]:
+  """One dict per shape of `SELECTION_SHAPES`, chip and registered method, read from the
+  records (compiling nothing): issue 38's keys method, generation, rows, entries, k,
+  tc_bundles (TensorCore bundles; None: not recorded, or a loop of dynamic trip count,
+  which `note` names) and sc_bundles (0: no SparseCore call; None: not recorded, or
+  SparseCore calls, which the dump has no bundles for), then shape, exact, fused_extra
+  (the scoring kernel's output the program takes as an input; the bundles writing it in
+  that kernel are not counted), sparsecore_calls, sparsecore_hbm_bytes, source (the
+  record's command and date) and note."""
+  out = []
+  for kind, rows, entries, k in SELECTION_SHAPES:
+    for chip in chips:
+      for m in topk.TOPK_METHODS:
+        rec = roofline.selection_record(chip, m, rows, entries, k)
+        line = dict(method=m, generation=chip, rows=rows, entries=entries, k=k,
+                    tc_bundles=None, sc_bundles=None, shape=kind,
+                    exact=topk.METHODS[m].exact, fused_extra=topk.METHODS[m].needs,
+                    sparsecore_calls=None, sparsecore_hbm_bytes=None, source=None,
+                    note=(f"not recorded (python -m streamidx.lab.calibration "
+                          f"--record-selection {chip} {m} {rows} {entries} {k})"))
+        if rec is not None:
+          calls = rec["sparsecore_calls"]
+          line.update(tc_bundles=rec["bundles"], sc_bundles=None if calls else 0,
+                      sparsecore_calls=len(calls),
+                      sparsecore_hbm_bytes=rec["sparsecore_hbm_bytes"],
+                      source=f"{rec['command']} ({rec['date']})", note="")
+          if rec["bundles"] is None:
+            loops = ", ".join(f"{c} loop at {s:#x} ({b} bundles an iteration)"
+                              for c, s, b in rec["dynamic_loops"])
+            line["note"] = (f"dynamic trip count of {loops}; at least "
+                            f"{rec['bundles_without_dynamic']:,} (those loops at 0 trips)")
+        out.append(line)
+  return out
+
+
+def format_selection_counts(lines: Sequence[dict]) -> str:
+  """The recorded `selection_counts` as a table, each exact method's count over the sort's
+  at the same chip and shape ("/ sort")."""
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  sort = {(l["generation"], l["rows"], l["k"]): l["tc_bundles"]
+          for l in lines if l["method"] == "sort"}
+  rows = []
+  for l in lines:
+    if l["source"] is None:
+      continue
+    base = sort.get((l["generation"], l["rows"], l["k"]))
+    rows.append({
+        "shape": f"{l['shape']} {l['rows']}x{l['entries']}", "k": l["k"],
+        "chip": l["generation"], "method": l["method"],
+        "tc_bundles": "-" if l["tc_bundles"] is None else f"{l['tc_bundles']:,}",
+        "/ sort": (f"{l['tc_bundles'] / base:.3f}" if l["exact"] and l["tc_bundles"]
+                   and base else "-"),
+        "sc_bundles": l["sc_bundles"],
+        "note": ("dynamic trips" if l["note"] else "SparseCore calls"
+                 if l["sparsecore_calls"] else "")
+                + (" (fused extra not counted)" if l["fused_extra"] else "")})
+  return ("TensorCore bundles executed by each compiled selection (static schedule, "
+          f"libtpu dump; not a timing)\n{tables.format_rows(rows)}\n"
+          f"{len(lines) - len(rows)} of {len(lines)} not recorded (--selection --json "
+          "gives each one's --record-selection command)")
 
 
 def rows() -> list[dict]:
@@ -340,11 +411,15 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m streamidx.lab.calibration",
                               description=__doc__.split("\n\n")[0])
-  p.add_argument("--json", action="store_true", help="the rows as JSON")
+  p.add_argument("--json", action="store_true", help="the rows as JSON (with "
+                 "--selection: one JSON object a line)")
+  p.add_argument("--selection", action="store_true", help="the recorded selection "
+                 "counts (`selection_counts`) as a table")
   p.add_argument("--record-selection", nargs=5,
                  metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
                  help="compile select_topk(f32[ROWS, ENTRIES], K, METHOD) for "
-                 "CHIP and print its row (JSON) for data/step_schedule.json")
+                 "CHIP (no TPU; minutes) and append its row to "
+                 "data/step_schedule.json")
   p.add_argument("--record-launches", nargs="+", metavar="CHIP",
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
@@ -355,8 +430,14 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection
-    print(json.dumps(record_selection(chip, method, int(r), int(e), int(k)),
-                     indent=1))
+    row = record_selection(chip, method, int(r), int(e), int(k))
+    append_selection([row])
+    print(json.dumps(row, indent=1))
+    return 0
+  if a.selection:
+    lines = selection_counts()
+    print("\n".join(map(json.dumps, lines)) if a.json
+          else format_selection_counts(lines))
     return 0
   if a.record_launches:
     print(json.dumps(record_launches(a.record_launches, shape=a.shape),
