@@ -21,7 +21,7 @@ from typing import Sequence
 
 import jax
 
-from streamidx import records
+from streamidx import modes, records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, lean
 from streamidx.lab.bench import harness
@@ -128,7 +128,7 @@ def main(argv: Sequence[str]) -> int:
   a = p.parse_args(argv)
   todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
   dev = jax.devices()[0]
-  chip = hardware.detect_generation(dev)
+  chip = modes.device_generation(dev)
   if not a.again:
     done = {r["experiment"]
             for r in records.chip_rows("experiments", chip=chip)}
