@@ -38,7 +38,6 @@ import numpy as np
 
 import streamidx as si
 from streamidx import metrics, modes, records, topk
-from streamidx.records import calls  # what notebooks quote as `record.calls`
 from streamidx import variants as variants_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
@@ -46,9 +45,7 @@ from streamidx.lab.bench import harness, long_context, oracle
 from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import profiling
 
-__all__ = ["Point", "POINTS", "points", "missing", "measure", "call_rows",
-           "versions", "sync_floor", "calls", "call_table", "experiment_table",
-           "summary", "main", "print_records"]
+calls = records.calls  # what notebooks quote as `record.calls`
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
 # cache the point builds its cache a few pages at a time and is not checked.
