@@ -116,7 +116,7 @@ def test_parse_shape(text, kind, num_seqs, q_len, seq_len, k):
 
 
 @pytest.mark.parametrize("text", ["decode:8:512", "sparse:8x16:4",
-                                  "decode:axb:1", "nosuchshape"])
+                                  "decode:axb:1", "decode:8x0:4", "nosuchshape"])
 def test_parse_shape_rejects_bad_text_naming_the_flag(text):
   with pytest.raises(ValueError, match="--shapes"):
     bench.parse_shape(text)

@@ -293,7 +293,7 @@ def test_topk_methods_are_exported():
 
 def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
   from streamidx.lab.bench import topk as topk_bench
-  rc = topk_bench.main(["--shapes", "4x1000:100", "--repeats", "1",
+  rc = topk_bench.main(["--shapes", "decode:4x4000:100", "--repeats", "1",
                         "--out", str(tmp_path)])
   assert rc == 0
   doc = json.loads((tmp_path / "topk.json").read_text())
@@ -319,7 +319,7 @@ def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
   assert "CPU timings" in capsys.readouterr().out or (
       jax.default_backend() == "tpu")
   with pytest.raises(SystemExit):
-    topk_bench.main(["--shapes", "4x0:1"])
+    topk_bench.main(["--shapes", "decode:4x0:1"])
 
 
 @tiers.FULL  # about 30 CPU-s: every method compiled for v5e

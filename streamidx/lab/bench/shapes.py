@@ -16,8 +16,11 @@ def parse_shape(text: str) -> Shape:
     kind, dims, k = text.split(":")
     a, seq_len = (int(x) for x in dims.lower().split("x"))
     seqs, q_len = {"decode": (a, 1), "prefill": (1, a)}[kind]
-    return Shape(text, kind, seqs, q_len, seq_len, int(k))
+    shape = Shape(text, kind, seqs, q_len, seq_len, int(k))
   except (ValueError, KeyError):
+    shape = None
+  if shape is None or min(a, seq_len, shape.k) < 1:
     raise ValueError(
         f"--shapes: {text!r} is neither a named shape ({sorted(named)}) nor "
-        "'decode:SEQSxSEQ_LEN:K' / 'prefill:QxSEQ_LEN:K'") from None
+        "'decode:SEQSxSEQ_LEN:K' / 'prefill:QxSEQ_LEN:K' with positive sizes")
+  return shape

@@ -21,6 +21,7 @@ from streamidx import metrics, modes, ref, topk
 from streamidx.lab import tables
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness, oracle
+from streamidx.lab.bench.shapes import parse_shape
 from streamidx.lab.model import topk as topk_model
 
 # /4: every result checked against the rule's NumPy oracle (`check_selection`:
@@ -28,22 +29,6 @@ from streamidx.lab.model import topk as topk_model
 SCHEMA = "streamidx.bench.topk/4"
 # The timing's shapes: decode B=64 at 128K and 1M tokens, ratio 4, k 512.
 SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
-
-
-def parse_shape(text: str) -> shapes_lib.Shape:
-  """'ROWSxENTRIES:K': ROWS decode rows of ENTRIES entries at ratio 4."""
-  try:
-    tn, k = text.split(":")
-    rows, entries = map(int, tn.split("x"))
-    k = int(k)
-  except (ValueError, TypeError):  # not ROWSxENTRIES:K
-    rows = entries = k = 0
-  if min(rows, entries, k) < 1:
-    raise ValueError(f"--shapes: expected ROWSxENTRIES:K, positive sizes "
-                     f"(got {text!r})")
-  ratio = shapes_lib.DSV4.compression_ratio
-  return shapes_lib.Shape(text, "decode", rows, 1, entries * ratio, k,
-                          compression_ratio=ratio)
 
 
 _name = lambda s: f"{s.rows}x{s.entries}:{s.k}"  # pylint: disable=unnecessary-lambda-assignment
@@ -149,8 +134,9 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
       description=__doc__.split("\n\n")[0].replace("`", ""))
-  p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K",
-                 help="shapes (default: decode 64 x 32,768 and 262,144 entries, k 512)")
+  p.add_argument("--shapes", nargs="+", metavar="SHAPE", help="the benchmark's "
+                 "shapes, decode:SEQSxSEQ_LEN:K or prefill:QxSEQ_LEN:K, a score "
+                 "row per query (default: decode:64x131072:512 decode:64x1048576:512)")
   p.add_argument("--repeats", type=int, default=5,
                  help="timed calls after the warm-up (default 5)")
   p.add_argument("--out", default="build/bench",
