@@ -21,13 +21,13 @@ import numpy as np
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, modes, records, streaming
+from streamidx import metrics, modes, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
-from streamidx.lab.model import profiling, roofline, tiling
+from streamidx.lab.model import profiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
@@ -62,25 +62,6 @@ def kernel_blocks(shape: Shape, variant: str, fmt: str,
                                   num_heads=shape.num_heads,
                                   page_size=shape.page_size,
                                   generation=generation)
-
-
-def device_times(shape: Shape, impl: str, run_call, *,
-                 variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call and its parts (`stage_times`) and the
-  vendored kernel's roofline bound (the baseline: `fraction_of_roofline`)."""
-  times = profiling.profile(run_call, iterations=3)
-  out = {"source": times["source"], "device_s": times["total_s"],
-         **{f"{p}_s": times[f"{p}_s"] for p in records.PARTS}}
-  gen = modes.current_generation()
-  if gen is not None:
-    blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)
-    p = tiling.plan(shape.batch(), fmt=shape.fmt, num_heads=shape.num_heads,
-                    head_dim=shape.head_dim, **blocks.kwargs())
-    pred = roofline.predict(p, k=shape.k, generations=[gen])[gen]
-    out.update(generation=gen, roofline_kernel_call_s=pred["total"])
-    if impl == "kernel" and variant == BASELINE_VARIANT and out["device_s"]:
-      out["fraction_of_roofline"] = pred["total"] / out["device_s"]
-  return out
 
 
 def compile_call(fn, args, kw):
@@ -182,10 +163,7 @@ def worker(spec: dict) -> dict:
   if spec.get("variant"):
     res["blocks"] = {"kwargs": blocks.kwargs(), "generation": gen,
                      "source": blocks.source}
-  res.update(label=label, compile_s=compiled["compile_s"],
-             device=(device_times(shape, impl, run_call, variant=spec.get(
-                 "variant") or BASELINE_VARIANT)
-                     if fn is not None and modes.on_tpu() else None))
+  res.update(label=label, compile_s=compiled["compile_s"])
   if spec.get("save_scores"):
     scores = ref_lib.token_scores(*args,
                                   compression_ratio=shape.compression_ratio)
