@@ -78,29 +78,40 @@ def _grouped(ax, groups, series, labels=None):
 
 
 STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
-                     "copies": "tab:red"}  # roofline.Stage names
+                     "copies": "tab:red", "other": "tab:olive", "idle": "lightgray"}  # records.PARTS
 
 
-def step_stages_figure(steps: dict, *, title: str):
-  """Notebook 05: the step stage by stage, one stacked bar per label of `steps` {label:
-  `roofline.StepBound`}; a floor (`at_least`) hatched, each bar's clock named; a bar over 2.5x
-  the next longest cut at 1.8x that one, its length written on it."""
+def _step_bar(sb) -> tuple[dict, bool, str]:
+  """(stage -> seconds, a floor?, what follows its length) of one bar of `step_stages_figure`."""
+  if isinstance(sb, dict):  # a measured call's parts
+    return {n: s or 0.0 for n, s in sb.items()}, False, ""
+  hz = sb.stages[0].clock_hz
+  clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
+           if hz else "no clock: bundles not timed")
+  names = dict.fromkeys(st.name for st in sb.stages)
+  return ({n: sum(st.bound for st in sb.stages if st.name == n) for n in names},
+          sb.at_least, f" ({clock})")
+
+
+def step_stages_figure(steps: dict, *, title: str, unit: str = "us"):
+  """The step stage by stage, one stacked bar per label of `steps`: each a `roofline.StepBound`
+  (the model: a floor, `at_least`, hatched; each bar's clock named) or each {part: seconds} (a
+  measured call's `records.PARTS`, None as 0), in `unit` ("us" or "ms"); a bar over 2.5x the
+  next longest cut at 1.8x that one, its length written on it."""
+  scale, digits, words = {"us": (1e6, 0, "microseconds"), "ms": (1e3, 2, "milliseconds")}[unit]
+  bars = [_step_bar(sb) for sb in steps.values()]
   fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
   pos = np.arange(len(steps))[::-1]
-  names = list(dict.fromkeys(st.name for sb in steps.values() for st in sb.stages))
-  us = lambda sb, n: 1e6 * sum(st.bound for st in sb.stages if st.name == n)
+  names = list(dict.fromkeys(n for parts, _, _ in bars for n in parts))
   totals = _stack(ax, pos, [(n, STEP_STAGE_COLORS.get(n, "tab:purple"),
-                             [us(sb, n) for sb in steps.values()]) for n in names],
+                             [scale * parts.get(n, 0.0) for parts, _, _ in bars]) for n in names],
                   horizontal=True, width=.6)
   longest = sorted(totals)[-2:]
   cut = 1.8 * longest[0] if len(longest) == 2 and longest[1] > 2.5 * longest[0] else None
-  for y, sb, t in zip(pos, steps.values(), totals):
-    hz = sb.stages[0].clock_hz
-    clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
-             if hz else "no clock: bundles not timed")
-    if sb.at_least:
+  for y, (_, floor, note), t in zip(pos, bars, totals):
+    if floor:
       ax.barh(y, t, .6, fill=False, hatch="//", ec="black", lw=0)
-    label = f"{'at least ' if sb.at_least else ''}{t:,.0f} us ({clock})"
+    label = f"{'at least ' if floor else ''}{t:,.{digits}f} {unit}{note}"
     if cut and t > cut:  # the bar runs off the axis: a break mark, and its length on it
       ax.plot([cut * .97, cut], [y - .35, y + .35], color="white", lw=4)
       ax.text(cut * .95, y, f"{label}, bar cut ", va="center", ha="right", fontsize=8,
@@ -109,6 +120,8 @@ def step_stages_figure(steps: dict, *, title: str):
       ax.text(t, y, f"  {label}", va="center", fontsize=8)
   ax.set_yticks(pos, list(steps))
   ax.set_xlim(0, cut or 1.5 * max(totals))
-  _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds; "
-         "hatched: a floor)", title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
+  what = ("device time, the profiler" if all(isinstance(sb, dict) for sb in steps.values())
+          else "each stage the larger of its HBM and static-schedule bounds; hatched: a floor")
+  _style(ax, f"{words} ({what})", title=title, size=10,
+         legend=dict(fontsize=8, loc="lower right"))
   return _done(fig)
