@@ -50,7 +50,6 @@ def test_quick_run_exits_cleanly_and_prints_the_table(quick_run):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "median ms" in proc.stdout
   assert "geometric mean over shapes" in proc.stdout
-  assert (out / "bench.png").stat().st_size > 10_000
 
 
 def test_quick_json_has_every_implementation_on_every_shape(quick_run):

@@ -66,17 +66,6 @@ def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
   return base
 
 
-def _grouped(ax, groups, series, labels=None):
-  """One group of bars per `groups` entry, one bar per `series` item [(label, values,
-  keyword arguments of `ax.bar`)]; `labels`: the group tick labels. The bar containers."""
-  width = .8 / len(series)
-  x = np.arange(len(groups))
-  bars = [ax.bar(x + (i - (len(series) - 1) / 2) * width, v, width, label=label, **kw)
-          for i, (label, v, kw) in enumerate(series)]
-  ax.set_xticks(x, labels or groups)
-  return bars
-
-
 STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
                      "copies": "tab:red", "other": "tab:olive", "idle": "lightgray"}  # records.PARTS
 

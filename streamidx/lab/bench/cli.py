@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     doc = harness.run_sweep(shapes, implementations=a.impls, repeats=repeats,
                             out_dir=a.out, progress=not a.no_progress,
                             quick=a.quick)
-    wrote = f"{a.out}/bench.json and {a.out}/bench.png"
+    wrote = f"{a.out}/bench.json"
   print(doc["machine"]["describe"])
   print(report.format_table(doc))
   print(f"\nwrote {wrote}")

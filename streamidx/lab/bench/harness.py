@@ -269,12 +269,10 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
 def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
               repeats: int = 5, out_dir: str | Path = "build/bench",
               progress: bool = True, quick: bool = False) -> dict:
-  """`run` on the sweep's shapes: <out_dir>/bench.json and bench.png."""
-  doc = run(shapes, implementations, repeats=repeats,
-            out=Path(out_dir) / "bench.json", progress=progress,
-            settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
-  report.plot(doc, Path(out_dir) / "bench.png")
-  return doc
+  """`run` on the sweep's shapes: <out_dir>/bench.json."""
+  return run(shapes, implementations, repeats=repeats,
+             out=Path(out_dir) / "bench.json", progress=progress,
+             settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
 
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
