@@ -561,18 +561,14 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
 
 
 def dsv4_step(generation: str, variant: str = "vendored", *,
-              model: str = "DeepSeek-V4-Flash", batch: int = 64,
-              context_tokens: int = 131072, q_len: int = 1,
-              clock_hz: float | None = None,
-              method: str | None = None) -> StepBound:
+              model: str = "DeepSeek-V4-Flash", **step) -> StepBound:
   """The production step: `indexer_step` of DeepSeek-V4's indexer
-  (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`)."""
+  (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`); `step`: its other
+  keywords (batch, context_tokens, q_len, clock_hz, method)."""
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
   return indexer_step(generation, shapes_lib.DSV4, k=DSV4_MODELS[model],
-                      variant=variant, batch=batch,
-                      context_tokens=context_tokens, q_len=q_len,
-                      clock_hz=clock_hz, method=method)
+                      variant=variant, **step)
 
 
 # ---------------------------------------------------------------------------
