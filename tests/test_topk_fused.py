@@ -273,8 +273,9 @@ def test_block_maxima_dmas_are_small():
   """Interpreter-counted DMAs: one block-max DMA per query block, rows x G
   x 128 floats each, beside the score DMAs (one per KV block)."""
   inp = _long_decode()
-  fused = costs.bytes_moved("dense", inp, topk_method="fused_blockmax", k=8,
-                            compression_ratio=1, **LONG_BLOCKS)
+  _, rec = costs.run_recorded("dense", inp, topk_method="fused_blockmax", k=8,
+                              compression_ratio=1, **LONG_BLOCKS)
+  fused = costs.recorded_bytes(rec, page_size=int(inp.batch.page_size))
   t1 = fused["totals"]
   # 3 decode sequences, fewer than a decode batch of 4: 3 programs of one
   # query row, each sending its row of maxima once: G = 3 rows of 128
