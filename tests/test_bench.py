@@ -179,15 +179,6 @@ def test_every_token_variant_gets_a_kernel_column(monkeypatch):
                                    "reference", "streaming", "oracle")
 
 
-def test_kernel_blocks_come_from_the_block_size_table():
-  shape = shapes_lib.SWEEP[0]
-  got = harness.kernel_blocks(shape, "vendored", "fp8", None)
-  row = si.block_sizes("vendored", cache_format="fp8",
-                       num_heads=shape.num_heads, page_size=shape.page_size)
-  assert got.kwargs() == row.kwargs() and got.source == row.source
-  assert row.kwargs()["num_kv_pages_per_block"] == (3, 2, 2)
-
-
 def test_memory_probes_read_proc():
   from streamidx.lab.bench import memory
   if not Path("/proc/self/status").exists():

@@ -79,16 +79,6 @@ def _blocks_key(kwargs: dict) -> tuple:
   return tuple(sorted(kwargs.items()))
 
 
-def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
-  """The block-size table's keywords for this call (`streamidx.blocks`)."""
-  v = VARIANTS[variant]
-  return v.block_sizes(
-      cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
-      generation=generation,
-      decode_q_len=shape.decode_q_len if v.mode == "token" else 1,
-      head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq).kwargs()
-
-
 def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
            generations: Sequence[str] | None = None,
            formats: Sequence[str] | None = None,
@@ -109,7 +99,7 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
                                       quick and shape.name != QUICK_SHAPES[v.mode]):
             continue
           try:
-            sets = [(table_blocks(name, shape, fmt, gen), True)]
+            sets = [(shapes_lib.table_blocks(shape, name, fmt, gen).kwargs(), True)]
           except ValueError as e:  # refused before the compiler: a result
             out.append(Row(name, gen, fmt, shape.name, (), True,
                            refused=summarize_error(e)))

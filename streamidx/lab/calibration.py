@@ -390,10 +390,11 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
                     fmt: str = "fp8", shape: str = "dsv4-decode-4k") -> list[dict]:
   """Recompiles every launch of `variant` at `shape` (the table's blocks)
   for each chip and returns their `LaunchProgram` rows."""
-  from streamidx.lab import aot, schedule  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import schedule  # pylint: disable=g-import-not-at-top
   out = []
   for chip in chips:
-    blocks = aot.table_blocks(variant, aot.SHAPES_BY_NAME[shape], fmt, chip)
+    blocks = shapes_lib.table_blocks(shapes_lib.COMPILE_BY_NAME[shape], variant,
+                                     fmt, chip).kwargs()
     for s in schedule.launch_schedules(variant, chip, fmt, shape, blocks):
       if s.program is None:
         continue

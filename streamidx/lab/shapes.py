@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from streamidx import semantics
+from streamidx import variants as variants_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Shape:
   num_tokens = property(lambda s: s.num_seqs * s.q_len)
   rows = num_tokens  # the score buffer's rows
   pages = property(lambda s: max(1, semantics.cdiv(s.entries, s.page_size)))
+  pages_per_seq = pages  # `batch()`'s, as `CallShape` names it
+  decode_q_len = 1  # `batch()`'s decode sequences query one row each
 
   def with_(self, **kw) -> "Shape":
     return dataclasses.replace(self, **kw)
@@ -88,6 +91,17 @@ class Shape:
             else f"prefill {self.q_len} queries at")
     return (f"{rows} {self.seq_len} tokens ({self.entries_per_seq} entries), "
             f"k {self.k}")
+
+
+def table_blocks(shape, variant: str, fmt: str, generation: str | None = None):
+  """The block-size table's row (`streamidx.blocks.BlockSizes`) for `variant` in cache
+  format `fmt` at `shape` (a `Shape` or a `CallShape`: its heads, head_dim, page size,
+  pages per sequence and decode rows); generation None: the chip the call runs on."""
+  v = variants_lib.get(variant)
+  return v.block_sizes(
+      cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
+      generation=generation, decode_q_len=shape.decode_q_len if v.mode == "token" else 1,
+      head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq)
 
 
 # The benchmark's default sweep, CI's, the long-context run.

@@ -24,6 +24,7 @@ import jax
 from streamidx import modes, records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, lean
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
 from streamidx.lab.model import hardware, profiling, roofline, tiling
@@ -69,7 +70,7 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   if exp.removed:
     body = dataclasses.replace(body, launch=functools.partial(
         lean.launch, ablate=frozenset(exp.removed)))
-  blocks = harness.kernel_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
+  blocks = shapes_lib.table_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
   if exp.kv_pages:
     blocks["num_kv_pages_per_block"] = ((exp.kv_pages,)
                                         + blocks["num_kv_pages_per_block"][1:])

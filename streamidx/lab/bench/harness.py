@@ -26,7 +26,7 @@ from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
+from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape, table_blocks
 from streamidx.lab.model import profiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
@@ -52,16 +52,6 @@ def variant_format(variant: str, fmt: str) -> str | None:
   return fmt if fmt in formats else next(
       (f for f in formats if cache_lib.CACHE_FORMATS[f].decodes_as == fmt),
       None)
-
-
-def kernel_blocks(shape: Shape, variant: str, fmt: str,
-                  generation: str | None = None):
-  """The block-size table's row (`BlockSizes`) for `variant` on `shape`
-  (generation None: the chip the call runs on, as the entry points)."""
-  return variants_lib.block_sizes(variant, cache_format=fmt,
-                                  num_heads=shape.num_heads,
-                                  page_size=shape.page_size,
-                                  generation=generation)
 
 
 def compile_call(fn, args, kw):
@@ -142,7 +132,7 @@ def worker(spec: dict) -> dict:
     fn, label = v.kernel, f"{impl} ({si.kernel_mode()})"
     call_args = v.args(inp, spec["fmt"])
     gen = modes.current_generation()
-    blocks = kernel_blocks(shape, v.name, spec["fmt"], gen)
+    blocks = table_blocks(shape, v.name, spec["fmt"], gen)
     kw.update(blocks.kwargs())
   else:
     fn, label = {

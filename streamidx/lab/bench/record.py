@@ -317,7 +317,7 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
   blocks = None
   if point.variant is not None:
     s = point.shape
-    blocks = harness.kernel_blocks(s, point.variant, point.cache_format,
+    blocks = shapes_lib.table_blocks(s, point.variant, point.cache_format,
                                    chip).kwargs()
   rows = call_rows(point, times, wall=res["wall_s"], compile_s=compile_s,
                    floor=sync_floor(), repeats=repeats, iterations=iterations,
