@@ -19,7 +19,6 @@ import pytest
 import streamidx as si
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness, long_context, report
-from streamidx.lab.bench.shapes import parse_shape
 
 import tiers
 
@@ -108,7 +107,7 @@ def test_kernel_and_streaming_are_identical_to_the_reference(quick_run):
     ("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
 ])
 def test_parse_shape(text, kind, num_seqs, q_len, seq_len, k):
-  s = parse_shape(text)
+  s = shapes_lib.parse_shape(text)
   assert (s.kind, s.num_seqs, s.q_len, s.seq_len, s.k) == (
       kind, num_seqs, q_len, seq_len, k)
   assert (s.num_heads, s.head_dim, s.compression_ratio) == (64, 128, 4)
@@ -118,7 +117,7 @@ def test_parse_shape(text, kind, num_seqs, q_len, seq_len, k):
                                   "decode:axb:1", "decode:8x0:4", "nosuchshape"])
 def test_parse_shape_rejects_bad_text_naming_the_flag(text):
   with pytest.raises(ValueError, match="--shapes"):
-    parse_shape(text)
+    shapes_lib.parse_shape(text)
 
 
 def test_bad_arguments_stop_before_anything_runs(tmp_path):

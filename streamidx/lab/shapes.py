@@ -122,6 +122,27 @@ LONG_CONTEXT = [
 ]
 LONG_CONTEXT_KS = (512, 2048)
 
+
+def parse_shape(text: str) -> Shape:
+  """The benchmark's `--shapes` item: 'decode:SEQSxSEQ_LEN:K', 'prefill:QxSEQ_LEN:K' or
+  a `SWEEP` or `QUICK` name."""
+  named = {s.name: s for s in SWEEP + QUICK}
+  if text in named:
+    return named[text]
+  try:
+    kind, dims, k = text.split(":")
+    a, seq_len = (int(x) for x in dims.lower().split("x"))
+    seqs, q_len = {"decode": (a, 1), "prefill": (1, a)}[kind]
+    shape = Shape(text, kind, seqs, q_len, seq_len, int(k))
+  except (ValueError, KeyError):
+    shape = None
+  if shape is None or min(a, seq_len, shape.k) < 1:
+    raise ValueError(
+        f"--shapes: {text!r} is neither a named shape ({sorted(named)}) nor "
+        "'decode:SEQSxSEQ_LEN:K' / 'prefill:QxSEQ_LEN:K' with positive sizes")
+  return shape
+
+
 # The selection stage's problems (`lab.model.topk`): DeepSeek-V4 keeps 512,
 # GLM's DSA indexer 2048 (ratio 4 here); the first is the scaling model's.
 DSV4_DECODE_1M = Shape("dsv4 decode B=64 1M", "decode", 64, 1, 2**20, 512)

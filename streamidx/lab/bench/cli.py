@@ -10,7 +10,7 @@ import sys
 
 from streamidx.lab import worker
 from streamidx.lab.bench import harness, report
-from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
+from streamidx.lab.shapes import QUICK, SWEEP, parse_shape
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,6 @@ from streamidx import metrics, modes, ref, topk
 from streamidx.lab import tables
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness, oracle
-from streamidx.lab.bench.shapes import parse_shape
 from streamidx.lab.model import topk as topk_model
 
 # /4: every result checked against the rule's NumPy oracle (`check_selection`:
@@ -143,7 +142,7 @@ def main(argv=None) -> int:
                  help="output folder (default build/bench)")
   a = p.parse_args(argv)
   try:
-    shapes = [parse_shape(s) for s in a.shapes] if a.shapes else SHAPES
+    shapes = [shapes_lib.parse_shape(s) for s in a.shapes] if a.shapes else SHAPES
     if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
   except ValueError as e:
