@@ -24,6 +24,7 @@ from streamidx import cache as cache_lib
 from streamidx import metrics, modes, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
+from streamidx.lab import aot
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
 from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape, table_blocks
@@ -60,7 +61,7 @@ def compile_call(fn, args, kw):
   t0 = time.perf_counter()
   compiled = jax.jit(functools.partial(fn, **kw)).lower(*args).compile()
   info = {"compile_s": time.perf_counter() - t0,
-          "xla": memory.xla_memory(compiled)}
+          "xla": aot.xla_memory(compiled)}
   return info, lambda: jax.block_until_ready(compiled(*args))
 
 
