@@ -14,9 +14,9 @@ and date that made it. `rows()` predicts each public measurement
     python -m streamidx.lab.calibration --json    the rows as one JSON list
     python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
                                                   recompile the scoring launches
-    python -m streamidx.lab.calibration --selection [--json]
+    python -m streamidx.lab.calibration --selection
                                                   the recorded selection counts
-                                                  (`selection_counts`)
+                                                  (`selection_table`)
     python -m streamidx.lab.calibration --record-selection v7x sort 64 262144 512
                                                   compile one selection and
                                                   append its row to the records
@@ -214,73 +214,43 @@ def append_selection(new_rows: Sequence[dict]) -> None:
   records.save("step_schedule", doc)
 
 
-# The shapes `selection_counts` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
+# The shapes `selection_table` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
 # entries at k 512 (`topk.defaults.DECODE`), 1,024 and 2,048; prefill, 2,048 rows at k 512.
 SELECTION_SHAPES = (("decode", *topk.defaults.DECODE), ("decode", 64, 262144, 1024),
                     ("decode", 64, 262144, 2048), ("prefill", 2048, 262144, 512))
 SELECTION_CHIPS = ("v5e", "v6e", "v7x")
 
 
-def selection_counts(chips: Sequence[str] = SELECTION_CHIPS) -> list[dict]:
-  """One dict per shape of `SELECTION_SHAPES`, chip and registered method, read from the
-  records (compiling nothing): issue 38's keys method, generation, rows, entries, k,
-  tc_bundles (TensorCore bundles; None: not recorded, or a loop of dynamic trip count,
-  which `note` names) and sc_bundles (0: no SparseCore call; None: not recorded, or
-  SparseCore calls, which the dump has no bundles for), then shape, exact, fused_extra
-  (the scoring kernel's output the program takes as an input; the bundles writing it in
-  that kernel are not counted), sparsecore_calls, sparsecore_hbm_bytes, source (the
-  record's command and date) and note."""
-  out = []
-  for kind, rows, entries, k in SELECTION_SHAPES:
-    for chip in chips:
-      for m in topk.TOPK_METHODS:
-        rec = roofline.selection_record(chip, m, rows, entries, k)
-        line = dict(method=m, generation=chip, rows=rows, entries=entries, k=k,
-                    tc_bundles=None, sc_bundles=None, shape=kind,
-                    exact=topk.METHODS[m].exact, fused_extra=topk.METHODS[m].needs,
-                    sparsecore_calls=None, sparsecore_hbm_bytes=None, source=None,
-                    note=(f"not recorded (python -m streamidx.lab.calibration "
-                          f"--record-selection {chip} {m} {rows} {entries} {k})"))
-        if rec is not None:
-          calls = rec["sparsecore_calls"]
-          line.update(tc_bundles=rec["bundles"], sc_bundles=None if calls else 0,
-                      sparsecore_calls=len(calls),
-                      sparsecore_hbm_bytes=rec["sparsecore_hbm_bytes"],
-                      source=f"{rec['command']} ({rec['date']})", note="")
-          if rec["bundles"] is None:
-            loops = ", ".join(f"{c} loop at {s:#x} ({b} bundles an iteration)"
-                              for c, s, b in rec["dynamic_loops"])
-            line["note"] = (f"dynamic trip count of {loops}; at least "
-                            f"{rec['bundles_without_dynamic']:,} (those loops at 0 trips)")
-        out.append(line)
-  return out
-
-
-def format_selection_counts(lines: Sequence[dict]) -> str:
-  """The recorded `selection_counts` as a table, each exact method's count over the sort's
-  at the same chip and shape ("/ sort")."""
+def selection_table(chips: Sequence[str] = SELECTION_CHIPS) -> str:
+  """The recorded selection programs (data/step_schedule.json; compiling nothing) of every
+  registered method at `SELECTION_SHAPES` on `chips`, as a table: the TensorCore bundles
+  ("-": a loop of dynamic trip count), an exact method's over the sort's at the same chip
+  and shape, the SparseCore bundles (0 without SparseCore calls; "-" with them: the dump
+  has none). A method that reads the scoring kernel's extra output takes it as an input:
+  the bundles writing it in that kernel are not counted."""
   from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
-  sort = {(l["generation"], l["rows"], l["k"]): l["tc_bundles"]
-          for l in lines if l["method"] == "sort"}
-  rows = []
-  for l in lines:
-    if l["source"] is None:
-      continue
-    base = sort.get((l["generation"], l["rows"], l["k"]))
-    rows.append({
-        "shape": f"{l['shape']} {l['rows']}x{l['entries']}", "k": l["k"],
-        "chip": l["generation"], "method": l["method"],
-        "tc_bundles": "-" if l["tc_bundles"] is None else f"{l['tc_bundles']:,}",
-        "/ sort": (f"{l['tc_bundles'] / base:.3f}" if l["exact"] and l["tc_bundles"]
-                   and base else "-"),
-        "sc_bundles": l["sc_bundles"],
-        "note": ("dynamic trips" if l["note"] else "SparseCore calls"
-                 if l["sparsecore_calls"] else "")
-                + (" (fused extra not counted)" if l["fused_extra"] else "")})
+  rows, missing = [], 0
+  for kind, n_rows, entries, k in SELECTION_SHAPES:
+    for chip in chips:
+      sort = roofline.selection_record(chip, "sort", n_rows, entries, k) or {}
+      for m in topk.TOPK_METHODS:
+        rec = roofline.selection_record(chip, m, n_rows, entries, k)
+        if rec is None:
+          missing += 1
+          continue
+        n, calls = rec["bundles"], rec["sparsecore_calls"]
+        base = sort.get("bundles") if topk.METHODS[m].exact and n else None
+        rows.append({
+            "shape": f"{kind} {n_rows}x{entries}", "k": k, "chip": chip, "method": m,
+            "tc_bundles": "-" if n is None else f"{n:,}",
+            "/ sort": f"{n / base:.3f}" if base else "-",
+            "sc_bundles": "-" if calls else 0,
+            "note": ("dynamic trips" if n is None else "SparseCore calls" if calls else "")
+                    + (" (fused extra not counted)" if topk.METHODS[m].needs else "")})
   return ("TensorCore bundles executed by each compiled selection (static schedule, "
-          f"libtpu dump; not a timing)\n{tables.format_rows(rows)}\n"
-          f"{len(lines) - len(rows)} of {len(lines)} not recorded (--selection --json "
-          "gives each one's --record-selection command)")
+          f"libtpu dump; not a timing)\n{tables.format_rows(rows)}\n{missing} of "
+          f"{missing + len(rows)} not recorded (--record-selection CHIP METHOD ROWS "
+          "ENTRIES K records one)")
 
 
 def rows() -> list[dict]:
@@ -412,10 +382,9 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m streamidx.lab.calibration",
                               description=__doc__.split("\n\n")[0])
-  p.add_argument("--json", action="store_true", help="the rows as JSON (with "
-                 "--selection: one JSON object a line)")
+  p.add_argument("--json", action="store_true", help="the rows as JSON")
   p.add_argument("--selection", action="store_true", help="the recorded selection "
-                 "counts (`selection_counts`) as a table")
+                 "counts as a table (`selection_table`)")
   p.add_argument("--record-selection", nargs=5,
                  metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
                  help="compile select_topk(f32[ROWS, ENTRIES], K, METHOD) for "
@@ -436,9 +405,7 @@ def main(argv=None) -> int:
     print(json.dumps(row, indent=1))
     return 0
   if a.selection:
-    lines = selection_counts()
-    print("\n".join(map(json.dumps, lines)) if a.json
-          else format_selection_counts(lines))
+    print(selection_table())
     return 0
   if a.record_launches:
     print(json.dumps(record_launches(a.record_launches, shape=a.shape),
