@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import metrics, topk
+from streamidx.lab import shapes
 from streamidx.kernels import block_max as block_max_kernel
 from streamidx.kernels import driver, entries
 from streamidx.lab.model import topk as topk_model
@@ -377,7 +378,8 @@ def test_model_of_fused_blockmax():
   # Too few blocks: the method is one top_k, as "blockmax".
   assert topk_model.cost("fused_blockmax", 64, 32768, 512).detail == (
       topk_model.cost("top_k", 64, 32768, 512).detail)
-  (at_shape,) = topk_model.costs(topk_model.SHAPES[0], ["fused_blockmax"])
+  s = shapes.DSV4_DECODE_1M
+  at_shape = topk_model.cost("fused_blockmax", s.rows, s.entries, s.k)
   assert at_shape.method == "fused_blockmax"
   assert all(topk_model.hbm_bound(at_shape, topk_model.hardware.spec(g)) > 0
              for g in ("v6e", "v7x"))

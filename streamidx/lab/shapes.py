@@ -143,18 +143,10 @@ def parse_shape(text: str) -> Shape:
   return shape
 
 
-# The selection stage's problems (`lab.model.topk`): DeepSeek-V4 keeps 512,
-# GLM's DSA indexer 2048 (ratio 4 here); the first is the scaling model's.
+# DeepSeek-V4's decode step (k 512) at 1M and 128K tokens: the selection's
+# timing shapes (`bench --topk`); the first is the scaling model's.
 DSV4_DECODE_1M = Shape("dsv4 decode B=64 1M", "decode", 64, 1, 2**20, 512)
 DSV4_DECODE_128K = Shape("dsv4 decode B=64 128K", "decode", 64, 1, 2**17, 512)
-SELECT = (
-    DSV4_DECODE_1M,
-    DSV4_DECODE_128K,
-    Shape("glm decode B=64 1M", "decode", 64, 1, 2**20, 2048),
-    Shape("glm decode B=64 128K", "decode", 64, 1, 2**17, 2048),
-    Shape("dsv4 prefill 2048 @128K", "prefill", 1, 2048, 2**17, 512),
-    Shape("glm prefill 2048 @128K", "prefill", 1, 2048, 2**17, 2048),
-)
 
 
 @dataclasses.dataclass(frozen=True)
