@@ -35,37 +35,6 @@ def seq_colors(n: int) -> list:
   return [cmap(i % cmap.N) for i in range(n)]
 
 
-# Shared styling: every figure sets its axes and finishes through these.
-def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
-           grid=None, legend=None):
-  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid and a legend
-  (keyword arguments, or an alpha / a fontsize) of one axes; before ticks (a scale resets them)."""
-  if xlog: ax.set_xscale("log", base=xlog)
-  if ylog: ax.set_yscale("log", base=ylog)
-  if xlabel: ax.set_xlabel(xlabel)
-  if ylabel: ax.set_ylabel(ylabel)
-  if title: ax.set_title(title, fontsize=size)
-  if grid is not None: ax.grid(**(grid if isinstance(grid, dict) else {"alpha": grid}))
-  if legend is not None: ax.legend(**(legend if isinstance(legend, dict) else {"fontsize": legend}))
-
-
-def _done(fig, title=None, size=11):
-  """The figure's title (its finding), if any, and a tight layout; the figure."""
-  if title: fig.suptitle(title, fontsize=size)
-  fig.tight_layout()
-  return fig
-
-
-def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
-  """Stacked bars at `pos`: `parts` is [(label, colour, values)]; the totals."""
-  base = np.zeros(len(pos))
-  for label, color, v in parts:
-    v = np.asarray(v, float)
-    (ax.barh if horizontal else ax.bar)(pos, v, width, base, color=color, label=label, **kw)
-    base += v
-  return base
-
-
 STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
                      "copies": "tab:red", "other": "tab:olive", "idle": "lightgray"}  # records.PARTS
 
@@ -91,10 +60,11 @@ def step_stages_figure(steps: dict, *, title: str, unit: str = "us"):
   bars = [_step_bar(sb) for sb in steps.values()]
   fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
   pos = np.arange(len(steps))[::-1]
-  names = list(dict.fromkeys(n for parts, _, _ in bars for n in parts))
-  totals = _stack(ax, pos, [(n, STEP_STAGE_COLORS.get(n, "tab:purple"),
-                             [scale * parts.get(n, 0.0) for parts, _, _ in bars]) for n in names],
-                  horizontal=True, width=.6)
+  totals = np.zeros(len(steps))
+  for n in dict.fromkeys(n for parts, _, _ in bars for n in parts):  # stacked, stage by stage
+    v = np.array([scale * parts.get(n, 0.0) for parts, _, _ in bars])
+    ax.barh(pos, v, .6, totals, color=STEP_STAGE_COLORS.get(n, "tab:purple"), label=n)
+    totals += v
   longest = sorted(totals)[-2:]
   cut = 1.8 * longest[0] if len(longest) == 2 and longest[1] > 2.5 * longest[0] else None
   for y, (_, floor, note), t in zip(pos, bars, totals):
@@ -111,6 +81,8 @@ def step_stages_figure(steps: dict, *, title: str, unit: str = "us"):
   ax.set_xlim(0, cut or 1.5 * max(totals))
   what = ("device time, the profiler" if all(isinstance(sb, dict) for sb in steps.values())
           else "each stage the larger of its HBM and static-schedule bounds; hatched: a floor")
-  _style(ax, f"{words} ({what})", title=title, size=10,
-         legend=dict(fontsize=8, loc="lower right"))
-  return _done(fig)
+  ax.set_xlabel(f"{words} ({what})")
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  return fig
