@@ -72,10 +72,10 @@ def test_v6e_clock_is_its_named_whole_call_bundles_over_its_measured_time():
   hz, src = roofline.clock("v6e")
   assert hz == bundles / m["measured_s"] and src == f"inferred from {name}"
   assert 1.15e9 < hz < 1.17e9
-  # every v6e prediction is at it: the step's stages and its headline
+  # every v6e prediction is at it: the step's stages and its clock
   step = roofline.dsv4_step("v6e", context_tokens=2**20)
   assert not step.at_least and all(s.clock_hz == hz for s in step.stages)
-  assert name in step.headline and "1.156 GHz" in step.headline
+  assert name in step.clock_source and "1.156 GHz" in step.clock_source
 
 
 def test_each_inferred_clock_source_predicts_itself_and_the_other_v6e_calls_are_predicted():
@@ -226,4 +226,4 @@ def test_indexer_step_at_deepseek_v4_geometry_is_dsv4_step():
   a = roofline.dsv4_step("v7x", batch=64, context_tokens=2**20)
   b = roofline.indexer_step("v7x", shapes.DSV4, k=512, batch=64,
                             context_tokens=2**20)
-  assert a.headline == b.headline and a.stages == b.stages
+  assert a.sum_text == b.sum_text and a.stages == b.stages

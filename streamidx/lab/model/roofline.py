@@ -310,17 +310,6 @@ class StepBound:
     return (f"{'at least ' if self.at_least else ''}{self.total_s * 1e6:,.0f} "
             f"us = {parts} us")
 
-  @property
-  def headline(self) -> str:
-    """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
-    'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
-    if self.stages:
-      return (f"{self.generation}: {self.sum_text} "
-              f"(each stage the larger of its HBM and static-schedule bounds; "
-              f"clock {self.clock_source})")
-    return (f"{self.generation}: {'at least ' if self.at_least else ''}"
-            f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
-
 
 def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
                blocks: str = "", page: PageBound | None = None) -> StepBound:
