@@ -148,9 +148,9 @@ def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
   return _parse(json.loads(path.read_text(encoding="utf-8")), path)
 
 
-def spec(generation: str, specs: Mapping[str, TpuSpec] | None = None) -> TpuSpec:
+def spec(generation: str) -> TpuSpec:
   """The TpuSpec of one generation ("v4", "v5e", "v5p", "v6e", "v7x")."""
-  specs = load_specs() if specs is None else specs
+  specs = load_specs()
   if generation not in specs:
     raise ValueError(f"generation must be one of {tuple(specs)}, got {generation!r}")
   return specs[generation]

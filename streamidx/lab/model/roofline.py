@@ -118,10 +118,9 @@ def bounds(stage_costs: Sequence[StageCost], spec: hardware.TpuSpec, *,
 
 
 def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
-            specs: Mapping[str, hardware.TpuSpec] | None = None,
             matmul_dtype: str = "bf16") -> dict[str, dict]:
   """{generation: {"fill", "kernel", "topk", "total": seconds, "bounds": [...]}}."""
-  specs = hardware.load_specs() if specs is None else specs
+  specs = hardware.load_specs()
   generations = hardware.GENERATIONS if generations is None else generations
   sc = costs(p, k=k)
   out = {}
@@ -169,18 +168,15 @@ class PageBound:
 
 
 def page_bound(generation: str, *, bundles_per_page: float, page_bytes: int,
-               binding_slot: str = "", launch: str = "", fmt: str = "",
-               specs: Mapping[str, hardware.TpuSpec] | None = None) -> PageBound:
+               binding_slot: str = "", launch: str = "", fmt: str = "") -> PageBound:
   """The HBM and static-schedule bounds of one KV page on `generation`."""
-  spec = hardware.spec(generation, specs)
+  spec = hardware.spec(generation)
   return PageBound(generation, launch, fmt, float(bundles_per_page),
                    binding_slot, int(page_bytes),
                    page_bytes / spec.kernel_bandwidth, spec.clock_hz)
 
 
-def page_bounds(schedules, *, head_dim: int = 128,
-                specs: Mapping[str, hardware.TpuSpec] | None = None
-                ) -> list[PageBound]:
+def page_bounds(schedules, *, head_dim: int = 128) -> list[PageBound]:
   """`page_bound` of each `schedule.LaunchSchedule` with a KV loop; a page's
   bytes as a TPU stores them (`cache.record_bytes`; dense FP8:
   `cache.dense_tpu_bytes_per_entry`; MXFP4: 68 B at head_dim 128 from
@@ -201,7 +197,7 @@ def page_bounds(schedules, *, head_dim: int = 128,
     out.append(page_bound(
         s.generation, bundles_per_page=s.kv.bundles_per_page,
         page_bytes=s.page_size * entry_bytes(s.fmt, s.page_size),
-        binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
+        binding_slot=slot, launch=s.case, fmt=s.fmt))
   return out
 
 

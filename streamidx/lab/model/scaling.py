@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
@@ -94,12 +94,11 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
 
 
 def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 1, *,
-         merge: str = "all_gather", collective_latency_s: float = 0.0,
-         specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
+         merge: str = "all_gather", collective_latency_s: float = 0.0) -> StepModel:
   """The modelled decode step of `w` on `devices` JAX devices of `generation`,
   D = devices // C data groups x C = `num_context` shares merged by `merge`
   (`streamidx.sharded`), `collective_latency_s` per collective round."""
-  spec = hardware.spec(generation, specs)
+  spec = hardware.spec(generation)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "
                      f"{num_context})")
