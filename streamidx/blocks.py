@@ -28,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
 from streamidx import modes, records, semantics
-from streamidx.semantics import LANES, cdiv, normalize_per_case
+from streamidx.semantics import LANES, cdiv, mib, normalize_per_case
 
 WILDCARD = "*"
 
@@ -312,14 +312,10 @@ def page_block_bytes(rows: int, num_heads: int, page_size: int
   return summed * num_heads, summed
 
 
-def _mib(n: int) -> str:
-  return f"{n / 2**20:.2f} MiB"
-
-
 def _page_blocks(rows: int, num_heads: int, page_size: int) -> str:
   score, summed = page_block_bytes(rows, num_heads, page_size)
-  return (f"score block {_mib(score)} (of {_mib(PAGE_SCORE_BLOCK_BYTES)}), "
-          f"summed block {_mib(summed)} (of {_mib(PAGE_SUMMED_BLOCK_BYTES)})")
+  return (f"score block {mib(score)} (of {mib(PAGE_SCORE_BLOCK_BYTES)}), "
+          f"summed block {mib(summed)} (of {mib(PAGE_SUMMED_BLOCK_BYTES)})")
 
 
 def _page_rows_fit(rows: int, num_heads: int, page_size: int) -> bool:
@@ -336,9 +332,9 @@ def check_page_rows(rows: int, num_heads: int, page_size: int) -> None:
   if _page_rows_fit(rows, num_heads, page_size):
     return
   rule = (f"page mode's f32 scores of one KV block must be <= "
-          f"{_mib(PAGE_SCORE_BLOCK_BYTES)} over all heads (query rows x "
+          f"{mib(PAGE_SCORE_BLOCK_BYTES)} over all heads (query rows x "
           f"num_q_heads x {PAGE_KV_PAGES} pages x page_size x 4 B) and <= "
-          f"{_mib(PAGE_SUMMED_BLOCK_BYTES)} summed over heads (query rows x "
+          f"{mib(PAGE_SUMMED_BLOCK_BYTES)} summed over heads (query rows x "
           f"{PAGE_KV_PAGES} x page_size x 4 B): GLM's row, the work the "
           f"compiler unrolls (streamidx.blocks.PAGE_BLOCK_SOURCE)")
   if not _page_rows_fit(1, num_heads, page_size):
@@ -409,13 +405,13 @@ def page_vmem_budget(generation: str | None) -> tuple[int, int, str]:
   "*": the limit alone)."""
   limit = semantics.PAGE_VMEM_LIMIT_BYTES
   if generation in (None, WILDCARD):
-    return limit, 5, f"page mode's vmem_limit_bytes {_mib(limit)}"
+    return limit, 5, f"page mode's vmem_limit_bytes {mib(limit)}"
   info = pltpu.get_tpu_info_for_chip(
       pltpu.ChipVersion({"v7x": "7x"}.get(generation, generation)), 1)
   capacity = int(info.vmem_capacity_bytes)
   return (min(limit, capacity), int(info.generation),
           f"{generation}: the least of page mode's vmem_limit_bytes "
-          f"{_mib(limit)} and {_mib(capacity)} of VMEM per TensorCore")
+          f"{mib(limit)} and {mib(capacity)} of VMEM per TensorCore")
 
 
 def page_query_rows(*, generation: str | None, cache_format: str,
@@ -442,12 +438,12 @@ def page_query_rows(*, generation: str | None, cache_format: str,
         f"cache: a page-mode launch's VMEM scratch at one query row (the "
         f"{PAGE_KV_PAGES}-page KV block, {cache_format}, head_dim {head_dim}"
         f", {num_heads} heads, {pages_per_seq or PAGE_KV_PAGES} pages per "
-        f"sequence) must fit {_mib(budget)} ({budget_what}) (got page_size "
-        f"{page_size}: {_mib(scratch)})")
+        f"sequence) must fit {mib(budget)} ({budget_what}) (got page_size "
+        f"{page_size}: {mib(scratch)})")
   why = (f"{rows} query rows at {num_heads} heads and page_size "
          f"{page_size}: {_page_blocks(rows, num_heads, page_size)}, scratch "
-         f"{_mib(scratch)} ({cache_format}, head_dim {head_dim}) of "
-         f"{_mib(budget)} ({budget_what})")
+         f"{mib(scratch)} ({cache_format}, head_dim {head_dim}) of "
+         f"{mib(budget)} ({budget_what})")
   return rows, why
 
 

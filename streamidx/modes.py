@@ -24,6 +24,8 @@ from jax._src import config as _jax_config
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from streamidx import records
+
 
 def on_tpu() -> bool:
   """True when JAX's default backend is a TPU."""
@@ -138,23 +140,24 @@ def compile_target() -> CompileTarget | None:
   return _COMPILE_TARGET.value
 
 
-# Substrings of `device_kind` -> generation names (`TOPOLOGIES`' keys).
-_DEVICE_KINDS = (("v7", "v7x"), ("7x", "v7x"), ("v6", "v6e"),
-                 ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5", "v5p"),
-                 ("v4", "v4"))
+def device_generation(device=None) -> str | None:
+  """The TPU generation (`TOPOLOGIES`' keys) of `device` (default: JAX's first) by
+  its `device_kind`, one of its generation's `device_kinds` in data/tpu_specs.json
+  ('TPU v5 lite' -> 'v5e'); None off-TPU or for a kind the table does not name."""
+  device = jax.devices()[0] if device is None else device
+  if getattr(device, "platform", None) != "tpu":
+    return None
+  kind = getattr(device, "device_kind", "").strip().lower()
+  return next((g for g, s in records.load("tpu_specs")["generations"].items()
+               if kind in (k.lower() for k in s["device_kinds"])), None)
 
 
 def current_generation() -> str | None:
   """The TPU generation a call traced now runs on: `compile_for`'s target,
-  else the default TPU device's; None off-TPU. The one answer every
-  block-size lookup takes by default (`streamidx.blocks.lookup`)."""
+  else the default TPU device's (`device_generation`); None off-TPU. The one
+  answer every block-size lookup takes by default (`streamidx.blocks.lookup`)."""
   target = compile_target()
-  if target is not None:
-    return target.generation
-  if not on_tpu():
-    return None
-  kind = jax.devices()[0].device_kind.lower()
-  return next((g for s, g in _DEVICE_KINDS if s in kind), None)
+  return device_generation() if target is None else target.generation
 
 
 def libtpu_path() -> str | None:

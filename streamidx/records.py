@@ -39,11 +39,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FILES", "CHIP_FIELDS", "TEST_RUN_FIELDS", "EXPERIMENT_FIELDS",
-           "STAGES", "PARTS", "path", "load", "save", "chip_rows", "calls",
-           "block_kwargs",
-           "test_runs", "chip_problems", "append_chip"]
-
 FILES = {
     "tpu_specs": "tpu_specs.json",
     "decode_schedule": "decode_schedule.json",

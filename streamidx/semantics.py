@@ -32,6 +32,11 @@ def align_to(x, a):
   return cdiv(x, a) * a
 
 
+def mib(n: int) -> str:
+  """Bytes as the VMEM rules' messages write them: "1.50 MiB"."""
+  return f"{n / 2**20:.2f} MiB"
+
+
 def check_causal_rule(causal_rule) -> None:
   if causal_rule not in CAUSAL_RULES:
     raise ValueError(f"causal_rule: must be one of {CAUSAL_RULES} "

@@ -92,18 +92,11 @@ class Variant:
     return (inputs.q, inputs.weights, *self.cache_arrays(inputs, fmt),
             seq_lens, page_indices, cu_q_lens, last)
 
-  def block_sizes(self, *, cache_format: str, num_heads: int, page_size: int,
-                  generation: str | None = None, decode_q_len: int = 1,
-                  head_dim: int = 128, pages_per_seq: int | None = None
-                  ) -> blocks_lib.BlockSizes:
-    """The block-size table's row for this variant and these inputs;
-    generation None: the chip the call runs on (`blocks.lookup`; page
-    mode's query rows derived for head_dim and pages_per_seq too)."""
-    return blocks_lib.lookup(self.name, mode=self.mode,
-                             cache_format=cache_format, num_heads=num_heads,
-                             page_size=page_size, generation=generation,
-                             decode_q_len=decode_q_len, head_dim=head_dim,
-                             pages_per_seq=pages_per_seq)
+  def block_sizes(self, **geometry) -> blocks_lib.BlockSizes:
+    """The block-size table's row for this variant at `geometry`, `blocks.lookup`'s
+    keywords (cache_format, num_heads, page_size; generation None: the chip the call
+    runs on; decode_q_len, head_dim, pages_per_seq)."""
+    return blocks_lib.lookup(self.name, mode=self.mode, **geometry)
 
   def static(self, inputs=None, *, k: int, compression_ratio: int,
              fmt: str | None = None, generation: str | None = None,
@@ -177,12 +170,6 @@ def get(name) -> Variant:
                      f"(got {name!r})") from None
 
 
-def block_sizes(variant: str, *, cache_format: str, num_heads: int,
-                page_size: int, generation: str | None = None,
-                decode_q_len: int = 1, head_dim: int = 128,
-                pages_per_seq: int | None = None) -> blocks_lib.BlockSizes:
-  """The block-size table's row for `variant` (see `streamidx.blocks`)."""
-  return get(variant).block_sizes(
-      cache_format=cache_format, num_heads=num_heads, page_size=page_size,
-      generation=generation, decode_q_len=decode_q_len, head_dim=head_dim,
-      pages_per_seq=pages_per_seq)
+def block_sizes(variant: str, **geometry) -> blocks_lib.BlockSizes:
+  """The block-size table's row for `variant` at `geometry` (`Variant.block_sizes`)."""
+  return get(variant).block_sizes(**geometry)

@@ -145,9 +145,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
   import datetime  # pylint: disable=g-import-not-at-top
   from streamidx import records  # pylint: disable=g-import-not-at-top
   from streamidx.lab.bench import record  # pylint: disable=g-import-not-at-top
-  from streamidx.lab.model import hardware  # pylint: disable=g-import-not-at-top
+  from streamidx import modes  # pylint: disable=g-import-not-at-top
   dev = jax.devices()[0]
-  chip = hardware.detect_generation(dev)
+  chip = modes.device_generation(dev)
   if chip is None:
     terminalreporter.write_line("test run not recorded: no TPU here")
     return

@@ -17,7 +17,7 @@ import streamidx as si
 from streamidx import blocks, records
 from streamidx.kernels import driver, lean
 from streamidx.lab import aot, shapes
-from streamidx.lab.bench import ablate, harness, record
+from streamidx.lab.bench import ablate, record
 from streamidx.lab.model import roofline, timeline
 
 from tiers import FULL, needs_libtpu
@@ -108,7 +108,7 @@ def _row():
       {"name": "StreamIdxLeanTC-d", "stage": "scoring", "count": 4,
        "self_us": 5800.0},
       {"name": "sort.1", "stage": "selection", "count": 2, "self_us": 9.0}]}
-  blocks = harness.kernel_blocks(S, ablate.VARIANT, S.fmt, "v5e").kwargs()
+  blocks = shapes.table_blocks(S, ablate.VARIANT, S.fmt, "v5e").kwargs()
   return ablate.row(exp, blocks, times, chip="v5e", device_kind="TPU v5 lite",
                     compile_s=4.0, iterations=4,
                     command="python -m streamidx.bench --ablate")

@@ -21,7 +21,7 @@ import pytest
 import streamidx as si
 from streamidx import metrics, modes, semantics
 from streamidx.kernels import tpu, vendored
-from streamidx.lab import aot
+from streamidx.lab import aot, shapes
 from streamidx.lab.model import tiling
 
 from streamidx.lab.studies import cases
@@ -476,7 +476,7 @@ def test_speculative_decode_shape_traces_batched_mtp_launches():
   rows = aot.matrix(quick=True, shapes=[mtp.name], variants=["vendored"])
   assert {r.generation for r in rows} == set(aot.GENERATIONS)
   with si.compile_for("v7x") as target:
-    blocks = aot.table_blocks("vendored", mtp, "fp8", "v7x")
+    blocks = shapes.table_blocks(mtp, "vendored", "fp8", "v7x").kwargs()
     names = [n for n, _ in aot.launch_calls("vendored", mtp, "fp8", blocks,
                                             target)]
   assert names == ["StreamIdxTC-d-bq_2-bkvp_4", "StreamIdxTC-d-bq_2-bkvp_4",

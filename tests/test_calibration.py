@@ -74,10 +74,10 @@ def test_v6e_clock_is_its_named_whole_call_bundles_over_its_measured_time():
   hz, src = roofline.clock("v6e")
   assert hz == bundles / m["measured_s"] and src == f"inferred from {name}"
   assert 1.15e9 < hz < 1.17e9
-  # every v6e prediction is at it: the step's stages and its headline
+  # every v6e prediction is at it: the step's stages and its clock
   step = roofline.dsv4_step("v6e", context_tokens=2**20)
   assert not step.at_least and all(s.clock_hz == hz for s in step.stages)
-  assert name in step.headline and "1.156 GHz" in step.headline
+  assert name in step.clock_source and "1.156 GHz" in step.clock_source
 
 
 def test_each_inferred_clock_source_predicts_itself_and_the_other_v6e_calls_are_predicted():
@@ -149,6 +149,42 @@ def test_blocktop_counts_its_outer_conditional_without_the_fallback_sort():
   assert calibration.taken_branches("radix", [inner]) == {}
 
 
+def test_selection_table_reads_the_recorded_counts(capsys, monkeypatch):
+  """`--selection`: the recorded selection programs (data/step_schedule.json),
+  compiling nothing, each exact method beside the sort's count."""
+  from streamidx import topk
+
+  def no_compile(*a, **kw):
+    raise AssertionError(f"compiled {a} without --record-selection")
+
+  monkeypatch.setattr(calibration, "record_selection", no_compile)
+  assert calibration.main(["--selection"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  recorded = [(kind, chip, m, r, e, k) for kind, r, e, k in calibration.SELECTION_SHAPES
+              for chip in calibration.SELECTION_CHIPS for m in topk.TOPK_METHODS
+              if roofline.selection_record(chip, m, r, e, k)]
+  every = (len(calibration.SELECTION_SHAPES) * len(calibration.SELECTION_CHIPS)
+           * len(topk.TOPK_METHODS))
+  assert len(out) == len(recorded) + 3  # title, header, one row each, the count
+  assert out[-1].startswith(f"{every - len(recorded)} of {every} not recorded")
+  row = next(l.split() for l in out if l.split()[:6] == [
+      "decode", "64x262144", "512", "v7x", "sort", "3,840,549"])
+  assert row[6:8] == ["1.000", "-"]  # SparseCore calls: no bundles in the dump
+  blocktop = next(l.split() for l in out if l.split()[:5] == [
+      "decode", "64x262144", "512", "v7x", "blocktop"])
+  assert float(blocktop[6]) == pytest.approx(
+      int(blocktop[5].replace(",", "")) / 3840549, abs=1e-3)
+
+
+def test_record_selection_appends_the_compiled_row_to_the_records(capsys, monkeypatch):
+  row = dict(chip="v5e", method="sort", rows=8, entries=128, k=4, bundles=1)
+  monkeypatch.setattr(calibration, "record_selection", lambda *a: dict(row))
+  appended = []
+  monkeypatch.setattr(calibration, "append_selection", appended.extend)
+  assert calibration.main(["--record-selection", "v5e", "sort", "8", "128", "4"]) == 0
+  assert appended == [row] and json.loads(capsys.readouterr().out) == row
+
+
 def _glm(rows, method):
   return [r for r in rows if r["id"].startswith("sglang-jax-1642-glm52-")
           and r["method"] == method]
@@ -192,7 +228,7 @@ def test_indexer_step_at_deepseek_v4_geometry_is_dsv4_step():
   a = roofline.dsv4_step("v7x", batch=64, context_tokens=2**20)
   b = roofline.indexer_step("v7x", shapes.DSV4, k=512, batch=64,
                             context_tokens=2**20)
-  assert a.headline == b.headline and a.stages == b.stages
+  assert a.sum_text == b.sum_text and a.stages == b.stages
 
 
 def test_the_chips_kv_step_costs_reproduce_its_experiments():
@@ -229,7 +265,8 @@ def test_v5e_step_adds_measured_step_costs_and_reads_measured_selections():
   alone = records.calls(chip="v5e", mode="selection", method="blocktop",
                         rows=64, entries=65536, k=512)[-1]
   assert st["selection"].t_chip == alone["device_s"] == st["selection"].bound
-  assert "copies" not in st and "measured alone" in sb.headline
+  assert "copies" not in st
+  assert "measured alone on v5e" in st["selection"].describe()
   v6e = roofline.dsv4_step("v6e", "lean", context_tokens=262144,
                            method="blocktop")
   assert all(s.t_steps == 0 and s.t_dma is None and s.t_chip is None

@@ -265,12 +265,14 @@ def test_corrupted_kernel_output_is_reported_as_disagreement(name, corrupt):
   assert row.rows_mismatched == 1 and row.detail.startswith("row ")
 
 
-def test_run_case_reports_a_corrupted_kernel_fn():
-  # Through `run_case`'s own kernel hook (the reference stands in for the
+def test_case_outputs_run_a_given_kernel_fn_whose_corruption_is_reported():
+  # Through `case_outputs`' own kernel hook (the reference stands in for the
   # kernel, so nothing compiles).
   case = cases.TIES_CASE
-  row = cases.run_case(case, kernel_fn=lambda inp: _corrupt_swap_for_worse(
+  out = cases.case_outputs(case, kernel_fn=lambda inp: _corrupt_swap_for_worse(
       np.asarray(case.run_reference(inp)), np.asarray(case.scores(inp))))
+  row = cases.compare_case(case, out.got, out.want, out.scores,
+                           atol=case.atol(out.inputs), b=out.inputs.batch)
   assert not row.ok and row.rows_mismatched == 1
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 import pytest
 
-from streamidx.lab import dump
+from streamidx.lab import dump, shapes
 
 # A top-level program: a loop of 3 bundles + 4 delay slots whose index runs
 # to 37 (XLA's form: increment, compare, select, branch back), calling
@@ -203,11 +203,12 @@ def test_trip_counts_of_compiled_fori_loops_scale_exactly(monkeypatch,
 def test_recorded_launch_row_recompiles_to_the_same_counts():
   """data/step_schedule.json's v7x decode launch (the whole module) is what
   the compiler gives today."""
-  from streamidx.lab import aot, schedule
+  from streamidx.lab import schedule
   from streamidx.lab.model import roofline
 
   shape = "dsv4-decode-4k"
-  blocks = aot.table_blocks("vendored", aot.SHAPES_BY_NAME[shape], "fp8", "v7x")
+  blocks = shapes.table_blocks(shapes.COMPILE_BY_NAME[shape], "vendored", "fp8",
+                              "v7x").kwargs()
   s, = schedule.launch_schedules("vendored", "v7x", "fp8", shape, blocks,
                                  launches=["decode"])
   rec = roofline.launch_record("v7x", "vendored", "fp8", "decode",

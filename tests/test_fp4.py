@@ -49,8 +49,9 @@ def test_fp4_moves_68_bytes_per_entry():
   """Counted from the interpreter's DMAs: 64 value bytes and 4 scale bytes
   per entry at head_dim 128 (no padding in a DMA's bytes)."""
   inp, ratio = _inputs("token")
-  moved = costs.bytes_moved("fp4", inp, k=24, compression_ratio=ratio,
-                            **cases.blocks_for("fp4"))
+  _, rec = costs.run_recorded("fp4", inp, k=24, compression_ratio=ratio,
+                              **cases.blocks_for("fp4"))
+  moved = costs.recorded_bytes(rec, page_size=int(inp.batch.page_size))
   assert moved["bytes_per_entry"] == 68 == cache.CACHE_FORMATS[
       "mxfp4"].bytes_per_entry(128)
   t = moved["totals"]

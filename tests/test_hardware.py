@@ -9,11 +9,12 @@ per chip with tolerances wide enough for the known, documented differences
 """
 
 import json
+import types
 
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from streamidx import records
+from streamidx import modes, records
 from streamidx.lab.model import hardware
 
 SPECS = hardware.load_specs()
@@ -67,8 +68,9 @@ def test_numbers_agree_with_jax_tpu_info(gen):
     ("TPU v6e", "v6e"), ("TPU7x", "v7x"),
     ("TPU v3", None), ("TPU v4 lite", None), ("cpu", None), ("NVIDIA H100", None),
 ])
-def test_generation_from_device_kind(kind, gen):
-  assert hardware.generation_from_device_kind(kind) == gen
+def test_device_generation_is_the_tables_by_device_kind(kind, gen):
+  tpu = types.SimpleNamespace(platform="tpu", device_kind=kind)
+  assert modes.device_generation(tpu) == gen
 
 
 @pytest.mark.parametrize("gen", hardware.GENERATIONS)
@@ -98,8 +100,10 @@ def test_ici_bandwidth_is_per_chip_bidirectional_and_v4_is_unpublished():
   assert SPECS["v6e"].device_ici_bandwidth == 8e11
 
 
-def test_detect_generation_is_none_off_tpu():
-  assert hardware.detect_generation() is None
+def test_device_generation_is_none_off_tpu():
+  assert modes.device_generation() is None
+  assert modes.device_generation(types.SimpleNamespace(platform="cpu",
+                                                       device_kind="TPU v4")) is None
 
 
 def test_kernel_rates_are_one_tensorcore_and_xla_rates_one_device():

@@ -110,6 +110,18 @@ def test_step_stages_figure_stacks_each_stage_and_hatches_a_floor():
   assert any("360 us" in t and "at least" not in t for t in texts)
   assert any("at least 110 us" in t for t in texts)
   plt.close(fig)
+def test_step_stages_figure_draws_a_measured_calls_parts_in_ms():
+  fig = plots.step_stages_figure({"lean": dict(scoring=2e-3, selection=1e-3, idle=None),
+                                  "vendored": dict(scoring=4e-3, selection=3e-3, idle=5e-4)},
+                                 title="t", unit="ms")
+  ax = fig.axes[0]
+  assert not any(p.get_hatch() for p in ax.patches)  # a measurement is no floor
+  texts = [t.get_text() for t in ax.texts]
+  assert any(t.strip() == "3.00 ms" for t in texts) and any(t.strip() == "7.50 ms" for t in texts)
+  assert "device time" in ax.get_xlabel() and ax.get_xlabel().startswith("milliseconds")
+  plt.close(fig)
+
+
 def test_step_stages_figure_cuts_a_bar_that_would_squash_the_others():
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
   short = _stepbound([roofline.Stage("scoring", 100e-6, None, 1e9)])

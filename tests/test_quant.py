@@ -90,17 +90,14 @@ def _scoring_operands(seed=0, t=3, h=4, e=32, d=128):
 # FP8 queries.
 
 
-@pytest.mark.parametrize("granularity", ["head", "token"])
-def test_fp8_query_scale_folds_into_weights_exactly(granularity):
+def test_fp8_query_scale_folds_into_weights_exactly():
   rng = np.random.default_rng(2)
   q = (rng.standard_normal((5, 4, 128)) * 3).astype(np.float32)
   w = np.abs(rng.standard_normal((5, 4))).astype(np.float32)
-  q8, w_folded, s = quant.quantize_queries_fp8(q, w, granularity=granularity)
+  q8, w_folded, s = quant.quantize_queries_fp8(q, w)
   q8 = np.asarray(q8.astype(jnp.float32))
   s = np.asarray(s)
   assert np.abs(q8).max() <= 448
-  if granularity == "token":
-    assert (s == s[:, :1]).all()
   np.testing.assert_array_equal(np.asarray(w_folded), w * s)
   _, _, values = _scoring_operands(seed=3)
   folded = _scores(q8, np.asarray(w_folded, np.float32), values)
@@ -133,8 +130,6 @@ def test_fp8_queries_through_the_reference_score_exactly_like_dequantized_ones()
 def test_quantize_queries_rejects_unknown_options():
   q = np.ones((1, 2, 128), np.float32)
   w = np.ones((1, 2), np.float32)
-  with pytest.raises(ValueError, match="granularity"):
-    quant.quantize_queries_fp8(q, w, granularity="page")
   with pytest.raises(ValueError, match="scale"):
     quant.quantize_queries_fp8(q, w, scale="e5m2")
 

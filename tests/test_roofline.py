@@ -165,7 +165,7 @@ def test_step_bound_terms_by_hand():
   scoring = next(st for st in sb.stages if st.name == "scoring")
   # the whole launch: its KV loops (the per-page record) and the rest
   assert scoring.t_hbm == sb.t_hbm and scoring.bundles > sb.bundles and not scoring.floor
-  assert "vector-bound" in sb.verdict and "scoring" in sb.headline
+  assert "vector-bound" in sb.verdict and "scoring" in sb.sum_text
 
 
 def test_without_a_public_clock_the_kernel_verdict_names_the_break_even_clock():
@@ -182,7 +182,7 @@ def test_without_a_public_clock_the_kernel_verdict_names_the_break_even_clock():
   # The staged step times its bundles at v6e's one inferred clock: complete.
   hz, src = roofline.clock("v6e")
   assert hz and src.startswith("inferred from ")
-  assert not sb.at_least and "at least" not in sb.headline
+  assert not sb.at_least and "at least" not in sb.sum_text
   assert all(st.clock_hz == hz for st in sb.stages)
   assert sb.total_s == pytest.approx(sum(
       max(st.t_hbm, st.t_mxu, (st.bundles or 0) / hz) for st in sb.stages))
@@ -190,7 +190,8 @@ def test_without_a_public_clock_the_kernel_verdict_names_the_break_even_clock():
 
 def test_a_staged_step_without_a_clock_is_its_hbm_bounds_and_a_floor():
   sb = roofline.dsv4_step("v6e", clock_hz=0)  # 0: no clock
-  assert sb.at_least and "at least" in sb.headline and "clock none" in sb.headline
+  assert sb.at_least and sb.sum_text.startswith("at least ")
+  assert sb.clock_source.startswith("none")
   assert sb.total_s == pytest.approx(sum(max(st.t_hbm, st.t_mxu) for st in sb.stages))
 
 

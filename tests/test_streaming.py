@@ -239,9 +239,9 @@ def test_streaming_temporaries_do_not_grow_with_the_sequence():
                                   "prefill_512q_32K_k2048"])
 def test_one_chunk_memory_formula_brackets_xla(name):
   """The formula docs/benchmarks.md quotes, against XLA's buffer assignment."""
-  from streamidx.lab import bench
+  from streamidx.lab import shapes
   from streamidx.lab.bench import long_context
-  shape = {s.name: s for s in bench.LONG_CONTEXT + bench.SWEEP}[name]
+  shape = {s.name: s for s in shapes.LONG_CONTEXT + shapes.SWEEP}[name]
   b = shape.batch()
   xla = _temp_bytes(si.streamindex_topk_ref, jax.eval_shape(  # the cache unbuilt
                         lambda: long_context.long_context_args(shape)),

@@ -293,7 +293,7 @@ def test_topk_methods_are_exported():
 
 def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
   from streamidx.lab.bench import topk as topk_bench
-  rc = topk_bench.main(["--shapes", "4x1000:100", "--repeats", "1",
+  rc = topk_bench.main(["--shapes", "decode:4x4000:100", "--repeats", "1",
                         "--out", str(tmp_path)])
   assert rc == 0
   doc = json.loads((tmp_path / "topk.json").read_text())
@@ -319,17 +319,7 @@ def test_topk_bench_times_every_method_and_checks_them(tmp_path, capsys):
   assert "CPU timings" in capsys.readouterr().out or (
       jax.default_backend() == "tpu")
   with pytest.raises(SystemExit):
-    topk_bench.main(["--shapes", "4x0:1"])
-
-
-def test_count_shapes_given_by_size_keep_their_kind():
-  from streamidx.lab.bench import topk as topk_bench
-  for shape in topk_bench.COUNT_SHAPES:  # a prefill shape stays "prefill"
-    text = f"{shape.rows}x{shape.entries}:{shape.k}"
-    assert topk_bench.parse_shape(text) == shape
-  other = topk_bench.parse_shape("8x4096:64")
-  assert (other.kind, other.rows, other.entries, other.k) == (
-      "decode", 8, 4096, 64)
+    topk_bench.main(["--shapes", "decode:4x0:1"])
 
 
 @tiers.FULL  # about 30 CPU-s: every method compiled for v5e
@@ -393,50 +383,9 @@ def test_compile_matrix_has_a_row_per_topk_method():
   assert [r.topk_method for r in page] == [None]  # page mode takes none
 
 
-def test_topk_bundle_counts_come_from_the_records_with_the_issue_keys(
-    capsys, monkeypatch):
-  """`--topk --json`: one line per (shape, chip, registered method), read
-  from data/step_schedule.json without compiling."""
-  from streamidx.lab import calibration
-  from streamidx.lab.model import roofline
-  from streamidx.lab.bench import topk as topk_bench
-
-  def no_compile(*a, **kw):
-    raise AssertionError(f"compiled {a} without --compile")
-
-  monkeypatch.setattr(calibration, "record_selection", no_compile)
-  assert topk_bench.main(["--json"]) == 0
-  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-  shapes, gens = topk_bench.COUNT_SHAPES, topk_bench.GENERATIONS
-  assert len(lines) == len(shapes) * len(gens) * len(topk.TOPK_METHODS)
-  assert {l["method"] for l in lines} == set(topk.TOPK_METHODS)
-  for l in lines:
-    assert set(topk_bench.COUNT_KEYS) <= set(l)
-    row = roofline.selection_record(l["generation"], l["method"], l["rows"],
-                                       l["entries"], l["k"])
-    assert l["tc_bundles"] == (row and row["bundles"])
-    assert (l["source"] is None) == (row is None)
-    assert (l["fused_extra"] is None) == (topk.get(l["method"]).needs is None)
-  sort = next(l for l in lines if (l["method"], l["generation"], l["rows"],
-                                   l["k"]) == ("sort", "v7x", 64, 512))
-  assert sort["tc_bundles"] == 3840549  # a recorded row
-  assert sort["sc_bundles"] is None and sort["sparsecore_calls"] == 2
-
-
 def test_a_fused_method_gets_its_extra_output_as_a_compiled_input():
   from streamidx.lab import calibration
   assert calibration.extra_input("sort", 64, 262144) is None
   w = topk.METHODS["fused_blockmax"].options["block_max_width"].default
   assert calibration.extra_input("fused_blockmax", 64, 262144) == (
       (64, 262144 // w), "float32")
-
-
-def test_topk_bundle_table_reads_the_recorded_counts(capsys):
-  from streamidx.lab.bench import topk as topk_bench
-  assert topk_bench.main(["--table"]) == 0
-  out = capsys.readouterr().out.splitlines()
-  row = next(l.split() for l in out if l.split()[:6] == [
-      "decode", "64x262144", "512", "v7x", "sort", "3,840,549"])
-  assert row[6] == "1.000"
-  with pytest.raises(SystemExit):
-    topk_bench.main(["--table", "--json"])

@@ -11,7 +11,7 @@ import pytest
 
 import streamidx as si
 from streamidx import modes, records, topk
-from streamidx.lab import aot
+from streamidx.lab import aot, shapes
 from streamidx.lab.studies import cases
 from streamidx.topk import defaults
 
@@ -36,9 +36,8 @@ def test_every_chip_and_off_tpu_has_a_row():
 
 def test_the_table_ranks_at_the_shape_the_bench_and_the_goals_name_decode():
   from streamidx.lab import shapes
-  from streamidx.lab.bench import topk as topk_bench
-  for s in (shapes.DSV4_DECODE_1M, topk_bench.COUNT_SHAPES[0]):
-    assert (s.rows, s.entries, s.k) == defaults.DECODE
+  s = shapes.DSV4_DECODE_1M
+  assert (s.rows, s.entries, s.k) == defaults.DECODE
 
 
 @pytest.mark.parametrize("chip", sorted(modes.TOPOLOGIES))
@@ -107,8 +106,8 @@ def test_blocktop_compiles_as_the_default_path_of_a_token_call(gen):
                                     compression_ratio=shape.compression_ratio)
   assert call.topk_method == "blocktop"
   row = aot.Row("vendored", gen, "fp8", shape.name,
-                aot._blocks_key(aot.table_blocks("vendored", shape, "fp8",
-                                                 gen)), True)
+                aot._blocks_key(shapes.table_blocks(shape, "vendored", "fp8",
+                                                    gen).kwargs()), True)
   assert row.topk_method is None  # the call's default
   result = aot.compile_row(row)
   assert result.ok, result.error

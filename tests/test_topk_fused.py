@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import streamidx as si
 from streamidx import metrics, topk
+from streamidx.lab import shapes
 from streamidx.kernels import block_max as block_max_kernel
 from streamidx.kernels import driver, entries
 from streamidx.lab.model import topk as topk_model
@@ -273,8 +274,9 @@ def test_block_maxima_dmas_are_small():
   """Interpreter-counted DMAs: one block-max DMA per query block, rows x G
   x 128 floats each, beside the score DMAs (one per KV block)."""
   inp = _long_decode()
-  fused = costs.bytes_moved("dense", inp, topk_method="fused_blockmax", k=8,
-                            compression_ratio=1, **LONG_BLOCKS)
+  _, rec = costs.run_recorded("dense", inp, topk_method="fused_blockmax", k=8,
+                              compression_ratio=1, **LONG_BLOCKS)
+  fused = costs.recorded_bytes(rec, page_size=int(inp.batch.page_size))
   t1 = fused["totals"]
   # 3 decode sequences, fewer than a decode batch of 4: 3 programs of one
   # query row, each sending its row of maxima once: G = 3 rows of 128
@@ -376,7 +378,8 @@ def test_model_of_fused_blockmax():
   # Too few blocks: the method is one top_k, as "blockmax".
   assert topk_model.cost("fused_blockmax", 64, 32768, 512).detail == (
       topk_model.cost("top_k", 64, 32768, 512).detail)
-  (at_shape,) = topk_model.costs(topk_model.SHAPES[0], ["fused_blockmax"])
+  s = shapes.DSV4_DECODE_1M
+  at_shape = topk_model.cost("fused_blockmax", s.rows, s.entries, s.k)
   assert at_shape.method == "fused_blockmax"
   assert all(topk_model.hbm_bound(at_shape, topk_model.hardware.spec(g)) > 0
              for g in ("v6e", "v7x"))

@@ -405,21 +405,20 @@ def test_the_landing_page_headline_is_the_measured_step_else_the_model(nbdir, tm
 def test_step_rows_without_a_measured_call_are_the_models_step():
   rows, measured = workbook.step_rows([])
   assert not measured
-  assert {(r["variant"], r["method"]) for r in rows} == {
-      (v, m) for v in workbook.STEP_VARIANTS for m in workbook.STEP_METHODS}
-  assert all(r["scoring"] > 0 and r["selection"] > 0 for r in rows)
+  assert set(rows) == {f"{v} + {m}" for v in workbook.STEP_VARIANTS
+                       for m in workbook.STEP_METHODS}
+  assert all(sb.share("scoring") > 0 and sb.share("selection") > 0 for sb in rows.values())
 
 
 def test_step_rows_take_the_newest_measured_call_per_variant_and_method():
-  call = lambda v, m, dev, sc, sel: dict(variant=v, method=m, device_s=dev,
-                                         parts=dict(scoring=sc, selection=sel))
-  rows, measured = workbook.step_rows([call("lean", "blocktop", 9.0, 1.0, 1.0),
-                                       call("lean", "blocktop", 3.0, 2.0, 0.5),
-                                       call("vendored", "sort", 6.0, 3.0, 2.0),
-                                       call("lean", "top_k", 1.0, 0.5, 0.5)])
+  call = lambda v, m, sc, sel: dict(variant=v, method=m, parts=dict(scoring=sc, selection=sel))
+  rows, measured = workbook.step_rows([call("lean", "blocktop", 1.0, 1.0),
+                                       call("lean", "blocktop", 2.0, 0.5),
+                                       call("vendored", "sort", 3.0, 2.0),
+                                       call("lean", "top_k", 0.5, 0.5)])
   assert measured
-  assert rows == [dict(variant="lean", method="blocktop", floors=(), scoring=2.0, selection=0.5, rest=0.5),
-                  dict(variant="vendored", method="sort", floors=(), scoring=3.0, selection=2.0, rest=1.0)]
+  assert rows == {"lean + blocktop": dict(scoring=2.0, selection=0.5),
+                  "vendored + sort": dict(scoring=3.0, selection=2.0)}
 
 
 def test_kernels_run_over_unix_sockets_where_no_tcp_socket_opens(nbdir, tmp_path,

@@ -32,8 +32,6 @@ from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
 
-__all__ = ["launch", "fp8_mode", "SEMAPHORE_ROWS", "ABLATIONS"]
-
 KV_PACKING = cache_lib.DENSE_KV_PACKING
 # The semaphore rows in the dense kernel's order (one table for the
 # timeline, `lab.model.timeline`, whichever kernel ran).

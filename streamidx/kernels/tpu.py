@@ -11,7 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import semantics
-from streamidx.semantics import LANES, cdiv
+from streamidx.semantics import LANES, cdiv, mib
 
 
 def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
@@ -89,12 +89,9 @@ def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,
       name=name, interpret=interpret)
   return jax.named_scope(name)(fn)(*scalars, *inputs, *outputs)
 
+
 # streamidx (M11): the compiled-mode VMEM check (the scratch comes
 # from streamidx.semantics.launch_scratch).
-def _mib(n: int) -> str:
-  return f"{n / 2**20:.2f} MiB"
-
-
 def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
   """streamidx (M11): compiled, a ValueError naming the blocks where the
   launch's tiled scratch exceeds the chip's VMEM or `vmem_limit_bytes`."""
@@ -112,12 +109,12 @@ def check_launch_vmem(scratch, *, case: str, blocks: str, vmem_limit_bytes):
       key=lambda s: semantics.tiled_vmem_bytes(s[1], s[2], info.generation))
   largest = semantics.tiled_vmem_bytes(shape, dtype, info.generation)
   limit_text = ("no vmem_limit_bytes" if vmem_limit_bytes is None else
-                f"vmem_limit_bytes={vmem_limit_bytes} ({_mib(vmem_limit_bytes)})")
+                f"vmem_limit_bytes={vmem_limit_bytes} ({mib(vmem_limit_bytes)})")
   raise ValueError(
       f"num_kv_pages_per_block/num_queries_per_block: the {case} launch's "
-      f"VMEM scratch must fit the {_mib(capacity)} of VMEM per TensorCore of "
+      f"VMEM scratch must fit the {mib(capacity)} of VMEM per TensorCore of "
       f"TPU {info.chip_version} and {limit_text} (got {blocks}: "
-      f"{_mib(need)} of scratch, {_mib(largest)} of it {name} "
+      f"{mib(need)} of scratch, {mib(largest)} of it {name} "
       f"{shape} {jnp.dtype(dtype).name}); use smaller blocks")
 
 

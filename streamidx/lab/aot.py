@@ -79,16 +79,6 @@ def _blocks_key(kwargs: dict) -> tuple:
   return tuple(sorted(kwargs.items()))
 
 
-def table_blocks(variant: str, shape: Shape, fmt: str, generation: str) -> dict:
-  """The block-size table's keywords for this call (`streamidx.blocks`)."""
-  v = VARIANTS[variant]
-  return v.block_sizes(
-      cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
-      generation=generation,
-      decode_q_len=shape.decode_q_len if v.mode == "token" else 1,
-      head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq).kwargs()
-
-
 def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
            generations: Sequence[str] | None = None,
            formats: Sequence[str] | None = None,
@@ -109,7 +99,7 @@ def matrix(*, quick: bool = False, variants: Sequence[str] | None = None,
                                       quick and shape.name != QUICK_SHAPES[v.mode]):
             continue
           try:
-            sets = [(table_blocks(name, shape, fmt, gen), True)]
+            sets = [(shapes_lib.table_blocks(shape, name, fmt, gen).kwargs(), True)]
           except ValueError as e:  # refused before the compiler: a result
             out.append(Row(name, gen, fmt, shape.name, (), True,
                            refused=summarize_error(e)))
@@ -229,12 +219,14 @@ def launch_scratch_bytes(eqn, tpu_generation: int) -> int:
       [("", s, d) for s, d in tiling.declared_scratch(eqn)], tpu_generation)
 
 
-def _memory(compiled) -> dict:
+def xla_memory(compiled) -> dict | None:
+  """XLA's buffer assignment of a compiled program in bytes: "<part>_bytes" of its
+  arguments, outputs, temporaries, aliases and generated code (a compile-time figure;
+  None where XLA has none)."""
   m = compiled.memory_analysis()
-  if m is None:
-    return {}
-  return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
-          ("argument", "output", "temp", "generated_code")}
+  return None if m is None else {
+      f"{k}_bytes": int(getattr(m, f"{k}_size_in_bytes"))
+      for k in ("argument", "output", "temp", "alias", "generated_code")}
 
 
 def compile_entry(variant: str, shape: Shape, fmt: str, generation: str,
@@ -264,7 +256,7 @@ def compile_row(row: Row) -> Result:
     compiled = compile_entry(row.variant, shape, row.fmt, row.generation,
                              **row.static)
     return Result(row, True, compile_s=time.perf_counter() - t0,
-                  vmem_scratch=vmem, memory=_memory(compiled))
+                  vmem_scratch=vmem, memory=xla_memory(compiled) or {})
   except Exception as e:  # pylint: disable=broad-except
     return Result(row, False, summarize_error(e), time.perf_counter() - t0,
                   vmem)
@@ -297,9 +289,10 @@ def format_table(results: Sequence[Result]) -> str:
       "result": (("refused: " + r.error[12:90]) if r.row.refused else
                  "compiled" if r.ok else r.error[:90]),
       "compile s": f"{r.compile_s:.1f}", "VMEM scratch MiB": _mib(r.vmem_scratch),
-      "HBM temp MiB": _mib(r.memory.get("temp")),
-      "HBM args MiB": _mib(r.memory.get("argument")),
-      "code KiB": f"{r.memory['generated_code'] / 1024:.0f}" if r.memory else "-"}
+      "HBM temp MiB": _mib(r.memory.get("temp_bytes")),
+      "HBM args MiB": _mib(r.memory.get("argument_bytes")),
+      "code KiB": (f"{r.memory['generated_code_bytes'] / 1024:.0f}" if r.memory
+                   else "-")}
       for r in results])
 
 

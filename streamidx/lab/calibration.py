@@ -14,8 +14,12 @@ and date that made it. `rows()` predicts each public measurement
     python -m streamidx.lab.calibration --json    the rows as one JSON list
     python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
                                                   recompile the scoring launches
+    python -m streamidx.lab.calibration --selection
+                                                  the recorded selection counts
+                                                  (`selection_table`)
     python -m streamidx.lab.calibration --record-selection v7x sort 64 262144 512
-                                                  recompile one selection
+                                                  compile one selection and
+                                                  append its row to the records
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import re
 import sys
 from typing import Sequence
 
-from streamidx import records
+from streamidx import records, topk
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
@@ -83,7 +87,6 @@ def selection_program(scores, *extra, k: int, method: str):
   method)` with, for a method that `needs` an extra output of the scoring
   kernel, that output as a second input (as the kernel hands it over; its
   computation inside the kernel is not part of this program)."""
-  from streamidx import topk  # pylint: disable=g-import-not-at-top
   return topk.select_topk(scores, k, method, extra=extra[0] if extra else None)
 
 
@@ -92,7 +95,6 @@ def extra_input(method: str, rows: int, entries: int):
   entries] (its `extra_ref` on that shape), or None when it needs none."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from streamidx import topk  # pylint: disable=g-import-not-at-top
   m = topk.get(method)
   if m.needs is None:
     return None
@@ -212,6 +214,45 @@ def append_selection(new_rows: Sequence[dict]) -> None:
   records.save("step_schedule", doc)
 
 
+# The shapes `selection_table` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
+# entries at k 512 (`topk.defaults.DECODE`), 1,024 and 2,048; prefill, 2,048 rows at k 512.
+SELECTION_SHAPES = (("decode", *topk.defaults.DECODE), ("decode", 64, 262144, 1024),
+                    ("decode", 64, 262144, 2048), ("prefill", 2048, 262144, 512))
+SELECTION_CHIPS = ("v5e", "v6e", "v7x")
+
+
+def selection_table(chips: Sequence[str] = SELECTION_CHIPS) -> str:
+  """The recorded selection programs (data/step_schedule.json; compiling nothing) of every
+  registered method at `SELECTION_SHAPES` on `chips`, as a table: the TensorCore bundles
+  ("-": a loop of dynamic trip count), an exact method's over the sort's at the same chip
+  and shape, the SparseCore bundles (0 without SparseCore calls; "-" with them: the dump
+  has none). A method that reads the scoring kernel's extra output takes it as an input:
+  the bundles writing it in that kernel are not counted."""
+  from streamidx.lab import tables  # pylint: disable=g-import-not-at-top
+  rows, missing = [], 0
+  for kind, n_rows, entries, k in SELECTION_SHAPES:
+    for chip in chips:
+      sort = roofline.selection_record(chip, "sort", n_rows, entries, k) or {}
+      for m in topk.TOPK_METHODS:
+        rec = roofline.selection_record(chip, m, n_rows, entries, k)
+        if rec is None:
+          missing += 1
+          continue
+        n, calls = rec["bundles"], rec["sparsecore_calls"]
+        base = sort.get("bundles") if topk.METHODS[m].exact and n else None
+        rows.append({
+            "shape": f"{kind} {n_rows}x{entries}", "k": k, "chip": chip, "method": m,
+            "tc_bundles": "-" if n is None else f"{n:,}",
+            "/ sort": f"{n / base:.3f}" if base else "-",
+            "sc_bundles": "-" if calls else 0,
+            "note": ("dynamic trips" if n is None else "SparseCore calls" if calls else "")
+                    + (" (fused extra not counted)" if topk.METHODS[m].needs else "")})
+  return ("TensorCore bundles executed by each compiled selection (static schedule, "
+          f"libtpu dump; not a timing)\n{tables.format_rows(rows)}\n{missing} of "
+          f"{missing + len(rows)} not recorded (--record-selection CHIP METHOD ROWS "
+          "ENTRIES K records one)")
+
+
 def rows() -> list[dict]:
   """One row per public measurement: its prediction at one clock per chip
   (predicted_s None where it cannot be predicted; `why` says why, or what
@@ -323,10 +364,11 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
                     fmt: str = "fp8", shape: str = "dsv4-decode-4k") -> list[dict]:
   """Recompiles every launch of `variant` at `shape` (the table's blocks)
   for each chip and returns their `LaunchProgram` rows."""
-  from streamidx.lab import aot, schedule  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import schedule  # pylint: disable=g-import-not-at-top
   out = []
   for chip in chips:
-    blocks = aot.table_blocks(variant, aot.SHAPES_BY_NAME[shape], fmt, chip)
+    blocks = shapes_lib.table_blocks(shapes_lib.COMPILE_BY_NAME[shape], variant,
+                                     fmt, chip).kwargs()
     for s in schedule.launch_schedules(variant, chip, fmt, shape, blocks):
       if s.program is None:
         continue
@@ -345,10 +387,13 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m streamidx.lab.calibration",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="the rows as JSON")
+  p.add_argument("--selection", action="store_true", help="the recorded selection "
+                 "counts as a table (`selection_table`)")
   p.add_argument("--record-selection", nargs=5,
                  metavar=("CHIP", "METHOD", "ROWS", "ENTRIES", "K"),
                  help="compile select_topk(f32[ROWS, ENTRIES], K, METHOD) for "
-                 "CHIP and print its row (JSON) for data/step_schedule.json")
+                 "CHIP (no TPU; minutes) and append its row to "
+                 "data/step_schedule.json")
   p.add_argument("--record-launches", nargs="+", metavar="CHIP",
                  help="recompile the scoring launches for these chips and "
                  "print their rows (JSON) for data/step_schedule.json")
@@ -359,8 +404,12 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.record_selection:
     chip, method, r, e, k = a.record_selection
-    print(json.dumps(record_selection(chip, method, int(r), int(e), int(k)),
-                     indent=1))
+    row = record_selection(chip, method, int(r), int(e), int(k))
+    append_selection([row])
+    print(json.dumps(row, indent=1))
+    return 0
+  if a.selection:
+    print(selection_table())
     return 0
   if a.record_launches:
     print(json.dumps(record_launches(a.record_launches, shape=a.shape),

@@ -335,13 +335,11 @@ class ModuleCount:
   """Bundles one run of a compiled module issues on its TensorCore."""
 
   total: int  # every computation reached from the top level, loops by trips
-  top_level: int
   by_call: tuple  # (callee, calls, bundles per call, bundles) per callee
   loops: tuple  # (computation, start, bundles per iteration, trips, runs)
   conditionals: tuple  # how each was counted
   sparsecore: tuple  # its SparseCore calls (no bundles; a skipped branch's out)
   dynamic: tuple = ()  # loops whose trip count the caller supplied
-  unreached: tuple = ()
 
 
 def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
@@ -405,17 +403,14 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
     raise ValueError("trips: no trip count for the dynamic loop(s) "
                      + ", ".join(missing) + " (pass trips={(computation, "
                      "start): n})")
-  reached = set(calls) | {root}
   return ModuleCount(
-      total=total, top_level=sum(1 for _ in comps[root].bundles),
-      by_call=tuple(sorted(((k, v[0], v[1], v[0] * v[1])
-                            for k, v in calls.items()), key=lambda r: -r[3])),
+      total=total,
+      by_call=tuple(sorted(((k, v[0], v[1], v[0] * v[1]) for k, v in calls.items()),
+                           key=lambda r: -r[3])),
       loops=tuple(loops), conditionals=tuple(notes),
       sparsecore=tuple(dataclasses.astuple(s) for s in sparsecore
                        if s.name not in skip),
-      dynamic=tuple(dynamic),
-      unreached=tuple(sorted(k for k in comps if k not in reached
-                             and not k.startswith("<"))))
+      dynamic=tuple(dynamic))
 
 
 def read_modules(dump_dir: str) -> list[tuple[dict, list, list]]:

@@ -35,72 +35,42 @@ def seq_colors(n: int) -> list:
   return [cmap(i % cmap.N) for i in range(n)]
 
 
-# Shared styling: every figure sets its axes and finishes through these.
-def _style(ax, xlabel=None, ylabel=None, title=None, *, size=None, xlog=None, ylog=None,
-           grid=None, legend=None):
-  """Labels, a title (fontsize `size`), log scales (`xlog`/`ylog`: the base), a grid and a legend
-  (keyword arguments, or an alpha / a fontsize) of one axes; before ticks (a scale resets them)."""
-  if xlog: ax.set_xscale("log", base=xlog)
-  if ylog: ax.set_yscale("log", base=ylog)
-  if xlabel: ax.set_xlabel(xlabel)
-  if ylabel: ax.set_ylabel(ylabel)
-  if title: ax.set_title(title, fontsize=size)
-  if grid is not None: ax.grid(**(grid if isinstance(grid, dict) else {"alpha": grid}))
-  if legend is not None: ax.legend(**(legend if isinstance(legend, dict) else {"fontsize": legend}))
-
-
-def _done(fig, title=None, size=11):
-  """The figure's title (its finding), if any, and a tight layout; the figure."""
-  if title: fig.suptitle(title, fontsize=size)
-  fig.tight_layout()
-  return fig
-
-
-def _stack(ax, pos, parts, *, width=.8, horizontal=False, **kw):
-  """Stacked bars at `pos`: `parts` is [(label, colour, values)]; the totals."""
-  base = np.zeros(len(pos))
-  for label, color, v in parts:
-    v = np.asarray(v, float)
-    (ax.barh if horizontal else ax.bar)(pos, v, width, base, color=color, label=label, **kw)
-    base += v
-  return base
-
-
-def _grouped(ax, groups, series, labels=None):
-  """One group of bars per `groups` entry, one bar per `series` item [(label, values,
-  keyword arguments of `ax.bar`)]; `labels`: the group tick labels. The bar containers."""
-  width = .8 / len(series)
-  x = np.arange(len(groups))
-  bars = [ax.bar(x + (i - (len(series) - 1) / 2) * width, v, width, label=label, **kw)
-          for i, (label, v, kw) in enumerate(series)]
-  ax.set_xticks(x, labels or groups)
-  return bars
-
-
 STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
-                     "copies": "tab:red"}  # roofline.Stage names
+                     "copies": "tab:red", "other": "tab:olive", "idle": "lightgray"}  # records.PARTS
 
 
-def step_stages_figure(steps: dict, *, title: str):
-  """Notebook 05: the step stage by stage, one stacked bar per label of `steps` {label:
-  `roofline.StepBound`}; a floor (`at_least`) hatched, each bar's clock named; a bar over 2.5x
-  the next longest cut at 1.8x that one, its length written on it."""
+def _step_bar(sb) -> tuple[dict, bool, str]:
+  """(stage -> seconds, a floor?, what follows its length) of one bar of `step_stages_figure`."""
+  if isinstance(sb, dict):  # a measured call's parts
+    return {n: s or 0.0 for n, s in sb.items()}, False, ""
+  hz = sb.stages[0].clock_hz
+  clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
+           if hz else "no clock: bundles not timed")
+  names = dict.fromkeys(st.name for st in sb.stages)
+  return ({n: sum(st.bound for st in sb.stages if st.name == n) for n in names},
+          sb.at_least, f" ({clock})")
+
+
+def step_stages_figure(steps: dict, *, title: str, unit: str = "us"):
+  """The step stage by stage, one stacked bar per label of `steps`: each a `roofline.StepBound`
+  (the model: a floor, `at_least`, hatched; each bar's clock named) or each {part: seconds} (a
+  measured call's `records.PARTS`, None as 0), in `unit` ("us" or "ms"); a bar over 2.5x the
+  next longest cut at 1.8x that one, its length written on it."""
+  scale, digits, words = {"us": (1e6, 0, "microseconds"), "ms": (1e3, 2, "milliseconds")}[unit]
+  bars = [_step_bar(sb) for sb in steps.values()]
   fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(steps) + 1.6))
   pos = np.arange(len(steps))[::-1]
-  names = list(dict.fromkeys(st.name for sb in steps.values() for st in sb.stages))
-  us = lambda sb, n: 1e6 * sum(st.bound for st in sb.stages if st.name == n)
-  totals = _stack(ax, pos, [(n, STEP_STAGE_COLORS.get(n, "tab:purple"),
-                             [us(sb, n) for sb in steps.values()]) for n in names],
-                  horizontal=True, width=.6)
+  totals = np.zeros(len(steps))
+  for n in dict.fromkeys(n for parts, _, _ in bars for n in parts):  # stacked, stage by stage
+    v = np.array([scale * parts.get(n, 0.0) for parts, _, _ in bars])
+    ax.barh(pos, v, .6, totals, color=STEP_STAGE_COLORS.get(n, "tab:purple"), label=n)
+    totals += v
   longest = sorted(totals)[-2:]
   cut = 1.8 * longest[0] if len(longest) == 2 and longest[1] > 2.5 * longest[0] else None
-  for y, sb, t in zip(pos, steps.values(), totals):
-    hz = sb.stages[0].clock_hz
-    clock = (f"{hz / 1e9:.2f} GHz, {'inferred' if 'inferred' in sb.clock_source else 'public'}"
-             if hz else "no clock: bundles not timed")
-    if sb.at_least:
+  for y, (_, floor, note), t in zip(pos, bars, totals):
+    if floor:
       ax.barh(y, t, .6, fill=False, hatch="//", ec="black", lw=0)
-    label = f"{'at least ' if sb.at_least else ''}{t:,.0f} us ({clock})"
+    label = f"{'at least ' if floor else ''}{t:,.{digits}f} {unit}{note}"
     if cut and t > cut:  # the bar runs off the axis: a break mark, and its length on it
       ax.plot([cut * .97, cut], [y - .35, y + .35], color="white", lw=4)
       ax.text(cut * .95, y, f"{label}, bar cut ", va="center", ha="right", fontsize=8,
@@ -109,6 +79,10 @@ def step_stages_figure(steps: dict, *, title: str):
       ax.text(t, y, f"  {label}", va="center", fontsize=8)
   ax.set_yticks(pos, list(steps))
   ax.set_xlim(0, cut or 1.5 * max(totals))
-  _style(ax, "microseconds (each stage the larger of its HBM and static-schedule bounds; "
-         "hatched: a floor)", title=title, size=10, legend=dict(fontsize=8, loc="lower right"))
-  return _done(fig)
+  what = ("device time, the profiler" if all(isinstance(sb, dict) for sb in steps.values())
+          else "each stage the larger of its HBM and static-schedule bounds; hatched: a floor")
+  ax.set_xlabel(f"{words} ({what})")
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  return fig

@@ -23,6 +23,7 @@ from streamidx import modes
 from streamidx import variants as variants_lib
 from streamidx.lab import aot
 from streamidx.lab import dump, worker
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.dump import (HBM_FLAGS, Bundle, find_loops, parse_bundles,
                                 parse_utilization)
 from streamidx.lab.model import tiling
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
         "bundle dump", flush=True)
   for gen in a.generations:
     for fmt in a.formats:
-      base = aot.table_blocks(a.variant, shape, fmt, gen)
+      base = shapes_lib.table_blocks(shape, a.variant, fmt, gen).kwargs()
       sets = [base]
       if a.kv_pages:
         sets = [dict(base, num_kv_pages_per_block=(p,) + tuple(

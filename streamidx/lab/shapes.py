@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from streamidx import semantics
+from streamidx import variants as variants_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Shape:
   num_tokens = property(lambda s: s.num_seqs * s.q_len)
   rows = num_tokens  # the score buffer's rows
   pages = property(lambda s: max(1, semantics.cdiv(s.entries, s.page_size)))
+  pages_per_seq = pages  # `batch()`'s, as `CallShape` names it
+  decode_q_len = 1  # `batch()`'s decode sequences query one row each
 
   def with_(self, **kw) -> "Shape":
     return dataclasses.replace(self, **kw)
@@ -90,6 +93,17 @@ class Shape:
             f"k {self.k}")
 
 
+def table_blocks(shape, variant: str, fmt: str, generation: str | None = None):
+  """The block-size table's row (`streamidx.blocks.BlockSizes`) for `variant` in cache
+  format `fmt` at `shape` (a `Shape` or a `CallShape`: its heads, head_dim, page size,
+  pages per sequence and decode rows); generation None: the chip the call runs on."""
+  v = variants_lib.get(variant)
+  return v.block_sizes(
+      cache_format=fmt, num_heads=shape.num_heads, page_size=shape.page_size,
+      generation=generation, decode_q_len=shape.decode_q_len if v.mode == "token" else 1,
+      head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq)
+
+
 # The benchmark's default sweep, CI's, the long-context run.
 SWEEP = [
     Shape("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
@@ -108,18 +122,31 @@ LONG_CONTEXT = [
 ]
 LONG_CONTEXT_KS = (512, 2048)
 
-# The selection stage's problems (`lab.model.topk`): DeepSeek-V4 keeps 512,
-# GLM's DSA indexer 2048 (ratio 4 here); the first is the scaling model's.
+
+def parse_shape(text: str) -> Shape:
+  """The benchmark's `--shapes` item: 'decode:SEQSxSEQ_LEN:K', 'prefill:QxSEQ_LEN:K' or
+  a `SWEEP` or `QUICK` name."""
+  named = {s.name: s for s in SWEEP + QUICK}
+  if text in named:
+    return named[text]
+  try:
+    kind, dims, k = text.split(":")
+    a, seq_len = (int(x) for x in dims.lower().split("x"))
+    seqs, q_len = {"decode": (a, 1), "prefill": (1, a)}[kind]
+    shape = Shape(text, kind, seqs, q_len, seq_len, int(k))
+  except (ValueError, KeyError):
+    shape = None
+  if shape is None or min(a, seq_len, shape.k) < 1:
+    raise ValueError(
+        f"--shapes: {text!r} is neither a named shape ({sorted(named)}) nor "
+        "'decode:SEQSxSEQ_LEN:K' / 'prefill:QxSEQ_LEN:K' with positive sizes")
+  return shape
+
+
+# DeepSeek-V4's decode step (k 512) at 1M and 128K tokens: the selection's
+# timing shapes (`bench --topk`); the first is the scaling model's.
 DSV4_DECODE_1M = Shape("dsv4 decode B=64 1M", "decode", 64, 1, 2**20, 512)
 DSV4_DECODE_128K = Shape("dsv4 decode B=64 128K", "decode", 64, 1, 2**17, 512)
-SELECT = (
-    DSV4_DECODE_1M,
-    DSV4_DECODE_128K,
-    Shape("glm decode B=64 1M", "decode", 64, 1, 2**20, 2048),
-    Shape("glm decode B=64 128K", "decode", 64, 1, 2**17, 2048),
-    Shape("dsv4 prefill 2048 @128K", "prefill", 1, 2048, 2**17, 512),
-    Shape("glm prefill 2048 @128K", "prefill", 1, 2048, 2**17, 2048),
-)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ _CLOCK_NOTE = re.compile(r"\(no public clock[^()]*\)")
 
 
 def clock_note(text: str, *, markdown: bool = True) -> str:
-  """`text` with each "(no public clock...)" note of `roofline`'s verdicts and headlines
+  """`text` with each "(no public clock...)" note of `roofline`'s verdicts
   replaced by a short link to docs/tpu.md (`markdown=False`: the path, for printed text)."""
   link = f"([no public clock]({CLOCK_DOC}))" if markdown else "(no public clock: docs/tpu.md, the clock)"
   return _CLOCK_NOTE.sub(link, text)

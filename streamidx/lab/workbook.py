@@ -458,36 +458,22 @@ STEP_SHAPE = "dsv4-decode-64x1048576"  # a point of the records (lab.bench.recor
 STEP_VARIANTS = ("vendored", "dense", "lean", "fp4")
 STEP_METHODS = ("sort", "blocktop")
 STEP_FIGURE = "step_v5e.png"  # beside index.html
-_PART_COLORS = {"scoring": "tab:blue", "selection": "tab:orange", "rest": "tab:gray"}
-_PART_LABELS = {"scoring": "scoring", "selection": "selection", "rest": "fill, copies, other"}
 
 
-def step_rows(calls: Sequence[dict]) -> tuple[list[dict], bool]:
-  """(one row per variant and method: "scoring", "selection", "rest" seconds and the "floors";
-  measured?) from `calls` (`records.calls(chip=STEP_CHIP, shape=STEP_SHAPE)`, the newest of
-  each), else from the model's step at that shape (`roofline.indexer_step`)."""
-  newest = {(c["variant"], c["method"]): c for c in calls if c["variant"] in STEP_VARIANTS
-            and c["method"] in STEP_METHODS}
+def step_rows(calls: Sequence[dict]) -> tuple[dict, bool]:
+  """({"variant + method": the step}, measured?): each newest of `calls`
+  (`records.calls(chip=STEP_CHIP, shape=STEP_SHAPE)`) its parts {part: seconds}; without
+  any, the model's step at that shape (`roofline.indexer_step`, a `StepBound`)."""
+  newest = {f"{c['variant']} + {c['method']}": c["parts"] for c in calls
+            if c["variant"] in STEP_VARIANTS and c["method"] in STEP_METHODS}
   if newest:
-    return [dict(variant=v, method=m, floors=(), scoring=c["parts"]["scoring"] or 0.0,
-                 selection=c["parts"]["selection"] or 0.0, rest=c["device_s"]
-                 - (c["parts"]["scoring"] or 0.0) - (c["parts"]["selection"] or 0.0))
-            for (v, m), c in newest.items()], True
+    return newest, True
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
   from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
   tokens = int(STEP_SHAPE.rsplit("x", 1)[1])
-  rows = []
-  for v in STEP_VARIANTS:
-    for m in STEP_METHODS:
-      sb = roofline.indexer_step(STEP_CHIP, DSV4, k=512, variant=v, batch=64,
-                                 context_tokens=tokens, method=m)
-      part = {s.name: s.bound for s in sb.stages}
-      floors = tuple(s.name if s.name in _PART_COLORS else "rest" for s in sb.stages
-                     if s.floor or (s.bundles is None and s.name != "fill"))
-      rows.append(dict(variant=v, method=m, floors=floors, scoring=part["scoring"],
-                       selection=part["selection"],
-                       rest=sb.total_s - part["scoring"] - part["selection"]))
-  return rows, False
+  return {f"{v} + {m}": roofline.indexer_step(STEP_CHIP, DSV4, k=512, variant=v, batch=64,
+                                              context_tokens=tokens, method=m)
+          for v in STEP_VARIANTS for m in STEP_METHODS}, False
 
 
 def step_figure(path: str | os.PathLike) -> str:
@@ -496,34 +482,23 @@ def step_figure(path: str | os.PathLike) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from streamidx import records  # pylint: disable=g-import-not-at-top
+  from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
   calls = records.calls(chip=STEP_CHIP, shape=STEP_SHAPE)
-  rows, measured = step_rows(calls)
+  steps, measured = step_rows(calls)
   unchecked = sum(1 for c in calls if (c["check"] or {}).get("ok") is None)
-  total = {(r["variant"], r["method"]): r["scoring"] + r["selection"] + r["rest"] for r in rows}
-  fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
-  for y, r in enumerate(rows):
-    left = 0.0
-    for part, color in _PART_COLORS.items():
-      ax.barh(y, r[part] * 1e3, left=left, color=color, hatch="//" if part in r["floors"] else None,
-              label=_PART_LABELS[part] if y == 0 else None)
-      left += r[part] * 1e3
-    ax.text(left, y, f" {'at least ' if r['floors'] else ''}{left:,.2f} ms", va="center", fontsize=8)
-  ax.set_yticks(range(len(rows)), [f"{r['variant']} + {r['method']}" for r in rows])
-  ax.invert_yaxis()
-  ax.set_xlim(right=1.3 * max(total.values()) * 1e3)
-  ax.set_xlabel("ms per call" + (" (device time, the profiler)" if measured else " (model)"))
-  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(rows) - 0.12), ncol=3)  # below: no bar hidden
-  floor = {(r["variant"], r["method"]): "at least " if r["floors"] else "" for r in rows}
-  key, vkey = ("lean", "blocktop"), ("vendored", "sort")
-  versus = (f"lean + blocktop {floor[key]}{total[key] * 1e3:,.2f} ms against the vendored pipeline "
-            f"(vendored + sort) {floor[vkey]}{total[vkey] * 1e3:,.2f} ms" if key in total and vkey in total
+  total = {label: (f"{sum(s or 0.0 for s in step.values()) * 1e3:,.2f} ms" if measured else
+                   f"{'at least ' if step.at_least else ''}{step.total_s * 1e3:,.2f} ms")
+           for label, step in steps.items()}
+  key, vkey = "lean + blocktop", "vendored + sort"
+  versus = (f"lean + blocktop {total[key]} against the vendored pipeline (vendored + sort) "
+            f"{total[vkey]}" if key in total and vkey in total
             else "lean + blocktop or the vendored pipeline: not recorded")
   what = (f"measured on a TPU {STEP_CHIP} (device time, the chip records)" if measured else
           "THE MODEL, not a measurement: no chip measurement is recorded\n"
           "(`python -m streamidx.bench --record` on a TPU writes it); hatched: a floor (no compiled count)")
-  ax.set_title(f"DeepSeek-V4 decode step on {STEP_CHIP}, 64 x 1M tokens, k 512, per variant and top-k method\n"
-               f"{what}\n{versus}", fontsize=9)
-  fig.tight_layout()
+  fig = plots.step_stages_figure(steps, unit="ms", title=(
+      f"DeepSeek-V4 decode step on {STEP_CHIP}, 64 x 1M tokens, k 512, per variant and top-k "
+      f"method\n{what}\n{versus}"))
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return (f"The step per variant and top-k method on {STEP_CHIP} at {STEP_SHAPE}, "

@@ -23,9 +23,10 @@ from typing import Sequence
 
 import jax
 
-from streamidx import records
+from streamidx import modes, records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, lean
+from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
 from streamidx.lab.model import hardware, profiling, roofline, tiling
@@ -71,7 +72,7 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   if exp.removed:
     body = dataclasses.replace(body, launch=functools.partial(
         lean.launch, ablate=frozenset(exp.removed)))
-  blocks = harness.kernel_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
+  blocks = shapes_lib.table_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
   if exp.kv_pages:
     blocks["num_kv_pages_per_block"] = ((exp.kv_pages,)
                                         + blocks["num_kv_pages_per_block"][1:])
@@ -136,7 +137,7 @@ def main(argv: Sequence[str]) -> int:
   shape = next(q.shape for q in record.POINTS
                if q.shape.name == a.shape).with_(fmt=SHAPE.fmt)
   dev = jax.devices()[0]
-  chip = hardware.detect_generation(dev)
+  chip = modes.device_generation(dev)
   if not a.again:
     done = {r["experiment"] for r in records.chip_rows(
         "experiments", chip=chip, shape=shape.name)}

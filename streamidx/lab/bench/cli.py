@@ -10,7 +10,7 @@ import sys
 
 from streamidx.lab import worker
 from streamidx.lab.bench import harness, report
-from streamidx.lab.bench.shapes import QUICK, SWEEP, parse_shape
+from streamidx.lab.shapes import QUICK, SWEEP, parse_shape
 
 
 def main(argv=None) -> int:
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     doc = harness.run_sweep(shapes, implementations=a.impls, repeats=repeats,
                             out_dir=a.out, progress=not a.no_progress,
                             quick=a.quick)
-    wrote = f"{a.out}/bench.json and {a.out}/bench.png"
+    wrote = f"{a.out}/bench.json"
   print(doc["machine"]["describe"])
   print(report.format_table(doc))
   print(f"\nwrote {wrote}")

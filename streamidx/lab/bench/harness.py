@@ -21,13 +21,14 @@ import numpy as np
 
 import streamidx as si
 from streamidx import cache as cache_lib
-from streamidx import metrics, modes, records, streaming
+from streamidx import metrics, modes, streaming
 from streamidx import ref as ref_lib
 from streamidx import variants as variants_lib
+from streamidx.lab import aot
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape
-from streamidx.lab.model import profiling, roofline, tiling
+from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape, table_blocks
+from streamidx.lab.model import profiling
 
 SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
 BASELINE_VARIANT = "vendored"
@@ -54,42 +55,13 @@ def variant_format(variant: str, fmt: str) -> str | None:
       None)
 
 
-def kernel_blocks(shape: Shape, variant: str, fmt: str,
-                  generation: str | None = None):
-  """The block-size table's row (`BlockSizes`) for `variant` on `shape`
-  (generation None: the chip the call runs on, as the entry points)."""
-  return variants_lib.block_sizes(variant, cache_format=fmt,
-                                  num_heads=shape.num_heads,
-                                  page_size=shape.page_size,
-                                  generation=generation)
-
-
-def device_times(shape: Shape, impl: str, run_call, *,
-                 variant: str = BASELINE_VARIANT) -> dict:
-  """On a TPU: device seconds per call and its parts (`stage_times`) and the
-  vendored kernel's roofline bound (the baseline: `fraction_of_roofline`)."""
-  times = profiling.profile(run_call, iterations=3)
-  out = {"source": times["source"], "device_s": times["total_s"],
-         **{f"{p}_s": times[f"{p}_s"] for p in records.PARTS}}
-  gen = modes.current_generation()
-  if gen is not None:
-    blocks = kernel_blocks(shape, BASELINE_VARIANT, shape.fmt, gen)
-    p = tiling.plan(shape.batch(), fmt=shape.fmt, num_heads=shape.num_heads,
-                    head_dim=shape.head_dim, **blocks.kwargs())
-    pred = roofline.predict(p, k=shape.k, generations=[gen])[gen]
-    out.update(generation=gen, roofline_kernel_call_s=pred["total"])
-    if impl == "kernel" and variant == BASELINE_VARIANT and out["device_s"]:
-      out["fraction_of_roofline"] = pred["total"] / out["device_s"]
-  return out
-
-
 def compile_call(fn, args, kw):
   """fn(*args, **kw) jitted and compiled ahead of time (`kw` static):
   ({compile_s, xla}, a blocking call)."""
   t0 = time.perf_counter()
   compiled = jax.jit(functools.partial(fn, **kw)).lower(*args).compile()
   info = {"compile_s": time.perf_counter() - t0,
-          "xla": memory.xla_memory(compiled)}
+          "xla": aot.xla_memory(compiled)}
   return info, lambda: jax.block_until_ready(compiled(*args))
 
 
@@ -161,7 +133,7 @@ def worker(spec: dict) -> dict:
     fn, label = v.kernel, f"{impl} ({si.kernel_mode()})"
     call_args = v.args(inp, spec["fmt"])
     gen = modes.current_generation()
-    blocks = kernel_blocks(shape, v.name, spec["fmt"], gen)
+    blocks = table_blocks(shape, v.name, spec["fmt"], gen)
     kw.update(blocks.kwargs())
   else:
     fn, label = {
@@ -182,10 +154,7 @@ def worker(spec: dict) -> dict:
   if spec.get("variant"):
     res["blocks"] = {"kwargs": blocks.kwargs(), "generation": gen,
                      "source": blocks.source}
-  res.update(label=label, compile_s=compiled["compile_s"],
-             device=(device_times(shape, impl, run_call, variant=spec.get(
-                 "variant") or BASELINE_VARIANT)
-                     if fn is not None and modes.on_tpu() else None))
+  res.update(label=label, compile_s=compiled["compile_s"])
   if spec.get("save_scores"):
     scores = ref_lib.token_scores(*args,
                                   compression_ratio=shape.compression_ratio)
@@ -291,12 +260,10 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
 def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
               repeats: int = 5, out_dir: str | Path = "build/bench",
               progress: bool = True, quick: bool = False) -> dict:
-  """`run` on the sweep's shapes: <out_dir>/bench.json and bench.png."""
-  doc = run(shapes, implementations, repeats=repeats,
-            out=Path(out_dir) / "bench.json", progress=progress,
-            settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
-  report.plot(doc, Path(out_dir) / "bench.png")
-  return doc
+  """`run` on the sweep's shapes: <out_dir>/bench.json."""
+  return run(shapes, implementations, repeats=repeats,
+             out=Path(out_dir) / "bench.json", progress=progress,
+             settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
 
 
 def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx.lab.bench.shapes import Shape
+from streamidx.lab.shapes import Shape
 
 def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
                  fmt: str = "fp8", *, seed: int = 0,

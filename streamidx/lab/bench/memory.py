@@ -1,4 +1,4 @@
-"""Memory as the OS (`PeakMemory`, /proc) and XLA (`xla_memory`) count it."""
+"""Memory as the OS counts it (`PeakMemory`, /proc)."""
 
 from __future__ import annotations
 
@@ -42,17 +42,6 @@ class PeakMemory:
       return hwm
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
-
-
-def xla_memory(compiled) -> dict | None:
-  """XLA's buffer assignment of `compiled` (arguments, outputs,
-  temporaries) in bytes: a compile-time figure (None where XLA has none)."""
-  m = compiled.memory_analysis()
-  return None if m is None else {
-      "argument_bytes": int(m.argument_size_in_bytes),
-      "output_bytes": int(m.output_size_in_bytes),
-      "temp_bytes": int(m.temp_size_in_bytes),
-      "alias_bytes": int(m.alias_size_in_bytes)}
 
 
 def mib(x):

@@ -37,18 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import streamidx as si
-from streamidx import metrics, records, topk
-from streamidx.records import calls  # what notebooks quote as `record.calls`
+from streamidx import metrics, modes, records, topk
 from streamidx import variants as variants_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
 from streamidx.lab.bench import harness, long_context, oracle
 from streamidx.lab.bench import topk as topk_bench
-from streamidx.lab.model import hardware, profiling
+from streamidx.lab.model import profiling
 
-__all__ = ["Point", "POINTS", "points", "missing", "measure", "call_rows",
-           "versions", "sync_floor", "calls", "call_table", "experiment_table",
-           "summary", "main", "print_records"]
+calls = records.calls  # what notebooks quote as `record.calls`
 
 # make_inputs keeps the f32 keys on the device: past this many entries of
 # cache the point builds its cache a few pages at a time and is not checked.
@@ -305,7 +302,7 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
   machine. Off a TPU the device times are None (the profile has no device
   lines) and `records.append_chip` refuses the rows."""
   dev = jax.devices()[0]
-  chip = hardware.detect_generation(dev)
+  chip = modes.device_generation(dev)
   date = datetime.datetime.now(datetime.timezone.utc).isoformat(
       timespec="seconds")
   compile_s, call, check = _compiled(point)
@@ -320,7 +317,7 @@ def measure(point: Point, *, repeats: int = 20, iterations: int = 5,
   blocks = None
   if point.variant is not None:
     s = point.shape
-    blocks = harness.kernel_blocks(s, point.variant, point.cache_format,
+    blocks = shapes_lib.table_blocks(s, point.variant, point.cache_format,
                                    chip).kwargs()
   rows = call_rows(point, times, wall=res["wall_s"], compile_s=compile_s,
                    floor=sync_floor(), repeats=repeats, iterations=iterations,
@@ -468,7 +465,7 @@ def main(argv: Sequence[str]) -> int:
     print("\n".join(pt.name for pt in todo))
     return 0
   dev = jax.devices()[0]
-  if hardware.detect_generation(dev) is None:
+  if modes.device_generation(dev) is None:
     p.error(f"measures on a TPU: this process's device is {dev.platform} "
             f"({getattr(dev, 'device_kind', '')}); the records hold chip "
             f"measurements only")

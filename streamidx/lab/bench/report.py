@@ -1,13 +1,10 @@
-"""The benchmark's reports: ratios, the text table, the plot; from the JSON
-documents `harness.run` writes and nothing else, so a saved one can be
-reported again.
+"""The benchmark's reports: ratios and the text table; from the JSON documents
+`harness.run` writes and nothing else, so a saved one can be reported again.
 """
 
 from __future__ import annotations
 
 import statistics
-
-import numpy as np
 
 from streamidx.lab import tables
 from streamidx.lab.bench.memory import mib
@@ -79,43 +76,3 @@ def format_table(doc) -> str:
           f"{mib(f['high'])} MiB" for s in doc["shapes"]
           if (f := s.get("one_chunk_formula_temp_bytes"))]
   return "\n".join(out)
-
-
-def plot(doc, path):
-  """bench.png: wall time (log) and peak RSS over inputs, per shape and
-  column; a bar whose result disagrees with the oracle is marked "wrong"."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
-
-  shapes = [s["name"] for s in doc["shapes"]]
-  ok = {(r["shape"], r["impl"]): r for r in doc["results"]
-        if r["status"] == "ok"}
-  rs = {i: [ok.get((s, i)) for s in shapes]
-        for i in doc["settings"]["implementations"]}
-  wall = lambda r, f: r["wall_s"][f] if r else np.nan  # pylint: disable=unnecessary-lambda-assignment
-  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-  bars = plots._grouped(axes[0], shapes, [(i, [wall(r, "median") for r in v],  # pylint: disable=protected-access
-      dict(yerr=[[wall(r, "median") - wall(r, "min") if r else 0 for r in v],
-                 [wall(r, "max") - wall(r, "median") if r else 0 for r in v]],
-           capsize=2)) for i, v in rs.items()])
-  plots._grouped(axes[1], shapes, [(i, np.array([  # pylint: disable=protected-access
-      r and r["memory"]["peak_over_inputs_bytes"] for r in v], float) / 2**20,
-                                    {}) for i, v in rs.items()])
-  for bar, v in zip(bars, rs.values()):
-    for patch, r in zip(bar, v):
-      if r and not r["agreement"].get("vs_oracle", {"ok": True})["ok"]:
-        axes[0].annotate("wrong", (patch.get_x() + patch.get_width() / 2,
-                                   patch.get_height()), ha="center",
-                         va="bottom", fontsize=7, color="red", rotation=90)
-  plots._style(axes[0], ylabel="wall time per call, s (median, min-max)",  # pylint: disable=protected-access
-               ylog=10, legend=8)
-  axes[1].set_ylabel("peak RSS over inputs, MiB")
-  for ax in axes:
-    ax.set_xticklabels(shapes, rotation=20, ha="right", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-  fig.suptitle(doc["machine"]["describe"], fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)

@@ -1,18 +1,15 @@
 """The top-k stage (`--topk`, docs/benchmarks.md): the reference and every
 `streamidx.topk` method timed on this machine, each checked row by row
-against the rule's NumPy oracle (`bench.oracle.topk_rule`); `--json`,
-`--table`: the TensorCore bundles each one's compiled selection executes
-per generation at `COUNT_SHAPES`, from data/step_schedule.json
-(`--compile` records the missing ones).
+against the rule's NumPy oracle (`bench.oracle.topk_rule`). The bundles each
+one's compiled selection executes per chip are the records'
+(`python -m streamidx.lab.calibration --selection`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -21,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import metrics, modes, ref, topk
-from streamidx.lab import calibration, tables
+from streamidx.lab import tables
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness, oracle
-from streamidx.lab.model import roofline
 from streamidx.lab.model import topk as topk_model
 
 # /4: every result checked against the rule's NumPy oracle (`check_selection`:
@@ -32,97 +28,6 @@ from streamidx.lab.model import topk as topk_model
 SCHEMA = "streamidx.bench.topk/4"
 # The timing's shapes: decode B=64 at 128K and 1M tokens, ratio 4, k 512.
 SHAPES = (shapes_lib.DSV4_DECODE_128K, shapes_lib.DSV4_DECODE_1M)
-# The bundle counts' (issue 38): decode, 64 rows x 262,144 entries at k 512,
-# 1,024 and 2,048; prefill, 2,048 rows x 262,144 at k 512.
-COUNT_SHAPES = (
-    shapes_lib.DSV4_DECODE_1M,
-    dataclasses.replace(shapes_lib.DSV4_DECODE_1M, k=1024),
-    dataclasses.replace(shapes_lib.DSV4_DECODE_1M, k=2048),
-    shapes_lib.Shape("dsv4 prefill 2048 @1M", "prefill", 1, 2048, 2**20, 512))
-GENERATIONS = ("v5e", "v6e", "v7x")
-COUNT_KEYS = ("method", "generation", "rows", "entries", "k", "tc_bundles",
-              "sc_bundles")
-
-
-def bundle_line(shape: shapes_lib.Shape, generation: str, method: str,
-                row: dict | None) -> dict:
-  """One JSON line of `--json`: `COUNT_KEYS` and what qualifies them, from
-  a data/step_schedule.json selection row (None: not recorded). tc_bundles
-  None: not recorded, or a dynamic trip count (`note`); sc_bundles 0
-  without SparseCore calls, None with them (not in the dump)."""
-  m = topk.METHODS[method]
-  line = dict(method=method, generation=generation, rows=shape.rows,
-              entries=shape.entries, k=shape.k, tc_bundles=None,
-              sc_bundles=None, exact=m.exact, shape=shape.kind,
-              fused_extra=None, sparsecore_calls=None,
-              sparsecore_hbm_bytes=None, note="", source=None)
-  if m.needs:
-    line["fused_extra"] = (
-        f"not counted: the scoring kernel's {m.needs!r} output is an input "
-        f"of this program; the bundles writing it inside the scoring "
-        f"kernel are not in tc_bundles")
-  if row is None:
-    line["note"] = ("not recorded (python -m streamidx.bench --topk "
-                    "--compile records it)")
-    return line
-  calls = row["sparsecore_calls"]
-  line.update(tc_bundles=row["bundles"], sc_bundles=None if calls else 0,
-              sparsecore_calls=len(calls),
-              sparsecore_hbm_bytes=row["sparsecore_hbm_bytes"],
-              source=f"{row['command']} ({row['date']})")
-  notes = []
-  if row["bundles"] is None:
-    loops = ", ".join(f"{c} loop at {s:#x} ({b} bundles an iteration)"
-                      for c, s, b in row["dynamic_loops"])
-    notes.append(f"tc_bundles unknown: dynamic trip count of {loops}; "
-                 f"at least {row['bundles_without_dynamic']} (those loops at "
-                 f"0 trips)")
-  if calls:
-    notes.append(f"SparseCore: {len(calls)} calls, "
-                 f"{row['sparsecore_hbm_bytes']} HBM bytes read and written; "
-                 f"the dump has no SparseCore bundles")
-  line["note"] = "; ".join(notes)
-  return line
-
-
-def bundle_counts(shapes=COUNT_SHAPES, generations=GENERATIONS, *,
-                  compile_missing: bool = False, progress=None) -> list[dict]:
-  """`bundle_line` of every (shape, generation, registered method), from
-  the records; compile_missing: compile each one not recorded
-  (`calibration.record_selection`) and append it to the records first."""
-  out = []
-  for shape in shapes:
-    for gen in generations:
-      for m in topk.TOPK_METHODS:
-        key = (gen, m, shape.rows, shape.entries, shape.k)
-        row = roofline.selection_record(*key)
-        if row is None and compile_missing:
-          if progress:
-            progress(f"compiling {key}")
-          row = calibration.record_selection(*key)
-          calibration.append_selection([row])
-        out.append(bundle_line(shape, gen, m, row))
-  return out
-
-
-def parse_shape(text: str) -> shapes_lib.Shape:
-  """'ROWSxENTRIES:K': the `COUNT_SHAPES` shape of those sizes (decode or
-  prefill), else ROWS decode rows of ENTRIES entries at ratio 4."""
-  try:
-    tn, k = text.split(":")
-    rows, entries = map(int, tn.split("x"))
-    k = int(k)
-  except (ValueError, TypeError):  # not ROWSxENTRIES:K
-    rows = entries = k = 0
-  if min(rows, entries, k) < 1:
-    raise ValueError(f"--shapes: expected ROWSxENTRIES:K, positive sizes "
-                     f"(got {text!r})")
-  for shape in COUNT_SHAPES:
-    if (shape.rows, shape.entries, shape.k) == (rows, entries, k):
-      return shape
-  ratio = shapes_lib.DSV4.compression_ratio
-  return shapes_lib.Shape(text, "decode", rows, 1, entries * ratio, k,
-                          compression_ratio=ratio)
 
 
 _name = lambda s: f"{s.rows}x{s.entries}:{s.k}"  # pylint: disable=unnecessary-lambda-assignment
@@ -224,75 +129,24 @@ def format_table(doc) -> str:
           + "\n" + tables.format_rows(rows))
 
 
-def format_counts(lines) -> str:
-  """The recorded counts as a table (each exact method's tc_bundles over
-  the sort's at the same shape)."""
-  sort = {(l["generation"], l["rows"], l["entries"], l["k"]): l["tc_bundles"]
-          for l in lines if l["method"] == "sort"}
-  rows = []
-  missing = sum(1 for l in lines if l["source"] is None)
-  for l in lines:
-    if l["source"] is None:
-      continue
-    base_ = sort.get((l["generation"], l["rows"], l["entries"], l["k"]))
-    ratio = ("-" if not (l["exact"] and l["tc_bundles"] and base_)
-             else f"{l['tc_bundles'] / base_:.3f}")
-    rows.append({"shape": f"{l['shape']} {l['rows']}x{l['entries']}",
-                 "k": l["k"], "chip": l["generation"], "method": l["method"],
-                 "tc_bundles": "-" if l["tc_bundles"] is None
-                 else f"{l['tc_bundles']:,}", "/ sort": ratio,
-                 "sc_bundles": "-" if l["sc_bundles"] is None
-                 else l["sc_bundles"],
-                 "note": ("dynamic trips" if "dynamic" in l["note"] else
-                          "SparseCore calls" if l["sparsecore_calls"] else "")
-                 + (" (fused extra not counted)" if l["fused_extra"] else "")})
-  return ("TensorCore bundles executed by each compiled selection (static "
-          "schedule, libtpu dump; not a timing)\n" + tables.format_rows(rows)
-          + f"\n{missing} of {len(lines)} not recorded (--json lists them, "
-          "--compile records them)")
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       prog="python -m streamidx.bench --topk",
       description=__doc__.split("\n\n")[0].replace("`", ""))
-  p.add_argument("--shapes", nargs="+", metavar="ROWSxENTRIES:K",
-                 help="shapes (default: the timing's or the counts' own)")
+  p.add_argument("--shapes", nargs="+", metavar="SHAPE", help="the benchmark's "
+                 "shapes, decode:SEQSxSEQ_LEN:K or prefill:QxSEQ_LEN:K, a score "
+                 "row per query (default: decode:64x131072:512 decode:64x1048576:512)")
   p.add_argument("--repeats", type=int, default=5,
                  help="timed calls after the warm-up (default 5)")
   p.add_argument("--out", default="build/bench",
                  help="output folder (default build/bench)")
-  p.add_argument("--json", action="store_true", help="instead of timing: "
-                 "the recorded bundle counts, one JSON object a line")
-  p.add_argument("--table", action="store_true", help="instead of timing: "
-                 "the recorded counts as a table")
-  p.add_argument("--compile", action="store_true",
-                 help="with the counts: compile (libtpu, no TPU; minutes "
-                 "each) and record every one not recorded")
-  p.add_argument("--generations", nargs="+", choices=GENERATIONS,
-                 default=list(GENERATIONS), help="the counts' chips")
   a = p.parse_args(argv)
   try:
-    shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
-              else COUNT_SHAPES if (a.json or a.compile or a.table)
-              else SHAPES)
+    shapes = [shapes_lib.parse_shape(s) for s in a.shapes] if a.shapes else SHAPES
     if a.repeats < 1:
       raise ValueError("--repeats: must be >= 1")
-    if a.json and a.table:
-      raise ValueError("--table: not with --json (one output at a time)")
   except ValueError as e:
     p.error(str(e))
-  if a.json or a.compile or a.table:
-    lines = bundle_counts(shapes, a.generations,
-                          compile_missing=a.compile,
-                          progress=lambda s: print(s, file=sys.stderr,
-                                                   flush=True))
-    if a.json:
-      for line in lines:
-        print(json.dumps(line))
-    else:
-      print(format_counts(lines))
-    return 0
   doc = run(shapes, repeats=a.repeats)
   print(doc["machine"])
   print(format_table(doc))

@@ -148,28 +148,9 @@ def load_specs(path: str | Path | None = None) -> dict[str, TpuSpec]:
   return _parse(json.loads(path.read_text(encoding="utf-8")), path)
 
 
-def spec(generation: str, specs: Mapping[str, TpuSpec] | None = None) -> TpuSpec:
+def spec(generation: str) -> TpuSpec:
   """The TpuSpec of one generation ("v4", "v5e", "v5p", "v6e", "v7x")."""
-  specs = load_specs() if specs is None else specs
+  specs = load_specs()
   if generation not in specs:
     raise ValueError(f"generation must be one of {tuple(specs)}, got {generation!r}")
   return specs[generation]
-
-
-def generation_from_device_kind(device_kind: str,
-                                specs: Mapping[str, TpuSpec] | None = None
-                                ) -> str | None:
-  """'TPU v5 lite' -> 'v5e'; None for a kind not in the table (CPU, GPU, v3...)."""
-  kind = device_kind.strip().lower()
-  return next((gen for gen, s in (specs or load_specs()).items()
-               if kind in (k.lower() for k in s.device_kinds)), None)
-
-
-def detect_generation(device=None) -> str | None:
-  """The generation of `device` (default `jax.devices()[0]`), or None off-TPU."""
-  if device is None:
-    import jax  # pylint: disable=g-import-not-at-top
-    device = jax.devices()[0]
-  if getattr(device, "platform", None) != "tpu":
-    return None
-  return generation_from_device_kind(getattr(device, "device_kind", ""))

@@ -21,7 +21,6 @@ import numpy as np
 
 from streamidx import modes
 from streamidx.kernels.driver import STAGE_SCOPES
-from streamidx.lab.model import hardware
 
 ITERATION_ANNOTATION = "streamidx_iteration"
 # The part of the call a device op belongs to (`records.PARTS`), by regex:
@@ -214,6 +213,6 @@ def machine() -> dict:
       "describe": modes.describe_machine(), "platform": dev.platform,
       "device_kind": getattr(dev, "device_kind", dev.platform),
       "num_devices": jax.device_count(), "kernel_mode": modes.kernel_mode(),
-      "generation": hardware.detect_generation(dev), "cpu_count": os.cpu_count(),
+      "generation": modes.device_generation(dev), "cpu_count": os.cpu_count(),
       "jax": jax.__version__, "numpy": np.__version__,
       "python": platform.python_version(), "host": platform.platform()}

@@ -118,10 +118,9 @@ def bounds(stage_costs: Sequence[StageCost], spec: hardware.TpuSpec, *,
 
 
 def predict(p: tiling.Plan, *, k: int, generations: Sequence[str] | None = None,
-            specs: Mapping[str, hardware.TpuSpec] | None = None,
             matmul_dtype: str = "bf16") -> dict[str, dict]:
   """{generation: {"fill", "kernel", "topk", "total": seconds, "bounds": [...]}}."""
-  specs = hardware.load_specs() if specs is None else specs
+  specs = hardware.load_specs()
   generations = hardware.GENERATIONS if generations is None else generations
   sc = costs(p, k=k)
   out = {}
@@ -169,18 +168,15 @@ class PageBound:
 
 
 def page_bound(generation: str, *, bundles_per_page: float, page_bytes: int,
-               binding_slot: str = "", launch: str = "", fmt: str = "",
-               specs: Mapping[str, hardware.TpuSpec] | None = None) -> PageBound:
+               binding_slot: str = "", launch: str = "", fmt: str = "") -> PageBound:
   """The HBM and static-schedule bounds of one KV page on `generation`."""
-  spec = hardware.spec(generation, specs)
+  spec = hardware.spec(generation)
   return PageBound(generation, launch, fmt, float(bundles_per_page),
                    binding_slot, int(page_bytes),
                    page_bytes / spec.kernel_bandwidth, spec.clock_hz)
 
 
-def page_bounds(schedules, *, head_dim: int = 128,
-                specs: Mapping[str, hardware.TpuSpec] | None = None
-                ) -> list[PageBound]:
+def page_bounds(schedules, *, head_dim: int = 128) -> list[PageBound]:
   """`page_bound` of each `schedule.LaunchSchedule` with a KV loop; a page's
   bytes as a TPU stores them (`cache.record_bytes`; dense FP8:
   `cache.dense_tpu_bytes_per_entry`; MXFP4: 68 B at head_dim 128 from
@@ -201,7 +197,7 @@ def page_bounds(schedules, *, head_dim: int = 128,
     out.append(page_bound(
         s.generation, bundles_per_page=s.kv.bundles_per_page,
         page_bytes=s.page_size * entry_bytes(s.fmt, s.page_size),
-        binding_slot=slot, launch=s.case, fmt=s.fmt, specs=specs))
+        binding_slot=slot, launch=s.case, fmt=s.fmt))
   return out
 
 
@@ -309,23 +305,6 @@ class StepBound:
                        if st.bound * 1e6 >= .5)
     return (f"{'at least ' if self.at_least else ''}{self.total_s * 1e6:,.0f} "
             f"us = {parts} us")
-
-  @property
-  def headline(self) -> str:
-    """'v7x: 9,120 us = fill 36 + scoring ... (clock ...)'; without stages,
-    'v6e: at least 344 us, vector-bound (VALU) unless ...'."""
-    if self.stages:
-      measured = [f"the {st.name} measured alone" for st in self.stages
-                  if st.t_chip is not None]
-      if any(st.t_steps for st in self.stages):
-        measured.insert(0, "the scoring's grid-step cost and DMA rate measured")
-      return (f"{self.generation}: {self.sum_text} "
-              f"(each stage the larger of its HBM and static-schedule bounds"
-              + "".join(f"; {m}" for m in measured)
-              + (f" on {self.generation}, the chip records" if measured else "")
-              + f"; clock {self.clock_source})")
-    return (f"{self.generation}: {'at least ' if self.at_least else ''}"
-            f"{self.total_s * 1e6:,.0f} us, {self.verdict}")
 
 
 def step_bound(p: tiling.Plan, generation: str, *, variant: str, k: int,
@@ -645,18 +624,14 @@ def indexer_step(generation: str, geometry: shapes_lib.Indexer, *, k: int,
 
 
 def dsv4_step(generation: str, variant: str = "vendored", *,
-              model: str = "DeepSeek-V4-Flash", batch: int = 64,
-              context_tokens: int = 131072, q_len: int = 1,
-              clock_hz: float | None = None,
-              method: str | None = None) -> StepBound:
+              model: str = "DeepSeek-V4-Flash", **step) -> StepBound:
   """The production step: `indexer_step` of DeepSeek-V4's indexer
-  (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`)."""
+  (`lab.shapes.DSV4`) with `model`'s k (`DSV4_MODELS`); `step`: its other
+  keywords (batch, context_tokens, q_len, clock_hz, method)."""
   if model not in DSV4_MODELS:
     raise ValueError(f"model must be one of {tuple(DSV4_MODELS)}, got {model!r}")
   return indexer_step(generation, shapes_lib.DSV4, k=DSV4_MODELS[model],
-                      variant=variant, batch=batch,
-                      context_tokens=context_tokens, q_len=q_len,
-                      clock_hz=clock_hz, method=method)
+                      variant=variant, **step)
 
 
 # ---------------------------------------------------------------------------

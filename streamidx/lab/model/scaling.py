@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
@@ -94,12 +94,11 @@ def _local_seconds(generation: str, seqs: int, share_entries: int,
 
 
 def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 1, *,
-         merge: str = "all_gather", collective_latency_s: float = 0.0,
-         specs: Mapping[str, hardware.TpuSpec] | None = None) -> StepModel:
+         merge: str = "all_gather", collective_latency_s: float = 0.0) -> StepModel:
   """The modelled decode step of `w` on `devices` JAX devices of `generation`,
   D = devices // C data groups x C = `num_context` shares merged by `merge`
   (`streamidx.sharded`), `collective_latency_s` per collective round."""
-  spec = hardware.spec(generation, specs)
+  spec = hardware.spec(generation)
   if devices < 1 or num_context < 1 or devices % num_context:
     raise ValueError(f"num_context: must divide devices ({devices}) (got "
                      f"{num_context})")
@@ -134,38 +133,35 @@ def step(w: shapes_lib.Shape, generation: str, devices: int, num_context: int = 
       merge_ici_s=ici_s, merge_topk_s=topk_s, merge_latency_s=lat_s)
 
 
-def best_step(w: shapes_lib.Shape, generation: str, devices: int, *,
-              merge: str = "all_gather", collective_latency_s: float = 0.0
+def best_step(w: shapes_lib.Shape, generation: str, devices: int, **step_kw
               ) -> StepModel:
-  """The fastest layout over C in 1, 2, 4, ... dividing `devices`."""
+  """The fastest layout over C in 1, 2, 4, ... dividing `devices` (`step_kw`:
+  `step`'s merge and collective_latency_s)."""
   degrees = [c for c in (2 ** i for i in range(int(math.log2(devices)) + 1))
              if devices % c == 0]
   if hardware.spec(generation).device_ici_bandwidth is None:
     degrees = [1]
-  return min((step(w, generation, devices, c, merge=merge,
-                   collective_latency_s=collective_latency_s)
-              for c in degrees), key=lambda m: (m.step_s, m.num_context))
+  return min((step(w, generation, devices, c, **step_kw) for c in degrees),
+             key=lambda m: (m.step_s, m.num_context))
 
 
-def _pays(w: shapes_lib.Shape, generation: str, devices: int, **kw):
+def _pays(w: shapes_lib.Shape, generation: str, devices: int, **step_kw):
   """(whether some C > 1 beats C = 1, the best StepModel, the C = 1 one)."""
-  best, sp = best_step(w, generation, devices, **kw), step(w, generation, devices, 1)
+  best, sp = best_step(w, generation, devices, **step_kw), step(w, generation, devices, 1)
   return best.num_context > 1 and best.step_s < sp.step_s, best, sp
 
 
 def scaling_table(w: shapes_lib.Shape = DSV4_DECODE,
                   generations: Sequence[str] = hardware.GENERATIONS,
-                  chips: Sequence[int] = CHIP_COUNTS, *,
-                  merge: str = "all_gather",
-                  collective_latency_s: float = 0.0) -> list[dict]:
-  """One row per (generation, chips): one chip per sequence vs the best C."""
+                  chips: Sequence[int] = CHIP_COUNTS, **step_kw) -> list[dict]:
+  """One row per (generation, chips): one chip per sequence vs the best C
+  (`step_kw`: `step`'s merge and collective_latency_s)."""
   rows = []
   for gen in generations:
     spec = hardware.spec(gen)
     for n in chips:
       devices = n * spec.jax_devices_per_chip
-      _, best, sp = _pays(w, gen, devices, merge=merge,
-                          collective_latency_s=collective_latency_s)
+      _, best, sp = _pays(w, gen, devices, **step_kw)
       rows.append({
           "generation": gen, "chips": n, "devices": devices,
           "cache MiB/device (C=1)": round(sp.cache_bytes_per_device / 2**20, 1),
@@ -181,31 +177,26 @@ def scaling_table(w: shapes_lib.Shape = DSV4_DECODE,
 
 
 def crossover_devices(w: shapes_lib.Shape, generation: str, *, max_chips: int = 4096,
-                      merge: str = "all_gather",
-                      collective_latency_s: float = 0.0):
+                      **step_kw):
   """The fewest chips (powers of two) at which some C > 1 beats C = 1:
   (chips, the winning StepModel, the C = 1 StepModel), or None."""
   per_chip = hardware.spec(generation).jax_devices_per_chip
   for n in (2 ** i for i in range(max_chips.bit_length())):
-    ok, best, sp = _pays(w, generation, n * per_chip, merge=merge,
-                         collective_latency_s=collective_latency_s)
+    ok, best, sp = _pays(w, generation, n * per_chip, **step_kw)
     if ok:
       return n, best, sp
   return None
 
 
 def crossover_context(w: shapes_lib.Shape, generation: str, chips: int, *,
-                      merge: str = "all_gather",
-                      collective_latency_s: float = 0.0,
-                      max_tokens: int = 1 << 26):
+                      max_tokens: int = 1 << 26, **step_kw):
   """The shortest context (tokens, whole pages) at which context parallelism
   beats one chip per sequence on `chips` chips: (tokens, the winning
   StepModel, the C = 1 StepModel), or None (bisection: docs/multichip.md)."""
   devices = chips * hardware.spec(generation).jax_devices_per_chip
   tokens_per_page = w.page_size * w.compression_ratio
   pays = lambda pages: _pays(  # pylint: disable=unnecessary-lambda-assignment
-      w.with_(seq_len=pages * tokens_per_page), generation, devices,
-      merge=merge, collective_latency_s=collective_latency_s)
+      w.with_(seq_len=pages * tokens_per_page), generation, devices, **step_kw)
   hi = max(1, max_tokens // tokens_per_page)
   if not pays(hi)[0]:
     return None

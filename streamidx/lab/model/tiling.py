@@ -270,22 +270,6 @@ def resolve_variant(variant: str | None = None, mode: str | None = None
   return v
 
 
-def table_blocks(*, fmt: str, num_heads: int, page_size: int,
-                 variant: str = "vendored", generation: str | None = None
-                 ) -> dict:
-  """The block-size table's row `plan` takes, per-case lists [decode,
-  prefill, mixed] (page variants: ints), B and "source"."""
-  v = resolve_variant(variant)
-  row = v.block_sizes(cache_format=fmt, num_heads=int(num_heads),
-                      page_size=int(page_size), generation=generation)
-  out = row.kwargs()
-  if v.mode == "token":
-    for name in ("num_kv_pages_per_block", "num_queries_per_block"):
-      out[name] = list(semantics.normalize_per_case(out[name], name))
-  out["source"] = row.source
-  return out
-
-
 def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
          q_dtype: str = "bfloat16", mode: str | None = None,
          variant: str | None = None, num_kv_pages_per_block=None,

@@ -5,17 +5,12 @@ traffic alone, the recall of "approx"
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from streamidx import metrics
 from streamidx import topk as topk_lib
-from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 from streamidx.topk import approx as approx_lib
-
-SHAPES = shapes_lib.SELECT  # the selection problems modelled
 
 TopkCost = topk_lib.base.TopkCost  # home: `streamidx.topk.base`
 approx_topk_reduction_size = approx_lib.reduction_size  # XLA's bin count
@@ -27,12 +22,6 @@ def cost(method: str, rows: int, entries: int, k: int, **options) -> TopkCost:
   m = topk_lib.get(method)
   opts = m.resolve(options)
   return m.cost(int(rows), max(int(entries), int(k)), int(k), **opts)
-
-
-def costs(shape: shapes_lib.Shape, methods: Sequence[str] = topk_lib.TOPK_METHODS,
-          **options) -> list[TopkCost]:
-  return [cost(m, shape.rows, shape.entries, shape.k, **options)
-          for m in methods]
 
 
 def hbm_bound(c: TopkCost, spec: hardware.TpuSpec) -> float:

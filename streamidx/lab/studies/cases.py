@@ -425,16 +425,6 @@ def case_outputs(case: Case, *,
                      seconds)
 
 
-def run_case(case: Case, *, atol: float | None = None,
-             kernel_fn: Callable | None = None) -> ParityRow:
-  """`case_outputs` compared (`compare_case`) at `atol`, by default
-  `case.atol(inputs)`."""
-  out = case_outputs(case, kernel_fn=kernel_fn)
-  atol = case.atol(out.inputs) if atol is None else atol
-  return compare_case(case, out.got, out.want, out.scores, atol=atol,
-                      b=out.inputs.batch, seconds=out.seconds)
-
-
 def comparison_atol(inputs: batch_lib.IndexerInputs, *,
                     compression_ratio: int, causal_rule: str = DEFAULT_CAUSAL_RULE,
                     mode: str = "token") -> float:

@@ -66,13 +66,6 @@ def run_recorded(variant: str, inputs, *, fmt: str | None = None, **static):
       lambda: variants_lib.get(variant).run(inputs, fmt=fmt, **static))
 
 
-def bytes_moved(variant: str, inputs, *, fmt: str | None = None,
-                **static) -> dict:
-  """`recorded_bytes` of one `run_recorded` call."""
-  _, rec = run_recorded(variant, inputs, fmt=fmt, **static)
-  return recorded_bytes(rec, page_size=int(inputs.batch.page_size))
-
-
 def recorded_bytes(rec: timeline.Recorder, *, page_size: int) -> dict:
   """HBM bytes a recording's DMAs moved: kv_bytes, kv_pages, entries_fetched,
   bytes_per_entry, read (kv + q + weights), written (scores), totals."""

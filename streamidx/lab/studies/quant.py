@@ -43,22 +43,14 @@ def quantize_float_scale(x):
 _QUANTIZERS = {"ue8m0": quantize_ue8m0, "float": quantize_float_scale}
 
 
-def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0",
-                         granularity: str = "head"):
+def quantize_queries_fp8(q, weights, *, scale: str = "ue8m0"):
   """FP8 queries q [T, H, D] with their scale folded into weights f32[T, H]
   (w ReLU(q . k) = (w s) ReLU(q8 . k), s > 0): (q8 f8e4m3fn[T, H, D], folded
-  weights, scales f32[T, H]); scale "ue8m0" or "float", one per token and
-  "head" or per "token"."""
+  weights, scales f32[T, H]); scale "ue8m0" or "float", one per token and head."""
   if scale not in _QUANTIZERS:
     raise ValueError(f"scale must be 'ue8m0' or 'float', got {scale!r}")
-  if granularity not in ("head", "token"):
-    raise ValueError(f"granularity must be 'head' or 'token', got "
-                     f"{granularity!r}")
-  q = jnp.asarray(q, jnp.float32)
-  t, h, d = q.shape
-  v, s = _QUANTIZERS[scale](q if granularity == "head" else q.reshape(t, h * d))
-  s = jnp.broadcast_to(s.reshape(t, -1), (t, h))
-  return v.reshape(t, h, d), jnp.asarray(weights, jnp.float32) * s, s
+  v, s = _QUANTIZERS[scale](jnp.asarray(q, jnp.float32))
+  return v, jnp.asarray(weights, jnp.float32) * s, s
 
 
 def hadamard(n: int) -> np.ndarray:
