@@ -275,9 +275,10 @@ class StepBound:
   total_s = property(lambda self: sum(st.bound for st in self.stages)
                      if self.stages else self.t_xla + self.kernel_s)
 
-  # Every stage that runs compiled code has its bundle count.
-  stages_complete = property(lambda self: all(
-      st.bundles is not None and st.clock_hz and not st.floor
+  # Every stage that runs compiled code has its bundles and a clock, or its
+  # time measured alone.
+  stages_complete = property(lambda self: not any(
+      st.is_floor or not (st.clock_hz or st.t_chip is not None)
       for st in self.stages if st.name != "fill"))
 
   def share(self, name: str) -> float:
@@ -365,6 +366,10 @@ class Stage:
                        or not self.clock_hz else self.bundles / self.clock_hz)
   t_bytes = property(lambda self: self.t_hbm if self.t_dma is None
                      else self.t_dma)
+  # A lower bound: compiled code with no bundles or only part of them, and
+  # no time measured for the stage alone.
+  is_floor = property(lambda self: self.t_chip is None and self.name != "fill"
+                      and (self.bundles is None or self.floor))
 
   @property
   def bound(self) -> float:
