@@ -13,6 +13,8 @@ import dataclasses
 import functools
 from typing import Mapping, Sequence
 
+import numpy as np
+
 import streamidx as si
 from streamidx import cache as cache_lib
 from streamidx import records
@@ -418,7 +420,6 @@ class KvStepCosts:
 def kv_step_costs(chip: str) -> KvStepCosts | None:
   """`KvStepCosts` from `chip`'s recorded experiments, or None (fewer than
   three with nothing removed: nothing measured to add)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   ex = [e for e in records.load("chip")["experiments"]
         if e["chip"] == chip and not e["removed"]]
   if len(ex) < 3:
