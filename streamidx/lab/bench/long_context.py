@@ -1,7 +1,6 @@
-"""Inputs too large for `make_inputs`' f32 keys (`--long-context`,
-`--record`): the cache built a few pages at a time in any format
-(`random_cache`), the kernel's arguments (`long_context_args`), and the
-slices of such a batch the oracle checks (`spot_check`).
+"""Inputs too large for `make_inputs`' f32 keys (`--record`): the cache
+built a few pages at a time in any format (`random_cache`) and the kernel's
+arguments (`long_context_args`).
 """
 
 from __future__ import annotations
@@ -52,29 +51,3 @@ def long_context_args(shape: Shape, *, seed: int = 0):
   return (jnp.asarray(q).astype(jnp.bfloat16), jnp.asarray(w),
           cache[0] if len(cache) == 1 else cache, *b.kernel_arrays())
 
-
-def spot_check(shape: Shape, args) -> list:
-  """The parts `harness.oracle_agreement` checks on a long-context batch:
-  decode, sequences 0 and last with their own pages only; prefill, the first
-  and last 8 query rows as chunks of 8 queries (a chunk ending at position p
-  sees what the full chunk's rows see), beside an empty second sequence slot
-  (jax 0.10.2's CPU compiler once miscompiled the one-slot shape)."""
-  q, w, cache, seq_lens, page_indices, _, _ = args
-  table = np.asarray(page_indices)
-  pps = shape.batch().pages_per_seq
-  i32 = lambda x: jnp.asarray(x, jnp.int32)  # pylint: disable=unnecessary-lambda-assignment
-  if shape.kind == "decode":
-    parts = []
-    for s in (0, shape.num_seqs - 1):
-      pages = table[s * pps:(s + 1) * pps]
-      lo = int(pages.min())
-      parts.append((slice(s, s + 1), (
-          q[s:s + 1], w[s:s + 1], cache[lo:lo + pps], seq_lens[s:s + 1],
-          i32(pages - lo), i32([0, 1]), i32([1, 1, 1])), None))
-    return parts
-  n = 8
-  two = i32(np.concatenate([table[:pps], np.zeros(pps, np.int32)]))
-  return [(slice(lo, lo + n), (
-      q[lo:lo + n], w[lo:lo + n], cache,
-      i32([shape.seq_len - shape.q_len + lo + n, 0]), two, i32([0, n, n]),
-      i32([0, 1, 1])), None) for lo in (0, shape.q_len - n)]
