@@ -18,7 +18,7 @@ import pytest
 
 import streamidx as si
 from streamidx.lab import shapes as shapes_lib
-from streamidx.lab.bench import harness, long_context
+from streamidx.lab.bench import harness, record
 
 import tiers
 
@@ -138,9 +138,9 @@ def test_visible_pairs_match_the_reference_count():
 
 
 def test_random_cache_is_seeded_and_tiles_the_pages():
-  (a,) = long_context.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  (b,) = long_context.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  (c,) = long_context.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
+  (a,) = record.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (b,) = record.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (c,) = record.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
   assert a.shape == (12, 4, 4, 256) and a.dtype == np.uint8
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
@@ -149,7 +149,7 @@ def test_random_cache_is_seeded_and_tiles_the_pages():
   assert np.all(keys.std(axis=(1, 2)) > 0.8)
   assert abs(keys.mean()) < 0.05
   # Every format from the same keys: the dense pair decodes to them too.
-  values, scales = long_context.random_cache(12, 16, 128, "dense_fp8", seed=3,
+  values, scales = record.random_cache(12, 16, 128, "dense_fp8", seed=3,
                                       pages_per_step=8)
   np.testing.assert_array_equal(si.cache.unpack_cache((values, scales)), keys)
 
