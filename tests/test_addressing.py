@@ -1,6 +1,6 @@
 """streamidx.lab.studies.addressing: causal masks. (Entry addresses, planted
-keys, unmasked scores and batch masks are notebooks 00 and 01's cells, checked
-by their own asserts.)"""
+keys, unmasked scores, batch masks and a prefill chunk's masks are notebooks
+00 and 01's cells, checked by their own asserts.)"""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def test_model_rule_sees_a_subset_of_the_seed_rule_and_decode_rows_agree(ratio):
 def test_rules_differ_exactly_on_the_querys_own_incomplete_block(ratio):
   seq_len = 41
   positions = np.arange(seq_len)
-  diff = addressing.causal_rule_difference(positions, 32, ratio,
-                                           seq_len=seq_len)
+  diff = (addressing.visibility_mask(positions, 32, ratio, "seed", seq_len)
+          & ~addressing.visibility_mask(positions, 32, ratio, "model", seq_len))
   for p, row in zip(positions, diff):
     leaked = np.flatnonzero(row)
     own_block = p // ratio
@@ -85,27 +85,3 @@ def test_visibility_mask_rejects_unknown_rules():
   with pytest.raises(ValueError, match="causal_rule"):
     addressing.visibility_mask([3], 4, 4, "future")
 
-
-# --------------------------------------------------------------------------
-# One prefill chunk.
-
-
-def _batch(allocation, page_size=8, seed=0):
-  return si.make_mixed_batch(decode=[90, 33], prefill=[(5, 70)],
-                             mixed=[(3, 128), (1, 20)], page_size=page_size,
-                             compression_ratio=4, allocation=allocation,
-                             seed=seed)
-
-
-def test_prefill_chunk_masks_leak_one_cell_per_row_with_an_incomplete_block():
-  batch = _batch("contiguous")
-  seq = int(batch.distribution[0])
-  chunk = addressing.prefill_chunk_masks(batch, seq, window=6)
-  assert chunk.masks["model"].shape == chunk.leak.shape == (5, 6)
-  # seq_len 70: the length mask removes entry 17 (positions 68, 69) too.
-  p = chunk.positions
-  assert chunk.leak_cells == int((((p + 1) % 4 != 0) & (p // 4 < 70 // 4)).sum())
-  assert chunk.leak_cells == 2
-  assert chunk.leak_rows == chunk.leak_cells
-  np.testing.assert_array_equal(chunk.leak,
-                                chunk.masks["seed"] & ~chunk.masks["model"])

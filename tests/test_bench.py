@@ -18,7 +18,7 @@ import pytest
 
 import streamidx as si
 from streamidx.lab import shapes as shapes_lib
-from streamidx.lab.bench import harness, long_context, report
+from streamidx.lab.bench import harness, record
 
 import tiers
 
@@ -122,9 +122,9 @@ def test_parse_shape_rejects_bad_text_naming_the_flag(text):
 
 def test_bad_arguments_stop_before_anything_runs(tmp_path):
   with pytest.raises(ValueError, match="implementations: 'gpu'"):
-    harness.run_sweep(shapes_lib.QUICK, implementations=("gpu",), out_dir=tmp_path)
+    harness.run(shapes_lib.QUICK, implementations=("gpu",), out_dir=tmp_path)
   with pytest.raises(ValueError, match="repeats: must be a positive int"):
-    harness.run_sweep(shapes_lib.QUICK, repeats=0, out_dir=tmp_path)
+    harness.run(shapes_lib.QUICK, repeats=0, out_dir=tmp_path)
   assert not list(tmp_path.iterdir())
 
 
@@ -138,9 +138,9 @@ def test_visible_pairs_match_the_reference_count():
 
 
 def test_random_cache_is_seeded_and_tiles_the_pages():
-  (a,) = long_context.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  (b,) = long_context.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
-  (c,) = long_context.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
+  (a,) = record.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (b,) = record.random_cache(12, 16, 128, "fp8", seed=3, pages_per_step=8)
+  (c,) = record.random_cache(12, 16, 128, "fp8", seed=4, pages_per_step=8)
   assert a.shape == (12, 4, 4, 256) and a.dtype == np.uint8
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
@@ -149,7 +149,7 @@ def test_random_cache_is_seeded_and_tiles_the_pages():
   assert np.all(keys.std(axis=(1, 2)) > 0.8)
   assert abs(keys.mean()) < 0.05
   # Every format from the same keys: the dense pair decodes to them too.
-  values, scales = long_context.random_cache(12, 16, 128, "dense_fp8", seed=3,
+  values, scales = record.random_cache(12, 16, 128, "dense_fp8", seed=3,
                                       pages_per_step=8)
   np.testing.assert_array_equal(si.cache.unpack_cache((values, scales)), keys)
 
@@ -224,24 +224,3 @@ def test_oracle_topk_rule_equals_the_tests_oracle_on_tied_rows():
   with pytest.raises(ValueError, match="scores: the rule orders no NaN"):
     bench_oracle.topk_rule(np.full((1, 4), np.nan, np.float32), 2)
 
-
-def test_long_context_runs_both_settings_and_checks_them(tmp_path):
-  """--long-context's path on small shapes: one chunk and streamed chunks
-  identical on every row, each within the oracle's bound on its slices."""
-  shapes = [shapes_lib.Shape("d", "decode", 3, 1, 4096, 64)]
-  if tiers.in_full_tier():
-    shapes.append(shapes_lib.Shape("p", "prefill", 1, 32, 2048, 64))
-  doc = harness.run_long_context(shapes=shapes, ks=(64,), out_dir=tmp_path,
-                               progress=False)
-  assert json.loads((tmp_path / "long_context.json").read_text()) == doc
-  assert [r["impl"] for r in doc["results"]] == ["reference", "streaming"] * len(shapes)
-  for r in doc["results"]:
-    assert r["status"] == "ok", r
-    assert r["agreement"]["vs_oracle"]["ok"], r
-    assert r["memory"]["xla"]["temp_bytes"] > 0
-    if r["impl"] == "streaming":
-      assert r["agreement"]["vs_reference"]["identical"], r
-  for s in doc["shapes"]:
-    f = s["one_chunk_formula_temp_bytes"]
-    assert 0 < f["low"] <= f["high"]
-  assert "one-chunk temporaries by formula" in report.format_table(doc)

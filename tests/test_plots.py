@@ -11,15 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
-import streamidx as si  # pylint: disable=g-import-not-at-top
 from streamidx.lab import plots  # pylint: disable=g-import-not-at-top
-from streamidx.lab import tables as plots_tables  # pylint: disable=g-import-not-at-top
-
-
-def _batch(allocation):
-  return si.make_mixed_batch(decode=[90, 33, 60], prefill=[(5, 70)],
-                             mixed=[(3, 128)], page_size=8,
-                             compression_ratio=4, allocation=allocation)
 
 
 def test_save_writes_a_png_and_names_the_headline(tmp_path):
@@ -58,16 +50,6 @@ def test_tables_format_rows_aligns_columns_and_marks_missing_cells():
   assert lines[1].split() == ["1", "0.1235"] and lines[2].split() == ["x|y", "12.35"]
   assert lines[3].split() == ["-", "-"]
   assert tables.format_rows([]) == "(no rows)"
-
-
-def test_tables_batch_rows_list_each_sequence_as_the_kernel_sees_it():
-  batch = _batch("fragmented")
-  rows = plots_tables.batch_rows(batch, max_pages=2)
-  assert [r["range"] for r in rows] == ["decode"] * 3 + ["prefill-only", "mixed"]
-  assert [r["q_len"] for r in rows] == [int(x) for x in batch.q_lens[:5]]
-  assert rows[3]["query rows"] == f"{batch.cu_q_lens[3]}..{batch.cu_q_lens[4] - 1}"
-  assert [r["entries"] for r in rows] == [int(x) for x in batch.num_entries[:5]]
-  assert rows[0]["physical pages"].endswith(", ...")  # 90 tokens: 3 pages of 8 entries
 
 
 def test_tables_print_large_and_small_floats_without_exponents():

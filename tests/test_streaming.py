@@ -240,11 +240,13 @@ def test_streaming_temporaries_do_not_grow_with_the_sequence():
 def test_one_chunk_memory_formula_brackets_xla(name):
   """The formula docs/benchmarks.md quotes, against XLA's buffer assignment."""
   from streamidx.lab import shapes
-  from streamidx.lab.bench import long_context
-  shape = {s.name: s for s in shapes.LONG_CONTEXT + shapes.SWEEP}[name]
+  from streamidx.lab.bench import record
+  long = [shapes.Shape("decode_64x1M", "decode", 64, 1, 2**20, 512),
+          shapes.Shape("prefill_1024q_128K", "prefill", 1, 1024, 2**17, 512)]
+  shape = {s.name: s for s in long + shapes.SWEEP}[name]
   b = shape.batch()
   xla = _temp_bytes(si.streamindex_topk_ref, jax.eval_shape(  # the cache unbuilt
-                        lambda: long_context.long_context_args(shape)),
+                        lambda: record.entry_args(shape, "vendored", shape.fmt)),
                     **shape.kernel_kwargs())
   low, high = streaming.one_chunk_temp_bytes(
       num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,

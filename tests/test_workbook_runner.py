@@ -313,21 +313,14 @@ def test_jobs_below_1_is_an_error(nbdir, tmp_path, capsys):
   assert not (tmp_path / "o").exists()
 
 
-def test_run_order_is_longest_expected_first(nbdir, tmp_path, monkeypatch):
+def test_run_order_is_longest_first_then_the_unlisted_by_name(nbdir, monkeypatch):
   paths = [make_notebook(nbdir, n, "output_dir = 'x'")
            for n in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb", "04_d.ipynb")]
-  out = tmp_path / "out"
-  out.mkdir()
-  monkeypatch.setattr(workbook, "TYPICAL_SECONDS", {"01_a.ipynb": 50, "03_c.ipynb": 30})
-  # No executed copies: the typical durations, unlisted notebooks last in name order.
-  assert workbook.run_order(paths, out) == [paths[0], paths[2], paths[1], paths[3]]
-  # A previous run's copy (papermill's duration: 12.5 s) wins over the table;
-  # a failed one does not count.
-  fake_executed(out, "04_d.ipynb", question=None, answer=None)
-  fake_executed(out, "03_c.ipynb", question=None, answer=None, exception=True)
-  assert workbook.expected_seconds(paths[3], out) == 12.5
-  assert workbook.expected_seconds(paths[2], out) == 30
-  assert workbook.run_order(paths, out) == [paths[0], paths[2], paths[3], paths[1]]
+  # The real list names every notebook of the workbook.
+  repo_notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+  assert set(workbook.LONGEST_FIRST) == {p.stem for p in workbook.discover(repo_notebooks)}
+  monkeypatch.setattr(workbook, "LONGEST_FIRST", ("03_c", "01_a"))
+  assert workbook.run_order(paths) == [paths[2], paths[0], paths[1], paths[3]]
 
 
 def test_index_marks_running_and_queued_notebooks(nbdir, tmp_path):

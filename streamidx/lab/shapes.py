@@ -104,7 +104,7 @@ def table_blocks(shape, variant: str, fmt: str, generation: str | None = None):
       head_dim=shape.head_dim, pages_per_seq=shape.pages_per_seq)
 
 
-# The benchmark's default sweep, CI's, the long-context run.
+# The benchmark's default sweep and CI's.
 SWEEP = [
     Shape("decode_8x16K_k512", "decode", 8, 1, 16384, 512),
     Shape("decode_32x16K_k512", "decode", 32, 1, 16384, 512),
@@ -116,11 +116,6 @@ QUICK = [
     Shape("decode_4x4K_k512", "decode", 4, 1, 4096, 512),
     Shape("prefill_32q_2K_k256", "prefill", 1, 32, 2048, 256),
 ]
-LONG_CONTEXT = [
-    Shape("decode_64x1M", "decode", 64, 1, 2**20, 512),
-    Shape("prefill_1024q_128K", "prefill", 1, 1024, 2**17, 512),
-]
-LONG_CONTEXT_KS = (512, 2048)
 
 
 def parse_shape(text: str) -> Shape:

@@ -1,5 +1,5 @@
 """Tables: a list of dicts as a Markdown table (notebooks) or aligned text (the benchmark's
-reports), numbers as `number` prints them, None as "-"; a batch as such a list; `clock_note`.
+reports), numbers as `number` prints them, None as "-"; `clock_note`.
 """
 
 from __future__ import annotations
@@ -62,20 +62,3 @@ def format_rows(rows: Sequence[Mapping], cols: Sequence[str] | None = None) -> s
   return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths))
                    for line in [cols] + cells)
 
-
-def batch_rows(batch, *, max_pages: int = 6) -> list[dict]:
-  """A `streamidx.RaggedBatch`, one dict per sequence, for `markdown` (its first `max_pages`
-  physical pages)."""
-  i, j, _ = (int(x) for x in batch.distribution)
-  cu = [int(x) for x in batch.cu_q_lens]
-  rows = []
-  for b in range(batch.num_seqs):
-    pages = [int(x) for x in batch.page_table[b, :int(batch.num_pages_used[b])]]
-    rows.append({
-        "seq": b, "range": "decode" if b < i else "prefill-only" if b < j else "mixed",
-        "q_len": cu[b + 1] - cu[b],
-        "query rows": f"{cu[b]}" if cu[b + 1] - cu[b] == 1 else f"{cu[b]}..{cu[b + 1] - 1}",
-        "seq_len": int(batch.seq_lens[b]), "entries": int(batch.num_entries[b]),
-        "physical pages": ", ".join(map(str, pages[:max_pages]))
-                          + (", ..." if len(pages) > max_pages else "")})
-  return rows

@@ -34,13 +34,12 @@ DEFAULT_TIMEOUT_S = 600
 DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))  # notebooks at once
 INJECTED_TAG = "injected-parameters"
 INDEX_NAME = "index.html"
-# Roughly each notebook's seconds at its defaults on an idle 2-core CPU
-# (2026-12-01): the start order only, where no earlier copy gives its own.
-TYPICAL_SECONDS = {f"{name}.ipynb": s for name, s in (
-    ("04_recall_parity", 205), ("06_compiled_variants", 150), ("05_kernel_tiling", 60),
-    ("02_fp8_packing", 70), ("09_multichip", 65), ("08_tpu_profiling", 65),
-    ("01_cache_layout", 40), ("03_kernel_walkthrough", 30), ("07_topk_selection", 20),
-    ("00_quickstart", 15))}
+# The notebooks longest first at their defaults on an idle 2-core CPU
+# (2026-12-01): the order the runner starts them in (`run_order`).
+LONGEST_FIRST = ("04_recall_parity", "06_compiled_variants", "02_fp8_packing",
+                 "08_tpu_profiling", "09_multichip", "05_kernel_tiling",
+                 "01_cache_layout", "03_kernel_walkthrough", "07_topk_selection",
+                 "00_quickstart")
 # What `streamidx.describe_machine()` prints: "CPU (cpu), jax 0.10.2: <mode>".
 MACHINE_PATTERN = re.compile(r"\b(?:CPU|TPU|GPU|CUDA|ROCM|METAL) \([^()\n]*\), "
                              r"jax \d[\w.+-]*: [^\n]+")
@@ -575,22 +574,11 @@ def _select(notebooks: list[Path], only: Sequence[str]) -> list[Path]:
   return [p for p in notebooks if {p.name, p.stem, p.name[:2]} & set(only)]
 
 
-def expected_seconds(source: Path, out_dir: Path) -> float:
-  """The previous passing copy's duration in `out_dir`, else `TYPICAL_SECONDS`."""
-  try:
-    meta = json.loads((Path(out_dir) / Path(source).name).read_text(
-        encoding="utf-8"))["metadata"]["papermill"]
-    if not meta.get("exception") and meta.get("duration"):
-      return float(meta["duration"])
-  except (OSError, ValueError, KeyError, TypeError):
-    pass
-  return float(TYPICAL_SECONDS.get(Path(source).name, 0))
-
-
-def run_order(notebooks: Sequence[Path], out_dir: Path) -> list[Path]:
-  """`notebooks` longest expected first, ties in file-name order."""
-  seconds = {p: expected_seconds(p, out_dir) for p in notebooks}
-  return sorted(notebooks, key=lambda p: (-seconds[p], p.name))
+def run_order(notebooks: Sequence[Path]) -> list[Path]:
+  """`notebooks` in `LONGEST_FIRST`'s order, any it does not list after them
+  in file-name order."""
+  rank = {stem: i for i, stem in enumerate(LONGEST_FIRST)}
+  return sorted(notebooks, key=lambda p: (rank.get(p.stem, len(rank)), p.name))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   jobs = min(args.jobs, len(selected))
   print(f"workbook: {len(selected)} notebook(s), profile {args.profile}, cell timeout "
         f"{args.timeout:g}s, {jobs} at a time -> {out_dir}", flush=True)
-  order = run_order(selected, out_dir)  # before a run removes a stale copy
+  order = run_order(selected)
   heading = TITLE
   note = "" if jobs <= 1 else (f"Run {jobs} notebooks at a time: the timings they print ran "
                                "beside another notebook (--jobs 1 for timing studies).")

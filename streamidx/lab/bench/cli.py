@@ -38,8 +38,6 @@ def main(argv=None) -> int:
   add("--impls", nargs="+", choices=harness.IMPLEMENTATIONS,
       default=list(harness.IMPLEMENTATIONS))
   add("--repeats", type=int, help="timed calls (default 5, quick 3)")
-  add("--long-context", action="store_true", help="streamed chunks against "
-      "one chunk at 1M tokens (decode) and 128K (prefill)")
   add("--no-progress", action="store_true")
   add("--topk", action="store_true", help="instead: the top-k stage "
       "(its own flags: --topk --help)")
@@ -53,26 +51,19 @@ def main(argv=None) -> int:
   if worker.serve(argv, harness.worker):
     return 0
   a = p.parse_args(argv)
-  if a.long_context:
-    doc = harness.run_long_context(out_dir=a.out,
-                                        progress=not a.no_progress)
-    wrote = f"{a.out}/long_context.json"
-  else:
-    try:
-      shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
-                else (QUICK if a.quick else SWEEP))
-      if a.repeats is not None and a.repeats < 1:
-        raise ValueError("--repeats: must be >= 1")
-    except ValueError as e:
-      p.error(str(e))
-    repeats = a.repeats or (3 if a.quick else 5)
-    doc = harness.run_sweep(shapes, implementations=a.impls, repeats=repeats,
-                            out_dir=a.out, progress=not a.no_progress,
-                            quick=a.quick)
-    wrote = f"{a.out}/bench.json"
+  try:
+    shapes = ([parse_shape(s) for s in a.shapes] if a.shapes
+              else (QUICK if a.quick else SWEEP))
+    if a.repeats is not None and a.repeats < 1:
+      raise ValueError("--repeats: must be >= 1")
+  except ValueError as e:
+    p.error(str(e))
+  repeats = a.repeats or (3 if a.quick else 5)
+  doc = harness.run(shapes, implementations=a.impls, repeats=repeats,
+                    out_dir=a.out, progress=not a.no_progress, quick=a.quick)
   print(doc["machine"]["describe"])
   print(report.format_table(doc))
-  print(f"\nwrote {wrote}")
+  print(f"\nwrote {a.out}/bench.json")
   bad = [f"{r['shape']} {r['impl']}" for r in doc["results"]
          if r["status"] == "error" or not r.get("agreement", {}).get(
              "vs_oracle", {"ok": True})["ok"]]

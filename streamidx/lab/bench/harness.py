@@ -27,10 +27,10 @@ from streamidx import variants as variants_lib
 from streamidx.lab import aot
 from streamidx.lab import worker as lab_worker
 from streamidx.lab.bench import memory, oracle, report
-from streamidx.lab.shapes import LONG_CONTEXT, LONG_CONTEXT_KS, Shape, table_blocks
+from streamidx.lab.shapes import Shape, table_blocks
 from streamidx.lab.model import profiling
 
-SCHEMA = "streamidx.bench/3"  # /3: the long-context run writes this schema too
+SCHEMA = "streamidx.bench/4"  # /4: no "long_context" setting
 BASELINE_VARIANT = "vendored"
 ORACLE_MAX_FLOPS = 2e10
 
@@ -88,22 +88,17 @@ def measure(run_call, repeats: int):
       "peak_over_inputs_bytes": mem.rss_before and peak - mem.rss_before}}
 
 
-def oracle_agreement(shape: Shape, got, parts) -> dict:
-  """`got[rows]` against the oracle on each part (rows, args, oracle_rows: None
-  for all), tie-aware within twice its `oracle.f32_score_bound`."""
-  got = np.asarray(got)
-  out = {"rows_checked": 0, "atol": 0.0, "ok": True, "rows_mismatched": 0}
-  for rows, args, oracle_rows in parts:
-    np_args = [np.asarray(a) for a in args]
-    idx, scores = oracle.oracle_topk(*np_args, return_scores=True,
-                                     rows=oracle_rows, **shape.kernel_kwargs())
-    sel = slice(None) if oracle_rows is None else oracle_rows
-    atol = 2 * oracle.f32_score_bound(*np_args[:3])
-    c = metrics.compare_topk(got[rows], idx[sel], scores[sel], atol=atol)
-    out.update(rows_checked=out["rows_checked"] + len(idx[sel]),
-               atol=max(out["atol"], atol), ok=out["ok"] and c.ok,
-               rows_mismatched=out["rows_mismatched"] + c.rows_mismatched)
-  return out
+def oracle_agreement(shape: Shape, got, args, rows) -> dict:
+  """`got[rows]` against the oracle's `rows` of the call on `args`, tie-aware
+  within twice its `oracle.f32_score_bound`."""
+  np_args = [np.asarray(a) for a in args]
+  idx, scores = oracle.oracle_topk(*np_args, return_scores=True, rows=rows,
+                                   **shape.kernel_kwargs())
+  atol = 2 * oracle.f32_score_bound(*np_args[:3])
+  c = metrics.compare_topk(np.asarray(got)[rows], idx[rows], scores[rows],
+                           atol=atol)
+  return {"rows_checked": len(rows), "atol": atol, "ok": c.ok,
+          "rows_mismatched": c.rows_mismatched}
 
 
 def worker(spec: dict) -> dict:
@@ -113,17 +108,12 @@ def worker(spec: dict) -> dict:
   if spec.get("machine"):
     total = memory.proc_bytes("MemTotal", "/proc/meminfo")
     return dict(profiling.machine(), memory_total_gib=total and round(total / 2**30, 1))
-  from streamidx.lab.bench import long_context  # pylint: disable=g-import-not-at-top
-
   shape, impl = Shape(**spec["shape"]), spec["impl"]
   kw = shape.kernel_kwargs()
   t0 = time.perf_counter()
-  if spec["long"]:
-    args = long_context.long_context_args(shape)
-  else:
-    inp = si.make_inputs(shape.batch(), num_heads=shape.num_heads,
-                         head_dim=shape.head_dim, fmt=shape.fmt, seed=0)
-    args = inp.args
+  inp = si.make_inputs(shape.batch(), num_heads=shape.num_heads,
+                       head_dim=shape.head_dim, fmt=shape.fmt, seed=0)
+  args = inp.args
   jax.block_until_ready(args)
   built = {"build_s": time.perf_counter() - t0,
            "inputs_bytes": int(sum(a.nbytes for a in args)),
@@ -161,9 +151,7 @@ def worker(spec: dict) -> dict:
     np.save(spec["save_scores"], np.asarray(scores, np.float32))
   t = shape.num_tokens  # the oracle checks all of up to 32 rows, else 8 + 8
   rows = list(range(t)) if t <= 32 else [*range(8), *range(t - 8, t)]
-  res["vs_oracle"] = oracle_agreement(shape, out, (
-      long_context.spot_check(shape, args) if spec["long"]
-      else [(rows, args, rows)]))
+  res["vs_oracle"] = oracle_agreement(shape, out, args, rows)
   return res
 
 
@@ -189,12 +177,11 @@ def vs_reference(got, ref) -> dict:
                               else int((got != idx).any(axis=1).sum()))}
 
 
-def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
-        repeats: int, out: Path, long: bool = False, progress: bool = True,
-        settings: dict | None = None, shape_fields=None) -> dict:
+def run(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
+        repeats: int = 5, out_dir: str | Path = "build/bench",
+        progress: bool = True, quick: bool = False) -> dict:
   """Every implementation on every shape, checked against the reference
-  (run first) and the oracle; writes the JSON `out`. shape_fields: shape ->
-  more fields of its entry in "shapes"."""
+  (run first) and the oracle; writes <out_dir>/bench.json."""
   if unknown := sorted(set(implementations) - set(IMPLEMENTATIONS)):
     raise ValueError(f"implementations: {', '.join(map(repr, unknown))} not "
                      f"in {IMPLEMENTATIONS}")
@@ -202,7 +189,7 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
     raise ValueError(f"repeats: must be a positive int (got {repeats!r})")
   impls = sorted(set(implementations),
                  key=lambda i: (i != "reference", IMPLEMENTATIONS.index(i)))
-  out = Path(out)
+  out = Path(out_dir) / "bench.json"
   out.parent.mkdir(parents=True, exist_ok=True)
   mach = run_worker({"machine": True})
   if mach.pop("status") != "ok":
@@ -212,16 +199,16 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
          "command": " ".join([Path(sys.executable).name, "-m",
                               "streamidx.bench", *sys.argv[1:]]),
          "machine": mach,
-         "settings": dict(settings or {}, repeats=repeats, warmup_calls=1,
-                          implementations=impls, long_context=long),
+         "settings": {"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS,
+                      "repeats": repeats, "warmup_calls": 1,
+                      "implementations": impls},
          "shapes": [], "results": []}
   with tempfile.TemporaryDirectory(prefix="streamidx-bench-") as tmp:
     for n, shape in enumerate(shapes):
       doc["shapes"].append(dict(
           dataclasses.asdict(shape), num_tokens=shape.num_tokens,
           visible_pairs=shape.visible_pairs(), flops=shape.flops(),
-          description=shape.describe(),
-          **(shape_fields(shape) if shape_fields else {})))
+          description=shape.describe()))
       ref = None  # the reference's (indices, scores or None)
       for impl in impls:
         if progress:
@@ -242,44 +229,17 @@ def run(shapes: Sequence[Shape], implementations: Sequence[str], *,
           scores = os.path.join(tmp, f"{n}_scores.npy")
           row.update(run_worker(dict(
               variant=variant, fmt=fmt, shape=dataclasses.asdict(shape),
-              impl=impl, long=long, repeats=repeats, save=save,
-              save_scores=impl == "reference" and not long and scores)))
+              impl=impl, repeats=repeats, save=save,
+              save_scores=impl == "reference" and scores)))
         if row["status"] == "ok":
           row["entries_per_s"] = shape.visible_pairs() / row["wall_s"]["median"]
           row["agreement"] = {"vs_oracle": row.pop("vs_oracle")}
           if ref is not None:
             row["agreement"]["vs_reference"] = vs_reference(np.load(save), ref)
           if impl == "reference":
-            ref = (np.load(save), None if long else np.load(scores))
+            ref = (np.load(save), np.load(scores))
         doc["results"].append(row)
   doc["ratios"] = report.ratios(doc)
   out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
   return doc
 
-
-def run_sweep(shapes: Sequence[Shape], *, implementations=IMPLEMENTATIONS,
-              repeats: int = 5, out_dir: str | Path = "build/bench",
-              progress: bool = True, quick: bool = False) -> dict:
-  """`run` on the sweep's shapes: <out_dir>/bench.json."""
-  return run(shapes, implementations, repeats=repeats,
-             out=Path(out_dir) / "bench.json", progress=progress,
-             settings={"quick": quick, "oracle_max_flops": ORACLE_MAX_FLOPS})
-
-
-def run_long_context(*, shapes=LONG_CONTEXT, ks=LONG_CONTEXT_KS,
-                     out_dir="build/bench", progress: bool = True) -> dict:
-  """Both settings on each shape at each k, one timed call, beside
-  `streaming.one_chunk_temp_bytes`: <out_dir>/long_context.json."""
-  def formula(shape):
-    b = shape.batch()
-    low, high = streaming.one_chunk_temp_bytes(
-        num_tokens=b.num_tokens, num_entries=b.pages_per_seq * shape.page_size,
-        num_heads=shape.num_heads, head_dim=shape.head_dim, fmt=shape.fmt,
-        k=shape.k)
-    return {"one_chunk_formula_temp_bytes": {"low": low, "high": high}}
-
-  configs = [dataclasses.replace(s, name=f"{s.name}_k{k}", k=k)
-             for s in shapes for k in ks]
-  return run(configs, ("reference", "streaming"), repeats=1,
-                     long=True, out=Path(out_dir) / "long_context.json",
-                     progress=progress, shape_fields=formula)

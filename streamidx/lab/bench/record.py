@@ -26,6 +26,7 @@ import functools
 import gc
 import importlib.metadata as md
 import json
+import math
 import re
 import statistics
 import sys
@@ -37,11 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import streamidx as si
+from streamidx import cache as cache_lib
 from streamidx import metrics, modes, records, topk
 from streamidx import variants as variants_lib
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
-from streamidx.lab.bench import harness, long_context, oracle
+from streamidx.lab.bench import harness, oracle
 from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.model import profiling
 
@@ -164,16 +166,46 @@ def _inputs(s: shapes_lib.Shape, variant: str, fmt: str):
   return entry_args(s, variant, fmt), None
 
 
-def entry_args(s: shapes_lib.Shape, variant: str, fmt: str) -> tuple:
+def random_cache(total_pages: int, page_size: int, head_dim: int = 128,
+                 fmt: str = "fp8", *, seed: int = 0,
+                 pages_per_step: int = 256) -> tuple:
+  """A seeded N(0, 1) cache in `fmt` (`cache.CACHE_FORMATS`): the tuple of
+  its arrays, packed gcd(total_pages, pages_per_step) pages at a time in one
+  `lax.map` (keys of group i from `fold_in(key(seed), i)`, the same keys in
+  every format): one group's f32 keys (16 MiB) beside the packed cache, not
+  8 GiB of them at 64 x 256K entries."""
+  step = math.gcd(total_pages, pages_per_step)
+  layout = cache_lib.CACHE_FORMATS[fmt]
+
+  @jax.jit
+  def build(key):
+    def group(i):
+      keys = jax.random.normal(jax.random.fold_in(key, i),
+                               (step, page_size, head_dim), jnp.float32)
+      return tuple(layout.pack(keys))
+    out = jax.lax.map(group, jnp.arange(total_pages // step))
+    return tuple(a.reshape((total_pages,) + a.shape[2:]) for a in out)
+
+  return build(jax.random.key(seed))
+
+
+def entry_args(s: shapes_lib.Shape, variant: str, fmt: str, *,
+               seed: int = 0) -> tuple:
   """`variant`'s entry-point arguments at shape `s` in format `fmt`, built
   on the device with no f32 keys beside the cache (nothing to check
-  against: `lab.bench.long_context`)."""
-  q, w, cache, *meta = long_context.long_context_args(
-      dataclasses.replace(s, fmt=fmt))
-  cache = cache if isinstance(cache, tuple) else (cache,)
-  last = (meta[-1] if variants_lib.get(variant).mode == "token"
-          else jnp.int32(s.batch().num_seqs))
-  return (q, w, *cache, *meta[:-1], last)
+  against): q and weights drawn as `batch.make_inputs` draws them, the
+  cache's arrays from `random_cache`."""
+  b = s.batch()
+  rng = np.random.default_rng(seed)
+  t, h, d = b.num_tokens, s.num_heads, s.head_dim
+  q = rng.standard_normal((t, h, d), np.float32)
+  w = np.abs(rng.standard_normal((t, h), np.float32)) / np.sqrt(h)
+  cache = random_cache(b.total_num_pages, s.page_size, d, fmt, seed=seed + 1)
+  *meta, distribution = b.kernel_arrays()
+  last = (distribution if variants_lib.get(variant).mode == "token"
+          else jnp.int32(b.num_seqs))
+  return (jnp.asarray(q).astype(jnp.bfloat16), jnp.asarray(w), *cache,
+          *meta, last)
 
 
 def _check_call(point: Point, got, inputs, kw) -> dict:

@@ -42,8 +42,7 @@ def verdict(a) -> str:
 
 
 def format_table(doc) -> str:
-  """A document's results as a text table, then ratios, block sizes and (long
-  context) the one-chunk temporaries by `streaming.one_chunk_temp_bytes`."""
+  """A document's results as a text table, then ratios and block sizes."""
   rat = doc["ratios"]["time_over_reference"]
   rows = []
   for r in doc["results"]:
@@ -72,7 +71,4 @@ def format_table(doc) -> str:
   blocks = {(r["impl"], str(r["blocks"]["kwargs"]), r["blocks"]["source"])
             for r in doc["results"] if r.get("blocks")}
   out += [f"{i} block sizes {kw}: {src}" for i, kw, src in sorted(blocks)]
-  out += [f"{s['name']}: one-chunk temporaries by formula {mib(f['low'])}-"
-          f"{mib(f['high'])} MiB" for s in doc["shapes"]
-          if (f := s.get("one_chunk_formula_temp_bytes"))]
   return "\n".join(out)

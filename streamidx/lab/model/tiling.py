@@ -550,22 +550,16 @@ def launch_case(name: str) -> tuple[str, int, int]:
   return case, int(m.group(3)), int(m.group(4))
 
 
-def scoring_static(v: variants_lib.Variant, static: dict) -> dict:
-  """A token variant's keywords `static` traced for its scoring launches
-  alone: the vendored sort where they name no `topk_method` (the chip's
-  default may be a Pallas selection kernel, `topk.defaults`, whose call
-  would come last); a page variant's as given."""
-  if v.mode == "token" and "topk_method" not in static:
-    return {**static, "topk_method": topk_lib.VENDORED_TOPK_METHOD}
-  return dict(static)
-
-
 def traced_launches(v: variants_lib.Variant, args, static: dict) -> list:
   """[(launch name, equation)] of every `pallas_call` variant `v` makes at
-  `args` with keywords `static` (`scoring_static`), traced with
-  `jax.make_jaxpr`: nothing runs, so `args` may be production-size
-  `jax.ShapeDtypeStruct`s."""
-  fn = functools.partial(v.kernel, **scoring_static(v, static))
+  `args` with keywords `static`, traced with `jax.make_jaxpr`: nothing runs,
+  so `args` may be production-size `jax.ShapeDtypeStruct`s. A token variant
+  whose `static` names no `topk_method` is traced with the vendored sort (the
+  chip's default may be a Pallas selection kernel, `topk.defaults`, whose
+  call would come last)."""
+  if v.mode == "token" and "topk_method" not in static:
+    static = {**static, "topk_method": topk_lib.VENDORED_TOPK_METHOD}
+  fn = functools.partial(v.kernel, **static)
   return [(eqn.params.get("name") or "pallas_call", eqn)
           for eqn in pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr)]
 

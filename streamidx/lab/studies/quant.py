@@ -4,8 +4,6 @@ record) for notebooks 01 and 02; the studies themselves are notebook cells.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -13,8 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx import ref
-from streamidx.lab.studies import addressing
 
 
 def pow2(e):
@@ -74,38 +70,6 @@ def rotate(x, h=None):
                     precision=jax.lax.Precision.HIGHEST)
 
 
-# Key/query variants of a recall study: (cache format, query form).
-VARIANTS: dict[str, tuple[str, str]] = {
-    "exact": ("f32", "f32"),       # float32 keys and queries: the baseline
-    "bf16": ("bf16", "bf16"),      # bf16 cache, bf16 queries
-    "fp8": ("fp8", "bf16"),        # vendored: packed FP8 cache, bf16 queries
-    "fp8_q8": ("fp8", "fp8"),      # FP8 cache, FP8 queries (scale in weights)
-}
-
-
-def variant_inputs(inp, variant: str, *, rotated: bool = False,
-                   query_scale: str = "ue8m0"):
-  """`IndexerInputs` of one `VARIANTS` key/query variant from `inp` (f32
-  queries), optionally Hadamard-rotated first."""
-  if variant not in VARIANTS:
-    raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got "
-                     f"{variant!r}")
-  if inp.q.dtype != jnp.float32:
-    raise ValueError(f"inp.q must be float32 (make_inputs(..., q_dtype="
-                     f"jnp.float32)), got {inp.q.dtype}")
-  fmt, q_form = VARIANTS[variant]
-  q, keys, w = inp.q, inp.keys, inp.weights
-  if rotated:
-    q, keys = rotate(q), rotate(keys)
-  if q_form == "bf16":
-    q = q.astype(jnp.bfloat16)
-  elif q_form == "fp8":
-    q8, w, _ = quantize_queries_fp8(q, w, scale=query_scale)
-    q = q8.astype(jnp.bfloat16)
-  return dataclasses.replace(inp, q=q, weights=w, keys=keys,
-                             cache=cache_lib.pack_cache(keys, fmt), fmt=fmt)
-
-
 def unpack_block_in_kernel(block, head_dim: int = 128):
   """The vendored FP8 `load_bkv`'s ops on one block u8[rows, kv_packing,
   lkv_dim] in the TPU interpreter: (values f32[rows * kv_packing, head_dim],
@@ -135,22 +99,3 @@ def unpack_block_in_kernel(block, head_dim: int = 128):
   )
   return call(block)
 
-
-def float64_scores(inp, *, compression_ratio: int, seq: int = 0,
-                   causal_rule: str = "model") -> np.ndarray:
-  """f64[q_len of seq, pages_per_seq * page_size]: sequence `seq`'s rows against
-  its unquantized keys in float64; -inf where an entry is hidden."""
-  b = inp.batch
-  lo, hi = int(b.cu_q_lens[seq]), int(b.cu_q_lens[seq + 1])
-  keys = np.asarray(inp.keys, np.float64)[b.page_table[seq]]
-  keys = keys.reshape(-1, inp.head_dim)  # [entries, head_dim], sequence order
-  q = np.asarray(inp.q.astype(jnp.float32), np.float64)[lo:hi]
-  w = np.asarray(inp.weights, np.float64)[lo:hi]
-  with jax.enable_x64(True):
-    s = np.stack([np.asarray(ref.score_entries(
-        jnp.asarray(qt), jnp.asarray(wt), jnp.asarray(keys), None), np.float64)
-                  for qt, wt in zip(q, w)])
-  visible = addressing.visibility_mask(
-      b.token_positions()[lo:hi], keys.shape[0], compression_ratio,
-      causal_rule, seq_len=int(b.seq_lens[seq]))
-  return np.where(visible, s, -np.inf)
