@@ -159,7 +159,7 @@ def test_ablate_refuses_to_run_off_a_tpu(capsys):
 def test_recorded_experiments_are_skipped_per_shape(monkeypatch, capsys):
   """--dry-run lists what a run would measure: at the records' shape, the
   experiments not yet recorded on the chip; at another shape, all."""
-  monkeypatch.setattr(ablate.hardware, "detect_generation", lambda d: "v5e")
+  monkeypatch.setattr(ablate.modes, "device_generation", lambda d: "v5e")
   recorded = {r["experiment"] for r in records.chip_rows(
       "experiments", chip="v5e", shape=ablate.SHAPE.name)}
   names = [e.name for e in ablate.EXPERIMENTS]
