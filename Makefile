@@ -39,7 +39,8 @@ help:
 	@echo "make test      pytest over tests/, notebooks included (CI profile, into build/ci/); what CI runs"
 	@echo "make test-full make test plus the tests marked full (the whole case matrices)"
 	@echo "make test-tpu  on a TPU: every variant compiled and checked on the chip, the run recorded"
-	@echo "               (data/chip_measurements.json); one process, the checkout on PYTHONPATH"
+	@echo "               (data/chip_measurements.json); one process, the checkout on PYTHONPATH;"
+	@echo "               RESUME=1: only the tests whose newest outcome on this chip is not a pass"
 	@echo "make workbook  every notebook with its default parameters, + HTML, into build/workbook/"
 	@echo "               (2 at a time on 2+ cores, longest first; WORKBOOK_ARGS=\"--jobs 1\" for timing studies)"
 	@echo "make lab       JupyterLab on notebooks/"
@@ -78,7 +79,8 @@ test-full: venv
 # exit status 5: nothing collected).
 TPU_PYTHON ?= $(if $(wildcard $(VPY)),$(VPY),python3)
 test-tpu:
-	STREAMIDX_RECORD_TEST_RUN=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+	STREAMIDX_RECORD_TEST_RUN=1 STREAMIDX_TIER_RESUME=$(RESUME) \
+	  PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
 	  $(TPU_PYTHON) -m pytest -q -rs -p no:xdist -p no:cacheprovider tests/test_chip.py \
 	  $(PYTEST_ARGS) || test $$? -eq 5
 

@@ -182,6 +182,15 @@ def test_runs() -> list[dict]:
   return list(load("chip")["test_runs"])
 
 
+def tier_outcomes(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+  """{test id: its newest outcome} over `runs` (oldest first; a run cut
+  short counts the tests it finished; runs without outcomes add none)."""
+  newest: dict[str, str] = {}
+  for r in runs:
+    newest.update(r.get("outcomes") or {})
+  return newest
+
+
 def _number(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
 

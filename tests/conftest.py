@@ -118,12 +118,25 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  if TIER == "full":
-    return
-  dropped = [it for it in items if it.get_closest_marker("full")]
+  dropped = [it for it in items if TIER != "full"
+             and it.get_closest_marker("full")]
+  if os.environ.get("STREAMIDX_TIER_RESUME"):  # `make test-tpu RESUME=1`
+    dropped += [it for it in items if it.nodeid.split("::", 1)[-1]
+                in _passed_on_this_chip()]
   if dropped:
     config.hook.pytest_deselected(items=dropped)
-    items[:] = [it for it in items if not it.get_closest_marker("full")]
+    gone = set(dropped)
+    items[:] = [it for it in items if it not in gone]
+
+
+def _passed_on_this_chip() -> set[str]:
+  """The TPU tier's tests whose newest recorded outcome on this process's
+  chip passed (`records.tier_outcomes`); none off a TPU."""
+  from streamidx import modes, records  # pylint: disable=g-import-not-at-top
+  chip = modes.device_generation(jax.devices()[0])
+  newest = records.tier_outcomes(r for r in records.test_runs()
+                                 if r["chip"] == chip)
+  return {t for t, o in newest.items() if o == "passed"} if chip else set()
 
 
 # ---------------------------------------------------------------------------
@@ -164,7 +177,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
              wall_s=time.perf_counter() - _STARTED,
              date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                  timespec="seconds"),
-             command=" ".join(["pytest"] + sys.argv[1:]),
+             command=" ".join(["STREAMIDX_TIER_RESUME=1"] * bool(
+                 os.environ.get("STREAMIDX_TIER_RESUME"))
+                              + ["pytest"] + sys.argv[1:]),
              commit=os.environ.get("STREAMIDX_COMMIT"),
              interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
              tier_tests=len(_SELECTED) + len(

@@ -237,6 +237,8 @@ def test_summary_counts_each_tier_test_by_its_newest_result(tmp_path,
   runs = [run(None, "2026-12-05", sub="old"),
           run({"a": "failed", "b": "passed"}, "2026-12-06"),
           run({"a": "passed", "c": "skipped"}, "2026-12-07", True, "dsv4")]
+  assert records.tier_outcomes(runs) == {"a": "passed", "b": "passed",
+                                         "c": "skipped"}
   for r in runs:
     assert records.chip_problems(r, records.TEST_RUN_FIELDS) == [], r
   bad = dict(runs[1], passed=2)
@@ -255,3 +257,16 @@ def test_summary_counts_each_tier_test_by_its_newest_result(tmp_path,
   finally:
     records.load.cache_clear()
   assert "`-k dsv4`" not in text and "`-k readme`) had 1 passed" in text
+  # a resumed run (`make test-tpu RESUME=1`) ran what was left: no part's
+  # last run either
+  resumed = dict(runs[1], command="STREAMIDX_TIER_RESUME=1 " + runs[1][
+      "command"], outcomes={"d": "passed"}, passed=1, failed=0)
+  (tmp_path / "chip.json").write_text(json.dumps(
+      {"rows": [], "test_runs": runs + [resumed]}))
+  records.load.cache_clear()
+  try:
+    text = record.summary()
+  finally:
+    records.load.cache_clear()
+  assert "`-k readme`) had 1 passed, 1 failed" in text
+  assert "3 passed, 0 failed, 1 skipped, 6 not yet run (3 runs" in text

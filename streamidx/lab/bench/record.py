@@ -409,9 +409,7 @@ def tier_coverage(runs: Sequence[dict]) -> list[str]:
   runs = [r for r in runs if r.get("outcomes") is not None]
   if not runs:
     return []
-  newest = {}
-  for r in runs:
-    newest.update(r["outcomes"])
+  newest = records.tier_outcomes(runs)
   count = lambda o: sum(v == o for v in newest.values())  # pylint: disable=unnecessary-lambda-assignment
   total = runs[-1]["tier_tests"]
   dates = sorted({r["date"][:10] for r in runs})
@@ -438,8 +436,9 @@ def summary() -> str:
   for chip in sorted({r["chip"] for r in rows} | {r["chip"] for r in runs}):
     mine = [r for r in rows if r["chip"] == chip]
     newest = {}  # -k expression (None: the whole tier) -> its newest run
-    for t in (r for r in runs if r["chip"] == chip
-              and not r.get("interrupted")):
+    for t in (r for r in runs if r["chip"] == chip  # whole runs of a part
+              and not r.get("interrupted")
+              and not r["command"].startswith("STREAMIDX_TIER_RESUME")):
       sub = re.search(r" -k (.+?)(?: -p |$)", t["command"])
       newest.pop(sub and sub.group(1), None)
       newest[sub and sub.group(1)] = t
