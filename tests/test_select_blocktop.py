@@ -6,6 +6,8 @@ race-freedom, the model. Its exactness on rows
 built to break selections: tests/test_topk_exact.py (every exact registered
 method)."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -74,6 +76,23 @@ def test_blocktop_more_candidates_at_the_bound_than_slots_falls_back():
   np.testing.assert_array_equal(np.asarray(winners)[1], want[1])
   got = np.asarray(topk.select_topk(x, 512, "blocktop", keep=4, tile=4096))
   np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("t", [1, 3, 8, 20])
+def test_blocktop_fallback_selects_the_flagged_rows_alone(t):
+  """Only the rows the kernel flagged are selected again by the rule,
+  `FALLBACK_ROWS` at a time (at 20 rows, 11 flagged: two trips, the last
+  padded); the others keep the kernel's winners, untouched."""
+  rng = np.random.default_rng(t)
+  x = jnp.asarray(rng.integers(-3, 4, (t, 300)).astype(np.float32))  # ties
+  kernel = jnp.full((t, 16), -7, jnp.int32)  # what no rule returns
+  bad = jnp.asarray(rng.random(t) < 0.6).at[0].set(True)
+  got = np.asarray(jax.jit(sb.fallback, static_argnums=1)(x, 16, kernel, bad))
+  flagged = np.asarray(bad)
+  assert t < 20 or flagged.sum() > sb.FALLBACK_ROWS
+  np.testing.assert_array_equal(got[flagged],
+                                oracle.topk_rule(np.asarray(x), 16)[flagged])
+  assert (got[~flagged] == -7).all()
 
 
 @pytest.mark.parametrize("k,mean", [(512, 708), (1024, 1172), (2048, 2136)])

@@ -8,7 +8,8 @@ block's `keep` best entries and the best one it dropped; the finish finds
 the bound (the k-th best of the first `bound_levels`), compacts the
 candidates at or before it into `capacity(k)` slots and sorts them
 (bitonic). Where a dropped entry ranks before the k-th winner or the
-candidates overflow the slots, the batch is selected by `base.top_k`.
+candidates overflow the slots, that row is selected again by `base.top_k`
+(`fallback`, a few rows at a time).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
+from streamidx.semantics import cdiv
 from streamidx.topk import base
 
 SUBLANES, LANES = 8, 128
@@ -577,15 +579,37 @@ def block_select(scores, k: int, *, keep: int, tile: int):
   return winners[:t, :k], flag.reshape(-1, LANES)[:t, 0] != 0
 
 
+# Rows the fallback selects at once: one program of [FALLBACK_ROWS, N],
+# looped over the flagged rows, whatever T is.
+FALLBACK_ROWS = 8
+
+
 def select(scores, k, extra=None, *, keep=None, tile=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
   keep, tile = plan(scores.shape[1], k, keep, tile)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
-  # The fallback is the rule itself (`base.top_k`): the sort method's
-  # program (a full sort, then the rule's tie check) would compile twice
-  # the XLA code.
-  return lax.cond(jnp.any(bad), lambda: base.top_k(scores, k), lambda: winners)
+  return lax.cond(jnp.any(bad), lambda: fallback(scores, k, winners, bad),
+                  lambda: winners)
+
+
+def fallback(scores, k, winners, bad):
+  """`winners` i32[T, k] with each row flagged in `bad` bool[T] selected
+  again by the rule itself (`base.top_k`: the sort method's program, a full
+  sort then the rule's tie check, would compile twice the XLA code), up to
+  `FALLBACK_ROWS` rows a loop trip (`select` calls it only where a row
+  is flagged)."""
+  t = scores.shape[0]
+  r = min(FALLBACK_ROWS, t)
+  order = jnp.argsort(~bad, stable=True)  # the flagged rows first
+  order = jnp.concatenate([order, order[:-t % r]])  # whole trips of r rows
+
+  def trip(i, w):
+    rows = lax.dynamic_slice_in_dim(order, i * r, r)
+    again = base.top_k(scores[rows], k)
+    return w.at[rows].set(jnp.where(bad[rows][:, None], again, w[rows]))
+
+  return lax.fori_loop(0, cdiv(jnp.sum(bad), r), trip, winners)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):
