@@ -90,6 +90,7 @@ def test_exact_methods_agree_on_random_scores(t, n, k, variants):
 
 @pytest.mark.parametrize("name,scores,k", [
     ("all_hidden_rows", np.full((3, 50), -np.inf, np.float32), 8),
+    ("no_rows", np.zeros((0, 50), np.float32), 8),
     ("k_above_entries", np.arange(12, dtype=np.float32).reshape(2, 6), 10),
     ("one_entry", np.array([[2.0], [-np.inf]], np.float32), 3),
     ("k_is_one", np.array([[1.0, 3.0, 3.0, -np.inf]], np.float32), 1),

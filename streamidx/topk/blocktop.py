@@ -588,6 +588,8 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
   keep, tile = plan(scores.shape[1], k, keep, tile)
+  if scores.shape[0] == 0:  # no row: no kernel (its grid would be empty)
+    return jnp.zeros((0, k), jnp.int32)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
   return lax.cond(jnp.any(bad), lambda: fallback(scores, k, winners, bad),
                   lambda: winners)
