@@ -448,12 +448,12 @@ def summary() -> str:
     if mine:
       dates = sorted({r["date"][:10] for r in mine})
       oks = [(r["check"] or {}).get("ok") for r in mine]
-      named = {r["run"].split(" ", 1)[1] for r in mine}
+      measured = len(POINTS) - len(missing(POINTS, chip))
       parts.append(f"{len(mine)} calls were measured ({', '.join(dates)}; "
                    f"{len({r['shape'] for r in mine})} shapes, "
                    f"{sum(1 for r in mine if r['variant'])} kernel calls and "
                    f"{sum(1 for r in mine if not r['variant'])} selections "
-                   f"alone: {len(named & {p.name for p in POINTS})} of the "
+                   f"alone: {measured} of the "
                    f"{len(POINTS)} points `--record` names; "
                    f"{oks.count(False)} disagreeing with the rule or "
                    f"reference, {oks.count(None)} not checked)")
