@@ -182,6 +182,14 @@ def test_runs() -> list[dict]:
   return list(load("chip")["test_runs"])
 
 
+OUTCOMES = ("passed", "failed", "skipped")  # a tier test's, as recorded
+
+
+def outcome_counts(outcomes: Mapping[str, str]) -> dict[str, int]:
+  """{outcome: how many tests had it} of {test id: outcome}."""
+  return {o: sum(v == o for v in outcomes.values()) for o in OUTCOMES}
+
+
 def tier_outcomes(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
   """{test id: its newest outcome} over `runs` (oldest first; a run cut
   short counts the tests it finished; runs without outcomes add none)."""
@@ -208,15 +216,13 @@ def chip_problems(row: Mapping[str, Any], fields=CHIP_FIELDS) -> list[str]:
                   if not _number(row.get(f))]
   if fields is TEST_RUN_FIELDS:
     outcomes = row.get("outcomes") or {}
-    return out + [f"{f}: not a count" for f in ("passed", "failed", "skipped")
+    return out + [f"{f}: not a count" for f in OUTCOMES
                   if f in row and not isinstance(row[f], int)] + [
         f"outcomes: {t!r} is {o!r}, not passed, failed or skipped"
-        for t, o in outcomes.items() if o not in ("passed", "failed",
-                                                  "skipped")] + (
+        for t, o in outcomes.items() if o not in OUTCOMES] + (
         ["outcomes: its counts differ from passed, failed and skipped"]
-        if outcomes and [row.get(f) for f in ("passed", "failed", "skipped")]
-        != [sum(o == f for o in outcomes.values())
-            for f in ("passed", "failed", "skipped")] else [])
+        if outcomes and outcome_counts(outcomes)
+        != {f: row.get(f) for f in OUTCOMES} else [])
   if row.get("stage") not in STAGES:
     out.append(f"stage: must be one of {STAGES} (got {row.get('stage')!r})")
   if row.get("mode") not in _MODES:

@@ -94,6 +94,26 @@ def ties_backwards(monkeypatch):
   jax.clear_caches()
 
 
+@pytest.fixture
+def chip_records(tmp_path, monkeypatch):
+  """For one test, `streamidx.records` reads and appends a chip records file
+  of the test's own (the other data files are data/'s); `write(doc)`
+  replaces its contents."""
+  import json  # pylint: disable=g-import-not-at-top
+  from streamidx import records  # pylint: disable=g-import-not-at-top
+  path, data_file = tmp_path / "chip.json", records.path
+  monkeypatch.setattr(records, "path", lambda name: path if name == "chip"
+                      else data_file(name))
+
+  def write(doc):
+    path.write_text(json.dumps(doc))
+    records.load.cache_clear()
+
+  write({"rows": [], "test_runs": [], "experiments": []})
+  yield write
+  records.load.cache_clear()
+
+
 # ---------------------------------------------------------------------------
 # Two tiers. `make test` (CI, and what README.md calls the tests) runs the
 # "ci" tier: every module, every variant, cache format, launch and top-k
@@ -121,12 +141,17 @@ def pytest_collection_modifyitems(config, items):
   dropped = [it for it in items if TIER != "full"
              and it.get_closest_marker("full")]
   if os.environ.get("STREAMIDX_TIER_RESUME"):  # `make test-tpu RESUME=1`
-    dropped += [it for it in items if it.nodeid.split("::", 1)[-1]
-                in _passed_on_this_chip()]
+    passed = _passed_on_this_chip()
+    dropped += [it for it in items if _test_id(it.nodeid) in passed]
   if dropped:
     config.hook.pytest_deselected(items=dropped)
     gone = set(dropped)
     items[:] = [it for it in items if it not in gone]
+
+
+def _test_id(nodeid: str) -> str:
+  """A tier test's id in the records: its node id less the file."""
+  return nodeid.split("::", 1)[-1]
 
 
 def _passed_on_this_chip() -> set[str]:
@@ -170,11 +195,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for rep in terminalreporter.stats.get(key, ()):
       if getattr(rep, "nodeid", None) and (key != "passed"
                                            or rep.when == "call"):
-        outcomes[rep.nodeid.split("::", 1)[-1]] = outcome
-  n = lambda o: sum(v == o for v in outcomes.values())  # pylint: disable=unnecessary-lambda-assignment
-  run = dict(chip=chip, device_kind=dev.device_kind, passed=n("passed"),
-             failed=n("failed"), skipped=n("skipped"),
-             wall_s=time.perf_counter() - _STARTED,
+        outcomes[_test_id(rep.nodeid)] = outcome
+  run = dict(chip=chip, device_kind=dev.device_kind,
+             **records.outcome_counts(outcomes), wall_s=time.perf_counter() - _STARTED,
              date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                  timespec="seconds"),
              command=" ".join(["STREAMIDX_TIER_RESUME=1"] * bool(

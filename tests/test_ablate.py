@@ -114,8 +114,8 @@ def _row():
                     command="python -m streamidx.bench --ablate")
 
 
-def test_a_measurement_row_follows_the_records_and_appends(tmp_path,
-                                                           monkeypatch):
+def test_a_measurement_row_follows_the_records_and_appends(chip_records):
+  del chip_records  # records read and append a file of this test's own
   r = _row()
   assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == []
   # The shipped call's plan at v5e's table row: the HBM bound of the
@@ -127,20 +127,14 @@ def test_a_measurement_row_follows_the_records_and_appends(tmp_path,
   assert r["ratio"] == pytest.approx(1.5e-3 / sb.kernel_s)
   assert r["kv_step_s"] * r["kv_steps"] == pytest.approx(1.5e-3)
   assert r["ops"] == [["StreamIdxLeanTC-d", 1.0, pytest.approx(1.45e-3)]]
-  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
-  (tmp_path / "chip.json").write_text('{"rows": [], "test_runs": []}')
-  records.load.cache_clear()
-  try:
-    with pytest.raises(ValueError, match=r"experiments\[0\]: .*device_s"):
-      records.append_chip(experiments=[dict(r, device_s=None)])
-    records.append_chip(experiments=[r])
-    got = records.chip_rows("experiments", chip="v5e", experiment="baseline")
-    assert got == [json.loads(json.dumps(r))]
-    (got,) = record.experiment_table(records.chip_rows("experiments"))
-    assert got["kv pages"] == r["blocks"]["num_kv_pages_per_block"][0]
-    assert got["/ HBM"] == round(r["ratio"], 2)
-  finally:
-    records.load.cache_clear()
+  with pytest.raises(ValueError, match=r"experiments\[0\]: .*device_s"):
+    records.append_chip(experiments=[dict(r, device_s=None)])
+  records.append_chip(experiments=[r])
+  got = records.chip_rows("experiments", chip="v5e", experiment="baseline")
+  assert got == [json.loads(json.dumps(r))]
+  (got,) = record.experiment_table(records.chip_rows("experiments"))
+  assert got["kv pages"] == r["blocks"]["num_kv_pages_per_block"][0]
+  assert got["/ HBM"] == round(r["ratio"], 2)
 
 
 def test_recorded_experiments_follow_the_schema():

@@ -77,41 +77,29 @@ def _rows(device_s=1e-3):
       device_kind="TPU v5 lite", versions={"jax": "0.10.2", "libtpu": "x"})
 
 
-def test_call_rows_are_a_call_and_its_parts(tmp_path, monkeypatch):
+def test_call_rows_are_a_call_and_its_parts(chip_records):
+  del chip_records  # records read and append a file of this test's own
   rows = _rows()
   assert [r["stage"] for r in rows] == list(records.STAGES)
   assert all(records.chip_problems(r) == [] for r in rows)
-  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
-  (tmp_path / "chip.json").write_text(json.dumps({"rows": [],
-                                                  "test_runs": []}))
-  records.load.cache_clear()
-  try:
-    records.append_chip(rows)
-    assert len(records.chip_rows(run="r1", stage=("call", "idle"))) == 2
-    (call,) = record.calls(chip="v5e", variant="vendored")
-    assert call["stage"] == "call" and call["device_s"] == 1e-3
-    assert sum(call["parts"].values()) == pytest.approx(1e-3)
-    assert record.calls(chip="v6e") == []
-  finally:
-    records.load.cache_clear()
+  records.append_chip(rows)
+  assert len(records.chip_rows(run="r1", stage=("call", "idle"))) == 2
+  (call,) = record.calls(chip="v5e", variant="vendored")
+  assert call["stage"] == "call" and call["device_s"] == 1e-3
+  assert sum(call["parts"].values()) == pytest.approx(1e-3)
+  assert record.calls(chip="v6e") == []
 
 
-def test_append_refuses_a_bad_row_and_parts_that_miss_the_whole(tmp_path,
-                                                                 monkeypatch):
-  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
-  (tmp_path / "chip.json").write_text('{"rows": [], "test_runs": []}')
-  records.load.cache_clear()
-  try:
-    rows = _rows()
-    with pytest.raises(ValueError, match=r"rows\[0\]: .*wall_s"):
-      records.append_chip([dict(rows[0], wall_s=None)] + rows[1:])
-    with pytest.raises(ValueError, match="parts of run 'r1' sum to"):
-      records.append_chip([dict(rows[0], device_s=2e-3)] + rows[1:])
-    with pytest.raises(ValueError, match="stage: must be one of"):
-      records.append_chip([dict(rows[1], stage="kernel")])
-    assert records.chip_rows() == []  # nothing written
-  finally:
-    records.load.cache_clear()
+def test_append_refuses_a_bad_row_and_parts_that_miss_the_whole(chip_records):
+  del chip_records  # records read and append a file of this test's own
+  rows = _rows()
+  with pytest.raises(ValueError, match=r"rows\[0\]: .*wall_s"):
+    records.append_chip([dict(rows[0], wall_s=None)] + rows[1:])
+  with pytest.raises(ValueError, match="parts of run 'r1' sum to"):
+    records.append_chip([dict(rows[0], device_s=2e-3)] + rows[1:])
+  with pytest.raises(ValueError, match="stage: must be one of"):
+    records.append_chip([dict(rows[1], stage="kernel")])
+  assert records.chip_rows() == []  # nothing written
 
 
 def test_points_cover_the_chip_issue_list_and_patterns_select_them():
@@ -197,8 +185,7 @@ def test_missing_points_are_the_ones_without_a_recorded_call_on_the_chip():
   assert record.missing(todo, "no-such-chip") == todo
 
 
-def test_summary_gives_the_newest_run_of_each_part_of_the_tier(tmp_path,
-                                                                monkeypatch):
+def test_summary_gives_the_newest_run_of_each_part_of_the_tier(chip_records):
   """The tier runs in parts (`-k`) where a session cannot compile it all:
   each part's newest run is quoted, the whole tier's as the whole."""
   def run(sub, passed, date):
@@ -207,29 +194,22 @@ def test_summary_gives_the_newest_run_of_each_part_of_the_tier(tmp_path,
     return dict(chip="v5e", device_kind="TPU v5 lite", passed=passed,
                 failed=0, skipped=0, wall_s=60.0, date=date, command=cmd,
                 commit="abc", jax="0.10.2", libtpu="x")
-  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
-  (tmp_path / "chip.json").write_text(json.dumps({"rows": [], "test_runs": [
+  chip_records({"rows": [], "test_runs": [
       run("readme", 30, "2026-12-06"), run("dsv4_decode", 35, "2026-12-06"),
-      run("readme", 33, "2026-12-07")]}))
-  records.load.cache_clear()
-  try:
-    text = record.summary()
-  finally:
-    records.load.cache_clear()
+      run("readme", 33, "2026-12-07")]})
+  text = record.summary()
   assert "`-k readme`) had 33 passed" in text
   assert "`-k dsv4_decode`) had 35 passed" in text
   assert "30 passed" not in text
 
 
-def test_summary_counts_each_tier_test_by_its_newest_result(tmp_path,
-                                                          monkeypatch):
+def test_summary_counts_each_tier_test_by_its_newest_result(chip_records):
   """A run cut short still counts the tests it finished; a test's newest
   outcome wins; a run without outcomes (recorded before they were) is in
   no count; an interrupted run is no part's "last run"."""
   def run(outcomes, date, interrupted=False, sub="readme"):
-    n = lambda o: sum(v == o for v in (outcomes or {}).values())
-    return dict(chip="v5e", device_kind="TPU v5 lite", passed=n("passed"),
-                failed=n("failed"), skipped=n("skipped"), wall_s=60.0,
+    return dict(chip="v5e", device_kind="TPU v5 lite",
+                **records.outcome_counts(outcomes or {}), wall_s=60.0,
                 date=date, command=f"pytest -q tests/test_chip.py -k {sub}",
                 commit="abc", jax="0.10.2", libtpu="x",
                 interrupted=interrupted, tier_tests=None if outcomes is None
@@ -248,25 +228,14 @@ def test_summary_counts_each_tier_test_by_its_newest_result(tmp_path,
       "the TPU tier's 10 tests, each one's newest result on the chip: "
       "2 passed, 0 failed, 1 skipped, 7 not yet run (2 runs, 1 cut short; "
       "2026-12-06, 2026-12-07; commit abc)"]
-  monkeypatch.setattr(records, "path", lambda name: tmp_path / "chip.json")
-  (tmp_path / "chip.json").write_text(json.dumps({"rows": [],
-                                                  "test_runs": runs}))
-  records.load.cache_clear()
-  try:
-    text = record.summary()
-  finally:
-    records.load.cache_clear()
+  chip_records({"rows": [], "test_runs": runs})
+  text = record.summary()
   assert "`-k dsv4`" not in text and "`-k readme`) had 1 passed" in text
   # a resumed run (`make test-tpu RESUME=1`) ran what was left: no part's
   # last run either
   resumed = dict(runs[1], command="STREAMIDX_TIER_RESUME=1 " + runs[1][
       "command"], outcomes={"d": "passed"}, passed=1, failed=0)
-  (tmp_path / "chip.json").write_text(json.dumps(
-      {"rows": [], "test_runs": runs + [resumed]}))
-  records.load.cache_clear()
-  try:
-    text = record.summary()
-  finally:
-    records.load.cache_clear()
+  chip_records({"rows": [], "test_runs": runs + [resumed]})
+  text = record.summary()
   assert "`-k readme`) had 1 passed, 1 failed" in text
   assert "3 passed, 0 failed, 1 skipped, 6 not yet run (3 runs" in text

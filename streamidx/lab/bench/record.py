@@ -410,13 +410,13 @@ def tier_coverage(runs: Sequence[dict]) -> list[str]:
   if not runs:
     return []
   newest = records.tier_outcomes(runs)
-  count = lambda o: sum(v == o for v in newest.values())  # pylint: disable=unnecessary-lambda-assignment
+  count = records.outcome_counts(newest)
   total = runs[-1]["tier_tests"]
   dates = sorted({r["date"][:10] for r in runs})
   commits = sorted({r["commit"] or "?" for r in runs})
   return [f"the TPU tier's {total} tests, each one's newest result on the "
-          f"chip: {count('passed')} passed, {count('failed')} failed, "
-          f"{count('skipped')} skipped, {total - len(newest)} not yet run "
+          f"chip: {count['passed']} passed, {count['failed']} failed, "
+          f"{count['skipped']} skipped, {total - len(newest)} not yet run "
           f"({len(runs)} run{'s' * (len(runs) > 1)}, "
           f"{sum(bool(r['interrupted']) for r in runs)} cut short; "
           f"{', '.join(dates)}; commit "

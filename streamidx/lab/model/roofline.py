@@ -416,7 +416,6 @@ class KvStepCosts:
   source: str  # the shape and kernel they ran
 
 
-@functools.lru_cache(maxsize=None)
 def kv_step_costs(chip: str) -> KvStepCosts | None:
   """`KvStepCosts` from `chip`'s recorded experiments, or None (fewer than
   three with nothing removed: nothing measured to add)."""
