@@ -316,7 +316,8 @@ def chip_rows() -> list[dict]:
   each chip, shape, variant, method and k) beside the model's step at
   their shape and blocks (`roofline.indexer_step` at DeepSeek-V4's
   geometry and the chip's clock): the call's device time and its scoring part, each with
-  the model's; "model" the `StepBound`."""
+  the model's; "model" the `StepBound`; "selection_measured": its
+  selection is the chip's own time for it alone (`roofline.selection_stages`)."""
   from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
   newest = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"]): r
             for r in records.calls(mode=("decode", "prefill"))}
@@ -331,7 +332,9 @@ def chip_rows() -> list[dict]:
     out.append(dict(chip=r["chip"], shape=r["shape"], variant=r["variant"],
                     method=r["method"], k=r["k"], measured_s=r["device_s"],
                     predicted_s=sb.total_s, scoring_s=r["parts"]["scoring"],
-                    scoring_predicted_s=scoring, model=sb, call=r))
+                    scoring_predicted_s=scoring, model=sb, call=r,
+                    selection_measured=any(st.t_chip is not None
+                                           for st in sb.stages)))
   return out
 
 
@@ -346,14 +349,14 @@ def format_chip_table(rs: Sequence[dict]) -> str:
       "scoring measured": ms(r["scoring_s"]),
       "scoring model": ms(r["scoring_predicted_s"]),
       "scoring ratio": f"{r['scoring_predicted_s'] / r['scoring_s']:.2f}",
-      "model's selection": ("measured alone" if any(
-          st.t_chip is not None for st in r["model"].stages) else "modelled")}
+      "model's selection": ("measured alone" if r["selection_measured"]
+                            else "modelled")}
       for r in rs])
   within = lambda a, b: 1 / CHIP_BAND <= a / b <= CHIP_BAND
   n = sum(within(r["predicted_s"], r["measured_s"]) for r in rs)
   ns = sum(within(r["scoring_predicted_s"], r["scoring_s"]) for r in rs)
   chips = sorted({r["chip"] for r in rs})
-  sel = sum(any(st.t_chip is not None for st in r["model"].stages) for r in rs)
+  sel = sum(r["selection_measured"] for r in rs)
   return (text + f"\n{', '.join(chips) or 'no chip'} (this project's "
           f"measurements, the chip records): {n} of {len(rs)} calls within "
           f"{CHIP_BAND}x of the model ({sel} with the selection's own time "

@@ -124,9 +124,9 @@ def main(argv: Sequence[str]) -> int:
                               description=__doc__.split("\n\n")[1])
   p.add_argument("--only", nargs="+", choices=names, metavar="NAME",
                  help=f"of {', '.join(names)}")
-  decode = sorted({q.shape.name for q in record.POINTS
-                   if q.shape.kind == "decode" and q.variant == VARIANT})
-  p.add_argument("--shape", choices=decode, default=SHAPE.name,
+  decode = {q.shape.name: q.shape.with_(fmt=SHAPE.fmt) for q in record.POINTS
+            if q.shape.kind == "decode" and q.variant == VARIANT}
+  p.add_argument("--shape", choices=sorted(decode), default=SHAPE.name,
                  help=f"the decode shape (default {SHAPE.name})")
   p.add_argument("--again", action="store_true", help="also those recorded")
   p.add_argument("--budget-s", type=float, default=None,
@@ -134,8 +134,7 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument("--dry-run", action="store_true")
   a = p.parse_args(argv)
   todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
-  shape = next(q.shape for q in record.POINTS
-               if q.shape.name == a.shape).with_(fmt=SHAPE.fmt)
+  shape = decode[a.shape]
   dev = jax.devices()[0]
   chip = modes.device_generation(dev)
   if not a.again:

@@ -559,21 +559,20 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   if floor:
     bundles = int(kv_floor)
     notes.append("the KV loops alone (data/decode_schedule.json): a floor")
-  chip = kv_step_costs(generation)
+  chip, kernel = kv_step_costs(generation), st["kernel"]
+  measured = {}  # what the chip's experiments add (`kv_step_costs`)
   if chip:
-    notes.append(f"{sum(l.num_steps for l in p.executed):,} KV steps x "
-                 f"{chip.step_s * 1e6:.3f} us and bytes at "
-                 f"{chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
+    steps = sum(l.num_steps for l in p.executed)
+    notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
+                 f"at {chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
                  f"({chip.source})")
-  kernel = st["kernel"]
+    measured = dict(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
+                    * kernel.bandwidth / chip.dma_bandwidth)
   return ([Stage("fill", st["fill"].bound, None, clock_hz,
                  detail="XLA's -inf fill, HBM only"),
            Stage("scoring", kernel.t_mem, bundles, clock_hz,
                  t_mxu=kernel.t_math, detail="; ".join(notes), floor=floor,
-                 t_steps=chip.step_s * sum(l.num_steps for l in p.executed)
-                 if chip else 0.0,
-                 t_dma=kernel.t_mem * kernel.bandwidth / chip.dma_bandwidth
-                 if chip else None)]
+                 **measured)]
           + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz,
                              compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
