@@ -562,7 +562,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   chip, kernel = kv_step_costs(generation), st["kernel"]
   measured = {}  # what the chip's experiments add (`kv_step_costs`)
   if chip:
-    steps = sum(l.num_steps for l in p.executed)
+    steps = p.counts()["steps"]  # as the experiments counted theirs
     notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
                  f"at {chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
                  f"({chip.source})")
