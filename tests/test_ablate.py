@@ -26,7 +26,7 @@ S = ablate.SHAPE
 ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 # What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
-          "compute": set(), "kv_loop": {"out"}}
+          "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"}}
 
 
 @functools.lru_cache(maxsize=None)

@@ -76,10 +76,10 @@ def _stepbound(stages, *, source="1.000 GHz, public (data/tpu_specs.json)"):
 
 def test_step_stages_figure_stacks_each_stage_and_hatches_a_floor():
   from streamidx.lab.model import roofline  # pylint: disable=g-import-not-at-top
-  done = _stepbound([roofline.Stage("fill", 10e-6, None, 1e9),
+  done = _stepbound([roofline.Stage("fill", 10e-6, None, 1e9, hbm_only=True),
                      roofline.Stage("scoring", 100e-6, 300_000, 1e9),    # 300 us by its bundles
                      roofline.Stage("selection", 20e-6, 50_000, 1e9)])   # 50 us
-  floor = _stepbound([roofline.Stage("fill", 10e-6, None, None),
+  floor = _stepbound([roofline.Stage("fill", 10e-6, None, None, hbm_only=True),
                       roofline.Stage("scoring", 100e-6, 300_000, None)], source="none")
   fig = plots.step_stages_figure({"complete": done, "floor": floor}, title="t")
   ax = fig.axes[0]

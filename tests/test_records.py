@@ -226,7 +226,8 @@ def test_summary_counts_each_tier_test_by_its_newest_result(chip_records):
       "outcomes: its counts differ from passed, failed and skipped"]
   assert record.tier_coverage(runs) == [
       "the TPU tier's 10 tests, each one's newest result on the chip: "
-      "2 passed, 0 failed, 1 skipped, 7 not yet run (2 runs, 1 cut short; "
+      "2 passed, 0 failed, 1 skipped, 7 not yet run (2 runs, 1 cut short, "
+      "120 s in all; "
       "2026-12-06, 2026-12-07; commit abc)"]
   chip_records({"rows": [], "test_runs": runs})
   text = record.summary()

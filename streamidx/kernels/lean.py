@@ -42,8 +42,10 @@ assert _MAX == block_max_lib.SEM_ROW
 # flight of each score buffer, -1 = none); with the block maxima, the
 # hook's after them (`block_max.launch_kwargs`).
 # What `ablate` can remove (with their waits; docs/chip.md): the scores'
-# DMAs, the KV blocks' DMAs, the KV loop's compute, the KV loop's trips.
-ABLATIONS = ("score_write", "kv_dma", "compute", "kv_loop")
+# DMAs, the KV blocks' DMAs (values and scales), the scales' DMAs alone
+# (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
+# KV loop's trips.
+ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop")
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
@@ -124,8 +126,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * rows_per_page,
                                                  rows_per_page)],
             sems.at[_KV, slot, 0]).start()
-        pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
-                              sems.at[_SCALE, slot, 0]).start()
+        if "scale_dma" not in ablate:
+          pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
+                                sems.at[_SCALE, slot, 0]).start()
         return carry
       if bkv_p > 64:  # page mode's 128-page blocks: a rolled loop compiles fast
         lax.fori_loop(0, bkv_p, page, None, unroll=8)
@@ -136,7 +139,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
     if "kv_dma" in ablate:
       return
-    for row, ref in ((_KV, bkv), (_SCALE, bsc)):
+    for row, ref in ((_KV, bkv),) + ((_SCALE, bsc),) * ("scale_dma" not in ablate):
       dst = ref.at[slot]
       pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
 

@@ -12,8 +12,9 @@ and date that made it. `rows()` predicts each public measurement
                                                   the public measurements, then
                                                   this project's chip records
     python -m streamidx.lab.calibration --json    the rows as one JSON list
-    python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k]
-                                                  recompile the scoring launches
+    python -m streamidx.lab.calibration --record-launches v7x v6e [--shape glm-decode-4k] [--variant lean]
+                                                  compile a variant's scoring launches
+                                                  and append their rows to the records
     python -m streamidx.lab.calibration --selection
                                                   the recorded selection counts
                                                   (`selection_table`)
@@ -37,6 +38,7 @@ from streamidx import records, topk
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
+from streamidx.variants import VARIANTS
 
 # A prediction within this factor of its measurement (either way) agrees with it.
 BAND = 1.5
@@ -200,18 +202,22 @@ def record_selection(chip: str, method: str, rows: int, entries: int,
         date=datetime.date.today().isoformat(), trips=trips, extra=extra)
 
 
-def append_selection(new_rows: Sequence[dict]) -> None:
-  """Appends selection rows to data/step_schedule.json (ValueError if one
-  is recorded already: a record is replaced by hand, never silently)."""
+def append_rows(section: str, key: Sequence[str], new_rows: Sequence[dict]) -> None:
+  """Appends rows to data/step_schedule.json's `section` ("selection" or
+  "launches"; ValueError if one with the same `key` fields is recorded
+  already: a record is replaced by hand, never silently)."""
   doc = dict(records.load("step_schedule"))
-  doc["selection"] = list(doc["selection"])
+  doc[section] = list(doc[section])
+  have = {tuple(x[f] for f in key) for x in doc[section]}
   for r in new_rows:
-    key = tuple(r[f] for f in ("chip", "method", "rows", "entries", "k"))
-    if any(key == tuple(x[f] for f in ("chip", "method", "rows", "entries",
-                                       "k")) for x in doc["selection"]):
-      raise ValueError(f"new_rows: {key} is recorded already")
-    doc["selection"].append(r)
+    if tuple(r[f] for f in key) in have:
+      raise ValueError(f"new_rows: {tuple(r[f] for f in key)} is recorded already")
+    doc[section].append(r)
   records.save("step_schedule", doc)
+
+
+def append_selection(new_rows: Sequence[dict]) -> None:
+  append_rows("selection", ("chip", "method", "rows", "entries", "k"), new_rows)
 
 
 # The shapes `selection_table` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
@@ -268,12 +274,12 @@ def rows() -> list[dict]:
     parts, why = roofline.measurement_stages(m, hz or 0.0)
     row["why"] = why
     if parts is not None and not hz:  # the clock the count implies, still
-      row["implied_hz"] = sum(s.bundles or 0 for s in parts) / m["measured_s"]
+      row["implied_hz"] = roofline.implied_clock(parts, m["measured_s"])
       row["why"] = "; ".join(x for x in (f"no clock ({src})", why) if x)
     elif parts is not None:
       row.update(predicted_s=sum(s.bound for s in parts),
                  bound="; ".join(s.describe() for s in parts),
-                 implied_hz=sum(s.bundles or 0 for s in parts) / m["measured_s"])
+                 implied_hz=roofline.implied_clock(parts, m["measured_s"]))
       ratio = row["predicted_s"] / m["measured_s"]
       if roofline.INFER_FROM.get(m["chip"]) == m["id"]:
         row["why"] = "; ".join(x for x in ("the clock's source (1.00 by construction)", why) if x)
@@ -364,10 +370,11 @@ def format_chip_table(rs: Sequence[dict]) -> str:
 
 
 def record_launches(chips: Sequence[str], *, variant: str = "vendored",
-                    fmt: str = "fp8", shape: str = "dsv4-decode-4k") -> list[dict]:
-  """Recompiles every launch of `variant` at `shape` (the table's blocks)
-  for each chip and returns their `LaunchProgram` rows."""
+                    shape: str = "dsv4-decode-4k") -> list[dict]:
+  """Recompiles every launch of `variant` (its first cache format) at `shape`
+  (the table's blocks) for each chip and returns their `LaunchProgram` rows."""
   from streamidx.lab import schedule  # pylint: disable=g-import-not-at-top
+  fmt = VARIANTS[variant].cache_formats[0]
   out = []
   for chip in chips:
     blocks = shapes_lib.table_blocks(shapes_lib.COMPILE_BY_NAME[shape], variant,
@@ -381,9 +388,14 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
           launch=s.launch, compiled_shape=shape, outside=s.program.outside,
           levels=list(s.program.levels), calls=[list(c) for c in s.program.calls],
           command=(f"python -m streamidx.lab.calibration --record-launches {chip}"
-                   + ("" if shape == "dsv4-decode-4k" else f" --shape {shape}")),
+                   + ("" if shape == "dsv4-decode-4k" else f" --shape {shape}")
+                   + ("" if variant == "vendored" else f" --variant {variant}")),
           date=datetime.date.today().isoformat()))
   return out
+
+
+_LAUNCH_KEY = ("chip", "variant", "fmt", "case", "seq_batch_size", "bkv_p", "bq",
+               "compiled_shape")
 
 
 def main(argv=None) -> int:
@@ -398,8 +410,11 @@ def main(argv=None) -> int:
                  "CHIP (no TPU; minutes) and append its row to "
                  "data/step_schedule.json")
   p.add_argument("--record-launches", nargs="+", metavar="CHIP",
-                 help="recompile the scoring launches for these chips and "
-                 "print their rows (JSON) for data/step_schedule.json")
+                 help="compile the scoring launches for these chips (no TPU; "
+                 "minutes) and append their rows to data/step_schedule.json")
+  p.add_argument("--variant", default="vendored", choices=sorted(
+      v for v in VARIANTS if VARIANTS[v].mode == "token"), help="with "
+                 "--record-launches: the token variant (its first cache format)")
   p.add_argument("--shape", default="dsv4-decode-4k",
                  choices=sorted(shapes_lib.COMPILE_BY_NAME), help="with "
                  "--record-launches: the compile shape (its geometry keys "
@@ -415,7 +430,9 @@ def main(argv=None) -> int:
     print(selection_table())
     return 0
   if a.record_launches:
-    print(json.dumps(record_launches(a.record_launches, shape=a.shape),
+    new = record_launches(a.record_launches, variant=a.variant, shape=a.shape)
+    append_rows("launches", _LAUNCH_KEY, new)
+    print(json.dumps([{k: r[k] for k in _LAUNCH_KEY + ("levels",)} for r in new],
                      indent=1))
     return 0
   rs = rows()

@@ -36,7 +36,8 @@ def seq_colors(n: int) -> list:
 
 
 STEP_STAGE_COLORS = {"fill": "tab:gray", "scoring": "tab:blue", "selection": "tab:orange",
-                     "copies": "tab:red", "other": "tab:olive", "idle": "lightgray"}  # records.PARTS
+                     "copies": "tab:red", "other": "tab:olive", "idle": "lightgray",  # records.PARTS
+                     "relayout": "tab:pink"}  # the model's (roofline.step_stages)
 
 
 def _step_bar(sb) -> tuple[dict, bool, str]:

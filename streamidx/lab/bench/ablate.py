@@ -52,6 +52,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("baseline"),
     Experiment("no_score_write", ("score_write",)),
     Experiment("no_kv_dma", ("kv_dma",)),
+    Experiment("no_scale_dma", ("scale_dma",)),
     Experiment("no_compute", ("compute",)),
     Experiment("no_kv_loop", ("kv_loop",)),
     Experiment("kv_reads_only", ("compute", "score_write")),

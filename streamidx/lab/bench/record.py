@@ -418,7 +418,8 @@ def tier_coverage(runs: Sequence[dict]) -> list[str]:
           f"chip: {count['passed']} passed, {count['failed']} failed, "
           f"{count['skipped']} skipped, {total - len(newest)} not yet run "
           f"({len(runs)} run{'s' * (len(runs) > 1)}, "
-          f"{sum(bool(r['interrupted']) for r in runs)} cut short; "
+          f"{sum(bool(r['interrupted']) for r in runs)} cut short, "
+          f"{sum(r['wall_s'] for r in runs):,.0f} s in all; "
           f"{', '.join(dates)}; commit "
           f"{', '.join(commits)})"]
 

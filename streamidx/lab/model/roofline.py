@@ -281,7 +281,7 @@ class StepBound:
   # time measured alone.
   stages_complete = property(lambda self: not any(
       st.is_floor or not (st.clock_hz or st.t_chip is not None)
-      for st in self.stages if st.name != "fill"))
+      for st in self.stages if not st.hbm_only))
 
   def share(self, name: str) -> float:
     """A stage's share of `total_s` (stages of that name summed)."""
@@ -353,7 +353,7 @@ class Stage:
   stage alone (`t_chip`: the selection, `selection_stages`), that time is
   the stage's, measured, not modelled."""
 
-  name: str  # "fill", "scoring", "selection", "copies"
+  name: str  # "fill", "scoring", "relayout", "selection", "copies"
   t_hbm: float
   bundles: int | None
   clock_hz: float | None
@@ -363,6 +363,7 @@ class Stage:
   t_steps: float = 0.0  # grid steps x the chip's measured cost of a step
   t_dma: float | None = None  # bytes at the chip's measured DMA rate
   t_chip: float | None = None  # measured alone on the chip (records)
+  hbm_only: bool = False  # XLA's own data movement (fill, relayout): no bundles to count
 
   t_bundles = property(lambda self: None if self.bundles is None
                        or not self.clock_hz else self.bundles / self.clock_hz)
@@ -370,7 +371,7 @@ class Stage:
                      else self.t_dma)
   # A lower bound: compiled code with no bundles or only part of them, and
   # no time measured for the stage alone.
-  is_floor = property(lambda self: self.t_chip is None and self.name != "fill"
+  is_floor = property(lambda self: self.t_chip is None and not self.hbm_only
                       and (self.bundles is None or self.floor))
 
   @property
@@ -533,8 +534,8 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                 kv_floor: float | None = None) -> list[Stage]:
   """The step of plan `p` stage by stage: the fill (HBM), the scoring
   launches (each one's whole module, data/step_schedule.json; without a
-  record, `kv_floor`: the KV loops alone, a floor), the selection and its
-  copies (`selection_stages`)."""
+  record, `kv_floor`: the KV loops alone, a floor), the score buffer's
+  relayout (HBM), the selection and its copies (`selection_stages`)."""
   spec = hardware.spec(generation)
   st = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
@@ -568,11 +569,18 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                  f"({chip.source})")
     measured = dict(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
                     * kernel.bandwidth / chip.dma_bandwidth)
-  return ([Stage("fill", st["fill"].bound, None, clock_hz,
+  # The selection reads f32[T, E]; the kernels write f32[T, E / 128, 128], whose
+  # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
+  # reshape is an XLA copy of the whole buffer (the compiled call's HLO).
+  relayout = 2 * g.num_tokens * p.num_score_cols * 4
+  return ([Stage("fill", st["fill"].bound, None, clock_hz, hbm_only=True,
                  detail="XLA's -inf fill, HBM only"),
            Stage("scoring", kernel.t_mem, bundles, clock_hz,
                  t_mxu=kernel.t_math, detail="; ".join(notes), floor=floor,
-                 **measured)]
+                 **measured),
+           Stage("relayout", relayout / spec.device_bandwidth, None, clock_hz,
+                 hbm_only=True, detail="the score buffer f32[T, E / 128, 128] "
+                 "copied to f32[T, E] for the selection, HBM only")]
           + selection_stages(generation, method, rows, t, k, clock_hz=clock_hz,
                              compiled_entries=max(p.seq_lens) // p.compression_ratio))
 
@@ -647,7 +655,8 @@ INFER_FROM = {"v7x": "sglang-jax-1642-dsv4-decode-b64-scoring",
 @functools.lru_cache(maxsize=None)
 def clock(chip: str) -> tuple[float | None, str]:
   """(Hz, where it comes from): the public clock, else the one inferred from
-  `INFER_FROM[chip]` (its predicted bundles / its measured time), else
+  `INFER_FROM[chip]` (`implied_clock`: its bundles / its measured time less
+  its HBM-only stages), else
   None (docs/tpu.md, "The clock")."""
   spec = hardware.spec(chip)
   if spec.clock_hz:
@@ -657,10 +666,10 @@ def clock(chip: str) -> tuple[float | None, str]:
     return None, "no public clock, none inferred, docs/tpu.md"
   m = next(x for x in records.load("public_measurements")["measurements"]
            if x["id"] == name)
-  bundles = _predicted_bundles(m)
-  if bundles is None:
+  parts, _ = measurement_stages(m, 0.0)
+  if parts is None:
     return None, f"{name} has no prediction to infer a clock from"
-  return bundles / m["measured_s"], f"inferred from {name}"
+  return implied_clock(parts, m["measured_s"]), f"inferred from {name}"
 
 
 # Each measured model's indexer geometry, and what its measurements do not state.
@@ -683,7 +692,8 @@ def _step(m: dict, clock_hz: float):
 
 
 _PARTS = {"scoring": ("scoring",), "selection": ("selection",),
-          "copies": ("copies",), "step": ("fill", "scoring", "selection", "copies")}
+          "copies": ("copies",),
+          "step": ("fill", "scoring", "relayout", "selection", "copies")}
 
 
 def measurement_stages(m: dict, clock_hz: float):
@@ -705,12 +715,14 @@ def measurement_stages(m: dict, clock_hz: float):
     parts = [s for s in st.stages if s.name in _PARTS[m["stage"]]]
     note = ASSUMED.get(m["model"], "")
   missing = [s.name for s in parts
-             if s.name != "fill" and (s.bundles is None or s.floor)]
+             if not s.hbm_only and (s.bundles is None or s.floor)]
   if missing or not parts:
     return None, f"no recorded compile of the {' and '.join(missing)} at this shape"
   return parts, note
 
 
-def _predicted_bundles(m: dict) -> int | None:
-  parts, _ = measurement_stages(m, 0.0)
-  return None if parts is None else sum(s.bundles or 0 for s in parts)
+def implied_clock(parts: Sequence[Stage], measured_s: float) -> float:
+  """The clock at which `parts` take `measured_s`: their bundles over the
+  time their HBM-only stages (`Stage.hbm_only`) leave."""
+  return sum(s.bundles or 0 for s in parts) / (
+      measured_s - sum(s.t_hbm for s in parts if s.hbm_only))
