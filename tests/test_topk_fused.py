@@ -217,12 +217,13 @@ def test_fused_blockmax_long_decode_straddling_rows(variant, fmt):
   inp = _long_decode(fmt)
   _, _, bmax = _check_fused_run(inp, k=8, ratio=1, label="long decode",
                                 variant=variant, fmt=fmt, **LONG_BLOCKS)
-  # 130 pages a row of the table, aligned to 3-page blocks: 132 score rows;
-  # two rows of maxima, and the one a straddling KV block may touch.
-  assert bmax.shape[1] == 132
+  # 130 pages a row of the table, aligned to 3-page blocks: 132 score rows in
+  # the buffer, two rows of maxima, and the one a straddling KV block may
+  # touch; the selection reads the table's 130 (M24).
+  assert bmax.shape[1] == 130
   assert block_max_kernel.rows(132, [3]) == 3
   assert np.isfinite(bmax[0, 126:129]).all()  # the straddling maxima
-  assert np.isfinite(bmax[0, :130]).all() and (bmax[0, 130:] == -np.inf).all()
+  assert np.isfinite(bmax[0]).all()
 
 
 @pytest.mark.parametrize("variant,fmt", tiers.first(BODIES, ids=_body_id))

@@ -195,17 +195,19 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
   """Stages 5-6: the top-k of the scores, rows in the caller's order; with
   `physical_slots`, the page table applied to the winners (`_slots`)."""
   num_tokens = bufs[0].shape[0]
-  page_size, pages_per_seq, num_sublanes, segment_pool, cols_per_page = (
+  page_size, pages_per_seq, _, segment_pool, cols_per_page = (
       _geometry(call, cache, seq_lens, page_indices, interpret))
   scores = bufs[0].reshape(num_tokens, -1)
   if segment_pool:  # M15
     scores = tpu.unpermute_lane_segment_pages(scores, cols_per_page)
   if call.mode == "page":
     scores = scores[:, :pages_per_seq]
+  else:  # M24: the entries the page table addresses, not the KV blocks' padding
+    scores = scores[:, :semantics.align_to(pages_per_seq * page_size, LANES)]
   method = topk.METHODS[call.topk_method]  # "top_k" in page mode
   extra = None
   if method.needs == "block_max":  # the kernel's block maxima (M16, M21)
-    extra = bufs[1].reshape(num_tokens, -1)[:, :num_sublanes]
+    extra = bufs[1].reshape(num_tokens, -1)[:, :scores.shape[1] // LANES]
   idx = topk.select(scores, call.k, method, extra)[:, :call.k]
   top_scores = topk.scores_at(scores, idx) if call.return_scores else None
   if order is not None:  # M13: the caller's row order

@@ -91,7 +91,7 @@ def costs(p: tiling.Plan, *, k: int) -> list[StageCost]:
       flops=flops, useful_flops=useful_flops, useful_bytes=useful_kv)
   fill = StageCost("fill", "device", bytes_read={},
                    bytes_written={"scores": t * cols * 4}, flops=0)
-  select_cols = cols if p.mode == "token" else g.pages_per_seq
+  select_cols = p.selected_cols
   topk = StageCost(
       "topk", "device",
       bytes_read={"scores": t * select_cols * 4, "top_values_indices": t * k * 8},
@@ -554,7 +554,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
     notes.append(f"{l.label}: {n:,}")
     if bundles is not None:
       bundles += n
-  t = p.num_score_cols if p.mode == "token" else g.pages_per_seq
+  t = p.selected_cols
   rows = len(p.cu_q_lens) and p.cu_q_lens[-1]
   floor = bundles is None and kv_floor is not None
   if floor:
@@ -571,8 +571,9 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                     * kernel.bandwidth / chip.dma_bandwidth)
   # The selection reads f32[T, E]; the kernels write f32[T, E / 128, 128], whose
   # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
-  # reshape is an XLA copy of the whole buffer (the compiled call's HLO).
-  relayout = 2 * g.num_tokens * p.num_score_cols * 4
+  # reshape is an XLA copy of the buffer (the compiled call's HLO), read and
+  # written, of the columns the selection reads.
+  relayout = 2 * g.num_tokens * t * 4
   return ([Stage("fill", st["fill"].bound, None, clock_hz, hbm_only=True,
                  detail="XLA's -inf fill, HBM only"),
            Stage("scoring", kernel.t_mem, bundles, clock_hz,

@@ -160,6 +160,14 @@ class Plan:
   # The launches with programs (an empty range launches nothing, M14).
   executed = property(lambda self: tuple(l for l in self.launches if l.grid))
 
+  @property
+  def selected_cols(self) -> int:
+    """Columns the selection reads (M24): token mode, the entries the page
+    table addresses, whole 128-lane rows; page mode, its pages."""
+    g = self.geometry
+    return (semantics.align_to(g.pages_per_seq * g.page_size, _LANES)
+            if self.mode == "token" else g.pages_per_seq)
+
   def counts(self) -> dict:
     """DMA starts ("dma_kv", "dma_kv_scale", "dma_q", "dma_w", "dma_out"),
     their bytes ("hbm_bytes_kv": with the TPU's tile padding), grid steps and
