@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -193,10 +194,11 @@ def test_tpu_compiles_are_not_written_to_the_persistent_cache():
   process (which then warns and compiles again): compile_for writes none.
   The suite's own cache (tests/conftest.py) takes the CPU compile."""
   cache = Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
-  n = 1000 + os.getpid() % 1000  # a shape no earlier run compiled
+  n = 1000 + os.getpid() % 1000
+  salt = float(time.time_ns() % 2**24)  # a program no earlier run compiled
 
   def tpu_cache_probe(x):
-    return x * 3 + 1
+    return x * 3 + salt
 
   def files():  # this probe's entries only: the other worker writes too
     return set(cache.glob("jit_tpu_cache_probe-*"))
