@@ -250,3 +250,10 @@ def test_a_compiled_page_schedules_every_launch_and_counts_the_pages_it_fetches(
   page = roofline.page_bound("v5e", bundles_per_page=50.0, page_bytes=16 * 256)
   sb = roofline.step_bound(p, "v5e", variant="vendored", k=8, page=page)
   assert sb.kv_pages == p.counts()["dma_kv"] == 400 and not sb.vector_note
+
+
+def test_implied_clock_counts_bundles_over_the_time_the_hbm_only_stages_leave():
+  fill = roofline.Stage("fill", 1e-3, None, None, hbm_only=True)
+  scoring = roofline.Stage("scoring", 0.0, 2_000_000, None)
+  assert roofline.implied_clock([fill, scoring], 3e-3) == pytest.approx(1e9)
+  assert roofline.implied_clock([fill, scoring], 1e-3) is None  # no time left

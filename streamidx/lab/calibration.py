@@ -217,6 +217,7 @@ def append_rows(section: str, key: Sequence[str], new_rows: Sequence[dict]) -> N
 
 
 def append_selection(new_rows: Sequence[dict]) -> None:
+  """`append_rows` of `record_selection`'s rows."""
   append_rows("selection", ("chip", "method", "rows", "entries", "k"), new_rows)
 
 

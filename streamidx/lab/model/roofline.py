@@ -668,9 +668,10 @@ def clock(chip: str) -> tuple[float | None, str]:
   m = next(x for x in records.load("public_measurements")["measurements"]
            if x["id"] == name)
   parts, _ = measurement_stages(m, 0.0)
-  if parts is None:
+  hz = None if parts is None else implied_clock(parts, m["measured_s"])
+  if hz is None:
     return None, f"{name} has no prediction to infer a clock from"
-  return implied_clock(parts, m["measured_s"]), f"inferred from {name}"
+  return hz, f"inferred from {name}"
 
 
 # Each measured model's indexer geometry, and what its measurements do not state.
@@ -722,8 +723,9 @@ def measurement_stages(m: dict, clock_hz: float):
   return parts, note
 
 
-def implied_clock(parts: Sequence[Stage], measured_s: float) -> float:
+def implied_clock(parts: Sequence[Stage], measured_s: float) -> float | None:
   """The clock at which `parts` take `measured_s`: their bundles over the
-  time their HBM-only stages (`Stage.hbm_only`) leave."""
-  return sum(s.bundles or 0 for s in parts) / (
-      measured_s - sum(s.t_hbm for s in parts if s.hbm_only))
+  time their HBM-only stages (`Stage.hbm_only`) leave; None where those
+  stages alone take longer than the measurement."""
+  left = measured_s - sum(s.t_hbm for s in parts if s.hbm_only)
+  return sum(s.bundles or 0 for s in parts) / left if left > 0 else None
