@@ -139,7 +139,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
     if "kv_dma" in ablate:
       return
-    for row, ref in ((_KV, bkv),) + ((_SCALE, bsc),) * ("scale_dma" not in ablate):
+    waits = [(_KV, bkv)] + ([] if "scale_dma" in ablate else [(_SCALE, bsc)])
+    for row, ref in waits:
       dst = ref.at[slot]
       pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
 

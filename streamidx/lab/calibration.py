@@ -218,7 +218,7 @@ def append_rows(section: str, key: Sequence[str], new_rows: Sequence[dict]) -> N
 
 def append_selection(new_rows: Sequence[dict]) -> None:
   """`append_rows` of `record_selection`'s rows."""
-  append_rows("selection", ("chip", "method", "rows", "entries", "k"), new_rows)
+  append_rows("selection", roofline.SELECTION_KEY, new_rows)
 
 
 # The shapes `selection_table` reports (issue 38): DeepSeek-V4 decode, 64 rows x 262,144
@@ -395,8 +395,7 @@ def record_launches(chips: Sequence[str], *, variant: str = "vendored",
   return out
 
 
-_LAUNCH_KEY = ("chip", "variant", "fmt", "case", "seq_batch_size", "bkv_p", "bq",
-               "compiled_shape")
+_LAUNCH_KEY = roofline.LAUNCH_KEY + ("compiled_shape",)  # one row per compile
 
 
 def main(argv=None) -> int:

@@ -462,12 +462,18 @@ class LaunchProgram:
     return total
 
 
+# The fields that name a row of data/step_schedule.json's "selection" and
+# "launches" (a launch's also its `compiled_shape`'s geometry).
+SELECTION_KEY = ("chip", "method", "rows", "entries", "k")
+LAUNCH_KEY = ("chip", "variant", "fmt", "case", "seq_batch_size", "bkv_p", "bq")
+
+
 def selection_record(chip: str, method: str, rows: int, entries: int,
                      k: int) -> dict | None:
   """The recorded selection program (data/step_schedule.json), or None."""
   key = (chip, method, rows, entries, k)
-  return next((r for r in records.load("step_schedule")["selection"] if key == tuple(
-      r[f] for f in ("chip", "method", "rows", "entries", "k"))), None)
+  return next((r for r in records.load("step_schedule")["selection"]
+               if key == tuple(r[f] for f in SELECTION_KEY)), None)
 
 
 def launch_record(chip: str, variant: str, fmt: str, case: str,
@@ -476,10 +482,9 @@ def launch_record(chip: str, variant: str, fmt: str, case: str,
   """The recorded launch module, compiled at a shape of indexer `geometry`
   (its `compiled_shape`, a `lab.shapes.COMPILE` name), or None."""
   key = (chip, variant, fmt, case, seq_batch_size, bkv_p, bq)
-  return next((r for r in records.load("step_schedule")["launches"] if key == tuple(
-      r[f] for f in ("chip", "variant", "fmt", "case", "seq_batch_size",
-                     "bkv_p", "bq"))
-              and _geometry(r["compiled_shape"]) == geometry), None)
+  return next((r for r in records.load("step_schedule")["launches"]
+               if key == tuple(r[f] for f in LAUNCH_KEY)
+               and _geometry(r["compiled_shape"]) == geometry), None)
 
 
 def _geometry(shape: str) -> shapes_lib.Indexer:
