@@ -153,9 +153,14 @@ def device_generation(device=None) -> str | None:
 
 
 def current_generation() -> str | None:
-  """The TPU generation a call traced now runs on: `compile_for`'s target,
-  else the default TPU device's (`device_generation`); None off-TPU. The one
-  answer every block-size lookup takes by default (`streamidx.blocks.lookup`)."""
+  """The TPU generation a call traced now runs on: None under a forced
+  interpreter (it simulates no one chip, on a TPU host too), else
+  `compile_for`'s target, else the default TPU device's
+  (`device_generation`); None off-TPU. The one answer every block-size and
+  top-k-method lookup takes by default (`streamidx.blocks.lookup`,
+  `streamidx.topk.defaults.lookup`)."""
+  if _forced() is not None:
+    return None
   target = compile_target()
   return device_generation() if target is None else target.generation
 

@@ -68,6 +68,18 @@ def test_off_tpu_keeps_the_vendored_sort_and_says_why():
   assert defaults.lookup() is defaults.TABLE[None]  # this machine: no TPU
 
 
+def test_the_interpreter_takes_the_off_tpu_row_on_a_tpu_host(monkeypatch):
+  """Under a forced interpreter the call simulates no one chip: on a v5e host
+  (its device's generation faked here) it takes the off-TPU row, the sort,
+  not v5e's blocktop, whose kernel the interpreter would then run too (05's
+  recorded DMA sequence on the v5e held blocktop's DMAs)."""
+  monkeypatch.setattr(modes, "device_generation", lambda: "v5e")
+  assert defaults.lookup() is defaults.TABLE["v5e"]
+  with modes.interpreter():
+    assert modes.current_generation() is None
+    assert defaults.lookup() is defaults.TABLE[None]
+
+
 def test_lookup_refuses_an_unknown_generation():
   with pytest.raises(ValueError, match=r"generation: must be one of .*'v3'"):
     defaults.lookup("v3")

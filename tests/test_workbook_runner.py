@@ -313,6 +313,25 @@ def test_jobs_below_1_is_an_error(nbdir, tmp_path, capsys):
   assert not (tmp_path / "o").exists()
 
 
+def test_html_that_cannot_render_is_an_error_before_anything_runs(nbdir, tmp_path,
+                                                                   capsys, monkeypatch):
+  """As on the v5e, where nbconvert went in with pip --target and its
+  templates were not on JUPYTER_PATH: said before any notebook runs."""
+  import nbconvert
+
+  def no_templates():
+    raise ValueError("No template sub-directory with name 'lab' found in the "
+                     "following paths:\n\t/usr/share/jupyter")
+  monkeypatch.setattr(nbconvert, "HTMLExporter", no_templates)
+  make_notebook(nbdir, "01_a.ipynb", "output_dir = 'x'")
+  assert workbook.main(["--notebooks", str(nbdir), "--out", str(tmp_path / "o"),
+                        "--html"]) == 2
+  err = capsys.readouterr().err
+  assert "--html: nbconvert cannot render (ValueError: No template sub-directory" in err
+  assert "JUPYTER_PATH=DIR/share/jupyter" in err
+  assert not (tmp_path / "o").exists()
+
+
 def test_run_order_is_longest_first_then_the_unlisted_by_name(nbdir, monkeypatch):
   paths = [make_notebook(nbdir, n, "output_dir = 'x'")
            for n in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb", "04_d.ipynb")]
@@ -453,4 +472,52 @@ def test_kernels_run_over_unix_sockets_where_no_tcp_socket_opens(nbdir, tmp_path
        "--only", "01"], capture_output=True, text=True, timeout=120,
       check=False)
   assert out.returncode == 0, out.stdout + out.stderr
+  assert "1 passed, 0 failed" in out.stdout
+
+
+# What the v5e host does to a process (gVisor, no network): no AF_INET or
+# AF_INET6 socket opens, and getifaddrs fails, so libzmq's interface lookup
+# for a tcp:// endpoint aborts the process ("Address family not supported by
+# protocol (src/ip_resolver.cpp:542)"): ipykernel's IOPub pipe bind did so.
+NO_INET_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <sys/socket.h>
+int socket(int domain, int type, int protocol) {
+  static int (*real)(int, int, int);
+  if (!real) real = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
+  if (domain == AF_INET || domain == AF_INET6) { errno = EAFNOSUPPORT; return -1; }
+  return real(domain, type, protocol);
+}
+int getifaddrs(struct ifaddrs **ifap) { (void)ifap; errno = EAFNOSUPPORT; return -1; }
+"""
+
+
+def test_an_ipc_kernel_starts_where_no_internet_socket_exists(nbdir, tmp_path):
+  """The TPU host's sandbox, emulated by an LD_PRELOAD shim: an ipc run
+  passes end to end (the kernel starts as `workbook.IPC_KERNEL`)."""
+  import os
+  import shutil
+  import subprocess
+  import sys
+
+  cc = shutil.which("cc") or shutil.which("gcc")
+  if cc is None:
+    pytest.skip("no C compiler to build the no-network shim")
+  src, lib = tmp_path / "noinet.c", tmp_path / "noinet.so"
+  src.write_text(NO_INET_SHIM)
+  subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"],
+                 check=True, capture_output=True)
+  make_notebook(nbdir, "01_ipc.ipynb", "output_dir = 'out'", OK_CODE)
+  out = subprocess.run(
+      [sys.executable, "-m", "streamidx.workbook", "--profile", "ci",
+       "--notebooks", str(nbdir), "--out", str(tmp_path / "noinet"),
+       "--transport", "ipc", "--only", "01"],
+      env=dict(os.environ, LD_PRELOAD=str(lib)), capture_output=True,
+      text=True, timeout=120, check=False)
+  log = (tmp_path / "noinet" / "01_ipc.kernel.log")
+  assert out.returncode == 0, (out.stdout + out.stderr
+                               + (log.read_text() if log.exists() else ""))
   assert "1 passed, 0 failed" in out.stdout

@@ -296,10 +296,17 @@ def format_table(results: Sequence[Result]) -> str:
       for r in results])
 
 
+def _off_the_chip():
+  """A compiler process's JAX takes the CPU: it compiles only, and on a TPU
+  host the chip is its parent's (one process at a time holds it)."""
+  jax.config.update("jax_platforms", "cpu")
+
+
 def run(rows: Sequence[Row], jobs: int = 1, progress=None) -> list[Result]:
   """Compiles `rows` in `jobs` processes (1: in this process)."""
   with (concurrent.futures.ProcessPoolExecutor(
-      jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1
+      jobs, mp_context=multiprocessing.get_context("spawn"),
+      initializer=_off_the_chip) if jobs > 1
         else contextlib.nullcontext()) as pool:
     out = []
     for r in (pool.map if pool else map)(compile_row, rows):

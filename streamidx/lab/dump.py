@@ -485,8 +485,11 @@ def compile_dumps(programs: Sequence[dict], *, dump_dir: str) -> None:
 def run_worker(module: str, payload, *, dump_dir: str, timeout: float = 3600.0):
   """`lab.worker.run(module, payload)` with libtpu dumping its final
   schedules to `dump_dir` (`DUMP_FLAGS`), every operand in HBM
-  (`HBM_FLAGS`): the one way a compile is dumped."""
-  env = {"LIBTPU_INIT_ARGS": (os.environ.get("LIBTPU_INIT_ARGS", "") +
+  (`HBM_FLAGS`): the one way a compile is dumped. The child compiles only
+  (`compile_for`): JAX_PLATFORMS=cpu keeps it off a TPU host's chip, which
+  the caller may hold (one process at a time can)."""
+  env = {"JAX_PLATFORMS": "cpu",
+         "LIBTPU_INIT_ARGS": (os.environ.get("LIBTPU_INIT_ARGS", "") +
                               f" --xla_jf_dump_to={dump_dir} {DUMP_FLAGS} "
                               f"{HBM_FLAGS}"),
          "ALLOW_MULTIPLE_LIBTPU_LOAD": os.environ.get(

@@ -219,9 +219,20 @@ def kernel_transport(transport: str = "auto") -> str:
     return "ipc"
 
 
+# An ipc kernel: ipykernel without its IOPub pipe, a PULL socket it binds on
+# tcp://127.0.0.1 at start for forked subprocesses' output. Where no AF_INET
+# socket opens (the TPU host), libzmq aborts the kernel there: "Address
+# family not supported by protocol (src/ip_resolver.cpp:542)".
+IPC_KERNEL = ("from ipykernel import iostream, kernelapp; "
+              "iostream.IOPubThread._setup_pipe_in = "
+              "lambda self: setattr(self, '_pipe_flag', False); "
+              "kernelapp.launch_new_instance()")
+
+
 def _logged_kernel_manager(log: Path, transport: str = "tcp"):
   """Kernels that write their own stdout and stderr to `log` (docs/workbook.md),
-  over `transport` ("ipc": Unix sockets in a fresh temporary folder)."""
+  over `transport` ("ipc": Unix sockets in a fresh temporary folder, the
+  kernel started as `IPC_KERNEL`)."""
   from jupyter_client.manager import AsyncKernelManager
 
   class LoggedKernelManager(AsyncKernelManager):
@@ -231,6 +242,12 @@ def _logged_kernel_manager(log: Path, transport: str = "tcp"):
         self.transport = "ipc"
         self.ip = os.path.join(tempfile.mkdtemp(prefix="streamidx-kernel-"),
                                "kernel")
+
+    def format_kernel_cmd(self, extra_arguments=None):
+      cmd = super().format_kernel_cmd(extra_arguments)
+      if transport != "ipc":
+        return cmd
+      return [sys.executable, "-c", IPC_KERNEL] + cmd[cmd.index("-f"):]
 
     async def start_kernel(self, **kw):
       with open(log, "ab") as f:  # the kernel holds its own descriptor
@@ -249,6 +266,19 @@ def _quiet_logs() -> None:
   logging.getLogger("papermill.translators").setLevel(logging.ERROR)
   logging.getLogger("papermill").addFilter(_declared_only)
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
+def _html_exporter():
+  """nbconvert's HTML exporter; WorkbookError where it cannot start (its
+  templates are data files: a `pip install --target DIR` puts them in
+  DIR/share/jupyter, which JUPYTER_PATH must then name)."""
+  try:
+    from nbconvert import HTMLExporter  # pylint: disable=g-import-not-at-top
+    return HTMLExporter()
+  except Exception as e:  # noqa: BLE001 - ImportError, missing templates
+    raise WorkbookError(f"--html: nbconvert cannot render ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0]}); where it was installed with "
+                        "pip --target DIR, set JUPYTER_PATH=DIR/share/jupyter") from None
 
 
 def run_notebook(path: str | os.PathLike, profile: str = "ci",
@@ -293,8 +323,7 @@ def run_notebook(path: str | os.PathLike, profile: str = "ci",
     if rebase_notebook(copy, path.parent, out_dir):  # its links resolve from out_dir
       nbformat.write(copy, str(executed))
     if html:  # rendered beside the executed copy
-      from nbconvert import HTMLExporter
-      body, _ = HTMLExporter().from_notebook_node(copy)
+      body, _ = _html_exporter().from_notebook_node(copy)
       executed.with_suffix(".html").write_text(body, encoding="utf-8")
   if index:
     write_index(path.parent, out_dir, heading=TITLE, note=_profile_note(profile, out_dir))
@@ -613,6 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       parameters_for(nb, args.profile, out_dir)
     if args.jobs < 1:
       raise WorkbookError(f"--jobs: must be at least 1 (got {args.jobs})")
+    if args.html:
+      _html_exporter()
   except WorkbookError as e:
     print(f"workbook: error: {e}", file=sys.stderr)
     return 2

@@ -103,7 +103,11 @@ def topk_rule(scores, k: int, rows_per_step: int = 64) -> np.ndarray:
     above = s > kth
     tied = s == kth
     room = m - above.sum(axis=1, keepdims=True)
-    take = above | (tied & (np.cumsum(tied, axis=1) <= room))
+    take = above | tied
+    crowded = np.nonzero(tied.sum(axis=1) > room[:, 0])[0]  # more ties than room
+    if crowded.size:  # keep the lowest-index ones: a running count
+      t = tied[crowded]
+      take[crowded] = above[crowded] | (t & (np.cumsum(t, axis=1) <= room[crowded]))
     idx = np.nonzero(take)[1].reshape(len(s), m)  # m a row, index order
     vals = np.take_along_axis(s, idx, axis=1)
     top = np.take_along_axis(idx, np.argsort(-vals, axis=1, kind="stable"),
