@@ -40,8 +40,13 @@ def _params(params, **options) -> pltpu.InterpretParams:
 def interpreter(params: pltpu.InterpretParams | None = None, **options):
   """Forces Pallas's TPU interpreter (also on a TPU) for calls traced inside
   the block: `params` (default `InterpretParams()`) with `**options` (its
-  fields, e.g. `detect_races=True`, `uninitialized_memory="nan"`) set."""
-  with pltpu.force_tpu_interpret_mode(_params(params, **options)):
+  fields, e.g. `detect_races=True`, `uninitialized_memory="nan"`) set. On a
+  TPU host the block's default device is the host CPU: the simulation is
+  host work, which on the chip would cross to the host at every simulated
+  load, store and DMA."""
+  host = (jax.default_device(jax.local_devices(backend="cpu")[0]) if on_tpu()
+          else contextlib.nullcontext())
+  with pltpu.force_tpu_interpret_mode(_params(params, **options)), host:
     yield
 
 

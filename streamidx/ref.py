@@ -32,6 +32,7 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from streamidx import cache as cache_lib
@@ -54,10 +55,13 @@ def score_entries(qt, wt, kv, scale):
   """[E] unmasked scores of one query row, in the kernel's arithmetic order:
   dot of qt [H, D] with the stored values kv [E, D], ReLU, weighted sum over
   wt [H], then scale [E] (the FP8 power-of-two scales; None: 1). Float32
-  accumulation (float64 where an input is float64)."""
-  wide = any(jnp.dtype(x.dtype) == jnp.float64 for x in (qt, wt, kv))
-  acc = jnp.float64 if wide else jnp.float32
-  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=acc)
+  accumulation (float64 where an input is float64), the products of float32
+  inputs at full precision (a TPU's default rounds them to bf16 first)."""
+  f32, f64 = jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)
+  acc = jnp.float64 if f64 in {jnp.dtype(x.dtype) for x in (qt, wt, kv)} else f32
+  full = {jnp.dtype(qt.dtype), jnp.dtype(kv.dtype)} & {f32, f64}
+  s = jnp.einsum("hd,ed->he", qt, kv, preferred_element_type=acc,
+                 precision=lax.Precision.HIGHEST if full else None)
   s = jnp.maximum(s, 0.0) * wt.astype(acc)[:, None]
   s = s.sum(axis=0)
   return s if scale is None else s * scale

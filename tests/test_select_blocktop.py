@@ -81,7 +81,7 @@ def test_blocktop_more_candidates_at_the_bound_than_slots_falls_back():
 @pytest.mark.parametrize("t", [1, 3, 8, 20])
 def test_blocktop_fallback_selects_the_flagged_rows_alone(t):
   """Only the rows the kernel flagged are selected again by the rule,
-  `FALLBACK_ROWS` at a time (at 20 rows, 11 flagged: two trips, the last
+  `base.AGAIN_ROWS` at a time (at 20 rows, 11 flagged: two trips, the last
   padded); the others keep the kernel's winners, untouched."""
   rng = np.random.default_rng(t)
   x = jnp.asarray(rng.integers(-3, 4, (t, 300)).astype(np.float32))  # ties
@@ -89,7 +89,7 @@ def test_blocktop_fallback_selects_the_flagged_rows_alone(t):
   bad = jnp.asarray(rng.random(t) < 0.6).at[0].set(True)
   got = np.asarray(jax.jit(sb.fallback, static_argnums=1)(x, 16, kernel, bad))
   flagged = np.asarray(bad)
-  assert t < 20 or flagged.sum() > sb.FALLBACK_ROWS
+  assert t < 20 or flagged.sum() > topk.base.AGAIN_ROWS
   np.testing.assert_array_equal(got[flagged],
                                 oracle.topk_rule(np.asarray(x), 16)[flagged])
   assert (got[~flagged] == -7).all()

@@ -4,6 +4,7 @@ defaults resolved through it for the chip traced for."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -123,3 +124,16 @@ def test_blocktop_compiles_as_the_default_path_of_a_token_call(gen):
   assert row.topk_method is None  # the call's default
   result = aot.compile_row(row)
   assert result.ok, result.error
+
+
+def test_the_interpreter_runs_on_the_host_cpu_on_a_tpu_host(monkeypatch):
+  """On a TPU host (faked) the interpreter's block takes the CPU as default
+  device: its callbacks stay on the host."""
+  import jax
+  seen = []
+  monkeypatch.setattr(modes, "on_tpu", lambda: True)
+  monkeypatch.setattr(jax, "default_device", lambda d: seen.append(d) or
+                      contextlib.nullcontext())
+  with modes.interpreter():
+    pass
+  assert [d.platform for d in seen] == ["cpu"]

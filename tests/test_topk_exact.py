@@ -110,3 +110,34 @@ def test_exact_methods_and_the_reference_keep_the_rule_whatever_top_k_does_with_
   kernel calls neither)."""
   del ties_backwards
   _assert_exact(2048, 8)
+
+
+def _sort_shapes(jaxpr) -> list[tuple]:
+  """The operand shapes of every `sort` in a jaxpr, its sub-jaxprs included."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "sort":
+      out.append(tuple(eqn.invars[0].aval.shape))
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (list, tuple)) else [p]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          out += _sort_shapes(inner)
+  return out
+
+
+def test_rows_whose_ties_straddle_the_kth_place_are_ranked_again_alone():
+  """A straddling tie in one row of 64 ranks that row again (8 rows a loop
+  trip, `base.AGAIN_ROWS`), not the batch: at 2,048 x 262,144 entries on
+  the v5e, the whole batch's two-key sort took 2.5 s against the sort's
+  0.38 s (docs/chip.md). Sorts: the k winners, the T flags (the flagged
+  rows first), 8 whole rows; none of the batch's T whole rows."""
+  import jax
+  t, n, k = 64, 4096, 16
+  x = np.asarray(np.random.default_rng(0).standard_normal((t, n)), np.float32)
+  x[5, :k + 3] = 9.0  # row 5: k + 3 equal scores for k places
+  shapes = _sort_shapes(jax.make_jaxpr(lambda s: topk.base.top_k(s, k))(x).jaxpr)
+  assert sorted(set(shapes)) == [(topk.base.AGAIN_ROWS, n), (t,), (t, k)], shapes
+  got = np.asarray(jax.jit(topk.base.top_k, static_argnums=1)(x, k))
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, k))
+  np.testing.assert_array_equal(got[5], np.arange(k))

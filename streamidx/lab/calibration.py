@@ -115,14 +115,15 @@ def dynamic_loops(comps) -> list[tuple[str, int, int]]:
 
 def taken_branches(method: str, conds) -> dict[str, int]:
   """The branch of each conditional that runs on rows of distinct scores:
-  "sort", its one conditional's branch 1 (the ties all taken); "blocktop",
+  "sort", its one conditional's branch 0 (no row's ties straddle the k-th
+  place, so no row is ranked again: `topk.base.again`); "blocktop",
   its outermost conditional's branch 0 (no block overflows, so the full
   sort of branch 1 does not run). Other methods: none (every branch
   counted, an upper bound)."""
   if method == "sort":
     if len(conds) != 1:
       raise ValueError(f"the sort method has one conditional, found {len(conds)}")
-    return {conds[0].name: 1}
+    return {conds[0].name: 0}
   if method == "blocktop" and conds:
     inner = set().union(*(b for c in conds for b in c.branches))
     outer = [c for c in conds if c.name not in inner]

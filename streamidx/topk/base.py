@@ -21,8 +21,11 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+
+from streamidx.semantics import cdiv
 
 NEG_INF = float("-inf")
 F32 = I32 = 4
@@ -86,8 +89,8 @@ def rule_top_k(scores, k: int, ids=None, found=None):
   id is any; `finish` makes it -1). scores: f32[T, N >= k]; ids: i32[T, N]
   (None: the column); found: (values, positions) [T, k] holding each row's
   k largest scores (None: `lax.top_k`). Only found's values are trusted:
-  where a row's ties at the k-th score straddle the k-th place, the batch
-  is ranked by a two-key sort of each whole row instead of the k.
+  a row whose ties at the k-th score straddle the k-th place is ranked
+  again by a two-key sort of its whole row (`again`: those rows alone).
   """
   x = canonical_zero(scores)
   t, n = x.shape
@@ -97,15 +100,47 @@ def rule_top_k(scores, k: int, ids=None, found=None):
   kth = jnp.min(win, axis=1)
   taken = jnp.sum(win == kth[:, None], axis=1, dtype=jnp.int32)
   tied = jnp.sum(keys == kth[:, None], axis=1, dtype=jnp.int32)
-  canonical = (taken == tied) | (kth == NEG_INF_KEY)
+  straddle = (taken != tied) & (kth != NEG_INF_KEY)
   if ids is None:
     win_ids = pos
     ids = lax.broadcasted_iota(jnp.int32, (t, n), 1)
   else:
     win_ids = jnp.take_along_axis(ids, pos, axis=1)
-  keys, ids = lax.cond(jnp.all(canonical), lambda: ranked(win, win_ids, k),
-                       lambda: ranked(keys, ids, k))
+  keys, ids = again(ranked(win, win_ids, k), straddle,
+                    lambda rows: ranked(keys[rows], ids[rows], k))
   return score_of_key(keys), ids
+
+
+# Rows `again` redoes at once: one program of [AGAIN_ROWS, N], looped over
+# the flagged rows, whatever T is.
+AGAIN_ROWS = 8
+
+
+def again(result, flagged, redo, rows: int = AGAIN_ROWS):
+  """`result` (arrays [T, ...], a tuple or one) with each row flagged in
+  bool[T] replaced by `redo`'s: redo(i32[r] row ids) -> the same arrays'
+  [r, ...] rows, `rows` rows a loop trip over the flagged ones, skipped by a
+  `lax.cond` when none is (a batch with one flagged row redoes `rows` rows,
+  not T)."""
+  t = flagged.shape[0]
+  r = min(rows, t)
+  if r == 0:
+    return result
+  order = jnp.argsort(~flagged, stable=True)  # the flagged rows first
+  order = jnp.concatenate([order, order[:-t % r]])  # whole trips of r rows
+
+  def trip(i, out):
+    ids = lax.dynamic_slice_in_dim(order, i * r, r)
+    new = redo(ids)
+    keep = flagged[ids]
+    return jax.tree.map(
+        lambda o, v: o.at[ids].set(jnp.where(
+            keep.reshape((r,) + (1,) * (v.ndim - 1)), v, o[ids])), out, new)
+
+  return lax.cond(jnp.any(flagged),
+                  lambda: lax.fori_loop(0, cdiv(jnp.sum(flagged), r), trip,
+                                      result),
+                  lambda: result)
 
 
 def top_k(scores, k: int, ids=None):

@@ -24,7 +24,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import modes
-from streamidx.semantics import cdiv
 from streamidx.topk import base
 
 SUBLANES, LANES = 8, 128
@@ -579,11 +578,6 @@ def block_select(scores, k: int, *, keep: int, tile: int):
   return winners[:t, :k], flag.reshape(-1, LANES)[:t, 0] != 0
 
 
-# Rows the fallback selects at once: one program of [FALLBACK_ROWS, N],
-# looped over the flagged rows, whatever T is.
-FALLBACK_ROWS = 8
-
-
 def select(scores, k, extra=None, *, keep=None, tile=None):
   """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
   del extra
@@ -591,27 +585,16 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
   if scores.shape[0] == 0:  # no row: no kernel (its grid would be empty)
     return jnp.zeros((0, k), jnp.int32)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
-  return lax.cond(jnp.any(bad), lambda: fallback(scores, k, winners, bad),
-                  lambda: winners)
+  return fallback(scores, k, winners, bad)
 
 
 def fallback(scores, k, winners, bad):
   """`winners` i32[T, k] with each row flagged in `bad` bool[T] selected
   again by the rule itself (`base.top_k`: the sort method's program, a full
-  sort then the rule's tie check, would compile twice the XLA code), up to
-  `FALLBACK_ROWS` rows a loop trip (`select` calls it only where a row
-  is flagged)."""
-  t = scores.shape[0]
-  r = min(FALLBACK_ROWS, t)
-  order = jnp.argsort(~bad, stable=True)  # the flagged rows first
-  order = jnp.concatenate([order, order[:-t % r]])  # whole trips of r rows
-
-  def trip(i, w):
-    rows = lax.dynamic_slice_in_dim(order, i * r, r)
-    again = base.top_k(scores[rows], k)
-    return w.at[rows].set(jnp.where(bad[rows][:, None], again, w[rows]))
-
-  return lax.fori_loop(0, cdiv(jnp.sum(bad), r), trip, winners)
+  sort then the rule's tie check, would compile twice the XLA code), those
+  rows alone (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no
+  row is flagged)."""
+  return base.again(winners, bad, lambda rows: base.top_k(scores[rows], k))
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):

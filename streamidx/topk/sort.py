@@ -14,8 +14,8 @@ def select(scores, k, extra=None):
   # comparison) already ties -0.0, +0.0 and subnormals. It finds the right
   # scores, but leaves ties unordered, so it may hold other tied entries at
   # the k-th score than the lowest-index ones: `base.rule_top_k` counts the
-  # ties and orders its k (or, where they straddle the k-th place in some
-  # row, ranks the batch by a two-key sort of each row).
+  # ties and orders its k (and ranks again, by a two-key sort of the whole
+  # row, each row where they straddle the k-th place).
   found = lax.approx_max_k(scores, k, recall_target=1.0)
   return base.finish(*base.rule_top_k(scores, k, found=found))
 
