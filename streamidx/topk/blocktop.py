@@ -8,8 +8,8 @@ block's `keep` best entries and the best one it dropped; the finish finds
 the bound (the k-th best of the first `bound_levels`), compacts the
 candidates at or before it into `capacity(k)` slots and sorts them
 (bitonic). Where a dropped entry ranks before the k-th winner or the
-candidates overflow the slots, that row is selected again by `base.top_k`
-(`fallback`, a few rows at a time).
+candidates overflow the slots, that row is selected again by one two-key
+sort of the whole row (`fallback`, a few rows at a time).
 """
 
 from __future__ import annotations
@@ -590,11 +590,11 @@ def select(scores, k, extra=None, *, keep=None, tile=None):
 
 def fallback(scores, k, winners, bad):
   """`winners` i32[T, k] with each row flagged in `bad` bool[T] selected
-  again by the rule itself (`base.top_k`: the sort method's program, a full
-  sort then the rule's tie check, would compile twice the XLA code), those
-  rows alone (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no
-  row is flagged)."""
-  return base.again(winners, bad, lambda rows: base.top_k(scores[rows], k))
+  again by `base.sort_top_k` (one two-key sort of the whole row, which
+  orders every tie: no tie check to compile beside it), those rows alone
+  (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no row is
+  flagged)."""
+  return base.again(winners, bad, lambda rows: base.sort_top_k(scores[rows], k))
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):
@@ -612,7 +612,7 @@ def cost(rows, entries, k, *, keep=None, tile=None):
 METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
-    "candidates that can win (the rule's `top_k` where its check fails)",
+    "candidates that can win (a two-key sort of the row where its check fails)",
     options=(base.Option("keep",
                          "candidates kept per block (default `keep_for`)"),
              base.Option("tile", "entries of a row per tile, a multiple of "
