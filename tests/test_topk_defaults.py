@@ -41,12 +41,44 @@ def test_the_table_ranks_at_the_shape_the_bench_and_the_goals_name_decode():
   assert (s.rows, s.entries, s.k) == defaults.DECODE
 
 
+def _measured_decode(chip):
+  """The chip records' selection-alone calls of `chip` at decode (64 x
+  262,144, k 512) checked equal to the rule, newest per method, read here
+  without the module's helper."""
+  data = json.loads(records.path("chip").read_text(encoding="utf-8"))
+  out = {}
+  for r in data["rows"]:
+    if (r["chip"], r["stage"], r["variant"], r["rows"], r["entries"],
+        r["k"]) == (chip, "call", None, 64, 262144, 512) and (
+            r.get("check") or {}).get("ok") and r["method"] in topk.KERNEL_TOPK_METHODS:
+      out[r["method"]] = r
+  return out
+
+
+@pytest.mark.parametrize("chip", sorted(modes.TOPOLOGIES))
+def test_a_measured_row_is_the_exact_method_with_least_device_time_at_decode(chip):
+  row, recs = defaults.TABLE[chip], _measured_decode(chip)
+  recs = {m: r for m, r in recs.items() if topk.METHODS[m].exact}
+  assert row.measured == bool(recs) or not row.recorded
+  if not row.measured:
+    return
+  own = recs[row.method]["device_s"]
+  assert f"took {own * 1e3:.3f} ms of device time with {row.method}" in row.source
+  for m, r in recs.items():
+    if m != row.method:
+      assert r["device_s"] > own, (m, r["device_s"], own)
+      assert f"{m} {r['device_s'] * 1e3:.3f} ms" in row.source
+  assert "sort" in recs  # the vendored selection it replaces is measured
+
+
 @pytest.mark.parametrize("chip", sorted(modes.TOPOLOGIES))
 def test_a_recorded_row_is_the_exact_method_with_fewest_bundles_at_decode(chip):
   row, recs = defaults.TABLE[chip], _decode_records(chip)
   if not row.recorded:  # then nothing recorded could have picked another
     assert row.method == "sort" and not recs, recs.keys()
     assert row.source == "no recorded figure: the vendored sort"
+    return
+  if row.measured:  # the chip's own times rank them (the test above)
     return
   assert topk.METHODS[row.method].exact
   own = recs[row.method]["bundles"]

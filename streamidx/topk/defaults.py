@@ -6,11 +6,14 @@ of the chip the call is traced for (`lookup()`, through
 built and keeps the row's source in `topk_source`).
 
 A recorded row's rule: of the exact methods that need nothing beside the
-score buffer (`KERNEL_TOPK_METHODS`), the one with the fewest TensorCore
-bundles executed at DeepSeek-V4-Flash decode (`DECODE`) on that chip
-(data/step_schedule.json, "selection": a static schedule, not a timing);
-its `source` quotes those records (tests/test_topk_defaults.py checks
-them). Without records, and off-TPU: `VENDORED_TOPK_METHOD`.
+score buffer (`KERNEL_TOPK_METHODS`), the one with the least device time
+for the selection alone at DeepSeek-V4-Flash decode (`DECODE`) where the
+chip records measured them on that chip (`measured`: this project's
+measurements, each checked equal to the rule), else the one with the fewest
+TensorCore bundles executed there (data/step_schedule.json, "selection": a
+static schedule, not a timing); its `source` quotes those records
+(tests/test_topk_defaults.py checks them). Without records, and off-TPU:
+`VENDORED_TOPK_METHOD`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,25 @@ def decode_records(generation: str) -> dict[str, dict]:
           and (r["rows"], r["entries"], r["k"]) == DECODE}
 
 
+def measured(generation: str) -> dict[str, dict]:
+  """The chip records' newest selection-alone call of each method at
+  `DECODE` on `generation` that its check found equal to the rule (a call
+  row of `records.calls`, device seconds in "device_s")."""
+  rows, entries, k = DECODE
+  out = {}
+  for r in records.calls(chip=generation, variant=None, rows=rows,
+                         entries=entries, k=k):
+    if (r.get("check") or {}).get("ok"):
+      out[r["method"]] = r  # the newest last
+  return out
+
+
+def _exact_kernel_methods(recs: dict) -> dict:
+  from streamidx.topk import registry  # pylint: disable=g-import-not-at-top
+  return {m: r for m, r in recs.items() if m in registry.KERNEL_TOPK_METHODS
+          and registry.METHODS[m].exact}
+
+
 def _count(r: dict) -> str:
   if r["bundles"] is not None:
     return f"{r['method']} {r['bundles']:,}"
@@ -55,6 +77,7 @@ class Default:
   method: str
   recorded: bool = False
   note: str = _NO_FIGURE
+  measured: bool = False  # recorded by the chip records, not the schedule
 
   # Where the row comes from: the records it rests on, or why the vendored sort.
   source = property(lambda self: _source(self))
@@ -64,6 +87,8 @@ class Default:
 def _source(row: Default) -> str:
   if not row.recorded:
     return row.note
+  if row.measured:
+    return _measured_source(row)
   from streamidx.topk import registry  # pylint: disable=g-import-not-at-top
 
   recs = decode_records(row.generation)
@@ -89,13 +114,44 @@ def _source(row: Default) -> str:
       + (f"; not recorded: {', '.join(missing)}" if missing else "") + sc)
 
 
+def _measured_source(row: Default) -> str:
+  recs = _exact_kernel_methods(measured(row.generation))
+  own = recs[row.method]
+  others = sorted((r for m, r in recs.items() if m != row.method),
+                  key=lambda r: r["device_s"])
+  from streamidx.topk import registry  # pylint: disable=g-import-not-at-top
+  missing = [m for m in registry.KERNEL_TOPK_METHODS
+             if registry.METHODS[m].exact and m not in recs]
+  rows, entries, k = DECODE
+  return (
+      f"measured on {row.generation} ({own['device_kind']}; jax {own['jax']}, "
+      f"libtpu {own['libtpu']}; {own['date'][:10]}; `python -m "
+      f"streamidx.bench --record`, the chip records): the selection alone at "
+      f"{rows} x {entries:,} entries, k {k}, took {own['device_s'] * 1e3:.3f} "
+      f"ms of device time with {row.method}, checked equal to the rule, the "
+      f"least of the exact methods measured there ("
+      + ", ".join(f"{r['method']} {r['device_s'] * 1e3:.3f} ms" for r in others)
+      + ")" + (f"; not measured: {', '.join(missing)}" if missing else ""))
+
+
+def _row(generation: str, scheduled: str) -> Default:
+  """`generation`'s row: by the chip records where they measured the exact
+  methods at `DECODE`, else `scheduled` (the static schedule's choice,
+  `recorded`)."""
+  recs = _exact_kernel_methods(measured(generation))
+  if not recs:
+    return Default(generation, scheduled, recorded=True)
+  best = min(recs, key=lambda m: recs[m]["device_s"])
+  return Default(generation, best, recorded=True, measured=True)
+
+
 TABLE: dict[str | None, Default] = {
     None: Default(None, VENDORED_TOPK_METHOD, note=_OFF_TPU),
     "v4": Default("v4", VENDORED_TOPK_METHOD),
-    "v5e": Default("v5e", "blocktop", recorded=True),
+    "v5e": _row("v5e", "blocktop"),
     "v5p": Default("v5p", VENDORED_TOPK_METHOD),
-    "v6e": Default("v6e", "blocktop", recorded=True),
-    "v7x": Default("v7x", "blocktop", recorded=True),
+    "v6e": _row("v6e", "blocktop"),
+    "v7x": _row("v7x", "blocktop"),
 }
 
 
