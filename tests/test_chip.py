@@ -120,18 +120,29 @@ def test_page_variant_matches_reference_on_the_chip(name, variant, fmt):
                                   label=f"{name} {variant} {fmt}")
 
 
+STRADDLING_ROWS = topk.base.AGAIN_ROWS + 1  # two trips of `base.again`
+
+
 @functools.lru_cache(maxsize=None)
 def _decode_scores(k: int):
+  """DeepSeek-V4 decode's buffer, its first `STRADDLING_ROWS` rows with k + 3
+  equal scores above the rest, spread over the row: a tie straddling the
+  k-th place, which those rows alone are ranked again for."""
   s = shapes.DSV4_DECODE_1M
-  return topk_bench.score_buffer(shapes.Shape("decode", "decode", s.rows, 1,
-                                              s.seq_len, k))
+  x = topk_bench.score_buffer(shapes.Shape("decode", "decode", s.rows, 1,
+                                           s.seq_len, k))
+  for r in range(STRADDLING_ROWS):
+    visible = int(np.sum(x[r] > -np.inf))
+    x[r, np.linspace(0, visible - 1, k + 3).astype(int)] = 1e6
+  return x
 
 
 @pytest.mark.parametrize("k", [512, 2048])
 @pytest.mark.parametrize("method", ("reference",) + topk.EXACT_TOPK_METHODS)
 def test_exact_methods_equal_the_rule_on_the_chip(method, k):
   """DeepSeek-V4 decode's buffer (64 x 262,144, a tenth of it 0.0, ragged
-  -inf tails): identical to the rule's oracle on every row."""
+  -inf tails; `STRADDLING_ROWS` rows with a tie across the k-th place):
+  identical to the rule's oracle on every row."""
   x = _decode_scores(k)
   got = np.asarray(si.ref.topk_from_scores(x, k) if method == "reference"
                    else topk.select_topk(jax.numpy.asarray(x), k, method))
