@@ -36,6 +36,16 @@ def _params(params, **options) -> pltpu.InterpretParams:
   return dataclasses.replace(params or pltpu.InterpretParams(), **options)
 
 
+def on_host():
+  """A block whose JAX calls run on the host CPU (the interpreter's
+  simulation, float64 studies, oracles); a no-op where JAX has no CPU
+  backend (JAX_PLATFORMS without cpu)."""
+  try:
+    return jax.default_device(jax.local_devices(backend="cpu")[0])
+  except RuntimeError:
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def interpreter(params: pltpu.InterpretParams | None = None, **options):
   """Forces Pallas's TPU interpreter (also on a TPU) for calls traced inside
@@ -44,8 +54,7 @@ def interpreter(params: pltpu.InterpretParams | None = None, **options):
   TPU host the block's default device is the host CPU: the simulation is
   host work, which on the chip would cross to the host at every simulated
   load, store and DMA."""
-  host = (jax.default_device(jax.local_devices(backend="cpu")[0]) if on_tpu()
-          else contextlib.nullcontext())
+  host = on_host() if on_tpu() else contextlib.nullcontext()
   with pltpu.force_tpu_interpret_mode(_params(params, **options)), host:
     yield
 
@@ -419,7 +428,7 @@ def numpy_callbacks(enable: bool = True) -> bool:
     func = getattr(callback.callback_func, "func", callback.callback_func)
     if not getattr(func, "__module__", "").startswith(_INTERPRETER_PACKAGE):
       return jax_impl(*args, callback=callback, **params)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    with on_host():
       return [np.asarray(x) for x in callback(*args)]  # it copies what it keeps
 
   impl.jax_impl, cb.io_callback_impl = jax_impl, impl

@@ -43,22 +43,15 @@ def decode_records(generation: str) -> dict[str, dict]:
 
 
 def measured(generation: str) -> dict[str, dict]:
-  """The chip records' newest selection-alone call of each method at
-  `DECODE` on `generation` that its check found equal to the rule (a call
-  row of `records.calls`, device seconds in "device_s")."""
-  rows, entries, k = DECODE
-  out = {}
-  for r in records.calls(chip=generation, variant=None, rows=rows,
-                         entries=entries, k=k):
-    if (r.get("check") or {}).get("ok"):
-      out[r["method"]] = r  # the newest last
-  return out
-
-
-def _exact_kernel_methods(recs: dict) -> dict:
+  """The chip records' newest selection-alone call of each exact method of
+  `KERNEL_TOPK_METHODS` at `DECODE` on `generation` that its check found
+  equal to the rule (a call row of `records.calls`, seconds in "device_s")."""
   from streamidx.topk import registry  # pylint: disable=g-import-not-at-top
-  return {m: r for m, r in recs.items() if m in registry.KERNEL_TOPK_METHODS
-          and registry.METHODS[m].exact}
+  rows, entries, k = DECODE
+  return {r["method"]: r for r in records.calls(  # the newest last
+      chip=generation, variant=None, rows=rows, entries=entries, k=k)
+          if (r.get("check") or {}).get("ok") and r["method"] in
+          registry.KERNEL_TOPK_METHODS and registry.METHODS[r["method"]].exact}
 
 
 def _count(r: dict) -> str:
@@ -115,7 +108,7 @@ def _source(row: Default) -> str:
 
 
 def _measured_source(row: Default) -> str:
-  recs = _exact_kernel_methods(measured(row.generation))
+  recs = measured(row.generation)
   own = recs[row.method]
   others = sorted((r for m, r in recs.items() if m != row.method),
                   key=lambda r: r["device_s"])
@@ -136,13 +129,12 @@ def _measured_source(row: Default) -> str:
 
 def _row(generation: str, scheduled: str) -> Default:
   """`generation`'s row: by the chip records where they measured the exact
-  methods at `DECODE`, else `scheduled` (the static schedule's choice,
-  `recorded`)."""
-  recs = _exact_kernel_methods(measured(generation))
+  methods at `DECODE`, else `scheduled` (the static schedule's choice)."""
+  recs = measured(generation)
   if not recs:
     return Default(generation, scheduled, recorded=True)
-  best = min(recs, key=lambda m: recs[m]["device_s"])
-  return Default(generation, best, recorded=True, measured=True)
+  return Default(generation, min(recs, key=lambda m: recs[m]["device_s"]),
+                 recorded=True, measured=True)
 
 
 TABLE: dict[str | None, Default] = {

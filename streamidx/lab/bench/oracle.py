@@ -4,27 +4,17 @@ none of the reference's engine (why: docs/benchmarks.md, "The oracle").
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import numpy as np
 
 from streamidx import cache as cache_lib
-from streamidx import metrics, ref
+from streamidx import metrics, modes, ref
 from streamidx.semantics import causal_visible_bound
-
-
-def _on_host():
-  """Eager JAX on the host CPU (the oracle never touches an accelerator)."""
-  try:
-    return jax.default_device(jax.local_devices(backend="cpu")[0])
-  except RuntimeError:  # no CPU backend in this process (JAX_PLATFORMS)
-    return contextlib.nullcontext()
 
 
 def dequantize_cache(cache, head_dim: int) -> np.ndarray:
   """Cache array -> f32[total_pages, page_size, head_dim] keys, in NumPy."""
-  with _on_host():
+  with modes.on_host():
     return np.asarray(cache_lib.unpack_cache(np.asarray(cache), head_dim),
                       np.float32)
 
@@ -61,7 +51,7 @@ def oracle_topk(q, indexer_weights, cache_kv, seq_lens, page_indices,
   out = np.full((num_tokens, k), -1, np.int32)
   scores = np.full((num_tokens, num_entries), -np.inf)
   wanted = range(num_tokens) if rows is None else rows
-  with _on_host(), jax.enable_x64(True):
+  with modes.on_host(), jax.enable_x64(True):
     for b in range(int(np.asarray(distribution)[2])):
       lo, hi = int(cu[b]), int(cu[b + 1])
       kv = keys[table[b]].reshape(num_entries, head_dim)
