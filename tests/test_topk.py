@@ -123,6 +123,31 @@ def test_sort_takes_the_lowest_index_ties_whatever_the_sort_returns(
     np.testing.assert_array_equal(got, oracle.topk_rule(x, k), err_msg=str(k))
 
 
+def test_radix_row_loop_equals_the_rule(monkeypatch):
+  """Past `STEP_ENTRIES` entries radix selects a block of rows at a time
+  (here 2 rows of 7, the last block padded)."""
+  monkeypatch.setattr(topk.radix, "STEP_ENTRIES", 2 * 90)
+  rng = np.random.default_rng(11)
+  x = rng.integers(-3, 4, size=(7, 90)).astype(np.float32)
+  x[2] = -np.inf
+  got = np.asarray(topk.radix.select(jnp.asarray(x), 20))
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, 20))
+
+
+@tiers.needs_libtpu
+def test_radix_fits_a_v5e_at_a_prefill_chunk(monkeypatch):
+  """All 2,048 rows of 262,144 entries at once needed 16.5 GB of HBM
+  temporaries: the chip refused them (RESOURCE_EXHAUSTED); the compiler
+  refuses them here too (about 6 CPU-s)."""
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  with modes.compile_for("v5e") as target:
+    fn = jax.jit(functools.partial(topk.radix.select, k=512))
+    mem = fn.lower(target.spec((2048, 262144), jnp.float32)).compile(
+        ).memory_analysis()
+  used = mem.temp_size_in_bytes + mem.argument_size_in_bytes
+  assert used < topk_model.hardware.spec("v5e").hbm_capacity_bytes / 2, used
+
+
 def test_order_key_preserves_the_float_order():
   vals = np.array([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1.0,
                    3e38, np.inf], np.float32)
