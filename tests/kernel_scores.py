@@ -45,7 +45,9 @@ def _tap(sink, block_max_sink=None):
   original = topk_lib.select  # the driver's selection stage
 
   def tapped(operand, k, method, extra=None, **options):
-    jax.debug.callback(lambda s: sink.append(np.asarray(s)), operand)
+    # f32[T, N] (or the kernels' f32[T, N / 128, 128], `Method.lane_rows`)
+    jax.debug.callback(
+        lambda s: sink.append(np.asarray(s).reshape(s.shape[0], -1)), operand)
     if block_max_sink is not None and method.needs == "block_max":
       # "fused_blockmax": the block maxima the kernel wrote.
       jax.debug.callback(lambda m: block_max_sink.append(np.asarray(m)),

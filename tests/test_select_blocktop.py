@@ -139,6 +139,32 @@ def test_blocktop_prefix_rows_drop_no_winner():
   np.testing.assert_array_equal(got, want)
 
 
+def test_blocktop_takes_the_kernels_lane_rows_as_they_are(monkeypatch):
+  """The scoring kernels' buffer f32[T, N / 128, 128], unreshaped (M25):
+  the same levels as its f32[T, N] view, the rule's winners (ties, a row
+  all -inf, 2 tiles of 2 DMAs, a fallback with keep 2)."""
+  monkeypatch.setattr(sb, "CHUNK", 1024)
+  rng = np.random.default_rng(5)
+  x = rng.integers(-3, 4, size=(16, 4096)).astype(np.float32)
+  x[rng.random(x.shape) < 0.2] = -np.inf
+  x[1] = -np.inf
+  lanes = jnp.asarray(x).reshape(16, 32, 128)
+  assert sb.reads_lane_rows(16, 4096, 64)
+  assert not sb.reads_lane_rows(12, 4096, 64)  # a group of 8 rows cut
+  assert not sb.reads_lane_rows(16, 4096 + 128, 64)  # a tile to pad
+  assert not sb.reads_lane_rows(16, 65536 + 1024, 64)  # a second tile to pad
+  for a, b in zip(sb.block_candidates(lanes, keep=2, tile=2048),
+                  sb.block_candidates(x, keep=2, tile=2048)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  got = sb.select(lanes, 64, keep=2, tile=2048)
+  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 64))
+  np.testing.assert_array_equal(np.asarray(topk.scores_at(lanes, got)),
+                                np.asarray(topk.scores_at(x, got)))
+  with pytest.raises(ValueError, match=r"scores: f32\[T, N / 128, 128\] "
+                     r"needs whole groups of 8 rows"):
+    sb.select(lanes[:12], 64)
+
+
 def test_blocktop_options_are_checked():
   x = np.zeros((2, 4096), np.float32)
   with pytest.raises(ValueError, match=r"tile: must be a positive multiple "

@@ -269,6 +269,26 @@ def test_kernel_topk_method_matches_reference(case, method, ratio, heads):
         err_msg=m)
 
 
+def test_kernel_hands_blocktop_its_score_buffer_unreshaped(monkeypatch):
+  """M25: 8 decode rows of 1,024 entries (whole groups, one whole tile, a
+  buffer of whole 8-page blocks): blocktop reads the kernel's f32[T, N /
+  128, 128] as written, and returns the rule's indices on the kernel's own
+  scores. (16-page prefill blocks would widen the buffer past the table's
+  entries, M24: the driver then cuts and relays it out.)"""
+  seen = []
+  real = topk.blocktop._call
+  monkeypatch.setattr(topk.blocktop, "_call", lambda x, *a, **kw: (
+      seen.append(x.shape), real(x, *a, **kw))[1])
+  b = si.make_mixed_batch(decode=[4096 - 40 * i for i in range(8)],
+                          page_size=128, compression_ratio=4)
+  inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=3)
+  idx, kernel_scores = KernelWithScores("token")(
+      *inp.args, k=K, compression_ratio=4, topk_method="blocktop",
+      num_kv_pages_per_block=(8, 8, 8), num_queries_per_block=(1, 8, 8))
+  assert seen == [(8, 8, 128)]
+  np.testing.assert_array_equal(idx, oracle.topk_rule(kernel_scores, K))
+
+
 def test_kernel_approx_method_reports_recall():
   inp = _inputs("decode_only_full_batches")
   kw = dict(k=K, compression_ratio=4, **BLOCKS)

@@ -81,5 +81,6 @@ def _select(scores, extra, *, k, method, options):
   # The scope names the stage's ops in profiles (op metadata), whatever
   # XLA fuses them into.
   with jax.named_scope(f"select_topk_{method}"):
-    x = base.pad_to(scores.astype(jnp.float32), k)
+    x = scores if scores.ndim == 3 else base.pad_to(
+        scores.astype(jnp.float32), k)  # 3-D: `Method.lane_rows`
     return METHODS[method].select(x, k, extra, **dict(options))

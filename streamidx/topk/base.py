@@ -160,9 +160,14 @@ def top_k(scores, k: int, ids=None):
 
 def scores_at(scores, idx):
   """f32[T, k]: each selected entry's score as the selection compared it
-  (-0.0 and subnormals as +0.0), -inf where the index is -1."""
-  got = jnp.take_along_axis(scores.astype(jnp.float32), jnp.maximum(idx, 0),
-                            axis=1)
+  (-0.0 and subnormals as +0.0), -inf where the index is -1; scores
+  f32[T, N] or the kernels' f32[T, N / 128, 128] (`Method.lane_rows`)."""
+  at = jnp.maximum(idx, 0)
+  if scores.ndim == 3:  # entry i: lane row i // 128, lane i % 128
+    rows = jnp.arange(idx.shape[0])[:, None]
+    got = scores[rows, at // 128, at % 128].astype(jnp.float32)
+  else:
+    got = jnp.take_along_axis(scores.astype(jnp.float32), at, axis=1)
   return jnp.where(idx >= 0, canonical_zero(got), NEG_INF)
 
 
@@ -254,6 +259,9 @@ class Method:
   needs: str | None = None
   extra_ref: Callable | None = None
   options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
+  # (rows, entries, k) -> whether select, default options, also takes the
+  # scoring kernels' buffer f32[T, N / 128, 128] as it is (no relayout).
+  lane_rows: Callable | None = None
 
   def __post_init__(self):
     if (self.needs is None) != (self.extra_ref is None):

@@ -10,6 +10,13 @@ candidates at or before it into `capacity(k)` slots and sorts them
 (bitonic). Where a dropped entry ranks before the k-th winner or the
 candidates overflow the slots, that row is selected again by one two-key
 sort of the whole row (`fallback`, a few rows at a time).
+
+The kernel also reads the scoring kernels' own buffer f32[T, N / 128, 128]
+as it is (`reads_lane_rows`): a vreg there is 1,024 consecutive entries of
+one row, the same 1,024 blocks, so the pass runs a row at a time and its
+levels are transposed (rows <-> units) before the finish; the driver then
+skips its relayout of the buffer to f32[T, N] (an XLA copy, read and
+written).
 """
 
 from __future__ import annotations
@@ -98,18 +105,26 @@ def _insert(vals, idx, v, vi):
   return tuple(new_v), tuple(new_i)
 
 
-def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int):
-  """Inserts a tile (buf: f32[chunks, 8, chunk] of 8 rows from entry `first`)
-  into the levels lv, li ([levels * 8, 8, 128]: level l of unit u at l * 8 +
-  u), in index order."""
-  lane = lax.broadcasted_iota(jnp.int32, (SUBLANES, LANES), 1)
+def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int,
+          lane_rows: bool):
+  """Inserts a tile of 8 rows from entry `first` into the levels lv, li
+  ([levels * 8, 8, 128]), in index order. buf: f32[chunks, 8, chunk], level
+  l of unit u (blocks u * 128 + lane of the 8 rows) at l * 8 + u; or
+  (lane_rows) f32[chunks, 8, chunk / 128, 128], level l of row u (its
+  blocks sublane * 128 + lane) at l * 8 + u (`_rows_to_units`)."""
+  lane = _iota((SUBLANES, LANES), 1)
+  block = _iota((SUBLANES, LANES), 0) * LANES + lane
   for u in range(UNITS):
     def body(c, carry, u=u):
       vals, idx = carry
       for j in range(chunk // BLOCKS):  # static: 8 inserts interleave
-        col = j * BLOCKS + u * LANES
-        v = buf[c, :, col:col + LANES] + 0.0  # -0.0 -> +0.0; flushes subnormals
-        vals, idx = _insert(vals, idx, v, first + c * chunk + col + lane)
+        if lane_rows:  # row u's entries j * 1024 + block
+          v, at = buf[c, u, j * SUBLANES:(j + 1) * SUBLANES, :], block
+        else:  # the 8 rows' entries j * 1024 + u * 128 + lane
+          col = j * BLOCKS + u * LANES
+          v, at = buf[c, :, col:col + LANES], u * LANES + lane
+        v = v + 0.0  # -0.0 -> +0.0; flushes subnormals
+        vals, idx = _insert(vals, idx, v, first + c * chunk + j * BLOCKS + at)
       return vals, idx
     init = (tuple(lv[l * UNITS + u] for l in range(levels)),
             tuple(li[l * UNITS + u] for l in range(levels)))
@@ -117,6 +132,16 @@ def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int):
     for l in range(levels):
       lv[l * UNITS + u] = vals[l]
       li[l * UNITS + u] = idx[l]
+
+
+def _rows_to_units(lv, li, levels: int):
+  """The lane-rows pass's levels (row t's level l at l * 8 + t, sublane u:
+  blocks u * 128 + lane) in the finish's layout (unit u's at l * 8 + u,
+  sublane t: row t)."""
+  for ref in (lv, li):
+    for l in range(levels):
+      group = pl.ds(l * UNITS, UNITS)
+      ref[group] = jnp.swapaxes(ref[group], 0, 1)
 
 
 # -- the finish: each step a loop over vregs of VMEM, so its program hardly
@@ -444,8 +469,9 @@ def _levels(lv, li, vals_ref, idx_ref):
 # -- the kernel ---------------------------------------------------------------
 
 
-def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
-  """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N]. refs: the outputs in
+def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
+  """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
+  N / 128, 128]). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
   li, each output's block in VMEM, their semaphores, the finish's scratch."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
@@ -457,9 +483,9 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
   chunks = tile // chunk
 
   def copies(b, slot):
+    w = chunk // LANES if lane_rows else chunk  # a DMA's columns of x_hbm
     return [pltpu.make_async_copy(
-        x_hbm.at[rows, pl.ds(pl.multiple_of(b * tile + c * chunk, chunk),
-                             chunk)],
+        x_hbm.at[rows, pl.ds(pl.multiple_of((b * chunks + c) * w, w), w)],
         buf.at[slot, c], sem.at[slot]) for c in range(chunks)]
 
   lv[...] = jnp.full(lv.shape, -jnp.inf, jnp.float32)
@@ -477,10 +503,12 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
     # one wait covers the tile's DMAs: they signal one semaphore
     pltpu.make_async_copy(buf.at[slot], buf.at[slot], sem.at[slot]).wait()
     _scan(buf.at[slot], lv, li, b * tile, levels=keep + 1, chunks=chunks,
-          chunk=chunk)
+          chunk=chunk, lane_rows=lane_rows)
     return carry
 
   lax.fori_loop(0, tiles, step, 0)
+  if lane_rows:
+    _rows_to_units(lv, li, keep + 1)
   finish(lv, li, *out_vmem, *extra)
   sends = [pltpu.make_async_copy(v, h.at[g], out_sem.at[i])
            for i, (v, h) in enumerate(zip(out_vmem, out_hbm))]
@@ -491,16 +519,20 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs):
 
 
 def _call(scores, k: int, keep: int, tile: int, finish: bool):
-  """The kernel over scores f32[T, N]: [G, ...] per output (G = T / 8
-  rounded up): the winners and flags, or (finish False) the levels."""
-  t, n = scores.shape
+  """The kernel over scores f32[T, N] (or f32[T, N / 128, 128], taken as it
+  is: `reads_lane_rows`): [G, ...] per output (G = T / 8 rounded up): the
+  winners and flags, or (finish False) the levels."""
+  t, n = scores.shape[0], _entries(scores)
   tiles = -(-n // tile)
   groups = -(-t // SUBLANES)
-  x = jnp.pad(scores.astype(jnp.float32),
-              ((0, groups * SUBLANES - t), (0, tiles * tile - n)),
-              constant_values=base.NEG_INF)
+  lane_rows = scores.ndim == 3
+  x = scores if lane_rows else jnp.pad(
+      scores.astype(jnp.float32),
+      ((0, groups * SUBLANES - t), (0, tiles * tile - n)),
+      constant_values=base.NEG_INF)
   levels = keep + 1
   chunk = min(CHUNK, tile)
+  buf = (chunk // LANES, LANES) if lane_rows else (chunk,)
   if finish:
     idx_bits = max(1, (tiles * tile - 1).bit_length())
     fin = functools.partial(_finish, keep=keep, k=k, idx_bits=idx_bits)
@@ -514,14 +546,14 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool):
   hbm = pl.BlockSpec(memory_space=pltpu.HBM)
   return pl.pallas_call(
       functools.partial(_kernel, keep=keep, tile=tile, tiles=tiles,
-                        finish=fin, outputs=len(blocks)),
+                        finish=fin, outputs=len(blocks), lane_rows=lane_rows),
       grid=(groups,),
       in_specs=[hbm],
       out_specs=[hbm] * len(blocks),
       out_shape=[jax.ShapeDtypeStruct((groups, *shape), dt)
                  for shape, dt in blocks],
       scratch_shapes=[
-          pltpu.VMEM((2, tile // chunk, SUBLANES, chunk), jnp.float32),
+          pltpu.VMEM((2, tile // chunk, SUBLANES, *buf), jnp.float32),
           pltpu.SemaphoreType.DMA((2,)),
           pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.float32),
           pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.int32),
@@ -552,6 +584,20 @@ def block_candidates(scores, *, keep: int, tile: int):
   return vals[:, :cut], idx[:, :cut], vals[:, cut:], idx[:, cut:]
 
 
+def _entries(scores) -> int:
+  """N of scores f32[T, N] or f32[T, N / 128, 128]."""
+  return scores.shape[1] * (LANES if scores.ndim == 3 else 1)
+
+
+def reads_lane_rows(rows: int, entries: int, k: int) -> bool:
+  """Whether `select` (default options) takes the scoring kernels' buffer
+  f32[rows, entries / 128, 128] as it is: whole groups of 8 rows, whole
+  tiles of entries (nothing to pad: a pad would be the copy it saves), at
+  least k entries."""
+  return (rows % SUBLANES == 0 and entries >= k and entries % LANES == 0
+          and entries % tile_for(entries) == 0)
+
+
 def plan(n: int, k: int, keep: int | None = None,
          tile: int | None = None) -> tuple[int, int]:
   """(keep, tile) for rows of n entries, checked: at least k candidates."""
@@ -579,9 +625,16 @@ def block_select(scores, k: int, *, keep: int, tile: int):
 
 
 def select(scores, k, extra=None, *, keep=None, tile=None):
-  """The k best of scores f32[T, N >= k]: i32[T, k] (module docstring)."""
+  """The k best of scores f32[T, N >= k] (or the kernels' f32[T, N / 128,
+  128] where `reads_lane_rows`): i32[T, k] (module docstring)."""
   del extra
-  keep, tile = plan(scores.shape[1], k, keep, tile)
+  n = _entries(scores)
+  keep, tile = plan(n, k, keep, tile)
+  if scores.ndim == 3 and not (reads_lane_rows(scores.shape[0], n, k)
+                               and n % tile == 0):
+    raise ValueError(f"scores: f32[T, N / 128, 128] needs whole groups of "
+                     f"{SUBLANES} rows and tiles of entries (`reads_lane_rows`;"
+                     f" got shape {scores.shape}, tile {tile})")
   if scores.shape[0] == 0:  # no row: no kernel (its grid would be empty)
     return jnp.zeros((0, k), jnp.int32)
   winners, bad = block_select(scores, k, keep=keep, tile=tile)
@@ -594,7 +647,11 @@ def fallback(scores, k, winners, bad):
   orders every tie: no tie check to compile beside it), those rows alone
   (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no row is
   flagged)."""
-  return base.again(winners, bad, lambda rows: base.sort_top_k(scores[rows], k))
+  def redo(rows):
+    x = scores[rows]
+    return base.sort_top_k(x.reshape(x.shape[0], -1), k)
+
+  return base.again(winners, bad, redo)
 
 
 def cost(rows, entries, k, *, keep=None, tile=None):
@@ -613,6 +670,7 @@ METHOD = base.Method(
     name="blocktop", exact=True, select=select, cost=cost,
     doc="a Pallas kernel keeping each block's best entries and sorting the "
     "candidates that can win (a two-key sort of the row where its check fails)",
+    lane_rows=reads_lane_rows,
     options=(base.Option("keep",
                          "candidates kept per block (default `keep_for`)"),
              base.Option("tile", "entries of a row per tile, a multiple of "
