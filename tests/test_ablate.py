@@ -26,7 +26,8 @@ S = ablate.SHAPE
 ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 # What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
-          "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"}}
+          "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
+          "page_dma": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +100,19 @@ def test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece():
     assert rows == everything - gone, exp.name
     # Scores reach the buffer only through the output DMAs.
     assert np.isneginf(scores).all() == ("out" in gone), exp.name
+
+
+
+@FULL
+def test_block_dma_reads_what_the_page_dmas_read_from_a_contiguous_table():
+  """`block_dma`'s one DMA a block equals the per-page DMAs where the
+  block's pages are consecutive and inside the cache (4 sequences of one
+  whole 32-page block: at `tiny`'s 16 pages a block runs past the cache)."""
+  shape = S.with_(name="one_block", num_seqs=4, seq_len=16384)
+  args = record.entry_args(shape, ablate.VARIANT, shape.fmt)
+  exp = next(e for e in ablate.EXPERIMENTS if e.name == "block_dma")
+  shipped = _dma_bytes(ablate.EXPERIMENTS[0], args, shape)[2]
+  np.testing.assert_array_equal(_dma_bytes(exp, args, shape)[2], shipped)
 
 
 def _row():

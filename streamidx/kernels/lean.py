@@ -45,7 +45,14 @@ assert _MAX == block_max_lib.SEM_ROW
 # DMAs, the KV blocks' DMAs (values and scales), the scales' DMAs alone
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
-ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop")
+ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
+             "page_dma")
+# "page_dma": each sequence's KV block fetched by one values DMA and one
+# scales DMA from its first page on (kept inside the cache), not two per
+# page: the same bytes only where the block's pages are consecutive (the
+# records' tables are: `batch.make_batch`'s "contiguous" allocation) and
+# the block ends inside the cache; an upper bound on what fewer, larger
+# DMAs could give, not a kernel to ship.
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
@@ -91,7 +98,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
   _, num_heads, head_dim = q_hbm.shape
-  rows_per_page = kv_hbm.shape[1]
+  kv_hbm_pages = sc_hbm.shape[0]  # the cache's pages
+  rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
+                   else kv_hbm.shape[1])
   bkv_sz = bkv_p * rows_per_page * KV_PACKING
   page_mode = page_cols is not None
   start, end = start_end_ref[0], start_end_ref[1]
@@ -119,6 +128,15 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     if "kv_dma" in ablate:
       return
     base = seq * page_width + bkv_idx * bkv_p
+    if "page_dma" in ablate:  # kv_hbm: u8[total_pages * rows, 4, D]
+      for b in range(b_sz):
+        p = jnp.minimum(pages_ref[base + b * page_width], kv_hbm_pages - bkv_p)
+        pltpu.make_async_copy(
+            kv_hbm.at[pl.ds(p * rows_per_page, bkv_p * rows_per_page)],
+            bkv.at[slot, b], sems.at[_KV, slot, 0]).start()
+        pltpu.make_async_copy(sc_hbm.at[pl.ds(p, bkv_p)], bsc.at[slot, b],
+                              sems.at[_SCALE, slot, 0]).start()
+      return
     for b in range(b_sz):
       def page(i, carry, b=b):
         p = pages_ref[base + b * page_width + i]
@@ -371,5 +389,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
                                          spec.outputs),
       **block_max_lib.launch_kwargs(spec, outputs, scratch, num_sem_rows=_MAX),
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
-      end=end, inputs=(q, weights, values, scales), outputs=outputs,
+      end=end, inputs=(q, weights, values.reshape(-1, *values.shape[2:])
+                       if "page_dma" in ablate else values, scales),
+      outputs=outputs,
       num_cores=num_cores)
