@@ -126,21 +126,22 @@ def again(result, flagged, redo, rows: int = AGAIN_ROWS):
   r = min(rows, t)
   if r == 0:
     return result
-  order = jnp.argsort(~flagged, stable=True)  # the flagged rows first
-  order = jnp.concatenate([order, order[:-t % r]])  # whole trips of r rows
 
-  def trip(i, out):
-    ids = lax.dynamic_slice_in_dim(order, i * r, r)
-    new = redo(ids)
-    keep = flagged[ids]
-    return jax.tree.map(
-        lambda o, v: o.at[ids].set(jnp.where(
-            keep.reshape((r,) + (1,) * (v.ndim - 1)), v, o[ids])), out, new)
+  def redo_flagged():  # inside the cond: no row flagged, no argsort run
+    order = jnp.argsort(~flagged, stable=True)  # the flagged rows first
+    order = jnp.concatenate([order, order[:-t % r]])  # whole trips of r rows
 
-  return lax.cond(jnp.any(flagged),
-                  lambda: lax.fori_loop(0, cdiv(jnp.sum(flagged), r), trip,
-                                      result),
-                  lambda: result)
+    def trip(i, out):
+      ids = lax.dynamic_slice_in_dim(order, i * r, r)
+      new = redo(ids)
+      keep = flagged[ids]
+      return jax.tree.map(
+          lambda o, v: o.at[ids].set(jnp.where(
+              keep.reshape((r,) + (1,) * (v.ndim - 1)), v, o[ids])), out, new)
+
+    return lax.fori_loop(0, cdiv(jnp.sum(flagged), r), trip, result)
+
+  return lax.cond(jnp.any(flagged), redo_flagged, lambda: result)
 
 
 def sort_top_k(scores, k: int):
