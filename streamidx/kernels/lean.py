@@ -13,9 +13,10 @@ fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
 
-`launch(..., ablate=...)` leaves pieces of its work out (`ABLATIONS`, read
-at trace time) to time each on a chip (`python -m streamidx.bench --ablate`);
-empty, the default every entry point runs, the program is the same.
+`launch(..., ablate=...)` leaves pieces of its work out, or ("page_dma")
+fetches a KV block in one DMA (`ABLATIONS`, read at trace time), to time
+each on a chip (`python -m streamidx.bench --ablate`); empty, the default
+every entry point runs, the program is the same.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     base = seq * page_width + bkv_idx * bkv_p
     if "page_dma" in ablate:  # kv_hbm: u8[total_pages * rows, 4, D]
       for b in range(b_sz):
-        p = jnp.minimum(pages_ref[base + b * page_width], kv_hbm_pages - bkv_p)
+        p = jnp.minimum(pages_ref[base + b * page_width],
+                        max(kv_hbm_pages - bkv_p, 0))
         pltpu.make_async_copy(
             kv_hbm.at[pl.ds(p * rows_per_page, bkv_p * rows_per_page)],
             bkv.at[slot, b], sems.at[_KV, slot, 0]).start()

@@ -526,10 +526,10 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool):
   tiles = -(-n // tile)
   groups = -(-t // SUBLANES)
   lane_rows = scores.ndim == 3
-  x = scores if lane_rows else jnp.pad(
-      scores.astype(jnp.float32),
-      ((0, groups * SUBLANES - t), (0, tiles * tile - n)),
-      constant_values=base.NEG_INF)
+  x = scores.astype(jnp.float32)
+  if not lane_rows:  # (lane rows: whole groups and tiles, nothing to pad)
+    x = jnp.pad(x, ((0, groups * SUBLANES - t), (0, tiles * tile - n)),
+                constant_values=base.NEG_INF)
   levels = keep + 1
   chunk = min(CHUNK, tile)
   buf = (chunk // LANES, LANES) if lane_rows else (chunk,)
