@@ -165,6 +165,17 @@ def test_blocktop_takes_the_kernels_lane_rows_as_they_are(monkeypatch):
     sb.select(lanes[:12], 64)
 
 
+@tiers.needs_libtpu
+def test_blocktop_on_lane_rows_compiles_for_v5e(monkeypatch):
+  """Mosaic, not the interpreter, judges the lane-rows pass (its 3-D DMAs,
+  the levels' transpose): compiled for v5e, 16 rows of 16,384 entries, 2
+  DMAs a tile."""
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  with modes.compile_for("v5e") as target:
+    spec = target.spec((16, 128, 128), jnp.float32)
+    assert jax.jit(lambda x: sb.select(x, 512)).lower(spec).compile()
+
+
 def test_blocktop_options_are_checked():
   x = np.zeros((2, 4096), np.float32)
   with pytest.raises(ValueError, match=r"tile: must be a positive multiple "
