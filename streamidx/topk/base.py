@@ -272,6 +272,14 @@ class Method:
                        if isinstance(self.options, Mapping)
                        else {o.name: o for o in self.options})
 
+  def reads_as_written(self, rows: int, written: int, entries: int,
+                       k: int) -> bool:
+    """Whether select takes the scoring kernels' buffer f32[rows, written /
+    128, 128] as it is, for rows of `entries` entries: a `lane_rows` method
+    whose rule holds, and nothing to cut (written == entries, M24)."""
+    return (self.lane_rows is not None and written == entries
+            and self.lane_rows(rows, entries, k))
+
   def resolve(self, options: Mapping[str, Any]) -> dict:
     """`options` checked against this method's and completed with their
     defaults; ValueError naming the option and the rule otherwise."""

@@ -578,10 +578,10 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
   # reshape is an XLA copy of the buffer (the compiled call's HLO), read and
   # written, of the columns the selection reads; none where the method takes
-  # the kernels' buffer as it is (`Method.lane_rows`, the driver's `_select`).
-  lane_rows = si.topk.METHODS[method].lane_rows
-  relayout = 0 if (p.mode == "token" and lane_rows and p.num_score_cols == t
-                   and lane_rows(g.num_tokens, t, k)) else 2 * g.num_tokens * t * 4
+  # the kernels' buffer as it is (`Method.reads_as_written`, as the driver).
+  as_written = p.mode == "token" and si.topk.METHODS[method].reads_as_written(
+      g.num_tokens, p.num_score_cols, t, k)
+  relayout = 0 if as_written else 2 * g.num_tokens * t * 4
   return ([Stage("fill", st["fill"].bound, None, clock_hz, hbm_only=True,
                  detail="XLA's -inf fill, HBM only"),
            Stage("scoring", kernel.t_mem, bundles, clock_hz,
