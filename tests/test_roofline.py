@@ -262,10 +262,12 @@ def test_implied_clock_counts_bundles_over_the_time_the_hbm_only_stages_leave():
 def test_no_relayout_where_blocktop_reads_the_kernels_buffer():
   """M25: the relayout stage is the buffer read and written for the sort;
   none for blocktop, which takes f32[T, E / 128, 128] as the kernel wrote
-  it (`Method.lane_rows`)."""
-  def relayout(method):
-    st = roofline.dsv4_step("v5e", "lean", method=method).stages
+  it (`Method.lane_rows`), also where the dense kernel's 3-page blocks
+  widen it past the table's entries."""
+  def relayout(method, variant="lean"):
+    st = roofline.dsv4_step("v5e", variant, method=method).stages
     return next(s.t_hbm for s in st if s.name == "relayout")
   s = SPECS["v5e"]
   assert relayout("sort") == pytest.approx(2 * 64 * 32768 * 4 / s.device_bandwidth)
-  assert relayout("blocktop") == 0
+  assert relayout("sort", "dense") == relayout("sort")  # the entries alone
+  assert relayout("blocktop") == relayout("blocktop", "dense") == 0

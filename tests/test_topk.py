@@ -270,11 +270,11 @@ def test_kernel_topk_method_matches_reference(case, method, ratio, heads):
 
 
 def test_kernel_hands_blocktop_its_score_buffer_unreshaped(monkeypatch):
-  """M25: 8 decode rows of 1,024 entries (whole groups, one whole tile, a
-  buffer of whole 8-page blocks): blocktop reads the kernel's f32[T, N /
-  128, 128] as written, and returns the rule's indices on the kernel's own
-  scores. (16-page prefill blocks would widen the buffer past the table's
-  entries, M24: the driver then cuts and relays it out.)"""
+  """M25: 8 decode rows of 1,024 entries (whole groups, one whole tile) in
+  3-page blocks, which widen the buffer to 9 pages: blocktop reads the
+  kernel's f32[T, W / 128, 128] as written, its first 1,024 entries (M24's
+  cut, without a copy), and returns the rule's indices on the kernel's own
+  scores."""
   seen = []
   real = topk.blocktop._call
   monkeypatch.setattr(topk.blocktop, "_call", lambda x, *a, **kw: (
@@ -284,8 +284,8 @@ def test_kernel_hands_blocktop_its_score_buffer_unreshaped(monkeypatch):
   inp = si.make_inputs(b, num_heads=4, fmt="fp8", seed=3)
   idx, kernel_scores = KernelWithScores("token")(
       *inp.args, k=K, compression_ratio=4, topk_method="blocktop",
-      num_kv_pages_per_block=(8, 8, 8), num_queries_per_block=(1, 8, 8))
-  assert seen == [(8, 8, 128)]
+      num_kv_pages_per_block=(3, 8, 8), num_queries_per_block=(1, 8, 8))
+  assert seen == [(8, 9, 128)]
   np.testing.assert_array_equal(idx, oracle.topk_rule(kernel_scores, K))
 
 

@@ -208,10 +208,11 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
   extra = None
   if method.needs == "block_max":  # the kernel's block maxima (M16, M21)
     extra = bufs[1].reshape(num_tokens, -1)[:, :scores.shape[1] // LANES]
-  if call.mode == "token" and method.reads_as_written(
-      num_tokens, bufs[0].shape[1] * LANES, scores.shape[1], call.k):
+  entries = scores.shape[1]
+  if call.mode == "token" and method.reads_as_written(num_tokens, entries,
+                                                      call.k):
     scores = bufs[0]  # M25: as the kernels wrote it, no relayout to f32[T, E]
-  idx = topk.select(scores, call.k, method, extra)[:, :call.k]
+  idx = topk.select(scores, call.k, method, extra, entries=entries)[:, :call.k]
   top_scores = topk.scores_at(scores, idx) if call.return_scores else None
   if order is not None:  # M13: the caller's row order
     idx = semantics.restore_decode_rows(idx, order, call.decode_q_len)

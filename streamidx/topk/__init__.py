@@ -67,20 +67,27 @@ def select_topk(scores, k: int, method: str | None = None, *,
   return select(scores, k, m, extra, **options)
 
 
-def select(scores, k: int, method: base.Method, extra=None, **options):
+def select(scores, k: int, method: base.Method, extra=None, *,
+           entries: int | None = None, **options):
   """`select_topk` by a `METHODS` record, its arguments taken as checked
   (the kernels' selection stage: their call checked `topk_method` when it
-  was built); the options are checked (`Method.resolve`)."""
+  was built); the options are checked (`Method.resolve`). scores: also
+  the kernels' f32[T, W / 128, 128] where `method.reads_as_written`, of
+  which each row's first `entries` (None: all W) are read."""
   opts = method.resolve(options)
   return _select(scores, extra, k=k, method=method.name,
+                 entries=entries if scores.ndim == 3 else None,
                  options=tuple(sorted(opts.items())))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "method", "options"))
-def _select(scores, extra, *, k, method, options):
+@functools.partial(jax.jit,
+                   static_argnames=("k", "method", "entries", "options"))
+def _select(scores, extra, *, k, method, entries, options):
   # The scope names the stage's ops in profiles (op metadata), whatever
   # XLA fuses them into.
   with jax.named_scope(f"select_topk_{method}"):
-    x = scores if scores.ndim == 3 else base.pad_to(
-        scores.astype(jnp.float32), k)  # 3-D: `Method.lane_rows`
+    if scores.ndim == 3:  # `Method.lane_rows`
+      return METHODS[method].select(scores, k, extra, entries=entries,
+                                    **dict(options))
+    x = base.pad_to(scores.astype(jnp.float32), k)
     return METHODS[method].select(x, k, extra, **dict(options))

@@ -272,13 +272,12 @@ class Method:
                        if isinstance(self.options, Mapping)
                        else {o.name: o for o in self.options})
 
-  def reads_as_written(self, rows: int, written: int, entries: int,
-                       k: int) -> bool:
-    """Whether select takes the scoring kernels' buffer f32[rows, written /
-    128, 128] as it is, for rows of `entries` entries: a `lane_rows` method
-    whose rule holds, and nothing to cut (written == entries, M24)."""
-    return (self.lane_rows is not None and written == entries
-            and self.lane_rows(rows, entries, k))
+  def reads_as_written(self, rows: int, entries: int, k: int) -> bool:
+    """Whether select takes the scoring kernels' buffer f32[rows, W / 128,
+    128] as it is, reading the first `entries` <= W of each row (the
+    columns past them, M24's cut, unread): a `lane_rows` method whose rule
+    holds at `entries`."""
+    return self.lane_rows is not None and self.lane_rows(rows, entries, k)
 
   def resolve(self, options: Mapping[str, Any]) -> dict:
     """`options` checked against this method's and completed with their

@@ -11,12 +11,13 @@ candidates at or before it into `capacity(k)` slots and sorts them
 candidates overflow the slots, that row is selected again by one two-key
 sort of the whole row (`fallback`, a few rows at a time).
 
-The kernel also reads the scoring kernels' own buffer f32[T, N / 128, 128]
-as it is (`reads_lane_rows`): a vreg there is 1,024 consecutive entries of
-one row, the same 1,024 blocks, so the pass runs a row at a time and its
-levels are transposed (rows <-> units) before the finish; the driver then
-skips its relayout of the buffer to f32[T, N] (an XLA copy, read and
-written).
+The kernel also reads the scoring kernels' own buffer f32[T, W / 128, 128]
+as it is (`reads_lane_rows`), the first N <= W entries of each row: a vreg
+there is 1,024 consecutive entries of one row, the same 1,024 blocks, so the
+pass runs a row at a time and its levels are transposed (rows <-> units)
+before the finish; the driver then skips its relayout of the buffer to
+f32[T, N] (an XLA copy, read and written) and its cut of the columns past N
+(M24: a slice, another copy).
 """
 
 from __future__ import annotations
@@ -471,7 +472,7 @@ def _levels(lv, li, vals_ref, idx_ref):
 
 def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
-  N / 128, 128]). refs: the outputs in
+  W / 128, 128], its first tiles * tile entries read). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
   li, each output's block in VMEM, their semaphores, the finish's scratch."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
@@ -518,11 +519,13 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
     cp.wait()
 
 
-def _call(scores, k: int, keep: int, tile: int, finish: bool):
-  """The kernel over scores f32[T, N] (or f32[T, N / 128, 128], taken as it
-  is: `reads_lane_rows`): [G, ...] per output (G = T / 8 rounded up): the
-  winners and flags, or (finish False) the levels."""
-  t, n = scores.shape[0], _entries(scores)
+def _call(scores, k: int, keep: int, tile: int, finish: bool,
+          entries: int | None = None):
+  """The kernel over scores f32[T, N] (or f32[T, W / 128, 128], taken as it
+  is, its first N = `entries` read: `reads_lane_rows`): [G, ...] per output
+  (G = T / 8 rounded up): the winners and flags, or (finish False) the
+  levels."""
+  t, n = scores.shape[0], entries or _entries(scores)
   tiles = -(-n // tile)
   groups = -(-t // SUBLANES)
   lane_rows = scores.ndim == 3
@@ -615,41 +618,44 @@ def plan(n: int, k: int, keep: int | None = None,
   return keep, tile
 
 
-def block_select(scores, k: int, *, keep: int, tile: int):
+def block_select(scores, k: int, *, keep: int, tile: int,
+                 entries: int | None = None):
   """The kernel: (winners i32[T, k], whether the row's check failed
-  bool[T])."""
+  bool[T]); entries: of the kernels' f32[T, W / 128, 128], as `select`."""
   t = scores.shape[0]
-  winners, flag = _call(scores, k, keep, tile, finish=True)
+  winners, flag = _call(scores, k, keep, tile, finish=True, entries=entries)
   winners = winners.reshape(-1, winners.shape[-1])
   return winners[:t, :k], flag.reshape(-1, LANES)[:t, 0] != 0
 
 
-def select(scores, k, extra=None, *, keep=None, tile=None):
-  """The k best of scores f32[T, N >= k] (or the kernels' f32[T, N / 128,
-  128] where `reads_lane_rows`): i32[T, k] (module docstring)."""
+def select(scores, k, extra=None, *, keep=None, tile=None, entries=None):
+  """The k best of scores f32[T, N >= k] (or of the first N = `entries` of
+  each row of the kernels' f32[T, W / 128, 128] where `reads_lane_rows`;
+  None: N = W): i32[T, k] (module docstring)."""
   del extra
-  n = _entries(scores)
+  n = entries or _entries(scores)
   keep, tile = plan(n, k, keep, tile)
   if scores.ndim == 3 and not (reads_lane_rows(scores.shape[0], n, k)
-                               and n % tile == 0):
-    raise ValueError(f"scores: f32[T, N / 128, 128] needs whole groups of "
-                     f"{SUBLANES} rows and tiles of entries (`reads_lane_rows`;"
-                     f" got shape {scores.shape}, tile {tile})")
+                               and n % tile == 0 and n <= _entries(scores)):
+    raise ValueError(f"scores: f32[T, W / 128, 128] needs whole groups of "
+                     f"{SUBLANES} rows and tiles of entries, at most W "
+                     f"(`reads_lane_rows`; got shape {scores.shape}, entries "
+                     f"{n}, tile {tile})")
   if scores.shape[0] == 0:  # no row: no kernel (its grid would be empty)
     return jnp.zeros((0, k), jnp.int32)
-  winners, bad = block_select(scores, k, keep=keep, tile=tile)
-  return fallback(scores, k, winners, bad)
+  winners, bad = block_select(scores, k, keep=keep, tile=tile, entries=n)
+  return fallback(scores, k, winners, bad, n)
 
 
-def fallback(scores, k, winners, bad):
+def fallback(scores, k, winners, bad, entries=None):
   """`winners` i32[T, k] with each row flagged in `bad` bool[T] selected
-  again by `base.sort_top_k` (one two-key sort of the whole row, which
-  orders every tie: no tie check to compile beside it), those rows alone
-  (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no row is
+  again by `base.sort_top_k` (one two-key sort of the row's first
+  `entries`, None: all, which orders every tie: no tie check to compile beside it), those rows
+  alone (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no row is
   flagged)."""
   def redo(rows):
     x = scores[rows]
-    return base.sort_top_k(x.reshape(x.shape[0], -1), k)
+    return base.sort_top_k(x.reshape(x.shape[0], -1)[:, :entries], k)
 
   return base.again(winners, bad, redo)
 

@@ -580,7 +580,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   # written, of the columns the selection reads; none where the method takes
   # the kernels' buffer as it is (`Method.reads_as_written`, as the driver).
   as_written = p.mode == "token" and si.topk.METHODS[method].reads_as_written(
-      g.num_tokens, p.num_score_cols, t, k)
+      g.num_tokens, t, k)
   relayout = 0 if as_written else 2 * g.num_tokens * t * 4
   return ([Stage("fill", st["fill"].bound, None, clock_hz, hbm_only=True,
                  detail="XLA's -inf fill, HBM only"),
