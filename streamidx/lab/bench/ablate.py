@@ -58,6 +58,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("kv_reads_only", ("compute", "score_write")),
     Experiment("compute_only", ("kv_dma", "score_write")),
     Experiment("block_dma", ("page_dma",)),
+    # The DMA stream alone: one DMA a block, nothing computed or written.
+    Experiment("block_reads_only", ("page_dma", "compute", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
