@@ -168,6 +168,8 @@ def test_blocktop_takes_the_kernels_lane_rows_as_they_are(monkeypatch):
   with pytest.raises(ValueError, match=r"scores: f32\[T, W / 128, 128\] "
                      r"needs whole groups of 8 rows"):
     sb.select(lanes[:12], 64)
+  with pytest.raises(ValueError, match=r"at most W .*entries 8192"):
+    sb.select(lanes, 64, entries=8192)
 
 
 @tiers.needs_libtpu

@@ -211,7 +211,7 @@ def _select(bufs, order, cache, seq_lens, page_indices, cu_q_lens, last, *,
   entries = scores.shape[1]
   if call.mode == "token" and method.reads_as_written(num_tokens, entries,
                                                       call.k):
-    scores = bufs[0]  # M25: as the kernels wrote it, no relayout to f32[T, E]
+    scores = bufs[0]  # M25: as written, its first `entries` read: no relayout
   idx = topk.select(scores, call.k, method, extra, entries=entries)[:, :call.k]
   top_scores = topk.scores_at(scores, idx) if call.return_scores else None
   if order is not None:  # M13: the caller's row order

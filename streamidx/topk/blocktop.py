@@ -650,9 +650,9 @@ def select(scores, k, extra=None, *, keep=None, tile=None, entries=None):
 def fallback(scores, k, winners, bad, entries=None):
   """`winners` i32[T, k] with each row flagged in `bad` bool[T] selected
   again by `base.sort_top_k` (one two-key sort of the row's first
-  `entries`, None: all, which orders every tie: no tie check to compile beside it), those rows
-  alone (`base.again`: `base.AGAIN_ROWS` a loop trip, none where no row is
-  flagged)."""
+  `entries`, None: all; it orders every tie, so no tie check compiles
+  beside it), those rows alone (`base.again`: `base.AGAIN_ROWS` a loop
+  trip, none where no row is flagged)."""
   def redo(rows):
     x = scores[rows]
     return base.sort_top_k(x.reshape(x.shape[0], -1)[:, :entries], k)
