@@ -170,6 +170,8 @@ def test_blocktop_takes_the_kernels_lane_rows_as_they_are(monkeypatch):
     sb.select(lanes[:12], 64)
   with pytest.raises(ValueError, match=r"at most W .*entries 8192"):
     sb.select(lanes, 64, entries=8192)
+  with pytest.raises(ValueError, match=r"entries: only for the kernels'"):
+    topk.select(x, 64, topk.METHODS["blocktop"], entries=2048)
 
 
 @tiers.needs_libtpu

@@ -74,6 +74,10 @@ def select(scores, k: int, method: base.Method, extra=None, *,
   was built); the options are checked (`Method.resolve`). scores: also
   the kernels' f32[T, W / 128, 128] where `method.reads_as_written`, of
   which each row's first `entries` (None: all W) are read."""
+  if scores.ndim == 2 and entries not in (None, scores.shape[1]):
+    raise ValueError(f"entries: only for the kernels' f32[T, W / 128, 128]; "
+                     f"f32[T, N] is read whole (got N {scores.shape[1]}, "
+                     f"entries {entries})")
   opts = method.resolve(options)
   return _select(scores, extra, k=k, method=method.name,
                  entries=entries if scores.ndim == 3 else None,
