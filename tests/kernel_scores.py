@@ -44,15 +44,16 @@ from streamidx.kernels import driver
 def _tap(sink, block_max_sink=None):
   original = topk_lib.select  # the driver's selection stage
 
-  def tapped(operand, k, method, extra=None, **options):
-    # f32[T, N] (or the kernels' f32[T, N / 128, 128], `Method.lane_rows`)
-    jax.debug.callback(
-        lambda s: sink.append(np.asarray(s).reshape(s.shape[0], -1)), operand)
+  def tapped(operand, k, method, extra=None, *, entries=None, **options):
+    # f32[T, N], or the kernels' f32[T, W / 128, 128] of which the selection
+    # reads each row's first `entries` (`Method.lane_rows`): the same N
+    jax.debug.callback(lambda s: sink.append(
+        np.asarray(s).reshape(s.shape[0], -1)[:, :entries]), operand)
     if block_max_sink is not None and method.needs == "block_max":
       # "fused_blockmax": the block maxima the kernel wrote.
       jax.debug.callback(lambda m: block_max_sink.append(np.asarray(m)),
                          extra)
-    return original(operand, k, method, extra, **options)
+    return original(operand, k, method, extra, entries=entries, **options)
 
   topk_lib.select = tapped
   try:

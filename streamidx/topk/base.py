@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from streamidx.semantics import cdiv
+from streamidx.semantics import LANES, cdiv
 
 NEG_INF = float("-inf")
 F32 = I32 = 4
@@ -166,7 +166,7 @@ def scores_at(scores, idx):
   at = jnp.maximum(idx, 0)
   if scores.ndim == 3:  # entry i: lane row i // 128, lane i % 128
     rows = jnp.arange(idx.shape[0])[:, None]
-    got = scores[rows, at // 128, at % 128].astype(jnp.float32)
+    got = scores[rows, at // LANES, at % LANES].astype(jnp.float32)
   else:
     got = jnp.take_along_axis(scores.astype(jnp.float32), at, axis=1)
   return jnp.where(idx >= 0, canonical_zero(got), NEG_INF)
