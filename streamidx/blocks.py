@@ -240,14 +240,23 @@ TABLE: tuple[BlockSizes, ...] = (
 
 
 
+# The shape a chip's block-size experiments are compared at (`python -m
+# streamidx.bench --ablate`'s default; the model's fit of them,
+# `lab.model.roofline.kv_step_costs`). The table has no context-length key:
+# at 64 x 1,048,576 tokens other blocks were faster on the v5e (docs/chip.md).
+EXPERIMENT_SHAPE = "dsv4-decode-64x262144"
+
+
 def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
   """Rows measured on a chip, from the records (`streamidx.records`): per
   chip, cache format, heads and page size, the blocks of `variant`'s
-  fastest recorded scoring experiment that removed nothing (`python -m
-  streamidx.bench --ablate`). Later in `TABLE` than the static schedule's
-  row for the same call, so they win where a chip measured."""
+  fastest scoring experiment recorded at `EXPERIMENT_SHAPE` that removed
+  nothing (`python -m streamidx.bench --ablate`). Later in `TABLE` than
+  the static schedule's row for the same call, so they win where a chip
+  measured."""
   best: dict[tuple, list[dict]] = {}
-  for r in records.chip_rows("experiments", variant=variant):
+  for r in records.chip_rows("experiments", variant=variant,
+                             shape=EXPERIMENT_SHAPE):
     if not r["removed"]:
       key = (r["chip"], r["cache_format"], r["num_heads"], r["page_size"])
       best.setdefault(key, []).append(r)

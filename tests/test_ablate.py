@@ -149,6 +149,13 @@ def test_a_measurement_row_follows_the_records_and_appends(chip_records):
   (got,) = record.experiment_table(records.chip_rows("experiments"))
   assert got["kv pages"] == r["blocks"]["num_kv_pages_per_block"][0]
   assert got["/ HBM"] == round(r["ratio"], 2)
+  assert got["shape"] == r["shape"]
+  other = dict(r, shape="dsv4-decode-64x1048576")
+  rows = [r, other, dict(r, experiment="no_compute")]
+  assert [(g["shape"], g["experiment"])
+          for g in record.experiment_table(rows)] == [
+      (r["shape"], "baseline"), (r["shape"], "no_compute"),
+      ("dsv4-decode-64x1048576", "baseline")]
 
 
 def test_recorded_experiments_follow_the_schema():
@@ -164,17 +171,20 @@ def test_ablate_refuses_to_run_off_a_tpu(capsys):
   assert "measures on a TPU" in capsys.readouterr().err
 
 
-def test_recorded_experiments_are_skipped_per_shape(monkeypatch, capsys):
-  """--dry-run lists what a run would measure: at the records' shape, the
-  experiments not yet recorded on the chip; at another shape, all."""
+def test_recorded_experiments_are_skipped_per_shape(monkeypatch, capsys,
+                                                   chip_records):
+  """--dry-run lists what a run would measure: at a shape, the experiments
+  not yet recorded on the chip at that shape; --again, all."""
+  chip_records({"experiments": [
+      dict(_row(), experiment=name) for name in ("baseline", "no_compute")]})
   monkeypatch.setattr(ablate.modes, "device_generation", lambda d: "v5e")
-  recorded = {r["experiment"] for r in records.chip_rows(
-      "experiments", chip="v5e", shape=ablate.SHAPE.name)}
   names = [e.name for e in ablate.EXPERIMENTS]
   assert ablate.main(["--dry-run"]) == 0
-  assert capsys.readouterr().out.split() == [n for n in names
-                                             if n not in recorded]
+  assert capsys.readouterr().out.split() == [
+      n for n in names if n not in ("baseline", "no_compute")]
   assert ablate.main(["--dry-run", "--shape", "dsv4-decode-64x1048576"]) == 0
+  assert capsys.readouterr().out.split() == names
+  assert ablate.main(["--dry-run", "--again"]) == 0
   assert capsys.readouterr().out.split() == names
 
 
@@ -187,9 +197,10 @@ def test_lean_refuses_an_unknown_ablation():
 
 def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
   """Where `--ablate` ran, lean's decode row is the blocks of the fastest
-  recorded experiment that removed nothing; elsewhere the static
-  schedule's."""
-  full = [r for r in records.chip_rows("experiments", variant="lean")
+  experiment recorded at the experiments' shape that removed nothing;
+  elsewhere the static schedule's."""
+  full = [r for r in records.chip_rows("experiments", variant="lean",
+                                       shape=blocks.EXPERIMENT_SHAPE)
           if not r["removed"]]
   for chip in ("v5e", "v6e", "v7x"):
     row = si.block_sizes("lean", cache_format="dense_fp8", num_heads=64,
@@ -202,3 +213,18 @@ def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
     assert row.kwargs() == records.block_kwargs(best)
     assert row.source.startswith(f"measured on {chip}")
     assert repr(best["experiment"]) in row.source
+
+
+def test_lean_blocks_are_compared_at_one_shape(chip_records):
+  """A faster experiment at another shape (fewer tokens, or blocks that
+  won only there) does not choose the blocks."""
+  r = _row()
+  chip_records({"experiments": [
+      dict(r, experiment="kv_pages_16", device_s=1.6e-3,
+           blocks=dict(r["blocks"], num_kv_pages_per_block=[16, 2, 2])),
+      dict(r, experiment="kv_pages_64_batch_4", device_s=0.2e-3,
+           shape="dsv4-decode-64x65536",
+           blocks=dict(r["blocks"], num_kv_pages_per_block=[64, 2, 2]))]})
+  (row,) = blocks._measured()  # pylint: disable=protected-access
+  assert row.num_kv_pages_per_block == (16, 2, 2)
+  assert "'kv_pages_16'" in row.source and "of the 1 block" in row.source

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import jax
 
+from streamidx import blocks as blocks_lib
 from streamidx import modes, records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, lean
@@ -31,8 +32,8 @@ from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
 from streamidx.lab.model import hardware, profiling, roofline, tiling
 
-SHAPE = next(p.shape for p in record.POINTS
-             if p.shape.name == "dsv4-decode-64x262144").with_(fmt="dense_fp8")
+SHAPE = next(p.shape for p in record.POINTS if p.shape.name
+             == blocks_lib.EXPERIMENT_SHAPE).with_(fmt="dense_fp8")
 VARIANT = "lean"
 ITERATIONS = 5  # profiled calls per experiment
 

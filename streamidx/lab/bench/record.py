@@ -388,9 +388,15 @@ def call_table(rows: Sequence[dict]) -> list[dict]:
 
 
 def experiment_table(rows: Sequence[dict]) -> list[dict]:
-  """One dict per recorded experiment (`lab.bench.ablate`)."""
+  """One dict per recorded experiment (`lab.bench.ablate`), grouped by chip
+  and shape (each group in the order of its first row), in record order
+  within a group."""
+  first = {}
+  for r in rows:
+    first.setdefault((r["chip"], r["shape"]), len(first))
+  rows = sorted(rows, key=lambda r: first[r["chip"], r["shape"]])
   return [{
-      "chip": r["chip"], "experiment": r["experiment"],
+      "chip": r["chip"], "shape": r["shape"], "experiment": r["experiment"],
       "removed": ", ".join(r["removed"]) or "-",
       "kv pages": r["blocks"]["num_kv_pages_per_block"][0],
       "batch": r["blocks"]["decode_req_batch_size"],

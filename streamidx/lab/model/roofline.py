@@ -405,6 +405,7 @@ class KvStepCosts:
   """What a chip's scoring kernel costs beyond its bundles, measured: its
   block-size experiments (the chip records' "experiments" with nothing
   removed, `python -m streamidx.bench --ablate`: one kernel at one shape,
+  `streamidx.blocks.EXPERIMENT_SHAPE`,
   its KV steps and bytes varied by the block size and decode batch) fitted
   by device time = kv_steps * step_s + bytes / dma_bandwidth (least
   squares, relative). docs/chip.md, "The model against the chip"."""
@@ -418,10 +419,14 @@ class KvStepCosts:
 
 
 def kv_step_costs(chip: str) -> KvStepCosts | None:
-  """`KvStepCosts` from `chip`'s recorded experiments, or None (fewer than
-  three with nothing removed: nothing measured to add)."""
+  """`KvStepCosts` from `chip`'s experiments recorded at the block
+  experiments' shape (`streamidx.blocks.EXPERIMENT_SHAPE`: at 64 x
+  1,048,576 tokens the lean kernel's compute no longer overlaps its reads,
+  docs/chip.md, which this fit's form cannot describe), or None (fewer
+  than three with nothing removed: nothing measured to add)."""
   ex = [e for e in records.load("chip")["experiments"]
-        if e["chip"] == chip and not e["removed"]]
+        if e["chip"] == chip and not e["removed"]
+        and e["shape"] == si.blocks.EXPERIMENT_SHAPE]
   if len(ex) < 3:
     return None
   a = np.array([[e["kv_steps"], e["hbm_bytes"]] for e in ex], float)
