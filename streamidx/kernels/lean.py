@@ -13,8 +13,9 @@ fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
 
-`launch(..., ablate=...)` leaves pieces of its work out, or ("page_dma")
-fetches a KV block in one DMA (`ABLATIONS`, read at trace time), to time
+`launch(..., ablate=...)` leaves pieces of its work out, fetches a KV block
+in one DMA ("page_dma"), or issues the next block's DMAs before this
+block's loads ("late_issue"; `ABLATIONS`, read at trace time), to time
 each on a chip (`python -m streamidx.bench --ablate`); empty, the default
 every entry point runs, the program is the same.
 """
@@ -47,7 +48,13 @@ assert _MAX == block_max_lib.SEM_ROW
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
-             "page_dma")
+             "page_dma", "late_issue")
+# "late_issue": the next block's DMAs issued after this block's loads, as
+# shipped; removed, right after this block's wait, before its loads (the
+# other buffer's loads were the step before). Compiled for v5e, the shipped
+# order issues them after about 94% of the block's MXU work, so a KV step
+# costs its compute plus the DMAs' time; the early issue puts them ahead of
+# all of it, for about 8% more bundles a step (docs/chip.md).
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -282,8 +289,11 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
         nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
         wait_kv(slot)
+        if "late_issue" in ablate:
+          kv_copies(nseq, nbkv, 1 - slot)
         blocks = [keys_of(slot, b) for b in range(scored)]
-        kv_copies(nseq, nbkv, 1 - slot)  # after the loads; always (docs/tpu.md)
+        if "late_issue" not in ablate:  # after the loads; always (docs/tpu.md)
+          kv_copies(nseq, nbkv, 1 - slot)
         ids_ref[1] = 1 - slot
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
              for b in range(scored)]
