@@ -49,18 +49,18 @@ assert _MAX == block_max_lib.SEM_ROW
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
              "page_dma", "late_issue")
-# "late_issue": the next block's DMAs issued after this block's loads, as
-# shipped; removed, right after this block's wait, before its loads (the
-# other buffer's loads were the step before). Compiled for v5e, the shipped
-# order issues them after about 94% of the block's MXU work, so a KV step
-# costs its compute plus the DMAs' time; the early issue puts them ahead of
-# all of it, for about 8% more bundles a step (docs/chip.md).
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
 # records' tables are: `batch.make_batch`'s "contiguous" allocation) and
 # the block ends inside the cache; an upper bound on what fewer, larger
 # DMAs could give, not a kernel to ship.
+# "late_issue": the next block's DMAs issued after this block's loads, as
+# shipped; removed, right after this block's wait, before its loads (the
+# other buffer's loads were the step before). Compiled for v5e, the shipped
+# order issues them after about 94% of the block's MXU work, so a KV step
+# costs its compute plus the DMAs' time; the early issue puts them ahead of
+# all of it, for about 8% more bundles a step (docs/chip.md).
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
