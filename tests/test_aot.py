@@ -364,7 +364,7 @@ LB: loop body
    0x1 LB: > { %v2 = vmatmul %v1 /* loc("/x/vendored.py":513:9) */ } /* Start region 7 */
    0x2   : > { %v3 = vmax %v2 /* loc("/x/vendored.py":520:8) */ }
    0x3   : > { %4 = sbr.rel (%p1) target = $region7 }
-   0x4   : > {}
+   0x4   : > { %6 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s1, /*size_in_granules=*/16 }
    0x5   : > { %v5 = vadd %v3 /* loc("/x/vendored.py":520:8) */ }
    0x6   : > {}
    0x7   : > {}
@@ -400,6 +400,8 @@ def test_schedule_parser_counts_a_loop_from_its_body_to_the_delay_slots():
   assert kv.slot_use["VALU"] == 6 and kv.spill_ops == 1
   assert kv.binding_slot == ("VALU", 6 / (4 * 7))
   assert kv.top_lines == ((520, 2), (513, 1))
+  # The prefetch starts 3 bundles in, after the loop's one MXU op.
+  assert (kv.dma_issue, kv.mxu_before_issue) == (3, 1.0)
 
 
 def test_page_bound_verdicts():

@@ -58,7 +58,7 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # "late_issue": the next block's DMAs issued after this block's loads, as
 # shipped; removed, right after this block's wait, before its loads (the
 # other buffer's loads were the step before). Compiled for v5e, the shipped
-# order issues them after about 94% of the block's MXU work, so a KV step
+# order issues them after 93% of the block's MXU ops, so a KV step
 # costs its compute plus the DMAs' time; the early issue puts them ahead of
 # all of it, for about 8% more bundles a step (docs/chip.md).
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).

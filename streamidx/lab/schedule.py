@@ -39,6 +39,11 @@ class KvLoop:
   capacity: dict  # slot -> ops per bundle
   spill_ops: int  # VSTORE:SPILL + VLOAD:FILL ops per iteration
   top_lines: tuple  # ((line, bundles), ...) of the kernel file, most first
+  # Bundles from the loop's top to its first HBM -> VMEM DMA start (the next
+  # block's prefetch), and the share of its MXU ops issued before that;
+  # None: no DMA starts in the loop.
+  dma_issue: int | None = None
+  mxu_before_issue: float | None = None
 
   bundles_per_page = property(
       lambda self: self.bundles / self.pages_per_iteration)
@@ -71,9 +76,15 @@ def kv_loop(bundles: Sequence[Bundle], utilization, *, pages_per_iteration: int,
     if a in by_addr:
       lines.update(line for _, line in by_addr[a].source_lines(kernel_file))
   spill = use.get("VSTORE:SPILL", 0) + use.get("VLOAD:FILL", 0)
+  issue = next((a - inner.start for a in range(inner.start, inner.end + 1)
+                if a in by_addr and "dma.hbm_to_vmem" in by_addr[a].ops), None)
+  before = None
+  if issue is not None and use.get("MXU"):
+    before = sum(rows[a][mxu] for a in range(inner.start, inner.start + issue)
+                 if a < len(rows)) / use["MXU"]
   return KvLoop(inner.bundles, pages_per_iteration, dict(use),
                 dict(zip(names, capacity)), spill,
-                tuple(lines.most_common(top)))
+                tuple(lines.most_common(top)), issue, before)
 
 
 def launch_program(comps: dict, kernel: str) -> LaunchProgram:
@@ -209,6 +220,9 @@ def schedule_table(schedules: Sequence[LaunchSchedule]) -> list[dict]:
       row.update(kv_bundles=s.kv.bundles,
                  bundles_per_page=round(s.kv.bundles_per_page, 1),
                  binding=f"{slot} {rate:.0%}", spill_ops=s.kv.spill_ops,
+                dma_issue=(None if s.kv.dma_issue is None else
+                           f"{s.kv.dma_issue}/{s.kv.bundles} "
+                           f"({s.kv.mxu_before_issue:.0%} of MXU before)"),
                  top_lines=", ".join(f"{l}:{n}" for l, n in s.kv.top_lines[:3]))
     if s.program is not None:  # the whole module: once, per program[, per bq], per KV step
       row["module"] = "/".join(map(str, (s.program.outside,) + s.program.levels))
