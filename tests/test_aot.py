@@ -8,7 +8,6 @@ quick matrix itself runs as its own process (`python -m streamidx.aot`).
 """
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -80,7 +79,7 @@ def test_launch_scratch_is_what_the_kernel_declares():
   blocks = cases.TEST_BLOCKS["token"]
   got = [s for s in _declared_scratch(
       si.streamindex_topk, inp.args, k=16, compression_ratio=4, **blocks)]
-  q, w = inp.args[0], inp.args[1]
+  q = inp.args[0]
   want = []
   for launch in semantics.token_launches((0, 0, 0), 4):
     c = launch.block_case
