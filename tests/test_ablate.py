@@ -211,6 +211,14 @@ def test_recorded_experiments_are_skipped_per_shape(monkeypatch, capsys,
   assert capsys.readouterr().out.split() == names
   assert ablate.main(["--dry-run", "--again"]) == 0
   assert capsys.readouterr().out.split() == names
+  # --seqs: the same tokens a sequence, another launch length.
+  assert ablate.main(["--dry-run", "--seqs", str(S.num_seqs)]) == 0
+  assert "baseline" not in capsys.readouterr().out.split()
+  assert ablate.main(["--dry-run", "--seqs", "256"]) == 0
+  assert capsys.readouterr().out.split() == names
+  with pytest.raises(SystemExit):
+    ablate.main(["--dry-run", "--seqs", "0"])
+  assert "--seqs: must be >= 1 (got 0)" in capsys.readouterr().err
 
 
 def test_lean_refuses_an_unknown_ablation():

@@ -1,10 +1,11 @@
 """Where the lean kernel's time goes: `python -m streamidx.bench --ablate
-[--only NAME ...] [--shape NAME] [--budget-s S] [--again] [--dry-run]` on a
-TPU (docs/chip.md).
+[--only NAME ...] [--shape NAME] [--seqs N] [--budget-s S] [--again]
+[--dry-run]` on a TPU (docs/chip.md).
 
 Each experiment times the lean kernel's scoring launches alone
 (`kernels.driver.scoring`) at `SHAPE` (the records' decode 64 x 262,144;
-`--shape`: another of their decode shapes) with ONE change from the
+`--shape`: another of their decode shapes; `--seqs`: its sequences
+changed) with ONE change from the
 shipped call: pieces of its work removed (`kernels.lean.ABLATIONS`), or its
 KV block or decode batch size. Its row (`records.EXPERIMENT_FIELDS`) is
 appended to the chip records when measured; one already recorded on the
@@ -136,6 +137,10 @@ def main(argv: Sequence[str]) -> int:
             if q.shape.kind == "decode" and q.variant == VARIANT}
   p.add_argument("--shape", choices=sorted(decode), default=SHAPE.name,
                  help=f"the decode shape (default {SHAPE.name})")
+  p.add_argument("--seqs", type=int, default=None,
+                 help="that shape's tokens a sequence with this many "
+                 "sequences (dsv4-decode-SEQSxTOKENS): the launch's length "
+                 "and footprint apart from its KV steps a program")
   p.add_argument("--again", action="store_true", help="also those recorded")
   p.add_argument("--budget-s", type=float, default=None,
                  help="start none after this many seconds")
@@ -143,6 +148,11 @@ def main(argv: Sequence[str]) -> int:
   a = p.parse_args(argv)
   todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
   shape = decode[a.shape]
+  if a.seqs is not None:
+    if a.seqs < 1:
+      p.error(f"--seqs: must be >= 1 (got {a.seqs})")
+    shape = record.decode_shape(a.seqs, shape.seq_len, shape.k,
+                                fmt=shape.fmt)
   dev = jax.devices()[0]
   chip = modes.device_generation(dev)
   if not a.again:

@@ -87,7 +87,9 @@ class Point:
     return f"{self.shape.name}/{what}/{self.method}/k{self.shape.k}"
 
 
-def _decode(seqs, tokens, k=512, **kw):
+def decode_shape(seqs, tokens, k=512, **kw):
+  """DeepSeek-V4 decode, `seqs` sequences of `tokens` tokens, named
+  dsv4-decode-SEQSxTOKENS."""
   return shapes_lib.Shape(f"dsv4-decode-{seqs}x{tokens}", "decode", seqs, 1,
                           tokens, k, **kw)
 
@@ -117,7 +119,7 @@ POINTS: tuple[Point, ...] = (
       for r, e in ((64, 65536), (64, 262144), (64, 16384), (2048, 262144))
       for k in (512, 2048) for m in _SELECTIONS),
     *(Point(s, v, f, m)
-      for s in (_decode(64, 262144), _decode(64, 65536), _decode(64, 2**20),
+      for s in (decode_shape(64, 262144), decode_shape(64, 65536), decode_shape(64, 2**20),
                 shapes_lib.Shape("dsv4-prefill-2048x1048576", "prefill", 1,
                                  2048, 2**20, 512))
       for v, f in _TOKEN for m in ("blocktop", "sort")),
