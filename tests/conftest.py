@@ -95,6 +95,29 @@ def ties_backwards(monkeypatch):
 
 
 @pytest.fixture
+def race_log(monkeypatch):
+  """Every race-detector state the interpreter creates, one per launch.
+
+  `streamidx.races_found()` reads the interpreter's module-level `races`,
+  which each `pallas_call` replaces: after a multi-launch kernel it reports
+  the last launch only. Recording each state keeps all of them.
+  """
+  import streamidx as si  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc  # pylint: disable=g-import-not-at-top
+  states = []
+
+  class RecordingRaceDetectionState(ipc.RaceDetectionState):
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      states.append(self)
+
+  monkeypatch.setattr(ipc, "RaceDetectionState", RecordingRaceDetectionState)
+  yield states
+  si.reset_interpreter_state()
+
+
+@pytest.fixture
 def chip_records(tmp_path, monkeypatch):
   """For one test, `streamidx.records` reads and appends a chip records file
   of the test's own (the other data files are data/'s); `write(doc)`

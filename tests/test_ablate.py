@@ -10,7 +10,6 @@ import functools
 import json
 
 import jax
-from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 import numpy as np
 import pytest
 
@@ -105,26 +104,18 @@ def test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece():
 
 
 @FULL
-def test_early_issue_scores_as_shipped_without_a_race(monkeypatch):
+def test_early_issue_scores_as_shipped_without_a_race(race_log):
   """The next block's DMAs issued before this block's loads: the same
   scores, bit for bit, and the race detector finds no DMA into a buffer
   still being read (4 sequences of 2 KV blocks each)."""
   tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
   args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
   shipped = _dma_bytes(ablate.EXPERIMENTS[0], args, tiny)[2]
-  states = []
-
-  class Recording(ipc.RaceDetectionState):
-    def __init__(self, *a, **kw):
-      super().__init__(*a, **kw)
-      states.append(self)
-
-  monkeypatch.setattr(ipc, "RaceDetectionState", Recording)
   early = next(e for e in ablate.EXPERIMENTS if e.name == "early_issue")
   _, fn, arrays = ablate.program(early, args, "v5e", tiny)
   with si.interpreter(detect_races=True):
     scores = np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
-  assert states and not any(st.races_found for st in states)
+  assert race_log and not any(st.races_found for st in race_log)
   np.testing.assert_array_equal(scores, shipped)
 
 

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -51,27 +50,6 @@ from kernel_scores import KernelWithScores, assert_kernel_matches_reference
 import tiers
 
 RACE_MARK = "RACE DETECTED"
-
-
-@pytest.fixture
-def race_log(monkeypatch):
-  """Every race-detector state the interpreter creates, one per launch.
-
-  `streamidx.races_found()` reads the interpreter's module-level `races`,
-  which each `pallas_call` replaces: after a multi-launch kernel it reports
-  the last launch only. Recording each state keeps all of them.
-  """
-  states = []
-
-  class RecordingRaceDetectionState(ipc.RaceDetectionState):
-
-    def __init__(self, *args, **kwargs):
-      super().__init__(*args, **kwargs)
-      states.append(self)
-
-  monkeypatch.setattr(ipc, "RaceDetectionState", RecordingRaceDetectionState)
-  yield states
-  si.reset_interpreter_state()
 
 
 # --- the real kernel --------------------------------------------------------
