@@ -17,7 +17,6 @@ from streamidx.lab.model import tiling, timeline
 from streamidx.lab.studies import cases, costs
 
 import tiers
-from test_races import race_log  # noqa: F401  (the fixture: every launch's detector)
 
 
 def _inputs(mode, seed=3):
