@@ -27,7 +27,7 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 # What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
-          "page_dma": set(), "late_issue": set()}
+          "page_dma": set(), "early_issue": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,15 +104,16 @@ def test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece():
 
 
 @FULL
-def test_early_issue_scores_as_shipped_without_a_race(race_log):
-  """The next block's DMAs issued before this block's loads: the same
-  scores, bit for bit, and the race detector finds no DMA into a buffer
-  still being read (4 sequences of 2 KV blocks each)."""
+def test_late_issue_scores_as_shipped_without_a_race(race_log):
+  """The next block's DMAs issued after this block's loads (the order
+  shipped before, `late_issue`): the same scores, bit for bit, and the race
+  detector finds no DMA into a buffer still being read (4 sequences of 2
+  KV blocks each; the shipped order's races: tests/test_races.py)."""
   tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
   args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
   shipped = _dma_bytes(ablate.EXPERIMENTS[0], args, tiny)[2]
-  early = next(e for e in ablate.EXPERIMENTS if e.name == "early_issue")
-  _, fn, arrays = ablate.program(early, args, "v5e", tiny)
+  late = next(e for e in ablate.EXPERIMENTS if e.name == "late_issue")
+  _, fn, arrays = ablate.program(late, args, "v5e", tiny)
   with si.interpreter(detect_races=True):
     scores = np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
   assert race_log and not any(st.races_found for st in race_log)
@@ -174,12 +175,32 @@ def test_a_measurement_row_follows_the_records_and_appends(chip_records):
       ("dsv4-decode-64x1048576", "baseline")]
 
 
+# The experiments that moved the issue early, before it shipped
+# (`lean.LATE_ISSUE_UNTIL`).
+_BEFORE_THE_EARLY_ISSUE = {"early_issue", "early_issue_no_score_write"}
+
+
 def test_recorded_experiments_follow_the_schema():
   names = {e.name for e in ablate.EXPERIMENTS}
   for r in records.chip_rows("experiments"):
     assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == [], r
-    assert r["experiment"] in names and set(r["removed"]) <= set(
+    old = r["date"] < lean.LATE_ISSUE_UNTIL
+    assert r["experiment"] in names | (_BEFORE_THE_EARLY_ISSUE if old
+                                       else set()), r
+    assert lean.removed_now(r["removed"], r["date"]) <= set(
         lean.ABLATIONS), r
+
+
+def test_an_experiment_from_before_the_early_issue_reads_in_todays_terms():
+  before, after = "2026-12-05T10:00:00+00:00", "2026-12-07T10:00:00+00:00"
+  assert before < lean.LATE_ISSUE_UNTIL < after
+  assert lean.removed_now([], before) == {"early_issue"}  # its baseline
+  assert lean.removed_now(["late_issue"], before) == set()  # today's
+  assert lean.removed_now(["late_issue", "score_write"], before) == {
+      "score_write"}
+  assert lean.removed_now(["compute"], before) == {"compute", "early_issue"}
+  assert lean.removed_now([], after) == set()
+  assert lean.removed_now(["early_issue"], after) == {"early_issue"}
 
 
 def test_ablate_refuses_to_run_off_a_tpu(capsys):
@@ -221,11 +242,11 @@ def test_lean_refuses_an_unknown_ablation():
 
 def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
   """Where `--ablate` ran, lean's decode row is the blocks of the fastest
-  experiment recorded at the experiments' shape that removed nothing;
-  elsewhere the static schedule's."""
+  experiment recorded at the experiments' shape that removed nothing from
+  today's kernel; elsewhere the static schedule's."""
   full = [r for r in records.chip_rows("experiments", variant="lean",
                                        shape=blocks.EXPERIMENT_SHAPE)
-          if not r["removed"]]
+          if not lean.removed_now(r["removed"], r["date"])]
   for chip in ("v5e", "v6e", "v7x"):
     row = si.block_sizes("lean", cache_format="dense_fp8", num_heads=64,
                          page_size=128, generation=chip)

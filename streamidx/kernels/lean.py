@@ -13,9 +13,14 @@ fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
 
+The KV loop issues the next block's DMAs right after this block's wait,
+before its loads, so that they run under all of its MXU work: on the v5e,
+faster at every decode shape measured than issuing them after the loads,
+the order shipped before (docs/chip.md, the `late_issue` experiment).
+
 `launch(..., ablate=...)` leaves pieces of its work out, fetches a KV block
-in one DMA ("page_dma"), or issues the next block's DMAs before this
-block's loads ("late_issue"; `ABLATIONS`, read at trace time), to time
+in one DMA ("page_dma"), or issues the next block's DMAs after this
+block's loads ("early_issue"; `ABLATIONS`, read at trace time), to time
 each on a chip (`python -m streamidx.bench --ablate`); empty, the default
 every entry point runs, the program is the same.
 """
@@ -48,19 +53,37 @@ assert _MAX == block_max_lib.SEM_ROW
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
-             "page_dma", "late_issue")
+             "page_dma", "early_issue")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
 # records' tables are: `batch.make_batch`'s "contiguous" allocation) and
 # the block ends inside the cache; an upper bound on what fewer, larger
 # DMAs could give, not a kernel to ship.
-# "late_issue": the next block's DMAs issued after this block's loads, as
-# shipped; removed, right after this block's wait, before its loads (the
-# other buffer's loads were the step before). Compiled for v5e, the shipped
-# order issues them after 93% of the block's MXU ops, so a KV step
-# costs its compute plus the DMAs' time; the early issue puts them ahead of
-# all of it, for about 8% more bundles a step (docs/chip.md).
+# "early_issue": the next block's DMAs issued right after this block's
+# wait, before its loads (the other buffer's loads were the step before);
+# removed, after this block's loads, the order shipped until
+# `LATE_ISSUE_UNTIL`. Compiled for v5e, that order issues them after 93% of
+# the block's MXU ops, so a KV step cost its compute plus the DMAs' time;
+# the early issue puts them ahead of all of it, for about 8% more bundles a
+# step (docs/chip.md).
+# The chip records' experiments and calls dated before this ran the late
+# order (`removed_now`).
+LATE_ISSUE_UNTIL = "2026-12-06T20:40:00+00:00"
+
+
+def removed_now(removed, date: str) -> frozenset[str]:
+  """The pieces of today's kernel (`ABLATIONS`) that an experiment recorded
+  at `date` (ISO 8601, UTC) with `removed` left out: before
+  `LATE_ISSUE_UNTIL` the kernel issued late, so "early_issue" too, unless
+  it removed "late_issue" (that order's name then for the early issue)."""
+  removed = set(removed)
+  if date < LATE_ISSUE_UNTIL:
+    if "late_issue" in removed:
+      removed.remove("late_issue")
+    else:
+      removed.add("early_issue")
+  return frozenset(removed)
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 
@@ -289,10 +312,10 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
         nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
         wait_kv(slot)
-        if "late_issue" in ablate:
+        if "early_issue" not in ablate:  # before the loads (docs/tpu.md)
           kv_copies(nseq, nbkv, 1 - slot)
         blocks = [keys_of(slot, b) for b in range(scored)]
-        if "late_issue" not in ablate:  # after the loads; always (docs/tpu.md)
+        if "early_issue" in ablate:
           kv_copies(nseq, nbkv, 1 - slot)
         ids_ref[1] = 1 - slot
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)

@@ -62,9 +62,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("block_dma", ("page_dma",)),
     # The DMA stream alone: one DMA a block, nothing computed or written.
     Experiment("block_reads_only", ("page_dma", "compute", "score_write")),
-    # The next block's DMAs issued before this block's loads, not after.
-    Experiment("early_issue", ("late_issue",)),
-    Experiment("early_issue_no_score_write", ("late_issue", "score_write")),
+    # The next block's DMAs issued after this block's loads, as shipped
+    # until `lean.LATE_ISSUE_UNTIL`.
+    Experiment("late_issue", ("early_issue",)),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
