@@ -59,6 +59,14 @@ def test_an_empty_ablation_is_the_shipped_program():
 
 
 @needs_libtpu
+def test_the_early_issue_ships_where_a_chip_measured_it():
+  assert lean.issue_early(True)  # interpreted: the v5e's kernel
+  for gen in ("v5e", "v6e", "v7x"):
+    with si.compile_for(gen):
+      assert lean.issue_early(False) == (gen in lean.EARLY_ISSUE_CHIPS), gen
+
+
+@needs_libtpu
 def test_each_ablation_changes_the_program():
   assert len({_lowered(e.name) for e in ablate.EXPERIMENTS if e.removed}
              | {_lowered("baseline")}) == len(ABLATED) + 1

@@ -13,10 +13,11 @@ fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
 
-The KV loop issues the next block's DMAs right after this block's wait,
-before its loads, so that they run under all of its MXU work: on the v5e,
-faster at every decode shape measured than issuing them after the loads,
-the order shipped before (docs/chip.md, the `late_issue` experiment).
+On the v5e (`EARLY_ISSUE_CHIPS`) and in the interpreter the KV loop issues
+the next block's DMAs right after this block's wait, before its loads, so
+that they run under all of its MXU work: measured faster there at every
+decode shape than issuing them after the loads (docs/chip.md, the
+`late_issue` experiment), which other chips keep (`issue_early`).
 
 `launch(..., ablate=...)` leaves pieces of its work out, fetches a KV block
 in one DMA ("page_dma"), or issues the next block's DMAs after this
@@ -35,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
+from streamidx import modes
 from streamidx.kernels import block_max as block_max_lib
 from streamidx.kernels import dense, tpu
 from streamidx.semantics import LANES, align_to, causal_visible_bound, cdiv
@@ -60,16 +62,31 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # records' tables are: `batch.make_batch`'s "contiguous" allocation) and
 # the block ends inside the cache; an upper bound on what fewer, larger
 # DMAs could give, not a kernel to ship.
-# "early_issue": the next block's DMAs issued right after this block's
-# wait, before its loads (the other buffer's loads were the step before);
-# removed, after this block's loads, the order shipped until
-# `LATE_ISSUE_UNTIL`. Compiled for v5e, that order issues them after 93% of
+# "early_issue": on `EARLY_ISSUE_CHIPS`, the next block's DMAs issued right
+# after this block's wait, before its loads (the other buffer's loads were
+# the step before); removed, after this block's loads, the order shipped
+# there until `LATE_ISSUE_UNTIL` and on every other chip (removing it there
+# changes nothing). Compiled for v5e, that order issues them after 93% of
 # the block's MXU ops, so a KV step cost its compute plus the DMAs' time;
 # the early issue puts them ahead of all of it, for about 8% more bundles a
 # step (docs/chip.md).
 # The chip records' experiments and calls dated before this ran the late
 # order (`removed_now`).
 LATE_ISSUE_UNTIL = "2026-12-06T20:40:00+00:00"
+# Where the early issue ships: measured faster on the chip. Elsewhere the
+# late order, which the static schedule counts 12-22% fewer bundles a KV
+# page for on v5p, v6e and v7x at 3-8 pages a block, where it calls the
+# kernel vector-bound (data/decode_schedule.json; v4 the same either way):
+# no chip has measured them.
+EARLY_ISSUE_CHIPS = ("v5e",)
+
+
+def issue_early(interpret) -> bool:
+  """Whether the KV loop issues the next block's DMAs before this block's
+  loads: interpreted (it runs the v5e's kernel), or compiled for a chip of
+  `EARLY_ISSUE_CHIPS` (`modes.current_generation`)."""
+  return interpret is not False or (
+      modes.current_generation() in EARLY_ISSUE_CHIPS)
 
 
 def removed_now(removed, date: str) -> frozenset[str]:
@@ -114,7 +131,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
             scores_hbm, bkv, bsc, bq, bw, bo, sems, *, compression_ratio,
             static_q_len, bkv_p, bq_sz, seq_batch_size, causal_rule,
             page_width, max_kv_len, fp8, num_cores, page_cols,
-            segment_pool, interpreted, hook=None, ablate=frozenset()):
+            segment_pool, interpreted, early, hook=None, ablate=frozenset()):
   """One program: `seq_batch_size` sequences, their query blocks x KV blocks.
 
   Scalar prefetch: seq_lens [S], pages [(S + stride) * page_width] (clamped,
@@ -123,8 +140,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
   (column 0: one wait covers the program's sequences). hook: the block
-  maxima's (`block_max.BlockMax`, token mode), or None. ablate: a subset
-  of `ABLATIONS`, the pieces left out.
+  maxima's (`block_max.BlockMax`, token mode), or None. early: the next
+  block's DMAs issued before this block's loads (`issue_early`). ablate: a
+  subset of `ABLATIONS`, the pieces left out.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -312,10 +330,10 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
         nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
         wait_kv(slot)
-        if "early_issue" not in ablate:  # before the loads (docs/tpu.md)
+        if early:  # before the loads (docs/tpu.md)
           kv_copies(nseq, nbkv, 1 - slot)
         blocks = [keys_of(slot, b) for b in range(scored)]
-        if "early_issue" in ablate:
+        if not early:
           kv_copies(nseq, nbkv, 1 - slot)
         ids_ref[1] = 1 - slot
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
@@ -418,6 +436,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       num_cores=num_cores,
       page_cols=page_size // ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False,
+      early=issue_early(spec.interpret) and "early_issue" not in ablate,
       ablate=frozenset(ablate))
   return tpu.pallas_launch(
       kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,

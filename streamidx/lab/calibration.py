@@ -35,6 +35,7 @@ import sys
 from typing import Sequence
 
 from streamidx import records, topk
+from streamidx.kernels import lean
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
@@ -319,6 +320,20 @@ def format_table(rs: Sequence[dict]) -> str:
           f"clock per chip ({'; '.join(clocks)})")
 
 
+def newest_calls() -> list[dict]:
+  """The newest recorded token call of each chip, shape, variant, method
+  and k (`records.calls`)."""
+  return list({(r["chip"], r["shape"], r["variant"], r["method"], r["k"]): r
+               for r in records.calls(mode=("decode", "prefill"))}.values())
+
+
+def superseded(call: dict) -> bool:
+  """A lean call recorded before its early issue shipped
+  (`lean.LATE_ISSUE_UNTIL`): it ran a kernel no longer shipped, so the
+  model of today's is not held against it."""
+  return call["variant"] == "lean" and call["date"] < lean.LATE_ISSUE_UNTIL
+
+
 def chip_rows() -> list[dict]:
   """This project's measured token calls (`records.calls`, the newest of
   each chip, shape, variant, method and k) beside the model's step at
@@ -327,10 +342,10 @@ def chip_rows() -> list[dict]:
   the model's; "model" the `StepBound`; "selection_measured": its
   selection is the chip's own time for it alone (`roofline.selection_stages`)."""
   from streamidx.lab.shapes import DSV4  # pylint: disable=g-import-not-at-top
-  newest = {(r["chip"], r["shape"], r["variant"], r["method"], r["k"]): r
-            for r in records.calls(mode=("decode", "prefill"))}
   out = []
-  for r in newest.values():
+  for r in newest_calls():
+    if superseded(r):
+      continue
     prefill = r["mode"] == "prefill"
     sb = roofline.indexer_step(
         r["chip"], DSV4, k=r["k"], variant=r["variant"], method=r["method"],
@@ -368,7 +383,10 @@ def format_chip_table(rs: Sequence[dict]) -> str:
   return (text + f"\n{', '.join(chips) or 'no chip'} (this project's "
           f"measurements, the chip records): {n} of {len(rs)} calls within "
           f"{CHIP_BAND}x of the model ({sel} with the selection's own time "
-          f"measured alone in it); the scoring alone {ns} of {len(rs)}")
+          f"measured alone in it); the scoring alone {ns} of {len(rs)}"
+          + (f"; {old} lean call{'s' * (old > 1)} recorded before its early "
+             f"issue shipped left out" if (old := sum(
+                 map(superseded, newest_calls()))) else ""))
 
 
 def record_launches(chips: Sequence[str], *, variant: str = "vendored",
