@@ -28,7 +28,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from streamidx import cache as cache_lib
 from streamidx import modes, records, semantics
-from streamidx.kernels import lean
 from streamidx.semantics import LANES, cdiv, mib, normalize_per_case
 
 WILDCARD = "*"
@@ -252,14 +251,14 @@ def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
   """Rows measured on a chip, from the records (`streamidx.records`): per
   chip, cache format, heads and page size, the blocks of `variant`'s
   fastest scoring experiment recorded at `EXPERIMENT_SHAPE` that removed
-  nothing from today's kernel (`lean.removed_now`; `python -m
+  nothing from today's kernel (`records.removed_now`; `python -m
   streamidx.bench --ablate`). Later in `TABLE` than
   the static schedule's row for the same call, so they win where a chip
   measured."""
   best: dict[tuple, list[dict]] = {}
   for r in records.chip_rows("experiments", variant=variant,
                              shape=EXPERIMENT_SHAPE):
-    if not lean.removed_now(r["removed"], r["date"]):
+    if not records.removed_now(r["removed"], r["date"]):
       key = (r["chip"], r["cache_format"], r["num_heads"], r["page_size"])
       best.setdefault(key, []).append(r)
   out = []

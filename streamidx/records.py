@@ -116,6 +116,27 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
 }
 _MODES = ("decode", "prefill", "page", "selection")
 
+# The lean kernel issued the next block's DMAs after this block's loads on
+# every chip until this date; since, before them on the v5e
+# (`kernels.lean.EARLY_ISSUE_CHIPS`): experiments and calls recorded
+# before it ran the late order (`removed_now`).
+LATE_ISSUE_UNTIL = "2026-12-06T20:40:00+00:00"
+
+
+def removed_now(removed: Iterable[str], date: str) -> frozenset[str]:
+  """The pieces of today's lean kernel (`kernels.lean.ABLATIONS`) that an
+  experiment recorded at `date` (ISO 8601, UTC) with `removed` left out:
+  before `LATE_ISSUE_UNTIL` the kernel issued late, so "early_issue" too,
+  unless it removed "late_issue" (that order's name then for the early
+  issue)."""
+  removed = set(removed)
+  if date < LATE_ISSUE_UNTIL:
+    if "late_issue" in removed:
+      removed.remove("late_issue")
+    else:
+      removed.add("early_issue")
+  return frozenset(removed)
+
 
 def path(name: str) -> Path:
   """The file `name` (a key of `FILES`) as a filesystem path: in the

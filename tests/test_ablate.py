@@ -184,7 +184,7 @@ def test_a_measurement_row_follows_the_records_and_appends(chip_records):
 
 
 # The experiments that moved the issue early, before it shipped
-# (`lean.LATE_ISSUE_UNTIL`).
+# (`records.LATE_ISSUE_UNTIL`).
 _BEFORE_THE_EARLY_ISSUE = {"early_issue", "early_issue_no_score_write"}
 
 
@@ -192,23 +192,23 @@ def test_recorded_experiments_follow_the_schema():
   names = {e.name for e in ablate.EXPERIMENTS}
   for r in records.chip_rows("experiments"):
     assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == [], r
-    old = r["date"] < lean.LATE_ISSUE_UNTIL
+    old = r["date"] < records.LATE_ISSUE_UNTIL
     assert r["experiment"] in names | (_BEFORE_THE_EARLY_ISSUE if old
                                        else set()), r
-    assert lean.removed_now(r["removed"], r["date"]) <= set(
+    assert records.removed_now(r["removed"], r["date"]) <= set(
         lean.ABLATIONS), r
 
 
 def test_an_experiment_from_before_the_early_issue_reads_in_todays_terms():
   before, after = "2026-12-05T10:00:00+00:00", "2026-12-07T10:00:00+00:00"
-  assert before < lean.LATE_ISSUE_UNTIL < after
-  assert lean.removed_now([], before) == {"early_issue"}  # its baseline
-  assert lean.removed_now(["late_issue"], before) == set()  # today's
-  assert lean.removed_now(["late_issue", "score_write"], before) == {
+  assert before < records.LATE_ISSUE_UNTIL < after
+  assert records.removed_now([], before) == {"early_issue"}  # its baseline
+  assert records.removed_now(["late_issue"], before) == set()  # today's
+  assert records.removed_now(["late_issue", "score_write"], before) == {
       "score_write"}
-  assert lean.removed_now(["compute"], before) == {"compute", "early_issue"}
-  assert lean.removed_now([], after) == set()
-  assert lean.removed_now(["early_issue"], after) == {"early_issue"}
+  assert records.removed_now(["compute"], before) == {"compute", "early_issue"}
+  assert records.removed_now([], after) == set()
+  assert records.removed_now(["early_issue"], after) == {"early_issue"}
 
 
 def test_ablate_refuses_to_run_off_a_tpu(capsys):
@@ -254,7 +254,7 @@ def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
   today's kernel; elsewhere the static schedule's."""
   full = [r for r in records.chip_rows("experiments", variant="lean",
                                        shape=blocks.EXPERIMENT_SHAPE)
-          if not lean.removed_now(r["removed"], r["date"])]
+          if not records.removed_now(r["removed"], r["date"])]
   for chip in ("v5e", "v6e", "v7x"):
     row = si.block_sizes("lean", cache_format="dense_fp8", num_heads=64,
                          page_size=128, generation=chip)

@@ -6,7 +6,6 @@ import re
 import pytest
 
 from streamidx import blocks, records
-from streamidx.kernels import lean
 from streamidx.lab import calibration
 from streamidx.lab.model import roofline
 
@@ -273,7 +272,7 @@ def test_the_chips_kv_step_costs_reproduce_its_experiments():
   a chip with no experiments has none."""
   c = roofline.kv_step_costs("v5e")
   ex = [e for e in records.load("chip")["experiments"]
-        if e["chip"] == "v5e" and not lean.removed_now(e["removed"],
+        if e["chip"] == "v5e" and not records.removed_now(e["removed"],
                                                         e["date"])
         and e["shape"] == blocks.EXPERIMENT_SHAPE]
   assert c and set(c.experiments) == {e["experiment"] for e in ex}

@@ -65,14 +65,13 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # "early_issue": on `EARLY_ISSUE_CHIPS`, the next block's DMAs issued right
 # after this block's wait, before its loads (the other buffer's loads were
 # the step before); removed, after this block's loads, the order shipped
-# there until `LATE_ISSUE_UNTIL` and on every other chip (removing it there
-# changes nothing). Compiled for v5e, that order issues them after 93% of
+# there until `records.LATE_ISSUE_UNTIL` (recorded rows from before read
+# in today's terms: `records.removed_now`) and on every other chip
+# (removing it there changes nothing). Compiled for v5e, that order issues
+# them after 93% of
 # the block's MXU ops, so a KV step cost its compute plus the DMAs' time;
 # the early issue puts them ahead of all of it, for about 8% more bundles a
 # step (docs/chip.md).
-# The chip records' experiments and calls dated before this ran the late
-# order (`removed_now`).
-LATE_ISSUE_UNTIL = "2026-12-06T20:40:00+00:00"
 # Where the early issue ships: measured faster on the chip. Elsewhere the
 # late order, which the static schedule counts 12-22% fewer bundles a KV
 # page for on v5p, v6e and v7x at 3-8 pages a block, where it calls the
@@ -88,19 +87,6 @@ def issue_early(interpret) -> bool:
   return interpret is not False or (
       modes.current_generation() in EARLY_ISSUE_CHIPS)
 
-
-def removed_now(removed, date: str) -> frozenset[str]:
-  """The pieces of today's kernel (`ABLATIONS`) that an experiment recorded
-  at `date` (ISO 8601, UTC) with `removed` left out: before
-  `LATE_ISSUE_UNTIL` the kernel issued late, so "early_issue" too, unless
-  it removed "late_issue" (that order's name then for the early issue)."""
-  removed = set(removed)
-  if date < LATE_ISSUE_UNTIL:
-    if "late_issue" in removed:
-      removed.remove("late_issue")
-    else:
-      removed.add("early_issue")
-  return frozenset(removed)
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
 

@@ -35,7 +35,6 @@ import sys
 from typing import Sequence
 
 from streamidx import records, topk
-from streamidx.kernels import lean
 from streamidx.lab import dump
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import roofline
@@ -329,9 +328,9 @@ def newest_calls() -> list[dict]:
 
 def superseded(call: dict) -> bool:
   """A lean call recorded before its early issue shipped
-  (`lean.LATE_ISSUE_UNTIL`): it ran a kernel no longer shipped, so the
+  (`records.LATE_ISSUE_UNTIL`): it ran a kernel no longer shipped, so the
   model of today's is not held against it."""
-  return call["variant"] == "lean" and call["date"] < lean.LATE_ISSUE_UNTIL
+  return call["variant"] == "lean" and call["date"] < records.LATE_ISSUE_UNTIL
 
 
 def chip_rows() -> list[dict]:

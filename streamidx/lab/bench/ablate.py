@@ -63,7 +63,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # The DMA stream alone: one DMA a block, nothing computed or written.
     Experiment("block_reads_only", ("page_dma", "compute", "score_write")),
     # The next block's DMAs issued after this block's loads, as shipped
-    # until `lean.LATE_ISSUE_UNTIL`.
+    # until `records.LATE_ISSUE_UNTIL`.
     Experiment("late_issue", ("early_issue",)),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),

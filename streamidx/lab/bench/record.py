@@ -41,7 +41,6 @@ import streamidx as si
 from streamidx import cache as cache_lib
 from streamidx import metrics, modes, records, topk
 from streamidx import variants as variants_lib
-from streamidx.kernels import lean
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab import tables
 from streamidx.lab.bench import harness, oracle
@@ -393,7 +392,7 @@ def call_table(rows: Sequence[dict]) -> list[dict]:
 def experiment_table(rows: Sequence[dict]) -> list[dict]:
   """One dict per recorded experiment (`lab.bench.ablate`), grouped by chip
   and shape (each group in the order of its first row), in record order
-  within a group; "removed": from today's kernel (`lean.removed_now`: a
+  within a group; "removed": from today's kernel (`records.removed_now`: a
   row from before the early issue shipped ran without it)."""
   first = {}
   for r in rows:
@@ -401,7 +400,7 @@ def experiment_table(rows: Sequence[dict]) -> list[dict]:
   rows = sorted(rows, key=lambda r: first[r["chip"], r["shape"]])
   return [{
       "chip": r["chip"], "shape": r["shape"], "experiment": r["experiment"],
-      "removed": ", ".join(sorted(lean.removed_now(r["removed"], r["date"])))
+      "removed": ", ".join(sorted(records.removed_now(r["removed"], r["date"])))
                  or "-",
       "kv pages": r["blocks"]["num_kv_pages_per_block"][0],
       "batch": r["blocks"]["decode_req_batch_size"],

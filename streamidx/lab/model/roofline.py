@@ -18,7 +18,6 @@ import numpy as np
 import streamidx as si
 from streamidx import cache as cache_lib
 from streamidx import records
-from streamidx.kernels import lean
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.model import hardware
 from streamidx.lab.model import tiling
@@ -426,7 +425,7 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
   docs/chip.md, which this fit's form cannot describe), or None (fewer
   than three with nothing removed: nothing measured to add)."""
   ex = [e for e in records.load("chip")["experiments"]
-        if e["chip"] == chip and not lean.removed_now(e["removed"], e["date"])
+        if e["chip"] == chip and not records.removed_now(e["removed"], e["date"])
         and e["shape"] == si.blocks.EXPERIMENT_SHAPE]
   if len(ex) < 3:
     return None
