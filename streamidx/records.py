@@ -28,6 +28,8 @@ A chip row is one stage of one measured call (`stage`): "call" is the whole
 "selection", "copies", "other" and "idle" are its device-time parts, which
 sum to the call's `device_s` (`streamidx.lab.model.profiling.stage_times`).
 A call measured alone on the selection (`variant` None) has the same parts.
+An experiment from before `LATE_ISSUE_UNTIL` ran the lean kernel of then:
+`removed_now` reads what it left out in today's terms.
 """
 
 from __future__ import annotations
