@@ -64,19 +64,16 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # DMAs could give, not a kernel to ship.
 # "early_issue": on `EARLY_ISSUE_CHIPS`, the next block's DMAs issued right
 # after this block's wait, before its loads (the other buffer's loads were
-# the step before); removed, after this block's loads, the order shipped
-# there until `records.LATE_ISSUE_UNTIL` (recorded rows from before read
-# in today's terms: `records.removed_now`) and on every other chip
-# (removing it there changes nothing). Compiled for v5e, that order issues
-# them after 93% of
-# the block's MXU ops, so a KV step cost its compute plus the DMAs' time;
-# the early issue puts them ahead of all of it, for about 8% more bundles a
-# step (docs/chip.md).
-# Where the early issue ships: measured faster on the chip. Elsewhere the
-# late order, which the static schedule counts 12-22% fewer bundles a KV
-# page for on v5p, v6e and v7x at 3-8 pages a block, where it calls the
-# kernel vector-bound (data/decode_schedule.json; v4 the same either way):
-# no chip has measured them.
+# the step before). Removed, after this block's loads: the order every
+# chip ran until `records.LATE_ISSUE_UNTIL` (older records read in today's
+# terms: `records.removed_now`) and other chips still run (removing it
+# there changes nothing). Compiled for v5e, that order issued them after
+# 93% of the step's MXU ops, so a KV step cost its compute plus the DMAs'
+# time; the early issue puts them ahead of all of it, for about 8% more
+# bundles a step (docs/chip.md). It ships where a chip measured it faster;
+# on v5p, v6e and v7x the static schedule counts 12-22% more bundles a KV
+# page for it at 3-8 pages a block, where it calls the kernel vector-bound
+# (data/decode_schedule.json), and no chip has measured either order.
 EARLY_ISSUE_CHIPS = ("v5e",)
 
 

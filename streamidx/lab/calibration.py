@@ -327,10 +327,11 @@ def newest_calls() -> list[dict]:
 
 
 def superseded(call: dict) -> bool:
-  """A lean call recorded before its early issue shipped
-  (`records.LATE_ISSUE_UNTIL`): it ran a kernel no longer shipped, so the
-  model of today's is not held against it."""
-  return call["variant"] == "lean" and call["date"] < records.LATE_ISSUE_UNTIL
+  """A lean call whose kernel lacked a piece today's has (recorded before
+  its early issue shipped: `records.removed_now`): the model of today's
+  kernel is not held against it."""
+  return call["variant"] == "lean" and bool(
+      records.removed_now((), call["date"]))
 
 
 def chip_rows() -> list[dict]:

@@ -119,7 +119,8 @@ POINTS: tuple[Point, ...] = (
       for r, e in ((64, 65536), (64, 262144), (64, 16384), (2048, 262144))
       for k in (512, 2048) for m in _SELECTIONS),
     *(Point(s, v, f, m)
-      for s in (decode_shape(64, 262144), decode_shape(64, 65536), decode_shape(64, 2**20),
+      for s in (decode_shape(64, 262144), decode_shape(64, 65536),
+                decode_shape(64, 2**20),
                 shapes_lib.Shape("dsv4-prefill-2048x1048576", "prefill", 1,
                                  2048, 2**20, 512))
       for v, f in _TOKEN for m in ("blocktop", "sort")),

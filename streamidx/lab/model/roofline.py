@@ -425,8 +425,8 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
   docs/chip.md, which this fit's form cannot describe), or None (fewer
   than three with nothing removed: nothing measured to add)."""
   ex = [e for e in records.load("chip")["experiments"]
-        if e["chip"] == chip and not records.removed_now(e["removed"], e["date"])
-        and e["shape"] == si.blocks.EXPERIMENT_SHAPE]
+        if e["chip"] == chip and e["shape"] == si.blocks.EXPERIMENT_SHAPE
+        and not records.removed_now(e["removed"], e["date"])]
   if len(ex) < 3:
     return None
   a = np.array([[e["kv_steps"], e["hbm_bytes"]] for e in ex], float)
