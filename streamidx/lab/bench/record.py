@@ -424,7 +424,7 @@ def tier_coverage(runs: Sequence[dict]) -> list[str]:
   count = records.outcome_counts(newest)
   total = runs[-1]["tier_tests"]
   dates = sorted({r["date"][:10] for r in runs})
-  commits = sorted({r["commit"] or "?" for r in runs})
+  commits = sorted({(r["commit"] or "?")[:7] for r in runs})  # short hashes
   return [f"the TPU tier's {total} tests, each one's newest result on the "
           f"chip: {count['passed']} passed, {count['failed']} failed, "
           f"{count['skipped']} skipped, {total - len(newest)} not yet run "
