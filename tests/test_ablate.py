@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import streamidx as si
-from streamidx import blocks, records
+from streamidx import blocks, records, variants
 from streamidx.kernels import driver, lean
 from streamidx.lab import aot, shapes
 from streamidx.lab.bench import ablate, record
@@ -27,7 +27,7 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 # What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
-          "page_dma": set(), "early_issue": set()}
+          "page_dma": set(), "early_issue": set(), "prefetch_2": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,6 +126,40 @@ def test_late_issue_scores_as_shipped_without_a_race(race_log):
     scores = np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
   assert race_log and not any(st.races_found for st in race_log)
   np.testing.assert_array_equal(scores, shipped)
+
+
+@FULL
+@pytest.mark.parametrize("num_cores", [1, 2])
+def test_prefetch_2_scores_as_shipped_without_a_race(race_log, num_cores):
+  """Two KV blocks in flight: the same scores, bit for bit, and no DMA into
+  a buffer still being read, over the four launches of a batch whose
+  programs take several KV steps (128-entry blocks) and query blocks (8
+  rows), so that the block two steps on is often the next program's, or
+  past a program of one step the one after it (decode: 2 sequences a
+  program); on two cores, each core's programs."""
+  batch = si.make_mixed_batch(
+      decode=[2000, 37, 1200, 64, 700], prefill=[(20, 1100)],
+      mixed=[(9, 1333), (1, 90), (3, 600), (0, 40)], page_size=64,
+      compression_ratio=4, seed=3)
+  q, w, cache, *rest = si.make_inputs(batch, num_heads=4, fmt="dense_fp8",
+                                      seed=1).args
+  call, arrays = variants.get(ablate.VARIANT).kernel.bind(
+      q, w, *cache, *rest, k=8, compression_ratio=4, topk_method="sort",
+      num_kv_pages_per_block=2, num_queries_per_block=(1, 8, 8),
+      decode_req_batch_size=2, num_cores=num_cores)
+
+  def scores(exp):
+    fn = functools.partial(driver.scoring, call, ablate.body(exp))
+    return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
+
+  shipped = scores(ablate.EXPERIMENTS[0])
+  two = next(e for e in ablate.EXPERIMENTS if e.name == "prefetch_2")
+  race_log.clear()  # the shipped run's
+  with si.interpreter(detect_races=True, num_cores_or_threads=num_cores):
+    got = scores(two)
+  assert len(race_log) == 4 and not any(st.races_found for st in race_log)
+  np.testing.assert_array_equal(got, shipped)
+  assert np.isfinite(shipped).any()
 
 
 @FULL
@@ -246,6 +280,15 @@ def test_lean_refuses_an_unknown_ablation():
   with pytest.raises(ValueError, match="ablate: a subset of"):
     lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
                 ablate={"everything"})
+
+
+def test_lean_refuses_prefetch_2_without_kv_steps():
+  """"prefetch_2" issues two blocks before the KV loop, which "kv_loop"
+  leaves without a trip to wait for them."""
+  spec = driver.Launch("decode", 1, 1, 1, 1, 1, 16, 4, "model")
+  with pytest.raises(ValueError, match="not both prefetch_2 and kv_loop"):
+    lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
+                ablate={"prefetch_2", "kv_loop"})
 
 
 def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():

@@ -20,10 +20,11 @@ decode shape than issuing them after the loads (docs/chip.md, the
 `late_issue` experiment), which other chips keep (`issue_early`).
 
 `launch(..., ablate=...)` leaves pieces of its work out, fetches a KV block
-in one DMA ("page_dma"), or issues the next block's DMAs after this
-block's loads ("early_issue"; `ABLATIONS`, read at trace time), to time
-each on a chip (`python -m streamidx.bench --ablate`); empty, the default
-every entry point runs, the program is the same.
+in one DMA ("page_dma"), issues the next block's DMAs after this block's
+loads ("early_issue"), or keeps two blocks in flight ("prefetch_2";
+`ABLATIONS`, read at trace time), to time each on a chip (`python -m
+streamidx.bench --ablate`); empty, the default every entry point runs, the
+program is the same.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
-             "page_dma", "early_issue")
+             "page_dma", "early_issue", "prefetch_2")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -83,6 +84,19 @@ def issue_early(interpret) -> bool:
   `EARLY_ISSUE_CHIPS` (`modes.current_generation`)."""
   return interpret is not False or (
       modes.current_generation() in EARLY_ISSUE_CHIPS)
+
+
+# "prefetch_2": like "page_dma" a change, not a piece removed: three KV
+# buffers, and each KV step issues the block two steps on (the traversal's:
+# this query block's next KV block, the next query block's first, then the
+# program `stride` on), so two blocks' DMAs are queued where the shipped
+# kernel has one, with no gap between one block's arrival and the next's
+# issue; the first program issues the launch's first two blocks, and no
+# block past the launch's last is fetched (no wait left for the last
+# program). It issues right after this block's wait on every chip, whatever
+# `issue_early` says (the early issue with a deeper queue; the buffer it
+# fills was read the step before), so removing "early_issue" with it
+# changes nothing. Not with "kv_loop" (no KV step would wait the first two).
 
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
@@ -122,10 +136,11 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
-  (column 0: one wait covers the program's sequences). hook: the block
-  maxima's (`block_max.BlockMax`, token mode), or None. early: the next
-  block's DMAs issued before this block's loads (`issue_early`). ablate: a
-  subset of `ABLATIONS`, the pieces left out.
+  (column 0: one wait covers the program's sequences); with "prefetch_2"
+  bkv, bsc and sems have 3 slots. hook: the block maxima's
+  (`block_max.BlockMax`, token mode), or None. early: the next block's
+  DMAs issued before this block's loads (`issue_early`; always with
+  "prefetch_2"). ablate: a subset of `ABLATIONS`, the pieces left out.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -150,9 +165,36 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     first = active & (pl.program_id(1) == 0)
     last = active & (seq0 + stride >= end)
 
-  q_lens = [cu_q_ref[seq0 + b + 1] - cu_q_ref[seq0 + b] for b in range(b_sz)]
-  seq_lens = [seq_lens_ref[seq0 + b] for b in range(b_sz)]
-  kv_lens = [jnp.minimum(s // compression_ratio, max_kv_len) for s in seq_lens]
+  kv_slots = bkv.shape[0]  # KV buffers: 3 with "prefetch_2" (`launch`)
+
+  def lengths(seq):
+    """Query rows, tokens and KV entries of the program's sequences at seq."""
+    q_lens = [cu_q_ref[seq + b + 1] - cu_q_ref[seq + b] for b in range(b_sz)]
+    seq_lens = [seq_lens_ref[seq + b] for b in range(b_sz)]
+    kv_lens = [jnp.minimum(s // compression_ratio, max_kv_len)
+               for s in seq_lens]
+    return q_lens, seq_lens, kv_lens
+
+  def counts(q_lens, kv_lens):
+    """(KV blocks, query blocks) of a program: its KV steps a query block,
+    its query blocks."""
+    kv_max = functools.reduce(jnp.maximum, kv_lens)
+    has_queries = functools.reduce(jnp.logical_or, [q > 0 for q in q_lens])
+    num_bkv = jnp.where(has_queries, jnp.maximum(1, cdiv(kv_max, bkv_sz)), 1)
+    num_bq = (jnp.maximum(1, cdiv(q_lens[0], bq_sz)) if static_q_len is None
+              else cdiv(static_q_len, bq_sz))
+    return num_bkv, num_bq
+
+  def kv_after(seq, bq_idx, bkv_idx, num_bkv, num_bq):
+    """(seq, bq_idx, bkv_idx) of the KV step after this one of a program of
+    num_bkv x num_bq steps: the next KV block, the next query block's
+    first, or the first of the program `stride` on ("prefetch_2")."""
+    nbkv = jnp.where(bkv_idx + 1 == num_bkv, 0, bkv_idx + 1)
+    nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
+    on = nbq == num_bq
+    return jnp.where(on, seq + stride, seq), jnp.where(on, 0, nbq), nbkv
+
+  q_lens, seq_lens, kv_lens = lengths(seq0)
   scored = 0 if "compute" in ablate else b_sz  # sequences the KV loop scores
 
   def kv_copies(seq, bkv_idx, slot):
@@ -265,13 +307,23 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
                      -jnp.inf)
 
   def process():
-    kv_max = functools.reduce(jnp.maximum, kv_lens)
-    has_queries = functools.reduce(jnp.logical_or, [q > 0 for q in q_lens])
-    num_bkv = jnp.where(has_queries, jnp.maximum(1, cdiv(kv_max, bkv_sz)), 1)
+    num_bkv, num_bq = counts(q_lens, kv_lens)
     if "kv_loop" in ablate:
       num_bkv = 0
-    num_bq = (jnp.maximum(1, cdiv(q_lens[0], bq_sz)) if static_q_len is None
-              else cdiv(static_q_len, bq_sz))
+    if kv_slots == 3:  # the next program's, for the block two steps on
+      nseq = seq0 + stride  # past the end: no DMA, any program's counts
+      q_next, _, kv_next = lengths(jnp.where(nseq < end, nseq, seq0))
+      next_bkv, next_bq = counts(q_next, kv_next)
+
+    def copies_two_on(bq_idx, bkv_idx, slot):
+      """"prefetch_2": the DMAs of the block two KV steps on, into `slot`;
+      none past the launch's end."""
+      seq1, bq1, bkv1 = kv_after(seq0, bq_idx, bkv_idx, num_bkv, num_bq)
+      here = seq1 == seq0
+      seq2, _, bkv2 = kv_after(seq1, bq1, bkv1,
+                               jnp.where(here, num_bkv, next_bkv),
+                               jnp.where(here, num_bq, next_bq))
+      pl.when(seq2 < end)(lambda: kv_copies(seq2, bkv2, slot))
 
     def bq_step(bq_idx, _):
       qslot = ids_ref[0]
@@ -309,16 +361,24 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
 
       def kv_step(bkv_idx, _):
         slot = ids_ref[1]
-        nbkv = jnp.where(bkv_idx + 1 == num_bkv, 0, bkv_idx + 1)
-        nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
-        nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
+        if kv_slots == 2:
+          nbkv = jnp.where(bkv_idx + 1 == num_bkv, 0, bkv_idx + 1)
+          nbq = jnp.where(nbkv == 0, bq_idx + 1, bq_idx)
+          nseq = jnp.where((nbkv == 0) & (nbq == num_bq), seq0 + stride, seq0)
+
+        def issue():
+          if kv_slots == 2:  # the next block, into the other buffer
+            kv_copies(nseq, nbkv, 1 - slot)
+          else:  # the one after it, into the buffer read the step before
+            copies_two_on(bq_idx, bkv_idx, lax.rem(slot + 2, kv_slots))
+
         wait_kv(slot)
         if early:  # before the loads (docs/tpu.md)
-          kv_copies(nseq, nbkv, 1 - slot)
+          issue()
         blocks = [keys_of(slot, b) for b in range(scored)]
         if not early:
-          kv_copies(nseq, nbkv, 1 - slot)
-        ids_ref[1] = 1 - slot
+          issue()
+        ids_ref[1] = 1 - slot if kv_slots == 2 else lax.rem(slot + 1, kv_slots)
         s = [scores_of(qs[b], wcols[b], *blocks[b], ends[b], bkv_idx)
              for b in range(scored)]
         if page_mode:
@@ -364,6 +424,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         bo_sz_ref[i] = -1
     q_copies(seq0, 0, 0, wait=False)
     kv_copies(seq0, 0, 0)
+    if kv_slots == 3:  # "prefetch_2": and the block after it
+      seq1, _, bkv1 = kv_after(seq0, 0, 0, *counts(q_lens, kv_lens))
+      pl.when(seq1 < end)(lambda: kv_copies(seq1, bkv1, 1))
 
   if num_cores > 1:
     pl.when(active)(process)
@@ -372,7 +435,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
 
   @pl.when(last)
   def _():
-    wait_kv(ids_ref[1])  # the extra block past the launch's last
+    if kv_slots == 2:
+      wait_kv(ids_ref[1])  # the extra block past the launch's last
     for i in range(2):
       wait_send(i)
       if hook is not None:
@@ -386,9 +450,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   with "block_max" in `spec.outputs` (token mode) the maxima of its score
   rows (`streamidx.kernels.block_max`). ablate: `ABLATIONS` to leave out
   (the module docstring; token mode)."""
-  if not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode):
-    raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only "
-                     f"(got {sorted(ablate)}, {spec.case})")
+  if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
+      or {"prefetch_2", "kv_loop"} <= set(ablate)):
+    raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
+                     f"not both prefetch_2 and kv_loop (got {sorted(ablate)}, "
+                     f"{spec.case})")
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs
   values, scales = cache
@@ -409,6 +475,10 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
                              page_size=page_size, page_mode=page_mode)
+  kv_slots = 3 if "prefetch_2" in ablate else 2
+  if kv_slots == 3:  # a third buffer of values and scales
+    scratch = [(n, (kv_slots, *shape[1:]) if n in ("bkv_x2", "bscale_x2")
+                else shape, dtype) for n, shape, dtype in scratch]
   kernel = functools.partial(
       _kernel_refs, block_max=block_max,
       num_sublanes_bkv=bkv_p * page_size // LANES,
@@ -419,7 +489,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       num_cores=num_cores,
       page_cols=page_size // ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False,
-      early=issue_early(spec.interpret) and "early_issue" not in ablate,
+      early="prefetch_2" in ablate or (issue_early(spec.interpret)
+                                       and "early_issue" not in ablate),
       ablate=frozenset(ablate))
   return tpu.pallas_launch(
       kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
@@ -429,4 +500,4 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       end=end, inputs=(q, weights, values.reshape(-1, *values.shape[2:])
                        if "page_dma" in ablate else values, scales),
       outputs=outputs,
-      num_cores=num_cores)
+      num_cores=num_cores, num_sem_slots=kv_slots)

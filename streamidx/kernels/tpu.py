@@ -43,11 +43,11 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
 
 def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,
                   start, end, num_sem_ids, num_bo_sz, inputs, outputs,
-                  blocks=None, case=None, num_cores=1):
+                  blocks=None, case=None, num_cores=1, num_sem_slots=2):
   """One launch of a kernel body (`spec` its `driver.Launch`): its
   `pallas_call`, made and called, with the setup every body shares:
   compiled, the VMEM check (M11); scratch `scratch` ((name, shape, dtype),
-  ...) then DMA semaphores [num_sem_rows, 2, B]; scalar prefetch
+  ...) then DMA semaphores [num_sem_rows, num_sem_slots, B]; scalar prefetch
   `prefetch`, i32[2] (start, end), i32[num_sem_ids] zeros, i32[num_bo_sz]
   of -1; grid (end - start) // B programs (num_cores > 1: a leading
   "parallel" axis); operands `inputs` then `outputs` in HBM, output i
@@ -59,7 +59,8 @@ def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,
     check_launch_vmem(scratch, case=case or name, blocks=blocks,
                       vmem_limit_bytes=spec.vmem_limit_bytes)
   scratch_shapes = [pltpu.VMEM(shape, dtype) for _, shape, dtype in scratch]
-  scratch_shapes.append(pltpu.SemaphoreType.DMA((num_sem_rows, 2, b)))
+  scratch_shapes.append(pltpu.SemaphoreType.DMA((num_sem_rows, num_sem_slots,
+                                                 b)))
   start, end = jnp.asarray(start, jnp.int32), jnp.asarray(end, jnp.int32)
   scalars = (*prefetch, jnp.stack([start, end]),
              jnp.zeros((num_sem_ids,), jnp.int32),

@@ -5,11 +5,11 @@
 Each experiment times the lean kernel's scoring launches alone
 (`kernels.driver.scoring`) at `SHAPE` (the records' decode 64 x 262,144;
 `--shape`: another of their decode shapes; `--seqs`: its sequences
-changed) with ONE change from the
-shipped call: pieces of its work removed (`kernels.lean.ABLATIONS`), or its
-KV block or decode batch size. Its row (`records.EXPERIMENT_FIELDS`) is
-appended to the chip records when measured; one already recorded on the
-chip at that shape is skipped (`--records --experiments`).
+changed) with ONE change from the shipped call: pieces of its work removed
+or changed (`kernels.lean.ABLATIONS`), or its KV block or decode batch
+size. Its row (`records.EXPERIMENT_FIELDS`) is appended to the chip
+records when measured; one already recorded on the chip at that shape is
+skipped (`--records --experiments`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ ITERATIONS = 5  # profiled calls per experiment
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """The shipped call less `removed` (`lean.ABLATIONS`), or with `kv_pages`
-  pages per KV block or `batch` sequences per decode program."""
+  """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
+  changed as "page_dma" and "prefetch_2"), or with `kv_pages` pages per KV
+  block or `batch` sequences per decode program."""
 
   name: str
   removed: tuple[str, ...] = ()
@@ -65,6 +66,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # The next block's DMAs issued after this block's loads, as shipped
     # until `records.LATE_ISSUE_UNTIL`.
     Experiment("late_issue", ("early_issue",)),
+    # Two blocks in flight: three KV buffers, each step issuing the block
+    # two steps on; and its DMA stream alone.
+    Experiment("prefetch_2", ("prefetch_2",)),
+    Experiment("prefetch_2_reads_only",
+               ("prefetch_2", "compute", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
@@ -73,14 +79,21 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 )
 
 
+def body(exp: Experiment):
+  """The lean kernel body (`driver.KernelBody`) of the experiment's
+  launches: the shipped one, or with `exp.removed` (`lean.launch`'s
+  `ablate`)."""
+  shipped = variants_lib.get(VARIANT).kernel.body
+  if not exp.removed:
+    return shipped
+  return dataclasses.replace(shipped, launch=functools.partial(
+      lean.launch, ablate=frozenset(exp.removed)))
+
+
 def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   """(blocks, fn, arrays): `fn(*arrays)` the experiment's scoring launches,
   to jit, at the lean entry point's positional arrays `args` (or specs)."""
   entry = variants_lib.get(VARIANT).kernel
-  body = entry.body
-  if exp.removed:
-    body = dataclasses.replace(body, launch=functools.partial(
-        lean.launch, ablate=frozenset(exp.removed)))
   blocks = shapes_lib.table_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
   if exp.kv_pages:
     blocks["num_kv_pages_per_block"] = ((exp.kv_pages,)
@@ -89,7 +102,7 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
     blocks["decode_req_batch_size"] = exp.batch
   call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
                             topk_method="sort", **blocks)  # needing no extra
-  return blocks, functools.partial(driver.scoring, call, body), arrays
+  return blocks, functools.partial(driver.scoring, call, body(exp)), arrays
 
 
 def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
