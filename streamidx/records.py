@@ -28,8 +28,8 @@ A chip row is one stage of one measured call (`stage`): "call" is the whole
 "selection", "copies", "other" and "idle" are its device-time parts, which
 sum to the call's `device_s` (`streamidx.lab.model.profiling.stage_times`).
 A call measured alone on the selection (`variant` None) has the same parts.
-An experiment from before `LATE_ISSUE_UNTIL` ran the lean kernel of then:
-`removed_now` reads what it left out in today's terms.
+An experiment from before `LATE_ISSUE_UNTIL` or `PREFETCH_2_UNTIL` ran the
+lean kernel of then: `removed_now` reads what it left out in today's terms.
 """
 
 from __future__ import annotations
@@ -119,10 +119,12 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
 _MODES = ("decode", "prefill", "page", "selection")
 
 # The lean kernel issued the next block's DMAs after this block's loads on
-# every chip until this date; since, before them on the v5e
-# (`kernels.lean.EARLY_ISSUE_CHIPS`): experiments and calls recorded
-# before it ran the late order (`removed_now`).
+# every chip until LATE_ISSUE_UNTIL, and kept one block in flight until
+# PREFETCH_2_UNTIL; since, on the v5e (`kernels.lean.DEEP_QUEUE_CHIPS`), it
+# issues right after the wait and keeps two: experiments and calls recorded
+# before ran the lean kernel of then (`removed_now`).
 LATE_ISSUE_UNTIL = "2026-12-06T20:40:00+00:00"
+PREFETCH_2_UNTIL = "2026-12-06T22:05:00+00:00"
 
 
 def removed_now(removed: Iterable[str], date: str) -> frozenset[str]:
@@ -130,13 +132,17 @@ def removed_now(removed: Iterable[str], date: str) -> frozenset[str]:
   experiment recorded at `date` (ISO 8601, UTC) with `removed` left out:
   before `LATE_ISSUE_UNTIL` the kernel issued late, so "early_issue" too,
   unless it removed "late_issue" (that order's name then for the early
-  issue)."""
+  issue); before `PREFETCH_2_UNTIL` "prefetch_2" was a change added, not a
+  piece removed, so it swaps: one block ahead then is "prefetch_2" removed
+  now, and "prefetch_2" then is today's kernel."""
   removed = set(removed)
   if date < LATE_ISSUE_UNTIL:
     if "late_issue" in removed:
       removed.remove("late_issue")
     else:
       removed.add("early_issue")
+  if date < PREFETCH_2_UNTIL:
+    removed ^= {"prefetch_2"}
   return frozenset(removed)
 
 

@@ -59,11 +59,11 @@ def test_an_empty_ablation_is_the_shipped_program():
 
 
 @needs_libtpu
-def test_the_early_issue_ships_where_a_chip_measured_it():
-  assert lean.issue_early(True)  # interpreted: the v5e's kernel
+def test_the_deep_queue_ships_where_a_chip_measured_it():
+  assert lean.deep_queue(True)  # interpreted: the v5e's kernel
   for gen in ("v5e", "v6e", "v7x"):
     with si.compile_for(gen):
-      assert lean.issue_early(False) == (gen in lean.EARLY_ISSUE_CHIPS), gen
+      assert lean.deep_queue(False) == (gen in lean.DEEP_QUEUE_CHIPS), gen
 
 
 @needs_libtpu
@@ -130,8 +130,9 @@ def test_late_issue_scores_as_shipped_without_a_race(race_log):
 
 @FULL
 @pytest.mark.parametrize("num_cores", [1, 2])
-def test_prefetch_2_scores_as_shipped_without_a_race(race_log, num_cores):
-  """Two KV blocks in flight: the same scores, bit for bit, and no DMA into
+def test_two_blocks_ahead_score_as_one_without_a_race(race_log, num_cores):
+  """Two KV blocks in flight (the shipped v5e kernel, interpreted): the
+  scores of one block ahead (`one_ahead`), bit for bit, and no DMA into
   a buffer still being read, over the four launches of a batch whose
   programs take several KV steps (128-entry blocks) and query blocks (8
   rows), so that the block two steps on is often the next program's, or
@@ -152,14 +153,13 @@ def test_prefetch_2_scores_as_shipped_without_a_race(race_log, num_cores):
     fn = functools.partial(driver.scoring, call, ablate.body(exp))
     return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
 
-  shipped = scores(ablate.EXPERIMENTS[0])
-  two = next(e for e in ablate.EXPERIMENTS if e.name == "prefetch_2")
-  race_log.clear()  # the shipped run's
+  one = scores(next(e for e in ablate.EXPERIMENTS if e.name == "one_ahead"))
+  race_log.clear()  # one_ahead's run
   with si.interpreter(detect_races=True, num_cores_or_threads=num_cores):
-    got = scores(two)
+    got = scores(ablate.EXPERIMENTS[0])
   assert len(race_log) == 4 and not any(st.races_found for st in race_log)
-  np.testing.assert_array_equal(got, shipped)
-  assert np.isfinite(shipped).any()
+  np.testing.assert_array_equal(got, one)
+  assert np.isfinite(one).any()
 
 
 @FULL
@@ -217,32 +217,44 @@ def test_a_measurement_row_follows_the_records_and_appends(chip_records):
       ("dsv4-decode-64x1048576", "baseline")]
 
 
-# The experiments that moved the issue early, before it shipped
-# (`records.LATE_ISSUE_UNTIL`).
+# The experiments that moved the issue early, and that kept two blocks in
+# flight, before each shipped (`records.LATE_ISSUE_UNTIL`, `PREFETCH_2_UNTIL`).
 _BEFORE_THE_EARLY_ISSUE = {"early_issue", "early_issue_no_score_write"}
+_BEFORE_PREFETCH_2 = {"prefetch_2", "prefetch_2_reads_only"}
 
 
 def test_recorded_experiments_follow_the_schema():
   names = {e.name for e in ablate.EXPERIMENTS}
   for r in records.chip_rows("experiments"):
     assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == [], r
-    old = r["date"] < records.LATE_ISSUE_UNTIL
-    assert r["experiment"] in names | (_BEFORE_THE_EARLY_ISSUE if old
-                                       else set()), r
+    old = ((_BEFORE_THE_EARLY_ISSUE if r["date"] < records.LATE_ISSUE_UNTIL
+            else set())
+           | (_BEFORE_PREFETCH_2 if r["date"] < records.PREFETCH_2_UNTIL
+              else set()))
+    assert r["experiment"] in names | old, r
     assert records.removed_now(r["removed"], r["date"]) <= set(
         lean.ABLATIONS), r
 
 
-def test_an_experiment_from_before_the_early_issue_reads_in_todays_terms():
-  before, after = "2026-12-05T10:00:00+00:00", "2026-12-07T10:00:00+00:00"
-  assert before < records.LATE_ISSUE_UNTIL < after
-  assert records.removed_now([], before) == {"early_issue"}  # its baseline
-  assert records.removed_now(["late_issue"], before) == set()  # today's
+def test_an_experiment_from_before_the_deep_queue_reads_in_todays_terms():
+  before, between, after = ("2026-12-05T10:00:00+00:00",
+                            "2026-12-06T21:00:00+00:00",
+                            "2026-12-07T10:00:00+00:00")
+  assert (before < records.LATE_ISSUE_UNTIL < between
+          < records.PREFETCH_2_UNTIL < after)
+  late, one = {"early_issue", "prefetch_2"}, {"prefetch_2"}
+  assert records.removed_now([], before) == late  # its baseline
+  assert records.removed_now(["late_issue"], before) == one  # early then
   assert records.removed_now(["late_issue", "score_write"], before) == {
-      "score_write"}
-  assert records.removed_now(["compute"], before) == {"compute", "early_issue"}
+      "score_write", "prefetch_2"}
+  assert records.removed_now(["compute"], before) == late | {"compute"}
+  assert records.removed_now([], between) == one  # its baseline
+  assert records.removed_now(["early_issue"], between) == late
+  assert records.removed_now(["prefetch_2"], between) == set()  # today's
+  assert records.removed_now(["prefetch_2", "compute"], between) == {
+      "compute"}
   assert records.removed_now([], after) == set()
-  assert records.removed_now(["early_issue"], after) == {"early_issue"}
+  assert records.removed_now(["prefetch_2"], after) == one
 
 
 def test_ablate_refuses_to_run_off_a_tpu(capsys):
@@ -282,13 +294,13 @@ def test_lean_refuses_an_unknown_ablation():
                 ablate={"everything"})
 
 
-def test_lean_refuses_prefetch_2_without_kv_steps():
-  """"prefetch_2" issues two blocks before the KV loop, which "kv_loop"
-  leaves without a trip to wait for them."""
+def test_lean_refuses_two_blocks_ahead_without_kv_steps():
+  """Two blocks ahead ("prefetch_2"), the program issues two blocks before
+  the KV loop, which "kv_loop" leaves without a trip to wait for them."""
   spec = driver.Launch("decode", 1, 1, 1, 1, 1, 16, 4, "model")
-  with pytest.raises(ValueError, match="not both prefetch_2 and kv_loop"):
+  with pytest.raises(ValueError, match="kv_loop only with prefetch_2"):
     lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
-                ablate={"prefetch_2", "kv_loop"})
+                ablate={"kv_loop"})
 
 
 def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():

@@ -13,18 +13,18 @@ fnuz factor 16 in the weights. Each is exact in the interpreter and pays in
 the compiler's static schedule; docs/tpu.md ("The lean kernel's changes")
 gives each one's bundles per KV page.
 
-On the v5e (`EARLY_ISSUE_CHIPS`) and in the interpreter the KV loop issues
-the next block's DMAs right after this block's wait, before its loads, so
-that they run under all of its MXU work: measured faster there at every
-decode shape than issuing them after the loads (docs/chip.md, the
-`late_issue` experiment), which other chips keep (`issue_early`).
+On the v5e (`DEEP_QUEUE_CHIPS`) and in the interpreter the token-mode KV
+loop keeps two blocks' DMAs in flight (three KV buffers) and issues them
+right after this block's wait, before its loads, so that they run under
+all of its MXU work: each measured faster there at every decode shape
+(docs/chip.md, the `late_issue` and `one_ahead` experiments). Other chips
+keep one block ahead, issued after the loads (`deep_queue`).
 
 `launch(..., ablate=...)` leaves pieces of its work out, fetches a KV block
-in one DMA ("page_dma"), issues the next block's DMAs after this block's
-loads ("early_issue"), or keeps two blocks in flight ("prefetch_2";
-`ABLATIONS`, read at trace time), to time each on a chip (`python -m
-streamidx.bench --ablate`); empty, the default every entry point runs, the
-program is the same.
+in one DMA ("page_dma"), issues after this block's loads ("early_issue"),
+or keeps one block in flight ("prefetch_2"; `ABLATIONS`, read at trace
+time), to time each on a chip (`python -m streamidx.bench --ablate`);
+empty, the default every entry point runs, the program is the same.
 """
 
 from __future__ import annotations
@@ -63,40 +63,37 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # records' tables are: `batch.make_batch`'s "contiguous" allocation) and
 # the block ends inside the cache; an upper bound on what fewer, larger
 # DMAs could give, not a kernel to ship.
-# "early_issue": on `EARLY_ISSUE_CHIPS`, the next block's DMAs issued right
-# after this block's wait, before its loads (the other buffer's loads were
-# the step before). Removed, after this block's loads: the order every
-# chip ran until `records.LATE_ISSUE_UNTIL` (older records read in today's
-# terms: `records.removed_now`) and other chips still run (removing it
+# "early_issue": on `DEEP_QUEUE_CHIPS`, the DMAs issued right after this
+# block's wait, before its loads (the buffer they fill was read the step
+# before). Removed, after this block's loads: the order every chip ran
+# until `records.LATE_ISSUE_UNTIL` and other chips still run (removing it
 # there changes nothing). Compiled for v5e, that order issued them after
 # 93% of the step's MXU ops, so a KV step cost its compute plus the DMAs'
 # time; the early issue puts them ahead of all of it, for about 8% more
-# bundles a step (docs/chip.md). It ships where a chip measured it faster;
-# on v5p, v6e and v7x the static schedule counts 12-22% more bundles a KV
-# page for it at 3-8 pages a block, where it calls the kernel vector-bound
-# (data/decode_schedule.json), and no chip has measured either order.
-EARLY_ISSUE_CHIPS = ("v5e",)
+# bundles a step (docs/chip.md). On v5p, v6e and v7x the static schedule
+# counts 12-22% more bundles a KV page for it at 3-8 pages a block, where
+# it calls the kernel vector-bound (data/decode_schedule.json), and no
+# chip has measured either order.
+# "prefetch_2": on `DEEP_QUEUE_CHIPS` (token mode), three KV buffers, and
+# each KV step issues the block two steps on (the traversal's: this query
+# block's next KV block, the next query block's first, then the program
+# `stride` on), so two blocks' DMAs are queued, with no gap between one
+# block's arrival and the next one's issue; the first program issues the
+# launch's first two blocks, and no block past the launch's last is
+# fetched. Removed, one block ahead in two buffers: what the v5e ran until
+# `records.PREFETCH_2_UNTIL` (removing it elsewhere changes nothing).
+# "kv_loop" goes with it (no KV step would wait the first two blocks).
+# Older records read in today's terms: `records.removed_now`.
+DEEP_QUEUE_CHIPS = ("v5e",)
 
 
-def issue_early(interpret) -> bool:
-  """Whether the KV loop issues the next block's DMAs before this block's
-  loads: interpreted (it runs the v5e's kernel), or compiled for a chip of
-  `EARLY_ISSUE_CHIPS` (`modes.current_generation`)."""
+def deep_queue(interpret) -> bool:
+  """Whether the KV loop issues right after the wait and keeps two blocks
+  in flight: interpreted (it runs the v5e's kernel), or compiled for a
+  chip of `DEEP_QUEUE_CHIPS` (`modes.current_generation`)."""
   return interpret is not False or (
-      modes.current_generation() in EARLY_ISSUE_CHIPS)
+      modes.current_generation() in DEEP_QUEUE_CHIPS)
 
-
-# "prefetch_2": like "page_dma" a change, not a piece removed: three KV
-# buffers, and each KV step issues the block two steps on (the traversal's:
-# this query block's next KV block, the next query block's first, then the
-# program `stride` on), so two blocks' DMAs are queued where the shipped
-# kernel has one, with no gap between one block's arrival and the next's
-# issue; the first program issues the launch's first two blocks, and no
-# block past the launch's last is fetched (no wait left for the last
-# program). It issues right after this block's wait on every chip, whatever
-# `issue_early` says (the early issue with a deeper queue; the buffer it
-# fills was read the step before), so removing "early_issue" with it
-# changes nothing. Not with "kv_loop" (no KV step would wait the first two).
 
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
 FNUZ_SCALE = 16.0
@@ -136,11 +133,11 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
   u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
-  (column 0: one wait covers the program's sequences); with "prefetch_2"
-  bkv, bsc and sems have 3 slots. hook: the block maxima's
-  (`block_max.BlockMax`, token mode), or None. early: the next block's
-  DMAs issued before this block's loads (`issue_early`; always with
-  "prefetch_2"). ablate: a subset of `ABLATIONS`, the pieces left out.
+  (column 0: one wait covers the program's sequences); two blocks ahead
+  ("prefetch_2"), bkv, bsc and sems have 3 slots. hook: the block maxima's
+  (`block_max.BlockMax`, token mode), or None. early: the DMAs issued
+  before this block's loads ("early_issue"). ablate: a subset of
+  `ABLATIONS`, the pieces left out.
   """
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
@@ -165,7 +162,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     first = active & (pl.program_id(1) == 0)
     last = active & (seq0 + stride >= end)
 
-  kv_slots = bkv.shape[0]  # KV buffers: 3 with "prefetch_2" (`launch`)
+  kv_slots = bkv.shape[0]  # KV buffers: 3 two blocks ahead (`launch`)
 
   def lengths(seq):
     """Query rows, tokens and KV entries of the program's sequences at seq."""
@@ -451,9 +448,9 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   rows (`streamidx.kernels.block_max`). ablate: `ABLATIONS` to leave out
   (the module docstring; token mode)."""
   if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
-      or {"prefetch_2", "kv_loop"} <= set(ablate)):
+      or ("kv_loop" in ablate and "prefetch_2" not in ablate)):
     raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
-                     f"not both prefetch_2 and kv_loop (got {sorted(ablate)}, "
+                     f"kv_loop only with prefetch_2 (got {sorted(ablate)}, "
                      f"{spec.case})")
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs
@@ -475,7 +472,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
                              page_size=page_size, page_mode=page_mode)
-  kv_slots = 3 if "prefetch_2" in ablate else 2
+  deep = deep_queue(spec.interpret)
+  kv_slots = 3 if deep and not page_mode and "prefetch_2" not in ablate else 2
   if kv_slots == 3:  # a third buffer of values and scales
     scratch = [(n, (kv_slots, *shape[1:]) if n in ("bkv_x2", "bscale_x2")
                 else shape, dtype) for n, shape, dtype in scratch]
@@ -489,8 +487,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       num_cores=num_cores,
       page_cols=page_size // ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False,
-      early="prefetch_2" in ablate or (issue_early(spec.interpret)
-                                       and "early_issue" not in ablate),
+      early=deep and "early_issue" not in ablate,
       ablate=frozenset(ablate))
   return tpu.pallas_launch(
       kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,

@@ -42,7 +42,7 @@ ITERATIONS = 5  # profiled calls per experiment
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
-  changed as "page_dma" and "prefetch_2"), or with `kv_pages` pages per KV
+  changed as "page_dma"), or with `kv_pages` pages per KV
   block or `batch` sequences per decode program."""
 
   name: str
@@ -57,20 +57,20 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("no_kv_dma", ("kv_dma",)),
     Experiment("no_scale_dma", ("scale_dma",)),
     Experiment("no_compute", ("compute",)),
-    Experiment("no_kv_loop", ("kv_loop",)),
+    # No KV step, so one block ahead (none would wait the second).
+    Experiment("no_kv_loop", ("kv_loop", "prefetch_2")),
     Experiment("kv_reads_only", ("compute", "score_write")),
     Experiment("compute_only", ("kv_dma", "score_write")),
     Experiment("block_dma", ("page_dma",)),
     # The DMA stream alone: one DMA a block, nothing computed or written.
     Experiment("block_reads_only", ("page_dma", "compute", "score_write")),
-    # The next block's DMAs issued after this block's loads, as shipped
+    # One block in flight, issued after this block's loads: as shipped
     # until `records.LATE_ISSUE_UNTIL`.
-    Experiment("late_issue", ("early_issue",)),
-    # Two blocks in flight: three KV buffers, each step issuing the block
-    # two steps on; and its DMA stream alone.
-    Experiment("prefetch_2", ("prefetch_2",)),
-    Experiment("prefetch_2_reads_only",
-               ("prefetch_2", "compute", "score_write")),
+    Experiment("late_issue", ("early_issue", "prefetch_2")),
+    # One block in flight, issued right after the wait: as shipped on the
+    # v5e until `records.PREFETCH_2_UNTIL`; and its DMA stream alone.
+    Experiment("one_ahead", ("prefetch_2",)),
+    Experiment("one_ahead_reads_only", ("prefetch_2", "compute", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
