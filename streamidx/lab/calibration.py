@@ -328,8 +328,9 @@ def newest_calls() -> list[dict]:
 
 def superseded(call: dict) -> bool:
   """A lean call whose kernel lacked a piece today's has (recorded before
-  its early issue shipped: `records.removed_now`): the model of today's
-  kernel is not held against it."""
+  its early issue or its second block in flight shipped:
+  `records.removed_now`): the model of today's kernel is not held against
+  it."""
   return call["variant"] == "lean" and bool(
       records.removed_now((), call["date"]))
 
@@ -384,8 +385,8 @@ def format_chip_table(rs: Sequence[dict]) -> str:
           f"measurements, the chip records): {n} of {len(rs)} calls within "
           f"{CHIP_BAND}x of the model ({sel} with the selection's own time "
           f"measured alone in it); the scoring alone {ns} of {len(rs)}"
-          + (f"; {old} lean call{'s' * (old > 1)} recorded before its early "
-             f"issue shipped left out" if (old := sum(
+          + (f"; {old} lean call{'s' * (old > 1)} recorded before today's "
+             f"lean kernel shipped left out" if (old := sum(
                  map(superseded, newest_calls()))) else ""))
 
 

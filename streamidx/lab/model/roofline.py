@@ -408,7 +408,8 @@ class KvStepCosts:
   `streamidx.blocks.EXPERIMENT_SHAPE`,
   its KV steps and bytes varied by the block size and decode batch) fitted
   by device time = kv_steps * step_s + bytes / dma_bandwidth (least
-  squares, relative). docs/chip.md, "The model against the chip"."""
+  squares, relative; step_s >= 0: where the fit would make it negative, as
+  when the kernel's steps hide behind its reads, the bytes alone). docs/chip.md, "The model against the chip"."""
 
   chip: str
   step_s: float  # a KV grid step's fixed cost (DMA issue, waits, the step)
@@ -433,6 +434,10 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
   y = np.array([e["device_s"] for e in ex])
   (step_s, per_byte), *_ = np.linalg.lstsq(a / y[:, None], np.ones(len(ex)),
                                            rcond=None)
+  if step_s < 0:  # no cost a step is measurable (hidden): the bytes alone
+    step_s = 0.0
+    (per_byte,), *_ = np.linalg.lstsq(a[:, 1:] / y[:, None], np.ones(len(ex)),
+                                      rcond=None)
   worst = float(np.abs(a @ (step_s, per_byte) / y - 1).max())
   return KvStepCosts(chip, float(step_s), float(1 / per_byte),
                      tuple(e["experiment"] for e in ex), worst,
