@@ -142,18 +142,22 @@ def launch_scratch(*, seq_batch_size: int, bq_sz: int, bkv_p: int,
                    page_size_per_kv_packing: int, kv_packing: int,
                    lkv_dim: int, cache_dtype, num_q_heads: int, head_dim: int,
                    q_dtype, weights_dtype, num_out_sublanes: int,
-                   scale_block: tuple[int, ...] | None = None):
+                   scale_block: tuple[int, ...] | None = None,
+                   kv_slots: int = 2):
   """((name, shape, dtype), ...): the VMEM scratch of one launch, in
   `_scores_kernel`'s order (the DMA semaphores are not VMEM).
   `num_out_sublanes`: 128-lane score rows per query row (bkv_sz // 128 in token
   mode, the pooled page columns // 128 in page mode). scale_block: a page's
   scales in a two-array cache layout (dense FP8, MXFP4), whose double buffer
-  "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the values'."""
+  "bscale_x2" u8[2, B, bkv_p, *scale_block] follows the values'.
+  kv_slots: the KV blocks (values and scales) buffered, 3 where two are in
+  flight (`driver.KernelBody.kv_slots`)."""
   b = seq_batch_size
   scales = (() if scale_block is None else (
-      ("bscale_x2", (2, b, bkv_p, *scale_block), _dtype("uint8")),))
+      ("bscale_x2", (kv_slots, b, bkv_p, *scale_block), _dtype("uint8")),))
   return (
-      ("bkv_x2", (2, b, bkv_p * page_size_per_kv_packing, kv_packing, lkv_dim),
+      ("bkv_x2", (kv_slots, b, bkv_p * page_size_per_kv_packing, kv_packing,
+                  lkv_dim),
        _dtype(cache_dtype)),
       *scales,
       ("bq_x2", (2, b, bq_sz, num_q_heads, head_dim), _dtype(q_dtype)),

@@ -81,6 +81,9 @@ class KernelBody:
   launch: Callable
   cache_formats: tuple[str, ...]  # the `CACHE_FORMATS` it reads, one layout's
   emits: tuple[Output, ...] = ()  # the extra outputs it can write
+  # (spec, generation=None) -> the KV blocks a launch buffers (its scratch,
+  # `semantics.launch_scratch`'s kv_slots); None: 2, double-buffered.
+  kv_slots: Callable | None = None
 
   def variant(self, mode: str) -> str:
     """Its variant's name in `mode`: "<name>", or "<name>_page"."""

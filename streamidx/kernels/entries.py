@@ -24,7 +24,8 @@ BLOCK_MAX = driver.Output(block_max.NAME, block_max.buffer)
 VENDORED = driver.KernelBody("vendored", vendored.run_topk_kernel,
                              ("fp8", "bf16"), (BLOCK_MAX,))
 DENSE = driver.KernelBody("dense", dense.launch, ("dense_fp8",), (BLOCK_MAX,))
-LEAN = driver.KernelBody("lean", lean.launch, ("dense_fp8",), (BLOCK_MAX,))
+LEAN = driver.KernelBody("lean", lean.launch, ("dense_fp8",), (BLOCK_MAX,),
+                         kv_slots=lean.kv_slots)
 FP4 = driver.KernelBody("fp4", fp4.launch, ("mxfp4",), (BLOCK_MAX,))
 
 

@@ -87,12 +87,19 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 DEEP_QUEUE_CHIPS = ("v5e",)
 
 
-def deep_queue(interpret) -> bool:
+def deep_queue(interpret, generation: str | None = None) -> bool:
   """Whether the KV loop issues right after the wait and keeps two blocks
   in flight: interpreted (it runs the v5e's kernel), or compiled for a
-  chip of `DEEP_QUEUE_CHIPS` (`modes.current_generation`)."""
+  chip of `DEEP_QUEUE_CHIPS` (`generation`, None: the one traced for,
+  `modes.current_generation`)."""
   return interpret is not False or (
-      modes.current_generation() in DEEP_QUEUE_CHIPS)
+      (generation or modes.current_generation()) in DEEP_QUEUE_CHIPS)
+
+
+def kv_slots(spec, generation: str | None = None) -> int:
+  """The KV blocks a launch (`driver.Launch`) buffers: 3, two in flight, in
+  token mode where `deep_queue`; else 2 (`driver.KernelBody.kv_slots`)."""
+  return 3 if deep_queue(spec.interpret, generation) and not spec.page_mode else 2
 
 
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).
@@ -469,14 +476,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
                    total_pages - 1)
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
+  slots = 2 if "prefetch_2" in ablate else kv_slots(spec)
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
-                             page_size=page_size, page_mode=page_mode)
-  deep = deep_queue(spec.interpret)
-  kv_slots = 3 if deep and not page_mode and "prefetch_2" not in ablate else 2
-  if kv_slots == 3:  # a third buffer of values and scales
-    scratch = [(n, (kv_slots, *shape[1:]) if n in ("bkv_x2", "bscale_x2")
-                else shape, dtype) for n, shape, dtype in scratch]
+                             page_size=page_size, page_mode=page_mode,
+                             kv_slots=slots)
   kernel = functools.partial(
       _kernel_refs, block_max=block_max,
       num_sublanes_bkv=bkv_p * page_size // LANES,
@@ -487,7 +491,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       num_cores=num_cores,
       page_cols=page_size // ratio if page_mode else None,
       segment_pool=spec.segment_pool, interpreted=spec.interpret is not False,
-      early=deep and "early_issue" not in ablate,
+      early=deep_queue(spec.interpret) and "early_issue" not in ablate,
       ablate=frozenset(ablate))
   return tpu.pallas_launch(
       kernel, spec, name=tpu.launch_name("Lean", spec.case, bq_sz, bkv_p,
@@ -497,4 +501,4 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       end=end, inputs=(q, weights, values.reshape(-1, *values.shape[2:])
                        if "page_dma" in ablate else values, scales),
       outputs=outputs,
-      num_cores=num_cores, num_sem_slots=kv_slots)
+      num_cores=num_cores, num_sem_slots=slots)

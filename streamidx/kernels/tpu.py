@@ -27,7 +27,7 @@ def launch_name(kind: str, case: str, bq_sz: int, bkv_p: int,
 
 
 def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
-                 bq_sz, bkv_p, page_size, page_mode):
+                 bq_sz, bkv_p, page_size, page_mode, kv_slots=2):
   """The VMEM scratch of a launch over a two-array cache (values u8[pages,
   rows_per_page, 4, head_dim], scales): `semantics.launch_scratch`'s."""
   _, rows_per_page, kv_packing, head_dim = values.shape
@@ -38,7 +38,7 @@ def pair_scratch(q, weights, scores, values, scale_block, *, seq_batch_size,
       head_dim=head_dim, q_dtype=q.dtype, weights_dtype=weights.dtype,
       num_out_sublanes=(scores.shape[1] if page_mode
                         else bkv_p * page_size // LANES),
-      scale_block=scale_block))
+      scale_block=scale_block, kv_slots=kv_slots))
 
 
 def pallas_launch(kernel, spec, *, name, scratch, num_sem_rows, prefetch,

@@ -17,7 +17,7 @@ import numpy as np
 from streamidx import batch as batch_lib
 from streamidx import cache as cache_lib
 from streamidx import call as call_lib
-from streamidx import semantics
+from streamidx import modes, semantics
 from streamidx import topk as topk_lib
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver as driver_lib
@@ -242,9 +242,10 @@ class Plan:
     return ", ".join(f"{l.label} x{l.grid}" for l in self.launches if l.grid)
 
 
-def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes):
+def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes,
+             kv_slots: int = 2):
   """The kernel's VMEM scratch (`semantics.launch_scratch`, with the scale
-  buffer of a two-array cache)."""
+  buffer of a two-array cache; `kv_slots` KV blocks buffered)."""
   out_sublanes = (num_score_sublanes if case == "page"
                   else bkv_p * g.page_size // _LANES)
   out = semantics.launch_scratch(
@@ -253,7 +254,7 @@ def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes
       kv_packing=g.kv_packing, lkv_dim=g.lkv_dim, cache_dtype=g.cache_dtype,
       num_q_heads=g.num_q_heads, head_dim=g.head_dim, q_dtype=g.q_dtype,
       weights_dtype="float32", num_out_sublanes=out_sublanes,
-      scale_block=g.scale_block)
+      scale_block=g.scale_block, kv_slots=kv_slots)
   return tuple((name, shape, np.dtype(dtype).name)
                for name, shape, dtype in out)
 
@@ -357,6 +358,10 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
   num_cols = rows * _LANES
   out_rows = rows if v.mode == "page" else 0
   launches = []  # the driver's, with the model's programs and scratch
+  # As traced now (generation None: this machine's chip, or the interpreter)
+  # or compiled for `generation`: the KV blocks each launch buffers.
+  interpret = modes.resolve_interpret() if generation is None else False
+  slots = v.kernel.body.kv_slots or (lambda spec, generation: 2)
   for start, end, spec in driver_lib.launches(
       c, (d0, d1, d2) if v.mode == "token" else d2, page_size=g.page_size):
     start, end = int(start), int(end)
@@ -365,7 +370,8 @@ def plan(batch, *, fmt: str = "fp8", num_heads: int = 8, head_dim: int = 128,
         programs(start, end, spec.seq_batch_size, spec.bq_sz,
                  spec.bkv_p * g.page_size, spec.static_q_len),
         _scratch(spec.case, g, spec.seq_batch_size, spec.bq_sz, spec.bkv_p,
-                 out_rows)))
+                 out_rows, slots(dataclasses.replace(spec, interpret=interpret),
+                                 generation))))
   return Plan(v.mode, g, tuple(launches), tuple(seq_lens), tuple(q_lens),
               tuple(cu), page_indices, ratio, num_cols, order)
 
