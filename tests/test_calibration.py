@@ -10,6 +10,7 @@ from streamidx.lab import calibration
 from streamidx.lab.model import roofline
 
 import test_dump  # its synthetic dump text
+from tiers import needs_libtpu
 
 
 def test_calibration_prints_every_measurement_and_the_one_clock_line(capsys):
@@ -286,6 +287,57 @@ def test_the_chips_kv_step_costs_reproduce_its_experiments():
   # slower than the HBM peak, as measured, not faster
   assert c.dma_bandwidth < roofline.hardware.spec("v5e").device_bandwidth
   assert roofline.kv_step_costs("v6e") is None
+
+
+def _stall_row():
+  """The newest compute_only experiment at the experiments' shape on v5e,
+  and data/decode_schedule.json's count of its program."""
+  e = records.chip_rows("experiments", chip="v5e", experiment="compute_only",
+                        shape=blocks.EXPERIMENT_SHAPE)[-1]
+  (row,) = [r for r in records.load("decode_schedule")["ablated"]["rows"]
+            if r["ablate"] == sorted(records.removed_now(e["removed"],
+                                                         e["date"]))]
+  return e, row
+
+
+def test_the_decode_stall_is_lean_computing_alone_over_its_bundles():
+  """v5e's cycles a bundle in a decode KV loop: lean's compute_only time a
+  KV step over its program's counted KV-loop bundles at the clock; the
+  model's decode scoring runs its bundles at that rate, a prefill launch
+  and a chip with no such experiment at one a cycle."""
+  e, row = _stall_row()
+  s = roofline.decode_stall("v5e")
+  clock = roofline.hardware.spec("v5e").clock_hz
+  assert s.factor == pytest.approx(e["kv_step_s"] * clock / row["kv_bundles"])
+  assert 1 < s.factor < 1.5 and s.kv_bundles == row["kv_bundles"]
+  assert roofline.decode_stall("v6e") is None
+  decode = roofline.dsv4_step("v5e", "vendored", context_tokens=262144)
+  sc = {st.name: st for st in decode.stages}["scoring"]
+  assert sc.stall == pytest.approx(s.factor)
+  assert sc.t_bundles == pytest.approx(sc.bundles * s.factor / clock)
+  prefill = roofline.indexer_step("v5e", roofline.shapes_lib.DSV4, k=512,
+                                  batch=1, context_tokens=65536, q_len=256)
+  assert {st.name: st for st in prefill.stages}["scoring"].stall == 1.0
+  v6e = roofline.dsv4_step("v6e", "vendored", context_tokens=262144)
+  assert all(st.stall == 1.0 for st in v6e.stages)
+
+
+@needs_libtpu
+def test_the_decode_stall_s_bundles_are_its_programs():
+  """The recorded count is the compiled KV loop of the program the
+  experiment timed (`lab.schedule --ablate`): a kernel or libtpu change
+  that moves it fails here."""
+  from streamidx.lab import aot, schedule  # pylint: disable=g-import-not-at-top
+  _, row = _stall_row()
+  base = roofline.shapes_lib.table_blocks(
+      aot.SHAPES_BY_NAME["dsv4-decode-4k"], "lean", "dense_fp8",
+      "v5e").kwargs()
+  (s,) = schedule.launch_schedules(
+      "lean", "v5e", "dense_fp8", "dsv4-decode-4k",
+      dict(base, num_kv_pages_per_block=(row["bkv_p"], 2, 2)),
+      launches=("decode",), ablate=row["ablate"])
+  assert (s.seq_batch_size, s.kv.bundles) == (row["seq_batch_size"],
+                                              row["kv_bundles"])
 
 
 def test_v5e_step_adds_measured_step_costs_and_reads_measured_selections():

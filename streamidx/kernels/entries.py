@@ -14,6 +14,9 @@ one for the pairs, fp4 without `num_cores`), whose defaults are `TopkCall`'s /
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels import block_max, dense, driver, fp4, lean, vendored
 
@@ -27,6 +30,16 @@ DENSE = driver.KernelBody("dense", dense.launch, ("dense_fp8",), (BLOCK_MAX,))
 LEAN = driver.KernelBody("lean", lean.launch, ("dense_fp8",), (BLOCK_MAX,),
                          kv_slots=lean.kv_slots)
 FP4 = driver.KernelBody("fp4", fp4.launch, ("mxfp4",), (BLOCK_MAX,))
+
+
+def lean_without(removed) -> driver.KernelBody:
+  """The lean body with `removed` (`lean.ABLATIONS`) left out of its
+  launches: what `lab.bench.ablate` times and `lab.schedule --ablate`
+  counts; empty, `LEAN`."""
+  if not removed:
+    return LEAN
+  return dataclasses.replace(LEAN, launch=functools.partial(
+      lean.launch, ablate=frozenset(removed)))
 
 
 def _packed_token(

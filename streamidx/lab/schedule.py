@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -19,8 +20,11 @@ import sys
 import tempfile
 from typing import Sequence
 
+import jax
+
 from streamidx import modes
 from streamidx import variants as variants_lib
+from streamidx.kernels import driver, entries
 from streamidx.lab import aot
 from streamidx.lab import dump, worker
 from streamidx.lab import shapes as shapes_lib
@@ -127,6 +131,19 @@ class LaunchSchedule:
   program: LaunchProgram | None = None  # the whole launch module
 
 
+def _launch_calls(variant, shape, fmt, blocks, target, ablate):
+  """`aot.launch_calls`; with `ablate` (lean's pieces removed,
+  `entries.lean_without`), the scoring launches of that body."""
+  if not ablate:
+    return aot.launch_calls(variant, shape, fmt, blocks, target)
+  call, arrays = variants_lib.get(variant).kernel.bind(
+      *aot.entry_args(variant, shape, fmt, target),
+      **aot.entry_static(variant, shape, blocks))
+  fn = functools.partial(driver.scoring, call, entries.lean_without(ablate))
+  return [(eqn.params.get("name") or "pallas_call", eqn)
+          for eqn in tiling.pallas_calls(jax.make_jaxpr(fn)(*arrays).jaxpr)]
+
+
 def _worker(spec: dict) -> list[dict]:
   """In the child: compile every launch alone (libtpu dumps to the directory
   LIBTPU_INIT_ARGS names); one record per launch."""
@@ -136,8 +153,8 @@ def _worker(spec: dict) -> list[dict]:
     for j, blocks in enumerate(spec["blocks"]):
       blocks = {k: tuple(v) if isinstance(v, list) else v
                 for k, v in blocks.items()}
-      calls = aot.launch_calls(spec["variant"], shape, spec["fmt"], blocks,
-                               target)
+      calls = _launch_calls(spec["variant"], shape, spec["fmt"], blocks,
+                            target, spec.get("ablate", ()))
       for i, (name, eqn) in enumerate(calls):
         case, _, _ = tiling.launch_case(name)
         n = eqn.params["grid_mapping"].num_scratch_operands
@@ -159,16 +176,20 @@ def _worker(spec: dict) -> list[dict]:
 
 def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
                      blocks, *, launches: Sequence[str] = (),
+                     ablate: Sequence[str] = (),
                      dump_dir: str | None = None,
                      timeout: float = 900.0) -> list[LaunchSchedule]:
   """Compiles each launch of `variant` alone for `generation` (`shape`: an
   `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
   child process for all) and reads its static schedule; `launches`: only
-  these cases."""
+  these cases; `ablate`: lean's pieces removed (`kernels.lean.ABLATIONS`),
+  its scoring launches only."""
+  if ablate and variant != "lean":
+    raise ValueError(f"ablate: the lean variant's only (got {variant!r})")
   shp = aot.SHAPES_BY_NAME[shape]
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
   spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
-              blocks=block_sets, launches=list(launches))
+              blocks=block_sets, launches=list(launches), ablate=list(ablate))
   with tempfile.TemporaryDirectory(prefix="sidx-sched-") as tmp:
     out_dir = dump_dir or tmp
     records = dump.run_worker("streamidx.lab.schedule", spec,
@@ -245,6 +266,9 @@ def main(argv=None) -> int:
   p.add_argument("--launches", nargs="+", default=(),
                  help="only these launches (decode, decode_rest, prefill, "
                  "mixed, page)")
+  p.add_argument("--ablate", nargs="+", default=(), metavar="PIECE",
+                 help="lean only: these pieces removed (kernels.lean.ABLATIONS"
+                 ", as `python -m streamidx.bench --ablate` runs them)")
   a = p.parse_args(argv)
 
   shape = aot.SHAPES_BY_NAME[a.shape]
@@ -258,7 +282,7 @@ def main(argv=None) -> int:
         sets = [dict(base, num_kv_pages_per_block=(p,) + tuple(
             base["num_kv_pages_per_block"][1:])) for p in a.kv_pages]
       scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
-                                launches=a.launches)
+                                launches=a.launches, ablate=a.ablate)
       for row, s_ in zip(schedule_table(scheds), scheds):
         bound = page_bounds([s_])
         row["verdict"] = bound[0].verdict if bound else ""

@@ -27,7 +27,7 @@ import jax
 from streamidx import blocks as blocks_lib
 from streamidx import modes, records
 from streamidx import variants as variants_lib
-from streamidx.kernels import driver, lean
+from streamidx.kernels import driver, entries
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
@@ -83,11 +83,7 @@ def body(exp: Experiment):
   """The lean kernel body (`driver.KernelBody`) of the experiment's
   launches: the shipped one, or with `exp.removed` (`lean.launch`'s
   `ablate`)."""
-  shipped = variants_lib.get(VARIANT).kernel.body
-  if not exp.removed:
-    return shipped
-  return dataclasses.replace(shipped, launch=functools.partial(
-      lean.launch, ablate=frozenset(exp.removed)))
+  return entries.lean_without(exp.removed)
 
 
 def program(exp: Experiment, args, chip: str | None, shape=SHAPE):

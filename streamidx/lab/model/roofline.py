@@ -349,9 +349,10 @@ class Stage:
   time are not in them. Where the chip's records measured what the
   bundles leave out (`kv_step_costs`), the scoring stage adds its grid
   steps' fixed cost (`t_steps`) and reads its bytes at the DMA rate
-  measured (`t_dma`, in place of `t_hbm`); where the chip measured the
-  stage alone (`t_chip`: the selection, `selection_stages`), that time is
-  the stage's, measured, not modelled."""
+  measured (`t_dma`, in place of `t_hbm`) and runs its decode launches'
+  bundles at the cycles a bundle measured (`stall`, `decode_stall`); where
+  the chip measured the stage alone (`t_chip`: the selection,
+  `selection_stages`), that time is the stage's, measured, not modelled."""
 
   name: str  # "fill", "scoring", "relayout", "selection", "copies"
   t_hbm: float
@@ -364,9 +365,11 @@ class Stage:
   t_dma: float | None = None  # bytes at the chip's measured DMA rate
   t_chip: float | None = None  # measured alone on the chip (records)
   hbm_only: bool = False  # XLA's own data movement (fill, relayout): no bundles to count
+  stall: float = 1.0  # the chip's time a bundle, in cycles (`decode_stall`)
 
   t_bundles = property(lambda self: None if self.bundles is None
-                       or not self.clock_hz else self.bundles / self.clock_hz)
+                       or not self.clock_hz
+                       else self.bundles * self.stall / self.clock_hz)
   t_bytes = property(lambda self: self.t_hbm if self.t_dma is None
                      else self.t_dma)
   # A lower bound: compiled code with no bundles or only part of them, and
@@ -392,6 +395,7 @@ class Stage:
   def describe(self) -> str:
     b = ("not compiled" if self.bundles is None else
          f"{'at least ' if self.floor else ''}{self.bundles:,} bundles"
+         + (f" x {self.stall:.2f} cycles" if self.stall != 1.0 else "")
          + (f" = {self.t_bundles * 1e6:,.0f} us" if self.t_bundles is not None else ""))
     extra = ((f"; DMA {self.t_dma * 1e6:,.0f} us" if self.t_dma is not None else "")
              + (f"; + grid steps {self.t_steps * 1e6:,.0f} us" if self.t_steps else ""))
@@ -443,6 +447,47 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
                      tuple(e["experiment"] for e in ex), worst,
                      ", ".join(sorted({f"{e['variant']} at {e['shape']}"
                                        for e in ex})))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStall:
+  """A chip's cycles a bundle in a decode KV loop, measured: the lean
+  kernel's `compute_only` experiment (its reads and score writes removed)
+  at `streamidx.blocks.EXPERIMENT_SHAPE`, its device time a KV step over
+  the bundles of that program's KV loop at the clock (compiled for the
+  chip without a TPU: data/decode_schedule.json "ablated", `python -m
+  streamidx.lab.schedule --ablate`). Bundles are issue slots; what the
+  loop waits beyond them (the MXU's results, the loop's branch) the count
+  cannot see. docs/chip.md, "The model against the chip"."""
+
+  chip: str
+  factor: float  # device time a KV step / (its bundles / clock)
+  kv_step_s: float
+  kv_bundles: int
+  source: str
+
+
+def decode_stall(chip: str) -> DecodeStall | None:
+  """`DecodeStall` from `chip`'s newest `compute_only` experiment at the
+  experiments' shape whose program's KV loop is counted, or None."""
+  ablated = records.load("decode_schedule").get("ablated", {"rows": []})
+  for e in reversed(records.chip_rows("experiments", chip=chip,
+                                      shape=si.blocks.EXPERIMENT_SHAPE,
+                                      experiment="compute_only")):
+    key = (e["variant"], chip, e["cache_format"],
+           e["blocks"]["num_kv_pages_per_block"][0],
+           e["blocks"]["decode_req_batch_size"],
+           sorted(records.removed_now(e["removed"], e["date"])))
+    rec = next((r for r in ablated["rows"] if key == tuple(r[k] for k in (
+        "variant", "generation", "fmt", "bkv_p", "seq_batch_size",
+        "ablate"))), None)
+    if rec is not None:
+      clock = hardware.spec(chip).clock_hz
+      return DecodeStall(chip, e["kv_step_s"] * clock / rec["kv_bundles"],
+                         e["kv_step_s"], rec["kv_bundles"],
+                         f"{e['variant']} compute_only at {e['shape']}, "
+                         f"{e['date'][:10]}")
+  return None
 
 
 # ---------------------------------------------------------------------------
@@ -555,6 +600,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   st = {b.stage: b for b in bounds(costs(p, k=k), spec)}
   g = p.geometry
   bundles, notes = 0, []
+  stall, stalled = decode_stall(generation), 0  # decode launches' bundles
   for l in p.executed:
     rec = launch_record(
         generation, variant, g.fmt, l.case, l.seq_batch_size, l.bkv_p, l.bq_sz,
@@ -569,20 +615,25 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
     notes.append(f"{l.label}: {n:,}")
     if bundles is not None:
       bundles += n
+      stalled += n * l.case.startswith("decode")
   t = p.selected_cols
   rows = len(p.cu_q_lens) and p.cu_q_lens[-1]
   floor = bundles is None and kv_floor is not None
   if floor:
-    bundles = int(kv_floor)
+    bundles = stalled = int(kv_floor)
     notes.append("the KV loops alone (data/decode_schedule.json): a floor")
   chip, kernel = kv_step_costs(generation), st["kernel"]
   measured = {}  # what the chip's experiments add (`kv_step_costs`)
+  if stall and bundles and stalled:
+    notes.append(f"decode launches' bundles at {stall.factor:.2f} cycles "
+                 f"each, measured ({stall.source})")
+    measured["stall"] = (stalled * stall.factor + bundles - stalled) / bundles
   if chip:
     steps = p.counts()["steps"]  # as the experiments counted theirs
     notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
                  f"at {chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
                  f"({chip.source})")
-    measured = dict(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
+    measured.update(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
                     * kernel.bandwidth / chip.dma_bandwidth)
   # The selection reads f32[T, E]; the kernels write f32[T, E / 128, 128], whose
   # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
