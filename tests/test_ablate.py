@@ -27,7 +27,8 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 # What each removed piece leaves out of the DMAs (lean.SEMAPHORE_ROWS).
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
-          "page_dma": set(), "early_issue": set(), "prefetch_2": set()}
+          "page_dma": set(), "early_issue": set(), "prefetch_2": set(),
+          "split_launch": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,6 +161,37 @@ def test_two_blocks_ahead_score_as_one_without_a_race(race_log, num_cores):
   assert len(race_log) == 4 and not any(st.races_found for st in race_log)
   np.testing.assert_array_equal(got, one)
   assert np.isfinite(one).any()
+
+
+@FULL
+def test_a_split_launch_scores_as_one_without_a_race(race_log):
+  """The launch's programs in `lean.SPLIT_PARTS` launches ("split_launch"):
+  the shipped scores, bit for bit, race-free, over a batch whose decode
+  launch has two programs (two of its four ranges empty) and whose
+  prefill and mixed launches one program a sequence."""
+  batch = si.make_mixed_batch(
+      decode=[2000, 37, 1200, 64, 700], prefill=[(20, 1100)],
+      mixed=[(9, 1333), (1, 90), (3, 600)], page_size=64,
+      compression_ratio=4, seed=4)
+  q, w, cache, *rest = si.make_inputs(batch, num_heads=4, fmt="dense_fp8",
+                                      seed=2).args
+  call, arrays = variants.get(ablate.VARIANT).kernel.bind(
+      q, w, *cache, *rest, k=8, compression_ratio=4, topk_method="sort",
+      num_kv_pages_per_block=2, num_queries_per_block=(1, 8, 8),
+      decode_req_batch_size=2)
+
+  def scores(exp):
+    fn = functools.partial(driver.scoring, call, ablate.body(exp))
+    return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
+
+  shipped = scores(ablate.EXPERIMENTS[0])
+  race_log.clear()
+  with si.interpreter(detect_races=True):
+    got = scores(next(e for e in ablate.EXPERIMENTS
+                      if e.name == "split_launch"))
+  assert race_log and not any(st.races_found for st in race_log)
+  np.testing.assert_array_equal(got, shipped)
+  assert np.isfinite(shipped).any()
 
 
 @FULL

@@ -56,7 +56,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
-             "page_dma", "early_issue", "prefetch_2")
+             "page_dma", "early_issue", "prefetch_2", "split_launch")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -85,6 +85,13 @@ ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
 # "kv_loop" goes with it (no KV step would wait the first two blocks).
 # Older records read in today's terms: `records.removed_now`.
 DEEP_QUEUE_CHIPS = ("v5e",)
+# "split_launch": like "page_dma" a change: the launch's programs run as
+# `SPLIT_PARTS` launches of a quarter of them each (whole programs, the
+# score buffers passed on), the same KV steps and bytes in four shorter
+# launches. On the v5e a decode launch of 1,024 KV steps took 3.8 us a
+# step where one of 256 took 3.0, the same work a step (docs/chip.md, the
+# `--seqs` experiments): is it the launch's length?
+SPLIT_PARTS = 4
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -447,6 +454,23 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
         hook.wait(i)
 
 
+def _split(spec, q, weights, cache, prefetch, start, end, outputs, *, ablate):
+  """"split_launch": `launch` over `SPLIT_PARTS` consecutive ranges of whole
+  programs of [start, end), each writing into the buffers the one before
+  returned; an empty range launches nothing."""
+  per = spec.seq_batch_size * spec.num_cores  # slots a program (or round)
+  rounds = (end - start) // per
+  bounds = [start + rounds * i // SPLIT_PARTS * per
+            for i in range(SPLIT_PARTS)] + [end]
+  bufs = tuple(outputs)
+  for s, e in zip(bounds, bounds[1:]):
+    def one(b, s=s, e=e):
+      out = launch(spec, q, weights, cache, prefetch, s, e, b, ablate=ablate)
+      return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    bufs = lax.cond(e > s, one, lambda b: b, bufs)
+  return bufs if len(bufs) > 1 else bufs[0]
+
+
 def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
            ablate=frozenset()):
   """One `pallas_call` over slots [start, end), `spec.seq_batch_size` per
@@ -459,6 +483,9 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
     raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
                      f"kv_loop only with prefetch_2 (got {sorted(ablate)}, "
                      f"{spec.case})")
+  if "split_launch" in ablate:
+    return _split(spec, q, weights, cache, prefetch, start, end, outputs,
+                  ablate=frozenset(ablate) - {"split_launch"})
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs
   values, scales = cache

@@ -42,7 +42,7 @@ ITERATIONS = 5  # profiled calls per experiment
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
-  changed as "page_dma"), or with `kv_pages` pages per KV
+  changed as "page_dma" and "split_launch"), or with `kv_pages` pages per KV
   block or `batch` sequences per decode program."""
 
   name: str
@@ -71,6 +71,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # v5e until `records.PREFETCH_2_UNTIL`; and its DMA stream alone.
     Experiment("one_ahead", ("prefetch_2",)),
     Experiment("one_ahead_reads_only", ("prefetch_2", "compute", "score_write")),
+    # The launch's programs in four launches: its length apart from its work.
+    Experiment("split_launch", ("split_launch",)),
+    Experiment("split_launch_reads_only",
+               ("split_launch", "compute", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
