@@ -106,7 +106,8 @@ def deep_queue(interpret, generation: str | None = None) -> bool:
 def kv_slots(spec, generation: str | None = None) -> int:
   """The KV blocks a launch (`driver.Launch`) buffers: 3, two in flight, in
   token mode where `deep_queue`; else 2 (`driver.KernelBody.kv_slots`)."""
-  return 3 if deep_queue(spec.interpret, generation) and not spec.page_mode else 2
+  deep = deep_queue(spec.interpret, generation)
+  return 3 if deep and not spec.page_mode else 2
 
 
 # A byte's e4m3fn value = its e4m3b11fnuz value * 16 (bias 11 against 7).

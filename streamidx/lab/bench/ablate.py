@@ -70,7 +70,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # One block in flight, issued right after the wait: as shipped on the
     # v5e until `records.PREFETCH_2_UNTIL`; and its DMA stream alone.
     Experiment("one_ahead", ("prefetch_2",)),
-    Experiment("one_ahead_reads_only", ("prefetch_2", "compute", "score_write")),
+    Experiment("one_ahead_reads_only",
+               ("prefetch_2", "compute", "score_write")),
     # The launch's programs in four launches: its length apart from its work.
     Experiment("split_launch", ("split_launch",)),
     Experiment("split_launch_reads_only",

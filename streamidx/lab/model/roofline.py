@@ -413,7 +413,8 @@ class KvStepCosts:
   its KV steps and bytes varied by the block size and decode batch) fitted
   by device time = kv_steps * step_s + bytes / dma_bandwidth (least
   squares, relative; step_s >= 0: where the fit would make it negative, as
-  when the kernel's steps hide behind its reads, the bytes alone). docs/chip.md, "The model against the chip"."""
+  when the kernel's steps hide behind its reads, the bytes alone).
+  docs/chip.md, "The model against the chip"."""
 
   chip: str
   step_s: float  # a KV grid step's fixed cost (DMA issue, waits, the step)

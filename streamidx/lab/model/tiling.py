@@ -242,8 +242,8 @@ class Plan:
     return ", ".join(f"{l.label} x{l.grid}" for l in self.launches if l.grid)
 
 
-def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p, num_score_sublanes,
-             kv_slots: int = 2):
+def _scratch(case, g: Geometry, seq_batch_size, bq_sz, bkv_p,
+             num_score_sublanes, kv_slots: int = 2):
   """The kernel's VMEM scratch (`semantics.launch_scratch`, with the scale
   buffer of a two-array cache; `kv_slots` KV blocks buffered)."""
   out_sublanes = (num_score_sublanes if case == "page"
