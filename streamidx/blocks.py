@@ -264,13 +264,15 @@ def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
   out = []
   for (chip, fmt, heads, page), rs in sorted(best.items()):
     r = min(rs, key=lambda r: r["device_s"])
+    sizes = len({tuple(records.block_kwargs(x).items()) for x in rs})
     out.append(BlockSizes(
         chip, variant, fmt, heads, page, source=(
             f"measured on {chip} ({r['device_kind']}; jax {r['jax']}, libtpu "
             f"{r['libtpu']}; {r['date'][:10]}; `{r['command']}`): the "
             f"scoring launches at {r['shape']} took {r['device_s'] * 1e3:.3f}"
             f" ms at these blocks (experiment {r['experiment']!r}), the least"
-            f" of the {len(rs)} block sizes recorded there"),
+            f" of the {len(rs)} experiment{'s' * (len(rs) > 1)} there, "
+            f"{sizes} block size{'s' * (sizes > 1)}"),
         **records.block_kwargs(r)))
   return tuple(out)
 

@@ -353,6 +353,9 @@ def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
     assert row.kwargs() == records.block_kwargs(best)
     assert row.source.startswith(f"measured on {chip}")
     assert repr(best["experiment"]) in row.source
+    sizes = {tuple(records.block_kwargs(r).items()) for r in mine}
+    assert f"the least of the {len(mine)} experiment" in row.source
+    assert f", {len(sizes)} block size" in row.source
 
 
 def test_lean_blocks_are_compared_at_one_shape(chip_records):
@@ -367,4 +370,5 @@ def test_lean_blocks_are_compared_at_one_shape(chip_records):
            blocks=dict(r["blocks"], num_kv_pages_per_block=[64, 2, 2]))]})
   (row,) = blocks._measured()  # pylint: disable=protected-access
   assert row.num_kv_pages_per_block == (16, 2, 2)
-  assert "'kv_pages_16'" in row.source and "of the 1 block" in row.source
+  assert "'kv_pages_16'" in row.source
+  assert "of the 1 experiment there, 1 block size" in row.source
