@@ -129,16 +129,10 @@ def test_late_issue_scores_as_shipped_without_a_race(race_log):
   np.testing.assert_array_equal(scores, shipped)
 
 
-@FULL
-@pytest.mark.parametrize("num_cores", [1, 2])
-def test_two_blocks_ahead_score_as_one_without_a_race(race_log, num_cores):
-  """Two KV blocks in flight (the shipped v5e kernel, interpreted): the
-  scores of one block ahead (`one_ahead`), bit for bit, and no DMA into
-  a buffer still being read, over the four launches of a batch whose
-  programs take several KV steps (128-entry blocks) and query blocks (8
-  rows), so that the block two steps on is often the next program's, or
-  past a program of one step the one after it (decode: 2 sequences a
-  program); on two cores, each core's programs."""
+def _mixed_scores(num_cores: int):
+  """`scores(exp)`: the experiment's score buffer over one batch of all four
+  launches whose programs take several KV steps (128-entry blocks) and
+  query blocks (8 rows), 2 sequences a decode program, on `num_cores`."""
   batch = si.make_mixed_batch(
       decode=[2000, 37, 1200, 64, 700], prefill=[(20, 1100)],
       mixed=[(9, 1333), (1, 90), (3, 600), (0, 40)], page_size=64,
@@ -153,7 +147,18 @@ def test_two_blocks_ahead_score_as_one_without_a_race(race_log, num_cores):
   def scores(exp):
     fn = functools.partial(driver.scoring, call, ablate.body(exp))
     return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
+  return scores
 
+
+@FULL
+@pytest.mark.parametrize("num_cores", [1, 2])
+def test_two_blocks_ahead_score_as_one_without_a_race(race_log, num_cores):
+  """Two KV blocks in flight (the shipped v5e kernel, interpreted): the
+  scores of one block ahead (`one_ahead`), bit for bit, and no DMA into
+  a buffer still being read, over `_mixed_scores`'s four launches, where
+  the block two steps on is often the next program's, or past a program of
+  one step the one after it; on two cores, each core's programs."""
+  scores = _mixed_scores(num_cores)
   one = scores(next(e for e in ablate.EXPERIMENTS if e.name == "one_ahead"))
   race_log.clear()  # one_ahead's run
   with si.interpreter(detect_races=True, num_cores_or_threads=num_cores):
@@ -169,21 +174,7 @@ def test_a_split_launch_scores_as_one_without_a_race(race_log):
   the shipped scores, bit for bit, race-free, over a batch whose decode
   launch has two programs (two of its four ranges empty) and whose
   prefill and mixed launches one program a sequence."""
-  batch = si.make_mixed_batch(
-      decode=[2000, 37, 1200, 64, 700], prefill=[(20, 1100)],
-      mixed=[(9, 1333), (1, 90), (3, 600)], page_size=64,
-      compression_ratio=4, seed=4)
-  q, w, cache, *rest = si.make_inputs(batch, num_heads=4, fmt="dense_fp8",
-                                      seed=2).args
-  call, arrays = variants.get(ablate.VARIANT).kernel.bind(
-      q, w, *cache, *rest, k=8, compression_ratio=4, topk_method="sort",
-      num_kv_pages_per_block=2, num_queries_per_block=(1, 8, 8),
-      decode_req_batch_size=2)
-
-  def scores(exp):
-    fn = functools.partial(driver.scoring, call, ablate.body(exp))
-    return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
-
+  scores = _mixed_scores(1)
   shipped = scores(ablate.EXPERIMENTS[0])
   race_log.clear()
   with si.interpreter(detect_races=True):
