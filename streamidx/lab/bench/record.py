@@ -394,7 +394,8 @@ def experiment_table(rows: Sequence[dict]) -> list[dict]:
   """One dict per recorded experiment (`lab.bench.ablate`), grouped by chip
   and shape (each group in the order of its first row), in record order
   within a group; "removed": from today's kernel (`records.removed_now`: a
-  row from before the early issue shipped ran without it)."""
+  row from before its early issue or second block in flight ran without
+  them)."""
   first = {}
   for r in rows:
     first.setdefault((r["chip"], r["shape"]), len(first))
