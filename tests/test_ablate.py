@@ -28,7 +28,7 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
           "page_dma": set(), "early_issue": set(), "prefetch_2": set(),
-          "split_launch": set()}
+          "split_launch": set(), "big_table": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,6 +183,16 @@ def test_a_split_launch_scores_as_one_without_a_race(race_log):
   assert race_log and not any(st.races_found for st in race_log)
   np.testing.assert_array_equal(got, shipped)
   assert np.isfinite(shipped).any()
+
+
+@FULL
+def test_a_big_table_scores_as_the_shipped_table():
+  """The page table with `lean.BIG_TABLE_ROWS` times its rows ("big_table",
+  the rows past the table's never read): the shipped scores, bit for bit."""
+  scores = _mixed_scores(1)
+  np.testing.assert_array_equal(
+      scores(next(e for e in ablate.EXPERIMENTS if e.name == "big_table")),
+      scores(ablate.EXPERIMENTS[0]))
 
 
 @FULL

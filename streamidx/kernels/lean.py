@@ -56,7 +56,8 @@ assert _MAX == block_max_lib.SEM_ROW
 # (half the descriptors, 1/129 of the bytes), the KV loop's compute, the
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
-             "page_dma", "early_issue", "prefetch_2", "split_launch")
+             "page_dma", "early_issue", "prefetch_2", "split_launch",
+             "big_table")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -92,6 +93,12 @@ DEEP_QUEUE_CHIPS = ("v5e",)
 # step where one of 256 took 3.0, the same work a step (docs/chip.md, the
 # `--seqs` experiments): is it the launch's length?
 SPLIT_PARTS = 4
+# "big_table": the page table (a scalar-prefetch operand, in SMEM) given
+# `BIG_TABLE_ROWS` times its rows, the extra ones never read: the same
+# program and bytes with 64 x 1M's 557 KB table at 64 x 262,144's 139 KB
+# (split launches took the slower step at 262,144 too: is it the table's
+# size in SMEM?).
+BIG_TABLE_ROWS = 4
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -504,6 +511,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
                    total_pages - 1)
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
+  if "big_table" in ablate:
+    table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))
   slots = 2 if "prefetch_2" in ablate else kv_slots(spec)
   scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,

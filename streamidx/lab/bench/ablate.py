@@ -42,7 +42,7 @@ ITERATIONS = 5  # profiled calls per experiment
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
-  changed as "page_dma" and "split_launch"), or with `kv_pages` pages per KV
+  changed as "page_dma", "split_launch" and "big_table"), or with `kv_pages` pages per KV
   block or `batch` sequences per decode program."""
 
   name: str
@@ -76,6 +76,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("split_launch", ("split_launch",)),
     Experiment("split_launch_reads_only",
                ("split_launch", "compute", "score_write")),
+    # The page table in SMEM four times its size: its rows past the
+    # table's never read.
+    Experiment("big_table", ("big_table",)),
+    Experiment("big_table_reads_only", ("big_table", "compute", "score_write")),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
