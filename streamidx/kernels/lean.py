@@ -91,13 +91,15 @@ DEEP_QUEUE_CHIPS = ("v5e",)
 # score buffers passed on), the same KV steps and bytes in four shorter
 # launches. On the v5e a decode launch of 1,024 KV steps took 3.8 us a
 # step where one of 256 took 3.0, the same work a step (docs/chip.md, the
-# `--seqs` experiments): is it the launch's length?
+# `--seqs` experiments): is it the launch's length? No: split, each
+# quarter stepped as slowly (3.972 ms in all at 64 x 1M; 1.020 against
+# 0.770 at 64 x 262,144).
 SPLIT_PARTS = 4
 # "big_table": the page table (a scalar-prefetch operand, in SMEM) given
 # `BIG_TABLE_ROWS` times its rows, the extra ones never read: the same
 # program and bytes with 64 x 1M's 557 KB table at 64 x 262,144's 139 KB
 # (split launches took the slower step at 262,144 too: is it the table's
-# size in SMEM?).
+# size in SMEM? No: 0.779 ms against 0.770 at 64 x 262,144).
 BIG_TABLE_ROWS = 4
 
 
