@@ -140,3 +140,23 @@ def test_profile_of_a_cpu_run_is_the_stage_times_without_device_lines(tmp_path):
                         trace_dir=str(tmp_path))
   assert t["device"] is False and t["total_s"] is None
   assert t["host_call_events"] == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_capture_paces_its_calls(tmp_path, monkeypatch):
+  """`gap_s`: None, each call waited for; > 0, that long idle after each;
+  0, dispatched back to back and waited for once; < 0 refused."""
+  import jax.numpy as jnp
+  waits, sleeps = [], []
+  block = profiling.jax.block_until_ready
+  monkeypatch.setattr(profiling.jax, "block_until_ready",
+                      lambda x: waits.append(x) or block(x))
+  monkeypatch.setattr(profiling.time, "sleep", sleeps.append)
+  fn = lambda: jnp.ones(8) + 1
+  for gap, calls, idle in ((None, 3, []), (0.25, 3, [0.25] * 3), (0.0, 1, [])):
+    waits.clear(), sleeps.clear()
+    cap = profiling.capture(fn, log_dir=tmp_path / str(gap), iterations=3,
+                            warmup=0, gap_s=gap)
+    assert len(waits) == len(cap.host_wall_s) == calls and sleeps == idle
+  assert len(waits[0]) == 3  # back to back: the three results at once
+  with pytest.raises(ValueError, match="gap_s"):
+    profiling.capture(fn, log_dir=tmp_path, gap_s=-1.0)

@@ -37,18 +37,23 @@ SHAPE = next(p.shape for p in record.POINTS if p.shape.name
              == blocks_lib.EXPERIMENT_SHAPE).with_(fmt="dense_fp8")
 VARIANT = "lean"
 ITERATIONS = 5  # profiled calls per experiment
+SPACED_GAP_S = 0.05  # "spaced": idle seconds after each profiled call
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
-  changed as "page_dma", "split_launch" and "big_table"), or with `kv_pages` pages per KV
-  block or `batch` sequences per decode program."""
+  changed as "page_dma", "split_launch" and "big_table"), or with `kv_pages`
+  pages per KV block or `batch` sequences per decode program, or the
+  shipped call with its profiled calls paced otherwise (`gap_s`: 0, back
+  to back; > 0, that many seconds idle after each; None, each waited for,
+  as every other row)."""
 
   name: str
   removed: tuple[str, ...] = ()
   kv_pages: int | None = None
   batch: int | None = None
+  gap_s: float | None = None  # its profiled calls paced (`profiling.capture`)
 
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -80,6 +85,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # table's never read.
     Experiment("big_table", ("big_table",)),
     Experiment("big_table_reads_only", ("big_table", "compute", "score_write")),
+    # The same program, the chip kept busy (calls back to back) or left
+    # idle between calls: does the step follow the chip's recent load?
+    Experiment("back_to_back", gap_s=0.0),
+    Experiment("spaced", gap_s=SPACED_GAP_S),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
@@ -115,7 +124,8 @@ def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
   """(blocks, `profiling.stage_times`, compile seconds) on this machine."""
   blocks, fn, arrays = program(exp, args, chip, shape)
   info, run = harness.compile_call(fn, arrays, {})
-  times = profiling.profile(run, iterations=iterations, warmup=1)
+  times = profiling.profile(run, iterations=iterations, warmup=1,
+                            gap_s=exp.gap_s)
   return blocks, times, info["compile_s"]
 
 

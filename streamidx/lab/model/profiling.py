@@ -49,12 +49,16 @@ class Capture:
 
 
 def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
-            iterations: int = 3, warmup: int = 1) -> Capture:
+            iterations: int = 3, warmup: int = 1,
+            gap_s: float | None = None) -> Capture:
   """Runs `fn` `warmup` times untraced, then `iterations` times traced into
-  `log_dir` (Perfetto, no Python frames), each under `ITERATION_ANNOTATION`."""
-  if iterations < 1 or warmup < 0:
-    raise ValueError(f"iterations must be >= 1 and warmup >= 0, got "
-                     f"{iterations}, {warmup}")
+  `log_dir` (Perfetto, no Python frames), each under `ITERATION_ANNOTATION`
+  and waited for; `gap_s` > 0: then that many seconds idle before the next;
+  0: dispatched back to back, one wait after the last (`host_wall_s`: the
+  whole, once)."""
+  if iterations < 1 or warmup < 0 or (gap_s is not None and gap_s < 0):
+    raise ValueError(f"iterations must be >= 1, warmup and gap_s >= 0, got "
+                     f"{iterations}, {warmup}, {gap_s}")
   log_dir = Path(log_dir)
   log_dir.mkdir(parents=True, exist_ok=True)
   pattern = str(log_dir / "plugins" / "profile" / "*")
@@ -66,11 +70,21 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
   walls = []
   with jax.profiler.trace(str(log_dir), create_perfetto_trace=True,
                           profiler_options=opts):
-    for i in range(iterations):
+    if gap_s == 0:
+      t0 = time.perf_counter()
+      outs = []
+      for i in range(iterations):
+        with jax.profiler.TraceAnnotation(ITERATION_ANNOTATION, iteration=i):
+          outs.append(fn())
+      jax.block_until_ready(outs)
+      walls.append(time.perf_counter() - t0)
+    for i in range(iterations if gap_s != 0 else 0):
       with jax.profiler.TraceAnnotation(ITERATION_ANNOTATION, iteration=i):
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         walls.append(time.perf_counter() - t0)
+      if gap_s:
+        time.sleep(gap_s)
   runs = sorted(set(glob_lib.glob(pattern)) - before)
   if not runs:
     raise RuntimeError(f"jax.profiler wrote no run under {log_dir}/plugins/profile")
@@ -195,12 +209,15 @@ def stage_times(trace: Trace, *, iterations: int,
 
 
 def profile(fn: Callable[[], Any], *, iterations: int, warmup: int = 0,
-            unnamed: str = "other", trace_dir: str | None = None) -> dict:
+            unnamed: str = "other", trace_dir: str | None = None,
+            gap_s: float | None = None) -> dict:
   """`stage_times` of `fn` under `capture` (`warmup` untraced runs, then
-  `iterations` traced) into a temporary folder (in `trace_dir`): a trace
-  without a Perfetto file counts as one without device lines."""
+  `iterations` traced, paced by `gap_s`) into a temporary folder (in
+  `trace_dir`): a trace without a Perfetto file counts as one without
+  device lines."""
   with tempfile.TemporaryDirectory(dir=trace_dir) as d:
-    cap = capture(fn, log_dir=d, iterations=iterations, warmup=warmup)
+    cap = capture(fn, log_dir=d, iterations=iterations, warmup=warmup,
+                  gap_s=gap_s)
     trace = (load_trace(cap.perfetto_path) if cap.perfetto_path
              else Trace([], {}, {}))
     return stage_times(trace, iterations=iterations, unnamed=unnamed)
