@@ -70,21 +70,19 @@ def capture(fn: Callable[[], Any], *, log_dir: str | os.PathLike,
   walls = []
   with jax.profiler.trace(str(log_dir), create_perfetto_trace=True,
                           profiler_options=opts):
-    if gap_s == 0:
-      t0 = time.perf_counter()
-      outs = []
-      for i in range(iterations):
-        with jax.profiler.TraceAnnotation(ITERATION_ANNOTATION, iteration=i):
-          outs.append(fn())
-      jax.block_until_ready(outs)
-      walls.append(time.perf_counter() - t0)
-    for i in range(iterations if gap_s != 0 else 0):
+    start, outs = time.perf_counter(), []
+    for i in range(iterations):
       with jax.profiler.TraceAnnotation(ITERATION_ANNOTATION, iteration=i):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        walls.append(time.perf_counter() - t0)
+        outs.append(fn())
+        if gap_s != 0:  # waited for, one at a time
+          jax.block_until_ready(outs.pop())
+          walls.append(time.perf_counter() - t0)
       if gap_s:
         time.sleep(gap_s)
+    if gap_s == 0:  # back to back: waited for once
+      jax.block_until_ready(outs)
+      walls.append(time.perf_counter() - start)
   runs = sorted(set(glob_lib.glob(pattern)) - before)
   if not runs:
     raise RuntimeError(f"jax.profiler wrote no run under {log_dir}/plugins/profile")
