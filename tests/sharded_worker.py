@@ -23,7 +23,6 @@ Leaving device 0 out of the mesh avoids it.
         python tests/sharded_worker.py [case-name ...]   # default: all
 """
 
-import os
 import sys
 import time
 import traceback

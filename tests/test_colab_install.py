@@ -54,7 +54,6 @@ import sysconfig
 from pathlib import Path
 
 import nbformat
-import pytest
 
 import colab  # tools/ (conftest.py)
 

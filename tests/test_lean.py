@@ -130,7 +130,7 @@ def test_a_dense_cache_with_a_minus_zero_byte_is_refused():
   (for every body of the dense layout: its arrays hold no 0x80)."""
   inp = _token_inputs()
   q, w, values, scales, *rest = _args(inp)
-  seq_lens, page_indices = np.asarray(rest[0]), np.asarray(rest[1])
+  page_indices = np.asarray(rest[1])
   page = int(page_indices[0])  # sequence 0 sees its first entry
   values = values.at[page, 0, 0, 5].set(cache.NEG_ZERO_BYTE)
   kw = dict(k=8, compression_ratio=4)

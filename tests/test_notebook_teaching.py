@@ -88,7 +88,7 @@ def test_each_value_exercise_is_checked_in_the_next_cell_and_answered_after(name
   assert len(gaps) >= 1 + (name == "07_topk_selection.ipynb"), name
   for i in gaps:
     mine, check = GAP.search(_src(cells[i])).group(1), _src(cells[i + 1])
-    assert f"exercises.check(" in check and mine in check, (name, mine)
+    assert "exercises.check(" in check and mine in check, (name, mine)
     assert "assert exercises.check(" not in check, (name, mine)  # the answer comes later
     assert any("assert exercises.check(" in _src(c) for c in cells[i + 2:]), (name, mine)
 
@@ -113,10 +113,10 @@ def test_walkthrough_exercise_has_gap_check_and_checked_solution(gap, solution):
   assert "# EXERCISE" in _src(gap_cell) and _src(gap_cell).rstrip().endswith("return None")
   order = [c["id"] for c in cells]
   check = cells[order.index(gap_cell["id"]) + 1]
-  assert f"exercise_check(\"kernel exercise" in _src(check) and f", {gap}," in _src(check)
+  assert "exercise_check(\"kernel exercise" in _src(check) and f", {gap}," in _src(check)
   assert order.index(sol_cell["id"]) > order.index(check["id"])
   assert sol_cell["metadata"].get("jupyter", {}).get("source_hidden")
-  assert f"assert exercise_check(\"kernel exercise" in _src(sol_cell) and f", {solution}," in _src(sol_cell)
+  assert "assert exercise_check(\"kernel exercise" in _src(sol_cell) and f", {solution}," in _src(sol_cell)
 
 
 def test_walkthrough_worked_solutions_score_and_select_like_the_package():

@@ -122,7 +122,6 @@ def test_compile_only_tpu_devices_are_not_device_lines(tmp_path):
   their empty planes in a CPU run's trace are no device run."""
   if si.modes.libtpu_path() is None:
     pytest.skip("libtpu is not installed (make venv puts it in .venv/tpu-compile)")
-  import jax
   import jax.numpy as jnp
   with si.compile_for("v5e"):
     pass

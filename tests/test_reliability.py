@@ -34,10 +34,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from jax.experimental import checkify
 
 import streamidx as si
-from streamidx import cache, metrics, ref
+from streamidx import cache, metrics
 from streamidx.lab.model import tiling
 
 import tiers
