@@ -51,90 +51,6 @@ def test_blocktop_keeps_each_blocks_best_and_its_best_dropped():
   np.testing.assert_array_equal(np.asarray(drop_i), want_i[:, 2])
 
 
-@pytest.mark.parametrize("lane_rows", [False, True])
-def test_blocktop_pass_in_groups_of_four_keeps_each_blocks_best(lane_rows):
-  """The tournaments (`sb._scan`; tile 5,120: 2 tiles of 5 vregs a row, a
-  group of 4 and one vreg alone) keep each block's best and best dropped,
-  keep 3 (every place's list, `sb.list_lengths`), in both layouts: ties in
-  and across groups (row 2 all equal: a group's places out of index order,
-  ordered by the merge), -inf (row 1 all), -0.0 beside +0.0 (row 3)."""
-  rng = np.random.default_rng(11)
-  x = rng.integers(-2, 3, size=(8, 10240)).astype(np.float32)
-  x[rng.random(x.shape) < 0.2] = -np.inf
-  x[1], x[2] = -np.inf, 1.0
-  x[3] = np.where(rng.random(10240) < 0.5, -0.0, 0.0)
-  x[3, rng.random(10240) < 0.3] = -np.inf
-  assert sb.list_lengths(4) == (4, 2, 2, 1)
-  scores = jnp.asarray(x).reshape(8, 80, 128) if lane_rows else x
-  vals, idx, drop_v, drop_i = sb.block_candidates(scores, keep=3, tile=5120)
-  want_v, want_i = _block_best(x, 4)
-  np.testing.assert_array_equal(np.asarray(vals),
-                                want_v[:, :3].reshape(8, -1))
-  np.testing.assert_array_equal(np.asarray(idx), want_i[:, :3].reshape(8, -1))
-  np.testing.assert_array_equal(np.asarray(drop_v), want_v[:, 3])
-  np.testing.assert_array_equal(np.asarray(drop_i), want_i[:, 3])
-
-
-def _pass_model(x, levels, nv):
-  """NumPy model of the pass and merge on one block's entries x (index
-  order, chunks of nv of them: tournaments of 4, the rest alone), checking
-  at each insert of the merge that it goes no higher than `sb._merge_skip`.
-  Returns the merged (values, indices), `levels` of them."""
-  lists = [[] for _ in sb.AHEAD]
-  lengths = sb.list_lengths(levels)
-
-  def deal(p, e):  # e: (value, index); -inf never kept
-    if x[e[1]] > -np.inf:
-      lists[p] = sorted(lists[p] + [e], key=lambda f: (-f[0], f[1]))[
-          :lengths[p]]
-
-  for c in range(0, len(x), nv):
-    j = list(range(c, min(c + nv, len(x))))
-    for g in range(0, len(j) - len(j) % 4, 4):
-      e = [(x[i], i) for i in j[g:g + 4]]
-      w0, l0 = (e[1], e[0]) if e[1][0] > e[0][0] else (e[0], e[1])
-      w1, l1 = (e[3], e[2]) if e[3][0] > e[2][0] else (e[2], e[3])
-      best, second = (w1, w0) if w1[0] > w0[0] else (w0, w1)
-      third, last = (l1, l0) if l1[0] > l0[0] else (l0, l1)
-      for p, f in enumerate((best, second, third, last)):
-        deal(p, f)
-    for i in j[len(j) - len(j) % 4:]:
-      deal(0, (x[i], i))
-  merged = lists[0] + [(-np.inf, 2**31 - 1)] * (levels - len(lists[0]))
-  for p in range(1, len(sb.AHEAD)):
-    for i, e in enumerate(lists[p]):
-      at = sum(1 for f in merged if (f[0], -f[1]) > (e[0], -e[1]))
-      assert at >= sb._merge_skip(p, i), (p, i, at)
-      merged = (merged[:at] + [e] + merged[at:])[:levels]
-  return merged
-
-
-def test_blocktop_merge_skip_bound_holds_in_a_model():
-  # NumPy: blocks of tied scores and -inf, every keep from 1 to 16 (levels
-  # 2 to 17) and chunk widths 1 to 9: the places' lists merged, each insert
-  # below its skip, are the block's best `levels` by (value, index). Some
-  # blocks ascend (each entry beats the last), some raise 2 or 4 entries of
-  # each group (chunks of 4 or 8) so that one place's list fills the top.
-  rng = np.random.default_rng(4)
-  raised = np.array([[1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
-  for levels in range(2, 18):
-    for trial in range(60):
-      n, nv = int(rng.integers(1, 80)), int(rng.integers(1, 10))
-      x = rng.integers(-3, 4, n).astype(np.float32)
-      if trial % 3 == 0:
-        x = np.sort(x)
-      elif trial % 3 == 1:
-        nv = 4 * int(rng.integers(1, 3))
-        x += 10 * np.resize(raised[trial % 9 // 3], n)
-      x[rng.random(n) < 0.15] = -np.inf
-      got = _pass_model(x, levels, nv)
-      live = sorted((i for i in range(n) if x[i] > -np.inf),
-                    key=lambda i: (-x[i], i))[:levels]
-      want = [(x[i], i) for i in live]
-      want += [(-np.inf, 2**31 - 1)] * (levels - len(want))
-      assert got == want, (levels, x)
-
-
 def test_blocktop_block_holding_more_winners_than_it_keeps_falls_back():
   # Row 0's 4 best entries share block 5: it keeps 2 and drops a winner.
   x = np.random.default_rng(2).standard_normal((2, 8192)).astype(np.float32)
@@ -204,18 +120,6 @@ def test_blocktop_sort_in_chunks_matches_the_rule(monkeypatch):
   # vreg a loop step).
   x = np.random.default_rng(7).integers(-3, 4, (3, 6000)).astype(np.float32)
   monkeypatch.setattr(sb, "_CHUNK", 1)
-  got, bad = sb.block_select(x, 200, keep=3, tile=2048)
-  assert not np.asarray(bad).any()
-  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
-
-
-def test_blocktop_compaction_strided_gather_matches_the_rule(monkeypatch):
-  # Wider than a chunk of slot vregs (k above 512), the compaction moves
-  # whole vregs by its low vreg bits, then gathers from every 8th vreg. Here
-  # the same code at 512 slots (k 200, 4 vregs) in chunks of 2 vregs: one
-  # vreg round, a gather from every other vreg.
-  x = np.random.default_rng(8).integers(-3, 4, (3, 6000)).astype(np.float32)
-  monkeypatch.setattr(sb, "_CHUNK", 2)
   got, bad = sb.block_select(x, 200, keep=3, tile=2048)
   assert not np.asarray(bad).any()
   np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))

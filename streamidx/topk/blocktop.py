@@ -23,7 +23,6 @@ f32[T, N] (an XLA copy, read and written) and its cut of the columns past N
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import jax
@@ -89,183 +88,48 @@ def _whole_vregs(value) -> str | None:
 
 
 # -- the pass -----------------------------------------------------------------
-#
-# A block's entries arrive 4 vregs at a time (`GROUP`: entries j .. j + 3 of
-# every block, index ascending) and meet in a tournament: (0, 1) and (2, 3),
-# then the two winners and the two losers. Its 4 places (`AHEAD`): the
-# group's best, the winners' loser, the losers' winner, the losers' loser.
-# Each place keeps the best entries it is dealt in a sorted list of its own,
-# the shorter the more of its group rank before it (`list_lengths`), and
-# after the last tile `_merge` makes the lists the block's levels: 18 levels
-# of lists at keep 7 where each vreg went through 8 (5 vector ops a level,
-# 20 a tournament).
-
-GROUP = 4  # vregs of a block that meet in one tournament
-AHEAD = (0, 1, 1, 3)  # entries of its group certainly before each place
-_SWEEP_LEVELS = 18  # levels of lists a loop over chunks carries (`_sweeps`)
-_PASS_UNROLL = 4  # chunks a trip of that loop (fewer copies of its carry)
-
-
-def list_lengths(levels: int) -> tuple[int, ...]:
-  """Entries kept by each place of the tournament for a block's best
-  `levels` (keep + 1, the best dropped included): levels // (AHEAD + 1);
-  place 0's, `levels`, are the lists' first levels, then places 1, 2, 3.
-
-  Enough: let e, of place p (a = AHEAD[p]), rank r < levels in its block,
-  q entries of place p before it. Each of those q and e has a entries of
-  its own group certainly before it (so before e), all distinct (a group
-  each): (q + 1)(a + 1) - 1 <= r, so q + 1 <= levels // (a + 1), and e is
-  among its place's that many best. A chunk's last vregs, fewer than 4,
-  each entry a group of its own (a = 0), go to place 0's list."""
-  return tuple(levels // (a + 1) for a in AHEAD)
-
-
-def _merge_skip(p: int, i: int) -> int:
-  """The levels `_merge` need not compare the i-th entry of place p's list
-  (p >= 1) with: (i + 1)(AHEAD[p] + 1) - 1, those certainly before it.
-
-  The merge starts from place 0's list and inserts places 1, 2, 3 in turn,
-  each list best first, keeping the `levels` best of the entries merged so
-  far (U), sorted. When x, the i-th of place p, goes in, these entries rank
-  before it: the i before it in its list and the AHEAD[p] of each of their
-  i + 1 groups certainly before them and x (of places below p), all in U,
-  or one of them, y (of place q < p, AHEAD[q] <= 1), is not: its list
-  dropped it and holds levels // (AHEAD[q] + 1) entries of place q before
-  it, each with AHEAD[q] of its group before it (in U, or not and so on at
-  a lower place; place 0's list holds `levels`), at least levels - 1 in U.
-  The skip is < levels (i < list_lengths(levels)[p]), so U's best that
-  many, the merge's first levels, rank before x: it goes below them."""
-  return (i + 1) * (AHEAD[p] + 1) - 1
-
-
-def _shift_in(vals, idx, v, vi, beats, skip: int = 0):
-  """Sorted levels (f32 and i32 [8, 128] each) with v, vi inserted at the
-  first level it beats (beats[l]: masks, monotone over the levels, False
-  .. False True .. True; the first `skip` False, not read); the levels
-  below shift down, the last one out."""
-  new_v, new_i = list(vals[:skip]), list(idx[:skip])
-  for lvl in range(skip, len(vals)):
-    above_v, above_i = (v, vi) if lvl == skip else (
-        jnp.where(beats[lvl - 1], vals[lvl - 1], v),
-        jnp.where(beats[lvl - 1], idx[lvl - 1], vi))
-    new_v.append(jnp.where(beats[lvl], above_v, vals[lvl]))
-    new_i.append(jnp.where(beats[lvl], above_i, idx[lvl]))
-  return tuple(new_v), tuple(new_i)
 
 
 def _insert(vals, idx, v, vi):
   """Sorted levels (f32 and i32 [8, 128] each) with one more vreg of entries
   inserted (higher indices than every kept one: it loses every tie)."""
-  return _shift_in(vals, idx, v, vi, [v > lv for lv in vals])
-
-
-def _sweeps(lengths) -> list[tuple[int, int]]:
-  """The places [lo, hi) each loop over a tile's chunks deals to: in turn,
-  as many as keep at most `_SWEEP_LEVELS` levels (place 0 alone where it
-  keeps more). A loop carries its lists' levels in registers (a value and
-  an index vreg a level, of 64 vregs); more would spill, and each loop does
-  its tournament again (20 vector ops, of 100 or more a group): at keep 7
-  one loop (18 levels), at keep 13 two (14; 7 + 7 + 3)."""
-  out, lo = [], 0
-  for p in range(1, len(lengths) + 1):
-    if p == len(lengths) or sum(lengths[lo:p + 1]) > _SWEEP_LEVELS:
-      out.append((lo, p))
-      lo = p
-  return out
-
-
-def _exchange(a, ia, b, ib):
-  """(winner, its index, loser, its index) of a and b, a's index the lower:
-  one compare, a tie to a."""
-  m = b > a
-  return (jnp.where(m, b, a), jnp.where(m, ib, ia),
-          jnp.where(m, a, b), jnp.where(m, ia, ib))
-
-
-def _tournament(v, vi):
-  """The 4 places (value, index; `AHEAD`) of 4 vregs of entries v, vi of the
-  same blocks, indices ascending. Each exchange has the lower indices on its
-  left: (0, 1), (2, 3), then the winners and the losers, each time one of
-  (0, 1) left of one of (2, 3)."""
-  w0, iw0, l0, il0 = _exchange(v[0], vi[0], v[1], vi[1])
-  w1, iw1, l1, il1 = _exchange(v[2], vi[2], v[3], vi[3])
-  best, ibest, second, isecond = _exchange(w0, iw0, w1, iw1)
-  third, ithird, last, ilast = _exchange(l0, il0, l1, il1)
-  return (best, ibest), (second, isecond), (third, ithird), (last, ilast)
+  beats = [v > lv for lv in vals]
+  # beats is monotone over the levels (False..False True..True): the new
+  # entry goes to the first level it beats, the levels below shift down.
+  new_v, new_i = [jnp.where(beats[0], v, vals[0])], [
+      jnp.where(beats[0], vi, idx[0])]
+  for lvl in range(1, len(vals)):
+    new_v.append(jnp.where(beats[lvl - 1], vals[lvl - 1],
+                           jnp.where(beats[lvl], v, vals[lvl])))
+    new_i.append(jnp.where(beats[lvl - 1], idx[lvl - 1],
+                           jnp.where(beats[lvl], vi, idx[lvl])))
+  return tuple(new_v), tuple(new_i)
 
 
 def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int,
           lane_rows: bool):
-  """Deals a tile of 8 rows from entry `first`, in index order, to the
-  places' lists in lv, li ([sum(list_lengths(levels)) * 8, 8, 128]): a
-  chunk's vregs in groups of 4 (`_tournament`), its last ones (fewer than
-  4) one at a time to place 0's. buf: f32[chunks, 8, chunk], list level l
-  of unit u (blocks u * 128 + lane of the 8 rows) at l * 8 + u; or
+  """Inserts a tile of 8 rows from entry `first` into the levels lv, li
+  ([levels * 8, 8, 128]), in index order. buf: f32[chunks, 8, chunk], level
+  l of unit u (blocks u * 128 + lane of the 8 rows) at l * 8 + u; or
   (lane_rows) f32[chunks, 8, chunk / 128, 128], level l of row u (its
   blocks sublane * 128 + lane) at l * 8 + u (`_rows_to_units`)."""
   lane = _iota((SUBLANES, LANES), 1)
   block = _iota((SUBLANES, LANES), 0) * LANES + lane
-  lengths = list_lengths(levels)
-  nv = chunk // BLOCKS
-  for u, (lo, hi) in itertools.product(range(UNITS), _sweeps(lengths)):
-    at = sum(lengths[:lo])  # the sweep's places' lists: levels [at, top)
-    top = sum(lengths[:hi])
-
-    def body(c, carry, u=u, lo=lo, hi=hi, at=at):
-      vals, idx = list(carry[0]), list(carry[1])
-
-      def entries(j):  # vreg j of chunk c and its indices
+  for u in range(UNITS):
+    def body(c, carry, u=u):
+      vals, idx = carry
+      for j in range(chunk // BLOCKS):  # static: 8 inserts interleave
         if lane_rows:  # row u's entries j * 1024 + block
-          v, pos = buf[c, u, j * SUBLANES:(j + 1) * SUBLANES, :], block
+          v, at = buf[c, u, j * SUBLANES:(j + 1) * SUBLANES, :], block
         else:  # the 8 rows' entries j * 1024 + u * 128 + lane
           col = j * BLOCKS + u * LANES
-          v, pos = buf[c, :, col:col + LANES], u * LANES + lane
-        # -0.0 -> +0.0; flushes subnormals
-        return v + 0.0, first + c * chunk + j * BLOCKS + pos
-
-      def deal(p, v, vi):  # into place p's list
-        s = slice(sum(lengths[:p]) - at, sum(lengths[:p + 1]) - at)
-        vals[s], idx[s] = _insert(vals[s], idx[s], v, vi)
-
-      for g in range(0, nv - nv % GROUP, GROUP):  # static: they interleave
-        got = [entries(g + q) for q in range(GROUP)]
-        places = _tournament([e[0] for e in got], [e[1] for e in got])
-        for p in range(lo, hi):
-          if lengths[p]:
-            deal(p, *places[p])
-      if lo == 0:
-        for j in range(nv - nv % GROUP, nv):
-          deal(0, *entries(j))
-      return tuple(vals), tuple(idx)
-
-    init = (tuple(lv[l * UNITS + u] for l in range(at, top)),
-            tuple(li[l * UNITS + u] for l in range(at, top)))
-    vals, idx = lax.fori_loop(0, chunks, body, init,
-                              unroll=math.gcd(chunks, _PASS_UNROLL))
-    for l in range(at, top):
-      lv[l * UNITS + u] = vals[l - at]
-      li[l * UNITS + u] = idx[l - at]
-
-
-def _merge(lv, li, levels: int):
-  """The places' lists in lv, li (`_scan`) merged into each block's
-  `levels` best, sorted by (value descending, index ascending), at levels
-  [0, levels) (place 0's list, and its layout). Across lists an entry may
-  rank before one of lower index: each insert compares both keys, from
-  level `_merge_skip` on."""
-  lengths = list_lengths(levels)
-  for u in range(UNITS):
-    vals = tuple(lv[l * UNITS + u] for l in range(levels))
-    idx = tuple(li[l * UNITS + u] for l in range(levels))
-    at = levels
-    for p in range(1, GROUP):
-      for i in range(lengths[p]):
-        v, vi = lv[(at + i) * UNITS + u], li[(at + i) * UNITS + u]
-        skip = _merge_skip(p, i)
-        beats = [None] * skip + [_before(v, vi, vals[l], idx[l])
-                                 for l in range(skip, levels)]
-        vals, idx = _shift_in(vals, idx, v, vi, beats, skip)
-      at += lengths[p]
+          v, at = buf[c, :, col:col + LANES], u * LANES + lane
+        v = v + 0.0  # -0.0 -> +0.0; flushes subnormals
+        vals, idx = _insert(vals, idx, v, first + c * chunk + j * BLOCKS + at)
+      return vals, idx
+    init = (tuple(lv[l * UNITS + u] for l in range(levels)),
+            tuple(li[l * UNITS + u] for l in range(levels)))
+    vals, idx = lax.fori_loop(0, chunks, body, init)
     for l in range(levels):
       lv[l * UNITS + u] = vals[l]
       li[l * UNITS + u] = idx[l]
@@ -285,7 +149,6 @@ def _rows_to_units(lv, li, levels: int):
 # grows with k.
 
 _CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
-_LANE_BITS = 7  # log2(LANES): a move's bits that `_round` spends
 _UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
 
 
@@ -356,20 +219,17 @@ def _mark(lv, li, ck, cw, key, index, n: int):
 def _compact(li, bufs, n: int, width: int):
   """The live entries of vregs [0, n) of bufs[0] (keys, words: 1 where
   live; position v * 128 + l: vreg v, lane l) moved, in order, to the first
-  positions. bufs: two pairs of (key, word) buffers i32[N + 8, 8, 128]
-  (`finish_scratch`). Returns (the pair holding their keys and indices in
-  its first `width` vregs, -inf's key and `_NO_INDEX` past them; how many
-  are live a row, i32[8, 1]).
+  positions. bufs: two pairs of (key, word) buffers i32[N + 9, 8, 128],
+  empty from vreg n on. Returns (the pair now holding their keys and
+  indices in its first `width` vregs, -inf's key and `_NO_INDEX` past them;
+  how many are live a row, i32[8, 1]).
 
   Each one's move is its position less its slot (the exclusive prefix count
-  of the live), in rounds, the move's lowest bit first, so no two ever meet.
-  Its word (the index's high bits, index // 1024; a live bit; the move)
-  moves lanes first (`_round`, bits 1 .. 64); then its key is fetched from
-  where it started (`_fetch`), the pair moves whole vregs by the bits below
-  128 * spread (`_vreg_round`; none where the slots are one chunk of 8
-  vregs), and each slot vreg takes, lane by lane, the one entry bound for
-  it (`_gather`), its index's low bits (the block) following from where it
-  started: slot + move."""
+  of the live); it moves in rounds, the move's lowest bit first, so no two
+  ever meet. What moves is its key and one word: the index's high bits
+  (index // 1024; the low bits, its block, follow from where it started:
+  slot + move), a live bit and the move. A round reads one pair of buffers
+  and writes the other (`_round`)."""
   (ck, cw), lane = bufs[0], _iota((SUBLANES, LANES), 1)
   sb = _move_bits(n, width)
   alive = 1 << sb
@@ -394,122 +254,66 @@ def _compact(li, bufs, n: int, width: int):
     return before + tot[v]
 
   total = _loop(n, word, jnp.zeros((SUBLANES, LANES), jnp.int32))[:, :1]
-  words = [bufs[0][1], bufs[1][1]]
-  for ref in words:  # the rounds read vregs past n
-    ref[pl.ds(n, _CHUNK)] = jnp.zeros((_CHUNK, SUBLANES, LANES), jnp.int32)
-  for b in range(_LANE_BITS):
-    _round(words[b % 2], words[1 - b % 2], b, n)
-  pairs = [bufs[0], (bufs[1][0], words[1])]
-  _fetch(ck, words[1], pairs[1][0], n)
-  spread = _CHUNK if width > _CHUNK else 1  # vregs the gather strides
-  for r in range(spread.bit_length() - 1):
-    _vreg_round(pairs[1 - r % 2], pairs[r % 2], r, n)
-  src = pairs[1 - (spread.bit_length() - 1) % 2]
-  dst = pairs[(spread.bit_length() - 1) % 2]
-  _gather(src, dst, n, width, sb, spread)
-  return dst, total
+  big = ck.shape[0] - _CHUNK - 1  # positions moved: vregs [0, big)
+  for b in range(sb):
+    _round(bufs[b % 2], bufs[1 - b % 2], b, big)
+  ck, cw = bufs[sb % 2]
 
-
-def _fetch(keys, sw, dk, n: int):
-  """The keys of the entries of words sw after `_round` (each a whole
-  number of vregs from its slot now), fetched from where they started in
-  keys (lanes l + its lane move, of vreg v or v + 1: two lane gathers) to
-  dk[0:n] (dead: any key)."""
-  lane = _iota((1, SUBLANES, LANES), 2)
-
-  def body(v, c):
-    at = lane + (sw[pl.ds(v, 1)] & (LANES - 1))
-    src = at & (LANES - 1)
-    dk[pl.ds(v, 1)] = jnp.where(at < LANES, _lane_gather(keys[pl.ds(v, 1)], src),
-                                _lane_gather(keys[pl.ds(v + 1, 1)], src))
+  def decode(v, c):
+    w = cw[v]
+    start = v * LANES + lane + (w & (alive - 1))  # where it came from
+    block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
+    live = (w & alive) != 0
+    ck[v] = jnp.where(live, ck[v], _DEAD)
+    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block, _NO_INDEX)
     return c
 
-  _loop(n, body)
+  _loop(width, decode)
+  return bufs[sb % 2], total
 
 
-def _vreg_round(src, dst, r: int, n: int):
-  """Move bit 128 * 2**r of `_compact` (after `_round`): vreg v of dst
-  takes vreg v + 2**r of src where its entry moves by that bit, and is
-  empty where its own entry does (src: vregs [n, n + 8) empty words)."""
+def _round(src, dst, b: int, big: int):
+  """Round b of `_compact`: position p of dst takes position p + 2**b of
+  src where that one moves by bit b, and is empty where its own entry
+  moves; 8 vregs a loop step over [0, big) (src: empty vregs from `big`
+  on). Bits 2**b = 128 m take vreg v + m; bits under 128 take vreg v,
+  lanes l + 2**b, and the lanes past 128 from vreg v + 1 (each vreg rolled
+  by 128 - 2**b once: lane l holds lane l + 2**b)."""
   (sk, sw), (dk, dw) = src, dst
-  bit, m = LANES << r, 1 << r
-
-  def step(c, carry):
-    v = pl.multiple_of(c * _CHUNK, _CHUNK)
-    a, here = pl.ds(v + m, _CHUNK), pl.ds(v, _CHUNK)
-    tw, w = sw[a], sw[here]
-    take = (tw & bit) != 0  # a dead word (0) never moves
-    dk[here] = jnp.where(take, sk[a], sk[here])
-    dw[here] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
-    return carry
-
-  lax.fori_loop(0, n // _CHUNK, step, 0, unroll=_UNROLL)
-
-
-def _gather(src, dst, n: int, width: int, sb: int, spread: int):
-  """The last step of `_compact`: slot vreg w of dst (w < width) takes, lane
-  by lane, the entry of src's vregs w, w + spread, ... (< n) whose move
-  (its word's bits from 128 * spread to 2**sb; the lower ones are spent)
-  leads to vreg w, at most one (the slots are distinct), and decodes it:
-  its key and index, or -inf's key and `_NO_INDEX` where none is live. 8
-  slot vregs a loop over src, in registers: source v serves those of them
-  congruent to it mod spread."""
-  (sk, sw), (dk, dw) = src, dst
-  alive = 1 << sb
-  lane = _iota((SUBLANES, LANES), 1)
-  shift = _LANE_BITS + spread.bit_length() - 1
-  for w0 in range(0, width, _CHUNK):
-    g = min(_CHUNK, width - w0)
-
-    def body(q, acc, w0=w0, g=g):
-      ks, ws = list(acc[0]), list(acc[1])
-      for i in range(spread):
-        v = w0 + q * spread + i
-        k, w = sk[v], sw[v]
-        to = v - (((w & (alive - 1)) >> shift) * spread)  # slot vreg (dead: v)
-        for j in range(i, g, spread):
-          m = to == w0 + j
-          ks[j], ws[j] = jnp.where(m, k, ks[j]), jnp.where(m, w, ws[j])
-      return tuple(ks), tuple(ws)
-
-    empty = (tuple(jnp.full((SUBLANES, LANES), _DEAD, jnp.int32)
-                   for _ in range(g)),
-             tuple(jnp.zeros((SUBLANES, LANES), jnp.int32) for _ in range(g)))
-    trips = -(-(n - w0) // spread) if w0 < n else 0
-    ks, ws = (lax.fori_loop(0, trips, body, empty, unroll=math.gcd(trips, 8))
-              if trips else empty)
-    for j in range(g):
-      w, v = ws[j], w0 + j
-      start = v * LANES + lane + (w & (alive - 1))  # where it came from
-      block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
-      live = (w & alive) != 0
-      dk[v] = jnp.where(live, ks[j], _DEAD)
-      dw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
-                        _NO_INDEX)
-
-
-def _round(sw, dw, b: int, n: int):
-  """Round b < 7 of `_compact`, on the words: position p of dw takes
-  position p + 2**b of sw where that one moves by bit b, and is empty where
-  its own entry moves; 8 vregs a loop step over [0, n) (sw: vreg n empty).
-  Vreg v takes lanes l + 2**b, and the lanes past 128 from vreg v + 1 (each
-  vreg rolled by 128 - 2**b once: lane l holds lane l + 2**b)."""
   bit = 1 << b
+
+  def merge(v, tk, tw):
+    w = sw[pl.ds(v, _CHUNK)]
+    take = (tw & bit) != 0  # a dead word (0) never moves
+    dk[pl.ds(v, _CHUNK)] = jnp.where(take, tk, sk[pl.ds(v, _CHUNK)])
+    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
+
+  if bit >= LANES:
+    def step(c, carry):
+      v = pl.multiple_of(c * _CHUNK, _CHUNK)
+      a = pl.ds(jnp.minimum(v + bit // LANES, big), _CHUNK)
+      merge(v, sk[a], sw[a])
+      return carry
+
+    lax.fori_loop(0, big // _CHUNK, step, 0, unroll=_UNROLL)
+    return
+
   hi = _iota((1, SUBLANES, LANES), 2) >= LANES - bit
 
   def roll(x):
     return pltpu.roll(x, LANES - bit, 2)
 
-  def step(c, first):  # first: vreg v of sw, rolled
+  def step(c, first):  # first: vregs v of sk and sw, rolled
     v = pl.multiple_of(c * _CHUNK, _CHUNK)
-    rw = roll(sw[pl.ds(v + 1, _CHUNK)])  # vregs v + 1 ... v + 8
-    tw = jnp.where(hi, rw, jnp.concatenate([first, rw[:-1]]))
-    w = sw[pl.ds(v, _CHUNK)]
-    take = (tw & bit) != 0  # a dead word (0) never moves
-    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
-    return rw[-1:]
+    nxt = pl.ds(v + 1, _CHUNK)
+    rk, rw = roll(sk[nxt]), roll(sw[nxt])  # vregs v + 1 ... v + 8
+    rk0 = jnp.concatenate([first[0], rk[:-1]])
+    rw0 = jnp.concatenate([first[1], rw[:-1]])
+    merge(v, jnp.where(hi, rk, rk0), jnp.where(hi, rw, rw0))
+    return rk[-1:], rw[-1:]
 
-  lax.fori_loop(0, n // _CHUNK, step, roll(sw[0:1]), unroll=_UNROLL)
+  lax.fori_loop(0, big // _CHUNK, step, (roll(sk[0:1]), roll(sw[0:1])),
+                unroll=_UNROLL)
 
 
 def _lane_gather(x, lanes):
@@ -629,6 +433,10 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
   bound = bound_levels(k, keep) * UNITS
   key, index = _kth([_key(lv[v]) for v in range(bound)],
                     [li[v] for v in range(bound)], k, idx_bits)
+  for ck, cw in ((k0, w0), (k1, w1)):  # empty past the candidates
+    rest = pl.ds(n, ck.shape[0] - n)
+    ck[rest] = jnp.full((ck.shape[0] - n, SUBLANES, LANES), _DEAD, jnp.int32)
+    cw[rest] = jnp.zeros((ck.shape[0] - n, SUBLANES, LANES), jnp.int32)
   _mark(lv, li, k0, w0, key, index, n)
   (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
   _bitonic(ck, cw, width)
@@ -642,9 +450,9 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
 
 
 def finish_scratch(keep: int, k: int) -> list:
-  """The finish's VMEM scratch: two pairs of key and word buffers, i32[N,
-  8, 128] each (N: the candidate vregs and 8 more, or the capacity's)."""
-  big = max(keep * UNITS + _CHUNK, capacity(k) // LANES)
+  """The finish's VMEM scratch: two pairs of key and word buffers, i32[N +
+  9, 8, 128] each (N: the candidate or capacity vregs)."""
+  big = max(keep * UNITS, capacity(k) // LANES) + _CHUNK + 1
   return [pltpu.VMEM((big, SUBLANES, LANES), jnp.int32)] * 4
 
 
@@ -654,9 +462,9 @@ def _key(v):
 
 
 def _levels(lv, li, vals_ref, idx_ref):
-  """The levels themselves (`block_candidates`), lv and li's first."""
-  vals_ref[...] = lv[0:vals_ref.shape[0]]
-  idx_ref[...] = li[0:idx_ref.shape[0]]
+  """The levels themselves (`block_candidates`)."""
+  vals_ref[...] = lv[...]
+  idx_ref[...] = li[...]
 
 
 # -- the kernel ---------------------------------------------------------------
@@ -666,8 +474,7 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
   W / 128, 128], its first tiles * tile entries read). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
-  li (the places' lists, `_scan`; after `_merge`, the levels first), each
-  output's block in VMEM, their semaphores, the finish's scratch."""
+  li, each output's block in VMEM, their semaphores, the finish's scratch."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
@@ -701,7 +508,6 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
     return carry
 
   lax.fori_loop(0, tiles, step, 0)
-  _merge(lv, li, keep + 1)
   if lane_rows:
     _rows_to_units(lv, li, keep + 1)
   finish(lv, li, *out_vmem, *extra)
@@ -752,8 +558,8 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool,
       scratch_shapes=[
           pltpu.VMEM((2, tile // chunk, SUBLANES, *buf), jnp.float32),
           pltpu.SemaphoreType.DMA((2,)),
-          *[pltpu.VMEM((sum(list_lengths(levels)) * UNITS, SUBLANES, LANES),
-                       dt) for dt in (jnp.float32, jnp.int32)],
+          pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.float32),
+          pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.int32),
           *[pltpu.VMEM(shape, dt) for shape, dt in blocks],
           pltpu.SemaphoreType.DMA((len(blocks),)), *extra],
       compiler_params=pltpu.CompilerParams(
