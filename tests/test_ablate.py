@@ -15,7 +15,7 @@ import pytest
 
 import streamidx as si
 from streamidx import blocks, records, variants
-from streamidx.kernels import driver, lean
+from streamidx.kernels import driver, entries, lean
 from streamidx.lab import aot, shapes
 from streamidx.lab.bench import ablate, record
 from streamidx.lab.model import roofline, timeline
@@ -145,7 +145,8 @@ def _mixed_scores(num_cores: int):
       decode_req_batch_size=2, num_cores=num_cores)
 
   def scores(exp):
-    fn = functools.partial(driver.scoring, call, ablate.body(exp))
+    fn = functools.partial(driver.scoring, call,
+                           entries.lean_without(exp.removed))
     return np.asarray(jax.block_until_ready(jax.jit(fn)(*arrays))[0])
   return scores
 

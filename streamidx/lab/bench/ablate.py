@@ -97,13 +97,6 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 )
 
 
-def body(exp: Experiment):
-  """The lean kernel body (`driver.KernelBody`) of the experiment's
-  launches: the shipped one, or with `exp.removed` (`lean.launch`'s
-  `ablate`)."""
-  return entries.lean_without(exp.removed)
-
-
 def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   """(blocks, fn, arrays): `fn(*arrays)` the experiment's scoring launches,
   to jit, at the lean entry point's positional arrays `args` (or specs)."""
@@ -116,7 +109,8 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
     blocks["decode_req_batch_size"] = exp.batch
   call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
                             topk_method="sort", **blocks)  # needing no extra
-  return blocks, functools.partial(driver.scoring, call, body(exp)), arrays
+  return blocks, functools.partial(driver.scoring, call,
+                                   entries.lean_without(exp.removed)), arrays
 
 
 def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
