@@ -431,7 +431,7 @@ def test_static_schedule_of_the_decode_launch():
 
   sets = [dict(SEED_BLOCKS, num_kv_pages_per_block=(p, 2, 2)) for p in (2, 4)]
   two, four = schedule.launch_schedules("vendored", "v6e", "fp8",
-                                        DECODE.name, sets, launches=("decode",))
+                                        DECODE, sets, launches=("decode",))
   einsum = 1 + next(i for i, l in enumerate(
       open(vendored.__file__).read().splitlines()) if "jnp.einsum(" in l)
   for s, pages in ((two, 8), (four, 16)):

@@ -200,6 +200,24 @@ def test_trip_counts_of_compiled_fori_loops_scale_exactly(monkeypatch,
   assert nested[0] - 3 * per_outer == nested[1] - 5 * per_outer  # the same a2
 
 
+def test_resized_is_the_decode_shape_at_other_seqs_and_tokens():
+  """`lab.schedule --seqs/--tokens`: the same geometry, its sequences and
+  pages changed; bad sizes and non-decode shapes named, not rounded."""
+  base = shapes.COMPILE_BY_NAME["dsv4-decode-4k"]
+  s = shapes.resized(base, tokens=2**20)
+  assert (s.name, s.max_num_seqs, s.num_tokens, s.pages_per_seq) == (
+      "dsv4-decode-4k@64x1048576", 64, 64, 2**20 // 4 // 128)
+  assert (s.num_heads, s.page_size, s.k) == (base.num_heads, base.page_size,
+                                             base.k)
+  mtp = shapes.resized(shapes.COMPILE_BY_NAME["dsv4-mtp2-decode-4k"], seqs=16)
+  assert (mtp.max_num_seqs, mtp.num_tokens, mtp.pages_per_seq) == (16, 32, 8)
+  for kw, arg in ((dict(tokens=1000), "tokens"), (dict(seqs=0), "seqs")):
+    with pytest.raises(ValueError, match=arg):
+      shapes.resized(base, **kw)
+  with pytest.raises(ValueError, match="shape"):
+    shapes.resized(shapes.COMPILE_BY_NAME["dsv4-mixed"], seqs=8)
+
+
 def test_recorded_launch_row_recompiles_to_the_same_counts():
   """data/step_schedule.json's v7x decode launch (the whole module) is what
   the compiler gives today."""

@@ -147,7 +147,7 @@ def _launch_calls(variant, shape, fmt, blocks, target, ablate):
 def _worker(spec: dict) -> list[dict]:
   """In the child: compile every launch alone (libtpu dumps to the directory
   LIBTPU_INIT_ARGS names); one record per launch."""
-  shape = aot.SHAPES_BY_NAME[spec["shape"]]
+  shape = shapes_lib.CallShape(**spec["shape"])
   out = []
   with modes.compile_for(spec["generation"]) as target:
     for j, blocks in enumerate(spec["blocks"]):
@@ -174,21 +174,22 @@ def _worker(spec: dict) -> list[dict]:
   return out
 
 
-def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
-                     blocks, *, launches: Sequence[str] = (),
+def launch_schedules(variant: str, generation: str, fmt: str,
+                     shape: str | shapes_lib.CallShape, blocks, *, launches: Sequence[str] = (),
                      ablate: Sequence[str] = (),
                      dump_dir: str | None = None,
                      timeout: float = 900.0) -> list[LaunchSchedule]:
   """Compiles each launch of `variant` alone for `generation` (`shape`: an
-  `aot.SHAPES` name; `blocks`: block-size keywords or a list of them, one
+  `aot.SHAPES` name or a `CallShape`; `blocks`: block-size keywords or a list of them, one
   child process for all) and reads its static schedule; `launches`: only
   these cases; `ablate`: lean's pieces removed (`kernels.lean.ABLATIONS`),
   its scoring launches only."""
   if ablate and variant != "lean":
     raise ValueError(f"ablate: the lean variant's only (got {variant!r})")
-  shp = aot.SHAPES_BY_NAME[shape]
+  shp = aot.SHAPES_BY_NAME[shape] if isinstance(shape, str) else shape
   block_sets = [blocks] if isinstance(blocks, dict) else list(blocks)
-  spec = dict(variant=variant, generation=generation, fmt=fmt, shape=shape,
+  spec = dict(variant=variant, generation=generation, fmt=fmt,
+              shape=dataclasses.asdict(shp),
               blocks=block_sets, launches=list(launches), ablate=list(ablate))
   with tempfile.TemporaryDirectory(prefix="sidx-sched-") as tmp:
     out_dir = dump_dir or tmp
@@ -220,7 +221,7 @@ def launch_schedules(variant: str, generation: str, fmt: str, shape: str,
           name = next(n for n in mod[0] if re.match(rf"{tag}(\.\d+)?$", n))
           prog = launch_program(mod[0], name)
       out.append(LaunchSchedule(
-          variant, generation, fmt, shape, rec["name"], rec["case"],
+          variant, generation, fmt, shp.name, rec["name"], rec["case"],
           rec["seq_batch_size"], bkv_p, bq, shp.page_size, len(bundles), kv, err,
           prog))
     return out
@@ -261,6 +262,11 @@ def main(argv=None) -> int:
   p.add_argument("--generations", nargs="+", default=["v5e", "v6e"])
   p.add_argument("--formats", nargs="+", default=["fp8"])
   p.add_argument("--shape", default="dsv4-decode-4k")
+  p.add_argument("--seqs", type=int, default=None,
+                 help="the decode shape at this many sequences")
+  p.add_argument("--tokens", type=int, default=None,
+                 help="the decode shape at this many tokens of cache a "
+                 "sequence")
   p.add_argument("--kv-pages", nargs="+", type=int, default=None,
                  help="decode num_kv_pages_per_block values (token mode)")
   p.add_argument("--launches", nargs="+", default=(),
@@ -272,6 +278,11 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
 
   shape = aot.SHAPES_BY_NAME[a.shape]
+  if a.seqs or a.tokens:
+    try:
+      shape = shapes_lib.resized(shape, a.seqs, a.tokens)
+    except ValueError as e:
+      p.error(str(e))
   print(f"# operands in HBM ({HBM_FLAGS}); bundles per KV page of the final "
         "bundle dump", flush=True)
   for gen in a.generations:
@@ -281,7 +292,7 @@ def main(argv=None) -> int:
       if a.kv_pages:
         sets = [dict(base, num_kv_pages_per_block=(p,) + tuple(
             base["num_kv_pages_per_block"][1:])) for p in a.kv_pages]
-      scheds = launch_schedules(a.variant, gen, fmt, a.shape, sets,
+      scheds = launch_schedules(a.variant, gen, fmt, shape, sets,
                                 launches=a.launches, ablate=a.ablate)
       for row, s_ in zip(schedule_table(scheds), scheds):
         bound = page_bounds([s_])

@@ -219,3 +219,27 @@ COMPILE: tuple[CallShape, ...] = (
           "tokens, 4096 query rows, 2048-token budget (16 pages)"),
 )
 COMPILE_BY_NAME = {s.name: s for s in COMPILE}
+
+
+def resized(shape: CallShape, seqs: int | None = None,
+            tokens: int | None = None) -> CallShape:
+  """Decode `shape` (token mode, every query row a decode sequence's) at
+  `seqs` sequences of `tokens` tokens of cache (None: its own), named
+  "<name>@<seqs>x<tokens>"."""
+  if shape.mode != "token" or (shape.num_tokens
+                               != shape.max_num_seqs * shape.decode_q_len):
+    raise ValueError(f"shape: must be a token-mode decode shape to resize "
+                     f"(got {shape.name!r})")
+  per_page = shape.compression_ratio * shape.page_size
+  for arg, v in (("seqs", seqs), ("tokens", tokens)):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                          or v < 1 or (arg == "tokens" and v % per_page)):
+      rule = ("a positive multiple of compression_ratio x page_size = "
+              f"{per_page}" if arg == "tokens" else "a positive int")
+      raise ValueError(f"{arg}: must be {rule} (got {v!r})")
+  seqs = seqs or shape.max_num_seqs
+  pages = tokens // per_page if tokens else shape.pages_per_seq
+  return dataclasses.replace(
+      shape, name=f"{shape.name}@{seqs}x{pages * per_page}",
+      num_tokens=seqs * shape.decode_q_len, max_num_seqs=seqs,
+      pages_per_seq=pages)
