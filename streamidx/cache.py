@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from streamidx.semantics import LANES
+from streamidx.semantics import LANES, align_to
 
 CacheFormat = Literal["fp8", "bf16", "f32"]
 # The kernel reads the first two; "f32", the exact baseline, the reference only.
@@ -165,7 +165,7 @@ def unpack_cache_raw(cache, head_dim: int = 128):
   if arr.dtype != jnp.uint8:
     return flat[..., :head_dim], None
   values = jax.lax.bitcast_convert_type(flat[..., :head_dim], jnp.float8_e4m3fn)
-  scale_bytes = (jnp.asarray(cache[1]).reshape(pages, -1) if dense
+  scale_bytes = (entry_scale_bytes(cache[1], rows * packing) if dense
                  else flat[..., padded_head_dim(head_dim)])
   return values, e8m0_scales(scale_bytes)
 
@@ -233,6 +233,23 @@ def dense_scale_lanes(page_size: int) -> int:
   return LANES if page_size % LANES == 0 else page_size
 
 
+def dense_scale_rows(page_size: int) -> int:
+  """Rows of a page's `cache_scales`: page_size // L rounded up to whole
+  (4, 128) u8 tiles (`DENSE_KV_PACKING` rows), the padding zero, so that
+  the array a TPU stores is the kernels' operand as it is (XLA's layout
+  for u8[pages, 1, 128] packs the rows and every call copied them)."""
+  return align_to(page_size // dense_scale_lanes(page_size),
+                  DENSE_KV_PACKING)
+
+
+def entry_scale_bytes(cache_scales, page_size: int):
+  """The dense pair's `cache_scales` u8[pages, R, L] -> u8[pages, page_size]:
+  entry t's byte at t, the padding rows left out."""
+  scales = jnp.asarray(cache_scales)
+  rows = page_size // dense_scale_lanes(page_size)
+  return scales[:, :rows].reshape(scales.shape[0], page_size)
+
+
 def pack_dense_fp8_cache(keys):
   """The dense FP8 pair (cache_values, cache_scales) of keys f32[pages,
   page_size, head_dim]: the packed "fp8" format's values and exponents, so
@@ -250,7 +267,9 @@ def pack_dense_fp8_cache(keys):
   lanes = dense_scale_lanes(page_size)
   return (value_bytes.reshape(total_pages, page_size // DENSE_KV_PACKING,
                               DENSE_KV_PACKING, width),
-          scale_bytes.reshape(total_pages, page_size // lanes, lanes))
+          jnp.pad(scale_bytes.reshape(total_pages, page_size // lanes, lanes),
+                  ((0, 0), (0, dense_scale_rows(page_size) - page_size // lanes),
+                   (0, 0))))
 
 
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
@@ -398,8 +417,9 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
         lambda head_dim: record_bytes("bf16", head_dim), "bf16"),
     "dense_fp8": CacheLayout(
         "dense_fp8", "dense FP8: e4m3 values u8[pages, page_size/4, 4, "
-        "head_dim] and e8m0 scale bytes u8[pages, page_size/L, L] in two "
-        "arrays, 129 B/entry (132 B with the TPU's tile padding at page 128)",
+        "head_dim] and e8m0 scale bytes u8[pages, R, L] (page_size/L rows, "
+        "zero rows to whole TPU tiles) in two arrays, 129 B/entry of data "
+        "(132 B stored at page 128)",
         pack_dense_fp8_cache, lambda head_dim: padded_head_dim(head_dim) + 1,
         "fp8", ("cache_values", "cache_scales")),
     "mxfp4": CacheLayout(

@@ -105,8 +105,10 @@ def _entry_arrays(cache_kv):
     keys = cache_lib.unpack_cache(cache_kv, cache_kv[0].shape[-1])
     return (keys.reshape(-1, keys.shape[-1]),)
   if isinstance(cache_kv, (tuple, list)):
-    values, scales = (jnp.asarray(a) for a in cache_kv)
-    return values.reshape(-1, values.shape[-1]), scales.reshape(-1)
+    values = jnp.asarray(cache_kv[0])
+    page_size = cache_lib.cache_pages(cache_kv)[1]
+    return (values.reshape(-1, values.shape[-1]),
+            cache_lib.entry_scale_bytes(cache_kv[1], page_size).reshape(-1))
   cache_kv = jnp.asarray(cache_kv)
   return (cache_kv.reshape(-1, cache_kv.shape[-1]),)
 

@@ -134,9 +134,10 @@ def _check_pair(cache, head_dim, mxfp4):
     layout = "[total_num_pages, padded head_dim // 32, page_size]"
   else:
     lanes = cache_lib.dense_scale_lanes(page_size)
-    want = (pages, page_size // lanes, lanes)
-    layout = ("[total_num_pages, page_size // L, L], L = 128 when page_size "
-              "is a multiple of 128, else page_size")
+    want = (pages, cache_lib.dense_scale_rows(page_size), lanes)
+    layout = ("[total_num_pages, R, L], L = 128 when page_size is a "
+              "multiple of 128, else page_size; R = page_size // L rounded "
+              "up to a multiple of 4")
   _check_rank("cache_scales", scales, 3, layout)
   _check_u8("cache_scales", scales, "e8m0 exponent bytes")
   if tuple(scales.shape) != want:
@@ -440,8 +441,8 @@ def _entry_stats(cache_kv, head_dim):
     read = flat[..., :padded]
     bad_value = jnp.any(((read & 0x7F) == 0x7F)
                         | (dense & (read == cache_lib.NEG_ZERO_BYTE)), axis=-1)
-    scale_byte = (cache_kv[1].reshape(pages, -1) if dense
-                  else flat[..., padded]).astype(jnp.int32)
+    scale_byte = (cache_lib.entry_scale_bytes(cache_kv[1], rows * packing)
+                  if dense else flat[..., padded]).astype(jnp.int32)
   else:
     read = flat[..., :padded].astype(jnp.float32)
     bad_value = ~jnp.all(jnp.isfinite(read), axis=-1)

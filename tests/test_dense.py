@@ -1,7 +1,8 @@
 """The dense FP8 cache and its kernels (`streamidx.kernels.dense`).
 
 - The format: the same e4m3 values and e8m0 exponents as the packed FP8
-  record, in two arrays that reshape to entry order; 129 B per entry.
+  record, in two arrays (the scales' rows padded to whole TPU tiles); 129 B
+  of data per entry, 132 stored at page size 128.
 - The kernel against the reference: the case matrix runs every registered
   variant (tests/test_kernel.py, `streamidx.lab.studies.cases`), the dense
   ones included; here, besides, the seed causal rule, sorted and given
@@ -62,19 +63,22 @@ def test_dense_cache_holds_the_fp8_record_bytes_in_entry_order(page_size):
   values, scales = si.pack_dense_fp8_cache(keys)
   lanes = 128 if page_size % 128 == 0 else page_size
   assert values.shape == (5, page_size // 4, 4, 128)
-  assert scales.shape == (5, page_size // lanes, lanes)
+  # page_size // L rows, then zero rows to whole (4, 128) u8 tiles
+  assert scales.shape == (5, 4, lanes) == (5, cache.dense_scale_rows(
+      page_size), lanes)
+  np.testing.assert_array_equal(scales[:, page_size // lanes:], 0)
   assert values.dtype == scales.dtype == jnp.uint8
   record = cache.pack_cache(keys, "fp8").reshape(5, page_size, 256)
   np.testing.assert_array_equal(values.reshape(5, page_size, 128),
                                 record[..., :128])
-  np.testing.assert_array_equal(scales.reshape(5, page_size),
-                                record[..., 128])
+  entry_scales = cache.entry_scale_bytes(scales, page_size)
+  np.testing.assert_array_equal(entry_scales, record[..., 128])
   # Same quantization, so the two formats decode to identical keys.
   np.testing.assert_array_equal(cache.unpack_cache((values, scales)),
                                 cache.unpack_cache(cache.pack_cache(keys, "fp8")))
   e4m3, exponents = cache.quantize_fp8(keys)
   np.testing.assert_array_equal(
-      scales.reshape(5, page_size).astype(np.int32) - 127, exponents)
+      entry_scales.astype(np.int32) - 127, exponents)
   np.testing.assert_array_equal(
       jax.lax.bitcast_convert_type(values.reshape(5, page_size, 128),
                                    jnp.float8_e4m3fn).astype(jnp.float32),
@@ -90,8 +94,11 @@ def test_dense_cache_bytes_per_entry():
   assert cache.dense_tpu_bytes_per_entry(128, 128) == 132
   assert cache.dense_tpu_bytes_per_entry(128, 256) == 130
   assert cache.dense_tpu_bytes_per_entry(128, 512) == 129
-  values, scales = si.pack_dense_fp8_cache(jnp.ones((2, 128, 128)))
-  assert (values.nbytes + scales.nbytes) / (2 * 128) == 129
+  # Stored as a TPU tiles it: the pair's arrays hold those 132.
+  for page_size in (128, 256, 512):
+    values, scales = si.pack_dense_fp8_cache(jnp.ones((2, page_size, 128)))
+    assert ((values.nbytes + scales.nbytes) / (2 * page_size)
+            == cache.dense_tpu_bytes_per_entry(128, page_size))
 
 
 def test_dense_cache_rejects_pages_not_a_multiple_of_four():
@@ -309,8 +316,8 @@ def _valid():
      r"cache_values: axis 2 \(kv_packing\) must be 4"),
     (2, lambda v: v.astype(jnp.int8), r"cache_values: must be uint8"),
     (2, lambda v: v[..., :64], r"cache_values: last axis must be q's head_dim"),
-    (3, lambda s: s.reshape(s.shape[0], 2, -1),
-     r"cache_scales: shape must be \(\d+, 1, 16\)"),
+    # the scale rows without their zero rows (the format before 2026-12-07)
+    (3, lambda s: s[:, :1], r"cache_scales: shape must be \(\d+, 4, 16\)"),
     (3, lambda s: s[:-1], r"cache_scales: shape must be"),
     (3, lambda s: s.astype(jnp.float32), r"cache_scales: must be uint8"),
     (3, lambda s: s[:, 0], r"cache_scales: must have rank 3"),
@@ -372,7 +379,8 @@ def _kv_bytes(rec):
   return sum(i["nbytes"] for i in starts), pages
 
 
-def test_dense_kernel_reads_head_dim_plus_one_bytes_per_entry():
+def test_dense_kernel_reads_its_stored_bytes_per_entry():
+  """Values and the page's scale tile: 128 + 4 B an entry at page 128."""
   b = si.make_mixed_batch(decode=[1024, 700], page_size=128,
                           compression_ratio=4)
   inp = si.make_inputs(b, num_heads=8, fmt="fp8", seed=0)
@@ -386,7 +394,8 @@ def test_dense_kernel_reads_head_dim_plus_one_bytes_per_entry():
   vendored_bytes, vendored_pages = _kv_bytes(rec)
   # One decode program of 2 sequences, 2 blocks of one 128-entry page each.
   assert dense_pages == vendored_pages == 4
-  assert dense_bytes == dense_pages * 128 * 129
+  assert dense_bytes == dense_pages * 128 * 132 == (
+      dense_pages * 128 * cache.dense_tpu_bytes_per_entry(128, 128))
   assert vendored_bytes == vendored_pages * 128 * 256
 
 
@@ -458,7 +467,7 @@ def test_tiling_model_equals_dense_kernel_scratch_at_production_size(variant):
   args = (sds((b.num_tokens, 64, 128), jnp.bfloat16),
           sds((b.num_tokens, 64), jnp.float32),
           sds((b.total_num_pages, 32, 4, 128), jnp.uint8),
-          sds((b.total_num_pages, 1, 128), jnp.uint8),
+          sds((b.total_num_pages, 4, 128), jnp.uint8),
           seq_lens, page_indices, cu_q_lens, distribution)
   declared = tiling.kernel_scratch(args, variant=variant, k=512,
                                    compression_ratio=4, **blocks)
@@ -467,15 +476,16 @@ def test_tiling_model_equals_dense_kernel_scratch_at_production_size(variant):
                                            "mixed"]
   for d, launch in zip(declared, p.launches):
     assert d["scratch"] == [(s, dt) for _, s, dt in launch.scratch]
-  # Half the KV buffer of the vendored kernel's a block (129 vs 256 B per
-  # entry); lean, interpreted as the v5e's, buffers three blocks, not two.
+  # Half the KV buffer of the vendored kernel's a block (132 vs 256 B per
+  # entry: a page's scale tile is 4 rows); lean, interpreted as the v5e's,
+  # buffers three blocks, not two.
   vendored = tiling.plan(b, fmt="fp8", num_heads=64, **blocks)
   dense_kv = tiling.scratch_bytes(p.launches[0].scratch)
   vendored_kv = tiling.scratch_bytes(vendored.launches[0].scratch)
   slots = {n: shape[0] for n, shape, _ in p.launches[0].scratch}["bkv_x2"]
   assert slots == (3 if variant == "lean" else 2)
   assert (dense_kv["bkv_x2"] + dense_kv["bscale_x2"]) * 256 * 2 == (
-      vendored_kv["bkv_x2"] * 129 * slots)
+      vendored_kv["bkv_x2"] * 132 * slots)
 
 
 def test_tiling_model_equals_the_dense_kernel_s_dmas_event_by_event():

@@ -31,11 +31,13 @@ assert _MAX == block_max_lib.SEM_ROW
 class _TwoArrayPages:
   """The dense layout's part of the vendored pipeline (its `layout` hook,
   M16): each page's scales are a second DMA, from `scales_hbm_ref` into
-  `bscale_x2_ref` [2, B, bkv_p, page_size // L, L] on semaphore row
-  "kv_scale", and they load as lanes (entry order) already."""
+  `bscale_x2_ref` [2, B, bkv_p, R, L] on semaphore row "kv_scale" (a
+  whole tile: a DMA cannot take part of one), and their first `rows` (the
+  page's page_size // L, the rest zero) load as lanes (entry order)."""
 
-  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems):
+  def __init__(self, scales_hbm_ref, bscale_x2_ref, sems, *, rows=None):
     self.hbm, self.vmem, self.sems = scales_hbm_ref, bscale_x2_ref, sems
+    self.rows = rows
 
   def start_page(self, page, i, slot, b):
     pltpu.make_async_copy(self.hbm.at[page], self.vmem.at[slot, b, i],
@@ -47,7 +49,7 @@ class _TwoArrayPages:
 
   def load_scales(self, slot, b):
     """bf16[1, bkv_sz] (e8m0 values, exact in bf16)."""
-    raw = self.vmem[slot, b]
+    raw = self.vmem[slot, b, :, :self.rows]
     scales = pltpu.bitcast(raw.reshape(1, raw.size), jnp.float8_e8m0fnu)
     return scales.astype(jnp.bfloat16)
 
@@ -107,6 +109,9 @@ def pair_launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
 def launch(spec, *arrays):
   """This body's launch (`pair_launch`): the dense layout's scale DMA, the
   call's `num_cores`, M10's widening on v4."""
-  return pair_launch(spec, *arrays, kind="Dense", layout=_TwoArrayPages,
+  layout = functools.partial(
+      _TwoArrayPages,
+      rows=spec.page_size // cache_lib.dense_scale_lanes(spec.page_size))
+  return pair_launch(spec, *arrays, kind="Dense", layout=layout,
                      num_cores=spec.num_cores,
                      widen_fp8=tpu.widen_fp8_for_mxu(spec.interpret))

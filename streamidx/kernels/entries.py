@@ -137,9 +137,10 @@ def _pair_token(
 
   Arguments and result as `streamidx.streamindex_topk`, with the dense FP8
   pair (`streamidx.pack_dense_fp8_cache(keys)`: cache_values u8[total_pages,
-  page_size // 4, 4, head_dim], cache_scales u8[total_pages, page_size // L,
-  L]) in place of `cache_kv`; num_cores: each launch's programs split over
-  this many TensorCores (2: both cores of a v4 or v5p chip), same indices.
+  page_size // 4, 4, head_dim], cache_scales u8[total_pages, R, L]:
+  page_size // L rows, zero rows to R, a multiple of 4) in place of
+  `cache_kv`; num_cores: each launch's programs split over this many
+  TensorCores (2: both cores of a v4 or v5p chip), same indices.
   """
 
 

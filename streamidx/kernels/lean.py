@@ -3,7 +3,8 @@
 The same cache as `streamidx.kernels.dense` (`streamidx.cache` "dense_fp8")::
 
     cache_values  u8[total_pages, page_size // 4, 4, head_dim]   e4m3 bytes
-    cache_scales  u8[total_pages, page_size // L, L]             e8m0 bytes
+    cache_scales  u8[total_pages, R, L]      e8m0 bytes, R = page_size // L
+                                             rounded up to 4 (zero rows)
 
 and the same launches, grid and results, but its own pipeline: 32-bit word
 loads, DMA issue and compute in one basic block, per-block work hoisted out
@@ -170,6 +171,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
                    else kv_hbm.shape[1])
   bkv_sz = bkv_p * rows_per_page * KV_PACKING
+  scale_rows = bkv_sz // (bkv_p * bsc.shape[-1])  # loaded; the rest zero
   page_mode = page_cols is not None
   start, end = start_end_ref[0], start_end_ref[1]
   if num_cores == 1:
@@ -301,7 +303,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       words = view.reshape(view.shape[0], view.shape[2])[...]
     keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz if fp8 == "fnuz"
                          else jnp.float8_e4m3fn)
-    raw = bsc[slot, b]
+    raw = bsc[slot, b, :, :scale_rows]
     bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
     return keys, lax.bitcast_convert_type(bits, jnp.float32)
 

@@ -61,12 +61,15 @@ class Geometry:
   page_size_per_kv_packing = property(lambda self: self.layout.rows)
   cache_dtype = property(lambda self: np.dtype(self.layout.dtype))
 
-  # One entry's bytes (dense: head_dim + 1); what a page's KV DMAs move;
-  # the values' DMA of a page; a query element's bytes.
+  # One entry's bytes of data (dense: head_dim + 1); the values' DMA of a
+  # page; what a page's KV DMAs move (dense: its scale rows, padding
+  # rows included); a query element's bytes.
   record_bytes = property(lambda self: cache_lib.CACHE_FORMATS[
       self.fmt].bytes_per_entry(self.head_dim))
-  page_bytes = property(lambda self: self.page_size * self.record_bytes)
-  value_page_bytes = property(lambda self: self.page_bytes - (
+  value_page_bytes = property(lambda self: (
+      self.page_size_per_kv_packing * self.kv_packing * self.lkv_dim
+      * self.cache_dtype.itemsize))
+  page_bytes = property(lambda self: self.value_page_bytes + (
       math.prod(self.scale_block) if self.dense else 0))
   q_itemsize = property(lambda self: _dtype(self.q_dtype).itemsize)
 
