@@ -61,6 +61,18 @@ def test_blocktop_block_holding_more_winners_than_it_keeps_falls_back():
   np.testing.assert_array_equal(got, oracle.topk_rule(x, 16))
 
 
+def test_blocktop_tiles_past_one_chunk_read_every_entry():
+  # A tile of 9,216 entries (9 vregs a row, past one chunk of 8) is read in
+  # 9 chunks of one vreg (`sb.chunk_for`): the winners, in its last vreg,
+  # are found; rows of 9,216 entries get a tile of whole chunks by default.
+  x = np.random.default_rng(9).standard_normal((8, 9216)).astype(np.float32)
+  x[:, 8192:] += 10
+  assert sb.chunk_for(9216) == 1024 and sb.tile_for(9216) == 16384
+  assert sb.chunk_for(5120) == 5120
+  got = np.asarray(topk.select_topk(x, 16, "blocktop", keep=2, tile=9216))
+  np.testing.assert_array_equal(got, oracle.topk_rule(x, 16))
+
+
 def test_blocktop_more_candidates_at_the_bound_than_slots_falls_back():
   # Row 0: entry m * 1024 + p scores p + m / 1000, so the 512 blocks above
   # the bound (the 512th best block maximum) hold 4 candidates each above

@@ -47,8 +47,17 @@ _BLOCK_BITS = 10  # log2(BLOCKS): an index is its vreg number, then its block
 
 def tile_for(n: int) -> int:
   """Entries of a row per tile: `MAX_TILE`, or n rounded up to whole vregs
-  of 1,024 entries when shorter."""
-  return min(MAX_TILE, -(-n // BLOCKS) * BLOCKS)
+  of 1,024 entries when shorter (to whole `CHUNK`s past one: a chunk of 8
+  vregs, `chunk_for`)."""
+  step = BLOCKS if n <= CHUNK else CHUNK
+  return min(MAX_TILE, -(-n // step) * step)
+
+
+def chunk_for(tile: int) -> int:
+  """Entries of a row per DMA (and per trip of the pass): the tile, up to
+  `CHUNK`; past it the largest power of two <= `CHUNK` dividing the tile,
+  so the chunks cover it."""
+  return tile if tile <= CHUNK else math.gcd(tile, CHUNK)
 
 
 def _overflow_probability(block: int, p: float, keep: int) -> float:
@@ -480,7 +489,7 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
   g = pl.program_id(0)
   rows = pl.ds(pl.multiple_of(g * SUBLANES, SUBLANES), SUBLANES)
-  chunk = min(CHUNK, tile)
+  chunk = chunk_for(tile)
   chunks = tile // chunk
 
   def copies(b, slot):
@@ -534,7 +543,7 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool,
     x = jnp.pad(x, ((0, groups * SUBLANES - t), (0, tiles * tile - n)),
                 constant_values=base.NEG_INF)
   levels = keep + 1
-  chunk = min(CHUNK, tile)
+  chunk = chunk_for(tile)
   buf = (chunk // LANES, LANES) if lane_rows else (chunk,)
   if finish:
     idx_bits = max(1, (tiles * tile - 1).bit_length())
