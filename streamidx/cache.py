@@ -265,11 +265,12 @@ def pack_dense_fp8_cache(keys):
   value_bytes = jnp.pad(value_bytes, ((0, 0), (0, 0), (0, width - head_dim)))
   scale_bytes = (exponents + E8M0_BIAS).astype(jnp.uint8)
   lanes = dense_scale_lanes(page_size)
+  rows = page_size // lanes
+  scales = scale_bytes.reshape(total_pages, rows, lanes)
   return (value_bytes.reshape(total_pages, page_size // DENSE_KV_PACKING,
                               DENSE_KV_PACKING, width),
-          jnp.pad(scale_bytes.reshape(total_pages, page_size // lanes, lanes),
-                  ((0, 0), (0, dense_scale_rows(page_size) - page_size // lanes),
-                   (0, 0))))
+          jnp.pad(scales, ((0, 0), (0, dense_scale_rows(page_size) - rows),
+                           (0, 0))))
 
 
 def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:

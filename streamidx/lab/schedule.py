@@ -175,15 +175,16 @@ def _worker(spec: dict) -> list[dict]:
 
 
 def launch_schedules(variant: str, generation: str, fmt: str,
-                     shape: str | shapes_lib.CallShape, blocks, *, launches: Sequence[str] = (),
+                     shape: str | shapes_lib.CallShape, blocks, *,
+                     launches: Sequence[str] = (),
                      ablate: Sequence[str] = (),
                      dump_dir: str | None = None,
                      timeout: float = 900.0) -> list[LaunchSchedule]:
   """Compiles each launch of `variant` alone for `generation` (`shape`: an
-  `aot.SHAPES` name or a `CallShape`; `blocks`: block-size keywords or a list of them, one
-  child process for all) and reads its static schedule; `launches`: only
-  these cases; `ablate`: lean's pieces removed (`kernels.lean.ABLATIONS`),
-  its scoring launches only."""
+  `aot.SHAPES` name or a `CallShape`; `blocks`: block-size keywords or a
+  list of them, one child process for all) and reads its static schedule;
+  `launches`: only these cases; `ablate`: lean's pieces removed
+  (`kernels.lean.ABLATIONS`), its scoring launches only."""
   if ablate and variant != "lean":
     raise ValueError(f"ablate: the lean variant's only (got {variant!r})")
   shp = aot.SHAPES_BY_NAME[shape] if isinstance(shape, str) else shape
@@ -278,7 +279,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
 
   shape = aot.SHAPES_BY_NAME[a.shape]
-  if a.seqs or a.tokens:
+  if a.seqs is not None or a.tokens is not None:
     try:
       shape = shapes_lib.resized(shape, a.seqs, a.tokens)
     except ValueError as e:
