@@ -233,21 +233,25 @@ def dense_scale_lanes(page_size: int) -> int:
   return LANES if page_size % LANES == 0 else page_size
 
 
+def dense_scale_data_rows(page_size: int) -> int:
+  """Rows of L lanes that hold a page's scale bytes: page_size // L."""
+  return page_size // dense_scale_lanes(page_size)
+
+
 def dense_scale_rows(page_size: int) -> int:
-  """Rows of a page's `cache_scales`: page_size // L rounded up to whole
+  """Rows of a page's `cache_scales`: its data rows rounded up to whole
   (4, 128) u8 tiles (`DENSE_KV_PACKING` rows), the padding zero, so that
   the array a TPU stores is the kernels' operand as it is (XLA's layout
   for u8[pages, 1, 128] packs the rows and every call copied them)."""
-  return align_to(page_size // dense_scale_lanes(page_size),
-                  DENSE_KV_PACKING)
+  return align_to(dense_scale_data_rows(page_size), DENSE_KV_PACKING)
 
 
 def entry_scale_bytes(cache_scales, page_size: int):
   """The dense pair's `cache_scales` u8[pages, R, L] -> u8[pages, page_size]:
   entry t's byte at t, the padding rows left out."""
   scales = jnp.asarray(cache_scales)
-  rows = page_size // dense_scale_lanes(page_size)
-  return scales[:, :rows].reshape(scales.shape[0], page_size)
+  return scales[:, :dense_scale_data_rows(page_size)].reshape(
+      scales.shape[0], page_size)
 
 
 def pack_dense_fp8_cache(keys):
@@ -264,9 +268,8 @@ def pack_dense_fp8_cache(keys):
   width = padded_head_dim(head_dim)  # zero lanes, as the record has
   value_bytes = jnp.pad(value_bytes, ((0, 0), (0, 0), (0, width - head_dim)))
   scale_bytes = (exponents + E8M0_BIAS).astype(jnp.uint8)
-  lanes = dense_scale_lanes(page_size)
-  rows = page_size // lanes
-  scales = scale_bytes.reshape(total_pages, rows, lanes)
+  rows = dense_scale_data_rows(page_size)
+  scales = scale_bytes.reshape(total_pages, rows, page_size // rows)
   return (value_bytes.reshape(total_pages, page_size // DENSE_KV_PACKING,
                               DENSE_KV_PACKING, width),
           jnp.pad(scales, ((0, 0), (0, dense_scale_rows(page_size) - rows),
@@ -278,7 +281,8 @@ def dense_tpu_bytes_per_entry(head_dim: int = 128, page_size: int = 128) -> int:
   scale rows padded to whole (4, 128) tiles)."""
   lanes = dense_scale_lanes(page_size)
   return (padded_head_dim(head_dim)
-          + tpu_scale_bytes(page_size // lanes, lanes) // page_size)
+          + tpu_scale_bytes(dense_scale_data_rows(page_size), lanes)
+          // page_size)
 
 
 def tpu_scale_bytes(rows: int, lanes: int) -> int:

@@ -110,8 +110,7 @@ def launch(spec, *arrays):
   """This body's launch (`pair_launch`): the dense layout's scale DMA, the
   call's `num_cores`, M10's widening on v4."""
   layout = functools.partial(
-      _TwoArrayPages,
-      rows=spec.page_size // cache_lib.dense_scale_lanes(spec.page_size))
+      _TwoArrayPages, rows=cache_lib.dense_scale_data_rows(spec.page_size))
   return pair_launch(spec, *arrays, kind="Dense", layout=layout,
                      num_cores=spec.num_cores,
                      widen_fp8=tpu.widen_fp8_for_mxu(spec.interpret))

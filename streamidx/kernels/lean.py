@@ -171,7 +171,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
                    else kv_hbm.shape[1])
   bkv_sz = bkv_p * rows_per_page * KV_PACKING
-  scale_rows = bkv_sz // (bkv_p * bsc.shape[-1])  # loaded; the rest zero
+  # a page's scale rows loaded (the rest of its tile zero)
+  scale_rows = cache_lib.dense_scale_data_rows(rows_per_page * KV_PACKING)
   page_mode = page_cols is not None
   start, end = start_end_ref[0], start_end_ref[1]
   if num_cores == 1:
