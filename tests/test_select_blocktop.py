@@ -51,6 +51,109 @@ def test_blocktop_keeps_each_blocks_best_and_its_best_dropped():
   np.testing.assert_array_equal(np.asarray(drop_i), want_i[:, 2])
 
 
+@pytest.mark.parametrize("lane_rows,tile,keep", [
+    (False, 5120, 3), (True, 5120, 3), (False, 8192, 3), (False, 8192, 9)])
+def test_blocktop_pass_in_groups_of_four_keeps_each_blocks_best(lane_rows,
+                                                                tile, keep):
+  """The tournaments (`sb._scan`; 2 tiles a row: of 5 vregs, a group of 4
+  unpaired and one vreg alone; of 8, two groups paired) keep each block's
+  best and best dropped, keep 3 (every list, `sb.list_lengths`; keep 9: two
+  loops, `sb._sweeps`), in both layouts: ties in and across groups (row 2
+  all equal: a group's places out of index order, ordered by the merge),
+  -inf (row 1 all), -0.0 beside +0.0 (row 3)."""
+  n = 2 * tile
+  rng = np.random.default_rng(11)
+  x = rng.integers(-2, 3, size=(8, n)).astype(np.float32)
+  x[rng.random(x.shape) < 0.2] = -np.inf
+  x[1], x[2] = -np.inf, 1.0
+  x[3] = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+  x[3, rng.random(n) < 0.3] = -np.inf
+  assert sb.list_lengths(4) == (4, 2, 2, 2, 1)
+  assert len(sb._sweeps(sb.list_lengths(keep + 1))) == (2 if keep == 9 else 1)
+  scores = jnp.asarray(x).reshape(8, n // 128, 128) if lane_rows else x
+  vals, idx, drop_v, drop_i = sb.block_candidates(scores, keep=keep,
+                                                  tile=tile)
+  want_v, want_i = _block_best(x, keep + 1)
+  np.testing.assert_array_equal(np.asarray(vals),
+                                want_v[:, :keep].reshape(8, -1))
+  np.testing.assert_array_equal(np.asarray(idx),
+                                want_i[:, :keep].reshape(8, -1))
+  np.testing.assert_array_equal(np.asarray(drop_v), want_v[:, keep])
+  np.testing.assert_array_equal(np.asarray(drop_i), want_i[:, keep])
+
+
+def _pass_model(x, levels, nv):
+  """NumPy model of the pass and merge on one block's entries x (index
+  order, chunks of nv of them: tournaments of 4, two in a row paired by
+  their bests, the rest alone), checking at each insert of the merge that
+  it goes no higher than `sb._merge_skip`. Returns the merged (values,
+  indices), `levels` of them."""
+  lists = [[] for _ in sb.AHEAD]
+  lengths = sb.list_lengths(levels)
+
+  def deal(p, e):  # e: (value, index); -inf never kept
+    if x[e[1]] > -np.inf:
+      lists[p] = sorted(lists[p] + [e], key=lambda f: (-f[0], f[1]))[
+          :lengths[p]]
+
+  def match(a, b):  # (winner, loser); a's index the lower
+    return (b, a) if b[0] > a[0] else (a, b)
+
+  def tournament(e):  # best, second, third, last
+    (w0, l0), (w1, l1) = match(e[0], e[1]), match(e[2], e[3])
+    return match(w0, w1) + match(l0, l1)
+
+  for c in range(0, len(x), nv):
+    e = [(x[i], i) for i in range(c, min(c + nv, len(x)))]
+    pairs, groups = len(e) // 8 * 8, len(e) // 4 * 4
+    for g in range(0, pairs, 8):
+      a, b = tournament(e[g:g + 4]), tournament(e[g + 4:g + 8])
+      for p, f in zip((0, 1), match(a[0], b[0])):
+        deal(p, f)
+      for q in range(1, 4):
+        deal(sb.LIST_OF[q], a[q])
+        deal(sb.LIST_OF[q], b[q])
+    for g in range(pairs, groups, 4):
+      for p, f in zip(sb.LIST_OF, tournament(e[g:g + 4])):
+        deal(p, f)
+    for f in e[groups:]:
+      deal(0, f)
+  merged = lists[0] + [(-np.inf, 2**31 - 1)] * (levels - len(lists[0]))
+  for p in range(1, len(sb.AHEAD)):
+    for i, e in enumerate(lists[p]):
+      at = sum(1 for f in merged if (f[0], -f[1]) > (e[0], -e[1]))
+      assert at >= sb._merge_skip(p, i), (p, i, at)
+      merged = (merged[:at] + [e] + merged[at:])[:levels]
+  return merged
+
+
+def test_blocktop_merge_skip_bound_holds_in_a_model():
+  # NumPy: blocks of tied scores and -inf, every keep from 1 to 16 (levels
+  # 2 to 17) and chunk widths 1 to 17 (pairs of groups, a group unpaired,
+  # vregs alone): the lists merged, each insert below its skip, are the
+  # block's best `levels` by (value, index). Some blocks ascend (each entry
+  # beats the last), some raise 2 or 4 entries of each group (chunks of 4
+  # to 16) so that one list fills the top.
+  rng = np.random.default_rng(4)
+  raised = np.array([[1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+  for levels in range(2, 18):
+    for trial in range(60):
+      n, nv = int(rng.integers(1, 80)), int(rng.integers(1, 18))
+      x = rng.integers(-3, 4, n).astype(np.float32)
+      if trial % 3 == 0:
+        x = np.sort(x)
+      elif trial % 3 == 1:
+        nv = 4 * int(rng.integers(1, 5))
+        x += 10 * np.resize(raised[trial % 9 // 3], n)
+      x[rng.random(n) < 0.15] = -np.inf
+      got = _pass_model(x, levels, nv)
+      live = sorted((i for i in range(n) if x[i] > -np.inf),
+                    key=lambda i: (-x[i], i))[:levels]
+      want = [(x[i], i) for i in live]
+      want += [(-np.inf, 2**31 - 1)] * (levels - len(want))
+      assert got == want, (levels, x)
+
+
 def test_blocktop_block_holding_more_winners_than_it_keeps_falls_back():
   # Row 0's 4 best entries share block 5: it keeps 2 and drops a winner.
   x = np.random.default_rng(2).standard_normal((2, 8192)).astype(np.float32)
@@ -132,6 +235,18 @@ def test_blocktop_sort_in_chunks_matches_the_rule(monkeypatch):
   # vreg a loop step).
   x = np.random.default_rng(7).integers(-3, 4, (3, 6000)).astype(np.float32)
   monkeypatch.setattr(sb, "_CHUNK", 1)
+  got, bad = sb.block_select(x, 200, keep=3, tile=2048)
+  assert not np.asarray(bad).any()
+  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
+
+
+def test_blocktop_compaction_strided_gather_matches_the_rule(monkeypatch):
+  # Wider than a chunk of slot vregs (k above 512), the compaction moves
+  # whole vregs by its low vreg bits, then gathers from every 8th vreg. Here
+  # the same code at 512 slots (k 200, 4 vregs) in chunks of 2 vregs: one
+  # vreg round, a gather from every other vreg.
+  x = np.random.default_rng(8).integers(-3, 4, (3, 6000)).astype(np.float32)
+  monkeypatch.setattr(sb, "_CHUNK", 2)
   got, bad = sb.block_select(x, 200, keep=3, tile=2048)
   assert not np.asarray(bad).any()
   np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
@@ -227,6 +342,11 @@ def test_blocktop_model_reads_the_scores_once():
   assert c.passes == 1 and c.bytes_read == buf and c.bytes_written == t * k * 4
   assert c.sort_work < topk_model.cost("sort", t, n, k).sort_work / 200
   assert "1024 best-placed of its 7168 candidates" in c.detail
+  # the pass at keep 7: 9 exchanges and inserts into 8, 4, 4 (twice), 4
+  # (twice), 2 (twice) levels for 8 vregs; at keep 13, two loops (the
+  # second does the tournaments again, not the bests' match)
+  assert c.scan_ops == t * n * (45 + 38 + 18 + 2 * (18 + 18 + 8)) / 8
+  assert sb.pass_ops(14) == (7 * 5 + 8 * 5 + 68 + 33 + 2 * (33 + 33 + 13)) / 8
 
 
 def _drops_a_winner(x, k):

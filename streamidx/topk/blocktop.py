@@ -23,6 +23,7 @@ f32[T, N] (an XLA copy, read and written) and its cut of the columns past N
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -97,51 +98,245 @@ def _whole_vregs(value) -> str | None:
 
 
 # -- the pass -----------------------------------------------------------------
+#
+# A block's entries arrive 4 vregs at a time (`GROUP`: entries j .. j + 3 of
+# every block, index ascending) and meet in a tournament: (0, 1) and (2, 3),
+# then the two winners and the two losers. Its 4 places: the group's best,
+# the winners' loser (its second), the losers' winner (its third), the
+# losers' loser (its last). Two groups in a row (8 vregs, the first's indices
+# the lower) meet once more: their bests, the winner to list 0, the loser to
+# list 1. Each list (`AHEAD`: the best, the bests'
+# loser, the seconds, thirds, lasts) keeps the best entries it is dealt,
+# sorted, the shorter the more of its group rank before them
+# (`list_lengths`), and after the last tile `_merge` makes the lists the
+# block's levels: at keep 7, 8 vregs go through 32 levels of lists where
+# each went through 8, 64 (5 vector ops a level, 45 the two tournaments and
+# their bests' match).
+
+GROUP = 4  # vregs of a block that meet in one tournament
+AHEAD = (0, 1, 1, 1, 3)  # entries of its group certainly before each list's
+LIST_OF = (0, 2, 3, 4)  # the list of each place of a tournament (unpaired)
+_SWEEP_LEVELS = 22  # levels of lists a loop over chunks carries (`_sweeps`)
+_PASS_UNROLL = 4  # chunks a trip of that loop (fewer copies of its carry)
+
+
+def list_lengths(levels: int) -> tuple[int, ...]:
+  """Entries kept by each list for a block's best `levels` (keep + 1, the
+  best dropped included): levels // (AHEAD + 1); list 0's, `levels`, are
+  the lists' first levels, then lists 1 .. 4.
+
+  A list's entries come one from each of its groups: list 1's (the bests'
+  loser, 1 before it: the winner) from pairs of groups; lists 2, 3, 4 (a
+  tournament's second, third, last: 1, 1, 3 before them) from groups of 4;
+  list 0 (0 before it) from pairs, a chunk's last group where unpaired, and
+  its last vregs (fewer than 4, each entry a group of its own).
+  Enough: let e, of list p (a = AHEAD[p]), rank r < levels in its block,
+  q entries of list p before it. Each of those q and e has a entries of
+  its own group certainly before it (so before e), all distinct (a group
+  each): (q + 1)(a + 1) - 1 <= r, so q + 1 <= levels // (a + 1), and e is
+  among its list's that many best."""
+  return tuple(levels // (a + 1) for a in AHEAD)
+
+
+def _merge_skip(p: int, i: int) -> int:
+  """The levels `_merge` need not compare the i-th entry of list p (p >= 1)
+  with: (i + 1)(AHEAD[p] + 1) - 1, those certainly before it.
+
+  The entries certainly before an entry of list p are of lists below p (a
+  bests' loser: its winner, list 0; a second: its group's best, list 0 or
+  1; a third: its pair's winner, a best or second; a last: the other 3).
+  The merge starts from list 0 and inserts lists 1, 2, ... in turn, each
+  best first, keeping the `levels` best of the entries merged so far (U),
+  sorted. (a) An entry y of a list q below p missing from U ranks after
+  `levels` of U: U dropped it (then it holds `levels` before it), or y's
+  list did, holding levels // (A + 1) entries before y (A = AHEAD[q]), each
+  with A of its group before it, and y has A of its own: at least `levels`
+  entries before y, all distinct (a group each), of list q or below, each in
+  U or (by induction on q) after `levels` of U. (b) When x, the i-th of list
+  p, goes in, the i before it in its list and the AHEAD[p] of each of their
+  i + 1 groups before them and x are (i + 1)(AHEAD[p] + 1) - 1 = skip
+  distinct entries before x, each in U or after `levels` of U (a), and skip
+  < levels (i < list_lengths(levels)[p]): U's best `skip` rank before x,
+  which goes below them."""
+  return (i + 1) * (AHEAD[p] + 1) - 1
+
+
+def _shift_in(vals, idx, v, vi, beats, skip: int = 0):
+  """Sorted levels (f32 and i32 [8, 128] each) with v, vi inserted at the
+  first level it beats (beats[l]: masks, monotone over the levels, False
+  .. False True .. True; the first `skip` False, not read); the levels
+  below shift down, the last one out."""
+  new_v, new_i = list(vals[:skip]), list(idx[:skip])
+  for lvl in range(skip, len(vals)):
+    above_v, above_i = (v, vi) if lvl == skip else (
+        jnp.where(beats[lvl - 1], vals[lvl - 1], v),
+        jnp.where(beats[lvl - 1], idx[lvl - 1], vi))
+    new_v.append(jnp.where(beats[lvl], above_v, vals[lvl]))
+    new_i.append(jnp.where(beats[lvl], above_i, idx[lvl]))
+  return tuple(new_v), tuple(new_i)
 
 
 def _insert(vals, idx, v, vi):
   """Sorted levels (f32 and i32 [8, 128] each) with one more vreg of entries
   inserted (higher indices than every kept one: it loses every tie)."""
-  beats = [v > lv for lv in vals]
-  # beats is monotone over the levels (False..False True..True): the new
-  # entry goes to the first level it beats, the levels below shift down.
-  new_v, new_i = [jnp.where(beats[0], v, vals[0])], [
-      jnp.where(beats[0], vi, idx[0])]
-  for lvl in range(1, len(vals)):
-    new_v.append(jnp.where(beats[lvl - 1], vals[lvl - 1],
-                           jnp.where(beats[lvl], v, vals[lvl])))
-    new_i.append(jnp.where(beats[lvl - 1], idx[lvl - 1],
-                           jnp.where(beats[lvl], vi, idx[lvl])))
-  return tuple(new_v), tuple(new_i)
+  return _shift_in(vals, idx, v, vi, [v > lv for lv in vals])
+
+
+def _sweeps(lengths) -> list[tuple[int, int]]:
+  """The lists [lo, hi) each loop over a tile's chunks deals to: in turn,
+  as many as keep at most `_SWEEP_LEVELS` levels (list 0 alone where it
+  keeps more). A loop carries its lists' levels in registers (a value and
+  an index vreg a level, of 64 vregs); more would spill (a few do: the
+  loop still issues 4 vector ops a bundle), and each loop does its
+  tournaments again (45 vector ops, of 190 or more a pair of groups): at
+  keep 7 one loop (22 levels), at keep 13 two (14 + 7; 7 + 7 + 3)."""
+  out, lo = [], 0
+  for p in range(1, len(lengths) + 1):
+    if p == len(lengths) or sum(lengths[lo:p + 1]) > _SWEEP_LEVELS:
+      out.append((lo, p))
+      lo = p
+  return out
+
+
+def pass_ops(levels: int) -> float:
+  """Vector compares and selects of the pass per vreg of entries (so per
+  entry), chunks of whole pairs of groups: a pair's inserts (5m - 2 ops into
+  a list of m levels: lists 0 and 1 once, the others twice) and each loop's
+  exchanges (5 ops; `_sweeps`: a loop does again those its lists need)."""
+  lengths = list_lengths(levels)
+  inserts = (1, 1, 2, 2, 2)
+  # exchanges a pair of groups makes, by kind, and the kinds each list needs
+  count = {"pairs": 4, "winners": 2, "losers": 2, "bests": 1}
+  needs = ({"pairs", "winners", "bests"}, {"pairs", "winners", "bests"},
+           {"pairs", "winners"}, {"pairs", "losers"}, {"pairs", "losers"})
+  ops = sum(d * (5 * m - 2) for d, m in zip(inserts, lengths) if m)
+  for lo, hi in _sweeps(lengths):
+    kinds = set().union(*(needs[p] for p in range(lo, hi) if lengths[p]))
+    ops += 5 * sum(count[x] for x in kinds)
+  return ops / (2 * GROUP)
+
+
+def _exchange(a, ia, b, ib):
+  """(winner, its index, loser, its index) of a and b, a's index the lower:
+  one compare, a tie to a."""
+  m = b > a
+  return (jnp.where(m, b, a), jnp.where(m, ib, ia),
+          jnp.where(m, a, b), jnp.where(m, ia, ib))
+
+
+def _tournament(v, vi):
+  """The 4 places (value, index: best, second, third, last) of 4 vregs of
+  entries v, vi of the same blocks, indices ascending. Each exchange has
+  the lower indices on its left: (0, 1), (2, 3), then the winners and the
+  losers, each time one of (0, 1) left of one of (2, 3)."""
+  w0, iw0, l0, il0 = _exchange(v[0], vi[0], v[1], vi[1])
+  w1, iw1, l1, il1 = _exchange(v[2], vi[2], v[3], vi[3])
+  best, ibest, second, isecond = _exchange(w0, iw0, w1, iw1)
+  third, ithird, last, ilast = _exchange(l0, il0, l1, il1)
+  return (best, ibest), (second, isecond), (third, ithird), (last, ilast)
 
 
 def _scan(buf, lv, li, first, *, levels: int, chunks: int, chunk: int,
-          lane_rows: bool):
-  """Inserts a tile of 8 rows from entry `first` into the levels lv, li
-  ([levels * 8, 8, 128]), in index order. buf: f32[chunks, 8, chunk], level
-  l of unit u (blocks u * 128 + lane of the 8 rows) at l * 8 + u; or
-  (lane_rows) f32[chunks, 8, chunk / 128, 128], level l of row u (its
-  blocks sublane * 128 + lane) at l * 8 + u (`_rows_to_units`)."""
-  lane = _iota((SUBLANES, LANES), 1)
-  block = _iota((SUBLANES, LANES), 0) * LANES + lane
-  for u in range(UNITS):
-    def body(c, carry, u=u):
-      vals, idx = carry
-      for j in range(chunk // BLOCKS):  # static: 8 inserts interleave
+          lane_rows: bool, empty: bool = False):
+  """Deals a tile of 8 rows from entry `first`, in index order, to the
+  lists in lv, li ([sum(list_lengths(levels)) * 8, 8, 128]): a chunk's
+  vregs in groups of 4 (`_tournament`), two in a row paired (their bests'
+  match: lists 0 and 1), a last one unpaired (its best to list 0); its
+  last vregs (fewer than 4) one at a time to list 0. buf: f32[chunks, 8,
+  chunk], list level l of unit u (blocks u * 128 + lane of the 8 rows) at
+  l * 8 + u; or (lane_rows) f32[chunks, 8, chunk / 128, 128], level l of
+  row u (its blocks sublane * 128 + lane) at l * 8 + u (`_rows_to_units`).
+  An index in li is the entry's less its block (a multiple of 1,024, one
+  scalar a vreg), the block added by `_merge`: the lists and the merge
+  compare indices of one block alone. empty: the first tile, the lists
+  empty (-inf, `_NO_INDEX`) and not read from lv, li."""
+  lengths = list_lengths(levels)
+  nv = chunk // BLOCKS
+  for u, (lo, hi) in itertools.product(range(UNITS), _sweeps(lengths)):
+    at = sum(lengths[:lo])  # the sweep's lists: levels [at, top)
+    top = sum(lengths[:hi])
+
+    def body(c, carry, u=u, lo=lo, hi=hi, at=at):
+      vals, idx = list(carry[0]), list(carry[1])
+
+      def entries(j):  # vreg j of chunk c and its indices
         if lane_rows:  # row u's entries j * 1024 + block
-          v, at = buf[c, u, j * SUBLANES:(j + 1) * SUBLANES, :], block
+          v = buf[c, u, j * SUBLANES:(j + 1) * SUBLANES, :]
         else:  # the 8 rows' entries j * 1024 + u * 128 + lane
           col = j * BLOCKS + u * LANES
-          v, at = buf[c, :, col:col + LANES], u * LANES + lane
-        v = v + 0.0  # -0.0 -> +0.0; flushes subnormals
-        vals, idx = _insert(vals, idx, v, first + c * chunk + j * BLOCKS + at)
-      return vals, idx
-    init = (tuple(lv[l * UNITS + u] for l in range(levels)),
-            tuple(li[l * UNITS + u] for l in range(levels)))
-    vals, idx = lax.fori_loop(0, chunks, body, init)
+          v = buf[c, :, col:col + LANES]
+        # -0.0 -> +0.0; flushes subnormals. The index less its block: one
+        # scalar a vreg (`_merge` adds the block)
+        return v + 0.0, jnp.full((SUBLANES, LANES),
+                                 first + c * chunk + j * BLOCKS, jnp.int32)
+
+      def deal(p, v, vi):  # into list p
+        s = slice(sum(lengths[:p]) - at, sum(lengths[:p + 1]) - at)
+        vals[s], idx[s] = _insert(vals[s], idx[s], v, vi)
+
+      def group(g):
+        got = [entries(g + q) for q in range(GROUP)]
+        return _tournament([e[0] for e in got], [e[1] for e in got])
+
+      def deal_all(dealt):
+        for p, e in dealt:
+          if lo <= p < hi and lengths[p]:
+            deal(p, *e)
+
+      pairs = nv // (2 * GROUP) * 2 * GROUP  # static: they interleave
+      for g in range(0, pairs, 2 * GROUP):
+        a, b = group(g), group(g + GROUP)  # a's indices the lower
+        w, iw, l, il = _exchange(*a[0], *b[0])
+        deal_all([(0, (w, iw)), (1, (l, il))] + [
+            (LIST_OF[q], x[q]) for q in range(1, GROUP) for x in (a, b)])
+      for g in range(pairs, nv - nv % GROUP, GROUP):
+        deal_all(list(zip(LIST_OF, group(g))))
+      if lo == 0:
+        for j in range(nv - nv % GROUP, nv):
+          deal(0, *entries(j))
+      return tuple(vals), tuple(idx)
+
+    if empty:
+      init = tuple((jnp.full((SUBLANES, LANES), x, dt),) * (top - at)
+                   for x, dt in ((-jnp.inf, jnp.float32),
+                                 (_NO_INDEX, jnp.int32)))
+    else:
+      init = (tuple(lv[l * UNITS + u] for l in range(at, top)),
+              tuple(li[l * UNITS + u] for l in range(at, top)))
+    vals, idx = lax.fori_loop(0, chunks, body, init,
+                              unroll=math.gcd(chunks, _PASS_UNROLL))
+    for l in range(at, top):
+      lv[l * UNITS + u] = vals[l - at]
+      li[l * UNITS + u] = idx[l - at]
+
+
+def _merge(lv, li, levels: int, lane_rows: bool):
+  """The lists in lv, li (`_scan`) merged into each block's `levels` best,
+  sorted by (value descending, index ascending), at levels [0, levels)
+  (list 0's, and its layout). Across lists an entry may
+  rank before one of lower index: each insert compares both keys, from
+  level `_merge_skip` on. Each live index then gets its block added (`_scan`
+  keeps it less its block; lane_rows: the blocks of `_scan`'s row layout).
+  """
+  lengths = list_lengths(levels)
+  lane = _iota((SUBLANES, LANES), 1)
+  for u in range(UNITS):
+    block = (_iota((SUBLANES, LANES), 0) if lane_rows else u) * LANES + lane
+    vals = tuple(lv[l * UNITS + u] for l in range(levels))
+    idx = tuple(li[l * UNITS + u] for l in range(levels))
+    at = levels
+    for p in range(1, len(AHEAD)):
+      for i in range(lengths[p]):
+        v, vi = lv[(at + i) * UNITS + u], li[(at + i) * UNITS + u]
+        skip = _merge_skip(p, i)
+        beats = [None] * skip + [_before(v, vi, vals[l], idx[l])
+                                 for l in range(skip, levels)]
+        vals, idx = _shift_in(vals, idx, v, vi, beats, skip)
+      at += lengths[p]
     for l in range(levels):
       lv[l * UNITS + u] = vals[l]
-      li[l * UNITS + u] = idx[l]
+      li[l * UNITS + u] = jnp.where(idx[l] == _NO_INDEX, idx[l],
+                                    idx[l] + block)
 
 
 def _rows_to_units(lv, li, levels: int):
@@ -158,6 +353,7 @@ def _rows_to_units(lv, li, levels: int):
 # grows with k.
 
 _CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
+_LANE_BITS = 7  # log2(LANES): a move's bits that `_round` spends
 _UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
 
 
@@ -228,17 +424,20 @@ def _mark(lv, li, ck, cw, key, index, n: int):
 def _compact(li, bufs, n: int, width: int):
   """The live entries of vregs [0, n) of bufs[0] (keys, words: 1 where
   live; position v * 128 + l: vreg v, lane l) moved, in order, to the first
-  positions. bufs: two pairs of (key, word) buffers i32[N + 9, 8, 128],
-  empty from vreg n on. Returns (the pair now holding their keys and
-  indices in its first `width` vregs, -inf's key and `_NO_INDEX` past them;
-  how many are live a row, i32[8, 1]).
+  positions. bufs: two pairs of (key, word) buffers i32[N + 8, 8, 128]
+  (`finish_scratch`). Returns (the pair holding their keys and indices in
+  its first `width` vregs, -inf's key and `_NO_INDEX` past them; how many
+  are live a row, i32[8, 1]).
 
   Each one's move is its position less its slot (the exclusive prefix count
-  of the live); it moves in rounds, the move's lowest bit first, so no two
-  ever meet. What moves is its key and one word: the index's high bits
-  (index // 1024; the low bits, its block, follow from where it started:
-  slot + move), a live bit and the move. A round reads one pair of buffers
-  and writes the other (`_round`)."""
+  of the live), in rounds, the move's lowest bit first, so no two ever meet.
+  Its word (the index's high bits, index // 1024; a live bit; the move)
+  moves lanes first (`_round`, bits 1 .. 64); then its key is fetched from
+  where it started (`_fetch`), the pair moves whole vregs by the bits below
+  128 * spread (`_vreg_round`; none where the slots are one chunk of 8
+  vregs), and each slot vreg takes, lane by lane, the one entry bound for
+  it (`_gather`), its index's low bits (the block) following from where it
+  started: slot + move."""
   (ck, cw), lane = bufs[0], _iota((SUBLANES, LANES), 1)
   sb = _move_bits(n, width)
   alive = 1 << sb
@@ -263,66 +462,122 @@ def _compact(li, bufs, n: int, width: int):
     return before + tot[v]
 
   total = _loop(n, word, jnp.zeros((SUBLANES, LANES), jnp.int32))[:, :1]
-  big = ck.shape[0] - _CHUNK - 1  # positions moved: vregs [0, big)
-  for b in range(sb):
-    _round(bufs[b % 2], bufs[1 - b % 2], b, big)
-  ck, cw = bufs[sb % 2]
+  words = [bufs[0][1], bufs[1][1]]
+  for ref in words:  # the rounds read vregs past n
+    ref[pl.ds(n, _CHUNK)] = jnp.zeros((_CHUNK, SUBLANES, LANES), jnp.int32)
+  for b in range(_LANE_BITS):
+    _round(words[b % 2], words[1 - b % 2], b, n)
+  pairs = [bufs[0], (bufs[1][0], words[1])]
+  _fetch(ck, words[1], pairs[1][0], n)
+  spread = _CHUNK if width > _CHUNK else 1  # vregs the gather strides
+  for r in range(spread.bit_length() - 1):
+    _vreg_round(pairs[1 - r % 2], pairs[r % 2], r, n)
+  src = pairs[1 - (spread.bit_length() - 1) % 2]
+  dst = pairs[(spread.bit_length() - 1) % 2]
+  _gather(src, dst, n, width, sb, spread)
+  return dst, total
 
-  def decode(v, c):
-    w = cw[v]
-    start = v * LANES + lane + (w & (alive - 1))  # where it came from
-    block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
-    live = (w & alive) != 0
-    ck[v] = jnp.where(live, ck[v], _DEAD)
-    cw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block, _NO_INDEX)
+
+def _fetch(keys, sw, dk, n: int):
+  """The keys of the entries of words sw after `_round` (each a whole
+  number of vregs from its slot now), fetched from where they started in
+  keys (lanes l + its lane move, of vreg v or v + 1: two lane gathers) to
+  dk[0:n] (dead: any key)."""
+  lane = _iota((1, SUBLANES, LANES), 2)
+
+  def body(v, c):
+    at = lane + (sw[pl.ds(v, 1)] & (LANES - 1))
+    src = at & (LANES - 1)
+    dk[pl.ds(v, 1)] = jnp.where(at < LANES, _lane_gather(keys[pl.ds(v, 1)], src),
+                                _lane_gather(keys[pl.ds(v + 1, 1)], src))
     return c
 
-  _loop(width, decode)
-  return bufs[sb % 2], total
+  _loop(n, body)
 
 
-def _round(src, dst, b: int, big: int):
-  """Round b of `_compact`: position p of dst takes position p + 2**b of
-  src where that one moves by bit b, and is empty where its own entry
-  moves; 8 vregs a loop step over [0, big) (src: empty vregs from `big`
-  on). Bits 2**b = 128 m take vreg v + m; bits under 128 take vreg v,
-  lanes l + 2**b, and the lanes past 128 from vreg v + 1 (each vreg rolled
-  by 128 - 2**b once: lane l holds lane l + 2**b)."""
+def _vreg_round(src, dst, r: int, n: int):
+  """Move bit 128 * 2**r of `_compact` (after `_round`): vreg v of dst
+  takes vreg v + 2**r of src where its entry moves by that bit, and is
+  empty where its own entry does (src: vregs [n, n + 8) empty words)."""
   (sk, sw), (dk, dw) = src, dst
-  bit = 1 << b
+  bit, m = LANES << r, 1 << r
 
-  def merge(v, tk, tw):
-    w = sw[pl.ds(v, _CHUNK)]
+  def step(c, carry):
+    v = pl.multiple_of(c * _CHUNK, _CHUNK)
+    a, here = pl.ds(v + m, _CHUNK), pl.ds(v, _CHUNK)
+    tw, w = sw[a], sw[here]
     take = (tw & bit) != 0  # a dead word (0) never moves
-    dk[pl.ds(v, _CHUNK)] = jnp.where(take, tk, sk[pl.ds(v, _CHUNK)])
-    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
+    dk[here] = jnp.where(take, sk[a], sk[here])
+    dw[here] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
+    return carry
 
-  if bit >= LANES:
-    def step(c, carry):
-      v = pl.multiple_of(c * _CHUNK, _CHUNK)
-      a = pl.ds(jnp.minimum(v + bit // LANES, big), _CHUNK)
-      merge(v, sk[a], sw[a])
-      return carry
+  lax.fori_loop(0, n // _CHUNK, step, 0, unroll=_UNROLL)
 
-    lax.fori_loop(0, big // _CHUNK, step, 0, unroll=_UNROLL)
-    return
 
+def _gather(src, dst, n: int, width: int, sb: int, spread: int):
+  """The last step of `_compact`: slot vreg w of dst (w < width) takes, lane
+  by lane, the entry of src's vregs w, w + spread, ... (< n) whose move
+  (its word's bits from 128 * spread to 2**sb; the lower ones are spent)
+  leads to vreg w, at most one (the slots are distinct), and decodes it:
+  its key and index, or -inf's key and `_NO_INDEX` where none is live. 8
+  slot vregs a loop over src, in registers: source v serves those of them
+  congruent to it mod spread."""
+  (sk, sw), (dk, dw) = src, dst
+  alive = 1 << sb
+  lane = _iota((SUBLANES, LANES), 1)
+  shift = _LANE_BITS + spread.bit_length() - 1
+  for w0 in range(0, width, _CHUNK):
+    g = min(_CHUNK, width - w0)
+
+    def body(q, acc, w0=w0, g=g):
+      ks, ws = list(acc[0]), list(acc[1])
+      for i in range(spread):
+        v = w0 + q * spread + i
+        k, w = sk[v], sw[v]
+        to = v - (((w & (alive - 1)) >> shift) * spread)  # slot vreg (dead: v)
+        for j in range(i, g, spread):
+          m = to == w0 + j
+          ks[j], ws[j] = jnp.where(m, k, ks[j]), jnp.where(m, w, ws[j])
+      return tuple(ks), tuple(ws)
+
+    empty = (tuple(jnp.full((SUBLANES, LANES), _DEAD, jnp.int32)
+                   for _ in range(g)),
+             tuple(jnp.zeros((SUBLANES, LANES), jnp.int32) for _ in range(g)))
+    trips = -(-(n - w0) // spread) if w0 < n else 0
+    ks, ws = (lax.fori_loop(0, trips, body, empty, unroll=math.gcd(trips, 8))
+              if trips else empty)
+    for j in range(g):
+      w, v = ws[j], w0 + j
+      start = v * LANES + lane + (w & (alive - 1))  # where it came from
+      block = start & (BLOCKS - 1)  # position mod 1,024: unit * 128 + lane
+      live = (w & alive) != 0
+      dk[v] = jnp.where(live, ks[j], _DEAD)
+      dw[v] = jnp.where(live, ((w >> (sb + 1)) << _BLOCK_BITS) | block,
+                        _NO_INDEX)
+
+
+def _round(sw, dw, b: int, n: int):
+  """Round b < 7 of `_compact`, on the words: position p of dw takes
+  position p + 2**b of sw where that one moves by bit b, and is empty where
+  its own entry moves; 8 vregs a loop step over [0, n) (sw: vreg n empty).
+  Vreg v takes lanes l + 2**b, and the lanes past 128 from vreg v + 1 (each
+  vreg rolled by 128 - 2**b once: lane l holds lane l + 2**b)."""
+  bit = 1 << b
   hi = _iota((1, SUBLANES, LANES), 2) >= LANES - bit
 
   def roll(x):
     return pltpu.roll(x, LANES - bit, 2)
 
-  def step(c, first):  # first: vregs v of sk and sw, rolled
+  def step(c, first):  # first: vreg v of sw, rolled
     v = pl.multiple_of(c * _CHUNK, _CHUNK)
-    nxt = pl.ds(v + 1, _CHUNK)
-    rk, rw = roll(sk[nxt]), roll(sw[nxt])  # vregs v + 1 ... v + 8
-    rk0 = jnp.concatenate([first[0], rk[:-1]])
-    rw0 = jnp.concatenate([first[1], rw[:-1]])
-    merge(v, jnp.where(hi, rk, rk0), jnp.where(hi, rw, rw0))
-    return rk[-1:], rw[-1:]
+    rw = roll(sw[pl.ds(v + 1, _CHUNK)])  # vregs v + 1 ... v + 8
+    tw = jnp.where(hi, rw, jnp.concatenate([first, rw[:-1]]))
+    w = sw[pl.ds(v, _CHUNK)]
+    take = (tw & bit) != 0  # a dead word (0) never moves
+    dw[pl.ds(v, _CHUNK)] = jnp.where(take, tw, jnp.where((w & bit) != 0, 0, w))
+    return rw[-1:]
 
-  lax.fori_loop(0, big // _CHUNK, step, (roll(sk[0:1]), roll(sw[0:1])),
-                unroll=_UNROLL)
+  lax.fori_loop(0, n // _CHUNK, step, roll(sw[0:1]), unroll=_UNROLL)
 
 
 def _lane_gather(x, lanes):
@@ -442,10 +697,6 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
   bound = bound_levels(k, keep) * UNITS
   key, index = _kth([_key(lv[v]) for v in range(bound)],
                     [li[v] for v in range(bound)], k, idx_bits)
-  for ck, cw in ((k0, w0), (k1, w1)):  # empty past the candidates
-    rest = pl.ds(n, ck.shape[0] - n)
-    ck[rest] = jnp.full((ck.shape[0] - n, SUBLANES, LANES), _DEAD, jnp.int32)
-    cw[rest] = jnp.zeros((ck.shape[0] - n, SUBLANES, LANES), jnp.int32)
   _mark(lv, li, k0, w0, key, index, n)
   (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
   _bitonic(ck, cw, width)
@@ -459,9 +710,9 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
 
 
 def finish_scratch(keep: int, k: int) -> list:
-  """The finish's VMEM scratch: two pairs of key and word buffers, i32[N +
-  9, 8, 128] each (N: the candidate or capacity vregs)."""
-  big = max(keep * UNITS, capacity(k) // LANES) + _CHUNK + 1
+  """The finish's VMEM scratch: two pairs of key and word buffers, i32[N,
+  8, 128] each (N: the candidate vregs and 8 more, or the capacity's)."""
+  big = max(keep * UNITS + _CHUNK, capacity(k) // LANES)
   return [pltpu.VMEM((big, SUBLANES, LANES), jnp.int32)] * 4
 
 
@@ -471,9 +722,9 @@ def _key(v):
 
 
 def _levels(lv, li, vals_ref, idx_ref):
-  """The levels themselves (`block_candidates`)."""
-  vals_ref[...] = lv[...]
-  idx_ref[...] = li[...]
+  """The levels themselves (`block_candidates`), lv and li's first."""
+  vals_ref[...] = lv[0:vals_ref.shape[0]]
+  idx_ref[...] = li[0:idx_ref.shape[0]]
 
 
 # -- the kernel ---------------------------------------------------------------
@@ -483,7 +734,8 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
   W / 128, 128], its first tiles * tile entries read). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
-  li, each output's block in VMEM, their semaphores, the finish's scratch."""
+  li (the lists, `_scan`; after `_merge`, the levels first), each
+  output's block in VMEM, their semaphores, the finish's scratch."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
@@ -498,12 +750,10 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
         x_hbm.at[rows, pl.ds(pl.multiple_of((b * chunks + c) * w, w), w)],
         buf.at[slot, c], sem.at[slot]) for c in range(chunks)]
 
-  lv[...] = jnp.full(lv.shape, -jnp.inf, jnp.float32)
-  li[...] = jnp.full(li.shape, _NO_INDEX, jnp.int32)
   for cp in copies(0, 0):
     cp.start()
 
-  def step(b, carry):
+  def step(b, carry):  # b: 0 (the first tile, its lists empty) or traced
     slot = b % 2
     if tiles > 1:
       @pl.when(b + 1 < tiles)
@@ -513,10 +763,12 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
     # one wait covers the tile's DMAs: they signal one semaphore
     pltpu.make_async_copy(buf.at[slot], buf.at[slot], sem.at[slot]).wait()
     _scan(buf.at[slot], lv, li, b * tile, levels=keep + 1, chunks=chunks,
-          chunk=chunk, lane_rows=lane_rows)
+          chunk=chunk, lane_rows=lane_rows, empty=isinstance(b, int))
     return carry
 
-  lax.fori_loop(0, tiles, step, 0)
+  step(0, 0)  # its lists start empty in registers: lv, li unread, no fill
+  lax.fori_loop(1, tiles, step, 0)
+  _merge(lv, li, keep + 1, lane_rows)
   if lane_rows:
     _rows_to_units(lv, li, keep + 1)
   finish(lv, li, *out_vmem, *extra)
@@ -567,8 +819,8 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool,
       scratch_shapes=[
           pltpu.VMEM((2, tile // chunk, SUBLANES, *buf), jnp.float32),
           pltpu.SemaphoreType.DMA((2,)),
-          pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.float32),
-          pltpu.VMEM((levels * UNITS, SUBLANES, LANES), jnp.int32),
+          *[pltpu.VMEM((sum(list_lengths(levels)) * UNITS, SUBLANES, LANES),
+                       dt) for dt in (jnp.float32, jnp.int32)],
           *[pltpu.VMEM(shape, dt) for shape, dt in blocks],
           pltpu.SemaphoreType.DMA((len(blocks),)), *extra],
       compiler_params=pltpu.CompilerParams(
@@ -675,7 +927,7 @@ def cost(rows, entries, k, *, keep=None, tile=None):
   cap = capacity(k)
   return base.TopkCost(
       "blocktop", t * n * base.F32, t * k * base.I32, 1,
-      t * base.sort_work(cap), t * n * (2 * keep + 5),
+      t * base.sort_work(cap), t * n * pass_ops(keep + 1),
       f"one pass keeping {keep} of each of {BLOCKS} blocks of "
       f"{-(-n // BLOCKS)} entries; in the kernel, a bitonic sort of the "
       f"{cap} best-placed of its {keep * BLOCKS} candidates a row")
