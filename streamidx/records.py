@@ -38,6 +38,7 @@ import functools
 import importlib.resources
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -83,6 +84,8 @@ CHIP_FIELDS: Mapping[str, str] = {
     "date": "UTC time of the measurement (ISO 8601)",
     "command": "the command that measured it",
     "jax": "jax version", "libtpu": "libtpu version",
+    "commit": "git commit of the checkout that ran (`checkout_commit`), or "
+              "None: not recorded (before 2026-12-07)",
 }
 TEST_RUN_FIELDS: Mapping[str, str] = {
     "chip": "TPU generation", "device_kind": "jax's device_kind",
@@ -90,7 +93,7 @@ TEST_RUN_FIELDS: Mapping[str, str] = {
     "skipped": "tests skipped", "wall_s": "wall seconds of the run",
     "date": "UTC time (ISO 8601)", "command": "the command",
     "jax": "jax version", "libtpu": "libtpu version",
-    "commit": "git commit of the checkout, or None",
+    "commit": CHIP_FIELDS["commit"],
     "interrupted": "cut short (a timeout, Ctrl-C): its counts are the tests "
                    "that finished",
     "tier_tests": "the tier's tests, those deselected by -k included (None: "
@@ -114,7 +117,7 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
     "hbm_s": "their time at the chip's HBM bandwidth (roofline.bounds)",
     "ratio": "device_s / hbm_s",
     **{f: CHIP_FIELDS[f] for f in ("compile_s", "repeats", "date", "command",
-                                   "jax", "libtpu")},
+                                   "jax", "libtpu", "commit")},
 }
 _MODES = ("decode", "prefill", "page", "selection")
 
@@ -144,6 +147,23 @@ def removed_now(removed: Iterable[str], date: str) -> frozenset[str]:
   if date < PREFETCH_2_UNTIL:
     removed ^= {"prefetch_2"}
   return frozenset(removed)
+
+
+def checkout_commit() -> str | None:
+  """The commit a measurement ran: `STREAMIDX_COMMIT` (a TPU host's copy of
+  the checkout has no .git), else the checkout's `git rev-parse --short
+  HEAD`, else None."""
+  if os.environ.get("STREAMIDX_COMMIT"):
+    return os.environ["STREAMIDX_COMMIT"]
+  root = Path(__file__).resolve().parents[1]
+  if not (root / ".git").exists():
+    return None
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                          capture_output=True, text=True, check=True,
+                          timeout=10).stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    return None
 
 
 def path(name: str) -> Path:

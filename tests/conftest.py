@@ -226,7 +226,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
              command=" ".join(["STREAMIDX_TIER_RESUME=1"] * bool(
                  os.environ.get("STREAMIDX_TIER_RESUME"))
                               + ["pytest"] + sys.argv[1:]),
-             commit=os.environ.get("STREAMIDX_COMMIT"),
              interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
              tier_tests=len(_SELECTED) + len(
                  terminalreporter.stats.get("deselected", ())),

@@ -74,7 +74,8 @@ def _rows(device_s=1e-3):
       wall={"median": 2e-3}, compile_s=3.0, floor=5e-4, repeats=4,
       iterations=2, check={"ok": True}, run="r1", date="2026-12-05T00:00:00",
       command="python -m streamidx.bench --record", chip="v5e",
-      device_kind="TPU v5 lite", versions={"jax": "0.10.2", "libtpu": "x"})
+      device_kind="TPU v5 lite",
+      versions={"jax": "0.10.2", "libtpu": "x", "commit": "abc"})
 
 
 def test_call_rows_are_a_call_and_its_parts(chip_records):
@@ -240,3 +241,18 @@ def test_summary_counts_each_tier_test_by_its_newest_result(chip_records):
   text = record.summary()
   assert "`-k readme`) had 1 passed, 1 failed" in text
   assert "3 passed, 0 failed, 1 skipped, 6 not yet run (3 runs" in text
+
+
+def test_a_measurement_names_its_commit(monkeypatch):
+  """`STREAMIDX_COMMIT` first (a TPU host's copy has no .git), else the
+  checkout's HEAD; every chip row, experiment and test run has the key."""
+  monkeypatch.setenv("STREAMIDX_COMMIT", "abc1234")
+  assert record.versions()["commit"] == "abc1234"
+  monkeypatch.delenv("STREAMIDX_COMMIT")
+  got = records.checkout_commit()
+  assert got is None or len(got) >= 7
+  for of, fields in (("rows", records.CHIP_FIELDS),
+                     ("experiments", records.EXPERIMENT_FIELDS),
+                     ("test_runs", records.TEST_RUN_FIELDS)):
+    assert "commit" in fields
+    assert all("commit" in r for r in records.load("chip")[of]), of

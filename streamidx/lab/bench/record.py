@@ -256,7 +256,10 @@ def _rule(rows: int, entries: int, k: int) -> np.ndarray:
 
 
 def versions() -> dict:
-  out = {"jax": jax.__version__, "libtpu": None}
+  """jax, libtpu and the checkout's commit (`records.checkout_commit`):
+  what a chip row, experiment or test run ran with."""
+  out = {"jax": jax.__version__, "libtpu": None,
+         "commit": records.checkout_commit()}
   for pkg in ("libtpu", "libtpu-nightly"):
     try:
       out["libtpu"] = md.version(pkg)
