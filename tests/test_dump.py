@@ -152,6 +152,25 @@ def test_a_register_bound_is_a_dynamic_trip_count_the_caller_supplies():
   assert got.total == 8 * 5 and got.dynamic == (("k", 0, 5),)
 
 
+def test_a_dynamic_loop_inside_a_branch_not_taken_runs_no_trip():
+  """A loop whose every call is into a branch that does not run (a
+  `topk.base.again` loop, inlined in the top level) needs no trip count:
+  0; taken the other way, it is a dynamic loop like any."""
+  text = _DYNAMIC.replace(
+      "   0x4   :  {}", "   0x4   :  { %3 = inlined_call /* %sort.1 = sort(%a) */ }")
+  comps = {"TLP": _comp("TLP", text),
+           "sort.1": _comp("sort.1", "0 : { %s1 = smov 0 }\n")}
+  conds = [dump.Conditional("cond", (frozenset({"x"}), frozenset({"sort.1"})))]
+  got = dump.executed(comps, conditionals=conds, taken={"cond": 0})
+  assert got.total == 0 and got.dynamic == ()
+  assert ("TLP loop at 0x0", "in a branch not taken") in got.conditionals
+  with pytest.raises(ValueError, match="trips"):
+    dump.executed(comps, conditionals=conds, taken={"cond": 1})
+  ran = dump.executed(comps, conditionals=conds, taken={"cond": 1},
+                      trips={("TLP", 0): 3})
+  assert ran.total == 3 * (8 + 1) and ran.dynamic == (("TLP", 0, 3),)
+
+
 def fori_program(x, *, n: int, m: int = 0):
   """A program whose loop counts are known, for checking `trip_count`: a
   `lax.fori_loop` of `n` iterations over f32 `x` (each with an inner loop of

@@ -349,7 +349,8 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
              sparsecore: Sequence[SparseCoreCall] = ()) -> ModuleCount:
   """The bundles the module issues from `root` (`comps`: name ->
   Computation). `trips`: (computation, loop start) -> trips of the loops
-  the dump does not bound (ValueError naming them otherwise); `taken`:
+  the dump does not bound (ValueError naming them otherwise; a loop whose
+  every call is into a branch not taken does not run: 0 trips); `taken`:
   conditional -> the branch that runs (default: every branch, a bound)."""
   taken = dict(taken or {})
   trips = dict(trips or {})
@@ -375,7 +376,11 @@ def executed(comps: Mapping[str, Computation], *, root: str = "TLP",
     t = {}
     for l in comp.loops:
       n = l.trips if l.trips is not None else trips.get((name, l.start))
-      if n is None:
+      inside = {b.call for b in comp.bundles if b.call and l.contains(b.addr)}
+      if l.trips is None and inside and inside <= skip:
+        n = 0  # every call it makes is a branch's that does not run
+        notes.append((f"{name} loop at {l.start:#x}", "in a branch not taken"))
+      elif n is None:
         missing.append(f"{name} loop at {l.start:#x}")
         n = 0
       elif l.trips is None:
