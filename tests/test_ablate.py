@@ -28,7 +28,7 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
           "page_dma": set(), "early_issue": set(), "prefetch_2": set(),
-          "split_launch": set(), "big_table": set()}
+          "split_launch": set(), "big_table": set(), "narrow_pool": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,16 +129,22 @@ def test_late_issue_scores_as_shipped_without_a_race(race_log):
   np.testing.assert_array_equal(scores, shipped)
 
 
-def _mixed_scores(num_cores: int):
+def _mixed_scores(num_cores: int, narrow: bool = False):
   """`scores(exp)`: the experiment's score buffer over one batch of all four
   launches whose programs take several KV steps (128-entry blocks) and
-  query blocks (8 rows), 2 sequences a decode program, on `num_cores`."""
+  query blocks (8 rows), 2 sequences a decode program, on `num_cores`;
+  with `narrow`, each page p of the P-page cache holds page
+  p % (P // `lean.NARROW_POOL`)'s data."""
   batch = si.make_mixed_batch(
       decode=[2000, 37, 1200, 64, 700], prefill=[(20, 1100)],
       mixed=[(9, 1333), (1, 90), (3, 600), (0, 40)], page_size=64,
       compression_ratio=4, seed=3)
   q, w, cache, *rest = si.make_inputs(batch, num_heads=4, fmt="dense_fp8",
                                       seed=1).args
+  if narrow:
+    pages = cache[0].shape[0]
+    cache = tuple(a[np.arange(pages) % (pages // lean.NARROW_POOL)]
+                  for a in cache)
   call, arrays = variants.get(ablate.VARIANT).kernel.bind(
       q, w, *cache, *rest, k=8, compression_ratio=4, topk_method="sort",
       num_kv_pages_per_block=2, num_queries_per_block=(1, 8, 8),
@@ -194,6 +200,19 @@ def test_a_big_table_scores_as_the_shipped_table():
   np.testing.assert_array_equal(
       scores(next(e for e in ablate.EXPERIMENTS if e.name == "big_table")),
       scores(ablate.EXPERIMENTS[0]))
+
+
+@FULL
+def test_a_narrow_pool_scores_as_the_shipped_table_on_a_folded_cache():
+  """The page ids folded into the cache's first 1/`lean.NARROW_POOL` pages
+  ("narrow_pool"): the shipped scores, bit for bit, over the cache whose
+  every page p holds the data of the page it folds to (the batch's table
+  reads every page); the narrow pool's own cache is the unfolded one, whose
+  first pages are the same, so an ablation that folded nothing differs."""
+  narrow = next(e for e in ablate.EXPERIMENTS if e.name == "narrow_pool")
+  np.testing.assert_array_equal(
+      _mixed_scores(1)(narrow),
+      _mixed_scores(1, narrow=True)(ablate.EXPERIMENTS[0]))
 
 
 @FULL

@@ -58,7 +58,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
              "page_dma", "early_issue", "prefetch_2", "split_launch",
-             "big_table")
+             "big_table", "narrow_pool")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -102,6 +102,14 @@ SPLIT_PARTS = 4
 # (split launches took the slower step at 262,144 too: is it the table's
 # size in SMEM? No: 0.779 ms against 0.770 at 64 x 262,144).
 BIG_TABLE_ROWS = 4
+# "narrow_pool": the page table's ids folded into the cache's first
+# 1/`NARROW_POOL` of its pages (id % (total_pages // NARROW_POOL)), hoisted
+# out of the kernel: the same program, DMAs and bytes over a quarter of the
+# HBM address span, no memory more. One program stepped at 1.10x its HBM
+# time at 64 x 262,144 (2.2 GB of cache; 16 x 1M as fast) and at 1.41x at
+# 64 x 1M and 256 x 262,144 (8.9 GB): is it the span the DMAs touch
+# (address translation, banks)?
+NARROW_POOL = 4
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -515,6 +523,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   width = align_to(pages_per_seq, bkv_p)
   table = jnp.clip(page_indices.reshape(max_num_seqs, pages_per_seq), 0,
                    total_pages - 1)
+  if "narrow_pool" in ablate:
+    table = table % max(1, total_pages // NARROW_POOL)
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
   if "big_table" in ablate:
     table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))

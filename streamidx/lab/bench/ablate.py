@@ -43,11 +43,11 @@ SPACED_GAP_S = 0.05  # "spaced": idle seconds after each profiled call
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The shipped call less `removed` (`lean.ABLATIONS`: pieces removed, or
-  changed as "page_dma", "split_launch" and "big_table"), or with `kv_pages`
-  pages per KV block or `batch` sequences per decode program, or the
-  shipped call with its profiled calls paced otherwise (`gap_s`: 0, back
-  to back; > 0, that many seconds idle after each; None, each waited for,
-  as every other row)."""
+  changed as "page_dma", "split_launch", "big_table" and "narrow_pool"), or
+  with `kv_pages` pages per KV block or `batch` sequences per decode
+  program, or the shipped call with its profiled calls paced otherwise
+  (`gap_s`: 0, back to back; > 0, that many seconds idle after each; None,
+  each waited for, as every other row)."""
 
   name: str
   removed: tuple[str, ...] = ()
@@ -85,6 +85,12 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # table's never read.
     Experiment("big_table", ("big_table",)),
     Experiment("big_table_reads_only", ("big_table", "compute", "score_write")),
+    # Every page id folded into the cache's first quarter, the same DMAs
+    # and bytes over a quarter of its HBM addresses: does the step follow
+    # the span they touch?
+    Experiment("narrow_pool", ("narrow_pool",)),
+    Experiment("narrow_pool_reads_only",
+               ("narrow_pool", "compute", "score_write")),
     # The same program, the chip kept busy (calls back to back) or left
     # idle between calls: does the step follow the chip's recent load?
     Experiment("back_to_back", gap_s=0.0),
