@@ -87,7 +87,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("big_table_reads_only", ("big_table", "compute", "score_write")),
     # Every page id folded into the cache's first quarter, the same DMAs
     # and bytes over a quarter of its HBM addresses: does the step follow
-    # the span they touch?
+    # the span they touch? (No: `lean.NARROW_POOL`.)
     Experiment("narrow_pool", ("narrow_pool",)),
     Experiment("narrow_pool_reads_only",
                ("narrow_pool", "compute", "score_write")),
