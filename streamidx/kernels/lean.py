@@ -106,8 +106,8 @@ BIG_TABLE_ROWS = 4
 # 1/`NARROW_POOL` of its pages (id % (total_pages // NARROW_POOL)), hoisted
 # out of the kernel: the same program, DMAs and bytes over a quarter of the
 # HBM address span, no memory more. One program stepped at 1.10x its HBM
-# time at 64 x 262,144 (2.2 GB of cache; 16 x 1M as fast) and at 1.41x at
-# 64 x 1M and 256 x 262,144 (8.9 GB): is it the span the DMAs touch
+# time at 64 x 262,144 (0.55 GB of cache; 16 x 1M as fast) and at 1.41x at
+# 64 x 1M and 256 x 262,144 (2.2 GB): is it the span the DMAs touch
 # (address translation, banks)? No: 3.919 ms against 3.919 at 64 x 1M, its
 # reads alone 2.940 as the shipped kernel's; 0.764 against 0.770 at 64 x
 # 262,144.
