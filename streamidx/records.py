@@ -85,7 +85,8 @@ CHIP_FIELDS: Mapping[str, str] = {
     "command": "the command that measured it",
     "jax": "jax version", "libtpu": "libtpu version",
     "commit": "git commit of the checkout that ran (`checkout_commit`), or "
-              "None: not recorded (before 2026-12-07)",
+              "None: not recorded (chip rows and experiments before "
+              "2026-12-07)",
 }
 TEST_RUN_FIELDS: Mapping[str, str] = {
     "chip": "TPU generation", "device_kind": "jax's device_kind",

@@ -228,25 +228,16 @@ def test_blocktop_candidates_at_the_bound_fit_the_slots(k, mean):
   assert max(live) < 0.8 * sb.capacity(k)
 
 
-def test_blocktop_sort_in_chunks_matches_the_rule(monkeypatch):
-  # At k 2,048 the sort's 32 vregs go through registers 16 at a time: steps
-  # between two chunks, a loop over the chunks. Here the same code at 512
-  # slots (k 200, 4 vregs) in chunks of 2 vregs (the compaction's rounds 1
-  # vreg a loop step).
-  x = np.random.default_rng(7).integers(-3, 4, (3, 6000)).astype(np.float32)
-  monkeypatch.setattr(sb, "_CHUNK", 1)
-  got, bad = sb.block_select(x, 200, keep=3, tile=2048)
-  assert not np.asarray(bad).any()
-  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
-
-
-def test_blocktop_compaction_strided_gather_matches_the_rule(monkeypatch):
-  # Wider than a chunk of slot vregs (k above 512), the compaction moves
-  # whole vregs by its low vreg bits, then gathers from every 8th vreg. Here
-  # the same code at 512 slots (k 200, 4 vregs) in chunks of 2 vregs: one
-  # vreg round, a gather from every other vreg.
-  x = np.random.default_rng(8).integers(-3, 4, (3, 6000)).astype(np.float32)
-  monkeypatch.setattr(sb, "_CHUNK", 2)
+@pytest.mark.parametrize("chunk,seed", [(1, 7), (2, 8)])
+def test_blocktop_chunked_finish_matches_the_rule(monkeypatch, chunk, seed):
+  # The finish's paths past one chunk of slot vregs, at 512 slots (k 200, 4
+  # vregs): chunk 1, the sort in chunks (at k 2,048 its 32 vregs go through
+  # registers 16 at a time: steps between two chunks, a loop over them; the
+  # compaction's rounds 1 vreg a loop step); chunk 2, the compaction wider
+  # than a chunk (k above 512: whole vregs moved by their low vreg bits,
+  # then a gather from every other vreg).
+  x = np.random.default_rng(seed).integers(-3, 4, (3, 6000)).astype(np.float32)
+  monkeypatch.setattr(sb, "_CHUNK", chunk)
   got, bad = sb.block_select(x, 200, keep=3, tile=2048)
   assert not np.asarray(bad).any()
   np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 200))
