@@ -15,6 +15,7 @@ import pytest
 
 import streamidx as si
 from streamidx import blocks, records, variants
+from streamidx import cache as cache_lib
 from streamidx.kernels import driver, entries, lean
 from streamidx.lab import aot, shapes
 from streamidx.lab.bench import ablate, record
@@ -213,6 +214,36 @@ def test_a_narrow_pool_scores_as_the_shipped_table_on_a_folded_cache():
   np.testing.assert_array_equal(
       _mixed_scores(1)(narrow),
       _mixed_scores(1, narrow=True)(ablate.EXPERIMENTS[0]))
+
+
+def test_a_wide_pool_gives_the_shipped_program_four_times_the_pages():
+  """"wide_pool": the cache's arrays `ablate.WIDE_POOL` times the batch's
+  pages, the rest of every argument and the kernel the shipped call's."""
+  spec = shapes.CallShape(S.name, "token", S.num_tokens, S.num_seqs, S.pages,
+                          S.page_size, S.num_heads, S.head_dim, S.k,
+                          S.compression_ratio)
+  args = aot.entry_args(ablate.VARIANT, spec, S.fmt)
+  wide = next(e for e in ablate.EXPERIMENTS if e.name == "wide_pool")
+  (_, fn, got), (_, base, want) = (ablate.program(e, args, "v5e")
+                                   for e in (wide, ablate.EXPERIMENTS[0]))
+  assert fn.args[1] is base.args[1] is entries.LEAN
+  pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+  changed = [(g.shape, w.shape) for g, w in pairs if g.shape != w.shape]
+  assert len(changed) == len(cache_lib.CACHE_FORMATS[S.fmt].arrays) == 2
+  assert all(g == (w[0] * ablate.WIDE_POOL, *w[1:]) for g, w in changed)
+
+
+@FULL
+def test_a_wide_pool_scores_as_the_shipped_cache():
+  """The cache given `ablate.WIDE_POOL` times its pages, zeros past its
+  own: the shipped scores, bit for bit, every DMA waited for."""
+  tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
+  args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
+  wide = next(e for e in ablate.EXPERIMENTS if e.name == "wide_pool")
+  left, _, got = _dma_bytes(wide, args, tiny)
+  assert not left
+  np.testing.assert_array_equal(got, _dma_bytes(ablate.EXPERIMENTS[0], args,
+                                                tiny)[2])
 
 
 @FULL

@@ -23,8 +23,10 @@ import time
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 
 from streamidx import blocks as blocks_lib
+from streamidx import cache as cache_lib
 from streamidx import modes, records
 from streamidx import variants as variants_lib
 from streamidx.kernels import driver, entries
@@ -38,6 +40,7 @@ SHAPE = next(p.shape for p in record.POINTS if p.shape.name
 VARIANT = "lean"
 ITERATIONS = 5  # profiled calls per experiment
 SPACED_GAP_S = 0.05  # "spaced": idle seconds after each profiled call
+WIDE_POOL = 4  # "wide_pool": the cache's pages, times the batch's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,13 +50,15 @@ class Experiment:
   with `kv_pages` pages per KV block or `batch` sequences per decode
   program, or the shipped call with its profiled calls paced otherwise
   (`gap_s`: 0, back to back; > 0, that many seconds idle after each; None,
-  each waited for, as every other row)."""
+  each waited for, as every other row), or the shipped call over a cache of
+  `pool` times the batch's pages, those past its own zeros never read."""
 
   name: str
   removed: tuple[str, ...] = ()
   kv_pages: int | None = None
   batch: int | None = None
   gap_s: float | None = None  # its profiled calls paced (`profiling.capture`)
+  pool: int = 1  # the cache's pages, times the batch's
 
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -95,6 +100,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # idle between calls: does the step follow the chip's recent load?
     Experiment("back_to_back", gap_s=0.0),
     Experiment("spaced", gap_s=SPACED_GAP_S),
+    # The same program and reads in a cache of four times the pages (64 x
+    # 1M's 2.2 GB at 64 x 262,144): does the step follow the size of the
+    # buffer it reads from, where `narrow_pool` ruled out the span read?
+    Experiment("wide_pool", pool=WIDE_POOL),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
@@ -113,10 +122,25 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
                                         + blocks["num_kv_pages_per_block"][1:])
   if exp.batch:
     blocks["decode_req_batch_size"] = exp.batch
+  if exp.pool > 1:
+    args = widened(args, shape.fmt, exp.pool)
   call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
                             topk_method="sort", **blocks)  # needing no extra
   return blocks, functools.partial(driver.scoring, call,
                                    entries.lean_without(exp.removed)), arrays
+
+
+def widened(args, fmt: str, pool: int) -> tuple:
+  """`record.entry_args`'s `args` (arrays or `jax.ShapeDtypeStruct`s) with
+  the cache's arrays given `pool` times their pages, zeros past its own."""
+  n = len(cache_lib.CACHE_FORMATS[fmt].arrays)
+
+  def wide(a):
+    shape = (a.shape[0] * pool, *a.shape[1:])
+    if isinstance(a, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(shape, a.dtype, sharding=a.sharding)
+    return jnp.zeros(shape, a.dtype).at[:a.shape[0]].set(a)
+  return (*args[:2], *map(wide, args[2:2 + n]), *args[2 + n:])
 
 
 def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
