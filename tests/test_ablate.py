@@ -233,6 +233,22 @@ def test_a_wide_pool_gives_the_shipped_program_four_times_the_pages():
   assert all(g == (w[0] * ablate.WIDE_POOL, *w[1:]) for g, w in changed)
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_ballast_holds_its_bytes_beside_the_shipped_arrays(monkeypatch, where):
+  """"ballast_*": the shipped program's arguments built anew (equal to the
+  shipped call's), with `ablate.BALLAST_BYTES` of HBM to hold beside them;
+  no ballast, the shipped arguments themselves."""
+  monkeypatch.setattr(ablate, "BALLAST_BYTES", 4096)
+  tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
+  args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
+  exp = next(e for e in ablate.EXPERIMENTS if e.name == f"ballast_{where}")
+  got, ballast = ablate.inputs(exp, tiny, args)
+  assert ballast.shape == (4096,) and ballast.dtype == np.uint8
+  assert all(a is not b and np.array_equal(a, b)
+             for a, b in zip(got, args, strict=True))
+  assert ablate.inputs(ablate.EXPERIMENTS[0], tiny, args) == (args, None)
+
+
 @FULL
 def test_a_wide_pool_scores_as_the_shipped_cache():
   """The cache given `ablate.WIDE_POOL` times its pages, zeros past its

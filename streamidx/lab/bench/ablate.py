@@ -41,6 +41,7 @@ VARIANT = "lean"
 ITERATIONS = 5  # profiled calls per experiment
 SPACED_GAP_S = 0.05  # "spaced": idle seconds after each profiled call
 WIDE_POOL = 4  # "wide_pool": the cache's pages, times the batch's
+BALLAST_BYTES = 2 << 30  # "ballast_*": HBM held beside the cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,9 @@ class Experiment:
   program, or the shipped call with its profiled calls paced otherwise
   (`gap_s`: 0, back to back; > 0, that many seconds idle after each; None,
   each waited for, as every other row), or the shipped call over a cache of
-  `pool` times the batch's pages, those past its own zeros never read."""
+  `pool` times the batch's pages, those past its own zeros never read, or
+  with `ballast` (`BALLAST_BYTES` held in HBM, allocated "before" the
+  cache's arrays or "after" them; `inputs`)."""
 
   name: str
   removed: tuple[str, ...] = ()
@@ -59,6 +62,7 @@ class Experiment:
   batch: int | None = None
   gap_s: float | None = None  # its profiled calls paced (`profiling.capture`)
   pool: int = 1  # the cache's pages, times the batch's
+  ballast: str | None = None  # "before" or "after" the cache's arrays
 
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -104,6 +108,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # 1M's 2.2 GB at 64 x 262,144): does the step follow the size of the
     # buffer it reads from, where `narrow_pool` ruled out the span read?
     Experiment("wide_pool", pool=WIDE_POOL),
+    # The shipped cache with 2 GiB of HBM held beside it, allocated before
+    # it (the cache placed past it) or after: its place, or the memory in
+    # use, apart from its size.
+    Experiment("ballast_before", ballast="before"),
+    Experiment("ballast_after", ballast="after"),
     *(Experiment(f"kv_pages_{p}", kv_pages=p) for p in (4, 16, 32)),
     *(Experiment(f"batch_{b}", batch=b) for b in (1, 2, 8)),
     # Both at once, around the fastest of the above.
@@ -141,6 +150,24 @@ def widened(args, fmt: str, pool: int) -> tuple:
       return jax.ShapeDtypeStruct(shape, a.dtype, sharding=a.sharding)
     return jnp.zeros(shape, a.dtype).at[:a.shape[0]].set(a)
   return (*args[:2], *map(wide, args[2:2 + n]), *args[2 + n:])
+
+
+def inputs(exp: Experiment, shape, args):
+  """(args, ballast): what `exp` runs on (`args`, the shipped call's entry
+  arguments, unless it has ballast: new ones, built after `BALLAST_BYTES`
+  of HBM are allocated or before) and the ballast to hold while it runs."""
+  def ballast():
+    return jax.block_until_ready(jnp.zeros(BALLAST_BYTES, jnp.uint8))
+
+  def fresh():
+    return jax.block_until_ready(record.entry_args(shape, VARIANT, shape.fmt))
+  if exp.ballast is None:
+    return args, None
+  if exp.ballast == "before":
+    held = ballast()
+    return fresh(), held
+  assert exp.ballast == "after", exp.ballast
+  return fresh(), ballast()  # in that order
 
 
 def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
@@ -226,7 +253,9 @@ def main(argv: Sequence[str]) -> int:
       print(f"--budget-s spent: {e.name} and after not started", flush=True)
       break
     try:
-      blocks, times, compile_s = measure(e, args, chip=chip, shape=shape)
+      run_args, ballast = inputs(e, shape, args)
+      blocks, times, compile_s = measure(e, run_args, chip=chip, shape=shape)
+      del run_args, ballast
       r = row(e, blocks, times, chip=chip, device_kind=dev.device_kind,
               compile_s=compile_s, command=command, shape=shape)
       records.append_chip(experiments=[r])
