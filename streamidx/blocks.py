@@ -250,15 +250,15 @@ EXPERIMENT_SHAPE = "dsv4-decode-64x262144"
 def _measured(variant: str = "lean") -> tuple[BlockSizes, ...]:
   """Rows measured on a chip, from the records (`streamidx.records`): per
   chip, cache format, heads and page size, the blocks of `variant`'s
-  fastest scoring experiment recorded at `EXPERIMENT_SHAPE` that removed
-  nothing from today's kernel (`records.removed_now`; `python -m
+  fastest scoring experiment recorded at `EXPERIMENT_SHAPE` that ran
+  today's kernel as shipped (`records.as_shipped`; `python -m
   streamidx.bench --ablate`). Later in `TABLE` than
   the static schedule's row for the same call, so they win where a chip
   measured."""
   best: dict[tuple, list[dict]] = {}
   for r in records.chip_rows("experiments", variant=variant,
                              shape=EXPERIMENT_SHAPE):
-    if not records.removed_now(r["removed"], r["date"]):
+    if records.as_shipped(r):
       key = (r["chip"], r["cache_format"], r["num_heads"], r["page_size"])
       best.setdefault(key, []).append(r)
   out = []

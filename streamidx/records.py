@@ -106,6 +106,8 @@ TEST_RUN_FIELDS: Mapping[str, str] = {
 EXPERIMENT_FIELDS: Mapping[str, str] = {
     "experiment": "its name (lab.bench.ablate.EXPERIMENTS)",
     "removed": "the pieces of work left out (kernels.lean.ABLATIONS)",
+    "inputs": "what it ran on besides the shipped call's arguments "
+              "(lab.bench.ablate.Experiment.inputs), or None: those alone",
     **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape",
                                    "variant", "cache_format", "num_heads")},
     "page_size": "entries per cache page",
@@ -148,6 +150,13 @@ def removed_now(removed: Iterable[str], date: str) -> frozenset[str]:
   if date < PREFETCH_2_UNTIL:
     removed ^= {"prefetch_2"}
   return frozenset(removed)
+
+
+def as_shipped(experiment: Mapping[str, Any]) -> bool:
+  """Whether an experiment row timed today's shipped call: nothing removed
+  (`removed_now`) and nothing beside its arguments (its "inputs")."""
+  return (not removed_now(experiment["removed"], experiment["date"])
+          and experiment["inputs"] is None)
 
 
 def checkout_commit() -> str | None:

@@ -64,6 +64,16 @@ class Experiment:
   pool: int = 1  # the cache's pages, times the batch's
   ballast: str | None = None  # "before" or "after" the cache's arrays
 
+  @property
+  def inputs(self) -> str | None:
+    """What it runs on besides the shipped call's arguments (its rows'
+    "inputs"), or None."""
+    if self.pool > 1:
+      return f"the cache at {self.pool} times the batch's pages"
+    if self.ballast:
+      return f"{BALLAST_BYTES >> 30} GiB of HBM allocated {self.ballast} the cache"
+    return None
+
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("baseline"),
@@ -192,7 +202,8 @@ def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
   hbm_s = roofline.bounds([cost], hardware.spec(chip))[0].t_mem
   steps, device_s = p.counts(), times["scoring_s"]
   return dict(
-      experiment=exp.name, removed=list(exp.removed), blocks=blocks,
+      experiment=exp.name, removed=list(exp.removed), inputs=exp.inputs,
+      blocks=blocks,
       chip=chip, device_kind=device_kind, shape=shape.name, variant=VARIANT,
       cache_format=shape.fmt, num_heads=shape.num_heads,
       page_size=shape.page_size, device_s=device_s,

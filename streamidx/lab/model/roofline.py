@@ -432,7 +432,7 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
   than three with nothing removed: nothing measured to add)."""
   ex = [e for e in records.load("chip")["experiments"]
         if e["chip"] == chip and e["shape"] == si.blocks.EXPERIMENT_SHAPE
-        and not records.removed_now(e["removed"], e["date"])]
+        and records.as_shipped(e)]
   if len(ex) < 3:
     return None
   a = np.array([[e["kv_steps"], e["hbm_bytes"]] for e in ex], float)
