@@ -29,7 +29,8 @@ ABLATED = [e for e in ablate.EXPERIMENTS if e.removed]
 NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
           "page_dma": set(), "early_issue": set(), "prefetch_2": set(),
-          "split_launch": set(), "big_table": set(), "narrow_pool": set()}
+          "split_launch": set(), "big_table": set(), "narrow_pool": set(),
+          "gathered_scales": set()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,6 +261,18 @@ def test_a_wide_pool_scores_as_the_shipped_cache():
   assert not left
   np.testing.assert_array_equal(got, _dma_bytes(ablate.EXPERIMENTS[0], args,
                                                 tiny)[2])
+
+
+def test_gathered_scales_score_as_the_shipped_kernel():
+  """A KV block's scales in one DMA a sequence from the gathered copy
+  ("gathered_scales"): the shipped scores, bit for bit, over a batch of
+  all four launches on one core (every DMA waited for:
+  `test_every_ablation_waits_for_each_dma_it_starts_and_drops_its_piece`)."""
+  scores = _mixed_scores(1)
+  np.testing.assert_array_equal(
+      scores(next(e for e in ablate.EXPERIMENTS
+                  if e.name == "gathered_scales")),
+      scores(ablate.EXPERIMENTS[0]))
 
 
 @FULL

@@ -58,7 +58,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
              "page_dma", "early_issue", "prefetch_2", "split_launch",
-             "big_table", "narrow_pool")
+             "big_table", "narrow_pool", "gathered_scales")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -112,6 +112,15 @@ BIG_TABLE_ROWS = 4
 # reads alone 2.940 as the shipped kernel's; 0.764 against 0.770 at 64 x
 # 262,144.
 NARROW_POOL = 4
+# "gathered_scales": the pages' scale tiles gathered by the page table
+# before the launch (an XLA gather, in the launch's time) into u8[rows,
+# page_width, R, L], so that a KV block's scales come in one DMA a
+# sequence, not one a page: half the DMAs a step. At 64 x 1M (a 2.2 GB
+# cache) the kernel without its scales' DMAs took 3.047 ms against 3.919
+# (1.09x its HBM time against 1.41x), and in a cache of four times the
+# pages 64 x 262,144 stepped as slowly as 64 x 1M (`wide_pool`,
+# docs/chip.md): does a block's scales in one DMA keep that, paid for by
+# the gather?
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -177,7 +186,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   del scores_in  # aliased to scores_hbm
   b_sz = seq_batch_size
   _, num_heads, head_dim = q_hbm.shape
-  kv_hbm_pages = sc_hbm.shape[0]  # the cache's pages
+  gathered = "gathered_scales" in ablate  # sc_hbm u8[rows, page_width, R, L]
+  kv_hbm_pages = sc_hbm.shape[0]  # the cache's pages (not when gathered)
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
                    else kv_hbm.shape[1])
   bkv_sz = bkv_p * rows_per_page * KV_PACKING
@@ -247,13 +257,17 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
                               sems.at[_SCALE, slot, 0]).start()
       return
     for b in range(b_sz):
+      if gathered and "scale_dma" not in ablate:  # the block's, in one
+        pltpu.make_async_copy(sc_hbm.at[seq + b, pl.ds(bkv_idx * bkv_p, bkv_p)],
+                              bsc.at[slot, b], sems.at[_SCALE, slot, 0]).start()
+
       def page(i, carry, b=b):
         p = pages_ref[base + b * page_width + i]
         pltpu.make_async_copy(
             kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * rows_per_page,
                                                  rows_per_page)],
             sems.at[_KV, slot, 0]).start()
-        if "scale_dma" not in ablate:
+        if "scale_dma" not in ablate and not gathered:
           pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
                                 sems.at[_SCALE, slot, 0]).start()
         return carry
@@ -502,10 +516,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   rows (`streamidx.kernels.block_max`). ablate: `ABLATIONS` to leave out
   (the module docstring; token mode)."""
   if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
-      or ("kv_loop" in ablate and "prefetch_2" not in ablate)):
+      or ("kv_loop" in ablate and "prefetch_2" not in ablate)
+      or {"gathered_scales", "page_dma"} <= set(ablate)):
     raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
-                     f"kv_loop only with prefetch_2 (got {sorted(ablate)}, "
-                     f"{spec.case})")
+                     f"kv_loop only with prefetch_2, gathered_scales not "
+                     f"with page_dma (got {sorted(ablate)}, {spec.case})")
   if "split_launch" in ablate:
     return _split(spec, q, weights, cache, prefetch, start, end, outputs,
                   ablate=frozenset(ablate) - {"split_launch"})
@@ -530,8 +545,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
   if "big_table" in ablate:
     table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))
+  scale_block = scales.shape[1:]
+  if "gathered_scales" in ablate:  # whole tiles, the table's rows and width
+    scales = scales[table]
   slots = 2 if "prefetch_2" in ablate else kv_slots(spec)
-  scratch = tpu.pair_scratch(q, weights, scores, values, scales.shape[1:],
+  scratch = tpu.pair_scratch(q, weights, scores, values, scale_block,
                              seq_batch_size=b, bq_sz=bq_sz, bkv_p=bkv_p,
                              page_size=page_size, page_mode=page_mode,
                              kv_slots=slots)

@@ -110,6 +110,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("narrow_pool", ("narrow_pool",)),
     Experiment("narrow_pool_reads_only",
                ("narrow_pool", "compute", "score_write")),
+    # A KV block's scales in one DMA a sequence, from a copy gathered by the
+    # page table before the launch: half the DMAs a step, for the gather.
+    Experiment("gathered_scales", ("gathered_scales",)),
     # The same program, the chip kept busy (calls back to back) or left
     # idle between calls: does the step follow the chip's recent load?
     Experiment("back_to_back", gap_s=0.0),
