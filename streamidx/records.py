@@ -108,6 +108,8 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
     "removed": "the pieces of work left out (kernels.lean.ABLATIONS)",
     "inputs": "what it ran on besides the shipped call's arguments "
               "(lab.bench.ablate.Experiment.inputs), or None: those alone",
+    "cache_bytes": "HBM bytes of the cache it read from, as stored "
+                   "(lab.bench.ablate.cache_bytes)",
     **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape",
                                    "variant", "cache_format", "num_heads")},
     "page_size": "entries per cache page",

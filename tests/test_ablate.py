@@ -418,11 +418,12 @@ def test_lean_refuses_two_blocks_ahead_without_kv_steps():
 
 def test_lean_blocks_on_a_measured_chip_are_its_fastest_experiment():
   """Where `--ablate` ran, lean's decode row is the blocks of the fastest
-  experiment recorded at the experiments' shape that removed nothing from
-  today's kernel; elsewhere the static schedule's."""
+  experiment recorded at the experiments' shape that ran today's kernel as
+  shipped (`records.as_shipped`: nothing removed, nothing beside its
+  arguments); elsewhere the static schedule's."""
   full = [r for r in records.chip_rows("experiments", variant="lean",
                                        shape=blocks.EXPERIMENT_SHAPE)
-          if not records.removed_now(r["removed"], r["date"])]
+          if records.as_shipped(r)]
   for chip in ("v5e", "v6e", "v7x"):
     row = si.block_sizes("lean", cache_format="dense_fp8", num_heads=64,
                          page_size=128, generation=chip)

@@ -275,8 +275,7 @@ def test_the_chips_kv_step_costs_reproduce_its_experiments():
   a chip with no experiments has none."""
   c = roofline.kv_step_costs("v5e")
   ex = [e for e in records.load("chip")["experiments"]
-        if e["chip"] == "v5e" and not records.removed_now(e["removed"],
-                                                        e["date"])
+        if e["chip"] == "v5e" and records.as_shipped(e)
         and e["shape"] == blocks.EXPERIMENT_SHAPE]
   assert c and set(c.experiments) == {e["experiment"] for e in ex}
   err = {e["experiment"]: abs((e["kv_steps"] * c.step_s + e["hbm_bytes"]
@@ -287,6 +286,49 @@ def test_the_chips_kv_step_costs_reproduce_its_experiments():
   # slower than the HBM peak, as measured, not faster
   assert c.dma_bandwidth < roofline.hardware.spec("v5e").device_bandwidth
   assert roofline.kv_step_costs("v6e") is None
+
+
+def test_a_large_cache_reads_at_the_rate_wide_pool_measured():
+  """v5e: a cache of at least the smallest one measured at `wide_pool`'s
+  step (and more than the largest at the shipped call's) reads at its
+  rate, its bytes over its time less its steps' cost; the model's lean
+  call at 64 x 1M (2.2 GB) reads so, at 64 x 262,144 (0.55 GB) not."""
+  c = roofline.kv_step_costs("v5e")
+  big = roofline.large_cache("v5e", c)
+  wide = records.chip_rows("experiments", chip="v5e", experiment="wide_pool",
+                           shape=blocks.EXPERIMENT_SHAPE)[-1]
+  assert big.max_fast_bytes < big.min_bytes <= wide["cache_bytes"]
+  assert big.dma_bandwidth == pytest.approx(
+      wide["hbm_bytes"] / (wide["device_s"] - wide["kv_steps"] * c.step_s))
+  assert big.dma_bandwidth < c.dma_bandwidth
+  bw = roofline.hardware.spec("v5e").device_bandwidth
+  for tokens, rate in ((2**20, big.dma_bandwidth), (262144, c.dma_bandwidth)):
+    sb = roofline.dsv4_step("v5e", "lean", context_tokens=tokens,
+                            method="blocktop")
+    sc = {s.name: s for s in sb.stages}["scoring"]
+    assert sc.t_dma == pytest.approx(sc.t_hbm * bw / rate), tokens
+    assert ("large cache's step" in sc.detail) == (tokens == 2**20)
+  assert roofline.large_cache("v5e", None) is None
+
+
+def test_no_large_cache_where_the_slow_and_fast_caches_overlap(chip_records):
+  """A shipped-kernel experiment stepping nearer `wide_pool` with a smaller
+  cache than one stepping nearer the shipped call: no size says which."""
+  def row(name, shape, step, cache):
+    return dict(experiment=name, removed=[], inputs=None, chip="v5e",
+                shape=shape, variant="lean", blocks={"b": 1},
+                date="2026-12-07T00:00:00+00:00", kv_step_s=step,
+                kv_steps=256, cache_bytes=cache, hbm_bytes=5e8,
+                device_s=256 * step)
+  ex = [row("baseline", blocks.EXPERIMENT_SHAPE, 3.0e-6, 5.5e8),
+        row("wide_pool", blocks.EXPERIMENT_SHAPE, 3.9e-6, 2.2e9),
+        row("baseline", "dsv4-decode-128x262144", 3.0e-6, 1.1e9)]
+  costs = roofline.KvStepCosts("v5e", 0.0, 7e11, (), 0.0, "")
+  chip_records({"rows": [], "test_runs": [], "experiments": ex})
+  assert roofline.large_cache("v5e", costs).min_bytes == 2.2e9
+  ex.append(row("baseline", "dsv4-decode-20x1048576", 3.8e-6, 7e8))
+  chip_records({"rows": [], "test_runs": [], "experiments": ex})
+  assert roofline.large_cache("v5e", costs) is None
 
 
 def _stall_row():

@@ -193,6 +193,12 @@ def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
   return blocks, times, info["compile_s"]
 
 
+def cache_bytes(p: tiling.Plan, pool: int = 1) -> int:
+  """The HBM bytes of plan `p`'s cache as a TPU stores it, `pool` times its
+  pages (`Experiment.pool`)."""
+  return p.geometry.total_num_pages * p.geometry.page_bytes * pool
+
+
 def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
         device_kind: str, compile_s: float, command: str, shape=SHAPE,
         iterations: int = ITERATIONS) -> dict:
@@ -206,7 +212,7 @@ def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
   steps, device_s = p.counts(), times["scoring_s"]
   return dict(
       experiment=exp.name, removed=list(exp.removed), inputs=exp.inputs,
-      blocks=blocks,
+      cache_bytes=cache_bytes(p, exp.pool), blocks=blocks,
       chip=chip, device_kind=device_kind, shape=shape.name, variant=VARIANT,
       cache_format=shape.fmt, num_heads=shape.num_heads,
       page_size=shape.page_size, device_s=device_s,

@@ -451,6 +451,53 @@ def kv_step_costs(chip: str) -> KvStepCosts | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class LargeCache:
+  """A chip's scoring kernel reading from a large cache, measured: the
+  newest `wide_pool` experiment (the block experiments' shape, the cache
+  at four times its pages) beside the newest shipped call there. Every
+  experiment that ran today's kernel at the same blocks (`records.
+  removed_now`, any shape or cache) is called slow where its KV step is
+  nearer `wide_pool`'s than the shipped call's; `min_bytes` is the
+  smallest cache of the slow, `max_fast_bytes` the largest of the others
+  (none when they overlap). Its page DMAs' rate there: `wide_pool`'s bytes
+  over its time less its KV steps at `KvStepCosts.step_s`. docs/chip.md,
+  "What the slow step follows"."""
+
+  chip: str
+  min_bytes: int  # caches of at least this many bytes step slowly
+  max_fast_bytes: int  # the largest measured at the fast step
+  dma_bandwidth: float  # bytes/s the page DMAs reach there
+  source: str
+
+
+def large_cache(chip: str, costs: KvStepCosts | None) -> LargeCache | None:
+  """`LargeCache` from `chip`'s experiments, or None (no `wide_pool` or
+  shipped call at the experiments' shape, no `costs`, or slow and fast
+  caches that overlap)."""
+  def newest(name, rows):
+    return next((e for e in reversed(rows) if e["experiment"] == name), None)
+  at = records.chip_rows("experiments", chip=chip,
+                         shape=si.blocks.EXPERIMENT_SHAPE)
+  wide = newest("wide_pool", at)
+  base = newest("baseline", [e for e in at if records.as_shipped(e)])
+  if costs is None or wide is None or base is None:
+    return None
+  kernel = [e for e in records.chip_rows("experiments", chip=chip)
+            if not records.removed_now(e["removed"], e["date"])
+            and e["blocks"] == wide["blocks"] and e["variant"] == wide["variant"]]
+  def is_slow(e):
+    return (abs(e["kv_step_s"] - wide["kv_step_s"])
+            < abs(e["kv_step_s"] - base["kv_step_s"]))
+  slow = [e["cache_bytes"] for e in kernel if is_slow(e)]
+  fast = [e["cache_bytes"] for e in kernel if not is_slow(e)]
+  if max(fast) >= min(slow):
+    return None
+  rate = wide["hbm_bytes"] / (wide["device_s"] - wide["kv_steps"] * costs.step_s)
+  return LargeCache(chip, min(slow), max(fast), rate,
+                    f"{wide['experiment']} at {wide['shape']}, {wide['date'][:10]}")
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodeStall:
   """A chip's cycles a bundle in a decode KV loop, measured: the lean
   kernel's `compute_only` experiment (its reads and score writes removed)
@@ -631,11 +678,20 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
     measured["stall"] = (stalled * stall.factor + bundles - stalled) / bundles
   if chip:
     steps = p.counts()["steps"]  # as the experiments counted theirs
+    rate, large = chip.dma_bandwidth, large_cache(generation, chip)
+    cache = g.total_num_pages * g.page_bytes
+    if large and cache >= large.min_bytes:
+      rate = large.dma_bandwidth
+      notes.append(f"a {cache / 1e9:.2f} GB cache, at least the "
+                   f"{large.min_bytes / 1e9:.2f} GB measured at the large "
+                   f"cache's step ({large.source})")
+    elif large and cache > large.max_fast_bytes:
+      notes.append(f"a {cache / 1e9:.2f} GB cache, between the largest "
+                   f"measured at the fast step and the smallest at the slow")
     notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
-                 f"at {chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
-                 f"({chip.source})")
+                 f"at {rate / 1e9:.0f} GB/s, measured ({chip.source})")
     measured.update(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
-                    * kernel.bandwidth / chip.dma_bandwidth)
+                    * kernel.bandwidth / rate)
   # The selection reads f32[T, E]; the kernels write f32[T, E / 128, 128], whose
   # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
   # reshape is an XLA copy of the buffer (the compiled call's HLO), read and
