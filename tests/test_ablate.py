@@ -30,7 +30,7 @@ NO_DMA = {"score_write": {"out"}, "kv_dma": {"kv", "kv_scale"},
           "scale_dma": {"kv_scale"}, "compute": set(), "kv_loop": {"out"},
           "page_dma": set(), "early_issue": set(), "prefetch_2": set(),
           "split_launch": set(), "big_table": set(), "narrow_pool": set(),
-          "gathered_scales": set()}
+          "gathered_scales": set(), "inline_scales": {"kv_scale"}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,6 +259,19 @@ def test_a_wide_pool_scores_as_the_shipped_cache():
   wide = next(e for e in ablate.EXPERIMENTS if e.name == "wide_pool")
   left, _, got = _dma_bytes(wide, args, tiny)
   assert not left
+  np.testing.assert_array_equal(got, _dma_bytes(ablate.EXPERIMENTS[0], args,
+                                                tiny)[2])
+
+
+def test_inline_scales_score_as_the_shipped_kernel():
+  """Each page's values and scales in one array, one DMA a page
+  ("inline_scales", `ablate.inline_cache`): the shipped scores, bit for
+  bit, no scale DMA, every DMA waited for (4 sequences of 2 KV blocks)."""
+  tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
+  args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)
+  inline = next(e for e in ablate.EXPERIMENTS if e.name == "inline_scales")
+  left, rows, got = _dma_bytes(inline, args, tiny)
+  assert not left and "kv_scale" not in rows
   np.testing.assert_array_equal(got, _dma_bytes(ablate.EXPERIMENTS[0], args,
                                                 tiny)[2])
 

@@ -58,7 +58,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
              "page_dma", "early_issue", "prefetch_2", "split_launch",
-             "big_table", "narrow_pool", "gathered_scales")
+             "big_table", "narrow_pool", "gathered_scales", "inline_scales")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -120,7 +120,12 @@ NARROW_POOL = 4
 # (1.09x its HBM time against 1.41x), and in a cache of four times the
 # pages 64 x 262,144 stepped as slowly as 64 x 1M (`wide_pool`,
 # docs/chip.md): does a block's scales in one DMA keep that, paid for by
-# the gather?
+# the gather? No: the kernel took 3.129 ms at 64 x 1M, the gather 1.608.
+# "inline_scales": the cache's values array holding each page's values and
+# then its scale bytes, u8[pages, rows + 1, 4, D] (passed as a pair's
+# values of more pages, `lab.bench.ablate.inline_cache`; the scales never
+# read), so that a page comes in one DMA: the layout a cache would need
+# for that, timed before one is built.
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -187,9 +192,11 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   b_sz = seq_batch_size
   _, num_heads, head_dim = q_hbm.shape
   gathered = "gathered_scales" in ablate  # sc_hbm u8[rows, page_width, R, L]
+  inline = "inline_scales" in ablate  # kv_hbm u8[pages, rows + 1, 4, D]
   kv_hbm_pages = sc_hbm.shape[0]  # the cache's pages (not when gathered)
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
-                   else kv_hbm.shape[1])
+                   else kv_hbm.shape[1] - inline)
+  page_rows = rows_per_page + inline  # a page's rows in kv_hbm and bkv
   bkv_sz = bkv_p * rows_per_page * KV_PACKING
   # a page's scale rows loaded (the rest of its tile zero)
   scale_rows = cache_lib.dense_scale_data_rows(rows_per_page * KV_PACKING)
@@ -264,10 +271,9 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       def page(i, carry, b=b):
         p = pages_ref[base + b * page_width + i]
         pltpu.make_async_copy(
-            kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * rows_per_page,
-                                                 rows_per_page)],
+            kv_hbm.at[p], bkv.at[slot, b, pl.ds(i * page_rows, page_rows)],
             sems.at[_KV, slot, 0]).start()
-        if "scale_dma" not in ablate and not gathered:
+        if "scale_dma" not in ablate and not gathered and not inline:
           pltpu.make_async_copy(sc_hbm.at[p], bsc.at[slot, b, i],
                                 sems.at[_SCALE, slot, 0]).start()
         return carry
@@ -280,7 +286,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   def wait_kv(slot):  # one wait per buffer covers all pages of all sequences
     if "kv_dma" in ablate:
       return
-    waits = [(_KV, bkv)] + ([] if "scale_dma" in ablate else [(_SCALE, bsc)])
+    waits = [(_KV, bkv)] + ([] if "scale_dma" in ablate or inline
+                            else [(_SCALE, bsc)])
     for row, ref in waits:
       dst = ref.at[slot]
       pltpu.make_async_copy(dst, dst, sems.at[row, slot, 0]).wait()
@@ -322,14 +329,25 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
     """bf16[bkv_sz, D] (fnuz: the keys / 16) and f32[1, bkv_sz] scales."""
     if interpreted:  # the interpreter has no ref bitcast: the same words
       raw = bkv[slot, b]
-      words = pltpu.bitcast(raw.reshape(-1, raw.shape[-1]), jnp.uint32)
+      every = pltpu.bitcast(raw.reshape(-1, raw.shape[-1]), jnp.uint32)
+      rows = lambda lo, n: every[lo:lo + n]
     else:
       view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
-      words = view.reshape(view.shape[0], view.shape[2])[...]
+      ref = view.reshape(view.shape[0], view.shape[2])
+      rows = lambda lo, n: ref[pl.ds(lo, n)]
+    if inline:  # page i: rows i * page_rows on, then its scale row
+      bits = jnp.concatenate(
+          [rows((i + 1) * page_rows - 1, 1) & 0xFF for i in range(bkv_p)],
+          axis=0).reshape(1, bkv_sz) << 23
+      words = jnp.concatenate(
+          [rows(i * page_rows, rows_per_page) for i in range(bkv_p)], axis=0)
+    else:
+      words = rows(0, bkv_p * rows_per_page)
     keys = pltpu.bitcast(words, jnp.float8_e4m3b11fnuz if fp8 == "fnuz"
                          else jnp.float8_e4m3fn)
-    raw = bsc[slot, b, :, :scale_rows]
-    bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
+    if not inline:
+      raw = bsc[slot, b, :, :scale_rows]
+      bits = raw.reshape(1, raw.size).astype(jnp.uint32) << 23
     return keys, lax.bitcast_convert_type(bits, jnp.float32)
 
   def head_sum(q, keys, wcol):
@@ -517,10 +535,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   (the module docstring; token mode)."""
   if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
       or ("kv_loop" in ablate and "prefetch_2" not in ablate)
-      or {"gathered_scales", "page_dma"} <= set(ablate)):
+      or len({"gathered_scales", "page_dma", "inline_scales"} & set(ablate))
+      > 1):
     raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
-                     f"kv_loop only with prefetch_2, gathered_scales not "
-                     f"with page_dma (got {sorted(ablate)}, {spec.case})")
+                     f"kv_loop only with prefetch_2, one of gathered_scales, "
+                     f"page_dma, inline_scales (got {sorted(ablate)}, {spec.case})")
   if "split_launch" in ablate:
     return _split(spec, q, weights, cache, prefetch, start, end, outputs,
                   ablate=frozenset(ablate) - {"split_launch"})
@@ -546,6 +565,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   if "big_table" in ablate:
     table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))
   scale_block = scales.shape[1:]
+  if "inline_scales" in ablate:  # the pages u8[P, rows + 1, 4, D] as they are
+    values = values.reshape(-1, values.shape[1] + 1, *values.shape[2:])
   if "gathered_scales" in ablate:  # whole tiles, the table's rows and width
     scales = scales[table]
   slots = 2 if "prefetch_2" in ablate else kv_slots(spec)
