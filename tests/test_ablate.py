@@ -263,6 +263,7 @@ def test_a_wide_pool_scores_as_the_shipped_cache():
                                                 tiny)[2])
 
 
+@FULL
 def test_inline_scales_score_as_the_shipped_kernel():
   """Each page's values and scales in one array, one DMA a page
   ("inline_scales", `ablate.inline_cache`): the shipped scores, bit for
@@ -276,6 +277,7 @@ def test_inline_scales_score_as_the_shipped_kernel():
                                                 tiny)[2])
 
 
+@FULL
 def test_gathered_scales_score_as_the_shipped_kernel():
   """A KV block's scales in one DMA a sequence from the gathered copy
   ("gathered_scales"): the shipped scores, bit for bit, over a batch of
