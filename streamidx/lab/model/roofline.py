@@ -455,9 +455,9 @@ class LargeCache:
   """A chip's scoring kernel reading from a large cache, measured: the
   newest `wide_pool` experiment (the block experiments' shape, the cache
   at four times its pages) beside the newest shipped call there. Every
-  experiment that ran today's kernel at the same blocks (`records.
-  removed_now`, any shape or cache) is called slow where its KV step is
-  nearer `wide_pool`'s than the shipped call's; `min_bytes` is the
+  experiment that ran today's kernel at the same blocks
+  (`records.removed_now`, any shape or cache) is called slow where its KV
+  step is nearer `wide_pool`'s than the shipped call's; `min_bytes` is the
   smallest cache of the slow, `max_fast_bytes` the largest of the others
   (none when they overlap). Its page DMAs' rate there: `wide_pool`'s bytes
   over its time less its KV steps at `KvStepCosts.step_s`. docs/chip.md,
