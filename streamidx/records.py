@@ -102,23 +102,32 @@ TEST_RUN_FIELDS: Mapping[str, str] = {
     "outcomes": "{test id: 'passed' | 'failed' | 'skipped'} of the tests that "
                 "finished (None: not recorded)",
 }
-# One experiment on the lean kernel's scoring launches (`lab.bench.ablate`).
+# One experiment on the lean kernel's scoring launches (`lab.bench.ablate`)
+# or on blocktop's kernel (`lab.bench.ablate_select`, variant "blocktop").
 EXPERIMENT_FIELDS: Mapping[str, str] = {
-    "experiment": "its name (lab.bench.ablate.EXPERIMENTS)",
-    "removed": "the pieces of work left out (kernels.lean.ABLATIONS)",
+    "experiment": "its name (lab.bench.ablate.EXPERIMENTS, or "
+                  "ablate_select's)",
+    "removed": "the pieces of work left out (kernels.lean.ABLATIONS; "
+               "blocktop: 'finish' and topk.blocktop.ABLATIONS)",
     "inputs": "what it ran on besides the shipped call's arguments "
               "(lab.bench.ablate.Experiment.inputs), or None: those alone",
     "cache_bytes": "HBM bytes of the cache it read from, as stored "
-                   "(lab.bench.ablate.cache_bytes)",
-    **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape",
-                                   "variant", "cache_format", "num_heads")},
+                   "(lab.bench.ablate.cache_bytes); None: blocktop's",
+    **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape")},
+    "variant": "streamidx.VARIANTS name, or 'blocktop': the selection's "
+               "kernel alone",
+    **{f: CHIP_FIELDS[f] for f in ("cache_format", "num_heads")},
     "page_size": "entries per cache page",
-    "device_s": "device seconds per call of the scoring ops (profiler)",
-    "ops": "[name, calls, device seconds] per call of each scoring op",
-    "grid_steps": "programs (lab.model.tiling.plan)",
-    "kv_steps": "KV-loop trips (the plan's)", "kv_step_s": "device s / step",
+    "device_s": "device seconds per call of the scoring ops (profiler; "
+                "blocktop: the whole program)",
+    "ops": "[name, calls, device seconds] per call of each op counted",
+    "grid_steps": "programs (lab.model.tiling.plan; blocktop: its groups "
+                  "of 8 rows)",
+    "kv_steps": "KV-loop trips (the plan's; blocktop: its tiles of 8 rows)",
+    "kv_step_s": "device s / step",
     "hbm_bytes": "HBM bytes the shipped kernel moves at these blocks "
-                 "(lab.model.roofline.costs, its kernel stage)",
+                 "(lab.model.roofline.costs, its kernel stage; blocktop: "
+                 "the score buffer once)",
     "hbm_s": "their time at the chip's HBM bandwidth (roofline.bounds)",
     "ratio": "device_s / hbm_s",
     **{f: CHIP_FIELDS[f] for f in ("compile_s", "repeats", "date", "command",

@@ -41,6 +41,10 @@ UNITS = BLOCKS // LANES  # vregs of a row group that make one row's blocks
 MAX_TILE = 65536  # entries of a row per tile (8 rows: 2 MiB a buffer)
 CHUNK = 8192  # entries of a row per DMA
 _TINY = float(jnp.finfo(jnp.float32).tiny)
+# What `kernel_call(..., finish=False, ablate=...)` can leave out, to time the
+# rest on a chip (`lab.bench.ablate_select`): the tiles' DMAs and their
+# waits, the pass's work on each tile.
+ABLATIONS = ("dma", "scan")
 _NO_INDEX = 2**31 - 1  # the index of an empty level (ranks after every entry)
 _DEAD = base.NEG_INF_KEY  # the key of an empty slot (-inf's)
 _BLOCK_BITS = 10  # log2(BLOCKS): an index is its vreg number, then its block
@@ -730,12 +734,15 @@ def _levels(lv, li, vals_ref, idx_ref):
 # -- the kernel ---------------------------------------------------------------
 
 
-def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
+def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows,
+            ablate=frozenset()):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
   W / 128, 128], its first tiles * tile entries read). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
   li (the lists, `_scan`; after `_merge`, the levels first), each
-  output's block in VMEM, their semaphores, the finish's scratch."""
+  output's block in VMEM, their semaphores, the finish's scratch. ablate
+  (`ABLATIONS`): the tiles' DMAs and waits ("dma") or the pass's work on
+  them ("scan") left out, to time the rest on a chip."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
@@ -750,20 +757,23 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
         x_hbm.at[rows, pl.ds(pl.multiple_of((b * chunks + c) * w, w), w)],
         buf.at[slot, c], sem.at[slot]) for c in range(chunks)]
 
-  for cp in copies(0, 0):
-    cp.start()
+  dma = "dma" not in ablate
+  if dma:
+    for cp in copies(0, 0):
+      cp.start()
 
   def step(b, carry):  # b: 0 (the first tile, its lists empty) or traced
     slot = b % 2
-    if tiles > 1:
+    if tiles > 1 and dma:
       @pl.when(b + 1 < tiles)
       def _():
         for cp in copies(b + 1, 1 - slot):
           cp.start()
-    # one wait covers the tile's DMAs: they signal one semaphore
-    pltpu.make_async_copy(buf.at[slot], buf.at[slot], sem.at[slot]).wait()
-    _scan(buf.at[slot], lv, li, b * tile, levels=keep + 1, chunks=chunks,
-          chunk=chunk, lane_rows=lane_rows, empty=isinstance(b, int))
+    if dma:  # one wait covers the tile's DMAs: they signal one semaphore
+      pltpu.make_async_copy(buf.at[slot], buf.at[slot], sem.at[slot]).wait()
+    if "scan" not in ablate:
+      _scan(buf.at[slot], lv, li, b * tile, levels=keep + 1, chunks=chunks,
+            chunk=chunk, lane_rows=lane_rows, empty=isinstance(b, int))
     return carry
 
   step(0, 0)  # its lists start empty in registers: lv, li unread, no fill
@@ -780,12 +790,16 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows):
     cp.wait()
 
 
-def _call(scores, k: int, keep: int, tile: int, finish: bool,
-          entries: int | None = None):
+def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
+          entries: int | None = None, ablate=frozenset()):
   """The kernel over scores f32[T, N] (or f32[T, W / 128, 128], taken as it
   is, its first N = `entries` read: `reads_lane_rows`): [G, ...] per output
   (G = T / 8 rounded up): the winners and flags, or (finish False) the
-  levels."""
+  levels; ablate: `ABLATIONS` left out (finish False only: its levels are
+  then not the pass's)."""
+  if not set(ablate) <= set(ABLATIONS) or (ablate and finish):
+    raise ValueError(f"ablate: a subset of {ABLATIONS}, without the finish "
+                     f"(got {sorted(ablate)}, finish {finish})")
   t, n = scores.shape[0], entries or _entries(scores)
   tiles = -(-n // tile)
   groups = -(-t // SUBLANES)
@@ -810,7 +824,8 @@ def _call(scores, k: int, keep: int, tile: int, finish: bool,
   hbm = pl.BlockSpec(memory_space=pltpu.HBM)
   return pl.pallas_call(
       functools.partial(_kernel, keep=keep, tile=tile, tiles=tiles,
-                        finish=fin, outputs=len(blocks), lane_rows=lane_rows),
+                        finish=fin, outputs=len(blocks), lane_rows=lane_rows,
+                        ablate=frozenset(ablate)),
       grid=(groups,),
       in_specs=[hbm],
       out_specs=[hbm] * len(blocks),
@@ -836,7 +851,7 @@ def block_candidates(scores, *, keep: int, tile: int):
   indices, dropped values f32[T, 1024], dropped indices); column j * 1024 +
   p: the j-th best entry of block p (-inf, 2**31 - 1 where none)."""
   t = scores.shape[0]
-  vals, idx = _call(scores, 1, keep, tile, finish=False)
+  vals, idx = kernel_call(scores, 1, keep, tile, finish=False)
 
   def rows(a):  # [G, levels * 8 units, 8 rows, 128] -> [T, levels * 1024]
     g = a.shape[0]
@@ -884,7 +899,7 @@ def block_select(scores, k: int, *, keep: int, tile: int,
   """The kernel: (winners i32[T, k], whether the row's check failed
   bool[T]); entries: of the kernels' f32[T, W / 128, 128], as `select`."""
   t = scores.shape[0]
-  winners, flag = _call(scores, k, keep, tile, finish=True, entries=entries)
+  winners, flag = kernel_call(scores, k, keep, tile, finish=True, entries=entries)
   winners = winners.reshape(-1, winners.shape[-1])
   return winners[:t, :k], flag.reshape(-1, LANES)[:t, 0] != 0
 

@@ -18,6 +18,9 @@ def main(argv=None) -> int:
   if "--topk" in argv:  # the top-k stage's own benchmark and flags
     from streamidx.lab.bench import topk as topk_bench  # pylint: disable=g-import-not-at-top
     return topk_bench.main([x for x in argv if x != "--topk"])
+  if "--ablate-select" in argv:  # blocktop's kernel taken apart on a TPU
+    from streamidx.lab.bench import ablate_select  # pylint: disable=g-import-not-at-top
+    return ablate_select.main([x for x in argv if x != "--ablate-select"])
   if "--ablate" in argv:  # the lean kernel taken apart on a TPU
     from streamidx.lab.bench import ablate  # pylint: disable=g-import-not-at-top
     return ablate.main([x for x in argv if x != "--ablate"])
@@ -48,6 +51,9 @@ def main(argv=None) -> int:
   add("--ablate", action="store_true", help="instead: time the lean "
       "kernel with one piece removed on this TPU (its own flags: --ablate "
       "--help); --experiments prints them")
+  add("--ablate-select", action="store_true", help="instead: time "
+      "blocktop's kernel with pieces removed on this TPU (its own flags: "
+      "--ablate-select --help)")
   if worker.serve(argv, harness.worker):
     return 0
   a = p.parse_args(argv)

@@ -407,8 +407,8 @@ def experiment_table(rows: Sequence[dict]) -> list[dict]:
       "chip": r["chip"], "shape": r["shape"], "experiment": r["experiment"],
       "removed": ", ".join(sorted(records.removed_now(r["removed"], r["date"])))
                  or "-",
-      "kv pages": r["blocks"]["num_kv_pages_per_block"][0],
-      "batch": r["blocks"]["decode_req_batch_size"],
+      "kv pages": r["blocks"].get("num_kv_pages_per_block", ["-"])[0],
+      "batch": r["blocks"].get("decode_req_batch_size", "-"),
       "device ms": round(r["device_s"] * 1e3, 3),
       "HBM ms": round(r["hbm_s"] * 1e3, 3), "/ HBM": round(r["ratio"], 2),
       "grid steps": r["grid_steps"], "KV steps": r["kv_steps"],
