@@ -266,7 +266,7 @@ def test_a_wide_pool_scores_as_the_shipped_cache():
 @FULL
 def test_inline_scales_score_as_the_shipped_kernel():
   """Each page's values and scales in one array, one DMA a page
-  ("inline_scales", `ablate.inline_cache`): the shipped scores, bit for
+  ("inline_scales", `lean.inline_cache`): the shipped scores, bit for
   bit, no scale DMA, every DMA waited for (4 sequences of 2 KV blocks)."""
   tiny = S.with_(name="tiny", num_seqs=4, seq_len=8192)
   args = record.entry_args(tiny, ablate.VARIANT, tiny.fmt)

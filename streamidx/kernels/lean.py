@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -123,9 +124,33 @@ NARROW_POOL = 4
 # the gather? No: the kernel took 3.129 ms at 64 x 1M, the gather 1.608.
 # "inline_scales": the cache's values array holding each page's values and
 # then its scale bytes, u8[pages, rows + 1, 4, D] (passed as a pair's
-# values of more pages, `lab.bench.ablate.inline_cache`; the scales never
-# read), so that a page comes in one DMA: the layout a cache would need
-# for that, timed before one is built.
+# values of more pages, `inline_cache`; the scales never read), so that a
+# page comes in one DMA: the layout a cache would need for that, timed
+# before one is built.
+
+
+def inline_cache(values, scales):
+  """The dense pair (values u8[P, rows, 4, D], scales u8[P, 4, D]: one data
+  row of D = 128 lanes) with each page's values, then its scale bytes in
+  all four rows of one more, in one array u8[P, rows + 1, 4, D], passed as
+  the pair's values u8[P', rows, 4, D] (P' = P (rows + 1) / rows, the same
+  bytes; the scales padded to P' pages, never read) so that the call's
+  checks pass ("inline_scales": `launch` views them back). Arrays or
+  `jax.ShapeDtypeStruct`s."""
+  p, rows, packing, d = values.shape
+  if tuple(scales.shape) != (p, packing, d) or p % rows:
+    raise ValueError(f"inline_cache: one scale row of {d} lanes a page, "
+                     f"pages a multiple of {rows} (got values "
+                     f"{values.shape}, scales {scales.shape})")
+  wide = p * (rows + 1) // rows
+  if isinstance(values, jax.ShapeDtypeStruct):
+    return tuple(jax.ShapeDtypeStruct((wide, *a.shape[1:]), a.dtype,
+                                      sharding=a.sharding)
+                 for a in (values, scales))
+  row = jnp.broadcast_to(scales[:, None, :1, :], (p, 1, packing, d))
+  pages = jnp.concatenate([values, row], axis=1)
+  return (pages.reshape(wide, rows, packing, d),
+          jnp.pad(scales, ((0, wide - p), (0, 0), (0, 0))))
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:

@@ -24,9 +24,8 @@ import jax
 
 from streamidx import modes
 from streamidx import variants as variants_lib
-from streamidx.kernels import driver, entries
+from streamidx.kernels import driver, entries, lean
 from streamidx.lab import aot
-from streamidx.lab.bench import ablate as ablate_lib
 from streamidx.lab import dump, worker
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.dump import (HBM_FLAGS, Bundle, find_loops, parse_bundles,
@@ -141,7 +140,7 @@ def _launch_calls(variant, shape, fmt, blocks, target, ablate):
       *aot.entry_args(variant, shape, fmt, target),
       **aot.entry_static(variant, shape, blocks))
   if "inline_scales" in ablate:  # its cache, as `bench --ablate` gives it
-    arrays = (*arrays[:2], ablate_lib.inline_cache(*arrays[2]), *arrays[3:])
+    arrays = (*arrays[:2], lean.inline_cache(*arrays[2]), *arrays[3:])
   fn = functools.partial(driver.scoring, call, entries.lean_without(ablate))
   return [(eqn.params.get("name") or "pallas_call", eqn)
           for eqn in tiling.pallas_calls(jax.make_jaxpr(fn)(*arrays).jaxpr)]

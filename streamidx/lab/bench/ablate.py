@@ -29,7 +29,7 @@ from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import modes, records
 from streamidx import variants as variants_lib
-from streamidx.kernels import driver, entries
+from streamidx.kernels import driver, entries, lean
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
@@ -73,7 +73,7 @@ class Experiment:
     if self.ballast:
       return f"{BALLAST_BYTES >> 30} GiB of HBM allocated {self.ballast} the cache"
     if "inline_scales" in self.removed:
-      return "each page's values and scales in one array (inline_cache)"
+      return "each page's values and scales in one array (lean.inline_cache)"
     return None
 
 
@@ -115,7 +115,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # A KV block's scales in one DMA a sequence, from a copy gathered by the
     # page table before the launch: half the DMAs a step, for the gather.
     Experiment("gathered_scales", ("gathered_scales",)),
-    # Each page's values and scales in one array (`inline_cache`), one DMA
+    # Each page's values and scales in one array (`lean.inline_cache`), one DMA
     # a page: the layout a cache would need, timed before one is built.
     Experiment("inline_scales", ("inline_scales",)),
     # The same program, the chip kept busy (calls back to back) or left
@@ -155,7 +155,7 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
                             topk_method="sort", **blocks)  # needing no extra
   if "inline_scales" in exp.removed:
-    arrays = (*arrays[:2], inline_cache(*arrays[2]), *arrays[3:])
+    arrays = (*arrays[:2], lean.inline_cache(*arrays[2]), *arrays[3:])
   return blocks, functools.partial(driver.scoring, call,
                                    entries.lean_without(exp.removed)), arrays
 
@@ -171,30 +171,6 @@ def widened(args, fmt: str, pool: int) -> tuple:
       return jax.ShapeDtypeStruct(shape, a.dtype, sharding=a.sharding)
     return jnp.zeros(shape, a.dtype).at[:a.shape[0]].set(a)
   return (*args[:2], *map(wide, args[2:2 + n]), *args[2 + n:])
-
-
-def inline_cache(values, scales):
-  """The dense pair (values u8[P, rows, 4, D], scales u8[P, 4, D]: one data
-  row of D = 128 lanes) with each page's values, then its scale bytes in
-  all four rows of one more, in one array u8[P, rows + 1, 4, D], passed as
-  the pair's values u8[P', rows, 4, D] (P' = P (rows + 1) / rows, the same
-  bytes; the scales padded to P' pages, never read) so that the call's
-  checks pass ("inline_scales": `kernels.lean` views them back). Arrays or
-  `jax.ShapeDtypeStruct`s."""
-  p, rows, packing, d = values.shape
-  if tuple(scales.shape) != (p, packing, d) or p % rows:
-    raise ValueError(f"inline_cache: one scale row of {d} lanes a page, "
-                     f"pages a multiple of {rows} (got values "
-                     f"{values.shape}, scales {scales.shape})")
-  wide = p * (rows + 1) // rows
-  if isinstance(values, jax.ShapeDtypeStruct):
-    return tuple(jax.ShapeDtypeStruct((wide, *a.shape[1:]), a.dtype,
-                                      sharding=a.sharding)
-                 for a in (values, scales))
-  row = jnp.broadcast_to(scales[:, None, :1, :], (p, 1, packing, d))
-  pages = jnp.concatenate([values, row], axis=1)
-  return (pages.reshape(wide, rows, packing, d),
-          jnp.pad(scales, ((0, wide - p), (0, 0), (0, 0))))
 
 
 def inputs(exp: Experiment, shape, args):
