@@ -21,7 +21,7 @@ from streamidx.topk import blocktop
 from tiers import FULL, needs_libtpu
 
 TINY = ablate_select.SHAPES[ablate_select.SHAPE].with_(
-    name="tiny", num_seqs=8, seq_len=4 * 16384)  # 2 tiles of 8 rows
+    name="tiny", num_seqs=8, seq_len=4 * 16384)  # one tile of two chunks
 
 
 def _exp(name):
@@ -65,7 +65,7 @@ def test_each_experiment_compiles_for_v5e(name):
 
 @FULL
 def test_each_ablation_starts_the_dmas_it_keeps():
-  """Interpreted at 8 rows x 2 tiles: the pass written out is
+  """Interpreted at 8 rows x 16,384 entries: the pass written out is
   `block_candidates`'s levels (the pass `select` runs); without the pass's
   work ("scan") the tiles' DMAs are all started, without its DMAs ("dma")
   none."""
