@@ -276,8 +276,8 @@ def test_kernel_hands_blocktop_its_score_buffer_unreshaped(monkeypatch):
   cut, without a copy), and returns the rule's indices on the kernel's own
   scores."""
   seen = []
-  real = topk.blocktop._call
-  monkeypatch.setattr(topk.blocktop, "_call", lambda x, *a, **kw: (
+  real = topk.blocktop.kernel_call
+  monkeypatch.setattr(topk.blocktop, "kernel_call", lambda x, *a, **kw: (
       seen.append(x.shape), real(x, *a, **kw))[1])
   b = si.make_mixed_batch(decode=[4096 - 40 * i for i in range(8)],
                           page_size=128, compression_ratio=4)
