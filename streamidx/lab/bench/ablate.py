@@ -260,32 +260,50 @@ def main(argv: Sequence[str]) -> int:
       p.error(f"--seqs: must be >= 1 (got {a.seqs})")
     shape = record.decode_shape(a.seqs, shape.seq_len, shape.k,
                                 fmt=shape.fmt)
+  args = functools.cache(lambda: record.entry_args(shape, VARIANT, shape.fmt))
+
+  def one(e, chip, device_kind, command):
+    run_args, ballast = inputs(e, shape, args())
+    blocks, times, compile_s = measure(e, run_args, chip=chip, shape=shape)
+    del run_args, ballast
+    return row(e, blocks, times, chip=chip, device_kind=device_kind,
+               compile_s=compile_s, command=command, shape=shape)
+  return run_experiments("--ablate", argv, todo, one, shape=shape.name,
+                         variant=VARIANT, again=a.again, dry_run=a.dry_run,
+                         budget_s=a.budget_s, t0=t0)
+
+
+def run_experiments(flag: str, argv, todo, one, *, shape: str, variant: str,
+                    again: bool, dry_run: bool, budget_s: float | None = None,
+                    t0: float | None = None) -> int:
+  """What `python -m streamidx.bench FLAG` does with its experiments `todo`
+  at `shape` (`ablate_select`'s too): those of `variant` recorded on this
+  chip there left out (unless `again`); with `dry_run`, their names; off a
+  TPU nothing (2); else each measured, `one(exp, chip, device_kind,
+  command)` its row, appended to the records and printed (none started
+  `budget_s` after `t0`); 1 where one failed."""
+  t0 = time.perf_counter() if t0 is None else t0
   dev = jax.devices()[0]
   chip = modes.device_generation(dev)
-  if not a.again:
+  if not again:
     done = {r["experiment"] for r in records.chip_rows(
-        "experiments", chip=chip, shape=shape.name)}
+        "experiments", chip=chip, shape=shape, variant=variant)}
     todo = [e for e in todo if e.name not in done]
-  if a.dry_run:
+  if dry_run:
     print("\n".join(e.name for e in todo))
     return 0
   if chip is None:
-    print(f"--ablate measures on a TPU: this process's device is "
+    print(f"{flag} measures on a TPU: this process's device is "
           f"{dev.device_kind}; nothing was run", file=sys.stderr)
     return 2
-  args = record.entry_args(shape, VARIANT, shape.fmt)
-  command = " ".join(["python -m streamidx.bench --ablate", *argv])
+  command = " ".join([f"python -m streamidx.bench {flag}", *argv])
   bad = 0
   for e in todo:
-    if a.budget_s is not None and time.perf_counter() - t0 > a.budget_s:
+    if budget_s is not None and time.perf_counter() - t0 > budget_s:
       print(f"--budget-s spent: {e.name} and after not started", flush=True)
       break
     try:
-      run_args, ballast = inputs(e, shape, args)
-      blocks, times, compile_s = measure(e, run_args, chip=chip, shape=shape)
-      del run_args, ballast
-      r = row(e, blocks, times, chip=chip, device_kind=dev.device_kind,
-              compile_s=compile_s, command=command, shape=shape)
+      r = one(e, chip, dev.device_kind, command)
       records.append_chip(experiments=[r])
     except Exception as ex:  # pylint: disable=broad-except
       print(f"{e.name}: FAILED {type(ex).__name__}: {str(ex)[:400]}",
@@ -293,6 +311,6 @@ def main(argv: Sequence[str]) -> int:
       bad += 1
       continue
     print(f"{e.name}: {r['device_s'] * 1e3:.3f} ms, {r['ratio']:.2f}x HBM, "
-          f"compile {compile_s:.1f} s ({time.perf_counter() - t0:.0f} s)",
+          f"compile {r['compile_s']:.1f} s ({time.perf_counter() - t0:.0f} s)",
           flush=True)
   return 1 if bad else 0

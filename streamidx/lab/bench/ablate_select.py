@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
-import time
+import functools
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 
-from streamidx import modes, records
-from streamidx.lab.bench import harness, record
+from streamidx.lab.bench import ablate, harness, record
 from streamidx.lab.bench import topk as topk_bench
 from streamidx.lab.bench.ablate import Experiment
 from streamidx.lab.model import hardware, profiling
@@ -94,38 +91,15 @@ def main(argv: Sequence[str]) -> int:
   a = p.parse_args(argv)
   shape = SHAPES[a.shape]
   todo = [e for e in EXPERIMENTS if not a.only or e.name in a.only]
-  dev = jax.devices()[0]
-  chip = modes.device_generation(dev)
-  if not a.again:
-    done = {r["experiment"] for r in records.chip_rows(
-        "experiments", chip=chip, shape=shape.name, variant=VARIANT)}
-    todo = [e for e in todo if e.name not in done]
-  if a.dry_run:
-    print("\n".join(e.name for e in todo))
-    return 0
-  if chip is None:
-    print(f"--ablate-select measures on a TPU: this process's device is "
-          f"{dev.device_kind}; nothing was run", file=sys.stderr)
-    return 2
-  x = jnp.asarray(topk_bench.score_buffer(shape))  # the selection points'
-  # buffer (`lab.bench.topk.score_buffer`)
-  command = " ".join(["python -m streamidx.bench --ablate-select", *argv])
-  t0, bad = time.perf_counter(), 0
-  for e in todo:
-    try:
-      blocks, fn = program(e, shape)
-      info, run = harness.compile_call(fn, (x,), {})
-      times = profiling.profile(run, iterations=ITERATIONS, warmup=1)
-      r = row(e, blocks, times, shape=shape, chip=chip,
-              device_kind=dev.device_kind, compile_s=info["compile_s"],
-              command=command)
-      records.append_chip(experiments=[r])
-    except Exception as ex:  # pylint: disable=broad-except
-      print(f"{e.name}: FAILED {type(ex).__name__}: {str(ex)[:400]}",
-            file=sys.stderr, flush=True)
-      bad += 1
-      continue
-    print(f"{e.name}: {r['device_s'] * 1e3:.3f} ms, {r['ratio']:.2f}x one "
-          f"read, compile {info['compile_s']:.1f} s "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)
-  return 1 if bad else 0
+  x = functools.cache(lambda: jnp.asarray(topk_bench.score_buffer(shape)))
+
+  def one(e, chip, device_kind, command):  # over the selection points' buffer
+    blocks, fn = program(e, shape)
+    info, run = harness.compile_call(fn, (x(),), {})
+    times = profiling.profile(run, iterations=ITERATIONS, warmup=1)
+    return row(e, blocks, times, shape=shape, chip=chip,
+               device_kind=device_kind, compile_s=info["compile_s"],
+               command=command)
+  return ablate.run_experiments("--ablate-select", argv, todo, one,
+                                shape=shape.name, variant=VARIANT,
+                                again=a.again, dry_run=a.dry_run)
