@@ -204,7 +204,7 @@ def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
 def cache_bytes(p: tiling.Plan, pool: int = 1) -> int:
   """The HBM bytes of plan `p`'s cache as a TPU stores it, `pool` times its
   pages (`Experiment.pool`)."""
-  return p.geometry.total_num_pages * p.geometry.page_bytes * pool
+  return p.geometry.cache_bytes * pool
 
 
 def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,

@@ -679,7 +679,7 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
   if chip:
     steps = p.counts()["steps"]  # as the experiments counted theirs
     rate, large = chip.dma_bandwidth, large_cache(generation, chip)
-    cache = g.total_num_pages * g.page_bytes
+    cache = g.cache_bytes
     if large and cache >= large.min_bytes:
       rate = large.dma_bandwidth
       notes.append(f"a {cache / 1e9:.2f} GB cache, at least the "

@@ -63,7 +63,8 @@ class Geometry:
 
   # One entry's bytes of data (dense: head_dim + 1); the values' DMA of a
   # page; what a page's KV DMAs move (dense: its scale rows, padding
-  # rows included); a query element's bytes.
+  # rows included); the whole cache as a TPU stores it; a query
+  # element's bytes.
   record_bytes = property(lambda self: cache_lib.CACHE_FORMATS[
       self.fmt].bytes_per_entry(self.head_dim))
   value_page_bytes = property(lambda self: (
@@ -71,6 +72,7 @@ class Geometry:
       * self.cache_dtype.itemsize))
   page_bytes = property(lambda self: self.value_page_bytes + (
       math.prod(self.scale_block) if self.dense else 0))
+  cache_bytes = property(lambda self: self.total_num_pages * self.page_bytes)
   q_itemsize = property(lambda self: _dtype(self.q_dtype).itemsize)
 
 
