@@ -1,5 +1,5 @@
 """streamidx: the StreamIndex top-k Pallas kernels (`streamindex_topk`,
-`streamindex_page_topk` and their dense-FP8, lean and MXFP4 twins), their exact references,
+`streamindex_page_topk` and their dense-FP8, lean, inline-FP8 and MXFP4 twins), their exact references,
 value checks, cache formats, batches and variants. This is the core, what a
 serving engineer imports; it loads no plotting or notebook code
 (`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
@@ -9,12 +9,14 @@ from streamidx import batch, blocks, cache, metrics, modes, ref, semantics
 from streamidx import records, sharded, streaming, topk, validate, variants
 from streamidx.batch import (IndexerInputs, RaggedBatch, make_batch,
                              make_inputs, make_mixed_batch)
-from streamidx.cache import pack_dense_fp8_cache, pack_mxfp4_cache
+from streamidx.cache import (pack_dense_fp8_cache, pack_inline_fp8_cache,
+                             pack_mxfp4_cache)
 from streamidx.call import PageCall, TopkCall
 from streamidx.kernels.entries import (
     streamindex_page_topk, streamindex_page_topk_dense,
     streamindex_page_topk_fp4, streamindex_page_topk_lean, streamindex_topk,
-    streamindex_topk_dense, streamindex_topk_fp4, streamindex_topk_lean)
+    streamindex_topk_dense, streamindex_topk_fp4, streamindex_topk_inline,
+    streamindex_topk_lean)
 from streamidx.modes import (compile_for, describe_machine, interpreter,
                              interpreter_internals_missing, kernel_mode,
                              race_check, races_found, reset_interpreter_state,

@@ -459,6 +459,12 @@ def page_query_rows(*, generation: str | None, cache_format: str,
   return rows, why
 
 
+# (variant, format) -> the (variant, format) whose rows it takes: the inline
+# variant runs the lean body's KV loop over the dense pair's bytes (one row
+# more a page, one DMA fewer), so lean's sizes, measured and scheduled.
+SAME_BLOCKS = {("inline", "inline_fp8"): ("lean", "dense_fp8")}
+
+
 def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
            page_size: int, generation: str | None = None,
            decode_q_len: int = 1, head_dim: int = 128,
@@ -467,10 +473,13 @@ def lookup(variant: str, *, mode: str, cache_format: str, num_heads: int,
   `.kwargs()` the kernel arguments, `.source` where they come from.
   `streamidx.block_sizes(variant, ...)` fills in `mode`. generation None:
   the chip the call runs on (off-TPU none: only wildcard rows match); "*":
-  only wildcard rows. head_dim, pages_per_seq: for `page_query_rows`."""
+  only wildcard rows. head_dim, pages_per_seq: for `page_query_rows`.
+  A (variant, format) of `SAME_BLOCKS` takes the rows it names."""
   if generation is None:
     generation = modes.current_generation()
   gen = WILDCARD if generation is None else generation
+  variant, cache_format = SAME_BLOCKS.get((variant, cache_format),
+                                          (variant, cache_format))
   found = [r for r in TABLE if r.matches(
       generation=gen, variant=variant, cache_format=cache_format,
       num_heads=num_heads, page_size=page_size, decode_q_len=decode_q_len)]

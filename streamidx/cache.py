@@ -158,6 +158,8 @@ def unpack_cache_raw(cache, head_dim: int = 128):
   the dequantized f32 keys."""
   if is_mxfp4(cache):  # dequantized here: its scales are per group
     return dequantize_mxfp4(*unpack_mxfp4_cache(cache))[..., :head_dim], None
+  if is_inline(cache):
+    cache = inline_to_pair(cache)
   dense = isinstance(cache, (tuple, list))
   arr = jnp.asarray(cache[0] if dense else cache)
   pages, rows, packing, width = arr.shape
@@ -185,8 +187,9 @@ def cache_pages(cache) -> tuple[int, int]:
   pair = isinstance(cache, (tuple, list)) and len(cache) == 2
   values = cache[0] if isinstance(cache, (tuple, list)) else cache
   per_element = 2 if pair and is_mxfp4(cache) else 1
+  rows = values.shape[1] - is_inline(cache)  # inline: the scale row
   return (int(values.shape[0]),
-          int(values.shape[1] * values.shape[2] * per_element))
+          int(rows * values.shape[2] * per_element))
 
 
 class PageGeometry(NamedTuple):
@@ -209,6 +212,8 @@ def format_of(cache) -> str:
   """The `CACHE_FORMATS` name of a kernel's cache, the tuple of its arrays."""
   if len(cache) == 2:
     return "mxfp4" if is_mxfp4(cache) else "dense_fp8"
+  if is_inline(cache):
+    return "inline_fp8"
   return "fp8" if jnp.dtype(cache[0].dtype) == jnp.dtype(jnp.uint8) else "bf16"
 
 
@@ -290,6 +295,62 @@ def tpu_scale_bytes(rows: int, lanes: int) -> int:
   whole (4, 128) tiles (the dense FP8 and MXFP4 layouts' second array)."""
   return (-(-rows // DENSE_KV_PACKING) * DENSE_KV_PACKING
           * -(-lanes // LANES) * LANES)
+
+
+# ---------------------------------------------------------------------------
+# The inline FP8 cache: each page's dense values, then its scale bytes, in
+# one array (docs/cache-formats.md), so that a page comes in one DMA.
+
+INLINE_MAX_PAGE = DENSE_KV_PACKING * LANES  # scale bytes one row holds
+
+
+def is_inline(cache) -> bool:
+  """Whether `cache` is the inline FP8 array (one uint8 array 128 lanes
+  wide: the packed FP8 record is at least 256)."""
+  if isinstance(cache, (tuple, list)):
+    if len(cache) != 1:
+      return False
+    cache = cache[0]
+  return (len(cache.shape) == 4 and cache.shape[-1] == LANES
+          and jnp.dtype(cache.dtype) == jnp.dtype(jnp.uint8))
+
+
+def pair_to_inline(values, scales):
+  """The dense FP8 pair -> the inline array u8[pages, page_size // 4 + 1,
+  4, 128]: a page's value rows, then one row whose byte [slot c, lane l] is
+  entry 128 c + l's e8m0 byte (zero past the page). head_dim <= 128 and
+  page_size <= `INLINE_MAX_PAGE`, or a ValueError."""
+  values = jnp.asarray(values)
+  pages, rows, packing, width = values.shape
+  page_size = rows * packing
+  if width != LANES or page_size > INLINE_MAX_PAGE:
+    raise ValueError(
+        f"the inline FP8 cache holds head_dim <= {LANES} and page_size <= "
+        f"{INLINE_MAX_PAGE} (one row of scale bytes a page) (got head_dim "
+        f"padded to {width}, page_size {page_size})")
+  row = jnp.pad(entry_scale_bytes(scales, page_size),
+                ((0, 0), (0, INLINE_MAX_PAGE - page_size)))
+  return jnp.concatenate(
+      [values, row.reshape(pages, 1, packing, LANES)], axis=1)
+
+
+def inline_to_pair(cache):
+  """The inline array (or its 1-tuple) -> the dense FP8 pair it holds
+  (`pack_dense_fp8_cache`'s arrays, bit for bit)."""
+  arr = jnp.asarray(cache[0] if isinstance(cache, (tuple, list)) else cache)
+  pages, rows = arr.shape[0], arr.shape[1] - 1
+  page_size = rows * DENSE_KV_PACKING
+  data_rows = dense_scale_data_rows(page_size)
+  scales = arr[:, rows].reshape(pages, INLINE_MAX_PAGE)[:, :page_size]
+  scales = scales.reshape(pages, data_rows, page_size // data_rows)
+  return arr[:, :rows], jnp.pad(
+      scales, ((0, 0), (0, dense_scale_rows(page_size) - data_rows), (0, 0)))
+
+
+def pack_inline_fp8_cache(keys):
+  """The inline FP8 array of keys f32[pages, page_size, head_dim <= 128]:
+  the dense pair's bytes (`pack_dense_fp8_cache`), a page in one slice."""
+  return pair_to_inline(*pack_dense_fp8_cache(keys))
 
 
 def physical_slots(entries, page_table, seqs, page_size: int):
@@ -427,6 +488,13 @@ CACHE_FORMATS: dict[str, CacheLayout] = {
         "(132 B stored at page 128)",
         pack_dense_fp8_cache, lambda head_dim: padded_head_dim(head_dim) + 1,
         "fp8", ("cache_values", "cache_scales")),
+    "inline_fp8": CacheLayout(
+        "inline_fp8", "inline FP8: each page's dense FP8 values u8[page_size"
+        "/4, 4, 128], then one row of its e8m0 scale bytes, in one array "
+        "u8[pages, page_size/4 + 1, 4, 128] (head_dim <= 128, page_size <= "
+        "512): the dense pair's bytes, a page in one DMA",
+        lambda keys: (pack_inline_fp8_cache(keys),),
+        lambda head_dim: padded_head_dim(head_dim) + 1, "fp8"),
     "mxfp4": CacheLayout(
         "mxfp4", "MXFP4: e2m1 values two per byte u8[pages, page_size/8, 4, "
         "head_dim] and e8m0 bytes per 32 values u8[pages, head_dim/32, "

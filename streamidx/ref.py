@@ -99,11 +99,13 @@ def _token_rows(cu_q_lens, seq_lens, num_seqs, num_tokens, one_token_per_seq):
 
 def _entry_arrays(cache_kv):
   """Entry-major arrays (row P * page_size + t: entry t of page P): the
-  packed cache [N, lkv], the dense pair's values [N, lanes], scales [N], or
-  the MXFP4 pair's dequantized keys [N, lanes]."""
+  packed cache [N, lkv], the dense pair's (or the inline array's) values
+  [N, lanes], scales [N], or the MXFP4 pair's dequantized keys [N, lanes]."""
   if cache_lib.is_mxfp4(cache_kv):  # dequantized once, as f32 records
     keys = cache_lib.unpack_cache(cache_kv, cache_kv[0].shape[-1])
     return (keys.reshape(-1, keys.shape[-1]),)
+  if cache_lib.is_inline(cache_kv):  # the same bytes as its pair
+    cache_kv = cache_lib.inline_to_pair(cache_kv)
   if isinstance(cache_kv, (tuple, list)):
     values = jnp.asarray(cache_kv[0])
     page_size = cache_lib.cache_pages(cache_kv)[1]

@@ -148,9 +148,10 @@ def _check_pair(cache, head_dim, mxfp4):
 
 
 def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
-                  cu_q_lens):
+                  cu_q_lens, inline=True):
   """Rules every kernel shares; returns (page_size, pages_per_seq).
-  `cache_kv`: one array (packed FP8 or bf16) or the dense FP8 pair."""
+  `cache_kv`: one array (packed FP8 or bf16; inline FP8 where `inline`)
+  or a pair."""
   _check_rank("q", q, 3, "[max_num_tokens, num_q_heads, head_dim]")
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in KERNEL_QUERY_DTYPES]:
     _fail("q", "dtype must be bfloat16 or float32", _dtype_name(q))
@@ -172,10 +173,43 @@ def _check_common(q, indexer_weights, cache_kv, seq_lens, page_indices,
 
   if isinstance(cache_kv, (tuple, list)):
     _check_pair(cache_kv, head_dim, cache_lib.is_mxfp4(cache_kv))
+  elif cache_lib.is_inline(cache_kv) and inline:
+    _check_inline(cache_kv, head_dim)
   else:
     _check_packed_cache(cache_kv, head_dim)
   _check_metadata(seq_lens, page_indices, cu_q_lens)
   return cache_lib.page_geometry(cache_kv, seq_lens, page_indices)[1:]
+
+
+def _check_inline(cache_kv, head_dim):
+  """The inline FP8 array: a page's value rows, then its scale row."""
+  pages, rows, packing, _ = cache_kv.shape
+  if packing != cache_lib.DENSE_KV_PACKING:
+    _fail("cache_kv", f"axis 2 (kv_packing) must be "
+          f"{cache_lib.DENSE_KV_PACKING}", packing)
+  if pages < 1 or rows < 2:
+    _fail("cache_kv", "the inline FP8 cache needs at least one page of a "
+          "value row and its scale row", f"shape {tuple(cache_kv.shape)}")
+  if cache_lib.padded_head_dim(head_dim) != semantics.LANES:
+    _fail("q", f"head_dim must be <= {semantics.LANES} for the inline FP8 "
+          f"cache (its rows are {semantics.LANES} lanes)", head_dim)
+  page_size = (rows - 1) * packing
+  if page_size > cache_lib.INLINE_MAX_PAGE:
+    _fail("cache_kv", f"page_size (value rows x {packing}) must be <= "
+          f"{cache_lib.INLINE_MAX_PAGE} for the inline FP8 cache (one row "
+          f"holds a page's scale bytes)", page_size)
+
+
+def _check_format(cache, formats):
+  """The cache in one of the kernel's `formats` (`CACHE_FORMATS` names)."""
+  if formats is None:
+    return
+  got = cache_lib.format_of(cache if isinstance(cache, (tuple, list))
+                            else (cache,))
+  if got not in formats:
+    _fail("cache_kv" if len(cache_lib.CACHE_FORMATS[formats[0]].arrays) == 1
+          else "cache_values", f"this kernel reads the {' or '.join(formats)} "
+          f"cache (streamidx.cache.CACHE_FORMATS)", f"the {got} cache")
 
 
 def _check_packed_cache(cache_kv, head_dim):
@@ -238,17 +272,20 @@ def _check_num_seqs(num_seqs):
 
 
 def static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last):
+                    cu_q_lens, last, *, formats=None):
   """The static rules of a `TopkCall` (`last`: distribution) or `PageCall`
-  (`last`: num_seqs) on arrays, tracers or `ShapeDtypeStruct`s; raises
+  (`last`: num_seqs) on arrays, tracers or `ShapeDtypeStruct`s, the cache
+  in one of `formats` (the kernel's `CACHE_FORMATS`; None: any); raises
   ValueError naming the argument."""
   if isinstance(cache, (tuple, list)) and len(cache) == 1:
     cache = cache[0]
   if not call.has_blocks:
     raise ValueError("num_kv_pages_per_block and num_queries_per_block must "
                      "be specified.")
-  page_size, pages_per_seq = _check_common(q, indexer_weights, cache,
-                                           seq_lens, page_indices, cu_q_lens)
+  page_size, pages_per_seq = _check_common(
+      q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
+      inline=formats is None or "inline_fp8" in formats)
+  _check_format(cache, formats)
   if call.mode == "page":
     _check_num_seqs(last)
     if call.k > pages_per_seq:
@@ -433,6 +470,8 @@ def _entry_stats(cache_kv, head_dim):
     return (jnp.zeros(byte.shape[:2], bool),
             jnp.where(jnp.any(byte == 0, axis=-1), 0, jnp.max(byte, axis=-1)),
             log2_max, jnp.zeros(byte.shape[:2], jnp.float32))
+  if cache_lib.is_inline(cache_kv):  # the same bytes as its pair
+    cache_kv = cache_lib.inline_to_pair(cache_kv)
   dense = isinstance(cache_kv, (tuple, list))  # the dense FP8 pair
   arr = cache_kv[0] if dense else cache_kv
   pages, rows, packing, lkv = arr.shape
@@ -600,11 +639,11 @@ def _rules(call, evaluate, q, indexer_weights, cache, seq_lens, page_indices,
 
 
 def validate_inputs(call, q, indexer_weights, cache, seq_lens, page_indices,
-                    cu_q_lens, last):
+                    cu_q_lens, last, *, formats=None):
   """`static_validate`, then the mode's value rules in order on concrete
   inputs (not inside `jit`); the first broken rule raises ValueError."""
   static_validate(call, q, indexer_weights, cache, seq_lens, page_indices,
-                  cu_q_lens, last)
+                  cu_q_lens, last, formats=formats)
   results, order = _rules(call, _evaluate_value_rules, q, indexer_weights,
                           cache, seq_lens, page_indices, cu_q_lens, last)
   results = jax.device_get(results)

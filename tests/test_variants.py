@@ -36,7 +36,7 @@ def _inputs(variant, fmt):
 
 def test_registry_lists_the_token_and_page_variants():
   assert sorted(si.VARIANTS) == ["dense", "dense_page", "fp4", "fp4_page",
-                                 "lean", "lean_page",
+                                 "inline", "lean", "lean_page",
                                  "vendored", "vendored_page"]
   assert {v.mode for v in si.VARIANTS.values()} == {"token", "page"}
   for name, v in si.VARIANTS.items():

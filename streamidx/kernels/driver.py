@@ -127,7 +127,8 @@ def _prepare(q, indexer_weights, cache, seq_lens, page_indices, cu_q_lens,
   """Stages 1-2 and the decode order: (q, weights, prefetch, order, bufs),
   bufs the -inf score buffer f32[T, rows, 128] [and the block maxima's]."""
   validate.static_validate(call, q, indexer_weights, cache, seq_lens,
-                           page_indices, cu_q_lens, last)
+                           page_indices, cu_q_lens, last,
+                           formats=body.cache_formats)
   num_tokens = q.shape[0]
   weights = prepare_index_weights(indexer_weights, q.dtype)
   q = prepare_q_inputs(q)
@@ -310,8 +311,7 @@ def _unchecked_result(call, num_tokens):
 
 def _checks(*arrays, call, body):
   """The static checks, then the value rules: (err, ok bool[])."""
-  del body  # a static argument of the jitted twin, as of `_pipeline`
-  validate.static_validate(call, *arrays)
+  validate.static_validate(call, *arrays, formats=body.cache_formats)
   checks = functools.partial(validate.check_inputs, call=call)
   return checkify.checkify(checks, errors=checkify.user_checks)(*arrays)
 
@@ -404,7 +404,7 @@ class Entry:
     """Checks concrete inputs of this entry, values included
     (`streamidx.validate.validate_inputs`); raises ValueError."""
     call, arrays = self.bind(*args, **kwargs)
-    validate.validate_inputs(call, *arrays)
+    validate.validate_inputs(call, *arrays, formats=self.body.cache_formats)
 
   def _jit_method(self, name, *args, **kwargs):
     call, arrays = self.bind(*args, **kwargs)

@@ -3,6 +3,7 @@
     streamindex_topk / streamindex_page_topk              the vendored body
     streamindex_topk_dense / streamindex_page_topk_dense  the dense FP8 body
     streamindex_topk_lean / streamindex_page_topk_lean    its vector-lean body
+    streamindex_topk_inline            the lean body over the inline FP8 cache
     streamindex_topk_fp4 / streamindex_page_topk_fp4      the MXFP4 body
 
 Each is a `driver.Entry`: a kernel body in token or page mode with its cache
@@ -30,6 +31,10 @@ DENSE = driver.KernelBody("dense", dense.launch, ("dense_fp8",), (BLOCK_MAX,))
 LEAN = driver.KernelBody("lean", lean.launch, ("dense_fp8",), (BLOCK_MAX,),
                          kv_slots=lean.kv_slots)
 FP4 = driver.KernelBody("fp4", fp4.launch, ("mxfp4",), (BLOCK_MAX,))
+# The lean body over the inline FP8 cache: a page's values and scales in
+# one DMA (`streamidx.kernels.lean`; token mode).
+INLINE = driver.KernelBody("inline", lean.launch, ("inline_fp8",),
+                           (BLOCK_MAX,), kv_slots=lean.kv_slots)
 
 
 def lean_without(removed) -> driver.KernelBody:
@@ -178,6 +183,15 @@ streamindex_page_topk_lean = Entry(
     _pair_page, LEAN, "page", "streamindex_page_topk_lean",
     """`streamindex_page_topk_dense` (same arguments and page ids) with the
   vector-lean kernel body (`streamidx.kernels.lean`).""")
+streamindex_topk_inline = Entry(
+    _packed_token, INLINE, "token", "streamindex_topk_inline",
+    """StreamIndex top-k over the inline FP8 cache: i32[max_num_tokens, k].
+
+  Arguments and result as `streamidx.streamindex_topk`, with the inline FP8
+  array (`streamidx.pack_inline_fp8_cache(keys)`: u8[total_pages, page_size
+  // 4 + 1, 4, 128], a page's e4m3 values then a row of its e8m0 bytes;
+  head_dim <= 128, page_size <= 512) as `cache_kv`; the lean kernel body
+  (`streamidx.kernels.lean`), one DMA a page.""")
 streamindex_topk_fp4 = Entry(
     _pair_token, FP4, "token", "streamindex_topk_fp4",
     """StreamIndex top-k over the MXFP4 cache: i32[max_num_tokens, k].
@@ -193,5 +207,5 @@ streamindex_page_topk_fp4 = Entry(
   `cache_kv`.""", drop=("num_cores",))
 ENTRIES = (streamindex_topk, streamindex_page_topk, streamindex_topk_dense,
            streamindex_page_topk_dense, streamindex_topk_lean,
-           streamindex_page_topk_lean, streamindex_topk_fp4,
-           streamindex_page_topk_fp4)
+           streamindex_page_topk_lean, streamindex_topk_inline,
+           streamindex_topk_fp4, streamindex_page_topk_fp4)

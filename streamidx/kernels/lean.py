@@ -6,6 +6,13 @@ The same cache as `streamidx.kernels.dense` (`streamidx.cache` "dense_fp8")::
     cache_scales  u8[total_pages, R, L]      e8m0 bytes, R = page_size // L
                                              rounded up to 4 (zero rows)
 
+or the same bytes a page in one array ("inline_fp8", the `inline`
+variant: one DMA a page where the pair takes two; on the v5e the DMAs'
+count is paid in a cache above about 0.9 GB, docs/chip.md)::
+
+    cache_kv      u8[total_pages, page_size // 4 + 1, 4, 128]  the values,
+                                             then a row of the scale bytes
+
 and the same launches, grid and results, but its own pipeline: 32-bit word
 loads, DMA issue and compute in one basic block, per-block work hoisted out
 of the KV loop, e4m3b11fnuz instead of the compiler's FP8 conversion on
@@ -185,12 +192,19 @@ def fp8_mode(interpret) -> str:
   return "native" if info is not None and info.generation >= 7 else "fnuz"
 
 
-def _kernel_refs(*refs, block_max: bool, num_sublanes_bkv: int, **kwargs):
+def _kernel_refs(*refs, block_max: bool, num_sublanes_bkv: int,
+                 one_array: bool, **kwargs):
   """`_kernel` with the block-max hook (`streamidx.kernels.block_max`) when
-  `block_max`: its buffer after the scores, its scratch before `sems`."""
+  `block_max`: its buffer after the scores, its scratch before `sems`;
+  over the inline cache (`one_array`), None for the scales and their
+  buffer."""
   refs, hook = block_max_lib.split_refs(
-      refs, num_prefetch=7, num_inputs=4, emits=block_max, seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
+      refs, num_prefetch=7, num_inputs=4 - one_array, emits=block_max,
+      seq_batch_size=kwargs["seq_batch_size"], bq_sz=kwargs["bq_sz"],
       num_sublanes_bkv=num_sublanes_bkv)
+  if one_array:  # sc_hbm after kv_hbm, bsc after bkv
+    refs.insert(10, None)
+    refs.insert(14, None)
   _kernel(*refs, hook=hook, **kwargs)
 
 
@@ -204,8 +218,10 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
 
   Scalar prefetch: seq_lens [S], pages [(S + stride) * page_width] (clamped,
   padded), cu_q_lens [S + 1], q_rows [S], (start, end), sem_ids [3, or 4
-  with `hook`], bo_sz [2, or 4]. Scratch: bkv u8[2, B, N, 4, D], bsc
-  u8[2, B, bkv_p, rows, L], bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
+  with `hook`], bo_sz [2, or 4]. kv_hbm: the dense pair's values (sc_hbm
+  its scales) or the inline cache u8[pages, rows + 1, 4, D] (sc_hbm None).
+  Scratch: bkv u8[2, B, N, 4, D] (inline: bkv_p (rows + 1) rows), bsc
+  u8[2, B, bkv_p, rows, L] (inline: None), bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
   f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
   (column 0: one wait covers the program's sequences); two blocks ahead
   ("prefetch_2"), bkv, bsc and sems have 3 slots. hook: the block maxima's
@@ -217,8 +233,10 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   b_sz = seq_batch_size
   _, num_heads, head_dim = q_hbm.shape
   gathered = "gathered_scales" in ablate  # sc_hbm u8[rows, page_width, R, L]
-  inline = "inline_scales" in ablate  # kv_hbm u8[pages, rows + 1, 4, D]
-  kv_hbm_pages = sc_hbm.shape[0]  # the cache's pages (not when gathered)
+  # kv_hbm u8[pages, rows + 1, 4, D]: a page's values, then its scale row
+  inline = sc_hbm is None or "inline_scales" in ablate
+  # the cache's pages (not when gathered)
+  kv_hbm_pages = (sc_hbm if sc_hbm is not None else kv_hbm).shape[0]
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
                    else kv_hbm.shape[1] - inline)
   page_rows = rows_per_page + inline  # a page's rows in kv_hbm and bkv
@@ -360,10 +378,16 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
       view = bkv.at[slot, b].bitcast(jnp.uint32)  # u32[N, 1, D]
       ref = view.reshape(view.shape[0], view.shape[2])
       rows = lambda lo, n: ref[pl.ds(lo, n)]
-    if inline:  # page i: rows i * page_rows on, then its scale row
-      bits = jnp.concatenate(
-          [rows((i + 1) * page_rows - 1, 1) & 0xFF for i in range(bkv_p)],
-          axis=0).reshape(1, bkv_sz) << 23
+    if inline:  # page i: rows i * page_rows on, then its scale row, whose
+      # byte c of word l is entry 128 c + l's (`cache.pair_to_inline`)
+      page_size = rows_per_page * KV_PACKING
+      parts = [(rows((i + 1) * page_rows - 1, 1) >> 8 * c) & 0xFF
+               for i in range(bkv_p) for c in range(cdiv(page_size, LANES))]
+      if page_size % LANES == 0:  # whole 128-lane rows: one per part
+        bits = jnp.concatenate(parts, axis=0).reshape(1, bkv_sz)
+      else:  # below 128: the page's lanes of its one part
+        bits = jnp.concatenate([p[:, :page_size] for p in parts], axis=1)
+      bits = bits << 23
       words = jnp.concatenate(
           [rows(i * page_rows, rows_per_page) for i in range(bkv_p)], axis=0)
     else:
@@ -559,10 +583,12 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   rows (`streamidx.kernels.block_max`). ablate: `ABLATIONS` to leave out
   (the module docstring; token mode)."""
   if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
+      or (ablate and len(cache) == 1)
       or ("kv_loop" in ablate and "prefetch_2" not in ablate)
       or len({"gathered_scales", "page_dma", "inline_scales"} & set(ablate))
       > 1):
-    raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode only, "
+    raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode and "
+                     f"the dense pair only, "
                      f"kv_loop only with prefetch_2, one of gathered_scales, "
                      f"page_dma, inline_scales (got {sorted(ablate)}, {spec.case})")
   if "split_launch" in ablate:
@@ -570,7 +596,8 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
                   ablate=frozenset(ablate) - {"split_launch"})
   scores = outputs[0]
   block_max = block_max_lib.NAME in spec.outputs
-  values, scales = cache
+  one_array = len(cache) == 1  # the inline cache
+  values, scales = (cache[0], None) if one_array else cache
   page_mode, page_size = spec.page_mode, spec.page_size
   b, bq_sz, bkv_p = spec.seq_batch_size, spec.bq_sz, spec.bkv_p
   num_cores, ratio = spec.num_cores, spec.compression_ratio
@@ -589,7 +616,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   table = jnp.pad(table, ((0, num_cores * b), (0, width - pages_per_seq)))
   if "big_table" in ablate:
     table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))
-  scale_block = scales.shape[1:]
+  scale_block = None if one_array else scales.shape[1:]
   if "inline_scales" in ablate:  # the pages u8[P, rows + 1, 4, D] as they are
     values = values.reshape(-1, values.shape[1] + 1, *values.shape[2:])
   if "gathered_scales" in ablate:  # whole tiles, the table's rows and width
@@ -600,7 +627,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
                              page_size=page_size, page_mode=page_mode,
                              kv_slots=slots)
   kernel = functools.partial(
-      _kernel_refs, block_max=block_max,
+      _kernel_refs, block_max=block_max, one_array=one_array,
       num_sublanes_bkv=bkv_p * page_size // LANES,
       compression_ratio=ratio,
       static_q_len=spec.static_q_len, bkv_p=bkv_p, bq_sz=bq_sz,
@@ -617,6 +644,7 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
       **block_max_lib.launch_kwargs(spec, outputs, scratch, num_sem_rows=_MAX),
       prefetch=(seq_lens, table.reshape(-1), cu_q_lens, q_rows), start=start,
       end=end, inputs=(q, weights, values.reshape(-1, *values.shape[2:])
-                       if "page_dma" in ablate else values, scales),
+                       if "page_dma" in ablate else values,
+                       *([] if one_array else [scales])),
       outputs=outputs,
       num_cores=num_cores, num_sem_slots=slots)

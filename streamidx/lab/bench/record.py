@@ -100,7 +100,7 @@ def _select(rows, entries, k):
 
 
 _TOKEN = (("vendored", "fp8"), ("dense", "dense_fp8"), ("lean", "dense_fp8"),
-          ("fp4", "mxfp4"))
+          ("inline", "inline_fp8"), ("fp4", "mxfp4"))
 _PAGE = (("vendored_page", "fp8"), ("dense_page", "dense_fp8"),
          ("lean_page", "dense_fp8"), ("fp4_page", "mxfp4"))
 _GLM = shapes_lib.GLM_PAGE

@@ -184,7 +184,7 @@ def page_bounds(schedules, *, head_dim: int = 128) -> list[PageBound]:
   `cache.dense_tpu_bytes_per_entry`; MXFP4: 68 B at head_dim 128 from
   128-entry pages, see `cache.pack_mxfp4_cache`)."""
   def entry_bytes(fmt, page_size):
-    if fmt == "dense_fp8":
+    if fmt in ("dense_fp8", "inline_fp8"):  # the same bytes a page
       return cache_lib.dense_tpu_bytes_per_entry(head_dim, page_size)
     if fmt == "mxfp4":  # scale rows pad to 128 lanes below 128-entry pages
       width = cache_lib.padded_head_dim(head_dim)
