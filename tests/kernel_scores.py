@@ -82,7 +82,8 @@ class KernelWithScores:
     page = si.streamindex_page_topk_dense if dense else si.streamindex_page_topk
     if variant is not None:
       token = si.VARIANTS[variant].kernel
-      page = si.VARIANTS[variant + "_page"].kernel
+      twin = si.VARIANTS.get(variant + "_page")  # none: token mode only
+      page = twin.kernel if twin else None
     self._mode = mode
     if mode not in ("token", "page"):
       raise ValueError(f"mode must be 'token' or 'page', got {mode!r}")

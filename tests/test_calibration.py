@@ -288,26 +288,37 @@ def test_the_chips_kv_step_costs_reproduce_its_experiments():
   assert roofline.kv_step_costs("v6e") is None
 
 
-def test_a_large_cache_reads_at_the_rate_wide_pool_measured():
-  """v5e: a cache of at least the smallest one measured at `wide_pool`'s
-  step (and more than the largest at the shipped call's) reads at its
-  rate, its bytes over its time less its steps' cost; the model's lean
-  call at 64 x 1M (2.2 GB) reads so, at 64 x 262,144 (0.55 GB) not."""
+def test_a_large_cache_pays_each_dma_at_least_what_wide_pool_measured():
+  """v5e: in a cache of at least the smallest one measured at `wide_pool`'s
+  step (and more than the largest at the shipped call's) a KV DMA takes at
+  least `wide_pool`'s time less its steps' cost over its DMAs (two a page:
+  the dense pair); a call's KV DMAs cost the larger of their bytes at the
+  fit's rate and their count at that. The model's lean call at 64 x 1M
+  (2.2 GB) is bound by its count, the inline call (one DMA a page) by its
+  bytes, and neither at 64 x 262,144 (0.55 GB)."""
   c = roofline.kv_step_costs("v5e")
   big = roofline.large_cache("v5e", c)
   wide = records.chip_rows("experiments", chip="v5e", experiment="wide_pool",
                            shape=blocks.EXPERIMENT_SHAPE)[-1]
   assert big.max_fast_bytes < big.min_bytes <= wide["cache_bytes"]
-  assert big.dma_bandwidth == pytest.approx(
-      wide["hbm_bytes"] / (wide["device_s"] - wide["kv_steps"] * c.step_s))
-  assert big.dma_bandwidth < c.dma_bandwidth
+  b = wide["blocks"]
+  dmas = (wide["kv_steps"] * b["num_kv_pages_per_block"][0]
+          * b["decode_req_batch_size"] * 2)
+  assert big.dma_s == pytest.approx(
+      (wide["device_s"] - wide["kv_steps"] * c.step_s) / dmas)
   bw = roofline.hardware.spec("v5e").device_bandwidth
-  for tokens, rate in ((2**20, big.dma_bandwidth), (262144, c.dma_bandwidth)):
-    sb = roofline.dsv4_step("v5e", "lean", context_tokens=tokens,
+  for variant, tokens, by_count in (("lean", 2**20, True),
+                                    ("inline", 2**20, False),
+                                    ("lean", 262144, False)):
+    sb = roofline.dsv4_step("v5e", variant, context_tokens=tokens,
                             method="blocktop")
     sc = {s.name: s for s in sb.stages}["scoring"]
-    assert sc.t_dma == pytest.approx(sc.t_hbm * bw / rate), tokens
+    by_bytes = sc.t_hbm * bw / c.dma_bandwidth
     assert ("large cache's step" in sc.detail) == (tokens == 2**20)
+    if by_count:
+      assert sc.t_dma > by_bytes * 1.1, (variant, tokens)
+    else:
+      assert sc.t_dma == pytest.approx(by_bytes), (variant, tokens)
   assert roofline.large_cache("v5e", None) is None
 
 
@@ -316,7 +327,9 @@ def test_no_large_cache_where_the_slow_and_fast_caches_overlap(chip_records):
   cache than one stepping nearer the shipped call: no size says which."""
   def row(name, shape, step, cache):
     return dict(experiment=name, removed=[], inputs=None, chip="v5e",
-                shape=shape, variant="lean", blocks={"b": 1},
+                shape=shape, variant="lean", cache_format="dense_fp8",
+                blocks={"num_kv_pages_per_block": [32, 2, 2],
+                        "decode_req_batch_size": 4},
                 date="2026-12-07T00:00:00+00:00", kv_step_s=step,
                 kv_steps=256, cache_bytes=cache, hbm_bytes=5e8,
                 device_s=256 * step)

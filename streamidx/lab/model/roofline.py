@@ -459,14 +459,18 @@ class LargeCache:
   (`records.removed_now`, any shape or cache) is called slow where its KV
   step is nearer `wide_pool`'s than the shipped call's; `min_bytes` is the
   smallest cache of the slow, `max_fast_bytes` the largest of the others
-  (none when they overlap). Its page DMAs' rate there: `wide_pool`'s bytes
-  over its time less its KV steps at `KvStepCosts.step_s`. docs/chip.md,
-  "What the slow step follows"."""
+  (none when they overlap). There a KV DMA takes at least `dma_s`:
+  `wide_pool`'s time less its KV steps at `KvStepCosts.step_s`, over its
+  KV DMAs (a step's pages, times the format's arrays: one DMA each a
+  page), so that a call's KV DMAs cost the larger of their bytes at the
+  fast rate and their count at `dma_s` (the pair's two a page bound at
+  64 x 1M, the inline cache's one not). docs/chip.md, "What the slow step
+  follows"."""
 
   chip: str
   min_bytes: int  # caches of at least this many bytes step slowly
   max_fast_bytes: int  # the largest measured at the fast step
-  dma_bandwidth: float  # bytes/s the page DMAs reach there
+  dma_s: float  # seconds a KV DMA takes there, at least
   source: str
 
 
@@ -492,8 +496,12 @@ def large_cache(chip: str, costs: KvStepCosts | None) -> LargeCache | None:
   fast = [e["cache_bytes"] for e in kernel if not is_slow(e)]
   if max(fast) >= min(slow):
     return None
-  rate = wide["hbm_bytes"] / (wide["device_s"] - wide["kv_steps"] * costs.step_s)
-  return LargeCache(chip, min(slow), max(fast), rate,
+  blocks = wide["blocks"]  # decode: every step a full batch's pages
+  dmas = (wide["kv_steps"] * blocks["num_kv_pages_per_block"][0]
+          * blocks["decode_req_batch_size"]
+          * len(cache_lib.CACHE_FORMATS[wide["cache_format"]].arrays))
+  dma_s = (wide["device_s"] - wide["kv_steps"] * costs.step_s) / dmas
+  return LargeCache(chip, min(slow), max(fast), dma_s,
                     f"{wide['experiment']} at {wide['shape']}, {wide['date'][:10]}")
 
 
@@ -677,21 +685,25 @@ def step_stages(p: tiling.Plan, generation: str, *, variant: str, k: int,
                  f"each, measured ({stall.source})")
     measured["stall"] = (stalled * stall.factor + bundles - stalled) / bundles
   if chip:
-    steps = p.counts()["steps"]  # as the experiments counted theirs
-    rate, large = chip.dma_bandwidth, large_cache(generation, chip)
+    counts = p.counts()
+    steps = counts["steps"]  # as the experiments counted theirs
+    large = large_cache(generation, chip)
+    t_dma = kernel.t_mem * kernel.bandwidth / chip.dma_bandwidth
     cache = g.cache_bytes
+    notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
+                 f"at {chip.dma_bandwidth / 1e9:.0f} GB/s, measured "
+                 f"({chip.source})")
     if large and cache >= large.min_bytes:
-      rate = large.dma_bandwidth
+      dmas = counts["dma_kv"] + counts["dma_kv_scale"]
+      t_dma = max(t_dma, dmas * large.dma_s)
       notes.append(f"a {cache / 1e9:.2f} GB cache, at least the "
                    f"{large.min_bytes / 1e9:.2f} GB measured at the large "
-                   f"cache's step ({large.source})")
+                   f"cache's step: {dmas:,} KV DMAs x at least "
+                   f"{large.dma_s * 1e9:.1f} ns ({large.source})")
     elif large and cache > large.max_fast_bytes:
       notes.append(f"a {cache / 1e9:.2f} GB cache, between the largest "
                    f"measured at the fast step and the smallest at the slow")
-    notes.append(f"{steps:,} KV steps x {chip.step_s * 1e6:.3f} us and bytes "
-                 f"at {rate / 1e9:.0f} GB/s, measured ({chip.source})")
-    measured.update(t_steps=steps * chip.step_s, t_dma=kernel.t_mem
-                    * kernel.bandwidth / rate)
+    measured.update(t_steps=steps * chip.step_s, t_dma=t_dma)
   # The selection reads f32[T, E]; the kernels write f32[T, E / 128, 128], whose
   # (8, 128) tiles hold 8 x 128 entries of one row, not 8 rows: the driver's
   # reshape is an XLA copy of the buffer (the compiled call's HLO), read and

@@ -27,7 +27,7 @@ from streamidx.semantics import LANES as _LANES, align_to, cdiv
 TOKEN_CASES = ("decode", "decode_rest", "prefill", "mixed")
 # The kernels this module models (lean: not its DMA order).
 MODELLED_VARIANTS = ("vendored", "vendored_page", "dense", "dense_page",
-                     "lean", "lean_page", "fp4", "fp4_page")
+                     "lean", "lean_page", "inline", "fp4", "fp4_page")
 
 
 def _dtype(name):
