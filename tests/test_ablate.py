@@ -18,8 +18,9 @@ from streamidx import blocks, records, variants
 from streamidx import cache as cache_lib
 from streamidx.kernels import driver, entries, lean
 from streamidx.lab import aot, shapes
-from streamidx.lab.bench import ablate, record
+from streamidx.lab.bench import ablate, ablate_select, record
 from streamidx.lab.model import roofline, timeline
+from streamidx.topk import blocktop
 
 from tiers import FULL, needs_libtpu
 
@@ -352,16 +353,20 @@ _BEFORE_PREFETCH_2 = {"prefetch_2", "prefetch_2_reads_only"}
 
 
 def test_recorded_experiments_follow_the_schema():
-  names = {e.name for e in ablate.EXPERIMENTS}
+  """Each row the schema's, an experiment of its variant's table (lean's
+  `--ablate`, blocktop's `--ablate-select`) and pieces it can remove."""
+  kinds = {ablate.VARIANT: (ablate.EXPERIMENTS, set(lean.ABLATIONS)),
+           ablate_select.VARIANT: (ablate_select.EXPERIMENTS,
+                                   {"finish", *blocktop.ABLATIONS})}
   for r in records.chip_rows("experiments"):
     assert records.chip_problems(r, records.EXPERIMENT_FIELDS) == [], r
+    experiments, pieces = kinds[r["variant"]]
     old = ((_BEFORE_THE_EARLY_ISSUE if r["date"] < records.LATE_ISSUE_UNTIL
             else set())
            | (_BEFORE_PREFETCH_2 if r["date"] < records.PREFETCH_2_UNTIL
-              else set()))
-    assert r["experiment"] in names | old, r
-    assert records.removed_now(r["removed"], r["date"]) <= set(
-        lean.ABLATIONS), r
+              else set())) if r["variant"] == ablate.VARIANT else set()
+    assert r["experiment"] in {e.name for e in experiments} | old, r
+    assert records.removed_now(r["removed"], r["date"]) <= pieces, r
 
 
 def test_an_experiment_from_before_the_deep_queue_reads_in_todays_terms():
@@ -420,6 +425,15 @@ def test_lean_refuses_an_unknown_ablation():
   with pytest.raises(ValueError, match="ablate: a subset of"):
     lean.launch(spec, None, None, (None, None), None, 0, 1, (None,),
                 ablate={"everything"})
+
+
+def test_lean_refuses_an_ablation_over_the_inline_cache():
+  """The experiments take the shipped pair's call apart; over the inline
+  cache (one array) none applies."""
+  spec = driver.Launch("decode", 1, 1, 1, 1, 1, 16, 4, "model")
+  with pytest.raises(ValueError, match="token mode and the dense pair only"):
+    lean.launch(spec, None, None, (None,), None, 0, 1, (None,),
+                ablate={"compute"})
 
 
 def test_lean_refuses_two_blocks_ahead_without_kv_steps():

@@ -222,3 +222,49 @@ def test_mxfp4_layout_byte_by_byte_and_round_trip():
   # error bound: half a grid step at the top, 6 * 2**e / 12 per group
   step = np.exp2(np.asarray(e, np.float64)).repeat(32, axis=-1)
   assert np.all(np.abs(got - keys) <= step + 1e-30)
+
+
+# ---------------------------------------------------------------------------
+# The inline FP8 cache: the dense pair's bytes, a page in one slice.
+
+
+@pytest.mark.parametrize("page_size", [16, 100, 128, 256, 512])
+def test_inline_cache_holds_the_dense_pairs_bytes_a_page_in_one_slice(
+    page_size):
+  keys = _keys((3, page_size, 64), seed=5, scale=np.float32(1e3))
+  values, scales = cache.pack_dense_fp8_cache(keys)
+  arr = cache.pack_inline_fp8_cache(keys)
+  rows = page_size // 4
+  assert arr.shape == (3, rows + 1, 4, 128) and arr.dtype == np.uint8
+  assert cache.is_inline(arr) and cache.is_inline((arr,))
+  assert cache.format_of((arr,)) == "inline_fp8"
+  assert cache.cache_pages(arr) == cache.cache_pages((values, scales))
+  np.testing.assert_array_equal(arr[:, :rows], values)  # the value rows
+  # the scale row: entry 128 c + l's byte at [slot c, lane l], zero past
+  row = np.asarray(arr[:, rows]).reshape(3, 512)
+  np.testing.assert_array_equal(row[:, :page_size],
+                                cache.entry_scale_bytes(scales, page_size))
+  np.testing.assert_array_equal(row[:, page_size:], 0)
+  for a, b in zip(cache.inline_to_pair(arr), (values, scales)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(cache.unpack_cache(arr, 64),
+                                cache.unpack_cache((values, scales), 64))
+  # As a TPU stores it, the pair's bytes: no tile padding in one array.
+  assert arr.nbytes == values.nbytes + 3 * cache.tpu_scale_bytes(
+      cache.dense_scale_data_rows(page_size),
+      cache.dense_scale_lanes(page_size))
+
+
+def test_inline_cache_is_told_from_the_packed_record_by_its_width():
+  keys = _keys((2, 16, 128))
+  assert not cache.is_inline(cache.pack_cache(keys, "fp8"))  # 256 lanes
+  assert not cache.is_inline(cache.pack_cache(keys, "bf16"))  # bf16
+  assert not cache.is_inline(cache.pack_dense_fp8_cache(keys))  # a pair
+  assert cache.format_of((cache.pack_cache(keys, "fp8"),)) == "fp8"
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 129), (2, 516, 128)])
+def test_inline_cache_refuses_what_one_scale_row_cannot_hold(shape):
+  with pytest.raises(ValueError, match=r"head_dim <= 128 and page_size <= "
+                     r"512 \(one row of scale bytes a page\)"):
+    cache.pack_inline_fp8_cache(np.ones(shape, np.float32))

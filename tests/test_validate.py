@@ -860,3 +860,61 @@ def test_decode_range_must_have_decode_q_len_rows_each():
   with pytest.raises(ValueError, match="must have q_len == decode_q_len"):
     si.make_batch([(2, 9), (1, 8)], page_size=16, compression_ratio=4,
                   distribution=(2, 2, 2), decode_q_len=2)
+
+
+# --- the inline FP8 cache ------------------------------------------------------
+
+INLINE = ((S, CACHE[1] + 1, 4, 128), U8)  # a page's 4 value rows, its scales
+INLINE_STATIC = [
+    StaticCase("inline_given_the_packed_record", NOTHING,
+               "cache_kv: this kernel reads the inline_fp8 cache "
+               "(streamidx.cache.CACHE_FORMATS) (got the fp8 cache)",
+               edit(cache_kv=INLINE)),
+    StaticCase("inline_head_dim",
+               edit(cache_kv=INLINE, q=((T, H, 256), BF16)),
+               "q: head_dim must be <= 128 for the inline FP8 cache (its rows "
+               "are 128 lanes) (got 256)",
+               edit(cache_kv=INLINE, q=((T, H, 64), BF16))),
+    StaticCase("inline_kv_packing", edit(cache_kv=((S, 5, 2, 128), U8)),
+               "cache_kv: axis 2 (kv_packing) must be 4 (got 2)",
+               edit(cache_kv=INLINE)),
+    StaticCase("inline_no_scale_row", edit(cache_kv=((S, 1, 4, 128), U8)),
+               "cache_kv: the inline FP8 cache needs at least one page of a "
+               "value row and its scale row (got shape (6, 1, 4, 128))",
+               edit(cache_kv=INLINE)),
+    StaticCase("inline_page_size", edit(cache_kv=((S, 130, 4, 128), U8)),
+               "cache_kv: page_size (value rows x 4) must be <= 512 for the "
+               "inline FP8 cache (one row holds a page's scale bytes) (got "
+               "516)", edit(cache_kv=((S, 129, 4, 128), U8))),
+]
+
+
+@pytest.mark.parametrize("case", INLINE_STATIC, ids=lambda c: c.id)
+def test_inline_kernel_static_rule(case, no_kernel_built):
+  """The inline variant's own rules, and a packed FP8 record refused by
+  name (an inline array given to the vendored kernel is refused as a
+  record too narrow: cache_fp8_record_width)."""
+  entry = si.VARIANTS["inline"].kernel
+  specs, kw = _applied(case.bad, token_specs(), TOKEN_KW)
+  with pytest.raises(ValueError, match=exactly(case.message)):
+    jax.eval_shape(functools.partial(entry, **kw), *specs.values())
+  specs, kw = _applied(case.good, token_specs(), TOKEN_KW)
+  call, arrays = entry.bind(*specs.values(), **kw)
+  validate.static_validate(call, *arrays, formats=("inline_fp8",))
+
+
+def test_an_inline_cache_with_a_minus_zero_byte_is_refused():
+  """The inline array holds the dense pair's bytes: no 0x80 there either
+  (the lean body reads it as e4m3b11fnuz NaN), and a scale byte of 255
+  (NaN) is refused as the pair's."""
+  arr = si.pack_inline_fp8_cache(TOKEN.keys)
+  page = int(np.asarray(TOKEN.args[4])[0])  # sequence 0's first entry
+  args = (TOKEN.q, TOKEN.weights, arr, *TOKEN.args[3:])
+  entry = si.VARIANTS["inline"].kernel
+  entry.validate(*args, **TOKEN_KW)
+  bad = arr.at[page, 0, 0, 5].set(0x80)
+  with pytest.raises(ValueError, match="cache_kv: .*no byte 0x80"):
+    entry.validate(*args[:2], bad, *args[3:], **TOKEN_KW)
+  bad = arr.at[page, arr.shape[1] - 1, 0, 0].set(255)  # entry 0's scale
+  with pytest.raises(ValueError, match="cache_kv: .*byte 255 is NaN"):
+    entry.validate(*args[:2], bad, *args[3:], **TOKEN_KW)

@@ -138,12 +138,12 @@ NARROW_POOL = 4
 
 def inline_cache(values, scales):
   """The dense pair (values u8[P, rows, 4, D], scales u8[P, 4, D]: one data
-  row of D = 128 lanes) with each page's values, then its scale bytes in
-  all four rows of one more, in one array u8[P, rows + 1, 4, D], passed as
-  the pair's values u8[P', rows, 4, D] (P' = P (rows + 1) / rows, the same
-  bytes; the scales padded to P' pages, never read) so that the call's
-  checks pass ("inline_scales": `launch` views them back). Arrays or
-  `jax.ShapeDtypeStruct`s."""
+  row of D = 128 lanes) as the inline FP8 array u8[P, rows + 1, 4, D]
+  (`cache.pair_to_inline`), passed as the pair's values u8[P', rows, 4, D]
+  (P' = P (rows + 1) / rows, the same bytes; the scales padded to P'
+  pages, never read) so that the pair's call takes it ("inline_scales":
+  `launch` views them back): the experiment as it ran before the format
+  shipped. Arrays or `jax.ShapeDtypeStruct`s."""
   p, rows, packing, d = values.shape
   if tuple(scales.shape) != (p, packing, d) or p % rows:
     raise ValueError(f"inline_cache: one scale row of {d} lanes a page, "
@@ -154,8 +154,7 @@ def inline_cache(values, scales):
     return tuple(jax.ShapeDtypeStruct((wide, *a.shape[1:]), a.dtype,
                                       sharding=a.sharding)
                  for a in (values, scales))
-  row = jnp.broadcast_to(scales[:, None, :1, :], (p, 1, packing, d))
-  pages = jnp.concatenate([values, row], axis=1)
+  pages = cache_lib.pair_to_inline(values, scales)
   return (pages.reshape(wide, rows, packing, d),
           jnp.pad(scales, ((0, wide - p), (0, 0), (0, 0))))
 
