@@ -45,6 +45,14 @@ _TINY = float(jnp.finfo(jnp.float32).tiny)
 # rest on a chip (`lab.bench.ablate_select`): the tiles' DMAs and their
 # waits, the pass's work on each tile.
 ABLATIONS = ("dma", "scan")
+# Chips of one TensorCore, whose grid runs in order: there the last tile's
+# step starts the next grid step's first tile ("arbitrary"); where
+# "parallel" splits the grid over a chip's cores (v4, v5p, v7x) each step
+# starts its own. On the v5e without it each grid step's reads began
+# after its first tile's wait: the tiles' DMAs alone took 1.28x one read
+# of the buffer at decode and prefill (`lab.bench.ablate_select`'s
+# `reads_only`, docs/topk-methods.md).
+PREFETCH_CHIPS = ("v5e", "v6e")
 _NO_INDEX = 2**31 - 1  # the index of an empty level (ranks after every entry)
 _DEAD = base.NEG_INF_KEY  # the key of an empty slot (-inf's)
 _BLOCK_BITS = 10  # log2(BLOCKS): an index is its vreg number, then its block
@@ -735,40 +743,46 @@ def _levels(lv, li, vals_ref, idx_ref):
 
 
 def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows,
-            ablate=frozenset()):
+            ahead, ablate=frozenset()):
   """Grid step g: rows [8g, 8g + 8) of x_hbm f32[T, N] (lane_rows: f32[T,
   W / 128, 128], its first tiles * tile entries read). refs: the outputs in
   HBM, then the scratch: buf (two tiles), its DMA semaphores, the levels lv,
   li (the lists, `_scan`; after `_merge`, the levels first), each
-  output's block in VMEM, their semaphores, the finish's scratch. ablate
+  output's block in VMEM, their semaphores, the finish's scratch. ahead:
+  the grid runs in order on one core, and its last tile's step starts the
+  next step's first tile, which lands under the merge and finish (tile i
+  of the grid's in buffer i % 2); else each step starts its own. ablate
   (`ABLATIONS`): the tiles' DMAs and waits ("dma") or the pass's work on
   them ("scan") left out, to time the rest on a chip."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
   out_sem, extra = refs[2 * outputs + 4], refs[2 * outputs + 5:]
   g = pl.program_id(0)
-  rows = pl.ds(pl.multiple_of(g * SUBLANES, SUBLANES), SUBLANES)
   chunk = chunk_for(tile)
   chunks = tile // chunk
 
-  def copies(b, slot):
+  def start(group, b, slot):  # tile b of rows [8 group, 8 group + 8)
+    rows = pl.ds(pl.multiple_of(group * SUBLANES, SUBLANES), SUBLANES)
     w = chunk // LANES if lane_rows else chunk  # a DMA's columns of x_hbm
-    return [pltpu.make_async_copy(
-        x_hbm.at[rows, pl.ds(pl.multiple_of((b * chunks + c) * w, w), w)],
-        buf.at[slot, c], sem.at[slot]) for c in range(chunks)]
+    for c in range(chunks):
+      pltpu.make_async_copy(
+          x_hbm.at[rows, pl.ds(pl.multiple_of((b * chunks + c) * w, w), w)],
+          buf.at[slot, c], sem.at[slot]).start()
 
   dma = "dma" not in ablate
-  if dma:
-    for cp in copies(0, 0):
-      cp.start()
+  first = (g * tiles) % 2 if ahead else 0  # this step's first tile's buffer
+  if dma and ahead:
+    pl.when(g == 0)(lambda: start(0, 0, 0))
+  elif dma:
+    start(g, 0, 0)
 
   def step(b, carry):  # b: 0 (the first tile, its lists empty) or traced
-    slot = b % 2
+    slot = (first + b) % 2
     if tiles > 1 and dma:
-      @pl.when(b + 1 < tiles)
-      def _():
-        for cp in copies(b + 1, 1 - slot):
-          cp.start()
+      pl.when(b + 1 < tiles)(lambda: start(g, b + 1, 1 - slot))
+    if ahead and dma:  # the next step's first, into the buffer read before
+      pl.when(jnp.logical_and(b + 1 == tiles, g + 1 < pl.num_programs(0)))(
+          lambda: start(g + 1, 0, 1 - slot))
     if dma:  # one wait covers the tile's DMAs: they signal one semaphore
       pltpu.make_async_copy(buf.at[slot], buf.at[slot], sem.at[slot]).wait()
     if "scan" not in ablate:
@@ -822,10 +836,13 @@ def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
     blocks = [((levels * UNITS, SUBLANES, LANES), dt)
               for dt in (jnp.float32, jnp.int32)]
   hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+  interpret = modes.resolve_interpret()
+  ahead = (interpret is not False
+           or modes.current_generation() in PREFETCH_CHIPS)
   return pl.pallas_call(
       functools.partial(_kernel, keep=keep, tile=tile, tiles=tiles,
                         finish=fin, outputs=len(blocks), lane_rows=lane_rows,
-                        ablate=frozenset(ablate)),
+                        ahead=ahead, ablate=frozenset(ablate)),
       grid=(groups,),
       in_specs=[hbm],
       out_specs=[hbm] * len(blocks),
@@ -839,8 +856,8 @@ def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
           *[pltpu.VMEM(shape, dt) for shape, dt in blocks],
           pltpu.SemaphoreType.DMA((len(blocks),)), *extra],
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel",)),
-      interpret=modes.resolve_interpret(),
+          dimension_semantics=("arbitrary" if ahead else "parallel",)),
+      interpret=interpret,
       name=(f"StreamIdxSelectBlocktop-keep_{keep}-tile_{tile}-k_{k}" if finish
             else f"StreamIdxBlocktopLevels-keep_{keep}-tile_{tile}"),
   )(x)
