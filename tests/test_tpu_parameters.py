@@ -81,7 +81,8 @@ def test_tpu_points_of_08_are_token_calls_that_fit_a_v5e():
   from streamidx.lab.bench import record
   d = decl("08_tpu_profiling")
   points = record.points({**d.defaults(), **d.tpu()}["points"])
-  assert {p.variant for p in points} == {"vendored", "dense", "lean", "fp4"}
+  assert {p.variant for p in points} == {
+      name for name, v in si.VARIANTS.items() if v.mode == "token"}
   assert {p.method for p in points} == {si.topk.default_method("v5e"), "sort"}
   for p in points:
     s = p.shape
