@@ -862,7 +862,7 @@ def test_decode_range_must_have_decode_q_len_rows_each():
                   distribution=(2, 2, 2), decode_q_len=2)
 
 
-# --- the inline FP8 cache ------------------------------------------------------
+# --- the inline FP8 cache ---------------------------------------------------
 
 INLINE = ((S, CACHE[1] + 1, 4, 128), U8)  # a page's 4 value rows, its scales
 INLINE_STATIC = [

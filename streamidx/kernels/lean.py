@@ -220,8 +220,8 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   with `hook`], bo_sz [2, or 4]. kv_hbm: the dense pair's values (sc_hbm
   its scales) or the inline cache u8[pages, rows + 1, 4, D] (sc_hbm None).
   Scratch: bkv u8[2, B, N, 4, D] (inline: bkv_p (rows + 1) rows), bsc
-  u8[2, B, bkv_p, rows, L] (inline: None), bq [2, B, bq, H, D], bw f32[2, B, bq, H], bo
-  f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
+  u8[2, B, bkv_p, rows, L] (inline: None), bq [2, B, bq, H, D], bw
+  f32[2, B, bq, H], bo f32[2, B * bq, sublanes, 128], sems DMA[5, or 6 with `hook`, 2, B]
   (column 0: one wait covers the program's sequences); two blocks ahead
   ("prefetch_2"), bkv, bsc and sems have 3 slots. hook: the block maxima's
   (`block_max.BlockMax`, token mode), or None. early: the DMAs issued
