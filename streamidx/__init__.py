@@ -1,9 +1,8 @@
 """streamidx: the StreamIndex top-k Pallas kernels (`streamindex_topk`,
 `streamindex_page_topk` and their dense-FP8, lean, inline-FP8 and MXFP4
-twins), their exact references,
-value checks, cache formats, batches and variants. This is the core, what a
-serving engineer imports; it loads no plotting or notebook code
-(`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
+twins), their exact references, value checks, cache formats, batches and
+variants. This is the core, what a serving engineer imports; it loads no
+plotting or notebook code (`streamidx.lab`). ARCHITECTURE.md is the one description of the layout.
 """
 
 from streamidx import batch, blocks, cache, metrics, modes, ref, semantics

@@ -48,10 +48,10 @@ ABLATIONS = ("dma", "scan")
 # Chips of one TensorCore, whose grid runs in order: there the last tile's
 # step starts the next grid step's first tile ("arbitrary"); where
 # "parallel" splits the grid over a chip's cores (v4, v5p, v7x) each step
-# starts its own. On the v5e without it each grid step's reads began
-# after its first tile's wait: the tiles' DMAs alone took 1.28x one read
-# of the buffer at decode and prefill (`lab.bench.ablate_select`'s
-# `reads_only`, docs/topk-methods.md).
+# starts its own. On the v5e, where each grid step fetched its first tile
+# only when it began, the tiles' DMAs alone took 1.28x one read of the
+# buffer at decode and prefill; with the prefetch 1.19x and 1.17x
+# (`lab.bench.ablate_select`'s `reads_only`, docs/topk-methods.md).
 PREFETCH_CHIPS = ("v5e", "v6e")
 _NO_INDEX = 2**31 - 1  # the index of an empty level (ranks after every entry)
 _DEAD = base.NEG_INF_KEY  # the key of an empty slot (-inf's)
