@@ -112,7 +112,7 @@ EXPERIMENT_FIELDS: Mapping[str, str] = {
     "inputs": "what it ran on besides the shipped call's arguments "
               "(lab.bench.ablate.Experiment.inputs), or None: those alone",
     "cache_bytes": "HBM bytes of the cache it read from, as stored "
-                   "(lab.bench.ablate.cache_bytes); None: blocktop's",
+                   "(lab.model.tiling.Geometry.cache_bytes); None: blocktop's",
     **{f: CHIP_FIELDS[f] for f in ("blocks", "chip", "device_kind", "shape")},
     "variant": "streamidx.VARIANTS name, or 'blocktop': the selection's "
                "kernel alone",

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -66,7 +65,7 @@ assert _MAX == block_max_lib.SEM_ROW
 # KV loop's trips.
 ABLATIONS = ("score_write", "kv_dma", "scale_dma", "compute", "kv_loop",
              "page_dma", "early_issue", "prefetch_2", "split_launch",
-             "big_table", "narrow_pool", "gathered_scales", "inline_scales")
+             "big_table", "narrow_pool", "gathered_scales")
 # "page_dma": each sequence's KV block fetched by one values DMA and one
 # scales DMA from its first page on (kept inside the cache), not two per
 # page: the same bytes only where the block's pages are consecutive (the
@@ -129,34 +128,8 @@ NARROW_POOL = 4
 # pages 64 x 262,144 stepped as slowly as 64 x 1M (`wide_pool`,
 # docs/chip.md): does a block's scales in one DMA keep that, paid for by
 # the gather? No: the kernel took 3.129 ms at 64 x 1M, the gather 1.608.
-# "inline_scales": the cache's values array holding each page's values and
-# then its scale bytes, u8[pages, rows + 1, 4, D] (passed as a pair's
-# values of more pages, `inline_cache`; the scales never read), so that a
-# page comes in one DMA: the layout a cache would need for that, timed
-# before one is built.
-
-
-def inline_cache(values, scales):
-  """The dense pair (values u8[P, rows, 4, D], scales u8[P, 4, D]: one data
-  row of D = 128 lanes) as the inline FP8 array u8[P, rows + 1, 4, D]
-  (`cache.pair_to_inline`), passed as the pair's values u8[P', rows, 4, D]
-  (P' = P (rows + 1) / rows, the same bytes; the scales padded to P'
-  pages, never read) so that the pair's call takes it ("inline_scales":
-  `launch` views them back): the experiment as it ran before the format
-  shipped. Arrays or `jax.ShapeDtypeStruct`s."""
-  p, rows, packing, d = values.shape
-  if tuple(scales.shape) != (p, packing, d) or p % rows:
-    raise ValueError(f"inline_cache: one scale row of {d} lanes a page, "
-                     f"pages a multiple of {rows} (got values "
-                     f"{values.shape}, scales {scales.shape})")
-  wide = p * (rows + 1) // rows
-  if isinstance(values, jax.ShapeDtypeStruct):
-    return tuple(jax.ShapeDtypeStruct((wide, *a.shape[1:]), a.dtype,
-                                      sharding=a.sharding)
-                 for a in (values, scales))
-  pages = cache_lib.pair_to_inline(values, scales)
-  return (pages.reshape(wide, rows, packing, d),
-          jnp.pad(scales, ((0, wide - p), (0, 0), (0, 0))))
+# One DMA a page is the inline FP8 cache's (the `inline` variant, this
+# body over one array; `bench --ablate`'s "inline_scales" times it).
 
 
 def deep_queue(interpret, generation: str | None = None) -> bool:
@@ -233,7 +206,7 @@ def _kernel(seq_lens_ref, pages_ref, cu_q_ref, q_rows_ref, start_end_ref,
   _, num_heads, head_dim = q_hbm.shape
   gathered = "gathered_scales" in ablate  # sc_hbm u8[rows, page_width, R, L]
   # kv_hbm u8[pages, rows + 1, 4, D]: a page's values, then its scale row
-  inline = sc_hbm is None or "inline_scales" in ablate
+  inline = sc_hbm is None
   # the cache's pages (not when gathered)
   kv_hbm_pages = (sc_hbm if sc_hbm is not None else kv_hbm).shape[0]
   rows_per_page = (kv_hbm.shape[0] // kv_hbm_pages if "page_dma" in ablate
@@ -584,12 +557,11 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   if (not set(ablate) <= set(ABLATIONS) or (ablate and spec.page_mode)
       or (ablate and len(cache) == 1)
       or ("kv_loop" in ablate and "prefetch_2" not in ablate)
-      or len({"gathered_scales", "page_dma", "inline_scales"} & set(ablate))
-      > 1):
+      or {"gathered_scales", "page_dma"} <= set(ablate)):
     raise ValueError(f"ablate: a subset of {ABLATIONS}, token mode and "
                      f"the dense pair only, "
-                     f"kv_loop only with prefetch_2, one of gathered_scales, "
-                     f"page_dma, inline_scales (got {sorted(ablate)}, {spec.case})")
+                     f"kv_loop only with prefetch_2, not both gathered_scales and "
+                     f"page_dma (got {sorted(ablate)}, {spec.case})")
   if "split_launch" in ablate:
     return _split(spec, q, weights, cache, prefetch, start, end, outputs,
                   ablate=frozenset(ablate) - {"split_launch"})
@@ -616,8 +588,6 @@ def launch(spec, q, weights, cache, prefetch, start, end, outputs, *,
   if "big_table" in ablate:
     table = jnp.pad(table, ((0, (BIG_TABLE_ROWS - 1) * table.shape[0]), (0, 0)))
   scale_block = None if one_array else scales.shape[1:]
-  if "inline_scales" in ablate:  # the pages u8[P, rows + 1, 4, D] as they are
-    values = values.reshape(-1, values.shape[1] + 1, *values.shape[2:])
   if "gathered_scales" in ablate:  # whole tiles, the table's rows and width
     scales = scales[table]
   slots = 2 if "prefetch_2" in ablate else kv_slots(spec)

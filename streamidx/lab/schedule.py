@@ -24,7 +24,7 @@ import jax
 
 from streamidx import modes
 from streamidx import variants as variants_lib
-from streamidx.kernels import driver, entries, lean
+from streamidx.kernels import driver, entries
 from streamidx.lab import aot
 from streamidx.lab import dump, worker
 from streamidx.lab import shapes as shapes_lib
@@ -139,8 +139,6 @@ def _launch_calls(variant, shape, fmt, blocks, target, ablate):
   call, arrays = variants_lib.get(variant).kernel.bind(
       *aot.entry_args(variant, shape, fmt, target),
       **aot.entry_static(variant, shape, blocks))
-  if "inline_scales" in ablate:  # its cache, as `bench --ablate` gives it
-    arrays = (*arrays[:2], lean.inline_cache(*arrays[2]), *arrays[3:])
   fn = functools.partial(driver.scoring, call, entries.lean_without(ablate))
   return [(eqn.params.get("name") or "pallas_call", eqn)
           for eqn in tiling.pallas_calls(jax.make_jaxpr(fn)(*arrays).jaxpr)]

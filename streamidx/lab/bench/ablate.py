@@ -29,7 +29,7 @@ from streamidx import blocks as blocks_lib
 from streamidx import cache as cache_lib
 from streamidx import modes, records
 from streamidx import variants as variants_lib
-from streamidx.kernels import driver, entries, lean
+from streamidx.kernels import driver, entries
 from streamidx.lab import shapes as shapes_lib
 from streamidx.lab.bench import harness
 from streamidx.lab.bench import record
@@ -54,7 +54,9 @@ class Experiment:
   each waited for, as every other row), or the shipped call over a cache of
   `pool` times the batch's pages, those past its own zeros never read, or
   with `ballast` (`BALLAST_BYTES` held in HBM, allocated "before" the
-  cache's arrays or "after" them; `inputs`)."""
+  cache's arrays or "after" them; `inputs`), or (`inline`) the same keys'
+  inline FP8 cache through the `inline` variant (the lean body, one DMA a
+  page)."""
 
   name: str
   removed: tuple[str, ...] = ()
@@ -62,6 +64,7 @@ class Experiment:
   batch: int | None = None
   gap_s: float | None = None  # its profiled calls paced (`profiling.capture`)
   pool: int = 1  # the cache's pages, times the batch's
+  inline: bool = False  # the inline FP8 cache, the inline variant
   ballast: str | None = None  # "before" or "after" the cache's arrays
 
   @property
@@ -72,8 +75,9 @@ class Experiment:
       return f"the cache at {self.pool} times the batch's pages"
     if self.ballast:
       return f"{BALLAST_BYTES >> 30} GiB of HBM allocated {self.ballast} the cache"
-    if "inline_scales" in self.removed:
-      return "each page's values and scales in one array (lean.inline_cache)"
+    if self.inline:
+      return ("the inline FP8 cache of the same keys (cache.pair_to_inline), "
+              "the inline variant's launches")
     return None
 
 
@@ -115,9 +119,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     # A KV block's scales in one DMA a sequence, from a copy gathered by the
     # page table before the launch: half the DMAs a step, for the gather.
     Experiment("gathered_scales", ("gathered_scales",)),
-    # Each page's values and scales in one array (`lean.inline_cache`), one DMA
-    # a page: the layout a cache would need, timed before one is built.
-    Experiment("inline_scales", ("inline_scales",)),
+    # Each page's values and scales in one array, one DMA a page: the same
+    # keys' inline FP8 cache through the `inline` variant (the lean body).
+    Experiment("inline_scales", inline=True),
     # The same program, the chip kept busy (calls back to back) or left
     # idle between calls: does the step follow the chip's recent load?
     Experiment("back_to_back", gap_s=0.0),
@@ -143,7 +147,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
   """(blocks, fn, arrays): `fn(*arrays)` the experiment's scoring launches,
   to jit, at the lean entry point's positional arrays `args` (or specs)."""
-  entry = variants_lib.get(VARIANT).kernel
+  entry = variants_lib.get("inline" if exp.inline else VARIANT).kernel
   blocks = shapes_lib.table_blocks(shape, VARIANT, shape.fmt, chip).kwargs()
   if exp.kv_pages:
     blocks["num_kv_pages_per_block"] = ((exp.kv_pages,)
@@ -152,12 +156,22 @@ def program(exp: Experiment, args, chip: str | None, shape=SHAPE):
     blocks["decode_req_batch_size"] = exp.batch
   if exp.pool > 1:
     args = widened(args, shape.fmt, exp.pool)
+  if exp.inline:  # the same keys' inline array (its block rows are lean's)
+    args = (*args[:2], _inline(*args[2:4]), *args[4:])
   call, arrays = entry.bind(*args, **shape.kernel_kwargs(),  # any method
                             topk_method="sort", **blocks)  # needing no extra
-  if "inline_scales" in exp.removed:
-    arrays = (*arrays[:2], lean.inline_cache(*arrays[2]), *arrays[3:])
-  return blocks, functools.partial(driver.scoring, call,
-                                   entries.lean_without(exp.removed)), arrays
+  body = entries.INLINE if exp.inline else entries.lean_without(exp.removed)
+  return blocks, functools.partial(driver.scoring, call, body), arrays
+
+
+def _inline(values, scales):
+  """`cache.pair_to_inline` of the pair (arrays, or `jax.ShapeDtypeStruct`s:
+  its shape, the values' sharding)."""
+  if isinstance(values, jax.ShapeDtypeStruct):
+    p, rows, packing, lanes = values.shape
+    return jax.ShapeDtypeStruct((p, rows + 1, packing, lanes), values.dtype,
+                                sharding=values.sharding)
+  return cache_lib.pair_to_inline(values, scales)
 
 
 def widened(args, fmt: str, pool: int) -> tuple:
@@ -201,12 +215,6 @@ def measure(exp: Experiment, args, *, chip: str | None, shape=SHAPE,
   return blocks, times, info["compile_s"]
 
 
-def cache_bytes(p: tiling.Plan, pool: int = 1) -> int:
-  """The HBM bytes of plan `p`'s cache as a TPU stores it, `pool` times its
-  pages (`Experiment.pool`)."""
-  return p.geometry.cache_bytes * pool
-
-
 def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
         device_kind: str, compile_s: float, command: str, shape=SHAPE,
         iterations: int = ITERATIONS) -> dict:
@@ -220,9 +228,10 @@ def row(exp: Experiment, blocks: dict, times: dict, *, chip: str,
   steps, device_s = p.counts(), times["scoring_s"]
   return dict(
       experiment=exp.name, removed=list(exp.removed), inputs=exp.inputs,
-      cache_bytes=cache_bytes(p, exp.pool), blocks=blocks,
+      cache_bytes=p.geometry.cache_bytes * exp.pool, blocks=blocks,
       chip=chip, device_kind=device_kind, shape=shape.name, variant=VARIANT,
-      cache_format=shape.fmt, num_heads=shape.num_heads,
+      cache_format="inline_fp8" if exp.inline else shape.fmt,
+      num_heads=shape.num_heads,
       page_size=shape.page_size, device_s=device_s,
       ops=[[o["name"], o["count"] / iterations, o["self_us"] / iterations / 1e6]
            for o in times["ops"] if o["stage"] == "scoring"],

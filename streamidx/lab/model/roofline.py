@@ -455,8 +455,8 @@ class LargeCache:
   """A chip's scoring kernel reading from a large cache, measured: the
   newest `wide_pool` experiment (the block experiments' shape, the cache
   at four times its pages) beside the newest shipped call there. Every
-  experiment that ran today's kernel at the same blocks
-  (`records.removed_now`, any shape or cache) is called slow where its KV
+  experiment that ran today's kernel at the same blocks over the same
+  format (`records.removed_now`, any shape or cache size) is called slow where its KV
   step is nearer `wide_pool`'s than the shipped call's; `min_bytes` is the
   smallest cache of the slow, `max_fast_bytes` the largest of the others
   (none when they overlap). There a KV DMA takes at least `dma_s`:
@@ -488,7 +488,8 @@ def large_cache(chip: str, costs: KvStepCosts | None) -> LargeCache | None:
     return None
   kernel = [e for e in records.chip_rows("experiments", chip=chip)
             if not records.removed_now(e["removed"], e["date"])
-            and e["blocks"] == wide["blocks"] and e["variant"] == wide["variant"]]
+            and e["blocks"] == wide["blocks"] and e["variant"] == wide["variant"]
+            and e["cache_format"] == wide["cache_format"]]
   def is_slow(e):
     return (abs(e["kv_step_s"] - wide["kv_step_s"])
             < abs(e["kv_step_s"] - base["kv_step_s"]))
