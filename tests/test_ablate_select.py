@@ -34,12 +34,13 @@ def test_the_shapes_are_the_records_selection_points():
   assert all(s.k == 512 for s in ablate_select.SHAPES.values())
 
 
-def test_kernel_call_refuses_an_ablation_with_its_finish():
+def test_kernel_call_refuses_an_ablation_of_what_it_does_not_run():
+  # The pass's pieces without the finish, the finish's steps with it.
   x = jnp.zeros((8, 16384), jnp.float32)
-  with pytest.raises(ValueError, match="without the finish"):
-    blocktop.kernel_call(x, 8, 2, 8192, finish=True, ablate={"dma"})
-  with pytest.raises(ValueError, match="a subset of"):
-    blocktop.kernel_call(x, 8, 2, 8192, finish=False, ablate={"sort"})
+  for finish, ablate in ((True, {"dma"}), (False, {"sort"}),
+                         (True, {"sort", "scan"}), (False, {"tile"})):
+    with pytest.raises(ValueError, match="without the finish, of"):
+      blocktop.kernel_call(x, 8, 2, 8192, finish=finish, ablate=ablate)
 
 
 @needs_libtpu

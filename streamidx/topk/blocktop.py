@@ -41,10 +41,16 @@ UNITS = BLOCKS // LANES  # vregs of a row group that make one row's blocks
 MAX_TILE = 65536  # entries of a row per tile (8 rows: 2 MiB a buffer)
 CHUNK = 8192  # entries of a row per DMA
 _TINY = float(jnp.finfo(jnp.float32).tiny)
-# What `kernel_call(..., finish=False, ablate=...)` can leave out, to time the
-# rest on a chip (`lab.bench.ablate_select`): the tiles' DMAs and their
-# waits, the pass's work on each tile.
-ABLATIONS = ("dma", "scan")
+# What `kernel_call(..., ablate=...)` can leave out, to time the rest on a
+# chip (`lab.bench.ablate_select`). Without the finish: the tiles' DMAs and
+# their waits ("dma"), the pass's work on each tile ("scan"). With it, one
+# of its steps: the bound's search ("bound": a bound every live candidate
+# is at or before), the marking and compaction ("compact": the sort takes
+# its buffers as they are), the sort ("sort"). The finish's steps run the
+# same loops whatever the data, so what is left takes the time it takes.
+PASS_ABLATIONS = ("dma", "scan")
+FINISH_ABLATIONS = ("bound", "compact", "sort")
+ABLATIONS = PASS_ABLATIONS + FINISH_ABLATIONS
 # Chips of one TensorCore, whose grid runs in order: there the last tile's
 # step starts the next grid step's first tile ("arbitrary"); where
 # "parallel" splits the grid over a chip's cores (v4, v5p, v7x) each step
@@ -701,17 +707,26 @@ def _winners(sk, si, k: int, nv: int):
 
 
 def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
-            idx_bits):
+            idx_bits, ablate=frozenset()):
   """The k winners of 8 rows from their levels: out_ref i32[8, k rounded up
-  to 128], flag_ref i32[8, 128] (1: the row's check failed)."""
+  to 128], flag_ref i32[8, 128] (1: the row's check failed). ablate:
+  `FINISH_ABLATIONS` left out (its winners are then not the rule's)."""
   n = keep * UNITS
   width = capacity(k) // LANES
   bound = bound_levels(k, keep) * UNITS
-  key, index = _kth([_key(lv[v]) for v in range(bound)],
-                    [li[v] for v in range(bound)], k, idx_bits)
-  _mark(lv, li, k0, w0, key, index, n)
-  (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
-  _bitonic(ck, cw, width)
+  if "bound" in ablate:  # -inf's key, no index: every live one before it
+    key = jnp.full((SUBLANES, 1), _DEAD, jnp.int32)
+    index = jnp.full((SUBLANES, 1), _NO_INDEX, jnp.int32)
+  else:
+    key, index = _kth([_key(lv[v]) for v in range(bound)],
+                      [li[v] for v in range(bound)], k, idx_bits)
+  if "compact" in ablate:
+    (ck, cw), total = (k0, w0), jnp.zeros((SUBLANES, 1), jnp.int32)
+  else:
+    _mark(lv, li, k0, w0, key, index, n)
+    (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
+  if "sort" not in ablate:
+    _bitonic(ck, cw, width)
   out, kth_key, kth_idx = _winners(ck, cw, k, width)
   for o, got in enumerate(out):
     out_ref[:, o * LANES:(o + 1) * LANES] = got
@@ -752,7 +767,7 @@ def _kernel(x_hbm, *refs, keep, tile, tiles, finish, outputs, lane_rows,
   the grid runs in order on one core, and its last tile's step starts the
   next step's first tile, which lands under the merge and finish (tile i
   of the grid's in buffer i % 2); else each step starts its own. ablate
-  (`ABLATIONS`): the tiles' DMAs and waits ("dma") or the pass's work on
+  (`PASS_ABLATIONS`): the tiles' DMAs and waits ("dma") or the pass's work on
   them ("scan") left out, to time the rest on a chip."""
   out_hbm, (buf, sem, lv, li) = refs[:outputs], refs[outputs:outputs + 4]
   out_vmem = refs[outputs + 4:2 * outputs + 4]
@@ -809,11 +824,13 @@ def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
   """The kernel over scores f32[T, N] (or f32[T, W / 128, 128], taken as it
   is, its first N = `entries` read: `reads_lane_rows`): [G, ...] per output
   (G = T / 8 rounded up): the winners and flags, or (finish False) the
-  levels; ablate: `ABLATIONS` left out (finish False only: its levels are
-  then not the pass's)."""
-  if not set(ablate) <= set(ABLATIONS) or (ablate and finish):
-    raise ValueError(f"ablate: a subset of {ABLATIONS}, without the finish "
-                     f"(got {sorted(ablate)}, finish {finish})")
+  levels; ablate: `ABLATIONS` left out, `PASS_ABLATIONS` without the
+  finish, `FINISH_ABLATIONS` with it (the outputs are then not the pass's
+  levels, not the rule's winners)."""
+  if not set(ablate) <= set(FINISH_ABLATIONS if finish else PASS_ABLATIONS):
+    raise ValueError(f"ablate: a subset of {PASS_ABLATIONS} without the "
+                     f"finish, of {FINISH_ABLATIONS} with it (got "
+                     f"{sorted(ablate)}, finish {finish})")
   t, n = scores.shape[0], entries or _entries(scores)
   tiles = -(-n // tile)
   groups = -(-t // SUBLANES)
@@ -827,7 +844,8 @@ def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
   buf = (chunk // LANES, LANES) if lane_rows else (chunk,)
   if finish:
     idx_bits = max(1, (tiles * tile - 1).bit_length())
-    fin = functools.partial(_finish, keep=keep, k=k, idx_bits=idx_bits)
+    fin = functools.partial(_finish, keep=keep, k=k, idx_bits=idx_bits,
+                            ablate=frozenset(ablate))
     blocks = [((SUBLANES, -(-k // LANES) * LANES), jnp.int32),
               ((SUBLANES, LANES), jnp.int32)]
     extra = finish_scratch(keep, k)
@@ -842,7 +860,8 @@ def kernel_call(scores, k: int, keep: int, tile: int, finish: bool,
   return pl.pallas_call(
       functools.partial(_kernel, keep=keep, tile=tile, tiles=tiles,
                         finish=fin, outputs=len(blocks), lane_rows=lane_rows,
-                        ahead=ahead, ablate=frozenset(ablate)),
+                        ahead=ahead,
+                        ablate=frozenset(ablate) & set(PASS_ABLATIONS)),
       grid=(groups,),
       in_specs=[hbm],
       out_specs=[hbm] * len(blocks),

@@ -8,7 +8,9 @@ selection points at k 512 (`SHAPE`, the decode 64 x 262,144 entries;
 `--shape`: the prefill 2,048 rows), with pieces of its work left out: its
 finish (the levels written out instead: the pass alone), then the pass's
 work on each tile ("scan": its DMAs and waits alone) or its DMAs ("dma":
-its work on whatever VMEM holds). Its row (`records.EXPERIMENT_FIELDS`,
+its work on whatever VMEM holds); then, the finish kept, one of its steps
+(`blocktop.FINISH_ABLATIONS`: the bound's search, the marks and
+compaction, the sort). Its row (`records.EXPERIMENT_FIELDS`,
 variant "blocktop", a tile of 8 rows a step) is appended to the chip
 records; one already recorded on the chip at that shape is skipped.
 """
@@ -39,6 +41,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("pass_only", ("finish",)),  # its levels written out
     Experiment("reads_only", ("finish", "scan")),  # the tiles' DMAs alone
     Experiment("scan_only", ("finish", "dma")),  # the pass's work alone
+    Experiment("no_bound", ("bound",)),  # the finish without its search
+    Experiment("no_compact", ("compact",)),  # ... its marks and compaction
+    Experiment("no_sort", ("sort",)),  # ... its sort
 )
 
 
