@@ -373,6 +373,7 @@ def _rows_to_units(lv, li, levels: int):
 _CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
 _LANE_BITS = 7  # log2(LANES): a move's bits that `_round` spends
 _UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
+RADIX_BITS = 4  # bits of the bound a round of `_kth` finds
 
 
 def _total(masks):
@@ -390,26 +391,46 @@ def _before(ka, ia, kb, ib):
 
 
 def _kth(keys, idx, k: int, idx_bits: int):
-  """The (key, index) of the k-th best of the entries, i32[8, 1] each, bit
-  by bit: the key, then the index among the entries of that key."""
+  """The (key, index) of the k-th best of the entries, i32[8, 1] each,
+  `RADIX_BITS` bits a round from the highest (the first round the bits
+  left over): the key's, then the index's among the entries of that key.
+  A round counts, a row, the entries at or past each way to extend the
+  bits so far (2**RADIX_BITS - 1 counts, each a cross-lane sum); its digit
+  is how many of them reach k. The sums of a round do not wait on each
+  other, so a round waits for the cross-lane unit once, where a bit at a
+  time waited once a bit."""
   sign = jnp.int32(-2**31)
 
-  def key_bit(i, ans):  # ans: the key's bits so far, sign bit flipped
-    cand = ans | lax.shift_left(jnp.int32(1), 31 - i)
-    found = _total([kk >= (cand ^ sign) for kk in keys])
-    return jnp.where(found >= k, cand, ans)
+  def rounds(bits, digit):  # digit(ans, shift, width) -> i32[8, 1]
+    first = bits % RADIX_BITS or RADIX_BITS
+    shift = bits - first
+    ans = lax.shift_left(digit(jnp.zeros((SUBLANES, 1), jnp.int32), shift,
+                               first), shift)
 
-  zero = jnp.zeros((SUBLANES, 1), jnp.int32)
-  key = lax.fori_loop(0, 32, key_bit, zero) ^ sign
+    def step(r, ans):  # the digit at shift - RADIX_BITS * (r + 1)
+      at = shift - RADIX_BITS * (r + 1)
+      return ans | lax.shift_left(digit(ans, at, RADIX_BITS), at)
+    return lax.fori_loop(0, shift // RADIX_BITS, step, ans)
+
+  def extend(ans, shift, width):  # ans with each nonzero digit at shift
+    return [ans | lax.shift_left(jnp.int32(d), shift)
+            for d in range(1, 1 << width)]
+
+  def key_digit(ans, shift, width):  # ans: the key's bits, sign bit flipped
+    found = [_total([kk >= (c ^ sign) for kk in keys])
+             for c in extend(ans, shift, width)]
+    return sum(jnp.where(f >= k, 1, 0) for f in found)
+
+  key = rounds(32, key_digit) ^ sign
   need = k - _total([kk > key for kk in keys])
   ties = [kk == key for kk in keys]
 
-  def index_bit(i, ans):  # ans: the largest with fewer than `need` below
-    cand = ans + lax.shift_left(jnp.int32(1), idx_bits - 1 - i)
-    below = _total([t & (ii < cand) for t, ii in zip(ties, idx)])
-    return jnp.where(below < need, cand, ans)
+  def index_digit(ans, shift, width):  # the largest with fewer than `need` below
+    below = [_total([t & (ii < c) for t, ii in zip(ties, idx)])
+             for c in extend(ans, shift, width)]
+    return sum(jnp.where(b < need, 1, 0) for b in below)
 
-  return key, lax.fori_loop(0, idx_bits, index_bit, zero)
+  return key, rounds(idx_bits, index_digit)
 
 
 def _move_bits(candidate_vregs: int, width: int) -> int:
