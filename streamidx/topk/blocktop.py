@@ -430,7 +430,15 @@ def _kth(keys, idx, k: int, idx_bits: int):
              for c in extend(ans, shift, width)]
     return sum(jnp.where(b < need, 1, 0) for b in below)
 
-  return key, rounds(idx_bits, index_digit)
+  def last_tie():  # each row needs all its entries of that key: the last
+    return jnp.max(functools.reduce(jnp.maximum, [
+        jnp.where(t, ii, -1) for t, ii in zip(ties, idx)]), axis=1,
+                   keepdims=True)
+
+  # The search over the indices only where a row holds more entries of the
+  # key than it needs (ties; rare where scores are distinct).
+  return key, lax.cond(jnp.any(_total(ties) > need),
+                       lambda: rounds(idx_bits, index_digit), last_tie)
 
 
 def _move_bits(candidate_vregs: int, width: int) -> int:
