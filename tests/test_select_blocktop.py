@@ -228,6 +228,21 @@ def test_blocktop_candidates_at_the_bound_fit_the_slots(k, mean):
   assert max(live) < 0.8 * sb.capacity(k)
 
 
+@pytest.mark.parametrize("held", [2, 4])
+def test_blocktop_compacts_the_levels_that_hold_a_candidate(held):
+  # keep 4: the compaction runs over 2, 3 or 4 levels (`COMPACT_PATHS`),
+  # the fewest that hold every block's candidates. Row 3's block 5 holds
+  # `held` entries above every other (so at or before the bound): 2 takes
+  # the shortest path (no other block holds more than its best, 1), 4 the
+  # whole. Exact either way, and no row flagged.
+  assert sb.COMPACT_PATHS == 3
+  x = np.random.default_rng(held).standard_normal((8, 8192)).astype(np.float32)
+  x[3, 5 + B * np.arange(held)] = 100 + np.arange(held)
+  got, bad = sb.block_select(x, 16, keep=4, tile=8192)
+  assert not np.asarray(bad).any()
+  np.testing.assert_array_equal(np.asarray(got), oracle.topk_rule(x, 16))
+
+
 @pytest.mark.parametrize("chunk,seed", [(1, 7), (2, 8)])
 def test_blocktop_chunked_finish_matches_the_rule(monkeypatch, chunk, seed):
   # The finish's paths past one chunk of slot vregs, at 512 slots (k 200, 4

@@ -374,6 +374,7 @@ _CHUNK = 8  # vregs a loop step of `_round` holds (`_bitonic`: twice as many)
 _LANE_BITS = 7  # log2(LANES): a move's bits that `_round` spends
 _UNROLL = 4  # loop steps a trip of `_round` (they overlap: fewer bundles)
 RADIX_BITS = 4  # bits of the bound a round of `_kth` finds
+COMPACT_PATHS = 3  # candidate counts a block may hold that compact alone
 
 
 def _total(masks):
@@ -514,15 +515,47 @@ def _compact(li, bufs, n: int, width: int):
     ref[pl.ds(n, _CHUNK)] = jnp.zeros((_CHUNK, SUBLANES, LANES), jnp.int32)
   for b in range(_LANE_BITS):
     _round(words[b % 2], words[1 - b % 2], b, n)
-  pairs = [bufs[0], (bufs[1][0], words[1])]
-  _fetch(ck, words[1], pairs[1][0], n)
-  spread = _CHUNK if width > _CHUNK else 1  # vregs the gather strides
+  _fetch(ck, words[1], bufs[1][0], n)
+  spread = _spread(width)
   for r in range(spread.bit_length() - 1):
-    _vreg_round(pairs[1 - r % 2], pairs[r % 2], r, n)
-  src = pairs[1 - (spread.bit_length() - 1) % 2]
-  dst = pairs[(spread.bit_length() - 1) % 2]
-  _gather(src, dst, n, width, sb, spread)
+    _vreg_round(bufs[1 - r % 2], bufs[r % 2], r, n)
+  dst = _compact_dst(bufs, width)
+  _gather(bufs[1] if dst is bufs[0] else bufs[0], dst, n, width, sb, spread)
   return dst, total
+
+
+def _spread(width: int) -> int:
+  """Vregs `_gather` strides over: a chunk's where the slots are wider."""
+  return _CHUNK if width > _CHUNK else 1
+
+
+def _compact_dst(bufs, width: int):
+  """The pair of bufs `_compact` leaves the slots in (one per vreg round)."""
+  return bufs[(_spread(width).bit_length() - 1) % 2]
+
+
+def _live_levels(cw, keep: int):
+  """The most candidates any block of the 8 rows holds at or before the
+  bound (marks cw, `_mark`), a scalar: a block's levels are in order, so
+  its marked ones are its first, and no level past that many holds one."""
+  per_unit = [functools.reduce(jnp.add, [cw[l * UNITS + u] for l in range(keep)])
+              for u in range(UNITS)]
+  return jnp.max(functools.reduce(jnp.maximum, per_unit))
+
+
+def _compact_live(li, bufs, keep: int, width: int):
+  """`_compact` over the vregs of the levels that hold a candidate
+  (`_live_levels`), rounded up to one of the last `COMPACT_PATHS` counts
+  (each its own compiled path: the loops keep their static trips): the
+  compaction's work (its cross-lane moves most) is in proportion to the
+  vregs it reads. Returns the same as `_compact`."""
+  counts = list(range(max(1, keep - COMPACT_PATHS + 1), keep + 1))
+  live = _live_levels(bufs[0][1], keep)
+  path = sum(jnp.where(live > c, 1, 0) for c in counts[:-1])
+  total = lax.switch(path, [
+      functools.partial(lambda c: _compact(li, bufs, c * UNITS, width)[1], c)
+      for c in counts])
+  return _compact_dst(bufs, width), total
 
 
 def _fetch(keys, sw, dk, n: int):
@@ -753,7 +786,7 @@ def _finish(lv, li, out_ref, flag_ref, k0, w0, k1, w1, *, keep, k,
     (ck, cw), total = (k0, w0), jnp.zeros((SUBLANES, 1), jnp.int32)
   else:
     _mark(lv, li, k0, w0, key, index, n)
-    (ck, cw), total = _compact(li, ((k0, w0), (k1, w1)), n, width)
+    (ck, cw), total = _compact_live(li, ((k0, w0), (k1, w1)), keep, width)
   if "sort" not in ablate:
     _bitonic(ck, cw, width)
   out, kth_key, kth_idx = _winners(ck, cw, k, width)
