@@ -233,7 +233,7 @@ def test_blocktop_compacts_the_levels_that_hold_a_candidate(held):
   # keep 4: the compaction runs over 2, 3 or 4 levels (`COMPACT_PATHS`),
   # the fewest that hold every block's candidates. Row 3's block 5 holds
   # `held` entries above every other (so at or before the bound): 2 takes
-  # the shortest path (no other block holds more than its best, 1), 4 the
+  # the shortest path (no block of these rows holds more than 2), 4 the
   # whole. Exact either way, and no row flagged.
   assert sb.COMPACT_PATHS == 3
   x = np.random.default_rng(held).standard_normal((8, 8192)).astype(np.float32)
