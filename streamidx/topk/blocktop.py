@@ -473,9 +473,9 @@ def _compact(li, bufs, n: int, width: int):
   """The live entries of vregs [0, n) of bufs[0] (keys, words: 1 where
   live; position v * 128 + l: vreg v, lane l) moved, in order, to the first
   positions. bufs: two pairs of (key, word) buffers i32[N + 8, 8, 128]
-  (`finish_scratch`). Returns (the pair holding their keys and indices in
-  its first `width` vregs, -inf's key and `_NO_INDEX` past them; how many
-  are live a row, i32[8, 1]).
+  (`finish_scratch`). Returns how many are live a row, i32[8, 1]; the pair
+  `bufs[_slots_pair(width)]` holds their keys and indices in its first
+  `width` vregs, -inf's key and `_NO_INDEX` past them.
 
   Each one's move is its position less its slot (the exclusive prefix count
   of the live), in rounds, the move's lowest bit first, so no two ever meet.
@@ -519,9 +519,9 @@ def _compact(li, bufs, n: int, width: int):
   spread = _spread(width)
   for r in range(spread.bit_length() - 1):
     _vreg_round(bufs[1 - r % 2], bufs[r % 2], r, n)
-  dst = _compact_dst(bufs, width)
-  _gather(bufs[1] if dst is bufs[0] else bufs[0], dst, n, width, sb, spread)
-  return dst, total
+  out = _slots_pair(width)
+  _gather(bufs[1 - out], bufs[out], n, width, sb, spread)
+  return total
 
 
 def _spread(width: int) -> int:
@@ -529,9 +529,9 @@ def _spread(width: int) -> int:
   return _CHUNK if width > _CHUNK else 1
 
 
-def _compact_dst(bufs, width: int):
-  """The pair of bufs `_compact` leaves the slots in (one per vreg round)."""
-  return bufs[(_spread(width).bit_length() - 1) % 2]
+def _slots_pair(width: int) -> int:
+  """The pair of `_compact`'s bufs its slots end in (one per vreg round)."""
+  return (_spread(width).bit_length() - 1) % 2
 
 
 def _live_levels(cw, keep: int):
@@ -548,14 +548,14 @@ def _compact_live(li, bufs, keep: int, width: int):
   (`_live_levels`), rounded up to one of the last `COMPACT_PATHS` counts
   (each its own compiled path: the loops keep their static trips): the
   compaction's work (its cross-lane moves most) is in proportion to the
-  vregs it reads. Returns the same as `_compact`."""
+  vregs it reads. Returns (the pair holding the slots, how many are live
+  a row)."""
   counts = list(range(max(1, keep - COMPACT_PATHS + 1), keep + 1))
   live = _live_levels(bufs[0][1], keep)
   path = sum(jnp.where(live > c, 1, 0) for c in counts[:-1])
-  total = lax.switch(path, [
-      functools.partial(lambda c: _compact(li, bufs, c * UNITS, width)[1], c)
-      for c in counts])
-  return _compact_dst(bufs, width), total
+  total = lax.switch(path, [functools.partial(_compact, li, bufs, c * UNITS,
+                                              width) for c in counts])
+  return bufs[_slots_pair(width)], total
 
 
 def _fetch(keys, sw, dk, n: int):
